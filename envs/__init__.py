@@ -1,0 +1,47 @@
+"""JAX-native vectorisable environments with one functional API (see `envs.core`).
+
+    env = envs.make("CartPole-v1")
+    obs, state = env.reset(key)
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Callable
+
+from envs.core import Box, Discrete, Environment
+from envs.wrappers import AutoReset, EpisodeStatistics, Wrapper, episode_over
+
+_REGISTRY: dict[str, Callable[..., Environment]] = {}
+
+
+def register(name: str, factory: Callable[..., Environment], *, overwrite: bool = False) -> None:
+    """Make `envs.make(name, **kwargs)` call `factory(**kwargs)`."""
+    if name in _REGISTRY and not overwrite:
+        raise ValueError(f"environment {name!r} is already registered (pass overwrite=True to replace it)")
+    _REGISTRY[name] = factory
+
+
+def registered() -> list[str]:
+    """Names accepted by `make`, sorted."""
+    return sorted(_REGISTRY)
+
+
+def make(name: str, **kwargs) -> Environment:
+    """Build a registered environment; an unknown name lists the known ones."""
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, _REGISTRY, n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ValueError(f"unknown environment {name!r}.{hint} Known environments: {', '.join(registered())}")
+    return _REGISTRY[name](**kwargs)
+
+
+def _cartpole(**kwargs):
+    from envs.classic.cartpole import CartPole
+    return CartPole(**kwargs)
+
+
+register("CartPole-v1", _cartpole)
+
+__all__ = ["AutoReset", "Box", "Discrete", "Environment", "EpisodeStatistics", "Wrapper", "episode_over",
+           "make", "register", "registered"]

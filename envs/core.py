@@ -1,0 +1,105 @@
+"""The functional environment API shared by every jaxrl environment.
+
+An environment object holds only static configuration (sizes, choices); everything that changes during
+an episode lives in a state pytree and every number a sweep may vary lives in a params pytree:
+
+    obs, state = env.reset(key, params)
+    obs, state, reward, done, info = env.step(key, state, action, params)
+    mask = env.avail_actions(state, params)          # bool [num_actions] (or [agents, num_actions])
+
+`params` may be omitted (the env's `default_params` are used). Single-agent envs return obs `[obs_dim]`,
+scalar reward and done; multi-agent envs carry a leading agent axis. `done` is `terminated | truncated`;
+`info` always holds both flags so that learners can bootstrap through time-limit truncation.
+Vectorisation is the caller's `jax.vmap`; auto-reset and episode statistics are wrappers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+
+@struct.dataclass
+class Discrete:
+    """`n` choices, sampled as int32 in [0, n)."""
+
+    n: int = struct.field(pytree_node=False)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return ()
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        return jax.random.randint(key, (), 0, self.n)
+
+    def contains(self, x: jax.Array) -> jax.Array:
+        return jnp.logical_and(x >= 0, x < self.n)
+
+
+@struct.dataclass
+class Box:
+    """A float array of `shape` with elementwise bounds."""
+
+    low: Any = struct.field(pytree_node=False)
+    high: Any = struct.field(pytree_node=False)
+    shape: tuple[int, ...] = struct.field(pytree_node=False)
+    dtype: Any = struct.field(pytree_node=False, default=jnp.float32)
+
+    def sample(self, key: jax.Array) -> jax.Array:
+        low = jnp.broadcast_to(jnp.asarray(self.low, self.dtype), self.shape)
+        high = jnp.broadcast_to(jnp.asarray(self.high, self.dtype), self.shape)
+        # Unbounded dimensions are sampled from a unit normal instead of an infinite range.
+        bounded = jnp.isfinite(low) & jnp.isfinite(high)
+        uniform = jax.random.uniform(key, self.shape, self.dtype, jnp.where(bounded, low, 0.0),
+                                     jnp.where(bounded, high, 1.0))
+        return jnp.where(bounded, uniform, jax.random.normal(key, self.shape, self.dtype))
+
+    def contains(self, x: jax.Array) -> jax.Array:
+        return jnp.all((x >= self.low) & (x <= self.high))
+
+
+class Environment:
+    """Base class: subclasses implement `default_params`, `reset`, `step` and the spaces."""
+
+    name: str = "environment"
+    num_agents: int = 1  # 1 means single-agent: no agent axis anywhere.
+    has_action_masks: bool = False  # True when `avail_actions` can forbid actions.
+    max_episode_steps: int | None = None  # the time limit, when the env has one
+
+    @property
+    def default_params(self) -> Any:
+        return None
+
+    def _params(self, params):
+        return self.default_params if params is None else params
+
+    def reset(self, key: jax.Array, params=None) -> tuple[jax.Array, Any]:
+        raise NotImplementedError
+
+    def step(self, key: jax.Array, state, action: jax.Array, params=None):
+        raise NotImplementedError
+
+    def observation_space(self, params=None) -> Box:
+        raise NotImplementedError
+
+    def action_space(self, params=None) -> Discrete:
+        raise NotImplementedError
+
+    @property
+    def num_actions(self) -> int:
+        return self.action_space().n
+
+    @property
+    def obs_dim(self) -> int:
+        (dim,) = self.observation_space().shape
+        return dim
+
+    def avail_actions(self, state, params=None) -> jax.Array:
+        """bool [num_actions]: every action is legal unless the env says otherwise."""
+        return jnp.ones((self.num_actions,), dtype=bool)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"

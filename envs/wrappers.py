@@ -1,0 +1,131 @@
+"""Wrappers that keep the functional API: auto-reset and episode statistics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from envs.core import Environment
+
+
+class Wrapper(Environment):
+    """Forwards everything it does not override to the wrapped env."""
+
+    def __init__(self, env: Environment):
+        self.env = env
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+    @property
+    def unwrapped(self) -> Environment:
+        return getattr(self.env, "unwrapped", self.env)
+
+    @property
+    def default_params(self):
+        return self.env.default_params
+
+    @property
+    def num_actions(self) -> int:
+        return self.env.num_actions
+
+    @property
+    def obs_dim(self) -> int:
+        return self.env.obs_dim
+
+    @property
+    def num_agents(self) -> int:
+        return self.env.num_agents
+
+    @property
+    def name(self) -> str:
+        return self.env.name
+
+    @property
+    def has_action_masks(self) -> bool:
+        return self.env.has_action_masks
+
+    @property
+    def max_episode_steps(self):
+        return self.env.max_episode_steps
+
+    def reset(self, key, params=None):
+        return self.env.reset(key, params)
+
+    def step(self, key, state, action, params=None):
+        return self.env.step(key, state, action, params)
+
+    def observation_space(self, params=None):
+        return self.env.observation_space(params)
+
+    def action_space(self, params=None):
+        return self.env.action_space(params)
+
+    def avail_actions(self, state, params=None):
+        return self.env.avail_actions(state, params)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.env!r})"
+
+
+def episode_over(done: jax.Array, info: dict) -> jax.Array:
+    """Scalar bool: the whole episode ended (multi-agent envs report it in `info`)."""
+    return info["episode_over"] if "episode_over" in info else done
+
+
+def _select(pred: jax.Array, on_true, on_false):
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+class AutoReset(Wrapper):
+    """Starts a new episode inside `step` when one ends.
+
+    The returned obs is the first of the new episode; the last obs of the finished one is kept in
+    `info["final_obs"]` so that a learner can bootstrap a time-limit truncation from it.
+    """
+
+    def step(self, key, state, action, params=None):
+        step_key, reset_key = jax.random.split(key)
+        obs, next_state, reward, done, info = self.env.step(step_key, state, action, params)
+        reset_obs, reset_state = self.env.reset(reset_key, params)
+        over = episode_over(done, info)
+        info = dict(info, final_obs=obs)
+        return (_select(over, reset_obs, obs), _select(over, reset_state, next_state),
+                reward, done, info)
+
+
+@struct.dataclass
+class EpisodeStatsState:
+    env_state: Any
+    episode_return: jax.Array  # running sum of this episode's rewards
+    episode_length: jax.Array
+
+
+class EpisodeStatistics(Wrapper):
+    """Adds `info["episode_return"]` and `info["episode_length"]` of the episode that just ended.
+
+    The values are meaningful where `info["returned_episode"]` is true (an episode ended on this step).
+    Wrap it around `AutoReset` so that the counters restart with each episode.
+    """
+
+    def reset(self, key, params=None):
+        obs, env_state = self.env.reset(key, params)
+        reward_shape = () if self.num_agents == 1 else (self.num_agents,)
+        return obs, EpisodeStatsState(env_state, jnp.zeros(reward_shape), jnp.int32(0))
+
+    def step(self, key, state, action, params=None):
+        obs, env_state, reward, done, info = self.env.step(key, state.env_state, action, params)
+        over = episode_over(done, info)
+        episode_return = state.episode_return + reward
+        episode_length = state.episode_length + 1
+        info = dict(info, returned_episode=over, episode_return=episode_return,
+                    episode_length=episode_length)
+        state = EpisodeStatsState(env_state, jnp.where(over, 0.0, episode_return),
+                                  jnp.where(over, 0, episode_length))
+        return obs, state, reward, done, info
+
+    def avail_actions(self, state, params=None):
+        return self.env.avail_actions(state.env_state, params)

@@ -1,0 +1,37 @@
+"""PPO on CartPole-v1: the PureJaxRL recipe (4 envs x 128 steps, 4 epochs, 4 minibatches, 64-64 tanh).
+
+    python -m jaxrl.train --config=experiments/cartpole_ppo.py --config.total_steps=200000
+"""
+
+from ml_collections import ConfigDict
+
+from jaxrl import config as config_lib
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    config = config_lib.base_config()
+    config.experiment = "cartpole_ppo"
+    config.algorithm = "ppo"
+    config.env.name = "CartPole-v1"
+    config.total_steps = 500_000
+    config.num_envs = 4
+    config.num_steps = 128
+
+    config.ppo.num_epochs = 4
+    config.ppo.num_minibatches = 4
+    config.ppo.learning_rate = 2.5e-4
+    config.ppo.anneal_lr = True
+    config.ppo.gamma = 0.99
+    config.ppo.gae_lambda = 0.95
+    config.ppo.clip_eps = 0.2
+    config.ppo.vf_coef = 0.5
+    config.ppo.ent_coef = 0.01
+    config.ppo.max_grad_norm = 0.5
+
+    config.network.hidden_sizes = (64, 64)
+    config.network.activation = "tanh"
+
+    config.log.every_steps = 25_000
+    config.eval.every_steps = 100_000
+    config.eval.num_envs = 32
+    return config_lib.finalize(config, arg)

@@ -1,0 +1,85 @@
+"""Orbax checkpoints of the complete training state, written atomically.
+
+Orbax writes each step into a temporary directory and renames it only once complete, so a crash or a
+kill during a save never replaces a good checkpoint. A checkpoint that cannot be read is moved aside
+(`<step>.corrupt`, nothing deleted) and the previous one is used, with a warning.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+class Checkpointer:
+    """Save and restore a pytree of arrays under `directory/<step>`."""
+
+    def __init__(self, directory: str, keep: int = 3):
+        self.directory = os.path.abspath(directory)
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        self._manager = ocp.CheckpointManager(self.directory, options=options)
+
+    def steps(self) -> list[int]:
+        return sorted(self._manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def save(self, step: int, state: Any) -> None:
+        """Start saving `state` as `step` (asynchronously); `wait()` blocks until it is on disk."""
+        if step in self._manager.all_steps():
+            return
+        self._manager.save(step, args=ocp.args.StandardSave(state))
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def restore_latest(self, target: Any) -> tuple[int, Any]:
+        """(step, state) from the newest readable checkpoint.
+
+        `target` is a pytree of `jax.ShapeDtypeStruct` (with shardings) describing the state.
+        """
+        steps = self.steps()
+        if not steps:
+            raise CheckpointError(f"no checkpoint found in {self.directory}")
+        for step in reversed(steps):
+            try:
+                return step, self._manager.restore(step, args=ocp.args.StandardRestore(target))
+            except Exception as err:  # orbax raises many types for a damaged or mismatched step
+                path = os.path.join(self.directory, str(step))
+                if not _looks_corrupt(err):
+                    raise CheckpointError(
+                        f"checkpoint {path} does not match this run's training state ({err}). "
+                        "Was it written by a different config?") from err
+                aside = f"{path}.corrupt"
+                shutil.move(path, aside)
+                print(f"warning: checkpoint {path} is unreadable ({type(err).__name__}: {err}); moved it to "
+                      f"{aside} and trying the previous one", file=sys.stderr)
+                self._manager.reload()
+        raise CheckpointError(f"no readable checkpoint left in {self.directory}")
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def _looks_corrupt(err: Exception) -> bool:
+    """Unreadable files, as opposed to a readable checkpoint of a differently shaped state."""
+    text = str(err).lower()
+    mismatch = ("shape" in text and "mismatch" in text) or "tree structure" in text or "structure" in text
+    return not mismatch
+
+
+def abstract_state(state: Any) -> Any:
+    """ShapeDtypeStructs (with shardings) describing `state`, for `restore_latest`."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)

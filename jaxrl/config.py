@@ -1,0 +1,129 @@
+"""Experiment configs: the shared layout, checks that fail before compiling, and saving/loading.
+
+Every experiment file's `get_config(arg)` starts from `base_config()`, sets what it needs and returns
+`finalize(config, arg)`. The result is locked, so a misspelt key (in Python or on the command line) is an
+error, and ConfigDict's type checks reject a value of the wrong type.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ml_collections import ConfigDict
+
+
+def base_config() -> ConfigDict:
+    """Every key a run understands, with defaults. Sizes are static; `ppo.*` numbers are traced."""
+    return ConfigDict({
+        "experiment": "experiment",
+        "algorithm": "ppo",
+        "seed": 0,
+        "num_seeds": 1,  # seeds trained at once, vmapped
+        "total_steps": 100_000,  # environment steps per seed
+        "num_envs": 4,  # parallel environments per seed, split over devices
+        "num_steps": 128,  # rollout length per update
+        "rollout_unroll": 1,  # lax.scan unroll of the rollout loop (a speed knob)
+        "env": {"name": "CartPole-v1", "kwargs": ConfigDict()},
+        "ppo": {
+            "num_epochs": 4,
+            "num_minibatches": 4,
+            "learning_rate": 2.5e-4,
+            "anneal_lr": True,
+            "gamma": 0.99,
+            "gae_lambda": 0.95,
+            "clip_eps": 0.2,
+            "clip_value": True,
+            "vf_coef": 0.5,
+            "ent_coef": 0.01,
+            "max_grad_norm": 0.5,
+            "adam_eps": 1e-5,
+            "normalize_advantages": True,
+            "bootstrap_truncation": True,  # bootstrap from V(final obs) when a time limit cuts an episode
+        },
+        "network": {"hidden_sizes": (64, 64), "activation": "tanh"},
+        "mesh": {"num_devices": 0},  # 0: all local devices
+        "log": {"every_steps": 25_000, "progress_bar": True},
+        "checkpoint": {"every_steps": 0, "keep": 3},  # 0: at every log interval
+        "eval": {"every_steps": 0, "num_envs": 32, "max_steps": 0},  # every_steps 0: only at the end
+    })
+
+
+def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
+    """Reject a config argument the experiment does not take, then lock the config."""
+    if arg:
+        raise ValueError(f"experiment {config.experiment!r} takes no config argument, got {arg!r}")
+    config.lock()
+    return config
+
+
+def _positive(config: ConfigDict, *keys: str) -> None:
+    for key in keys:
+        value = config
+        for part in key.split("."):
+            value = value[part]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"config.{key} must be a positive integer, got {value!r}")
+
+
+def validate(config: ConfigDict) -> None:
+    """Check everything that can be checked without compiling; raise ValueError naming the key."""
+    import envs
+    from jaxrl import algos
+
+    if config.algorithm not in algos.ALGORITHMS:
+        raise ValueError(f"unknown config.algorithm {config.algorithm!r}; known: {', '.join(sorted(algos.ALGORITHMS))}")
+    if config.env.name not in envs.registered():
+        raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
+                         f"{', '.join(envs.registered())}")
+    _positive(config, "num_seeds", "total_steps", "num_envs", "num_steps", "rollout_unroll",
+              "ppo.num_epochs", "ppo.num_minibatches", "log.every_steps", "eval.num_envs", "checkpoint.keep")
+    batch = config.num_envs * config.num_steps
+    if batch % config.ppo.num_minibatches:
+        raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
+                         f"divisible by ppo.num_minibatches = {config.ppo.num_minibatches}")
+    if config.total_steps < batch:
+        raise ValueError(f"total_steps = {config.total_steps} is less than one update "
+                         f"(num_envs * num_steps = {batch})")
+    for key in ("learning_rate", "clip_eps", "max_grad_norm", "adam_eps"):
+        if not config.ppo[key] > 0:
+            raise ValueError(f"config.ppo.{key} must be > 0, got {config.ppo[key]!r}")
+    for key in ("gamma", "gae_lambda"):
+        if not 0.0 <= config.ppo[key] <= 1.0:
+            raise ValueError(f"config.ppo.{key} must lie in [0, 1], got {config.ppo[key]!r}")
+    for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices"):
+        section, name = key.split(".")
+        if config[section][name] < 0:
+            raise ValueError(f"config.{key} must be >= 0, got {config[section][name]!r}")
+
+
+def to_dict(config: ConfigDict) -> dict[str, Any]:
+    """A JSON-ready plain dict (tuples become lists)."""
+    return json.loads(config.to_json())
+
+
+def save(config: ConfigDict, path) -> None:
+    with open(path, "w") as f:
+        f.write(config.to_json(indent=2, sort_keys=True))
+
+
+def load(path) -> ConfigDict:
+    """The config a run saved, locked like a fresh one."""
+    with open(path) as f:
+        config = ConfigDict(json.load(f))
+    config.lock()
+    return config
+
+
+def differences(a: ConfigDict, b: ConfigDict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two configs."""
+    da, db = (to_dict(a), to_dict(b)) if not prefix else (a, b)
+    keys = sorted(set(da) | set(db))
+    out = []
+    for key in keys:
+        va, vb = da.get(key), db.get(key)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += differences(va, vb, f"{prefix}{key}.")
+        elif va != vb:
+            out.append(f"{prefix}{key}")
+    return out

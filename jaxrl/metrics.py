@@ -1,0 +1,95 @@
+"""Metrics a person can read while a run goes and plot afterwards: metrics.jsonl and a PNG curve."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Iterable
+
+import numpy as np
+
+CURVE_KEYS = ("episode_return", "eval_return")
+
+
+def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]:
+    """Chunk metrics with leaves [S] -> one row: means over seeds (and per-seed lists when S > 1).
+
+    Episode statistics arrive as sums and counts so that seeds and devices combine exactly; a seed that
+    finished no episode in the chunk contributes NaN (written as null).
+    """
+    per_seed = {k: np.asarray(v, dtype=np.float64) for k, v in per_seed.items()}
+    row: dict[str, float | list[float]] = {}
+    episodes = per_seed.pop("episodes", None)
+    for name in ("episode_return", "episode_length"):
+        total = per_seed.pop(f"{name}_sum", None)
+        if total is None:
+            continue
+        with np.errstate(invalid="ignore", divide="ignore"):
+            per_seed[name] = np.where(episodes > 0, total / np.maximum(episodes, 1), np.nan)
+    if episodes is not None:
+        row["episodes"] = float(episodes.sum())
+    for name, values in per_seed.items():
+        row[name] = _finite_or_none(np.nanmean(values)) if np.isfinite(values).any() else None
+        if values.size > 1 and name in ("episode_return", "eval_return"):
+            row[f"{name}_per_seed"] = [_finite_or_none(v) for v in values]
+    return row
+
+
+def _finite_or_none(x) -> float | None:
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+class MetricsWriter:
+    """Appends one JSON object per line to `metrics.jsonl`."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def write(self, row: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def truncate_after(self, update: int) -> None:
+        """Drop rows logged after `update` (a resumed run will log them again)."""
+        rows = [r for r in read(self.path) if r.get("update", 0) <= update]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(tmp, self.path)
+
+
+def read(path: str) -> list[dict]:
+    """Rows of a metrics.jsonl (missing file: no rows)."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] = CURVE_KEYS,
+                        title: str = "") -> str:
+    """Plot each of `keys` against env_steps into a PNG at `path`; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(rows)
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    for key in keys:
+        points = [(r["env_steps"], r[key]) for r in rows if r.get(key) is not None]
+        if points:
+            x, y = zip(*points)
+            ax.plot(x, y, marker="o" if key.startswith("eval") else None, markersize=3, label=key)
+    ax.set_xlabel("environment steps")
+    ax.set_ylabel("return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    if ax.has_data():
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

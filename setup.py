@@ -1,0 +1,42 @@
+"""jaxrl: a JAX-native research framework for reinforcement learning."""
+
+from setuptools import find_packages, setup
+
+CORE = [
+    "jax>=0.6",
+    "flax>=0.10",
+    "optax>=0.2.4",
+    "chex>=0.1.88",
+    "orbax-checkpoint>=0.11",
+    "ml-collections>=1.0",
+    "tokenizers>=0.20",
+    "einops>=0.8",
+    "absl-py>=2.0",
+    "numpy>=1.26",
+    "tqdm>=4.66",
+    "matplotlib>=3.8",
+]
+
+EXTRAS = {
+    # Tests, notebooks executed by the tests, and the reference env used for parity checks.
+    "dev": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
+            "gymnax<1.0"],
+    # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
+    # rejax 0.1.3 needs gymnax < 1.0 (gymnax 1.0 splits done into terminated/truncated).
+    "bench": ["rejax==0.1.3", "gymnax<1.0"],
+    # Accelerators: JAX's own wheels. For TPU follow JAX's install note (pip install "jax[tpu]").
+    "cuda": ["jax[cuda12]"],
+    "tpu": ["jax[tpu]"],
+}
+
+setup(
+    name="jaxrl",
+    version="0.1.0",
+    description="JAX-native reinforcement learning: PPO, MAPPO, the GRPO family, sharded over device meshes",
+    long_description=open("README.md").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=find_packages(include=["jaxrl", "jaxrl.*", "envs", "envs.*"]),
+    install_requires=CORE,
+    extras_require=EXTRAS,
+)
