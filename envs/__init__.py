@@ -2,6 +2,7 @@
 
     env = envs.make("CartPole-v1")
     obs, state = env.reset(key)
+    env = envs.make("smax", scenario="3m")        # multi-agent: obs [agents, obs_dim]
 """
 
 from __future__ import annotations
@@ -41,7 +42,19 @@ def _cartpole(**kwargs):
     return CartPole(**kwargs)
 
 
+def _smax(scenario="3m", **kwargs):
+    from envs.smax import SMAX
+    return SMAX(scenario, **kwargs)
+
+
+def _jaxmarl(env_id: str, **kwargs):
+    from envs.adapters import FromJaxMARL
+    return FromJaxMARL(env_id, **kwargs)
+
+
 register("CartPole-v1", _cartpole)
+register("smax", _smax)
+register("jaxmarl", _jaxmarl)  # any jaxmarl env in our array-first API: make("jaxmarl", env_id=...)
 
 __all__ = ["AutoReset", "Box", "Discrete", "Environment", "EpisodeStatistics", "Wrapper", "episode_over",
            "make", "register", "registered"]

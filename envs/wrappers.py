@@ -129,3 +129,7 @@ class EpisodeStatistics(Wrapper):
 
     def avail_actions(self, state, params=None):
         return self.env.avail_actions(state.env_state, params)
+
+    def global_state(self, state, params=None):
+        """The wrapped env's global state (multi-agent envs with a centralised critic)."""
+        return self.env.global_state(state.env_state, params)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import time
 from typing import Any
 
 import jax
@@ -163,6 +164,7 @@ class PPO:
                 f"{settings.num_minibatches} equal minibatches on each of {self.mesh.shape[DATA_AXIS]} "
                 f"devices: the envs on one device ({self.num_local_envs}) must be a multiple of {block}")
         self._chunk_fns = {}
+        self.compile_seconds: dict[int, float] = {}  # per chunk length, for logs and benchmarks
 
     # ----------------------------------------------------------------------------------------------
     # Initial state
@@ -189,9 +191,11 @@ class PPO:
     def init_seeds(self, seed: int, num_seeds: int) -> TrainState:
         """TrainState with a leading seed axis [S], placed on the mesh."""
         keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
-        abstract = jax.eval_shape(jax.vmap(self.init), keys)
-        init = jax.jit(jax.vmap(self.init), out_shardings=self.state_shardings(abstract))
-        return init(keys)
+        # Initialise on one device, then place: a replicated init on every device runs the batched QR
+        # of the orthogonal initialiser once per device, and XLA:CPU's LAPACK thread pool can deadlock
+        # when many fake CPU devices do that at once.
+        state = jax.jit(jax.vmap(self.init))(keys)
+        return jax.device_put(state, self.state_shardings(state))
 
     # ----------------------------------------------------------------------------------------------
     # One update on this device's share of the envs (inside shard_map, one seed)
@@ -303,9 +307,11 @@ class PPO:
             local = jax.vmap(functools.partial(self._run_updates, num_updates=num_updates), (0, None))
             sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()))
             shardings = self.state_shardings(state)
-            self._chunk_fns[num_updates] = jax.jit(
-                sharded, in_shardings=(shardings, mesh_lib.replicated(self.mesh)),
-                out_shardings=(shardings, mesh_lib.replicated(self.mesh)), donate_argnums=0)
+            jitted = jax.jit(sharded, in_shardings=(shardings, mesh_lib.replicated(self.mesh)),
+                             out_shardings=(shardings, mesh_lib.replicated(self.mesh)), donate_argnums=0)
+            tick = time.perf_counter()
+            self._chunk_fns[num_updates] = jitted.lower(state, hp).compile()
+            self.compile_seconds[num_updates] = time.perf_counter() - tick
         return self._chunk_fns[num_updates](state, hp)
 
     # ----------------------------------------------------------------------------------------------

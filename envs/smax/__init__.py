@@ -1,0 +1,13 @@
+"""SMAX-style StarCraft battles: allied agents against a heuristic enemy (see `envs.smax.env`).
+
+    env = envs.make("smax", scenario="2s3z")
+    envs.smax.register_scenario("4s_vs_6z", Scenario(team(stalker=4), team(zealot=6)))
+"""
+
+from envs.smax.env import SMAX, SMAXParams, SMAXState
+from envs.smax.scenarios import (START_RULES, Scenario, get_scenario, register_scenario, scenario_names,
+                                 team)
+from envs.smax.units import UNIT_TYPES, UnitType
+
+__all__ = ["SMAX", "SMAXParams", "SMAXState", "START_RULES", "Scenario", "UNIT_TYPES", "UnitType",
+           "get_scenario", "register_scenario", "scenario_names", "team"]

@@ -1,0 +1,67 @@
+"""The built-in enemy: a per-unit heuristic that runs inside `SMAX.step`.
+
+Each enemy unit, seeing the allies within its sight range:
+  - attacks when some visible ally is within attack range: it keeps its last target while that one
+    stays attackable, else picks the closest (or, in "random" mode, a random) attackable ally;
+  - otherwise moves toward a random visible ally, or, seeing none, toward its home (its start
+    position mirrored through the map centre), by whichever of N, E, S, W best aligns with the way.
+
+Everything is computed for all enemies at once on [E, A] matrices.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+NUM_MOVES = 4  # N, E, S, W; action 4 is stop, actions 5.. attack
+STOP = 4
+# Unit vectors of the moves, then stop: row a is the direction of action a.
+DIRECTIONS = jnp.array([[0.0, 1.0], [1.0, 0.0], [0.0, -1.0], [-1.0, 0.0], [0.0, 0.0]])
+
+
+def sample_true(key: jax.Array, mask: jax.Array) -> jax.Array:
+    """[...] int32 index of a uniformly random true entry along the last axis of `mask` [..., N]; 0 if none.
+
+    One uniform per row and a cumulative count: much cheaper on CPU than Gumbel-max sampling.
+    """
+    count = mask.sum(axis=-1)
+    rank = jnp.minimum((jax.random.uniform(key, count.shape) * count).astype(jnp.int32), count - 1)
+    return jnp.argmax(jnp.cumsum(mask, axis=-1) > rank[..., None], axis=-1).astype(jnp.int32)
+
+
+def best_move(vector: jax.Array) -> jax.Array:
+    """[N] int32 move action (0-3) best aligned with each `vector` [N, 2]; ties go to the first."""
+    return jnp.argmax(vector @ DIRECTIONS[:NUM_MOVES].T, axis=-1).astype(jnp.int32)
+
+
+def heuristic_targets(key: jax.Array, enemy_pos: jax.Array, ally_pos: jax.Array, dist: jax.Array,
+                      enemy_alive: jax.Array, ally_alive: jax.Array, sight_range: jax.Array,
+                      attack_range: jax.Array, last_target: jax.Array, home: jax.Array,
+                      attack_mode: str = "closest") -> tuple[jax.Array, jax.Array]:
+    """What every enemy does this step.
+
+    Args: positions `enemy_pos` [E, 2], `ally_pos` [A, 2]; `dist` [E, A] between them; alive flags
+    [E] and [A]; the enemies' `sight_range`, `attack_range` [E]; `last_target` [E] (ally index or
+    -1); `home` [E, 2].
+    Returns: `target` [E] int32 ally to attack or -1 (also the next step's `last_target`), and
+    `move` [E] int32 move action (0-3), used when not attacking.
+    """
+    chase_key, pick_key = jax.random.split(key)
+    visible = enemy_alive[:, None] & ally_alive[None, :] & (dist < sight_range[:, None])  # [E, A]
+    attackable = visible & (dist < attack_range[:, None])
+    can_attack = attackable.any(axis=1)
+    if attack_mode == "closest":
+        fresh = jnp.argmin(jnp.where(attackable, dist, jnp.inf), axis=1)
+    elif attack_mode == "random":
+        fresh = sample_true(pick_key, attackable)
+    else:
+        raise ValueError(f"unknown attack_mode {attack_mode!r}; use 'closest' or 'random'")
+    keep = (last_target >= 0) & jnp.take_along_axis(attackable, jnp.maximum(last_target, 0)[:, None], 1)[:, 0]
+    target = jnp.where(can_attack, jnp.where(keep, last_target, fresh), -1).astype(jnp.int32)
+
+    # A fresh random visible ally to chase each step; home when none is visible.
+    chase = sample_true(chase_key, visible)
+    goal = jnp.where(visible.any(axis=1)[:, None], ally_pos[chase], home)
+    move = best_move(goal - enemy_pos)
+    return target, move

@@ -1,0 +1,156 @@
+"""Draw SMAX episodes: a sequence of states -> an animated GIF and a PNG frame (matplotlib + Pillow).
+
+    states = episode_states(env, jax.random.PRNGKey(0))          # random legal allies
+    gif, png = render_episode(env, states, "out/")               # in a notebook:
+    IPython.display.Image(filename=gif)
+
+From a shell: `python -m envs.smax.render --scenario 3m --out DIR [--seed 0] [--fps 4]`.
+Units are circles (allies blue, enemies red) sized by radius and labelled with their type letter, a
+health bar above each; a line joins every attacker to the unit it attacked in the last step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from envs.smax.env import SMAX, SMAXState
+from envs.smax.heuristic import sample_true
+from envs.smax.units import UNIT_TYPES
+
+TEAM_COLOURS = ("tab:blue", "tab:red")
+
+# (key, obs [A, obs_dim], mask bool [A, num_actions]) -> actions int32 [A]
+RenderPolicy = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def random_policy(key, obs, mask):
+    """Uniformly random legal actions."""
+    return sample_true(key, mask)
+
+
+def episode_states(env: SMAX, key: jax.Array, policy: RenderPolicy = random_policy, params=None) -> list[SMAXState]:
+    """The states of one episode, from the reset to the last step (at most `max_episode_steps` + 1)."""
+    reset_key, key = jax.random.split(key)
+    num_steps = int(env._params(params).max_steps)
+
+    @jax.jit
+    def run(reset_key, key):
+        obs, state = env.reset(reset_key, params)
+
+        def body(carry, step_key):
+            obs, state, over = carry
+            act_key, env_key = jax.random.split(step_key)
+            actions = policy(act_key, obs, env.avail_actions(state, params))
+            obs, state, _, _, info = env.step(env_key, state, actions, params)
+            return (obs, state, info["episode_over"]), (state, info["episode_over"])
+
+        _, (states, over) = jax.lax.scan(body, (obs, state, jnp.bool_(False)), jax.random.split(key, num_steps))
+        return state, states, over
+
+    first, states, over = jax.device_get(run(reset_key, key))
+    length = int(np.argmax(over)) + 1 if over.any() else num_steps
+    return [first] + [jax.tree.map(lambda x: x[t], states) for t in range(length)]
+
+
+def draw_state(ax, env: SMAX, state: SMAXState, step: int | None = None, params=None) -> None:
+    """Draw one state on a matplotlib Axes (cleared first)."""
+    from matplotlib.patches import Circle, Rectangle
+
+    p = env._params(params)
+    width, height = float(p.map_width), float(p.map_height)
+    position = np.asarray(state.position)
+    health = np.asarray(state.health)
+    unit_type = np.asarray(state.unit_type)
+    targets = np.asarray(env.attack_targets(state))
+    alive = health > 0
+    team = (np.arange(env.num_units) >= env.num_allies).astype(int)
+
+    ax.clear()
+    ax.set_xlim(0, width)
+    ax.set_ylim(0, height)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    ax.set_facecolor("#f4f1ea")
+    for u in np.flatnonzero(alive & (targets >= 0)):
+        (x0, y0), (x1, y1) = position[u], position[targets[u]]
+        ax.plot([x0, x1], [y0, y1], color=TEAM_COLOURS[team[u]], lw=1.2, alpha=0.8, zorder=1)
+    for u in range(env.num_units):
+        x, y = position[u]
+        kind = UNIT_TYPES[unit_type[u]]
+        if not alive[u]:
+            ax.plot(x, y, marker="x", color=TEAM_COLOURS[team[u]], alpha=0.3, ms=4, zorder=1)
+            continue
+        ax.add_patch(Circle((x, y), kind.radius, color=TEAM_COLOURS[team[u]], zorder=2))
+        ax.text(x, y, kind.short, ha="center", va="center", fontsize=6, color="white", zorder=3)
+        bar_w, bar_y = 1.2, y + kind.radius + 0.25
+        frac = float(np.clip(health[u] / kind.health, 0.0, 1.0))
+        ax.add_patch(Rectangle((x - bar_w / 2, bar_y), bar_w, 0.22, color="0.75", zorder=2))
+        ax.add_patch(Rectangle((x - bar_w / 2, bar_y), bar_w * frac, 0.22,
+                               color="tab:green" if frac > 0.3 else "tab:orange", zorder=3))
+    allies, enemies = int(alive[:env.num_allies].sum()), int(alive[env.num_allies:].sum())
+    title = f"{env.scenario_name}   allies {allies}/{env.num_allies}   enemies {enemies}/{env.num_enemies}"
+    ax.set_title(title if step is None else f"step {step}   {title}", fontsize=8)
+
+
+def render_frames(env: SMAX, states: Sequence[SMAXState], params=None, size_px: int = 480) -> list:
+    """One RGB PIL image per state."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from PIL import Image
+
+    dpi = 100
+    fig = Figure(figsize=(size_px / dpi, size_px / dpi), dpi=dpi)
+    canvas = FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.02, 0.02, 0.96, 0.9))
+    frames = []
+    for t, state in enumerate(states):
+        draw_state(ax, env, state, t, params)
+        canvas.draw()
+        frames.append(Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy()))
+    return frames
+
+
+def render_episode(env: SMAX, states: Sequence[SMAXState], out_dir: str, name: str | None = None,
+                   fps: float = 4.0, frame: int | None = None, params=None) -> tuple[str, str]:
+    """Write `<name>.gif` (the episode) and `<name>.png` (frame `frame`, default the middle) to `out_dir`.
+
+    Returns the two paths.
+    """
+    if not states:
+        raise ValueError("no states to render")
+    os.makedirs(out_dir, exist_ok=True)
+    name = name or f"smax_{env.scenario_name}"
+    frames = render_frames(env, states, params)
+    gif = os.path.join(out_dir, f"{name}.gif")
+    png = os.path.join(out_dir, f"{name}.png")
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+    frames[len(frames) // 2 if frame is None else frame].save(png)
+    return gif, png
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Render one SMAX episode to an animated GIF and a PNG frame.")
+    parser.add_argument("--scenario", default="3m")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fps", type=float, default=4.0)
+    parser.add_argument("--params", help="saved policy parameters (not supported yet)")
+    args = parser.parse_args(argv)
+    if args.params:
+        parser.error("--params: rendering a saved policy is not supported yet; only the random legal-action "
+                     "policy is available (omit --params)")
+    env = SMAX(args.scenario)
+    states = episode_states(env, jax.random.PRNGKey(args.seed))
+    gif, png = render_episode(env, states, args.out, fps=args.fps)
+    print(f"{len(states) - 1} steps -> {gif}, {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""Scenarios: which units fight on each side and where they start.
+
+A scenario is static configuration (it fixes array shapes). Start rules are pure functions
+`rule(key, num_allies, num_enemies, width, height) -> positions [U, 2]`, allies first.
+
+    envs.smax.register_scenario("4s_vs_6z", Scenario(team(stalker=4), team(zealot=6)))
+    env = envs.make("smax", scenario="4s_vs_6z")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from envs.smax.units import NUM_UNIT_TYPES, UNIT_TYPES, unit_type_id
+
+StartRule = Callable[[jax.Array, int, int, float, float], jax.Array]
+
+
+def team(**counts: int) -> tuple[int, ...]:
+    """Unit type ids for one side, e.g. `team(stalker=2, zealot=3)`, in the order given."""
+    return tuple(unit_type_id(name) for name, n in counts.items() for _ in range(n))
+
+
+# ------------------------------------------------------------------------------------------------
+# Start rules
+
+
+def line_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: allies within +-2 of (W/4, H/2), enemies within +-2 of (3W/4, H/2)."""
+    ally_key, enemy_key = jax.random.split(key)
+    ally_centre = jnp.array([width / 4, height / 2])
+    enemy_centre = jnp.array([width * 3 / 4, height / 2])
+    allies = ally_centre + jax.random.uniform(ally_key, (num_allies, 2), minval=-2.0, maxval=2.0)
+    enemies = enemy_centre + jax.random.uniform(enemy_key, (num_enemies, 2), minval=-2.0, maxval=2.0)
+    return jnp.concatenate([allies, enemies])
+
+
+def _surround(key, num_inside: int, num_outside: int, width, height) -> tuple[jax.Array, jax.Array]:
+    """([inside, 2], [outside, 2]): one group around the centre, the other in 4 groups on the diagonals.
+
+    Each outer group sits at a uniform fraction of the way from a map corner to the centre.
+    """
+    inside_key, group_key, frac_key, noise_key = jax.random.split(key, 4)
+    centre = jnp.array([width / 2, height / 2])
+    inside = centre + jax.random.uniform(inside_key, (num_inside, 2), minval=-2.0, maxval=2.0)
+    corners = jnp.array([[0.0, 0.0], [0.0, height], [width, 0.0], [width, height]])
+    frac = jax.random.uniform(frac_key, (4, 1))
+    group_centres = frac * centre + (1 - frac) * corners
+    group = jax.random.randint(group_key, (num_outside,), 0, 4)
+    outside = group_centres[group] + jax.random.uniform(noise_key, (num_outside, 2), minval=-2.0, maxval=2.0)
+    return inside, outside
+
+
+def surround_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: a random team is surrounded by the other (SMACv2's "surrounded" start)."""
+    pick_key, ally_key, enemy_key = jax.random.split(key, 3)
+    allies_in, enemies_out = _surround(ally_key, num_allies, num_enemies, width, height)
+    enemies_in, allies_out = _surround(enemy_key, num_enemies, num_allies, width, height)
+    allies_inside = jax.random.bernoulli(pick_key)
+    return jnp.where(allies_inside, jnp.concatenate([allies_in, enemies_out]),
+                     jnp.concatenate([allies_out, enemies_in]))
+
+
+def reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: allies uniform on the left half, enemies at their mirror images (SMACv2's "reflected").
+
+    Enemies beyond the number of allies are uniform on the right half.
+    """
+    ally_key, extra_key = jax.random.split(key)
+    allies = jax.random.uniform(ally_key, (num_allies, 2), maxval=jnp.array([width / 2, height]))
+    n_mirrored = min(num_allies, num_enemies)
+    mirrored = allies[:n_mirrored] * jnp.array([-1.0, 1.0]) + jnp.array([width, 0.0])
+    extra = jax.random.uniform(extra_key, (num_enemies - n_mirrored, 2), minval=jnp.array([width / 2, 0.0]),
+                               maxval=jnp.array([width, height]))
+    return jnp.concatenate([allies, mirrored, extra])
+
+
+def surround_or_reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: SMACv2's start, surrounded or reflected with equal odds."""
+    pick_key, surround_key, reflect_key = jax.random.split(key, 3)
+    return jnp.where(jax.random.bernoulli(pick_key),
+                     surround_start(surround_key, num_allies, num_enemies, width, height),
+                     reflect_start(reflect_key, num_allies, num_enemies, width, height))
+
+
+START_RULES: dict[str, StartRule] = {
+    "line": line_start,
+    "surround": surround_start,
+    "reflect": reflect_start,
+    "surround_or_reflect": surround_or_reflect_start,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Scenarios
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """One battle setup.
+
+    allies, enemies: unit types per side (ids, names or shorthands; see `team`). With
+        `random_unit_types` only their lengths matter.
+    start: a name in START_RULES or a callable `(key, num_allies, num_enemies, width, height) -> [U, 2]`.
+    random_unit_types: SMACv2-style: each episode draws every ally's type uniformly; enemies mirror
+        the allies' types (extra enemies draw their own).
+    """
+
+    allies: Sequence[int | str]
+    enemies: Sequence[int | str]
+    start: str | StartRule = "line"
+    random_unit_types: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "allies", tuple(unit_type_id(u) for u in self.allies))
+        object.__setattr__(self, "enemies", tuple(unit_type_id(u) for u in self.enemies))
+        if not self.allies or not self.enemies:
+            raise ValueError("a scenario needs at least one ally and one enemy")
+        if isinstance(self.start, str) and self.start not in START_RULES:
+            raise ValueError(f"unknown start rule {self.start!r}; known: {', '.join(START_RULES)}")
+
+    @property
+    def num_allies(self) -> int:
+        return len(self.allies)
+
+    @property
+    def num_enemies(self) -> int:
+        return len(self.enemies)
+
+    @property
+    def unit_types(self) -> tuple[int, ...]:
+        """[U] type ids, allies first (placeholders when `random_unit_types`)."""
+        return self.allies + self.enemies
+
+    def start_positions(self, key, width, height) -> jax.Array:
+        """[U, 2] start positions, allies first."""
+        rule = START_RULES[self.start] if isinstance(self.start, str) else self.start
+        return rule(key, self.num_allies, self.num_enemies, width, height)
+
+    def draw_unit_types(self, key) -> jax.Array:
+        """[U] int32 type ids for one episode."""
+        if not self.random_unit_types:
+            return jnp.array(self.unit_types, dtype=jnp.int32)
+        ally_key, extra_key = jax.random.split(key)
+        allies = jax.random.randint(ally_key, (self.num_allies,), 0, NUM_UNIT_TYPES)
+        n_mirrored = min(self.num_allies, self.num_enemies)
+        extra = jax.random.randint(extra_key, (self.num_enemies - n_mirrored,), 0, NUM_UNIT_TYPES)
+        return jnp.concatenate([allies, allies[:n_mirrored], extra]).astype(jnp.int32)
+
+    def describe(self) -> str:
+        if self.random_unit_types:
+            return f"{self.num_allies} vs {self.num_enemies} random units"
+        def side(types):
+            counts = {}
+            for t in types:
+                counts[UNIT_TYPES[t].name] = counts.get(UNIT_TYPES[t].name, 0) + 1
+            return " + ".join(f"{n} {name}" for name, n in counts.items())
+        return f"{side(self.allies)} vs {side(self.enemies)}"
+
+
+def _smacv2(n: int) -> Scenario:
+    return Scenario(team(marine=n), team(marine=n), start="surround_or_reflect", random_unit_types=True)
+
+
+_SCENARIOS: dict[str, Scenario] = {
+    "3m": Scenario(team(marine=3), team(marine=3)),
+    "8m": Scenario(team(marine=8), team(marine=8)),
+    "25m": Scenario(team(marine=25), team(marine=25)),
+    "5m_vs_6m": Scenario(team(marine=5), team(marine=6)),
+    "10m_vs_11m": Scenario(team(marine=10), team(marine=11)),
+    "27m_vs_30m": Scenario(team(marine=27), team(marine=30)),
+    "2s3z": Scenario(team(stalker=2, zealot=3), team(stalker=2, zealot=3)),
+    "3s5z": Scenario(team(stalker=3, zealot=5), team(stalker=3, zealot=5)),
+    "3s5z_vs_3s6z": Scenario(team(stalker=3, zealot=5), team(stalker=3, zealot=6)),
+    "3s_vs_5z": Scenario(team(stalker=3), team(zealot=5)),
+    "6h_vs_8z": Scenario(team(hydralisk=6), team(zealot=8)),
+    "smacv2_5_units": _smacv2(5),
+    "smacv2_10_units": _smacv2(10),
+    "smacv2_20_units": _smacv2(20),
+}
+
+
+def register_scenario(name: str, scenario: Scenario, *, overwrite: bool = False) -> None:
+    """Make `envs.make("smax", scenario=name)` build `scenario`."""
+    if not isinstance(scenario, Scenario):
+        raise TypeError(f"expected a Scenario, got {type(scenario).__name__}")
+    if name in _SCENARIOS and not overwrite:
+        raise ValueError(f"scenario {name!r} is already registered (pass overwrite=True to replace it)")
+    _SCENARIOS[name] = scenario
+
+
+def scenario_names() -> list[str]:
+    """Registered scenario names, in registration order."""
+    return list(_SCENARIOS)
+
+
+def get_scenario(name: str | Scenario) -> Scenario:
+    """The scenario registered as `name` (a Scenario passes through); unknown names list the known ones."""
+    if isinstance(name, Scenario):
+        return name
+    if name not in _SCENARIOS:
+        raise ValueError(f"unknown SMAX scenario {name!r}; known scenarios: {', '.join(_SCENARIOS)}")
+    return _SCENARIOS[name]

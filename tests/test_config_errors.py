@@ -1,0 +1,86 @@
+import subprocess
+import sys
+
+import pytest
+
+from experiments import cartpole_ppo
+from jaxrl import config as config_lib, mesh as mesh_lib
+from jaxrl import algos
+from conftest import ROOT
+
+
+def _config(**overrides):
+    config = cartpole_ppo.get_config()
+    for key, value in overrides.items():
+        section, _, name = key.rpartition(".")
+        (config[section] if section else config)[name] = value
+    return config
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "jaxrl.train", "--config=experiments/cartpole_ppo.py", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_unknown_key_in_python_is_an_error():
+    config = _config()
+    with pytest.raises(AttributeError, match="totl_steps"):
+        config.totl_steps = 10
+
+
+def test_wrong_type_in_python_is_an_error():
+    config = _config()
+    with pytest.raises(TypeError):
+        config.num_envs = "four"
+
+
+def test_minibatches_must_divide_the_batch():
+    with pytest.raises(ValueError, match=r"num_envs \* num_steps = 3 \* 5 = 15 is not divisible by ppo.num_minibatches = 4"):
+        config_lib.validate(_config(num_envs=3, num_steps=5))
+
+
+def test_unknown_environment_name_is_an_error():
+    with pytest.raises(ValueError, match="unknown config.env.name 'CartPol'.*CartPole-v1"):
+        config_lib.validate(_config(**{"env.name": "CartPol"}))
+
+
+def test_non_positive_sizes_are_errors():
+    with pytest.raises(ValueError, match="config.num_envs must be a positive integer"):
+        config_lib.validate(_config(num_envs=0))
+    with pytest.raises(ValueError, match="config.ppo.gamma must lie in"):
+        config_lib.validate(_config(**{"ppo.gamma": 1.5}))
+
+
+def test_experiment_without_argument_rejects_one():
+    with pytest.raises(ValueError, match="takes no config argument"):
+        cartpole_ppo.get_config("3m")
+
+
+def test_envs_that_do_not_divide_over_devices_are_rejected_before_compiling():
+    config = _config(num_envs=4)
+    mesh = mesh_lib.make_mesh()
+    if mesh.size == 1:
+        with pytest.raises(ValueError, match="mesh.num_devices=2 but 1 devices"):
+            mesh_lib.make_mesh(2)
+    with pytest.raises(ValueError, match="num_envs=3 does not divide over 2 devices"):
+        mesh_lib.check_divisible("num_envs", 3, type("FakeMesh", (), {"shape": {"data": 2}})())
+    algos.build(config, mesh)  # divides: no error
+
+
+def test_cli_unknown_key_names_it():
+    out = _cli("--config.totl_steps=10")
+    assert out.returncode != 0
+    assert "totl_steps" in out.stderr
+
+
+def test_cli_wrong_type_names_the_key():
+    out = _cli("--config.num_envs=four")
+    assert out.returncode != 0
+    assert "num_envs" in out.stderr
+
+
+def test_cli_divisibility_error_names_the_keys(tmp_path):
+    out = _cli("--config.num_envs=3", "--config.num_steps=5", f"--workdir={tmp_path / 'run'}")
+    assert out.returncode != 0
+    assert "ppo.num_minibatches" in out.stderr
+    assert not (tmp_path / "run").exists(), "a bad config must fail before creating the run directory"

@@ -1,0 +1,38 @@
+"""The update is written for a device mesh: 8 (fake CPU) devices give the same result as 1."""
+
+import json
+
+CODE = r"""
+import json, jax, numpy as np
+from experiments import cartpole_ppo
+from jaxrl import algos, mesh as mesh_lib
+
+assert len(jax.devices()) == 8
+config = cartpole_ppo.get_config()
+config.num_envs, config.num_steps, config.total_steps = 16, 32, 16 * 32 * 6
+params = {}
+for devices in (1, 8):
+    algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
+    state = algo.init_seeds(0, 2)
+    state, metrics = algo.run_chunk(state, hp, 3)
+    state, metrics = algo.run_chunk(state, hp, 3)
+    if devices == 8:
+        assert len(state.obs.sharding.device_set) == 8, state.obs.sharding
+        assert state.obs.sharding.shard_shape(state.obs.shape)[1] == 2  # 16 envs / 8 devices
+    params[devices] = [np.asarray(x) for x in jax.tree.leaves(state.params)]
+    params[f"{devices}_metrics"] = {k: np.asarray(v).tolist() for k, v in metrics.items()}
+diffs = [float(np.max(np.abs(a - b))) for a, b in zip(params[1], params[8])]
+scale = [float(np.max(np.abs(a))) for a in params[1]]
+print(json.dumps({"diffs": diffs, "scale": scale, "m1": params["1_metrics"], "m8": params["8_metrics"]}))
+"""
+
+
+def test_eight_devices_match_one_device(python_subprocess):
+    out = python_subprocess(CODE, devices=8)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for diff, scale in zip(result["diffs"], result["scale"]):
+        assert diff <= 1e-5 * max(1.0, scale), result["diffs"]
+    # Episode statistics are summed over devices: the same episodes end in both runs.
+    assert result["m1"]["episodes"] == result["m8"]["episodes"]
+    assert abs(sum(result["m1"]["episode_return_sum"]) - sum(result["m8"]["episode_return_sum"])) < 1e-3

@@ -1,0 +1,151 @@
+"""The outer loop: run directory contents, exact resume after a kill, SIGTERM checkpoints, corrupt checkpoints."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import ROOT
+from experiments import cartpole_ppo
+from jaxrl import train
+
+BATCH = 4 * 32
+
+
+def small_config(total_updates=24, **overrides):
+    config = cartpole_ppo.get_config()
+    config.num_steps = 32
+    config.total_steps = total_updates * BATCH
+    config.log.every_steps = 2 * BATCH  # a chunk is 2 updates
+    config.log.progress_bar = False
+    config.checkpoint.every_steps = 4 * BATCH  # a checkpoint every 2 chunks
+    config.eval.num_envs = 4
+    config.eval.max_steps = 50
+    for key, value in overrides.items():
+        section, _, name = key.rpartition(".")
+        (config[section] if section else config)[name] = value
+    return config
+
+
+def _cli_args(config, workdir):
+    return [sys.executable, "-m", "jaxrl.train", "--config=experiments/cartpole_ppo.py",
+            f"--workdir={workdir}", "--config.num_steps=32", f"--config.total_steps={config.total_steps}",
+            f"--config.log.every_steps={config.log.every_steps}", "--config.log.progress_bar=False",
+            f"--config.checkpoint.every_steps={config.checkpoint.every_steps}", "--config.eval.num_envs=4",
+            "--config.eval.max_steps=50"]
+
+
+def _checkpoint_steps(workdir):
+    path = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(d) for d in os.listdir(path) if d.isdigit())
+
+
+def _wait_for_checkpoint(workdir, proc, at_least=1, timeout=120):
+    start = time.time()
+    while time.time() - start < timeout:
+        steps = _checkpoint_steps(workdir)
+        if steps and steps[-1] >= at_least:
+            return steps
+        if proc.poll() is not None:
+            raise AssertionError(f"training exited early: {proc.stderr.read()}")
+        time.sleep(0.02)
+    raise AssertionError("no checkpoint appeared")
+
+
+def _assert_same_params(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def test_run_directory_holds_config_metrics_checkpoints_and_curve(tmp_path):
+    result = train.run(small_config(8), str(tmp_path / "run"))
+    files = set(os.listdir(result.workdir))
+    assert {"config.json", "run_info.json", "metrics.jsonl", "checkpoints", "learning_curve.png"} <= files
+    rows = result.metrics
+    assert [r["update"] for r in rows] == [2, 4, 6, 8]
+    for key in ("env_steps", "wall_time", "episode_return", "policy_loss", "value_loss", "entropy",
+                "steps_per_second"):
+        assert key in rows[-1], key
+    assert rows[-1]["env_steps"] == 8 * BATCH
+    assert "eval_return" in rows[-1]
+    saved = json.load(open(os.path.join(result.workdir, "config.json")))
+    assert saved["num_steps"] == 32 and saved["total_steps"] == 8 * BATCH
+    assert _checkpoint_steps(result.workdir)[-1] == 8
+    assert not result.interrupted
+
+
+def test_resume_after_kill_gives_the_same_parameters(tmp_path):
+    config = small_config(40)
+    straight = train.run(config, str(tmp_path / "straight"))
+
+    workdir = str(tmp_path / "killed")
+    proc = subprocess.Popen(_cli_args(config, workdir), cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    steps = _wait_for_checkpoint(workdir, proc, at_least=8)
+    proc.kill()
+    proc.wait()
+    steps = _checkpoint_steps(workdir)
+    assert steps and steps[-1] < 40, f"the run should have been killed part-way, checkpoints: {steps}"
+
+    resumed = train.run(config, workdir)
+    _assert_same_params(straight.state.params, resumed.state.params)
+    _assert_same_params(straight.state.opt_state, resumed.state.opt_state)
+    # The metrics file continues without duplicated updates.
+    updates = [r["update"] for r in resumed.metrics]
+    assert updates == sorted(set(updates)) and updates[-1] == 40
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    config = small_config(4000, **{"checkpoint.every_steps": 1000 * BATCH})
+    workdir = str(tmp_path / "run")
+    proc = subprocess.Popen(_cli_args(config, workdir), cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # Wait until training is under way (metrics are being written), then ask it to stop.
+    start = time.time()
+    while not os.path.exists(os.path.join(workdir, "metrics.jsonl")) and time.time() - start < 120:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr
+    assert "SIGTERM" in stderr and "to resume" in stderr
+    steps = _checkpoint_steps(workdir)
+    logged = json.loads(open(os.path.join(workdir, "metrics.jsonl")).readlines()[-1])["update"]
+    assert steps and 0 < steps[-1] < 4000
+    assert steps[-1] == logged, "the checkpoint is taken at the last logged update"
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
+    config = small_config(8)
+    workdir = str(tmp_path / "run")
+    train.run(config, workdir)
+    steps = _checkpoint_steps(workdir)
+    assert steps[-2:] == [4, 8]
+    latest = os.path.join(workdir, "checkpoints", "8")
+    for root, _, files in os.walk(latest):
+        for name in files:
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(b"garbage")
+    config.total_steps = 8 * BATCH
+    result = train.run(config, workdir)
+    err = capsys.readouterr().err
+    assert "unreadable" in err and "resuming" in err and "from update 4" in err
+    assert os.path.isdir(latest + ".corrupt"), "the damaged checkpoint is kept aside, not deleted"
+    assert _checkpoint_steps(workdir)[-1] == 8
+    assert result.metrics[-1]["update"] == 8
+
+
+def test_resuming_with_a_different_config_is_refused(tmp_path):
+    workdir = str(tmp_path / "run")
+    train.run(small_config(2), workdir)
+    with pytest.raises(ValueError, match="different config.*ppo.learning_rate"):
+        train.run(small_config(2, **{"ppo.learning_rate": 1e-3}), workdir)
+    # Extending the run is allowed.
+    result = train.run(small_config(4), workdir)
+    assert result.metrics[-1]["update"] == 4
