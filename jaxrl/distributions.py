@@ -22,6 +22,14 @@ def sample(key: jax.Array, logits: jax.Array) -> jax.Array:
     return jax.random.categorical(key, logits).astype(jnp.int32)
 
 
+def sample_with_noise(logits: jax.Array, gumbel_noise: jax.Array) -> jax.Array:
+    """int32 [...]: the Gumbel-max sample argmax(logits + noise), noise ~ Gumbel(0, 1) of shape [..., A].
+
+    Lets a caller draw all the noise of a rollout in one batched op before the loop.
+    """
+    return jnp.argmax(logits + gumbel_noise, axis=-1).astype(jnp.int32)
+
+
 def greedy(logits: jax.Array) -> jax.Array:
     """int32 [...]: the most likely action."""
     return jnp.argmax(logits, axis=-1).astype(jnp.int32)

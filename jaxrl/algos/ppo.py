@@ -207,15 +207,20 @@ class PPO:
 
     def _rollout(self, params, env_state, obs, key):
         s = self.settings
+        # All randomness of the rollout drawn up front in a few batched ops rather than T small ones:
+        # per env (from its global index) and step, a key for the env and Gumbel noise for the action.
+        keys = jax.vmap(mesh_lib.per_item_keys, (0, None))(jax.random.split(key, s.num_steps),
+                                                           self.num_local_envs)  # [T, n, 2]
+        env_keys = jax.vmap(jax.vmap(lambda k: jax.random.fold_in(k, 0)))(keys)
+        action_noise = jax.vmap(jax.vmap(
+            lambda k: jax.random.gumbel(jax.random.fold_in(k, 1), (self.base_env.num_actions,))))(keys)
 
-        def step(carry, step_key):
+        def step(carry, xs):
             env_state, obs = carry
-            env_keys = mesh_lib.per_item_keys(step_key, self.num_local_envs)
-            act_keys, step_keys = jnp.split(jax.vmap(jax.random.split)(env_keys), 2, axis=1)
+            env_key, noise = xs
             logits, value, mask = self._policy(params, obs, env_state)
-            action = jax.vmap(distributions.sample)(act_keys[:, 0], logits)
-            next_obs, env_state, reward, done, info = jax.vmap(self.env.step)(step_keys[:, 0], env_state,
-                                                                                action)
+            action = distributions.sample_with_noise(logits, noise)
+            next_obs, env_state, reward, done, info = jax.vmap(self.env.step)(env_key, env_state, action)
             bootstrap = s.bootstrap_truncation
             transition = Transition(
                 obs=obs, action=action, log_prob=distributions.log_prob(logits, action), value=value,
@@ -228,7 +233,7 @@ class PPO:
             return (env_state, next_obs), (transition, episode)
 
         (env_state, obs), (traj, episode) = jax.lax.scan(
-            step, (env_state, obs), jax.random.split(key, s.num_steps), unroll=s.rollout_unroll)
+            step, (env_state, obs), (env_keys, action_noise), unroll=s.rollout_unroll)
         return env_state, obs, traj, episode
 
     def _loss(self, params, batch, hp: PPOHyperparams):

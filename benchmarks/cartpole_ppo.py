@@ -1,0 +1,167 @@
+"""CartPole-v1 PPO throughput, jaxrl side by side with rejax (a peer pure-JAX PPO), in one process.
+
+    python benchmarks/cartpole_ppo.py --seeds 1,16 --total-steps 500000 --repeats 3
+
+Both libraries run the PureJaxRL recipe (RECIPE below; 64-64 tanh MLPs, learning rate annealed linearly
+to 0 where the library can). Each library's whole training run is one compiled program. Compilation is timed
+on its own ("compile s"): rejax's `jax.jit(train).lower(...).compile()`; jaxrl's `run_chunk`, which compiles
+on its first call (a warm-up run, not counted; the library times its own compile step). Then each library
+trains `--repeats` times, the two taking turns, timed with `jax.block_until_ready`; the table reports the
+fastest repeat ("run s", all repeats listed) and env steps/second summed over seeds.
+
+- jaxrl: `algo.run_chunk` for all updates in one chunk (no logging, no checkpoints, no evaluation inside).
+  Returns come from one more, untimed run of the same seeds split into two chunks, so that the training
+  episodes of the last `LAST_UPDATES` updates can be read; "eval return" is a greedy `algo.evaluate`
+  over 32 environments. Both are means over seeds.
+- rejax: `algo.train` (vmapped over seeds), evaluating once, at the end (`eval_freq` = the run,
+  `skip_initial_evaluation`); that evaluation (128 episodes with sampled actions) is inside its timing and
+  is its return figure.
+
+Needs the `bench` extra: pip install -e ".[bench]".
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import time
+
+import jax
+import numpy as np
+import rejax
+
+from jaxrl import algos, config as config_lib, mesh as mesh_lib
+
+RECIPE = dict(num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4,
+              gamma=0.99, gae_lambda=0.95, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, max_grad_norm=0.5)
+BATCH = RECIPE["num_envs"] * RECIPE["num_steps"]
+REJAX_FIELDS = {f.name for f in dataclasses.fields(rejax.PPO)}
+LAST_UPDATES = 10  # jaxrl's "train return": episodes that ended in the last 10 updates (5,120 steps/seed)
+
+
+def timed(fn, *args):
+    tick = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - tick, out
+
+
+# --------------------------------------------------------------------------------------------------
+# jaxrl
+
+
+def jaxrl_algo(num_updates: int):
+    config = config_lib.base_config()
+    config.total_steps = num_updates * BATCH
+    config.num_envs, config.num_steps = RECIPE["num_envs"], RECIPE["num_steps"]
+    for key, value in RECIPE.items():
+        if key in config.ppo:
+            config.ppo[key] = value
+    config.ppo.anneal_lr = True
+    config.ppo.bootstrap_truncation = False  # the recipe treats a time limit as terminal, as rejax does
+    config.rollout_unroll = 2  # as experiments/cartpole_ppo.py: an implementation knob, not a hyperparameter
+    config.network.hidden_sizes, config.network.activation = (64, 64), "tanh"
+    config_lib.validate(config)
+    return algos.build(config, mesh_lib.make_mesh())
+
+
+def jaxrl_bench(num_seeds: int, num_updates: int):
+    """(algo, seconds of the first call (it compiles), run() -> seconds)."""
+    algo, hp = jaxrl_algo(num_updates)
+
+    def run():
+        state = jax.block_until_ready(algo.init_seeds(0, num_seeds))  # run_chunk donates it: a fresh one
+        return timed(algo.run_chunk, state, hp, num_updates)[0]
+
+    return algo, run(), run
+
+
+def jaxrl_returns(num_seeds: int, num_updates: int):
+    """(greedy eval return, return of the last training episodes), means over seeds (untimed)."""
+    algo, hp = jaxrl_algo(num_updates)
+    state = algo.init_seeds(0, num_seeds)
+    state, _ = algo.run_chunk(state, hp, num_updates - LAST_UPDATES)
+    state, metrics = algo.run_chunk(state, hp, LAST_UPDATES)
+    train_return = np.mean(metrics["episode_return_sum"] / metrics["episodes"])
+    evaluation = algo.evaluate(state.params, jax.random.PRNGKey(1), 32)
+    return float(np.mean(evaluation["eval_return"])), float(train_return)
+
+
+# --------------------------------------------------------------------------------------------------
+# rejax
+
+
+def rejax_bench(num_seeds: int, num_updates: int):
+    """(compile seconds, run() -> (seconds, eval return))."""
+    steps = num_updates * BATCH
+    extra = {"anneal_lr": True} if "anneal_lr" in REJAX_FIELDS else {}
+    algo = rejax.PPO.create(
+        env="CartPole-v1", **RECIPE, **extra, total_timesteps=steps, eval_freq=steps,
+        skip_initial_evaluation=True, normalize_observations=False, normalize_rewards=False,
+        agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)})
+    key = jax.random.PRNGKey(0)
+    keys, train = (key, algo.train) if num_seeds == 1 else (jax.random.split(key, num_seeds),
+                                                             jax.vmap(algo.train))
+    compile_s, train = timed(lambda: jax.jit(train).lower(keys).compile())
+
+    def run():
+        seconds, (_, (_, returns)) = timed(train, keys)
+        return seconds, float(np.mean(returns))  # [seeds,] evaluations=1, episodes=128
+
+    return compile_s, run
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seeds", default="1,16", help="comma-separated seed counts, each vmapped")
+    parser.add_argument("--total-steps", type=int, default=500_000, help="env steps per seed")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per library (the fastest is shown)")
+    args = parser.parse_args()
+    num_updates = args.total_steps // BATCH
+    if num_updates <= LAST_UPDATES:
+        parser.error(f"--total-steps must exceed {LAST_UPDATES + 1} updates of {BATCH} steps")
+
+    print(f"CartPole-v1 PPO, PureJaxRL recipe: {num_updates} updates x {BATCH} = {num_updates * BATCH:,} env "
+          f"steps per seed\njax {jax.__version__}, {jax.devices()[0].platform} ({jax.device_count()} device), "
+          f"rejax {importlib.metadata.version('rejax')}; fastest of "
+          f"{args.repeats} interleaved repeats\n")
+    header = ["seeds", "library", "env steps/s", "jaxrl/rejax", "run s (all repeats)", "compile s",
+              "eval return", "train return"]
+    rows = []
+    for num_seeds in [int(s) for s in args.seeds.split(",")]:
+        j_algo, j_first, j_run = jaxrl_bench(num_seeds, num_updates)
+        r_compile, r_run = rejax_bench(num_seeds, num_updates)
+        j_times, r_times = [], []
+        for _ in range(args.repeats):
+            j_times.append(j_run())
+            seconds, r_return = r_run()
+            r_times.append(seconds)
+        j_eval, j_train = jaxrl_returns(num_seeds, num_updates)
+        # jaxrl times its compile step; without that, first call minus the fastest run
+        j_compile = getattr(j_algo, "compile_seconds", {}).get(num_updates, j_first - min(j_times))
+        steps = num_updates * BATCH * num_seeds
+        j_sps, r_sps = steps / min(j_times), steps / min(r_times)
+        rows.append([num_seeds, "jaxrl", f"{j_sps:,.0f}", f"{j_sps / r_sps:.2f}",
+                     " ".join(f"{t:.2f}" for t in j_times), f"{j_compile:.1f}", f"{j_eval:.1f}", f"{j_train:.1f}"])
+        rows.append([num_seeds, "rejax", f"{r_sps:,.0f}", "", " ".join(f"{t:.2f}" for t in r_times),
+                     f"{r_compile:.1f}", f"{r_return:.1f}", "-"])
+
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "| " + " | ".join(str(c).rjust(w) for c, w in zip(cells, widths)) + " |"
+    print(line(header))
+    print("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
+    for row in rows:
+        print(line(row))
+    print(f"\neval return: jaxrl greedy actions, 32 episodes per seed; rejax sampled actions, 128 episodes per "
+          f"seed.\ntrain return: jaxrl episodes ending in the last {LAST_UPDATES} updates. Means over seeds.")
+    if "anneal_lr" not in REJAX_FIELDS:
+        print("rejax has no learning-rate annealing option: it runs at a constant 2.5e-4.")
+    print("rejax clips gradients elementwise (optax.clip(0.5)) and updates actor and critic with separate "
+          "Adam optimisers;\njaxrl (like PureJaxRL) clips the global gradient norm of one joint loss.")
+
+
+if __name__ == "__main__":
+    main()
