@@ -144,10 +144,11 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
         try:
             while update < num_updates:
                 num = min(chunk, num_updates - update)
-                tick = time.perf_counter()
+                tick, compiled_before = time.perf_counter(), algo.compile_seconds
                 state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
                 chunk_metrics = jax.device_get(chunk_metrics)
-                seconds = time.perf_counter() - tick
+                compile_seconds = algo.compile_seconds - compiled_before
+                seconds = time.perf_counter() - tick - compile_seconds
                 update += num
                 chunk_index += 1
                 done = update >= num_updates
@@ -155,6 +156,8 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
                        "wall_time": round(wall_offset + time.perf_counter() - start, 3),
                        "steps_per_second": round(num * batch * config.num_seeds / seconds, 1),
                        **metrics_lib.summarize(chunk_metrics)}
+                if compile_seconds:
+                    row["compile_seconds"] = round(compile_seconds, 2)
                 if done or (eval_every and chunk_index % eval_every == 0):
                     eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
                     row.update(metrics_lib.summarize(jax.device_get(

@@ -1,10 +1,10 @@
 """Proximal policy optimisation, written for a device mesh and for many seeds at once.
 
-One call of `PPO.run_chunk` runs K updates under a single `jax.jit`:
+One call of `PPO.run_chunk` runs K updates (K traced: one program for every K) under a single `jax.jit`:
 
     shard_map over the `data` axis (environments split over devices, parameters replicated)
       vmap over seeds
-        lax.scan over K updates:  rollout (lax.scan over T steps) -> GAE -> epochs x minibatches
+        lax.fori_loop over K updates:  rollout (lax.scan over T steps) -> GAE -> epochs x minibatches
 
 Shapes: S seeds, N environments (n = N / devices on one device), T steps per rollout.
 Numbers a sweep may vary live in `PPOHyperparams` (a pytree); sizes and code-path choices live in
@@ -163,8 +163,8 @@ class PPO:
                 f"num_envs * num_steps = {settings.batch_size} cannot be split into num_minibatches="
                 f"{settings.num_minibatches} equal minibatches on each of {self.mesh.shape[DATA_AXIS]} "
                 f"devices: the envs on one device ({self.num_local_envs}) must be a multiple of {block}")
-        self._chunk_fns = {}
-        self.compile_seconds: dict[int, float] = {}  # per chunk length, for logs and benchmarks
+        self._chunk_fn = None
+        self.compile_seconds = 0.0  # of `run_chunk`, for logs and benchmarks
 
     # ----------------------------------------------------------------------------------------------
     # Initial state
@@ -300,24 +300,37 @@ class PPO:
     # ----------------------------------------------------------------------------------------------
     # K updates for every seed, compiled once per K
 
-    def _run_updates(self, state: TrainState, hp: PPOHyperparams, num_updates: int):
-        state, metrics = jax.lax.scan(lambda st, _: self._update(st, hp), state, None, num_updates)
+    def _run_updates(self, state: TrainState, hp: PPOHyperparams, num_updates: jax.Array):
+        """`num_updates` (traced) updates: one compiled program serves every chunk length."""
+        _, shapes = jax.eval_shape(self._update, state, hp)
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def body(_, carry):
+            state, totals = carry
+            state, metrics = self._update(state, hp)
+            return state, jax.tree.map(jnp.add, totals, metrics)
+
+        state, totals = jax.lax.fori_loop(0, num_updates, body, (state, zeros))
         sums = ("episode_return_sum", "episode_length_sum", "episodes")
-        return state, {k: v.sum() if k in sums else v.mean() for k, v in metrics.items()}
+        return state, {k: v if k in sums else v / num_updates for k, v in totals.items()}
 
     def run_chunk(self, state: TrainState, hp: PPOHyperparams, num_updates: int):
-        """Run `num_updates` updates for every seed; returns (state, metrics with leaves [S])."""
-        if num_updates not in self._chunk_fns:
+        """Run `num_updates` updates for every seed; returns (state, metrics with leaves [S]).
+
+        Compiles on the first call (the seconds it took are kept in `compile_seconds`).
+        """
+        num_updates = jnp.int32(num_updates)
+        if self._chunk_fn is None:
             specs = self._state_specs()
-            local = jax.vmap(functools.partial(self._run_updates, num_updates=num_updates), (0, None))
-            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, P()), out_specs=(specs, P()))
-            shardings = self.state_shardings(state)
-            jitted = jax.jit(sharded, in_shardings=(shardings, mesh_lib.replicated(self.mesh)),
-                             out_shardings=(shardings, mesh_lib.replicated(self.mesh)), donate_argnums=0)
+            local = jax.vmap(self._run_updates, (0, None, None))
+            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=(specs, P()))
+            shardings, replicated = self.state_shardings(state), mesh_lib.replicated(self.mesh)
+            jitted = jax.jit(sharded, in_shardings=(shardings, replicated, replicated),
+                             out_shardings=(shardings, replicated), donate_argnums=0)
             tick = time.perf_counter()
-            self._chunk_fns[num_updates] = jitted.lower(state, hp).compile()
-            self.compile_seconds[num_updates] = time.perf_counter() - tick
-        return self._chunk_fns[num_updates](state, hp)
+            self._chunk_fn = jitted.lower(state, hp, num_updates).compile()
+            self.compile_seconds = time.perf_counter() - tick
+        return self._chunk_fn(state, hp, num_updates)
 
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
