@@ -191,10 +191,10 @@ class PPO:
     def init_seeds(self, seed: int, num_seeds: int) -> TrainState:
         """TrainState with a leading seed axis [S], placed on the mesh."""
         keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
-        # Initialise on one device, then place: a replicated init on every device runs the batched QR
-        # of the orthogonal initialiser once per device, and XLA:CPU's LAPACK thread pool can deadlock
-        # when many fake CPU devices do that at once.
-        state = jax.jit(jax.vmap(self.init))(keys)
+        # Seeds one after another (lax.map, not vmap) on one device, then placed on the mesh: a batched
+        # QR (the orthogonal initialiser under vmap) can deadlock XLA:CPU's LAPACK thread pool (jaxlib
+        # 0.10.2, seen on 1 and on 8 devices), and a replicated init would run it on every device.
+        state = jax.jit(lambda keys: jax.lax.map(self.init, keys))(keys)
         return jax.device_put(state, self.state_shardings(state))
 
     # ----------------------------------------------------------------------------------------------
