@@ -15,15 +15,17 @@ CORE = [
     "numpy>=1.26",
     "tqdm>=4.66",
     "matplotlib>=3.8",
+    "pillow>=10",  # SMAX episode GIFs
 ]
 
 EXTRAS = {
-    # Tests, notebooks executed by the tests, and the reference env used for parity checks.
+    # Tests, notebooks executed by the tests, and the reference envs used for parity checks
+    # (gymnax's CartPole, jaxmarl's SMAX and MPE).
     "dev": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-            "gymnax<1.0"],
+            "gymnax<1.0", "jaxmarl==0.2.0"],
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # rejax 0.1.3 needs gymnax < 1.0 (gymnax 1.0 splits done into terminated/truncated).
-    "bench": ["rejax==0.1.3", "gymnax<1.0"],
+    "bench": ["rejax==0.1.3", "gymnax<1.0", "jaxmarl==0.2.0"],
     # Accelerators: JAX's own wheels. For TPU follow JAX's install note (pip install "jax[tpu]").
     "cuda": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],

@@ -56,5 +56,13 @@ register("CartPole-v1", _cartpole)
 register("smax", _smax)
 register("jaxmarl", _jaxmarl)  # any jaxmarl env in our array-first API: make("jaxmarl", env_id=...)
 
+def __getattr__(name: str):
+    """Import subpackages on first use (`envs.smax.register_scenario(...)` after a plain `import envs`)."""
+    if name in ("smax", "classic", "adapters"):
+        import importlib
+        return importlib.import_module(f"envs.{name}")
+    raise AttributeError(f"module 'envs' has no attribute {name!r}")
+
+
 __all__ = ["AutoReset", "Box", "Discrete", "Environment", "EpisodeStatistics", "Wrapper", "episode_over",
            "make", "register", "registered"]

@@ -82,8 +82,8 @@ class FromJaxMARL(Environment):
     (`has_action_masks` is then true). The jaxmarl env's own auto-reset is bypassed (we call its
     `step_env`): wrap with `envs.AutoReset`. `info["truncated"]` is inferred from a `step` counter
     reaching `env.max_steps` when the env has both; `info["won"]` is computed for SMAX-like states
-    (all enemies dead, some ally alive) and false otherwise. `params` are ignored (jaxmarl envs keep
-    their settings on the env object).
+    (all enemies dead, some ally alive) and false otherwise; the jaxmarl env's own info entries are
+    not passed on. `params` are ignored (jaxmarl envs keep their settings on the env object).
     """
 
     def __init__(self, env: Any, **kwargs):

@@ -39,6 +39,13 @@ def local_indices(num_local: int) -> jax.Array:
     return jax.lax.axis_index(DATA_AXIS) * num_local + jnp.arange(num_local)
 
 
+def local_share(x: jax.Array, axis: int = 0) -> jax.Array:
+    """This device's contiguous share of a global `axis` (inside `shard_map` over DATA_AXIS)."""
+    num_local = x.shape[axis] // jax.lax.axis_size(DATA_AXIS)
+    start = jax.lax.axis_index(DATA_AXIS) * num_local
+    return jax.lax.dynamic_slice_in_dim(x, start, num_local, axis=axis)
+
+
 def per_item_keys(key: jax.Array, num_local: int) -> jax.Array:
     """[num_local, 2] keys, one per local item, that depend only on the item's global index."""
     return jax.vmap(jax.random.fold_in, (None, 0))(key, local_indices(num_local))

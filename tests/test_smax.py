@@ -297,12 +297,12 @@ def test_heuristic_keeps_its_target_while_attackable_else_takes_the_closest():
     dist = jnp.linalg.norm(enemy_pos[:, None] - ally_pos[None], axis=-1)
     args = (enemy_pos, ally_pos, dist, jnp.ones(1, bool), jnp.ones(3, bool), jnp.array([9.0]), jnp.array([5.0]))
     home = jnp.array([[20.0, 16.0]])
-    key = jax.random.PRNGKey(0)
-    target, _ = heuristic_targets(key, *args, jnp.array([-1]), home)
+    noise = jnp.full((2, 1), 0.5)
+    target, _ = heuristic_targets(noise, *args, jnp.array([-1]), home)
     assert target.tolist() == [0]
-    target, _ = heuristic_targets(key, *args, jnp.array([1]), home)
+    target, _ = heuristic_targets(noise, *args, jnp.array([1]), home)
     assert target.tolist() == [1]  # ally 1 (distance 4) is still attackable
-    target, _ = heuristic_targets(key, *args, jnp.array([2]), home)
+    target, _ = heuristic_targets(noise, *args, jnp.array([2]), home)
     assert target.tolist() == [0]  # ally 2 is out of range: back to the closest
 
 
@@ -310,7 +310,7 @@ def test_heuristic_heads_home_when_it_sees_nobody_and_chases_otherwise():
     enemy_pos = jnp.array([[24.0, 16.0], [24.0, 10.0]])
     ally_pos = jnp.array([[21.0, 3.0]])  # seen (not attackable) by enemy 1 only: distance 7.6
     dist = jnp.linalg.norm(enemy_pos[:, None] - ally_pos[None], axis=-1)
-    target, move = heuristic_targets(jax.random.PRNGKey(0), enemy_pos, ally_pos, dist, jnp.ones(2, bool),
+    target, move = heuristic_targets(jnp.full((2, 2), 0.5), enemy_pos, ally_pos, dist, jnp.ones(2, bool),
                                      jnp.ones(1, bool), jnp.full(2, 9.0), jnp.full(2, 5.0), jnp.array([-1, -1]),
                                      jnp.array([[8.0, 16.0], [8.0, 22.0]]))
     assert target.tolist() == [-1, -1]

@@ -1,8 +1,9 @@
 """SMAX-style battles: allied agents against a heuristic enemy on an open 32 x 32 map.
 
-Behaviour follows the SMAX benchmark (see ../shared/specs/smax.md); the implementation works on
-whole per-env arrays: units `[U]` (allies first, then enemies), pairwise matrices `[U, U]`, and the
-world ticks of one agent step run in a `lax.scan`, so compile time does not grow with the battle.
+Behaviour follows the SMAX benchmark, with jaxmarl's SMAX as the parity reference
+(tests/test_smax_parity.py). The implementation works on whole per-env arrays: units `[U]` (allies
+first, then enemies) and pairwise matrices `[U, U]`; the world ticks of one agent step run in a
+`lax.scan`, so compile time does not grow with the battle.
 
     env = envs.make("smax", scenario="3m")
     obs, state = env.reset(key)                              # obs [A, obs_dim]
@@ -33,6 +34,7 @@ NUM_NON_ATTACK = NUM_MOVES + 1  # moves and stop come before the attack actions
 UNIT_FEATURES = 7 + NUM_UNIT_TYPES  # health, rel x, rel y, last move x, y, last target, cooldown, type
 OWN_FEATURES = 4 + NUM_UNIT_TYPES  # health, x, y, cooldown, type
 STATE_FEATURES = OWN_FEATURES + 2  # per unit in the global state, with team and type id
+_GOLDEN = 0.6180339887498949  # fractional part of the golden ratio
 _REL_X, _REL_Y = np.eye(UNIT_FEATURES, dtype=np.float32)[1:3]  # where relative x, y go in a unit's features
 
 
@@ -197,7 +199,7 @@ class SMAX(Environment):
 
     def reset(self, key, params=None):
         p = self._params(params)
-        pos_key, type_key = jax.random.split(key)
+        pos_key, type_key = jax.random.split(key) if self.scenario.random_unit_types else (key, None)
         unit_type = self.scenario.draw_unit_types(type_key)
         position = self.scenario.start_positions(pos_key, p.map_width, p.map_height).astype(jnp.float32)
         stats = unit_stats(p, unit_type)
@@ -224,7 +226,8 @@ class SMAX(Environment):
     def step(self, key, state: SMAXState, actions, params=None):
         p = self._params(params)
         A = self.num_allies
-        enemy_key, jitter_key = jax.random.split(key)
+        # All of the step's randomness in one draw: the enemies' choices [2, E] and cooldown jitter [U].
+        noise = jax.random.uniform(key, (2 * self.num_enemies + self.num_units,))
         stats = unit_stats(p, state.unit_type)
         alive = state.alive
         dist = pairwise_distance(state.position[:A], state.position[A:])  # [A, E]
@@ -238,17 +241,16 @@ class SMAX(Environment):
 
         # Enemies: the heuristic, which numbers its targets in reverse ally order (as SMAX does).
         target, move = heuristic_targets(
-            enemy_key, state.position[A:], state.position[:A], dist.T, alive[A:], alive[:A],
-            stats.sight_range[A:], stats.attack_range[A:], state.enemy_target, state.enemy_home,
-            self.attack_mode)
+            noise[:2 * self.num_enemies].reshape(2, -1), state.position[A:], state.position[:A], dist.T,
+            alive[A:], alive[:A], stats.sight_range[A:], stats.attack_range[A:], state.enemy_target,
+            state.enemy_home, self.attack_mode)
         attacks = (target >= 0) & p.enemy_shoots
         enemy_actions = jnp.where(attacks, NUM_NON_ATTACK + A - 1 - target, move)
 
         unit_actions = jnp.concatenate([ally_actions, enemy_actions])
         move_dir, attack_target = self._decode(unit_actions)
-        jitter = jax.random.uniform(jitter_key, (self.world_steps_per_env_step, self.num_units),
-                                    minval=-p.time_per_step, maxval=2 * p.time_per_step)
-        position, health, cooldown = self._run_world(p, stats, state, move_dir, attack_target, jitter)
+        position, health, cooldown = self._run_world(p, stats, state, move_dir, attack_target,
+                                                     noise[2 * self.num_enemies:])
 
         next_state = SMAXState(
             position=position,
@@ -285,12 +287,20 @@ class SMAX(Environment):
         move_dir = DIRECTIONS[jnp.clip(unit_actions, 0, STOP)]
         return move_dir, attack_target
 
-    def _run_world(self, p: SMAXParams, stats: UnitStats, state: SMAXState, move_dir, attack_target, jitter):
+    def _run_world(self, p: SMAXParams, stats: UnitStats, state: SMAXState, move_dir, attack_target, noise):
         """Run the world ticks of one step. Returns position [U, 2], health [U], cooldown [U].
 
         Per tick: attacks resolve on the tick's start positions (damage from several attackers adds
-        up), units move, units touching a wall die, overlapping units are pushed apart.
+        up), units move, units touching a wall die, overlapping units are pushed apart. A unit that
+        fires resets its cooldown to its type's plus a jitter uniform in [-1, +2) ticks, drawn from
+        `noise` [U] (uniforms in [0, 1)).
         """
+        # One uniform per unit and step, moved along by the golden ratio for each tick: each tick's
+        # jitter is exactly uniform, and with the stock cooldowns (>= 7 ticks) a unit fires at most
+        # once per step, so no shot shares its jitter with another of the same unit.
+        ticks = jnp.arange(self.world_steps_per_env_step, dtype=jnp.float32)[:, None]
+        uniform = jnp.mod(noise[None, :] + ticks * _GOLDEN, 1.0)  # [K, U]
+        jitter = (3 * uniform - 1) * p.time_per_step
         step_x, step_y = (move_dir * (stats.speed * p.time_per_step)[:, None]).T
         attacking = attack_target >= 0
         victim = jnp.maximum(attack_target, 0)
@@ -349,21 +359,32 @@ class SMAX(Environment):
                                             last_target[:, None], cooldown[:, None], type_bits], axis=-1)
 
         x, y = state.position[:, 0], state.position[:, 1]
-        dx, dy = x[None, :] - x[:A, None], y[None, :] - y[:A, None]  # [A, U]
         sight = stats.sight_range[:A, None]
+        dx, dy = x[None, :] - x[:A, None], y[None, :] - y[:A, None]  # [A, U]
         seen = alive[:A, None] & alive[None, :] & (jnp.sqrt(dx * dx + dy * dy) < sight)
-        # Broadcast arithmetic rather than a concatenate keeps this [A, U, F] pass a single fused loop.
-        per_pair = jnp.where(seen[..., None], visible_features[None] + (dx / sight)[..., None] * _REL_X
-                             + (dy / sight)[..., None] * _REL_Y, 0.0)
-        # Skip each ally's own column: slot k holds unit k before the viewer and unit k + 1 from it on.
-        after_self = (np.arange(U - 1)[None, :] >= np.arange(A)[:, None])[..., None]
-        others = jnp.where(after_self, per_pair[:, 1:], per_pair[:, :-1]).reshape(A, -1)
+        rel_x, rel_y = dx / sight, dy / sight
 
+        def block(visible, features, rx, ry):
+            """[A, K, F]: `features` [.., K, F] with the relative position filled in, zero where unseen."""
+            # Broadcast arithmetic rather than a concatenate keeps this pass one fused loop.
+            return jnp.where(visible[..., None], features + rx[..., None] * _REL_X + ry[..., None] * _REL_Y, 0.0)
+
+        # Allies skip the viewer's own column: slot k holds ally k before the viewer, ally k + 1 from it on.
+        # Shifting only this [A, A] block (not the enemies) keeps the big enemy block a plain broadcast.
+        after_self = np.arange(A - 1)[None, :] >= np.arange(A)[:, None]  # [A, A - 1]
+
+        def skip(m):
+            return jnp.where(after_self, m[:, 1:A], m[:, :A - 1])
+
+        ally_features = jnp.where(after_self[..., None], visible_features[None, 1:A], visible_features[None, :A - 1])
+        allies = block(skip(seen), ally_features, skip(rel_x), skip(rel_y))
+        enemies = block(seen[:, A:], visible_features[None, A:], rel_x[:, A:], rel_y[:, A:])
         own = jnp.concatenate([health[:A, None], state.position[:A] / jnp.array([p.map_width, p.map_height]),
                                cooldown[:A, None], type_bits[:A]], axis=-1) * alive[:A, None]
-        # Filling one buffer in place costs a pass less than a concatenate.
-        obs = jnp.zeros((A, self.obs_dim), jnp.float32)
-        return obs.at[:, :others.shape[1]].set(others).at[:, others.shape[1]:].set(own)
+        # Joining the blocks along the unit axis (before flattening) lets XLA write them straight into
+        # one buffer; joining the flattened rows costs extra full passes over the observations.
+        others = jnp.concatenate([allies, enemies], axis=1).reshape(A, -1)
+        return jnp.concatenate([others, own], axis=-1)
 
     def global_state(self, state: SMAXState, params=None) -> jax.Array:
         """[state_dim]: each unit's health fraction, position, cooldown and type bits (zero when dead),

@@ -20,48 +20,56 @@ STOP = 4
 DIRECTIONS = jnp.array([[0.0, 1.0], [1.0, 0.0], [0.0, -1.0], [-1.0, 0.0], [0.0, 0.0]])
 
 
-def sample_true(key: jax.Array, mask: jax.Array) -> jax.Array:
-    """[...] int32 index of a uniformly random true entry along the last axis of `mask` [..., N]; 0 if none.
+def pick_true(u: jax.Array, mask: jax.Array) -> jax.Array:
+    """[...] int32 index of the true entry of `mask` [..., N] that a uniform `u` [...] in [0, 1) selects
+    (each true entry equally likely); 0 where there is none.
 
     One uniform per row and a cumulative count: much cheaper on CPU than Gumbel-max sampling.
     """
     count = mask.sum(axis=-1)
-    rank = jnp.minimum((jax.random.uniform(key, count.shape) * count).astype(jnp.int32), count - 1)
+    rank = jnp.minimum((u * count).astype(jnp.int32), count - 1)
     return jnp.argmax(jnp.cumsum(mask, axis=-1) > rank[..., None], axis=-1).astype(jnp.int32)
+
+
+def sample_true(key: jax.Array, mask: jax.Array) -> jax.Array:
+    """[...] int32 index of a uniformly random true entry along the last axis of `mask` [..., N]; 0 if none."""
+    return pick_true(jax.random.uniform(key, mask.shape[:-1]), mask)
 
 
 def best_move(vector: jax.Array) -> jax.Array:
     """[N] int32 move action (0-3) best aligned with each `vector` [N, 2]; ties go to the first."""
-    return jnp.argmax(vector @ DIRECTIONS[:NUM_MOVES].T, axis=-1).astype(jnp.int32)
+    vx, vy = vector[:, 0], vector[:, 1]
+    # Dot products with N, E, S, W written out (a matmul may run at reduced precision on accelerators).
+    return jnp.argmax(jnp.stack([vy, vx, -vy, -vx], axis=-1), axis=-1).astype(jnp.int32)
 
 
-def heuristic_targets(key: jax.Array, enemy_pos: jax.Array, ally_pos: jax.Array, dist: jax.Array,
+def heuristic_targets(noise: jax.Array, enemy_pos: jax.Array, ally_pos: jax.Array, dist: jax.Array,
                       enemy_alive: jax.Array, ally_alive: jax.Array, sight_range: jax.Array,
                       attack_range: jax.Array, last_target: jax.Array, home: jax.Array,
                       attack_mode: str = "closest") -> tuple[jax.Array, jax.Array]:
     """What every enemy does this step.
 
-    Args: positions `enemy_pos` [E, 2], `ally_pos` [A, 2]; `dist` [E, A] between them; alive flags
-    [E] and [A]; the enemies' `sight_range`, `attack_range` [E]; `last_target` [E] (ally index or
-    -1); `home` [E, 2].
+    Args: `noise` [2, E] uniforms in [0, 1) (which visible ally to chase; which attackable one to pick
+    in "random" mode); positions `enemy_pos` [E, 2], `ally_pos` [A, 2]; `dist` [E, A] between them;
+    alive flags [E] and [A]; the enemies' `sight_range`, `attack_range` [E]; `last_target` [E] (ally
+    index or -1); `home` [E, 2].
     Returns: `target` [E] int32 ally to attack or -1 (also the next step's `last_target`), and
     `move` [E] int32 move action (0-3), used when not attacking.
     """
-    chase_key, pick_key = jax.random.split(key)
     visible = enemy_alive[:, None] & ally_alive[None, :] & (dist < sight_range[:, None])  # [E, A]
     attackable = visible & (dist < attack_range[:, None])
     can_attack = attackable.any(axis=1)
     if attack_mode == "closest":
         fresh = jnp.argmin(jnp.where(attackable, dist, jnp.inf), axis=1)
     elif attack_mode == "random":
-        fresh = sample_true(pick_key, attackable)
+        fresh = pick_true(noise[1], attackable)
     else:
         raise ValueError(f"unknown attack_mode {attack_mode!r}; use 'closest' or 'random'")
     keep = (last_target >= 0) & jnp.take_along_axis(attackable, jnp.maximum(last_target, 0)[:, None], 1)[:, 0]
     target = jnp.where(can_attack, jnp.where(keep, last_target, fresh), -1).astype(jnp.int32)
 
     # A fresh random visible ally to chase each step; home when none is visible.
-    chase = sample_true(chase_key, visible)
+    chase = pick_true(noise[0], visible)
     goal = jnp.where(visible.any(axis=1)[:, None], ally_pos[chase], home)
     move = best_move(goal - enemy_pos)
     return target, move

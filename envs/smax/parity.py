@@ -105,17 +105,28 @@ def rollout_fn(env: Environment, policy: Policy, num_envs: int, num_steps: int) 
     return run
 
 
-def throughput(env: Environment, policy: Policy = random_legal, num_envs: int = 1024, num_steps: int = 128,
-               repeats: int = 2, seed: int = 0) -> dict[str, float]:
-    """Compile seconds and env steps per second (best of `repeats` runs, compile excluded)."""
-    run = jax.jit(rollout_fn(env, policy, num_envs, num_steps))
+def throughput(envs_by_name: dict[str, Environment], policy: Policy = random_legal, num_envs: int = 1024,
+               num_steps: int = 128, repeats: int = 2, seed: int = 0) -> dict[str, dict[str, float]]:
+    """Compile seconds and env steps per second of each env's `rollout_fn`, side by side.
+
+    The timed runs alternate between the envs (`repeats` rounds; compile excluded) so that a machine
+    shared with other work slows all of them alike; the best round is kept. Besides wall-clock
+    `steps_per_s`, `cpu_ms_per_step` is the process CPU time per step (all threads), which other
+    processes disturb much less.
+    """
     key = jax.random.PRNGKey(seed)
-    start = time.perf_counter()
-    compiled = run.lower(key).compile()
-    compile_s = time.perf_counter() - start
-    best = float("inf")
-    for i in range(repeats):
+    compiled, out = {}, {}
+    for name, env in envs_by_name.items():
         start = time.perf_counter()
-        jax.block_until_ready(compiled(jax.random.fold_in(key, i)))
-        best = min(best, time.perf_counter() - start)
-    return {"compile_s": compile_s, "run_s": best, "steps_per_s": num_envs * num_steps / best}
+        compiled[name] = jax.jit(rollout_fn(env, policy, num_envs, num_steps)).lower(key).compile()
+        out[name] = {"compile_s": time.perf_counter() - start, "run_s": float("inf"), "cpu_s": float("inf")}
+    for i in range(repeats):
+        for name, fn in compiled.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            jax.block_until_ready(fn(jax.random.fold_in(key, i)))
+            out[name]["run_s"] = min(out[name]["run_s"], time.perf_counter() - wall)
+            out[name]["cpu_s"] = min(out[name]["cpu_s"], time.process_time() - cpu)
+    for stats in out.values():
+        stats["steps_per_s"] = num_envs * num_steps / stats["run_s"]
+        stats["cpu_ms_per_step"] = 1e3 * stats.pop("cpu_s") / num_steps
+    return out

@@ -9,6 +9,7 @@ A scenario is static configuration (it fixes array shapes). Start rules are pure
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Callable, Sequence
 
@@ -31,12 +32,9 @@ def team(**counts: int) -> tuple[int, ...]:
 
 def line_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
     """[U, 2]: allies within +-2 of (W/4, H/2), enemies within +-2 of (3W/4, H/2)."""
-    ally_key, enemy_key = jax.random.split(key)
-    ally_centre = jnp.array([width / 4, height / 2])
-    enemy_centre = jnp.array([width * 3 / 4, height / 2])
-    allies = ally_centre + jax.random.uniform(ally_key, (num_allies, 2), minval=-2.0, maxval=2.0)
-    enemies = enemy_centre + jax.random.uniform(enemy_key, (num_enemies, 2), minval=-2.0, maxval=2.0)
-    return jnp.concatenate([allies, enemies])
+    centre_x = jnp.where(jnp.arange(num_allies + num_enemies) < num_allies, width / 4, width * 3 / 4)
+    centres = jnp.stack([centre_x, jnp.full_like(centre_x, height / 2)], axis=-1)
+    return centres + jax.random.uniform(key, (num_allies + num_enemies, 2), minval=-2.0, maxval=2.0)
 
 
 def _surround(key, num_inside: int, num_outside: int, width, height) -> tuple[jax.Array, jax.Array]:
@@ -152,13 +150,13 @@ class Scenario:
         return jnp.concatenate([allies, allies[:n_mirrored], extra]).astype(jnp.int32)
 
     def describe(self) -> str:
+        """E.g. "2 stalker + 3 zealot vs 2 stalker + 3 zealot"."""
         if self.random_unit_types:
             return f"{self.num_allies} vs {self.num_enemies} random units"
+
         def side(types):
-            counts = {}
-            for t in types:
-                counts[UNIT_TYPES[t].name] = counts.get(UNIT_TYPES[t].name, 0) + 1
-            return " + ".join(f"{n} {name}" for name, n in counts.items())
+            return " + ".join(f"{n} {UNIT_TYPES[t].name}" for t, n in collections.Counter(types).items())
+
         return f"{side(self.allies)} vs {side(self.enemies)}"
 
 

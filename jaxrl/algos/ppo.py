@@ -208,12 +208,13 @@ class PPO:
     def _rollout(self, params, env_state, obs, key):
         s = self.settings
         # All randomness of the rollout drawn up front in a few batched ops rather than T small ones:
-        # per env (from its global index) and step, a key for the env and Gumbel noise for the action.
-        keys = jax.vmap(mesh_lib.per_item_keys, (0, None))(jax.random.split(key, s.num_steps),
-                                                           self.num_local_envs)  # [T, n, 2]
-        env_keys = jax.vmap(jax.vmap(lambda k: jax.random.fold_in(k, 0)))(keys)
-        action_noise = jax.vmap(jax.vmap(
-            lambda k: jax.random.gumbel(jax.random.fold_in(k, 1), (self.base_env.num_actions,))))(keys)
+        # for every step, a key per env and Gumbel noise per env and action, drawn for all N envs
+        # and sliced to this device's share, so that each env gets the same numbers on any mesh.
+        step_keys = jax.random.split(key, s.num_steps)
+        env_keys = jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys)  # [T, N, 2]
+        action_noise = jax.vmap(lambda k: jax.random.gumbel(
+            jax.random.fold_in(k, 1), (s.num_envs, self.base_env.num_actions)))(step_keys)  # [T, N, A]
+        env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
 
         def step(carry, xs):
             env_state, obs = carry
