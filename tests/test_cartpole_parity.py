@@ -3,11 +3,10 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 import envs
 
-gymnax = pytest.importorskip("gymnax", reason="gymnax (dev extra) is the parity reference")
+import gymnax  # the `dev` extra installs it: a missing reference is a failure, not a skip
 
 
 def test_same_observations_rewards_and_dones_as_gymnax():
