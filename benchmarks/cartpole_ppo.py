@@ -59,7 +59,6 @@ def jaxrl_algo(num_updates: int):
             config.ppo[key] = value
     config.ppo.anneal_lr = True
     config.ppo.bootstrap_truncation = False  # the recipe treats a time limit as terminal, as rejax does
-    config.rollout_unroll = 2  # as experiments/cartpole_ppo.py: an implementation knob, not a hyperparameter
     config.network.hidden_sizes, config.network.activation = (64, 64), "tanh"
     config_lib.validate(config)
     return algos.build(config, mesh_lib.make_mesh())

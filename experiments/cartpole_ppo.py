@@ -16,7 +16,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.total_steps = 500_000
     config.num_envs = 4
     config.num_steps = 128
-    config.rollout_unroll = 2  # measured a little faster on CPU than 1 (benchmarks/RESULTS.md)
 
     config.ppo.num_epochs = 4
     config.ppo.num_minibatches = 4
