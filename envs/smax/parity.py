@@ -45,35 +45,50 @@ def reference_env(scenario: str, **kwargs) -> Environment:
     return FromJaxMARL(HeuristicEnemySMAX(scenario=map_name_to_scenario(scenario), **kwargs))
 
 
+def _scan_policy(wrapped: Environment, policy: Policy, num_envs: int, num_steps: int,
+                 accumulate: Callable, init: Callable) -> Callable:
+    """`run(key) -> totals`: `num_steps` steps of `num_envs` envs under `policy`, in one lax.scan.
+
+    `init(first_obs) -> totals`; `accumulate(totals, obs, reward, info) -> totals` after every step.
+    """
+
+    def run(key):
+        reset_key, key = jax.random.split(key)
+        obs, state = jax.vmap(wrapped.reset)(jax.random.split(reset_key, num_envs))
+
+        def body(carry, step_key):
+            state, totals = carry
+            act_key, env_key = jax.random.split(step_key)
+            mask = jax.vmap(wrapped.avail_actions)(state)
+            actions = jax.vmap(policy)(jax.random.split(act_key, num_envs), mask)
+            obs, state, reward, _, info = jax.vmap(wrapped.step)(jax.random.split(env_key, num_envs), state,
+                                                                 actions)
+            return (state, accumulate(totals, obs, reward, info)), None
+
+        (_, totals), _ = jax.lax.scan(body, (state, init(obs)), jax.random.split(key, num_steps))
+        return totals
+
+    return run
+
+
 def episode_statistics(env: Environment, policy: Policy, key: jax.Array, num_envs: int = 1024,
                        num_steps: int = 300) -> dict[str, float]:
     """Mean length, return (agent 0's; the team reward is shared) and win rate of the episodes that
     end within `num_steps` steps of `num_envs` auto-resetting envs."""
-    wrapped = EpisodeStatistics(AutoReset(env))
 
-    def run(key):
-        reset_key, key = jax.random.split(key)
-        _, state = jax.vmap(wrapped.reset)(jax.random.split(reset_key, num_envs))
+    def accumulate(sums, obs, reward, info):
+        ended = info["returned_episode"]
+        return {
+            "episodes": sums["episodes"] + ended.sum(),
+            "length": sums["length"] + jnp.where(ended, info["episode_length"], 0).sum(),
+            "return": sums["return"] + jnp.where(ended, info["episode_return"][:, 0], 0.0).sum(),
+            "wins": sums["wins"] + (ended & info["won"]).sum(),
+        }
 
-        def body(carry, step_key):
-            state, sums = carry
-            act_key, env_key = jax.random.split(step_key)
-            mask = jax.vmap(wrapped.avail_actions)(state)
-            actions = jax.vmap(policy)(jax.random.split(act_key, num_envs), mask)
-            _, state, _, _, info = jax.vmap(wrapped.step)(jax.random.split(env_key, num_envs), state, actions)
-            ended = info["returned_episode"]
-            sums = {
-                "episodes": sums["episodes"] + ended.sum(),
-                "length": sums["length"] + jnp.where(ended, info["episode_length"], 0).sum(),
-                "return": sums["return"] + jnp.where(ended, info["episode_return"][:, 0], 0.0).sum(),
-                "wins": sums["wins"] + (ended & info["won"]).sum(),
-            }
-            return (state, sums), None
+    def init(obs):
+        return {"episodes": jnp.int32(0), "length": jnp.int32(0), "return": jnp.float32(0), "wins": jnp.int32(0)}
 
-        zeros = {"episodes": jnp.int32(0), "length": jnp.int32(0), "return": jnp.float32(0), "wins": jnp.int32(0)}
-        (_, sums), _ = jax.lax.scan(body, (state, zeros), jax.random.split(key, num_steps))
-        return sums
-
+    run = _scan_policy(EpisodeStatistics(AutoReset(env)), policy, num_envs, num_steps, accumulate, init)
     sums = jax.device_get(jax.jit(run)(key))
     n = max(int(sums["episodes"]), 1)
     return {"episodes": int(sums["episodes"]), "length": float(sums["length"]) / n,
@@ -85,24 +100,9 @@ def rollout_fn(env: Environment, policy: Policy, num_envs: int, num_steps: int) 
 
     The checksum sums observations and rewards so that XLA cannot skip computing them.
     """
-    wrapped = AutoReset(env)
-
-    def run(key):
-        reset_key, key = jax.random.split(key)
-        obs, state = jax.vmap(wrapped.reset)(jax.random.split(reset_key, num_envs))
-
-        def body(carry, step_key):
-            state, checksum = carry
-            act_key, env_key = jax.random.split(step_key)
-            mask = jax.vmap(wrapped.avail_actions)(state)
-            actions = jax.vmap(policy)(jax.random.split(act_key, num_envs), mask)
-            obs, state, reward, _, _ = jax.vmap(wrapped.step)(jax.random.split(env_key, num_envs), state, actions)
-            return (state, checksum + obs.sum() + reward.sum()), None
-
-        (_, checksum), _ = jax.lax.scan(body, (state, obs.sum()), jax.random.split(key, num_steps))
-        return checksum
-
-    return run
+    return _scan_policy(AutoReset(env), policy, num_envs, num_steps,
+                        accumulate=lambda total, obs, reward, info: total + obs.sum() + reward.sum(),
+                        init=lambda obs: obs.sum())
 
 
 def throughput(envs_by_name: dict[str, Environment], policy: Policy = random_legal, num_envs: int = 1024,
