@@ -11,7 +11,7 @@ import difflib
 from typing import Callable
 
 from envs.core import Box, Discrete, Environment
-from envs.wrappers import AutoReset, EpisodeStatistics, Wrapper, episode_over
+from envs.wrappers import AgentAxis, AutoReset, EpisodeStatistics, Wrapper, as_multi_agent, episode_over
 
 _REGISTRY: dict[str, Callable[..., Environment]] = {}
 
@@ -58,11 +58,11 @@ register("jaxmarl", _jaxmarl)  # any jaxmarl env in our array-first API: make("j
 
 def __getattr__(name: str):
     """Import subpackages on first use (`envs.smax.register_scenario(...)` after a plain `import envs`)."""
-    if name in ("smax", "classic", "adapters"):
+    if name in ("smax", "classic", "adapters", "rendering"):
         import importlib
         return importlib.import_module(f"envs.{name}")
     raise AttributeError(f"module 'envs' has no attribute {name!r}")
 
 
-__all__ = ["AutoReset", "Box", "Discrete", "Environment", "EpisodeStatistics", "Wrapper", "episode_over",
+__all__ = ["AgentAxis", "AutoReset", "Box", "Discrete", "Environment", "EpisodeStatistics", "Wrapper", "as_multi_agent", "episode_over",
            "make", "register", "registered"]

@@ -99,6 +99,7 @@ class FromJaxMARL(Environment):
         self.name = f"jaxmarl-{getattr(env, 'name', type(env).__name__)}"
         self.agents = list(env.agents)
         self.num_agents = len(self.agents)
+        self.multi_agent = True
         self.max_episode_steps = getattr(env, "max_steps", None)
         obs_spaces = [env.observation_space(a) for a in self.agents]
         act_spaces = [env.action_space(a) for a in self.agents]

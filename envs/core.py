@@ -8,7 +8,8 @@ an episode lives in a state pytree and every number a sweep may vary lives in a 
     mask = env.avail_actions(state, params)          # bool [num_actions] (or [agents, num_actions])
 
 `params` may be omitted (the env's `default_params` are used). Single-agent envs return obs `[obs_dim]`,
-scalar reward and done; multi-agent envs carry a leading agent axis. `done` is `terminated | truncated`;
+scalar reward and done; multi-agent envs (`multi_agent` true) carry a leading agent axis, even with one
+agent, and offer `global_state(state, params)` for centralised critics. `done` is `terminated | truncated`;
 `info` always holds both flags so that learners can bootstrap through time-limit truncation.
 Vectorisation is the caller's `jax.vmap`; auto-reset and episode statistics are wrappers.
 """
@@ -65,7 +66,8 @@ class Environment:
     """Base class: subclasses implement `default_params`, `reset`, `step` and the spaces."""
 
     name: str = "environment"
-    num_agents: int = 1  # 1 means single-agent: no agent axis anywhere.
+    num_agents: int = 1
+    multi_agent: bool = False  # True: obs, reward, done, actions and masks carry a leading agent axis.
     has_action_masks: bool = False  # True when `avail_actions` can forbid actions.
     max_episode_steps: int | None = None  # the time limit, when the env has one
 

@@ -49,6 +49,10 @@ class Wrapper(Environment):
         return self.env.has_action_masks
 
     @property
+    def multi_agent(self) -> bool:
+        return self.env.multi_agent
+
+    @property
     def max_episode_steps(self):
         return self.env.max_episode_steps
 
@@ -83,8 +87,9 @@ def _select(pred: jax.Array, on_true, on_false):
 class AutoReset(Wrapper):
     """Starts a new episode inside `step` when one ends.
 
-    The returned obs is the first of the new episode; the last obs of the finished one is kept in
-    `info["final_obs"]` so that a learner can bootstrap a time-limit truncation from it.
+    The returned obs is the first of the new episode; the last obs and state of the finished one are
+    kept in `info["final_obs"]` and `info["final_state"]` so that a learner can bootstrap a time-limit
+    truncation from them (unused entries cost nothing under jit).
     """
 
     def step(self, key, state, action, params=None):
@@ -92,7 +97,7 @@ class AutoReset(Wrapper):
         obs, next_state, reward, done, info = self.env.step(step_key, state, action, params)
         reset_obs, reset_state = self.env.reset(reset_key, params)
         over = episode_over(done, info)
-        info = dict(info, final_obs=obs)
+        info = dict(info, final_obs=obs, final_state=next_state)
         return (_select(over, reset_obs, obs), _select(over, reset_state, next_state),
                 reward, done, info)
 
@@ -113,7 +118,7 @@ class EpisodeStatistics(Wrapper):
 
     def reset(self, key, params=None):
         obs, env_state = self.env.reset(key, params)
-        reward_shape = () if self.num_agents == 1 else (self.num_agents,)
+        reward_shape = (self.num_agents,) if self.multi_agent else ()
         return obs, EpisodeStatsState(env_state, jnp.zeros(reward_shape), jnp.int32(0))
 
     def step(self, key, state, action, params=None):
@@ -133,3 +138,34 @@ class EpisodeStatistics(Wrapper):
     def global_state(self, state, params=None):
         """The wrapped env's global state (multi-agent envs with a centralised critic)."""
         return self.env.global_state(state.env_state, params)
+
+
+class AgentAxis(Wrapper):
+    """A single-agent env seen as a multi-agent one with one agent, so that one learner serves both.
+
+    obs [1, obs_dim], reward and done [1], avail_actions [1, num_actions]; `info["episode_over"]` is the
+    scalar done and `global_state` is the observation.
+    """
+
+    multi_agent = True
+
+    def __init__(self, env: Environment):
+        if env.multi_agent:
+            raise ValueError(f"AgentAxis wraps single-agent envs; {env!r} already has an agent axis")
+        super().__init__(env)
+
+    def reset(self, key, params=None):
+        obs, state = self.env.reset(key, params)
+        return obs[None], state
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, done, info = self.env.step(key, state, action[0], params)
+        return obs[None], state, reward[None], done[None], dict(info, episode_over=done)
+
+    def avail_actions(self, state, params=None):
+        return self.env.avail_actions(state, params)[None]
+
+
+def as_multi_agent(env: Environment) -> Environment:
+    """`env` itself when it has an agent axis, else wrapped in `AgentAxis`."""
+    return env if env.multi_agent else AgentAxis(env)

@@ -40,8 +40,16 @@ def base_config() -> ConfigDict:
             "adam_eps": 1e-5,
             "normalize_advantages": True,
             "bootstrap_truncation": True,  # bootstrap from V(final obs) when a time limit cuts an episode
+            "critic_input": "obs",  # "obs": each agent's own view (IPPO); "global_state": centralised (MAPPO)
         },
-        "network": {"hidden_sizes": (64, 64), "activation": "tanh"},
+        "network": {
+            "kind": "mlp",  # "mlp" (feed-forward) or "gru" (recurrent actor and critic)
+            "hidden_sizes": (64, 64),  # mlp
+            "fc_size": 128,  # gru: dense layer before and after the GRU
+            "rnn_size": 128,  # gru: hidden state size
+            "activation": "tanh",
+            "agent_id": True,  # multi-agent: append each agent's one-hot index to its inputs
+        },
         "mesh": {"num_devices": 0},  # 0: all local devices
         "log": {"every_steps": 25_000, "progress_bar": True},
         "checkpoint": {"every_steps": 0, "keep": 3},  # 0: at every log interval
@@ -73,13 +81,21 @@ def validate(config: ConfigDict) -> None:
 
     if config.algorithm not in algos.ALGORITHMS:
         raise ValueError(f"unknown config.algorithm {config.algorithm!r}; known: {', '.join(sorted(algos.ALGORITHMS))}")
+    if config.network.kind not in algos.NETWORKS:
+        raise ValueError(f"unknown config.network.kind {config.network.kind!r}; known: {', '.join(algos.NETWORKS)}")
+    from jaxrl.algos.ppo import CRITIC_INPUTS
+    if config.ppo.critic_input not in CRITIC_INPUTS:
+        raise ValueError(f"unknown config.ppo.critic_input {config.ppo.critic_input!r}; known: "
+                         f"{', '.join(CRITIC_INPUTS)}")
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
     _positive(config, "num_seeds", "total_steps", "num_envs", "num_steps", "rollout_unroll",
-              "ppo.num_epochs", "ppo.num_minibatches", "log.every_steps", "eval.num_envs", "checkpoint.keep")
+              "ppo.num_epochs", "ppo.num_minibatches", "network.fc_size", "network.rnn_size",
+              "log.every_steps", "eval.num_envs", "checkpoint.keep")
     batch = config.num_envs * config.num_steps
-    if batch % config.ppo.num_minibatches:
+    # (recurrent networks deal whole sequences; the algorithm checks those against the agent count)
+    if config.network.kind == "mlp" and batch % config.ppo.num_minibatches:
         raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
                          f"divisible by ppo.num_minibatches = {config.ppo.num_minibatches}")
     if config.total_steps < batch:

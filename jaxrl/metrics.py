@@ -10,6 +10,7 @@ from typing import Iterable
 import numpy as np
 
 CURVE_KEYS = ("episode_return", "eval_return")
+WIN_KEYS = ("win_rate", "eval_win_rate")
 
 
 def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]:
@@ -21,7 +22,7 @@ def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]
     per_seed = {k: np.asarray(v, dtype=np.float64) for k, v in per_seed.items()}
     row: dict[str, float | list[float]] = {}
     episodes = per_seed.pop("episodes", None)
-    for name in ("episode_return", "episode_length"):
+    for name in ("episode_return", "episode_length", "win_rate"):
         total = per_seed.pop(f"{name}_sum", None)
         if total is None:
             continue
@@ -31,7 +32,7 @@ def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]
         row["episodes"] = float(episodes.sum())
     for name, values in per_seed.items():
         row[name] = _finite_or_none(np.nanmean(values)) if np.isfinite(values).any() else None
-        if values.size > 1 and name in ("episode_return", "eval_return"):
+        if values.size > 1 and name in ("episode_return", "eval_return", "win_rate", "eval_win_rate"):
             row[f"{name}_per_seed"] = [_finite_or_none(v) for v in values]
     return row
 
@@ -68,15 +69,24 @@ def read(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] = CURVE_KEYS,
+def curve_keys(rows: Iterable[dict]) -> tuple[tuple[str, ...], str]:
+    """What to plot for these rows, and the y label: win rates when the env reports wins, else returns."""
+    if any(r.get(key) is not None for r in rows for key in WIN_KEYS):
+        return WIN_KEYS, "win rate"
+    return CURVE_KEYS, "return"
+
+
+def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] | None = None,
                         title: str = "") -> str:
-    """Plot each of `keys` against env_steps into a PNG at `path`; returns the path."""
+    """Plot each of `keys` (default: `curve_keys(rows)`) against env_steps into a PNG at `path`."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows = list(rows)
+    default_keys, ylabel = curve_keys(rows)
+    keys = default_keys if keys is None else keys
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     for key in keys:
         points = [(r["env_steps"], r[key]) for r in rows if r.get(key) is not None]
@@ -84,7 +94,7 @@ def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] = C
             x, y = zip(*points)
             ax.plot(x, y, marker="o" if key.startswith("eval") else None, markersize=3, label=key)
     ax.set_xlabel("environment steps")
-    ax.set_ylabel("return")
+    ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
     if ax.has_data():
@@ -93,3 +103,4 @@ def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] = C
     fig.savefig(path)
     plt.close(fig)
     return path
+

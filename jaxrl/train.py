@@ -3,8 +3,8 @@
     python -m jaxrl.train --config=experiments/cartpole_ppo.py --config.total_steps=200000
     python -m jaxrl.train --workdir=runs/cartpole_ppo-20261121-120000        # resume from the directory
 
-A run directory holds `config.json`, `run_info.json`, `metrics.jsonl`, `checkpoints/<update>/` and
-`learning_curve.png`. Starting on a directory that has checkpoints resumes from the newest readable one;
+A run directory holds `config.json`, `run_info.json`, `metrics.jsonl`, `checkpoints/<update>/`,
+`learning_curve.png` and, for envs that can draw themselves (SMAX), `eval_episode.gif`. Starting on a directory that has checkpoints resumes from the newest readable one;
 on CPU the resumed run ends with the same parameters as one that ran straight through. SIGTERM or Ctrl-C
 finishes the current chunk, saves a checkpoint and exits.
 """
@@ -177,10 +177,24 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
             checkpointer.close()
     rows = metrics_lib.read(writer.path)
     metrics_lib.plot_learning_curve(rows, os.path.join(workdir, "learning_curve.png"), title=config.experiment)
+    if not interrupted:
+        save_eval_episode(algo, state, config.seed, os.path.join(workdir, "eval_episode.gif"))
     if interrupted:
         print(f"stopped at update {update}; checkpoint saved in {workdir}. Run the same command with "
               f"--workdir={workdir} to resume.", file=sys.stderr)
     return RunResult(workdir, state, rows, interrupted)
+
+
+def save_eval_episode(algo, state, seed: int, path: str) -> str | None:
+    """A GIF of one greedy episode of the first seed, when the env can draw itself; returns its path."""
+    env = algo.agent_env
+    if not hasattr(env, "render_frames"):
+        return None
+    from envs.rendering import save_gif
+
+    params = jax.tree.map(lambda x: x[0], state.params)
+    states = algo.episode_states(params, jax.random.PRNGKey(seed))
+    return save_gif(env.render_frames(states), path)
 
 
 def _progress_bar(total: int, initial: int, name: str):
@@ -191,7 +205,7 @@ def _progress_bar(total: int, initial: int, name: str):
 
 def _postfix(row: dict) -> dict:
     out = {"sps": f"{row['steps_per_second']:.3g}"}
-    for key in ("episode_return", "eval_return", "win_rate"):
+    for key in ("episode_return", "eval_return", "win_rate", "eval_win_rate"):
         if row.get(key) is not None:
             out[key.replace("episode_", "")] = f"{row[key]:.3g}"
     return out
@@ -220,7 +234,8 @@ def main(argv) -> int:
         config = config_lib.load(saved)
     result = run(config, workdir)
     last = result.metrics[-1] if result.metrics else {}
-    summary = {k: last.get(k) for k in ("env_steps", "episode_return", "eval_return", "wall_time")}
+    keys = ("env_steps", "episode_return", "eval_return", "win_rate", "eval_win_rate", "wall_time")
+    summary = {k: last[k] for k in keys if k in last}
     print(json.dumps({"workdir": result.workdir, **summary}))
     return 128 + signal.SIGTERM if result.interrupted else 0
 

@@ -142,6 +142,7 @@ class SMAX(Environment):
     """
 
     has_action_masks = True
+    multi_agent = True
 
     def __init__(self, scenario: str | Scenario = "3m", *, world_steps_per_env_step: int = 8,
                  attack_mode: str = "closest", **param_overrides):
@@ -401,6 +402,11 @@ class SMAX(Environment):
     def attack_targets(self, state: SMAXState) -> jax.Array:
         """[U] int32 unit each unit attacked in the last step, -1 for none (for rendering)."""
         return self._decode(jnp.where(state.last_attack > 0, state.last_attack, STOP))[1]
+
+    def render_frames(self, states, params=None) -> list:
+        """One RGB PIL image per state (see `envs.smax.render`)."""
+        from envs.smax.render import render_frames
+        return render_frames(self, states, params)
 
     def __repr__(self) -> str:
         return f"SMAX({self.scenario_name!r}: {self.scenario.describe()})"

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from envs.rendering import save_gif
 from envs.smax.env import SMAX, SMAXState
 from envs.smax.heuristic import sample_true
 from envs.smax.units import UNIT_TYPES
@@ -130,7 +131,7 @@ def render_episode(env: SMAX, states: Sequence[SMAXState], out_dir: str, name: s
     frames = render_frames(env, states, params)
     gif = os.path.join(out_dir, f"{name}.gif")
     png = os.path.join(out_dir, f"{name}.png")
-    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=int(1000 / fps), loop=0)
+    save_gif(frames, gif, fps)
     frames[len(frames) // 2 if frame is None else frame].save(png)
     return gif, png
 

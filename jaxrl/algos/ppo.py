@@ -6,7 +6,8 @@ One call of `PPO.run_chunk` runs K updates (K traced: one program for every K) u
       vmap over seeds
         lax.fori_loop over K updates:  rollout (lax.scan over T steps) -> GAE -> epochs x minibatches
 
-Shapes: S seeds, N environments (n = N / devices on one device), T steps per rollout.
+Shapes: S seeds, N environments (n = N / devices on one device), T steps per rollout, A agents (1 for
+single-agent envs), K actions.
 Numbers a sweep may vary live in `PPOHyperparams` (a pytree); sizes and code-path choices live in
 `PPOSettings` (static).
 """
@@ -60,11 +61,16 @@ class PPOSettings:
     bootstrap_truncation: bool = True
     adam_eps: float = 1e-5
     rollout_unroll: int = 1
+    critic_input: str = "obs"  # "obs": a value per agent from its own view (IPPO); "global_state" (MAPPO)
+    agent_id: bool = True  # append each agent's one-hot index to its inputs (parameters are shared)
 
     @property
     def batch_size(self) -> int:
         """Environment steps per update, over all devices."""
         return self.num_envs * self.num_steps
+
+
+CRITIC_INPUTS = ("obs", "global_state")
 
 
 @struct.dataclass
@@ -74,24 +80,28 @@ class TrainState:
     params: Any
     opt_state: Any
     env_state: Any  # [S, N, ...]
-    obs: jax.Array  # [S, N, obs_dim]
+    obs: jax.Array  # [S, N, A, obs_dim] (A = 1 for single-agent envs)
+    carry: Any  # the network's hidden state, leaves [S, N, A, ...]; () for feed-forward networks
+    first: jax.Array  # [S, N] bool: `obs` is the first of an episode (recurrent state restarts)
     key: jax.Array  # [S, 2]
     update_step: jax.Array  # [S] int32
 
 
 @struct.dataclass
 class Transition:
-    """One rollout step for n local envs: leaves [n, ...] (stacked to [T, n, ...] by the scan)."""
+    """One rollout step for n local envs and A agents: leaves [n, A, ...] (stacked to [T, ...] by the scan)."""
 
-    obs: jax.Array
+    actor_in: jax.Array  # [n, A, d_actor]
+    critic_in: jax.Array  # [n, A, d_critic]
+    first: jax.Array  # [n]
     action: jax.Array
     log_prob: jax.Array
     value: jax.Array
     reward: jax.Array
-    done: jax.Array
-    mask: jax.Array | None
-    truncated: jax.Array | None
-    final_obs: jax.Array | None
+    done: jax.Array  # [n, A]: this agent's episode ended with the step (for SMAX: dead, or the battle over)
+    mask: jax.Array | None  # [n, A, num_actions]
+    truncated: jax.Array | None  # [n]
+    final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
 
 
 def make_optimizer(hp: PPOHyperparams, learning_rate: jax.Array, adam_eps: float):
@@ -145,26 +155,73 @@ def normalize(x: jax.Array, eps: float = 1e-8) -> jax.Array:
 
 
 class PPO:
-    """Single-agent PPO with separate actor and critic MLPs over a vectorised environment."""
+    """PPO for single- and multi-agent envs, with feed-forward or recurrent actor-critics.
+
+    Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array below reads
+    [..., A, ...]. Agents share parameters; `settings.agent_id` tells them apart. The critic sees each
+    agent's own inputs (IPPO) or the env's global state (MAPPO, `critic_input="global_state"`).
+    Recurrent networks train on whole rollouts per (env, agent), starting from the hidden state the
+    rollout started with and restarting it at episode starts; feed-forward ones on shuffled steps.
+    """
 
     def __init__(self, env: envs.Environment, network, settings: PPOSettings, mesh=None,
                  eval_max_steps: int = 1000):
+        if settings.critic_input not in CRITIC_INPUTS:
+            raise ValueError(f"unknown critic_input {settings.critic_input!r}; known: {', '.join(CRITIC_INPUTS)}")
         self.base_env = env
-        self.env = envs.EpisodeStatistics(envs.AutoReset(env))
+        self.agent_env = envs.as_multi_agent(env)
+        if settings.critic_input == "global_state" and not hasattr(self.agent_env, "global_state"):
+            raise ValueError(f"critic_input='global_state' needs an env with a global state; {env!r} has none "
+                             "(use critic_input='obs')")
+        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env))
+        self.num_agents = self.agent_env.num_agents
+        self.reports_wins = "won" in _step_info_keys(self.agent_env)
         self.network = network
+        self.recurrent = bool(getattr(network, "recurrent", False))
         self.settings = settings
         self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
         self.eval_max_steps = eval_max_steps
         mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
         self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
-        block = minibatch_block_size(settings.num_steps, settings.num_minibatches)
+        # Minibatch units per env: whole sequences (one per agent) or single agent-steps.
+        units_per_env = self.num_agents * (1 if self.recurrent else settings.num_steps)
+        block = minibatch_block_size(units_per_env, settings.num_minibatches)
         if self.num_local_envs % block:
+            unit = "sequences (envs x agents)" if self.recurrent else "samples (envs x steps x agents)"
             raise ValueError(
-                f"num_envs * num_steps = {settings.batch_size} cannot be split into num_minibatches="
-                f"{settings.num_minibatches} equal minibatches on each of {self.mesh.shape[DATA_AXIS]} "
-                f"devices: the envs on one device ({self.num_local_envs}) must be a multiple of {block}")
+                f"the {settings.num_envs * units_per_env} {unit} of an update cannot be split into "
+                f"num_minibatches={settings.num_minibatches} equal minibatches on each of "
+                f"{self.mesh.shape[DATA_AXIS]} devices: the envs on one device ({self.num_local_envs}) must "
+                f"be a multiple of {block}")
         self._chunk_fn = None
         self.compile_seconds = 0.0  # of `run_chunk`, for logs and benchmarks
+
+    # ----------------------------------------------------------------------------------------------
+    # What the networks see
+
+    def _inputs(self, obs: jax.Array, global_state: jax.Array | None):
+        """obs [..., A, d], global_state [..., G] or None -> (actor_in [..., A, d'], critic_in [..., A, d''])."""
+        A = self.num_agents
+        ids = (jnp.broadcast_to(jnp.eye(A, dtype=obs.dtype), (*obs.shape[:-2], A, A))
+               if self.settings.agent_id and A > 1 else None)
+        with_id = (lambda x: x) if ids is None else (lambda x: jnp.concatenate([x, ids], axis=-1))
+        actor_in = with_id(obs)
+        if self.settings.critic_input == "obs":
+            return actor_in, actor_in
+        shared = jnp.broadcast_to(global_state[..., None, :], (*obs.shape[:-1], global_state.shape[-1]))
+        return actor_in, with_id(shared.astype(obs.dtype))
+
+    def _global_state(self, env, env_states):
+        """[n, G] for a batch of `env`'s states when the critic needs it, else None."""
+        if self.settings.critic_input != "global_state":
+            return None
+        return jax.vmap(env.global_state)(env_states)
+
+    def _act(self, params, carry, actor_in, critic_in, first):
+        """One network step for [n, A] agents: (carry, logits [n, A, K], value [n, A]); `first` [n]."""
+        first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
+        carry, logits, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
+        return carry, logits[0], value[0]
 
     # ----------------------------------------------------------------------------------------------
     # Initial state
@@ -172,21 +229,25 @@ class PPO:
     def init(self, key: jax.Array) -> TrainState:
         """A fresh TrainState for one seed (no seed axis)."""
         param_key, env_key, state_key = jax.random.split(key, 3)
-        reset_keys = jax.random.split(env_key, self.settings.num_envs)
-        obs, env_state = jax.vmap(self.env.reset)(reset_keys)
-        params = self.network.init(param_key, obs[:1])
+        N, A = self.settings.num_envs, self.num_agents
+        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, N))
+        actor_in, critic_in = self._inputs(obs[:1], self._global_state(self.env, jax.tree.map(lambda x: x[:1], env_state)))
+        first = jnp.ones((1, 1, A), bool)
+        params = self.network.init(param_key, self.network.initial_carry((1, A)), actor_in[None], critic_in[None], first)
         optimizer = make_optimizer(PPOHyperparams(), 0.0, self.settings.adam_eps)
-        return TrainState(params, optimizer.init(params), env_state, obs, state_key, jnp.int32(0))
+        return TrainState(params, optimizer.init(params), env_state, obs, self.network.initial_carry((N, A)),
+                          jnp.ones((N,), bool), state_key, jnp.int32(0))
 
     def state_shardings(self, state: TrainState) -> TrainState:
         """NamedShardings for a seeded TrainState: env axis split over devices, the rest replicated."""
-        specs = self._state_specs()
+        specs = self._state_specs(state)
         return jax.tree.map(lambda spec, leaf: NamedSharding(self.mesh, spec), specs, state,
                             is_leaf=lambda x: isinstance(x, P))
 
-    def _state_specs(self) -> TrainState:
+    def _state_specs(self, state: TrainState) -> TrainState:
         split = P(None, DATA_AXIS)  # [S, N, ...]: seeds whole, envs over devices
-        return TrainState(params=P(), opt_state=P(), env_state=split, obs=split, key=P(), update_step=P())
+        return TrainState(params=P(), opt_state=P(), env_state=split, obs=split,
+                          carry=jax.tree.map(lambda _: split, state.carry), first=split, key=P(), update_step=P())
 
     def init_seeds(self, seed: int, num_seeds: int) -> TrainState:
         """TrainState with a leading seed axis [S], placed on the mesh."""
@@ -200,45 +261,55 @@ class PPO:
     # ----------------------------------------------------------------------------------------------
     # One update on this device's share of the envs (inside shard_map, one seed)
 
-    def _policy(self, params, obs, env_state):
-        logits, value = self.network.apply(params, obs)
-        mask = jax.vmap(self.env.avail_actions)(env_state) if self.base_env.has_action_masks else None
-        return distributions.masked_logits(logits, mask), value, mask
-
-    def _rollout(self, params, env_state, obs, key):
-        s = self.settings
+    def _rollout(self, params, state: TrainState, key):
+        """T steps of n local envs. Returns ((env_state, obs, carry, first) after, trajectory, episode sums)."""
+        s, A, K = self.settings, self.num_agents, self.agent_env.num_actions
         # All randomness of the rollout drawn up front in a few batched ops rather than T small ones:
-        # for every step, a key per env and Gumbel noise per env and action, drawn for all N envs
+        # for every step, a key per env and Gumbel noise per env, agent and action, drawn for all N envs
         # and sliced to this device's share, so that each env gets the same numbers on any mesh.
         step_keys = jax.random.split(key, s.num_steps)
         env_keys = jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys)  # [T, N, 2]
         action_noise = jax.vmap(lambda k: jax.random.gumbel(
-            jax.random.fold_in(k, 1), (s.num_envs, self.base_env.num_actions)))(step_keys)  # [T, N, A]
+            jax.random.fold_in(k, 1), (s.num_envs, A, K)))(step_keys)  # [T, N, A, K]
         env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
 
         def step(carry, xs):
-            env_state, obs = carry
+            env_state, obs, net_carry, first = carry
             env_key, noise = xs
-            logits, value, mask = self._policy(params, obs, env_state)
+            actor_in, critic_in = self._inputs(obs, self._global_state(self.env, env_state))
+            mask = jax.vmap(self.env.avail_actions)(env_state) if self.agent_env.has_action_masks else None
+            next_net_carry, logits, value = self._act(params, net_carry, actor_in, critic_in, first)
+            logits = distributions.masked_logits(logits, mask)
             action = distributions.sample_with_noise(logits, noise)
             next_obs, env_state, reward, done, info = jax.vmap(self.env.step)(env_key, env_state, action)
-            bootstrap = s.bootstrap_truncation
+            final_value = None
+            if s.bootstrap_truncation:  # the critic's view of the obs a time limit cut off
+                final_in = self._inputs(info["final_obs"], self._global_state(self.agent_env, info["final_state"]))
+                _, _, final_value = self._act(params, next_net_carry, *final_in, jnp.zeros_like(first))
             transition = Transition(
-                obs=obs, action=action, log_prob=distributions.log_prob(logits, action), value=value,
-                reward=reward, done=done, mask=mask,
-                truncated=info["truncated"] if bootstrap else None,
-                final_obs=info["final_obs"] if bootstrap else None)
-            episode = (jnp.where(info["returned_episode"], info["episode_return"], 0.0),
-                       jnp.where(info["returned_episode"], info["episode_length"], 0),
-                       info["returned_episode"])
-            return (env_state, next_obs), (transition, episode)
+                actor_in=actor_in, critic_in=critic_in, first=first, action=action,
+                log_prob=distributions.log_prob(logits, action), value=value, reward=reward, done=done,
+                mask=mask, truncated=info["truncated"] if s.bootstrap_truncation else None,
+                final_value=final_value)
+            ended = info["returned_episode"]
+            episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
+                       "episode_length_sum": jnp.where(ended, info["episode_length"], 0),
+                       "episodes": ended}
+            if "won" in info:
+                episode["win_rate_sum"] = ended & info["won"]
+            return (env_state, next_obs, next_net_carry, ended), (transition, episode)
 
-        (env_state, obs), (traj, episode) = jax.lax.scan(
-            step, (env_state, obs), (env_keys, action_noise), unroll=s.rollout_unroll)
-        return env_state, obs, traj, episode
+        init = (state.env_state, state.obs, state.carry, state.first)
+        after, (traj, episode) = jax.lax.scan(step, init, (env_keys, action_noise), unroll=s.rollout_unroll)
+        return after, traj, jax.tree.map(jnp.sum, episode)
 
     def _loss(self, params, batch, hp: PPOHyperparams):
-        logits, values = self.network.apply(params, batch["obs"])
+        if self.recurrent:  # batch leaves [B, T, ...] -> time-major, from the carry each sequence began with
+            carry = batch["carry"]
+            batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), {k: v for k, v in batch.items() if k != "carry"})
+        else:
+            carry = ()
+        _, logits, values = self.network.apply(params, carry, batch["actor_in"], batch["critic_in"], batch["first"])
         logits = distributions.masked_logits(logits, batch["mask"])
         log_ratio = distributions.log_prob(logits, batch["action"]) - batch["log_prob"]
         advantages = batch["advantages"]
@@ -259,22 +330,36 @@ class PPO:
             return hp.learning_rate
         return hp.learning_rate * (1.0 - update_step / self.settings.num_updates)
 
+    def _minibatch_units(self, samples: dict, start_carry) -> dict:
+        """Time-major samples [T, n, A, ...] -> per-env units [n, U, ...] for `deal_minibatches`.
+
+        Recurrent: U = A whole sequences [T, ...], each with the carry it started from.
+        Feed-forward: U = T * A single steps.
+        """
+        if self.recurrent:
+            units = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 2), samples)  # [n, A, T, ...]
+            return dict(units, carry=start_carry)
+        n, T = self.num_local_envs, self.settings.num_steps
+        return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(n, T * self.num_agents, *x.shape[3:]), samples)
+
     def _update(self, state: TrainState, hp: PPOHyperparams):
         """One PPO update for one seed on this device's envs: returns (state, metrics)."""
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        env_state, obs, traj, episode = self._rollout(state.params, state.env_state, state.obs, rollout_key)
+        (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
 
-        _, last_value = self.network.apply(state.params, obs)
+        last_in = self._inputs(obs, self._global_state(self.env, env_state))
+        _, _, last_value = self._act(state.params, carry, *last_in, first)
         reward = traj.reward
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
-            _, final_value = self.network.apply(state.params, traj.final_obs)
-            reward = reward + hp.gamma * final_value * traj.truncated
+            reward = reward + hp.gamma * traj.final_value * traj.truncated[..., None]
         advantages, targets = gae(reward, traj.value, traj.done, last_value, hp.gamma, hp.gae_lambda)
 
-        samples = {"obs": traj.obs, "action": traj.action, "log_prob": traj.log_prob, "value": traj.value,
-                   "mask": traj.mask, "advantages": advantages, "targets": targets}
-        samples = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), samples)  # [n, T, ...]
+        samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in,
+                   "first": jnp.broadcast_to(traj.first[..., None], traj.action.shape),
+                   "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask,
+                   "advantages": advantages, "targets": targets}
+        units = self._minibatch_units(samples, state.carry)
         optimizer = make_optimizer(hp, self._learning_rate(hp, state.update_step), s.adam_eps)
         grad_fn = jax.grad(self._loss, has_aux=True)
 
@@ -286,16 +371,14 @@ class PPO:
             return (optax.apply_updates(params, updates), opt_state), aux
 
         def epoch(carry, key):
-            minibatches = deal_minibatches(key, samples, s.num_minibatches)
+            minibatches = deal_minibatches(key, units, s.num_minibatches)
             return jax.lax.scan(minibatch_step, carry, minibatches)
 
         (params, opt_state), aux = jax.lax.scan(epoch, (state.params, state.opt_state),
                                                 jax.random.split(epoch_key, s.num_epochs))
-        returns, lengths, ended = jax.lax.psum(
-            (episode[0].sum(), episode[1].sum(), episode[2].sum()), DATA_AXIS)
         metrics = jax.tree.map(jnp.mean, aux)
-        metrics.update(episode_return_sum=returns, episode_length_sum=lengths, episodes=ended)
-        state = TrainState(params, opt_state, env_state, obs, key, state.update_step + 1)
+        metrics.update(jax.lax.psum(episode, DATA_AXIS))
+        state = TrainState(params, opt_state, env_state, obs, carry, first, key, state.update_step + 1)
         return state, metrics
 
     # ----------------------------------------------------------------------------------------------
@@ -312,8 +395,8 @@ class PPO:
             return state, jax.tree.map(jnp.add, totals, metrics)
 
         state, totals = jax.lax.fori_loop(0, num_updates, body, (state, zeros))
-        sums = ("episode_return_sum", "episode_length_sum", "episodes")
-        return state, {k: v if k in sums else v / num_updates for k, v in totals.items()}
+        return state, {k: v if k.endswith("_sum") or k == "episodes" else v / num_updates
+                       for k, v in totals.items()}
 
     def run_chunk(self, state: TrainState, hp: PPOHyperparams, num_updates: int):
         """Run `num_updates` updates for every seed; returns (state, metrics with leaves [S]).
@@ -322,7 +405,7 @@ class PPO:
         """
         num_updates = jnp.int32(num_updates)
         if self._chunk_fn is None:
-            specs = self._state_specs()
+            specs = self._state_specs(state)
             local = jax.vmap(self._run_updates, (0, None, None))
             sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=(specs, P()))
             shardings, replicated = self.state_shardings(state), mesh_lib.replicated(self.mesh)
@@ -336,30 +419,62 @@ class PPO:
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
 
+    def _greedy_episodes(self, params, key: jax.Array, num_envs: int, keep_states: bool = False):
+        """One greedy episode per env (no auto-reset), for one seed's params.
+
+        Returns (means over envs {eval_return, eval_length[, eval_win_rate]}, trace): with `keep_states`
+        the trace is (reset states, states after each step [T, num_envs, ...], still running before
+        each step [T, num_envs]), else None.
+        """
+        env = self.agent_env
+        reset_key, step_key = jax.random.split(key)
+        obs, reset_state = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
+        totals = {"eval_return": jnp.zeros(num_envs), "eval_length": jnp.zeros(num_envs, jnp.int32)}
+        if self.reports_wins:
+            totals["eval_win_rate"] = jnp.zeros(num_envs, bool)
+
+        def step(c, key):
+            obs, env_state, carry, first, alive, totals = c
+            inputs = self._inputs(obs, self._global_state(env, env_state))
+            carry, logits, _ = self._act(params, carry, *inputs, first)
+            if env.has_action_masks:
+                logits = distributions.masked_logits(logits, jax.vmap(env.avail_actions)(env_state))
+            action = distributions.greedy(logits)
+            obs, env_state, reward, done, info = jax.vmap(env.step)(jax.random.split(key, num_envs), env_state, action)
+            totals = dict(totals, eval_return=totals["eval_return"] + reward.mean(-1) * alive,
+                          eval_length=totals["eval_length"] + alive)
+            if self.reports_wins:
+                totals["eval_win_rate"] = totals["eval_win_rate"] | (info["won"] & alive)
+            trace = (env_state, alive) if keep_states else None
+            alive = alive & ~envs.episode_over(done, info)
+            return (obs, env_state, carry, jnp.zeros_like(first), alive, totals), trace
+
+        carry = self.network.initial_carry((num_envs, self.num_agents))
+        running = jnp.ones(num_envs, bool)
+        init = (obs, reset_state, carry, running, running, totals)
+        (*_, totals), trace = jax.lax.scan(step, init, jax.random.split(step_key, self.eval_max_steps))
+        means = jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32)), totals)
+        return means, (reset_state, *trace) if keep_states else None
+
     @functools.partial(jax.jit, static_argnums=(0, 3))
     def evaluate(self, params, key: jax.Array, num_envs: int):
-        """Greedy actions, one episode per env, for every seed: {eval_return, eval_length} [S]."""
+        """Greedy actions, one episode per env, for every seed: {eval_return, eval_length[, eval_win_rate]} [S]."""
+        keys = jax.random.split(key, jax.tree.leaves(params)[0].shape[0])
+        return jax.vmap(lambda p, k: self._greedy_episodes(p, k, num_envs)[0])(params, keys)
 
-        def one_seed(params, key):
-            reset_key, step_key = jax.random.split(key)
-            obs, env_state = jax.vmap(self.base_env.reset)(jax.random.split(reset_key, num_envs))
+    def episode_states(self, params, key: jax.Array) -> list:
+        """The env states of one greedy episode for one seed's params (no seed axis): the reset state, then
+        the state after each step, up to the end of the episode."""
+        run = jax.jit(lambda params, key: self._greedy_episodes(params, key, 1, keep_states=True)[1])
+        reset_state, states, running = jax.device_get(run(params, key))
+        length = int(running[:, 0].sum())
+        first = jax.tree.map(lambda x: x[0], reset_state)
+        return [first] + [jax.tree.map(lambda x: x[t, 0], states) for t in range(length)]
 
-            def step(carry, key):
-                obs, env_state, alive, ret, length = carry
-                logits, _ = self.network.apply(params, obs)
-                if self.base_env.has_action_masks:
-                    mask = jax.vmap(self.base_env.avail_actions)(env_state)
-                    logits = distributions.masked_logits(logits, mask)
-                action = distributions.greedy(logits)
-                keys = jax.random.split(key, num_envs)
-                obs, env_state, reward, done, info = jax.vmap(self.base_env.step)(keys, env_state, action)
-                ret = ret + reward * alive
-                length = length + alive
-                alive = alive & ~envs.episode_over(done, info)
-                return (obs, env_state, alive, ret, length), None
 
-            init = (obs, env_state, jnp.ones(num_envs, bool), jnp.zeros(num_envs), jnp.zeros(num_envs, jnp.int32))
-            (_, _, _, ret, length), _ = jax.lax.scan(step, init, jax.random.split(step_key, self.eval_max_steps))
-            return {"eval_return": ret.mean(), "eval_length": length.mean()}
-
-        return jax.vmap(one_seed)(params, jax.random.split(key, jax.tree.leaves(params)[0].shape[0]))
+def _step_info_keys(env: envs.Environment) -> set[str]:
+    """The keys of `info` that `env.step` returns (traced abstractly, nothing runs)."""
+    def probe(key):
+        _, state = env.reset(key)
+        return env.step(key, state, jnp.zeros((env.num_agents,), jnp.int32))[4]
+    return set(jax.eval_shape(probe, jax.random.PRNGKey(0)))
