@@ -416,6 +416,17 @@ class PPO:
             self.compile_seconds = time.perf_counter() - tick
         return self._chunk_fn(state, hp, num_updates)
 
+    def sample_trajectory(self, state: TrainState) -> Transition:
+        """One rollout with the current parameters, nothing updated (for inspection and tests).
+
+        Returns the Transition with leaves [S, T, N, ...]; the rollout starts from `state`'s env states
+        and hidden states with its key, exactly as the next update's rollout will.
+        """
+        specs = self._state_specs(state)
+        local = jax.vmap(lambda st: self._rollout(st.params, st, jax.random.split(st.key, 3)[1])[1])
+        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(specs,), out_specs=P(None, None, DATA_AXIS))
+        return jax.jit(fn)(state)
+
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
 

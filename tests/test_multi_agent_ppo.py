@@ -1,0 +1,177 @@
+"""Multi-agent PPO on SMAX: masking, recurrent resets, the centralised critic, agent ids."""
+
+import importlib.util
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from conftest import ROOT
+from jaxrl import algos, config as config_lib, mesh as mesh_lib
+from jaxrl.networks import RecurrentActorCritic, ResetGRU
+
+
+def load_experiment(name: str, arg: str | None = None):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def small_smax_config(scenario="3m", critic_input="global_state", kind="gru", num_envs=8, num_steps=32):
+    config = load_experiment("smax_mappo", scenario)
+    config.num_envs, config.num_steps = num_envs, num_steps
+    config.total_steps = num_envs * num_steps * 4
+    config.ppo.critic_input = critic_input
+    config.network.kind = kind
+    config.network.fc_size, config.network.rnn_size, config.network.hidden_sizes = 32, 32, (32, 32)
+    return config
+
+
+def build(config, num_seeds=1):
+    config_lib.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    return algo, hp, algo.init_seeds(config.seed, num_seeds)
+
+
+@pytest.mark.parametrize("kind", ["gru", "mlp"])
+def test_sampled_actions_are_always_legal(kind):
+    algo, hp, state = build(small_smax_config("2s3z", kind=kind, num_steps=64))
+    for _ in range(2):  # untrained, then after an update (logits no longer near uniform)
+        traj = jax.device_get(algo.sample_trajectory(state))
+        legal = np.take_along_axis(traj.mask, traj.action[..., None], axis=-1)[..., 0]
+        assert traj.mask.shape[-2:] == (5, algo.agent_env.num_actions)
+        assert legal.all(), f"{(~legal).sum()} illegal actions sampled"
+        # Some actions really are forbidden, and stepping resets the episode often enough to matter.
+        assert not traj.mask.all() and traj.first[:, 1:].any()
+        state, _ = algo.run_chunk(state, hp, 1)
+
+
+def test_masked_actions_have_zero_probability_and_finite_gradients():
+    from jaxrl import distributions
+    logits = jax.random.normal(jax.random.PRNGKey(0), (1000, 8)) * 5
+    mask = jax.random.bernoulli(jax.random.PRNGKey(1), 0.4, (1000, 8)).at[:, 4].set(True)
+    masked = distributions.masked_logits(logits, mask)
+    noise = jax.random.gumbel(jax.random.PRNGKey(2), (50, 1000, 8))
+    actions = jax.vmap(distributions.sample_with_noise, (None, 0))(masked, noise)
+    assert jnp.take_along_axis(jnp.broadcast_to(mask, (50, 1000, 8)), actions[..., None], -1).all()
+    probs = jax.nn.softmax(masked)
+    assert float(jnp.max(jnp.where(mask, 0.0, probs))) == 0.0
+    grad = jax.grad(lambda l: distributions.entropy(distributions.masked_logits(l, mask)).sum())(logits)
+    assert jnp.isfinite(grad).all() and float(jnp.abs(jnp.where(mask, 0.0, grad)).max()) == 0.0
+
+
+def test_gru_state_restarts_where_first_is_set():
+    T, B, d, k = 12, 3, 5, 7
+    x = jax.random.normal(jax.random.PRNGKey(0), (T, B, d))
+    first = jnp.zeros((T, B), bool).at[k, 1].set(True)
+    gru = ResetGRU(16)
+    h0 = jax.random.normal(jax.random.PRNGKey(2), (B, 16))
+    params = gru.init(jax.random.PRNGKey(1), h0, x, first)
+    _, out = gru.apply(params, h0, x, first)
+    _, fresh = gru.apply(params, jnp.zeros((B, 16)), x[k:], jnp.zeros((T - k, B), bool))
+    np.testing.assert_allclose(out[k:, 1], fresh[:, 1], atol=1e-6)  # restarted from zero at step k
+    assert not np.allclose(out[k:, 0], fresh[:, 0], atol=1e-3)  # the other sequences carry on
+
+
+def test_recurrent_rollout_is_replayed_exactly_by_the_loss():
+    """The update replays each (env, agent) sequence from the hidden state the rollout started with,
+    restarting it at episode starts: the rollout's log-probabilities and values are reproduced."""
+    algo, hp, state = build(small_smax_config("3m", num_steps=48))
+    state, _ = algo.run_chunk(state, hp, 2)  # start mid-episode, with non-zero hidden states
+    traj = algo.sample_trajectory(state)
+    assert bool(traj.first[0, 1:].any())  # episodes end inside the window
+    seed0 = jax.tree.map(lambda x: x[0], (state.params, state.carry, traj))
+    params, carry, traj = seed0
+    first = jnp.broadcast_to(traj.first[..., None], traj.action.shape)
+    _, logits, values = algo.network.apply(params, carry, traj.actor_in, traj.critic_in, first)
+    from jaxrl import distributions
+    log_prob = distributions.log_prob(distributions.masked_logits(logits, traj.mask), traj.action)
+    np.testing.assert_allclose(log_prob, traj.log_prob, atol=2e-4)
+    np.testing.assert_allclose(values, traj.value, atol=2e-4)
+    # Without the restarts the replay would differ: the resets matter.
+    _, logits_no_reset, _ = algo.network.apply(params, carry, traj.actor_in, traj.critic_in, jnp.zeros_like(first))
+    assert not np.allclose(logits_no_reset, logits, atol=1e-3)
+
+
+def test_centralised_critic_sees_the_global_state_and_agent_id():
+    env = envs.make("smax", scenario="3m")
+    obs, env_state = env.reset(jax.random.PRNGKey(0))
+    g = env.global_state(env_state)
+    mappo, _, _ = build(small_smax_config(critic_input="global_state"))
+    actor_in, critic_in = mappo._inputs(obs[None], g[None])
+    A = env.num_agents
+    assert critic_in.shape == (1, A, env.state_dim + A)
+    for a in range(A):
+        np.testing.assert_array_equal(critic_in[0, a, :env.state_dim], g)
+        np.testing.assert_array_equal(critic_in[0, a, env.state_dim:], np.eye(A)[a])
+        np.testing.assert_array_equal(actor_in[0, a], np.concatenate([obs[a], np.eye(A)[a]]))
+    # The value moves with the global state, the policy does not.
+    state = mappo.init(jax.random.PRNGKey(0))
+    carry = mappo.network.initial_carry((1, A))
+    first = jnp.ones((1, 1, A), bool)
+    changed = critic_in.at[..., 0].add(1.0)
+    _, l1, v1 = mappo.network.apply(state.params, carry, actor_in[None], critic_in[None], first)
+    _, l2, v2 = mappo.network.apply(state.params, carry, actor_in[None], changed[None], first)
+    np.testing.assert_array_equal(l1, l2)
+    assert not np.allclose(v1, v2)
+
+    ippo, _, _ = build(small_smax_config(critic_input="obs"))
+    actor_in, critic_in = ippo._inputs(obs[None], None)
+    np.testing.assert_array_equal(actor_in, critic_in)
+
+
+def test_agent_id_can_be_turned_off():
+    config = small_smax_config()
+    config.network.agent_id = False
+    algo, _, _ = build(config)
+    env = algo.agent_env
+    obs, env_state = env.reset(jax.random.PRNGKey(0))
+    actor_in, critic_in = algo._inputs(obs[None], env.global_state(env_state)[None])
+    assert actor_in.shape[-1] == env.obs_dim and critic_in.shape[-1] == env.state_dim
+
+
+def test_one_update_runs_on_every_critic_and_network_choice():
+    for critic_input in ("obs", "global_state"):
+        for kind in ("mlp", "gru"):
+            algo, hp, state = build(small_smax_config(critic_input=critic_input, kind=kind), num_seeds=2)
+            state, metrics = algo.run_chunk(state, hp, 2)
+            metrics = jax.device_get(metrics)
+            for name in ("policy_loss", "value_loss", "entropy", "approx_kl"):
+                assert np.isfinite(metrics[name]).all(), (critic_input, kind, name)
+            assert (metrics["episodes"] > 0).all() and "win_rate_sum" in metrics
+            result = jax.device_get(algo.evaluate(state.params, jax.random.PRNGKey(0), 8))
+            assert set(result) == {"eval_return", "eval_length", "eval_win_rate"}
+            assert result["eval_win_rate"].shape == (2,) and ((0 <= result["eval_win_rate"]) & (result["eval_win_rate"] <= 1)).all()
+
+
+def test_config_errors_name_the_problem():
+    with pytest.raises(ValueError, match="unknown SMAX scenario"):
+        build(load_experiment("smax_mappo", "4m_vs_nothing"))
+    config = load_experiment("cartpole_ppo")
+    config.ppo.critic_input = "global_state"
+    with pytest.raises(ValueError, match="global state"):
+        build(config)
+    config.ppo.critic_input = "everything"
+    with pytest.raises(ValueError, match="critic_input"):
+        build(config)
+    config = small_smax_config()
+    config.network.kind = "lstm"
+    with pytest.raises(ValueError, match="network.kind"):
+        build(config)
+    config = small_smax_config("3m", num_envs=6)  # 18 sequences do not split into 4 minibatches
+    with pytest.raises(ValueError, match="minibatches"):
+        build(config)
+
+
+def test_episode_states_end_with_the_episode():
+    algo, _, state = build(small_smax_config())
+    params = jax.tree.map(lambda x: x[0], state.params)
+    states = algo.episode_states(params, jax.random.PRNGKey(3))
+    assert 2 <= len(states) <= algo.eval_max_steps + 1
+    assert int(states[-1].time) == len(states) - 1
+    frames = algo.agent_env.render_frames(states[:3])
+    assert len(frames) == 3 and frames[0].size[0] > 100
