@@ -52,9 +52,15 @@ def _jaxmarl(env_id: str, **kwargs):
     return FromJaxMARL(env_id, **kwargs)
 
 
+def _jaxmarl_smax(scenario="3m", **kwargs):
+    from envs.smax.parity import reference_env
+    return reference_env(scenario, **kwargs)
+
+
 register("CartPole-v1", _cartpole)
 register("smax", _smax)
 register("jaxmarl", _jaxmarl)  # any jaxmarl env in our array-first API: make("jaxmarl", env_id=...)
+register("jaxmarl-smax", _jaxmarl_smax)  # jaxmarl's HeuristicEnemySMAX by scenario name (the reference)
 
 def __getattr__(name: str):
     """Import subpackages on first use (`envs.smax.register_scenario(...)` after a plain `import envs`)."""

@@ -100,6 +100,7 @@ class FromJaxMARL(Environment):
         self.agents = list(env.agents)
         self.num_agents = len(self.agents)
         self.multi_agent = True
+        self.supports_vma_checks = False  # jaxmarl's SMAX mixes varying and replicated values in lax.cond
         self.max_episode_steps = getattr(env, "max_steps", None)
         obs_spaces = [env.observation_space(a) for a in self.agents]
         act_spaces = [env.action_space(a) for a in self.agents]

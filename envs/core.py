@@ -70,6 +70,9 @@ class Environment:
     multi_agent: bool = False  # True: obs, reward, done, actions and masks carry a leading agent axis.
     has_action_masks: bool = False  # True when `avail_actions` can forbid actions.
     max_episode_steps: int | None = None  # the time limit, when the env has one
+    # False when `step` fails shard_map's varying-axis type checks (e.g. a lax.cond whose branches mix
+    # per-device and replicated values, as in some third-party envs); learners then turn the checks off.
+    supports_vma_checks: bool = True
 
     @property
     def default_params(self) -> Any:

@@ -53,6 +53,10 @@ class Wrapper(Environment):
         return self.env.multi_agent
 
     @property
+    def supports_vma_checks(self) -> bool:
+        return self.env.supports_vma_checks
+
+    @property
     def max_episode_steps(self):
         return self.env.max_episode_steps
 

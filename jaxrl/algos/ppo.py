@@ -407,7 +407,8 @@ class PPO:
         if self._chunk_fn is None:
             specs = self._state_specs(state)
             local = jax.vmap(self._run_updates, (0, None, None))
-            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=(specs, P()))
+            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=(specs, P()),
+                                    check_vma=self.agent_env.supports_vma_checks)
             shardings, replicated = self.state_shardings(state), mesh_lib.replicated(self.mesh)
             jitted = jax.jit(sharded, in_shardings=(shardings, replicated, replicated),
                              out_shardings=(shardings, replicated), donate_argnums=0)
@@ -424,7 +425,8 @@ class PPO:
         """
         specs = self._state_specs(state)
         local = jax.vmap(lambda st: self._rollout(st.params, st, jax.random.split(st.key, 3)[1])[1])
-        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(specs,), out_specs=P(None, None, DATA_AXIS))
+        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(specs,), out_specs=P(None, None, DATA_AXIS),
+                           check_vma=self.agent_env.supports_vma_checks)
         return jax.jit(fn)(state)
 
     # ----------------------------------------------------------------------------------------------
