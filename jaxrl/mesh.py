@@ -49,3 +49,9 @@ def local_share(x: jax.Array, axis: int = 0) -> jax.Array:
 def per_item_keys(key: jax.Array, num_local: int) -> jax.Array:
     """[num_local, 2] keys, one per local item, that depend only on the item's global index."""
     return jax.vmap(jax.random.fold_in, (None, 0))(key, local_indices(num_local))
+
+
+def per_device(tree):
+    """Mark replicated values as varying over DATA_AXIS (inside `shard_map`), so that gradients taken
+    with respect to them stay per device instead of being summed over devices implicitly."""
+    return jax.tree.map(lambda x: jax.lax.pcast(x, DATA_AXIS, to="varying"), tree)

@@ -1,5 +1,7 @@
 """Learning that actually happens (marked slow; CI runs them)."""
 
+import os
+
 import pytest
 
 from experiments import cartpole_ppo
@@ -18,3 +20,21 @@ def test_main_cartpole_config_reaches_475_within_500k_steps(tmp_path):
     assert last["eval_return"] >= 475, last
     first = next(r for r in result.metrics if r.get("episode_return") is not None)
     assert first["episode_return"] < 200, "the curve should start low: learning happened in this run"
+
+
+@pytest.mark.slow
+def test_mappo_on_3m_improves_the_win_rate(tmp_path):
+    """The README's main job, shortened: 40 updates of experiments/smax_mappo.py:3m (~330k env steps)."""
+    from test_multi_agent_ppo import load_experiment
+
+    config = load_experiment("smax_mappo", "3m")
+    config.total_steps = 40 * config.num_envs * config.num_steps
+    config.log.progress_bar = False
+    config.checkpoint.every_steps = config.total_steps
+    config.eval.every_steps = 0
+    result = train.run(config, str(tmp_path / "run"))
+    rows = result.metrics
+    assert rows[0]["win_rate"] < 0.05, rows[0]  # random agents (almost) never win 3m
+    assert rows[-1]["win_rate"] >= 0.15 and rows[-1]["eval_win_rate"] >= 0.15, rows[-1]
+    assert rows[-1]["episode_return"] > rows[0]["episode_return"] + 0.3
+    assert os.path.exists(os.path.join(result.workdir, "eval_episode.gif"))

@@ -149,3 +149,24 @@ def test_resuming_with_a_different_config_is_refused(tmp_path):
     # Extending the run is allowed.
     result = train.run(small_config(4), workdir)
     assert result.metrics[-1]["update"] == 4
+
+
+def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):
+    """Hidden states and episode-start flags are part of the checkpoint: a run extended from its last
+    checkpoint ends where a straight run does."""
+    from test_multi_agent_ppo import small_smax_config
+
+    config = small_smax_config(num_envs=8, num_steps=16)
+    batch = 8 * 16
+    config.ppo.anneal_lr = False  # the schedule depends on total_steps, which the extension changes
+    config.total_steps, config.log.every_steps, config.log.progress_bar = 6 * batch, 2 * batch, False
+    config.eval.num_envs, config.checkpoint.every_steps = 2, 2 * batch
+    straight = train.run(config, str(tmp_path / "straight"))
+    config.total_steps = 4 * batch
+    train.run(config, str(tmp_path / "extended"))
+    config.total_steps = 6 * batch
+    extended = train.run(config, str(tmp_path / "extended"))
+    assert [r["update"] for r in extended.metrics] == [2, 4, 6]
+    _assert_same_params(straight.state.params, extended.state.params)
+    _assert_same_params(straight.state.carry, extended.state.carry)
+    _assert_same_params(straight.state.env_state, extended.state.env_state)

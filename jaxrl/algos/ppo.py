@@ -365,8 +365,11 @@ class PPO:
 
         def minibatch_step(carry, batch):
             params, opt_state = carry
-            grads, aux = grad_fn(params, batch, hp)
+            # Differentiate per device, then average: without the cast, shard_map would already sum the
+            # gradients of the replicated parameters over devices (the transpose of broadcasting them).
+            grads, aux = grad_fn(mesh_lib.per_device(params), batch, hp)
             grads, aux = jax.lax.pmean((grads, aux), DATA_AXIS)
+            aux = dict(aux, grad_norm=optax.global_norm(grads))  # before clipping
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), aux
 
