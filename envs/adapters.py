@@ -81,8 +81,8 @@ class FromJaxMARL(Environment):
     agent's size; discrete action counts are padded to the largest, with padded actions masked off
     (`has_action_masks` is then true). The jaxmarl env's own auto-reset is bypassed (we call its
     `step_env`): wrap with `envs.AutoReset`. `info["truncated"]` is inferred from a `step` counter
-    reaching `env.max_steps` when the env has both; `info["won"]` is computed for SMAX-like states
-    (all enemies dead, some ally alive) and false otherwise; the jaxmarl env's own info entries are
+    reaching `env.max_steps` when the env has both; `info["won"]` is given for SMAX-like envs only
+    (all enemies dead, some ally alive); the jaxmarl env's own info entries are
     not passed on. `params` are ignored (jaxmarl envs keep their settings on the env object).
     """
 
@@ -161,13 +161,15 @@ class FromJaxMARL(Environment):
             return jnp.bool_(False)
         return step >= self.max_episode_steps
 
+    @property
+    def _reports_wins(self) -> bool:
+        """SMAX-like: the env has allies and its states track which units are alive."""
+        return hasattr(self.env, "num_allies")
+
     def _won(self, state) -> jax.Array:
         inner = getattr(state, "state", state)  # HeuristicEnemySMAX nests the SMAX state
-        num_allies = getattr(self.env, "num_allies", None)
-        if num_allies is None or not hasattr(inner, "unit_alive"):
-            return jnp.bool_(False)
         alive = inner.unit_alive
-        return ~alive[num_allies:].any() & alive[:num_allies].any()
+        return ~alive[self.env.num_allies:].any() & alive[:self.env.num_allies].any()
 
     # API -------------------------------------------------------------------------------------------
 
@@ -180,8 +182,9 @@ class FromJaxMARL(Environment):
         obs, state, reward, done, _ = self.env.step_env(key, state, actions)
         over = jnp.asarray(done["__all__"])
         truncated = over & self._time_limit_hit(getattr(state, "state", state))
-        info = {"won": over & self._won(state), "terminated": over & ~truncated, "truncated": truncated,
-                "episode_over": over}
+        info = {"terminated": over & ~truncated, "truncated": truncated, "episode_over": over}
+        if self._reports_wins:
+            info["won"] = over & self._won(state)
         return (self._stack_obs(obs), state, self._stack(reward, jnp.float32),
                 self._stack(done, bool) | over, info)
 

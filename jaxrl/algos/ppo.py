@@ -369,7 +369,7 @@ class PPO:
             # gradients of the replicated parameters over devices (the transpose of broadcasting them).
             grads, aux = grad_fn(mesh_lib.per_device(params), batch, hp)
             grads, aux = jax.lax.pmean((grads, aux), DATA_AXIS)
-            aux = dict(aux, grad_norm=optax.global_norm(grads))  # before clipping
+            aux = dict(aux, grad_norm=optax.tree.norm(grads))  # before clipping
             updates, opt_state = optimizer.update(grads, opt_state, params)
             return (optax.apply_updates(params, updates), opt_state), aux
 
