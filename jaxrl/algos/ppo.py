@@ -92,7 +92,7 @@ class Transition:
     """One rollout step for n local envs and A agents: leaves [n, A, ...] (stacked to [T, ...] by the scan)."""
 
     actor_in: jax.Array  # [n, A, d_actor]
-    critic_in: jax.Array  # [n, A, d_critic]
+    critic_in: jax.Array | None  # [n, A, d_critic]; None when the critic sees the actor's inputs
     first: jax.Array  # [n]
     action: jax.Array
     log_prob: jax.Array
@@ -287,7 +287,8 @@ class PPO:
                 final_in = self._inputs(info["final_obs"], self._global_state(self.agent_env, info["final_state"]))
                 _, _, final_value = self._act(params, next_net_carry, *final_in, jnp.zeros_like(first))
             transition = Transition(
-                actor_in=actor_in, critic_in=critic_in, first=first, action=action,
+                actor_in=actor_in, critic_in=None if critic_in is actor_in else critic_in, first=first,
+                action=action,
                 log_prob=distributions.log_prob(logits, action), value=value, reward=reward, done=done,
                 mask=mask, truncated=info["truncated"] if s.bootstrap_truncation else None,
                 final_value=final_value)
@@ -309,7 +310,8 @@ class PPO:
             batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), {k: v for k, v in batch.items() if k != "carry"})
         else:
             carry = ()
-        _, logits, values = self.network.apply(params, carry, batch["actor_in"], batch["critic_in"], batch["first"])
+        critic_in = batch["actor_in"] if batch["critic_in"] is None else batch["critic_in"]
+        _, logits, values = self.network.apply(params, carry, batch["actor_in"], critic_in, batch["first"])
         logits = distributions.masked_logits(logits, batch["mask"])
         log_ratio = distributions.log_prob(logits, batch["action"]) - batch["log_prob"]
         advantages = batch["advantages"]
