@@ -11,6 +11,11 @@ from flax import struct
 from envs.core import Environment
 
 
+def _forwarded(name: str) -> property:
+    """A read-only property that returns the wrapped env's attribute `name`."""
+    return property(lambda self: getattr(self.env, name), doc=f"The wrapped env's `{name}`.")
+
+
 class Wrapper(Environment):
     """Forwards everything it does not override to the wrapped env."""
 
@@ -24,41 +29,16 @@ class Wrapper(Environment):
     def unwrapped(self) -> Environment:
         return getattr(self.env, "unwrapped", self.env)
 
-    @property
-    def default_params(self):
-        return self.env.default_params
-
-    @property
-    def num_actions(self) -> int:
-        return self.env.num_actions
-
-    @property
-    def obs_dim(self) -> int:
-        return self.env.obs_dim
-
-    @property
-    def num_agents(self) -> int:
-        return self.env.num_agents
-
-    @property
-    def name(self) -> str:
-        return self.env.name
-
-    @property
-    def has_action_masks(self) -> bool:
-        return self.env.has_action_masks
-
-    @property
-    def multi_agent(self) -> bool:
-        return self.env.multi_agent
-
-    @property
-    def supports_vma_checks(self) -> bool:
-        return self.env.supports_vma_checks
-
-    @property
-    def max_episode_steps(self):
-        return self.env.max_episode_steps
+    # The base class defines these, so `__getattr__` would not reach them: forward them explicitly.
+    default_params = _forwarded("default_params")
+    num_actions = _forwarded("num_actions")
+    obs_dim = _forwarded("obs_dim")
+    num_agents = _forwarded("num_agents")
+    name = _forwarded("name")
+    has_action_masks = _forwarded("has_action_masks")
+    multi_agent = _forwarded("multi_agent")
+    supports_vma_checks = _forwarded("supports_vma_checks")
+    max_episode_steps = _forwarded("max_episode_steps")
 
     def reset(self, key, params=None):
         return self.env.reset(key, params)

@@ -81,8 +81,6 @@ def validate(config: ConfigDict) -> None:
 
     if config.algorithm not in algos.ALGORITHMS:
         raise ValueError(f"unknown config.algorithm {config.algorithm!r}; known: {', '.join(sorted(algos.ALGORITHMS))}")
-    if config.network.kind not in algos.NETWORKS:
-        raise ValueError(f"unknown config.network.kind {config.network.kind!r}; known: {', '.join(algos.NETWORKS)}")
     from jaxrl.algos.ppo import CRITIC_INPUTS
     if config.ppo.critic_input not in CRITIC_INPUTS:
         raise ValueError(f"unknown config.ppo.critic_input {config.ppo.critic_input!r}; known: "

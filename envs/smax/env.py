@@ -60,8 +60,7 @@ class SMAXParams:
 
 def default_unit_stats() -> dict[str, jax.Array]:
     """The `SMAXParams` unit-stat fields, from the unit type table."""
-    columns = ("speed", "damage", "attack_range", "sight_range", "radius", "health", "cooldown")
-    return {c: jnp.array([getattr(t, c) for t in UNIT_TYPES], dtype=jnp.float32) for c in columns}
+    return {c: jnp.array([getattr(t, c) for t in UNIT_TYPES], dtype=jnp.float32) for c in UnitStats._fields}
 
 
 @struct.dataclass

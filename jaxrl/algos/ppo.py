@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +102,17 @@ class Transition:
     mask: jax.Array | None  # [n, A, num_actions]
     truncated: jax.Array | None  # [n]
     final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
+
+
+class PolicyStep(NamedTuple):
+    """What the networks make of one time step of n envs (see `PPO._policy_step`)."""
+
+    carry: Any  # the hidden state after this step
+    actor_in: jax.Array  # [n, A, d_actor]
+    critic_in: jax.Array  # [n, A, d_critic] (the same array as actor_in when the critic sees the obs)
+    logits: jax.Array  # [n, A, K], illegal actions masked
+    value: jax.Array  # [n, A]
+    mask: jax.Array | None  # [n, A, K] legal actions, None for envs without masks
 
 
 def make_optimizer(hp: PPOHyperparams, learning_rate: jax.Array, adam_eps: float):
@@ -217,11 +228,14 @@ class PPO:
             return None
         return jax.vmap(env.global_state)(env_states)
 
-    def _act(self, params, carry, actor_in, critic_in, first):
-        """One network step for [n, A] agents: (carry, logits [n, A, K], value [n, A]); `first` [n]."""
+    def _policy_step(self, params, env, env_state, obs, carry, first) -> PolicyStep:
+        """The networks on n envs' current observations, one time step (rollouts, bootstrap values and
+        evaluation all go through here). obs [n, A, d], first [n]; `env` is the env whose states these are."""
+        actor_in, critic_in = self._inputs(obs, self._global_state(env, env_state))
+        mask = jax.vmap(env.avail_actions)(env_state) if env.has_action_masks else None
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
         carry, logits, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
-        return carry, logits[0], value[0]
+        return PolicyStep(carry, actor_in, critic_in, distributions.masked_logits(logits[0], mask), value[0], mask)
 
     # ----------------------------------------------------------------------------------------------
     # Initial state
@@ -231,12 +245,12 @@ class PPO:
         param_key, env_key, state_key = jax.random.split(key, 3)
         N, A = self.settings.num_envs, self.num_agents
         obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, N))
-        actor_in, critic_in = self._inputs(obs[:1], self._global_state(self.env, jax.tree.map(lambda x: x[:1], env_state)))
-        first = jnp.ones((1, 1, A), bool)
-        params = self.network.init(param_key, self.network.initial_carry((1, A)), actor_in[None], critic_in[None], first)
+        carry, first = self.network.initial_carry((N, A)), jnp.ones((N,), bool)
+        actor_in, critic_in = self._inputs(obs, self._global_state(self.env, env_state))
+        params = self.network.init(param_key, carry, actor_in[None], critic_in[None],
+                                   jnp.broadcast_to(first[None, :, None], (1, N, A)))
         optimizer = make_optimizer(PPOHyperparams(), 0.0, self.settings.adam_eps)
-        return TrainState(params, optimizer.init(params), env_state, obs, self.network.initial_carry((N, A)),
-                          jnp.ones((N,), bool), state_key, jnp.int32(0))
+        return TrainState(params, optimizer.init(params), env_state, obs, carry, first, state_key, jnp.int32(0))
 
     def state_shardings(self, state: TrainState) -> TrainState:
         """NamedShardings for a seeded TrainState: env axis split over devices, the rest replicated."""
@@ -276,29 +290,26 @@ class PPO:
         def step(carry, xs):
             env_state, obs, net_carry, first = carry
             env_key, noise = xs
-            actor_in, critic_in = self._inputs(obs, self._global_state(self.env, env_state))
-            mask = jax.vmap(self.env.avail_actions)(env_state) if self.agent_env.has_action_masks else None
-            next_net_carry, logits, value = self._act(params, net_carry, actor_in, critic_in, first)
-            logits = distributions.masked_logits(logits, mask)
-            action = distributions.sample_with_noise(logits, noise)
+            policy = self._policy_step(params, self.env, env_state, obs, net_carry, first)
+            action = distributions.sample_with_noise(policy.logits, noise)
             next_obs, env_state, reward, done, info = jax.vmap(self.env.step)(env_key, env_state, action)
             final_value = None
-            if s.bootstrap_truncation:  # the critic's view of the obs a time limit cut off
-                final_in = self._inputs(info["final_obs"], self._global_state(self.agent_env, info["final_state"]))
-                _, _, final_value = self._act(params, next_net_carry, *final_in, jnp.zeros_like(first))
+            if s.bootstrap_truncation:  # the critic's value of the obs a time limit cut off
+                final_value = self._policy_step(params, self.agent_env, info["final_state"], info["final_obs"],
+                                                policy.carry, jnp.zeros_like(first)).value
             transition = Transition(
-                actor_in=actor_in, critic_in=None if critic_in is actor_in else critic_in, first=first,
-                action=action,
-                log_prob=distributions.log_prob(logits, action), value=value, reward=reward, done=done,
-                mask=mask, truncated=info["truncated"] if s.bootstrap_truncation else None,
-                final_value=final_value)
+                actor_in=policy.actor_in,
+                critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
+                first=first, action=action, log_prob=distributions.log_prob(policy.logits, action),
+                value=policy.value, reward=reward, done=done, mask=policy.mask,
+                truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value)
             ended = info["returned_episode"]
             episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
                        "episode_length_sum": jnp.where(ended, info["episode_length"], 0),
                        "episodes": ended}
-            if "won" in info:
+            if self.reports_wins:
                 episode["win_rate_sum"] = ended & info["won"]
-            return (env_state, next_obs, next_net_carry, ended), (transition, episode)
+            return (env_state, next_obs, policy.carry, ended), (transition, episode)
 
         init = (state.env_state, state.obs, state.carry, state.first)
         after, (traj, episode) = jax.lax.scan(step, init, (env_keys, action_noise), unroll=s.rollout_unroll)
@@ -350,8 +361,7 @@ class PPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
 
-        last_in = self._inputs(obs, self._global_state(self.env, env_state))
-        _, _, last_value = self._act(state.params, carry, *last_in, first)
+        last_value = self._policy_step(state.params, self.env, env_state, obs, carry, first).value
         reward = traj.reward
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
             reward = reward + hp.gamma * traj.final_value * traj.truncated[..., None]
@@ -453,11 +463,8 @@ class PPO:
 
         def step(c, key):
             obs, env_state, carry, first, alive, totals = c
-            inputs = self._inputs(obs, self._global_state(env, env_state))
-            carry, logits, _ = self._act(params, carry, *inputs, first)
-            if env.has_action_masks:
-                logits = distributions.masked_logits(logits, jax.vmap(env.avail_actions)(env_state))
-            action = distributions.greedy(logits)
+            policy = self._policy_step(params, env, env_state, obs, carry, first)
+            carry, action = policy.carry, distributions.greedy(policy.logits)
             obs, env_state, reward, done, info = jax.vmap(env.step)(jax.random.split(key, num_envs), env_state, action)
             totals = dict(totals, eval_return=totals["eval_return"] + reward.mean(-1) * alive,
                           eval_length=totals["eval_length"] + alive)
