@@ -1,7 +1,11 @@
-"""Advantage estimators (pure functions on time-major arrays)."""
+"""Advantage estimators: GAE and returns-to-go (time-major), group advantages (GRPO family)."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Callable, NamedTuple
+
+import einops
 import jax
 import jax.numpy as jnp
 
@@ -28,3 +32,291 @@ def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax
 
     _, advantages = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done), reverse=True)
     return advantages, advantages + values
+
+
+# --------------------------------------------------------------------------------------------------
+# Group advantages (GRPO family): B groups of G samples answering the same prompt / starting state,
+# each sample's advantage measured against a baseline built from its own group.
+# --------------------------------------------------------------------------------------------------
+
+SCALES = ("group", "batch", "none")
+
+
+class GroupAdvantages(NamedTuple):
+    advantages: jax.Array  # [B, G] or [B, G, A] float32; 0 where the sample is invalid or excluded
+    weight: jax.Array  # same shape, float32 0/1: 1 where the sample carries gradient
+    zero_variance: jax.Array  # [B] bool: all valid rewards of the group are equal (K components: vectors)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupOptions:
+    """Static options handed to every core estimator (hashable, so jit treats them as constants)."""
+
+    scale: str  # resolved: "group" | "batch" | "none"
+    eps: float
+    reward_weights: tuple[float, ...] | None
+    renormalize: bool
+    max_reward: float
+    has_agents: bool  # rewards carry an agent axis: [B, G, A]
+
+
+# A core maps (rewards, valid, opts) to advantages, or to (advantages, keep) where keep [like rewards]
+# is False for valid samples that must not carry gradient. rewards are float32 [B, G(, A)] (or
+# [B, G(, A), K] for an estimator registered with combine=False), already 0 where invalid; valid is
+# bool [B, G(, A)]. The wrapper from `get` does masking, combining, clipping and zero_variance.
+Core = Callable[[jax.Array, jax.Array, GroupOptions], "jax.Array | tuple[jax.Array, jax.Array]"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Estimator:
+    core: Core
+    default_scale: str = "group"
+    combine: bool = True  # receive sum_k w_k r_k rather than the K raw components
+
+    def __call__(self, rewards, valid, opts):
+        return self.core(rewards, valid, opts)
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register(name: str, *, default_scale: str = "group", combine: bool = True):
+    """Decorator adding a core function to ESTIMATORS under `name`; returns the function unchanged."""
+    if default_scale not in SCALES:
+        raise ValueError(f"default_scale must be one of {SCALES}, got {default_scale!r}")
+
+    def decorate(core: Core) -> Core:
+        if name in ESTIMATORS:
+            raise ValueError(f"group advantage estimator {name!r} is already registered")
+        ESTIMATORS[name] = Estimator(core, default_scale, combine)
+        return core
+
+    return decorate
+
+
+# ---- shared masked statistics ----------------------------------------------------------------------
+
+def _group_axes(x: jax.Array) -> tuple[int, ...]:
+    return tuple(range(1, x.ndim))  # G, and A when present: one baseline shared by the agents
+
+
+def _moments(x: jax.Array, valid: jax.Array, axes: tuple[int, ...]):
+    """Masked mean, population std and count of x over `axes` (reduced axes kept with size 1)."""
+    n = valid.sum(axes, keepdims=True)
+    # Shift by one valid value first: equal rewards then deviate by exactly 0, whereas a float mean of
+    # equal values can be off by an ulp that dividing by (std + eps) would blow up.
+    ref = jnp.max(jnp.where(valid, x, -jnp.inf), axes, keepdims=True)
+    ref = jnp.where(n > 0, ref, 0.0)
+    d = jnp.where(valid, x - ref, 0.0)
+    count = jnp.maximum(n, 1)
+    mean_d = d.sum(axes, keepdims=True) / count
+    var = jnp.where(valid, (d - mean_d) ** 2, 0.0).sum(axes, keepdims=True) / count
+    return mean_d + ref, jnp.sqrt(var), n
+
+
+def _rescale(centered, group_std, x, valid, opts: GroupOptions):
+    """Divide by the std the `scale` option names; `x` is what the batch std is taken over."""
+    if opts.scale == "group":
+        return centered / (group_std + opts.eps)
+    if opts.scale == "batch":
+        _, batch_std, _ = _moments(x, valid, tuple(range(x.ndim)))
+        return centered / (batch_std + opts.eps)
+    return centered
+
+
+def _flat(x: jax.Array) -> jax.Array:
+    return x.reshape(x.shape[0], -1)  # [B, G*A], sample order g-major
+
+
+def _per_group(stat: jax.Array, ndim: int) -> jax.Array:
+    return stat.reshape(stat.shape[0], *([1] * (ndim - 1)))  # [B] -> broadcastable to [B, G(, A)]
+
+
+def _all_equal(x: jax.Array, valid: jax.Array, lead_ndim: int) -> jax.Array:
+    """[B] bool: the valid entries of each group are equal (per trailing component, if any)."""
+    axes = tuple(range(1, lead_ndim))
+    hi = jnp.max(jnp.where(valid, x, -jnp.inf), axes)
+    lo = jnp.min(jnp.where(valid, x, jnp.inf), axes)
+    return _flat(hi <= lo).all(axis=1)
+
+
+# ---- estimators ------------------------------------------------------------------------------------
+
+@register("dr_grpo", default_scale="none")  # Dr. GRPO: the same centring, without the std division
+@register("grpo")
+def grpo(rewards, valid, opts):
+    """(r - group mean) / (group std + eps); [B, G(, A)] -> [B, G(, A)]."""
+    mean, std, _ = _moments(rewards, valid, _group_axes(rewards))
+    return _rescale(rewards - mean, std, rewards, valid, opts)
+
+
+@register("rloo", default_scale="none")
+def rloo(rewards, valid, opts):
+    """r_i minus the mean of the group's other valid samples; [B, G(, A)] -> [B, G(, A)]."""
+    mean, std, n = _moments(rewards, valid, _group_axes(rewards))
+    # Leave-one-out mean: r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean); a lone sample has no baseline.
+    factor = jnp.where(n > 1, n / jnp.maximum(n - 1, 1), 0.0)
+    return _rescale(factor * (rewards - mean), std, rewards, valid, opts)
+
+
+@register("median")
+def median(rewards, valid, opts):
+    """MC-GRPO: r - group median; with an odd valid count the median sample is excluded.
+
+    [B, G(, A)] -> ([B, G(, A)] advantages, keep). The pivot is the first valid sample (g-major
+    order) equal to the median; its advantage is 0 by construction, so giving it weight 0 lets a
+    group of G + 1 samples train G of them.
+    """
+    r, v = _flat(rewards), _flat(valid)
+    n = v.sum(axis=1)
+    ranked = jnp.sort(jnp.where(v, r, jnp.inf), axis=1)  # invalid samples sort last
+    lo = jnp.take_along_axis(ranked, jnp.maximum((n - 1) // 2, 0)[:, None], axis=1)[:, 0]
+    hi = jnp.take_along_axis(ranked, (n // 2)[:, None], axis=1)[:, 0]
+    med = jnp.where(n > 0, (lo + hi) / 2, 0.0)  # odd n: lo == hi, and (a + a) / 2 == a exactly
+    is_med = v & (r == med[:, None])
+    pivot = jax.nn.one_hot(jnp.argmax(is_med, axis=1), r.shape[1], dtype=bool) & (n % 2 == 1)[:, None]
+    _, std, _ = _moments(rewards, valid, _group_axes(rewards))
+    centered = rewards - _per_group(med, rewards.ndim)
+    return _rescale(centered, std, rewards, valid, opts), ~pivot.reshape(rewards.shape)
+
+
+@register("gdpo", combine=False)
+def gdpo(rewards, valid, opts):
+    """GDPO: normalise each reward component within its group, then combine sum_k w_k A_k.
+
+    rewards [B, G(, A), K] with opts.reward_weights (or [B, G(, A)] without: plain grpo) -> [B, G(, A)].
+    Normalising per component keeps a rare component's success from being drowned by a common one,
+    which the single std of the weighted sum does not.
+    """
+    components = rewards if opts.reward_weights is not None else rewards[..., None]
+    weights = jnp.asarray(opts.reward_weights or (1.0,), jnp.float32)
+    normalised = jax.vmap(lambda c: grpo(c, valid, opts), in_axes=-1, out_axes=-1)(components)
+    advantages = normalised @ weights
+    if opts.renormalize:  # keep the combined scale independent of K and of the weights
+        mean, std, _ = _moments(advantages, valid, tuple(range(advantages.ndim)))
+        advantages = (advantages - mean) / (std + opts.eps)
+    return advantages
+
+
+@register("per_agent")
+def per_agent(rewards, valid, opts):
+    """Dr. MAS: a separate baseline (mean, std over G) for each agent; [B, G, A] -> [B, G, A]."""
+    if not opts.has_agents:
+        raise ValueError("per_agent needs rewards with an agent axis: [B, G, A] (or [B, G, A, K])")
+    mean, std, _ = _moments(rewards, valid, (1,))
+    return _rescale(rewards - mean, std, rewards, valid, opts)
+
+
+@register("calibrated")
+def calibrated(rewards, valid, opts):
+    """NGRPO: statistics include one virtual sample of reward max_reward; [B, G(, A)] -> [B, G(, A)].
+
+    The virtual success keeps an all-failed group informative: its samples get negative advantages
+    instead of zeros.
+    """
+    r, v = _flat(rewards), _flat(valid)
+    virtual = jnp.full((r.shape[0], 1), opts.max_reward, r.dtype)
+    mean, std, _ = _moments(jnp.concatenate([r, virtual], 1),
+                            jnp.concatenate([v, jnp.ones_like(v[:, :1])], 1), (1,))
+    centered = rewards - _per_group(mean, rewards.ndim)
+    return _rescale(centered, _per_group(std, rewards.ndim), rewards, valid, opts)
+
+
+# ---- public entry points -----------------------------------------------------------------------------
+
+def _broadcast_mask(mask, lead_shape: tuple[int, ...]) -> jax.Array:
+    """Leading-aligned broadcast: a [B, G] mask applies to every agent of [B, G, A] rewards."""
+    if mask is None:
+        return jnp.ones(lead_shape, bool)
+    mask = jnp.asarray(mask).astype(bool)
+    if mask.ndim > len(lead_shape):
+        raise ValueError(f"mask shape {mask.shape} has more axes than the samples {lead_shape}")
+    return jnp.broadcast_to(mask.reshape(mask.shape + (1,) * (len(lead_shape) - mask.ndim)), lead_shape)
+
+
+def get(name: str) -> Callable[..., GroupAdvantages]:
+    """The estimator `name` wrapped with masking, component combining, scaling default and clipping.
+
+    The returned fn(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
+    renormalize=False, max_reward=1.0) takes rewards [B, G] or [B, G, A] (with a trailing K axis
+    when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
+    all options are static Python values, so it can be jitted.
+    """
+    if name not in ESTIMATORS:
+        raise ValueError(f"unknown group advantage estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}")
+    est = ESTIMATORS[name]
+
+    def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
+                 renormalize=False, max_reward=1.0) -> GroupAdvantages:
+        rewards = jnp.asarray(rewards, jnp.float32)
+        k = None if reward_weights is None else len(reward_weights)
+        lead = rewards.shape[:-1] if k is not None else rewards.shape
+        if len(lead) not in (2, 3):
+            raise ValueError(f"{name}: rewards must be [B, G] or [B, G, A]"
+                             f"{' plus a K axis' if k is not None else ''}, got shape {rewards.shape}")
+        if k is not None and rewards.shape[-1] != k:
+            raise ValueError(f"{name}: {k} reward_weights but rewards have {rewards.shape[-1]} components")
+        if scale not in (None, *SCALES):
+            raise ValueError(f"{name}: scale must be one of {SCALES} or None, got {scale!r}")
+        opts = GroupOptions(scale or est.default_scale, float(eps),
+                            None if k is None else tuple(float(w) for w in reward_weights),
+                            bool(renormalize), float(max_reward), has_agents=len(lead) == 3)
+        valid = _broadcast_mask(mask, lead)
+        valid_r = valid[..., None] if k is not None else valid
+        rewards = jnp.where(valid_r, rewards, 0.0)  # cores may rely on padding being 0 (never NaN or junk)
+        zero_variance = _all_equal(rewards, valid_r, len(lead))
+        if k is not None and est.combine:
+            rewards = rewards @ jnp.asarray(opts.reward_weights, jnp.float32)
+        out = est(rewards, valid, opts)
+        advantages, keep = out if isinstance(out, tuple) else (out, True)
+        if clip:
+            advantages = jnp.clip(advantages, -clip, clip)
+        weight = valid & keep
+        return GroupAdvantages(jnp.where(weight, advantages, 0.0).astype(jnp.float32),
+                               weight.astype(jnp.float32), zero_variance)
+
+    estimate.__name__ = estimate.__qualname__ = f"{name}_advantages"
+    return estimate
+
+
+def group_advantages(name: str, rewards, mask=None, **options) -> GroupAdvantages:
+    """`get(name)(rewards, mask, **options)`: advantages/weight [B, G(, A)], zero_variance [B]."""
+    return get(name)(rewards, mask, **options)
+
+
+def stepwise_group_advantages(name: str, returns, mask=None, **options) -> GroupAdvantages:
+    """A separate group baseline at every time step.
+
+    returns: [B, G, T] or [B, G, T, A] (e.g. returns-to-go; plus a K axis with reward_weights);
+    mask broadcastable (leading-aligned) to [B, G, T(, A)]. Returns advantages/weight [B, G, T(, A)]
+    and zero_variance [B, T]. Batch-level statistics (scale="batch", renormalize) span all steps.
+    """
+    returns = jnp.asarray(returns)
+    lead = returns.shape[:-1] if options.get("reward_weights") is not None else returns.shape
+    if len(lead) not in (3, 4):
+        raise ValueError(f"{name}: returns must be [B, G, T] or [B, G, T, A], got shape {returns.shape}")
+    steps = lead[2]
+    to_batch = lambda x: einops.rearrange(x, "b g t ... -> (b t) g ...")  # noqa: E731
+    from_batch = lambda x: einops.rearrange(x, "(b t) g ... -> b g t ...", t=steps)  # noqa: E731
+    out = group_advantages(name, to_batch(returns), to_batch(_broadcast_mask(mask, lead)), **options)
+    return GroupAdvantages(from_batch(out.advantages), from_batch(out.weight),
+                           einops.rearrange(out.zero_variance, "(b t) -> b t", t=steps))
+
+
+def returns_to_go(rewards: jax.Array, alive: jax.Array, gamma: float) -> jax.Array:
+    """R_t = sum_{k>=t} gamma^(k-t) r_k alive_k, time-major: rewards, alive [T, ...] -> [T, ...].
+
+    alive[t] is 1 while the episode runs at step t and 0 after it ended; R_t is 0 where not alive
+    (a dead step also cuts the sum, so nothing after it leaks back).
+    """
+    rewards = jnp.asarray(rewards)
+    rewards = rewards.astype(jnp.promote_types(rewards.dtype, jnp.float32))
+    alive = jnp.asarray(alive).astype(rewards.dtype)
+
+    def backward(future, x):
+        reward, keep = x
+        ret = keep * (reward + gamma * future)
+        return ret, ret
+
+    _, returns = jax.lax.scan(backward, jnp.zeros_like(rewards[0]), (rewards, alive), reverse=True)
+    return returns

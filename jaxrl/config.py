@@ -57,6 +57,45 @@ def base_config() -> ConfigDict:
     })
 
 
+# PPO keys that GRPO does not read (its clipping and entropy live under `loss`, advantages are by group).
+_NOT_IN_GRPO = ("gae_lambda", "clip_eps", "clip_value", "ent_coef", "normalize_advantages", "bootstrap_truncation")
+
+
+def grpo_config() -> ConfigDict:
+    """`base_config()` for the critic-free group-relative algorithm: `ppo.*` keeps the optimiser and epoch
+    settings, and the group, advantage estimator and loss parts are chosen by name."""
+    config = base_config()
+    config.algorithm = "grpo"
+    for key in _NOT_IN_GRPO:
+        del config.ppo[key]
+    config.ppo.gamma = 1.0  # discount of returns-to-go (group.returns="to_go")
+    config.update(ConfigDict({
+        "advantage": "grpo",  # an estimator of jaxrl.advantages: grpo, dr_grpo, rloo, median, ...
+        "advantage_options": {
+            "scale": "",  # "group", "batch" or "none"; "": the estimator's default
+            "eps": 1e-6,
+            "clip": 0.0,  # clip advantages to [-clip, clip]; 0: off
+            "max_reward": 1.0,  # calibrated: the virtual best sample's reward
+            "renormalize": False,  # gdpo: renormalise the combined advantages over the batch
+        },
+        "group": {
+            "size": 8,  # G episodes per start state; num_envs = groups * size
+            "returns": "episode",  # "episode": one advantage per episode; "to_go": a group baseline per step
+        },
+        "loss": {
+            "clip_low": 0.2,
+            "clip_high": 0.2,  # > clip_low: DAPO's clip-higher
+            "dual_clip": 0.0,  # > 1: cap the loss of negative advantages at -dual_clip * A; 0: off
+            "ratio": "token",  # "token" or "sequence" (GSPO)
+            "aggregate": "token",  # "token", "sequence" or "constant" (Dr. GRPO)
+            "constant_length": 0,  # aggregate="constant": the length divided by; 0: num_steps
+            "ent_coef": 0.0,
+        },
+        "critic_weight": 0.0,  # > 0 mixes in a learned value baseline (1: critic-based, 0: critic-free)
+    }))
+    return config
+
+
 def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
     """Reject a config argument the experiment does not take, then lock the config."""
     if arg:
@@ -92,23 +131,61 @@ def validate(config: ConfigDict) -> None:
               "ppo.num_epochs", "ppo.num_minibatches", "network.fc_size", "network.rnn_size",
               "log.every_steps", "eval.num_envs", "checkpoint.keep")
     batch = config.num_envs * config.num_steps
-    # (recurrent networks deal whole sequences; the algorithm checks those against the agent count)
-    if config.network.kind == "mlp" and batch % config.ppo.num_minibatches:
-        raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
-                         f"divisible by ppo.num_minibatches = {config.ppo.num_minibatches}")
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update "
                          f"(num_envs * num_steps = {batch})")
-    for key in ("learning_rate", "clip_eps", "max_grad_norm", "adam_eps"):
+    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
         if not config.ppo[key] > 0:
             raise ValueError(f"config.ppo.{key} must be > 0, got {config.ppo[key]!r}")
-    for key in ("gamma", "gae_lambda"):
-        if not 0.0 <= config.ppo[key] <= 1.0:
-            raise ValueError(f"config.ppo.{key} must lie in [0, 1], got {config.ppo[key]!r}")
+    _unit_interval(config.ppo.gamma, "ppo.gamma")
+    (_validate_grpo if config.algorithm == "grpo" else _validate_ppo)(config)
     for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices"):
         section, name = key.split(".")
         if config[section][name] < 0:
             raise ValueError(f"config.{key} must be >= 0, got {config[section][name]!r}")
+
+
+def _validate_ppo(config: ConfigDict) -> None:
+    batch = config.num_envs * config.num_steps
+    # (recurrent networks deal whole sequences; the algorithm checks those against the agent count)
+    if config.network.kind == "mlp" and batch % config.ppo.num_minibatches:
+        raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
+                         f"divisible by ppo.num_minibatches = {config.ppo.num_minibatches}")
+    if not config.ppo.clip_eps > 0:
+        raise ValueError(f"config.ppo.clip_eps must be > 0, got {config.ppo.clip_eps!r}")
+    _unit_interval(config.ppo.gae_lambda, "ppo.gae_lambda")
+
+
+def _unit_interval(value: float, key: str) -> None:
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"config.{key} must lie in [0, 1], got {value!r}")
+
+
+def _one_of(value: str, known, key: str) -> None:
+    if value not in known:
+        raise ValueError(f"unknown config.{key} {value!r}; known: {', '.join(known)}")
+
+
+def _validate_grpo(config: ConfigDict) -> None:
+    from jaxrl import advantages, losses
+    from jaxrl.algos.grpo import RETURNS
+
+    _one_of(config.advantage, sorted(advantages.ESTIMATORS), "advantage")
+    _one_of(config.group.returns, RETURNS, "group.returns")
+    _one_of(config.loss.ratio, losses.RATIO_LEVELS, "loss.ratio")
+    _one_of(config.loss.aggregate, tuple(losses.AGGREGATIONS), "loss.aggregate")
+    if config.advantage_options.scale:
+        _one_of(config.advantage_options.scale, ("group", "batch", "none"), "advantage_options.scale")
+    _positive(config, "group.size")
+    if config.group.size < 2 or config.num_envs % config.group.size:
+        raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
+                         f"{config.group.size} (>= 2): every group is group.size envs from one start state")
+    for key in ("clip_low", "clip_high"):
+        if not config.loss[key] > 0:
+            raise ValueError(f"config.loss.{key} must be > 0, got {config.loss[key]!r}")
+    if config.loss.dual_clip and not config.loss.dual_clip > 1:
+        raise ValueError(f"config.loss.dual_clip must be > 1 (or 0: off), got {config.loss.dual_clip!r}")
+    _unit_interval(config.critic_weight, "critic_weight")
 
 
 def to_dict(config: ConfigDict) -> dict[str, Any]:

@@ -59,11 +59,13 @@ class ActorCritic(nn.Module):
     """Separate policy and value MLPs.
 
     (carry=(), actor_in [..., d_a], critic_in [..., d_c], first) -> ((), logits [..., A], value [...])
+    With `critic=False` (critic-free algorithms) there is no value network and value is 0.
     """
 
     num_actions: int
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
+    critic: bool = True
 
     recurrent = False
 
@@ -73,6 +75,8 @@ class ActorCritic(nn.Module):
     @nn.compact
     def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array, first: jax.Array | None = None):
         logits = MLP(self.hidden_sizes, self.num_actions, self.activation, head_scale=0.01, name="actor")(actor_in)
+        if not self.critic:
+            return carry, logits, jnp.zeros(logits.shape[:-1], logits.dtype)
         value = MLP(self.hidden_sizes, 1, self.activation, head_scale=1.0, name="critic")(critic_in)
         return carry, logits, jnp.squeeze(value, -1)
 
@@ -132,12 +136,16 @@ class RecurrentTower(nn.Module):
 
 
 class RecurrentActorCritic(nn.Module):
-    """Separate recurrent actor and critic towers; the carry is (actor h, critic h), each [*B, rnn_size]."""
+    """Separate recurrent actor and critic towers; the carry is (actor h, critic h), each [*B, rnn_size].
+
+    With `critic=False` there is no critic tower, value is 0 and the critic's h stays 0.
+    """
 
     num_actions: int
     fc_size: int = 128
     rnn_size: int = 128
     activation: str = "relu"
+    critic: bool = True
 
     recurrent = True
 
@@ -151,5 +159,7 @@ class RecurrentActorCritic(nn.Module):
         tower = functools.partial(RecurrentTower, fc_size=self.fc_size, rnn_size=self.rnn_size,
                                   activation=self.activation)
         actor_h, logits = tower(self.num_actions, head_scale=0.01, name="actor")(actor_h, actor_in, first)
+        if not self.critic:
+            return (actor_h, critic_h), logits, jnp.zeros(logits.shape[:-1], logits.dtype)
         critic_h, value = tower(1, head_scale=1.0, name="critic")(critic_h, critic_in, first)
         return (actor_h, critic_h), logits, jnp.squeeze(value, -1)

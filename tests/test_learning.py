@@ -38,3 +38,33 @@ def test_mappo_on_3m_improves_the_win_rate(tmp_path):
     assert rows[-1]["win_rate"] >= 0.15 and rows[-1]["eval_win_rate"] >= 0.15, rows[-1]
     assert rows[-1]["episode_return"] > rows[0]["episode_return"] + 0.3
     assert os.path.exists(os.path.join(result.workdir, "eval_episode.gif"))
+
+
+@pytest.mark.slow
+def test_cartpole_grpo_config_solves_cartpole(tmp_path):
+    """experiments/cartpole_grpo.py as users run it: critic-free, reaches a return of 475."""
+    from test_multi_agent_ppo import load_experiment
+
+    config = load_experiment("cartpole_grpo")
+    config.log.progress_bar = False
+    result = train.run(config, str(tmp_path / "run"))
+    rows = result.metrics
+    assert rows[0]["episode_return"] < 100, rows[0]
+    assert rows[-1]["episode_return"] >= 475 and rows[-1]["eval_return"] >= 475, rows[-1]
+
+
+@pytest.mark.slow
+def test_grpo_on_3m_improves_the_win_rate(tmp_path):
+    """experiments/smax_grpo.py:3m shortened to 20 updates (512k computed steps, ~80k taken)."""
+    from test_multi_agent_ppo import load_experiment
+
+    config = load_experiment("smax_grpo", "3m")
+    config.total_steps = 20 * config.num_envs * config.num_steps
+    config.log.progress_bar = False
+    config.checkpoint.every_steps = config.total_steps
+    config.eval.every_steps = 0
+    result = train.run(config, str(tmp_path / "run"))
+    rows = result.metrics
+    assert rows[0]["win_rate"] < 0.05, rows[0]
+    assert rows[-1]["win_rate"] >= 0.15 and rows[-1]["eval_win_rate"] >= 0.15, rows[-1]
+    assert rows[-1]["episode_return"] > rows[0]["episode_return"] + 0.3

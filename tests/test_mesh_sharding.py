@@ -24,6 +24,22 @@ config.total_steps, config.ppo.num_minibatches = 16 * 16 * 6, 2  # 2 envs x 3 ag
 num_seeds = 1
 """
 
+# GRPO: groups (not single envs) split over devices, sequence-level losses aggregated over devices.
+CARTPOLE_GRPO = """
+import sys; sys.path.insert(0, "tests")
+from test_grpo import small_config
+config = small_config("cartpole_grpo", num_envs=16, num_steps=32, group_size=2, **{"loss.aggregate": "sequence"})
+num_seeds = 2
+"""
+
+SMAX_GRPO = """
+import sys; sys.path.insert(0, "tests")
+from test_grpo import small_config
+config = small_config("smax_grpo", "3m", num_envs=16, num_steps=16, group_size=2,
+                      **{"loss.ratio": "sequence", "group.returns": "to_go", "critic_weight": 0.5})
+num_seeds = 1  # (see SMAX_MAPPO)
+"""
+
 CODE = r"""
 import json, jax, numpy as np
 from jaxrl import algos, mesh as mesh_lib
@@ -49,7 +65,8 @@ print(json.dumps({"diffs": diffs, "scale": scale, "m1": params["1_metrics"], "m8
 """
 
 
-@pytest.mark.parametrize("setup", [CARTPOLE, SMAX_MAPPO], ids=["cartpole_ppo", "smax_mappo_gru"])
+@pytest.mark.parametrize("setup", [CARTPOLE, SMAX_MAPPO, CARTPOLE_GRPO, SMAX_GRPO],
+                         ids=["cartpole_ppo", "smax_mappo_gru", "cartpole_grpo", "smax_grpo_gru"])
 def test_eight_devices_match_one_device(python_subprocess, setup):
     out = python_subprocess(CODE.replace("{setup}", setup), devices=8)
     assert out.returncode == 0, out.stderr
@@ -62,3 +79,19 @@ def test_eight_devices_match_one_device(python_subprocess, setup):
     # Gradients are averaged, not summed, over devices (clipping and Adam would hide a factor of 8 in the
     # parameters for a while, not in the gradient norm).
     np.testing.assert_allclose(result["m8"]["grad_norm"], result["m1"]["grad_norm"], rtol=1e-4)
+
+
+def test_groups_that_do_not_divide_over_devices_fail_before_compiling(python_subprocess):
+    code = r"""
+import sys; sys.path.insert(0, "tests")
+from test_grpo import small_config
+from jaxrl import algos, mesh as mesh_lib
+config = small_config(num_envs=24, group_size=4)  # 24 envs divide over 8 devices, 6 groups do not
+try:
+    algos.build(config, mesh_lib.make_mesh(8))
+except ValueError as e:
+    print("ERROR", e)
+"""
+    out = python_subprocess(code, devices=8)
+    assert out.returncode == 0, out.stderr
+    assert "ERROR the number of groups (num_envs / group_size)=6 does not divide over 8 devices" in out.stdout

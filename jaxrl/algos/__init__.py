@@ -12,41 +12,73 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 import envs
+from jaxrl.algos.grpo import GRPO, GRPOHyperparams, GRPOSettings
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState
 from jaxrl.networks import ActorCritic, RecurrentActorCritic
 
 NETWORKS = ("mlp", "gru")
 
 
-def make_network(config: ConfigDict, num_actions: int):
-    """The actor-critic named by `config.network.kind`."""
+def make_network(config: ConfigDict, num_actions: int, critic: bool = True):
+    """The actor-critic named by `config.network.kind` (without a value network when `critic` is false)."""
     n = config.network
     if n.kind == "mlp":
-        return ActorCritic(num_actions, tuple(n.hidden_sizes), n.activation)
+        return ActorCritic(num_actions, tuple(n.hidden_sizes), n.activation, critic=critic)
     if n.kind == "gru":
-        return RecurrentActorCritic(num_actions, n.fc_size, n.rnn_size, n.activation)
+        return RecurrentActorCritic(num_actions, n.fc_size, n.rnn_size, n.activation, critic=critic)
     raise ValueError(f"unknown config.network.kind {n.kind!r}; known: {', '.join(NETWORKS)}")
 
 
-def _ppo(config: ConfigDict, mesh):
-    env = envs.make(config.env.name, **config.env.kwargs.to_dict())
+def _shared_settings(config: ConfigDict) -> dict:
+    """PPOSettings fields that every algorithm reads from the same keys."""
     c = config.ppo
-    settings = PPOSettings(
-        num_envs=config.num_envs, num_steps=config.num_steps, num_epochs=c.num_epochs,
-        num_minibatches=c.num_minibatches,
-        num_updates=config.total_steps // (config.num_envs * config.num_steps),
-        anneal_lr=c.anneal_lr, normalize_advantages=c.normalize_advantages, clip_value=c.clip_value,
-        bootstrap_truncation=c.bootstrap_truncation, adam_eps=c.adam_eps,
-        rollout_unroll=config.rollout_unroll, critic_input=c.critic_input, agent_id=config.network.agent_id)
-    network = make_network(config, env.num_actions)
+    return dict(num_envs=config.num_envs, num_steps=config.num_steps, num_epochs=c.num_epochs,
+                num_minibatches=c.num_minibatches,
+                num_updates=config.total_steps // (config.num_envs * config.num_steps),
+                anneal_lr=c.anneal_lr, adam_eps=c.adam_eps, rollout_unroll=config.rollout_unroll,
+                critic_input=c.critic_input, agent_id=config.network.agent_id)
+
+
+def _make_env(config: ConfigDict):
+    env = envs.make(config.env.name, **config.env.kwargs.to_dict())
+    return env, config.eval.max_steps or env.max_episode_steps or 1000
+
+
+def _ppo(config: ConfigDict, mesh):
+    env, eval_max_steps = _make_env(config)
+    c = config.ppo
+    settings = PPOSettings(**_shared_settings(config), normalize_advantages=c.normalize_advantages,
+                           clip_value=c.clip_value, bootstrap_truncation=c.bootstrap_truncation)
     hyperparams = jax.tree.map(jnp.float32, PPOHyperparams(
         learning_rate=c.learning_rate, gamma=c.gamma, gae_lambda=c.gae_lambda, clip_eps=c.clip_eps,
         vf_coef=c.vf_coef, ent_coef=c.ent_coef, max_grad_norm=c.max_grad_norm))
-    eval_max_steps = config.eval.max_steps or env.max_episode_steps or 1000
+    network = make_network(config, env.num_actions)
     return PPO(env, network, settings, mesh, eval_max_steps=eval_max_steps), hyperparams
 
 
-ALGORITHMS = {"ppo": _ppo}
+def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
+    """config.advantage_options as keyword options of the estimator ("" and 0 mean the default / off)."""
+    o = config.advantage_options
+    return (("scale", o.scale or None), ("eps", o.eps), ("clip", o.clip or None), ("max_reward", o.max_reward),
+            ("renormalize", o.renormalize))
+
+
+def _grpo(config: ConfigDict, mesh):
+    env, eval_max_steps = _make_env(config)
+    c, loss = config.ppo, config.loss
+    settings = GRPOSettings(
+        **_shared_settings(config), group_size=config.group.size, returns=config.group.returns,
+        advantage=config.advantage, advantage_options=advantage_options(config), ratio=loss.ratio,
+        aggregate=loss.aggregate, constant_length=loss.constant_length or None, dual_clip=loss.dual_clip or None)
+    hyperparams = jax.tree.map(jnp.float32, GRPOHyperparams(
+        learning_rate=c.learning_rate, gamma=c.gamma, clip_eps=loss.clip_low, clip_high=loss.clip_high,
+        vf_coef=c.vf_coef, ent_coef=loss.ent_coef, max_grad_norm=c.max_grad_norm,
+        critic_weight=config.critic_weight))
+    network = make_network(config, env.num_actions, critic=config.critic_weight > 0)
+    return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps), hyperparams
+
+
+ALGORITHMS = {"ppo": _ppo, "grpo": _grpo}
 
 
 def build(config: ConfigDict, mesh):
@@ -54,4 +86,4 @@ def build(config: ConfigDict, mesh):
     return ALGORITHMS[config.algorithm](config, mesh)
 
 
-__all__ = ["ALGORITHMS", "NETWORKS", "PPO", "PPOHyperparams", "PPOSettings", "TrainState", "build"]
+__all__ = ["ALGORITHMS", "GRPO", "GRPOHyperparams", "GRPOSettings", "NETWORKS", "PPO", "PPOHyperparams", "PPOSettings", "TrainState", "build"]

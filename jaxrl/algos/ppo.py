@@ -195,10 +195,10 @@ class PPO:
         mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
         self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
         # Minibatch units per env: whole sequences (one per agent) or single agent-steps.
-        units_per_env = self.num_agents * (1 if self.recurrent else settings.num_steps)
+        units_per_env = self.num_agents * (1 if self.sequence_minibatches else settings.num_steps)
         block = minibatch_block_size(units_per_env, settings.num_minibatches)
         if self.num_local_envs % block:
-            unit = "sequences (envs x agents)" if self.recurrent else "samples (envs x steps x agents)"
+            unit = "sequences (envs x agents)" if self.sequence_minibatches else "samples (envs x steps x agents)"
             raise ValueError(
                 f"the {settings.num_envs * units_per_env} {unit} of an update cannot be split into "
                 f"num_minibatches={settings.num_minibatches} equal minibatches on each of "
@@ -206,6 +206,11 @@ class PPO:
                 f"be a multiple of {block}")
         self._chunk_fn = None
         self.compile_seconds = 0.0  # of `run_chunk`, for logs and benchmarks
+
+    @property
+    def sequence_minibatches(self) -> bool:
+        """Minibatches hold whole (env, agent) sequences (recurrent networks) rather than single agent-steps."""
+        return self.recurrent
 
     # ----------------------------------------------------------------------------------------------
     # What the networks see
@@ -349,7 +354,7 @@ class PPO:
         Recurrent: U = A whole sequences [T, ...], each with the carry it started from.
         Feed-forward: U = T * A single steps.
         """
-        if self.recurrent:
+        if self.sequence_minibatches:
             units = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 2), samples)  # [n, A, T, ...]
             return dict(units, carry=start_carry)
         n, T = self.num_local_envs, self.settings.num_steps
@@ -372,6 +377,16 @@ class PPO:
                    "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask,
                    "advantages": advantages, "targets": targets}
         units = self._minibatch_units(samples, state.carry)
+        params, opt_state, aux = self._optimise(state, units, hp, epoch_key)
+        metrics = jax.tree.map(jnp.mean, aux)
+        metrics.update(jax.lax.psum(episode, DATA_AXIS))
+        state = TrainState(params, opt_state, env_state, obs, carry, first, key, state.update_step + 1)
+        return state, metrics
+
+    def _optimise(self, state: TrainState, units: dict, hp: PPOHyperparams, key: jax.Array):
+        """Epochs x minibatches of `self._loss` on this device's units [n, U, ...], gradients averaged over
+        devices. Returns (params, opt_state, aux [epochs, minibatches])."""
+        s = self.settings
         optimizer = make_optimizer(hp, self._learning_rate(hp, state.update_step), s.adam_eps)
         grad_fn = jax.grad(self._loss, has_aux=True)
 
@@ -390,11 +405,8 @@ class PPO:
             return jax.lax.scan(minibatch_step, carry, minibatches)
 
         (params, opt_state), aux = jax.lax.scan(epoch, (state.params, state.opt_state),
-                                                jax.random.split(epoch_key, s.num_epochs))
-        metrics = jax.tree.map(jnp.mean, aux)
-        metrics.update(jax.lax.psum(episode, DATA_AXIS))
-        state = TrainState(params, opt_state, env_state, obs, carry, first, key, state.update_step + 1)
-        return state, metrics
+                                                jax.random.split(key, s.num_epochs))
+        return params, opt_state, aux
 
     # ----------------------------------------------------------------------------------------------
     # K updates for every seed, compiled once per K

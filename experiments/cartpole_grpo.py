@@ -1,0 +1,43 @@
+"""Critic-free GRPO on CartPole-v1: groups of 8 episodes from one start state, 500 steps each.
+
+    python -m jaxrl.train --config=experiments/cartpole_grpo.py
+    python -m jaxrl.train --config=experiments/cartpole_grpo.py --config.advantage=median --config.loss.clip_high=0.28
+
+`env_steps` counts every computed step (groups x size x 500), including the masked steps after an episode
+ended; `acting_fraction` in metrics.jsonl says how many of them trained.
+"""
+
+from ml_collections import ConfigDict
+
+from jaxrl import config as config_lib
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    config = config_lib.grpo_config()
+    config.experiment = "cartpole_grpo"
+    config.env.name = "CartPole-v1"
+    config.total_steps = 1_536_000  # solved (return 500) by about 0.7M
+    config.num_envs = 64  # 8 groups of 8
+    config.num_steps = 500  # the episode cap
+
+    config.group.size = 8
+    config.group.returns = "to_go"
+    config.advantage = "grpo"
+    config.ppo.gamma = 1.0
+    config.ppo.num_epochs = 4
+    config.ppo.num_minibatches = 4
+    config.ppo.learning_rate = 1e-3
+    config.ppo.anneal_lr = True
+    config.ppo.max_grad_norm = 0.5
+    config.loss.clip_low = 0.2
+    config.loss.clip_high = 0.2
+    config.loss.aggregate = "token"
+
+    config.network.hidden_sizes = (64, 64)
+    config.network.activation = "tanh"
+
+    config.log.every_steps = 128_000
+    config.eval.every_steps = 512_000
+    config.eval.num_envs = 32
+    config.checkpoint.every_steps = 1_024_000
+    return config_lib.finalize(config, arg)

@@ -1,0 +1,51 @@
+"""Critic-free GRPO on SMAX: groups of 8 battles from one start state, the scenario is the argument.
+
+    python -m jaxrl.train --config=experiments/smax_grpo.py:3m
+    python -m jaxrl.train --config=experiments/smax_grpo.py:3m --config.advantage=rloo
+
+The same recurrent actor as experiments/smax_mappo.py (GRU 128, FC 128, relu, shared by the agents, with
+agent ids), without the critic. Each battle runs to its end or the 100-step limit; `env_steps` counts every
+computed step, including the masked steps after a battle ended (`acting_fraction` says how many trained).
+"""
+
+from ml_collections import ConfigDict
+
+from jaxrl import config as config_lib
+
+BUDGETS = {"3m": 8_192_000}
+DEFAULT_STEPS = 20_000_000
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    scenario = arg or "3m"
+    config = config_lib.grpo_config()
+    config.experiment = f"smax_grpo_{scenario}"
+    config.env.name = "smax"
+    config.env.kwargs = ConfigDict({"scenario": scenario})
+    config.total_steps = BUDGETS.get(scenario, DEFAULT_STEPS)
+    config.num_envs = 256  # 32 groups of 8
+    config.num_steps = 100  # SMAX's episode limit
+
+    config.group.size = 8
+    config.group.returns = "episode"
+    config.advantage = "grpo"
+    config.ppo.num_epochs = 4
+    config.ppo.num_minibatches = 4
+    config.ppo.learning_rate = 2e-3
+    config.ppo.anneal_lr = True
+    config.ppo.max_grad_norm = 0.25
+    config.loss.clip_low = 0.2
+    config.loss.clip_high = 0.2
+    config.loss.aggregate = "token"
+
+    config.network.kind = "gru"
+    config.network.fc_size = 128
+    config.network.rnn_size = 128
+    config.network.activation = "relu"
+    config.network.agent_id = True
+
+    config.log.every_steps = 102_400
+    config.eval.every_steps = 409_600
+    config.eval.num_envs = 64
+    config.checkpoint.every_steps = 1_024_000
+    return config_lib.finalize(config)

@@ -1,0 +1,244 @@
+"""Group-relative policy optimisation on environments: GRPO and its variants, critic-free by default.
+
+Each update samples B groups of G episodes. The members of a group start from the identical state (one
+reset key) and share the env's own randomness (one step key per group and step); only their action
+noise differs, so the spread of their returns measures the policy's choices. Each episode's return is
+turned into an advantage relative to its group by an estimator of `jaxrl.advantages` (grpo, dr_grpo,
+rloo, median, per_agent, calibrated, ...), and the policy is trained with the loss parts of
+`jaxrl.losses.policy_loss` (clip-higher, dual clip, GSPO sequence ratios, token / sequence / constant
+aggregation). One compiled program per choice:
+
+    shard_map over the `data` axis (groups split over devices)
+      vmap over seeds
+        lax.fori_loop over K updates:
+          group rollout (lax.scan over T steps, no auto-reset) -> group advantages
+          -> epochs x minibatches of whole (episode, agent) sequences
+
+Advantages are per episode and broadcast to every step (`returns="episode"`), or per step: returns-to-go
+with a separate group baseline at every time step (`returns="to_go"`). A learned value baseline can be
+mixed in (`critic_weight` w > 0): advantages = (1 - w) * group advantages + w * standardised
+(returns-to-go - V), so critic-free and critic-based training share one code path.
+
+Everything else (networks, parameter sharing and agent ids, action masks, optimiser, minibatch
+dealing, the jitted chunk loop over seeds and devices, greedy evaluation, checkpoints) is PPO's.
+Shapes: B groups (b on one device), G group size, N = B * G envs (n on one device, group-major), T steps
+(the episode cap), A agents, K actions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import einops
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+import envs
+from jaxrl import advantages as advantages_lib, distributions, losses, mesh as mesh_lib
+from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState, global_mean
+from jaxrl.mesh import DATA_AXIS
+
+RETURNS = ("episode", "to_go")
+
+
+@struct.dataclass
+class GRPOHyperparams(PPOHyperparams):
+    """PPO's traced numbers (`clip_eps` is the lower clip bound) plus the upper clip bound and the weight
+    of the learned value baseline (0: critic-free)."""
+
+    clip_high: float = 0.2
+    critic_weight: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOSettings(PPOSettings):
+    """PPO's static settings (num_envs = B * G envs, num_steps = the episode cap T) plus the group choices."""
+
+    group_size: int = 8
+    advantage: str = "grpo"  # an estimator of jaxrl.advantages
+    advantage_options: tuple[tuple[str, Any], ...] = ()  # its keyword options, as (name, value) pairs
+    returns: str = "episode"  # "episode" or "to_go"
+    ratio: str = "token"  # "token" or "sequence" (GSPO)
+    aggregate: str = "token"  # "token", "sequence" or "constant" (Dr. GRPO)
+    constant_length: int | None = None  # for aggregate="constant"; None: T
+    dual_clip: float | None = None  # dual-clip PPO's bound for negative advantages; None: off
+
+    @property
+    def num_groups(self) -> int:
+        return self.num_envs // self.group_size
+
+
+@struct.dataclass
+class GroupStep:
+    """One step of the group rollout for n local envs: leaves [n, A, ...] (stacked to [T, ...])."""
+
+    actor_in: jax.Array  # [n, A, d_actor]
+    critic_in: jax.Array | None  # [n, A, d_critic]; None when the critic sees the actor's inputs
+    action: jax.Array  # [n, A]
+    log_prob: jax.Array  # [n, A]
+    value: jax.Array  # [n, A] (zeros without a critic)
+    mask: jax.Array | None  # [n, A, K] legal actions
+    reward: jax.Array  # [n, A]; zero once the episode has ended
+    running: jax.Array  # [n, A] float: the episode is still running at this step
+    acting: jax.Array  # [n, A] float: running, and the agent is alive (its action counts)
+
+
+class GRPO(PPO):
+    """Group-relative policy optimisation for single- and multi-agent envs (see the module docstring)."""
+
+    def __init__(self, env: envs.Environment, network, settings: GRPOSettings, mesh=None,
+                 eval_max_steps: int = 1000):
+        if settings.returns not in RETURNS:
+            raise ValueError(f"unknown returns {settings.returns!r}; known: {', '.join(RETURNS)}")
+        advantages_lib.get(settings.advantage)  # an unknown name fails here, naming the known ones
+        if settings.group_size < 2 or settings.num_envs % settings.group_size:
+            raise ValueError(f"num_envs={settings.num_envs} must be a multiple of group_size="
+                             f"{settings.group_size} (>= 2): each group is group_size envs")
+        mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+        mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, mesh)
+        super().__init__(env, network, settings, mesh, eval_max_steps)
+        self.use_critic = bool(getattr(network, "critic", True))
+        self._estimator_options = dict(settings.advantage_options)
+
+    @property
+    def sequence_minibatches(self) -> bool:
+        return True  # sequence-level ratios and aggregation need whole episodes in a minibatch
+
+    # ----------------------------------------------------------------------------------------------
+    # Group rollout
+
+    def _rollout(self, params, state: TrainState, key):
+        """G episodes from each of the b local groups' start states, T steps, no auto-reset.
+
+        Returns (None, trajectory GroupStep [T, n, A, ...], episode sums). Steps after an episode's end
+        keep the last state (masked out by `running`), so nothing is computed on a terminal state.
+        """
+        del state  # every update starts fresh episodes
+        s, env, A, K = self.settings, self.agent_env, self.num_agents, self.agent_env.num_actions
+        G, B, N = s.group_size, s.num_groups, s.num_envs
+        reset_key, step_key = jax.random.split(key)
+        # Drawn for all B groups and N envs, then sliced, so that each env sees the same numbers on any mesh.
+        group_keys = mesh_lib.local_share(jax.random.split(reset_key, B))  # [b, 2]
+        step_keys = jax.random.split(step_key, s.num_steps)
+        env_keys = jax.vmap(lambda k: jax.random.split(k, B))(step_keys)  # [T, B, 2], one per group
+        action_noise = jax.vmap(lambda k: jax.random.gumbel(jax.random.fold_in(k, 1), (N, A, K)))(step_keys)
+        env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
+
+        def members(x):  # [b, ...] -> [n, ...]: every group member gets its group's value
+            return jnp.repeat(x, G, axis=0)
+
+        obs, env_state = jax.vmap(env.reset)(members(group_keys))
+        n = obs.shape[0]
+
+        def step(carry, xs):
+            env_state, obs, net_carry, first, running, alive = carry
+            env_key, noise = xs
+            policy = self._policy_step(params, env, env_state, obs, net_carry, first)
+            action = distributions.sample_with_noise(policy.logits, noise)
+            next_obs, next_state, reward, done, info = jax.vmap(env.step)(members(env_key), env_state, action)
+            ended = running & envs.episode_over(done, info)
+            record = GroupStep(
+                actor_in=policy.actor_in,
+                critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
+                action=action, log_prob=distributions.log_prob(policy.logits, action), value=policy.value,
+                mask=policy.mask, reward=reward * running[:, None],
+                running=jnp.broadcast_to(running[:, None], (n, A)).astype(jnp.float32),
+                acting=(running[:, None] & alive).astype(jnp.float32))
+            won = ended & info["won"] if self.reports_wins else None
+            still = running & ~ended
+            env_state = jax.tree.map(lambda a, b: jnp.where(_expand(still, a), a, b), next_state, env_state)
+            obs = jnp.where(still[:, None, None], next_obs, obs)
+            return (env_state, obs, policy.carry, jnp.zeros_like(first), still, alive & ~done), (record, won)
+
+        init = mesh_lib.varying((env_state, obs, self.network.initial_carry((n, A)), jnp.ones(n, bool),
+                                 jnp.ones(n, bool), jnp.ones((n, A), bool)))
+        _, (traj, won) = jax.lax.scan(step, init, (env_keys, action_noise), unroll=s.rollout_unroll)
+        episode = {"episode_return_sum": jnp.sum(traj.reward.sum(0).mean(-1)),
+                   "episode_length_sum": jnp.sum(traj.running[:, :, 0]),
+                   "episodes": jnp.int32(n)}
+        if self.reports_wins:
+            episode["win_rate_sum"] = jnp.sum(won)
+        return None, traj, episode
+
+    # ----------------------------------------------------------------------------------------------
+    # Advantages
+
+    def _advantages(self, traj: GroupStep, hp: GRPOHyperparams):
+        """Returns (advantages [T, n, A], loss weights [T, n, A], returns-to-go [T, n, A], metrics)."""
+        s, G = self.settings, self.settings.group_size
+        returns_to_go = advantages_lib.returns_to_go(traj.reward, traj.running, hp.gamma)
+        if s.returns == "episode":  # the episode's undiscounted return, the same advantage at every step
+            episode_return = einops.rearrange(traj.reward.sum(0), "(b g) a -> b g a", g=G)
+            group = advantages_lib.group_advantages(s.advantage, episode_return, None, **self._estimator_options)
+            advantages, weight = (jnp.broadcast_to(einops.rearrange(x, "b g a -> (b g) a"), traj.reward.shape)
+                                  for x in (group.advantages, group.weight))
+        else:  # a group baseline at every step over the members still running then
+            to_groups = lambda x: einops.rearrange(x, "t (b g) a -> b g t a", g=G)
+            group = advantages_lib.stepwise_group_advantages(
+                s.advantage, to_groups(returns_to_go), to_groups(traj.running) > 0, **self._estimator_options)
+            advantages, weight = (einops.rearrange(x, "b g t a -> t (b g) a")
+                                  for x in (group.advantages, group.weight))
+        if self.use_critic:
+            critic = _standardise(returns_to_go - traj.value, traj.acting)
+            advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
+        metrics = {"zero_variance_fraction": jax.lax.pmean(jnp.mean(group.zero_variance.astype(jnp.float32)),
+                                                           DATA_AXIS)}
+        return advantages, weight * traj.acting, returns_to_go, metrics
+
+    # ----------------------------------------------------------------------------------------------
+    # Loss and update
+
+    def _loss(self, params, batch, hp: GRPOHyperparams):
+        """batch: whole sequences, leaves [M, T, ...] (M = (env, agent) pairs) plus the start carry."""
+        s = self.settings
+        time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
+                                  {k: batch[k] for k in ("actor_in", "critic_in", "first", "action", "mask")})
+        critic_in = time_major["actor_in"] if time_major["critic_in"] is None else time_major["critic_in"]
+        _, logits, values = self.network.apply(params, batch["carry"], time_major["actor_in"], critic_in,
+                                               time_major["first"])
+        logits = distributions.masked_logits(logits, time_major["mask"])
+        log_prob = jnp.swapaxes(distributions.log_prob(logits, time_major["action"]), 0, 1)  # [M, T]
+        entropy = jnp.swapaxes(distributions.entropy(logits), 0, 1)
+        total, aux = losses.policy_loss(
+            log_prob, batch["log_prob"], batch["advantages"], batch["weight"],
+            clip_low=hp.clip_eps, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
+            aggregate=s.aggregate, constant_length=s.constant_length, entropy=entropy, ent_coef=hp.ent_coef,
+            axis_name=DATA_AXIS)
+        if self.use_critic:
+            errors = losses.value_loss(jnp.swapaxes(values, 0, 1), batch["value"], batch["returns"], None)
+            value_loss = losses.aggregate(errors, batch["acting"], "token", axis_name=DATA_AXIS)
+            total = total + hp.vf_coef * value_loss
+            aux = dict(aux, value_loss=value_loss)
+        return total, aux
+
+    def _update(self, state: TrainState, hp: GRPOHyperparams):
+        """One GRPO update for one seed on this device's groups: returns (state, metrics)."""
+        key, rollout_key, epoch_key = jax.random.split(state.key, 3)
+        _, traj, episode = self._rollout(state.params, state, rollout_key)
+        advantages, weight, returns_to_go, metrics = self._advantages(traj, hp)
+        T, n, A = traj.action.shape
+        first = jnp.broadcast_to((jnp.arange(T) == 0)[:, None, None], (T, n, A))
+        samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in, "first": first,
+                   "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask,
+                   "advantages": advantages, "weight": weight, "returns": returns_to_go, "acting": traj.acting}
+        units = self._minibatch_units(samples, mesh_lib.varying(self.network.initial_carry((n, A))))
+        params, opt_state, aux = self._optimise(state, units, hp, epoch_key)
+        metrics.update(jax.tree.map(jnp.mean, aux))
+        metrics.update(jax.lax.psum(episode, DATA_AXIS))
+        metrics["acting_fraction"] = global_mean(traj.acting)  # the share of computed steps that train
+        return state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1), metrics
+
+
+def _expand(mask: jax.Array, like: jax.Array) -> jax.Array:
+    """[n] -> [n, 1, ...] broadcastable against `like` [n, ...]."""
+    return mask.reshape(mask.shape + (1,) * (like.ndim - 1))
+
+
+def _standardise(x: jax.Array, weight: jax.Array, eps: float = 1e-8) -> jax.Array:
+    """(x - mean) / (std + eps) over the weighted entries of every device's share."""
+    total = jax.lax.psum(jnp.sum(weight), DATA_AXIS)
+    mean = jax.lax.psum(jnp.sum(x * weight), DATA_AXIS) / total
+    var = jax.lax.psum(jnp.sum(jnp.square(x - mean) * weight), DATA_AXIS) / total
+    return (x - mean) / (jnp.sqrt(var) + eps)

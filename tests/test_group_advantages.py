@@ -1,0 +1,401 @@
+"""Group advantage estimators (GRPO family) against hand-written NumPy loops, plus their properties."""
+
+import functools
+import math
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl import advantages as adv_lib
+from jaxrl.advantages import (ESTIMATORS, GroupAdvantages, get, group_advantages, register, returns_to_go,
+                              stepwise_group_advantages)
+
+EPS = 1e-6
+B, G, A = 6, 5, 3
+DEFAULT_SCALE = {"grpo": "group", "dr_grpo": "none", "rloo": "none", "median": "group", "gdpo": "group",
+                 "per_agent": "group", "calibrated": "group"}
+SHIFT_INVARIANT = ["grpo", "dr_grpo", "rloo", "median", "gdpo", "per_agent"]
+
+
+# ---- NumPy reference: plain loops over groups, nothing shared with the implementation ----------------
+
+def _ref_rule(name, x, scale, batch_std, eps, max_reward):
+    """Advantages and keep flags for the valid rewards x (1-D, sample order) of one group."""
+    n = len(x)
+    if n == 0:
+        return [], []
+    mean = sum(x) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in x) / n)
+    keep = [True] * n
+    if name in ("grpo", "dr_grpo", "per_agent", "gdpo"):
+        centered = [v - mean for v in x]
+    elif name == "rloo":
+        centered = [x[i] - (sum(x) - x[i]) / (n - 1) if n > 1 else 0.0 for i in range(n)]
+    elif name == "median":
+        s = sorted(x)
+        med = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+        centered = [v - med for v in x]
+        if n % 2:
+            keep[x.index(med)] = False  # list.index: the lowest index holding the median value
+    elif name == "calibrated":
+        y = list(x) + [max_reward]
+        mean = sum(y) / len(y)
+        std = math.sqrt(sum((v - mean) ** 2 for v in y) / len(y))
+        centered = [v - mean for v in x]
+    else:
+        raise AssertionError(name)
+    divisor = {"group": std + eps, "batch": batch_std + eps, "none": 1.0}[scale]
+    return [c / divisor if k else 0.0 for c, k in zip(centered, keep)], keep
+
+
+def _ref_scalar(name, rewards, mask, scale, eps, max_reward):
+    """rewards, mask [B, G] or [B, G, A] -> advantages, weight (float64)."""
+    out, weight = np.zeros(rewards.shape), np.zeros(rewards.shape)
+    batch_std = float(np.std(rewards[mask])) if mask.any() else 0.0
+    n_groups = rewards.shape[0]
+    if rewards.ndim == 2:
+        groups = [[(b, g) for g in range(rewards.shape[1])] for b in range(n_groups)]
+    elif name == "per_agent":  # one group per (b, agent)
+        groups = [[(b, g, a) for g in range(rewards.shape[1])]
+                  for b in range(n_groups) for a in range(rewards.shape[2])]
+    else:  # agents share the group, g-major order
+        groups = [[(b, g, a) for g in range(rewards.shape[1]) for a in range(rewards.shape[2])]
+                  for b in range(n_groups)]
+    for members in groups:
+        idx = [i for i in members if mask[i]]
+        values, keep = _ref_rule(name, [float(rewards[i]) for i in idx], scale, batch_std, eps, max_reward)
+        for i, v, k in zip(idx, values, keep):
+            out[i], weight[i] = v, float(k)
+    return out, weight
+
+
+def reference(name, rewards, mask, *, scale=None, eps=EPS, clip=None, reward_weights=None, renormalize=False,
+              max_reward=1.0):
+    rewards = np.asarray(rewards, np.float64)
+    mask = np.asarray(mask, bool)  # full [B, G(, A)] shape
+    scale = scale or DEFAULT_SCALE[name]
+    if name == "gdpo":
+        comps = [rewards] if reward_weights is None else [rewards[..., k] for k in range(rewards.shape[-1])]
+        weights = [1.0] if reward_weights is None else reward_weights
+        out = sum(w * _ref_scalar("gdpo", c, mask, scale, eps, max_reward)[0] for w, c in zip(weights, comps))
+        if renormalize:
+            m, s = out[mask].mean(), out[mask].std()
+            out = np.where(mask, (out - m) / (s + eps), 0.0)
+        weight = mask.astype(float)
+    else:
+        combined = rewards if reward_weights is None else sum(
+            w * rewards[..., k] for k, w in enumerate(reward_weights))
+        out, weight = _ref_scalar(name, combined, mask, scale, eps, max_reward)
+    if clip:
+        out = np.where(weight > 0, np.clip(out, -clip, clip), 0.0)
+    zero_var = []
+    for b in range(rewards.shape[0]):
+        vecs = [rewards[b][i] for i in zip(*np.nonzero(mask[b]))]
+        zero_var.append(all(np.array_equal(v, vecs[0]) for v in vecs))
+    return out, weight, np.array(zero_var)
+
+
+def random_case(seed, agents=False, k=None):
+    """Random rewards with some special groups: all equal, a single valid sample, none valid."""
+    rng = np.random.default_rng(seed)
+    lead = (B, G, A) if agents else (B, G)
+    shape = lead + ((k,) if k else ())
+    rewards = rng.normal(size=shape)
+    if k:
+        rewards[..., 0] = rng.integers(0, 2, size=lead)  # a binary component: ties and per-component zero variance
+    mask = rng.random(lead) < 0.7
+    rewards[0] = rewards[0].reshape(-1)[0]  # group 0: every reward equal
+    mask[1] = False
+    mask[1].reshape(-1)[2] = True  # group 1: a single valid sample
+    mask[2] = False  # group 2: nothing valid
+    mask[3] = True  # group 3: all valid
+    return rewards.astype(np.float32), mask
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(name, options):
+    return jax.jit(functools.partial(get(name), **dict(options)))
+
+
+def estimate(name, rewards, mask=None, **options) -> GroupAdvantages:
+    """The jitted estimator; one compiled function per (name, options), reused across tests."""
+    if mask is None:
+        mask = np.ones(np.shape(rewards)[:-1] if options.get("reward_weights") else np.shape(rewards), bool)
+    return _jitted(name, tuple(sorted(options.items())))(jnp.asarray(rewards, jnp.float32), jnp.asarray(mask))
+
+
+def assert_matches_reference(name, rewards, mask, **options):
+    out = estimate(name, rewards, mask, **options)
+    chex.assert_shape([out.advantages, out.weight], mask.shape)
+    chex.assert_shape(out.zero_variance, (rewards.shape[0],))
+    chex.assert_type([out.advantages, out.weight], jnp.float32)
+    ref_adv, ref_weight, ref_zero = reference(name, rewards, mask, **options)
+    np.testing.assert_allclose(out.advantages, ref_adv, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out.weight, ref_weight)
+    np.testing.assert_array_equal(out.zero_variance, ref_zero)
+
+
+# ---- every estimator against the reference -----------------------------------------------------------
+
+# (name, agent axis, K components, options): every estimator on [B, G] and, where it applies, [B, G, A];
+# the scales not covered by an estimator's default are spread over the cases to keep compiles few.
+REFERENCE_CASES = [
+    ("grpo", False, None, {}),
+    ("grpo", True, None, {"scale": "batch"}),
+    ("grpo", True, 2, {"reward_weights": (1.0, 0.5)}),  # combining K components before a scalar estimator
+    ("dr_grpo", False, None, {}),
+    ("dr_grpo", True, None, {}),
+    ("rloo", False, None, {}),
+    ("rloo", True, None, {"scale": "group"}),
+    ("rloo", False, 3, {"reward_weights": (1.0, -0.5, 2.0)}),
+    ("median", False, None, {}),
+    ("median", True, None, {"scale": "none"}),
+    ("median", True, 2, {"reward_weights": (1.0, 0.25), "scale": "batch"}),
+    ("calibrated", False, None, {}),
+    ("calibrated", True, None, {"scale": "batch"}),
+    ("calibrated", False, None, {"max_reward": 2.5, "scale": "none"}),
+    ("per_agent", True, None, {}),
+    ("per_agent", True, 2, {"reward_weights": (0.5, 2.0), "scale": "batch"}),
+    ("gdpo", False, None, {}),
+    ("gdpo", False, 3, {"reward_weights": (1.0, 0.5, 2.0)}),
+    ("gdpo", True, 2, {"reward_weights": (1.0, 3.0), "scale": "batch"}),
+    ("gdpo", True, 3, {"reward_weights": (1.0, 0.5, 2.0), "renormalize": True}),
+]
+
+
+@pytest.mark.parametrize("seed,case", list(enumerate(REFERENCE_CASES)),
+                         ids=[f"{n}-{'BGA' if a else 'BG'}-K{k or 0}-" + "-".join(f"{o}={v}" for o, v in opts.items()
+                                                                                    if o != "reward_weights")
+                              for n, a, k, opts in REFERENCE_CASES])
+def test_matches_numpy_reference(seed, case):
+    name, agents, k, options = case
+    rewards, mask = random_case(seed, agents, k)
+    assert_matches_reference(name, rewards, mask, **options)
+
+
+def test_scale_batch_and_none_formulas():
+    rewards, mask = random_case(3)
+    r = np.where(mask, rewards, 0.0).astype(np.float64)
+    n = mask.sum(1, keepdims=True)
+    mean = r.sum(1, keepdims=True) / np.maximum(n, 1)
+    batch_std = rewards[mask].astype(np.float64).std()
+    out = estimate("grpo", rewards, mask, scale="batch")
+    np.testing.assert_allclose(out.advantages, np.where(mask, (r - mean) / (batch_std + EPS), 0), atol=1e-5)
+    out = estimate("grpo", rewards, mask, scale="none")
+    np.testing.assert_allclose(out.advantages, np.where(mask, r - mean, 0), atol=1e-5)
+    out = estimate("rloo", rewards, mask, scale="none")
+    factor = np.where(n > 1, n / np.maximum(n - 1, 1), 0)
+    np.testing.assert_allclose(out.advantages, np.where(mask, factor * (r - mean), 0), atol=1e-5)
+
+
+def test_sample_mask_broadcasts_over_agents():
+    rewards, _ = random_case(4, agents=True)
+    sample_mask = np.random.default_rng(4).random((B, G)) < 0.6
+    for name in ("dr_grpo", "per_agent"):
+        chex.assert_trees_all_close(estimate(name, rewards, sample_mask),
+                                    estimate(name, rewards, np.repeat(sample_mask[..., None], A, -1)))
+
+
+# ---- properties ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", SHIFT_INVARIANT)
+def test_invariant_to_a_constant_shift(name):
+    k = 3 if name == "gdpo" else None
+    rewards, mask = random_case(5, agents=name == "per_agent", k=k)
+    opts = {"reward_weights": (1.0, 0.5, 2.0)} if k else {}
+    base, shifted = (estimate(name, r, mask, **opts) for r in (rewards, rewards + 3.25))
+    np.testing.assert_allclose(shifted.advantages, base.advantages, atol=1e-4)
+    chex.assert_trees_all_equal(shifted.weight, base.weight)
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_SCALE))
+def test_identical_rewards_give_zero_advantages(name):
+    # The first values are ones whose float32 mean over 5 copies is off by an ulp, which (std + eps) would
+    # blow up into O(1) advantages; exact zeros are still required.
+    lead = (B, G, A) if name == "per_agent" else (B, G)
+    values = np.array([-5.3566937, 6.4042263, 0.1, 1e3, 1 / 3, 2.2], np.float32)
+    rewards = np.broadcast_to(values.reshape((B,) + (1,) * (len(lead) - 1)), lead)
+    mask = np.random.default_rng(0).random(lead) < 0.8
+    mask[:2] = True  # G = 5 valid samples per group (and per agent)
+    out = estimate(name, rewards, mask)
+    assert bool(out.zero_variance.all())
+    if name == "calibrated":  # by design: the virtual max_reward sample still sets a baseline
+        assert (np.abs(np.asarray(out.advantages))[mask] > 0).all()
+    else:
+        np.testing.assert_array_equal(out.advantages, 0.0)
+
+
+def test_zero_variance_compares_reward_vectors():
+    same = jnp.array([[[1.0, 0.0]] * 3])  # [1, 3, 2]: equal vectors
+    tied = jnp.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])  # sums tie, vectors differ
+    weights = (1.0, 1.0)
+    assert bool(estimate("grpo", same, reward_weights=weights).zero_variance[0])
+    out = estimate("grpo", tied, reward_weights=weights)
+    assert not bool(out.zero_variance[0])
+    np.testing.assert_array_equal(out.advantages, 0.0)  # grpo only sees the tied sums
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_SCALE))
+def test_padded_samples_are_inert(name):
+    agents = name == "per_agent"
+    rewards, mask = random_case(11, agents=agents)
+    fn = functools.partial(estimate, name)
+    base = fn(rewards, mask)
+    np.testing.assert_array_equal(np.asarray(base.advantages)[~mask], 0.0)
+    np.testing.assert_array_equal(np.asarray(base.weight)[~mask], 0.0)
+    for junk in (1e6, np.nan, -np.inf):
+        chex.assert_trees_all_equal(fn(np.where(mask, rewards, junk).astype(np.float32), mask), base)
+
+
+def test_median_pivot_excluded_with_odd_counts_only():
+    rewards = jnp.array([[3.0, 1.0, 2.0, 2.0, 5.0, 9.0],   # 5 valid (last padded): median 2, ties at 2 and 3
+                         [3.0, 1.0, 2.0, 5.0, 4.0, 0.0]])  # 6 valid: median 2.5, nobody excluded
+    mask = jnp.array([[True] * 5 + [False], [True] * 6])
+    out = jax.jit(get("median"))(rewards, mask)
+    np.testing.assert_array_equal(out.weight, [[1, 1, 0, 1, 1, 0], [1, 1, 1, 1, 1, 1]])  # lowest index pivots
+    std = np.std([3.0, 1.0, 2.0, 2.0, 5.0])
+    np.testing.assert_allclose(out.advantages[0], np.array([1, -1, 0, 0, 3, 0]) / (std + EPS), rtol=1e-5)
+    assert bool((out.advantages[1] != 0).all())
+    # On random data: exactly one valid sample excluded per odd group, none per even group.
+    rewards, mask = random_case(12, agents=True)
+    out = estimate("median", rewards, mask, scale="none")
+    n = mask.reshape(B, -1).sum(1)
+    excluded = (mask & (np.asarray(out.weight) == 0)).reshape(B, -1).sum(1)
+    np.testing.assert_array_equal(excluded, n % 2)
+
+
+def test_calibrated_all_failed_group_gets_negative_advantages():
+    rewards = jnp.array([[0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    out = estimate("calibrated", rewards)
+    # Virtual success: mean' = 1/5, std' = 0.4, so each failure gets -0.2 / 0.4.
+    np.testing.assert_allclose(out.advantages[0], -0.5, rtol=1e-5)
+    np.testing.assert_allclose(out.advantages[1], 0.0, atol=1e-6)  # all succeeded: matches the virtual sample
+    np.testing.assert_array_equal(out.zero_variance, [True, True])
+    np.testing.assert_array_equal(estimate("grpo", rewards).advantages, 0.0)
+
+
+@pytest.mark.parametrize("name", ["dr_grpo", "gdpo"])
+def test_clip_bounds(name):
+    rewards, mask = random_case(13)
+    rewards = rewards * 10
+    unclipped = estimate(name, rewards, mask)
+    clipped = estimate(name, rewards, mask, clip=0.5)
+    assert float(jnp.abs(clipped.advantages).max()) <= 0.5
+    assert float(jnp.abs(unclipped.advantages).max()) > 0.5  # the bound really bites
+    np.testing.assert_allclose(clipped.advantages, np.clip(unclipped.advantages, -0.5, 0.5), atol=1e-6)
+    chex.assert_trees_all_equal(estimate(name, rewards, mask, clip=0), unclipped)  # 0 means off
+
+
+def test_gdpo_separates_reward_mixes_that_grpo_merges():
+    # Two groups whose weighted sums are identical ([1, 1, 0, 0] with weights (1, 1)), so grpo on the
+    # sum cannot tell them apart. In group 0 the two successes are on different components, each rare
+    # (1 of 4): gdpo normalises each component on its own, and rare successes get larger advantages.
+    # In group 1 both successes are on component 0 (2 of 4) and component 1 never fires (no signal).
+    rewards = jnp.array([[[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [0.0, 0.0]],
+                         [[1.0, 0.0], [1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]])
+    weights = (1.0, 1.0)
+    grpo_adv = estimate("grpo", rewards, reward_weights=weights).advantages
+    np.testing.assert_allclose(grpo_adv[0], grpo_adv[1])
+    gdpo_adv = estimate("gdpo", rewards, reward_weights=weights).advantages
+    # Component [1, 0, 0, 0]: mean 1/4, std sqrt(3)/4, so a success gets +sqrt(3) and a miss -1/sqrt(3).
+    np.testing.assert_allclose(gdpo_adv[0], np.array([1, 1, -1, -1]) * (math.sqrt(3) - 1 / math.sqrt(3)),
+                               rtol=1e-4)
+    np.testing.assert_allclose(gdpo_adv[1], [1.0, 1.0, -1.0, -1.0], rtol=1e-4)
+    assert not np.allclose(gdpo_adv[0], gdpo_adv[1], atol=0.1)
+
+
+def test_gdpo_without_weights_is_grpo():
+    rewards, mask = random_case(14)
+    chex.assert_trees_all_close(estimate("gdpo", rewards, mask), estimate("grpo", rewards, mask))
+
+
+# ---- errors and the registry -----------------------------------------------------------------------
+
+def test_unknown_name_lists_the_known_ones():
+    with pytest.raises(ValueError, match="'nope'") as info:
+        get("nope")
+    for name in DEFAULT_SCALE:
+        assert name in str(info.value)
+    with pytest.raises(ValueError, match="'nope'"):
+        group_advantages("nope", jnp.zeros((2, 3)))
+
+
+def test_bad_inputs_raise():
+    with pytest.raises(ValueError, match="agent axis"):
+        group_advantages("per_agent", jnp.zeros((2, 3)))
+    with pytest.raises(ValueError, match="2 reward_weights but rewards have 3"):
+        group_advantages("grpo", jnp.zeros((2, 3, 3)), reward_weights=(1.0, 1.0))
+    with pytest.raises(ValueError, match="scale"):
+        group_advantages("grpo", jnp.zeros((2, 3)), scale="global")
+    with pytest.raises(ValueError, match="already registered"):
+        register("grpo")(lambda rewards, valid, opts: rewards)
+
+
+def test_register_adds_a_working_estimator():
+    assert "test_max_baseline" not in ESTIMATORS
+    try:
+        @register("test_max_baseline", default_scale="none")
+        def max_baseline(rewards, valid, opts):  # advantage = r - best valid reward of the group
+            best = jnp.max(jnp.where(valid, rewards, -jnp.inf), axis=1, keepdims=True)
+            return rewards - best
+
+        rewards = jnp.array([[1.0, 4.0, 2.0], [5.0, 3.0, 9.0]])
+        mask = jnp.array([[True, True, True], [True, True, False]])
+        out = jax.jit(get("test_max_baseline"), static_argnames="clip")(rewards, mask, clip=2.5)
+        np.testing.assert_allclose(out.advantages, [[-2.5, 0.0, -2.0], [0.0, -2.0, 0.0]])
+        np.testing.assert_array_equal(out.weight, mask)
+        assert isinstance(out, GroupAdvantages)
+
+        # Cores receive padded rewards as 0, so even an unmasked group sum ignores the padding.
+        register("test_group_sum", default_scale="none")(
+            lambda rewards, valid, opts: jnp.broadcast_to(rewards.sum(1, keepdims=True), rewards.shape))
+        out = group_advantages("test_group_sum", rewards.at[1, 2].set(jnp.nan), mask)
+        np.testing.assert_allclose(out.advantages, [[7.0, 7.0, 7.0], [8.0, 8.0, 0.0]])
+    finally:
+        ESTIMATORS.pop("test_max_baseline", None)
+        ESTIMATORS.pop("test_group_sum", None)
+    assert "test_max_baseline" not in ESTIMATORS and "test_group_sum" not in ESTIMATORS
+
+
+# ---- time steps -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name,options", [("grpo", {}), ("median", {}), ("per_agent", {}),
+                                          ("gdpo", {"reward_weights": (1.0, 0.5)})])
+def test_stepwise_equals_looping_over_time(name, options):
+    rng = np.random.default_rng(15)
+    T = 4
+    k = (2,) if options else ()
+    returns = rng.normal(size=(B, G, T, A) + k).astype(np.float32)
+    mask = rng.random((B, G, T)) < 0.75  # per sample and step, shared by the agents
+    out = jax.jit(functools.partial(stepwise_group_advantages, name, **options))(returns, mask)
+    chex.assert_shape([out.advantages, out.weight], (B, G, T, A))
+    chex.assert_shape(out.zero_variance, (B, T))
+    for t in range(T):
+        step = estimate(name, returns[:, :, t], mask[:, :, t], **options)
+        np.testing.assert_allclose(out.advantages[:, :, t], step.advantages, atol=1e-6)
+        np.testing.assert_array_equal(out.weight[:, :, t], step.weight)
+        np.testing.assert_array_equal(out.zero_variance[:, t], step.zero_variance)
+
+
+def test_returns_to_go_matches_python_loop():
+    rng = np.random.default_rng(16)
+    T, N, gamma = 7, 5, 0.9
+    rewards = rng.normal(size=(T, N)).astype(np.float32)
+    lengths = np.array([0, 1, 3, 6, 7])  # episode of each column ends after `length` steps
+    alive = np.arange(T)[:, None] < lengths[None, :]
+    out = jax.jit(returns_to_go, static_argnums=2)(rewards, alive, gamma)
+    expected = np.zeros((T, N))
+    for n in range(N):
+        for t in range(T):
+            expected[t, n] = sum(gamma ** (k - t) * rewards[k, n] * alive[k, n] for k in range(t, T))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(out)[~alive], 0.0)
+
+
+def test_module_exports():
+    for name in ("GroupAdvantages", "ESTIMATORS", "register", "get", "group_advantages",
+                 "stepwise_group_advantages", "returns_to_go", "gae"):
+        assert hasattr(adv_lib, name)

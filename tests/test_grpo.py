@@ -1,0 +1,174 @@
+"""GRPO on environments: group rollouts from identical starts, masks after episode ends, advantages per
+episode or per step, estimator and loss parts switched from the config."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl import advantages, algos, config as config_lib, mesh as mesh_lib
+from test_multi_agent_ppo import load_experiment
+
+
+def small_config(name="cartpole_grpo", arg=None, num_envs=8, num_steps=64, group_size=4, **overrides):
+    config = load_experiment(name, arg)
+    config.num_envs, config.num_steps, config.group.size = num_envs, num_steps, group_size
+    config.total_steps = num_envs * num_steps * 4
+    config.ppo.num_minibatches = 2
+    config.network.fc_size, config.network.rnn_size, config.network.hidden_sizes = 32, 32, (32, 32)
+    for key, value in overrides.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target[part]
+        target[leaf] = value
+    return config
+
+
+def build(config, num_seeds=1):
+    config_lib.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    return algo, hp, algo.init_seeds(config.seed, num_seeds)
+
+
+@pytest.mark.parametrize("name,arg", [("cartpole_grpo", None), ("smax_grpo", "3m")])
+def test_group_members_start_identically_and_then_diverge(name, arg):
+    algo, _, state = build(small_config(name, arg, num_steps=48))
+    traj = jax.device_get(algo.sample_trajectory(state))  # leaves [S, T, N, A, ...]
+    G, N = algo.settings.group_size, algo.settings.num_envs
+    obs = traj.actor_in[0]  # [T, N, A, d]
+    groups = obs.reshape(obs.shape[0], N // G, G, *obs.shape[2:])
+    # Same start state within a group, different start states across groups.
+    np.testing.assert_array_equal(groups[0], np.broadcast_to(groups[0][:, :1], groups[0].shape))
+    assert not np.allclose(groups[0][0], groups[0][1])
+    # Different action noise: the members' actions and later observations differ.
+    actions = traj.action[0].reshape(-1, N // G, G, algo.num_agents)
+    assert (actions != actions[:, :, :1]).any()
+    assert not np.allclose(groups[-1][:, :1], groups[-1])
+
+
+def test_steps_after_an_episode_ends_are_masked():
+    algo, _, state = build(small_config(num_steps=200))
+    traj = jax.device_get(algo.sample_trajectory(state))
+    running, reward, acting = traj.running[0, :, :, 0], traj.reward[0, :, :, 0], traj.acting[0, :, :, 0]
+    lengths = running.sum(0)
+    assert (lengths < 200).all(), "an untrained CartPole policy ends its episodes within 200 steps"
+    for env in range(running.shape[1]):  # running is 1 for a prefix of steps, then 0 for good
+        L = int(lengths[env])
+        assert running[:L, env].all() and not running[L:, env].any()
+    np.testing.assert_array_equal(reward, running)  # CartPole pays 1 per step while the episode runs
+    np.testing.assert_array_equal(acting, running)
+
+
+def test_smax_agents_stop_acting_when_they_die():
+    algo, _, state = build(small_config("smax_grpo", "3m", num_steps=100))
+    traj = jax.device_get(algo.sample_trajectory(state))
+    running, acting = traj.running[0], traj.acting[0]  # [T, N, A]
+    assert (acting <= running).all()
+    assert ((running - acting).sum(0) > 0).any(), "some agent should die before its battle ends"
+    # A dead agent never acts again.
+    became_idle = (running > 0) & (acting == 0)
+    first_idle = np.argmax(became_idle, axis=0)
+    for n, a in zip(*np.nonzero(became_idle.any(0))):
+        assert not acting[first_idle[n, a]:, n, a].any()
+
+
+@pytest.mark.parametrize("returns", ["episode", "to_go"])
+def test_advantages_follow_the_estimator(returns):
+    algo, hp, state = build(small_config(num_steps=200, **{"group.returns": returns}))
+    traj = algo.sample_trajectory(state)
+    one_seed = jax.tree.map(lambda x: x[0], traj)
+    fn = jax.shard_map(lambda t: algo._advantages(t, hp),
+                       mesh=algo.mesh, in_specs=jax.sharding.PartitionSpec(None, "data"),
+                       out_specs=jax.sharding.PartitionSpec(), check_vma=False)
+    adv, weight, returns_to_go, _ = jax.device_get(fn(one_seed))
+    running = np.asarray(one_seed.running)[..., 0]  # [T, N]
+    G = algo.settings.group_size
+    if returns == "episode":
+        episode_return = running.sum(0).reshape(-1, G)
+        expected = (episode_return - episode_return.mean(1, keepdims=True)) / (
+            episode_return.std(1, keepdims=True) + 1e-6)
+        np.testing.assert_allclose(adv[0, :, 0], expected.reshape(-1), rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(adv[:, :, 0] * running, np.broadcast_to(adv[0, :, 0], running.shape) * running)
+    else:
+        expected = advantages.stepwise_group_advantages(
+            "grpo", np.asarray(returns_to_go)[..., 0].T.reshape(-1, G, running.shape[0]),
+            running.T.reshape(-1, G, running.shape[0]) > 0).advantages
+        np.testing.assert_allclose(adv[:, :, 0], np.asarray(expected).reshape(-1, running.shape[0]).T,
+                                   rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(weight[..., 0], running)  # steps after the end carry no gradient
+
+
+ESTIMATOR_AND_LOSS_CHOICES = [
+    {"advantage": "grpo"},
+    {"advantage": "dr_grpo", "loss.aggregate": "constant"},
+    {"advantage": "rloo", "loss.aggregate": "sequence"},
+    {"advantage": "median", "group.size": 5, "num_envs": 10},
+    {"advantage": "calibrated", "advantage_options.max_reward": 2.0},
+    {"advantage": "per_agent"},
+    {"advantage": "grpo", "loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
+    {"advantage": "grpo", "loss.clip_high": 0.28, "loss.dual_clip": 3.0, "advantage_options.scale": "batch"},
+    {"advantage": "grpo", "group.returns": "to_go", "critic_weight": 0.5},
+]
+
+
+@pytest.mark.parametrize("choice", ESTIMATOR_AND_LOSS_CHOICES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
+def test_every_estimator_and_loss_part_trains_from_one_config_line(choice):
+    config = small_config("smax_grpo", "3m", num_steps=32, **choice)
+    if config.num_envs == 10:
+        config.total_steps = 10 * 32 * 4
+    algo, hp, state = build(config)
+    before = jax.tree.leaves(state.params)[0].copy()
+    state, metrics = algo.run_chunk(state, hp, 2)
+    metrics = jax.device_get(metrics)
+    for key, value in metrics.items():
+        assert np.isfinite(value).all(), (key, value)
+    assert "value_loss" in metrics if config.critic_weight else "value_loss" not in metrics
+    assert not np.allclose(before, jax.tree.leaves(state.params)[0])
+
+
+def test_critic_free_network_has_no_value_parameters():
+    algo, _, state = build(small_config())
+    assert "critic" not in state.params["params"]
+    algo, _, state = build(small_config(critic_weight=0.3))
+    assert "critic" in state.params["params"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"advantage": "mean_of_means"}, "config.advantage"),
+    ({"group.size": 3}, "group.size"),
+    ({"group.returns": "discounted"}, "group.returns"),
+    ({"loss.aggregate": "per_batch"}, "loss.aggregate"),
+    ({"loss.ratio": "per_word"}, "loss.ratio"),
+    ({"loss.dual_clip": 0.5}, "loss.dual_clip"),
+    ({"critic_weight": 1.5}, "critic_weight"),
+    ({"advantage_options.scale": "global"}, "advantage_options.scale"),
+])
+def test_config_errors_name_the_key(overrides, message):
+    config = small_config(**overrides)
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        config_lib.validate(config)
+
+
+def test_ppo_only_keys_are_rejected_for_grpo():
+    config = small_config()
+    with pytest.raises(AttributeError, match="clip_eps"):
+        config.ppo.clip_eps = 0.1
+
+
+def test_the_readme_estimator_example_registers_and_trains():
+    import re
+    from conftest import ROOT
+
+    readme = open(f"{ROOT}/README.md").read()
+    snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "register(" in block)
+    try:
+        exec(snippet, {})
+        result = advantages.get("max_baseline")(jnp.array([[1.0, 3.0, 2.0, 5.0]]),
+                                                jnp.array([[True, True, True, False]]))
+        np.testing.assert_allclose(result.advantages, [[-2.0, 0.0, -1.0, 0.0]])
+        algo, hp, state = build(small_config(advantage="max_baseline"))
+        state, metrics = algo.run_chunk(state, hp, 1)
+        assert np.isfinite(jax.device_get(metrics["policy_loss"])).all()
+    finally:
+        advantages.ESTIMATORS.pop("max_baseline", None)

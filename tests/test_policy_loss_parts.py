@@ -1,0 +1,327 @@
+"""GRPO-family policy-loss parts in jaxrl.losses, each checked against a hand-written NumPy formula."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl import losses
+
+S, T = 5, 7
+MODES = ("token", "sequence", "constant")
+# Most checks run eagerly to keep the file fast; each function also runs under jit in at least one test.
+jit_policy_loss = jax.jit(losses.policy_loss, static_argnames=("ratio", "aggregate", "kl", "axis_name"))
+jit_aggregate = jax.jit(losses.aggregate, static_argnames=("how", "axis_name"))
+
+
+def ragged_mask(lengths, t=T):
+    """Prefix masks with the given lengths (0 = an empty, fully padded sequence). [S, T] float32"""
+    return (np.arange(t)[None, :] < np.asarray(lengths)[:, None]).astype(np.float32)
+
+
+MASK = ragged_mask([7, 3, 0, 1, 5])
+
+
+def inputs(seed, scale=0.3, s=S, t=T):
+    rng = np.random.default_rng(seed)
+    old = rng.normal(-1.5, 0.5, size=(s, t)).astype(np.float32)
+    new = (old + rng.normal(scale=scale, size=(s, t))).astype(np.float32)
+    ref = (old + rng.normal(scale=scale, size=(s, t))).astype(np.float32)
+    adv = rng.normal(size=(s, t)).astype(np.float32)
+    ent = rng.uniform(0.1, 2.0, size=(s, t)).astype(np.float32)
+    return new, old, ref, adv, ent
+
+
+# ---- NumPy reference formulas ----------------------------------------------------------------------------
+
+def np_clip_loss(log_ratio, adv, lo, hi, dual):
+    r = np.exp(log_ratio.astype(np.float64))
+    loss = -np.minimum(r * adv, np.clip(r, 1 - lo, 1 + hi) * adv)
+    if dual is not None:
+        loss = np.where(adv < 0, np.minimum(loss, -dual * adv), loss)
+    return loss
+
+
+def np_aggregate(v, m, how, length=None):
+    v, m = np.asarray(v, np.float64), np.asarray(m, np.float64)
+    n_seq = sum(1 for row in m if row.sum() > 0)
+    if how == "token":
+        return (v * m).sum() / max(m.sum(), 1)
+    if how == "sequence":
+        rows = [(v[i] * m[i]).sum() / m[i].sum() for i in range(len(m)) if m[i].sum() > 0]
+        return float(np.mean(rows)) if rows else 0.0
+    return (v * m).sum() / max(n_seq * (v.shape[1] if length is None else length), 1)
+
+
+# ---- element-wise terms ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("lo,hi,dual", [(0.2, None, None), (0.2, 0.28, None), (0.2, 0.28, 3.0)],
+                         ids=["symmetric", "clip_higher", "dual_clip"])
+def test_clip_loss_matches_formula(lo, hi, dual):
+    rng = np.random.default_rng(0)
+    log_ratio = rng.normal(scale=1.0, size=400).astype(np.float32)  # wide, so every regime occurs
+    adv = rng.normal(size=400).astype(np.float32)
+    # Hyperparameters go in as traced arrays.
+    fn = jax.jit(lambda lr, a, lo, hi, dual: losses.ppo_clip_loss(lr, a, lo, hi, dual))
+    out = fn(log_ratio, adv, jnp.float32(lo), None if hi is None else jnp.float32(hi),
+             None if dual is None else jnp.float32(dual))
+    np.testing.assert_allclose(out, np_clip_loss(log_ratio, adv, lo, lo if hi is None else hi, dual),
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_dual_clip_only_changes_negative_advantages_with_large_ratio():
+    rng = np.random.default_rng(1)
+    log_ratio = rng.normal(scale=1.0, size=1000).astype(np.float32)
+    adv = rng.normal(size=1000).astype(np.float32)
+    c = 3.0
+    plain = np.asarray(losses.ppo_clip_loss(log_ratio, adv, 0.2, 0.28))
+    dual = np.asarray(losses.ppo_clip_loss(log_ratio, adv, 0.2, 0.28, dual_clip=c))
+    changed = ~np.isclose(plain, dual, rtol=0, atol=1e-6)
+    expected = (adv < 0) & (np.exp(log_ratio) > c) & (np.abs(adv) > 1e-5)
+    assert expected.sum() > 10
+    np.testing.assert_array_equal(changed, expected)
+    np.testing.assert_allclose(dual[expected], -c * adv[expected], rtol=1e-6)
+    # The cap has no gradient in the ratio: a stale sample cannot keep pushing.
+    grad = jax.grad(lambda lr: losses.ppo_clip_loss(lr, jnp.float32(-1.0), 0.2, dual_clip=c))(jnp.log(5.0))
+    assert grad == 0.0
+
+
+@pytest.mark.parametrize("bad", [1.0, 0.5, -2.0])
+def test_dual_clip_rejects_values_at_most_one(bad):
+    with pytest.raises(ValueError, match="dual_clip"):
+        losses.ppo_clip_loss(jnp.zeros(3), jnp.ones(3), 0.2, dual_clip=bad)
+
+
+def test_sequence_log_ratio_matches_formula():
+    new, old, *_ = inputs(2)
+    lr = new - old
+    expected = [(lr[i] * MASK[i]).sum() / max(MASK[i].sum(), 1) for i in range(S)]
+    out = jax.jit(losses.sequence_log_ratio)(lr, MASK)
+    assert out.shape == (S,)
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-7)
+    assert out[2] == 0.0  # the empty sequence
+
+
+def test_kl_estimators_match_formulas():
+    new, _, ref, *_ = inputs(3, scale=1.0)
+    x = ref.astype(np.float64) - new
+    expected = {"k1": -x, "k2": x**2 / 2, "k3": np.exp(x) - 1 - x}
+    assert set(losses.KL_ESTIMATORS) == set(expected)
+    for name, want in expected.items():
+        got = jax.jit(losses.kl_estimate, static_argnames="estimator")(new, ref, estimator=name)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=name)
+    with pytest.raises(ValueError, match="k1.*k2.*k3"):
+        losses.kl_estimate(new, ref, "k4")
+
+
+def test_k1_and_k3_are_unbiased_for_kl_and_k2_is_not():
+    p = np.array([0.5, 0.2, 0.2, 0.1])   # current policy: actions are sampled from it
+    q = np.array([0.1, 0.3, 0.4, 0.2])   # reference policy
+    exact = float(np.sum(p * np.log(p / q)))
+    lp, lq = jnp.log(jnp.asarray(p, jnp.float32)), jnp.log(jnp.asarray(q, jnp.float32))
+    expectation = {name: float(np.sum(p * np.asarray(losses.kl_estimate(lp, lq, name))))
+                   for name in losses.KL_ESTIMATORS}
+    np.testing.assert_allclose(expectation["k1"], exact, rtol=1e-5)
+    np.testing.assert_allclose(expectation["k3"], exact, rtol=1e-5)
+    assert abs(expectation["k2"] - exact) > 0.05
+
+
+# ---- aggregation -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", MODES)
+@pytest.mark.parametrize("length", [None, 10.0])
+def test_aggregations_match_formula(how, length):
+    v = np.random.default_rng(4).normal(size=(S, T)).astype(np.float32)
+    rng_mask = (np.random.default_rng(5).uniform(size=(S, T)) < 0.5).astype(np.float32)  # not prefix-shaped
+    rng_mask[1] = 0.0
+    for mask in (MASK, rng_mask):
+        got = jit_aggregate(v, mask, how, None if length is None else jnp.float32(length))
+        np.testing.assert_allclose(got, np_aggregate(v, mask, how, length), rtol=1e-5, atol=1e-7)
+    assert float(losses.aggregate(v, np.zeros_like(MASK), how)) == 0.0  # all-masked: 0, not NaN
+
+
+def test_aggregations_differ_on_ragged_masks():
+    # Guards the formula tests above against modes silently collapsing into one another.
+    v = np.random.default_rng(6).normal(size=(S, T)).astype(np.float32)
+    values = [float(losses.aggregate(v, MASK, how)) for how in MODES]
+    assert len({round(x, 5) for x in values}) == 3
+
+
+def test_unknown_names_raise():
+    new, old, _, adv, _ = inputs(7)
+    with pytest.raises(ValueError, match="aggregate 'mean'"):
+        losses.aggregate(new, MASK, "mean")
+    with pytest.raises(ValueError, match="aggregate 'mean'"):
+        losses.policy_loss(new, old, adv, MASK, clip_low=0.2, aggregate="mean")
+    with pytest.raises(ValueError, match="ratio 'tok'"):
+        losses.policy_loss(new, old, adv, MASK, clip_low=0.2, ratio="tok")
+    assert losses.RATIO_LEVELS == ("token", "sequence")
+
+
+@pytest.mark.parametrize("how", MODES)
+@pytest.mark.parametrize("ratio", losses.RATIO_LEVELS)
+def test_padding_never_leaks(how, ratio):
+    new, old, ref, adv, ent = inputs(8)
+    pad = MASK == 0
+    garbage = np.random.default_rng(9).normal(scale=50.0, size=(S, T)).astype(np.float32)
+    kw = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, ratio=ratio, aggregate=how, kl_coef=0.1, ent_coef=0.01)
+
+    def loss_and_grad(new, old, ref, adv, ent):
+        fn = lambda lp: losses.policy_loss(lp, old, adv, MASK, ref_log_prob=ref, entropy=ent, **kw)[0]
+        return jax.value_and_grad(fn)(jnp.asarray(new))
+
+    clean_loss, clean_grad = loss_and_grad(new, old, ref, adv, ent)
+    # Large garbage everywhere in the padding, and -inf log-probs (a common padding value) in part of it.
+    log_prob_fill = np.where(np.arange(T) % 2 == 0, garbage, -np.inf).astype(np.float32)
+    dirty = [np.where(pad, fill, x) for fill, x in zip([log_prob_fill] * 3 + [garbage] * 2, (new, old, ref, adv, ent))]
+    loss, grad = loss_and_grad(*dirty)
+    np.testing.assert_allclose(loss, clean_loss, rtol=1e-6)
+    np.testing.assert_allclose(grad, clean_grad, rtol=1e-6, atol=1e-9)
+    assert np.all(np.asarray(clean_grad)[pad] == 0.0)
+    assert np.all(np.asarray(clean_grad)[~pad] != 0.0)
+    # Plain aggregate too: garbage (inf included) under the mask changes neither value nor gradient.
+    agg = jax.value_and_grad(lambda v: losses.aggregate(v, MASK, how))
+    for a, b in zip(agg(jnp.asarray(new)), agg(jnp.asarray(np.where(pad, -log_prob_fill, new)))):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+# ---- the composer ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("how", MODES)
+def test_sequence_ratio_with_one_step_equals_token_ratio(how):
+    new, old, _, adv, _ = inputs(10, scale=0.5, t=1)
+    mask = ragged_mask([1, 1, 0, 1, 1], t=1)
+    kw = dict(clip_low=0.2, clip_high=0.28, aggregate=how)
+    seq = losses.policy_loss(new, old, adv, mask, ratio="sequence", **kw)
+    tok = losses.policy_loss(new, old, adv, mask, ratio="token", **kw)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), seq, tok)
+
+
+@pytest.mark.parametrize("how", MODES)
+@pytest.mark.parametrize("ratio", losses.RATIO_LEVELS)
+def test_unit_ratios_give_negative_aggregated_advantage(how, ratio):
+    _, old, _, adv, _ = inputs(11)
+    loss, metrics = losses.policy_loss(old, old, adv, MASK, clip_low=0.2, ratio=ratio, aggregate=how)
+    np.testing.assert_allclose(loss, -np_aggregate(adv, MASK, how), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(metrics["policy_loss"], loss)
+    assert float(metrics["clip_fraction"]) == 0.0
+    assert float(metrics["approx_kl"]) == 0.0
+    assert set(metrics) == {"policy_loss", "clip_fraction", "approx_kl"}
+
+
+@pytest.mark.parametrize("kl,how", list(zip(("k1", "k2", "k3"), MODES)))  # each estimator and each mode once
+def test_kl_and_entropy_terms_sign_and_coefficient(how, kl):
+    new, old, ref, adv, ent = inputs(12)
+    base = dict(clip_low=0.2, aggregate=how, kl=kl)
+    plain, _ = losses.policy_loss(new, old, adv, MASK, **base)
+    kl_coef, ent_coef = jnp.float32(0.3), jnp.float32(0.05)  # traced coefficients
+    loss, metrics = jit_policy_loss(new, old, adv, MASK, ref_log_prob=ref, entropy=ent, kl_coef=kl_coef,
+                                    ent_coef=ent_coef, **base)
+    x = ref.astype(np.float64) - new
+    kl_values = {"k1": -x, "k2": x**2 / 2, "k3": np.exp(x) - 1 - x}[kl]
+    want_kl, want_ent = np_aggregate(kl_values, MASK, how), np_aggregate(ent, MASK, how)
+    np.testing.assert_allclose(metrics["kl"], want_kl, rtol=1e-5)
+    np.testing.assert_allclose(metrics["entropy"], want_ent, rtol=1e-5)
+    np.testing.assert_allclose(loss, plain + 0.3 * want_kl - 0.05 * want_ent, rtol=1e-5)
+    # Coefficients default to 0: the terms are reported but do not enter the loss.
+    loss0, metrics0 = losses.policy_loss(new, old, adv, MASK, ref_log_prob=ref, entropy=ent, **base)
+    np.testing.assert_allclose(loss0, plain, rtol=1e-6)
+    assert {"kl", "entropy"} <= set(metrics0)
+
+
+@pytest.mark.parametrize("ratio", losses.RATIO_LEVELS)
+def test_loss_and_metrics_match_formulas(ratio):
+    new, old, _, adv, _ = inputs(13)
+    new = new + np.float32([0.0, 0.5, 0.0, -0.5, 0.05])[:, None]  # some sequences inside the clip range, some out
+    token_lr = new.astype(np.float64) - old
+    lr = token_lr
+    if ratio == "sequence":  # GSPO: each token carries its sequence's length-normalised log-ratio
+        lr = np.repeat((token_lr * MASK).sum(1, keepdims=True) / np.maximum(MASK.sum(1, keepdims=True), 1), T, 1)
+    loss, metrics = losses.policy_loss(new, old, adv, MASK, clip_low=0.2, clip_high=0.28, dual_clip=2.0,
+                                       ratio=ratio, aggregate="sequence")
+    clipped = ((np.exp(lr) < 0.8) | (np.exp(lr) > 1.28)).astype(np.float64)
+    want_loss = np_aggregate(np_clip_loss(lr, adv, 0.2, 0.28, 2.0), MASK, "sequence")
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
+    np.testing.assert_allclose(metrics["policy_loss"], want_loss, rtol=1e-5)
+    np.testing.assert_allclose(metrics["clip_fraction"], np_aggregate(clipped, MASK, "sequence"), rtol=1e-5)
+    assert 0.0 < float(metrics["clip_fraction"]) < 1.0
+    # approx_kl: old vs new policy, k3 on the per-token log ratio whatever level is clipped.
+    want_approx_kl = np_aggregate(np.exp(token_lr) - 1 - token_lr, MASK, "sequence")
+    np.testing.assert_allclose(metrics["approx_kl"], want_approx_kl, rtol=1e-4)
+
+
+@pytest.mark.parametrize("how", MODES)
+def test_sequence_ratio_gradient_is_shared_within_a_sequence(how):
+    new, old, _, _, _ = inputs(14, scale=0.02)  # every sequence ratio well inside the clip range
+    seq_adv = np.random.default_rng(15).normal(size=(S, 1)).astype(np.float32)
+    adv = np.broadcast_to(seq_adv, (S, T))
+    assert np.all(np.abs(np.asarray(losses.sequence_log_ratio(new - old, MASK))) < 0.1)
+
+    def grad(ratio):
+        fn = lambda lp: losses.policy_loss(lp, old, adv, MASK, clip_low=0.2, ratio=ratio, aggregate=how)[0]
+        return np.asarray(jax.grad(fn)(jnp.asarray(new)))
+
+    g = grad("sequence")
+    for i in range(S):
+        valid = MASK[i] > 0
+        if valid.any():
+            np.testing.assert_allclose(g[i, valid], np.full(valid.sum(), g[i, valid][0]), rtol=1e-5)
+            assert g[i, valid][0] != 0.0
+        assert np.all(g[i, ~valid] == 0.0)
+    # The token-level ratio gives each token its own gradient (so the check above can fail).
+    g_tok = grad("token")
+    assert not np.allclose(g_tok[0], g_tok[0, 0], rtol=1e-3)
+
+
+# ---- data-parallel aggregation ---------------------------------------------------------------------------
+
+D, S_SHARD, T_SHARD = 3, 4, 6
+# Uneven shards: one nearly empty (with an empty sequence), one full, one ragged.
+SPLIT_MASK = ragged_mask([1, 0, 0, 2, 6, 6, 6, 6, 3, 5, 1, 4], t=T_SHARD)
+
+
+def assert_split_matches_whole(fn, theta, data, has_aux=False):
+    """Mean over the vmapped "d" axis of per-shard values and gradients (w.r.t. shared `theta`) == whole batch."""
+    whole_val, whole_grad = jax.value_and_grad(fn, has_aux=has_aux)(theta, *data)
+    per_device = jax.vmap(jax.value_and_grad(lambda th, *x: fn(th, *x, axis_name="d"), has_aux=has_aux),
+                          in_axes=(None,) + (0,) * len(data), axis_name="d")
+    shards = [x.reshape(D, S_SHARD, T_SHARD) for x in data]
+    vals, grads = jax.jit(per_device)(theta, *shards)
+    jax.tree.map(lambda w, v: np.testing.assert_allclose(np.mean(v, 0), w, rtol=1e-5, atol=1e-7), whole_val, vals)
+    np.testing.assert_allclose(np.mean(grads, 0), whole_grad, rtol=1e-5, atol=1e-7)
+    # Without the axis the per-shard values would not average to the whole-batch value (the check can fail).
+    unsynced = jax.jit(jax.vmap(lambda *x: jax.tree.leaves(fn(theta, *x))[0]))(*shards)
+    assert not np.isclose(np.mean(unsynced), jax.tree.leaves(whole_val)[0], rtol=1e-3)
+
+
+def split_data(seed):
+    rng = np.random.default_rng(seed)
+    size = (D * S_SHARD, T_SHARD)
+    feats = rng.normal(size=size).astype(np.float32)
+    old = rng.normal(-1.0, 0.3, size=size).astype(np.float32)
+    ref = (old + rng.normal(scale=0.2, size=size)).astype(np.float32)
+    adv = rng.normal(size=size).astype(np.float32)
+    theta = jnp.asarray(rng.normal(scale=0.1, size=T_SHARD).astype(np.float32))  # shared parameters
+    return theta, feats, old, ref, adv
+
+
+@pytest.mark.parametrize("how", MODES)
+def test_aggregate_axis_name_mean_over_shards_equals_whole_batch(how):
+    theta, feats, *_ = split_data(16)
+
+    def fn(theta, feats, mask, axis_name=None):
+        return losses.aggregate(jnp.sin(theta * feats + 1.0), mask, how, axis_name=axis_name)
+
+    assert_split_matches_whole(fn, theta, (feats, SPLIT_MASK))
+
+
+def test_policy_loss_axis_name_mean_over_shards_equals_whole_batch():
+    theta, feats, old, ref, adv = split_data(17)
+
+    def fn(theta, feats, old, ref, adv, mask, axis_name=None):
+        lp = old + theta * feats
+        return losses.policy_loss(lp, old, adv, mask, clip_low=0.2, ratio="sequence", aggregate="sequence",
+                                  ref_log_prob=ref, kl_coef=0.1, entropy=jnp.exp(-lp), ent_coef=0.01,
+                                  axis_name=axis_name)
+
+    assert_split_matches_whole(fn, theta, (feats, old, ref, adv, SPLIT_MASK), has_aux=True)
