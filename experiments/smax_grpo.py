@@ -10,6 +10,7 @@ computed step, including the masked steps after a battle ended (`acting_fraction
 
 from ml_collections import ConfigDict
 
+from experiments.smax_mappo import recurrent_network
 from jaxrl import config as config_lib
 
 BUDGETS = {"3m": 8_192_000}
@@ -38,11 +39,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.loss.clip_high = 0.2
     config.loss.aggregate = "token"
 
-    config.network.kind = "gru"
-    config.network.fc_size = 128
-    config.network.rnn_size = 128
-    config.network.activation = "relu"
-    config.network.agent_id = True
+    recurrent_network(config)
 
     config.log.every_steps = 102_400
     config.eval.every_steps = 409_600

@@ -40,17 +40,22 @@ def smax_config(scenario: str, critic_input: str, experiment: str) -> ConfigDict
     config.ppo.ent_coef = 0.0
     config.ppo.max_grad_norm = 0.25
 
-    config.network.kind = "gru"
-    config.network.fc_size = 128
-    config.network.rnn_size = 128
-    config.network.activation = "relu"
-    config.network.agent_id = True
+    recurrent_network(config)
 
     config.log.every_steps = 65_536
     config.eval.every_steps = 262_144
     config.eval.num_envs = 64
     config.checkpoint.every_steps = 1_048_576
     return config
+
+
+def recurrent_network(config: ConfigDict) -> None:
+    """The baselines' shared recurrent actor (and critic): GRU 128 between dense layers of 128, relu, agent ids."""
+    config.network.kind = "gru"
+    config.network.fc_size = 128
+    config.network.rnn_size = 128
+    config.network.activation = "relu"
+    config.network.agent_id = True
 
 
 def get_config(arg: str | None = None) -> ConfigDict:

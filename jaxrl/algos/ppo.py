@@ -351,8 +351,8 @@ class PPO:
     def _minibatch_units(self, samples: dict, start_carry) -> dict:
         """Time-major samples [T, n, A, ...] -> per-env units [n, U, ...] for `deal_minibatches`.
 
-        Recurrent: U = A whole sequences [T, ...], each with the carry it started from.
-        Feed-forward: U = T * A single steps.
+        `sequence_minibatches`: U = A whole sequences [T, ...], each with the carry it started from.
+        Otherwise (feed-forward PPO): U = T * A single steps.
         """
         if self.sequence_minibatches:
             units = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 2), samples)  # [n, A, T, ...]
