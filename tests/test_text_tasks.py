@@ -1,0 +1,321 @@
+"""envs.text: tokenizer round trips, prompt rendering, exact verifiers and the held-out split."""
+
+import ast
+import operator
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import tokenizers
+
+from envs import text
+
+TASK_NAMES = ("addition", "multiplication", "countdown")
+BATCH = 256  # one batch size everywhere, so each task's programs compile once
+
+
+@pytest.fixture(scope="module")
+def tasks():
+    return {name: text.make_task(name) for name in TASK_NAMES}
+
+
+@pytest.fixture(scope="module")
+def problems(tasks):
+    """{(task name, split): Problems [BATCH]}."""
+    return {(name, split): task.sample(jax.random.key(7), BATCH, split)
+            for name, task in tasks.items() for split in text.SPLITS}
+
+
+@pytest.fixture(scope="module")
+def tok(tasks):
+    return text.train_tokenizer(text.corpus(list(tasks.values()), 2 * BATCH))
+
+
+@pytest.fixture(scope="module")
+def vocab(tok):
+    return text.Vocab.from_tokenizer(tok)
+
+
+def python_prompt(name, numbers, target):
+    """The prompt formats, written independently of the JAX renderer."""
+    if name == "addition":
+        return f"{numbers[0]}+{numbers[1]}="
+    if name == "multiplication":
+        return f"{numbers[0]}*{numbers[1]}="
+    return " ".join(str(n) for n in numbers) + f">{target}="
+
+
+def python_value(expression):
+    """Exact value of an arithmetic expression via Python's own parser (independent of envs.text.verify)."""
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+
+    def value(node):
+        if isinstance(node, ast.BinOp):
+            return ops[type(node.op)](value(node.left), value(node.right))
+        assert isinstance(node, ast.Constant) and isinstance(node.value, int)
+        return Fraction(node.value)
+    return value(ast.parse(expression, mode="eval").body)
+
+
+def completions(tok, answers, length):
+    """int32 [B, length]: answer strings laid out as completions: answer, EOS, PAD..."""
+    return text.encode(tok, answers, length, left_pad=False)
+
+
+def rewards_of(task, problems, ids, vocab):
+    return np.asarray(task.jax_rewards(problems, jnp.asarray(ids), vocab))
+
+
+# --- tokenizer -------------------------------------------------------------------------------------------
+
+def test_tokenizer_round_trips_every_task_string_and_survives_save_load(tasks, tok, problems, tmp_path):
+    assert [tok.token_to_id(t) for t in text.SPECIALS] == [0, 1, 2]
+    strings = text.corpus(list(tasks.values()), 2 * BATCH, seed=3)
+    strings += [p + a for (name, _), probs in problems.items() for p, a in tasks[name].texts(probs)]
+    assert len(set(strings)) > 500
+    length = 2 + max(len(s) for s in strings)
+    prompts = text.encode(tok, strings, length)
+    answers = text.encode(tok, strings, length, left_pad=False)
+    assert text.decode(tok, prompts) == strings and text.decode(tok, answers) == strings
+    assert (prompts != 0).sum(1).tolist() == [len(s) + 1 for s in strings]  # one token per character
+    assert (prompts[np.arange(len(strings)), length - 1 - np.array([len(s) for s in strings])] == 1).all()
+    assert (answers[np.arange(len(strings)), [len(s) for s in strings]] == 2).all()
+
+    path = tmp_path / "tokenizer.json"
+    text.save_tokenizer(tok, path)
+    for loaded in (text.load_tokenizer(path), tokenizers.Tokenizer.from_file(str(path))):
+        np.testing.assert_array_equal(text.encode(loaded, strings, length), prompts)
+        assert text.Vocab.from_tokenizer(loaded) == text.Vocab.from_tokenizer(tok)
+        assert text.decode(loaded, prompts) == strings
+
+
+def test_vocab_tables_and_decode_edges(tok, vocab):
+    assert (vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.size) == (0, 1, 2, tok.get_vocab_size())
+    assert [tok.id_to_token(int(i)) for i in vocab.digit_ids] == list("0123456789")
+    assert vocab.char_ids[ord("+")] == tok.token_to_id("+") == vocab.id_of("+")
+    assert vocab.char_ids[ord("x")] == -1
+    assert vocab == text.Vocab.from_alphabet()  # the default alphabet covers every task
+    ids = np.array([[0, 0, 1] + text.encode(tok, ["12+3"], 4, bos=False)[0].tolist() + [2, 5, 6, 0]])
+    assert text.decode(tok, ids) == ["12+3"]  # PAD and BOS dropped, cut at EOS
+    with pytest.raises(ValueError, match="more than length"):
+        text.encode(tok, ["12345"], 5)  # BOS + 5 characters do not fit
+
+
+# --- rendering -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_prompts_and_answers_render_the_python_formats(name, tasks, problems, tok, vocab):
+    task, probs = tasks[name], problems[(name, "train")]
+    prompts = np.asarray(task.prompts(probs, vocab))
+    answers = np.asarray(task.reference_answers(probs, vocab))
+    assert prompts.shape == (BATCH, task.prompt_length) and prompts.dtype == np.int32
+    assert answers.shape == (BATCH, task.answer_length) and answers.dtype == np.int32
+    numbers, targets = np.asarray(probs.numbers), np.asarray(probs.target)
+    expected = [python_prompt(name, n.tolist(), int(t)) for n, t in zip(numbers, targets)]
+    assert text.decode(tok, prompts) == expected
+    # The layout is exactly what host-side `encode` produces: BOS first, padding on the left.
+    np.testing.assert_array_equal(prompts, text.encode(tok, expected, task.prompt_length))
+    answer_texts = text.decode(tok, answers)
+    np.testing.assert_array_equal(answers, completions(tok, answer_texts, task.answer_length))
+    if name == "countdown":  # the reference expression reaches the target (checked without the verifier)
+        assert [python_value(e) for e in answer_texts] == targets.tolist()
+    else:
+        op = (lambda a, b: a + b) if name == "addition" else (lambda a, b: a * b)
+        assert answer_texts == [str(op(int(a), int(b))) for a, b in numbers]
+        assert (targets == op(numbers[:, 0], numbers[:, 1])).all()
+
+
+def test_countdown_problems_follow_their_settings(tasks, problems):
+    task = tasks["countdown"]
+    for split in text.SPLITS:
+        numbers, targets = np.asarray(problems[("countdown", split)].numbers), \
+            np.asarray(problems[("countdown", split)].target)
+        assert numbers.min() >= task.min_number and numbers.max() <= task.max_number
+        assert targets.min() >= task.min_target and targets.max() <= task.max_target
+        assert not (numbers == targets[:, None]).any()  # never a one-number answer
+    assert len({tuple(n) for n in numbers.tolist()}) > BATCH * 0.9  # varied, not one problem repeated
+
+
+# --- verifiers -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+@pytest.mark.parametrize("split", text.SPLITS)
+def test_verifier_accepts_every_reference_answer(name, split, tasks, problems, vocab):
+    task, probs = tasks[name], problems[(name, split)]
+    answers = task.reference_answers(probs, vocab)
+    np.testing.assert_array_equal(rewards_of(task, probs, answers, vocab), np.ones((BATCH, 2)))
+    # Longer completions (generation budgets exceed the answer) and junk after EOS change nothing.
+    padded = jnp.pad(answers, ((0, 0), (0, 5)), constant_values=vocab.id_of("7"))
+    np.testing.assert_array_equal(rewards_of(task, probs, padded, vocab), np.ones((BATCH, 2)))
+
+
+@pytest.mark.parametrize("name", ["addition", "multiplication"])
+def test_arithmetic_verifier_rejects_corrupted_answers(name, tasks, problems, tok, vocab):
+    task, probs = tasks[name], problems[(name, "test")]
+    refs = text.decode(tok, task.reference_answers(probs, vocab))
+    rng = np.random.default_rng(0)
+
+    def changed_digit(s):
+        k = rng.integers(len(s))
+        return s[:k] + str((int(s[k]) + rng.integers(1, 10)) % 10) + s[k + 1:]
+
+    length = task.answer_length + 2
+    cases = {  # corruption -> expected (correct, well_formed) for every problem
+        "changed digit": ([changed_digit(s) for s in refs], (0, 1)),
+        "leading zero": (["0" + s for s in refs], (0, 1)),
+        "junk after answer": ([s + "+" for s in refs], (0, 0)),
+        "space in answer": ([s[:1] + " " + s[1:] for s in refs], (0, 0)),
+        "operator": (["-" + s for s in refs], (0, 0)),
+    }
+    for label, (answers, expected) in cases.items():
+        got = rewards_of(task, probs, completions(tok, answers, length), vocab)
+        assert (got == expected).all(), label
+    truncated = rewards_of(task, probs, completions(tok, [s[:-1] for s in refs], length), vocab)
+    assert (truncated[:, 0] == 0).all()
+    assert (truncated[:, 1] == np.array([len(s) > 1 for s in refs])).all()  # "" then EOS is malformed
+    no_eos = text.encode(tok, refs, length, left_pad=False, eos=False)
+    assert (rewards_of(task, probs, no_eos, vocab) == 0).all()
+    out_of_vocab = np.full((BATCH, length), vocab.size + 3, np.int32)  # ids no token has
+    assert (rewards_of(task, probs, out_of_vocab, vocab) == 0).all()
+
+
+# (answer, expected (correct, well_formed)) for numbers [2, 5, 5, 8] and target 16.
+COUNTDOWN_CASES = [
+    ("2*8", (1, 1)), ("8*2", (1, 1)), ("(8)*((2))", (1, 1)),
+    ("5+5+8-2", (1, 1)),            # 5 is given twice, so it may be used twice
+    ("2*8+5-5", (1, 1)),
+    ("16", (0, 1)),                 # a number that is not given
+    ("8+8", (0, 1)),                # 8 used twice, given once
+    ("5+5+5+1", (0, 1)),
+    ("2*5+8", (0, 1)),              # wrong value (18)
+    ("2*8+5/(5-5)", (0, 1)),        # division by zero
+    ("2*(8", (0, 0)), ("2*8)", (0, 0)), ("(2*8", (0, 0)), ("()", (0, 0)),  # unbalanced / empty parentheses
+    ("2**8", (0, 0)), ("2*08", (0, 0)), ("-2+18", (0, 0)), ("2 * 8", (0, 0)), ("2*8=", (0, 0)),
+    ("", (0, 0)), ("2*8x", (0, 0)),
+]
+
+
+def test_countdown_verifier_rejects_corrupted_answers(tasks, tok, vocab):
+    task = tasks["countdown"]
+    answers = [a for a, _ in COUNTDOWN_CASES]
+    expected = np.array([e for _, e in COUNTDOWN_CASES], np.float32)
+    probs = text.Problems(np.tile([2, 5, 5, 8], (len(answers), 1)), np.full(len(answers), 16),
+                          np.zeros((len(answers), 3, 3), np.int32))
+    tok_x = text.train_tokenizer([], text.ALPHABET + "x")  # "x" only to spell a junk character
+    ids = text.encode(tok_x, answers, 16, left_pad=False)
+    vocab_x = text.Vocab.from_tokenizer(tok_x)
+    got = task.rewards(probs, ids, vocab_x)
+    for (answer, want), row in zip(COUNTDOWN_CASES, got):
+        assert tuple(row) == want, answer
+    jitted = jax.jit(task.jax_rewards, static_argnums=2)
+    np.testing.assert_array_equal(np.asarray(jitted(probs, ids, vocab_x)), expected)
+    # Exact rational arithmetic: 8/(3-8/3) = 24 needs the fraction 1/3 on the way.
+    fraction = text.Problems(np.array([[3, 3, 8, 8]]), np.array([24]), np.zeros((1, 3, 3), np.int32))
+    ids = completions(tok, ["8/(3-8/3)", "8/(3-8/3)+3-3"], 16)
+    fraction = jax.tree.map(lambda x: np.repeat(x, 2, 0), fraction)
+    assert task.rewards(fraction, ids, vocab).tolist() == [[1, 1], [0, 1]]  # the second uses 3 three times
+    # TinyZero's rule: every number exactly once.
+    use_all = text.make_task("countdown", use_all=True)
+    ids = completions(tok, ["2*8", "2*8+5-5"], 16)
+    two = probs[:2]
+    assert use_all.rewards(two, ids, vocab).tolist() == [[0, 1], [1, 1]]
+    # Without EOS nothing is an answer.
+    no_eos = text.encode(tok, ["2*8", "8*2"], 16, left_pad=False, eos=False)
+    assert (task.rewards(two, no_eos, vocab) == 0).all()
+
+
+def test_countdown_verifier_rejects_corrupted_references(tasks, problems, tok, vocab):
+    task, probs = tasks["countdown"], problems[("countdown", "test")]
+    refs = text.decode(tok, task.reference_answers(probs, vocab))
+    length = task.answer_length + 3
+    cases = {
+        "number not given": ([s + "*0" for s in refs], (0, 1)),  # numbers start at 1
+        "number used twice": ([f"({s})*{n}" for s, n in zip(refs, np.asarray(probs.numbers)[:, 0])], (0, 1)),
+        "junk after answer": ([s + "+" for s in refs], (0, 0)),
+        "unbalanced": (["(" + s for s in refs], (0, 0)),
+    }
+    for label, (answers, expected) in cases.items():
+        got = task.rewards(probs, completions(tok, answers, length), vocab)
+        assert (got == expected).all(), label
+    no_eos = text.encode(tok, refs, length, left_pad=False, eos=False)
+    assert (task.rewards(probs, no_eos, vocab) == 0).all()
+
+
+# --- split -------------------------------------------------------------------------------------------------
+
+def problem_keys(problems):
+    numbers, targets = np.sort(np.asarray(problems.numbers), 1), np.asarray(problems.target)
+    return {(*n, t) for n, t in zip(numbers.tolist(), targets.tolist())}
+
+
+@pytest.mark.parametrize("name", TASK_NAMES)
+def test_train_never_samples_a_heldout_problem(name, tasks, problems):
+    task = tasks[name]
+    heldout = task.heldout(BATCH)
+    assert jax.tree.all(jax.tree.map(np.array_equal, heldout, task.heldout(BATCH)))  # deterministic
+    assert not np.array_equal(heldout.numbers, task.heldout(BATCH, seed=1).numbers)
+    assert np.asarray(task.is_heldout(heldout)).all()
+    train = set()
+    for seed in range(8):
+        batch = task.sample(jax.random.key(100 + seed), BATCH, "train")
+        assert not np.asarray(task.is_heldout(batch)).any()
+        train |= problem_keys(batch)
+    test = problem_keys(heldout) | problem_keys(problems[(name, "test")])
+    assert not train & test
+    assert len(test) > 50 and len(train) > 500
+    # Swapped operands / permuted numbers are the same problem, in the same split.
+    swapped = text.Problems(heldout.numbers[:, ::-1], heldout.target, heldout.recipe)
+    assert np.asarray(task.is_heldout(swapped)).all()
+    # About 10% of all problems are held out.
+    proposals, _ = jax.jit(task._propose, static_argnums=1)(jax.random.key(1), 4096)
+    assert 0.07 < float(task.is_heldout(proposals).mean()) < 0.13
+
+
+# --- jit / vmap ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["addition", "multiplication"])
+def test_arithmetic_pipeline_under_jit_and_vmap(name, tasks, problems, vocab):
+    task = tasks[name]
+
+    @jax.jit
+    def episode(key):  # sample, render, verify: all inside one compiled program
+        probs = task.sample(key, BATCH, "train")
+        answers = task.reference_answers(probs, vocab)
+        leading = jnp.asarray(vocab.digit_values)[answers[:, 0]]
+        wrong = answers.at[:, 0].set(vocab.digit_ids[leading % 9 + 1])  # another digit, never a leading 0
+        rewards = task.rewards(probs, answers, vocab), task.rewards(probs, wrong, vocab)
+        return task.prompts(probs, vocab), *rewards
+
+    prompts, right, wrong = episode(jax.random.key(3))
+    assert prompts.shape == (BATCH, task.prompt_length)
+    assert (right == 1).all() and (wrong[:, 0] == 0).all() and (wrong[:, 1] == 1).all()
+
+    # Group axes: vmap over [G, B/G] problems matches the flat batch.
+    probs = problems[(name, "train")]
+    grouped = jax.tree.map(lambda x: x.reshape(8, BATCH // 8, *x.shape[1:]), probs)
+    answers = task.reference_answers(probs, vocab)
+    vmapped_prompts = jax.vmap(task.prompts, in_axes=(0, None))(grouped, vocab)
+    np.testing.assert_array_equal(vmapped_prompts.reshape(BATCH, -1), task.prompts(probs, vocab))
+    vmapped = jax.jit(jax.vmap(task.rewards, in_axes=(0, 0, None)), static_argnums=2)(
+        grouped, answers.reshape(8, BATCH // 8, -1), vocab)
+    assert vmapped.shape == (8, BATCH // 8, 2) and (vmapped == 1).all()
+
+
+def test_countdown_jax_rewards_vmap_through_the_callback(tasks, problems, vocab):
+    task, probs = tasks["countdown"], problems[("countdown", "train")]
+    answers = task.reference_answers(probs, vocab)
+    grouped = jax.tree.map(lambda x: x.reshape(4, BATCH // 4, *x.shape[1:]), probs)
+    got = jax.jit(jax.vmap(task.jax_rewards, in_axes=(0, 0, None)), static_argnums=2)(
+        grouped, answers.reshape(4, BATCH // 4, -1), vocab)
+    assert got.shape == (4, BATCH // 4, 2) and (got == 1).all()
+
+
+def test_make_task_names_and_kwargs():
+    with pytest.raises(ValueError, match="addition, countdown, multiplication"):
+        text.make_task("additon")
+    assert text.make_task("addition", max_digits=5).prompt_length == 1 + 5 + 1 + 5 + 1
+    assert text.make_task("countdown", num_numbers=3).num_numbers == 3
+    with pytest.raises(ValueError):
+        text.make_task("multiplication", max_digits=6)  # results would not fit int32
