@@ -7,10 +7,9 @@
 
 from __future__ import annotations
 
-import difflib
 from typing import Callable
 
-from envs.core import Box, Discrete, Environment
+from envs.core import Box, Discrete, Environment, unknown_name
 from envs.wrappers import AgentAxis, AutoReset, EpisodeStatistics, Wrapper, as_multi_agent, episode_over
 
 _REGISTRY: dict[str, Callable[..., Environment]] = {}
@@ -31,9 +30,7 @@ def registered() -> list[str]:
 def make(name: str, **kwargs) -> Environment:
     """Build a registered environment; an unknown name lists the known ones."""
     if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, _REGISTRY, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown environment {name!r}.{hint} Known environments: {', '.join(registered())}")
+        raise unknown_name("environment", name, _REGISTRY)
     return _REGISTRY[name](**kwargs)
 
 

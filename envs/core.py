@@ -16,7 +16,8 @@ Vectorisation is the caller's `jax.vmap`; auto-reset and episode statistics are 
 
 from __future__ import annotations
 
-from typing import Any
+import difflib
+from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
@@ -108,3 +109,11 @@ class Environment:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> ValueError:
+    """The error for a name missing from a registry: the closest known name, then all of them."""
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {kind} {name!r}.{hint} Known {kind}s: {', '.join(known)}")

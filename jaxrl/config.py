@@ -96,6 +96,29 @@ def grpo_config() -> ConfigDict:
     return config
 
 
+def text_config() -> ConfigDict:
+    """Every key of a token-level run (a transformer policy on a verifiable text task, envs/text)."""
+    return ConfigDict({
+        "experiment": "text",
+        "algorithm": "text_sft",
+        "seed": 0,
+        "num_seeds": 1,
+        "total_steps": 200_000,  # samples (prompt and completion pairs) per seed
+        "task": {"name": "addition", "kwargs": ConfigDict()},
+        "num_prompts": 64,  # per update, split over devices
+        "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 0},  # d_ff 0: 4 * d_model
+        "optim": {"learning_rate": 1e-3, "max_grad_norm": 1.0, "weight_decay": 0.0, "warmup_updates": 50,
+                  "adam_eps": 1e-8},
+        "mesh": {"num_devices": 0},
+        "log": {"every_steps": 6_400, "progress_bar": True},
+        "checkpoint": {"every_steps": 0, "keep": 3},
+        "eval": {"every_steps": 0, "num_envs": 512, "max_steps": 0},  # num_envs: held-out problems
+    })
+
+
+TEXT_ALGORITHMS = ("text_sft",)
+
+
 def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
     """Reject a config argument the experiment does not take, then lock the config."""
     if arg:
@@ -120,6 +143,10 @@ def validate(config: ConfigDict) -> None:
 
     if config.algorithm not in algos.ALGORITHMS:
         raise ValueError(f"unknown config.algorithm {config.algorithm!r}; known: {', '.join(sorted(algos.ALGORITHMS))}")
+    _validate_shared(config)
+    if config.algorithm in TEXT_ALGORITHMS:
+        _validate_text(config)
+        return
     from jaxrl.algos.ppo import CRITIC_INPUTS
     if config.ppo.critic_input not in CRITIC_INPUTS:
         raise ValueError(f"unknown config.ppo.critic_input {config.ppo.critic_input!r}; known: "
@@ -127,9 +154,8 @@ def validate(config: ConfigDict) -> None:
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
-    _positive(config, "num_seeds", "total_steps", "num_envs", "num_steps", "rollout_unroll",
-              "ppo.num_epochs", "ppo.num_minibatches", "network.fc_size", "network.rnn_size",
-              "log.every_steps", "eval.num_envs", "checkpoint.keep")
+    _positive(config, "num_envs", "num_steps", "rollout_unroll", "ppo.num_epochs", "ppo.num_minibatches",
+              "network.fc_size", "network.rnn_size")
     batch = config.num_envs * config.num_steps
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update "
@@ -139,10 +165,31 @@ def validate(config: ConfigDict) -> None:
             raise ValueError(f"config.ppo.{key} must be > 0, got {config.ppo[key]!r}")
     _unit_interval(config.ppo.gamma, "ppo.gamma")
     (_validate_grpo if config.algorithm == "grpo" else _validate_ppo)(config)
+
+
+def _validate_shared(config: ConfigDict) -> None:
+    """Keys every algorithm has."""
+    _positive(config, "num_seeds", "total_steps", "log.every_steps", "eval.num_envs", "checkpoint.keep")
     for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices"):
         section, name = key.split(".")
         if config[section][name] < 0:
             raise ValueError(f"config.{key} must be >= 0, got {config[section][name]!r}")
+
+
+def _validate_text(config: ConfigDict) -> None:
+    from envs import text
+
+    _one_of(config.task.name, sorted(text.TASKS), "task.name")
+    _positive(config, "num_prompts", "model.num_layers", "model.d_model", "model.num_heads")
+    if config.model.d_model % config.model.num_heads:
+        raise ValueError(f"config.model.d_model = {config.model.d_model} is not divisible by "
+                         f"config.model.num_heads = {config.model.num_heads}")
+    if config.total_steps < config.num_prompts:
+        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_prompts = "
+                         f"{config.num_prompts})")
+    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
+        if not config.optim[key] > 0:
+            raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
 
 
 def _validate_ppo(config: ConfigDict) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 
 CURVE_KEYS = ("episode_return", "eval_return")
 WIN_KEYS = ("win_rate", "eval_win_rate")
+ACCURACY_KEYS = ("token_accuracy", "eval_accuracy")
 
 
 def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]:
@@ -32,7 +33,7 @@ def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]
         row["episodes"] = float(episodes.sum())
     for name, values in per_seed.items():
         row[name] = _finite_or_none(np.nanmean(values)) if np.isfinite(values).any() else None
-        if values.size > 1 and name in ("episode_return", "eval_return", "win_rate", "eval_win_rate"):
+        if values.size > 1 and name in ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy"):
             row[f"{name}_per_seed"] = [_finite_or_none(v) for v in values]
     return row
 
@@ -70,9 +71,13 @@ def read(path: str) -> list[dict]:
 
 
 def curve_keys(rows: Iterable[dict]) -> tuple[tuple[str, ...], str]:
-    """What to plot for these rows, and the y label: win rates when the env reports wins, else returns."""
+    """What to plot for these rows, and the y label: win rates when the env reports wins, accuracies for
+    text tasks, else returns."""
+    rows = list(rows)
     if any(r.get(key) is not None for r in rows for key in WIN_KEYS):
         return WIN_KEYS, "win rate"
+    if any(r.get("eval_accuracy") is not None for r in rows):
+        return ACCURACY_KEYS, "accuracy"
     return CURVE_KEYS, "return"
 
 

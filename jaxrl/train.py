@@ -117,6 +117,8 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
     mesh = mesh_lib.make_mesh(config.mesh.num_devices)
     algo, hyperparams = algos.build(config, mesh)
     _prepare_workdir(config, workdir)
+    if hasattr(algo, "write_files"):  # what else the run needs to be reloaded (e.g. a tokenizer)
+        algo.write_files(workdir)
 
     batch = algo.settings.batch_size
     num_updates = algo.settings.num_updates
@@ -205,7 +207,7 @@ def _progress_bar(total: int, initial: int, name: str):
 
 def _postfix(row: dict) -> dict:
     out = {"sps": f"{row['steps_per_second']:.3g}"}
-    for key in ("episode_return", "eval_return", "win_rate", "eval_win_rate"):
+    for key in ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy"):
         if row.get(key) is not None:
             out[key.replace("episode_", "")] = f"{row[key]:.3g}"
     return out
@@ -234,7 +236,7 @@ def main(argv) -> int:
         config = config_lib.load(saved)
     result = run(config, workdir)
     last = result.metrics[-1] if result.metrics else {}
-    keys = ("env_steps", "episode_return", "eval_return", "win_rate", "eval_win_rate", "wall_time")
+    keys = ("env_steps", "episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy", "wall_time")
     summary = {k: last[k] for k in keys if k in last}
     print(json.dumps({"workdir": result.workdir, **summary}))
     return 128 + signal.SIGTERM if result.interrupted else 0

@@ -24,7 +24,6 @@ one problem, so swapping operands never leaks a test problem into training.
 
 from __future__ import annotations
 
-import difflib
 import functools
 from typing import Callable, Sequence
 
@@ -33,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs.core import unknown_name
 from envs.text import render
 from envs.text.render import Piece
 from envs.text.tokenizer import BOS, EOS, Vocab
@@ -384,9 +384,7 @@ TASKS: dict[str, Callable[..., Task]] = {
 def make_task(name: str, **kwargs) -> Task:
     """Build a registered task; an unknown name lists the known ones."""
     if name not in TASKS:
-        close = difflib.get_close_matches(name, TASKS, n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise ValueError(f"unknown text task {name!r}.{hint} Known tasks: {', '.join(sorted(TASKS))}")
+        raise unknown_name("text task", name, TASKS)
     return TASKS[name](**kwargs)
 
 

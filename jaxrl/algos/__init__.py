@@ -78,7 +78,21 @@ def _grpo(config: ConfigDict, mesh):
     return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps), hyperparams
 
 
-ALGORITHMS = {"ppo": _ppo, "grpo": _grpo}
+def _text_sft(config: ConfigDict, mesh):
+    from jaxrl.algos.text import TextHyperparams, TextSettings, TextSFT
+
+    o = config.optim
+    settings = TextSettings(
+        task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
+        num_prompts=config.num_prompts, num_updates=config.total_steps // config.num_prompts,
+        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps,
+        model_kwargs=tuple((k, v or None) if k == "d_ff" else (k, v) for k, v in sorted(config.model.to_dict().items())))
+    hyperparams = jax.tree.map(jnp.float32, TextHyperparams(
+        learning_rate=o.learning_rate, max_grad_norm=o.max_grad_norm, weight_decay=o.weight_decay))
+    return TextSFT(settings, mesh), hyperparams
+
+
+ALGORITHMS = {"ppo": _ppo, "grpo": _grpo, "text_sft": _text_sft}
 
 
 def build(config: ConfigDict, mesh):

@@ -1,0 +1,50 @@
+"""The supervised warm start on text tasks runs through jaxrl.train: tokenizer saved, accuracy evaluated."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from envs import text
+from jaxrl import config as config_lib, train
+from test_multi_agent_ppo import load_experiment
+
+
+def tiny_sft_config(task="addition", total_steps=3_200):
+    config = load_experiment("text_sft", task)
+    config.total_steps, config.num_prompts = total_steps, 32
+    config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
+    config.optim.warmup_updates = 10
+    config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 1_600, 1_600, 64
+    config.checkpoint.every_steps = 1_600
+    config.log.progress_bar = False
+    return config
+
+
+def test_sft_run_saves_its_tokenizer_learns_and_resumes(tmp_path):
+    config = tiny_sft_config()
+    workdir = str(tmp_path / "run")
+    result = train.run(config, workdir)
+    rows = result.metrics
+    assert rows[-1]["loss"] < rows[0]["loss"], rows
+    assert 0.0 <= rows[-1]["eval_accuracy"] <= 1.0 and rows[-1]["eval_well_formed"] > 0.5, rows[-1]
+    tok = text.load_tokenizer(os.path.join(workdir, "tokenizer.json"))
+    assert text.decode(tok, text.encode(tok, ["12+345="], 10))[0] == "12+345="
+    # Resume: extending total_steps continues from the checkpoint, not from scratch.
+    config = config_lib.load(os.path.join(workdir, "config.json"))
+    with config.unlocked():
+        config.total_steps = 4_800
+    rows = train.run(config, workdir).metrics
+    assert [r["update"] for r in rows] == [50, 100, 150]
+
+
+def test_text_config_errors_name_the_key():
+    config = tiny_sft_config()
+    config.task.name = "subtraction"
+    with pytest.raises(ValueError, match=r"config\.task\.name"):
+        config_lib.validate(config)
+    config = tiny_sft_config()
+    config.model.num_heads = 3
+    with pytest.raises(ValueError, match=r"num_heads"):
+        config_lib.validate(config)
