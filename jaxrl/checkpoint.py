@@ -76,7 +76,8 @@ class Checkpointer:
 def _looks_corrupt(err: Exception) -> bool:
     """Unreadable files, as opposed to a readable checkpoint of a differently shaped state."""
     text = str(err).lower()
-    mismatch = ("shape" in text and "mismatch" in text) or "tree structure" in text or "structure" in text
+    mismatch = (("shape" in text and ("mismatch" in text or "not compatible" in text)) or "tree structure" in text
+                or "structure" in text)
     return not mismatch
 
 

@@ -106,7 +106,8 @@ def text_config() -> ConfigDict:
         "total_steps": 200_000,  # samples (prompt and completion pairs) per seed
         "task": {"name": "addition", "kwargs": ConfigDict()},
         "num_prompts": 64,  # per update, split over devices
-        "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 0},  # d_ff 0: 4 * d_model
+        "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 0,  # d_ff 0: 4 * d_model
+                  "max_len": 48},  # positions: prompt + answer tokens (RL on longer problems needs room)
         "optim": {"learning_rate": 1e-3, "max_grad_norm": 1.0, "weight_decay": 0.0, "warmup_updates": 50,
                   "adam_eps": 1e-8},
         "mesh": {"num_devices": 0},
@@ -116,7 +117,25 @@ def text_config() -> ConfigDict:
     })
 
 
-TEXT_ALGORITHMS = ("text_sft",)
+def text_grpo_config() -> ConfigDict:
+    """`text_config()` for RL on tokens from a warm start: group, estimator, loss and sampling choices."""
+    config = text_config()
+    config.algorithm = "text_grpo"
+    config.update(ConfigDict({
+        "init_from": "",  # a text_sft run directory (its newest checkpoint and tokenizer.json); "": from scratch
+        "group": {"size": 8, "oversample": 1},  # oversample > 1: DAPO dynamic sampling, candidates per slot
+        "advantage": "grpo",
+        "advantage_options": {"scale": "", "eps": 1e-6, "clip": 0.0, "max_reward": 1.0, "renormalize": False},
+        "reward_weights": (1.0, 0.1),  # correct, well_formed
+        "loss": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": 0.0, "ratio": "token", "aggregate": "token",
+                 "kl": "k3", "kl_coef": 0.0, "ent_coef": 0.0},
+        "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    }))
+    config.optim.update({"num_epochs": 1, "num_minibatches": 1})
+    return config
+
+
+TEXT_ALGORITHMS = ("text_sft", "text_grpo")
 
 
 def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
@@ -190,6 +209,29 @@ def _validate_text(config: ConfigDict) -> None:
     for key in ("learning_rate", "max_grad_norm", "adam_eps"):
         if not config.optim[key] > 0:
             raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
+    if config.algorithm == "text_grpo":
+        _validate_text_grpo(config)
+
+
+def _validate_text_grpo(config: ConfigDict) -> None:
+    import os
+
+    from jaxrl import advantages, losses
+
+    _one_of(config.advantage, sorted(advantages.ESTIMATORS), "advantage")
+    _one_of(config.loss.ratio, losses.RATIO_LEVELS, "loss.ratio")
+    _one_of(config.loss.aggregate, tuple(losses.AGGREGATIONS), "loss.aggregate")
+    _one_of(config.loss.kl, tuple(losses.KL_ESTIMATORS), "loss.kl")
+    _positive(config, "group.size", "group.oversample", "optim.num_epochs", "optim.num_minibatches")
+    if config.group.size < 2:
+        raise ValueError(f"config.group.size must be >= 2, got {config.group.size}")
+    if len(config.reward_weights) != 2:
+        raise ValueError(f"config.reward_weights needs one weight per reward component (correct, well_formed), "
+                         f"got {config.reward_weights!r}")
+    if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
+        raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")
+    if not config.sampling.temperature >= 0:
+        raise ValueError(f"config.sampling.temperature must be >= 0, got {config.sampling.temperature!r}")
 
 
 def _validate_ppo(config: ConfigDict) -> None:

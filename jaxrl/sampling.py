@@ -139,7 +139,8 @@ def sample(model: TransformerLM, params, prompts: jax.Array, key: jax.Array, *, 
         return (cache, attn_mask, logits[:, 0], value, done), out
 
     # N-1 cached steps; the last token needs no forward pass after it.
-    carry = (cache, attn_mask, logits, value, jnp.zeros((B,), bool))
+    # (done derives from the prompts so that under shard_map it varies over devices like the rest of the carry)
+    carry = (cache, attn_mask, logits, value, jnp.zeros_like(prompt_len, bool))
     carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), keys[:-1]))
     _, _, logits, value, done = carry
     last_token, last_log_p, last_live, _ = pick(logits, done, keys[-1])

@@ -78,21 +78,49 @@ def _grpo(config: ConfigDict, mesh):
     return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps), hyperparams
 
 
+def _text_settings(config: ConfigDict, settings_cls, **extra):
+    o = config.optim
+    model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None)
+    return settings_cls(
+        task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
+        num_prompts=config.num_prompts,
+        num_updates=config.total_steps // (config.num_prompts * extra.get("group_size", 1)),
+        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, model_kwargs=tuple(sorted(model.items())), **extra)
+
+
 def _text_sft(config: ConfigDict, mesh):
     from jaxrl.algos.text import TextHyperparams, TextSettings, TextSFT
 
     o = config.optim
-    settings = TextSettings(
-        task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
-        num_prompts=config.num_prompts, num_updates=config.total_steps // config.num_prompts,
-        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps,
-        model_kwargs=tuple((k, v or None) if k == "d_ff" else (k, v) for k, v in sorted(config.model.to_dict().items())))
     hyperparams = jax.tree.map(jnp.float32, TextHyperparams(
         learning_rate=o.learning_rate, max_grad_norm=o.max_grad_norm, weight_decay=o.weight_decay))
-    return TextSFT(settings, mesh), hyperparams
+    return TextSFT(_text_settings(config, TextSettings), mesh), hyperparams
 
 
-ALGORITHMS = {"ppo": _ppo, "grpo": _grpo, "text_sft": _text_sft}
+def _text_grpo(config: ConfigDict, mesh):
+    import os
+
+    from jaxrl.algos.text import TextGRPO, TextGRPOHyperparams, TextGRPOSettings
+
+    o, loss = config.optim, config.loss
+    tokenizer = os.path.join(config.init_from, "tokenizer.json") if config.init_from else None
+    settings = _text_settings(
+        config, TextGRPOSettings, tokenizer_path=tokenizer, group_size=config.group.size,
+        oversample=config.group.oversample, top_k=config.sampling.top_k, advantage=config.advantage,
+        advantage_options=advantage_options(config), reward_weights=tuple(config.reward_weights),
+        ratio=loss.ratio, aggregate=loss.aggregate, dual_clip=loss.dual_clip or None, kl=loss.kl,
+        use_kl=loss.kl_coef > 0, num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
+    hyperparams = jax.tree.map(jnp.float32, TextGRPOHyperparams(
+        learning_rate=o.learning_rate, max_grad_norm=o.max_grad_norm, weight_decay=o.weight_decay,
+        clip_low=loss.clip_low, clip_high=loss.clip_high, kl_coef=loss.kl_coef, ent_coef=loss.ent_coef,
+        temperature=config.sampling.temperature, top_p=config.sampling.top_p))
+    algo = TextGRPO(settings, mesh)
+    if config.init_from:
+        algo.start_params = algo.restore_params(config.init_from)
+    return algo, hyperparams
+
+
+ALGORITHMS = {"ppo": _ppo, "grpo": _grpo, "text_sft": _text_sft, "text_grpo": _text_grpo}
 
 
 def build(config: ConfigDict, mesh):

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import time
 from typing import Any
@@ -56,8 +57,9 @@ class TextSettings:
     num_updates: int = 1  # over the run, for the learning-rate schedule
     warmup_updates: int = 0
     adam_eps: float = 1e-8
-    model_kwargs: tuple[tuple[str, Any], ...] = ()  # TransformerConfig fields (vocab and length come from the task)
+    model_kwargs: tuple[tuple[str, Any], ...] = ()  # TransformerConfig fields (the vocabulary comes from the tokenizer)
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
+    tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
 
     @property
     def batch_size(self) -> int:
@@ -86,17 +88,23 @@ def make_optimizer(hp: TextHyperparams, settings: TextSettings, step: jax.Array)
                        optax.scale(-learning_rate))
 
 
-class TextSFT:
-    """Supervised warm start of a `TransformerLM` on a text task (see the module docstring)."""
+class _TextAlgorithm:
+    """What the text algorithms share: task, tokenizer, model, state, the chunk loop, held-out evaluation.
+
+    Subclasses define `_update(state, hp) -> (state, metrics)` for one seed on this device's prompts.
+    """
 
     def __init__(self, settings: TextSettings, mesh=None, eval_seed: int = 1234):
         self.settings = settings
         self.task = text.make_task(settings.task, **dict(settings.task_kwargs))
-        self.tokenizer = text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus))
+        self.tokenizer = (text.load_tokenizer(settings.tokenizer_path) if settings.tokenizer_path else
+                          text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus)))
         self.vocab = text.Vocab.from_tokenizer(self.tokenizer)
-        self.model = TransformerLM(TransformerConfig(
-            vocab_size=self.vocab.size, max_len=self.task.prompt_length + self.task.answer_length,
-            **dict(settings.model_kwargs)))
+        self.model = TransformerLM(TransformerConfig(vocab_size=self.vocab.size, **dict(settings.model_kwargs)))
+        needed = self.task.prompt_length + self.task.answer_length
+        if self.model.config.max_len < needed:
+            raise ValueError(f"model.max_len={self.model.config.max_len} cannot hold this task's prompt and "
+                             f"answer ({self.task.prompt_length} + {self.task.answer_length} tokens)")
         self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
         mesh_lib.check_divisible("num_prompts", settings.num_prompts, self.mesh)
         self.eval_seed = eval_seed
@@ -111,11 +119,14 @@ class TextSFT:
     # ----------------------------------------------------------------------------------------------
     # State
 
-    def init(self, key: jax.Array) -> TextState:
+    def init_params(self, key: jax.Array):
+        tokens = jnp.zeros((1, self.model.config.max_len), jnp.int32)
+        return self.model.init(key, tokens, jnp.zeros_like(tokens), jnp.ones_like(tokens, bool))
+
+    def init(self, key: jax.Array, params=None) -> TextState:
+        """A fresh state for one seed, from `params` when given (a warm start) else a new initialisation."""
         param_key, state_key = jax.random.split(key)
-        length = self.task.prompt_length + self.task.answer_length
-        tokens = jnp.zeros((1, length), jnp.int32)
-        params = self.model.init(param_key, tokens, jnp.zeros_like(tokens), jnp.ones_like(tokens, bool))
+        params = self.init_params(param_key) if params is None else params
         optimizer = make_optimizer(TextHyperparams(), self.settings, jnp.int32(0))
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
@@ -127,8 +138,85 @@ class TextSFT:
     def state_shardings(self, state: TextState) -> TextState:
         return jax.tree.map(lambda _: mesh_lib.replicated(self.mesh), state)
 
+    def _run_updates(self, state, hp, num_updates: jax.Array):
+        _, shapes = jax.eval_shape(self._update, state, hp)
+        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+        def body(_, carry):
+            state, totals = carry
+            state, metrics = self._update(state, hp)
+            return state, jax.tree.map(jnp.add, totals, metrics)
+
+        state, totals = jax.lax.fori_loop(0, num_updates, body, (state, zeros))
+        return state, jax.tree.map(lambda x: x / num_updates, totals)
+
+    def run_chunk(self, state, hp, num_updates: int):
+        """`num_updates` updates for every seed; returns (state, metrics with leaves [S])."""
+        num_updates = jnp.int32(num_updates)
+        if self._chunk_fn is None:
+            local = jax.vmap(self._run_updates, (0, None, None))
+            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(), P()), out_specs=(P(), P()))
+            replicated = mesh_lib.replicated(self.mesh)
+            jitted = jax.jit(sharded, out_shardings=(self.state_shardings(state), replicated), donate_argnums=0)
+            tick = time.perf_counter()
+            self._chunk_fn = jitted.lower(state, hp, num_updates).compile()
+            self.compile_seconds = time.perf_counter() - tick
+        return self._chunk_fn(state, hp, num_updates)
+
+    def _apply_gradients(self, state, grads, hp):
+        """Average this device's gradients over devices and take one optimiser step: (params, opt_state, norm)."""
+        grads = jax.lax.pmean(grads, DATA_AXIS)
+        optimizer = make_optimizer(hp, self.settings, state.update_step)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads)
+
     # ----------------------------------------------------------------------------------------------
-    # One update (inside shard_map, one seed)
+    # Held-out evaluation
+
+    @functools.partial(jax.jit, static_argnums=(0, 2))
+    def _greedy(self, params, num: int):
+        problems = self.task.heldout(num, seed=self.eval_seed)
+        prompts = self.task.prompts(problems, self.vocab)
+        samples = sampling.sample(self.model, params, prompts, jax.random.PRNGKey(0),
+                                  max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
+                                  pad_id=self.vocab.pad_id, temperature=0.0)
+        return problems, samples
+
+    def restore_params(self, workdir: str):
+        """Parameters [S', ...] of the newest checkpoint of the run in `workdir` (an SFT run to start from)."""
+        from jaxrl import checkpoint
+
+        sft = TextSFT(dataclasses.replace(self.settings, tokenizer_path=os.path.join(workdir, "tokenizer.json")),
+                      self.mesh)
+        saved = json.load(open(os.path.join(workdir, "config.json")))
+        target = jax.eval_shape(lambda: sft.init_seeds(saved["seed"], saved["num_seeds"]))
+        shardings = mesh_lib.replicated(self.mesh)
+        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), target)
+        manager = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+        try:
+            _, state = manager.restore_latest(target)
+        finally:
+            manager.close()
+        return state.params
+
+    def evaluate(self, params, key: jax.Array, num: int) -> dict[str, np.ndarray]:
+        """Greedy answers to `num` fixed held-out problems, per seed: eval_accuracy (pass@1),
+        eval_well_formed, eval_length (tokens generated) [S]."""
+        del key  # the held-out set and greedy decoding are deterministic
+        num_seeds = jax.tree.leaves(params)[0].shape[0]
+        out = {"eval_accuracy": [], "eval_well_formed": [], "eval_length": []}
+        for s in range(num_seeds):
+            problems, samples = self._greedy(jax.tree.map(lambda x: x[s], params), num)
+            rewards = np.asarray(self.task.rewards(problems, samples.tokens, self.vocab))  # host or device
+            names = self.task.reward_names
+            out["eval_accuracy"].append(rewards[:, names.index("correct")].mean())
+            out["eval_well_formed"].append(rewards[:, names.index("well_formed")].mean())
+            out["eval_length"].append(float(np.asarray(samples.lengths).mean()))
+        return {k: np.asarray(v) for k, v in out.items()}
+
+
+class TextSFT(_TextAlgorithm):
+    """Supervised warm start of a `TransformerLM` on a text task (see the module docstring)."""
 
     def _batch(self, key: jax.Array):
         """This device's share of B training problems: (prompts [b, P], answers [b, A])."""
@@ -148,60 +236,173 @@ class TextSFT:
         key, batch_key = jax.random.split(state.key)
         prompts, answers = self._batch(batch_key)
         grads, metrics = jax.grad(self._loss, has_aux=True)(mesh_lib.per_device(state.params), prompts, answers)
-        grads, metrics = jax.lax.pmean((grads, metrics), DATA_AXIS)
-        optimizer = make_optimizer(hp, self.settings, state.update_step)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        metrics = dict(metrics, grad_norm=optax.tree.norm(grads))
-        return TextState(optax.apply_updates(state.params, updates), opt_state, key, state.update_step + 1), metrics
+        params, opt_state, grad_norm = self._apply_gradients(state, grads, hp)
+        metrics = dict(jax.lax.pmean(metrics, DATA_AXIS), grad_norm=grad_norm)
+        return TextState(params, opt_state, key, state.update_step + 1), metrics
 
-    def _run_updates(self, state: TextState, hp: TextHyperparams, num_updates: jax.Array):
-        _, shapes = jax.eval_shape(self._update, state, hp)
-        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
 
-        def body(_, carry):
-            state, totals = carry
-            state, metrics = self._update(state, hp)
-            return state, jax.tree.map(jnp.add, totals, metrics)
+# ---------------------------------------------------------------------------------------------------
+# GRPO on tokens
 
-        state, totals = jax.lax.fori_loop(0, num_updates, body, (state, zeros))
-        return state, jax.tree.map(lambda x: x / num_updates, totals)
 
-    def run_chunk(self, state: TextState, hp: TextHyperparams, num_updates: int):
-        """`num_updates` updates for every seed; returns (state, metrics with leaves [S])."""
-        num_updates = jnp.int32(num_updates)
-        if self._chunk_fn is None:
-            local = jax.vmap(self._run_updates, (0, None, None))
-            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(), P()), out_specs=(P(), P()))
-            replicated = mesh_lib.replicated(self.mesh)
-            jitted = jax.jit(sharded, out_shardings=(self.state_shardings(state), replicated), donate_argnums=0)
-            tick = time.perf_counter()
-            self._chunk_fn = jitted.lower(state, hp, num_updates).compile()
-            self.compile_seconds = time.perf_counter() - tick
-        return self._chunk_fn(state, hp, num_updates)
+@struct.dataclass
+class TextGRPOHyperparams(TextHyperparams):
+    """Traced numbers of the RL update (a sweep may vary them)."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    ent_coef: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class TextGRPOSettings(TextSettings):
+    """TextSettings plus the group, estimator and loss choices (static)."""
+
+    group_size: int = 8  # G completions per prompt
+    oversample: int = 1  # DAPO dynamic sampling: candidate prompts per slot; 1 = off
+    top_k: int = 0
+    advantage: str = "grpo"
+    advantage_options: tuple[tuple[str, Any], ...] = ()
+    reward_weights: tuple[float, ...] = (1.0, 0.1)  # per reward component (correct, well_formed)
+    ratio: str = "token"
+    aggregate: str = "token"
+    dual_clip: float | None = None
+    kl: str = "k3"
+    use_kl: bool = False  # kl_coef > 0: keep a frozen reference copy of the starting policy
+    num_epochs: int = 1
+    num_minibatches: int = 1
+
+    @property
+    def batch_size(self) -> int:
+        """Completions per update, over all devices (B prompts x G)."""
+        return self.num_prompts * self.group_size
+
+
+@struct.dataclass
+class TextGRPOState(TextState):
+    ref_params: Any = None  # the frozen reference policy (None without a KL term)
+
+
+class TextGRPO(_TextAlgorithm):
+    """GRPO and its variants on a text task, starting from `init_params` (an SFT run's) when given.
+
+    One update, per seed, on this device's share of the B prompt slots:
+      sample B x oversample training problems -> G completions each (KV-cache sampling)
+      -> rewards [.., G, K] from the task's verifier -> per slot, the first candidate whose group's
+      rewards are not all equal (DAPO dynamic sampling; `fill_rate` logs how often one was found)
+      -> group advantages (jaxrl.advantages) -> epochs x minibatches of `losses.policy_loss`.
+    """
+
+    def __init__(self, settings: TextGRPOSettings, mesh=None, init_params=None, eval_seed: int = 1234):
+        super().__init__(settings, mesh, eval_seed)
+        from jaxrl import advantages
+        self.estimator = advantages.get(settings.advantage)
+        self.start_params = init_params  # [S', ...]: seed s starts from seed s mod S' of these
+        if settings.num_prompts % (settings.num_minibatches * self.mesh.shape[DATA_AXIS]) and settings.num_minibatches > 1:
+            raise ValueError(f"num_prompts={settings.num_prompts} does not split into "
+                             f"num_minibatches={settings.num_minibatches} on each device")
+
+    def init(self, key: jax.Array, params=None) -> TextGRPOState:
+        state = super().init(key, params)
+        ref = state.params if self.settings.use_kl else None
+        return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref)
+
+    def init_seeds(self, seed: int, num_seeds: int) -> TextGRPOState:
+        if self.start_params is None:
+            return super().init_seeds(seed, num_seeds)
+        keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
+        available = jax.tree.leaves(self.start_params)[0].shape[0]
+        params = jax.tree.map(lambda x: x[jnp.arange(num_seeds) % available], self.start_params)
+        state = jax.jit(jax.vmap(self.init))(keys, params)
+        return jax.device_put(state, self.state_shardings(state))
 
     # ----------------------------------------------------------------------------------------------
-    # Held-out evaluation
 
-    @functools.partial(jax.jit, static_argnums=(0, 2))
-    def _greedy(self, params, num: int):
-        problems = self.task.heldout(num, seed=self.eval_seed)
+    def _rollout(self, params, hp: TextGRPOHyperparams, key: jax.Array):
+        """Candidates for this device's slots: (problems [b*O], prompts [b*O, P], Samples [b*O, G, N],
+        rewards [b*O, G, K]). Keys are drawn per candidate from its global index (mesh-invariant)."""
+        s = self.settings
+        problem_key, sample_key = jax.random.split(key)
+        problems = self.task.sample(problem_key, s.num_prompts * s.oversample, "train")
+        problems = jax.tree.map(mesh_lib.local_share, problems)
         prompts = self.task.prompts(problems, self.vocab)
-        samples = sampling.sample(self.model, params, prompts, jax.random.PRNGKey(0),
-                                  max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
-                                  pad_id=self.vocab.pad_id, temperature=0.0)
-        return problems, samples
+        keys = mesh_lib.per_item_keys(sample_key, prompts.shape[0])
 
-    def evaluate(self, params, key: jax.Array, num: int) -> dict[str, np.ndarray]:
-        """Greedy answers to `num` fixed held-out problems, per seed: eval_accuracy (pass@1),
-        eval_well_formed, eval_length (tokens generated) [S]."""
-        del key  # the held-out set and greedy decoding are deterministic
-        num_seeds = jax.tree.leaves(params)[0].shape[0]
-        out = {"eval_accuracy": [], "eval_well_formed": [], "eval_length": []}
-        for s in range(num_seeds):
-            problems, samples = self._greedy(jax.tree.map(lambda x: x[s], params), num)
-            rewards = np.asarray(self.task.rewards(problems, samples.tokens, self.vocab))  # host or device
-            names = self.task.reward_names
-            out["eval_accuracy"].append(rewards[:, names.index("correct")].mean())
-            out["eval_well_formed"].append(rewards[:, names.index("well_formed")].mean())
-            out["eval_length"].append(float(np.asarray(samples.lengths).mean()))
-        return {k: np.asarray(v) for k, v in out.items()}
+        def one(prompt, k):
+            out = sampling.sample_groups(self.model, params, prompt[None], k, group_size=s.group_size,
+                                         max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
+                                         pad_id=self.vocab.pad_id, temperature=hp.temperature, top_k=s.top_k,
+                                         top_p=hp.top_p)
+            return jax.tree.map(lambda x: x[0], out)
+
+        samples = jax.vmap(one)(prompts, keys)
+        rewards = jax.vmap(lambda c: self.task.jax_rewards(problems, c, self.vocab), in_axes=1, out_axes=1)(
+            samples.tokens)
+        return problems, prompts, samples, rewards
+
+    def _select(self, tree, rewards):
+        """Per slot, the first of its O candidates whose G rewards are not all equal (else the last).
+        tree leaves [b*O, ...] -> [b, ...]; returns (selected, filled [b])."""
+        O = self.settings.oversample
+        varied = jnp.any(rewards != rewards[:, :1], axis=(1, 2)).reshape(-1, O)  # [b, O]
+        filled = varied.any(axis=1)
+        choice = jnp.where(filled, jnp.argmax(varied, axis=1), O - 1)
+        pick = lambda x: jnp.take_along_axis(x.reshape(-1, O, *x.shape[1:]),
+                                             choice.reshape(-1, 1, *([1] * (x.ndim - 1))), axis=1)[:, 0]
+        return jax.tree.map(pick, tree), filled
+
+    def _loss(self, params, batch, hp: TextGRPOHyperparams):
+        s = self.settings
+        log_probs, entropy, _ = sampling.score(self.model, params, batch["prompts"], batch["tokens"],
+                                               batch["mask"], self.vocab.pad_id)
+        advantages = jnp.broadcast_to(batch["advantages"][:, None], log_probs.shape)
+        return losses.policy_loss(
+            log_probs, batch["log_probs"], advantages, batch["mask"] * batch["weight"][:, None],
+            clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
+            aggregate=s.aggregate, constant_length=self.task.answer_length,
+            ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef, entropy=entropy,
+            ent_coef=hp.ent_coef, axis_name=DATA_AXIS)
+
+    def _update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
+        from jaxrl.algos.ppo import deal_minibatches
+
+        s = self.settings
+        key, rollout_key, epoch_key = jax.random.split(state.key, 3)
+        problems, prompts, samples, rewards = self._rollout(state.params, hp, rollout_key)
+        (prompts, samples, rewards), filled = self._select((prompts, samples, rewards), rewards)
+        group = self.estimator(rewards, None, reward_weights=s.reward_weights, **dict(s.advantage_options))
+        b, G, N = samples.tokens.shape
+        units = {"prompts": jnp.broadcast_to(prompts[:, None], (b, G, prompts.shape[-1])),
+                 "tokens": samples.tokens, "mask": samples.mask, "log_probs": samples.log_probs,
+                 "advantages": group.advantages, "weight": group.weight}
+        if s.use_kl:
+            flat = jax.tree.map(lambda x: x.reshape(b * G, *x.shape[2:]), units)
+            ref, _, _ = sampling.score(self.model, state.ref_params, flat["prompts"], flat["tokens"], flat["mask"],
+                                       self.vocab.pad_id)
+            units["ref_log_probs"] = ref.reshape(b, G, N)
+        grad_fn = jax.grad(self._loss, has_aux=True)
+
+        def minibatch_step(carry, batch):
+            params, opt_state, step = carry
+            grads, aux = grad_fn(mesh_lib.per_device(params), batch, hp)
+            params, opt_state, grad_norm = self._apply_gradients(
+                state.replace(params=params, opt_state=opt_state, update_step=step), grads, hp)
+            return (params, opt_state, step), dict(jax.lax.pmean(aux, DATA_AXIS), grad_norm=grad_norm)
+
+        def epoch(carry, k):
+            return jax.lax.scan(minibatch_step, carry, deal_minibatches(k, units, s.num_minibatches))
+
+        (params, opt_state, _), aux = jax.lax.scan(epoch, (state.params, state.opt_state, state.update_step),
+                                                   jax.random.split(epoch_key, s.num_epochs))
+        metrics = jax.tree.map(jnp.mean, aux)
+        mean = lambda x: jax.lax.pmean(jnp.mean(x), DATA_AXIS)
+        for i, name in enumerate(self.task.reward_names):
+            metrics[f"reward_{name}"] = mean(rewards[..., i])
+        metrics.update(fill_rate=mean(filled.astype(jnp.float32)), completion_length=mean(samples.lengths),
+                       zero_variance_fraction=mean(group.zero_variance.astype(jnp.float32)),
+                       tokens=jax.lax.psum(jnp.sum(samples.mask), DATA_AXIS))
+        state = state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1)
+        return state, metrics

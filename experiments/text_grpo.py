@@ -1,0 +1,34 @@
+"""GRPO on tokens from a supervised warm start; the task is the argument.
+
+    python -m jaxrl.train --config=experiments/text_sft.py:addition --workdir=runs/sft_addition
+    python -m jaxrl.train --config=experiments/text_grpo.py:addition --config.init_from=runs/sft_addition
+    python -m jaxrl.train --config=experiments/text_grpo.py:addition --config.init_from=runs/sft_addition \
+        --config.advantage=dr_grpo --config.loss.aggregate=constant --config.group.oversample=2
+
+The model settings must match the warm start's (they are read from this config, the weights and the
+tokenizer from `init_from`). RL may train on harder problems than SFT saw: TASK_KWARGS below.
+"""
+
+from ml_collections import ConfigDict
+
+from experiments.text_sft import TASK_KWARGS
+from jaxrl import config as config_lib
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    task = arg or "addition"
+    config = config_lib.text_grpo_config()
+    config.experiment = f"text_grpo_{task}"
+    config.task.name = task
+    config.task.kwargs = ConfigDict(TASK_KWARGS.get(task, {}))
+    config.total_steps = 64_000  # completions per seed
+    config.num_prompts = 32
+    config.group.size = 8
+    config.model.num_layers, config.model.d_model, config.model.num_heads = 2, 128, 4
+    config.optim.learning_rate = 1e-4
+    config.optim.warmup_updates = 10
+    config.log.every_steps = 2_560
+    config.eval.every_steps = 12_800
+    config.eval.num_envs = 512
+    config.checkpoint.every_steps = 12_800
+    return config_lib.finalize(config)
