@@ -1,0 +1,108 @@
+"""GRPO on tokens: warm start from an SFT run, dynamic sampling, estimator and loss parts by name."""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, train
+from test_multi_agent_ppo import load_experiment
+from test_text_sft import tiny_sft_config
+
+
+@pytest.fixture(scope="module")
+def sft_run(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("sft") / "run")
+    train.run(tiny_sft_config(total_steps=4_800), workdir)
+    return workdir
+
+
+def tiny_grpo_config(init_from, **overrides):
+    config = load_experiment("text_grpo", "addition")
+    config.init_from = init_from
+    config.num_prompts, config.group.size = 8, 4
+    config.total_steps = 8 * 4 * 4
+    config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2  # as tiny_sft_config
+    config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 64, 128, 32
+    config.checkpoint.every_steps = 128
+    config.log.progress_bar = False
+    for key, value in overrides.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target[part]
+        target[leaf] = value
+    return config
+
+
+def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
+    config = tiny_grpo_config(sft_run)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    sft_params = algo.restore_params(sft_run)
+    state = algo.init_seeds(0, 1)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(sft_params)):
+        np.testing.assert_array_equal(a, b)
+    # The warm start answers the held-out problems exactly as the SFT run's last evaluation did.
+    sft_last = [r for r in train.metrics_lib.read(os.path.join(sft_run, "metrics.jsonl")) if "eval_accuracy" in r][-1]
+    assert float(algo.evaluate(state.params, None, 64)["eval_accuracy"][0]) == sft_last["eval_accuracy"]
+    rows = train.run(config, str(tmp_path / "grpo")).metrics
+    for key in ("reward_correct", "reward_well_formed", "fill_rate", "completion_length", "entropy", "clip_fraction",
+                "approx_kl", "eval_accuracy"):
+        assert np.isfinite(rows[-1][key]), (key, rows[-1])
+    assert os.path.exists(tmp_path / "grpo" / "tokenizer.json")
+
+
+@pytest.mark.parametrize("overrides", [
+    {"advantage": "dr_grpo", "loss.aggregate": "constant"},
+    {"advantage": "gdpo", "advantage_options.renormalize": True},
+    {"advantage": "median", "group.size": 5},
+    {"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
+    {"loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3},
+], ids=lambda o: "-".join(str(v) for v in o.values()))
+def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
+    config = tiny_grpo_config(sft_run, **overrides)
+    config_lib.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    state = algo.init_seeds(0, 1)
+    before = jax.tree.leaves(state.params)[0].copy()
+    state, metrics = algo.run_chunk(state, hp, 2)
+    metrics = jax.device_get(metrics)
+    for key, value in metrics.items():
+        assert np.isfinite(value).all(), (key, value)
+    assert ("kl" in metrics) == (config.loss.kl_coef > 0)
+    assert not np.allclose(before, jax.tree.leaves(state.params)[0])
+
+
+def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candidate_exists(sft_run):
+    algo, _ = algos.build(tiny_grpo_config(sft_run, **{"group.oversample": 3}), mesh_lib.make_mesh())
+    # 4 slots x 3 candidates (slot-major), groups of 4, 2 reward components.
+    varied = {2, 3, 5, 7, 8}  # slot 0 -> 2, slot 1 -> 3, slot 2 -> 7, slot 3: none varies -> 11, unfilled
+    rewards = np.zeros((12, 4, 2), np.float32)
+    for c in range(12):
+        rewards[c] = [[1, 1], [0, 1], [1, 1], [0, 0]] if c in varied else [[c % 2, 1]] * 4
+    ids = jnp.arange(12)
+    (chosen, chosen_rewards), filled = algo._select((ids, jnp.asarray(rewards)), jnp.asarray(rewards))
+    np.testing.assert_array_equal(chosen, [2, 3, 7, 11])
+    np.testing.assert_array_equal(filled, [True, True, True, False])
+    varies = np.asarray((chosen_rewards != chosen_rewards[:, :1]).any(axis=(1, 2)))
+    assert varies[np.asarray(filled)].all(), "a filled slot never holds a zero-variance group"
+
+
+def test_init_from_a_differently_shaped_run_is_an_error_and_moves_nothing(sft_run):
+    config = tiny_grpo_config(sft_run)
+    config.model.d_model = 96  # the SFT run used 64
+    before = sorted(os.listdir(os.path.join(sft_run, "checkpoints")))
+    with pytest.raises(checkpoint.CheckpointError, match="does not match"):
+        algos.build(config, mesh_lib.make_mesh())
+    assert sorted(os.listdir(os.path.join(sft_run, "checkpoints"))) == before
+
+
+def test_text_grpo_config_errors_name_the_key(sft_run, tmp_path):
+    for overrides, key in [({"advantage": "best_of"}, "config.advantage"), ({"loss.kl": "k4"}, "config.loss.kl"),
+                           ({"group.size": 1}, "config.group.size"),
+                           ({}, "config.init_from")]:
+        config = tiny_grpo_config(sft_run if overrides else str(tmp_path), **overrides)
+        with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+            config_lib.validate(config)
