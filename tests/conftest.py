@@ -23,3 +23,14 @@ def run_python(code: str, *, devices: int = 1, timeout: int = 600, env: dict | N
 @pytest.fixture
 def python_subprocess():
     return run_python
+
+
+def set_keys(config, overrides: dict):
+    """Set dotted config keys ("loss.clip_high": 0.28) as the command line does; returns the config."""
+    for key, value in overrides.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for part in parents:
+            target = target[part]
+        target[leaf] = value
+    return config

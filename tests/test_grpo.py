@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from jaxrl import advantages, algos, config as config_lib, mesh as mesh_lib
+from conftest import set_keys
 from test_multi_agent_ppo import load_experiment
 
 
@@ -16,13 +17,7 @@ def small_config(name="cartpole_grpo", arg=None, num_envs=8, num_steps=64, group
     config.total_steps = num_envs * num_steps * 4
     config.ppo.num_minibatches = 2
     config.network.fc_size, config.network.rnn_size, config.network.hidden_sizes = 32, 32, (32, 32)
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target[part]
-        target[leaf] = value
-    return config
+    return set_keys(config, overrides)
 
 
 def build(config, num_seeds=1):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, train
+from conftest import set_keys
 from test_multi_agent_ppo import load_experiment
 from test_text_sft import tiny_sft_config
 
@@ -28,13 +29,7 @@ def tiny_grpo_config(init_from, **overrides):
     config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 64, 128, 32
     config.checkpoint.every_steps = 128
     config.log.progress_bar = False
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target[part]
-        target[leaf] = value
-    return config
+    return set_keys(config, overrides)
 
 
 def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):

@@ -153,6 +153,20 @@ def deal_minibatches(key: jax.Array, units: Any, num_minibatches: int) -> Any:
     return jax.tree.map(deal, units)
 
 
+def repeat_updates(update, state, hp, num_updates: jax.Array):
+    """Apply `update(state, hp) -> (state, metrics)` a traced number of times (one compiled program for
+    every chunk length); returns (state, metrics summed over the updates)."""
+    _, shapes = jax.eval_shape(update, state, hp)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+
+    def body(_, carry):
+        state, totals = carry
+        state, metrics = update(state, hp)
+        return state, jax.tree.map(jnp.add, totals, metrics)
+
+    return jax.lax.fori_loop(0, num_updates, body, (state, zeros))
+
+
 def global_mean(x: jax.Array) -> jax.Array:
     """Mean over every device's share (shares are equal in size)."""
     return jax.lax.pmean(jnp.mean(x), DATA_AXIS)
@@ -413,15 +427,7 @@ class PPO:
 
     def _run_updates(self, state: TrainState, hp: PPOHyperparams, num_updates: jax.Array):
         """`num_updates` (traced) updates: one compiled program serves every chunk length."""
-        _, shapes = jax.eval_shape(self._update, state, hp)
-        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-
-        def body(_, carry):
-            state, totals = carry
-            state, metrics = self._update(state, hp)
-            return state, jax.tree.map(jnp.add, totals, metrics)
-
-        state, totals = jax.lax.fori_loop(0, num_updates, body, (state, zeros))
+        state, totals = repeat_updates(self._update, state, hp, num_updates)
         return state, {k: v if k.endswith("_sum") or k == "episodes" else v / num_updates
                        for k, v in totals.items()}
 

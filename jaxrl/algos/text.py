@@ -34,6 +34,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from envs import text
 from jaxrl import losses, mesh as mesh_lib, sampling
+from jaxrl.algos.ppo import deal_minibatches, repeat_updates
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -139,15 +140,7 @@ class _TextAlgorithm:
         return jax.tree.map(lambda _: mesh_lib.replicated(self.mesh), state)
 
     def _run_updates(self, state, hp, num_updates: jax.Array):
-        _, shapes = jax.eval_shape(self._update, state, hp)
-        zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
-
-        def body(_, carry):
-            state, totals = carry
-            state, metrics = self._update(state, hp)
-            return state, jax.tree.map(jnp.add, totals, metrics)
-
-        state, totals = jax.lax.fori_loop(0, num_updates, body, (state, zeros))
+        state, totals = repeat_updates(self._update, state, hp, num_updates)
         return state, jax.tree.map(lambda x: x / num_updates, totals)
 
     def run_chunk(self, state, hp, num_updates: int):
@@ -367,8 +360,6 @@ class TextGRPO(_TextAlgorithm):
             ent_coef=hp.ent_coef, axis_name=DATA_AXIS)
 
     def _update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
-        from jaxrl.algos.ppo import deal_minibatches
-
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         problems, prompts, samples, rewards = self._rollout(state.params, hp, rollout_key)
