@@ -25,7 +25,9 @@ EXTRAS = {
             "gymnax<1.0", "six", "jaxmarl==0.2.0"],  # gymnax 0.0.9 imports six without declaring it
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # rejax 0.1.3 needs gymnax < 1.0 (gymnax 1.0 splits done into terminated/truncated).
-    "bench": ["rejax==0.1.3", "gymnax<1.0", "jaxmarl==0.2.0"],
+    # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
+    # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.
+    "bench": ["rejax==0.1.3", "gymnax<1.0", "jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0"],
     # Accelerators: JAX's own wheels. For TPU follow JAX's install note (pip install "jax[tpu]").
     "cuda": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],

@@ -80,7 +80,7 @@ def jaxrl_config(args):
 
 
 def jaxrl_bench(args, config):
-    """(tokens/s samples, s/step samples, algo) for jaxrl."""
+    """(tokens/s samples, s/step samples, algo, the generation row's prompts [B, P]) for jaxrl."""
     algo, hp = algos.build(config, mesh_lib.make_mesh())
     task, vocab, model = algo.task, algo.vocab, algo.model
     B, G, N = args.prompts, args.group_size, args.new_tokens
@@ -281,7 +281,8 @@ def torch_threads(args) -> str:
         return ""
     import torch
 
-    return f" ({torch.get_num_threads()} threads)"
+    n = torch.get_num_threads()
+    return f" ({n} thread{'s' * (n != 1)})"
 
 
 def main():
@@ -300,6 +301,9 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="GRPO steps per timed repetition")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (the median is shown)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed TRL steps / generate calls first")
+    parser.add_argument("--torch-threads", type=int, default=0,
+                        help="torch.set_num_threads for the TRL side (0: torch's default, one per core). On a "
+                             "machine busy with other work, torch's spinning OpenMP threads can slow it many-fold")
     parser.add_argument("--no-trl", action="store_true", help="run the jaxrl side only")
     args = parser.parse_args()
     if min(args.steps, args.repeats) < 1 or args.warmup < 0:
@@ -311,6 +315,10 @@ def main():
     if task.prompt_length + max(args.new_tokens, task.answer_length) > config.model.max_len:
         parser.error(f"prompt {task.prompt_length} + {args.new_tokens} tokens exceed max_len {config.model.max_len}")
 
+    if args.torch_threads and not args.no_trl:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     torch_version = "-" if args.no_trl else version("torch")
     print(f"command: python {shlex.join(sys.argv)}\ndate: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
           f"\nmachine: {cpu_name()}, {os.cpu_count()} CPUs; jax {jax.__version__} ({jax.devices()[0].platform}), "
