@@ -183,7 +183,7 @@ def score(model: TransformerLM, params, prompts: jax.Array, completions: jax.Arr
     -> (log_probs [B, N], entropy [B, N], values [B, N] or None), all at temperature 1 and zero where
     the mask is 0. log_probs match `sample`'s; this is the function the policy loss differentiates.
     """
-    P, N = prompts.shape[1], completions.shape[1]
+    P = prompts.shape[1]
     real, _, _ = prompt_layout(prompts, pad_id)
     completion_real = completion_mask > 0
     # The last completion token predicts nothing we score, so it is not fed.

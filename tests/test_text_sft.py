@@ -1,9 +1,7 @@
 """The supervised warm start on text tasks runs through jaxrl.train: tokenizer saved, accuracy evaluated."""
 
-import json
 import os
 
-import numpy as np
 import pytest
 
 from envs import text

@@ -30,7 +30,6 @@ import envs
 from jaxrl import distributions, losses, mesh as mesh_lib
 from jaxrl.advantages import gae
 from jaxrl.mesh import DATA_AXIS
-from jaxrl.networks import ActorCritic
 
 
 @struct.dataclass
