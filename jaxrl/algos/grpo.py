@@ -112,8 +112,9 @@ class GRPO(PPO):
     def _rollout(self, params, state: TrainState, key):
         """G episodes from each of the b local groups' start states, T steps, no auto-reset.
 
-        Returns (None, trajectory GroupStep [T, n, A, ...], episode sums). Steps after an episode's end
-        keep the last state (masked out by `running`), so nothing is computed on a terminal state.
+        Returns (None, trajectory GroupStep [T, n, A, ...], episode sums). Once an episode ends, its env
+        stays at the state before its last step: later steps are still computed (static shapes) but
+        discarded and masked out by `running`, and no step ever starts from a terminal state.
         """
         del state  # every update starts fresh episodes
         s, env, A, K = self.settings, self.agent_env, self.num_agents, self.agent_env.num_actions
