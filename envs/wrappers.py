@@ -64,7 +64,8 @@ def episode_over(done: jax.Array, info: dict) -> jax.Array:
     return info["episode_over"] if "episode_over" in info else done
 
 
-def _select(pred: jax.Array, on_true, on_false):
+def select(pred: jax.Array, on_true, on_false):
+    """Leaf by leaf `where(pred, on_true, on_false)` for one env's pytrees (vmap it for a batch)."""
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 
@@ -82,7 +83,7 @@ class AutoReset(Wrapper):
         reset_obs, reset_state = self.env.reset(reset_key, params)
         over = episode_over(done, info)
         info = dict(info, final_obs=obs, final_state=next_state)
-        return (_select(over, reset_obs, obs), _select(over, reset_state, next_state),
+        return (select(over, reset_obs, obs), select(over, reset_state, next_state),
                 reward, done, info)
 
 

@@ -51,15 +51,13 @@ def per_item_keys(key: jax.Array, num_local: int) -> jax.Array:
     return jax.vmap(jax.random.fold_in, (None, 0))(key, local_indices(num_local))
 
 
-def per_device(tree):
-    """Mark replicated values as varying over DATA_AXIS (inside `shard_map`), so that gradients taken
-    with respect to them stay per device instead of being summed over devices implicitly."""
-    return jax.tree.map(lambda x: jax.lax.pcast(x, DATA_AXIS, to="varying"), tree)
-
-
 def varying(tree):
-    """Mark the leaves that are not yet varying over DATA_AXIS as varying (inside `shard_map`): a loop
-    carry built from constants must have the type of the per-device values the loop body makes of it."""
+    """Mark the leaves of `tree` that are not yet varying over DATA_AXIS as varying (inside `shard_map`).
+
+    Two uses: gradients taken with respect to replicated parameters cast this way stay per device,
+    instead of being summed over devices implicitly (the transpose of broadcasting them); and a loop
+    carry built from constants gets the type of the per-device values the loop body makes of it.
+    """
     def cast(x):  # (pcast refuses a value that is varying already)
         return x if DATA_AXIS in jax.typeof(x).mat.varying else jax.lax.pcast(x, DATA_AXIS, to="varying")
     return jax.tree.map(cast, tree)

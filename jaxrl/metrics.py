@@ -12,6 +12,8 @@ import numpy as np
 CURVE_KEYS = ("episode_return", "eval_return")
 WIN_KEYS = ("win_rate", "eval_win_rate")
 ACCURACY_KEYS = ("token_accuracy", "eval_accuracy")
+# What a person watches: per-seed lists in metrics.jsonl, the progress bar, the run's printed summary.
+HEADLINE_KEYS = ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy")
 
 
 def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]:
@@ -33,7 +35,7 @@ def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]
         row["episodes"] = float(episodes.sum())
     for name, values in per_seed.items():
         row[name] = _finite_or_none(np.nanmean(values)) if np.isfinite(values).any() else None
-        if values.size > 1 and name in ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy"):
+        if values.size > 1 and name in HEADLINE_KEYS:
             row[f"{name}_per_seed"] = [_finite_or_none(v) for v in values]
     return row
 

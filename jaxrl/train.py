@@ -207,7 +207,7 @@ def _progress_bar(total: int, initial: int, name: str):
 
 def _postfix(row: dict) -> dict:
     out = {"sps": f"{row['steps_per_second']:.3g}"}
-    for key in ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy"):
+    for key in metrics_lib.HEADLINE_KEYS:
         if row.get(key) is not None:
             out[key.replace("episode_", "")] = f"{row[key]:.3g}"
     return out
@@ -236,7 +236,7 @@ def main(argv) -> int:
         config = config_lib.load(saved)
     result = run(config, workdir)
     last = result.metrics[-1] if result.metrics else {}
-    keys = ("env_steps", "episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy", "wall_time")
+    keys = ("env_steps", *metrics_lib.HEADLINE_KEYS, "wall_time")
     summary = {k: last[k] for k in keys if k in last}
     print(json.dumps({"workdir": result.workdir, **summary}))
     return 128 + signal.SIGTERM if result.interrupted else 0

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from flax import struct
 
 import envs
+from envs.wrappers import select
 from jaxrl import advantages as advantages_lib, distributions, losses, mesh as mesh_lib
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState, global_mean
 from jaxrl.mesh import DATA_AXIS
@@ -149,8 +150,7 @@ class GRPO(PPO):
                 acting=(running[:, None] & alive).astype(jnp.float32))
             won = ended & info["won"] if self.reports_wins else None
             still = running & ~ended
-            env_state = jax.tree.map(lambda a, b: jnp.where(_expand(still, a), a, b), next_state, env_state)
-            obs = jnp.where(still[:, None, None], next_obs, obs)
+            env_state, obs = jax.vmap(select)(still, (next_state, next_obs), (env_state, obs))
             return (env_state, obs, policy.carry, jnp.zeros_like(first), still, alive & ~done), (record, won)
 
         init = mesh_lib.varying((env_state, obs, self.network.initial_carry((n, A)), jnp.ones(n, bool),
@@ -230,11 +230,6 @@ class GRPO(PPO):
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
         metrics["acting_fraction"] = global_mean(traj.acting)  # the share of computed steps that train
         return state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1), metrics
-
-
-def _expand(mask: jax.Array, like: jax.Array) -> jax.Array:
-    """[n] -> [n, 1, ...] broadcastable against `like` [n, ...]."""
-    return mask.reshape(mask.shape + (1,) * (like.ndim - 1))
 
 
 def _standardise(x: jax.Array, weight: jax.Array, eps: float = 1e-8) -> jax.Array:

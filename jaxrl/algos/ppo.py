@@ -407,7 +407,7 @@ class PPO:
             params, opt_state = carry
             # Differentiate per device, then average: without the cast, shard_map would already sum the
             # gradients of the replicated parameters over devices (the transpose of broadcasting them).
-            grads, aux = grad_fn(mesh_lib.per_device(params), batch, hp)
+            grads, aux = grad_fn(mesh_lib.varying(params), batch, hp)
             grads, aux = jax.lax.pmean((grads, aux), DATA_AXIS)
             aux = dict(aux, grad_norm=optax.tree.norm(grads))  # before clipping
             updates, opt_state = optimizer.update(grads, opt_state, params)

@@ -229,7 +229,7 @@ class TextSFT(_TextAlgorithm):
     def _update(self, state: TextState, hp: TextHyperparams):
         key, batch_key = jax.random.split(state.key)
         prompts, answers = self._batch(batch_key)
-        grads, metrics = jax.grad(self._loss, has_aux=True)(mesh_lib.per_device(state.params), prompts, answers)
+        grads, metrics = jax.grad(self._loss, has_aux=True)(mesh_lib.varying(state.params), prompts, answers)
         params, opt_state, grad_norm = self._apply_gradients(state, grads, hp)
         metrics = dict(jax.lax.pmean(metrics, DATA_AXIS), grad_norm=grad_norm)
         return TextState(params, opt_state, key, state.update_step + 1), metrics
@@ -379,7 +379,7 @@ class TextGRPO(_TextAlgorithm):
 
         def minibatch_step(carry, batch):
             params, opt_state, step = carry
-            grads, aux = grad_fn(mesh_lib.per_device(params), batch, hp)
+            grads, aux = grad_fn(mesh_lib.varying(params), batch, hp)
             params, opt_state, grad_norm = self._apply_gradients(
                 state.replace(params=params, opt_state=opt_state, update_step=step), grads, hp)
             return (params, opt_state, step), dict(jax.lax.pmean(aux, DATA_AXIS), grad_norm=grad_norm)
