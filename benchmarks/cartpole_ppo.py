@@ -32,6 +32,7 @@ import numpy as np
 import rejax
 
 from jaxrl import algos, config as config_lib, mesh as mesh_lib
+from report import markdown_table  # benchmarks/ (the script's folder is on sys.path)
 
 RECIPE = dict(num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4,
               gamma=0.99, gae_lambda=0.95, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, max_grad_norm=0.5)
@@ -148,12 +149,7 @@ def main():
         rows.append([num_seeds, "rejax", f"{r_sps:,.0f}", "", " ".join(f"{t:.2f}" for t in r_times),
                      f"{r_compile:.1f}", f"{r_return:.1f}", "-"])
 
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).rjust(w) for c, w in zip(cells, widths)) + " |"
-    print(line(header))
-    print("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    for row in rows:
-        print(line(row))
+    print(markdown_table(header, rows))
     print(f"\neval return: jaxrl greedy actions, 32 episodes per seed; rejax sampled actions, 128 episodes per "
           f"seed.\ntrain return: jaxrl episodes ending in the last {LAST_UPDATES} updates. Means over seeds.")
     if "anneal_lr" not in REJAX_FIELDS:

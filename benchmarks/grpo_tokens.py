@@ -47,7 +47,6 @@ import tempfile
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,6 +55,7 @@ sys.path.insert(0, ROOT)  # experiments/ is a folder of config files, not an ins
 from envs import text  # noqa: E402
 from envs.text.tokenizer import BOS, EOS, PAD  # noqa: E402
 from jaxrl import algos, config as config_lib, mesh as mesh_lib, sampling  # noqa: E402
+from report import markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 # ---------------------------------------------------------------------------------------------------
 # jaxrl
@@ -349,12 +349,7 @@ def main():
              ratio(j_tok, t_tok)],
             ["s per GRPO step", cell(j_step, "{:.4f}"), cell(t_step, "{:.4f}"), ratio(j_step, t_step, invert=True)]]
     header = ["", "jaxrl", "TRL", "jaxrl / TRL"]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    line = lambda cells: "| " + " | ".join(str(c).rjust(w) for c, w in zip(cells, widths)) + " |"
-    print(line(header))
-    print("|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|")
-    for row in rows:
-        print(line(row))
+    print(markdown_table(header, rows))
     print("\njaxrl / TRL: speed-up of jaxrl (for the step time, TRL's seconds over jaxrl's). All repeats:")
     for name, samples, fmt in [("jaxrl tokens/s", j_tok, "{:,.0f}"), ("TRL tokens/s", t_tok, "{:,.0f}"),
                                ("jaxrl s/step", j_step, "{:.4f}"), ("TRL s/step", t_step, "{:.4f}")]:

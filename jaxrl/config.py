@@ -61,15 +61,9 @@ def base_config() -> ConfigDict:
 _NOT_IN_GRPO = ("gae_lambda", "clip_eps", "clip_value", "ent_coef", "normalize_advantages", "bootstrap_truncation")
 
 
-def grpo_config() -> ConfigDict:
-    """`base_config()` for the critic-free group-relative algorithm: `ppo.*` keeps the optimiser and epoch
-    settings, and the group, advantage estimator and loss parts are chosen by name."""
-    config = base_config()
-    config.algorithm = "grpo"
-    for key in _NOT_IN_GRPO:
-        del config.ppo[key]
-    config.ppo.gamma = 1.0  # discount of returns-to-go (group.returns="to_go")
-    config.update(ConfigDict({
+def _group_relative_keys() -> ConfigDict:
+    """The keys env and text GRPO share: estimator, its options, group size and the policy-loss parts."""
+    return ConfigDict({
         "advantage": "grpo",  # an estimator of jaxrl.advantages: grpo, dr_grpo, rloo, median, ...
         "advantage_options": {
             "scale": "",  # "group", "batch" or "none"; "": the estimator's default
@@ -78,21 +72,32 @@ def grpo_config() -> ConfigDict:
             "max_reward": 1.0,  # calibrated: the virtual best sample's reward
             "renormalize": False,  # gdpo: renormalise the combined advantages over the batch
         },
-        "group": {
-            "size": 8,  # G episodes per start state; num_envs = groups * size
-            "returns": "episode",  # "episode": one advantage per episode; "to_go": a group baseline per step
-        },
+        "group": {"size": 8},
         "loss": {
             "clip_low": 0.2,
             "clip_high": 0.2,  # > clip_low: DAPO's clip-higher
             "dual_clip": 0.0,  # > 1: cap the loss of negative advantages at -dual_clip * A; 0: off
             "ratio": "token",  # "token" or "sequence" (GSPO)
             "aggregate": "token",  # "token", "sequence" or "constant" (Dr. GRPO)
-            "constant_length": 0,  # aggregate="constant": the length divided by; 0: num_steps
             "ent_coef": 0.0,
         },
-        "critic_weight": 0.0,  # > 0 mixes in a learned value baseline (1: critic-based, 0: critic-free)
-    }))
+    })
+
+
+def grpo_config() -> ConfigDict:
+    """`base_config()` for the critic-free group-relative algorithm: `ppo.*` keeps the optimiser and epoch
+    settings, and the group, advantage estimator and loss parts are chosen by name."""
+    config = base_config()
+    config.algorithm = "grpo"
+    for key in _NOT_IN_GRPO:
+        del config.ppo[key]
+    config.ppo.gamma = 1.0  # discount of returns-to-go (group.returns="to_go")
+    config.update(_group_relative_keys())
+    # group.size: G episodes per start state (num_envs = groups * size). group.returns: "episode" gives one
+    # advantage per episode, "to_go" a group baseline per step over returns-to-go.
+    config.group.returns = "episode"
+    config.loss.constant_length = 0  # aggregate="constant": the length divided by; 0: num_steps
+    config.critic_weight = 0.0  # > 0 mixes in a learned value baseline (1: critic-based, 0: critic-free)
     return config
 
 
@@ -121,14 +126,13 @@ def text_grpo_config() -> ConfigDict:
     """`text_config()` for RL on tokens from a warm start: group, estimator, loss and sampling choices."""
     config = text_config()
     config.algorithm = "text_grpo"
+    config.update(_group_relative_keys())
+    config.group.oversample = 1  # > 1: DAPO dynamic sampling, candidate prompts per slot
+    config.loss.kl = "k3"
+    config.loss.kl_coef = 0.0  # > 0: KL to the frozen starting policy
     config.update(ConfigDict({
         "init_from": "",  # a text_sft run directory (its newest checkpoint and tokenizer.json); "": from scratch
-        "group": {"size": 8, "oversample": 1},  # oversample > 1: DAPO dynamic sampling, candidates per slot
-        "advantage": "grpo",
-        "advantage_options": {"scale": "", "eps": 1e-6, "clip": 0.0, "max_reward": 1.0, "renormalize": False},
         "reward_weights": (1.0, 0.1),  # correct, well_formed
-        "loss": {"clip_low": 0.2, "clip_high": 0.2, "dual_clip": 0.0, "ratio": "token", "aggregate": "token",
-                 "kl": "k3", "kl_coef": 0.0, "ent_coef": 0.0},
         "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
     }))
     config.optim.update({"num_epochs": 1, "num_minibatches": 1})
@@ -213,18 +217,33 @@ def _validate_text(config: ConfigDict) -> None:
         _validate_text_grpo(config)
 
 
-def _validate_text_grpo(config: ConfigDict) -> None:
-    import os
-
+def _validate_group_relative(config: ConfigDict) -> None:
+    """The keys of `_group_relative_keys`."""
     from jaxrl import advantages, losses
 
     _one_of(config.advantage, sorted(advantages.ESTIMATORS), "advantage")
+    if config.advantage_options.scale:
+        _one_of(config.advantage_options.scale, ("group", "batch", "none"), "advantage_options.scale")
     _one_of(config.loss.ratio, losses.RATIO_LEVELS, "loss.ratio")
     _one_of(config.loss.aggregate, tuple(losses.AGGREGATIONS), "loss.aggregate")
-    _one_of(config.loss.kl, tuple(losses.KL_ESTIMATORS), "loss.kl")
-    _positive(config, "group.size", "group.oversample", "optim.num_epochs", "optim.num_minibatches")
+    _positive(config, "group.size")
     if config.group.size < 2:
         raise ValueError(f"config.group.size must be >= 2, got {config.group.size}")
+    for key in ("clip_low", "clip_high"):
+        if not config.loss[key] > 0:
+            raise ValueError(f"config.loss.{key} must be > 0, got {config.loss[key]!r}")
+    if config.loss.dual_clip and not config.loss.dual_clip > 1:
+        raise ValueError(f"config.loss.dual_clip must be > 1 (or 0: off), got {config.loss.dual_clip!r}")
+
+
+def _validate_text_grpo(config: ConfigDict) -> None:
+    import os
+
+    from jaxrl import losses
+
+    _validate_group_relative(config)
+    _one_of(config.loss.kl, tuple(losses.KL_ESTIMATORS), "loss.kl")
+    _positive(config, "group.oversample", "optim.num_epochs", "optim.num_minibatches")
     if len(config.reward_weights) != 2:
         raise ValueError(f"config.reward_weights needs one weight per reward component (correct, well_formed), "
                          f"got {config.reward_weights!r}")
@@ -256,24 +275,13 @@ def _one_of(value: str, known, key: str) -> None:
 
 
 def _validate_grpo(config: ConfigDict) -> None:
-    from jaxrl import advantages, losses
     from jaxrl.algos.grpo import RETURNS
 
-    _one_of(config.advantage, sorted(advantages.ESTIMATORS), "advantage")
+    _validate_group_relative(config)
     _one_of(config.group.returns, RETURNS, "group.returns")
-    _one_of(config.loss.ratio, losses.RATIO_LEVELS, "loss.ratio")
-    _one_of(config.loss.aggregate, tuple(losses.AGGREGATIONS), "loss.aggregate")
-    if config.advantage_options.scale:
-        _one_of(config.advantage_options.scale, ("group", "batch", "none"), "advantage_options.scale")
-    _positive(config, "group.size")
-    if config.group.size < 2 or config.num_envs % config.group.size:
+    if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
-                         f"{config.group.size} (>= 2): every group is group.size envs from one start state")
-    for key in ("clip_low", "clip_high"):
-        if not config.loss[key] > 0:
-            raise ValueError(f"config.loss.{key} must be > 0, got {config.loss[key]!r}")
-    if config.loss.dual_clip and not config.loss.dual_clip > 1:
-        raise ValueError(f"config.loss.dual_clip must be > 1 (or 0: off), got {config.loss.dual_clip!r}")
+                         f"{config.group.size}: every group is group.size envs from one start state")
     _unit_interval(config.critic_weight, "critic_weight")
 
 

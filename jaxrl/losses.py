@@ -54,9 +54,10 @@ def clip_fraction(log_ratio: jax.Array, clip_low, clip_high=None) -> jax.Array:
     return ((ratio < 1.0 - clip_low) | (ratio > 1.0 + clip_high)).astype(jnp.float32)
 
 
-def value_loss(values: jax.Array, old_values: jax.Array, targets: jax.Array,
+def value_loss(values: jax.Array, old_values: jax.Array | None, targets: jax.Array,
                clip_eps: float | None) -> jax.Array:
-    """0.5 * squared error, pessimistic over the clipped update when `clip_eps` is set. [...] -> [...]"""
+    """0.5 * squared error, pessimistic over the clipped update when `clip_eps` is set (then `old_values` is
+    needed). [...] -> [...]"""
     loss = jnp.square(values - targets)
     if clip_eps is not None:
         clipped = old_values + jnp.clip(values - old_values, -clip_eps, clip_eps)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, train
+from jaxrl.algos.text import restore_text_params
 from conftest import set_keys
 from test_multi_agent_ppo import load_experiment
 from test_text_sft import tiny_sft_config
@@ -35,7 +36,7 @@ def tiny_grpo_config(init_from, **overrides):
 def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
     config = tiny_grpo_config(sft_run)
     algo, hp = algos.build(config, mesh_lib.make_mesh())
-    sft_params = algo.restore_params(sft_run)
+    sft_params = restore_text_params(sft_run, algo.settings, algo.mesh)
     state = algo.init_seeds(0, 1)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(sft_params)):
         np.testing.assert_array_equal(a, b)

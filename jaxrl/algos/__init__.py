@@ -63,13 +63,20 @@ def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
             ("renormalize", o.renormalize))
 
 
+def _group_relative_settings(config: ConfigDict) -> dict:
+    """The estimator and loss-part choices that env and text GRPO read from the same keys."""
+    loss = config.loss
+    return dict(group_size=config.group.size, advantage=config.advantage,
+                advantage_options=advantage_options(config), ratio=loss.ratio, aggregate=loss.aggregate,
+                dual_clip=loss.dual_clip or None)
+
+
 def _grpo(config: ConfigDict, mesh):
     env, eval_max_steps = _make_env(config)
     c, loss = config.ppo, config.loss
     settings = GRPOSettings(
-        **_shared_settings(config), group_size=config.group.size, returns=config.group.returns,
-        advantage=config.advantage, advantage_options=advantage_options(config), ratio=loss.ratio,
-        aggregate=loss.aggregate, constant_length=loss.constant_length or None, dual_clip=loss.dual_clip or None)
+        **_shared_settings(config), **_group_relative_settings(config), returns=config.group.returns,
+        constant_length=loss.constant_length or None)
     hyperparams = jax.tree.map(jnp.float32, GRPOHyperparams(
         learning_rate=c.learning_rate, gamma=c.gamma, clip_eps=loss.clip_low, clip_high=loss.clip_high,
         vf_coef=c.vf_coef, ent_coef=loss.ent_coef, max_grad_norm=c.max_grad_norm,
@@ -100,24 +107,21 @@ def _text_sft(config: ConfigDict, mesh):
 def _text_grpo(config: ConfigDict, mesh):
     import os
 
-    from jaxrl.algos.text import TextGRPO, TextGRPOHyperparams, TextGRPOSettings
+    from jaxrl.algos.text import TextGRPO, TextGRPOHyperparams, TextGRPOSettings, restore_text_params
 
     o, loss = config.optim, config.loss
     tokenizer = os.path.join(config.init_from, "tokenizer.json") if config.init_from else None
     settings = _text_settings(
-        config, TextGRPOSettings, tokenizer_path=tokenizer, group_size=config.group.size,
-        oversample=config.group.oversample, top_k=config.sampling.top_k, advantage=config.advantage,
-        advantage_options=advantage_options(config), reward_weights=tuple(config.reward_weights),
-        ratio=loss.ratio, aggregate=loss.aggregate, dual_clip=loss.dual_clip or None, kl=loss.kl,
-        use_kl=loss.kl_coef > 0, num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
+        config, TextGRPOSettings, **_group_relative_settings(config), tokenizer_path=tokenizer,
+        oversample=config.group.oversample, top_k=config.sampling.top_k,
+        reward_weights=tuple(config.reward_weights), kl=loss.kl, use_kl=loss.kl_coef > 0,
+        num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
     hyperparams = jax.tree.map(jnp.float32, TextGRPOHyperparams(
         learning_rate=o.learning_rate, max_grad_norm=o.max_grad_norm, weight_decay=o.weight_decay,
         clip_low=loss.clip_low, clip_high=loss.clip_high, kl_coef=loss.kl_coef, ent_coef=loss.ent_coef,
         temperature=config.sampling.temperature, top_p=config.sampling.top_p))
-    algo = TextGRPO(settings, mesh)
-    if config.init_from:
-        algo.start_params = algo.restore_params(config.init_from)
-    return algo, hyperparams
+    init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from else None
+    return TextGRPO(settings, mesh, init_params), hyperparams
 
 
 ALGORITHMS = {"ppo": _ppo, "grpo": _grpo, "text_sft": _text_sft, "text_grpo": _text_grpo}

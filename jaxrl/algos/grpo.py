@@ -167,9 +167,12 @@ class GRPO(PPO):
     # Advantages
 
     def _advantages(self, traj: GroupStep, hp: GRPOHyperparams):
-        """Returns (advantages [T, n, A], loss weights [T, n, A], returns-to-go [T, n, A], metrics)."""
+        """Returns (advantages [T, n, A], loss weights [T, n, A], returns-to-go [T, n, A] or None when
+        neither the baseline nor a critic needs them, metrics)."""
         s, G = self.settings, self.settings.group_size
-        returns_to_go = advantages_lib.returns_to_go(traj.reward, traj.running, hp.gamma)
+        returns_to_go = None
+        if s.returns == "to_go" or self.use_critic:
+            returns_to_go = advantages_lib.returns_to_go(traj.reward, traj.running, hp.gamma)
         if s.returns == "episode":  # the episode's undiscounted return, the same advantage at every step
             episode_return = einops.rearrange(traj.reward.sum(0), "(b g) a -> b g a", g=G)
             group = advantages_lib.group_advantages(s.advantage, episode_return, None, **self._estimator_options)
@@ -208,7 +211,7 @@ class GRPO(PPO):
             aggregate=s.aggregate, constant_length=s.constant_length, entropy=entropy, ent_coef=hp.ent_coef,
             axis_name=DATA_AXIS)
         if self.use_critic:
-            errors = losses.value_loss(jnp.swapaxes(values, 0, 1), batch["value"], batch["returns"], None)
+            errors = losses.value_loss(jnp.swapaxes(values, 0, 1), None, batch["returns"], None)  # unclipped
             value_loss = losses.aggregate(errors, batch["acting"], "token", axis_name=DATA_AXIS)
             total = total + hp.vf_coef * value_loss
             aux = dict(aux, value_loss=value_loss)
@@ -222,8 +225,10 @@ class GRPO(PPO):
         T, n, A = traj.action.shape
         first = jnp.broadcast_to((jnp.arange(T) == 0)[:, None, None], (T, n, A))
         samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in, "first": first,
-                   "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask,
-                   "advantages": advantages, "weight": weight, "returns": returns_to_go, "acting": traj.acting}
+                   "action": traj.action, "log_prob": traj.log_prob, "mask": traj.mask,
+                   "advantages": advantages, "weight": weight}
+        if self.use_critic:  # what the value loss reads
+            samples.update(returns=returns_to_go, acting=traj.acting)
         units = self._minibatch_units(samples, mesh_lib.varying(self.network.initial_carry((n, A))))
         params, opt_state, aux = self._optimise(state, units, hp, epoch_key)
         metrics.update(jax.tree.map(jnp.mean, aux))

@@ -152,6 +152,41 @@ def deal_minibatches(key: jax.Array, units: Any, num_minibatches: int) -> Any:
     return jax.tree.map(deal, units)
 
 
+def seed_keys(seed: int, num_seeds: int) -> jax.Array:
+    """[S, 2]: one key per seed of a run, seed s of every run with the same `seed` the same."""
+    return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
+
+
+def gradient_step(loss_fn, optimizer, params, opt_state, batch, hp):
+    """One optimiser step on this device's `batch` (inside shard_map), gradients averaged over devices.
+
+    loss_fn(params, batch, hp) -> (loss, aux). Returns (params, opt_state, aux averaged over devices, with
+    `grad_norm` before clipping).
+    """
+    # Differentiate per device, then average: without the cast, shard_map would already sum the
+    # gradients of the replicated parameters over devices (the transpose of broadcasting them).
+    grads, aux = jax.grad(loss_fn, has_aux=True)(mesh_lib.varying(params), batch, hp)
+    grads, aux = jax.lax.pmean((grads, aux), DATA_AXIS)
+    aux = dict(aux, grad_norm=optax.tree.norm(grads))
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, aux
+
+
+def optimise(loss_fn, optimizer, params, opt_state, units, hp, key: jax.Array, num_epochs: int,
+             num_minibatches: int):
+    """Epochs x minibatches of `gradient_step` on this device's units [n, U, ...] (dealt by
+    `deal_minibatches`). Returns (params, opt_state, aux [epochs, minibatches])."""
+    def minibatch_step(carry, batch):
+        params, opt_state, aux = gradient_step(loss_fn, optimizer, *carry, batch, hp)
+        return (params, opt_state), aux
+
+    def epoch(carry, key):
+        return jax.lax.scan(minibatch_step, carry, deal_minibatches(key, units, num_minibatches))
+
+    (params, opt_state), aux = jax.lax.scan(epoch, (params, opt_state), jax.random.split(key, num_epochs))
+    return params, opt_state, aux
+
+
 def repeat_updates(update, state, hp, num_updates: jax.Array):
     """Apply `update(state, hp) -> (state, metrics)` a traced number of times (one compiled program for
     every chunk length); returns (state, metrics summed over the updates)."""
@@ -283,7 +318,7 @@ class PPO:
 
     def init_seeds(self, seed: int, num_seeds: int) -> TrainState:
         """TrainState with a leading seed axis [S], placed on the mesh."""
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
+        keys = seed_keys(seed, num_seeds)
         # Seeds one after another (lax.map, not vmap) on one device, then placed on the mesh: a batched
         # QR (the orthogonal initialiser under vmap) can deadlock XLA:CPU's LAPACK thread pool (jaxlib
         # 0.10.2, seen on 1 and on 8 devices), and a replicated init would run it on every device.
@@ -401,25 +436,8 @@ class PPO:
         devices. Returns (params, opt_state, aux [epochs, minibatches])."""
         s = self.settings
         optimizer = make_optimizer(hp, self._learning_rate(hp, state.update_step), s.adam_eps)
-        grad_fn = jax.grad(self._loss, has_aux=True)
-
-        def minibatch_step(carry, batch):
-            params, opt_state = carry
-            # Differentiate per device, then average: without the cast, shard_map would already sum the
-            # gradients of the replicated parameters over devices (the transpose of broadcasting them).
-            grads, aux = grad_fn(mesh_lib.varying(params), batch, hp)
-            grads, aux = jax.lax.pmean((grads, aux), DATA_AXIS)
-            aux = dict(aux, grad_norm=optax.tree.norm(grads))  # before clipping
-            updates, opt_state = optimizer.update(grads, opt_state, params)
-            return (optax.apply_updates(params, updates), opt_state), aux
-
-        def epoch(carry, key):
-            minibatches = deal_minibatches(key, units, s.num_minibatches)
-            return jax.lax.scan(minibatch_step, carry, minibatches)
-
-        (params, opt_state), aux = jax.lax.scan(epoch, (state.params, state.opt_state),
-                                                jax.random.split(key, s.num_epochs))
-        return params, opt_state, aux
+        return optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, key, s.num_epochs,
+                        s.num_minibatches)
 
     # ----------------------------------------------------------------------------------------------
     # K updates for every seed, compiled once per K

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import time
 from typing import Any
@@ -34,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from envs import text
 from jaxrl import losses, mesh as mesh_lib, sampling
-from jaxrl.algos.ppo import deal_minibatches, repeat_updates
+from jaxrl.algos.ppo import gradient_step, minibatch_block_size, optimise, repeat_updates, seed_keys
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -95,8 +94,9 @@ class _TextAlgorithm:
     Subclasses define `_update(state, hp) -> (state, metrics)` for one seed on this device's prompts.
     """
 
-    def __init__(self, settings: TextSettings, mesh=None, eval_seed: int = 1234):
+    def __init__(self, settings: TextSettings, mesh=None, init_params=None, eval_seed: int = 1234):
         self.settings = settings
+        self.start_params = init_params  # [S', ...] or None: seed s starts from seed s mod S' of these
         self.task = text.make_task(settings.task, **dict(settings.task_kwargs))
         self.tokenizer = (text.load_tokenizer(settings.tokenizer_path) if settings.tokenizer_path else
                           text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus)))
@@ -132,8 +132,11 @@ class _TextAlgorithm:
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
     def init_seeds(self, seed: int, num_seeds: int) -> TextState:
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
-        state = jax.jit(jax.vmap(self.init))(keys)
+        params = None
+        if self.start_params is not None:
+            available = jax.tree.leaves(self.start_params)[0].shape[0]
+            params = jax.tree.map(lambda x: x[jnp.arange(num_seeds) % available], self.start_params)
+        state = jax.jit(jax.vmap(self.init))(seed_keys(seed, num_seeds), params)
         return jax.device_put(state, self.state_shardings(state))
 
     def state_shardings(self, state: TextState) -> TextState:
@@ -156,56 +159,51 @@ class _TextAlgorithm:
             self.compile_seconds = time.perf_counter() - tick
         return self._chunk_fn(state, hp, num_updates)
 
-    def _apply_gradients(self, state, grads, hp):
-        """Average this device's gradients over devices and take one optimiser step: (params, opt_state, norm)."""
-        grads = jax.lax.pmean(grads, DATA_AXIS)
-        optimizer = make_optimizer(hp, self.settings, state.update_step)
-        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), opt_state, optax.tree.norm(grads)
-
     # ----------------------------------------------------------------------------------------------
     # Held-out evaluation
 
     @functools.partial(jax.jit, static_argnums=(0, 2))
     def _greedy(self, params, num: int):
+        """Greedy answers of every seed [S, ...] to `num` fixed held-out problems: (rewards [S, num, K],
+        lengths [S, num])."""
         problems = self.task.heldout(num, seed=self.eval_seed)
         prompts = self.task.prompts(problems, self.vocab)
-        samples = sampling.sample(self.model, params, prompts, jax.random.PRNGKey(0),
-                                  max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
-                                  pad_id=self.vocab.pad_id, temperature=0.0)
-        return problems, samples
 
-    def restore_params(self, workdir: str):
-        """Parameters [S', ...] of the newest checkpoint of the run in `workdir` (an SFT run to start from)."""
-        from jaxrl import checkpoint
+        def one_seed(params):
+            samples = sampling.sample(self.model, params, prompts, jax.random.PRNGKey(0),
+                                      max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
+                                      pad_id=self.vocab.pad_id, temperature=0.0)
+            return self.task.jax_rewards(problems, samples.tokens, self.vocab), samples.lengths
 
-        sft = TextSFT(dataclasses.replace(self.settings, tokenizer_path=os.path.join(workdir, "tokenizer.json")),
-                      self.mesh)
-        saved = json.load(open(os.path.join(workdir, "config.json")))
-        target = jax.eval_shape(lambda: sft.init_seeds(saved["seed"], saved["num_seeds"]))
-        shardings = mesh_lib.replicated(self.mesh)
-        target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=shardings), target)
-        manager = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
-        try:
-            _, state = manager.restore_latest(target)
-        finally:
-            manager.close()
-        return state.params
+        return jax.vmap(one_seed)(params)
 
     def evaluate(self, params, key: jax.Array, num: int) -> dict[str, np.ndarray]:
         """Greedy answers to `num` fixed held-out problems, per seed: eval_accuracy (pass@1),
         eval_well_formed, eval_length (tokens generated) [S]."""
         del key  # the held-out set and greedy decoding are deterministic
-        num_seeds = jax.tree.leaves(params)[0].shape[0]
-        out = {"eval_accuracy": [], "eval_well_formed": [], "eval_length": []}
-        for s in range(num_seeds):
-            problems, samples = self._greedy(jax.tree.map(lambda x: x[s], params), num)
-            rewards = np.asarray(self.task.rewards(problems, samples.tokens, self.vocab))  # host or device
-            names = self.task.reward_names
-            out["eval_accuracy"].append(rewards[:, names.index("correct")].mean())
-            out["eval_well_formed"].append(rewards[:, names.index("well_formed")].mean())
-            out["eval_length"].append(float(np.asarray(samples.lengths).mean()))
-        return {k: np.asarray(v) for k, v in out.items()}
+        rewards, lengths = jax.device_get(self._greedy(params, num))
+        names = self.task.reward_names
+        return {"eval_accuracy": rewards[..., names.index("correct")].mean(-1),
+                "eval_well_formed": rewards[..., names.index("well_formed")].mean(-1),
+                "eval_length": lengths.mean(-1)}
+
+
+def restore_text_params(workdir: str, settings: TextSettings, mesh):
+    """Parameters [S', ...] of the newest checkpoint of the text run in `workdir` (an SFT run to start from);
+    `settings` must describe the same model. A differently shaped model is a CheckpointError."""
+    from jaxrl import checkpoint, config as config_lib
+
+    saved = config_lib.load(os.path.join(workdir, "config.json"))
+    sft = TextSFT(dataclasses.replace(settings, tokenizer_path=os.path.join(workdir, "tokenizer.json")), mesh)
+    replicated = mesh_lib.replicated(sft.mesh)
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
+                          jax.eval_shape(lambda: sft.init_seeds(saved.seed, saved.num_seeds)))
+    manager = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
+    try:
+        _, state = manager.restore_latest(target)
+    finally:
+        manager.close()
+    return state.params
 
 
 class TextSFT(_TextAlgorithm):
@@ -217,7 +215,8 @@ class TextSFT(_TextAlgorithm):
         problems = jax.tree.map(mesh_lib.local_share, problems)
         return self.task.prompts(problems, self.vocab), self.task.reference_answers(problems, self.vocab)
 
-    def _loss(self, params, prompts, answers):
+    def _loss(self, params, batch, hp):
+        prompts, answers = batch
         mask = (answers != self.vocab.pad_id).astype(jnp.float32)
         log_probs, _, _ = sampling.score(self.model, params, prompts, answers, mask, self.vocab.pad_id)
         nll = losses.aggregate(-log_probs, mask, "token", axis_name=DATA_AXIS)
@@ -228,10 +227,9 @@ class TextSFT(_TextAlgorithm):
 
     def _update(self, state: TextState, hp: TextHyperparams):
         key, batch_key = jax.random.split(state.key)
-        prompts, answers = self._batch(batch_key)
-        grads, metrics = jax.grad(self._loss, has_aux=True)(mesh_lib.varying(state.params), prompts, answers)
-        params, opt_state, grad_norm = self._apply_gradients(state, grads, hp)
-        metrics = dict(jax.lax.pmean(metrics, DATA_AXIS), grad_norm=grad_norm)
+        optimizer = make_optimizer(hp, self.settings, state.update_step)
+        params, opt_state, metrics = gradient_step(self._loss, optimizer, state.params, state.opt_state,
+                                                   self._batch(batch_key), hp)
         return TextState(params, opt_state, key, state.update_step + 1), metrics
 
 
@@ -291,33 +289,26 @@ class TextGRPO(_TextAlgorithm):
     """
 
     def __init__(self, settings: TextGRPOSettings, mesh=None, init_params=None, eval_seed: int = 1234):
-        super().__init__(settings, mesh, eval_seed)
+        super().__init__(settings, mesh, init_params, eval_seed)
         from jaxrl import advantages
         self.estimator = advantages.get(settings.advantage)
-        self.start_params = init_params  # [S', ...]: seed s starts from seed s mod S' of these
-        if settings.num_prompts % (settings.num_minibatches * self.mesh.shape[DATA_AXIS]) and settings.num_minibatches > 1:
-            raise ValueError(f"num_prompts={settings.num_prompts} does not split into "
-                             f"num_minibatches={settings.num_minibatches} on each device")
+        # Minibatches deal whole groups' completions: each device's prompts must split evenly (see PPO).
+        local_prompts = settings.num_prompts // self.mesh.shape[DATA_AXIS]
+        block = minibatch_block_size(settings.group_size, settings.num_minibatches)
+        if local_prompts % block:
+            raise ValueError(f"the {local_prompts} prompts x {settings.group_size} completions on each device cannot "
+                             f"be split into num_minibatches={settings.num_minibatches} equal minibatches: "
+                             f"prompts per device must be a multiple of {block}")
 
     def init(self, key: jax.Array, params=None) -> TextGRPOState:
         state = super().init(key, params)
         ref = state.params if self.settings.use_kl else None
         return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref)
 
-    def init_seeds(self, seed: int, num_seeds: int) -> TextGRPOState:
-        if self.start_params is None:
-            return super().init_seeds(seed, num_seeds)
-        keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
-        available = jax.tree.leaves(self.start_params)[0].shape[0]
-        params = jax.tree.map(lambda x: x[jnp.arange(num_seeds) % available], self.start_params)
-        state = jax.jit(jax.vmap(self.init))(keys, params)
-        return jax.device_put(state, self.state_shardings(state))
-
     # ----------------------------------------------------------------------------------------------
 
     def _rollout(self, params, hp: TextGRPOHyperparams, key: jax.Array):
-        """Candidates for this device's slots: (problems [b*O], prompts [b*O, P], Samples [b*O, G, N],
-        rewards [b*O, G, K]). Keys are drawn per candidate from its global index (mesh-invariant)."""
+        """Candidates for this device's slots: (prompts [b*O, P], Samples [b*O, G, N], rewards [b*O, G, K]). Keys are drawn per candidate from its global index (mesh-invariant)."""
         s = self.settings
         problem_key, sample_key = jax.random.split(key)
         problems = self.task.sample(problem_key, s.num_prompts * s.oversample, "train")
@@ -335,7 +326,7 @@ class TextGRPO(_TextAlgorithm):
         samples = jax.vmap(one)(prompts, keys)
         rewards = jax.vmap(lambda c: self.task.jax_rewards(problems, c, self.vocab), in_axes=1, out_axes=1)(
             samples.tokens)
-        return problems, prompts, samples, rewards
+        return prompts, samples, rewards
 
     def _select(self, tree, rewards):
         """Per slot, the first of its O candidates whose G rewards are not all equal (else the last).
@@ -363,7 +354,7 @@ class TextGRPO(_TextAlgorithm):
     def _update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        problems, prompts, samples, rewards = self._rollout(state.params, hp, rollout_key)
+        prompts, samples, rewards = self._rollout(state.params, hp, rollout_key)
         (prompts, samples, rewards), filled = self._select((prompts, samples, rewards), rewards)
         group = self.estimator(rewards, None, reward_weights=s.reward_weights, **dict(s.advantage_options))
         b, G, N = samples.tokens.shape
@@ -375,20 +366,9 @@ class TextGRPO(_TextAlgorithm):
             ref, _, _ = sampling.score(self.model, state.ref_params, flat["prompts"], flat["tokens"], flat["mask"],
                                        self.vocab.pad_id)
             units["ref_log_probs"] = ref.reshape(b, G, N)
-        grad_fn = jax.grad(self._loss, has_aux=True)
-
-        def minibatch_step(carry, batch):
-            params, opt_state, step = carry
-            grads, aux = grad_fn(mesh_lib.varying(params), batch, hp)
-            params, opt_state, grad_norm = self._apply_gradients(
-                state.replace(params=params, opt_state=opt_state, update_step=step), grads, hp)
-            return (params, opt_state, step), dict(jax.lax.pmean(aux, DATA_AXIS), grad_norm=grad_norm)
-
-        def epoch(carry, k):
-            return jax.lax.scan(minibatch_step, carry, deal_minibatches(k, units, s.num_minibatches))
-
-        (params, opt_state, _), aux = jax.lax.scan(epoch, (state.params, state.opt_state, state.update_step),
-                                                   jax.random.split(epoch_key, s.num_epochs))
+        optimizer = make_optimizer(hp, s, state.update_step)
+        params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, epoch_key,
+                                          s.num_epochs, s.num_minibatches)
         metrics = jax.tree.map(jnp.mean, aux)
         mean = lambda x: jax.lax.pmean(jnp.mean(x), DATA_AXIS)
         for i, name in enumerate(self.task.reward_names):
