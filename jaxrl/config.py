@@ -73,6 +73,7 @@ def _group_relative_keys() -> ConfigDict:
             "renormalize": False,  # gdpo: renormalise the combined advantages over the batch
         },
         "group": {"size": 8},
+        "critic_weight": 0.0,  # > 0 mixes in a learned value baseline (1: critic-based, 0: critic-free)
         "loss": {
             "clip_low": 0.2,
             "clip_high": 0.2,  # > clip_low: DAPO's clip-higher
@@ -97,7 +98,6 @@ def grpo_config() -> ConfigDict:
     # advantage per episode, "to_go" a group baseline per step over returns-to-go.
     config.group.returns = "episode"
     config.loss.constant_length = 0  # aggregate="constant": the length divided by; 0: num_steps
-    config.critic_weight = 0.0  # > 0 mixes in a learned value baseline (1: critic-based, 0: critic-free)
     return config
 
 
@@ -118,7 +118,8 @@ def text_config() -> ConfigDict:
         "mesh": {"num_devices": 0},
         "log": {"every_steps": 6_400, "progress_bar": True},
         "checkpoint": {"every_steps": 0, "keep": 3},
-        "eval": {"every_steps": 0, "num_envs": 512, "max_steps": 0},  # num_envs: held-out problems
+        # num_envs: held-out problems; pass_k: samples per problem for eval_pass@k (0: greedy only)
+        "eval": {"every_steps": 0, "num_envs": 512, "max_steps": 0, "pass_k": 8},
     })
 
 
@@ -130,6 +131,7 @@ def text_grpo_config() -> ConfigDict:
     config.group.oversample = 1  # > 1: DAPO dynamic sampling, candidate prompts per slot
     config.loss.kl = "k3"
     config.loss.kl_coef = 0.0  # > 0: KL to the frozen starting policy
+    config.loss.vf_coef = 0.5  # weight of the value head's loss when critic_weight > 0
     config.update(ConfigDict({
         "init_from": "",  # a text_sft run directory (its newest checkpoint and tokenizer.json); "": from scratch
         "reward_weights": (1.0, 0.1),  # correct, well_formed
@@ -210,6 +212,8 @@ def _validate_text(config: ConfigDict) -> None:
     if config.total_steps < config.num_prompts:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_prompts = "
                          f"{config.num_prompts})")
+    if config.eval.pass_k < 0:
+        raise ValueError(f"config.eval.pass_k must be >= 0 (0: greedy evaluation only), got {config.eval.pass_k!r}")
     for key in ("learning_rate", "max_grad_norm", "adam_eps"):
         if not config.optim[key] > 0:
             raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
@@ -234,6 +238,7 @@ def _validate_group_relative(config: ConfigDict) -> None:
             raise ValueError(f"config.loss.{key} must be > 0, got {config.loss[key]!r}")
     if config.loss.dual_clip and not config.loss.dual_clip > 1:
         raise ValueError(f"config.loss.dual_clip must be > 1 (or 0: off), got {config.loss.dual_clip!r}")
+    _unit_interval(config.critic_weight, "critic_weight")
 
 
 def _validate_text_grpo(config: ConfigDict) -> None:
@@ -282,7 +287,6 @@ def _validate_grpo(config: ConfigDict) -> None:
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
                          f"{config.group.size}: every group is group.size envs from one start state")
-    _unit_interval(config.critic_weight, "critic_weight")
 
 
 def to_dict(config: ConfigDict) -> dict[str, Any]:

@@ -42,10 +42,10 @@ def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
         np.testing.assert_array_equal(a, b)
     # The warm start answers the held-out problems exactly as the SFT run's last evaluation did.
     sft_last = [r for r in train.metrics_lib.read(os.path.join(sft_run, "metrics.jsonl")) if "eval_accuracy" in r][-1]
-    assert float(algo.evaluate(state.params, None, 64)["eval_accuracy"][0]) == sft_last["eval_accuracy"]
+    assert float(algo.evaluate(state.params, jax.random.PRNGKey(0), 64)["eval_accuracy"][0]) == sft_last["eval_accuracy"]
     rows = train.run(config, str(tmp_path / "grpo")).metrics
     for key in ("reward_correct", "reward_well_formed", "fill_rate", "completion_length", "entropy", "clip_fraction",
-                "approx_kl", "eval_accuracy"):
+                "approx_kl", "eval_accuracy", "eval_pass@8", "sample_tokens_per_s", "update_tokens_per_s"):
         assert np.isfinite(rows[-1][key]), (key, rows[-1])
     assert os.path.exists(tmp_path / "grpo" / "tokenizer.json")
 
@@ -56,6 +56,7 @@ def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
     {"advantage": "median", "group.size": 5},
     {"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
     {"loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3},
+    {"critic_weight": 0.5, "optim.num_minibatches": 2},
 ], ids=lambda o: "-".join(str(v) for v in o.values()))
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -69,6 +70,24 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
         assert np.isfinite(value).all(), (key, value)
     assert ("kl" in metrics) == (config.loss.kl_coef > 0)
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
+
+
+def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(sft_run):
+    algo, hp = algos.build(tiny_grpo_config(sft_run, critic_weight=1.0), mesh_lib.make_mesh())
+    sft_params = restore_text_params(sft_run, algo.settings, algo.mesh)
+    state = algo.init_seeds(0, 1)
+    value_head = state.params["params"].pop("value")
+    sft_leaves = jax.tree_util.tree_leaves_with_path(sft_params)
+    assert jax.tree.structure(state.params) == jax.tree.structure(sft_params)  # all else is the SFT model's
+    for (path, a), b in zip(sft_leaves, jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(a, b, err_msg=str(path))
+    state = algo.init_seeds(0, 1)
+    losses = []
+    for _ in range(3):
+        state, metrics = algo.run_chunk(state, hp, 4)
+        losses.append(float(jax.device_get(metrics["value_loss"])[0]))
+    assert not np.allclose(value_head["kernel"], state.params["params"]["value"]["kernel"])
+    assert losses[-1] < losses[0], losses  # the fresh head regresses onto the rewards
 
 
 def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candidate_exists(sft_run):

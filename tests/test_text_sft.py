@@ -2,10 +2,13 @@
 
 import os
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from envs import text
-from jaxrl import config as config_lib, train
+from jaxrl import algos, config as config_lib, mesh as mesh_lib, sampling, train
 from test_multi_agent_ppo import load_experiment
 
 
@@ -46,3 +49,33 @@ def test_text_config_errors_name_the_key():
     config.model.num_heads = 3
     with pytest.raises(ValueError, match=r"num_heads"):
         config_lib.validate(config)
+    config = tiny_sft_config()
+    config.eval.pass_k = -1
+    with pytest.raises(ValueError, match=r"eval\.pass_k"):
+        config_lib.validate(config)
+
+
+def test_pass_at_k_counts_problems_solved_by_any_of_k_samples():
+    config = tiny_sft_config()
+    config.eval.pass_k = 4
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    state = algo.init_seeds(0, 2)
+
+    def parity_rewards(problems, completions, vocab):  # "correct" iff the first token id is even: about half
+        correct = (completions[..., 0] % 2 == 0).astype(jnp.float32)
+        return jnp.stack([correct, jnp.ones_like(correct)], axis=-1)
+
+    algo.task.jax_rewards = parity_rewards  # read when evaluation is traced
+    key = jax.random.PRNGKey(3)
+    out = algo.evaluate(state.params, key, 16)
+    problems = algo.task.heldout(16, seed=algo.eval_seed)
+    prompts = algo.task.prompts(problems, algo.vocab)
+    decoding = dict(max_new_tokens=algo.task.answer_length, eos_id=algo.vocab.eos_id, pad_id=algo.vocab.pad_id)
+    for seed in range(2):
+        params = jax.tree.map(lambda x: x[seed], state.params)
+        samples = sampling.sample_groups(algo.model, params, prompts, key, group_size=4, temperature=1.0, **decoding)
+        correct = np.asarray(samples.tokens[..., 0] % 2 == 0)  # [16, 4]
+        assert 0 < correct.mean() < 1
+        np.testing.assert_allclose(out["eval_pass@4"][seed], correct.any(1).mean())
+        greedy = sampling.sample(algo.model, params, prompts, key, temperature=0.0, **decoding)
+        np.testing.assert_allclose(out["eval_accuracy"][seed], np.mean(np.asarray(greedy.tokens[:, 0]) % 2 == 0))

@@ -87,12 +87,14 @@ def _grpo(config: ConfigDict, mesh):
 
 def _text_settings(config: ConfigDict, settings_cls, **extra):
     o = config.optim
-    model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None)
+    model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None,
+                 value_head=config.get("critic_weight", 0.0) > 0)
     return settings_cls(
         task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
         num_prompts=config.num_prompts,
         num_updates=config.total_steps // (config.num_prompts * extra.get("group_size", 1)),
-        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, model_kwargs=tuple(sorted(model.items())), **extra)
+        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, model_kwargs=tuple(sorted(model.items())),
+        pass_k=config.eval.pass_k, **extra)
 
 
 def _text_sft(config: ConfigDict, mesh):
@@ -119,7 +121,8 @@ def _text_grpo(config: ConfigDict, mesh):
     hyperparams = jax.tree.map(jnp.float32, TextGRPOHyperparams(
         learning_rate=o.learning_rate, max_grad_norm=o.max_grad_norm, weight_decay=o.weight_decay,
         clip_low=loss.clip_low, clip_high=loss.clip_high, kl_coef=loss.kl_coef, ent_coef=loss.ent_coef,
-        temperature=config.sampling.temperature, top_p=config.sampling.top_p))
+        vf_coef=loss.vf_coef, critic_weight=config.critic_weight, temperature=config.sampling.temperature,
+        top_p=config.sampling.top_p))
     init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from else None
     return TextGRPO(settings, mesh, init_params), hyperparams
 

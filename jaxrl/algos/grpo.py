@@ -185,7 +185,7 @@ class GRPO(PPO):
             advantages, weight = (einops.rearrange(x, "b g t a -> t (b g) a")
                                   for x in (group.advantages, group.weight))
         if self.use_critic:
-            critic = _standardise(returns_to_go - traj.value, traj.acting)
+            critic = standardise(returns_to_go - traj.value, traj.acting)
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
         metrics = {"zero_variance_fraction": jax.lax.pmean(jnp.mean(group.zero_variance.astype(jnp.float32)),
                                                            DATA_AXIS)}
@@ -237,7 +237,7 @@ class GRPO(PPO):
         return state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1), metrics
 
 
-def _standardise(x: jax.Array, weight: jax.Array, eps: float = 1e-8) -> jax.Array:
+def standardise(x: jax.Array, weight: jax.Array, eps: float = 1e-8) -> jax.Array:
     """(x - mean) / (std + eps) over the weighted entries of every device's share."""
     total = jax.lax.psum(jnp.sum(weight), DATA_AXIS)
     mean = jax.lax.psum(jnp.sum(x * weight), DATA_AXIS) / total

@@ -12,7 +12,7 @@ replicated, gradients averaged):
     sample B training problems -> prompts [B, P], answers [B, A] -> -mean log p(answer token) -> Adam
 
 Evaluation is greedy decoding (temperature 0) on a fixed held-out set: `eval_accuracy` (pass@1) and
-`eval_well_formed`. Shapes: S seeds, B prompts per update (b on one device), P prompt and A answer
+`eval_well_formed`; plus `eval_pass@k` from k samples per problem at temperature 1. Shapes: S seeds, B prompts per update (b on one device), P prompt and A answer
 tokens.
 """
 
@@ -33,6 +33,7 @@ from jax.sharding import PartitionSpec as P
 
 from envs import text
 from jaxrl import losses, mesh as mesh_lib, sampling
+from jaxrl.algos.grpo import standardise
 from jaxrl.algos.ppo import gradient_step, minibatch_block_size, optimise, repeat_updates, seed_keys
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.transformer import TransformerConfig, TransformerLM
@@ -60,6 +61,7 @@ class TextSettings:
     model_kwargs: tuple[tuple[str, Any], ...] = ()  # TransformerConfig fields (the vocabulary comes from the tokenizer)
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
     tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
+    pass_k: int = 8  # held-out samples per problem for eval_pass@k; 0 = greedy evaluation only
 
     @property
     def batch_size(self) -> int:
@@ -143,49 +145,63 @@ class _TextAlgorithm:
         return jax.tree.map(lambda _: mesh_lib.replicated(self.mesh), state)
 
     def _run_updates(self, state, hp, num_updates: jax.Array):
+        """For one seed: `num_updates` of `_update`; returns (state, metrics averaged over them)."""
         state, totals = repeat_updates(self._update, state, hp, num_updates)
         return state, jax.tree.map(lambda x: x / num_updates, totals)
 
+    def _compile(self, fn, args, in_axes, in_specs, out_specs, donate_argnums=()):
+        """`fn` vmapped over seeds (`in_axes`, outputs on axis 0), per device under shard_map over the
+        data axis, jitted and compiled for `args`; the compile time is added to `compile_seconds`."""
+        sharded = jax.shard_map(jax.vmap(fn, in_axes), mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+        tick = time.perf_counter()
+        compiled = jax.jit(sharded, donate_argnums=donate_argnums).lower(*args).compile()
+        self.compile_seconds += time.perf_counter() - tick
+        return compiled
+
     def run_chunk(self, state, hp, num_updates: int):
-        """`num_updates` updates for every seed; returns (state, metrics with leaves [S])."""
+        """`num_updates` updates for every seed in one compiled program; returns (state, metrics [S])."""
         num_updates = jnp.int32(num_updates)
         if self._chunk_fn is None:
-            local = jax.vmap(self._run_updates, (0, None, None))
-            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(P(), P(), P()), out_specs=(P(), P()))
-            replicated = mesh_lib.replicated(self.mesh)
-            jitted = jax.jit(sharded, out_shardings=(self.state_shardings(state), replicated), donate_argnums=0)
-            tick = time.perf_counter()
-            self._chunk_fn = jitted.lower(state, hp, num_updates).compile()
-            self.compile_seconds = time.perf_counter() - tick
+            self._chunk_fn = self._compile(self._run_updates, (state, hp, num_updates), (0, None, None),
+                                           (P(), P(), P()), (P(), P()), donate_argnums=0)
         return self._chunk_fn(state, hp, num_updates)
 
     # ----------------------------------------------------------------------------------------------
     # Held-out evaluation
 
-    @functools.partial(jax.jit, static_argnums=(0, 2))
-    def _greedy(self, params, num: int):
-        """Greedy answers of every seed [S, ...] to `num` fixed held-out problems: (rewards [S, num, K],
-        lengths [S, num])."""
+    @functools.partial(jax.jit, static_argnums=(0, 3))
+    def _heldout_rewards(self, params, key: jax.Array, num: int):
+        """Every seed's answers [S, ...] to `num` fixed held-out problems: greedy (rewards [S, num, K],
+        lengths [S, num]) and `pass_k` samples at temperature 1 (rewards [S, num, k, K]; k may be 0)."""
         problems = self.task.heldout(num, seed=self.eval_seed)
         prompts = self.task.prompts(problems, self.vocab)
+        decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id, pad_id=self.vocab.pad_id)
+        rewards = lambda completions: self.task.jax_rewards(problems, completions, self.vocab)
 
         def one_seed(params):
-            samples = sampling.sample(self.model, params, prompts, jax.random.PRNGKey(0),
-                                      max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
-                                      pad_id=self.vocab.pad_id, temperature=0.0)
-            return self.task.jax_rewards(problems, samples.tokens, self.vocab), samples.lengths
+            greedy = sampling.sample(self.model, params, prompts, key, temperature=0.0, **decoding)
+            if not self.settings.pass_k:
+                return rewards(greedy.tokens), greedy.lengths, jnp.zeros((num, 0, len(self.task.reward_names)))
+            sampled = sampling.sample_groups(self.model, params, prompts, key, group_size=self.settings.pass_k,
+                                             temperature=1.0, **decoding)
+            return (rewards(greedy.tokens), greedy.lengths,
+                    jax.vmap(rewards, in_axes=1, out_axes=1)(sampled.tokens))
 
         return jax.vmap(one_seed)(params)
 
     def evaluate(self, params, key: jax.Array, num: int) -> dict[str, np.ndarray]:
-        """Greedy answers to `num` fixed held-out problems, per seed: eval_accuracy (pass@1),
-        eval_well_formed, eval_length (tokens generated) [S]."""
-        del key  # the held-out set and greedy decoding are deterministic
-        rewards, lengths = jax.device_get(self._greedy(params, num))
-        names = self.task.reward_names
-        return {"eval_accuracy": rewards[..., names.index("correct")].mean(-1),
-                "eval_well_formed": rewards[..., names.index("well_formed")].mean(-1),
-                "eval_length": lengths.mean(-1)}
+        """Answers to `num` fixed held-out problems, per seed [S]: greedy decoding gives eval_accuracy
+        (pass@1), eval_well_formed and eval_length (tokens generated); with settings.pass_k = k > 0,
+        `eval_pass@k` is the fraction of problems that at least one of k samples at temperature 1 solves
+        (k samples per problem: the unbiased estimate with n = k)."""
+        greedy, lengths, sampled = jax.device_get(self._heldout_rewards(params, key, num))
+        correct = self.task.reward_names.index("correct")
+        out = {"eval_accuracy": greedy[..., correct].mean(-1),
+               "eval_well_formed": greedy[..., self.task.reward_names.index("well_formed")].mean(-1),
+               "eval_length": lengths.mean(-1)}
+        if self.settings.pass_k:
+            out[f"eval_pass@{self.settings.pass_k}"] = sampled[..., correct].max(-1).mean(-1)
+        return out
 
 
 def restore_text_params(workdir: str, settings: TextSettings, mesh):
@@ -194,7 +210,9 @@ def restore_text_params(workdir: str, settings: TextSettings, mesh):
     from jaxrl import checkpoint, config as config_lib
 
     saved = config_lib.load(os.path.join(workdir, "config.json"))
-    sft = TextSFT(dataclasses.replace(settings, tokenizer_path=os.path.join(workdir, "tokenizer.json")), mesh)
+    model_kwargs = tuple((k, False if k == "value_head" else v) for k, v in settings.model_kwargs)  # SFT has none
+    sft = TextSFT(dataclasses.replace(settings, tokenizer_path=os.path.join(workdir, "tokenizer.json"),
+                                      model_kwargs=model_kwargs), mesh)
     replicated = mesh_lib.replicated(sft.mesh)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
                           jax.eval_shape(lambda: sft.init_seeds(saved.seed, saved.num_seeds)))
@@ -204,6 +222,13 @@ def restore_text_params(workdir: str, settings: TextSettings, mesh):
     finally:
         manager.close()
     return state.params
+
+
+def _overlay(fresh, loaded):
+    """`fresh` parameters (nested dicts) with every leaf that `loaded` also has replaced by its value."""
+    if not isinstance(fresh, dict):
+        return loaded
+    return {k: _overlay(v, loaded[k]) if k in loaded else v for k, v in fresh.items()}
 
 
 class TextSFT(_TextAlgorithm):
@@ -245,6 +270,8 @@ class TextGRPOHyperparams(TextHyperparams):
     clip_high: float = 0.2
     kl_coef: float = 0.0
     ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    critic_weight: float = 0.0  # advantages = (1 - w) * group + w * standardised (reward - value)
     temperature: float = 1.0
     top_p: float = 1.0
 
@@ -286,10 +313,16 @@ class TextGRPO(_TextAlgorithm):
       -> rewards [.., G, K] from the task's verifier -> per slot, the first candidate whose group's
       rewards are not all equal (DAPO dynamic sampling; `fill_rate` logs how often one was found)
       -> group advantages (jaxrl.advantages) -> epochs x minibatches of `losses.policy_loss`.
+
+    With `critic_weight` w > 0 the model gets a value head (a fresh one on a warm start) that regresses
+    every prefix onto the completion's weighted reward; the per-token advantage becomes
+    (1 - w) * group advantage + w * standardised (reward - value), as in env GRPO (w = 1: PPO on tokens
+    with a learned baseline, no group needed for the baseline).
     """
 
     def __init__(self, settings: TextGRPOSettings, mesh=None, init_params=None, eval_seed: int = 1234):
         super().__init__(settings, mesh, init_params, eval_seed)
+        self._sample_fn = self._learn_fn = None  # compiled on the first update (see run_chunk)
         from jaxrl import advantages
         self.estimator = advantages.get(settings.advantage)
         # Minibatches deal whole groups' completions: each device's prompts must split evenly (see PPO).
@@ -300,7 +333,13 @@ class TextGRPO(_TextAlgorithm):
                              f"be split into num_minibatches={settings.num_minibatches} equal minibatches: "
                              f"prompts per device must be a multiple of {block}")
 
+    @property
+    def use_critic(self) -> bool:
+        return self.model.config.value_head
+
     def init(self, key: jax.Array, params=None) -> TextGRPOState:
+        if params is not None and self.use_critic:  # a warm start without a value head: a fresh one
+            params = _overlay(self.init_params(jax.random.fold_in(key, 1)), params)
         state = super().init(key, params)
         ref = state.params if self.settings.use_kl else None
         return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref)
@@ -341,40 +380,90 @@ class TextGRPO(_TextAlgorithm):
 
     def _loss(self, params, batch, hp: TextGRPOHyperparams):
         s = self.settings
-        log_probs, entropy, _ = sampling.score(self.model, params, batch["prompts"], batch["tokens"],
-                                               batch["mask"], self.vocab.pad_id)
-        advantages = jnp.broadcast_to(batch["advantages"][:, None], log_probs.shape)
-        return losses.policy_loss(
-            log_probs, batch["log_probs"], advantages, batch["mask"] * batch["weight"][:, None],
+        log_probs, entropy, values = sampling.score(self.model, params, batch["prompts"], batch["tokens"],
+                                                    batch["mask"], self.vocab.pad_id)
+        total, aux = losses.policy_loss(
+            log_probs, batch["log_probs"], batch["advantages"], batch["mask"] * batch["weight"][:, None],
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=self.task.answer_length,
             ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef, entropy=entropy,
             ent_coef=hp.ent_coef, axis_name=DATA_AXIS)
+        if self.use_critic:
+            errors = losses.value_loss(values, None, batch["returns"], None)
+            value_loss = losses.aggregate(errors, batch["mask"], "token", axis_name=DATA_AXIS)
+            total, aux = total + hp.vf_coef * value_loss, dict(aux, value_loss=value_loss)
+        return total, aux
 
-    def _update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
+    # ----------------------------------------------------------------------------------------------
+    # One update in two compiled programs, timed apart: sampling (rollouts, rewards, advantages), then
+    # learning (reference scores, epochs x minibatches). The split costs a host round trip per update,
+    # small next to sampling B x G completions, and gives the sampling and update throughputs.
+
+    def _sample_batch(self, state: TextGRPOState, hp: TextGRPOHyperparams):
+        """For one seed on this device: (state with its key advanced, (units [b, G, ...], epoch key),
+        sampling metrics)."""
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         prompts, samples, rewards = self._rollout(state.params, hp, rollout_key)
+        sampled_tokens = jax.lax.psum(jnp.sum(samples.mask), DATA_AXIS)  # every candidate's, oversampled too
         (prompts, samples, rewards), filled = self._select((prompts, samples, rewards), rewards)
         group = self.estimator(rewards, None, reward_weights=s.reward_weights, **dict(s.advantage_options))
         b, G, N = samples.tokens.shape
+        advantages = jnp.broadcast_to(group.advantages[..., None], (b, G, N))  # per token
         units = {"prompts": jnp.broadcast_to(prompts[:, None], (b, G, prompts.shape[-1])),
                  "tokens": samples.tokens, "mask": samples.mask, "log_probs": samples.log_probs,
-                 "advantages": group.advantages, "weight": group.weight}
+                 "weight": group.weight}
+        if self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
+            returns = jnp.broadcast_to((rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
+            critic = standardise(returns - samples.values, samples.mask)
+            advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
+            units["returns"] = returns
+        units["advantages"] = advantages
+        mean = lambda x: jax.lax.pmean(jnp.mean(x), DATA_AXIS)
+        metrics = {f"reward_{name}": mean(rewards[..., i]) for i, name in enumerate(self.task.reward_names)}
+        metrics.update(fill_rate=mean(filled.astype(jnp.float32)), completion_length=mean(samples.lengths),
+                       zero_variance_fraction=mean(group.zero_variance.astype(jnp.float32)),
+                       sampled_tokens=sampled_tokens, tokens=jax.lax.psum(jnp.sum(samples.mask), DATA_AXIS))
+        return state.replace(key=key), (units, epoch_key), metrics
+
+    def _learn(self, state: TextGRPOState, batch, hp: TextGRPOHyperparams):
+        """For one seed on this device: the optimisation of `_sample_batch`'s batch; (state, metrics)."""
+        s = self.settings
+        units, epoch_key = batch
         if s.use_kl:
+            b, G, N = units["tokens"].shape
             flat = jax.tree.map(lambda x: x.reshape(b * G, *x.shape[2:]), units)
             ref, _, _ = sampling.score(self.model, state.ref_params, flat["prompts"], flat["tokens"], flat["mask"],
                                        self.vocab.pad_id)
-            units["ref_log_probs"] = ref.reshape(b, G, N)
+            units = dict(units, ref_log_probs=ref.reshape(b, G, N))
         optimizer = make_optimizer(hp, s, state.update_step)
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)
-        metrics = jax.tree.map(jnp.mean, aux)
-        mean = lambda x: jax.lax.pmean(jnp.mean(x), DATA_AXIS)
-        for i, name in enumerate(self.task.reward_names):
-            metrics[f"reward_{name}"] = mean(rewards[..., i])
-        metrics.update(fill_rate=mean(filled.astype(jnp.float32)), completion_length=mean(samples.lengths),
-                       zero_variance_fraction=mean(group.zero_variance.astype(jnp.float32)),
-                       tokens=jax.lax.psum(jnp.sum(samples.mask), DATA_AXIS))
-        state = state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1)
+        state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1)
+        return state, jax.tree.map(jnp.mean, aux)
+
+    def run_chunk(self, state, hp, num_updates: int):
+        """`num_updates` updates for every seed, each as `_sample_batch` then `_learn`; returns (state,
+        metrics [S] averaged over the updates, plus `sample_tokens_per_s` (every candidate completion's
+        tokens, over all seeds) and `update_tokens_per_s` (the batch's tokens, over all seeds))."""
+        sums, seconds = {}, {"sample": 0.0, "learn": 0.0}
+        batch_specs = (P(None, DATA_AXIS), P())  # (units split over devices, epoch keys)
+        for _ in range(num_updates):
+            if self._sample_fn is None:
+                self._sample_fn = self._compile(self._sample_batch, (state, hp), (0, None), (P(), P()),
+                                                (P(), batch_specs, P()), donate_argnums=0)
+            tick = time.perf_counter()
+            state, batch, sample_metrics = jax.block_until_ready(self._sample_fn(state, hp))
+            seconds["sample"] += time.perf_counter() - tick
+            if self._learn_fn is None:
+                self._learn_fn = self._compile(self._learn, (state, batch, hp), (0, 0, None),
+                                               (P(), batch_specs, P()), (P(), P()), donate_argnums=0)
+            tick = time.perf_counter()
+            state, learn_metrics = jax.block_until_ready(self._learn_fn(state, batch, hp))
+            seconds["learn"] += time.perf_counter() - tick
+            for name, value in {**sample_metrics, **learn_metrics}.items():
+                sums[name] = sums[name] + value if name in sums else value
+        metrics = jax.tree.map(lambda x: x / num_updates, sums)
+        metrics["sample_tokens_per_s"] = float(jnp.sum(sums["sampled_tokens"])) / seconds["sample"]
+        metrics["update_tokens_per_s"] = float(jnp.sum(sums["tokens"])) / seconds["learn"]
         return state, metrics
