@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from report import replace_section  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- grpo_vs_ppo:start -->", "<!-- grpo_vs_ppo:end -->")
@@ -99,19 +100,6 @@ def plot(results: list[dict], path: str, env_steps: int, scenario: str) -> None:
     plt.close(fig)
 
 
-def update_results(section: str, path: str) -> None:
-    with open(path) as f:
-        text = f.read()
-    block = f"{MARKERS[0]}\n{section}\n{MARKERS[1]}"
-    if MARKERS[0] in text and MARKERS[1] in text:
-        start, end = text.index(MARKERS[0]), text.index(MARKERS[1]) + len(MARKERS[1])
-        text = text[:start] + block + text[end:]
-    else:
-        text = text.rstrip("\n") + "\n\n## GRPO variants vs MAPPO on SMAX (issue 5)\n\n" + block + "\n"
-    with open(path, "w") as f:
-        f.write(text)
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default="3m")
@@ -175,7 +163,8 @@ def main(argv=None):
         "", *lines, "", f"![GRPO variants vs MAPPO]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"])
     print(section)
     if args.update_results:
-        update_results(section, os.path.join(ROOT, "benchmarks", "RESULTS.md"))
+        replace_section(os.path.join(ROOT, "benchmarks", "RESULTS.md"), MARKERS, section,
+                        "GRPO variants vs MAPPO on SMAX (issue 5)")
 
 
 if __name__ == "__main__":

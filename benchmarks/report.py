@@ -12,3 +12,18 @@ def markdown_table(header: list, rows: list[list]) -> str:
 
     rule = "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|"
     return "\n".join([line(header), rule, *map(line, rows)])
+
+
+def replace_section(path: str, markers: tuple[str, str], section: str, title: str) -> None:
+    """Put `section` between the two marker lines of the markdown file at `path`, replacing what was there;
+    without the markers, append it under a new `## title` heading."""
+    with open(path) as f:
+        text = f.read()
+    block = f"{markers[0]}\n{section}\n{markers[1]}"
+    if markers[0] in text and markers[1] in text:
+        start, end = text.index(markers[0]), text.index(markers[1]) + len(markers[1])
+        text = text[:start] + block + text[end:]
+    else:
+        text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
+    with open(path, "w") as f:
+        f.write(text)

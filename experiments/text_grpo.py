@@ -6,12 +6,13 @@
         --config.advantage=dr_grpo --config.loss.aggregate=constant --config.group.oversample=2
 
 The model settings must match the warm start's (they are read from this config, the weights and the
-tokenizer from `init_from`). RL may train on harder problems than SFT saw: TASK_KWARGS below.
+tokenizer from `init_from`). RL may train on harder problems than SFT saw: any task option can be set, e.g.
+`--config.task.kwargs.max_number=50` for Countdown.
 """
 
 from ml_collections import ConfigDict
 
-from experiments.text_sft import TASK_KWARGS
+from experiments.text_sft import task_kwargs
 from jaxrl import config as config_lib
 
 
@@ -20,10 +21,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config = config_lib.text_grpo_config()
     config.experiment = f"text_grpo_{task}"
     config.task.name = task
-    config.task.kwargs = ConfigDict(TASK_KWARGS.get(task, {}))
+    config.task.kwargs = task_kwargs(task)
     config.total_steps = 64_000  # completions per seed
     config.num_prompts = 32
     config.group.size = 8
+    config.group.oversample = 2  # DAPO dynamic sampling: two candidate prompts per slot
+    config.loss.clip_high = 0.28  # DAPO clip-higher: slows the entropy collapse
     config.model.num_layers, config.model.d_model, config.model.num_heads = 2, 128, 4
     config.optim.learning_rate = 1e-4
     config.optim.warmup_updates = 10

@@ -9,10 +9,16 @@ beside the checkpoints, and `eval_accuracy` is greedy pass@1 on a fixed held-out
 
 from ml_collections import ConfigDict
 
+from envs import text
 from jaxrl import config as config_lib
 
 TASK_KWARGS = {"addition": {"min_digits": 1, "max_digits": 3}, "multiplication": {"min_digits": 1, "max_digits": 2},
                "countdown": {"num_numbers": 3}}
+
+
+def task_kwargs(task: str) -> ConfigDict:
+    """Every option of the task (so any can be set from the command line), with this experiment's choices."""
+    return ConfigDict({**text.task_options(task), **TASK_KWARGS.get(task, {})})
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
@@ -21,7 +27,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.experiment = f"text_sft_{task}"
     config.algorithm = "text_sft"
     config.task.name = task
-    config.task.kwargs = ConfigDict(TASK_KWARGS.get(task, {}))
+    config.task.kwargs = task_kwargs(task)
     config.total_steps = 320_000
     config.num_prompts = 64
     config.model.num_layers, config.model.d_model, config.model.num_heads = 2, 128, 4

@@ -44,6 +44,17 @@ class Checkpointer:
     def wait(self) -> None:
         self._manager.wait_until_finished()
 
+    def restore(self, step: int, target: Any) -> Any:
+        """The state saved as `step` (see `restore_latest` for `target`); a missing, mismatched or unreadable
+        step is a CheckpointError, and nothing is moved."""
+        if step not in self.steps():
+            raise CheckpointError(f"no checkpoint {step} in {self.directory}; saved steps: {self.steps()}")
+        try:
+            return self._manager.restore(step, args=ocp.args.StandardRestore(target))
+        except Exception as err:
+            raise CheckpointError(f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
+                                  f"({type(err).__name__}: {err})") from err
+
     def restore_latest(self, target: Any) -> tuple[int, Any]:
         """(step, state) from the newest readable checkpoint.
 

@@ -90,6 +90,24 @@ def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(s
     assert losses[-1] < losses[0], losses  # the fresh head regresses onto the rewards
 
 
+def test_warm_start_from_a_named_sft_checkpoint(sft_run):
+    algo, _ = algos.build(tiny_grpo_config(sft_run), mesh_lib.make_mesh())
+    steps = checkpoint.Checkpointer(os.path.join(sft_run, "checkpoints")).steps()
+    earlier = restore_text_params(sft_run, algo.settings, algo.mesh, steps[0])
+    latest = restore_text_params(sft_run, algo.settings, algo.mesh)
+    assert not np.allclose(jax.tree.leaves(earlier)[0], jax.tree.leaves(latest)[0])
+    with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint 7 .*saved steps"):
+        restore_text_params(sft_run, algo.settings, algo.mesh, 7)
+
+
+def test_task_options_are_config_keys(sft_run):
+    config = tiny_grpo_config(sft_run, **{"task.kwargs.max_digits": 4})
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    assert algo.task.max_digits == 4 and algo.task.prompt_length == 1 + 2 * 4 + 2
+    with pytest.raises(AttributeError, match="max_number"):  # addition has no such option
+        config.task.kwargs.max_number = 50
+
+
 def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candidate_exists(sft_run):
     algo, _ = algos.build(tiny_grpo_config(sft_run, **{"group.oversample": 3}), mesh_lib.make_mesh())
     # 4 slots x 3 candidates (slot-major), groups of 4, 2 reward components.

@@ -388,6 +388,16 @@ def make_task(name: str, **kwargs) -> Task:
     return TASKS[name](**kwargs)
 
 
+def task_options(name: str) -> dict:
+    """The keyword options of a registered task and their defaults (what a config may override)."""
+    import inspect
+
+    if name not in TASKS:
+        raise unknown_name("text task", name, TASKS)
+    return {k: p.default for k, p in inspect.signature(TASKS[name]).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def corpus(tasks: Sequence[Task], num: int, seed: int = 0) -> list[str]:
     """`num` prompt+answer strings per task (both splits): the text a tokenizer is trained on."""
     texts = []

@@ -204,9 +204,10 @@ class _TextAlgorithm:
         return out
 
 
-def restore_text_params(workdir: str, settings: TextSettings, mesh):
-    """Parameters [S', ...] of the newest checkpoint of the text run in `workdir` (an SFT run to start from);
-    `settings` must describe the same model. A differently shaped model is a CheckpointError."""
+def restore_text_params(workdir: str, settings: TextSettings, mesh, step: int | None = None):
+    """Parameters [S', ...] of the text run in `workdir` (an SFT run to start from), from its newest
+    checkpoint or the one saved at update `step`; `settings` must describe the same model. A differently
+    shaped model is a CheckpointError."""
     from jaxrl import checkpoint, config as config_lib
 
     saved = config_lib.load(os.path.join(workdir, "config.json"))
@@ -218,7 +219,7 @@ def restore_text_params(workdir: str, settings: TextSettings, mesh):
                           jax.eval_shape(lambda: sft.init_seeds(saved.seed, saved.num_seeds)))
     manager = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
     try:
-        _, state = manager.restore_latest(target)
+        state = manager.restore_latest(target)[1] if step is None else manager.restore(step, target)
     finally:
         manager.close()
     return state.params
