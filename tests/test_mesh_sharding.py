@@ -95,3 +95,53 @@ except ValueError as e:
     out = python_subprocess(code, devices=8)
     assert out.returncode == 0, out.stderr
     assert "ERROR the number of groups (num_envs / group_size)=6 does not divide over 8 devices" in out.stdout
+
+
+# Text: prompts split over devices; sampling keys drawn per prompt from its global index.
+TEXT_SFT = """
+import sys; sys.path.insert(0, "tests")
+from test_text_sft import tiny_sft_config
+config = tiny_sft_config()
+config.num_prompts = 16
+"""
+
+TEXT_GRPO = """
+import sys; sys.path.insert(0, "tests")
+from test_multi_agent_ppo import load_experiment
+config = load_experiment("text_grpo", "addition")
+config.num_prompts, config.group.size, config.group.oversample = 8, 4, 2
+config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
+config.optim.num_minibatches, config.total_steps = 2, 8 * 4 * 6
+"""
+
+TEXT_CODE = r"""
+import json, jax, numpy as np
+from jaxrl import algos, mesh as mesh_lib
+
+assert len(jax.devices()) == 8
+""" + "{setup}" + r"""
+result = {}
+for devices in (1, 8):
+    algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
+    state = algo.init_seeds(0, 2)
+    for _ in range(2):
+        state, metrics = algo.run_chunk(state, hp, 3)
+    result[devices] = ([np.asarray(x) for x in jax.tree.leaves(state.params)],
+                       {k: np.asarray(v).tolist() for k, v in metrics.items()})
+diffs = [float(np.max(np.abs(a - b))) for a, b in zip(result[1][0], result[8][0])]
+scale = [float(np.max(np.abs(a))) for a in result[1][0]]
+print(json.dumps({"diffs": diffs, "scale": scale, "m1": result[1][1], "m8": result[8][1]}))
+"""
+
+
+@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO], ids=["text_sft", "text_grpo"])
+def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
+    out = python_subprocess(TEXT_CODE.replace("{setup}", setup), devices=8)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    for diff, scale in zip(result["diffs"], result["scale"]):
+        assert diff <= 1e-5 * max(1.0, scale), result["diffs"]
+    # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.
+    for key in ("reward_correct", "tokens", "completion_length") if "tokens" in result["m1"] else ("loss",):
+        np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
+    np.testing.assert_allclose(result["m8"]["grad_norm"], result["m1"]["grad_norm"], rtol=1e-4)
