@@ -69,6 +69,7 @@ def jaxrl_config(args):
     config.init_from = ""
     config.num_prompts = args.prompts
     config.group.size = args.group_size
+    config.group.oversample = 1  # TRL samples each prompt's group once
     config.model.num_layers, config.model.d_model, config.model.num_heads = args.layers, args.d_model, args.heads
     config.model.d_ff = 0  # 4 * d_model, as on the TRL side
     if args.max_digits is not None:

@@ -197,3 +197,41 @@ def score(model: TransformerLM, params, prompts: jax.Array, completions: jax.Arr
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1) * m
     values = None if values is None else values[:, P - 1:] * m
     return log_probs, entropy, values
+
+
+@functools.partial(jax.jit, static_argnames=("model",))
+def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: jax.Array,
+                 completion_mask: jax.Array, pad_id):
+    """`score` for a group of G completions per prompt, computing each prompt's forward pass once.
+
+    prompts int32 [B, P] (left-padded), completions int32 [B, G, N], completion_mask [B, G, N]
+    -> (log_probs, entropy, values or None), each [B, G, N]: equal to `score` on the prompts repeated G
+    times. The prompt is prefilled into a KV cache once per prompt and the cache is shared by the group;
+    the members' N-1 fed tokens then run as one cached block. That computes B*P + B*G*(N-1) positions
+    instead of B*G*(P+N-1) (a GRPO update on short answers spends most of its time on prompts).
+    """
+    B, G, N = completions.shape
+    P = prompts.shape[1]
+    real, positions, prompt_len = prompt_layout(prompts, pad_id)
+    L = P + N - 1
+    attn_mask = jnp.concatenate([real, jnp.zeros((B, N - 1), bool)], axis=1)
+    logits, values, cache = model.apply(params, prompts, positions, attn_mask, init_cache(model.config, B, L), 0,
+                                        method=TransformerLM.decode)
+    group = lambda x: jnp.repeat(x, G, axis=0)  # [B, ...] -> [B*G, ...], member g of prompt b at b*G + g
+    logits, values = group(logits[:, -1:]), None if values is None else group(values[:, -1:])  # predict token 0
+    completion_real = (completion_mask > 0).reshape(B * G, N)
+    completions = completions.reshape(B * G, N)
+    if N > 1:  # the last completion token predicts nothing we score, so it is not fed
+        fed_mask = jnp.concatenate([group(real), completion_real[:, :-1]], axis=1)
+        fed_positions = group(prompt_len)[:, None] + jnp.arange(N - 1, dtype=jnp.int32)
+        rest_logits, rest_values, _ = model.apply(params, completions[:, :-1], fed_positions, fed_mask,
+                                                  jax.tree.map(group, cache), P, method=TransformerLM.decode)
+        logits = jnp.concatenate([logits, rest_logits], axis=1)
+        values = None if values is None else jnp.concatenate([values, rest_values], axis=1)
+    logp_all = jax.nn.log_softmax(logits, axis=-1)  # [B*G, N, V]: column t predicts token t
+    m = completion_real.astype(jnp.float32)
+    log_probs = jnp.take_along_axis(logp_all, completions[..., None], axis=-1)[..., 0] * m
+    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1) * m
+    values = None if values is None else values * m
+    to_groups = lambda x: None if x is None else x.reshape(B, G, N)
+    return to_groups(log_probs), to_groups(entropy), to_groups(values)

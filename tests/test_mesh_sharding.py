@@ -109,9 +109,9 @@ TEXT_GRPO = """
 import sys; sys.path.insert(0, "tests")
 from test_multi_agent_ppo import load_experiment
 config = load_experiment("text_grpo", "addition")
-config.num_prompts, config.group.size, config.group.oversample = 8, 4, 2
+config.num_prompts, config.group.size, config.group.oversample = 16, 4, 2
 config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
-config.optim.num_minibatches, config.total_steps = 2, 8 * 4 * 6
+config.optim.num_minibatches, config.total_steps = 2, 16 * 4 * 6
 """
 
 TEXT_CODE = r"""

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.sampling import filter_logits, prompt_layout, sample, sample_groups, sample_token, score
+from jaxrl.sampling import filter_logits, prompt_layout, sample, sample_groups, sample_token, score, score_groups
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 PAD, EOS, V = 0, 1, 20
@@ -241,3 +241,29 @@ def test_sample_groups(tiny):
     # ... and members of a group differ.
     for b in range(4):
         assert len({tuple(np.asarray(out.tokens[b, g])) for g in range(G)}) > 1
+
+
+def test_score_groups_equals_score_on_repeated_prompts(tiny):
+    """The group scorer computes each prompt once; it must agree with scoring every member's full sequence,
+    values and gradients included."""
+    model, params = tiny
+    prompts = left_padded(PROMPTS, W + 3)
+    G = 3
+    out = sample_groups(model, params, prompts, jax.random.key(4), group_size=G, max_new_tokens=N, eos_id=EOS,
+                        pad_id=PAD)
+    # Members of different lengths, as if they had emitted EOS early: masked tails are PAD.
+    lengths = jax.random.randint(jax.random.key(5), (4, G, 1), 1, N + 1)
+    mask = (jnp.arange(N) < lengths).astype(jnp.float32)
+    tokens = jnp.where(mask > 0, out.tokens, PAD)
+    out = out._replace(tokens=tokens, mask=mask, log_probs=out.log_probs * mask)
+    flat = lambda x: x.reshape(4 * G, N)
+    grouped = score_groups(model, params, prompts, out.tokens, out.mask, PAD)
+    full = score(model, params, jnp.repeat(prompts, G, axis=0), flat(out.tokens), flat(out.mask), PAD)
+    for a, b in zip(grouped, full):
+        np.testing.assert_allclose(flat(a), b, atol=1e-5)
+    np.testing.assert_allclose(grouped[0], out.log_probs, atol=1e-5)
+    grad_grouped = jax.grad(lambda p: score_groups(model, p, prompts, out.tokens, out.mask, PAD)[0].sum())(params)
+    grad_full = jax.grad(lambda p: score(model, p, jnp.repeat(prompts, G, axis=0), flat(out.tokens),
+                                         flat(out.mask), PAD)[0].sum())(params)
+    for a, b in zip(jax.tree.leaves(grad_grouped), jax.tree.leaves(grad_full)):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)

@@ -34,7 +34,7 @@ from jax.sharding import PartitionSpec as P
 from envs import text
 from jaxrl import losses, mesh as mesh_lib, sampling
 from jaxrl.algos.grpo import standardise
-from jaxrl.algos.ppo import gradient_step, minibatch_block_size, optimise, repeat_updates, seed_keys
+from jaxrl.algos.ppo import gradient_step, optimise, repeat_updates, seed_keys
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -326,13 +326,13 @@ class TextGRPO(_TextAlgorithm):
         self._sample_fn = self._learn_fn = None  # compiled on the first update (see run_chunk)
         from jaxrl import advantages
         self.estimator = advantages.get(settings.advantage)
-        # Minibatches deal whole groups' completions: each device's prompts must split evenly (see PPO).
+        # Minibatches deal whole groups (the loss scores a group's prompt once): each device's prompts must
+        # split evenly.
         local_prompts = settings.num_prompts // self.mesh.shape[DATA_AXIS]
-        block = minibatch_block_size(settings.group_size, settings.num_minibatches)
-        if local_prompts % block:
-            raise ValueError(f"the {local_prompts} prompts x {settings.group_size} completions on each device cannot "
-                             f"be split into num_minibatches={settings.num_minibatches} equal minibatches: "
-                             f"prompts per device must be a multiple of {block}")
+        if local_prompts % settings.num_minibatches:
+            raise ValueError(f"the {local_prompts} prompts (groups) on each device cannot be split into "
+                             f"num_minibatches={settings.num_minibatches} equal minibatches: prompts per device "
+                             f"must be a multiple of {settings.num_minibatches}")
 
     @property
     def use_critic(self) -> bool:
@@ -380,9 +380,13 @@ class TextGRPO(_TextAlgorithm):
         return jax.tree.map(pick, tree), filled
 
     def _loss(self, params, batch, hp: TextGRPOHyperparams):
+        """batch: whole groups, prompts [m, P] and the rest [m, G, ...]."""
         s = self.settings
-        log_probs, entropy, values = sampling.score(self.model, params, batch["prompts"], batch["tokens"],
-                                                    batch["mask"], self.vocab.pad_id)
+        scored = sampling.score_groups(self.model, params, batch["prompts"], batch["tokens"], batch["mask"],
+                                       self.vocab.pad_id)
+        # One row per completion [m*G, N] from here on.
+        log_probs, entropy, values = (None if x is None else x.reshape(-1, x.shape[-1]) for x in scored)
+        batch = {k: v if k == "prompts" else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
         total, aux = losses.policy_loss(
             log_probs, batch["log_probs"], batch["advantages"], batch["mask"] * batch["weight"][:, None],
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
@@ -401,8 +405,8 @@ class TextGRPO(_TextAlgorithm):
     # small next to sampling B x G completions, and gives the sampling and update throughputs.
 
     def _sample_batch(self, state: TextGRPOState, hp: TextGRPOHyperparams):
-        """For one seed on this device: (state with its key advanced, (units [b, G, ...], epoch key),
-        sampling metrics)."""
+        """For one seed on this device: (state with its key advanced, (units: prompts [b, P] and the rest
+        [b, G, ...], epoch key), sampling metrics)."""
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         prompts, samples, rewards = self._rollout(state.params, hp, rollout_key)
@@ -411,8 +415,7 @@ class TextGRPO(_TextAlgorithm):
         group = self.estimator(rewards, None, reward_weights=s.reward_weights, **dict(s.advantage_options))
         b, G, N = samples.tokens.shape
         advantages = jnp.broadcast_to(group.advantages[..., None], (b, G, N))  # per token
-        units = {"prompts": jnp.broadcast_to(prompts[:, None], (b, G, prompts.shape[-1])),
-                 "tokens": samples.tokens, "mask": samples.mask, "log_probs": samples.log_probs,
+        units = {"prompts": prompts, "tokens": samples.tokens, "mask": samples.mask, "log_probs": samples.log_probs,
                  "weight": group.weight}
         if self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
             returns = jnp.broadcast_to((rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
@@ -432,13 +435,12 @@ class TextGRPO(_TextAlgorithm):
         s = self.settings
         units, epoch_key = batch
         if s.use_kl:
-            b, G, N = units["tokens"].shape
-            flat = jax.tree.map(lambda x: x.reshape(b * G, *x.shape[2:]), units)
-            ref, _, _ = sampling.score(self.model, state.ref_params, flat["prompts"], flat["tokens"], flat["mask"],
-                                       self.vocab.pad_id)
-            units = dict(units, ref_log_probs=ref.reshape(b, G, N))
+            ref, _, _ = sampling.score_groups(self.model, state.ref_params, units["prompts"], units["tokens"],
+                                              units["mask"], self.vocab.pad_id)
+            units = dict(units, ref_log_probs=ref)
         optimizer = make_optimizer(hp, s, state.update_step)
-        params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, epoch_key,
+        groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
+        params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)
         state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1)
         return state, jax.tree.map(jnp.mean, aux)
