@@ -26,7 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import replace_section  # noqa: E402
+from report import replace_section, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- grpo_vs_ppo:start -->", "<!-- grpo_vs_ppo:end -->")
@@ -87,17 +87,12 @@ def plot(results: list[dict], path: str, env_steps: int, scenario: str) -> None:
             continue
         x = np.array([p[0] for p in points]) / 1e6
         y = np.array([p[1] for p in points])
-        ax.plot(x, y.mean(1), marker="o", markersize=3, label=r["name"])
-        ax.fill_between(x, y.min(1), y.max(1), alpha=0.15)
+        seed_band(ax, x, y, r["name"])
     ax.set_xlabel("env steps taken per seed (millions)")
     ax.set_ylabel("greedy win rate (mean, min-max over seeds)")
     ax.set_title(f"SMAX {scenario}: GRPO variants vs MAPPO")
     ax.set_ylim(-0.02, 1.02)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):

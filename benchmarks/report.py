@@ -27,3 +27,20 @@ def replace_section(path: str, markers: tuple[str, str], section: str, title: st
         text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(text)
+
+
+def seed_band(ax, x, y, label: str) -> None:
+    """Plot the mean over seeds of y [n, S] against x [n], with the min-max band."""
+    ax.plot(x, y.mean(1), marker="o", markersize=3, label=label)
+    ax.fill_between(x, y.min(1), y.max(1), alpha=0.15)
+
+
+def save_figure(fig, path: str) -> None:
+    """Grid and legend on every axis, tight layout, write `path`, free the figure."""
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    import matplotlib.pyplot as plt
+    plt.close(fig)

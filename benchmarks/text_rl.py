@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import markdown_table, replace_section  # noqa: E402
+from report import markdown_table, replace_section, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- text_rl:start -->", "<!-- text_rl:end -->")
@@ -130,17 +130,11 @@ def plot(sft_rows, sft_on_rl, base, runs, path, args) -> None:
     for name, (steps, _, accuracy) in runs.items():
         x = np.concatenate([[0], steps]) / 1e3
         y = np.concatenate([np.full((1, accuracy.shape[1]), base), accuracy])
-        right.plot(x, y.mean(1), marker="o", markersize=3, label=name)
-        right.fill_between(x, y.min(1), y.max(1), alpha=0.15)
+        seed_band(right, x, y, name)
     right.axhline(base + GAIN, color="grey", linestyle="--", linewidth=1, label=f"base + {GAIN:.2f}")
     right.set(xlabel="RL completions per seed (thousands)", ylabel="greedy held-out accuracy (min-max over seeds)",
               ylim=(-0.02, 1.02), title=f"RL on {args.task} ({args.rl_task})")
-    for ax in (left, right):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):

@@ -11,7 +11,7 @@ import pytest
 import envs
 from conftest import ROOT
 from jaxrl import algos, config as config_lib, mesh as mesh_lib
-from jaxrl.networks import RecurrentActorCritic, ResetGRU
+from jaxrl.networks import ResetGRU
 
 
 def load_experiment(name: str, arg: str | None = None):
