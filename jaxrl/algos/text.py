@@ -12,8 +12,8 @@ replicated, gradients averaged):
     sample B training problems -> prompts [B, P], answers [B, A] -> -mean log p(answer token) -> Adam
 
 Evaluation is greedy decoding (temperature 0) on a fixed held-out set: `eval_accuracy` (pass@1) and
-`eval_well_formed`; plus `eval_pass@k` from k samples per problem at temperature 1. Shapes: S seeds, B prompts per update (b on one device), P prompt and A answer
-tokens.
+`eval_well_formed`, and `eval_pass@k` from k samples per problem at temperature 1. Shapes: S seeds,
+B prompts per update (b on one device), P prompt and A answer tokens.
 """
 
 from __future__ import annotations
@@ -93,7 +93,8 @@ def make_optimizer(hp: TextHyperparams, settings: TextSettings, step: jax.Array)
 class _TextAlgorithm:
     """What the text algorithms share: task, tokenizer, model, state, the chunk loop, held-out evaluation.
 
-    Subclasses define `_update(state, hp) -> (state, metrics)` for one seed on this device's prompts.
+    Subclasses define `_update(state, hp) -> (state, metrics)` for one seed on this device's prompts (run
+    by `run_chunk` as one compiled loop), or override `run_chunk` (TextGRPO: two programs per update).
     """
 
     def __init__(self, settings: TextSettings, mesh=None, init_params=None, eval_seed: int = 1234):
