@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import replace_section, save_figure, seed_band  # noqa: E402
+from report import publish, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- grpo_vs_ppo:start -->", "<!-- grpo_vs_ppo:end -->")
@@ -166,10 +166,7 @@ def main(argv=None):
         f"SMAX {args.scenario}, {args.seeds} seeds per run trained together, win rates mean +- std over seeds "
         f"at equal env steps taken per seed (GRPO: steps of its episodes, not the masked steps it computes).",
         "", *lines, "", f"![GRPO variants vs MAPPO]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"])
-    print(section)
-    if args.update_results:
-        replace_section(os.path.join(ROOT, "benchmarks", "RESULTS.md"), MARKERS, section,
-                        "GRPO variants vs MAPPO on SMAX (issue 5)")
+    publish(section, args.update_results, MARKERS, "GRPO variants vs MAPPO on SMAX (issue 5)")
 
 
 if __name__ == "__main__":

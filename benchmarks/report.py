@@ -44,3 +44,13 @@ def save_figure(fig, path: str) -> None:
     fig.savefig(path)
     import matplotlib.pyplot as plt
     plt.close(fig)
+
+
+def publish(section: str, update_results: bool, markers: tuple[str, str], title: str) -> None:
+    """Print a benchmark's section; with `update_results`, also put it into benchmarks/RESULTS.md."""
+    import os
+
+    print(section)
+    if update_results:
+        replace_section(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), markers, section,
+                        title)

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import markdown_table, replace_section, save_figure, seed_band  # noqa: E402
+from report import markdown_table, publish, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- text_rl:start -->", "<!-- text_rl:end -->")
@@ -202,10 +202,7 @@ def main(argv=None):
         f"{args.seeds} seeds per estimator trained together; accuracy mean +- std over seeds:",
         "", markdown_table(header, table), "",
         f"![SFT then RL on {args.task}]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"])
-    print(section)
-    if args.update_results:
-        replace_section(os.path.join(ROOT, "benchmarks", "RESULTS.md"), MARKERS, section,
-                        "GRPO on tokens: RL past the warm start (issue 6)")
+    publish(section, args.update_results, MARKERS, "GRPO on tokens: RL past the warm start (issue 6)")
 
 
 if __name__ == "__main__":
