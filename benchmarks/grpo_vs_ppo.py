@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import publish, save_figure, seed_band  # noqa: E402
+from report import per_seed, publish, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- grpo_vs_ppo:start -->", "<!-- grpo_vs_ppo:end -->")
@@ -42,11 +42,6 @@ def taken_steps(rows: list[dict], num_seeds: int, algorithm: str) -> np.ndarray:
         return np.array([r["env_steps"] for r in rows], float)
     per_row = [(r.get("episodes") or 0) / num_seeds * (r.get("episode_length") or 0) for r in rows]
     return np.cumsum(per_row)
-
-
-def per_seed(row: dict, key: str, num_seeds: int) -> list[float] | None:
-    values = row.get(f"{key}_per_seed", [row.get(key)] if num_seeds == 1 else None)
-    return None if values is None or any(v is None for v in values) else values
 
 
 def run(name: str, config, num_seeds: int) -> dict:

@@ -54,3 +54,10 @@ def publish(section: str, update_results: bool, markers: tuple[str, str], title:
     if update_results:
         replace_section(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), markers, section,
                         title)
+
+
+def per_seed(row: dict, key: str, num_seeds: int) -> list[float] | None:
+    """A metrics row's `key` for every seed (the `<key>_per_seed` list, or the value of a one-seed run);
+    None where the row lacks it for some seed."""
+    values = row.get(f"{key}_per_seed", [row.get(key)] if num_seeds == 1 else None)
+    return None if values is None or any(v is None for v in values) else values

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import markdown_table, publish, save_figure, seed_band  # noqa: E402
+from report import markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- text_rl:start -->", "<!-- text_rl:end -->")
@@ -90,14 +90,9 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
     return out
 
 
-def per_seed(row: dict, num_seeds: int) -> list[float] | None:
-    values = row.get("eval_accuracy_per_seed", [row.get("eval_accuracy")] if num_seeds == 1 else None)
-    return None if values is None or any(v is None for v in values) else values
-
-
 def curve(rows: list[dict], num_seeds: int):
     """(completions per seed [n], wall seconds [n], accuracy per seed [n, S]) at the evaluated rows."""
-    points = [(r["env_steps"], r["wall_time"], per_seed(r, num_seeds)) for r in rows]
+    points = [(r["env_steps"], r["wall_time"], per_seed(r, "eval_accuracy", num_seeds)) for r in rows]
     points = [p for p in points if p[2] is not None]
     return (np.array([p[0] for p in points]), np.array([p[1] for p in points]),
             np.array([p[2] for p in points]))

@@ -192,12 +192,19 @@ def score(model: TransformerLM, params, prompts: jax.Array, completions: jax.Arr
     attn_mask = jnp.concatenate([real, completion_real[:, :-1]], axis=1)
     positions = jnp.maximum(jnp.cumsum(attn_mask, axis=1, dtype=jnp.int32) - 1, 0)
     logits, values = model.apply(params, tokens, positions, attn_mask)
-    logp_all = jax.nn.log_softmax(logits[:, P - 1:], axis=-1)  # [B, N, V]: column P-1+t predicts token t
+    # Column P-1+t predicts token t.
+    return _completion_scores(logits[:, P - 1:], None if values is None else values[:, P - 1:], completions,
+                              completion_real)
+
+
+def _completion_scores(logits, values, completions, completion_real):
+    """Logits [B, N, V] and values [B, N] (or None) at the columns predicting completions [B, N] ->
+    (log_probs, entropy, values), zero where `completion_real` is false."""
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
     m = completion_real.astype(jnp.float32)
     log_probs = jnp.take_along_axis(logp_all, completions[..., None], axis=-1)[..., 0] * m
     entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1) * m
-    values = None if values is None else values[:, P - 1:] * m
-    return log_probs, entropy, values
+    return log_probs, entropy, None if values is None else values * m
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
@@ -229,10 +236,5 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
                                                   jax.tree.map(group, cache), P, method=TransformerLM.decode)
         logits = jnp.concatenate([logits, rest_logits], axis=1)
         values = None if values is None else jnp.concatenate([values, rest_values], axis=1)
-    logp_all = jax.nn.log_softmax(logits, axis=-1)  # [B*G, N, V]: column t predicts token t
-    m = completion_real.astype(jnp.float32)
-    log_probs = jnp.take_along_axis(logp_all, completions[..., None], axis=-1)[..., 0] * m
-    entropy = -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1) * m
-    values = None if values is None else values * m
-    to_groups = lambda x: None if x is None else x.reshape(B, G, N)
-    return to_groups(log_probs), to_groups(entropy), to_groups(values)
+    scores = _completion_scores(logits, values, completions, completion_real)  # [B*G, N]: column t predicts token t
+    return tuple(None if x is None else x.reshape(B, G, N) for x in scores)

@@ -85,10 +85,9 @@ def _grpo(config: ConfigDict, mesh):
     return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps), hyperparams
 
 
-def _text_settings(config: ConfigDict, settings_cls, **extra):
+def _text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **extra):
     o = config.optim
-    model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None,
-                 value_head=config.get("critic_weight", 0.0) > 0)
+    model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None, value_head=value_head)
     return settings_cls(
         task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
         num_prompts=config.num_prompts,
@@ -114,8 +113,8 @@ def _text_grpo(config: ConfigDict, mesh):
     o, loss = config.optim, config.loss
     tokenizer = os.path.join(config.init_from, "tokenizer.json") if config.init_from else None
     settings = _text_settings(
-        config, TextGRPOSettings, **_group_relative_settings(config), tokenizer_path=tokenizer,
-        oversample=config.group.oversample, top_k=config.sampling.top_k,
+        config, TextGRPOSettings, value_head=config.critic_weight > 0, **_group_relative_settings(config),
+        tokenizer_path=tokenizer, oversample=config.group.oversample, top_k=config.sampling.top_k,
         reward_weights=tuple(config.reward_weights), kl=loss.kl, use_kl=loss.kl_coef > 0,
         num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
     hyperparams = jax.tree.map(jnp.float32, TextGRPOHyperparams(

@@ -401,9 +401,9 @@ class TextGRPO(_TextAlgorithm):
         return total, aux
 
     # ----------------------------------------------------------------------------------------------
-    # One update in two compiled programs, timed apart: sampling (rollouts, rewards, advantages), then
-    # learning (reference scores, epochs x minibatches). The split costs a host round trip per update,
-    # small next to sampling B x G completions, and gives the sampling and update throughputs.
+    # One update in two compiled programs: sampling (rollouts, rewards, advantages), then learning
+    # (reference scores, epochs x minibatches). Timing them apart gives the sampling and update throughputs;
+    # two dispatches per update are small next to sampling B x G completions.
 
     def _sample_batch(self, state: TextGRPOState, hp: TextGRPOHyperparams):
         """For one seed on this device: (state with its key advanced, (units: prompts [b, P] and the rest
@@ -449,25 +449,35 @@ class TextGRPO(_TextAlgorithm):
     def run_chunk(self, state, hp, num_updates: int):
         """`num_updates` updates for every seed, each as `_sample_batch` then `_learn`; returns (state,
         metrics [S] averaged over the updates, plus `sample_tokens_per_s` (every candidate completion's
-        tokens, over all seeds) and `update_tokens_per_s` (the batch's tokens, over all seeds))."""
-        sums, seconds = {}, {"sample": 0.0, "learn": 0.0}
+        tokens, over all seeds) and `update_tokens_per_s` (the batch's tokens, over all seeds)).
+
+        The first update of the chunk is timed phase by phase (it waits for each program to finish); the
+        others are dispatched without waiting, so the host never stalls the device between them."""
         batch_specs = (P(None, DATA_AXIS), P())  # (units split over devices, epoch keys)
-        for _ in range(num_updates):
-            if self._sample_fn is None:
-                self._sample_fn = self._compile(self._sample_batch, (state, hp), (0, None), (P(), P()),
-                                                (P(), batch_specs, P()), donate_argnums=0)
-            tick = time.perf_counter()
-            state, batch, sample_metrics = jax.block_until_ready(self._sample_fn(state, hp))
-            seconds["sample"] += time.perf_counter() - tick
+        if self._sample_fn is None:
+            self._sample_fn = self._compile(self._sample_batch, (state, hp), (0, None), (P(), P()),
+                                            (P(), batch_specs, P()), donate_argnums=0)
+        totals, rates = None, {}
+        for update in range(num_updates):
+            timed = update == 0
+            tick = _wait_then_clock(state) if timed else 0.0
+            state, batch, sample_metrics = self._sample_fn(state, hp)
+            sample_seconds = _wait_then_clock(batch) - tick if timed else 0.0
             if self._learn_fn is None:
                 self._learn_fn = self._compile(self._learn, (state, batch, hp), (0, 0, None),
                                                (P(), batch_specs, P()), (P(), P()), donate_argnums=0)
             tick = time.perf_counter()
-            state, learn_metrics = jax.block_until_ready(self._learn_fn(state, batch, hp))
-            seconds["learn"] += time.perf_counter() - tick
-            for name, value in {**sample_metrics, **learn_metrics}.items():
-                sums[name] = sums[name] + value if name in sums else value
-        metrics = jax.tree.map(lambda x: x / num_updates, sums)
-        metrics["sample_tokens_per_s"] = float(jnp.sum(sums["sampled_tokens"])) / seconds["sample"]
-        metrics["update_tokens_per_s"] = float(jnp.sum(sums["tokens"])) / seconds["learn"]
-        return state, metrics
+            state, learn_metrics = self._learn_fn(state, batch, hp)
+            if timed:
+                learn_seconds = _wait_then_clock(state) - tick
+                rates = {"sample_tokens_per_s": float(jnp.sum(sample_metrics["sampled_tokens"])) / sample_seconds,
+                         "update_tokens_per_s": float(jnp.sum(sample_metrics["tokens"])) / learn_seconds}
+            metrics = {**sample_metrics, **learn_metrics}
+            totals = metrics if totals is None else jax.tree.map(jnp.add, totals, metrics)
+        return state, {**jax.tree.map(lambda x: x / num_updates, totals), **rates}
+
+
+def _wait_then_clock(tree) -> float:
+    """time.perf_counter() once every array of `tree` is computed."""
+    jax.block_until_ready(tree)
+    return time.perf_counter()
