@@ -50,7 +50,9 @@ def base_config() -> ConfigDict:
             "activation": "tanh",
             "agent_id": True,  # multi-agent: append each agent's one-hot index to its inputs
         },
-        "mesh": {"num_devices": 0},  # 0: all local devices
+        # num_devices 0: every device (of every process). run_devices: devices along the mesh's `runs` axis
+        # (seeds and sweep settings split over them); 0: as many as divide both the devices and the runs.
+        "mesh": {"num_devices": 0, "run_devices": 0},
         "log": {"every_steps": 25_000, "progress_bar": True},
         "checkpoint": {"every_steps": 0, "keep": 3},  # 0: at every log interval
         "eval": {"every_steps": 0, "num_envs": 32, "max_steps": 0},  # every_steps 0: only at the end
@@ -115,7 +117,7 @@ def text_config() -> ConfigDict:
                   "max_len": 48},  # positions: prompt + answer tokens (RL on longer problems needs room)
         "optim": {"learning_rate": 1e-3, "max_grad_norm": 1.0, "weight_decay": 0.0, "warmup_updates": 50,
                   "adam_eps": 1e-8},
-        "mesh": {"num_devices": 0},
+        "mesh": {"num_devices": 0, "run_devices": 0},
         "log": {"every_steps": 6_400, "progress_bar": True},
         "checkpoint": {"every_steps": 0, "keep": 3},
         # num_envs: held-out problems; pass_k: samples per problem for eval_pass@k (0: greedy only)
@@ -195,7 +197,8 @@ def validate(config: ConfigDict) -> None:
 def _validate_shared(config: ConfigDict) -> None:
     """Keys every algorithm has."""
     _positive(config, "num_seeds", "total_steps", "log.every_steps", "eval.num_envs", "checkpoint.keep")
-    for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices"):
+    for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
+                "mesh.run_devices"):
         section, name = key.split(".")
         if config[section][name] < 0:
             raise ValueError(f"config.{key} must be >= 0, got {config[section][name]!r}")

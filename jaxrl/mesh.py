@@ -1,37 +1,87 @@
-"""The device mesh: the batch (environment) axis is split over devices, parameters are replicated.
+"""The device mesh, two axes: `runs` x `data`.
+
+- `runs` splits independent runs (seeds, sweep settings; the leading axis of every state leaf and of the
+  hyperparameters) over devices. Runs never talk to each other, so this axis costs no communication.
+- `data` splits one run's batch (environments, prompts) over devices; parameters are replicated along
+  it and gradients are averaged over it.
 
 Randomness that belongs to one environment is derived from its *global* index, so a run gives the same
-numbers on 1 device or on 8 (up to float summation order).
+numbers on 1 device or on 8, whichever way they are split (up to float summation order).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+RUN_AXIS = "runs"
 DATA_AXIS = "data"
+RUNS = P(RUN_AXIS)  # leaves [R, ...]: runs split over the `runs` axis, whole along `data`
 
 
-def make_mesh(num_devices: int = 0) -> Mesh:
-    """A 1-D mesh named `data` over the first `num_devices` local devices (0 means all of them)."""
+def make_mesh(num_devices: int = 0, run_devices: int = 1) -> Mesh:
+    """A (runs, data) mesh over the first `num_devices` devices of every process (0 means all of them),
+    `run_devices` along `runs` and the rest along `data`.
+
+    Devices are taken in `jax.devices()` order, process by process, with `data` the inner axis: a run's
+    gradient average stays inside a host whenever its data axis fits on one.
+    """
     available = jax.devices()
     if num_devices < 0 or num_devices > len(available):
         raise ValueError(f"mesh.num_devices={num_devices} but {len(available)} devices are available")
-    devices = available[: num_devices or len(available)]
-    return Mesh(devices, (DATA_AXIS,))
+    n = num_devices or len(available)
+    if run_devices < 1 or n % run_devices:
+        raise ValueError(f"mesh.run_devices={run_devices} does not divide the {n} devices of the mesh")
+    devices = np.array(available[:n]).reshape(run_devices, n // run_devices)
+    return Mesh(devices, (RUN_AXIS, DATA_AXIS))
+
+
+def auto_run_devices(num_devices: int, num_runs: int) -> int:
+    """The most devices the `runs` axis can take: the largest divisor of `num_devices` that divides
+    `num_runs`. Splitting runs needs no communication, so it is preferred to splitting each run's batch."""
+    return max(d for d in range(1, num_devices + 1) if num_devices % d == 0 and num_runs % d == 0)
 
 
 def check_divisible(what: str, size: int, mesh: Mesh) -> None:
-    """Raise before compiling when `size` items cannot be split evenly over the mesh's devices."""
+    """Raise before compiling when `size` items of one run cannot be split evenly over the `data` axis."""
     n = mesh.shape[DATA_AXIS]
     if size % n:
-        raise ValueError(f"{what}={size} does not divide over {n} devices; choose a multiple of {n} "
-                         f"(or set mesh.num_devices)")
+        raise ValueError(f"{what}={size} does not divide over the {n} devices of the data axis; choose a "
+                         f"multiple of {n} (or set mesh.num_devices / mesh.run_devices)")
+
+
+def check_runs(num_runs: int, mesh: Mesh) -> None:
+    """Raise before compiling when `num_runs` runs cannot be split evenly over the `runs` axis."""
+    n = mesh.shape[RUN_AXIS]
+    if num_runs % n:
+        raise ValueError(f"{num_runs} runs (seeds x settings) do not divide over the {n} devices of the runs "
+                         f"axis; set mesh.run_devices to a divisor of {num_runs}")
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
+
+
+def per_run(mesh: Mesh) -> NamedSharding:
+    """Leaves [R, ...] split over the runs axis (and replicated along `data`)."""
+    return NamedSharding(mesh, RUNS)
+
+
+def runs_of(hyperparams, num_runs: int, mesh: Mesh):
+    """Hyperparameters with a leading run axis [R], placed on the mesh: scalar leaves are shared by every
+    run (broadcast), leaves [R] give each run its own value (a sweep)."""
+    def expand(x):
+        x = jnp.asarray(x)
+        if x.ndim == 0:
+            return jnp.broadcast_to(x, (num_runs,))
+        if x.shape != (num_runs,):
+            raise ValueError(f"a hyperparameter has shape {x.shape}; expected a scalar or one value per run "
+                             f"({num_runs},)")
+        return x
+    check_runs(num_runs, mesh)
+    return jax.device_put(jax.tree.map(expand, hyperparams), per_run(mesh))
 
 
 def local_indices(num_local: int) -> jax.Array:
@@ -52,12 +102,21 @@ def per_item_keys(key: jax.Array, num_local: int) -> jax.Array:
 
 
 def varying(tree):
-    """Mark the leaves of `tree` that are not yet varying over DATA_AXIS as varying (inside `shard_map`).
+    """Mark the leaves of `tree` as varying over both mesh axes where they are not yet (inside `shard_map`).
 
     Two uses: gradients taken with respect to replicated parameters cast this way stay per device,
     instead of being summed over devices implicitly (the transpose of broadcasting them); and a loop
     carry built from constants gets the type of the per-device values the loop body makes of it.
     """
     def cast(x):  # (pcast refuses a value that is varying already)
-        return x if DATA_AXIS in jax.typeof(x).mat.varying else jax.lax.pcast(x, DATA_AXIS, to="varying")
+        missing = tuple(a for a in (RUN_AXIS, DATA_AXIS) if a not in jax.typeof(x).mat.varying)
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
     return jax.tree.map(cast, tree)
+
+
+def zeros_like_abstract(shape: jax.ShapeDtypeStruct) -> jax.Array:
+    """Zeros of `shape` (from `jax.eval_shape` inside `shard_map`) varying over the same mesh axes, so that
+    they can start a loop carry that the loop body fills with such values."""
+    zeros = jnp.zeros(shape.shape, shape.dtype)
+    axes = tuple(sorted(shape.manual_axis_type.varying)) if shape.manual_axis_type is not None else ()
+    return jax.lax.pcast(zeros, axes, to="varying") if axes else zeros

@@ -22,9 +22,11 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 from ml_collections import ConfigDict
 
-from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, metrics as metrics_lib
+from jaxrl import algos, checkpoint, config as config_lib, distributed, mesh as mesh_lib, metrics as metrics_lib
 
 # Keys that may change when a run is resumed: extending a run is allowed, anything else would make the
 # saved state mean something different.
@@ -110,15 +112,48 @@ def _every(every_steps: int, chunk_steps: int) -> int:
     return max(1, round(every_steps / chunk_steps))
 
 
+@dataclasses.dataclass
+class Setting:
+    """One point of a sweep: a config and the directory its metrics, plots and config go to."""
+
+    config: ConfigDict
+    workdir: str
+
+
 def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None = None) -> RunResult:
     """Train `config` in `workdir` (created, or resumed when it holds checkpoints)."""
-    config_lib.validate(config)
     workdir = workdir or default_workdir(config)
-    mesh = mesh_lib.make_mesh(config.mesh.num_devices)
-    algo, hyperparams = algos.build(config, mesh)
-    _prepare_workdir(config, workdir)
-    if hasattr(algo, "write_files"):  # what else the run needs to be reloaded (e.g. a tokenizer)
-        algo.write_files(workdir)
+    state, rows, interrupted = run_settings([Setting(config, workdir)], os.path.join(workdir, "checkpoints"),
+                                            progress=progress)
+    return RunResult(workdir, state, rows[0], interrupted)
+
+
+def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None):
+    """Train every setting x seed as one compiled program; returns (state [R, ...], each setting's metric
+    rows, interrupted).
+
+    The settings must differ only in hyperparameters (`algos.static_signature`). Runs are settings-major
+    (run r is setting r // num_seeds, seed r % num_seeds; seed s of every setting starts from the same
+    key) and are split over the mesh's `runs` axis. The program's checkpoints go to `checkpoint_dir`, each
+    setting's config, metrics.jsonl and plots to its own workdir (by process 0 only).
+    """
+    config = settings[0].config
+    for setting in settings:
+        config_lib.validate(setting.config)
+        if algos.static_signature(setting.config) != algos.static_signature(config):
+            raise ValueError(f"{setting.workdir}: settings of one program may differ only in the hyperparameter "
+                             f"keys {', '.join(algos.hyperparam_keys(config))}")
+    num_seeds, num_settings = config.num_seeds, len(settings)
+    mesh = make_mesh(config, num_runs=num_settings * num_seeds)
+    algo, _ = algos.build(config, mesh)
+    hyperparams = jax.tree.map(lambda *xs: jnp.repeat(jnp.stack(xs), num_seeds),
+                               *[algos.hyperparams(s.config) for s in settings])
+    main = distributed.is_main_process()
+    if main:
+        for setting in settings:
+            _prepare_workdir(setting.config, setting.workdir)
+            if hasattr(algo, "write_files"):  # what else the run needs to be reloaded (e.g. a tokenizer)
+                algo.write_files(setting.workdir)
 
     batch = algo.settings.batch_size
     num_updates = algo.settings.num_updates
@@ -126,19 +161,23 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
     checkpoint_every = _every(config.checkpoint.every_steps, chunk * batch) if config.checkpoint.every_steps else 1
     eval_every = _every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None
 
-    checkpointer = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep)
-    writer = metrics_lib.MetricsWriter(os.path.join(workdir, "metrics.jsonl"))
-    state = algo.init_seeds(config.seed, config.num_seeds)
+    checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
+    writers = [metrics_lib.MetricsWriter(os.path.join(s.workdir, "metrics.jsonl")) for s in settings]
+    state = algo.init_seeds(config.seed, num_seeds, num_settings)
     update = 0
     if checkpointer.latest_step() is not None:
         update, state = checkpointer.restore_latest(checkpoint.abstract_state(state))
-        print(f"resuming {workdir} from update {update} ({update * batch} env steps)", file=sys.stderr)
-    writer.truncate_after(update)
-    previous_rows = metrics_lib.read(writer.path)
+        if main:
+            print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
+                  file=sys.stderr)
+    if main:
+        for writer in writers:
+            writer.truncate_after(update)
+    previous_rows = metrics_lib.read(writers[0].path)
     wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
     start = time.perf_counter()
 
-    show_progress = config.log.progress_bar if progress is None else progress
+    show_progress = main and (config.log.progress_bar if progress is None else progress)
     bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
     interrupted = False
     chunk_index = update // chunk
@@ -148,26 +187,28 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
                 num = min(chunk, num_updates - update)
                 tick, compiled_before = time.perf_counter(), algo.compile_seconds
                 state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
-                chunk_metrics = jax.device_get(chunk_metrics)
+                chunk_metrics = fetch(chunk_metrics)
                 compile_seconds = algo.compile_seconds - compiled_before
                 seconds = time.perf_counter() - tick - compile_seconds
                 update += num
                 chunk_index += 1
                 done = update >= num_updates
-                row = {"update": update, "env_steps": update * batch,
-                       "wall_time": round(wall_offset + time.perf_counter() - start, 3),
-                       "steps_per_second": round(num * batch * config.num_seeds / seconds, 1),
-                       **metrics_lib.summarize(chunk_metrics)}
+                shared = {"update": update, "env_steps": update * batch,
+                          "wall_time": round(wall_offset + time.perf_counter() - start, 3),
+                          "steps_per_second": round(num * batch * num_seeds * num_settings / seconds, 1)}
                 if compile_seconds:
-                    row["compile_seconds"] = round(compile_seconds, 2)
+                    shared["compile_seconds"] = round(compile_seconds, 2)
                 if done or (eval_every and chunk_index % eval_every == 0):
                     eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
-                    row.update(metrics_lib.summarize(jax.device_get(
-                        algo.evaluate(state.params, eval_key, config.eval.num_envs))))
-                writer.write(row)
+                    chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
+                rows = [{**shared, **metrics_lib.summarize(per_setting)}
+                        for per_setting in _split_runs(chunk_metrics, num_settings)]
+                if main:
+                    for writer, row in zip(writers, rows):
+                        writer.write(row)
                 if bar is not None:
                     bar.update(num * batch)
-                    bar.set_postfix(_postfix(row), refresh=False)
+                    bar.set_postfix(_postfix(rows[0]), refresh=False)
                 if done or stop.signum is not None or chunk_index % checkpoint_every == 0:
                     checkpointer.save(update, state)
                 if stop.signum is not None and not done:
@@ -177,24 +218,57 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
             if bar is not None:
                 bar.close()
             checkpointer.close()
-    rows = metrics_lib.read(writer.path)
-    metrics_lib.plot_learning_curve(rows, os.path.join(workdir, "learning_curve.png"), title=config.experiment)
-    if not interrupted:
-        save_eval_episode(algo, state, config.seed, os.path.join(workdir, "eval_episode.gif"))
-    if interrupted:
-        print(f"stopped at update {update}; checkpoint saved in {workdir}. Run the same command with "
-              f"--workdir={workdir} to resume.", file=sys.stderr)
-    return RunResult(workdir, state, rows, interrupted)
+    all_rows = [metrics_lib.read(writer.path) for writer in writers]
+    first_params = fetch(jax.tree.map(lambda x: x[:1], state.params)) if not interrupted else None
+    if main:
+        for setting, rows in zip(settings, all_rows):
+            metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),
+                                            title=setting.config.experiment)
+        if first_params is not None:  # one episode of the first setting's first seed
+            save_eval_episode(algo, first_params, config.seed, os.path.join(settings[0].workdir, "eval_episode.gif"))
+        if interrupted:
+            print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
+                  f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
+    return state, all_rows, interrupted
 
 
-def save_eval_episode(algo, state, seed: int, path: str) -> str | None:
-    """A GIF of one greedy episode of the first seed, when the env can draw itself; returns its path."""
+def make_mesh(config: ConfigDict, num_runs: int):
+    """The (runs, data) mesh of `config.mesh` for `num_runs` runs; run_devices 0 gives the runs axis as many
+    devices as divide both the mesh and the runs (runs need no communication)."""
+    num_devices = config.mesh.num_devices or jax.device_count()
+    run_devices = config.mesh.run_devices or mesh_lib.auto_run_devices(num_devices, num_runs)
+    mesh = mesh_lib.make_mesh(config.mesh.num_devices, run_devices)
+    mesh_lib.check_runs(num_runs, mesh)
+    return mesh
+
+
+def fetch(tree):
+    """Host (numpy) copies of a pytree of global arrays; with several processes, every process calls this
+    and receives the whole arrays."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _split_runs(metrics: dict, num_settings: int) -> list[dict]:
+    """Metrics with leaves [R] (runs settings-major) -> one dict per setting with leaves [S]; scalars (e.g.
+    token throughputs measured over all runs) are given to every setting."""
+    def part(x, i):
+        x = np.asarray(x)
+        return x.reshape(num_settings, -1)[i] if x.ndim else x
+    return [{k: part(v, i) for k, v in metrics.items()} for i in range(num_settings)]
+
+
+def save_eval_episode(algo, params, seed: int, path: str) -> str | None:
+    """A GIF of one greedy episode of the first run of `params` (leaves [R, ...]), when the env can draw
+    itself; returns its path."""
     env = algo.agent_env
     if not hasattr(env, "render_frames"):
         return None
     from envs.rendering import save_gif
 
-    params = jax.tree.map(lambda x: x[0], state.params)
+    params = jax.tree.map(lambda x: x[0], params)
     states = algo.episode_states(params, jax.random.PRNGKey(seed))
     return save_gif(env.render_frames(states), path)
 
@@ -219,6 +293,7 @@ def main(argv) -> int:
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     FLAGS = flags.FLAGS
+    initialize_distributed(FLAGS)
     config, workdir = FLAGS.config, FLAGS.workdir
     if config is None and workdir is None and not FLAGS.resume:
         raise SystemExit("give --config=experiments/<name>.py (and optionally --workdir), or --workdir=<run dir> "
@@ -234,15 +309,26 @@ def main(argv) -> int:
         if not os.path.exists(saved):
             raise SystemExit(f"{workdir} has no config.json: pass --config as well")
         config = config_lib.load(saved)
+    if workdir is None and jax.process_count() > 1:
+        raise SystemExit("a multi-process run needs --workdir on a filesystem every process sees "
+                         "(each process would otherwise pick its own time-stamped directory)")
     result = run(config, workdir)
     last = result.metrics[-1] if result.metrics else {}
     keys = ("env_steps", *metrics_lib.HEADLINE_KEYS, "wall_time")
     summary = {k: last[k] for k in keys if k in last}
-    print(json.dumps({"workdir": result.workdir, **summary}))
+    if distributed.is_main_process():
+        print(json.dumps({"workdir": result.workdir, **summary}))
     return 128 + signal.SIGTERM if result.interrupted else 0
 
 
-def _define_flags():
+def initialize_distributed(FLAGS) -> None:
+    """Join a multi-process run when the flags ask for one (before any JAX computation)."""
+    if FLAGS.coordinator_address or FLAGS.distributed:
+        distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+
+
+def define_flags():
+    """The flags of `python -m jaxrl.train` (and of `jaxrl.sweep`)."""
     from absl import flags
     from ml_collections import config_flags
 
@@ -251,10 +337,16 @@ def _define_flags():
     flags.DEFINE_string("workdir", None, "run directory (default runs/<experiment>-<time>); resumed if it "
                         "holds checkpoints")
     flags.DEFINE_bool("resume", False, "resume the newest runs/<experiment>-* directory when --workdir is not given")
+    flags.DEFINE_bool("distributed", False, "join a multi-process run whose coordinator JAX finds in the "
+                      "environment (TPU pod, SLURM, Open MPI)")
+    flags.DEFINE_string("coordinator_address", "", "host:port of process 0, for a multi-process run started "
+                        "by hand (with --num_processes and --process_id)")
+    flags.DEFINE_integer("num_processes", 0, "processes in the run (with --coordinator_address)")
+    flags.DEFINE_integer("process_id", -1, "this process's index, 0 to num_processes - 1 (with --coordinator_address)")
 
 
 if __name__ == "__main__":
     from absl import app
 
-    _define_flags()
+    define_flags()
     app.run(lambda argv: sys.exit(main(argv)))

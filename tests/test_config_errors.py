@@ -62,7 +62,7 @@ def test_envs_that_do_not_divide_over_devices_are_rejected_before_compiling():
     if mesh.size == 1:
         with pytest.raises(ValueError, match="mesh.num_devices=2 but 1 devices"):
             mesh_lib.make_mesh(2)
-    with pytest.raises(ValueError, match="num_envs=3 does not divide over 2 devices"):
+    with pytest.raises(ValueError, match="num_envs=3 does not divide over the 2 devices of the data axis"):
         mesh_lib.check_divisible("num_envs", 3, type("FakeMesh", (), {"shape": {"data": 2}})())
     algos.build(config, mesh)  # divides: no error
 

@@ -100,7 +100,7 @@ except ValueError as e:
 """
     out = python_subprocess(code, devices=8)
     assert out.returncode == 0, out.stderr
-    assert "ERROR the number of groups (num_envs / group_size)=6 does not divide over 8 devices" in out.stdout
+    assert "ERROR the number of groups (num_envs / group_size)=6 does not divide over the 8 devices of the data axis" in out.stdout
 
 
 # Text: prompts split over devices; sampling keys drawn per prompt from its global index.

@@ -173,7 +173,10 @@ def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool) -> 
 
     template = jax.eval_shape(lambda k: task._propose(k, batch)[0], key)
     out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
-    _, _, out = jax.lax.while_loop(lambda c: c[1] < batch, round_, (key, jnp.int32(0), out))
+    # The first round runs before the loop: its carry then has the key's type under shard_map (varying
+    # over the mesh axes the key varies over), which the loop requires of its carry.
+    first = round_((key, jnp.int32(0), out))
+    _, _, out = jax.lax.while_loop(lambda c: c[1] < batch, round_, first)
     return out
 
 

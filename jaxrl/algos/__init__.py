@@ -1,11 +1,17 @@
 """Algorithms by name: `build(config, mesh)` returns (algorithm, hyperparams) for the training loop.
 
-An algorithm object offers `init_seeds(seed, num_seeds)`, `state_shardings(state)`,
+An algorithm object offers `init_seeds(seed, num_seeds, num_settings)`, `state_shardings(state)`,
 `run_chunk(state, hyperparams, num_updates)`, `evaluate(params, key, num_envs)` and `settings`
 (with `batch_size` and `num_updates`).
+
+Each algorithm declares which config keys become its traced hyperparameters (`HYPERPARAM_KEYS`): those
+are the keys a sweep varies inside one compiled program. Every other key is static.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -49,11 +55,8 @@ def _ppo(config: ConfigDict, mesh):
     c = config.ppo
     settings = PPOSettings(**_shared_settings(config), normalize_advantages=c.normalize_advantages,
                            clip_value=c.clip_value, bootstrap_truncation=c.bootstrap_truncation)
-    hyperparams = jax.tree.map(jnp.float32, PPOHyperparams(
-        learning_rate=c.learning_rate, gamma=c.gamma, gae_lambda=c.gae_lambda, clip_eps=c.clip_eps,
-        vf_coef=c.vf_coef, ent_coef=c.ent_coef, max_grad_norm=c.max_grad_norm))
     network = make_network(config, env.num_actions)
-    return PPO(env, network, settings, mesh, eval_max_steps=eval_max_steps), hyperparams
+    return PPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
 
 
 def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
@@ -73,16 +76,11 @@ def _group_relative_settings(config: ConfigDict) -> dict:
 
 def _grpo(config: ConfigDict, mesh):
     env, eval_max_steps = _make_env(config)
-    c, loss = config.ppo, config.loss
     settings = GRPOSettings(
         **_shared_settings(config), **_group_relative_settings(config), returns=config.group.returns,
-        constant_length=loss.constant_length or None)
-    hyperparams = jax.tree.map(jnp.float32, GRPOHyperparams(
-        learning_rate=c.learning_rate, gamma=c.gamma, clip_eps=loss.clip_low, clip_high=loss.clip_high,
-        vf_coef=c.vf_coef, ent_coef=loss.ent_coef, max_grad_norm=c.max_grad_norm,
-        critic_weight=config.critic_weight))
+        constant_length=config.loss.constant_length or None)
     network = make_network(config, env.num_actions, critic=config.critic_weight > 0)
-    return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps), hyperparams
+    return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
 
 
 def _text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **extra):
@@ -97,18 +95,15 @@ def _text_settings(config: ConfigDict, settings_cls, value_head: bool = False, *
 
 
 def _text_sft(config: ConfigDict, mesh):
-    from jaxrl.algos.text import TextHyperparams, TextSettings, TextSFT
+    from jaxrl.algos.text import TextSettings, TextSFT
 
-    o = config.optim
-    hyperparams = jax.tree.map(jnp.float32, TextHyperparams(
-        learning_rate=o.learning_rate, max_grad_norm=o.max_grad_norm, weight_decay=o.weight_decay))
-    return TextSFT(_text_settings(config, TextSettings), mesh), hyperparams
+    return TextSFT(_text_settings(config, TextSettings), mesh)
 
 
 def _text_grpo(config: ConfigDict, mesh):
     import os
 
-    from jaxrl.algos.text import TextGRPO, TextGRPOHyperparams, TextGRPOSettings, restore_text_params
+    from jaxrl.algos.text import TextGRPO, TextGRPOSettings, restore_text_params
 
     o, loss = config.optim, config.loss
     tokenizer = os.path.join(config.init_from, "tokenizer.json") if config.init_from else None
@@ -117,21 +112,82 @@ def _text_grpo(config: ConfigDict, mesh):
         tokenizer_path=tokenizer, oversample=config.group.oversample, top_k=config.sampling.top_k,
         reward_weights=tuple(config.reward_weights), kl=loss.kl, use_kl=loss.kl_coef > 0,
         num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
-    hyperparams = jax.tree.map(jnp.float32, TextGRPOHyperparams(
-        learning_rate=o.learning_rate, max_grad_norm=o.max_grad_norm, weight_decay=o.weight_decay,
-        clip_low=loss.clip_low, clip_high=loss.clip_high, kl_coef=loss.kl_coef, ent_coef=loss.ent_coef,
-        vf_coef=loss.vf_coef, critic_weight=config.critic_weight, temperature=config.sampling.temperature,
-        top_p=config.sampling.top_p))
     init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from else None
-    return TextGRPO(settings, mesh, init_params), hyperparams
+    return TextGRPO(settings, mesh, init_params)
 
 
-ALGORITHMS = {"ppo": _ppo, "grpo": _grpo, "text_sft": _text_sft, "text_grpo": _text_grpo}
+def _text_hyperparams(name: str):
+    from jaxrl.algos import text
+    return getattr(text, name)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a config becomes an algorithm: its static part (`build`) and its traced hyperparameters."""
+
+    build: Callable  # (config, mesh) -> algorithm object
+    hyperparams: Callable[[], type]  # the hyperparameter pytree class (imported on demand)
+    keys: dict  # hyperparameter field -> the config key it is read from
+    # Static choices that a hyperparameter's value also makes (e.g. critic_weight > 0 adds a value head):
+    # two settings that differ in these cannot share a compiled program.
+    static_of: Callable[[ConfigDict], tuple] = lambda config: ()
+
+
+_GROUP_LOSS_KEYS = {"clip_high": "loss.clip_high", "ent_coef": "loss.ent_coef", "critic_weight": "critic_weight"}
+_OPTIM_KEYS = {"learning_rate": "optim.learning_rate", "max_grad_norm": "optim.max_grad_norm",
+               "weight_decay": "optim.weight_decay"}
+
+ALGORITHMS = {
+    "ppo": Recipe(_ppo, lambda: PPOHyperparams, {
+        "learning_rate": "ppo.learning_rate", "gamma": "ppo.gamma", "gae_lambda": "ppo.gae_lambda",
+        "clip_eps": "ppo.clip_eps", "vf_coef": "ppo.vf_coef", "ent_coef": "ppo.ent_coef",
+        "max_grad_norm": "ppo.max_grad_norm"}),
+    "grpo": Recipe(_grpo, lambda: GRPOHyperparams, {
+        "learning_rate": "ppo.learning_rate", "gamma": "ppo.gamma", "clip_eps": "loss.clip_low",
+        "vf_coef": "ppo.vf_coef", "max_grad_norm": "ppo.max_grad_norm", **_GROUP_LOSS_KEYS},
+        static_of=lambda config: (config.critic_weight > 0,)),
+    "text_sft": Recipe(_text_sft, lambda: _text_hyperparams("TextHyperparams"), _OPTIM_KEYS),
+    "text_grpo": Recipe(_text_grpo, lambda: _text_hyperparams("TextGRPOHyperparams"), {
+        **_OPTIM_KEYS, **_GROUP_LOSS_KEYS, "clip_low": "loss.clip_low", "kl_coef": "loss.kl_coef",
+        "vf_coef": "loss.vf_coef", "temperature": "sampling.temperature", "top_p": "sampling.top_p"},
+        static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0)),
+}
+
+
+def config_value(config: ConfigDict, key: str):
+    """The value of a dotted key, e.g. config_value(config, "ppo.learning_rate")."""
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def hyperparams(config: ConfigDict):
+    """The traced hyperparameters of `config` (float32 scalars), read from `ALGORITHMS[...].keys`."""
+    recipe = ALGORITHMS[config.algorithm]
+    fields = {field: config_value(config, key) for field, key in recipe.keys.items()}
+    return jax.tree.map(jnp.float32, recipe.hyperparams()(**fields))
+
+
+def hyperparam_keys(config: ConfigDict) -> tuple[str, ...]:
+    """The config keys a sweep can vary inside one compiled program."""
+    return tuple(ALGORITHMS[config.algorithm].keys.values())
+
+
+def static_signature(config: ConfigDict) -> str:
+    """Equal for two configs exactly when they can share a compiled program (and its state layout): the
+    config with its hyperparameter keys blanked, plus the static choices those keys make."""
+    blank = config.copy_and_resolve_references()
+    with blank.unlocked():
+        for key in hyperparam_keys(config):
+            *path, name = key.split(".")
+            section = config_value(blank, ".".join(path)) if path else blank
+            section[name] = None
+    return blank.to_json(sort_keys=True) + repr(ALGORITHMS[config.algorithm].static_of(config))
 
 
 def build(config: ConfigDict, mesh):
     """(algorithm, hyperparams) for `config.algorithm`."""
-    return ALGORITHMS[config.algorithm](config, mesh)
+    return ALGORITHMS[config.algorithm].build(config, mesh), hyperparams(config)
 
 
 __all__ = ["ALGORITHMS", "GRPO", "GRPOHyperparams", "GRPOSettings", "NETWORKS", "PPO", "PPOHyperparams", "PPOSettings", "TrainState", "build"]

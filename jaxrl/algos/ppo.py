@@ -2,8 +2,9 @@
 
 One call of `PPO.run_chunk` runs K updates (K traced: one program for every K) under a single `jax.jit`:
 
-    shard_map over the `data` axis (environments split over devices, parameters replicated)
-      vmap over seeds
+    shard_map over the (runs, data) mesh (seeds split over `runs`, environments over `data`, parameters
+    replicated along `data`)
+      vmap over this device's seeds (each with its own hyperparameters: a sweep is a seed axis)
         lax.fori_loop over K updates:  rollout (lax.scan over T steps) -> GAE -> epochs x minibatches
 
 Shapes: S seeds, N environments (n = N / devices on one device), T steps per rollout, A agents (1 for
@@ -29,7 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import envs
 from jaxrl import distributions, losses, mesh as mesh_lib
 from jaxrl.advantages import gae
-from jaxrl.mesh import DATA_AXIS
+from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 
 @struct.dataclass
@@ -152,9 +153,11 @@ def deal_minibatches(key: jax.Array, units: Any, num_minibatches: int) -> Any:
     return jax.tree.map(deal, units)
 
 
-def seed_keys(seed: int, num_seeds: int) -> jax.Array:
-    """[S, 2]: one key per seed of a run, seed s of every run with the same `seed` the same."""
-    return jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
+def seed_keys(seed: int, num_seeds: int, num_settings: int = 1) -> jax.Array:
+    """[R, 2] with R = num_settings * num_seeds, settings-major: run r trains seed r % num_seeds, and seed s
+    of every setting (and of every run with the same `seed`) starts from the same key."""
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
+    return jnp.tile(keys, (num_settings, 1))
 
 
 def gradient_step(loss_fn, optimizer, params, opt_state, batch, hp):
@@ -191,7 +194,7 @@ def repeat_updates(update, state, hp, num_updates: jax.Array):
     """Apply `update(state, hp) -> (state, metrics)` a traced number of times (one compiled program for
     every chunk length); returns (state, metrics summed over the updates)."""
     _, shapes = jax.eval_shape(update, state, hp)
-    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), shapes)
+    zeros = jax.tree.map(mesh_lib.zeros_like_abstract, shapes)
 
     def body(_, carry):
         state, totals = carry
@@ -306,22 +309,23 @@ class PPO:
         return TrainState(params, optimizer.init(params), env_state, obs, carry, first, state_key, jnp.int32(0))
 
     def state_shardings(self, state: TrainState) -> TrainState:
-        """NamedShardings for a seeded TrainState: env axis split over devices, the rest replicated."""
+        """NamedShardings for a seeded TrainState: seeds over the runs axis, envs over the data axis."""
         specs = self._state_specs(state)
         return jax.tree.map(lambda spec, leaf: NamedSharding(self.mesh, spec), specs, state,
                             is_leaf=lambda x: isinstance(x, P))
 
     def _state_specs(self, state: TrainState) -> TrainState:
-        split = P(None, DATA_AXIS)  # [S, N, ...]: seeds whole, envs over devices
-        return TrainState(params=P(), opt_state=P(), env_state=split, obs=split,
-                          carry=jax.tree.map(lambda _: split, state.carry), first=split, key=P(), update_step=P())
+        split = P(RUN_AXIS, DATA_AXIS)  # [S, N, ...]: seeds over the runs axis, envs over the data axis
+        return TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
+                          carry=jax.tree.map(lambda _: split, state.carry), first=split, key=RUNS, update_step=RUNS)
 
-    def init_seeds(self, seed: int, num_seeds: int) -> TrainState:
-        """TrainState with a leading seed axis [S], placed on the mesh."""
-        keys = seed_keys(seed, num_seeds)
+    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> TrainState:
+        """TrainState with a leading run axis [R = num_settings * num_seeds] (see `seed_keys`), on the mesh."""
+        keys = seed_keys(seed, num_seeds, num_settings)
         # Seeds one after another (lax.map, not vmap) on one device, then placed on the mesh: a batched
         # QR (the orthogonal initialiser under vmap) can deadlock XLA:CPU's LAPACK thread pool (jaxlib
         # 0.10.2, seen on 1 and on 8 devices), and a replicated init would run it on every device.
+        mesh_lib.check_runs(len(keys), self.mesh)
         state = jax.jit(lambda keys: jax.lax.map(self.init, keys))(keys)
         return jax.device_put(state, self.state_shardings(state))
 
@@ -451,17 +455,19 @@ class PPO:
     def run_chunk(self, state: TrainState, hp: PPOHyperparams, num_updates: int):
         """Run `num_updates` updates for every seed; returns (state, metrics with leaves [S]).
 
-        Compiles on the first call (the seconds it took are kept in `compile_seconds`).
+        `hp` leaves are scalars (shared by every seed) or [S] (one value per seed: a sweep). Compiles on
+        the first call (the seconds it took are kept in `compile_seconds`).
         """
         num_updates = jnp.int32(num_updates)
+        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
         if self._chunk_fn is None:
             specs = self._state_specs(state)
-            local = jax.vmap(self._run_updates, (0, None, None))
-            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, P(), P()), out_specs=(specs, P()),
+            local = jax.vmap(self._run_updates, (0, 0, None))
+            sharded = jax.shard_map(local, mesh=self.mesh, in_specs=(specs, RUNS, P()), out_specs=(specs, RUNS),
                                     check_vma=self.agent_env.supports_vma_checks)
-            shardings, replicated = self.state_shardings(state), mesh_lib.replicated(self.mesh)
-            jitted = jax.jit(sharded, in_shardings=(shardings, replicated, replicated),
-                             out_shardings=(shardings, replicated), donate_argnums=0)
+            shardings, per_run = self.state_shardings(state), mesh_lib.per_run(self.mesh)
+            jitted = jax.jit(sharded, in_shardings=(shardings, per_run, mesh_lib.replicated(self.mesh)),
+                             out_shardings=(shardings, per_run), donate_argnums=0)
             tick = time.perf_counter()
             self._chunk_fn = jitted.lower(state, hp, num_updates).compile()
             self.compile_seconds = time.perf_counter() - tick
@@ -475,7 +481,7 @@ class PPO:
         """
         specs = self._state_specs(state)
         local = jax.vmap(lambda st: self._rollout(st.params, st, jax.random.split(st.key, 3)[1])[1])
-        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(specs,), out_specs=P(None, None, DATA_AXIS),
+        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(specs,), out_specs=P(RUN_AXIS, None, DATA_AXIS),
                            check_vma=self.agent_env.supports_vma_checks)
         return jax.jit(fn)(state)
 
@@ -518,9 +524,9 @@ class PPO:
 
     @functools.partial(jax.jit, static_argnums=(0, 3))
     def evaluate(self, params, key: jax.Array, num_envs: int):
-        """Greedy actions, one episode per env, for every seed: {eval_return, eval_length[, eval_win_rate]} [S]."""
-        keys = jax.random.split(key, jax.tree.leaves(params)[0].shape[0])
-        return jax.vmap(lambda p, k: self._greedy_episodes(p, k, num_envs)[0])(params, keys)
+        """Greedy actions, one episode per env, for every seed: {eval_return, eval_length[, eval_win_rate]} [S].
+        Every seed plays the same `num_envs` episodes (the same key): runs differ only by their policies."""
+        return jax.vmap(lambda p: self._greedy_episodes(p, key, num_envs)[0])(params)
 
     def episode_states(self, params, key: jax.Array) -> list:
         """The env states of one greedy episode for one seed's params (no seed axis): the reset state, then

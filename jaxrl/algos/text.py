@@ -35,7 +35,7 @@ from envs import text
 from jaxrl import losses, mesh as mesh_lib, sampling
 from jaxrl.algos.grpo import standardise
 from jaxrl.algos.ppo import gradient_step, optimise, repeat_updates, seed_keys
-from jaxrl.mesh import DATA_AXIS
+from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 
@@ -134,16 +134,19 @@ class _TextAlgorithm:
         optimizer = make_optimizer(TextHyperparams(), self.settings, jnp.int32(0))
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
-    def init_seeds(self, seed: int, num_seeds: int) -> TextState:
-        params = None
+    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> TextState:
+        """TextState with a leading run axis [R = num_settings * num_seeds] (see `seed_keys`), on the mesh."""
+        params, num_runs = None, num_settings * num_seeds
         if self.start_params is not None:
             available = jax.tree.leaves(self.start_params)[0].shape[0]
-            params = jax.tree.map(lambda x: x[jnp.arange(num_seeds) % available], self.start_params)
-        state = jax.jit(jax.vmap(self.init))(seed_keys(seed, num_seeds), params)
+            params = jax.tree.map(lambda x: x[jnp.arange(num_runs) % num_seeds % available], self.start_params)
+        mesh_lib.check_runs(num_runs, self.mesh)
+        state = jax.jit(jax.vmap(self.init))(seed_keys(seed, num_seeds, num_settings), params)
         return jax.device_put(state, self.state_shardings(state))
 
     def state_shardings(self, state: TextState) -> TextState:
-        return jax.tree.map(lambda _: mesh_lib.replicated(self.mesh), state)
+        """Seeds over the runs axis; parameters replicated along the data axis."""
+        return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
 
     def _run_updates(self, state, hp, num_updates: jax.Array):
         """For one seed: `num_updates` of `_update`; returns (state, metrics averaged over them)."""
@@ -151,8 +154,8 @@ class _TextAlgorithm:
         return state, jax.tree.map(lambda x: x / num_updates, totals)
 
     def _compile(self, fn, args, in_axes, in_specs, out_specs, donate_argnums=()):
-        """`fn` vmapped over seeds (`in_axes`, outputs on axis 0), per device under shard_map over the
-        data axis, jitted and compiled for `args`; the compile time is added to `compile_seconds`."""
+        """`fn` vmapped over this device's seeds (`in_axes`, outputs on axis 0), per device under shard_map
+        over the (runs, data) mesh, jitted and compiled for `args`; the compile time is added to `compile_seconds`."""
         sharded = jax.shard_map(jax.vmap(fn, in_axes), mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
         tick = time.perf_counter()
         compiled = jax.jit(sharded, donate_argnums=donate_argnums).lower(*args).compile()
@@ -160,11 +163,13 @@ class _TextAlgorithm:
         return compiled
 
     def run_chunk(self, state, hp, num_updates: int):
-        """`num_updates` updates for every seed in one compiled program; returns (state, metrics [S])."""
+        """`num_updates` updates for every seed in one compiled program; returns (state, metrics [S]).
+        `hp` leaves are scalars (shared by every seed) or [S] (one value per seed: a sweep)."""
         num_updates = jnp.int32(num_updates)
+        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
         if self._chunk_fn is None:
-            self._chunk_fn = self._compile(self._run_updates, (state, hp, num_updates), (0, None, None),
-                                           (P(), P(), P()), (P(), P()), donate_argnums=0)
+            self._chunk_fn = self._compile(self._run_updates, (state, hp, num_updates), (0, 0, None),
+                                           (RUNS, RUNS, P()), (RUNS, RUNS), donate_argnums=0)
         return self._chunk_fn(state, hp, num_updates)
 
     # ----------------------------------------------------------------------------------------------
@@ -453,10 +458,11 @@ class TextGRPO(_TextAlgorithm):
 
         The first update of the chunk is timed phase by phase (it waits for each program to finish); the
         others are dispatched without waiting, so the host never stalls the device between them."""
-        batch_specs = (P(None, DATA_AXIS), P())  # (units split over devices, epoch keys)
+        batch_specs = (P(RUN_AXIS, DATA_AXIS), RUNS)  # (units split over devices, epoch keys)
+        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
         if self._sample_fn is None:
-            self._sample_fn = self._compile(self._sample_batch, (state, hp), (0, None), (P(), P()),
-                                            (P(), batch_specs, P()), donate_argnums=0)
+            self._sample_fn = self._compile(self._sample_batch, (state, hp), (0, 0), (RUNS, RUNS),
+                                            (RUNS, batch_specs, RUNS), donate_argnums=0)
         totals, rates = None, {}
         for update in range(num_updates):
             timed = update == 0
@@ -464,8 +470,8 @@ class TextGRPO(_TextAlgorithm):
             state, batch, sample_metrics = self._sample_fn(state, hp)
             sample_seconds = _wait_then_clock(batch) - tick if timed else 0.0
             if self._learn_fn is None:
-                self._learn_fn = self._compile(self._learn, (state, batch, hp), (0, 0, None),
-                                               (P(), batch_specs, P()), (P(), P()), donate_argnums=0)
+                self._learn_fn = self._compile(self._learn, (state, batch, hp), (0, 0, 0),
+                                               (RUNS, batch_specs, RUNS), (RUNS, RUNS), donate_argnums=0)
             tick = time.perf_counter()
             state, learn_metrics = self._learn_fn(state, batch, hp)
             if timed:
