@@ -73,9 +73,13 @@ class Checkpointer:
                         f"checkpoint {path} does not match this run's training state ({err}). "
                         "Was it written by a different config?") from err
                 aside = f"{path}.corrupt"
-                shutil.move(path, aside)
-                print(f"warning: checkpoint {path} is unreadable ({type(err).__name__}: {err}); moved it to "
-                      f"{aside} and trying the previous one", file=sys.stderr)
+                if jax.process_index() == 0:  # one process moves it; the others wait for that
+                    shutil.move(path, aside)
+                    print(f"warning: checkpoint {path} is unreadable ({type(err).__name__}: {err}); moved it "
+                          f"to {aside} and trying the previous one", file=sys.stderr)
+                if jax.process_count() > 1:
+                    from jax.experimental import multihost_utils
+                    multihost_utils.sync_global_devices(f"jaxrl checkpoint {step} moved aside")
                 self._manager.reload()
         raise CheckpointError(f"no readable checkpoint left in {self.directory}")
 

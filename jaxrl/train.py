@@ -90,7 +90,7 @@ def _git_revision() -> str | None:
         return None
 
 
-def _prepare_workdir(config: ConfigDict, workdir: str) -> None:
+def _prepare_workdir(config: ConfigDict, workdir: str, mesh) -> None:
     """Create the directory and save the config, or check that it matches the one saved there."""
     os.makedirs(workdir, exist_ok=True)
     saved_path = os.path.join(workdir, "config.json")
@@ -102,7 +102,8 @@ def _prepare_workdir(config: ConfigDict, workdir: str) -> None:
                              "choose another --workdir or resume with the saved config")
     config_lib.save(config, saved_path)
     info = {"git_revision": _git_revision(), "jax_version": jax.__version__,
-            "devices": [str(d) for d in jax.devices()], "argv": sys.argv}
+            "devices": [str(d) for d in jax.devices()], "processes": jax.process_count(),
+            "mesh": dict(mesh.shape), "argv": sys.argv}
     with open(os.path.join(workdir, "run_info.json"), "w") as f:
         json.dump(info, f, indent=2)
 
@@ -151,7 +152,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     main = distributed.is_main_process()
     if main:
         for setting in settings:
-            _prepare_workdir(setting.config, setting.workdir)
+            _prepare_workdir(setting.config, setting.workdir, mesh)
             if hasattr(algo, "write_files"):  # what else the run needs to be reloaded (e.g. a tokenizer)
                 algo.write_files(setting.workdir)
 

@@ -326,8 +326,13 @@ class PPO:
         # QR (the orthogonal initialiser under vmap) can deadlock XLA:CPU's LAPACK thread pool (jaxlib
         # 0.10.2, seen on 1 and on 8 devices), and a replicated init would run it on every device.
         mesh_lib.check_runs(len(keys), self.mesh)
-        state = jax.jit(lambda keys: jax.lax.map(self.init, keys))(keys)
+        state = self._init_runs(keys)
         return jax.device_put(state, self.state_shardings(state))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _init_runs(self, keys: jax.Array) -> TrainState:
+        """One state per key [R, 2] (compiled once per algorithm and run count)."""
+        return jax.lax.map(self.init, keys)
 
     # ----------------------------------------------------------------------------------------------
     # One update on this device's share of the envs (inside shard_map, one seed)

@@ -141,8 +141,13 @@ class _TextAlgorithm:
             available = jax.tree.leaves(self.start_params)[0].shape[0]
             params = jax.tree.map(lambda x: x[jnp.arange(num_runs) % num_seeds % available], self.start_params)
         mesh_lib.check_runs(num_runs, self.mesh)
-        state = jax.jit(jax.vmap(self.init))(seed_keys(seed, num_seeds, num_settings), params)
+        state = self._init_runs(seed_keys(seed, num_seeds, num_settings), params)
         return jax.device_put(state, self.state_shardings(state))
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def _init_runs(self, keys: jax.Array, params) -> TextState:
+        """One state per key [R, 2], from params [R, ...] or fresh (compiled once per run count)."""
+        return jax.vmap(self.init)(keys, params)
 
     def state_shardings(self, state: TextState) -> TextState:
         """Seeds over the runs axis; parameters replicated along the data axis."""
