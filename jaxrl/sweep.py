@@ -158,12 +158,11 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list], workdir: str, *, progr
             raise KeyboardInterrupt(f"sweep stopped during program {number}; rerun the command with "
                                     f"--workdir={workdir} to resume")
         rows_by_setting.update(zip(program, rows))
-    summary = summarize_sweep([points[i][0] for i in range(len(points))], names,
-                              [rows_by_setting[i] for i in range(len(points))], config.num_seeds)
+    rows = [rows_by_setting[i] for i in range(len(points))]
+    summary = summarize_sweep([overrides for overrides, _ in points], names, rows, config.num_seeds)
     if main:
         write_summary(summary, os.path.join(workdir, "summary.csv"))
-        plot_sweep(names, [rows_by_setting[i] for i in range(len(points))], config.num_seeds,
-                   os.path.join(workdir, "sweep.png"), title=config.experiment)
+        plot_sweep(names, rows, config.num_seeds, os.path.join(workdir, "sweep.png"), title=config.experiment)
     return summary
 
 
@@ -194,7 +193,7 @@ def summarize_sweep(overrides: list[dict], names: list[str], rows: list[list[dic
     mean, 95% interval and per-seed values."""
     summary = []
     for setting, name, setting_rows in zip(overrides, names, rows):
-        out = {"setting": name, **{k: v for k, v in setting.items()}, "num_seeds": num_seeds}
+        out = {"setting": name, **setting, "num_seeds": num_seeds}
         last = setting_rows[-1] if setting_rows else {}
         out["env_steps"] = last.get("env_steps")
         for key in metrics_lib.HEADLINE_KEYS:
