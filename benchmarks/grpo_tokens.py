@@ -105,16 +105,17 @@ def jaxrl_bench(args, config):
         seconds = time.perf_counter() - tick
         tokens_per_s.append(float(out.mask.sum()) / seconds)
 
-    # Full GRPO steps: run_chunk(state, hp, 1), compiled on its first call (not timed).
-    state = algo.init_seeds(0, 1)
+    # Full GRPO steps: run_chunk(state, hp, 1), compiled on its first call (not timed). The hyperparameters
+    # get their run axis once, as the training loop gives them.
+    state, run_hp = algo.init_seeds(0, 1), mesh_lib.runs_of(hp, 1, algo.mesh)
     for _ in range(max(args.warmup, 1)):
-        state, _ = jax.block_until_ready(algo.run_chunk(state, hp, 1))
+        state, _ = jax.block_until_ready(algo.run_chunk(state, run_hp, 1))
     step_s = []
     for _ in range(args.repeats):
         times = []
         for _ in range(args.steps):
             tick = time.perf_counter()
-            state, metrics = jax.block_until_ready(algo.run_chunk(state, hp, 1))
+            state, metrics = jax.block_until_ready(algo.run_chunk(state, run_hp, 1))
             times.append(time.perf_counter() - tick)
         step_s.append(sum(times) / len(times))
     return tokens_per_s, step_s, algo, prompts
