@@ -156,6 +156,17 @@ class Task:
         settings = ", ".join(f"{k}={v}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({settings})"
 
+    # Equal settings, equal task: the jitted methods (static in `self`) then compile once per task
+    # configuration, not once per Task object, and the jit cache does not grow with every object made.
+    def _settings(self) -> tuple:
+        return (type(self), tuple(sorted((k, v) for k, v in vars(self).items() if not k.startswith("_"))))
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Task) and self._settings() == other._settings()
+
+    def __hash__(self) -> int:
+        return hash(self._settings())
+
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
 def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool) -> Problems:

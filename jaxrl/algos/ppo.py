@@ -16,7 +16,6 @@ Numbers a sweep may vary live in `PPOHyperparams` (a pytree); sizes and code-pat
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 import time
 from typing import Any, NamedTuple
@@ -30,6 +29,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import envs
 from jaxrl import distributions, losses, mesh as mesh_lib
 from jaxrl.advantages import gae
+from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 
@@ -329,7 +329,7 @@ class PPO:
         state = self._init_runs(keys)
         return jax.device_put(state, self.state_shardings(state))
 
-    @functools.partial(jax.jit, static_argnums=0)
+    @jit_method
     def _init_runs(self, keys: jax.Array) -> TrainState:
         """One state per key [R, 2] (compiled once per algorithm and run count)."""
         return jax.lax.map(self.init, keys)
@@ -527,7 +527,7 @@ class PPO:
         means = jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32)), totals)
         return means, (reset_state, *trace) if keep_states else None
 
-    @functools.partial(jax.jit, static_argnums=(0, 3))
+    @jit_method(static_argnums=(3,))
     def evaluate(self, params, key: jax.Array, num_envs: int):
         """Greedy actions, one episode per env, for every seed: {eval_return, eval_length[, eval_win_rate]} [S].
         Every seed plays the same `num_envs` episodes (the same key): runs differ only by their policies."""

@@ -19,7 +19,6 @@ B prompts per update (b on one device), P prompt and A answer tokens.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from typing import Any
@@ -35,6 +34,7 @@ from envs import text
 from jaxrl import losses, mesh as mesh_lib, sampling
 from jaxrl.algos.grpo import standardise
 from jaxrl.algos.ppo import gradient_step, optimise, repeat_updates, seed_keys
+from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -144,7 +144,7 @@ class _TextAlgorithm:
         state = self._init_runs(seed_keys(seed, num_seeds, num_settings), params)
         return jax.device_put(state, self.state_shardings(state))
 
-    @functools.partial(jax.jit, static_argnums=0)
+    @jit_method
     def _init_runs(self, keys: jax.Array, params) -> TextState:
         """One state per key [R, 2], from params [R, ...] or fresh (compiled once per run count)."""
         return jax.vmap(self.init)(keys, params)
@@ -180,7 +180,7 @@ class _TextAlgorithm:
     # ----------------------------------------------------------------------------------------------
     # Held-out evaluation
 
-    @functools.partial(jax.jit, static_argnums=(0, 3))
+    @jit_method(static_argnums=(3,))
     def _heldout_rewards(self, params, key: jax.Array, num: int):
         """Every seed's answers [S, ...] to `num` fixed held-out problems: greedy (rewards [S, num, K],
         lengths [S, num]) and `pass_k` samples at temperature 1 (rewards [S, num, k, K]; k may be 0)."""
