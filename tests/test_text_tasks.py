@@ -319,3 +319,9 @@ def test_make_task_names_and_kwargs():
     assert text.make_task("countdown", num_numbers=3).num_numbers == 3
     with pytest.raises(ValueError):
         text.make_task("multiplication", max_digits=6)  # results would not fit int32
+
+
+def test_tasks_with_equal_settings_are_equal_and_share_compiled_functions():
+    a, b = text.make_task("addition", max_digits=3), text.make_task("addition", max_digits=3)
+    assert a == b and hash(a) == hash(b)
+    assert a != text.make_task("addition", max_digits=4) and a != text.make_task("multiplication")

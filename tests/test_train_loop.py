@@ -170,3 +170,20 @@ def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):
     _assert_same_params(straight.state.params, extended.state.params)
     _assert_same_params(straight.state.carry, extended.state.carry)
     _assert_same_params(straight.state.env_state, extended.state.env_state)
+
+
+def test_a_dropped_algorithm_is_released_with_its_compiled_programs():
+    """Nothing (no jit cache) keeps an algorithm alive after its last use: a session that builds many
+    would otherwise keep every compiled program mapped in memory."""
+    import gc
+    import weakref
+
+    from jaxrl import algos, mesh as mesh_lib
+
+    algo, hp = algos.build(small_config(), mesh_lib.make_mesh())
+    state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, 1)
+    jax.block_until_ready(algo.evaluate(state.params, jax.random.PRNGKey(0), 4))
+    released = weakref.ref(algo)
+    del algo, state
+    gc.collect()
+    assert released() is None
