@@ -4,7 +4,7 @@ An algorithm object offers `init_seeds(seed, num_seeds, num_settings)`, `state_s
 `run_chunk(state, hyperparams, num_updates)`, `evaluate(params, key, num_envs)` and `settings`
 (with `batch_size` and `num_updates`).
 
-Each algorithm declares which config keys become its traced hyperparameters (`HYPERPARAM_KEYS`): those
+Each algorithm declares which config keys become its traced hyperparameters (`ALGORITHMS[name].keys`): those
 are the keys a sweep varies inside one compiled program. Every other key is static.
 """
 
