@@ -159,7 +159,6 @@ def sample(model: TransformerLM, params, prompts: jax.Array, key: jax.Array, *, 
 
 
 @functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k"))
-@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k"))
 def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Array, *, group_size: int,
                   max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
                   top_p=1.0) -> Samples:
