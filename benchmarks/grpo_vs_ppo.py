@@ -59,7 +59,7 @@ def value_at(run_result: dict, key: str, steps: float) -> list[float] | None:
     end on whole updates, and GRPO's taken steps only approximately meet the budget."""
     for row, taken in zip(run_result["rows"], run_result["steps"]):
         if taken >= steps * 0.97:
-            values = per_seed(row, key, run_result["num_seeds"])
+            values = per_seed(row, key, run_result["num_seeds"], complete=True)
             if values is not None:
                 return values
     return None
@@ -77,7 +77,7 @@ def plot(results: list[dict], path: str, env_steps: int, scenario: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
     for r in results:
-        points = [(s, per_seed(row, "eval_win_rate", r["num_seeds"])) for row, s in zip(r["rows"], r["steps"])]
+        points = [(s, per_seed(row, "eval_win_rate", r["num_seeds"], complete=True)) for row, s in zip(r["rows"], r["steps"])]
         points = [(s, v) for s, v in points if v is not None and s <= env_steps * 1.05]
         if not points:
             continue

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from jaxrl.metrics import markdown_table  # noqa: F401  (re-exported for the scripts)
+from jaxrl.metrics import markdown_table, per_seed, save_figure  # noqa: F401  (re-exported for the scripts)
 
 
 def replace_section(path: str, markers: tuple[str, str], section: str, title: str) -> None:
@@ -26,17 +26,6 @@ def seed_band(ax, x, y, label: str) -> None:
     ax.fill_between(x, y.min(1), y.max(1), alpha=0.15)
 
 
-def save_figure(fig, path: str) -> None:
-    """Grid and legend on every axis, tight layout, write `path`, free the figure."""
-    for ax in fig.axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    import matplotlib.pyplot as plt
-    plt.close(fig)
-
-
 def publish(section: str, update_results: bool, markers: tuple[str, str], title: str) -> None:
     """Print a benchmark's section; with `update_results`, also put it into benchmarks/RESULTS.md."""
     import os
@@ -45,10 +34,3 @@ def publish(section: str, update_results: bool, markers: tuple[str, str], title:
     if update_results:
         replace_section(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), markers, section,
                         title)
-
-
-def per_seed(row: dict, key: str, num_seeds: int) -> list[float] | None:
-    """A metrics row's `key` for every seed (the `<key>_per_seed` list, or the value of a one-seed run);
-    None where the row lacks it for some seed."""
-    values = row.get(f"{key}_per_seed", [row.get(key)] if num_seeds == 1 else None)
-    return None if values is None or any(v is None for v in values) else values

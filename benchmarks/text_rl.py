@@ -92,7 +92,7 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
 
 def curve(rows: list[dict], num_seeds: int):
     """(completions per seed [n], wall seconds [n], accuracy per seed [n, S]) at the evaluated rows."""
-    points = [(r["env_steps"], r["wall_time"], per_seed(r, "eval_accuracy", num_seeds)) for r in rows]
+    points = [(r["env_steps"], r["wall_time"], per_seed(r, "eval_accuracy", num_seeds, complete=True)) for r in rows]
     points = [p for p in points if p[2] is not None]
     return (np.array([p[0] for p in points]), np.array([p[1] for p in points]),
             np.array([p[2] for p in points]))

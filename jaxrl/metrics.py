@@ -103,13 +103,31 @@ def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] | N
     ax.set_xlabel("environment steps")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.has_data():
-        ax.legend()
+    return save_figure(fig, path, legend_size=10)
+
+
+def save_figure(fig, path: str, legend_size: float = 8) -> str:
+    """Grid on every axis and a legend where something is labelled, tight layout, write `path`, free the
+    figure; returns `path`."""
+    import matplotlib.pyplot as plt
+
+    for ax in fig.axes:
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def per_seed(row: dict, key: str, num_seeds: int, complete: bool = False) -> list | None:
+    """A metrics row's `key` for every seed: the `<key>_per_seed` list, or the value of a one-seed run.
+    None when the row lacks it; with `complete`, also when some seed has no value (None) in it."""
+    values = row.get(f"{key}_per_seed", [row[key]] if num_seeds == 1 and row.get(key) is not None else None)
+    if values is None or (complete and any(v is None for v in values)):
+        return None
+    return values
 
 
 def markdown_table(header: list, rows: list[list]) -> str:

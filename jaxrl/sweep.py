@@ -35,7 +35,7 @@ import jax
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxrl import algos, config as config_lib, metrics as metrics_lib, train
+from jaxrl import algos, config as config_lib, distributed, metrics as metrics_lib, train
 
 ALIASES = {"lr": "learning_rate", "seeds": "num_seeds"}
 
@@ -135,8 +135,6 @@ def group_programs(points: list[tuple[dict, ConfigDict]]) -> list[list[int]]:
 def run_sweep(config: ConfigDict, sweep: dict[str, list], workdir: str, *, progress: bool | None = None) -> list[dict]:
     """Train every setting of `sweep` (config keys -> values; `num_seeds` from the config) under `workdir`;
     returns the summary rows (also written to summary.csv, with sweep.png)."""
-    from jaxrl import distributed
-
     points = expand(config, sweep)
     programs = group_programs(points)
     short = _short_names(list(sweep))
@@ -197,7 +195,7 @@ def summarize_sweep(overrides: list[dict], names: list[str], rows: list[list[dic
         last = setting_rows[-1] if setting_rows else {}
         out["env_steps"] = last.get("env_steps")
         for key in metrics_lib.HEADLINE_KEYS:
-            values = _per_seed(last, key, num_seeds)
+            values = metrics_lib.per_seed(last, key, num_seeds)
             if values is None:
                 continue
             mean, low, high = confidence_interval(values)
@@ -205,14 +203,6 @@ def summarize_sweep(overrides: list[dict], names: list[str], rows: list[list[dic
                         f"{key}_per_seed": " ".join("nan" if v is None else f"{v:.4g}" for v in values)})
         summary.append(out)
     return summary
-
-
-def _per_seed(row: dict, key: str, num_seeds: int) -> list | None:
-    if f"{key}_per_seed" in row:
-        return row[f"{key}_per_seed"]
-    if row.get(key) is not None and num_seeds == 1:
-        return [row[key]]
-    return None
 
 
 def write_summary(summary: list[dict], path: str) -> str:
@@ -238,8 +228,8 @@ def plot_sweep(names: list[str], rows: list[list[dict]], num_seeds: int, path: s
         key = _curve_key(setting_rows, keys, num_seeds)
         if key is None:
             continue
-        points = [(r["env_steps"], confidence_interval(_per_seed(r, key, num_seeds))) for r in setting_rows
-                  if _per_seed(r, key, num_seeds) is not None]
+        points = [(r["env_steps"], confidence_interval(metrics_lib.per_seed(r, key, num_seeds))) for r in setting_rows
+                  if metrics_lib.per_seed(r, key, num_seeds) is not None]
         x = [p[0] for p in points]
         mean, low, high = (np.array([p[1][i] for p in points]) for i in range(3))
         line, = ax.plot(x, mean, label=f"{name} ({key})")
@@ -248,18 +238,12 @@ def plot_sweep(names: list[str], rows: list[list[dict]], num_seeds: int, path: s
     ax.set_xlabel("environment steps per run")
     ax.set_ylabel(f"{ylabel} (mean, 95% CI over {num_seeds} seeds)")
     ax.set_title(title)
-    ax.grid(alpha=0.3)
-    if ax.has_data():
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return metrics_lib.save_figure(fig, path, legend_size=7)
 
 
 def _curve_key(rows: list[dict], keys: tuple[str, ...], num_seeds: int) -> str | None:
     """The first of `keys` logged in more than one row (a curve), else the first logged at all."""
-    counts = {k: sum(_per_seed(r, k, num_seeds) is not None for r in rows) for k in keys}
+    counts = {k: sum(metrics_lib.per_seed(r, k, num_seeds) is not None for r in rows) for k in keys}
     logged = [k for k in keys if counts[k]]
     curves = [k for k in logged if counts[k] > 1]
     return (curves or logged or [None])[0]
@@ -315,7 +299,6 @@ def main(argv, sweep_flags) -> int:
     config, sweep = sweep_from_flags(FLAGS.config, sweep_flags)
     workdir = FLAGS.workdir or os.path.join("runs", f"{config.experiment}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = run_sweep(config, sweep, workdir)
-    from jaxrl import distributed
     if distributed.is_main_process():
         print(format_summary(summary))
         print(f"\n{workdir}/summary.csv, {workdir}/sweep.png")
