@@ -154,11 +154,22 @@ def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
     return config
 
 
+def get_value(config: ConfigDict, key: str):
+    """The value of a dotted key, e.g. get_value(config, "ppo.learning_rate")."""
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def set_value(config: ConfigDict, key: str, value) -> None:
+    """Set a dotted key, e.g. set_value(config, "ppo.learning_rate", 1e-3)."""
+    section, _, name = key.rpartition(".")
+    (get_value(config, section) if section else config)[name] = value
+
+
 def _positive(config: ConfigDict, *keys: str) -> None:
     for key in keys:
-        value = config
-        for part in key.split("."):
-            value = value[part]
+        value = get_value(config, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"config.{key} must be a positive integer, got {value!r}")
 

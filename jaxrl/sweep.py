@@ -66,7 +66,7 @@ def _flat_keys(config: ConfigDict, prefix: str = "") -> list[str]:
 
 def parse_values(config: ConfigDict, key: str, text: str) -> list:
     """`a,b,c` as values of the type the config key holds."""
-    current = algos.config_value(config, key)
+    current = config_lib.get_value(config, key)
     kind = type(current)
     if isinstance(current, (tuple, list, ConfigDict)) or current is None:
         raise ValueError(f"--sweep.{key}: only numbers, booleans and strings can be swept, not {kind.__name__}")
@@ -100,9 +100,7 @@ def expand(config: ConfigDict, sweep: dict[str, list]) -> list[tuple[dict, Confi
         overrides = dict(zip(sweep, values))
         point = config.copy_and_resolve_references()
         for key, value in overrides.items():
-            *path, name = key.split(".")
-            section = algos.config_value(point, ".".join(path)) if path else point
-            section[name] = value
+            config_lib.set_value(point, key, value)
         point.lock()
         config_lib.validate(point)
         points.append((overrides, point))

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 import envs
+from jaxrl import config as config_lib
 from jaxrl.algos.grpo import GRPO, GRPOHyperparams, GRPOSettings
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState
 from jaxrl.networks import ActorCritic, RecurrentActorCritic
@@ -154,17 +155,10 @@ ALGORITHMS = {
 }
 
 
-def config_value(config: ConfigDict, key: str):
-    """The value of a dotted key, e.g. config_value(config, "ppo.learning_rate")."""
-    for part in key.split("."):
-        config = config[part]
-    return config
-
-
 def hyperparams(config: ConfigDict):
     """The traced hyperparameters of `config` (float32 scalars), read from `ALGORITHMS[...].keys`."""
     recipe = ALGORITHMS[config.algorithm]
-    fields = {field: config_value(config, key) for field, key in recipe.keys.items()}
+    fields = {field: config_lib.get_value(config, key) for field, key in recipe.keys.items()}
     return jax.tree.map(jnp.float32, recipe.hyperparams()(**fields))
 
 
@@ -179,9 +173,7 @@ def static_signature(config: ConfigDict) -> str:
     blank = config.copy_and_resolve_references()
     with blank.unlocked():
         for key in hyperparam_keys(config):
-            *path, name = key.split(".")
-            section = config_value(blank, ".".join(path)) if path else blank
-            section[name] = None
+            config_lib.set_value(blank, key, None)
     return blank.to_json(sort_keys=True) + repr(ALGORITHMS[config.algorithm].static_of(config))
 
 
