@@ -31,7 +31,6 @@ import os
 import sys
 import time
 
-import jax
 import numpy as np
 from ml_collections import ConfigDict
 
@@ -292,8 +291,6 @@ def main(argv, sweep_flags) -> int:
     if FLAGS.config is None:
         raise SystemExit("give --config=experiments/<name>.py and --sweep.<key>=<values> flags")
     train.initialize_distributed(FLAGS)
-    if FLAGS.workdir is None and jax.process_count() > 1:
-        raise SystemExit("a multi-process sweep needs --workdir on a filesystem every process sees")
     config, sweep = sweep_from_flags(FLAGS.config, sweep_flags)
     workdir = FLAGS.workdir or os.path.join("runs", f"{config.experiment}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = run_sweep(config, sweep, workdir)

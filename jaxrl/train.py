@@ -310,9 +310,6 @@ def main(argv) -> int:
         if not os.path.exists(saved):
             raise SystemExit(f"{workdir} has no config.json: pass --config as well")
         config = config_lib.load(saved)
-    if workdir is None and jax.process_count() > 1:
-        raise SystemExit("a multi-process run needs --workdir on a filesystem every process sees "
-                         "(each process would otherwise pick its own time-stamped directory)")
     result = run(config, workdir)
     last = result.metrics[-1] if result.metrics else {}
     keys = ("env_steps", *metrics_lib.HEADLINE_KEYS, "wall_time")
@@ -326,6 +323,9 @@ def initialize_distributed(FLAGS) -> None:
     """Join a multi-process run when the flags ask for one (before any JAX computation)."""
     if FLAGS.coordinator_address or FLAGS.distributed:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    if FLAGS.workdir is None and jax.process_count() > 1:
+        raise SystemExit("a multi-process run needs --workdir on a filesystem every process sees "
+                         "(each process would otherwise pick its own time-stamped directory)")
 
 
 def define_flags():
