@@ -225,8 +225,8 @@ def plot_sweep(names: list[str], rows: list[list[dict]], num_seeds: int, path: s
         key = _curve_key(setting_rows, keys, num_seeds)
         if key is None:
             continue
-        points = [(r["env_steps"], confidence_interval(metrics_lib.per_seed(r, key, num_seeds))) for r in setting_rows
-                  if metrics_lib.per_seed(r, key, num_seeds) is not None]
+        points = [(r["env_steps"], confidence_interval(values)) for r in setting_rows
+                  if (values := metrics_lib.per_seed(r, key, num_seeds)) is not None]
         x = [p[0] for p in points]
         mean, low, high = (np.array([p[1][i] for p in points]) for i in range(3))
         line, = ax.plot(x, mean, label=f"{name} ({key})")
