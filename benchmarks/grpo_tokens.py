@@ -4,7 +4,7 @@
     python benchmarks/grpo_tokens.py --no-trl            # jaxrl only (needs no torch)
 
 Two figures per library, each after a warm-up (jaxrl: compilation; TRL: the first `--warmup` steps), as
-the median of `--repeats` timed repetitions:
+the median of `--repeats` timed repetitions of `--steps` calls each:
 
 - sampled tokens/s, generation only: B prompts x G completions of N = `--new-tokens` tokens at
   temperature 1. jaxrl: the jitted `sampling.sample_groups` (KV cache, one prefill per prompt shared by
@@ -99,11 +99,14 @@ def jaxrl_bench(args, config):
     for i in range(2):  # compile, then one warm call
         generate(10_000 + i)
     tokens_per_s = []
-    for i in range(args.repeats):
-        tick = time.perf_counter()
-        out = generate(i)
-        seconds = time.perf_counter() - tick
-        tokens_per_s.append(float(out.mask.sum()) / seconds)
+    for r in range(args.repeats):
+        tokens = seconds = 0.0
+        for i in range(args.steps):
+            tick = time.perf_counter()
+            out = generate(r * args.steps + i)
+            seconds += time.perf_counter() - tick
+            tokens += float(out.mask.sum())
+        tokens_per_s.append(tokens / seconds)
 
     # Full GRPO steps: run_chunk(state, hp, 1), compiled on its first call (not timed). The hyperparameters
     # get their run axis once, as the training loop gives them.
@@ -245,10 +248,13 @@ def trl_bench(args, algo, prompts: jax.Array):
         generate()
     tokens_per_s = []
     for _ in range(args.repeats):
-        tick = time.perf_counter()
-        out = generate()
-        seconds = time.perf_counter() - tick
-        tokens_per_s.append(count(out) / seconds)
+        tokens = seconds = 0.0
+        for _ in range(args.steps):
+            tick = time.perf_counter()
+            out = generate()
+            seconds += time.perf_counter() - tick
+            tokens += count(out)
+        tokens_per_s.append(tokens / seconds)
 
     trainer.train()
     if len(timer.times) != total_steps:
@@ -300,7 +306,8 @@ def main():
     parser.add_argument("--max-digits", type=int, default=None,
                         help="addition operands' digits (default: experiments/text_sft.py's); answer_length = "
                              "max_digits + 2")
-    parser.add_argument("--steps", type=int, default=5, help="GRPO steps per timed repetition")
+    parser.add_argument("--steps", type=int, default=5,
+                        help="GRPO steps (and generate calls) per timed repetition")
     parser.add_argument("--repeats", type=int, default=3, help="timed repetitions (the median is shown)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed TRL steps / generate calls first")
     parser.add_argument("--torch-threads", type=int, default=0,
@@ -326,7 +333,7 @@ def main():
           f"max_len {config.model.max_len}; task addition {dict(config.task.kwargs)}: prompt {task.prompt_length} "
           f"tokens, answer {task.answer_length}; B={args.prompts} prompts x G={args.group_size}; generation row "
           f"N={args.new_tokens} new tokens, GRPO step N={task.answer_length}; median of {args.repeats} repeats "
-          f"({args.steps} steps each for the step time)\n")
+          f"of {args.steps} calls (generate) or steps each\n")
 
     # jaxrl is timed before torch is imported: once loaded, torch's thread pools slow XLA's CPU programs
     # in the same process (measured: 0.046 s per step instead of 0.037).

@@ -78,20 +78,25 @@ def filter_logits(logits: jax.Array, top_k: int = 0, top_p=1.0, *, bisect_steps:
 
 
 def sample_token(logits: jax.Array, key: jax.Array, temperature=1.0, top_k: int = 0, top_p=1.0):
-    """One token per row from logits [B, V] -> (token int32 [B], log p(token) at temperature 1 [B]).
+    """One token per row from logits [..., V] -> (token int32 [...], log p(token) at temperature 1 [...]).
 
     temperature == 0 is greedy (argmax of the raw logits); no division by zero happens. Draws by
     inverse CDF with one uniform per row: V times fewer random bits than Gumbel-max, whose
     [B, V] noise dominated a CPU decoding step. A filtered token (probability exactly 0) leaves the
     CDF flat and so can never be drawn.
     """
+    return _draw_token(logits, jax.random.uniform(key, logits.shape[:-1] + (1,)), temperature, top_k, top_p)
+
+
+def _draw_token(logits, uniform, temperature, top_k, top_p):
+    """`sample_token` given its uniforms [..., 1] in [0, 1)."""
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)
     cdf = jnp.cumsum(jax.nn.softmax(filter_logits(scaled, top_k, top_p), axis=-1), axis=-1)
-    u = (1.0 - jax.random.uniform(key, cdf.shape[:-1] + (1,))) * cdf[..., -1:]  # in (0, total]
+    u = (1.0 - uniform) * cdf[..., -1:]  # in (0, total]
     drawn = jnp.minimum(jnp.sum(cdf < u, axis=-1), logits.shape[-1] - 1)  # first index with cdf >= u
     token = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-    log_p = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)[:, 0]
+    log_p = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[..., None], axis=-1)[..., 0]
     return token, log_p
 
 
@@ -101,61 +106,13 @@ def sample(model: TransformerLM, params, prompts: jax.Array, key: jax.Array, *, 
     """Sample N = max_new_tokens tokens after left-padded prompts [B, P] -> `Samples` with leaves [B, N].
 
     One prefill call writes the whole prompt into the KV cache, then `lax.scan` runs single-token
-    steps. Step t draws with `jax.random.split(key, N)[t]`. Static: model, max_new_tokens, top_k;
-    temperature, top_p, eos_id and pad_id may be traced. The cache holds exactly P + N columns (not
-    config.max_len), so each step attends over P + N slots. Pure: `vmap` over keys or prompts works.
+    steps. Step t draws row b's token with `jax.random.uniform(jax.random.split(key, N)[t], (B, 1))[b]`.
+    Static: model, max_new_tokens, top_k; temperature, top_p, eos_id and pad_id may be traced. Each step
+    attends over the P prompt columns and the tokens generated so far. Pure: `vmap` over keys or prompts works.
     """
-    B, P = prompts.shape
-    N = max_new_tokens
-    real, positions, prompt_len = prompt_layout(prompts, pad_id)
-    L = P + N
-    if L > model.config.max_len:
-        raise ValueError(f"prompt {P} + {N} new tokens exceeds max_len {model.config.max_len}")
-    attn_mask = jnp.concatenate([real, jnp.zeros((B, N), bool)], axis=1)
-    logits, values, cache = model.apply(params, prompts, positions, attn_mask,
-                                        init_cache(model.config, B, L), 0, method=TransformerLM.decode)
-    # Left padding puts every prompt's last token at column P-1: its logits predict token 0.
-    logits = logits[:, -1]
-    value = None if values is None else values[:, -1]
-    keys = jax.random.split(key, N)
-
-    def pick(logits, done, key):
-        token, log_p = sample_token(logits, key, temperature, top_k, top_p)
-        live = ~done
-        token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))
-        return token, jnp.where(live, log_p, 0.0), live, done | (live & (token == eos_id))
-
-    def step(carry, xs):
-        cache, attn_mask, logits, value, done = carry
-        t, key = xs
-        token, log_p, live, done = pick(logits, done, key)
-        col = P + t
-        # Tokens after EOS are written to the cache but stay masked, so nothing ever attends to them.
-        attn_mask = jax.lax.dynamic_update_slice_in_dim(attn_mask, live[:, None], col, axis=1)
-        out = (token, log_p, live, value)
-        logits, values, cache = model.apply(params, token[:, None], (prompt_len + t)[:, None], attn_mask,
-                                            cache, col, method=TransformerLM.decode)
-        value = None if values is None else values[:, 0]
-        return (cache, attn_mask, logits[:, 0], value, done), out
-
-    # N-1 cached steps; the last token needs no forward pass after it.
-    # (done derives from the prompts so that under shard_map it varies over devices like the rest of the carry)
-    carry = (cache, attn_mask, logits, value, jnp.zeros_like(prompt_len, bool))
-    carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), keys[:-1]))
-    _, _, logits, value, done = carry
-    last_token, last_log_p, last_live, _ = pick(logits, done, keys[-1])
-
-    def finish(seq, last):  # [N-1, B] + [B] -> [B, N]
-        return jnp.concatenate([seq, last[None]], axis=0).T
-
-    mask = finish(live, last_live).astype(jnp.float32)
-    return Samples(
-        tokens=finish(tokens, last_token),
-        log_probs=finish(log_probs, last_log_p),
-        mask=mask,
-        lengths=mask.sum(axis=1).astype(jnp.int32),
-        values=None if value is None else finish(vals, value) * mask,
-    )
+    out = _sample_members(model, params, prompts, key[None], max_new_tokens=max_new_tokens, eos_id=eos_id,
+                          pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p)
+    return jax.tree.map(lambda x: x[:, 0], out)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k"))
@@ -164,14 +121,68 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
                   top_p=1.0) -> Samples:
     """G = group_size samples per prompt: prompts [B, P] -> `Samples` with leaves [B, G, N].
 
-    `vmap` over G keys with the prompt unbatched: every member shares its prompt, and the prefill
-    (which depends only on the prompt) is computed once per prompt rather than once per member.
+    Member g is `sample` with key `jax.random.split(key, G)[g]`. The prompt is prefilled once and its
+    keys and values are shared by the group (never copied G times); each member caches only its own tokens.
     """
-    def one(k):
-        return sample(model, params, prompts, k, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                      pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p)
+    return _sample_members(model, params, prompts, jax.random.split(key, group_size), max_new_tokens=max_new_tokens,
+                           eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p)
 
-    return jax.vmap(one, out_axes=1)(jax.random.split(key, group_size))
+
+def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
+                    temperature, top_k, top_p) -> Samples:
+    """prompts [B, P], member_keys [G] -> `Samples` with leaves [B, G, N]; member g draws as `sample` with key g."""
+    B, P = prompts.shape
+    G, N = member_keys.shape[0], max_new_tokens
+    if P + N > model.config.max_len:
+        raise ValueError(f"prompt {P} + {N} new tokens exceeds max_len {model.config.max_len}")
+    real, positions, prompt_len = prompt_layout(prompts, pad_id)
+    logits, values, prefix = model.apply(params, prompts, positions, real, init_cache(model.config, B, P), 0,
+                                         method=TransformerLM.decode)
+    # Left padding puts every prompt's last token at column P-1: its logits predict token 0.
+    logits = jnp.broadcast_to(logits[:, None, -1], (B, G, logits.shape[-1]))
+    value = None if values is None else jnp.broadcast_to(values[:, None, -1], (B, G))
+    step_keys = jax.vmap(lambda k: jax.random.split(k, N), out_axes=1)(member_keys)  # [N, G]
+
+    def pick(logits, done, keys):  # logits [B, G, V], done [B, G], keys [G]
+        uniform = jax.vmap(lambda k: jax.random.uniform(k, (B, 1)), out_axes=1)(keys)  # [B, G, 1]
+        token, log_p = _draw_token(logits, uniform, temperature, top_k, top_p)
+        live = ~done
+        token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))
+        return token, jnp.where(live, log_p, 0.0), live, done | (live & (token == eos_id))
+
+    def step(carry, xs):
+        cache, own_mask, logits, value, done = carry
+        t, keys = xs
+        token, log_p, live, done = pick(logits, done, keys)
+        # Tokens after EOS are written to the cache but stay masked, so nothing ever attends to them.
+        own_mask = jax.lax.dynamic_update_slice_in_dim(own_mask, live[..., None], t, axis=2)
+        out = (token, log_p, live, value)
+        logits, values, cache = model.apply(params, token[..., None], (prompt_len[:, None] + t)[..., None], own_mask,
+                                            prefix, real, cache, t, method=TransformerLM.extend)
+        value = None if values is None else values[..., 0]
+        return (cache, own_mask, logits[:, :, 0], value, done), out
+
+    # N-1 cached steps (own cache slots 0..N-2); the last token needs no forward pass after it. The carry's
+    # zeros derive from the prompts so that under shard_map they vary over devices like the rest of it.
+    no = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1] False
+    own_cache = jax.tree.map(lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1]),
+                             init_cache(model.config, (B, G), N - 1))
+    carry = (own_cache, no & jnp.zeros((B, G, N - 1), bool), logits, value, no[..., 0] & jnp.zeros((B, G), bool))
+    carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), step_keys[:-1]))
+    _, _, logits, value, done = carry
+    last_token, last_log_p, last_live, _ = pick(logits, done, step_keys[-1])
+
+    def finish(seq, last):  # [N-1, B, G] + [B, G] -> [B, G, N]
+        return jnp.moveaxis(jnp.concatenate([seq, last[None]], axis=0), 0, -1)
+
+    mask = finish(live, last_live).astype(jnp.float32)
+    return Samples(
+        tokens=finish(tokens, last_token),
+        log_probs=finish(log_probs, last_log_p),
+        mask=mask,
+        lengths=mask.sum(axis=-1).astype(jnp.int32),
+        values=None if value is None else finish(vals, value) * mask,
+    )
 
 
 @functools.partial(jax.jit, static_argnames=("model",))
@@ -213,27 +224,23 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
 
     prompts int32 [B, P] (left-padded), completions int32 [B, G, N], completion_mask [B, G, N]
     -> (log_probs, entropy, values or None), each [B, G, N]: equal to `score` on the prompts repeated G
-    times. The prompt is prefilled into a KV cache once per prompt and the cache is shared by the group;
-    the members' N-1 fed tokens then run as one cached block. That computes B*P + B*G*(N-1) positions
-    instead of B*G*(P+N-1) (a GRPO update on short answers spends most of its time on prompts).
+    times. The prompts run once; the members' N-1 fed tokens then run as one block attending to their
+    prompt's keys and values, which are shared, never copied G times. That computes B*P + B*G*(N-1)
+    positions instead of B*G*(P+N-1) (a GRPO update on short answers spends most of its time on prompts).
     """
     B, G, N = completions.shape
     P = prompts.shape[1]
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
-    L = P + N - 1
-    attn_mask = jnp.concatenate([real, jnp.zeros((B, N - 1), bool)], axis=1)
-    logits, values, cache = model.apply(params, prompts, positions, attn_mask, init_cache(model.config, B, L), 0,
-                                        method=TransformerLM.decode)
-    group = lambda x: jnp.repeat(x, G, axis=0)  # [B, ...] -> [B*G, ...], member g of prompt b at b*G + g
-    logits, values = group(logits[:, -1:]), None if values is None else group(values[:, -1:])  # predict token 0
-    completion_real = (completion_mask > 0).reshape(B * G, N)
-    completions = completions.reshape(B * G, N)
+    logits, values, prefix = model.apply(params, prompts, positions, real, init_cache(model.config, B, P), 0,
+                                         method=TransformerLM.decode)
+    # The prompt's last column predicts every member's token 0.
+    logits = jnp.broadcast_to(logits[:, None, -1:], (B, G, 1, logits.shape[-1]))
+    values = None if values is None else jnp.broadcast_to(values[:, None, -1:], (B, G, 1))
+    completion_real = completion_mask > 0
     if N > 1:  # the last completion token predicts nothing we score, so it is not fed
-        fed_mask = jnp.concatenate([group(real), completion_real[:, :-1]], axis=1)
-        fed_positions = group(prompt_len)[:, None] + jnp.arange(N - 1, dtype=jnp.int32)
-        rest_logits, rest_values, _ = model.apply(params, completions[:, :-1], fed_positions, fed_mask,
-                                                  jax.tree.map(group, cache), P, method=TransformerLM.decode)
-        logits = jnp.concatenate([logits, rest_logits], axis=1)
-        values = None if values is None else jnp.concatenate([values, rest_values], axis=1)
-    scores = _completion_scores(logits, values, completions, completion_real)  # [B*G, N]: column t predicts token t
-    return tuple(None if x is None else x.reshape(B, G, N) for x in scores)
+        fed_positions = jnp.broadcast_to(prompt_len[:, None, None] + jnp.arange(N - 1, dtype=jnp.int32), (B, G, N - 1))
+        rest_logits, rest_values, _ = model.apply(params, completions[..., :-1], fed_positions,
+                                                  completion_real[..., :-1], prefix, real, method=TransformerLM.extend)
+        logits = jnp.concatenate([logits, rest_logits], axis=2)
+        values = None if values is None else jnp.concatenate([values, rest_values], axis=2)
+    return _completion_scores(logits, values, completions, completion_real)  # column t predicts token t

@@ -1,13 +1,17 @@
 """A small decoder-only transformer policy (Flax linen) with a functional KV cache.
 
-Two ways through the same parameters:
+Three ways through the same parameters:
 
     logits, values = model.apply(params, tokens, positions, attn_mask)             # full causal forward
     logits, values, cache = model.apply(params, tokens, positions, attn_mask, cache, index,
                                         method=TransformerLM.decode)               # cached decoding
+    logits, values, own = model.apply(params, tokens, positions, attn_mask, prefix, prefix_mask,
+                                      own_cache, index, method=TransformerLM.extend)  # G continuations
+                                                                                      # of B cached prefixes
 
 Shapes: tokens/positions int32 [B, T], attn_mask bool (True = real token), logits float32 [B, T, V],
-values float32 [B, T] (or None without a value head). The cache is an explicit pytree passed in and out
+values float32 [B, T] (or None without a value head); `extend` works on [B, G, S] (G continuations of each
+prefix: a GRPO group), attending to each prefix's keys and values without copying them G times. The cache is an explicit pytree passed in and out
 (not flax's mutable 'cache' collection), so decoding composes with `lax.scan`, `vmap` and `jit`.
 
 Choices: pre-LayerNorm blocks, learned absolute positions (the caller supplies them, so left padding
@@ -18,11 +22,14 @@ near-zero initial logits give a near-uniform initial policy), no dropout, no bia
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from jaxrl.dot import dot_general
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,9 +66,9 @@ class LayerCache(NamedTuple):
 Cache = tuple  # tuple[LayerCache, ...], one per layer
 
 
-def init_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:
-    """Zero cache for `batch` sequences of at most `max_len` columns (prompt plus completion)."""
-    shape = (batch, max_len, config.num_heads, config.head_dim)
+def init_cache(config: TransformerConfig, batch: int | tuple[int, ...], max_len: int) -> Cache:
+    """Zero cache for `batch` sequences (an int, or a shape such as (B, G)) of at most `max_len` columns."""
+    shape = (*((batch,) if isinstance(batch, int) else batch), max_len, config.num_heads, config.head_dim)
     return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
                  for _ in range(config.num_layers))
 
@@ -71,8 +78,20 @@ class SelfAttention(nn.Module):
 
     def setup(self):
         c = self.config
-        self.qkv = nn.DenseGeneral((3, c.num_heads, c.head_dim), use_bias=False, dtype=c.dtype, name="qkv")
-        self.out = nn.DenseGeneral(c.d_model, axis=(-2, -1), use_bias=False, dtype=c.dtype, name="out")
+        dense = functools.partial(nn.DenseGeneral, use_bias=False, dtype=c.dtype, dot_general=dot_general)
+        self.qkv = dense((3, c.num_heads, c.head_dim), name="qkv")
+        self.out = dense(c.d_model, axis=(-2, -1), name="out")
+
+    def _project(self, x, cache: LayerCache | None, index, axis: int):
+        """x [..., S, D] -> (q, k, v), each [..., S, H, Dh] (k, v: the cache with them written at slots
+        [index, index + S) of `axis` when there is a cache), and the new cache or None."""
+        qkv = self.qkv(x)
+        q, k, v = qkv[..., 0, :, :], qkv[..., 1, :, :], qkv[..., 2, :, :]
+        if cache is not None:
+            write = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), index, axis)
+            k, v = write(cache.k, k), write(cache.v, v)
+            cache = LayerCache(k, v)
+        return q, k, v, cache
 
     def __call__(self, x, mask, layer_cache: LayerCache | None = None, index=None):
         """x [B, S, D], mask bool [B, S, K] (query may see key) -> ([B, S, D], new LayerCache or None).
@@ -80,16 +99,48 @@ class SelfAttention(nn.Module):
         Without a cache the keys are the S new tokens (K = S); with one, the new K/V are written at
         slots [index, index + S) and the queries attend over all K = L cache slots.
         """
-        qkv = self.qkv(x)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]  # [B, S, H, Dh]
-        if layer_cache is not None:
-            k = jax.lax.dynamic_update_slice_in_dim(layer_cache.k, k.astype(layer_cache.k.dtype), index, axis=1)
-            v = jax.lax.dynamic_update_slice_in_dim(layer_cache.v, v.astype(layer_cache.v.dtype), index, axis=1)
-            layer_cache = LayerCache(k, v)
+        q, k, v, layer_cache = self._project(x, layer_cache, index, axis=1)
         # Masked logits get a large finite negative (not -inf), so a query row with no visible key
         # (a left-padding column) yields a harmless uniform average instead of NaN. Softmax in float32.
         y = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
         return self.out(y), layer_cache
+
+    def grouped(self, x, own_mask, prefix: LayerCache, prefix_mask, own_cache: LayerCache | None = None, index=None):
+        """G continuations of each of B shared prefixes.
+
+        x [B, G, S, D]; prefix: the prefixes' keys and values [B, P, H, Dh], prefix_mask bool [B, P] (True =
+        a key every continuation of that prefix may see); own_mask bool [B, G, S, T]: which of its own T keys
+        each query sees. Without `own_cache` the own keys are the S new tokens (T = S); with one ([B, G, T,
+        H, Dh]) the new K/V are first written at slots [index, index + S).
+        -> ([B, G, S, D], new own cache or None).
+        """
+        q, k, v, own_cache = self._project(x, own_cache, index, axis=2)
+        y = prefix_attention(q, k, v, own_mask, prefix.k, prefix.v, prefix_mask)
+        return self.out(y), own_cache
+
+
+def prefix_attention(q, k, v, own_mask, prefix_k, prefix_v, prefix_mask):
+    """Softmax attention of q [B, G, S, H, Dh] over the union of its own keys k, v [B, G, T, H, Dh]
+    (own_mask bool [B, G, S, T]) and its group's shared prefix keys [B, P, H, Dh] (prefix_mask bool [B, P]).
+
+    Equal to `jax.nn.dot_product_attention` over the concatenated keys (the prefix repeated G times), but
+    the prefix is never repeated: its scores are one matmul per (prompt, head) with G * S rows, and its
+    gradient sums over the group inside that matmul. Masked scores are a large finite negative, as in
+    dot_product_attention (a query with no visible key averages uniformly instead of giving NaN).
+    """
+    dtype = q.dtype
+    scale = jnp.asarray(q.shape[-1] ** -0.5, dtype)
+    masked = jnp.asarray(0.7 * jnp.finfo(jnp.float32).min, jnp.float32)
+    prefix_scores = jnp.einsum("bgshd,bphd->bhgsp", q * scale, prefix_k).astype(jnp.float32)
+    own_scores = jnp.einsum("bgshd,bgthd->bhgst", q * scale, k).astype(jnp.float32)
+    prefix_scores = jnp.where(prefix_mask[:, None, None, None, :], prefix_scores, masked)
+    own_scores = jnp.where(own_mask[:, None], own_scores, masked)
+    top = jax.lax.stop_gradient(jnp.maximum(prefix_scores.max(-1, keepdims=True), own_scores.max(-1, keepdims=True)))
+    prefix_weights, own_weights = jnp.exp(prefix_scores - top), jnp.exp(own_scores - top)
+    total = prefix_weights.sum(-1) + own_weights.sum(-1)  # [B, H, G, S]
+    y = (jnp.einsum("bhgsp,bphd->bgshd", prefix_weights.astype(dtype), prefix_v)
+         + jnp.einsum("bhgst,bgthd->bgshd", own_weights.astype(dtype), v))
+    return y / jnp.moveaxis(total, 1, -1)[..., None].astype(dtype)
 
 
 class Block(nn.Module):
@@ -100,14 +151,20 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(dtype=c.dtype, name="ln1")
         self.attn = SelfAttention(c, name="attn")
         self.ln2 = nn.LayerNorm(dtype=c.dtype, name="ln2")
-        self.fc = nn.Dense(c.d_ff, dtype=c.dtype, name="fc")
-        self.proj = nn.Dense(c.d_model, dtype=c.dtype, name="proj")
+        self.fc = nn.Dense(c.d_ff, dtype=c.dtype, dot_general=dot_general, name="fc")
+        self.proj = nn.Dense(c.d_model, dtype=c.dtype, dot_general=dot_general, name="proj")
 
     def __call__(self, x, mask, layer_cache=None, index=None):
         h, layer_cache = self.attn(self.ln1(x), mask, layer_cache, index)
-        x = x + h
-        x = x + self.proj(nn.gelu(self.fc(self.ln2(x))))
-        return x, layer_cache
+        return self._mlp(x + h), layer_cache
+
+    def grouped(self, x, own_mask, prefix, prefix_mask, own_cache=None, index=None):
+        """`SelfAttention.grouped` in place of `SelfAttention.__call__`."""
+        h, own_cache = self.attn.grouped(self.ln1(x), own_mask, prefix, prefix_mask, own_cache, index)
+        return self._mlp(x + h), own_cache
+
+    def _mlp(self, x):
+        return x + self.proj(nn.gelu(self.fc(self.ln2(x))))
 
 
 class TransformerLM(nn.Module):
@@ -125,19 +182,20 @@ class TransformerLM(nn.Module):
         if c.value_head:
             self.value = nn.Dense(1, kernel_init=nn.initializers.normal(0.01), name="value")
 
-    def _run(self, tokens, positions, mask, cache=None, index=None):
+    def _run(self, tokens, positions, apply_block):
+        """Embed, then x, layer_cache = apply_block(i, block, x) per block, then the heads."""
         c = self.config
         # Padding columns may carry any position; clip so the lookup is always in range.
         positions = jnp.clip(positions, 0, c.max_len - 1)
         x = (self.embed(tokens) + self.pos_embed(positions)).astype(c.dtype)
         new_cache = []
         for i, block in enumerate(self.blocks):
-            x, layer_cache = block(x, mask, None if cache is None else cache[i], index)
+            x, layer_cache = apply_block(i, block, x)
             new_cache.append(layer_cache)
         h = self.ln_f(x)
         logits = self.embed.attend(h.astype(jnp.float32))  # tied output embedding, float32 logits
         values = self.value(h.astype(jnp.float32))[..., 0] if c.value_head else None
-        return logits, values, (None if cache is None else tuple(new_cache))
+        return logits, values, tuple(new_cache)
 
     def __call__(self, tokens, positions, attn_mask):
         """Full causal forward (teacher forcing / scoring).
@@ -149,7 +207,7 @@ class TransformerLM(nn.Module):
         T = tokens.shape[1]
         causal = jnp.tril(jnp.ones((T, T), bool))
         mask = causal[None] & attn_mask[:, None, :]  # [B, T, T]
-        logits, values, _ = self._run(tokens, positions, mask)
+        logits, values, _ = self._run(tokens, positions, lambda i, block, x: block(x, mask))
         return logits, values
 
     def decode(self, tokens, positions, attn_mask, cache: Cache, index):
@@ -163,7 +221,29 @@ class TransformerLM(nn.Module):
         S, L = tokens.shape[1], cache[0].k.shape[1]
         causal = jnp.arange(L)[None, :] <= index + jnp.arange(S)[:, None]  # [S, L]
         mask = causal[None] & attn_mask[:, None, :]  # [B, S, L]
-        return self._run(tokens, positions, mask, cache, index)
+        return self._run(tokens, positions, lambda i, block, x: block(x, mask, cache[i], index))
+
+    def extend(self, tokens, positions, attn_mask, prefix: Cache, prefix_mask, own_cache: Cache | None = None,
+               index=0):
+        """G continuations of each of B prefixes whose keys and values are cached once per prefix.
+
+        tokens, positions int32 [B, G, S]; prefix: per layer K/V [B, P, H, Dh] (e.g. the cache `decode`
+        returns after prefilling the B prompts), prefix_mask bool [B, P] (True = real prefix token).
+        Without `own_cache`: the S tokens are the continuations (T = S) and attn_mask bool [B, G, S] marks
+        the real ones. With `own_cache` (per layer [B, G, T, H, Dh], from `init_cache(config, B * G, T)`
+        reshaped): the S tokens' K/V are written at own slots [index, index + S) and attn_mask [B, G, T]
+        marks which own slots hold real tokens, INCLUDING the S being written.
+        Own slot t is seen by new token s iff t <= index + s and attn_mask says so; real prefix tokens
+        are seen by every token. -> (logits float32 [B, G, S, V], values [B, G, S] or None, new own cache).
+        """
+        S, T = tokens.shape[2], attn_mask.shape[2]
+        causal = jnp.arange(T)[None, :] <= index + jnp.arange(S)[:, None]  # [S, T]
+        own_mask = causal & attn_mask[:, :, None, :]  # [B, G, S, T]
+        def apply_block(i, block, x):
+            return block.grouped(x, own_mask, prefix[i], prefix_mask, None if own_cache is None else own_cache[i],
+                                 index)
+        logits, values, new_cache = self._run(tokens, positions, apply_block)
+        return logits, values, None if own_cache is None else new_cache
 
     def init_cache(self, batch: int, max_len: int) -> Cache:
         """Zero cache (needs no parameters; callable on an unbound module)."""
