@@ -28,6 +28,9 @@ the addition verifier's `correct` (digits, then EOS, equal to the canonical sum;
 component is weighted 0). TRL runs without vLLM, without gradient checkpointing, without logging or
 checkpoints (`report_to="none"`, `use_cpu=True`).
 
+Both sides run in one process, with glibc's malloc told to keep up to `--malloc-pad-mb` MiB of freed memory
+(`jaxrl.host.keep_freed_memory`, which `python -m jaxrl.train` applies; `--malloc-pad-mb 0` for glibc's default).
+
 Needs the `bench` extra: pip install -e ".[bench]" (torch, trl). Install a CPU build of torch first: on Linux
 an unconstrained `pip install torch` pulls the CUDA build (GBs).
 """
@@ -54,7 +57,7 @@ sys.path.insert(0, ROOT)  # experiments/ is a folder of config files, not an ins
 
 from envs import text  # noqa: E402
 from envs.text.tokenizer import BOS, EOS, PAD  # noqa: E402
-from jaxrl import algos, config as config_lib, mesh as mesh_lib, sampling  # noqa: E402
+from jaxrl import algos, config as config_lib, host, mesh as mesh_lib, sampling  # noqa: E402
 from report import markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 # ---------------------------------------------------------------------------------------------------
@@ -90,14 +93,15 @@ def jaxrl_bench(args, config):
     params = algo.init_params(jax.random.PRNGKey(0))
     prompts = task.prompts(task.sample(jax.random.key(1), B, "train"), vocab)
 
+    keys = list(jax.random.split(jax.random.PRNGKey(2), 2 + args.repeats * args.steps))  # made before the clock runs
+
     def generate(i):
-        out = sampling.sample_groups(model, params, prompts, jax.random.fold_in(jax.random.PRNGKey(2), i),
-                                     group_size=G, max_new_tokens=N, eos_id=vocab.eos_id, pad_id=vocab.pad_id,
-                                     temperature=hp.temperature)
+        out = sampling.sample_groups(model, params, prompts, keys[i], group_size=G, max_new_tokens=N,
+                                     eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature)
         return jax.block_until_ready(out)
 
     for i in range(2):  # compile, then one warm call
-        generate(10_000 + i)
+        generate(args.repeats * args.steps + i)
     tokens_per_s = []
     for r in range(args.repeats):
         tokens = seconds = 0.0
@@ -314,9 +318,13 @@ def main():
                         help="torch.set_num_threads for the TRL side (0: torch's default, one per core). On a "
                              "machine busy with other work, torch's spinning OpenMP threads can slow it many-fold")
     parser.add_argument("--no-trl", action="store_true", help="run the jaxrl side only")
+    parser.add_argument("--malloc-pad-mb", type=int, default=256,
+                        help="jaxrl.host.keep_freed_memory, as python -m jaxrl.train applies it (0: glibc's default). "
+                             "Process-wide, so it holds for the TRL side too")
     args = parser.parse_args()
     if min(args.steps, args.repeats) < 1 or args.warmup < 0:
         parser.error("--steps and --repeats must be >= 1, --warmup >= 0")
+    malloc_pad = host.keep_freed_memory(args.malloc_pad_mb)
 
     config = jaxrl_config(args)
     task = text.make_task("addition", **config.task.kwargs.to_dict())
@@ -333,7 +341,8 @@ def main():
           f"max_len {config.model.max_len}; task addition {dict(config.task.kwargs)}: prompt {task.prompt_length} "
           f"tokens, answer {task.answer_length}; B={args.prompts} prompts x G={args.group_size}; generation row "
           f"N={args.new_tokens} new tokens, GRPO step N={task.answer_length}; median of {args.repeats} repeats "
-          f"of {args.steps} calls (generate) or steps each\n")
+          f"of {args.steps} calls (generate) or steps each; malloc pad (jaxrl.host, both sides): "
+          f"{f'{args.malloc_pad_mb} MiB' if malloc_pad else 'glibc default'}\n")
 
     # jaxrl is timed before torch is imported: once loaded, torch's thread pools slow XLA's CPU programs
     # in the same process (measured: 0.046 s per step instead of 0.037).

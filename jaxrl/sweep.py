@@ -290,7 +290,7 @@ def main(argv, sweep_flags) -> int:
     FLAGS = flags.FLAGS
     if FLAGS.config is None:
         raise SystemExit("give --config=experiments/<name>.py and --sweep.<key>=<values> flags")
-    train.initialize_distributed(FLAGS)
+    train.setup_process(FLAGS)
     config, sweep = sweep_from_flags(FLAGS.config, sweep_flags)
     workdir = FLAGS.workdir or os.path.join("runs", f"{config.experiment}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = run_sweep(config, sweep, workdir)

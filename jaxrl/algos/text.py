@@ -161,7 +161,8 @@ class _TextAlgorithm:
     def _compile(self, fn, args, in_axes, in_specs, out_specs, donate_argnums=()):
         """`fn` vmapped over this device's seeds (`in_axes`, outputs on axis 0), per device under shard_map
         over the (runs, data) mesh, jitted and compiled for `args`; the compile time is added to `compile_seconds`."""
-        sharded = jax.shard_map(jax.vmap(fn, in_axes), mesh=self.mesh, in_specs=in_specs, out_specs=out_specs)
+        sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=self.mesh, in_specs=in_specs,
+                                out_specs=out_specs)
         tick = time.perf_counter()
         compiled = jax.jit(sharded, donate_argnums=donate_argnums).lower(*args).compile()
         self.compile_seconds += time.perf_counter() - tick
