@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl.transformer import TransformerLM, init_cache
+from jaxrl.transformer import TransformerLM, init_cache, init_own_cache
 
 
 class Samples(NamedTuple):
@@ -166,7 +166,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     # zeros derive from the prompts so that under shard_map they vary over devices like the rest of it.
     no = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1] False
     own_cache = jax.tree.map(lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1]),
-                             init_cache(model.config, (B, G), N - 1))
+                             init_own_cache(model.config, B, G, N - 1))
     carry = (own_cache, no & jnp.zeros((B, G, N - 1), bool), logits, value, no[..., 0] & jnp.zeros((B, G), bool))
     carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), step_keys[:-1]))
     _, _, logits, value, done = carry

@@ -66,9 +66,16 @@ class LayerCache(NamedTuple):
 Cache = tuple  # tuple[LayerCache, ...], one per layer
 
 
-def init_cache(config: TransformerConfig, batch: int | tuple[int, ...], max_len: int) -> Cache:
-    """Zero cache for `batch` sequences (an int, or a shape such as (B, G)) of at most `max_len` columns."""
-    shape = (*((batch,) if isinstance(batch, int) else batch), max_len, config.num_heads, config.head_dim)
+def init_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:
+    """Zero cache for `batch` sequences of at most `max_len` columns (prompt plus completion)."""
+    shape = (batch, max_len, config.num_heads, config.head_dim)
+    return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
+                 for _ in range(config.num_layers))
+
+
+def init_own_cache(config: TransformerConfig, batch: int, group: int, max_len: int) -> Cache:
+    """Zero per-member cache for `TransformerLM.extend`: per layer K/V [B, G, H, T, Dh] (heads first)."""
+    shape = (batch, group, config.num_heads, max_len, config.head_dim)
     return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
                  for _ in range(config.num_layers))
 
@@ -110,17 +117,23 @@ class SelfAttention(nn.Module):
 
         x [B, G, S, D]; prefix: the prefixes' keys and values [B, P, H, Dh], prefix_mask bool [B, P] (True =
         a key every continuation of that prefix may see); own_mask bool [B, G, S, T]: which of its own T keys
-        each query sees. Without `own_cache` the own keys are the S new tokens (T = S); with one ([B, G, T,
-        H, Dh]) the new K/V are first written at slots [index, index + S).
+        each query sees. Without `own_cache` the own keys are the S new tokens (T = S); with one (heads
+        first: [B, G, H, T, Dh], from `init_own_cache`) the new K/V are first written at slots [index, index + S).
         -> ([B, G, S, D], new own cache or None).
         """
-        q, k, v, own_cache = self._project(x, own_cache, index, axis=2)
+        q, k, v, _ = self._project(x, None, None, None)
+        # Own keys heads first: the attention matmuls then read them without transposing the cache each step.
+        k, v = jnp.swapaxes(k, -3, -2), jnp.swapaxes(v, -3, -2)  # [B, G, H, S, Dh]
+        if own_cache is not None:
+            write = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), index, axis=3)
+            k, v = write(own_cache.k, k), write(own_cache.v, v)
+            own_cache = LayerCache(k, v)
         y = prefix_attention(q, k, v, own_mask, prefix.k, prefix.v, prefix_mask)
         return self.out(y), own_cache
 
 
 def prefix_attention(q, k, v, own_mask, prefix_k, prefix_v, prefix_mask):
-    """Softmax attention of q [B, G, S, H, Dh] over the union of its own keys k, v [B, G, T, H, Dh]
+    """Softmax attention of q [B, G, S, H, Dh] over the union of its own keys k, v [B, G, H, T, Dh]
     (own_mask bool [B, G, S, T]) and its group's shared prefix keys [B, P, H, Dh] (prefix_mask bool [B, P]).
 
     Equal to `jax.nn.dot_product_attention` over the concatenated keys (the prefix repeated G times), but
@@ -132,14 +145,14 @@ def prefix_attention(q, k, v, own_mask, prefix_k, prefix_v, prefix_mask):
     scale = jnp.asarray(q.shape[-1] ** -0.5, dtype)
     masked = jnp.asarray(0.7 * jnp.finfo(jnp.float32).min, jnp.float32)
     prefix_scores = jnp.einsum("bgshd,bphd->bhgsp", q * scale, prefix_k).astype(jnp.float32)
-    own_scores = jnp.einsum("bgshd,bgthd->bhgst", q * scale, k).astype(jnp.float32)
+    own_scores = jnp.einsum("bgshd,bghtd->bhgst", q * scale, k).astype(jnp.float32)
     prefix_scores = jnp.where(prefix_mask[:, None, None, None, :], prefix_scores, masked)
     own_scores = jnp.where(own_mask[:, None], own_scores, masked)
     top = jax.lax.stop_gradient(jnp.maximum(prefix_scores.max(-1, keepdims=True), own_scores.max(-1, keepdims=True)))
     prefix_weights, own_weights = jnp.exp(prefix_scores - top), jnp.exp(own_scores - top)
     total = prefix_weights.sum(-1) + own_weights.sum(-1)  # [B, H, G, S]
     y = (jnp.einsum("bhgsp,bphd->bgshd", prefix_weights.astype(dtype), prefix_v)
-         + jnp.einsum("bhgst,bgthd->bgshd", own_weights.astype(dtype), v))
+         + jnp.einsum("bhgst,bghtd->bgshd", own_weights.astype(dtype), v))
     return y / jnp.moveaxis(total, 1, -1)[..., None].astype(dtype)
 
 
@@ -230,8 +243,7 @@ class TransformerLM(nn.Module):
         tokens, positions int32 [B, G, S]; prefix: per layer K/V [B, P, H, Dh] (e.g. the cache `decode`
         returns after prefilling the B prompts), prefix_mask bool [B, P] (True = real prefix token).
         Without `own_cache`: the S tokens are the continuations (T = S) and attn_mask bool [B, G, S] marks
-        the real ones. With `own_cache` (per layer [B, G, T, H, Dh], from `init_cache(config, B * G, T)`
-        reshaped): the S tokens' K/V are written at own slots [index, index + S) and attn_mask [B, G, T]
+        the real ones. With `own_cache` (from `init_own_cache(config, B, G, T)`): the S tokens' K/V are written at own slots [index, index + S) and attn_mask [B, G, T]
         marks which own slots hold real tokens, INCLUDING the S being written.
         Own slot t is seen by new token s iff t <= index + s and attn_mask says so; real prefix tokens
         are seen by every token. -> (logits float32 [B, G, S, V], values [B, G, S] or None, new own cache).
