@@ -128,11 +128,27 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
                            eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
+@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k"))
+def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
+                             max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
+                             top_p=1.0) -> Samples:
+    """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
+
+    Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
+    only, not on the batch it is drawn in (what a batch split over devices needs), computed as one batch.
+    """
+    member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
+    return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
+                           pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True)
+
+
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
-                    temperature, top_k, top_p) -> Samples:
-    """prompts [B, P], member_keys [G] -> `Samples` with leaves [B, G, N]; member g draws as `sample` with key g."""
+                    temperature, top_k, top_p, per_prompt: bool = False) -> Samples:
+    """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
+    `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
+    with key (b, g)."""
     B, P = prompts.shape
-    G, N = member_keys.shape[0], max_new_tokens
+    G, N = member_keys.shape[1 if per_prompt else 0], max_new_tokens
     if P + N > model.config.max_len:
         raise ValueError(f"prompt {P} + {N} new tokens exceeds max_len {model.config.max_len}")
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
@@ -141,10 +157,16 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     # Left padding puts every prompt's last token at column P-1: its logits predict token 0.
     logits = jnp.broadcast_to(logits[:, None, -1], (B, G, logits.shape[-1]))
     value = None if values is None else jnp.broadcast_to(values[:, None, -1], (B, G))
-    step_keys = jax.vmap(lambda k: jax.random.split(k, N), out_axes=1)(member_keys)  # [N, G]
+    split = lambda k: jax.random.split(k, N)
+    over_members = jax.vmap(split, out_axes=1)
+    step_keys = jax.vmap(over_members, out_axes=1)(member_keys) if per_prompt else over_members(member_keys)
+    # step_keys [N, B, G] or [N, G]
 
-    def pick(logits, done, keys):  # logits [B, G, V], done [B, G], keys [G]
-        uniform = jax.vmap(lambda k: jax.random.uniform(k, (B, 1)), out_axes=1)(keys)  # [B, G, 1]
+    def pick(logits, done, keys):  # logits [B, G, V], done [B, G], keys [B, G] or [G]
+        if per_prompt:
+            uniform = jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (1,))))(keys)  # [B, G, 1]
+        else:
+            uniform = jax.vmap(lambda k: jax.random.uniform(k, (B, 1)), out_axes=1)(keys)
         token, log_p = _draw_token(logits, uniform, temperature, top_k, top_p)
         live = ~done
         token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))

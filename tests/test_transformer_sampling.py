@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.sampling import filter_logits, prompt_layout, sample, sample_groups, sample_token, score, score_groups
+from jaxrl.sampling import (filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
+                            score, score_groups)
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 PAD, EOS, V = 0, 1, 20
@@ -267,3 +268,19 @@ def test_score_groups_equals_score_on_repeated_prompts(tiny):
                                          flat(out.mask), PAD)[0].sum())(params)
     for a, b in zip(jax.tree.leaves(grad_grouped), jax.tree.leaves(grad_full)):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_sample_groups_per_prompt_equals_each_prompt_alone(tiny):
+    """A prompt's group depends on its own key only, not on the batch it is sampled in."""
+    model, params = tiny
+    prompts = left_padded(PROMPTS, W + 3)
+    keys, G = jax.random.split(jax.random.key(7), 4), 3
+    together = sample_groups_per_prompt(model, params, prompts, keys, group_size=G, max_new_tokens=N, eos_id=EOS,
+                                        pad_id=PAD)
+    assert together.tokens.shape == (4, G, N)
+    for b in range(4):
+        alone = sample_groups(model, params, prompts[b:b + 1], keys[b], group_size=G, max_new_tokens=N, eos_id=EOS,
+                              pad_id=PAD)
+        np.testing.assert_array_equal(together.tokens[b], alone.tokens[0])
+        np.testing.assert_allclose(together.log_probs[b], alone.log_probs[0], atol=1e-5)
+        np.testing.assert_allclose(together.values[b], alone.values[0], atol=1e-5)

@@ -368,14 +368,10 @@ class TextGRPO(_TextAlgorithm):
         prompts = self.task.prompts(problems, self.vocab)
         keys = mesh_lib.per_item_keys(sample_key, prompts.shape[0])
 
-        def one(prompt, k):
-            out = sampling.sample_groups(self.model, params, prompt[None], k, group_size=s.group_size,
-                                         max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
-                                         pad_id=self.vocab.pad_id, temperature=hp.temperature, top_k=s.top_k,
-                                         top_p=hp.top_p)
-            return jax.tree.map(lambda x: x[0], out)
-
-        samples = jax.vmap(one)(prompts, keys)
+        samples = sampling.sample_groups_per_prompt(
+            self.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=self.task.answer_length,
+            eos_id=self.vocab.eos_id, pad_id=self.vocab.pad_id, temperature=hp.temperature, top_k=s.top_k,
+            top_p=hp.top_p)
         rewards = jax.vmap(lambda c: self.task.jax_rewards(problems, c, self.vocab), in_axes=1, out_axes=1)(
             samples.tokens)
         return prompts, samples, rewards
