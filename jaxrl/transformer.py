@@ -74,8 +74,8 @@ def init_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:
 
 
 def init_own_cache(config: TransformerConfig, batch: int, group: int, max_len: int) -> Cache:
-    """Zero per-member cache for `TransformerLM.extend`: per layer K/V [B, G, H, T, Dh] (heads first)."""
-    shape = (batch, group, config.num_heads, max_len, config.head_dim)
+    """Zero per-member cache for `TransformerLM.extend`: per layer K/V [B, G, T, H, Dh]."""
+    shape = (batch, group, max_len, config.num_heads, config.head_dim)
     return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
                  for _ in range(config.num_layers))
 
@@ -117,43 +117,37 @@ class SelfAttention(nn.Module):
 
         x [B, G, S, D]; prefix: the prefixes' keys and values [B, P, H, Dh], prefix_mask bool [B, P] (True =
         a key every continuation of that prefix may see); own_mask bool [B, G, S, T]: which of its own T keys
-        each query sees. Without `own_cache` the own keys are the S new tokens (T = S); with one (heads
-        first: [B, G, H, T, Dh], from `init_own_cache`) the new K/V are first written at slots [index, index + S).
+        each query sees. Without `own_cache` the own keys are the S new tokens (T = S); with one ([B, G, T,
+        H, Dh], from `init_own_cache`) the new K/V are first written at slots [index, index + S).
         -> ([B, G, S, D], new own cache or None).
         """
-        q, k, v, _ = self._project(x, None, None, None)
-        # Own keys heads first: the attention matmuls then read them without transposing the cache each step.
-        k, v = jnp.swapaxes(k, -3, -2), jnp.swapaxes(v, -3, -2)  # [B, G, H, S, Dh]
-        if own_cache is not None:
-            write = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), index, axis=3)
-            k, v = write(own_cache.k, k), write(own_cache.v, v)
-            own_cache = LayerCache(k, v)
+        q, k, v, own_cache = self._project(x, own_cache, index, axis=2)
         y = prefix_attention(q, k, v, own_mask, prefix.k, prefix.v, prefix_mask)
         return self.out(y), own_cache
 
 
 def prefix_attention(q, k, v, own_mask, prefix_k, prefix_v, prefix_mask):
-    """Softmax attention of q [B, G, S, H, Dh] over the union of its own keys k, v [B, G, H, T, Dh]
-    (own_mask bool [B, G, S, T]) and its group's shared prefix keys [B, P, H, Dh] (prefix_mask bool [B, P]).
+    """Softmax attention of q [B, G, S, H, Dh] over its group's shared prefix keys and values [B, P, H, Dh]
+    (prefix_mask bool [B, P]: real prefix tokens) and its own keys and values k, v [B, G, T, H, Dh]
+    (own_mask bool [B, G, S, T]: which own keys each query sees) -> [B, G, S, H, Dh].
 
-    Equal to `jax.nn.dot_product_attention` over the concatenated keys (the prefix repeated G times), but
-    the prefix is never repeated: its scores are one matmul per (prompt, head) with G * S rows, and its
-    gradient sums over the group inside that matmul. Masked scores are a large finite negative, as in
-    dot_product_attention (a query with no visible key averages uniformly instead of giving NaN).
+    Equal to attention over each member's concatenated [prefix; own] keys (the prefix repeated G times),
+    but per (prompt, head) it is one attention of the group's G * S queries over the P prefix keys and all
+    G * T own keys, with a block-diagonal mask keeping members apart: one matmul per (prompt, head) instead
+    of one per (prompt, member, head) for the own part, which on CPU cost more than everything else in the
+    attention's backward pass. The prefix is never repeated, and its gradient sums over the group inside
+    that matmul.
     """
-    dtype = q.dtype
-    scale = jnp.asarray(q.shape[-1] ** -0.5, dtype)
-    masked = jnp.asarray(0.7 * jnp.finfo(jnp.float32).min, jnp.float32)
-    prefix_scores = jnp.einsum("bgshd,bphd->bhgsp", q * scale, prefix_k).astype(jnp.float32)
-    own_scores = jnp.einsum("bgshd,bghtd->bhgst", q * scale, k).astype(jnp.float32)
-    prefix_scores = jnp.where(prefix_mask[:, None, None, None, :], prefix_scores, masked)
-    own_scores = jnp.where(own_mask[:, None], own_scores, masked)
-    top = jax.lax.stop_gradient(jnp.maximum(prefix_scores.max(-1, keepdims=True), own_scores.max(-1, keepdims=True)))
-    prefix_weights, own_weights = jnp.exp(prefix_scores - top), jnp.exp(own_scores - top)
-    total = prefix_weights.sum(-1) + own_weights.sum(-1)  # [B, H, G, S]
-    y = (jnp.einsum("bhgsp,bphd->bgshd", prefix_weights.astype(dtype), prefix_v)
-         + jnp.einsum("bhgst,bghtd->bgshd", own_weights.astype(dtype), v))
-    return y / jnp.moveaxis(total, 1, -1)[..., None].astype(dtype)
+    B, G, S, H, Dh = q.shape
+    T, P = k.shape[2], prefix_k.shape[1]
+    keys = jnp.concatenate([prefix_k.astype(k.dtype), k.reshape(B, G * T, H, Dh)], axis=1)
+    values = jnp.concatenate([prefix_v.astype(v.dtype), v.reshape(B, G * T, H, Dh)], axis=1)
+    same_member = jnp.eye(G, dtype=bool)[:, None, :, None]  # [G, 1, G, 1]
+    own = (same_member & own_mask[:, :, :, None, :]).reshape(B, G * S, G * T)
+    mask = jnp.concatenate([jnp.broadcast_to(prefix_mask[:, None, :], (B, G * S, P)), own], axis=-1)
+    # Masked logits get a large finite negative, so a query with no visible key averages uniformly, not NaN.
+    y = jax.nn.dot_product_attention(q.reshape(B, G * S, H, Dh), keys, values, mask=mask[:, None])
+    return y.reshape(B, G, S, H, Dh)
 
 
 class Block(nn.Module):
