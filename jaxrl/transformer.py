@@ -10,9 +10,10 @@ Three ways through the same parameters:
                                                                                       # of B cached prefixes
 
 Shapes: tokens/positions int32 [B, T], attn_mask bool (True = real token), logits float32 [B, T, V],
-values float32 [B, T] (or None without a value head); `extend` works on [B, G, S] (G continuations of each
-prefix: a GRPO group), attending to each prefix's keys and values without copying them G times. The cache is an explicit pytree passed in and out
-(not flax's mutable 'cache' collection), so decoding composes with `lax.scan`, `vmap` and `jit`.
+values float32 [B, T] (or None without a value head). `extend` works on [B, G, S]: G continuations of
+each prefix (a GRPO group), attending to the prefix's cached keys and values without copying them G
+times. Caches are explicit pytrees passed in and out (not flax's mutable 'cache' collection), so
+decoding composes with `lax.scan`, `vmap` and `jit`. Dense layers use `jaxrl.dot.dot_general`.
 
 Choices: pre-LayerNorm blocks, learned absolute positions (the caller supplies them, so left padding
 does not shift them), output embedding tied to the input embedding (fewer parameters, and the
@@ -237,7 +238,8 @@ class TransformerLM(nn.Module):
         tokens, positions int32 [B, G, S]; prefix: per layer K/V [B, P, H, Dh] (e.g. the cache `decode`
         returns after prefilling the B prompts), prefix_mask bool [B, P] (True = real prefix token).
         Without `own_cache`: the S tokens are the continuations (T = S) and attn_mask bool [B, G, S] marks
-        the real ones. With `own_cache` (from `init_own_cache(config, B, G, T)`): the S tokens' K/V are written at own slots [index, index + S) and attn_mask [B, G, T]
+        the real ones. With `own_cache` (from `init_own_cache(config, B, G, T)`): the S tokens' K/V are
+        written at own slots [index, index + S) and attn_mask [B, G, T]
         marks which own slots hold real tokens, INCLUDING the S being written.
         Own slot t is seen by new token s iff t <= index + s and attn_mask says so; real prefix tokens
         are seen by every token. -> (logits float32 [B, G, S, V], values [B, G, S] or None, new own cache).
