@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl.transformer import TransformerLM, init_cache, init_own_cache
+from jaxrl.transformer import TransformerLM, init_own_cache
 
 
 class Samples(NamedTuple):
@@ -152,11 +152,10 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     if P + N > model.config.max_len:
         raise ValueError(f"prompt {P} + {N} new tokens exceeds max_len {model.config.max_len}")
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
-    logits, values, prefix = model.apply(params, prompts, positions, real, init_cache(model.config, B, P), 0,
-                                         method=TransformerLM.decode)
     # Left padding puts every prompt's last token at column P-1: its logits predict token 0.
-    logits = jnp.broadcast_to(logits[:, None, -1], (B, G, logits.shape[-1]))
-    value = None if values is None else jnp.broadcast_to(values[:, None, -1], (B, G))
+    logits, value, prefix = model.apply(params, prompts, positions, real, method=TransformerLM.prefill)
+    logits = jnp.broadcast_to(logits[:, None], (B, G, logits.shape[-1]))
+    value = None if value is None else jnp.broadcast_to(value[:, None], (B, G))
     split = lambda k: jax.random.split(k, N)
     over_members = jax.vmap(split, out_axes=1)
     step_keys = jax.vmap(over_members, out_axes=1)(member_keys) if per_prompt else over_members(member_keys)
@@ -251,13 +250,11 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
     positions instead of B*G*(P+N-1) (a GRPO update on short answers spends most of its time on prompts).
     """
     B, G, N = completions.shape
-    P = prompts.shape[1]
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
-    logits, values, prefix = model.apply(params, prompts, positions, real, init_cache(model.config, B, P), 0,
-                                         method=TransformerLM.decode)
+    logits, values, prefix = model.apply(params, prompts, positions, real, method=TransformerLM.prefill)
     # The prompt's last column predicts every member's token 0.
-    logits = jnp.broadcast_to(logits[:, None, -1:], (B, G, 1, logits.shape[-1]))
-    values = None if values is None else jnp.broadcast_to(values[:, None, -1:], (B, G, 1))
+    logits = jnp.broadcast_to(logits[:, None, None], (B, G, 1, logits.shape[-1]))
+    values = None if values is None else jnp.broadcast_to(values[:, None, None], (B, G, 1))
     completion_real = completion_mask > 0
     if N > 1:  # the last completion token predicts nothing we score, so it is not fed
         fed_positions = jnp.broadcast_to(prompt_len[:, None, None] + jnp.arange(N - 1, dtype=jnp.int32), (B, G, N - 1))

@@ -101,13 +101,16 @@ class SelfAttention(nn.Module):
             cache = LayerCache(k, v)
         return q, k, v, cache
 
-    def __call__(self, x, mask, layer_cache: LayerCache | None = None, index=None):
+    def __call__(self, x, mask, layer_cache: LayerCache | None = None, index=None, last_only: bool = False):
         """x [B, S, D], mask bool [B, S, K] (query may see key) -> ([B, S, D], new LayerCache or None).
 
         Without a cache the keys are the S new tokens (K = S); with one, the new K/V are written at
-        slots [index, index + S) and the queries attend over all K = L cache slots.
+        slots [index, index + S) and the queries attend over all K = L cache slots. `last_only`: every
+        token's K/V, but only the last token's output ([B, 1, D]).
         """
         q, k, v, layer_cache = self._project(x, layer_cache, index, axis=1)
+        if last_only:
+            q, mask = q[:, -1:], mask[:, -1:]
         # Masked logits get a large finite negative (not -inf), so a query row with no visible key
         # (a left-padding column) yields a harmless uniform average instead of NaN. Softmax in float32.
         y = jax.nn.dot_product_attention(q, k, v, mask=mask[:, None])
@@ -162,9 +165,9 @@ class Block(nn.Module):
         self.fc = nn.Dense(c.d_ff, dtype=c.dtype, dot_general=dot_general, name="fc")
         self.proj = nn.Dense(c.d_model, dtype=c.dtype, dot_general=dot_general, name="proj")
 
-    def __call__(self, x, mask, layer_cache=None, index=None):
-        h, layer_cache = self.attn(self.ln1(x), mask, layer_cache, index)
-        return self._mlp(x + h), layer_cache
+    def __call__(self, x, mask, layer_cache=None, index=None, last_only: bool = False):
+        h, layer_cache = self.attn(self.ln1(x), mask, layer_cache, index, last_only)
+        return self._mlp((x[:, -1:] if last_only else x) + h), layer_cache
 
     def grouped(self, x, own_mask, prefix, prefix_mask, own_cache=None, index=None):
         """`SelfAttention.grouped` in place of `SelfAttention.__call__`."""
@@ -231,12 +234,26 @@ class TransformerLM(nn.Module):
         mask = causal[None] & attn_mask[:, None, :]  # [B, S, L]
         return self._run(tokens, positions, lambda i, block, x: block(x, mask, cache[i], index))
 
+    def prefill(self, tokens, positions, attn_mask):
+        """The prompts' KV cache and what their last column predicts.
+
+        tokens, positions int32 [B, P], attn_mask bool [B, P] -> (logits float32 [B, V], values [B] or None,
+        cache: per layer K/V [B, P, H, Dh]). Equal to `decode` into `init_cache(config, B, P)` at index 0,
+        keeping column P-1, but the last layer's attention output and MLP run for that column only (the
+        other columns' outputs feed nothing).
+        """
+        P, last = tokens.shape[1], self.config.num_layers - 1
+        mask = jnp.tril(jnp.ones((P, P), bool))[None] & attn_mask[:, None, :]  # [B, P, P]
+        cache = init_cache(self.config, tokens.shape[0], P)
+        logits, values, cache = self._run(tokens, positions,
+                                          lambda i, block, x: block(x, mask, cache[i], 0, last_only=i == last))
+        return logits[:, -1], None if values is None else values[:, -1], cache
+
     def extend(self, tokens, positions, attn_mask, prefix: Cache, prefix_mask, own_cache: Cache | None = None,
                index=0):
         """G continuations of each of B prefixes whose keys and values are cached once per prefix.
 
-        tokens, positions int32 [B, G, S]; prefix: per layer K/V [B, P, H, Dh] (e.g. the cache `decode`
-        returns after prefilling the B prompts), prefix_mask bool [B, P] (True = real prefix token).
+        tokens, positions int32 [B, G, S]; prefix: per layer K/V [B, P, H, Dh] (e.g. from `prefill`), prefix_mask bool [B, P] (True = real prefix token).
         Without `own_cache`: the S tokens are the continuations (T = S) and attn_mask bool [B, G, S] marks
         the real ones. With `own_cache` (from `init_own_cache(config, B, G, T)`): the S tokens' K/V are
         written at own slots [index, index + S) and attn_mask [B, G, T]

@@ -15,7 +15,7 @@ import pytest
 
 from jaxrl.sampling import (filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
                             score, score_groups)
-from jaxrl.transformer import TransformerConfig, TransformerLM
+from jaxrl.transformer import TransformerConfig, TransformerLM, init_cache
 
 PAD, EOS, V = 0, 1, 20
 W, N = 8, 8
@@ -284,3 +284,19 @@ def test_sample_groups_per_prompt_equals_each_prompt_alone(tiny):
         np.testing.assert_array_equal(together.tokens[b], alone.tokens[0])
         np.testing.assert_allclose(together.log_probs[b], alone.log_probs[0], atol=1e-5)
         np.testing.assert_allclose(together.values[b], alone.values[0], atol=1e-5)
+
+
+def test_prefill_equals_decode_at_the_last_column(tiny):
+    """`prefill` skips the last layer's outputs for all but the last column; what it returns is unchanged."""
+    model, params = tiny
+    prompts = left_padded(PROMPTS, W + 3)
+    real, positions, _ = prompt_layout(prompts, PAD)
+    B, P = prompts.shape
+    logits, values, cache = model.apply(params, prompts, positions, real, method=TransformerLM.prefill)
+    full_logits, full_values, full_cache = model.apply(params, prompts, positions, real,
+                                                       init_cache(model.config, B, P), 0, method=TransformerLM.decode)
+    assert logits.shape == (B, V) and values.shape == (B,)
+    np.testing.assert_allclose(logits, full_logits[:, -1], atol=1e-5)
+    np.testing.assert_allclose(values, full_values[:, -1], atol=1e-5)
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(full_cache)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
