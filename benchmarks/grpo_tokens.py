@@ -61,6 +61,24 @@ from jaxrl import algos, config as config_lib, host, mesh as mesh_lib, sampling 
 from report import markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 # ---------------------------------------------------------------------------------------------------
+
+
+def generation_rates(generate, count, args) -> list[float]:
+    """Tokens per second of `--repeats` repetitions of `--steps` timed calls `generate(i)` (i = 0, 1, ...
+    over all calls; it returns when the output is ready), `count(output)` tokens each."""
+    rates = []
+    for r in range(args.repeats):
+        tokens = seconds = 0.0
+        for i in range(args.steps):
+            tick = time.perf_counter()
+            out = generate(r * args.steps + i)
+            seconds += time.perf_counter() - tick
+            tokens += count(out)
+        rates.append(tokens / seconds)
+    return rates
+
+
+# ---------------------------------------------------------------------------------------------------
 # jaxrl
 
 
@@ -102,15 +120,7 @@ def jaxrl_bench(args, config):
 
     for i in range(2):  # compile, then one warm call
         generate(args.repeats * args.steps + i)
-    tokens_per_s = []
-    for r in range(args.repeats):
-        tokens = seconds = 0.0
-        for i in range(args.steps):
-            tick = time.perf_counter()
-            out = generate(r * args.steps + i)
-            seconds += time.perf_counter() - tick
-            tokens += float(out.mask.sum())
-        tokens_per_s.append(tokens / seconds)
+    tokens_per_s = generation_rates(generate, lambda out: float(out.mask.sum()), args)
 
     # Full GRPO steps: run_chunk(state, hp, 1), compiled on its first call (not timed). The hyperparameters
     # get their run axis once, as the training loop gives them.
@@ -250,15 +260,7 @@ def trl_bench(args, algo, prompts: jax.Array):
 
     for _ in range(args.warmup):
         generate()
-    tokens_per_s = []
-    for _ in range(args.repeats):
-        tokens = seconds = 0.0
-        for _ in range(args.steps):
-            tick = time.perf_counter()
-            out = generate()
-            seconds += time.perf_counter() - tick
-            tokens += count(out)
-        tokens_per_s.append(tokens / seconds)
+    tokens_per_s = generation_rates(lambda _: generate(), count, args)
 
     trainer.train()
     if len(timer.times) != total_steps:

@@ -1,10 +1,12 @@
 """A small decoder-only transformer policy (Flax linen) with a functional KV cache.
 
-Three ways through the same parameters:
+Four ways through the same parameters:
 
     logits, values = model.apply(params, tokens, positions, attn_mask)             # full causal forward
     logits, values, cache = model.apply(params, tokens, positions, attn_mask, cache, index,
                                         method=TransformerLM.decode)               # cached decoding
+    last_logits, last_values, prefix = model.apply(params, tokens, positions, attn_mask,
+                                                   method=TransformerLM.prefill)   # prompts: cache + last column
     logits, values, own = model.apply(params, tokens, positions, attn_mask, prefix, prefix_mask,
                                       own_cache, index, method=TransformerLM.extend)  # G continuations
                                                                                       # of B cached prefixes
@@ -67,18 +69,30 @@ class LayerCache(NamedTuple):
 Cache = tuple  # tuple[LayerCache, ...], one per layer
 
 
-def init_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:
-    """Zero cache for `batch` sequences of at most `max_len` columns (prompt plus completion)."""
-    shape = (batch, max_len, config.num_heads, config.head_dim)
+def _zero_cache(config: TransformerConfig, *lead: int) -> Cache:
+    """Per layer zero K/V of shape [*lead, H, Dh]."""
+    shape = (*lead, config.num_heads, config.head_dim)
     return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
                  for _ in range(config.num_layers))
+
+
+def init_cache(config: TransformerConfig, batch: int, max_len: int) -> Cache:
+    """Zero cache for `batch` sequences of at most `max_len` columns (prompt plus completion)."""
+    return _zero_cache(config, batch, max_len)
 
 
 def init_own_cache(config: TransformerConfig, batch: int, group: int, max_len: int) -> Cache:
     """Zero per-member cache for `TransformerLM.extend`: per layer K/V [B, G, T, H, Dh]."""
-    shape = (batch, group, max_len, config.num_heads, config.head_dim)
-    return tuple(LayerCache(jnp.zeros(shape, config.dtype), jnp.zeros(shape, config.dtype))
-                 for _ in range(config.num_layers))
+    return _zero_cache(config, batch, group, max_len)
+
+
+def visible(num_queries: int, attn_mask: jax.Array, index=0) -> jax.Array:
+    """Which keys each of `num_queries` new tokens sees: attn_mask bool [..., L] (real key slots) ->
+    bool [..., S, L]. New token s sits at slot index + s and sees slot l iff l <= index + s and the slot
+    is real."""
+    L = attn_mask.shape[-1]
+    causal = jnp.arange(L)[None, :] <= index + jnp.arange(num_queries)[:, None]  # [S, L]
+    return causal & attn_mask[..., None, :]
 
 
 class SelfAttention(nn.Module):
@@ -215,9 +229,7 @@ class TransformerLM(nn.Module):
         -> (logits float32 [B, T, V], values float32 [B, T] or None).
         Query t sees key s iff s <= t and attn_mask[:, s]; padded keys are never seen.
         """
-        T = tokens.shape[1]
-        causal = jnp.tril(jnp.ones((T, T), bool))
-        mask = causal[None] & attn_mask[:, None, :]  # [B, T, T]
+        mask = visible(tokens.shape[1], attn_mask)  # [B, T, T]
         logits, values, _ = self._run(tokens, positions, lambda i, block, x: block(x, mask))
         return logits, values
 
@@ -229,9 +241,7 @@ class TransformerLM(nn.Module):
         -> (logits float32 [B, S, V], values [B, S] or None, new cache).
         Prefill is S = prompt length at index 0; generation is S = 1 at index = column.
         """
-        S, L = tokens.shape[1], cache[0].k.shape[1]
-        causal = jnp.arange(L)[None, :] <= index + jnp.arange(S)[:, None]  # [S, L]
-        mask = causal[None] & attn_mask[:, None, :]  # [B, S, L]
+        mask = visible(tokens.shape[1], attn_mask, index)  # [B, S, L]
         return self._run(tokens, positions, lambda i, block, x: block(x, mask, cache[i], index))
 
     def prefill(self, tokens, positions, attn_mask):
@@ -242,9 +252,8 @@ class TransformerLM(nn.Module):
         keeping column P-1, but the last layer's attention output and MLP run for that column only (the
         other columns' outputs feed nothing).
         """
-        P, last = tokens.shape[1], self.config.num_layers - 1
-        mask = jnp.tril(jnp.ones((P, P), bool))[None] & attn_mask[:, None, :]  # [B, P, P]
-        cache = init_cache(self.config, tokens.shape[0], P)
+        B, P = tokens.shape
+        mask, cache, last = visible(P, attn_mask), init_cache(self.config, B, P), self.config.num_layers - 1
         logits, values, cache = self._run(tokens, positions,
                                           lambda i, block, x: block(x, mask, cache[i], 0, last_only=i == last))
         return logits[:, -1], None if values is None else values[:, -1], cache
@@ -253,17 +262,16 @@ class TransformerLM(nn.Module):
                index=0):
         """G continuations of each of B prefixes whose keys and values are cached once per prefix.
 
-        tokens, positions int32 [B, G, S]; prefix: per layer K/V [B, P, H, Dh] (e.g. from `prefill`), prefix_mask bool [B, P] (True = real prefix token).
+        tokens, positions int32 [B, G, S]; prefix: per layer K/V [B, P, H, Dh] (e.g. from `prefill`),
+        prefix_mask bool [B, P] (True = real prefix token).
         Without `own_cache`: the S tokens are the continuations (T = S) and attn_mask bool [B, G, S] marks
         the real ones. With `own_cache` (from `init_own_cache(config, B, G, T)`): the S tokens' K/V are
-        written at own slots [index, index + S) and attn_mask [B, G, T]
-        marks which own slots hold real tokens, INCLUDING the S being written.
+        written at own slots [index, index + S) and attn_mask [B, G, T] marks which own slots hold real
+        tokens, INCLUDING the S being written.
         Own slot t is seen by new token s iff t <= index + s and attn_mask says so; real prefix tokens
         are seen by every token. -> (logits float32 [B, G, S, V], values [B, G, S] or None, new own cache).
         """
-        S, T = tokens.shape[2], attn_mask.shape[2]
-        causal = jnp.arange(T)[None, :] <= index + jnp.arange(S)[:, None]  # [S, T]
-        own_mask = causal & attn_mask[:, :, None, :]  # [B, G, S, T]
+        own_mask = visible(tokens.shape[2], attn_mask, index)  # [B, G, S, T]
         def apply_block(i, block, x):
             return block.grouped(x, own_mask, prefix[i], prefix_mask, None if own_cache is None else own_cache[i],
                                  index)

@@ -159,8 +159,9 @@ class _TextAlgorithm:
         return state, jax.tree.map(lambda x: x / num_updates, totals)
 
     def _compile(self, fn, args, in_axes, in_specs, out_specs, donate_argnums=()):
-        """`fn` vmapped over this device's seeds (`in_axes`, outputs on axis 0), per device under shard_map
-        over the (runs, data) mesh, jitted and compiled for `args`; the compile time is added to `compile_seconds`."""
+        """`fn` over this device's seeds (`mesh.over_local_runs` with `in_axes`, outputs on axis 0), per device
+        under shard_map over the (runs, data) mesh, jitted and compiled for `args`; the compile time is added
+        to `compile_seconds`."""
         sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=self.mesh, in_specs=in_specs,
                                 out_specs=out_specs)
         tick = time.perf_counter()
