@@ -1,139 +1,317 @@
-"""MAPPO on SMAX with the recipe of jaxmarl's recurrent SMAX MAPPO baseline: whole-loop speed and learning.
+"""MAPPO on SMAX against JaxMARL's own recurrent MAPPO script, in the same run: speed and learning per env step.
 
-Trains our MAPPO with that recipe (GRU 128, FC 128, relu, 128 envs x 128 steps, 4 epochs x 4 minibatches,
-lr 2e-3 annealed, clip 0.2, no entropy bonus, gradient norm 0.25) on our SMAX and, through the adapter,
-on jaxmarl's SMAX, each through the full training loop (`jaxrl.train.run`: logging, checkpoints, a
-greedy evaluation at the end), and prints env steps/second and the training win rate at the env-step
-marks where the reference's own MAPPO script was measured. Then our default config
-(experiments/smax_mappo.py), timed to the first greedy evaluation with win rate >= 0.9.
+For every scenario and seed, runs JaxMARL's `baselines/MAPPO/mappo_rnn_smax.py` (from a checkout of the
+JaxMARL repository, in its own process: `benchmarks/jaxmarl_reference.py`) and then ours with the same
+recipe (experiments/smax_mappo.py with the script's 128 envs, through the whole `jaxrl.train` loop), one
+after the other, so that both meet the same machine. Prints and plots env steps per second of the whole
+loop (compilation included) and the training win rate per env step and per second, mean over seeds with
+95% intervals. No figure from another run enters a ratio.
 
-    python benchmarks/smax_mappo.py                          # 3m, 2.4M steps each, ~15 minutes on 2 cores
-    python benchmarks/smax_mappo.py --total-steps 500000 --no-default
-    python benchmarks/smax_mappo.py --no-reference           # ours only (no jaxmarl needed)
+    python benchmarks/smax_mappo.py --jaxmarl-repo PATH                      # 3m and 2s3z, 3 seeds, 1M steps
+    python benchmarks/smax_mappo.py --jaxmarl-repo PATH --scenarios 3m --seeds 1 --total-steps 300000
+    python benchmarks/smax_mappo.py --from-json benchmarks/smax_mappo.json   # re-render saved curves
+    python benchmarks/smax_mappo.py --default-seeds 5                        # our default config alone
 
-The reference figures are jaxmarl's own `mappo_rnn_smax.py` on 3m, measured on this 2-core machine with
-jax 0.10.2 (jaxmarl 0.2.0 does not ship its baselines, so they are not re-run here).
+`--default-seeds N` trains experiments/smax_mappo.py:<scenario> (its own budget) for N seeds in one
+program with a greedy evaluation every 131k steps, and reports each seed's final greedy win rate and
+the wall time of seed 0 (trained alone) to a greedy win rate of 0.9.
+
+The reference needs its own dependencies: `pip install -e ".[bench]"` (jaxmarl, distrax, hydra-core,
+omegaconf, wandb). A JaxMARL checkout: `git clone` the FLAIROx/JaxMARL repository anywhere.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import json
 import os
+import subprocess
 import sys
 import tempfile
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-# jaxmarl's mappo_rnn_smax.py on 3m, whole loop, 2 CPU cores, jax 0.10.2.
-REFERENCE_STEPS_PER_SECOND = 2_200
-REFERENCE_WIN_MARKS = [(280_000, 0.5, 156), (870_000, 0.8, 418), (2_360_000, 0.9, 1_101)]  # (steps, win, s)
+MARKERS = ("<!-- smax_mappo:start -->", "<!-- smax_mappo:end -->")
+JSON_PATH = os.path.join(ROOT, "benchmarks", "smax_mappo.json")
+PLOT_PATH = os.path.join(ROOT, "benchmarks", "smax_mappo.png")
+LOG_EVERY_UPDATES = 4  # ours logs every 4 updates; the reference's per-update rows are averaged the same way
 
 
 def experiment_config(name: str, scenario: str):
+    import importlib.util
+
     spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config(scenario)
 
 
-def recipe_config(scenario: str, env_name: str, total_steps: int, seed: int):
-    """experiments/smax_mappo.py switched to the reference recipe (it differs only in num_envs)."""
+def recipe_config(scenario: str, total_steps: int, seed: int):
+    """experiments/smax_mappo.py with the reference script's batch (128 envs x 128 steps); it matches the
+    script's recipe in everything else (see the experiment's docstring)."""
     config = experiment_config("smax_mappo", scenario)
-    config.experiment = f"bench_mappo_{env_name}_{scenario}"
-    config.env.name = env_name
+    config.experiment = f"bench_mappo_{scenario}"
     config.num_envs, config.num_steps = 128, 128
     config.total_steps = total_steps
     config.seed = seed
-    config.log.every_steps = 4 * 128 * 128
+    config.log.every_steps = LOG_EVERY_UPDATES * 128 * 128
     config.log.progress_bar = False
     config.eval.every_steps = 0  # only at the end
     config.checkpoint.every_steps = total_steps
     return config
 
 
-def win_at(rows: list[dict], steps: int) -> float | None:
-    """Training win rate of the first logged interval that reaches `steps`."""
-    for row in rows:
-        if row["env_steps"] >= steps and row.get("win_rate") is not None:
-            return row["win_rate"]
-    return None
+def run_ours(config) -> dict:
+    from jaxrl import train
+
+    with tempfile.TemporaryDirectory() as workdir:
+        tick = time.perf_counter()
+        result = train.run(config, workdir)
+        wall = time.perf_counter() - tick
+    rows = [{"env_steps": r["env_steps"], "win_rate": r.get("win_rate"), "eval_win_rate": r.get("eval_win_rate"),
+             "eval_win_rate_per_seed": r.get("eval_win_rate_per_seed"), "wall_time": r["wall_time"]}
+            for r in result.metrics]
+    return {"rows": rows, "wall": wall, "env_steps": rows[-1]["env_steps"],
+            "compile": sum(r.get("compile_seconds", 0.0) for r in result.metrics)}
 
 
-def first_reaching(rows: list[dict], key: str, threshold: float) -> tuple[int, float] | None:
-    """(env steps, wall seconds) of the first row whose `key` >= threshold."""
-    for row in rows:
+def run_reference(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
+    """The reference script in a process of its own; its per-update rows averaged over our log interval."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ref.json")
+        subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "jaxmarl_reference.py"), "--repo", repo,
+                        "--scenario", scenario, "--seed", str(seed), "--total-steps", str(total_steps),
+                        "--out", out], check=True)
+        with open(out) as f:
+            result = json.load(f)
+    per_update = result["rows"]
+    rows = []
+    for end in range(LOG_EVERY_UPDATES, len(per_update) + 1, LOG_EVERY_UPDATES):
+        window = per_update[end - LOG_EVERY_UPDATES:end]
+        rows.append({"env_steps": window[-1]["env_steps"], "wall_time": window[-1]["wall_time"],
+                     "win_rate": sum(r["win_rate"] for r in window) / len(window)})
+    return {"rows": rows, "wall": result["wall"], "env_steps": result["env_steps"]}
+
+
+# --------------------------------------------------------------------------------------------------
+# Tables and plots from the saved runs: {scenario: {"ours": [run per seed], "reference": [...]}}
+
+
+def curve(runs: list[dict]) -> tuple[list[int], list[list[float]]]:
+    """Env-step marks every run logged, and the training win rate of every run at each: [marks], [[S]]."""
+    marks = sorted(set.intersection(*({r["env_steps"] for r in run["rows"]} for run in runs)))
+    by_steps = [{r["env_steps"]: r["win_rate"] for r in run["rows"]} for run in runs]
+    return marks, [[b[m] for b in by_steps] for m in marks]
+
+
+def steps_per_second(run: dict) -> float:
+    return run["env_steps"] / run["wall"]
+
+
+def first_reaching(run: dict, threshold: float, key: str = "win_rate") -> tuple[int, float] | None:
+    """(env steps, wall seconds) of the first logged row whose `key` >= threshold."""
+    for row in run["rows"]:
         if (row.get(key) or 0.0) >= threshold:
             return row["env_steps"], row["wall_time"]
     return None
 
 
-def run(config) -> dict:
-    from jaxrl import train
+def fmt_ci(values) -> str:
+    from jaxrl.sweep import confidence_interval
 
-    with tempfile.TemporaryDirectory() as workdir:
-        result = train.run(config, workdir)
-    rows = result.metrics
-    compile_s = sum(r.get("compile_seconds", 0.0) for r in rows)
-    wall = rows[-1]["wall_time"]
-    return {"rows": rows, "steps": rows[-1]["env_steps"], "wall": wall, "compile": compile_s,
-            "whole_loop_sps": rows[-1]["env_steps"] / wall,
-            "eval_win_rate": rows[-1].get("eval_win_rate"), "win_rate": rows[-1].get("win_rate")}
+    mean, low, high = confidence_interval(values)
+    return f"{mean:.2f}" if low != low else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def compare_point(ours: list[float], ref: list[float]) -> str:
+    """'>=' where our mean is at least the reference's, 'within' where it is below but inside the reference's
+    95% interval, else 'BELOW'."""
+    from jaxrl.sweep import confidence_interval
+
+    mean, _, _ = confidence_interval(ours)
+    ref_mean, ref_low, _ = confidence_interval(ref)
+    if mean >= ref_mean:
+        return ">="
+    return "within" if ref_low == ref_low and mean >= ref_low else "BELOW"
+
+
+def scenario_section(scenario: str, runs: dict) -> tuple[str, bool]:
+    """Markdown for one scenario and whether ours is >= or within the reference's interval past 10%."""
+    import statistics
+
+    from jaxrl.metrics import markdown_table
+
+    ours, ref = runs["ours"], runs["reference"]
+    sps_ours = [steps_per_second(r) for r in ours]
+    sps_ref = [steps_per_second(r) for r in ref]
+    ratio = statistics.median(sps_ours) / statistics.median(sps_ref)
+    speed = markdown_table(
+        ["", "env steps/s, whole loop incl. compile (per seed)", "median", "wall s (per seed)"],
+        [["jaxrl", ", ".join(f"{x:,.0f}" for x in sps_ours), f"{statistics.median(sps_ours):,.0f}",
+          ", ".join(f"{r['wall']:.0f}" for r in ours)],
+         ["JaxMARL mappo_rnn_smax.py", ", ".join(f"{x:,.0f}" for x in sps_ref), f"{statistics.median(sps_ref):,.0f}",
+          ", ".join(f"{r['wall']:.0f}" for r in ref)]])
+    marks_o, wins_o = curve(ours)
+    marks_r, wins_r = curve(ref)
+    shared = [m for m in marks_o if m in set(marks_r)]
+    total = max(marks_o[-1], marks_r[-1])
+    rows, holds = [], True
+    for m in shared:
+        o, r = wins_o[marks_o.index(m)], wins_r[marks_r.index(m)]
+        verdict = compare_point(o, r)
+        counted = m > 0.1 * total
+        holds &= verdict != "BELOW" or not counted
+        rows.append([f"{m / 1e6:.2f}M", fmt_ci(o), fmt_ci(r), verdict if counted else f"({verdict})"])
+    learning = markdown_table(["env steps", "jaxrl win rate", "reference win rate", "jaxrl vs reference"], rows)
+    reach = []
+    for threshold in (0.5, 0.7, 0.8):
+        cells = []
+        for side in (ours, ref):
+            hits = [first_reaching(r, threshold) for r in side]
+            cells.append(", ".join("-" if h is None else f"{h[0] / 1e6:.2f}M / {h[1]:.0f} s" for h in hits))
+        reach.append([f"{threshold}", *cells])
+    reach_table = markdown_table(["training win rate", "jaxrl (steps / wall, per seed)", "reference"], reach)
+    text = (f"### {scenario}: {len(ours)} seeds each, {total:,} env steps\n\n"
+            f"Speed: jaxrl / reference = **{ratio:.2f}x** (medians of the whole-loop env steps/s).\n\n{speed}\n\n"
+            f"Training win rate (mean over seeds, 95% interval; each mark averages the 4 updates before it; "
+            f"marks in the first 10% in brackets):\n\n{learning}\n\n"
+            f"Per env step, jaxrl's mean is >= the reference's or inside its interval at every mark past 10%: "
+            f"**{'yes' if holds else 'no'}**.\n\nFirst logged mark at or above a training win rate:\n\n{reach_table}")
+    return text, holds
+
+
+def plot(results: dict, path: str) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from report import save_figure, seed_band
+
+    scenarios = list(results)
+    fig, axes = plt.subplots(len(scenarios), 2, figsize=(10, 3.4 * len(scenarios)), dpi=100, squeeze=False)
+    for row, scenario in zip(axes, scenarios):
+        for side, label in (("ours", "jaxrl"), ("reference", "JaxMARL mappo_rnn_smax.py")):
+            runs = results[scenario][side]
+            marks, wins = curve(runs)
+            seed_band(row[0], np.array(marks), np.array(wins, dtype=float), label)
+            walls = [[{r["env_steps"]: r["wall_time"] for r in run["rows"]}[m] for run in runs] for m in marks]
+            seed_band(row[1], np.array(walls, dtype=float).mean(1), np.array(wins, dtype=float), label)
+        row[0].set(xlabel="environment steps", ylabel="training win rate", title=f"{scenario}: per env step")
+        row[1].set(xlabel="wall seconds (mean over seeds)", ylabel="training win rate", title=f"{scenario}: per second")
+    return save_figure(fig, path)
+
+
+def render(results: dict, meta: dict) -> str:
+    sections, verdicts = [], {}
+    for scenario, runs in results.items():
+        text, holds = scenario_section(scenario, runs)
+        sections.append(text)
+        verdicts[scenario] = holds
+    head = (f"- Date: {meta['date']}. Machine: {meta['machine']}. jax {meta['jax']}.\n"
+            f"- Command: `{meta['command']}`\n"
+            f"- Reference: JaxMARL's `{meta['reference']}` at commit {meta['reference_commit']}, its own YAML config "
+            "(scenario, seed and budget changed), run in its own process. Ours: experiments/smax_mappo.py with "
+            "the script's 128 envs x 128 steps, through `jaxrl.train.run` (logging every 4 updates, a "
+            "checkpoint and a greedy evaluation at the end). Per seed, the reference runs first, then ours.\n"
+            f"- Plot: `benchmarks/smax_mappo.png`; curves: `benchmarks/smax_mappo.json`.")
+    return head + "\n\n" + "\n\n".join(sections)
+
+
+def default_config_runs(scenario: str, num_seeds: int) -> str:
+    """Our default config: every seed's greedy win rate at the end (one program), and seed 0 timed alone."""
+    config = experiment_config("smax_mappo", scenario)
+    config.log.progress_bar = False
+    config.eval.every_steps = 131_072
+    alone = run_ours(config)
+    hit = first_reaching(alone, 0.9, "eval_win_rate")
+    lines = [f"Default config `experiments/smax_mappo.py:{scenario}` ({config.num_envs} envs x {config.num_steps} "
+             f"steps, {config.total_steps:,} env steps, greedy evaluation of {config.eval.num_envs} battles every "
+             "131k steps)."]
+    lines.append(f"- seed 0 alone: {alone['env_steps'] / alone['wall']:,.0f} env steps/s over the whole run "
+                 f"(compile and evaluations included); greedy win rate >= 0.9 first at "
+                 + (f"{hit[0]:,} env steps, **{hit[1]:.0f} s**" if hit else "- (never)")
+                 + f"; final greedy win rate {alone['rows'][-1]['eval_win_rate']:.2f}")
+    if num_seeds > 1:
+        config.num_seeds = num_seeds
+        seeds = run_ours(config)
+        final = seeds["rows"][-1]["eval_win_rate_per_seed"]
+        lines.append(f"- {num_seeds} seeds in one program: final greedy win rate per seed "
+                     f"{', '.join(f'{w:.2f}' for w in final)}; mean **{sum(final) / len(final):.2f}**, "
+                     f"lowest {min(final):.2f}")
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    import platform
+
+    cpu = "CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{os.cpu_count()} cores ({cpu}), {platform.system()}"
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", default="3m")
-    parser.add_argument("--total-steps", type=int, default=2_400_000)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-reference", action="store_true", help="skip jaxmarl's SMAX through the adapter")
-    parser.add_argument("--no-default", action="store_true", help="skip the run of our default config")
+    parser.add_argument("--jaxmarl-repo", default=os.environ.get("JAXMARL_REPO"),
+                        help="a checkout of the JaxMARL repository (or $JAXMARL_REPO)")
+    parser.add_argument("--scenarios", default="3m,2s3z")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--total-steps", type=int, default=1_000_000)
+    parser.add_argument("--from-json", help="re-render the tables and plot from saved curves")
+    parser.add_argument("--default-seeds", type=int, default=0,
+                        help="run only our default config (first scenario) with this many seeds")
+    parser.add_argument("--update-results", action="store_true", help="write the section into RESULTS.md")
     args = parser.parse_args(argv)
 
-    import jax
+    from report import publish
 
-    envs_to_run = [("smax", "ours")]
-    if not args.no_reference:
-        try:
-            import jaxmarl  # noqa: F401
-            envs_to_run.append(("jaxmarl-smax", "jaxmarl SMAX via adapter"))
-        except ImportError:
-            print("jaxmarl is not installed: its SMAX is skipped (pip install jaxmarl==0.2.0)")
-    print(f"MAPPO, reference recipe, {args.scenario}, {args.total_steps:,} env steps, seed {args.seed}, "
-          f"{jax.device_count()} {jax.devices()[0].platform} device(s), jax {jax.__version__}")
+    from jaxrl import host
 
-    marks = [m for m in REFERENCE_WIN_MARKS if m[0] <= args.total_steps]
-    header = ("| env | env steps/s (whole loop) | x reference | compile s | "
-              + " | ".join(f"win @{s / 1e6:.2f}M (ref {w})" for s, w, _ in marks) + " | final eval win |")
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for env_name, label in envs_to_run:
-        r = run(recipe_config(args.scenario, env_name, args.total_steps, args.seed))
-        wins = [win_at(r["rows"], s) for s, _, _ in marks]
-        lines.append(f"| {label} | {r['whole_loop_sps']:,.0f} | {r['whole_loop_sps'] / REFERENCE_STEPS_PER_SECOND:.1f}x | "
-                     f"{r['compile']:.1f} | " + " | ".join("-" if w is None else f"{w:.2f}" for w in wins)
-                     + f" | {r['eval_win_rate']} |")
-        for threshold in (0.5, 0.8, 0.9):
-            hit = first_reaching(r["rows"], "win_rate", threshold)
-            if hit:
-                print(f"  {label}: training win rate {threshold} at {hit[0]:,} steps, {hit[1]:.0f} s")
-        print(lines[-1], flush=True)
-    lines.append(f"| jaxmarl mappo_rnn_smax.py (measured earlier) | {REFERENCE_STEPS_PER_SECOND:,} | 1.0x | - | "
-                 + " | ".join(f"{w} ({t} s)" for _, w, t in marks) + " | - |")
+    host.keep_freed_memory()  # as `python -m jaxrl.train` does
+    scenarios = args.scenarios.split(",")
+    if args.default_seeds:
+        print(default_config_runs(scenarios[0], args.default_seeds))
+        return
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        results, meta = saved["results"], saved["meta"]
+    else:
+        if not args.jaxmarl_repo or not os.path.exists(os.path.join(args.jaxmarl_repo, "baselines")):
+            parser.error("--jaxmarl-repo must name a checkout of the JaxMARL repository (its baselines/ are not "
+                         "in the PyPI package)")
+        import jax
 
-    if not args.no_default:
-        config = experiment_config("smax_mappo", args.scenario)
-        config.seed, config.log.progress_bar = args.seed, False
-        config.eval.every_steps = 131_072
-        r = run(config)
-        hit = first_reaching(r["rows"], "eval_win_rate", 0.9)
-        reached = (f"greedy win rate >= 0.9 first at {hit[0]:,} env steps, {hit[1]:.0f} s of wall time"
-                   if hit else "greedy win rate never reached 0.9")
-        lines.append("")
-        lines.append(f"default config (experiments/smax_mappo.py:{args.scenario}, {config.num_envs} envs x "
-                     f"{config.num_steps} steps, {config.total_steps:,} steps): {r['whole_loop_sps']:,.0f} env steps/s "
-                     f"whole loop incl. compile and evaluations; {reached}; final greedy win rate {r['eval_win_rate']}")
-    print("\n".join(lines))
+        results = {}
+        for scenario in scenarios:
+            results[scenario] = {"ours": [], "reference": []}
+            for seed in range(args.seeds):
+                ref = run_reference(args.jaxmarl_repo, scenario, seed, args.total_steps)
+                ours = run_ours(recipe_config(scenario, args.total_steps, seed))
+                results[scenario]["reference"].append(ref)
+                results[scenario]["ours"].append(ours)
+                print(f"{scenario} seed {seed}: reference {steps_per_second(ref):,.0f} env steps/s, final win "
+                      f"{ref['rows'][-1]['win_rate']:.2f}; jaxrl {steps_per_second(ours):,.0f}, final win "
+                      f"{ours['rows'][-1]['win_rate']:.2f}", flush=True)
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.jaxmarl_repo, capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "jax": jax.__version__,
+                "command": "python benchmarks/smax_mappo.py --jaxmarl-repo PATH " + " ".join(
+                    a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--jaxmarl-repo")
+                    and a != args.jaxmarl_repo),
+                "reference": "baselines/MAPPO/mappo_rnn_smax.py", "reference_commit": commit}
+        with open(JSON_PATH, "w") as f:
+            json.dump({"results": results, "meta": meta}, f)
+    plot(results, PLOT_PATH)
+    publish(render(results, meta), args.update_results, MARKERS, "SMAX MAPPO against JaxMARL's script (issue 15)")
 
 
 if __name__ == "__main__":

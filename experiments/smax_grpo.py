@@ -42,7 +42,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.loss.clip_high = 0.2
     config.loss.aggregate = "token"
 
-    recurrent_network(config)
+    recurrent_network(config, agent_id="both")  # no critic: the actor tells the agents apart
 
     config.log.every_steps = 102_400
     config.eval.every_steps = 409_600

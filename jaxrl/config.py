@@ -41,6 +41,10 @@ def base_config() -> ConfigDict:
             "normalize_advantages": True,
             "bootstrap_truncation": True,  # bootstrap from V(final obs) when a time limit cuts an episode
             "critic_input": "obs",  # "obs": each agent's own view (IPPO); "global_state": centralised (MAPPO)
+            # multi-agent: "episode": an agent's returns take in the team's rewards to the episode's end, also
+            # after the agent died; "agent_done": they stop at the agent's own done flag
+            "returns_until": "episode",
+            "grad_clip": "joint",  # max_grad_norm over all parameters, or "per_network" (actor, critic apart)
         },
         "network": {
             "kind": "mlp",  # "mlp" (feed-forward) or "gru" (recurrent actor and critic)
@@ -48,7 +52,8 @@ def base_config() -> ConfigDict:
             "fc_size": 128,  # gru: dense layer before and after the GRU
             "rnn_size": 128,  # gru: hidden state size
             "activation": "tanh",
-            "agent_id": True,  # multi-agent: append each agent's one-hot index to its inputs
+            # multi-agent: which networks see each agent's one-hot index: "both", "critic", "actor", "none"
+            "agent_id": "both",
         },
         # num_devices 0: every device (of every process). run_devices: devices along the mesh's `runs` axis
         # (seeds and sweep settings split over them); 0: as many as divide both the devices and the runs.
@@ -60,7 +65,8 @@ def base_config() -> ConfigDict:
 
 
 # PPO keys that GRPO does not read (its clipping and entropy live under `loss`, advantages are by group).
-_NOT_IN_GRPO = ("gae_lambda", "clip_eps", "clip_value", "ent_coef", "normalize_advantages", "bootstrap_truncation")
+_NOT_IN_GRPO = ("gae_lambda", "clip_eps", "clip_value", "ent_coef", "normalize_advantages", "bootstrap_truncation",
+                "returns_until")
 
 
 def _group_relative_keys() -> ConfigDict:
@@ -185,10 +191,10 @@ def validate(config: ConfigDict) -> None:
     if config.algorithm in TEXT_ALGORITHMS:
         _validate_text(config)
         return
-    from jaxrl.algos.ppo import CRITIC_INPUTS
-    if config.ppo.critic_input not in CRITIC_INPUTS:
-        raise ValueError(f"unknown config.ppo.critic_input {config.ppo.critic_input!r}; known: "
-                         f"{', '.join(CRITIC_INPUTS)}")
+    from jaxrl.algos.ppo import AGENT_ID_INPUTS, CRITIC_INPUTS, GRAD_CLIPS
+    _one_of(config.ppo.critic_input, CRITIC_INPUTS, "ppo.critic_input")
+    _one_of(config.ppo.grad_clip, GRAD_CLIPS, "ppo.grad_clip")
+    _one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
@@ -281,6 +287,8 @@ def _validate_ppo(config: ConfigDict) -> None:
     if not config.ppo.clip_eps > 0:
         raise ValueError(f"config.ppo.clip_eps must be > 0, got {config.ppo.clip_eps!r}")
     _unit_interval(config.ppo.gae_lambda, "ppo.gae_lambda")
+    from jaxrl.algos.ppo import RETURNS_UNTIL
+    _one_of(config.ppo.returns_until, RETURNS_UNTIL, "ppo.returns_until")
 
 
 def _unit_interval(value: float, key: str) -> None:

@@ -81,43 +81,70 @@ class ActorCritic(nn.Module):
         return carry, logits, jnp.squeeze(value, -1)
 
 
+def gru_step(h: jax.Array, x_proj: jax.Array, restart: jax.Array, w_h: jax.Array, b_hn: jax.Array) -> jax.Array:
+    """One GRU step, restarting from zero where `restart` is true.
+
+    h [*B, H], x_proj [*B, 3H] (the input's projection), restart bool [*B] -> h [*B, H]. Gates as in flax's
+    GRUCell: r, z = sigmoid(.), n = tanh(W_in x + r * (W_hn h + b_hn)).
+    """
+    H = h.shape[-1]
+    h = jnp.where(restart[..., None], 0.0, h)
+    hp = h @ w_h
+    r = nn.sigmoid(x_proj[..., :H] + hp[..., :H])
+    z = nn.sigmoid(x_proj[..., H:2 * H] + hp[..., H:2 * H])
+    n = jnp.tanh(x_proj[..., 2 * H:] + r * (hp[..., 2 * H:] + b_hn))
+    return (1.0 - z) * n + z * h
+
+
+def scan_grus(hs: tuple, x_projs: tuple, first: jax.Array, weights: tuple) -> tuple[tuple, tuple]:
+    """Several GRUs over one time-major sequence in a single loop: (h_T per GRU, outputs [T, *B, H] per GRU).
+
+    hs: ([*B, H], ...), x_projs: ([T, *B, 3H], ...), first bool [T, *B], weights: ((w_h [H, 3H], b_hn [H]), ...).
+    One loop rather than one per GRU: on a CPU the sequential steps, not their arithmetic, bound the speed.
+    """
+    def step(hs, inputs):
+        x_projs, restart = inputs
+        hs = tuple(gru_step(h, xp, restart, *w) for h, xp, w in zip(hs, x_projs, weights))
+        return hs, hs
+
+    return jax.lax.scan(step, tuple(hs), (tuple(x_projs), first))
+
+
 class ResetGRU(nn.Module):
     """A GRU over a time-major sequence whose state restarts at zero where `first` is true.
 
     (h [*B, H], x [T, *B, d], first bool [T, *B]) -> (h_T [*B, H], outputs [T, *B, H])
 
-    The input projections of all T steps are one matmul before the loop; only the recurrent
-    projection runs step by step (the sequential part is what limits speed on CPU).
-    Gates as in flax's GRUCell: r, z = sigmoid(.), n = tanh(W_in x + r * (W_hn h + b_hn)).
+    The input projections of all T steps are one matmul before the loop (`project`); only the recurrent
+    projection runs step by step (`scan_grus`), so that several GRUs can share one loop.
     """
 
     features: int
 
-    @nn.compact
-    def __call__(self, h: jax.Array, x: jax.Array, first: jax.Array):
+    def setup(self):
         H = self.features
-        x_proj = nn.Dense(3 * H, kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
-                          bias_init=nn.initializers.zeros, name="input")(x)  # [T, *B, 3H]
-        w_h = self.param("recurrent_kernel", nn.initializers.orthogonal(), (H, 3 * H))
-        b_hn = self.param("recurrent_bias", nn.initializers.zeros, (H,))
+        self.input = nn.Dense(3 * H, kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+                              bias_init=nn.initializers.zeros)
+        self.recurrent_kernel = self.param("recurrent_kernel", nn.initializers.orthogonal(), (H, 3 * H))
+        self.recurrent_bias = self.param("recurrent_bias", nn.initializers.zeros, (H,))
 
-        def step(h, inputs):
-            xp, restart = inputs
-            h = jnp.where(restart[..., None], 0.0, h)
-            hp = h @ w_h
-            r = nn.sigmoid(xp[..., :H] + hp[..., :H])
-            z = nn.sigmoid(xp[..., H:2 * H] + hp[..., H:2 * H])
-            n = jnp.tanh(xp[..., 2 * H:] + r * (hp[..., 2 * H:] + b_hn))
-            h = (1.0 - z) * n + z * h
-            return h, h
+    def project(self, x: jax.Array) -> jax.Array:
+        """[T, *B, d] -> [T, *B, 3H]"""
+        return self.input(x)
 
-        return jax.lax.scan(step, h, (x_proj, first))
+    def weights(self) -> tuple[jax.Array, jax.Array]:
+        return self.recurrent_kernel, self.recurrent_bias
+
+    def __call__(self, h: jax.Array, x: jax.Array, first: jax.Array):
+        (h,), (out,) = scan_grus((h,), (self.project(x),), first, (self.weights(),))
+        return h, out
 
 
 class RecurrentTower(nn.Module):
     """Dense -> GRU -> Dense -> linear head (the recurrent SMAX baselines' layout).
 
-    (h [*B, H], x [T, *B, d], first [T, *B]) -> (h, out [T, *B, out_dim])
+    (h [*B, H], x [T, *B, d], first [T, *B]) -> (h, out [T, *B, out_dim]). `project` and `read_out` are the
+    parts before and after the GRU, so that `RecurrentActorCritic` can step two towers' GRUs in one loop.
     """
 
     out_dim: int
@@ -126,19 +153,33 @@ class RecurrentTower(nn.Module):
     activation: str = "relu"
     head_scale: float = 1.0
 
-    @nn.compact
+    def setup(self):
+        self.embed = orthogonal_dense(self.fc_size, np.sqrt(2))
+        self.gru = ResetGRU(self.rnn_size)
+        self.hidden = orthogonal_dense(self.fc_size, np.sqrt(2))
+        self.head = orthogonal_dense(self.out_dim, self.head_scale)
+
+    def project(self, x: jax.Array) -> jax.Array:
+        """[T, *B, d] -> the GRU's input projection [T, *B, 3H]"""
+        return self.gru.project(activation_fn(self.activation)(self.embed(x)))
+
+    def gru_weights(self) -> tuple[jax.Array, jax.Array]:
+        return self.gru.weights()
+
+    def read_out(self, h_seq: jax.Array) -> jax.Array:
+        """GRU outputs [T, *B, H] -> [T, *B, out_dim]"""
+        return self.head(activation_fn(self.activation)(self.hidden(h_seq)))
+
     def __call__(self, h, x, first):
-        act = activation_fn(self.activation)
-        x = act(orthogonal_dense(self.fc_size, np.sqrt(2))(x))
-        h, x = ResetGRU(self.rnn_size)(h, x, first)
-        x = act(orthogonal_dense(self.fc_size, np.sqrt(2))(x))
-        return h, orthogonal_dense(self.out_dim, self.head_scale)(x)
+        (h,), (out,) = scan_grus((h,), (self.project(x),), first, (self.gru_weights(),))
+        return h, self.read_out(out)
 
 
 class RecurrentActorCritic(nn.Module):
     """Separate recurrent actor and critic towers; the carry is (actor h, critic h), each [*B, rnn_size].
 
-    With `critic=False` there is no critic tower, value is 0 and the critic's h stays 0.
+    The two GRUs step in one loop (`scan_grus`). With `critic=False` there is no critic tower, value is 0
+    and the critic's h stays 0.
     """
 
     num_actions: int
@@ -158,8 +199,11 @@ class RecurrentActorCritic(nn.Module):
         actor_h, critic_h = carry
         tower = functools.partial(RecurrentTower, fc_size=self.fc_size, rnn_size=self.rnn_size,
                                   activation=self.activation)
-        actor_h, logits = tower(self.num_actions, head_scale=0.01, name="actor")(actor_h, actor_in, first)
+        actor = tower(self.num_actions, head_scale=0.01, name="actor")
         if not self.critic:
+            actor_h, logits = actor(actor_h, actor_in, first)
             return (actor_h, critic_h), logits, jnp.zeros(logits.shape[:-1], logits.dtype)
-        critic_h, value = tower(1, head_scale=1.0, name="critic")(critic_h, critic_in, first)
-        return (actor_h, critic_h), logits, jnp.squeeze(value, -1)
+        critic = tower(1, head_scale=1.0, name="critic")
+        hs, (actor_out, critic_out) = scan_grus(carry, (actor.project(actor_in), critic.project(critic_in)), first,
+                                                (actor.gru_weights(), critic.gru_weights()))
+        return hs, actor.read_out(actor_out), jnp.squeeze(critic.read_out(critic_out), -1)

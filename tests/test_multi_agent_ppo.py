@@ -126,7 +126,7 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
 
 def test_agent_id_can_be_turned_off():
     config = small_smax_config()
-    config.network.agent_id = False
+    config.network.agent_id = "none"
     algo, _, _ = build(config)
     env = algo.agent_env
     obs, env_state = env.reset(jax.random.PRNGKey(0))

@@ -43,7 +43,7 @@ def _shared_settings(config: ConfigDict) -> dict:
                 num_minibatches=c.num_minibatches,
                 num_updates=config.total_steps // (config.num_envs * config.num_steps),
                 anneal_lr=c.anneal_lr, adam_eps=c.adam_eps, rollout_unroll=config.rollout_unroll,
-                critic_input=c.critic_input, agent_id=config.network.agent_id)
+                critic_input=c.critic_input, agent_id=config.network.agent_id, grad_clip=c.grad_clip)
 
 
 def _make_env(config: ConfigDict):
@@ -55,7 +55,8 @@ def _ppo(config: ConfigDict, mesh):
     env, eval_max_steps = _make_env(config)
     c = config.ppo
     settings = PPOSettings(**_shared_settings(config), normalize_advantages=c.normalize_advantages,
-                           clip_value=c.clip_value, bootstrap_truncation=c.bootstrap_truncation)
+                           clip_value=c.clip_value, bootstrap_truncation=c.bootstrap_truncation,
+                           returns_until=c.returns_until)
     network = make_network(config, env.num_actions)
     return PPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
 

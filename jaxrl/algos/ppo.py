@@ -62,7 +62,9 @@ class PPOSettings:
     adam_eps: float = 1e-5
     rollout_unroll: int = 1
     critic_input: str = "obs"  # "obs": a value per agent from its own view (IPPO); "global_state" (MAPPO)
-    agent_id: bool = True  # append each agent's one-hot index to its inputs (parameters are shared)
+    agent_id: str = "both"  # which networks see each agent's one-hot index (parameters are shared): AGENT_ID_INPUTS
+    returns_until: str = "episode"  # an agent's returns run to the end of the episode, or stop when it is done
+    grad_clip: str = "joint"  # max_grad_norm clips all parameters' gradient together, or each network's alone
 
     @property
     def batch_size(self) -> int:
@@ -71,6 +73,12 @@ class PPOSettings:
 
 
 CRITIC_INPUTS = ("obs", "global_state")
+AGENT_ID_INPUTS = ("both", "critic", "actor", "none")
+# "episode": an agent's advantages and value targets take in every team reward up to the end of the episode,
+# also after it died (SMAX rewards dead agents: a sacrifice that wins the battle is credited). "agent_done":
+# they stop at the agent's own done flag, as if its death ended its episode.
+RETURNS_UNTIL = ("episode", "agent_done")
+GRAD_CLIPS = ("joint", "per_network")  # "per_network": actor and critic clipped apart, as two optimisers would
 
 
 @struct.dataclass
@@ -98,7 +106,7 @@ class Transition:
     log_prob: jax.Array
     value: jax.Array
     reward: jax.Array
-    done: jax.Array  # [n, A]: this agent's episode ended with the step (for SMAX: dead, or the battle over)
+    done: jax.Array  # [n, A]: the step ends this agent's returns (the episode's end, or see `returns_until`)
     mask: jax.Array | None  # [n, A, num_actions]
     truncated: jax.Array | None  # [n]
     final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
@@ -115,11 +123,29 @@ class PolicyStep(NamedTuple):
     mask: jax.Array | None  # [n, A, K] legal actions, None for envs without masks
 
 
-def make_optimizer(hp: PPOHyperparams, learning_rate: jax.Array, adam_eps: float):
-    """Adam with global-norm clipping; built inside the trace so that its numbers can be traced."""
-    return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
-                       optax.scale_by_adam(eps=adam_eps),
-                       optax.scale(-learning_rate))
+def make_optimizer(hp: PPOHyperparams, learning_rate: jax.Array, adam_eps: float, grad_clip: str = "joint"):
+    """Adam with gradient-norm clipping; built inside the trace so that its numbers can be traced.
+
+    grad_clip "joint" clips the norm over all parameters; "per_network" clips each network's (the top-level
+    modules of a flax params tree, e.g. actor and critic) by itself. Adam is element-wise, so the latter is
+    exactly two Adam optimisers, one per network, each with its own clipping.
+    """
+    clip = (optax.clip_by_global_norm(hp.max_grad_norm) if grad_clip == "joint"
+            else clip_each_network(hp.max_grad_norm))
+    return optax.chain(clip, optax.scale_by_adam(eps=adam_eps), optax.scale(-learning_rate))
+
+
+def clip_each_network(max_norm) -> optax.GradientTransformation:
+    """Clip the gradient of every top-level module of a flax params tree ({"params": {name: tree}}) to
+    global norm `max_norm` on its own."""
+    clip = optax.clip_by_global_norm(max_norm)
+
+    def update(updates, state, params=None):
+        del params
+        networks = {name: clip.update(tree, clip.init(tree))[0] for name, tree in updates["params"].items()}
+        return dict(updates, params=networks), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
 def minibatch_block_size(units_per_env: int, num_minibatches: int) -> int:
@@ -228,8 +254,10 @@ class PPO:
 
     def __init__(self, env: envs.Environment, network, settings: PPOSettings, mesh=None,
                  eval_max_steps: int = 1000):
-        if settings.critic_input not in CRITIC_INPUTS:
-            raise ValueError(f"unknown critic_input {settings.critic_input!r}; known: {', '.join(CRITIC_INPUTS)}")
+        for name, known in (("critic_input", CRITIC_INPUTS), ("agent_id", AGENT_ID_INPUTS),
+                            ("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS)):
+            if getattr(settings, name) not in known:
+                raise ValueError(f"unknown {name} {getattr(settings, name)!r}; known: {', '.join(known)}")
         self.base_env = env
         self.agent_env = envs.as_multi_agent(env)
         if settings.critic_input == "global_state" and not hasattr(self.agent_env, "global_state"):
@@ -267,16 +295,21 @@ class PPO:
     # What the networks see
 
     def _inputs(self, obs: jax.Array, global_state: jax.Array | None):
-        """obs [..., A, d], global_state [..., G] or None -> (actor_in [..., A, d'], critic_in [..., A, d''])."""
-        A = self.num_agents
-        ids = (jnp.broadcast_to(jnp.eye(A, dtype=obs.dtype), (*obs.shape[:-2], A, A))
-               if self.settings.agent_id and A > 1 else None)
-        with_id = (lambda x: x) if ids is None else (lambda x: jnp.concatenate([x, ids], axis=-1))
-        actor_in = with_id(obs)
+        """obs [..., A, d], global_state [..., G] or None -> (actor_in [..., A, d'], critic_in [..., A, d'']).
+
+        Returns the same array twice when actor and critic see the same inputs (the rollout then stores it once).
+        """
+        A, ids_for = self.num_agents, self.settings.agent_id
+        ids = jnp.broadcast_to(jnp.eye(A, dtype=obs.dtype), (*obs.shape[:-2], A, A)) if A > 1 else None
+
+        def with_id(x, network):
+            return x if ids is None or ids_for not in ("both", network) else jnp.concatenate([x, ids], axis=-1)
+
+        actor_in = with_id(obs, "actor")
         if self.settings.critic_input == "obs":
-            return actor_in, actor_in
+            return actor_in, (actor_in if ids is None or ids_for in ("both", "none") else with_id(obs, "critic"))
         shared = jnp.broadcast_to(global_state[..., None, :], (*obs.shape[:-1], global_state.shape[-1]))
-        return actor_in, with_id(shared.astype(obs.dtype))
+        return actor_in, with_id(shared.astype(obs.dtype), "critic")
 
     def _global_state(self, env, env_states):
         """[n, G] for a batch of `env`'s states when the critic needs it, else None."""
@@ -305,7 +338,7 @@ class PPO:
         actor_in, critic_in = self._inputs(obs, self._global_state(self.env, env_state))
         params = self.network.init(param_key, carry, actor_in[None], critic_in[None],
                                    jnp.broadcast_to(first[None, :, None], (1, N, A)))
-        optimizer = make_optimizer(PPOHyperparams(), 0.0, self.settings.adam_eps)
+        optimizer = make_optimizer(PPOHyperparams(), 0.0, self.settings.adam_eps, self.settings.grad_clip)
         return TrainState(params, optimizer.init(params), env_state, obs, carry, first, state_key, jnp.int32(0))
 
     def state_shardings(self, state: TrainState) -> TrainState:
@@ -359,13 +392,15 @@ class PPO:
             if s.bootstrap_truncation:  # the critic's value of the obs a time limit cut off
                 final_value = self._policy_step(params, self.agent_env, info["final_state"], info["final_obs"],
                                                 policy.carry, jnp.zeros_like(first)).value
+            ended = info["returned_episode"]
+            if s.returns_until == "episode":
+                done = jnp.broadcast_to(ended[:, None], done.shape)
             transition = Transition(
                 actor_in=policy.actor_in,
                 critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
                 first=first, action=action, log_prob=distributions.log_prob(policy.logits, action),
                 value=policy.value, reward=reward, done=done, mask=policy.mask,
                 truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value)
-            ended = info["returned_episode"]
             episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
                        "episode_length_sum": jnp.where(ended, info["episode_length"], 0),
                        "episodes": ended}
@@ -444,7 +479,7 @@ class PPO:
         """Epochs x minibatches of `self._loss` on this device's units [n, U, ...], gradients averaged over
         devices. Returns (params, opt_state, aux [epochs, minibatches])."""
         s = self.settings
-        optimizer = make_optimizer(hp, self._learning_rate(hp, state.update_step), s.adam_eps)
+        optimizer = make_optimizer(hp, self._learning_rate(hp, state.update_step), s.adam_eps, s.grad_clip)
         return optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, key, s.num_epochs,
                         s.num_minibatches)
 

@@ -1,0 +1,91 @@
+"""Run JaxMARL's own recurrent MAPPO script for SMAX from a copy of its repository and record its curve.
+
+JaxMARL's PyPI package does not ship its baselines, so the script is loaded by path from a checkout of the
+repository (`--repo`). Nothing of it is copied here: this file only sets the script's config (its own YAML,
+with the scenario, seed and step budget changed), replaces its `wandb.log` with a recorder, calls its
+`make_train`, and writes what it logged per update as JSON.
+
+    python benchmarks/jaxmarl_reference.py --repo PATH/TO/JaxMARL --scenario 3m --seed 0 \\
+        --total-steps 1000000 --out ref.json
+
+Needs the script's own dependencies: jaxmarl, distrax, hydra-core, omegaconf, wandb (`pip install -e ".[bench]"`).
+The JSON holds `rows` (one per update: env_steps, win_rate, returns, wall_time since the call began) and
+`wall`, the seconds of the whole `jit(train)(key)` call, compilation included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import time
+
+SCRIPT = os.path.join("baselines", "MAPPO", "mappo_rnn_smax.py")
+CONFIG = os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_smax.yaml")
+
+
+def load_script(repo: str):
+    """The reference script as a module, imported from the repository checkout."""
+    path = os.path.join(repo, SCRIPT)
+    if not os.path.exists(path):
+        raise SystemExit(f"error: {path} not found: --repo must be a checkout of the JaxMARL repository")
+    spec = importlib.util.spec_from_file_location("jaxmarl_mappo_rnn_smax", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def reference_config(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
+    """The script's own YAML config with the scenario, seed and budget set (everything else untouched)."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.to_container(OmegaConf.load(os.path.join(repo, CONFIG)))
+    config.update(MAP_NAME=scenario, SEED=seed, TOTAL_TIMESTEPS=total_steps, WANDB_MODE="disabled")
+    return config
+
+
+def run(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
+    import jax
+
+    module = load_script(repo)
+    config = reference_config(repo, scenario, seed, total_steps)
+    rows: list[dict] = []
+    start = time.perf_counter()
+
+    def record(metrics: dict) -> None:  # stands in for wandb.log, called once per update by the script
+        rows.append({"env_steps": int(metrics["env_step"]), "win_rate": float(metrics["win_rate"]),
+                     "episode_return": float(metrics["returns"]),
+                     "wall_time": time.perf_counter() - start})
+
+    module.wandb.log = record
+    train = jax.jit(module.make_train(config))
+    out = train(jax.random.PRNGKey(seed))
+    jax.block_until_ready(out)
+    wall = time.perf_counter() - start
+    # The script logs env_step = update index * batch; count steps taken, as ours does, from the end of each update.
+    batch = config["NUM_ENVS"] * config["NUM_STEPS"]
+    for row in rows:
+        row["env_steps"] += batch
+    return {"scenario": scenario, "seed": seed, "total_steps": total_steps, "wall": wall,
+            "env_steps": rows[-1]["env_steps"] if rows else 0, "config": config, "rows": rows}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repo", required=True, help="a checkout of the JaxMARL repository")
+    parser.add_argument("--scenario", default="3m")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--total-steps", type=int, default=1_000_000)
+    parser.add_argument("--out", required=True, help="where to write the JSON")
+    args = parser.parse_args(argv)
+    result = run(args.repo, args.scenario, args.seed, args.total_steps)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    print(f"jaxmarl mappo_rnn_smax.py {args.scenario} seed {args.seed}: {result['env_steps']:,} env steps in "
+          f"{result['wall']:.0f} s ({result['env_steps'] / result['wall']:,.0f}/s incl. compile); final training "
+          f"win rate {result['rows'][-1]['win_rate']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
