@@ -55,10 +55,9 @@ def phase_programs(algo, hp):
     """{phase: f(state, hp, reps) -> state-independent output}, each jitted like run_chunk."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import PartitionSpec as P
 
+    from jaxrl import mesh as mesh_lib
     from jaxrl.algos import ppo
-    from jaxrl.mesh import RUNS
 
     s = algo.settings
 
@@ -68,7 +67,7 @@ def phase_programs(algo, hp):
             def step(_, acc):
                 key = jax.random.fold_in(state.key, acc.astype(jnp.int32))
                 return acc + body(state.replace(key=key), hp)
-            return jax.lax.fori_loop(0, reps, step, jnp.float32(0))
+            return jax.lax.fori_loop(0, reps, step, mesh_lib.varying(jnp.float32(0)))
         return run
 
     def rollout(state, hp):
@@ -114,7 +113,7 @@ def phase_programs(algo, hp):
     programs = {}
     for name, body in phases.items():
         def local(state, hp, reps, body=body):
-            return jax.vmap(repeated(body), (0, 0, None))(state, hp, reps)
+            return jax.vmap(repeated(body), (0, 0, None))(state, hp, reps)[:, None]  # [S, 1 per device]
         programs[name] = local
     return programs
 
@@ -125,10 +124,10 @@ def time_program(algo, fn, state, hp, reps: int, repeats: int) -> tuple[float, f
     from jax.sharding import PartitionSpec as P
 
     from jaxrl import mesh as mesh_lib
-    from jaxrl.mesh import RUNS
+    from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
     specs = algo._state_specs(state)
-    sharded = jax.shard_map(fn, mesh=algo.mesh, in_specs=(specs, RUNS, P()), out_specs=RUNS,
+    sharded = jax.shard_map(fn, mesh=algo.mesh, in_specs=(specs, RUNS, P()), out_specs=P(RUN_AXIS, DATA_AXIS),
                             check_vma=algo.agent_env.supports_vma_checks)
     hp = mesh_lib.runs_of(hp, state.update_step.shape[0], algo.mesh)
     tick = time.perf_counter()
