@@ -1,11 +1,12 @@
 """MAPPO on SMAX against JaxMARL's own recurrent MAPPO script, in the same run: speed and learning per env step.
 
-For every scenario and seed, runs JaxMARL's `baselines/MAPPO/mappo_rnn_smax.py` (from a checkout of the
-JaxMARL repository, in its own process: `benchmarks/jaxmarl_reference.py`) and then ours with the same
-recipe (experiments/smax_mappo.py with the script's 128 envs, through the whole `jaxrl.train` loop), one
-after the other, so that both meet the same machine. Prints and plots env steps per second of the whole
-loop (compilation included) and the training win rate per env step and per second, mean over seeds with
-95% intervals. No figure from another run enters a ratio.
+For every scenario, runs JaxMARL's `baselines/MAPPO/mappo_rnn_smax.py` (from a checkout of the JaxMARL
+repository, one process per seed, as the script is meant to run: `benchmarks/jaxmarl_reference.py`), then
+ours with the same recipe (experiments/smax_mappo.py with the script's 128 envs, through the whole
+`jaxrl.train` loop): first seed 0 alone, timed as the script is, then all seeds in one program (jaxrl's
+way of training seeds), whose curves are compared. Prints and plots env steps per second of the whole loop
+(compilation included) and the training win rate per env step and per second, mean over seeds with 95%
+intervals. No figure from another run enters a ratio.
 
     python benchmarks/smax_mappo.py --jaxmarl-repo PATH                      # 3m and 2s3z, 3 seeds, 1M steps
     python benchmarks/smax_mappo.py --jaxmarl-repo PATH --scenarios 3m --seeds 1 --total-steps 300000
@@ -64,18 +65,26 @@ def recipe_config(scenario: str, total_steps: int, seed: int):
     return config
 
 
-def run_ours(config) -> dict:
+def run_ours(config) -> list[dict]:
+    """One `jaxrl.train` run of `config.num_seeds` seeds; a run record per seed (wall and env steps shared)."""
     from jaxrl import train
+    from jaxrl.metrics import per_seed
 
     with tempfile.TemporaryDirectory() as workdir:
         tick = time.perf_counter()
         result = train.run(config, workdir)
         wall = time.perf_counter() - tick
-    rows = [{"env_steps": r["env_steps"], "win_rate": r.get("win_rate"), "eval_win_rate": r.get("eval_win_rate"),
-             "eval_win_rate_per_seed": r.get("eval_win_rate_per_seed"), "wall_time": r["wall_time"]}
-            for r in result.metrics]
-    return {"rows": rows, "wall": wall, "env_steps": rows[-1]["env_steps"],
-            "compile": sum(r.get("compile_seconds", 0.0) for r in result.metrics)}
+    S = config.num_seeds
+    runs = []
+    for seed in range(S):
+        def value(row, key):
+            values = per_seed(row, key, S)
+            return None if values is None else values[seed]
+        rows = [{"env_steps": r["env_steps"], "wall_time": r["wall_time"], "win_rate": value(r, "win_rate"),
+                 "eval_win_rate": value(r, "eval_win_rate")} for r in result.metrics]
+        runs.append({"rows": rows, "wall": wall, "env_steps": rows[-1]["env_steps"], "seeds_in_program": S,
+                     "compile": sum(r.get("compile_seconds", 0.0) for r in result.metrics)})
+    return runs
 
 
 def run_reference(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
@@ -144,16 +153,19 @@ def scenario_section(scenario: str, runs: dict) -> tuple[str, bool]:
 
     from jaxrl.metrics import markdown_table
 
-    ours, ref = runs["ours"], runs["reference"]
-    sps_ours = [steps_per_second(r) for r in ours]
+    ours, ref, alone = runs["ours"], runs["reference"], runs["ours_alone"]
     sps_ref = [steps_per_second(r) for r in ref]
-    ratio = statistics.median(sps_ours) / statistics.median(sps_ref)
+    ref_median = statistics.median(sps_ref)
+    S = len(ours)
+    program_sps = S * steps_per_second(ours[0])  # every seed of the program shares its wall time
+    ratio = steps_per_second(alone) / ref_median
     speed = markdown_table(
-        ["", "env steps/s, whole loop incl. compile (per seed)", "median", "wall s (per seed)"],
-        [["jaxrl", ", ".join(f"{x:,.0f}" for x in sps_ours), f"{statistics.median(sps_ours):,.0f}",
-          ", ".join(f"{r['wall']:.0f}" for r in ours)],
-         ["JaxMARL mappo_rnn_smax.py", ", ".join(f"{x:,.0f}" for x in sps_ref), f"{statistics.median(sps_ref):,.0f}",
-          ", ".join(f"{r['wall']:.0f}" for r in ref)]])
+        ["", "env steps/s, whole loop incl. compile", "x reference", "wall s"],
+        [["JaxMARL mappo_rnn_smax.py, one seed per run", "median " + f"{ref_median:,.0f} (" + ", ".join(
+            f"{x:,.0f}" for x in sps_ref) + ")", "1.00x", ", ".join(f"{r['wall']:.0f}" for r in ref)],
+         ["jaxrl, seed 0 alone", f"{steps_per_second(alone):,.0f}", f"{ratio:.2f}x", f"{alone['wall']:.0f}"],
+         [f"jaxrl, {S} seeds in one program", f"{program_sps:,.0f} (all seeds)",
+          f"{program_sps / ref_median:.2f}x", f"{ours[0]['wall']:.0f}"]])
     marks_o, wins_o = curve(ours)
     marks_r, wins_r = curve(ref)
     shared = [m for m in marks_o if m in set(marks_r)]
@@ -175,9 +187,9 @@ def scenario_section(scenario: str, runs: dict) -> tuple[str, bool]:
         reach.append([f"{threshold}", *cells])
     reach_table = markdown_table(["training win rate", "jaxrl (steps / wall, per seed)", "reference"], reach)
     text = (f"### {scenario}: {len(ours)} seeds each, {total:,} env steps\n\n"
-            f"Speed: jaxrl / reference = **{ratio:.2f}x** (medians of the whole-loop env steps/s).\n\n{speed}\n\n"
+            f"Speed, one seed per run: jaxrl / reference = **{ratio:.2f}x**.\n\n{speed}\n\n"
             f"Training win rate (mean over seeds, 95% interval; each mark averages the 4 updates before it; "
-            f"marks in the first 10% in brackets):\n\n{learning}\n\n"
+            f"marks in the first 10% in brackets; jaxrl's seeds from the {S}-seed program):\n\n{learning}\n\n"
             f"Per env step, jaxrl's mean is >= the reference's or inside its interval at every mark past 10%: "
             f"**{'yes' if holds else 'no'}**.\n\nFirst logged mark at or above a training win rate:\n\n{reach_table}")
     return text, holds
@@ -195,51 +207,56 @@ def plot(results: dict, path: str) -> str:
     scenarios = list(results)
     fig, axes = plt.subplots(len(scenarios), 2, figsize=(10, 3.4 * len(scenarios)), dpi=100, squeeze=False)
     for row, scenario in zip(axes, scenarios):
-        for side, label in (("ours", "jaxrl"), ("reference", "JaxMARL mappo_rnn_smax.py")):
-            runs = results[scenario][side]
-            marks, wins = curve(runs)
+        runs = results[scenario]
+        for side, label in (("ours", "jaxrl (seeds in one program)"), ("reference", "JaxMARL mappo_rnn_smax.py")):
+            marks, wins = curve(runs[side])
             seed_band(row[0], np.array(marks), np.array(wins, dtype=float), label)
-            walls = [[{r["env_steps"]: r["wall_time"] for r in run["rows"]}[m] for run in runs] for m in marks]
+        # Per second: runs of one seed each, as the reference script trains.
+        for side_runs, label in (([runs["ours_alone"]], "jaxrl, seed 0 alone"),
+                                 (runs["reference"], "JaxMARL mappo_rnn_smax.py")):
+            marks, wins = curve(side_runs)
+            walls = [[{r["env_steps"]: r["wall_time"] for r in run["rows"]}[m] for run in side_runs] for m in marks]
             seed_band(row[1], np.array(walls, dtype=float).mean(1), np.array(wins, dtype=float), label)
         row[0].set(xlabel="environment steps", ylabel="training win rate", title=f"{scenario}: per env step")
-        row[1].set(xlabel="wall seconds (mean over seeds)", ylabel="training win rate", title=f"{scenario}: per second")
+        row[1].set(xlabel="wall seconds (incl. compile)", ylabel="training win rate", title=f"{scenario}: per second")
     return save_figure(fig, path)
 
 
 def render(results: dict, meta: dict) -> str:
-    sections, verdicts = [], {}
+    """The RESULTS.md section: per scenario, how and when it was measured, then its tables."""
+    sections = []
     for scenario, runs in results.items():
-        text, holds = scenario_section(scenario, runs)
-        sections.append(text)
-        verdicts[scenario] = holds
-    head = (f"- Date: {meta['date']}. Machine: {meta['machine']}. jax {meta['jax']}.\n"
-            f"- Command: `{meta['command']}`\n"
-            f"- Reference: JaxMARL's `{meta['reference']}` at commit {meta['reference_commit']}, its own YAML config "
-            "(scenario, seed and budget changed), run in its own process. Ours: experiments/smax_mappo.py with "
-            "the script's 128 envs x 128 steps, through `jaxrl.train.run` (logging every 4 updates, a "
-            "checkpoint and a greedy evaluation at the end). Per seed, the reference runs first, then ours.\n"
-            f"- Plot: `benchmarks/smax_mappo.png`; curves: `benchmarks/smax_mappo.json`.")
+        m = meta[scenario]
+        text, _ = scenario_section(scenario, runs)
+        sections.append(text.replace("\n\n", f"\n\n- Date: {m['date']}. Machine: {m['machine']}. jax {m['jax']}. "
+                                     f"Command: `{m['command']}`. Reference at JaxMARL commit "
+                                     f"{m['reference_commit']}.\n\n", 1))
+    head = ("JaxMARL's `baselines/MAPPO/mappo_rnn_smax.py` with its own YAML config (scenario, seed and budget "
+            "changed), one process per seed (`benchmarks/jaxmarl_reference.py`); ours: experiments/smax_mappo.py with "
+            "the script's 128 envs x 128 steps, through `jaxrl.train.run` (logging every 4 updates, a checkpoint and a "
+            "greedy evaluation at the end). The reference runs its seeds first, then ours runs seed 0 alone, then "
+            "all seeds in one program; both in the same run of the script. Plot: `benchmarks/smax_mappo.png`; "
+            "curves: `benchmarks/smax_mappo.json` (`--from-json` re-renders).")
     return head + "\n\n" + "\n\n".join(sections)
 
 
 def default_config_runs(scenario: str, num_seeds: int) -> str:
-    """Our default config: every seed's greedy win rate at the end (one program), and seed 0 timed alone."""
+    """Our default config: every seed's greedy win rate (one program), and seed 0 alone, timed."""
     config = experiment_config("smax_mappo", scenario)
     config.log.progress_bar = False
     config.eval.every_steps = 131_072
-    alone = run_ours(config)
+    (alone,) = run_ours(config)
     hit = first_reaching(alone, 0.9, "eval_win_rate")
     lines = [f"Default config `experiments/smax_mappo.py:{scenario}` ({config.num_envs} envs x {config.num_steps} "
              f"steps, {config.total_steps:,} env steps, greedy evaluation of {config.eval.num_envs} battles every "
              "131k steps)."]
     lines.append(f"- seed 0 alone: {alone['env_steps'] / alone['wall']:,.0f} env steps/s over the whole run "
-                 f"(compile and evaluations included); greedy win rate >= 0.9 first at "
+                 f"(compile and evaluations included), {alone['wall']:.0f} s; greedy win rate >= 0.9 first at "
                  + (f"{hit[0]:,} env steps, **{hit[1]:.0f} s**" if hit else "- (never)")
                  + f"; final greedy win rate {alone['rows'][-1]['eval_win_rate']:.2f}")
     if num_seeds > 1:
         config.num_seeds = num_seeds
-        seeds = run_ours(config)
-        final = seeds["rows"][-1]["eval_win_rate_per_seed"]
+        final = [run["rows"][-1]["eval_win_rate"] for run in run_ours(config)]
         lines.append(f"- {num_seeds} seeds in one program: final greedy win rate per seed "
                      f"{', '.join(f'{w:.2f}' for w in final)}; mean **{sum(final) / len(final):.2f}**, "
                      f"lowest {min(final):.2f}")
@@ -280,36 +297,41 @@ def main(argv=None):
     if args.default_seeds:
         print(default_config_runs(scenarios[0], args.default_seeds))
         return
-    if args.from_json:
-        with open(args.from_json) as f:
+    # Scenarios accumulate in the JSON: running them one at a time (or again) keeps the others' curves.
+    saved = {"results": {}, "meta": {}}
+    if args.from_json or os.path.exists(JSON_PATH):
+        with open(args.from_json or JSON_PATH) as f:
             saved = json.load(f)
-        results, meta = saved["results"], saved["meta"]
-    else:
+    results, meta = saved["results"], saved["meta"]
+    if not args.from_json:
         if not args.jaxmarl_repo or not os.path.exists(os.path.join(args.jaxmarl_repo, "baselines")):
             parser.error("--jaxmarl-repo must name a checkout of the JaxMARL repository (its baselines/ are not "
                          "in the PyPI package)")
         import jax
 
-        results = {}
-        for scenario in scenarios:
-            results[scenario] = {"ours": [], "reference": []}
-            for seed in range(args.seeds):
-                ref = run_reference(args.jaxmarl_repo, scenario, seed, args.total_steps)
-                ours = run_ours(recipe_config(scenario, args.total_steps, seed))
-                results[scenario]["reference"].append(ref)
-                results[scenario]["ours"].append(ours)
-                print(f"{scenario} seed {seed}: reference {steps_per_second(ref):,.0f} env steps/s, final win "
-                      f"{ref['rows'][-1]['win_rate']:.2f}; jaxrl {steps_per_second(ours):,.0f}, final win "
-                      f"{ours['rows'][-1]['win_rate']:.2f}", flush=True)
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.jaxmarl_repo, capture_output=True,
                                 text=True).stdout.strip() or "unknown"
-        meta = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "jax": jax.__version__,
-                "command": "python benchmarks/smax_mappo.py --jaxmarl-repo PATH " + " ".join(
-                    a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--jaxmarl-repo")
-                    and a != args.jaxmarl_repo),
-                "reference": "baselines/MAPPO/mappo_rnn_smax.py", "reference_commit": commit}
-        with open(JSON_PATH, "w") as f:
-            json.dump({"results": results, "meta": meta}, f)
+        for scenario in scenarios:
+            reference = []
+            for seed in range(args.seeds):
+                reference.append(run_reference(args.jaxmarl_repo, scenario, seed, args.total_steps))
+                print(f"{scenario} reference seed {seed}: {steps_per_second(reference[-1]):,.0f} env steps/s, "
+                      f"final training win {reference[-1]['rows'][-1]['win_rate']:.2f}", flush=True)
+            (alone,) = run_ours(recipe_config(scenario, args.total_steps, 0))
+            print(f"{scenario} jaxrl seed 0 alone: {steps_per_second(alone):,.0f} env steps/s", flush=True)
+            config = recipe_config(scenario, args.total_steps, 0)
+            config.num_seeds = args.seeds
+            ours = run_ours(config)
+            print(f"{scenario} jaxrl {args.seeds} seeds in one program: "
+                  f"{args.seeds * steps_per_second(ours[0]):,.0f} env steps/s, final training win "
+                  + ", ".join(f"{r['rows'][-1]['win_rate']:.2f}" for r in ours), flush=True)
+            results[scenario] = {"reference": reference, "ours_alone": alone, "ours": ours}
+            meta[scenario] = {
+                "date": time.strftime("%Y-%m-%d"), "machine": machine(), "jax": jax.__version__,
+                "command": f"python benchmarks/smax_mappo.py --jaxmarl-repo PATH --scenarios {scenario} "
+                           f"--seeds {args.seeds} --total-steps {args.total_steps}", "reference_commit": commit}
+            with open(JSON_PATH, "w") as f:
+                json.dump({"results": results, "meta": meta}, f)
     plot(results, PLOT_PATH)
     publish(render(results, meta), args.update_results, MARKERS, "SMAX MAPPO against JaxMARL's script (issue 15)")
 

@@ -77,6 +77,46 @@ def test_gru_state_restarts_where_first_is_set():
     assert not np.allclose(out[k:, 0], fresh[:, 0], atol=1e-3)  # the other sequences carry on
 
 
+def test_gru_gradients_match_autodiff_of_the_textbook_cell():
+    """scan_grus' hand-written backward pass against jax.grad of a plain GRU loop (flax GRUCell's gates)."""
+    from jaxrl.networks import scan_grus
+
+    def textbook_step(h, x_proj, restart, w_h, b_hn):
+        H = h.shape[-1]
+        h = jnp.where(restart[..., None], 0.0, h)
+        hp = h @ w_h
+        r = jax.nn.sigmoid(x_proj[..., :H] + hp[..., :H])
+        z = jax.nn.sigmoid(x_proj[..., H:2 * H] + hp[..., H:2 * H])
+        n = jnp.tanh(x_proj[..., 2 * H:] + r * (hp[..., 2 * H:] + b_hn))
+        return (1 - z) * n + z * h
+
+    def textbook(hs, x_projs, first, weights):
+        def step(hs, inputs):
+            x_projs, restart = inputs
+            hs = tuple(textbook_step(h, x, restart, *w) for h, x, w in zip(hs, x_projs, weights))
+            return hs, hs
+        return jax.lax.scan(step, hs, (x_projs, first))
+
+    T, B, H = 9, (4, 3), 8
+    keys = jax.random.split(jax.random.PRNGKey(0), 8)
+    hs = tuple(jax.random.normal(k, (*B, H)) for k in keys[:2])
+    x_projs = tuple(jax.random.normal(k, (T, *B, 3 * H)) for k in keys[2:4])
+    first = jax.random.bernoulli(keys[4], 0.2, (T, *B))
+    weights = tuple((jax.random.normal(k, (H, 3 * H)) / 3, jax.random.normal(jax.random.fold_in(k, 1), (H,)))
+                    for k in keys[5:7])
+
+    def loss(fn):
+        def value(hs, x_projs, weights):
+            h_last, outs = fn(hs, x_projs, first, weights)
+            return sum(jnp.sum(jnp.sin(o) * (i + 1)) for i, o in enumerate(outs)) + sum(jnp.sum(h ** 2) for h in h_last)
+        return value
+
+    np.testing.assert_allclose(loss(scan_grus)(hs, x_projs, weights), loss(textbook)(hs, x_projs, weights), rtol=1e-5)
+    ours = jax.grad(loss(scan_grus), argnums=(0, 1, 2))(hs, x_projs, weights)
+    expected = jax.grad(loss(textbook), argnums=(0, 1, 2))(hs, x_projs, weights)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), ours, expected)
+
+
 def test_recurrent_rollout_is_replayed_exactly_by_the_loss():
     """The update replays each (env, agent) sequence from the hidden state the rollout started with,
     restarting it at episode starts: the rollout's log-probabilities and values are reproduced."""
