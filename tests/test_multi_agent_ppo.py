@@ -148,7 +148,7 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
     for a in range(A):
         np.testing.assert_array_equal(critic_in[0, a, :env.state_dim], g)
         np.testing.assert_array_equal(critic_in[0, a, env.state_dim:], np.eye(A)[a])
-        np.testing.assert_array_equal(actor_in[0, a], np.concatenate([obs[a], np.eye(A)[a]]))
+        np.testing.assert_array_equal(actor_in[0, a], obs[a])  # the experiment gives agent ids to the critic only
     # The value moves with the global state, the policy does not.
     state = mappo.init(jax.random.PRNGKey(0))
     carry = mappo.network.initial_carry((1, A))
@@ -160,8 +160,9 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
     assert not np.allclose(v1, v2)
 
     ippo, _, _ = build(small_smax_config(critic_input="obs"))
-    actor_in, critic_in = ippo._inputs(obs[None], None)
-    np.testing.assert_array_equal(actor_in, critic_in)
+    actor_in, critic_in = ippo._inputs(obs[None], None)  # IPPO's critic: the agent's own obs and its id
+    np.testing.assert_array_equal(critic_in[..., :env.obs_dim], actor_in)
+    np.testing.assert_array_equal(critic_in[0, :, env.obs_dim:], np.eye(A))
 
 
 def test_agent_id_can_be_turned_off():
