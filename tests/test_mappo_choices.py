@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from jaxrl import algos, config as config_lib, mesh as mesh_lib
 from jaxrl.advantages import gae
 from jaxrl.algos.ppo import PPOHyperparams, make_optimizer
 from test_multi_agent_ppo import build, small_smax_config
@@ -58,7 +59,8 @@ def test_agent_done_returns_stop_at_death():
 def test_agent_id_goes_to_the_chosen_networks(agent_id, in_actor, in_critic, critic_input):
     config = small_smax_config(critic_input=critic_input)
     config.network.agent_id = agent_id
-    algo, _, _ = build(config)
+    config_lib.validate(config)
+    algo, _ = algos.build(config, mesh_lib.make_mesh())  # nothing compiled: _inputs is all this test reads
     env = algo.agent_env
     obs, env_state = env.reset(jax.random.PRNGKey(0))
     actor_in, critic_in = algo._inputs(obs[None], env.global_state(env_state)[None])
@@ -100,3 +102,12 @@ def test_per_network_clipping_is_two_optimisers():
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), per_network["params"][name], alone)
     # Clipping both together lets the critic's norm set the actor's step size: a different result.
     assert not np.allclose(joint["params"]["actor"]["w"], per_network["params"]["actor"]["w"], rtol=1e-3)
+
+
+@pytest.mark.parametrize("key, value", [("ppo.returns_until", "death"), ("ppo.grad_clip", "actor"),
+                                        ("network.agent_id", "True")])
+def test_an_unknown_choice_is_named_before_compiling(key, value):
+    config = small_smax_config()
+    config_lib.set_value(config, key, value)
+    with pytest.raises(ValueError, match=f"config.{key} {value!r}; known"):
+        config_lib.validate(config)
