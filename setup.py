@@ -27,7 +27,10 @@ EXTRAS = {
     # rejax 0.1.3 needs gymnax < 1.0 (gymnax 1.0 splits done into terminated/truncated).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
     # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.
-    "bench": ["rejax==0.1.3", "gymnax<1.0", "jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0"],
+    # distrax, hydra-core, omegaconf, wandb: what JaxMARL's own MAPPO script imports (benchmarks/smax_mappo.py runs
+    # it from a checkout of the JaxMARL repository; wandb stays disabled).
+    "bench": ["rejax==0.1.3", "gymnax<1.0", "jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0",
+              "distrax", "hydra-core>=1.3", "omegaconf>=2.3", "wandb"],
     # Accelerators: JAX's own wheels. For TPU follow JAX's install note (pip install "jax[tpu]").
     "cuda": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],
