@@ -264,14 +264,14 @@ def _split_runs(metrics: dict, num_settings: int) -> list[dict]:
 def save_eval_episode(algo, params, seed: int, path: str) -> str | None:
     """A GIF of one greedy episode of the first run of `params` (leaves [R, ...]), when the env can draw
     itself; returns its path."""
-    env = algo.agent_env
-    if not hasattr(env, "render_frames"):
-        return None
-    from envs.rendering import save_gif
+    from envs import rendering
 
+    env = algo.agent_env
+    if rendering.renderer(env) is None:
+        return None
     params = jax.tree.map(lambda x: x[0], params)
     states = algo.episode_states(params, jax.random.PRNGKey(seed))
-    return save_gif(env.render_frames(states), path)
+    return rendering.save_gif(rendering.render_frames(env, states), path)
 
 
 def _progress_bar(total: int, initial: int, name: str):

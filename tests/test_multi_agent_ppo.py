@@ -214,5 +214,6 @@ def test_episode_states_end_with_the_episode():
     states = algo.episode_states(params, jax.random.PRNGKey(3))
     assert 2 <= len(states) <= algo.eval_max_steps + 1
     assert int(states[-1].time) == len(states) - 1
-    frames = algo.agent_env.render_frames(states[:3])
+    from envs import rendering
+    frames = rendering.render_frames(algo.agent_env, states[:3])
     assert len(frames) == 3 and frames[0].size[0] > 100

@@ -402,10 +402,6 @@ class SMAX(Environment):
         """[U] int32 unit each unit attacked in the last step, -1 for none (for rendering)."""
         return self._decode(jnp.where(state.last_attack > 0, state.last_attack, STOP))[1]
 
-    def render_frames(self, states, params=None) -> list:
-        """One RGB PIL image per state (see `envs.smax.render`)."""
-        from envs.smax.render import render_frames
-        return render_frames(self, states, params)
 
     def __repr__(self) -> str:
         return f"SMAX({self.scenario_name!r}: {self.scenario.describe()})"
