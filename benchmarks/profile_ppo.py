@@ -9,7 +9,7 @@ Every phase runs for one seed under the same `shard_map` over the mesh and `vmap
 repetitions each (a `lax.fori_loop` inside the program, so dispatch is not what is measured):
 
     rollout            T steps of the env and the networks (with the bootstrap values at time limits)
-    rollout + GAE      ... plus the last value, GAE and laying the samples out for minibatches
+    rollout + GAE      ... plus the last value, GAE and laying the samples out for minibatches (`PPO._collect`)
     one gradient step  the loss, its gradient and the optimiser on one minibatch (x epochs x minibatches)
     whole update       what `run_chunk` runs per update
     host per chunk     `jaxrl.train`'s work between chunks (metrics to host, logging), from two short runs
@@ -75,24 +75,14 @@ def phase_programs(algo, hp):
         return jnp.sum(traj.log_prob)
 
     def rollout_and_gae(state, hp):
-        (env_state, obs, carry, first), traj, _ = algo._rollout(state.params, state, state.key)
-        last_value = algo._policy_step(state.params, algo.env, env_state, obs, carry, first).value
-        advantages, targets = ppo.gae(traj.reward, traj.value, traj.done, last_value, hp.gamma, hp.gae_lambda)
-        samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in, "action": traj.action,
-                   "first": jnp.broadcast_to(traj.first[..., None], traj.action.shape), "log_prob": traj.log_prob,
-                   "value": traj.value, "mask": traj.mask, "advantages": advantages, "targets": targets}
-        units = algo._minibatch_units(samples, state.carry)
+        units = algo._collect(state, hp, state.key)[2]
         batches = ppo.deal_minibatches(state.key, units, s.num_minibatches)
         return jnp.sum(batches["advantages"])
 
     def gradient_steps(state, hp):
         """epochs x minibatches gradient steps on one fixed minibatch (its contents do not change the cost)."""
-        traj = algo._rollout(state.params, state, state.key)[1]
-        samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in, "action": traj.action,
-                   "first": jnp.broadcast_to(traj.first[..., None], traj.action.shape), "log_prob": traj.log_prob,
-                   "value": traj.value, "mask": traj.mask, "advantages": traj.reward, "targets": traj.reward}
-        batch = jax.tree.map(lambda x: x[0], ppo.deal_minibatches(state.key, algo._minibatch_units(
-            samples, state.carry), s.num_minibatches))
+        units = algo._collect(state, hp, state.key)[2]
+        batch = jax.tree.map(lambda x: x[0], ppo.deal_minibatches(state.key, units, s.num_minibatches))
         optimizer = ppo.make_optimizer(hp, hp.learning_rate, s.adam_eps, s.grad_clip)
 
         def step(carry, _):
@@ -108,7 +98,7 @@ def phase_programs(algo, hp):
         return jnp.sum(metrics["policy_loss"]) + jnp.sum(state.update_step)
 
     phases = {"rollout": rollout, "rollout + GAE + dealing": rollout_and_gae,
-              "gradient steps (rollout once, then epochs x minibatches)": gradient_steps,
+              "gradient steps (rollout and GAE once, then epochs x minibatches)": gradient_steps,
               "whole update": whole_update}
     programs = {}
     for name, body in phases.items():

@@ -307,7 +307,8 @@ class PPO:
 
         actor_in = with_id(obs, "actor")
         if self.settings.critic_input == "obs":
-            return actor_in, (actor_in if ids is None or ids_for in ("both", "none") else with_id(obs, "critic"))
+            same_inputs = ids is None or ids_for in ("both", "none")
+            return actor_in, actor_in if same_inputs else with_id(obs, "critic")
         shared = jnp.broadcast_to(global_state[..., None, :], (*obs.shape[:-1], global_state.shape[-1]))
         return actor_in, with_id(shared.astype(obs.dtype), "critic")
 
@@ -452,23 +453,26 @@ class PPO:
         n, T = self.num_local_envs, self.settings.num_steps
         return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(n, T * self.num_agents, *x.shape[3:]), samples)
 
-    def _update(self, state: TrainState, hp: PPOHyperparams):
-        """One PPO update for one seed on this device's envs: returns (state, metrics)."""
+    def _collect(self, state: TrainState, hp: PPOHyperparams, rollout_key: jax.Array):
+        """Rollout and advantages for one seed on this device's envs: ((env_state, obs, carry, first) after the
+        rollout, episode sums, minibatch units [n, U, ...] for `_optimise`)."""
         s = self.settings
-        key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
-
         last_value = self._policy_step(state.params, self.env, env_state, obs, carry, first).value
         reward = traj.reward
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
             reward = reward + hp.gamma * traj.final_value * traj.truncated[..., None]
         advantages, targets = gae(reward, traj.value, traj.done, last_value, hp.gamma, hp.gae_lambda)
-
         samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in,
                    "first": jnp.broadcast_to(traj.first[..., None], traj.action.shape),
                    "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask,
                    "advantages": advantages, "targets": targets}
-        units = self._minibatch_units(samples, state.carry)
+        return (env_state, obs, carry, first), episode, self._minibatch_units(samples, state.carry)
+
+    def _update(self, state: TrainState, hp: PPOHyperparams):
+        """One PPO update for one seed on this device's envs: returns (state, metrics)."""
+        key, rollout_key, epoch_key = jax.random.split(state.key, 3)
+        (env_state, obs, carry, first), episode, units = self._collect(state, hp, rollout_key)
         params, opt_state, aux = self._optimise(state, units, hp, epoch_key)
         metrics = jax.tree.map(jnp.mean, aux)
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
