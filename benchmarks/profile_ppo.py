@@ -121,7 +121,7 @@ def time_program(algo, fn, state, hp, reps: int, repeats: int) -> tuple[float, f
                             check_vma=algo.agent_env.supports_vma_checks)
     hp = mesh_lib.runs_of(hp, state.update_step.shape[0], algo.mesh)
     tick = time.perf_counter()
-    compiled = jax.jit(sharded).lower(state, hp, reps).compile()
+    compiled = jax.jit(sharded).lower(state, hp, reps).compile(dict(algo.settings.xla_options) or None)
     compile_s = time.perf_counter() - tick
     jax.block_until_ready(compiled(state, hp, 1))
     times = []

@@ -87,13 +87,17 @@ def run_ours(config) -> list[dict]:
     return runs
 
 
-def run_reference(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
-    """The reference script in a process of its own; its per-update rows averaged over our log interval."""
+def run_reference(repo: str, scenario: str, seed: int, total_steps: int, xla_flags: str = "") -> dict:
+    """The reference script in a process of its own (with `xla_flags` added to XLA_FLAGS); its per-update rows
+    averaged over our log interval."""
+    env = dict(os.environ)
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ref.json")
         subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "jaxmarl_reference.py"), "--repo", repo,
                         "--scenario", scenario, "--seed", str(seed), "--total-steps", str(total_steps),
-                        "--out", out], check=True)
+                        "--out", out], check=True, env=env)
         with open(out) as f:
             result = json.load(f)
     per_update = result["rows"]
@@ -159,13 +163,17 @@ def scenario_section(scenario: str, runs: dict) -> tuple[str, bool]:
     S = len(ours)
     program_sps = S * steps_per_second(ours[0])  # every seed of the program shares its wall time
     ratio = steps_per_second(alone) / ref_median
-    speed = markdown_table(
-        ["", "env steps/s, whole loop incl. compile", "x reference", "wall s"],
-        [["JaxMARL mappo_rnn_smax.py, one seed per run", "median " + f"{ref_median:,.0f} (" + ", ".join(
-            f"{x:,.0f}" for x in sps_ref) + ")", "1.00x", ", ".join(f"{r['wall']:.0f}" for r in ref)],
-         ["jaxrl, seed 0 alone", f"{steps_per_second(alone):,.0f}", f"{ratio:.2f}x", f"{alone['wall']:.0f}"],
-         [f"jaxrl, {S} seeds in one program", f"{program_sps:,.0f} (all seeds)",
-          f"{program_sps / ref_median:.2f}x", f"{ours[0]['wall']:.0f}"]])
+    speed_rows = [["JaxMARL mappo_rnn_smax.py, one seed per run", "median " + f"{ref_median:,.0f} (" + ", ".join(
+        f"{x:,.0f}" for x in sps_ref) + ")", "1.00x", ", ".join(f"{r['wall']:.0f}" for r in ref)]]
+    same_xla = runs.get("reference_same_xla")
+    if same_xla:
+        sps = steps_per_second(same_xla)
+        speed_rows.append([f"JaxMARL's script, seed 0, with jaxrl's XLA options (`XLA_FLAGS={same_xla['xla_flags']}`)",
+                           f"{sps:,.0f}", f"{sps / ref_median:.2f}x", f"{same_xla['wall']:.0f}"])
+    speed_rows += [["jaxrl, seed 0 alone", f"{steps_per_second(alone):,.0f}", f"{ratio:.2f}x", f"{alone['wall']:.0f}"],
+                   [f"jaxrl, {S} seeds in one program", f"{program_sps:,.0f} (all seeds)",
+                    f"{program_sps / ref_median:.2f}x", f"{ours[0]['wall']:.0f}"]]
+    speed = markdown_table(["", "env steps/s, whole loop incl. compile", "x reference", "wall s"], speed_rows)
     marks_o, wins_o = curve(ours)
     marks_r, wins_r = curve(ref)
     shared = [m for m in marks_o if m in set(marks_r)]
@@ -319,6 +327,15 @@ def main(argv=None):
                 reference.append(run_reference(args.jaxmarl_repo, scenario, seed, args.total_steps))
                 print(f"{scenario} reference seed {seed}: {steps_per_second(reference[-1]):,.0f} env steps/s, "
                       f"final training win {reference[-1]['rows'][-1]['win_rate']:.2f}", flush=True)
+            # Our config's XLA options are ours to choose; for fairness, the reference also runs once with them.
+            our_options = recipe_config(scenario, args.total_steps, 0).xla_options
+            same_xla = None
+            if our_options:
+                flags = " ".join(f"--{item.strip()}" for item in our_options.split(",") if item.strip())
+                same_xla = run_reference(args.jaxmarl_repo, scenario, 0, args.total_steps, flags)
+                same_xla["xla_flags"] = flags
+                print(f"{scenario} reference seed 0 with XLA_FLAGS={flags}: {steps_per_second(same_xla):,.0f} "
+                      "env steps/s", flush=True)
             (alone,) = run_ours(recipe_config(scenario, args.total_steps, 0))
             print(f"{scenario} jaxrl seed 0 alone: {steps_per_second(alone):,.0f} env steps/s", flush=True)
             config = recipe_config(scenario, args.total_steps, 0)
@@ -327,7 +344,8 @@ def main(argv=None):
             print(f"{scenario} jaxrl {args.seeds} seeds in one program: "
                   f"{args.seeds * steps_per_second(ours[0]):,.0f} env steps/s, final training win "
                   + ", ".join(f"{r['rows'][-1]['win_rate']:.2f}" for r in ours), flush=True)
-            results[scenario] = {"reference": reference, "ours_alone": alone, "ours": ours}
+            results[scenario] = {"reference": reference, "ours_alone": alone, "ours": ours,
+                                 "reference_same_xla": same_xla}
             meta[scenario] = {
                 "date": time.strftime("%Y-%m-%d"), "machine": machine(), "jax": jax.__version__,
                 "command": f"python benchmarks/smax_mappo.py --jaxmarl-repo PATH --scenarios {scenario} "

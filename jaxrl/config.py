@@ -24,6 +24,7 @@ def base_config() -> ConfigDict:
         "num_envs": 4,  # parallel environments per seed, split over devices
         "num_steps": 128,  # rollout length per update
         "rollout_unroll": 1,  # lax.scan unroll of the rollout loop (a speed knob)
+        "xla_options": "",  # XLA compile options for the training programs: "name=value,name=value" (a speed knob)
         "env": {"name": "CartPole-v1", "kwargs": ConfigDict()},
         "ppo": {
             "num_epochs": 4,
@@ -123,6 +124,7 @@ def text_config() -> ConfigDict:
                   "max_len": 48},  # positions: prompt + answer tokens (RL on longer problems needs room)
         "optim": {"learning_rate": 1e-3, "max_grad_norm": 1.0, "weight_decay": 0.0, "warmup_updates": 50,
                   "adam_eps": 1e-8},
+        "xla_options": "",  # as in base_config
         "mesh": {"num_devices": 0, "run_devices": 0},
         "log": {"every_steps": 6_400, "progress_bar": True},
         "checkpoint": {"every_steps": 0, "keep": 3},
@@ -211,8 +213,39 @@ def validate(config: ConfigDict) -> None:
     (_validate_grpo if config.algorithm == "grpo" else _validate_ppo)(config)
 
 
+def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...]:
+    """config.xla_options "name=value,..." -> ((name, value), ...), sorted, true/false as bools (as XLA_FLAGS
+    spells them; XLA's option parser wants Python bools); ValueError if an item is not `name=value` with an
+    XLA option name (they start with "xla_")."""
+    items = [item.strip() for item in config.xla_options.split(",") if item.strip()]
+    options = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip().startswith("xla_"):
+            raise ValueError(f"config.xla_options: {item!r} is not name=value with an XLA option name "
+                             "(e.g. xla_cpu_enable_fast_math=false)")
+        value = value.strip()
+        options.append((name.strip(), {"true": True, "false": False}.get(value.lower(), value)))
+    return tuple(sorted(options))
+
+
+def _check_xla_options(config: ConfigDict) -> None:
+    """Compile a trivial program with the options, so that one this XLA does not know fails here, not after
+    the training program's compile."""
+    options = xla_options(config)
+    if not options:
+        return
+    import jax
+
+    try:
+        jax.jit(lambda x: x + 1).lower(0.0).compile(dict(options))
+    except Exception as error:  # XLA raises its runtime error type; the message names the option
+        raise ValueError(f"config.xla_options {config.xla_options!r}: {str(error).splitlines()[0]}") from None
+
+
 def _validate_shared(config: ConfigDict) -> None:
     """Keys every algorithm has."""
+    _check_xla_options(config)
     _positive(config, "num_seeds", "total_steps", "log.every_steps", "eval.num_envs", "checkpoint.keep")
     for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
                 "mesh.run_devices"):

@@ -84,3 +84,19 @@ def test_cli_divisibility_error_names_the_keys(tmp_path):
     assert out.returncode != 0
     assert "ppo.num_minibatches" in out.stderr
     assert not (tmp_path / "run").exists(), "a bad config must fail before creating the run directory"
+
+
+def test_xla_options_are_parsed_and_reach_the_settings():
+    config = _config(xla_options=" xla_cpu_enable_fast_math=false , xla_cpu_experimental_ynn_fusion_type=")
+    config_lib.validate(config)
+    options = (("xla_cpu_enable_fast_math", False), ("xla_cpu_experimental_ynn_fusion_type", ""))
+    assert config_lib.xla_options(config) == options
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    assert algo.settings.xla_options == options
+
+
+def test_malformed_or_unknown_xla_options_are_errors_before_compiling():
+    with pytest.raises(ValueError, match=r"config.xla_options: 'fast_math' is not name=value"):
+        config_lib.validate(_config(xla_options="fast_math"))
+    with pytest.raises(ValueError, match=r"config.xla_options .*No such compile option: 'xla_cpu_nope'"):
+        config_lib.validate(_config(xla_options="xla_cpu_nope=1"))

@@ -43,7 +43,8 @@ def _shared_settings(config: ConfigDict) -> dict:
                 num_minibatches=c.num_minibatches,
                 num_updates=config.total_steps // (config.num_envs * config.num_steps),
                 anneal_lr=c.anneal_lr, adam_eps=c.adam_eps, rollout_unroll=config.rollout_unroll,
-                critic_input=c.critic_input, agent_id=config.network.agent_id, grad_clip=c.grad_clip)
+                critic_input=c.critic_input, agent_id=config.network.agent_id, grad_clip=c.grad_clip,
+                xla_options=config_lib.xla_options(config))
 
 
 def _make_env(config: ConfigDict):
@@ -93,7 +94,7 @@ def _text_settings(config: ConfigDict, settings_cls, value_head: bool = False, *
         num_prompts=config.num_prompts,
         num_updates=config.total_steps // (config.num_prompts * extra.get("group_size", 1)),
         warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, model_kwargs=tuple(sorted(model.items())),
-        pass_k=config.eval.pass_k, **extra)
+        pass_k=config.eval.pass_k, xla_options=config_lib.xla_options(config), **extra)
 
 
 def _text_sft(config: ConfigDict, mesh):

@@ -65,6 +65,7 @@ class PPOSettings:
     agent_id: str = "both"  # which networks see each agent's one-hot index (parameters are shared): AGENT_ID_INPUTS
     returns_until: str = "episode"  # an agent's returns run to the end of the episode, or stop when it is done
     grad_clip: str = "joint"  # max_grad_norm clips all parameters' gradient together, or each network's alone
+    xla_options: tuple[tuple[str, str | bool], ...] = ()  # XLA compile options of the training program
 
     @property
     def batch_size(self) -> int:
@@ -513,7 +514,7 @@ class PPO:
             jitted = jax.jit(sharded, in_shardings=(shardings, per_run, mesh_lib.replicated(self.mesh)),
                              out_shardings=(shardings, per_run), donate_argnums=0)
             tick = time.perf_counter()
-            self._chunk_fn = jitted.lower(state, hp, num_updates).compile()
+            self._chunk_fn = jitted.lower(state, hp, num_updates).compile(dict(self.settings.xla_options) or None)
             self.compile_seconds = time.perf_counter() - tick
         return self._chunk_fn(state, hp, num_updates)
 

@@ -62,6 +62,7 @@ class TextSettings:
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
     tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
     pass_k: int = 8  # held-out samples per problem for eval_pass@k; 0 = greedy evaluation only
+    xla_options: tuple[tuple[str, str | bool], ...] = ()  # XLA compile options of the training programs
 
     @property
     def batch_size(self) -> int:
@@ -165,7 +166,8 @@ class _TextAlgorithm:
         sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=self.mesh, in_specs=in_specs,
                                 out_specs=out_specs)
         tick = time.perf_counter()
-        compiled = jax.jit(sharded, donate_argnums=donate_argnums).lower(*args).compile()
+        lowered = jax.jit(sharded, donate_argnums=donate_argnums).lower(*args)
+        compiled = lowered.compile(dict(self.settings.xla_options) or None)
         self.compile_seconds += time.perf_counter() - tick
         return compiled
 
