@@ -19,10 +19,10 @@ CORE = [
 ]
 
 EXTRAS = {
-    # Tests, notebooks executed by the tests, and the reference envs used for parity checks
-    # (gymnax's CartPole, jaxmarl's SMAX and MPE).
+    # Tests, notebooks executed by the tests, the import contracts (.importlinter), and the reference envs
+    # used for parity checks (gymnax's CartPole, jaxmarl's SMAX and MPE).
     "dev": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-            "gymnax<1.0", "six", "jaxmarl==0.2.0"],  # gymnax 0.0.9 imports six without declaring it
+            "import-linter>=2.1", "gymnax<1.0", "six", "jaxmarl==0.2.0"],  # gymnax 0.0.9 imports six without declaring it
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # rejax 0.1.3 needs gymnax < 1.0 (gymnax 1.0 splits done into terminated/truncated).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:

@@ -61,7 +61,7 @@ def jaxrl_algo(num_updates: int):
     config.ppo.anneal_lr = True
     config.ppo.bootstrap_truncation = False  # the recipe treats a time limit as terminal, as rejax does
     config.network.hidden_sizes, config.network.activation = (64, 64), "tanh"
-    config_lib.validate(config)
+    algos.validate(config)
     return algos.build(config, mesh_lib.make_mesh())
 
 

@@ -57,7 +57,7 @@ sys.path.insert(0, ROOT)  # experiments/ is a folder of config files, not an ins
 
 from envs import text  # noqa: E402
 from envs.text.tokenizer import BOS, EOS, PAD  # noqa: E402
-from jaxrl import algos, config as config_lib, host, mesh as mesh_lib, sampling  # noqa: E402
+from jaxrl import algos, host, mesh as mesh_lib, sampling  # noqa: E402
 from report import markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 # ---------------------------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def jaxrl_config(args):
         config.task.kwargs.max_digits = args.max_digits
     config.reward_weights = (1.0, 0.0)  # correct only: the reward the TRL side computes
     config.total_steps = max(config.total_steps, 10 ** 6 * args.prompts * args.group_size)  # flat cosine
-    config_lib.validate(config)
+    algos.validate(config)
     return config
 
 

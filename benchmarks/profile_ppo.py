@@ -33,7 +33,7 @@ sys.path.insert(0, ROOT)
 def load_config(spec: str, overrides: list[str], num_envs: int | None):
     import importlib.util
 
-    from jaxrl import config as config_lib
+    from jaxrl import algos, config as config_lib
 
     path, _, arg = spec.partition(":")
     module_spec = importlib.util.spec_from_file_location("experiment", os.path.join(ROOT, path))
@@ -47,7 +47,7 @@ def load_config(spec: str, overrides: list[str], num_envs: int | None):
         current = config_lib.get_value(config, key)
         value = (text.lower() in ("1", "true")) if isinstance(current, bool) else type(current)(text)
         config_lib.set_value(config, key, value)
-    config_lib.validate(config)
+    algos.validate(config)
     return config
 
 
@@ -57,7 +57,7 @@ def phase_programs(algo, hp):
     import jax.numpy as jnp
 
     from jaxrl import mesh as mesh_lib
-    from jaxrl.algos import ppo
+    from jaxrl import engine
 
     s = algo.settings
 
@@ -76,18 +76,18 @@ def phase_programs(algo, hp):
 
     def rollout_and_gae(state, hp):
         units = algo._collect(state, hp, state.key)[2]
-        batches = ppo.deal_minibatches(state.key, units, s.num_minibatches)
+        batches = engine.deal_minibatches(state.key, units, s.num_minibatches)
         return jnp.sum(batches["advantages"])
 
     def gradient_steps(state, hp):
         """epochs x minibatches gradient steps on one fixed minibatch (its contents do not change the cost)."""
         units = algo._collect(state, hp, state.key)[2]
-        batch = jax.tree.map(lambda x: x[0], ppo.deal_minibatches(state.key, units, s.num_minibatches))
-        optimizer = ppo.make_optimizer(hp, hp.learning_rate, s.adam_eps, s.grad_clip)
+        batch = jax.tree.map(lambda x: x[0], engine.deal_minibatches(state.key, units, s.num_minibatches))
+        optimizer = engine.make_optimizer(hp.learning_rate, hp.max_grad_norm, s.adam_eps, s.grad_clip)
 
         def step(carry, _):
             params, opt_state = carry
-            params, opt_state, aux = ppo.gradient_step(algo._loss, optimizer, params, opt_state, batch, hp)
+            params, opt_state, aux = engine.gradient_step(algo._loss, optimizer, params, opt_state, batch, hp)
             return (params, opt_state), aux["grad_norm"]
 
         _, norms = jax.lax.scan(step, (state.params, state.opt_state), None, s.num_epochs * s.num_minibatches)

@@ -151,9 +151,6 @@ def text_grpo_config() -> ConfigDict:
     return config
 
 
-TEXT_ALGORITHMS = ("text_sft", "text_grpo")
-
-
 def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
     """Reject a config argument the experiment does not take, then lock the config."""
     if arg:
@@ -175,42 +172,11 @@ def set_value(config: ConfigDict, key: str, value) -> None:
     (get_value(config, section) if section else config)[name] = value
 
 
-def _positive(config: ConfigDict, *keys: str) -> None:
+def positive(config: ConfigDict, *keys: str) -> None:
     for key in keys:
         value = get_value(config, key)
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
             raise ValueError(f"config.{key} must be a positive integer, got {value!r}")
-
-
-def validate(config: ConfigDict) -> None:
-    """Check everything that can be checked without compiling; raise ValueError naming the key."""
-    import envs
-    from jaxrl import algos
-
-    if config.algorithm not in algos.ALGORITHMS:
-        raise ValueError(f"unknown config.algorithm {config.algorithm!r}; known: {', '.join(sorted(algos.ALGORITHMS))}")
-    _validate_shared(config)
-    if config.algorithm in TEXT_ALGORITHMS:
-        _validate_text(config)
-        return
-    from jaxrl.algos.ppo import AGENT_ID_INPUTS, CRITIC_INPUTS, GRAD_CLIPS
-    _one_of(config.ppo.critic_input, CRITIC_INPUTS, "ppo.critic_input")
-    _one_of(config.ppo.grad_clip, GRAD_CLIPS, "ppo.grad_clip")
-    _one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
-    if config.env.name not in envs.registered():
-        raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
-                         f"{', '.join(envs.registered())}")
-    _positive(config, "num_envs", "num_steps", "rollout_unroll", "ppo.num_epochs", "ppo.num_minibatches",
-              "network.fc_size", "network.rnn_size")
-    batch = config.num_envs * config.num_steps
-    if config.total_steps < batch:
-        raise ValueError(f"total_steps = {config.total_steps} is less than one update "
-                         f"(num_envs * num_steps = {batch})")
-    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
-        if not config.ppo[key] > 0:
-            raise ValueError(f"config.ppo.{key} must be > 0, got {config.ppo[key]!r}")
-    _unit_interval(config.ppo.gamma, "ppo.gamma")
-    (_validate_grpo if config.algorithm == "grpo" else _validate_ppo)(config)
 
 
 def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...]:
@@ -243,10 +209,10 @@ def _check_xla_options(config: ConfigDict) -> None:
         raise ValueError(f"config.xla_options {config.xla_options!r}: {str(error).splitlines()[0]}") from None
 
 
-def _validate_shared(config: ConfigDict) -> None:
-    """Keys every algorithm has."""
+def validate_shared(config: ConfigDict) -> None:
+    """Check the keys every run has (`jaxrl.algos.validate` adds the algorithm's own checks)."""
     _check_xla_options(config)
-    _positive(config, "num_seeds", "total_steps", "log.every_steps", "eval.num_envs", "checkpoint.keep")
+    positive(config, "num_seeds", "total_steps", "log.every_steps", "eval.num_envs", "checkpoint.keep")
     for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
                 "mesh.run_devices"):
         section, name = key.split(".")
@@ -254,94 +220,14 @@ def _validate_shared(config: ConfigDict) -> None:
             raise ValueError(f"config.{key} must be >= 0, got {config[section][name]!r}")
 
 
-def _validate_text(config: ConfigDict) -> None:
-    from envs import text
-
-    _one_of(config.task.name, sorted(text.TASKS), "task.name")
-    _positive(config, "num_prompts", "model.num_layers", "model.d_model", "model.num_heads")
-    if config.model.d_model % config.model.num_heads:
-        raise ValueError(f"config.model.d_model = {config.model.d_model} is not divisible by "
-                         f"config.model.num_heads = {config.model.num_heads}")
-    if config.total_steps < config.num_prompts:
-        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_prompts = "
-                         f"{config.num_prompts})")
-    if config.eval.pass_k < 0:
-        raise ValueError(f"config.eval.pass_k must be >= 0 (0: greedy evaluation only), got {config.eval.pass_k!r}")
-    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
-        if not config.optim[key] > 0:
-            raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
-    if config.algorithm == "text_grpo":
-        _validate_text_grpo(config)
-
-
-def _validate_group_relative(config: ConfigDict) -> None:
-    """The keys of `_group_relative_keys`."""
-    from jaxrl import advantages, losses
-
-    _one_of(config.advantage, sorted(advantages.ESTIMATORS), "advantage")
-    if config.advantage_options.scale:
-        _one_of(config.advantage_options.scale, ("group", "batch", "none"), "advantage_options.scale")
-    _one_of(config.loss.ratio, losses.RATIO_LEVELS, "loss.ratio")
-    _one_of(config.loss.aggregate, tuple(losses.AGGREGATIONS), "loss.aggregate")
-    _positive(config, "group.size")
-    if config.group.size < 2:
-        raise ValueError(f"config.group.size must be >= 2, got {config.group.size}")
-    for key in ("clip_low", "clip_high"):
-        if not config.loss[key] > 0:
-            raise ValueError(f"config.loss.{key} must be > 0, got {config.loss[key]!r}")
-    if config.loss.dual_clip and not config.loss.dual_clip > 1:
-        raise ValueError(f"config.loss.dual_clip must be > 1 (or 0: off), got {config.loss.dual_clip!r}")
-    _unit_interval(config.critic_weight, "critic_weight")
-
-
-def _validate_text_grpo(config: ConfigDict) -> None:
-    import os
-
-    from jaxrl import losses
-
-    _validate_group_relative(config)
-    _one_of(config.loss.kl, tuple(losses.KL_ESTIMATORS), "loss.kl")
-    _positive(config, "group.oversample", "optim.num_epochs", "optim.num_minibatches")
-    if len(config.reward_weights) != 2:
-        raise ValueError(f"config.reward_weights needs one weight per reward component (correct, well_formed), "
-                         f"got {config.reward_weights!r}")
-    if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
-        raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")
-    if not config.sampling.temperature >= 0:
-        raise ValueError(f"config.sampling.temperature must be >= 0, got {config.sampling.temperature!r}")
-
-
-def _validate_ppo(config: ConfigDict) -> None:
-    batch = config.num_envs * config.num_steps
-    # (recurrent networks deal whole sequences; the algorithm checks those against the agent count)
-    if config.network.kind == "mlp" and batch % config.ppo.num_minibatches:
-        raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
-                         f"divisible by ppo.num_minibatches = {config.ppo.num_minibatches}")
-    if not config.ppo.clip_eps > 0:
-        raise ValueError(f"config.ppo.clip_eps must be > 0, got {config.ppo.clip_eps!r}")
-    _unit_interval(config.ppo.gae_lambda, "ppo.gae_lambda")
-    from jaxrl.algos.ppo import RETURNS_UNTIL
-    _one_of(config.ppo.returns_until, RETURNS_UNTIL, "ppo.returns_until")
-
-
-def _unit_interval(value: float, key: str) -> None:
+def unit_interval(value: float, key: str) -> None:
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"config.{key} must lie in [0, 1], got {value!r}")
 
 
-def _one_of(value: str, known, key: str) -> None:
+def one_of(value: str, known, key: str) -> None:
     if value not in known:
         raise ValueError(f"unknown config.{key} {value!r}; known: {', '.join(known)}")
-
-
-def _validate_grpo(config: ConfigDict) -> None:
-    from jaxrl.algos.grpo import RETURNS
-
-    _validate_group_relative(config)
-    _one_of(config.group.returns, RETURNS, "group.returns")
-    if config.num_envs % config.group.size:
-        raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
-                         f"{config.group.size}: every group is group.size envs from one start state")
 
 
 def to_dict(config: ConfigDict) -> dict[str, Any]:

@@ -101,7 +101,7 @@ def expand(config: ConfigDict, sweep: dict[str, list]) -> list[tuple[dict, Confi
         for key, value in overrides.items():
             config_lib.set_value(point, key, value)
         point.lock()
-        config_lib.validate(point)
+        algos.validate(point)
         points.append((overrides, point))
     return points
 

@@ -140,7 +140,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     """
     config = settings[0].config
     for setting in settings:
-        config_lib.validate(setting.config)
+        algos.validate(setting.config)
         if algos.static_signature(setting.config) != algos.static_signature(config):
             raise ValueError(f"{setting.workdir}: settings of one program may differ only in the hyperparameter "
                              f"keys {', '.join(algos.hyperparam_keys(config))}")
@@ -153,8 +153,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     if main:
         for setting in settings:
             _prepare_workdir(setting.config, setting.workdir, mesh)
-            if hasattr(algo, "write_files"):  # what else the run needs to be reloaded (e.g. a tokenizer)
-                algo.write_files(setting.workdir)
+            algo.write_files(setting.workdir)  # what else the run needs to be reloaded (e.g. a tokenizer)
 
     batch = algo.settings.batch_size
     num_updates = algo.settings.num_updates
@@ -225,8 +224,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         for setting, rows in zip(settings, all_rows):
             metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),
                                             title=setting.config.experiment)
-        if first_params is not None:  # one episode of the first setting's first seed
-            save_eval_episode(algo, first_params, config.seed, os.path.join(settings[0].workdir, "eval_episode.gif"))
+        if first_params is not None:  # from the first setting's first seed (e.g. an episode GIF)
+            algo.write_artifacts(settings[0].workdir, first_params, config.seed)
         if interrupted:
             print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
                   f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
@@ -259,19 +258,6 @@ def _split_runs(metrics: dict, num_settings: int) -> list[dict]:
         x = np.asarray(x)
         return x.reshape(num_settings, -1)[i] if x.ndim else x
     return [{k: part(v, i) for k, v in metrics.items()} for i in range(num_settings)]
-
-
-def save_eval_episode(algo, params, seed: int, path: str) -> str | None:
-    """A GIF of one greedy episode of the first run of `params` (leaves [R, ...]), when the env can draw
-    itself; returns its path."""
-    from envs import rendering
-
-    env = algo.agent_env
-    if rendering.renderer(env) is None:
-        return None
-    params = jax.tree.map(lambda x: x[0], params)
-    states = algo.episode_states(params, jax.random.PRNGKey(seed))
-    return rendering.save_gif(rendering.render_frames(env, states), path)
 
 
 def _progress_bar(total: int, initial: int, name: str):

@@ -36,19 +36,19 @@ def test_wrong_type_in_python_is_an_error():
 
 def test_minibatches_must_divide_the_batch():
     with pytest.raises(ValueError, match=r"num_envs \* num_steps = 3 \* 5 = 15 is not divisible by ppo.num_minibatches = 4"):
-        config_lib.validate(_config(num_envs=3, num_steps=5))
+        algos.validate(_config(num_envs=3, num_steps=5))
 
 
 def test_unknown_environment_name_is_an_error():
     with pytest.raises(ValueError, match="unknown config.env.name 'CartPol'.*CartPole-v1"):
-        config_lib.validate(_config(**{"env.name": "CartPol"}))
+        algos.validate(_config(**{"env.name": "CartPol"}))
 
 
 def test_non_positive_sizes_are_errors():
     with pytest.raises(ValueError, match="config.num_envs must be a positive integer"):
-        config_lib.validate(_config(num_envs=0))
+        algos.validate(_config(num_envs=0))
     with pytest.raises(ValueError, match="config.ppo.gamma must lie in"):
-        config_lib.validate(_config(**{"ppo.gamma": 1.5}))
+        algos.validate(_config(**{"ppo.gamma": 1.5}))
 
 
 def test_experiment_without_argument_rejects_one():
@@ -88,7 +88,7 @@ def test_cli_divisibility_error_names_the_keys(tmp_path):
 
 def test_xla_options_are_parsed_and_reach_the_settings():
     config = _config(xla_options=" xla_cpu_enable_fast_math=false , xla_cpu_experimental_ynn_fusion_type=")
-    config_lib.validate(config)
+    algos.validate(config)
     options = (("xla_cpu_enable_fast_math", False), ("xla_cpu_experimental_ynn_fusion_type", ""))
     assert config_lib.xla_options(config) == options
     algo, _ = algos.build(config, mesh_lib.make_mesh())
@@ -97,6 +97,6 @@ def test_xla_options_are_parsed_and_reach_the_settings():
 
 def test_malformed_or_unknown_xla_options_are_errors_before_compiling():
     with pytest.raises(ValueError, match=r"config.xla_options: 'fast_math' is not name=value"):
-        config_lib.validate(_config(xla_options="fast_math"))
+        algos.validate(_config(xla_options="fast_math"))
     with pytest.raises(ValueError, match=r"config.xla_options .*No such compile option: 'xla_cpu_nope'"):
-        config_lib.validate(_config(xla_options="xla_cpu_nope=1"))
+        algos.validate(_config(xla_options="xla_cpu_nope=1"))

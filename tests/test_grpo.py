@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl import advantages, algos, config as config_lib, mesh as mesh_lib
+from jaxrl import advantages, algos, mesh as mesh_lib
 from conftest import set_keys
 from test_multi_agent_ppo import load_experiment
 
@@ -21,7 +21,7 @@ def small_config(name="cartpole_grpo", arg=None, num_envs=8, num_steps=64, group
 
 
 def build(config, num_seeds=1):
-    config_lib.validate(config)
+    algos.validate(config)
     algo, hp = algos.build(config, mesh_lib.make_mesh())
     return algo, hp, algo.init_seeds(config.seed, num_seeds)
 
@@ -142,7 +142,7 @@ def test_critic_free_network_has_no_value_parameters():
 def test_config_errors_name_the_key(overrides, message):
     config = small_config(**overrides)
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
-        config_lib.validate(config)
+        algos.validate(config)
 
 
 def test_ppo_only_keys_are_rejected_for_grpo():

@@ -9,7 +9,8 @@ import pytest
 
 from jaxrl import algos, config as config_lib, mesh as mesh_lib
 from jaxrl.advantages import gae
-from jaxrl.algos.ppo import PPOHyperparams, make_optimizer
+from jaxrl.algos.ppo import PPOHyperparams
+from jaxrl.engine import make_optimizer
 from test_multi_agent_ppo import build, small_smax_config
 
 
@@ -59,11 +60,11 @@ def test_agent_done_returns_stop_at_death():
 def test_agent_id_goes_to_the_chosen_networks(agent_id, in_actor, in_critic, critic_input):
     config = small_smax_config(critic_input=critic_input)
     config.network.agent_id = agent_id
-    config_lib.validate(config)
+    algos.validate(config)
     algo, _ = algos.build(config, mesh_lib.make_mesh())  # nothing compiled: _inputs is all this test reads
     env = algo.agent_env
     obs, env_state = env.reset(jax.random.PRNGKey(0))
-    actor_in, critic_in = algo._inputs(obs[None], env.global_state(env_state)[None])
+    actor_in, critic_in = algo.policy.inputs(obs[None], env.global_state(env_state)[None])
     A = env.num_agents
     critic_base = env.state_dim if critic_input == "global_state" else env.obs_dim
     assert actor_in.shape == (1, A, env.obs_dim + A * in_actor)
@@ -94,8 +95,8 @@ def test_per_network_clipping_is_two_optimisers():
         return params
 
     hp, lr, eps = PPOHyperparams(max_grad_norm=0.25), 1e-2, 1e-5
-    per_network = run(make_optimizer(hp, lr, eps, "per_network"), params)
-    joint = run(make_optimizer(hp, lr, eps, "joint"), params)
+    per_network = run(make_optimizer(lr, hp.max_grad_norm, eps, "per_network"), params)
+    joint = run(make_optimizer(lr, hp.max_grad_norm, eps, "joint"), params)
     for name in ("actor", "critic"):
         alone = run(optax.chain(optax.clip_by_global_norm(0.25), optax.adam(lr, eps=eps)), params["params"][name],
                     lambda tree, name=name: tree["params"][name])
@@ -110,4 +111,4 @@ def test_an_unknown_choice_is_named_before_compiling(key, value):
     config = small_smax_config()
     config_lib.set_value(config, key, value)
     with pytest.raises(ValueError, match=f"config.{key} {value!r}; known"):
-        config_lib.validate(config)
+        algos.validate(config)

@@ -10,7 +10,7 @@ import pytest
 
 import envs
 from conftest import ROOT
-from jaxrl import algos, config as config_lib, mesh as mesh_lib
+from jaxrl import algos, mesh as mesh_lib
 from jaxrl.networks import ResetGRU
 
 
@@ -32,7 +32,7 @@ def small_smax_config(scenario="3m", critic_input="global_state", kind="gru", nu
 
 
 def build(config, num_seeds=1):
-    config_lib.validate(config)
+    algos.validate(config)
     algo, hp = algos.build(config, mesh_lib.make_mesh())
     return algo, hp, algo.init_seeds(config.seed, num_seeds)
 
@@ -142,7 +142,7 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
     obs, env_state = env.reset(jax.random.PRNGKey(0))
     g = env.global_state(env_state)
     mappo, _, _ = build(small_smax_config(critic_input="global_state"))
-    actor_in, critic_in = mappo._inputs(obs[None], g[None])
+    actor_in, critic_in = mappo.policy.inputs(obs[None], g[None])
     A = env.num_agents
     assert critic_in.shape == (1, A, env.state_dim + A)
     for a in range(A):
@@ -160,7 +160,7 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
     assert not np.allclose(v1, v2)
 
     ippo, _, _ = build(small_smax_config(critic_input="obs"))
-    actor_in, critic_in = ippo._inputs(obs[None], None)  # IPPO's critic: the agent's own obs and its id
+    actor_in, critic_in = ippo.policy.inputs(obs[None], None)  # IPPO's critic: the agent's own obs and its id
     np.testing.assert_array_equal(critic_in[..., :env.obs_dim], actor_in)
     np.testing.assert_array_equal(critic_in[0, :, env.obs_dim:], np.eye(A))
 
@@ -171,7 +171,7 @@ def test_agent_id_can_be_turned_off():
     algo, _, _ = build(config)
     env = algo.agent_env
     obs, env_state = env.reset(jax.random.PRNGKey(0))
-    actor_in, critic_in = algo._inputs(obs[None], env.global_state(env_state)[None])
+    actor_in, critic_in = algo.policy.inputs(obs[None], env.global_state(env_state)[None])
     assert actor_in.shape[-1] == env.obs_dim and critic_in.shape[-1] == env.state_dim
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, train
+from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.algos.text import restore_text_params
 from conftest import set_keys
 from test_multi_agent_ppo import load_experiment
@@ -60,7 +60,7 @@ def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
 ], ids=lambda o: "-".join(str(v) for v in o.values()))
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
-    config_lib.validate(config)
+    algos.validate(config)
     algo, hp = algos.build(config, mesh_lib.make_mesh())
     state = algo.init_seeds(0, 1)
     before = jax.tree.leaves(state.params)[0].copy()
@@ -138,4 +138,4 @@ def test_text_grpo_config_errors_name_the_key(sft_run, tmp_path):
                            ({}, "config.init_from")]:
         config = tiny_grpo_config(sft_run if overrides else str(tmp_path), **overrides)
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
-            config_lib.validate(config)
+            algos.validate(config)

@@ -44,15 +44,15 @@ def test_text_config_errors_name_the_key():
     config = tiny_sft_config()
     config.task.name = "subtraction"
     with pytest.raises(ValueError, match=r"config\.task\.name"):
-        config_lib.validate(config)
+        algos.validate(config)
     config = tiny_sft_config()
     config.model.num_heads = 3
     with pytest.raises(ValueError, match=r"num_heads"):
-        config_lib.validate(config)
+        algos.validate(config)
     config = tiny_sft_config()
     config.eval.pass_k = -1
     with pytest.raises(ValueError, match=r"eval\.pass_k"):
-        config_lib.validate(config)
+        algos.validate(config)
 
 
 def test_pass_at_k_counts_problems_solved_by_any_of_k_samples():

@@ -19,8 +19,8 @@ with a separate group baseline at every time step (`returns="to_go"`). A learned
 mixed in (`critic_weight` w > 0): advantages = (1 - w) * group advantages + w * standardised
 (returns-to-go - V), so critic-free and critic-based training share one code path.
 
-Everything else (networks, parameter sharing and agent ids, action masks, optimiser, minibatch
-dealing, the jitted chunk loop over seeds and devices, greedy evaluation, checkpoints) is PPO's.
+The networks and what they see (parameter sharing, agent ids, action masks, greedy evaluation) are
+`EnvPolicy`'s, shared with PPO; the optimiser, minibatch dealing and the chunk program are the engine's.
 Shapes: B groups (b on one device), G group size, N = B * G envs (n on one device, group-major), T steps
 (the episode cap), A agents, K actions.
 """
@@ -34,28 +34,52 @@ import einops
 import jax
 import jax.numpy as jnp
 from flax import struct
+from ml_collections import ConfigDict
 
 import envs
 from envs.wrappers import select
-from jaxrl import advantages as advantages_lib, distributions, losses, mesh as mesh_lib
-from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState, global_mean
-from jaxrl.mesh import DATA_AXIS
+from jaxrl import advantages as advantages_lib, config as config_lib, distributions, losses, mesh as mesh_lib
+from jaxrl.algos.env_policy import EnvPolicy, sequence_units
+from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_optimizer, env_settings,
+                                   make_env, make_network)
+from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_settings
+from jaxrl.algos.registry import Recipe, register
+from jaxrl.engine import compile_chunk, global_mean, optimise, seed_keys, standardise
+from jaxrl.jitting import jit_method
+from jaxrl.mesh import DATA_AXIS, RUNS
 
 RETURNS = ("episode", "to_go")
 
 
 @struct.dataclass
-class GRPOHyperparams(PPOHyperparams):
-    """PPO's traced numbers (`clip_eps` is the lower clip bound) plus the upper clip bound and the weight
-    of the learned value baseline (0: critic-free)."""
+class GRPOHyperparams:
+    """Traced numbers: the clip bounds of the policy ratio, the weight of the learned value baseline
+    (0: critic-free) and of its loss, the entropy bonus, the optimiser's learning rate and clipping norm."""
 
+    learning_rate: float = 2.5e-4
+    gamma: float = 0.99
+    clip_low: float = 0.2
     clip_high: float = 0.2
+    vf_coef: float = 0.5
+    ent_coef: float = 0.0
+    max_grad_norm: float = 0.5
     critic_weight: float = 0.0
 
 
+@struct.dataclass
+class GroupState:
+    """What GRPO carries between updates (every update starts fresh episodes). Leaves [S, ...]."""
+
+    params: Any
+    opt_state: Any
+    key: jax.Array  # [S, 2]
+    update_step: jax.Array  # [S] int32
+
+
 @dataclasses.dataclass(frozen=True)
-class GRPOSettings(PPOSettings):
-    """PPO's static settings (num_envs = B * G envs, num_steps = the episode cap T) plus the group choices."""
+class GRPOSettings(EnvSettings):
+    """The env algorithms' static settings (num_envs = B * G envs, num_steps = the episode cap T) plus the
+    group choices."""
 
     group_size: int = 8
     advantage: str = "grpo"  # an estimator of jaxrl.advantages
@@ -86,7 +110,7 @@ class GroupStep:
     acting: jax.Array  # [n, A] float: running, and the agent is alive (its action counts)
 
 
-class GRPO(PPO):
+class GRPO:
     """Group-relative policy optimisation for single- and multi-agent envs (see the module docstring)."""
 
     def __init__(self, env: envs.Environment, network, settings: GRPOSettings, mesh=None,
@@ -97,27 +121,58 @@ class GRPO(PPO):
         if settings.group_size < 2 or settings.num_envs % settings.group_size:
             raise ValueError(f"num_envs={settings.num_envs} must be a multiple of group_size="
                              f"{settings.group_size} (>= 2): each group is group_size envs")
-        mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, mesh)
-        super().__init__(env, network, settings, mesh, eval_max_steps)
+        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+        mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, self.mesh)
+        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
+        self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps)
+        self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
+        self.settings = settings
+        # Sequence-level ratios and aggregation need whole episodes in a minibatch.
+        check_minibatch_split(settings, self.num_agents, True, self.mesh)
         self.use_critic = bool(getattr(network, "critic", True))
         self._estimator_options = dict(settings.advantage_options)
+        self._chunk_fn = None
+        self.compile_seconds = 0.0
 
-    @property
-    def sequence_minibatches(self) -> bool:
-        return True  # sequence-level ratios and aggregation need whole episodes in a minibatch
+    # ----------------------------------------------------------------------------------------------
+    # State
+
+    def init(self, key: jax.Array) -> GroupState:
+        """A fresh state for one seed (no seed axis). Keys are drawn as PPO draws them, so that the two start
+        from the same parameters for the same seed."""
+        param_key, env_key, state_key = jax.random.split(key, 3)
+        N = self.settings.num_envs
+        obs, env_state = jax.vmap(self.agent_env.reset)(jax.random.split(env_key, N))
+        params = self.policy.init_params(param_key, self.agent_env, obs, env_state)
+        optimizer = env_optimizer(self.settings, GRPOHyperparams(), jnp.int32(0))
+        return GroupState(params, optimizer.init(params), state_key, jnp.int32(0))
+
+    def state_shardings(self, state: GroupState) -> GroupState:
+        """Seeds over the runs axis; everything replicated along the data axis."""
+        return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
+
+    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> GroupState:
+        """GroupState with a leading run axis [R = num_settings * num_seeds] (see `seed_keys`), on the mesh."""
+        keys = seed_keys(seed, num_seeds, num_settings)
+        mesh_lib.check_runs(len(keys), self.mesh)
+        state = self._init_runs(keys)
+        return jax.device_put(state, self.state_shardings(state))
+
+    @jit_method
+    def _init_runs(self, keys: jax.Array) -> GroupState:
+        # One seed after another (lax.map): see PPO.init_seeds.
+        return jax.lax.map(self.init, keys)
 
     # ----------------------------------------------------------------------------------------------
     # Group rollout
 
-    def _rollout(self, params, state: TrainState, key):
+    def _rollout(self, params, key):
         """G episodes from each of the b local groups' start states, T steps, no auto-reset.
 
-        Returns (None, trajectory GroupStep [T, n, A, ...], episode sums). Once an episode ends, its env
+        Returns (trajectory GroupStep [T, n, A, ...], episode sums). Once an episode ends, its env
         stays at the state before its last step: later steps are still computed (static shapes) but
         discarded and masked out by `running`, and no step ever starts from a terminal state.
         """
-        del state  # every update starts fresh episodes
         s, env, A, K = self.settings, self.agent_env, self.num_agents, self.agent_env.num_actions
         G, B, N = s.group_size, s.num_groups, s.num_envs
         reset_key, step_key = jax.random.split(key)
@@ -137,7 +192,7 @@ class GRPO(PPO):
         def step(carry, xs):
             env_state, obs, net_carry, first, running, alive = carry
             env_key, noise = xs
-            policy = self._policy_step(params, env, env_state, obs, net_carry, first)
+            policy = self.policy.step(params, env, env_state, obs, net_carry, first)
             action = distributions.sample_with_noise(policy.logits, noise)
             next_obs, next_state, reward, done, info = jax.vmap(env.step)(members(env_key), env_state, action)
             ended = running & envs.episode_over(done, info)
@@ -148,7 +203,7 @@ class GRPO(PPO):
                 mask=policy.mask, reward=reward * running[:, None],
                 running=jnp.broadcast_to(running[:, None], (n, A)).astype(jnp.float32),
                 acting=(running[:, None] & alive).astype(jnp.float32))
-            won = ended & info["won"] if self.reports_wins else None
+            won = ended & info["won"] if self.policy.reports_wins else None
             still = running & ~ended
             env_state, obs = jax.vmap(select)(still, (next_state, next_obs), (env_state, obs))
             return (env_state, obs, policy.carry, jnp.zeros_like(first), still, alive & ~done), (record, won)
@@ -159,9 +214,9 @@ class GRPO(PPO):
         episode = {"episode_return_sum": jnp.sum(traj.reward.sum(0).mean(-1)),
                    "episode_length_sum": jnp.sum(traj.running[:, :, 0]),
                    "episodes": jnp.int32(n)}
-        if self.reports_wins:
+        if self.policy.reports_wins:
             episode["win_rate_sum"] = jnp.sum(won)
-        return None, traj, episode
+        return traj, episode
 
     # ----------------------------------------------------------------------------------------------
     # Advantages
@@ -207,7 +262,7 @@ class GRPO(PPO):
         entropy = jnp.swapaxes(distributions.entropy(logits), 0, 1)
         total, aux = losses.policy_loss(
             log_prob, batch["log_prob"], batch["advantages"], batch["weight"],
-            clip_low=hp.clip_eps, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
+            clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=s.constant_length, entropy=entropy, ent_coef=hp.ent_coef,
             axis_name=DATA_AXIS)
         if self.use_critic:
@@ -217,10 +272,10 @@ class GRPO(PPO):
             aux = dict(aux, value_loss=value_loss)
         return total, aux
 
-    def _update(self, state: TrainState, hp: GRPOHyperparams):
+    def _update(self, state: GroupState, hp: GRPOHyperparams):
         """One GRPO update for one seed on this device's groups: returns (state, metrics)."""
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        _, traj, episode = self._rollout(state.params, state, rollout_key)
+        traj, episode = self._rollout(state.params, rollout_key)
         advantages, weight, returns_to_go, metrics = self._advantages(traj, hp)
         T, n, A = traj.action.shape
         first = jnp.broadcast_to((jnp.arange(T) == 0)[:, None, None], (T, n, A))
@@ -229,17 +284,62 @@ class GRPO(PPO):
                    "advantages": advantages, "weight": weight}
         if self.use_critic:  # what the value loss reads
             samples.update(returns=returns_to_go, acting=traj.acting)
-        units = self._minibatch_units(samples, mesh_lib.varying(self.network.initial_carry((n, A))))
-        params, opt_state, aux = self._optimise(state, units, hp, epoch_key)
+        units = sequence_units(samples, mesh_lib.varying(self.network.initial_carry((n, A))))
+        s = self.settings
+        optimizer = env_optimizer(s, hp, state.update_step)
+        params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, epoch_key,
+                                          s.num_epochs, s.num_minibatches)
         metrics.update(jax.tree.map(jnp.mean, aux))
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
         metrics["acting_fraction"] = global_mean(traj.acting)  # the share of computed steps that train
-        return state.replace(params=params, opt_state=opt_state, key=key, update_step=state.update_step + 1), metrics
+        return GroupState(params, opt_state, key, state.update_step + 1), metrics
+
+    def run_chunk(self, state: GroupState, hp: GRPOHyperparams, num_updates: int):
+        """`num_updates` updates for every seed in one compiled program; returns (state, metrics [S])."""
+        num_updates = jnp.int32(num_updates)
+        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
+        if self._chunk_fn is None:
+            self._chunk_fn, self.compile_seconds = compile_chunk(
+                self._update, state, hp, num_updates, self.mesh, jax.tree.map(lambda _: RUNS, state),
+                xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
+        return self._chunk_fn(state, hp, num_updates)
+
+    # ----------------------------------------------------------------------------------------------
+    # Evaluation and files
+
+    def evaluate(self, params, key: jax.Array, num_envs: int):
+        """Greedy actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
+        return self.policy.evaluate(params, key, num_envs)
+
+    def write_files(self, workdir: str) -> None:
+        """Nothing beside the config and checkpoints is needed to reload a run."""
+
+    def write_artifacts(self, workdir: str, params, seed: int) -> list[str]:
+        return self.policy.write_artifacts(workdir, params, seed)
 
 
-def standardise(x: jax.Array, weight: jax.Array, eps: float = 1e-8) -> jax.Array:
-    """(x - mean) / (std + eps) over the weighted entries of every device's share."""
-    total = jax.lax.psum(jnp.sum(weight), DATA_AXIS)
-    mean = jax.lax.psum(jnp.sum(x * weight), DATA_AXIS) / total
-    var = jax.lax.psum(jnp.sum(jnp.square(x - mean) * weight), DATA_AXIS) / total
-    return (x - mean) / (jnp.sqrt(var) + eps)
+# -------------------------------------------------------------------------------------------------
+# From a config
+
+
+def build_grpo(config: ConfigDict, mesh) -> GRPO:
+    env, eval_max_steps = make_env(config)
+    settings = GRPOSettings(**env_settings(config), **group_settings(config), returns=config.group.returns,
+                            constant_length=config.loss.constant_length or None)
+    network = make_network(config, env.num_actions, critic=config.critic_weight > 0)
+    return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
+
+
+def check_grpo_config(config: ConfigDict) -> None:
+    check_env_config(config)
+    check_group_config(config)
+    config_lib.one_of(config.group.returns, RETURNS, "group.returns")
+    if config.num_envs % config.group.size:
+        raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
+                         f"{config.group.size}: every group is group.size envs from one start state")
+
+
+register("grpo", Recipe(build_grpo, GRPOHyperparams, {
+    "learning_rate": "ppo.learning_rate", "gamma": "ppo.gamma", "clip_low": "loss.clip_low",
+    "vf_coef": "ppo.vf_coef", "max_grad_norm": "ppo.max_grad_norm", **GROUP_LOSS_KEYS},
+    check_grpo_config, static_of=lambda config: (config.critic_weight > 0,)))

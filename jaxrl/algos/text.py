@@ -26,14 +26,16 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import struct
+from ml_collections import ConfigDict
 from jax.sharding import PartitionSpec as P
 
 from envs import text
-from jaxrl import losses, mesh as mesh_lib, sampling
-from jaxrl.algos.grpo import standardise
-from jaxrl.algos.ppo import gradient_step, optimise, repeat_updates, seed_keys
+from jaxrl import config as config_lib, losses, mesh as mesh_lib, sampling
+from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_settings
+from jaxrl.algos.registry import Recipe, register
+from jaxrl.engine import (compile_chunk, compile_per_run, gradient_step, make_optimizer, optimise, seed_keys,
+                          standardise, warmup_cosine)
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 from jaxrl.transformer import TransformerConfig, TransformerLM
@@ -80,15 +82,10 @@ class TextState:
     update_step: jax.Array
 
 
-def make_optimizer(hp: TextHyperparams, settings: TextSettings, step: jax.Array):
-    """AdamW with global-norm clipping, linear warm-up then cosine decay; built inside the trace."""
-    warm = jnp.minimum(1.0, (step + 1) / max(settings.warmup_updates, 1))
-    progress = jnp.clip(step / max(settings.num_updates, 1), 0.0, 1.0)
-    learning_rate = hp.learning_rate * warm * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
-    return optax.chain(optax.clip_by_global_norm(hp.max_grad_norm),
-                       optax.scale_by_adam(eps=settings.adam_eps),
-                       optax.add_decayed_weights(hp.weight_decay),
-                       optax.scale(-learning_rate))
+def text_optimizer(hp: TextHyperparams, settings: TextSettings, step: jax.Array):
+    """AdamW with global-norm clipping, linear warm-up then cosine decay."""
+    learning_rate = warmup_cosine(hp.learning_rate, step, settings.warmup_updates, settings.num_updates)
+    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, weight_decay=hp.weight_decay)
 
 
 class _TextAlgorithm:
@@ -121,6 +118,10 @@ class _TextAlgorithm:
         """The tokenizer beside the checkpoints: a run is reloadable from its directory alone."""
         text.save_tokenizer(self.tokenizer, os.path.join(workdir, "tokenizer.json"))
 
+    def write_artifacts(self, workdir: str, params, seed: int) -> list[str]:
+        """None yet: held-out metrics are in metrics.jsonl."""
+        return []
+
     # ----------------------------------------------------------------------------------------------
     # State
 
@@ -132,7 +133,7 @@ class _TextAlgorithm:
         """A fresh state for one seed, from `params` when given (a warm start) else a new initialisation."""
         param_key, state_key = jax.random.split(key)
         params = self.init_params(param_key) if params is None else params
-        optimizer = make_optimizer(TextHyperparams(), self.settings, jnp.int32(0))
+        optimizer = text_optimizer(TextHyperparams(), self.settings, jnp.int32(0))
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
     def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> TextState:
@@ -154,21 +155,13 @@ class _TextAlgorithm:
         """Seeds over the runs axis; parameters replicated along the data axis."""
         return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
 
-    def _run_updates(self, state, hp, num_updates: jax.Array):
-        """For one seed: `num_updates` of `_update`; returns (state, metrics averaged over them)."""
-        state, totals = repeat_updates(self._update, state, hp, num_updates)
-        return state, jax.tree.map(lambda x: x / num_updates, totals)
-
     def _compile(self, fn, args, in_axes, in_specs, out_specs, donate_argnums=()):
-        """`fn` over this device's seeds (`mesh.over_local_runs` with `in_axes`, outputs on axis 0), per device
-        under shard_map over the (runs, data) mesh, jitted and compiled for `args`; the compile time is added
+        """`fn` for one seed compiled over every seed (`engine.compile_per_run`); the compile time is added
         to `compile_seconds`."""
-        sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=self.mesh, in_specs=in_specs,
-                                out_specs=out_specs)
-        tick = time.perf_counter()
-        lowered = jax.jit(sharded, donate_argnums=donate_argnums).lower(*args)
-        compiled = lowered.compile(dict(self.settings.xla_options) or None)
-        self.compile_seconds += time.perf_counter() - tick
+        compiled, seconds = compile_per_run(fn, args, self.mesh, in_axes=in_axes, in_specs=in_specs,
+                                            out_specs=out_specs, donate_argnums=donate_argnums,
+                                            xla_options=self.settings.xla_options)
+        self.compile_seconds += seconds
         return compiled
 
     def run_chunk(self, state, hp, num_updates: int):
@@ -177,8 +170,10 @@ class _TextAlgorithm:
         num_updates = jnp.int32(num_updates)
         hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
         if self._chunk_fn is None:
-            self._chunk_fn = self._compile(self._run_updates, (state, hp, num_updates), (0, 0, None),
-                                           (RUNS, RUNS, P()), (RUNS, RUNS), donate_argnums=0)
+            self._chunk_fn, seconds = compile_chunk(self._update, state, hp, num_updates, self.mesh,
+                                                    jax.tree.map(lambda _: RUNS, state),
+                                                    xla_options=self.settings.xla_options)
+            self.compile_seconds += seconds
         return self._chunk_fn(state, hp, num_updates)
 
     # ----------------------------------------------------------------------------------------------
@@ -268,7 +263,7 @@ class TextSFT(_TextAlgorithm):
 
     def _update(self, state: TextState, hp: TextHyperparams):
         key, batch_key = jax.random.split(state.key)
-        optimizer = make_optimizer(hp, self.settings, state.update_step)
+        optimizer = text_optimizer(hp, self.settings, state.update_step)
         params, opt_state, metrics = gradient_step(self._loss, optimizer, state.params, state.opt_state,
                                                    self._batch(batch_key), hp)
         return TextState(params, opt_state, key, state.update_step + 1), metrics
@@ -449,7 +444,7 @@ class TextGRPO(_TextAlgorithm):
             ref, _, _ = sampling.score_groups(self.model, state.ref_params, units["prompts"], units["tokens"],
                                               units["mask"], self.vocab.pad_id)
             units = dict(units, ref_log_probs=ref)
-        optimizer = make_optimizer(hp, s, state.update_step)
+        optimizer = text_optimizer(hp, s, state.update_step)
         groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)
@@ -492,3 +487,73 @@ def _wait_then_clock(tree) -> float:
     """time.perf_counter() once every array of `tree` is computed."""
     jax.block_until_ready(tree)
     return time.perf_counter()
+
+
+# -------------------------------------------------------------------------------------------------
+# From a config
+
+
+def text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **extra):
+    o = config.optim
+    model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None, value_head=value_head)
+    return settings_cls(
+        task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
+        num_prompts=config.num_prompts,
+        num_updates=config.total_steps // (config.num_prompts * extra.get("group_size", 1)),
+        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, model_kwargs=tuple(sorted(model.items())),
+        pass_k=config.eval.pass_k, xla_options=config_lib.xla_options(config), **extra)
+
+
+def build_text_sft(config: ConfigDict, mesh) -> TextSFT:
+    return TextSFT(text_settings(config, TextSettings), mesh)
+
+
+def build_text_grpo(config: ConfigDict, mesh) -> TextGRPO:
+    o, loss = config.optim, config.loss
+    tokenizer = os.path.join(config.init_from, "tokenizer.json") if config.init_from else None
+    settings = text_settings(
+        config, TextGRPOSettings, value_head=config.critic_weight > 0, **group_settings(config),
+        tokenizer_path=tokenizer, oversample=config.group.oversample, top_k=config.sampling.top_k,
+        reward_weights=tuple(config.reward_weights), kl=loss.kl, use_kl=loss.kl_coef > 0,
+        num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
+    init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from else None
+    return TextGRPO(settings, mesh, init_params)
+
+
+def check_text_config(config: ConfigDict) -> None:
+    config_lib.one_of(config.task.name, sorted(text.TASKS), "task.name")
+    config_lib.positive(config, "num_prompts", "model.num_layers", "model.d_model", "model.num_heads")
+    if config.model.d_model % config.model.num_heads:
+        raise ValueError(f"config.model.d_model = {config.model.d_model} is not divisible by "
+                         f"config.model.num_heads = {config.model.num_heads}")
+    if config.total_steps < config.num_prompts:
+        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_prompts = "
+                         f"{config.num_prompts})")
+    if config.eval.pass_k < 0:
+        raise ValueError(f"config.eval.pass_k must be >= 0 (0: greedy evaluation only), got {config.eval.pass_k!r}")
+    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
+        if not config.optim[key] > 0:
+            raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
+
+
+def check_text_grpo_config(config: ConfigDict) -> None:
+    check_text_config(config)
+    check_group_config(config)
+    config_lib.one_of(config.loss.kl, tuple(losses.KL_ESTIMATORS), "loss.kl")
+    config_lib.positive(config, "group.oversample", "optim.num_epochs", "optim.num_minibatches")
+    if len(config.reward_weights) != 2:
+        raise ValueError(f"config.reward_weights needs one weight per reward component (correct, well_formed), "
+                         f"got {config.reward_weights!r}")
+    if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
+        raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")
+    if not config.sampling.temperature >= 0:
+        raise ValueError(f"config.sampling.temperature must be >= 0, got {config.sampling.temperature!r}")
+
+
+_OPTIM_KEYS = {"learning_rate": "optim.learning_rate", "max_grad_norm": "optim.max_grad_norm",
+               "weight_decay": "optim.weight_decay"}
+register("text_sft", Recipe(build_text_sft, TextHyperparams, _OPTIM_KEYS, check_text_config))
+register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, {
+    **_OPTIM_KEYS, **GROUP_LOSS_KEYS, "clip_low": "loss.clip_low", "kl_coef": "loss.kl_coef",
+    "vf_coef": "loss.vf_coef", "temperature": "sampling.temperature", "top_p": "sampling.top_p"},
+    check_text_grpo_config, static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0)))

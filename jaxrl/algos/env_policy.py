@@ -1,0 +1,179 @@
+"""The actor-critic on an environment, as PPO and env GRPO both use it: what the networks see, one step of
+the networks, the initial parameters, greedy evaluation and the episode GIF.
+
+Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array reads [..., A, ...].
+Agents share parameters; `agent_id` tells them apart. The critic sees each agent's own inputs (IPPO) or the
+env's global state (MAPPO, `critic_input="global_state"`). Shapes: n envs, A agents, K actions, d inputs.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+import envs
+from jaxrl import distributions
+from jaxrl.algos.env_setup import AGENT_ID_INPUTS, CRITIC_INPUTS
+from jaxrl.jitting import jit_method
+
+
+class PolicyStep(NamedTuple):
+    """What the networks make of one time step of n envs (see `EnvPolicy.step`)."""
+
+    carry: Any  # the hidden state after this step
+    actor_in: jax.Array  # [n, A, d_actor]
+    critic_in: jax.Array  # [n, A, d_critic] (the same array as actor_in when the critic sees the obs)
+    logits: jax.Array  # [n, A, K], illegal actions masked
+    value: jax.Array  # [n, A]
+    mask: jax.Array | None  # [n, A, K] legal actions, None for envs without masks
+
+
+class EnvPolicy:
+    """A network acting in `env` (any env of the `envs` API, seen with an agent axis)."""
+
+    def __init__(self, env: envs.Environment, network, agent_id: str = "both", critic_input: str = "obs",
+                 eval_max_steps: int = 1000):
+        for name, value, known in (("critic_input", critic_input, CRITIC_INPUTS), ("agent_id", agent_id, AGENT_ID_INPUTS)):
+            if value not in known:
+                raise ValueError(f"unknown {name} {value!r}; known: {', '.join(known)}")
+        self.agent_env = envs.as_multi_agent(env)
+        if critic_input == "global_state" and not hasattr(self.agent_env, "global_state"):
+            raise ValueError(f"critic_input='global_state' needs an env with a global state; {env!r} has none "
+                             "(use critic_input='obs')")
+        self.network = network
+        self.agent_id, self.critic_input = agent_id, critic_input
+        self.num_agents = self.agent_env.num_agents
+        self.reports_wins = "won" in step_info_keys(self.agent_env)
+        self.recurrent = bool(getattr(network, "recurrent", False))
+        self.eval_max_steps = eval_max_steps
+
+    # ----------------------------------------------------------------------------------------------
+    # What the networks see, and one step of them
+
+    def inputs(self, obs: jax.Array, global_state: jax.Array | None):
+        """obs [..., A, d], global_state [..., G] or None -> (actor_in [..., A, d'], critic_in [..., A, d'']).
+
+        Returns the same array twice when actor and critic see the same inputs (a rollout then stores it once).
+        """
+        A, ids_for = self.num_agents, self.agent_id
+        ids = jnp.broadcast_to(jnp.eye(A, dtype=obs.dtype), (*obs.shape[:-2], A, A)) if A > 1 else None
+
+        def with_id(x, network):
+            return x if ids is None or ids_for not in ("both", network) else jnp.concatenate([x, ids], axis=-1)
+
+        actor_in = with_id(obs, "actor")
+        if self.critic_input == "obs":
+            same_inputs = ids is None or ids_for in ("both", "none")
+            return actor_in, actor_in if same_inputs else with_id(obs, "critic")
+        shared = jnp.broadcast_to(global_state[..., None, :], (*obs.shape[:-1], global_state.shape[-1]))
+        return actor_in, with_id(shared.astype(obs.dtype), "critic")
+
+    def global_state(self, env, env_states):
+        """[n, G] for a batch of `env`'s states when the critic needs it, else None."""
+        if self.critic_input != "global_state":
+            return None
+        return jax.vmap(env.global_state)(env_states)
+
+    def step(self, params, env, env_state, obs, carry, first) -> PolicyStep:
+        """The networks on n envs' current observations, one time step (rollouts, bootstrap values and
+        evaluation all go through here). obs [n, A, d], first [n]; `env` is the env whose states these are."""
+        actor_in, critic_in = self.inputs(obs, self.global_state(env, env_state))
+        mask = jax.vmap(env.avail_actions)(env_state) if env.has_action_masks else None
+        first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
+        carry, logits, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
+        return PolicyStep(carry, actor_in, critic_in, distributions.masked_logits(logits[0], mask), value[0], mask)
+
+    def init_params(self, key: jax.Array, env, obs: jax.Array, env_state) -> Any:
+        """Initial parameters from `key`; the observations [n, A, d] and states of n envs of `env` give the
+        input shapes (the values do not matter)."""
+        n, A = obs.shape[:2]
+        actor_in, critic_in = self.inputs(obs, self.global_state(env, env_state))
+        return self.network.init(key, self.network.initial_carry((n, A)), actor_in[None], critic_in[None],
+                                 jnp.ones((1, n, A), bool))
+
+    # ----------------------------------------------------------------------------------------------
+    # Greedy evaluation
+
+    def greedy_episodes(self, params, key: jax.Array, num_envs: int, keep_states: bool = False):
+        """One greedy episode per env (no auto-reset), for one seed's params.
+
+        Returns (means over envs {eval_return, eval_length[, eval_win_rate]}, trace): with `keep_states`
+        the trace is (reset states, states after each step [T, num_envs, ...], still running before
+        each step [T, num_envs]), else None.
+        """
+        env = self.agent_env
+        reset_key, step_key = jax.random.split(key)
+        obs, reset_state = jax.vmap(env.reset)(jax.random.split(reset_key, num_envs))
+        totals = {"eval_return": jnp.zeros(num_envs), "eval_length": jnp.zeros(num_envs, jnp.int32)}
+        if self.reports_wins:
+            totals["eval_win_rate"] = jnp.zeros(num_envs, bool)
+
+        def step(c, key):
+            obs, env_state, carry, first, alive, totals = c
+            policy = self.step(params, env, env_state, obs, carry, first)
+            carry, action = policy.carry, distributions.greedy(policy.logits)
+            obs, env_state, reward, done, info = jax.vmap(env.step)(jax.random.split(key, num_envs), env_state, action)
+            totals = dict(totals, eval_return=totals["eval_return"] + reward.mean(-1) * alive,
+                          eval_length=totals["eval_length"] + alive)
+            if self.reports_wins:
+                totals["eval_win_rate"] = totals["eval_win_rate"] | (info["won"] & alive)
+            trace = (env_state, alive) if keep_states else None
+            alive = alive & ~envs.episode_over(done, info)
+            return (obs, env_state, carry, jnp.zeros_like(first), alive, totals), trace
+
+        carry = self.network.initial_carry((num_envs, self.num_agents))
+        running = jnp.ones(num_envs, bool)
+        init = (obs, reset_state, carry, running, running, totals)
+        (*_, totals), trace = jax.lax.scan(step, init, jax.random.split(step_key, self.eval_max_steps))
+        means = jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32)), totals)
+        return means, (reset_state, *trace) if keep_states else None
+
+    @jit_method(static_argnums=(3,))
+    def evaluate(self, params, key: jax.Array, num_envs: int):
+        """Greedy actions, one episode per env, for every seed: {eval_return, eval_length[, eval_win_rate]} [S].
+        Every seed plays the same `num_envs` episodes (the same key): runs differ only by their policies."""
+        return jax.vmap(lambda p: self.greedy_episodes(p, key, num_envs)[0])(params)
+
+    def episode_states(self, params, key: jax.Array) -> list:
+        """The env states of one greedy episode for one seed's params (no seed axis): the reset state, then
+        the state after each step, up to the end of the episode."""
+        run = jax.jit(lambda params, key: self.greedy_episodes(params, key, 1, keep_states=True)[1])
+        reset_state, states, running = jax.device_get(run(params, key))
+        length = int(running[:, 0].sum())
+        first = jax.tree.map(lambda x: x[0], reset_state)
+        return [first] + [jax.tree.map(lambda x: x[t, 0], states) for t in range(length)]
+
+    def write_artifacts(self, workdir: str, params, seed: int) -> list[str]:
+        """`eval_episode.gif`: one greedy episode of the first run (params leaves [R, ...]) when the env can
+        draw itself (`envs.rendering`)."""
+        from envs import rendering
+
+        if rendering.renderer(self.agent_env) is None:
+            return []
+        states = self.episode_states(jax.tree.map(lambda x: x[0], params), jax.random.PRNGKey(seed))
+        return [rendering.save_gif(rendering.render_frames(self.agent_env, states),
+                                   os.path.join(workdir, "eval_episode.gif"))]
+
+
+def step_info_keys(env: envs.Environment) -> set[str]:
+    """The keys of `info` that `env.step` returns (traced abstractly, nothing runs)."""
+    def probe(key):
+        _, state = env.reset(key)
+        return env.step(key, state, jnp.zeros((env.num_agents,), jnp.int32))[4]
+    return set(jax.eval_shape(probe, jax.random.PRNGKey(0)))
+
+
+def sequence_units(samples: dict, start_carry) -> dict:
+    """Time-major samples [T, n, A, ...] -> per-env units for `engine.deal_minibatches`: the A whole
+    sequences [n, A, T, ...] of each env, with the carry each began from."""
+    units = jax.tree.map(lambda x: jnp.moveaxis(x, 0, 2), samples)
+    return dict(units, carry=start_carry)
+
+
+def step_units(samples: dict) -> dict:
+    """Time-major samples [T, n, A, ...] -> per-env units [n, T * A, ...] (single agent-steps)."""
+    T, n, A = jax.tree.leaves(samples)[0].shape[:3]
+    return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(n, T * A, *x.shape[3:]), samples)

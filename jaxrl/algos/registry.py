@@ -1,0 +1,79 @@
+"""Algorithms by name. Each algorithm module registers a `Recipe` for its `config.algorithm` name; the
+training loop, sweeps and benchmarks go through `validate`, `build` and `hyperparams` here.
+
+A recipe says which config keys become the algorithm's traced hyperparameters (`keys`): those are the keys a
+sweep varies inside one compiled program. Every other key is static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from ml_collections import ConfigDict
+
+from jaxrl import config as config_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How a config becomes an algorithm."""
+
+    build: Callable  # (config, mesh) -> an object following `jaxrl.engine.Algorithm`
+    hyperparams: type  # the traced hyperparameters' pytree class
+    keys: dict  # hyperparameter field -> the config key it is read from
+    check: Callable[[ConfigDict], None]  # the algorithm's own config checks (ValueError naming the key)
+    # Static choices that a hyperparameter's value also makes (e.g. critic_weight > 0 adds a value head):
+    # two settings that differ in these cannot share a compiled program.
+    static_of: Callable[[ConfigDict], tuple] = lambda config: ()
+
+
+ALGORITHMS: dict[str, Recipe] = {}
+
+
+def register(name: str, recipe: Recipe) -> Recipe:
+    """Make `config.algorithm = name` build with `recipe` (an experiment file may register its own)."""
+    ALGORITHMS[name] = recipe
+    return recipe
+
+
+def recipe(name: str) -> Recipe:
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown config.algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]
+
+
+def validate(config: ConfigDict) -> None:
+    """Check everything that can be checked without compiling; raise ValueError naming the key."""
+    algorithm = recipe(config.algorithm)
+    config_lib.validate_shared(config)
+    algorithm.check(config)
+
+
+def hyperparams(config: ConfigDict):
+    """The traced hyperparameters of `config` (float32 scalars), read from the recipe's `keys`."""
+    algorithm = recipe(config.algorithm)
+    fields = {field: config_lib.get_value(config, key) for field, key in algorithm.keys.items()}
+    return jax.tree.map(jnp.float32, algorithm.hyperparams(**fields))
+
+
+def hyperparam_keys(config: ConfigDict) -> tuple[str, ...]:
+    """The config keys a sweep can vary inside one compiled program."""
+    return tuple(recipe(config.algorithm).keys.values())
+
+
+def static_signature(config: ConfigDict) -> str:
+    """Equal for two configs exactly when they can share a compiled program (and its state layout): the
+    config with its hyperparameter keys blanked, plus the static choices those keys make."""
+    blank = config.copy_and_resolve_references()
+    with blank.unlocked():
+        for key in hyperparam_keys(config):
+            config_lib.set_value(blank, key, None)
+    return blank.to_json(sort_keys=True) + repr(recipe(config.algorithm).static_of(config))
+
+
+def build(config: ConfigDict, mesh):
+    """(algorithm, hyperparams) for `config.algorithm`."""
+    return recipe(config.algorithm).build(config, mesh), hyperparams(config)

@@ -1,0 +1,19 @@
+"""The engine every algorithm stands on: the Algorithm protocol, the one chunk compiler, seeding, the
+optimiser and its schedules, minibatch gradient steps, and statistics over the global batch.
+
+    config -> algorithm (algos/) -> compile_per_run(repeat_updates(update)) -> run_chunk -> jaxrl.train
+                                    update = rollout -> advantages -> loss -> optimise (gradient_step)
+
+Leaf modules (advantages, losses, networks, distributions, transformer, sampling, mesh) sit below the
+engine; algorithms above it; the host loop (`jaxrl.train`, `jaxrl.sweep`) on top.
+"""
+
+from jaxrl.engine.chunks import chunk_metrics, compile_chunk, compile_per_run, repeat_updates, seed_keys
+from jaxrl.engine.minibatches import deal_minibatches, gradient_step, minibatch_block_size, optimise
+from jaxrl.engine.optim import GRAD_CLIPS, clip_each_network, linear_decay, make_optimizer, warmup_cosine
+from jaxrl.engine.protocol import Algorithm
+from jaxrl.engine.stats import global_mean, normalize, standardise
+
+__all__ = ["Algorithm", "GRAD_CLIPS", "chunk_metrics", "clip_each_network", "compile_chunk", "compile_per_run", "deal_minibatches", "global_mean",
+           "gradient_step", "linear_decay", "make_optimizer", "minibatch_block_size", "normalize", "optimise",
+           "repeat_updates", "seed_keys", "standardise", "warmup_cosine"]

@@ -1,0 +1,83 @@
+"""Seeding, and the one way a training program is compiled: a chunk of updates for every run at once.
+
+    shard_map over the (runs, data) mesh (runs split over `runs`, an algorithm's batch over `data`)
+      over this device's runs (`mesh.over_local_runs`: vmap, or a plain call for a single run)
+        `repeat_updates`: lax.fori_loop over a traced number of updates
+
+A run is one seed of one sweep setting; every leaf of a state or of per-run hyperparameters carries the
+leading run axis [R, ...].
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from jaxrl import mesh as mesh_lib
+from jaxrl.mesh import RUN_AXIS
+
+
+def seed_keys(seed: int, num_seeds: int, num_settings: int = 1) -> jax.Array:
+    """[R, 2] with R = num_settings * num_seeds, settings-major: run r trains seed r % num_seeds, and seed s
+    of every setting (and of every run with the same `seed`) starts from the same key."""
+    keys = jax.vmap(jax.random.fold_in, (None, 0))(jax.random.PRNGKey(seed), jnp.arange(num_seeds))
+    return jnp.tile(keys, (num_settings, 1))
+
+
+def repeat_updates(update, state, hp, num_updates: jax.Array):
+    """Apply `update(state, hp) -> (state, metrics)` a traced number of times (one compiled program for
+    every chunk length); returns (state, metrics summed over the updates)."""
+    _, shapes = jax.eval_shape(update, state, hp)
+    zeros = jax.tree.map(mesh_lib.zeros_like_abstract, shapes)
+
+    def body(_, carry):
+        state, totals = carry
+        state, metrics = update(state, hp)
+        return state, jax.tree.map(jnp.add, totals, metrics)
+
+    return jax.lax.fori_loop(0, num_updates, body, (state, zeros))
+
+
+def chunk_metrics(totals: dict, num_updates: jax.Array) -> dict:
+    """Metrics summed over a chunk's updates -> per chunk: `*_sum` keys and `episodes` stay sums (the host
+    divides them by `episodes`), every other key becomes the mean over the updates."""
+    return {k: v if k.endswith("_sum") or k == "episodes" else v / num_updates for k, v in totals.items()}
+
+
+def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, *, xla_options=(),
+                  check_vma: bool = True):
+    """The program that runs `num_updates` (traced) of `update(state, hp) -> (state, metrics)` for every run:
+    (state, hp, num_updates) -> (state, metrics [R] per chunk). `state_specs`: the PartitionSpec of each state
+    leaf ([R, ...] over `runs`, and any axis the algorithm splits over `data`). Returns (compiled, seconds)."""
+    def run_updates(state, hp, num_updates):
+        state, totals = repeat_updates(update, state, hp, num_updates)
+        return state, chunk_metrics(totals, num_updates)
+
+    runs = P(RUN_AXIS)
+    shardings = jax.tree.map(lambda spec: NamedSharding(mesh, spec), state_specs,
+                             is_leaf=lambda x: isinstance(x, P))
+    per_run = NamedSharding(mesh, runs)
+    return compile_per_run(run_updates, (state, hp, num_updates), mesh, in_axes=(0, 0, None),
+                           in_specs=(state_specs, runs, P()), out_specs=(state_specs, runs), donate_argnums=0,
+                           in_shardings=(shardings, per_run, NamedSharding(mesh, P())),
+                           out_shardings=(shardings, per_run), xla_options=xla_options, check_vma=check_vma)
+
+
+def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, out_specs, donate_argnums=(),
+                    in_shardings=None, out_shardings=None, xla_options=(), check_vma: bool = True):
+    """`fn` (one run on this device's share) over every run, under shard_map on `mesh`, jitted and compiled
+    for `args`. Returns (compiled program, seconds it took to compile).
+
+    in_axes: per argument, 0 (one value per run) or None (shared); in_specs / out_specs: the shard_map
+    PartitionSpecs; xla_options: ((name, value), ...) XLA compile options.
+    """
+    sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=mesh, in_specs=in_specs,
+                            out_specs=out_specs, check_vma=check_vma)
+    jit_kwargs = {} if in_shardings is None else {"in_shardings": in_shardings, "out_shardings": out_shardings}
+    tick = time.perf_counter()
+    lowered = jax.jit(sharded, donate_argnums=donate_argnums, **jit_kwargs).lower(*args)
+    compiled = lowered.compile(dict(xla_options) or None)
+    return compiled, time.perf_counter() - tick
