@@ -52,14 +52,18 @@ def timed(fn, *args):
 
 
 def jaxrl_algo(num_updates: int):
-    config = config_lib.base_config()
+    config = algos.default_config("ppo")
     config.total_steps = num_updates * BATCH
     config.num_envs, config.num_steps = RECIPE["num_envs"], RECIPE["num_steps"]
-    for key, value in RECIPE.items():
-        if key in config.ppo:
-            config.ppo[key] = value
-    config.ppo.anneal_lr = True
-    config.ppo.bootstrap_truncation = False  # the recipe treats a time limit as terminal, as rejax does
+    keys = {"num_epochs": "optim.num_epochs", "num_minibatches": "optim.num_minibatches",
+            "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "gae_lambda": "returns.gae_lambda",
+            "vf_coef": "loss.vf_coef", "ent_coef": "loss.ent_coef", "max_grad_norm": "optim.max_grad_norm",
+            "clip_eps": ("loss.clip_low", "loss.clip_high", "loss.value_clip")}
+    for name, key in keys.items():
+        for one in (key if isinstance(key, tuple) else (key,)):
+            config_lib.set_value(config, one, RECIPE[name])
+    config.optim.schedule = "linear"
+    config.returns.bootstrap_truncation = False  # the recipe treats a time limit as terminal, as rejax does
     config.network.hidden_sizes, config.network.activation = (64, 64), "tanh"
     algos.validate(config)
     return algos.build(config, mesh_lib.make_mesh())

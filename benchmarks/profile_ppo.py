@@ -2,7 +2,7 @@
 
     python benchmarks/profile_ppo.py                                         # experiments/smax_mappo.py:3m
     python benchmarks/profile_ppo.py --config experiments/smax_mappo.py:2s3z --num-envs 128
-    python benchmarks/profile_ppo.py --set network.kind=mlp --set ppo.num_epochs=2
+    python benchmarks/profile_ppo.py --set network.kind=mlp --set optim.num_epochs=2
 
 Every phase runs for one seed under the same `shard_map` over the mesh and `vmap` over runs as
 `PPO.run_chunk`, is compiled once, and is timed as the median of `--repeats` calls of `--updates`

@@ -51,7 +51,7 @@ def run_as_sweep(config, num_seeds: int, learning_rates: list[float], workdir: s
     config = config.copy_and_resolve_references()
     config.num_seeds = num_seeds
     tick = time.perf_counter()
-    summary = sweep.run_sweep(config, {"ppo.learning_rate": learning_rates}, workdir, progress=False)
+    summary = sweep.run_sweep(config, {"optim.learning_rate": learning_rates}, workdir, progress=False)
     seconds = time.perf_counter() - tick
     return seconds, {lr: [float(v) for v in row["eval_return_per_seed"].split()]
                      for lr, row in zip(learning_rates, summary)}
@@ -65,7 +65,7 @@ def run_one_by_one(config, num_seeds: int, learning_rates: list[float], workdir:
         returns[lr] = []
         for seed in range(num_seeds):
             one = config.copy_and_resolve_references()
-            one.seed, one.ppo.learning_rate = seed, lr
+            one.seed, one.optim.learning_rate = seed, lr
             result = train.run(one, os.path.join(workdir, f"lr{lr:g}-seed{seed}"), progress=False)
             returns[lr].append(result.metrics[-1]["eval_return"])
     return time.perf_counter() - tick, returns

@@ -9,11 +9,11 @@ ended; `acting_fraction` in metrics.jsonl says how many of them trained.
 
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib
+from jaxrl import algos, config as config_lib
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    config = config_lib.grpo_config()
+    config = algos.default_config("grpo")
     config.experiment = "cartpole_grpo"
     config.env.name = "CartPole-v1"
     config.total_steps = 1_536_000  # solved (return 500) by about 0.7M
@@ -23,12 +23,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.group.size = 8
     config.group.returns = "to_go"
     config.advantage = "grpo"
-    config.ppo.gamma = 1.0
-    config.ppo.num_epochs = 4
-    config.ppo.num_minibatches = 4
-    config.ppo.learning_rate = 1e-3
-    config.ppo.anneal_lr = True
-    config.ppo.max_grad_norm = 0.5
+    config.returns.gamma = 1.0
+    config.optim.num_epochs = 4
+    config.optim.num_minibatches = 4
+    config.optim.learning_rate = 1e-3
+    config.optim.schedule = "linear"
+    config.optim.max_grad_norm = 0.5
     config.loss.clip_low = 0.2
     config.loss.clip_high = 0.2
     config.loss.aggregate = "token"

@@ -5,28 +5,29 @@
 
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib
+from jaxrl import algos, config as config_lib
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    config = config_lib.base_config()
+    config = algos.default_config("ppo")
     config.experiment = "cartpole_ppo"
-    config.algorithm = "ppo"
     config.env.name = "CartPole-v1"
     config.total_steps = 500_000
     config.num_envs = 4
     config.num_steps = 128
 
-    config.ppo.num_epochs = 4
-    config.ppo.num_minibatches = 4
-    config.ppo.learning_rate = 2.5e-4
-    config.ppo.anneal_lr = True
-    config.ppo.gamma = 0.99
-    config.ppo.gae_lambda = 0.95
-    config.ppo.clip_eps = 0.2
-    config.ppo.vf_coef = 0.5
-    config.ppo.ent_coef = 0.01
-    config.ppo.max_grad_norm = 0.5
+    config.optim.num_epochs = 4
+    config.optim.num_minibatches = 4
+    config.optim.learning_rate = 2.5e-4
+    config.optim.schedule = "linear"
+    config.returns.gamma = 0.99
+    config.returns.gae_lambda = 0.95
+    config.loss.clip_low = 0.2
+    config.loss.clip_high = 0.2
+    config.loss.value_clip = 0.2
+    config.loss.vf_coef = 0.5
+    config.loss.ent_coef = 0.01
+    config.optim.max_grad_norm = 0.5
 
     config.network.hidden_sizes = (64, 64)
     config.network.activation = "tanh"

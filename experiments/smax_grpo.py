@@ -11,7 +11,7 @@ computed step, including the masked steps after a battle ended (`acting_fraction
 from ml_collections import ConfigDict
 
 from experiments.smax_mappo import recurrent_network
-from jaxrl import config as config_lib
+from jaxrl import algos, config as config_lib
 
 BUDGETS = {"3m": 8_192_000}
 DEFAULT_STEPS = 20_000_000
@@ -19,7 +19,7 @@ DEFAULT_STEPS = 20_000_000
 
 def get_config(arg: str | None = None) -> ConfigDict:
     scenario = arg or "3m"
-    config = config_lib.grpo_config()
+    config = algos.default_config("grpo")
     config.experiment = f"smax_grpo_{scenario}"
     config.env.name = "smax"
     config.env.kwargs = ConfigDict({"scenario": scenario})
@@ -31,13 +31,13 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # Returns-to-go with a group baseline at every step, discounted over about 20 steps (a battle lasts
     # about 15): reached a 0.87 training win rate on 3m where one advantage per episode levelled off at 0.76.
     config.group.returns = "to_go"
-    config.ppo.gamma = 0.95
+    config.returns.gamma = 0.95
     config.advantage = "grpo"
-    config.ppo.num_epochs = 4
-    config.ppo.num_minibatches = 4
-    config.ppo.learning_rate = 2e-3
-    config.ppo.anneal_lr = True
-    config.ppo.max_grad_norm = 0.25
+    config.optim.num_epochs = 4
+    config.optim.num_minibatches = 4
+    config.optim.learning_rate = 2e-3
+    config.optim.schedule = "linear"
+    config.optim.max_grad_norm = 0.25
     config.loss.clip_low = 0.2
     config.loss.clip_high = 0.2
     config.loss.aggregate = "token"

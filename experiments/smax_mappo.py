@@ -11,7 +11,7 @@ per update (64 x 128 steps rather than 128 x 128), which learns 3m in fewer env 
 
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib
+from jaxrl import algos, config as config_lib
 
 # Env steps per seed for each scenario's default budget; others get DEFAULT_STEPS.
 BUDGETS = {"3m": 2_000_000, "2s3z": 10_000_000, "5m_vs_6m": 10_000_000}
@@ -20,30 +20,31 @@ DEFAULT_STEPS = 10_000_000
 
 def smax_config(scenario: str, critic_input: str, experiment: str) -> ConfigDict:
     """Shared by the SMAX IPPO and MAPPO experiments: they differ only in what the critic sees."""
-    config = config_lib.base_config()
+    config = algos.default_config("ppo")
     config.experiment = f"{experiment}_{scenario}"
-    config.algorithm = "ppo"
     config.env.name = "smax"
     config.env.kwargs = ConfigDict({"scenario": scenario})
     config.total_steps = BUDGETS.get(scenario, DEFAULT_STEPS)
     config.num_envs = 64
     config.num_steps = 128
 
-    config.ppo.critic_input = critic_input
-    config.ppo.num_epochs = 4
-    config.ppo.num_minibatches = 4
-    config.ppo.learning_rate = 2e-3
-    config.ppo.anneal_lr = True
-    config.ppo.gamma = 0.99
-    config.ppo.gae_lambda = 0.95
-    config.ppo.clip_eps = 0.2
-    config.ppo.vf_coef = 0.5
-    config.ppo.ent_coef = 0.0
-    config.ppo.max_grad_norm = 0.25
-    config.ppo.grad_clip = "per_network"
+    config.network.critic_input = critic_input
+    config.optim.num_epochs = 4
+    config.optim.num_minibatches = 4
+    config.optim.learning_rate = 2e-3
+    config.optim.schedule = "linear"
+    config.returns.gamma = 0.99
+    config.returns.gae_lambda = 0.95
+    config.loss.clip_low = 0.2
+    config.loss.clip_high = 0.2
+    config.loss.value_clip = 0.2
+    config.loss.vf_coef = 0.5
+    config.loss.ent_coef = 0.0
+    config.optim.max_grad_norm = 0.25
+    config.optim.grad_clip = "per_network"
     # SMAX pays dead agents the team reward: their returns run on to the end of the battle, so a unit that
     # dies for a win is credited with it (ending them at its death halves the learning speed on 3m).
-    config.ppo.returns_until = "episode"
+    config.returns.until = "episode"
 
     recurrent_network(config)
     # XLA:CPU's YNNPACK dot fusions run each large product ([12288, 128] x [128, 384]) on one core; without

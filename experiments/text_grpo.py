@@ -13,12 +13,12 @@ tokenizer from `init_from`). RL may train on harder problems than SFT saw: any t
 from ml_collections import ConfigDict
 
 from experiments.text_sft import task_kwargs
-from jaxrl import config as config_lib
+from jaxrl import algos, config as config_lib
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
     task = arg or "addition"
-    config = config_lib.text_grpo_config()
+    config = algos.default_config("text_grpo")
     config.experiment = f"text_grpo_{task}"
     config.task.name = task
     config.task.kwargs = task_kwargs(task)

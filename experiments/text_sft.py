@@ -10,7 +10,7 @@ beside the checkpoints, and `eval_accuracy` is greedy pass@1 on a fixed held-out
 from ml_collections import ConfigDict
 
 from envs import text
-from jaxrl import config as config_lib
+from jaxrl import algos, config as config_lib
 
 TASK_KWARGS = {"addition": {"min_digits": 1, "max_digits": 3}, "multiplication": {"min_digits": 1, "max_digits": 2},
                "countdown": {"num_numbers": 3}}
@@ -23,9 +23,8 @@ def task_kwargs(task: str) -> ConfigDict:
 
 def get_config(arg: str | None = None) -> ConfigDict:
     task = arg or "addition"
-    config = config_lib.text_config()
+    config = algos.default_config("text_sft")
     config.experiment = f"text_sft_{task}"
-    config.algorithm = "text_sft"
     config.task.name = task
     config.task.kwargs = task_kwargs(task)
     config.total_steps = 320_000

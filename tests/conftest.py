@@ -3,7 +3,7 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import ROOT
 
 
 def pytest_configure(config):
@@ -23,14 +23,3 @@ def run_python(code: str, *, devices: int = 1, timeout: int = 600, env: dict | N
 @pytest.fixture
 def python_subprocess():
     return run_python
-
-
-def set_keys(config, overrides: dict):
-    """Set dotted config keys ("loss.clip_high": 0.28) as the command line does; returns the config."""
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target[part]
-        target[leaf] = value
-    return config

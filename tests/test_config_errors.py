@@ -6,7 +6,7 @@ import pytest
 from experiments import cartpole_ppo
 from jaxrl import config as config_lib, mesh as mesh_lib
 from jaxrl import algos
-from conftest import ROOT
+from helpers import ROOT
 
 
 def _config(**overrides):
@@ -35,7 +35,7 @@ def test_wrong_type_in_python_is_an_error():
 
 
 def test_minibatches_must_divide_the_batch():
-    with pytest.raises(ValueError, match=r"num_envs \* num_steps = 3 \* 5 = 15 is not divisible by ppo.num_minibatches = 4"):
+    with pytest.raises(ValueError, match=r"num_envs \* num_steps = 3 \* 5 = 15 is not divisible by optim.num_minibatches = 4"):
         algos.validate(_config(num_envs=3, num_steps=5))
 
 
@@ -47,8 +47,8 @@ def test_unknown_environment_name_is_an_error():
 def test_non_positive_sizes_are_errors():
     with pytest.raises(ValueError, match="config.num_envs must be a positive integer"):
         algos.validate(_config(num_envs=0))
-    with pytest.raises(ValueError, match="config.ppo.gamma must lie in"):
-        algos.validate(_config(**{"ppo.gamma": 1.5}))
+    with pytest.raises(ValueError, match="config.returns.gamma must lie in"):
+        algos.validate(_config(**{"returns.gamma": 1.5}))
 
 
 def test_experiment_without_argument_rejects_one():
@@ -82,7 +82,7 @@ def test_cli_wrong_type_names_the_key():
 def test_cli_divisibility_error_names_the_keys(tmp_path):
     out = _cli("--config.num_envs=3", "--config.num_steps=5", f"--workdir={tmp_path / 'run'}")
     assert out.returncode != 0
-    assert "ppo.num_minibatches" in out.stderr
+    assert "optim.num_minibatches" in out.stderr
     assert not (tmp_path / "run").exists(), "a bad config must fail before creating the run directory"
 
 

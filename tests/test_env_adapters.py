@@ -75,15 +75,15 @@ def test_mappo_trains_on_a_jaxmarl_mpe_task_through_the_adapter(tmp_path):
     """Any env of the array-first multi-agent API trains: here jaxmarl's MPE simple spread (no action
     masks, a time limit, global state through the adapter), with a centralised critic."""
     pytest.importorskip("jaxmarl", reason="jaxmarl (dev/bench extra) is not installed")
-    from jaxrl import config as config_lib, train
+    from jaxrl import algos, train
 
-    config = config_lib.base_config()
+    config = algos.default_config("ppo")
     config.experiment = "mpe_spread_mappo"
     config.env.name = "jaxmarl"
     config.env.kwargs = {"env_id": "MPE_simple_spread_v3"}
     config.total_steps, config.num_envs, config.num_steps = 100 * 16 * 128, 16, 128
-    config.ppo.critic_input = "global_state"
-    config.ppo.learning_rate = 1e-3
+    config.network.critic_input = "global_state"
+    config.optim.learning_rate = 1e-3
     config.network.hidden_sizes = (64, 64)
     config.log.every_steps, config.log.progress_bar = 20 * 16 * 128, False
     config.checkpoint.every_steps = config.total_steps

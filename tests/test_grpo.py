@@ -6,29 +6,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl import advantages, algos, mesh as mesh_lib
-from conftest import set_keys
-from test_multi_agent_ppo import load_experiment
-
-
-def small_config(name="cartpole_grpo", arg=None, num_envs=8, num_steps=64, group_size=4, **overrides):
-    config = load_experiment(name, arg)
-    config.num_envs, config.num_steps, config.group.size = num_envs, num_steps, group_size
-    config.total_steps = num_envs * num_steps * 4
-    config.ppo.num_minibatches = 2
-    config.network.fc_size, config.network.rnn_size, config.network.hidden_sizes = 32, 32, (32, 32)
-    return set_keys(config, overrides)
-
-
-def build(config, num_seeds=1):
-    algos.validate(config)
-    algo, hp = algos.build(config, mesh_lib.make_mesh())
-    return algo, hp, algo.init_seeds(config.seed, num_seeds)
+from jaxrl import advantages, algos
+from helpers import build, small_grpo_config
 
 
 @pytest.mark.parametrize("name,arg", [("cartpole_grpo", None), ("smax_grpo", "3m")])
 def test_group_members_start_identically_and_then_diverge(name, arg):
-    algo, _, state = build(small_config(name, arg, num_steps=48))
+    algo, _, state = build(small_grpo_config(name, arg, num_steps=48))
     traj = jax.device_get(algo.sample_trajectory(state))  # leaves [S, T, N, A, ...]
     G, N = algo.settings.group_size, algo.settings.num_envs
     obs = traj.actor_in[0]  # [T, N, A, d]
@@ -43,7 +27,7 @@ def test_group_members_start_identically_and_then_diverge(name, arg):
 
 
 def test_steps_after_an_episode_ends_are_masked():
-    algo, _, state = build(small_config(num_steps=200))
+    algo, _, state = build(small_grpo_config(num_steps=200))
     traj = jax.device_get(algo.sample_trajectory(state))
     running, reward, acting = traj.running[0, :, :, 0], traj.reward[0, :, :, 0], traj.acting[0, :, :, 0]
     lengths = running.sum(0)
@@ -56,7 +40,7 @@ def test_steps_after_an_episode_ends_are_masked():
 
 
 def test_smax_agents_stop_acting_when_they_die():
-    algo, _, state = build(small_config("smax_grpo", "3m", num_steps=100))
+    algo, _, state = build(small_grpo_config("smax_grpo", "3m", num_steps=100))
     traj = jax.device_get(algo.sample_trajectory(state))
     running, acting = traj.running[0], traj.acting[0]  # [T, N, A]
     assert (acting <= running).all()
@@ -70,7 +54,7 @@ def test_smax_agents_stop_acting_when_they_die():
 
 @pytest.mark.parametrize("returns", ["episode", "to_go"])
 def test_advantages_follow_the_estimator(returns):
-    algo, hp, state = build(small_config(num_steps=200, **{"group.returns": returns}))
+    algo, hp, state = build(small_grpo_config(num_steps=200, **{"group.returns": returns}))
     traj = algo.sample_trajectory(state)
     one_seed = jax.tree.map(lambda x: x[0], traj)
     fn = jax.shard_map(lambda t: algo._advantages(t, hp),
@@ -109,7 +93,7 @@ ESTIMATOR_AND_LOSS_CHOICES = [
 
 @pytest.mark.parametrize("choice", ESTIMATOR_AND_LOSS_CHOICES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
 def test_every_estimator_and_loss_part_trains_from_one_config_line(choice):
-    config = small_config("smax_grpo", "3m", num_steps=32, **choice)
+    config = small_grpo_config("smax_grpo", "3m", num_steps=32, **choice)
     if config.num_envs == 10:
         config.total_steps = 10 * 32 * 4
     algo, hp, state = build(config)
@@ -123,9 +107,9 @@ def test_every_estimator_and_loss_part_trains_from_one_config_line(choice):
 
 
 def test_critic_free_network_has_no_value_parameters():
-    algo, _, state = build(small_config())
+    algo, _, state = build(small_grpo_config())
     assert "critic" not in state.params["params"]
-    algo, _, state = build(small_config(critic_weight=0.3))
+    algo, _, state = build(small_grpo_config(critic_weight=0.3))
     assert "critic" in state.params["params"]
 
 
@@ -140,20 +124,22 @@ def test_critic_free_network_has_no_value_parameters():
     ({"advantage_options.scale": "global"}, "advantage_options.scale"),
 ])
 def test_config_errors_name_the_key(overrides, message):
-    config = small_config(**overrides)
+    config = small_grpo_config(**overrides)
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         algos.validate(config)
 
 
 def test_ppo_only_keys_are_rejected_for_grpo():
-    config = small_config()
-    with pytest.raises(AttributeError, match="clip_eps"):
-        config.ppo.clip_eps = 0.1
+    config = small_grpo_config()
+    with pytest.raises(AttributeError, match="value_clip"):
+        config.loss.value_clip = 0.1
+    with pytest.raises(AttributeError, match="gae_lambda"):
+        config.returns.gae_lambda = 0.9
 
 
 def test_the_readme_estimator_example_registers_and_trains():
     import re
-    from conftest import ROOT
+    from helpers import ROOT
 
     readme = open(f"{ROOT}/README.md").read()
     snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "register(" in block)
@@ -162,7 +148,7 @@ def test_the_readme_estimator_example_registers_and_trains():
         result = advantages.get("max_baseline")(jnp.array([[1.0, 3.0, 2.0, 5.0]]),
                                                 jnp.array([[True, True, True, False]]))
         np.testing.assert_allclose(result.advantages, [[-2.0, 0.0, -1.0, 0.0]])
-        algo, hp, state = build(small_config(advantage="max_baseline"))
+        algo, hp, state = build(small_grpo_config(advantage="max_baseline"))
         state, metrics = algo.run_chunk(state, hp, 1)
         assert np.isfinite(jax.device_get(metrics["policy_loss"])).all()
     finally:

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT
+from helpers import ROOT
 
 
 def test_import_contracts_are_kept():

@@ -27,7 +27,7 @@ def test_main_cartpole_config_reaches_475_within_500k_steps(tmp_path):
 def test_short_3m_training_improves_the_win_rate(tmp_path, experiment, updates):
     """The README's main job (MAPPO, 40 updates: ~330k env steps) and critic-free GRPO (20 updates: 512k
     computed steps, ~80k taken), shortened from experiments/<experiment>.py:3m."""
-    from test_multi_agent_ppo import load_experiment
+    from helpers import load_experiment
 
     config = load_experiment(experiment, "3m")
     config.total_steps = updates * config.num_envs * config.num_steps
@@ -48,7 +48,7 @@ def test_short_3m_training_improves_the_win_rate(tmp_path, experiment, updates):
 @pytest.mark.slow
 def test_cartpole_grpo_config_solves_cartpole(tmp_path):
     """experiments/cartpole_grpo.py as users run it: critic-free, reaches a return of 475."""
-    from test_multi_agent_ppo import load_experiment
+    from helpers import load_experiment
 
     config = load_experiment("cartpole_grpo")
     config.log.progress_bar = False

@@ -11,12 +11,12 @@ from jaxrl import algos, config as config_lib, mesh as mesh_lib
 from jaxrl.advantages import gae
 from jaxrl.algos.ppo import PPOHyperparams
 from jaxrl.engine import make_optimizer
-from test_multi_agent_ppo import build, small_smax_config
+from helpers import build, small_smax_config
 
 
 def _sample(returns_until: str):
     config = small_smax_config("3m", num_envs=16, num_steps=64)
-    config.ppo.returns_until = returns_until
+    config.returns.until = returns_until
     algo, _, state = build(config)
     return jax.device_get(jax.tree.map(lambda x: x[0], algo.sample_trajectory(state)))  # [T, N, ...]
 
@@ -105,7 +105,7 @@ def test_per_network_clipping_is_two_optimisers():
     assert not np.allclose(joint["params"]["actor"]["w"], per_network["params"]["actor"]["w"], rtol=1e-3)
 
 
-@pytest.mark.parametrize("key, value", [("ppo.returns_until", "death"), ("ppo.grad_clip", "actor"),
+@pytest.mark.parametrize("key, value", [("returns.until", "death"), ("optim.grad_clip", "actor"),
                                         ("network.agent_id", "True")])
 def test_an_unknown_choice_is_named_before_compiling(key, value):
     config = small_smax_config()

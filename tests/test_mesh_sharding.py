@@ -16,9 +16,9 @@ num_seeds = 2
 # Recurrent MAPPO: sequences dealt to minibatches, hidden states and the global state per device.
 SMAX_MAPPO = """
 import sys; sys.path.insert(0, "tests")
-from test_multi_agent_ppo import small_smax_config
+from helpers import small_smax_config
 config = small_smax_config("3m", num_envs=16, num_steps=16)
-config.total_steps, config.ppo.num_minibatches = 16 * 16 * 6, 2  # 2 envs x 3 agents per device, 2 minibatches
+config.total_steps, config.optim.num_minibatches = 16 * 16 * 6, 2  # 2 envs x 3 agents per device, 2 minibatches
 # One seed: float noise (summation order differs with the per-device batch) can flip a relu or clip
 # decision for some other seeds' data, and Adam then turns that into visible parameter differences.
 num_seeds = 1
@@ -27,15 +27,15 @@ num_seeds = 1
 # GRPO: groups (not single envs) split over devices, sequence-level losses aggregated over devices.
 CARTPOLE_GRPO = """
 import sys; sys.path.insert(0, "tests")
-from test_grpo import small_config
-config = small_config("cartpole_grpo", num_envs=16, num_steps=32, group_size=2, **{"loss.aggregate": "sequence"})
+from helpers import small_grpo_config
+config = small_grpo_config("cartpole_grpo", num_envs=16, num_steps=32, group_size=2, **{"loss.aggregate": "sequence"})
 num_seeds = 2
 """
 
 SMAX_GRPO = """
 import sys; sys.path.insert(0, "tests")
-from test_grpo import small_config
-config = small_config("smax_grpo", "3m", num_envs=16, num_steps=16, group_size=2,
+from helpers import small_grpo_config
+config = small_grpo_config("smax_grpo", "3m", num_envs=16, num_steps=16, group_size=2,
                       **{"loss.ratio": "sequence", "group.returns": "to_go", "critic_weight": 0.5})
 num_seeds = 1  # (see SMAX_MAPPO)
 """
@@ -90,7 +90,7 @@ def test_eight_devices_match_one_device(python_subprocess, setup):
 def test_groups_that_do_not_divide_over_devices_fail_before_compiling(python_subprocess):
     code = r"""
 import sys; sys.path.insert(0, "tests")
-from test_grpo import small_config
+from helpers import small_grpo_config as small_config
 from jaxrl import algos, mesh as mesh_lib
 config = small_config(num_envs=24, group_size=4)  # 24 envs divide over 8 devices, 6 groups do not
 try:
@@ -106,7 +106,7 @@ except ValueError as e:
 # Text: prompts split over devices; sampling keys drawn per prompt from its global index.
 TEXT_SFT = """
 import sys; sys.path.insert(0, "tests")
-from test_text_sft import tiny_sft_config
+from helpers import tiny_sft_config
 config = tiny_sft_config()
 config.num_prompts = 16
 num_seeds = 2
@@ -114,7 +114,7 @@ num_seeds = 2
 
 TEXT_GRPO = """
 import sys; sys.path.insert(0, "tests")
-from test_multi_agent_ppo import load_experiment
+from helpers import load_experiment
 config = load_experiment("text_grpo", "addition")
 config.num_prompts, config.group.size, config.group.oversample = 16, 4, 2
 config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2

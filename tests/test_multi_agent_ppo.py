@@ -1,40 +1,13 @@
 """Multi-agent PPO on SMAX: masking, recurrent resets, the centralised critic, agent ids."""
 
-import importlib.util
-import os
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import envs
-from conftest import ROOT
-from jaxrl import algos, mesh as mesh_lib
+from helpers import build, load_experiment, small_smax_config
 from jaxrl.networks import ResetGRU
-
-
-def load_experiment(name: str, arg: str | None = None):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
-
-
-def small_smax_config(scenario="3m", critic_input="global_state", kind="gru", num_envs=8, num_steps=32):
-    config = load_experiment("smax_mappo", scenario)
-    config.num_envs, config.num_steps = num_envs, num_steps
-    config.total_steps = num_envs * num_steps * 4
-    config.ppo.critic_input = critic_input
-    config.network.kind = kind
-    config.network.fc_size, config.network.rnn_size, config.network.hidden_sizes = 32, 32, (32, 32)
-    return config
-
-
-def build(config, num_seeds=1):
-    algos.validate(config)
-    algo, hp = algos.build(config, mesh_lib.make_mesh())
-    return algo, hp, algo.init_seeds(config.seed, num_seeds)
 
 
 @pytest.mark.parametrize("kind", ["gru", "mlp"])
@@ -193,10 +166,10 @@ def test_config_errors_name_the_problem():
     with pytest.raises(ValueError, match="unknown SMAX scenario"):
         build(load_experiment("smax_mappo", "4m_vs_nothing"))
     config = load_experiment("cartpole_ppo")
-    config.ppo.critic_input = "global_state"
+    config.network.critic_input = "global_state"
     with pytest.raises(ValueError, match="global state"):
         build(config)
-    config.ppo.critic_input = "everything"
+    config.network.critic_input = "everything"
     with pytest.raises(ValueError, match="critic_input"):
         build(config)
     config = small_smax_config()

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 
-from conftest import ROOT
+from helpers import ROOT
 
 WORKER = r"""
 import json, sys

@@ -11,16 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import cartpole_ppo
 from jaxrl import algos, metrics as metrics_lib, mesh as mesh_lib, sweep, train
-from conftest import set_keys
-
-
-def small_cartpole(**overrides):
-    config = cartpole_ppo.get_config()
-    set_keys(config, {"num_envs": 8, "num_steps": 16, "total_steps": 8 * 16 * 4, "log.progress_bar": False,
-                      "log.every_steps": 8 * 16 * 2, "eval.num_envs": 4, **overrides})
-    return config
+from helpers import set_keys, small_cartpole
 
 
 def leaves(tree):
@@ -36,7 +28,7 @@ def test_settings_and_seeds_in_one_program_equal_separate_runs():
     state, metrics = algo.run_chunk(algo.init_seeds(0, 2, num_settings=2), swept, 3)
     assert metrics["policy_loss"].shape == (4,)
     for i, lr in enumerate(learning_rates):
-        alone, _ = algos.build(set_keys(small_cartpole(), {"ppo.learning_rate": lr}), mesh_lib.make_mesh())
+        alone, _ = algos.build(set_keys(small_cartpole(), {"optim.learning_rate": lr}), mesh_lib.make_mesh())
         single, _ = alone.run_chunk(alone.init_seeds(0, 2), hp.replace(learning_rate=jnp.float32(lr)), 3)
         for got, want in zip(leaves(state.params), leaves(single.params)):
             np.testing.assert_allclose(got[2 * i:2 * i + 2], want, rtol=2e-5, atol=2e-6)
@@ -56,7 +48,7 @@ def test_a_hyperparameter_of_the_wrong_length_is_refused():
 RUN_AXIS_CODE = r"""
 import json, jax, jax.numpy as jnp, numpy as np
 import sys; sys.path.insert(0, "tests")
-from test_sweep import small_cartpole
+from helpers import small_cartpole
 from jaxrl import algos, mesh as mesh_lib
 out = {}
 for devices, run_devices in ((1, 1), (8, 4), (8, 8), (8, 2)):
@@ -88,7 +80,7 @@ def test_the_run_axis_splits_over_devices_and_gives_the_same_runs(python_subproc
 def test_sweep_writes_a_directory_per_setting_a_summary_and_a_plot(tmp_path):
     config, swept = sweep.sweep_from_flags(small_cartpole(), [("seeds", "3"), ("lr", "1e-3,3e-3"),
                                                               ("num_minibatches", "2,4")])
-    assert config.num_seeds == 3 and swept == {"ppo.learning_rate": [1e-3, 3e-3], "ppo.num_minibatches": [2, 4]}
+    assert config.num_seeds == 3 and swept == {"optim.learning_rate": [1e-3, 3e-3], "optim.num_minibatches": [2, 4]}
     points = sweep.expand(config, swept)
     # the learning rate is traced, the minibatch count changes shapes: two programs of two settings each
     assert sweep.group_programs(points) == [[0, 2], [1, 3]]
@@ -100,8 +92,8 @@ def test_sweep_writes_a_directory_per_setting_a_summary_and_a_plot(tmp_path):
     assert [row["setting"] for row in summary] == names
     for name, row in zip(names, summary):
         saved = json.load(open(os.path.join(workdir, name, "config.json")))
-        assert saved["ppo"]["learning_rate"] == row["ppo.learning_rate"]
-        assert saved["ppo"]["num_minibatches"] == row["ppo.num_minibatches"] and saved["num_seeds"] == 3
+        assert saved["ppo"]["learning_rate"] == row["optim.learning_rate"]
+        assert saved["ppo"]["num_minibatches"] == row["optim.num_minibatches"] and saved["num_seeds"] == 3
         rows = metrics_lib.read(os.path.join(workdir, name, "metrics.jsonl"))
         assert [r["env_steps"] for r in rows] == [256, 512]
         per_seed = rows[-1]["eval_return_per_seed"]
@@ -115,7 +107,7 @@ def test_sweep_writes_a_directory_per_setting_a_summary_and_a_plot(tmp_path):
     assert os.path.getsize(os.path.join(workdir, "sweep.png")) > 0
     assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["0", "1"]
     # The same setting in a one-setting run (same seeds) trains the same: a sweep is independent runs.
-    alone = train.run(set_keys(small_cartpole(num_seeds=3), {"ppo.learning_rate": 3e-3, "ppo.num_minibatches": 4}),
+    alone = train.run(set_keys(small_cartpole(num_seeds=3), {"optim.learning_rate": 3e-3, "optim.num_minibatches": 4}),
                       str(tmp_path / "alone"))
     swept_seeds = [float(v) for v in summary[3]["eval_return_per_seed"].split()]
     np.testing.assert_allclose(alone.metrics[-1]["eval_return_per_seed"], swept_seeds, rtol=1e-3)
@@ -133,10 +125,10 @@ def test_bad_sweeps_fail_before_compiling():
         sweep.sweep_from_flags(config, [("lr", "1e-3,1e-3")])
     with pytest.raises(ValueError, match="only numbers, booleans and strings"):
         sweep.sweep_from_flags(config, [("hidden_sizes", "64,64")])
-    with pytest.raises(ValueError, match="clip_eps must be > 0"):  # every setting is validated
-        sweep.expand(config, {"ppo.clip_eps": [0.2, -1.0]})
+    with pytest.raises(ValueError, match="clip_low must be > 0"):  # every setting is validated
+        sweep.expand(config, {"loss.clip_low": [0.2, -1.0]})
     from experiments import smax_grpo
-    with pytest.raises(ValueError, match="ambiguous: .*ppo.gamma"):  # (a made-up ambiguity: two `gamma`s)
+    with pytest.raises(ValueError, match="ambiguous: .*returns.gamma"):  # (a made-up ambiguity: two `gamma`s)
         grpo = smax_grpo.get_config("3m")
         with grpo.unlocked():
             grpo.loss.gamma = 0.5
@@ -146,7 +138,7 @@ def test_bad_sweeps_fail_before_compiling():
 def test_runs_that_do_not_divide_over_the_runs_axis_fail_before_compiling(python_subprocess):
     code = r"""
 import sys; sys.path.insert(0, "tests")
-from test_sweep import small_cartpole
+from helpers import small_cartpole
 from jaxrl import algos, mesh as mesh_lib, train
 config = small_cartpole(num_seeds=3)
 print("auto", dict(train.make_mesh(config, num_runs=6).shape))  # 6 runs: 2 along runs, 4 along data

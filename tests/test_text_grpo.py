@@ -9,9 +9,7 @@ import pytest
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.algos.text import restore_text_params
-from conftest import set_keys
-from test_multi_agent_ppo import load_experiment
-from test_text_sft import tiny_sft_config
+from helpers import load_experiment, set_keys, tiny_sft_config
 
 
 @pytest.fixture(scope="module")

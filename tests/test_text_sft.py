@@ -9,18 +9,7 @@ import pytest
 
 from envs import text
 from jaxrl import algos, config as config_lib, mesh as mesh_lib, sampling, train
-from test_multi_agent_ppo import load_experiment
-
-
-def tiny_sft_config(task="addition", total_steps=3_200):
-    config = load_experiment("text_sft", task)
-    config.total_steps, config.num_prompts = total_steps, 32
-    config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
-    config.optim.warmup_updates = 10
-    config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 1_600, 1_600, 64
-    config.checkpoint.every_steps = 1_600
-    config.log.progress_bar = False
-    return config
+from helpers import tiny_sft_config
 
 
 def test_sft_run_saves_its_tokenizer_learns_and_resumes(tmp_path):

@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from experiments import cartpole_ppo
 from jaxrl import train
 
@@ -144,8 +144,8 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
 def test_resuming_with_a_different_config_is_refused(tmp_path):
     workdir = str(tmp_path / "run")
     train.run(small_config(2), workdir)
-    with pytest.raises(ValueError, match="different config.*ppo.learning_rate"):
-        train.run(small_config(2, **{"ppo.learning_rate": 1e-3}), workdir)
+    with pytest.raises(ValueError, match="different config.*optim.learning_rate"):
+        train.run(small_config(2, **{"optim.learning_rate": 1e-3}), workdir)
     # Extending the run is allowed.
     result = train.run(small_config(4), workdir)
     assert result.metrics[-1]["update"] == 4
@@ -154,11 +154,11 @@ def test_resuming_with_a_different_config_is_refused(tmp_path):
 def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):
     """Hidden states and episode-start flags are part of the checkpoint: a run extended from its last
     checkpoint ends where a straight run does."""
-    from test_multi_agent_ppo import small_smax_config
+    from helpers import small_smax_config
 
     config = small_smax_config(num_envs=8, num_steps=16)
     batch = 8 * 16
-    config.ppo.anneal_lr = False  # the schedule depends on total_steps, which the extension changes
+    config.optim.schedule = "constant"  # the schedule depends on total_steps, which the extension changes
     config.total_steps, config.log.every_steps, config.log.progress_bar = 6 * batch, 2 * batch, False
     config.eval.num_envs, config.checkpoint.every_steps = 2, 2 * batch
     straight = train.run(config, str(tmp_path / "straight"))

@@ -1,5 +1,6 @@
 """Algorithms by name: each module registers its recipe (`registry.register`) for `config.algorithm`.
 
+    config = algos.default_config("ppo")   # every key PPO reads, with defaults
     algos.validate(config)                 # every check that needs no compiling (ValueError naming the key)
     algo, hyperparams = algos.build(config, mesh)
 
@@ -11,9 +12,9 @@ from jaxrl.algos import grpo, ppo, text  # noqa: F401  (importing registers them
 from jaxrl.algos.env_setup import NETWORKS, make_network
 from jaxrl.algos.grpo import GRPO, GRPOHyperparams, GRPOSettings
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState
-from jaxrl.algos.registry import (ALGORITHMS, Recipe, build, hyperparam_keys, hyperparams, recipe, register,
-                                  static_signature, validate)
+from jaxrl.algos.registry import (ALGORITHMS, Recipe, build, default_config, hyperparam_keys, hyperparams, recipe,
+                                  register, static_signature, validate)
 
 __all__ = ["ALGORITHMS", "GRPO", "GRPOHyperparams", "GRPOSettings", "NETWORKS", "PPO", "PPOHyperparams", "PPOSettings",
-           "Recipe", "TrainState", "build", "hyperparam_keys", "hyperparams", "make_network", "recipe", "register",
+           "Recipe", "TrainState", "build", "default_config", "hyperparam_keys", "hyperparams", "make_network", "recipe", "register",
            "static_signature", "validate"]

@@ -10,8 +10,10 @@ from ml_collections import ConfigDict
 
 import envs
 from jaxrl import config as config_lib
-from jaxrl.engine import GRAD_CLIPS, linear_decay, make_optimizer, minibatch_block_size
-from jaxrl.mesh import DATA_AXIS
+from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learning_rate
+from jax.sharding import PartitionSpec as P
+
+from jaxrl.mesh import DATA_AXIS, RUN_AXIS
 from jaxrl.networks import ActorCritic, RecurrentActorCritic
 
 NETWORKS = ("mlp", "gru")
@@ -27,9 +29,11 @@ class EnvSettings:
     num_steps: int = 128
     num_epochs: int = 4
     num_minibatches: int = 4
-    num_updates: int = 1  # total over the run, for learning-rate annealing
-    anneal_lr: bool = True
+    num_updates: int = 1  # total over the run, for the learning-rate schedule
+    schedule: str = "linear"  # engine.SCHEDULES
+    warmup_updates: int = 0
     adam_eps: float = 1e-5
+    weight_decay: bool = False  # the optimiser decays weights (by the traced hp.weight_decay)
     rollout_unroll: int = 1
     critic_input: str = "obs"  # "obs": a value per agent from its own view (IPPO); "global_state" (MAPPO)
     agent_id: str = "both"  # which networks see each agent's one-hot index (parameters are shared): AGENT_ID_INPUTS
@@ -44,10 +48,11 @@ class EnvSettings:
 
 def env_optimizer(settings: EnvSettings, hp, update_step: jax.Array):
     """The optimiser of update `update_step`: Adam with `hp.max_grad_norm` clipping (`settings.grad_clip`),
-    the learning rate decaying linearly to zero over the run when `settings.anneal_lr`."""
-    learning_rate = (linear_decay(hp.learning_rate, update_step, settings.num_updates) if settings.anneal_lr
-                     else hp.learning_rate)
-    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip)
+    optional weight decay, the learning rate on `settings.schedule`."""
+    learning_rate = scheduled_learning_rate(hp.learning_rate, update_step, settings.schedule,
+                                            settings.warmup_updates, settings.num_updates)
+    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
+                          hp.weight_decay if settings.weight_decay else None)
 
 
 def check_minibatch_split(settings: EnvSettings, num_agents: int, sequences: bool, mesh) -> None:
@@ -63,6 +68,41 @@ def check_minibatch_split(settings: EnvSettings, num_agents: int, sequences: boo
             f"num_minibatches={settings.num_minibatches} equal minibatches on each of "
             f"{mesh.shape[DATA_AXIS]} devices: the envs on one device ({num_local_envs}) must "
             f"be a multiple of {block}")
+
+
+def env_config() -> ConfigDict:
+    """`config.base_config()` plus the keys every env algorithm reads."""
+    config = config_lib.base_config()
+    config.update(ConfigDict({
+        "num_envs": 4,  # parallel environments per seed, split over devices
+        "num_steps": 128,  # rollout length per update
+        "rollout_unroll": 1,  # lax.scan unroll of the rollout loop (a speed knob)
+        "env": {"name": "CartPole-v1", "kwargs": ConfigDict()},
+        "network": {
+            "kind": "mlp",  # "mlp" (feed-forward) or "gru" (recurrent actor and critic)
+            "hidden_sizes": (64, 64),  # mlp
+            "fc_size": 128,  # gru: dense layer before and after the GRU
+            "rnn_size": 128,  # gru: hidden state size
+            "activation": "tanh",
+            "critic_input": "obs",  # "obs": each agent's own view (IPPO); "global_state": centralised (MAPPO)
+            # multi-agent: which networks see each agent's one-hot index: "both", "critic", "actor", "none"
+            "agent_id": "both",
+        },
+        "returns": {"gamma": 0.99},
+        "loss": {"vf_coef": 0.5, "ent_coef": 0.01},
+    }))
+    config.optim.update({"num_epochs": 4, "num_minibatches": 4})
+    return config
+
+
+def sample_trajectory(rollout, state, state_specs, mesh, check_vma: bool = True):
+    """The trajectory the next update of every run will train on, nothing updated (for inspection and tests):
+    `rollout(state of one run, rollout key) -> trajectory [T, n, ...]` under the mesh, with the key the
+    update draws (the second of three from the state's key). Returns leaves [S, T, N, ...]."""
+    local = jax.vmap(lambda st: rollout(st, jax.random.split(st.key, 3)[1]))
+    fn = jax.shard_map(local, mesh=mesh, in_specs=(state_specs,), out_specs=P(RUN_AXIS, None, DATA_AXIS),
+                       check_vma=check_vma)
+    return jax.jit(fn)(state)
 
 
 def make_network(config: ConfigDict, num_actions: int, critic: bool = True):
@@ -83,32 +123,29 @@ def make_env(config: ConfigDict):
 
 def env_settings(config: ConfigDict) -> dict:
     """Settings fields that every env algorithm reads from the same keys."""
-    c = config.ppo
-    return dict(num_envs=config.num_envs, num_steps=config.num_steps, num_epochs=c.num_epochs,
-                num_minibatches=c.num_minibatches,
+    o = config.optim
+    return dict(num_envs=config.num_envs, num_steps=config.num_steps, num_epochs=o.num_epochs,
+                num_minibatches=o.num_minibatches,
                 num_updates=config.total_steps // (config.num_envs * config.num_steps),
-                anneal_lr=c.anneal_lr, adam_eps=c.adam_eps, rollout_unroll=config.rollout_unroll,
-                critic_input=c.critic_input, agent_id=config.network.agent_id, grad_clip=c.grad_clip,
+                schedule=o.schedule, warmup_updates=o.warmup_updates, adam_eps=o.adam_eps,
+                weight_decay=o.weight_decay > 0, rollout_unroll=config.rollout_unroll,
+                critic_input=config.network.critic_input, agent_id=config.network.agent_id, grad_clip=o.grad_clip,
                 xla_options=config_lib.xla_options(config))
 
 
 def check_env_config(config: ConfigDict) -> None:
     """The keys every env algorithm reads."""
     one_of = config_lib.one_of
-    one_of(config.ppo.critic_input, CRITIC_INPUTS, "ppo.critic_input")
-    one_of(config.ppo.grad_clip, GRAD_CLIPS, "ppo.grad_clip")
+    one_of(config.network.critic_input, CRITIC_INPUTS, "network.critic_input")
     one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
     one_of(config.network.kind, NETWORKS, "network.kind")
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
-    config_lib.positive(config, "num_envs", "num_steps", "rollout_unroll", "ppo.num_epochs", "ppo.num_minibatches",
-                        "network.fc_size", "network.rnn_size")
+    config_lib.positive(config, "num_envs", "num_steps", "rollout_unroll", "optim.num_epochs",
+                        "optim.num_minibatches", "network.fc_size", "network.rnn_size")
     batch = config.num_envs * config.num_steps
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update "
                          f"(num_envs * num_steps = {batch})")
-    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
-        if not config.ppo[key] > 0:
-            raise ValueError(f"config.ppo.{key} must be > 0, got {config.ppo[key]!r}")
-    config_lib.unit_interval(config.ppo.gamma, "ppo.gamma")
+    config_lib.unit_interval(config.returns.gamma, "returns.gamma")

@@ -10,6 +10,30 @@ from jaxrl import advantages, config as config_lib, losses
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
 
+def group_relative_keys() -> ConfigDict:
+    """The keys env and text GRPO share: estimator, its options, group size and the policy-loss parts."""
+    return ConfigDict({
+        "advantage": "grpo",  # an estimator of jaxrl.advantages: grpo, dr_grpo, rloo, median, ...
+        "advantage_options": {
+            "scale": "",  # "group", "batch" or "none"; "": the estimator's default
+            "eps": 1e-6,
+            "clip": 0.0,  # clip advantages to [-clip, clip]; 0: off
+            "max_reward": 1.0,  # calibrated: the virtual best sample's reward
+            "renormalize": False,  # gdpo: renormalise the combined advantages over the batch
+        },
+        "group": {"size": 8},
+        "critic_weight": 0.0,  # > 0 mixes in a learned value baseline (1: critic-based, 0: critic-free)
+        "loss": {
+            "clip_low": 0.2,  # the policy ratio is clipped to [1 - clip_low, 1 + clip_high]
+            "clip_high": 0.2,  # > clip_low: DAPO's clip-higher
+            "dual_clip": 0.0,  # > 1: cap the loss of negative advantages at -dual_clip * A; 0: off
+            "ratio": "token",  # "token" or "sequence" (GSPO)
+            "aggregate": "token",  # "token", "sequence" or "constant" (Dr. GRPO)
+            "ent_coef": 0.0,
+        },
+    })
+
+
 def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
     """config.advantage_options as keyword options of the estimator ("" and 0 mean the default / off)."""
     o = config.advantage_options
@@ -43,4 +67,6 @@ def check_group_config(config: ConfigDict) -> None:
     config_lib.unit_interval(config.critic_weight, "critic_weight")
 
 
-GROUP_LOSS_KEYS = {"clip_high": "loss.clip_high", "ent_coef": "loss.ent_coef", "critic_weight": "critic_weight"}
+# Traced hyperparameters both read from the same keys.
+GROUP_LOSS_KEYS = {"clip_low": "loss.clip_low", "clip_high": "loss.clip_high", "ent_coef": "loss.ent_coef",
+                   "critic_weight": "critic_weight"}

@@ -40,9 +40,9 @@ import envs
 from envs.wrappers import select
 from jaxrl import advantages as advantages_lib, config as config_lib, distributions, losses, mesh as mesh_lib
 from jaxrl.algos.env_policy import EnvPolicy, sequence_units
-from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_optimizer, env_settings,
-                                   make_env, make_network)
-from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_settings
+from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
+                                   env_settings, make_env, make_network, sample_trajectory)
+from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import compile_chunk, global_mean, optimise, seed_keys, standardise
 from jaxrl.jitting import jit_method
@@ -64,6 +64,7 @@ class GRPOHyperparams:
     ent_coef: float = 0.0
     max_grad_norm: float = 0.5
     critic_weight: float = 0.0
+    weight_decay: float = 0.0
 
 
 @struct.dataclass
@@ -304,6 +305,11 @@ class GRPO:
                 xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
         return self._chunk_fn(state, hp, num_updates)
 
+    def sample_trajectory(self, state: GroupState) -> GroupStep:
+        """The group rollout the next update will train on, nothing updated: leaves [S, T, N, A, ...]."""
+        return sample_trajectory(lambda st, key: self._rollout(st.params, key)[0], state,
+                                 jax.tree.map(lambda _: RUNS, state), self.mesh, self.agent_env.supports_vma_checks)
+
     # ----------------------------------------------------------------------------------------------
     # Evaluation and files
 
@@ -320,6 +326,19 @@ class GRPO:
 
 # -------------------------------------------------------------------------------------------------
 # From a config
+
+
+def grpo_config() -> ConfigDict:
+    """The env algorithms' keys plus the group, the advantage estimator and the loss parts, chosen by name."""
+    config = env_config()
+    config.algorithm = "grpo"
+    config.update(group_relative_keys())
+    config.returns.gamma = 1.0  # discount of returns-to-go (group.returns="to_go")
+    # group.size: G episodes per start state (num_envs = groups * size). group.returns: "episode" gives one
+    # advantage per episode, "to_go" a group baseline per step over returns-to-go.
+    config.group.returns = "episode"
+    config.loss.constant_length = 0  # aggregate="constant": the length divided by; 0: num_steps
+    return config
 
 
 def build_grpo(config: ConfigDict, mesh) -> GRPO:
@@ -340,6 +359,6 @@ def check_grpo_config(config: ConfigDict) -> None:
 
 
 register("grpo", Recipe(build_grpo, GRPOHyperparams, {
-    "learning_rate": "ppo.learning_rate", "gamma": "ppo.gamma", "clip_low": "loss.clip_low",
-    "vf_coef": "ppo.vf_coef", "max_grad_norm": "ppo.max_grad_norm", **GROUP_LOSS_KEYS},
-    check_grpo_config, static_of=lambda config: (config.critic_weight > 0,)))
+    "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "vf_coef": "loss.vf_coef",
+    "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", **GROUP_LOSS_KEYS},
+    check_grpo_config, defaults=grpo_config, static_of=lambda config: (config.critic_weight > 0,)))

@@ -28,8 +28,8 @@ import envs
 from jaxrl import config as config_lib, distributions, losses, mesh as mesh_lib
 from jaxrl.advantages import gae
 from jaxrl.algos.env_policy import EnvPolicy, sequence_units, step_units
-from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_optimizer, env_settings,
-                                   make_env, make_network)
+from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
+                                   env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import GRAD_CLIPS, compile_chunk, normalize, optimise, seed_keys
 from jaxrl.jitting import jit_method
@@ -43,10 +43,13 @@ class PPOHyperparams:
     learning_rate: float = 2.5e-4
     gamma: float = 0.99
     gae_lambda: float = 0.95
-    clip_eps: float = 0.2
+    clip_low: float = 0.2  # the policy ratio is clipped to [1 - clip_low, 1 + clip_high]
+    clip_high: float = 0.2
+    value_clip: float = 0.2  # values move at most this far from the rollout's (when settings.clip_value)
     vf_coef: float = 0.5
     ent_coef: float = 0.01
     max_grad_norm: float = 0.5
+    weight_decay: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +57,7 @@ class PPOSettings(EnvSettings):
     """The env algorithms' static settings plus PPO's own choices."""
 
     normalize_advantages: bool = True
-    clip_value: bool = True
+    clip_value: bool = True  # config.loss.value_clip > 0
     bootstrap_truncation: bool = True
     returns_until: str = "episode"  # an agent's returns run to the end of the episode, or stop when it is done
 
@@ -224,14 +227,14 @@ class PPO:
         advantages = batch["advantages"]
         if self.settings.normalize_advantages:
             advantages = normalize(advantages)
-        policy_loss = jnp.mean(losses.ppo_clip_loss(log_ratio, advantages, hp.clip_eps))
-        clip = hp.clip_eps if self.settings.clip_value else None
+        policy_loss = jnp.mean(losses.ppo_clip_loss(log_ratio, advantages, hp.clip_low, hp.clip_high))
+        clip = hp.value_clip if self.settings.clip_value else None
         value_loss = jnp.mean(losses.value_loss(values, batch["value"], batch["targets"], clip))
         entropy = jnp.mean(distributions.entropy(logits))
         total = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
         aux = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
                "approx_kl": jnp.mean(jnp.expm1(log_ratio) - log_ratio),
-               "clip_fraction": jnp.mean(losses.clip_fraction(log_ratio, hp.clip_eps))}
+               "clip_fraction": jnp.mean(losses.clip_fraction(log_ratio, hp.clip_low, hp.clip_high))}
         return total, aux
 
     def _collect(self, state: TrainState, hp: PPOHyperparams, rollout_key: jax.Array):
@@ -292,11 +295,8 @@ class PPO:
         Returns the Transition with leaves [S, T, N, ...]; the rollout starts from `state`'s env states
         and hidden states with its key, exactly as the next update's rollout will.
         """
-        specs = self._state_specs(state)
-        local = jax.vmap(lambda st: self._rollout(st.params, st, jax.random.split(st.key, 3)[1])[1])
-        fn = jax.shard_map(local, mesh=self.mesh, in_specs=(specs,), out_specs=P(RUN_AXIS, None, DATA_AXIS),
-                           check_vma=self.agent_env.supports_vma_checks)
-        return jax.jit(fn)(state)
+        return sample_trajectory(lambda st, key: self._rollout(st.params, st, key)[1], state, self._state_specs(state),
+                                 self.mesh, self.agent_env.supports_vma_checks)
 
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
@@ -322,12 +322,32 @@ class PPO:
 # From a config
 
 
+def ppo_config() -> ConfigDict:
+    """The env algorithms' keys plus PPO's: GAE, the clipped surrogate, value clipping."""
+    config = env_config()
+    config.algorithm = "ppo"
+    config.returns.update({
+        "gae_lambda": 0.95,
+        "bootstrap_truncation": True,  # bootstrap from V(final obs) when a time limit cuts an episode
+        # multi-agent: "episode": an agent's returns take in the team's rewards to the episode's end, also
+        # after the agent died; "agent_done": they stop at the agent's own done flag
+        "until": "episode",
+    })
+    config.loss.update({
+        "clip_low": 0.2,  # the policy ratio is clipped to [1 - clip_low, 1 + clip_high]
+        "clip_high": 0.2,
+        "value_clip": 0.2,  # values move at most this far from the rollout's; 0: unclipped value loss
+        "normalize_advantages": True,  # per minibatch
+    })
+    return config
+
+
 def build_ppo(config: ConfigDict, mesh) -> PPO:
     env, eval_max_steps = make_env(config)
-    c = config.ppo
-    settings = PPOSettings(**env_settings(config), normalize_advantages=c.normalize_advantages,
-                           clip_value=c.clip_value, bootstrap_truncation=c.bootstrap_truncation,
-                           returns_until=c.returns_until)
+    settings = PPOSettings(**env_settings(config), normalize_advantages=config.loss.normalize_advantages,
+                           clip_value=config.loss.value_clip > 0,
+                           bootstrap_truncation=config.returns.bootstrap_truncation,
+                           returns_until=config.returns.until)
     return PPO(env, make_network(config, env.num_actions), settings, mesh, eval_max_steps=eval_max_steps)
 
 
@@ -335,16 +355,21 @@ def check_ppo_config(config: ConfigDict) -> None:
     check_env_config(config)
     batch = config.num_envs * config.num_steps
     # (recurrent networks deal whole sequences; the algorithm checks those against the agent count)
-    if config.network.kind == "mlp" and batch % config.ppo.num_minibatches:
+    if config.network.kind == "mlp" and batch % config.optim.num_minibatches:
         raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
-                         f"divisible by ppo.num_minibatches = {config.ppo.num_minibatches}")
-    if not config.ppo.clip_eps > 0:
-        raise ValueError(f"config.ppo.clip_eps must be > 0, got {config.ppo.clip_eps!r}")
-    config_lib.unit_interval(config.ppo.gae_lambda, "ppo.gae_lambda")
-    config_lib.one_of(config.ppo.returns_until, RETURNS_UNTIL, "ppo.returns_until")
+                         f"divisible by optim.num_minibatches = {config.optim.num_minibatches}")
+    for key in ("clip_low", "clip_high"):
+        if not config.loss[key] > 0:
+            raise ValueError(f"config.loss.{key} must be > 0, got {config.loss[key]!r}")
+    if config.loss.value_clip < 0:
+        raise ValueError(f"config.loss.value_clip must be >= 0 (0: off), got {config.loss.value_clip!r}")
+    config_lib.unit_interval(config.returns.gae_lambda, "returns.gae_lambda")
+    config_lib.one_of(config.returns.until, RETURNS_UNTIL, "returns.until")
 
 
 register("ppo", Recipe(build_ppo, PPOHyperparams, {
-    "learning_rate": "ppo.learning_rate", "gamma": "ppo.gamma", "gae_lambda": "ppo.gae_lambda",
-    "clip_eps": "ppo.clip_eps", "vf_coef": "ppo.vf_coef", "ent_coef": "ppo.ent_coef",
-    "max_grad_norm": "ppo.max_grad_norm"}, check_ppo_config))
+    "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "gae_lambda": "returns.gae_lambda",
+    "clip_low": "loss.clip_low", "clip_high": "loss.clip_high", "value_clip": "loss.value_clip",
+    "vf_coef": "loss.vf_coef", "ent_coef": "loss.ent_coef", "max_grad_norm": "optim.max_grad_norm",
+    "weight_decay": "optim.weight_decay"}, check_ppo_config, defaults=ppo_config,
+    static_of=lambda config: (config.loss.value_clip > 0,)))

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib
+from jaxrl.engine import check_optim_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,7 @@ class Recipe:
     hyperparams: type  # the traced hyperparameters' pytree class
     keys: dict  # hyperparameter field -> the config key it is read from
     check: Callable[[ConfigDict], None]  # the algorithm's own config checks (ValueError naming the key)
+    defaults: Callable[[], ConfigDict]  # every key the algorithm reads, with defaults (`default_config`)
     # Static choices that a hyperparameter's value also makes (e.g. critic_weight > 0 adds a value head):
     # two settings that differ in these cannot share a compiled program.
     static_of: Callable[[ConfigDict], tuple] = lambda config: ()
@@ -45,10 +47,18 @@ def recipe(name: str) -> Recipe:
     return ALGORITHMS[name]
 
 
+def default_config(name: str) -> ConfigDict:
+    """The config of algorithm `name` with every key at its default (unlocked: an experiment sets its own)."""
+    config = recipe(name).defaults()
+    config.algorithm = name
+    return config
+
+
 def validate(config: ConfigDict) -> None:
     """Check everything that can be checked without compiling; raise ValueError naming the key."""
     algorithm = recipe(config.algorithm)
     config_lib.validate_shared(config)
+    check_optim_config(config)
     algorithm.check(config)
 
 
@@ -71,7 +81,9 @@ def static_signature(config: ConfigDict) -> str:
     with blank.unlocked():
         for key in hyperparam_keys(config):
             config_lib.set_value(blank, key, None)
-    return blank.to_json(sort_keys=True) + repr(recipe(config.algorithm).static_of(config))
+    # A weight decay of 0 leaves the decay out of the optimiser (and its state): another program.
+    static = (config.optim.weight_decay > 0, *recipe(config.algorithm).static_of(config))
+    return blank.to_json(sort_keys=True) + repr(static)
 
 
 def build(config: ConfigDict, mesh):

@@ -32,10 +32,10 @@ from jax.sharding import PartitionSpec as P
 
 from envs import text
 from jaxrl import config as config_lib, losses, mesh as mesh_lib, sampling
-from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_settings
+from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import (compile_chunk, compile_per_run, gradient_step, make_optimizer, optimise, seed_keys,
-                          standardise, warmup_cosine)
+from jaxrl.engine import (compile_chunk, compile_per_run, gradient_step, make_optimizer, optimise,
+                          scheduled_learning_rate, seed_keys, standardise)
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 from jaxrl.transformer import TransformerConfig, TransformerLM
@@ -58,8 +58,11 @@ class TextSettings:
     task_kwargs: tuple[tuple[str, Any], ...] = ()
     num_prompts: int = 64  # B, over all devices
     num_updates: int = 1  # over the run, for the learning-rate schedule
+    schedule: str = "cosine"  # engine.SCHEDULES
     warmup_updates: int = 0
     adam_eps: float = 1e-8
+    weight_decay: bool = False  # the optimiser decays weights (by the traced hp.weight_decay)
+    grad_clip: str = "joint"  # engine.GRAD_CLIPS
     model_kwargs: tuple[tuple[str, Any], ...] = ()  # TransformerConfig fields (the vocabulary comes from the tokenizer)
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
     tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
@@ -83,9 +86,11 @@ class TextState:
 
 
 def text_optimizer(hp: TextHyperparams, settings: TextSettings, step: jax.Array):
-    """AdamW with global-norm clipping, linear warm-up then cosine decay."""
-    learning_rate = warmup_cosine(hp.learning_rate, step, settings.warmup_updates, settings.num_updates)
-    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, weight_decay=hp.weight_decay)
+    """Adam (AdamW with weight decay) with global-norm clipping, the learning rate on `settings.schedule`."""
+    learning_rate = scheduled_learning_rate(hp.learning_rate, step, settings.schedule, settings.warmup_updates,
+                                            settings.num_updates)
+    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
+                          hp.weight_decay if settings.weight_decay else None)
 
 
 class _TextAlgorithm:
@@ -493,6 +498,45 @@ def _wait_then_clock(tree) -> float:
 # From a config
 
 
+def text_config() -> ConfigDict:
+    """`config.base_config()` plus the keys of a token-level run: a transformer policy on a verifiable text task
+    (envs/text), trained by supervised fine-tuning on the task's reference answers."""
+    config = config_lib.base_config()
+    config.update(ConfigDict({
+        "experiment": "text",
+        "algorithm": "text_sft",
+        "total_steps": 200_000,  # samples (prompt and completion pairs) per seed
+        "task": {"name": "addition", "kwargs": ConfigDict()},
+        "num_prompts": 64,  # per update, split over devices
+        "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 0,  # d_ff 0: 4 * d_model
+                  "max_len": 48},  # positions: prompt + answer tokens (RL on longer problems needs room)
+        "log": {"every_steps": 6_400},
+        # num_envs: held-out problems; pass_k: samples per problem for eval_pass@k (0: greedy only)
+        "eval": {"num_envs": 512, "pass_k": 8},
+    }))
+    config.optim.update({"learning_rate": 1e-3, "schedule": "cosine", "warmup_updates": 50, "max_grad_norm": 1.0,
+                         "adam_eps": 1e-8})
+    return config
+
+
+def text_grpo_config() -> ConfigDict:
+    """`text_config()` for RL on tokens from a warm start: group, estimator, loss and sampling choices."""
+    config = text_config()
+    config.algorithm = "text_grpo"
+    config.update(group_relative_keys())
+    config.group.oversample = 1  # > 1: DAPO dynamic sampling, candidate prompts per slot
+    config.loss.kl = "k3"
+    config.loss.kl_coef = 0.0  # > 0: KL to the frozen starting policy
+    config.loss.vf_coef = 0.5  # weight of the value head's loss when critic_weight > 0
+    config.update(ConfigDict({
+        "init_from": "",  # a text_sft run directory (its newest checkpoint and tokenizer.json); "": from scratch
+        "reward_weights": (1.0, 0.1),  # correct, well_formed
+        "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
+    }))
+    config.optim.update({"num_epochs": 1, "num_minibatches": 1})
+    return config
+
+
 def text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **extra):
     o = config.optim
     model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None, value_head=value_head)
@@ -500,8 +544,10 @@ def text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **
         task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
         num_prompts=config.num_prompts,
         num_updates=config.total_steps // (config.num_prompts * extra.get("group_size", 1)),
-        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, model_kwargs=tuple(sorted(model.items())),
-        pass_k=config.eval.pass_k, xla_options=config_lib.xla_options(config), **extra)
+        schedule=o.schedule, warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, weight_decay=o.weight_decay > 0,
+        grad_clip=o.grad_clip,
+        model_kwargs=tuple(sorted(model.items())), pass_k=config.eval.pass_k,
+        xla_options=config_lib.xla_options(config), **extra)
 
 
 def build_text_sft(config: ConfigDict, mesh) -> TextSFT:
@@ -531,9 +577,6 @@ def check_text_config(config: ConfigDict) -> None:
                          f"{config.num_prompts})")
     if config.eval.pass_k < 0:
         raise ValueError(f"config.eval.pass_k must be >= 0 (0: greedy evaluation only), got {config.eval.pass_k!r}")
-    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
-        if not config.optim[key] > 0:
-            raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
 
 
 def check_text_grpo_config(config: ConfigDict) -> None:
@@ -552,8 +595,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
 
 _OPTIM_KEYS = {"learning_rate": "optim.learning_rate", "max_grad_norm": "optim.max_grad_norm",
                "weight_decay": "optim.weight_decay"}
-register("text_sft", Recipe(build_text_sft, TextHyperparams, _OPTIM_KEYS, check_text_config))
+register("text_sft", Recipe(build_text_sft, TextHyperparams, _OPTIM_KEYS, check_text_config, defaults=text_config))
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, {
-    **_OPTIM_KEYS, **GROUP_LOSS_KEYS, "clip_low": "loss.clip_low", "kl_coef": "loss.kl_coef",
-    "vf_coef": "loss.vf_coef", "temperature": "sampling.temperature", "top_p": "sampling.top_p"},
-    check_text_grpo_config, static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0)))
+    **_OPTIM_KEYS, **GROUP_LOSS_KEYS, "kl_coef": "loss.kl_coef", "vf_coef": "loss.vf_coef",
+    "temperature": "sampling.temperature", "top_p": "sampling.top_p"},
+    check_text_grpo_config, defaults=text_grpo_config,
+    static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0)))

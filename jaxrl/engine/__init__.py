@@ -10,10 +10,12 @@ engine; algorithms above it; the host loop (`jaxrl.train`, `jaxrl.sweep`) on top
 
 from jaxrl.engine.chunks import chunk_metrics, compile_chunk, compile_per_run, repeat_updates, seed_keys
 from jaxrl.engine.minibatches import deal_minibatches, gradient_step, minibatch_block_size, optimise
-from jaxrl.engine.optim import GRAD_CLIPS, clip_each_network, linear_decay, make_optimizer, warmup_cosine
+from jaxrl.engine.optim import (GRAD_CLIPS, SCHEDULES, check_optim_config, clip_each_network, make_optimizer,
+                                scheduled_learning_rate)
 from jaxrl.engine.protocol import Algorithm
 from jaxrl.engine.stats import global_mean, normalize, standardise
 
-__all__ = ["Algorithm", "GRAD_CLIPS", "chunk_metrics", "clip_each_network", "compile_chunk", "compile_per_run", "deal_minibatches", "global_mean",
-           "gradient_step", "linear_decay", "make_optimizer", "minibatch_block_size", "normalize", "optimise",
-           "repeat_updates", "seed_keys", "standardise", "warmup_cosine"]
+__all__ = ["Algorithm", "GRAD_CLIPS", "SCHEDULES", "check_optim_config", "chunk_metrics", "clip_each_network",
+           "compile_chunk", "compile_per_run", "deal_minibatches", "global_mean", "gradient_step", "make_optimizer",
+           "minibatch_block_size", "normalize", "optimise", "repeat_updates", "scheduled_learning_rate", "seed_keys",
+           "standardise"]

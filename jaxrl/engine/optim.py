@@ -9,8 +9,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+from ml_collections import ConfigDict
+
+from jaxrl import config as config_lib
 
 GRAD_CLIPS = ("joint", "per_network")  # "per_network": each top-level network clipped apart, as two optimisers would
+SCHEDULES = ("constant", "linear", "cosine")
 
 
 def make_optimizer(learning_rate: jax.Array, max_grad_norm: jax.Array, adam_eps: float, grad_clip: str = "joint",
@@ -42,13 +46,31 @@ def clip_each_network(max_norm) -> optax.GradientTransformation:
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
 
 
-def linear_decay(learning_rate: jax.Array, step: jax.Array, num_updates: int) -> jax.Array:
-    """learning_rate * (1 - step / num_updates): zero after the last update."""
-    return learning_rate * (1.0 - step / num_updates)
+def scheduled_learning_rate(peak: jax.Array, step: jax.Array, schedule: str, warmup_updates: int,
+                            num_updates: int) -> jax.Array:
+    """The learning rate of update `step` (0-based) of `num_updates`: `peak`, times a linear warm-up over the
+    first `warmup_updates` (from 1 / warmup_updates of the peak), times the decay: "constant" (none), "linear"
+    (1 - step / num_updates) or "cosine" (0.5 (1 + cos(pi step / num_updates)))."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; known: {', '.join(SCHEDULES)}")
+    learning_rate = peak
+    if warmup_updates:
+        learning_rate = learning_rate * jnp.minimum(1.0, (step + 1) / warmup_updates)
+    if schedule == "linear":
+        learning_rate = learning_rate * (1.0 - step / num_updates)
+    elif schedule == "cosine":
+        progress = jnp.clip(step / max(num_updates, 1), 0.0, 1.0)
+        learning_rate = learning_rate * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+    return learning_rate
 
 
-def warmup_cosine(learning_rate: jax.Array, step: jax.Array, warmup_updates: int, num_updates: int) -> jax.Array:
-    """Linear warm-up over `warmup_updates`, then cosine decay to zero at `num_updates`."""
-    warm = jnp.minimum(1.0, (step + 1) / max(warmup_updates, 1))
-    progress = jnp.clip(step / max(num_updates, 1), 0.0, 1.0)
-    return learning_rate * warm * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
+def check_optim_config(config: ConfigDict) -> None:
+    """The `optim` keys every algorithm shares."""
+    config_lib.one_of(config.optim.schedule, SCHEDULES, "optim.schedule")
+    config_lib.one_of(config.optim.grad_clip, GRAD_CLIPS, "optim.grad_clip")
+    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
+        if not config.optim[key] > 0:
+            raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
+    for key in ("warmup_updates", "weight_decay"):
+        if config.optim[key] < 0:
+            raise ValueError(f"config.optim.{key} must be >= 0, got {config.optim[key]!r}")

@@ -1,0 +1,226 @@
+"""The training loop: compiled chunks of updates, then log, evaluate and checkpoint between them.
+
+One program trains every setting x seed of `run_settings` (a single run is one setting); SIGTERM or Ctrl-C
+finishes the current chunk, saves a checkpoint and returns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from ml_collections import ConfigDict
+
+from jaxrl import algos, checkpoint, distributed, mesh as mesh_lib, metrics as metrics_lib
+from jaxrl.run import workdir as workdir_lib
+
+@dataclasses.dataclass
+class RunResult:
+    workdir: str
+    state: Any  # the algorithm's TrainState, leaves with a leading seed axis
+    metrics: list[dict]  # every row of metrics.jsonl
+    interrupted: bool  # stopped by a signal before total_steps
+
+
+class _StopRequests:
+    """SIGTERM / SIGINT set a flag that the loop checks between chunks; a second Ctrl-C aborts at once."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self._previous = {}
+
+    def __enter__(self):
+        if _in_main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\nreceived {signal.Signals(signum).name}: saving a checkpoint after this chunk "
+              "(Ctrl-C again to abort without saving)", file=sys.stderr)
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _in_main_thread() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _every(every_steps: int, chunk_steps: int) -> int:
+    """How many chunks between two events that should happen every `every_steps` env steps (>= 1)."""
+    return max(1, round(every_steps / chunk_steps))
+
+
+@dataclasses.dataclass
+class Setting:
+    """One point of a sweep: a config and the directory its metrics, plots and config go to."""
+
+    config: ConfigDict
+    workdir: str
+
+
+def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None = None) -> RunResult:
+    """Train `config` in `workdir` (created, or resumed when it holds checkpoints)."""
+    workdir = workdir or workdir_lib.default_workdir(config)
+    state, rows, interrupted = run_settings([Setting(config, workdir)], os.path.join(workdir, "checkpoints"),
+                                            progress=progress)
+    return RunResult(workdir, state, rows[0], interrupted)
+
+
+def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None):
+    """Train every setting x seed as one compiled program; returns (state [R, ...], each setting's metric
+    rows, interrupted).
+
+    The settings must differ only in hyperparameters (`algos.static_signature`). Runs are settings-major
+    (run r is setting r // num_seeds, seed r % num_seeds; seed s of every setting starts from the same
+    key) and are split over the mesh's `runs` axis. The program's checkpoints go to `checkpoint_dir`, each
+    setting's config, metrics.jsonl and plots to its own workdir (by process 0 only).
+    """
+    config = settings[0].config
+    for setting in settings:
+        algos.validate(setting.config)
+        if algos.static_signature(setting.config) != algos.static_signature(config):
+            raise ValueError(f"{setting.workdir}: settings of one program may differ only in the hyperparameter "
+                             f"keys {', '.join(algos.hyperparam_keys(config))}")
+    num_seeds, num_settings = config.num_seeds, len(settings)
+    mesh = make_mesh(config, num_runs=num_settings * num_seeds)
+    algo, _ = algos.build(config, mesh)
+    hyperparams = jax.tree.map(lambda *xs: jnp.repeat(jnp.stack(xs), num_seeds),
+                               *[algos.hyperparams(s.config) for s in settings])
+    main = distributed.is_main_process()
+    if main:
+        for setting in settings:
+            workdir_lib.prepare(setting.config, setting.workdir, mesh)
+            algo.write_files(setting.workdir)  # what else the run needs to be reloaded (e.g. a tokenizer)
+
+    batch = algo.settings.batch_size
+    num_updates = algo.settings.num_updates
+    chunk = max(1, config.log.every_steps // batch)
+    checkpoint_every = _every(config.checkpoint.every_steps, chunk * batch) if config.checkpoint.every_steps else 1
+    eval_every = _every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None
+
+    checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
+    writers = [metrics_lib.MetricsWriter(os.path.join(s.workdir, "metrics.jsonl")) for s in settings]
+    state = algo.init_seeds(config.seed, num_seeds, num_settings)
+    update = 0
+    if checkpointer.latest_step() is not None:
+        update, state = checkpointer.restore_latest(checkpoint.abstract_state(state))
+        if main:
+            print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
+                  file=sys.stderr)
+    if main:
+        for writer in writers:
+            writer.truncate_after(update)
+    previous_rows = metrics_lib.read(writers[0].path)
+    wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
+    start = time.perf_counter()
+
+    show_progress = main and (config.log.progress_bar if progress is None else progress)
+    bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
+    interrupted = False
+    chunk_index = update // chunk
+    with _StopRequests() as stop:
+        try:
+            while update < num_updates:
+                num = min(chunk, num_updates - update)
+                tick, compiled_before = time.perf_counter(), algo.compile_seconds
+                state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
+                chunk_metrics = fetch(chunk_metrics)
+                compile_seconds = algo.compile_seconds - compiled_before
+                seconds = time.perf_counter() - tick - compile_seconds
+                update += num
+                chunk_index += 1
+                done = update >= num_updates
+                shared = {"update": update, "env_steps": update * batch,
+                          "wall_time": round(wall_offset + time.perf_counter() - start, 3),
+                          "steps_per_second": round(num * batch * num_seeds * num_settings / seconds, 1)}
+                if compile_seconds:
+                    shared["compile_seconds"] = round(compile_seconds, 2)
+                if done or (eval_every and chunk_index % eval_every == 0):
+                    eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
+                    chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
+                rows = [{**shared, **metrics_lib.summarize(per_setting)}
+                        for per_setting in _split_runs(chunk_metrics, num_settings)]
+                if main:
+                    for writer, row in zip(writers, rows):
+                        writer.write(row)
+                if bar is not None:
+                    bar.update(num * batch)
+                    bar.set_postfix(_postfix(rows[0]), refresh=False)
+                if done or stop.signum is not None or chunk_index % checkpoint_every == 0:
+                    checkpointer.save(update, state)
+                if stop.signum is not None and not done:
+                    interrupted = True
+                    break
+        finally:
+            if bar is not None:
+                bar.close()
+            checkpointer.close()
+    all_rows = [metrics_lib.read(writer.path) for writer in writers]
+    first_params = fetch(jax.tree.map(lambda x: x[:1], state.params)) if not interrupted else None
+    if main:
+        for setting, rows in zip(settings, all_rows):
+            metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),
+                                            title=setting.config.experiment)
+        if first_params is not None:  # from the first setting's first seed (e.g. an episode GIF)
+            algo.write_artifacts(settings[0].workdir, first_params, config.seed)
+        if interrupted:
+            print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
+                  f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
+    return state, all_rows, interrupted
+
+
+def make_mesh(config: ConfigDict, num_runs: int):
+    """The (runs, data) mesh of `config.mesh` for `num_runs` runs; run_devices 0 gives the runs axis as many
+    devices as divide both the mesh and the runs (runs need no communication)."""
+    num_devices = config.mesh.num_devices or jax.device_count()
+    run_devices = config.mesh.run_devices or mesh_lib.auto_run_devices(num_devices, num_runs)
+    mesh = mesh_lib.make_mesh(config.mesh.num_devices, run_devices)
+    mesh_lib.check_runs(num_runs, mesh)
+    return mesh
+
+
+def fetch(tree):
+    """Host (numpy) copies of a pytree of global arrays; with several processes, every process calls this
+    and receives the whole arrays."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _split_runs(metrics: dict, num_settings: int) -> list[dict]:
+    """Metrics with leaves [R] (runs settings-major) -> one dict per setting with leaves [S]; scalars (e.g.
+    token throughputs measured over all runs) are given to every setting."""
+    def part(x, i):
+        x = np.asarray(x)
+        return x.reshape(num_settings, -1)[i] if x.ndim else x
+    return [{k: part(v, i) for k, v in metrics.items()} for i in range(num_settings)]
+
+
+def _progress_bar(total: int, initial: int, name: str):
+    from tqdm import tqdm
+    return tqdm(total=total, initial=initial, desc=name, unit="step", unit_scale=True, dynamic_ncols=True,
+                mininterval=1.0)
+
+
+def _postfix(row: dict) -> dict:
+    out = {"sps": f"{row['steps_per_second']:.3g}"}
+    for key in metrics_lib.HEADLINE_KEYS:
+        if row.get(key) is not None:
+            out[key.replace("episode_", "")] = f"{row[key]:.3g}"
+    return out
+

@@ -1,0 +1,26 @@
+"""Every experiment family ends a short fixed-seed run where it ended when tests/golden_runs.json was recorded
+(final parameters and last metrics row): refactors keep behaviour. Re-record only for a deliberate change of
+numbers, and say which and why in the commit (`python tests/golden_runs.py --record`)."""
+
+import json
+
+import pytest
+
+import golden_runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(golden_runs.RUNS))
+def test_short_run_ends_where_it_was_recorded(family):
+    with open(golden_runs.GOLDEN_PATH) as f:
+        recorded = json.load(f)[family]
+    assert golden_runs.differences(recorded, golden_runs.run_family(family)) == []
+
+
+def test_differences_reports_a_changed_leaf_and_a_missing_metric():
+    recorded = {"leaf_sums": {"['w']": 1.0}, "metrics": {"loss": 0.5, "return": 10.0}}
+    current = {"leaf_sums": {"['w']": 1.001}, "metrics": {"loss": 0.5}}
+    problems = golden_runs.differences(recorded, current)
+    assert any("missing ['return']" in p for p in problems)
+    assert any("leaf_sums[['w']]: recorded 1.0, now 1.001" in p for p in problems)
+    assert golden_runs.differences(recorded, recorded) == []
