@@ -1,8 +1,7 @@
 """Token-level training of the transformer policy on verifiable text tasks (envs/text).
 
-`TextSFT` is the supervised warm start: teacher forcing on the tasks' reference solutions. It offers
-the algorithm interface of `jaxrl.algos` (init_seeds, state_shardings, run_chunk, evaluate, settings,
-compile_seconds), so `python -m jaxrl.train --config=experiments/text_sft.py:addition` runs it with
+`TextSFT` is the supervised warm start: teacher forcing on the tasks' reference solutions. It follows
+`jaxrl.engine.Algorithm`, so `python -m jaxrl.train --config=experiments/text_sft.py:addition` runs it with
 the same logging, checkpoints, resume and seeds as the RL algorithms; the run directory also gets
 the `tokenizer.json` the model was trained with (`write_files`).
 
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import time
 from typing import Any
 
 import jax
@@ -28,16 +26,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 from ml_collections import ConfigDict
-from jax.sharding import PartitionSpec as P
 
 from envs import text
 from jaxrl import config as config_lib, losses, mesh as mesh_lib, sampling
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import (compile_chunk, compile_per_run, gradient_step, make_optimizer, optimise,
+from jaxrl.engine import (compile_chunk, gradient_step, make_optimizer, optimise,
                           scheduled_learning_rate, seed_keys, standardise)
 from jaxrl.jitting import jit_method
-from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
+from jaxrl.mesh import DATA_AXIS, RUNS
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 
@@ -97,7 +94,7 @@ class _TextAlgorithm:
     """What the text algorithms share: task, tokenizer, model, state, the chunk loop, held-out evaluation.
 
     Subclasses define `_update(state, hp) -> (state, metrics)` for one seed on this device's prompts (run
-    by `run_chunk` as one compiled loop), or override `run_chunk` (TextGRPO: two programs per update).
+    by `run_chunk` as one compiled loop).
     """
 
     def __init__(self, settings: TextSettings, mesh=None, init_params=None, eval_seed: int = 1234):
@@ -159,15 +156,6 @@ class _TextAlgorithm:
     def state_shardings(self, state: TextState) -> TextState:
         """Seeds over the runs axis; parameters replicated along the data axis."""
         return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
-
-    def _compile(self, fn, args, in_axes, in_specs, out_specs, donate_argnums=()):
-        """`fn` for one seed compiled over every seed (`engine.compile_per_run`); the compile time is added
-        to `compile_seconds`."""
-        compiled, seconds = compile_per_run(fn, args, self.mesh, in_axes=in_axes, in_specs=in_specs,
-                                            out_specs=out_specs, donate_argnums=donate_argnums,
-                                            xla_options=self.settings.xla_options)
-        self.compile_seconds += seconds
-        return compiled
 
     def run_chunk(self, state, hp, num_updates: int):
         """`num_updates` updates for every seed in one compiled program; returns (state, metrics [S]).
@@ -338,7 +326,6 @@ class TextGRPO(_TextAlgorithm):
 
     def __init__(self, settings: TextGRPOSettings, mesh=None, init_params=None, eval_seed: int = 1234):
         super().__init__(settings, mesh, init_params, eval_seed)
-        self._sample_fn = self._learn_fn = None  # compiled on the first update (see run_chunk)
         from jaxrl import advantages
         self.estimator = advantages.get(settings.advantage)
         # Minibatches deal whole groups (the loss scores a group's prompt once): each device's prompts must
@@ -411,9 +398,8 @@ class TextGRPO(_TextAlgorithm):
         return total, aux
 
     # ----------------------------------------------------------------------------------------------
-    # One update in two compiled programs: sampling (rollouts, rewards, advantages), then learning
-    # (reference scores, epochs x minibatches). Timing them apart gives the sampling and update throughputs;
-    # two dispatches per update are small next to sampling B x G completions.
+    # One update: sampling (rollouts, rewards, advantages), then learning (reference scores, epochs x
+    # minibatches), in the chunk's one program.
 
     def _sample_batch(self, state: TextGRPOState, hp: TextGRPOHyperparams):
         """For one seed on this device: (state with its key advanced, (units: prompts [b, P] and the rest
@@ -456,42 +442,11 @@ class TextGRPO(_TextAlgorithm):
         state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1)
         return state, jax.tree.map(jnp.mean, aux)
 
-    def run_chunk(self, state, hp, num_updates: int):
-        """`num_updates` updates for every seed, each as `_sample_batch` then `_learn`; returns (state,
-        metrics [S] averaged over the updates, plus `sample_tokens_per_s` (every candidate completion's
-        tokens, over all seeds) and `update_tokens_per_s` (the batch's tokens, over all seeds)).
-
-        The first update of the chunk is timed phase by phase (it waits for each program to finish); the
-        others are dispatched without waiting, so the host never stalls the device between them."""
-        batch_specs = (P(RUN_AXIS, DATA_AXIS), RUNS)  # (units split over devices, epoch keys)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._sample_fn is None:
-            self._sample_fn = self._compile(self._sample_batch, (state, hp), (0, 0), (RUNS, RUNS),
-                                            (RUNS, batch_specs, RUNS), donate_argnums=0)
-        totals, rates = None, {}
-        for update in range(num_updates):
-            timed = update == 0
-            tick = _wait_then_clock(state) if timed else 0.0
-            state, batch, sample_metrics = self._sample_fn(state, hp)
-            sample_seconds = _wait_then_clock(batch) - tick if timed else 0.0
-            if self._learn_fn is None:
-                self._learn_fn = self._compile(self._learn, (state, batch, hp), (0, 0, 0),
-                                               (RUNS, batch_specs, RUNS), (RUNS, RUNS), donate_argnums=0)
-            tick = time.perf_counter()
-            state, learn_metrics = self._learn_fn(state, batch, hp)
-            if timed:
-                learn_seconds = _wait_then_clock(state) - tick
-                rates = {"sample_tokens_per_s": float(jnp.sum(sample_metrics["sampled_tokens"])) / sample_seconds,
-                         "update_tokens_per_s": float(jnp.sum(sample_metrics["tokens"])) / learn_seconds}
-            metrics = {**sample_metrics, **learn_metrics}
-            totals = metrics if totals is None else jax.tree.map(jnp.add, totals, metrics)
-        return state, {**jax.tree.map(lambda x: x / num_updates, totals), **rates}
-
-
-def _wait_then_clock(tree) -> float:
-    """time.perf_counter() once every array of `tree` is computed."""
-    jax.block_until_ready(tree)
-    return time.perf_counter()
+    def _update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
+        """One update for one seed on this device: `_sample_batch`, then `_learn` on its batch."""
+        state, batch, sample_metrics = self._sample_batch(state, hp)
+        state, learn_metrics = self._learn(state, batch, hp)
+        return state, {**sample_metrics, **learn_metrics}
 
 
 # -------------------------------------------------------------------------------------------------
