@@ -74,7 +74,7 @@ def summarise(params, metrics_row: dict) -> dict:
         digest.update(array.tobytes())
         sums[jax.tree_util.keystr(path)] = float(array.astype(np.float64).sum())
     metrics = {k: float(v) for k, v in metrics_row.items()
-               if isinstance(v, (int, float)) and not k.endswith(("seconds", "_time", "per_second"))}
+               if isinstance(v, (int, float)) and not k.endswith(("seconds", "_time", "per_second", "_per_s"))}
     return {"sha256": digest.hexdigest(), "leaf_sums": sums, "metrics": metrics}
 
 
