@@ -185,7 +185,7 @@ def test_episode_states_end_with_the_episode():
     algo, _, state = build(small_smax_config())
     params = jax.tree.map(lambda x: x[0], state.params)
     states = algo.episode_states(params, jax.random.PRNGKey(3))
-    assert 2 <= len(states) <= algo.eval_max_steps + 1
+    assert 2 <= len(states) <= algo.policy.eval_max_steps + 1
     assert int(states[-1].time) == len(states) - 1
     from envs import rendering
     frames = rendering.render_frames(algo.agent_env, states[:3])

@@ -92,8 +92,8 @@ def test_sweep_writes_a_directory_per_setting_a_summary_and_a_plot(tmp_path):
     assert [row["setting"] for row in summary] == names
     for name, row in zip(names, summary):
         saved = json.load(open(os.path.join(workdir, name, "config.json")))
-        assert saved["ppo"]["learning_rate"] == row["optim.learning_rate"]
-        assert saved["ppo"]["num_minibatches"] == row["optim.num_minibatches"] and saved["num_seeds"] == 3
+        assert saved["optim"]["learning_rate"] == row["optim.learning_rate"]
+        assert saved["optim"]["num_minibatches"] == row["optim.num_minibatches"] and saved["num_seeds"] == 3
         rows = metrics_lib.read(os.path.join(workdir, name, "metrics.jsonl"))
         assert [r["env_steps"] for r in rows] == [256, 512]
         per_seed = rows[-1]["eval_return_per_seed"]
