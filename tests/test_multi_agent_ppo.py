@@ -148,9 +148,10 @@ def test_agent_id_can_be_turned_off():
     assert actor_in.shape[-1] == env.obs_dim and critic_in.shape[-1] == env.state_dim
 
 
-def test_one_update_runs_on_every_critic_and_network_choice():
+def test_one_update_runs_on_every_critic_choice_with_a_feed_forward_network():
+    # (the recurrent network with either critic input runs in tests/test_golden_runs.py: smax_mappo, smax_ippo)
     for critic_input in ("obs", "global_state"):
-        for kind in ("mlp", "gru"):
+        for kind in ("mlp",):
             algo, hp, state = build(small_smax_config(critic_input=critic_input, kind=kind), num_seeds=2)
             state, metrics = algo.run_chunk(state, hp, 2)
             metrics = jax.device_get(metrics)
