@@ -151,16 +151,15 @@ def test_agent_id_can_be_turned_off():
 def test_one_update_runs_on_every_critic_choice_with_a_feed_forward_network():
     # (the recurrent network with either critic input runs in tests/test_golden_runs.py: smax_mappo, smax_ippo)
     for critic_input in ("obs", "global_state"):
-        for kind in ("mlp",):
-            algo, hp, state = build(small_smax_config(critic_input=critic_input, kind=kind), num_seeds=2)
-            state, metrics = algo.run_chunk(state, hp, 2)
-            metrics = jax.device_get(metrics)
-            for name in ("policy_loss", "value_loss", "entropy", "approx_kl"):
-                assert np.isfinite(metrics[name]).all(), (critic_input, kind, name)
-            assert (metrics["episodes"] > 0).all() and "win_rate_sum" in metrics
-            result = jax.device_get(algo.evaluate(state.params, jax.random.PRNGKey(0), 8))
-            assert set(result) == {"eval_return", "eval_length", "eval_win_rate"}
-            assert result["eval_win_rate"].shape == (2,) and ((0 <= result["eval_win_rate"]) & (result["eval_win_rate"] <= 1)).all()
+        algo, hp, state = build(small_smax_config(critic_input=critic_input, kind="mlp"), num_seeds=2)
+        state, metrics = algo.run_chunk(state, hp, 2)
+        metrics = jax.device_get(metrics)
+        for name in ("policy_loss", "value_loss", "entropy", "approx_kl"):
+            assert np.isfinite(metrics[name]).all(), (critic_input, name)
+        assert (metrics["episodes"] > 0).all() and "win_rate_sum" in metrics
+        result = jax.device_get(algo.evaluate(state.params, jax.random.PRNGKey(0), 8))
+        assert set(result) == {"eval_return", "eval_length", "eval_win_rate"}
+        assert result["eval_win_rate"].shape == (2,) and ((0 <= result["eval_win_rate"]) & (result["eval_win_rate"] <= 1)).all()
 
 
 def test_config_errors_name_the_problem():
