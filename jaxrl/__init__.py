@@ -1,3 +1,12 @@
-"""jaxrl: pure-functional, jitted RL on device meshes (see README.md)."""
+"""jaxrl: pure-functional, jitted RL on device meshes (see README.md).
+
+    config (config.py, algos.default_config)
+      -> env + networks (envs, networks.py, algos/env_policy.py)
+      -> rollout (algos/*: lax.scan over steps)
+      -> advantages (advantages.py: GAE, group estimators)
+      -> loss (losses.py)
+      -> sharded update (engine: gradient steps over the mesh, one compiled chunk of updates)
+      -> metrics and checkpoints (run/loop.py; `python -m jaxrl.train`)
+"""
 
 __version__ = "0.1.0"

@@ -1,11 +1,13 @@
 """Proximal policy optimisation, written for a device mesh and for many seeds at once.
 
-One call of `PPO.run_chunk` runs K updates (K traced: one program for every K) under a single `jax.jit`:
+One call of `PPO.run_chunk` runs K updates (K traced: one program for every K), compiled by
+`engine.compile_chunk`:
 
     shard_map over the (runs, data) mesh (seeds split over `runs`, environments over `data`, parameters
     replicated along `data`)
-      vmap over this device's seeds (each with its own hyperparameters: a sweep is a seed axis)
-        lax.fori_loop over K updates:  rollout (lax.scan over T steps) -> GAE -> epochs x minibatches
+      over this device's seeds (each with its own hyperparameters: a sweep is a seed axis)
+        lax.fori_loop over K updates:  rollout (lax.scan over T steps, `EnvPolicy.step`) -> GAE
+                                       -> epochs x minibatches (`engine.optimise`)
 
 Shapes: S seeds, N environments (n = N / devices on one device), T steps per rollout, A agents (1 for
 single-agent envs), K actions.
