@@ -13,6 +13,12 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
+# What the training loop does with a run whose state or metrics turn non-finite (`jaxrl.run.divergence`).
+ON_NONFINITE = ("freeze", "rollback")
+# Where metrics go (`jaxrl.run.loggers`); metrics.jsonl is always written (resuming and the plots read it).
+LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
+WANDB_MODES = ("offline", "online")
+
 
 def base_config() -> ConfigDict:
     """The keys every run has, with defaults. An algorithm's `default_config` (`jaxrl.algos.default_config`)
@@ -36,8 +42,13 @@ def base_config() -> ConfigDict:
         # num_devices 0: every device (of every process). run_devices: devices along the mesh's `runs` axis
         # (seeds and sweep settings split over them); 0: as many as divide both the devices and the runs.
         "mesh": {"num_devices": 0, "run_devices": 0},
-        "log": {"every_steps": 25_000, "progress_bar": True},
-        "checkpoint": {"every_steps": 0, "keep": 3},  # 0: at every log interval
+        # backends: comma-separated LOG_BACKENDS. wandb_mode "offline" only writes <workdir>/wandb (`wandb sync`).
+        "log": {"every_steps": 25_000, "progress_bar": True, "backends": "jsonl", "wandb_project": "jaxrl",
+                "wandb_mode": "offline"},
+        # every_steps 0: at every log interval. on_nonfinite (ON_NONFINITE): what happens to a run (seed)
+        # whose state or metrics turn NaN/inf: "freeze" keeps its last finite state while the others go on,
+        # "rollback" restarts its chunk with a new random key (at most max_rollbacks times, then freezes it).
+        "checkpoint": {"every_steps": 0, "keep": 3, "on_nonfinite": "freeze", "max_rollbacks": 3},
         "eval": {"every_steps": 0, "num_envs": 32, "max_steps": 0},  # every_steps 0: only at the end
     })
 
@@ -86,6 +97,11 @@ def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...]:
     return tuple(sorted(options))
 
 
+def log_backends(config: ConfigDict) -> tuple[str, ...]:
+    """config.log.backends "jsonl,tensorboard" -> ("jsonl", "tensorboard"): the names, stripped, in order."""
+    return tuple(name.strip() for name in config.log.backends.split(","))
+
+
 def _check_xla_options(config: ConfigDict) -> None:
     """Compile a trivial program with the options, so that one this XLA does not know fails here, not after
     the training program's compile."""
@@ -105,8 +121,12 @@ def validate_shared(config: ConfigDict) -> None:
     algorithm's own checks)."""
     _check_xla_options(config)
     positive(config, "num_seeds", "total_steps", "log.every_steps", "eval.num_envs", "checkpoint.keep")
+    one_of(config.checkpoint.on_nonfinite, ON_NONFINITE, "checkpoint.on_nonfinite")
+    for name in log_backends(config):
+        one_of(name, LOG_BACKENDS, "log.backends")
+    one_of(config.log.wandb_mode, WANDB_MODES, "log.wandb_mode")
 
-    for key in ("checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
+    for key in ("checkpoint.every_steps", "checkpoint.max_rollbacks", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
                 "mesh.run_devices"):
         section, name = key.split(".")
         if config[section][name] < 0:

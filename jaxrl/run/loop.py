@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +19,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, distributed, mesh as mesh_lib, metrics as metrics_lib
-from jaxrl.run import workdir as workdir_lib
+from jaxrl.run import divergence, workdir as workdir_lib
 
 @dataclasses.dataclass
 class RunResult:
@@ -27,6 +27,16 @@ class RunResult:
     state: Any  # the algorithm's TrainState, leaves with a leading seed axis
     metrics: list[dict]  # every row of metrics.jsonl
     interrupted: bool  # stopped by a signal before total_steps
+    diverged: bool = False  # stopped because every seed turned non-finite (frozen at its last finite state)
+
+
+class ProgramResult(NamedTuple):
+    """What `run_settings` returns."""
+
+    state: Any  # the algorithm's state, leaves [R, ...] (every run finite)
+    rows: list[list[dict]]  # each setting's metric rows
+    interrupted: bool
+    diverged: bool  # every run turned non-finite, so the program stopped early
 
 
 class _StopRequests:
@@ -75,19 +85,21 @@ class Setting:
 def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None = None) -> RunResult:
     """Train `config` in `workdir` (created, or resumed when it holds checkpoints)."""
     workdir = workdir or workdir_lib.default_workdir(config)
-    state, rows, interrupted = run_settings([Setting(config, workdir)], os.path.join(workdir, "checkpoints"),
-                                            progress=progress)
-    return RunResult(workdir, state, rows[0], interrupted)
+    result = run_settings([Setting(config, workdir)], os.path.join(workdir, "checkpoints"), progress=progress)
+    return RunResult(workdir, result.state, result.rows[0], result.interrupted, result.diverged)
 
 
-def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None):
-    """Train every setting x seed as one compiled program; returns (state [R, ...], each setting's metric
-    rows, interrupted).
+def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None) -> ProgramResult:
+    """Train every setting x seed as one compiled program.
 
     The settings must differ only in hyperparameters (`algos.static_signature`). Runs are settings-major
     (run r is setting r // num_seeds, seed r % num_seeds; seed s of every setting starts from the same
     key) and are split over the mesh's `runs` axis. The program's checkpoints go to `checkpoint_dir`, each
     setting's config, metrics.jsonl and plots to its own workdir (by process 0 only).
+
+    After every chunk each run is checked for non-finite state and metrics (`divergence.Guard`): a diverged
+    run is frozen at its last finite state or rolled back (`config.checkpoint.on_nonfinite`), so no
+    checkpoint ever holds a non-finite value; the program stops early when every run is frozen.
     """
     config = settings[0].config
     for setting in settings:
@@ -113,11 +125,14 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     eval_every = _every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None
 
     checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
+    guard = divergence.Guard(config.checkpoint.on_nonfinite, config.checkpoint.max_rollbacks, num_seeds,
+                             num_settings, checkpoint_dir, fetch)
     writers = [metrics_lib.MetricsWriter(os.path.join(s.workdir, "metrics.jsonl")) for s in settings]
     state = algo.init_seeds(config.seed, num_seeds, num_settings)
     update = 0
     if checkpointer.latest_step() is not None:
         update, state = checkpointer.restore_latest(checkpoint.abstract_state(state))
+        guard.resume(update)
         if main:
             print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
                   file=sys.stderr)
@@ -130,17 +145,24 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
 
     show_progress = main and (config.log.progress_bar if progress is None else progress)
     bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
-    interrupted = False
+    interrupted = diverged = False
     chunk_index = update // chunk
     with _StopRequests() as stop:
         try:
             while update < num_updates:
                 num = min(chunk, num_updates - update)
+                before = divergence.copy(state)  # the chunk donates `state`; a diverged run needs it back
                 tick, compiled_before = time.perf_counter(), algo.compile_seconds
                 state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
                 chunk_metrics = fetch(chunk_metrics)
                 compile_seconds = algo.compile_seconds - compiled_before
                 seconds = time.perf_counter() - tick - compile_seconds
+                state, chunk_metrics, messages = guard.check(algo.run_chunk, before, state, chunk_metrics,
+                                                             hyperparams, num, update + 1)
+                del before
+                if main:
+                    for message in messages:
+                        print(f"warning: {message}", file=sys.stderr)
                 update += num
                 chunk_index += 1
                 done = update >= num_updates
@@ -154,14 +176,25 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                     chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
                 rows = [{**shared, **metrics_lib.summarize(per_setting)}
                         for per_setting in _split_runs(chunk_metrics, num_settings)]
+                for i, row in enumerate(rows):
+                    if frozen := guard.frozen_seeds(i):
+                        row["frozen_seeds"] = frozen
                 if main:
                     for writer, row in zip(writers, rows):
                         writer.write(row)
                 if bar is not None:
                     bar.update(num * batch)
                     bar.set_postfix(_postfix(rows[0]), refresh=False)
-                if done or stop.signum is not None or chunk_index % checkpoint_every == 0:
+                diverged = guard.all_frozen
+                if done or diverged or stop.signum is not None or chunk_index % checkpoint_every == 0:
                     checkpointer.save(update, state)
+                    if main and guard.frozen:
+                        guard.save()
+                if diverged and not done:
+                    if main:
+                        print(f"stopped at update {update}: every run diverged (see the warnings above); the "
+                              "checkpoints hold their last finite states", file=sys.stderr)
+                    break
                 if stop.signum is not None and not done:
                     interrupted = True
                     break
@@ -180,7 +213,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         if interrupted:
             print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
                   f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
-    return state, all_rows, interrupted
+    return ProgramResult(state, all_rows, interrupted, diverged)
 
 
 def make_mesh(config: ConfigDict, num_runs: int):

@@ -124,9 +124,9 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list], workdir: str, *, progr
     rows_by_setting: dict[int, list[dict]] = {}
     for number, program in enumerate(programs):
         settings = [loop.Setting(points[i][1], os.path.join(workdir, names[i])) for i in program]
-        _, rows, interrupted = loop.run_settings(settings, os.path.join(workdir, "checkpoints", str(number)),
-                                                  progress=progress)
-        if interrupted:
+        result = loop.run_settings(settings, os.path.join(workdir, "checkpoints", str(number)), progress=progress)
+        rows = result.rows  # a program whose every run diverged stopped early: its rows end there
+        if result.interrupted:
             raise KeyboardInterrupt(f"sweep stopped during program {number}; rerun the command with "
                                     f"--workdir={workdir} to resume")
         rows_by_setting.update(zip(program, rows))

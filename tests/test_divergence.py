@@ -1,0 +1,156 @@
+"""A run that turns non-finite never costs a good checkpoint: it is frozen at its last finite state (or rolled
+back), the other seeds of the program go on exactly as without it, and nothing non-finite is saved.
+
+The NaN is injected by wrapping PPO's `run_chunk`: after any chunk that leaves seed 2 at update >= 3 (with
+its original random key), seed 2's parameters become NaN, as a diverging update would make them.
+"""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from helpers import small_cartpole
+from jaxrl import algos, checkpoint, train
+
+POISONED_SEED, POISONED_AT = 2, 3
+UPDATES, PER_CHUNK = 8, 2
+
+
+def poisoning(build):
+    """A builder whose algorithm's chunks poison seed 2's parameters when they take it past update
+    POISONED_AT - 1 from the state it first had there (a seed rolled back with a new key is left alone)."""
+    def poisoned_build(config, mesh):
+        algo = build(config, mesh)
+        run_chunk, poisoned_key = algo.run_chunk, {}
+
+        def poisoned_run_chunk(state, hp, num_updates):
+            key = np.asarray(jax.device_get(state.key))[POISONED_SEED]
+            if np.asarray(jax.device_get(state.update_step))[POISONED_SEED] == POISONED_AT - 1:
+                poisoned_key.setdefault("key", key)
+            state, metrics = run_chunk(state, hp, num_updates)
+            if np.array_equal(key, poisoned_key.get("key")):
+                state = state.replace(params=jax.tree.map(lambda x: x.at[POISONED_SEED].set(jnp.nan), state.params))
+            return state, metrics
+
+        algo.run_chunk = poisoned_run_chunk
+        return algo
+    return poisoned_build
+
+
+def _config(num_seeds=4, **overrides):
+    batch = 8 * 16
+    return small_cartpole(num_seeds=num_seeds, **{
+        "total_steps": batch * UPDATES, "log.every_steps": batch * PER_CHUNK, "checkpoint.every_steps": batch * PER_CHUNK, "checkpoint.keep": UPDATES,
+        **overrides})
+
+
+def _run(config, workdir, poisoned: bool, monkeypatch):
+    if poisoned:
+        recipe = algos.recipe("ppo")
+        monkeypatch.setitem(algos.ALGORITHMS, "ppo", dataclasses.replace(recipe, build=poisoning(recipe.build)))
+    try:
+        return train.run(config, str(workdir), progress=False)
+    finally:
+        monkeypatch.undo()
+
+
+def _params(state, run):
+    return jax.tree.map(lambda x: np.asarray(x[run]), jax.device_get(state.params))
+
+
+def _saved_states(result):
+    manager = checkpoint.Checkpointer(os.path.join(result.workdir, "checkpoints"))
+    target = checkpoint.abstract_state(result.state)
+    try:
+        return {step: manager.restore(step, target) for step in manager.steps()}
+    finally:
+        manager.close()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    return _run(_config(), tmp_path_factory.mktemp("clean"), False, mp)
+
+
+def _assert_same(a, b):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        np.testing.assert_array_equal(x, y)
+
+
+def test_a_diverged_seed_is_frozen_and_the_others_finish_unchanged(reference, tmp_path, monkeypatch, capsys):
+    result = _run(_config(), tmp_path, True, monkeypatch)
+    assert not result.diverged and not result.interrupted
+    for run in (0, 1, 3):
+        _assert_same(_params(result.state, run), _params(reference.state, run))
+    # Seed 2 kept its state after update 2, the last finite one: the clean run's checkpoint at update 2.
+    clean_saved = _saved_states(reference)
+    _assert_same(_params(result.state, POISONED_SEED), _params(clean_saved[2], POISONED_SEED))
+
+    warning = capsys.readouterr().err
+    assert f"seed {POISONED_SEED} diverged in update {POISONED_AT}: state.params" in warning
+    assert "frozen at its last finite state (after update 2)" in warning
+    rows = result.metrics
+    assert "frozen_seeds" not in rows[0] and rows[1]["frozen_seeds"] == [POISONED_SEED]
+    assert all(row["frozen_seeds"] == [POISONED_SEED] for row in rows[1:])
+    assert rows[-1]["episode_return_per_seed"][POISONED_SEED] is None
+    assert all(row["episode_return_per_seed"][s] is not None for row in rows for s in (0, 1, 3))
+
+    saved = _saved_states(result)
+    assert sorted(saved) == [2, 4, 6, 8]
+    for step, state in saved.items():
+        for leaf in jax.tree.leaves(state):
+            if jnp.issubdtype(leaf.dtype, jnp.floating):
+                assert np.isfinite(np.asarray(leaf)).all(), f"checkpoint {step} holds a non-finite value"
+    with open(os.path.join(result.workdir, "checkpoints", "diverged.json")) as f:
+        entry = json.load(f)[str(POISONED_SEED)]
+    assert entry["update"] == POISONED_AT and entry["frozen_at"] == 4 and entry["quantity"].startswith("state.params")
+
+
+def test_a_resumed_program_keeps_the_seed_frozen(tmp_path, monkeypatch):
+    config = _config()
+    first = _run(_config(total_steps=8 * 16 * 4), tmp_path, True, monkeypatch)
+    assert first.metrics[-1]["frozen_seeds"] == [POISONED_SEED]
+    resumed = _run(config, tmp_path, False, monkeypatch)  # nothing poisons it now: it stays frozen anyway
+    assert resumed.metrics[-1]["frozen_seeds"] == [POISONED_SEED]
+    _assert_same(_params(resumed.state, POISONED_SEED), _params(first.state, POISONED_SEED))
+
+
+def test_a_single_seed_run_stops_when_it_diverges(tmp_path, monkeypatch, capsys):
+    config = _config(num_seeds=1)
+    global POISONED_SEED
+    seed, POISONED_SEED = POISONED_SEED, 0
+    try:
+        result = _run(config, tmp_path, True, monkeypatch)
+    finally:
+        POISONED_SEED = seed
+    assert result.diverged
+    assert result.metrics[-1]["update"] == 4  # the chunk in which it diverged, then the program stopped
+    assert "every run diverged" in capsys.readouterr().err
+    for step, state in _saved_states(result).items():
+        assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(state.params))
+
+
+def test_rollback_restarts_the_chunk_with_a_new_key(reference, tmp_path, monkeypatch, capsys):
+    result = _run(_config(**{"checkpoint.on_nonfinite": "rollback"}), tmp_path, True, monkeypatch)
+    assert not result.diverged
+    assert "rolling its chunk back with a new random key (rollback 1 of 3)" in capsys.readouterr().err
+    assert all("frozen_seeds" not in row for row in result.metrics)
+    for run in (0, 1, 3):
+        _assert_same(_params(result.state, run), _params(reference.state, run))
+    params = _params(result.state, POISONED_SEED)
+    assert all(np.isfinite(leaf).all() for leaf in jax.tree.leaves(params))
+    assert int(jax.device_get(result.state.update_step)[POISONED_SEED]) == UPDATES  # it did not fall behind
+    differs = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+                                                        jax.tree.leaves(_params(reference.state, POISONED_SEED)))]
+    assert any(differs)  # it went on from update 2 with another key
+
+
+def test_the_policy_names_are_checked():
+    with pytest.raises(ValueError, match="unknown config.checkpoint.on_nonfinite 'ignore'"):
+        algos.validate(_config(**{"checkpoint.on_nonfinite": "ignore"}))
