@@ -22,7 +22,8 @@ EXTRAS = {
     # Tests, notebooks executed by the tests, the import contracts (.importlinter), and the reference envs
     # used for parity checks (gymnax's CartPole, jaxmarl's SMAX and MPE).
     "dev": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-            "import-linter>=2.1", "gymnax<1.0", "six", "jaxmarl==0.2.0"],  # gymnax 0.0.9 imports six without declaring it
+            "import-linter>=2.1", "gymnax<1.0", "six", "jaxmarl==0.2.0",  # gymnax 0.0.9 imports six without declaring it
+            "tensorboardX>=2.6", "tensorboard", "wandb"],  # the log backends; tensorboard reads their events back
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # rejax 0.1.3 needs gymnax < 1.0 (gymnax 1.0 splits done into terminated/truncated).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
@@ -31,6 +32,8 @@ EXTRAS = {
     # it from a checkout of the JaxMARL repository; wandb stays disabled).
     "bench": ["rejax==0.1.3", "gymnax<1.0", "jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0",
               "distrax", "hydra-core>=1.3", "omegaconf>=2.3", "wandb"],
+    # Optional logging backends (config.log.backends): TensorBoard event files and Weights & Biases runs.
+    "log": ["tensorboardX>=2.6", "wandb"],
     # Accelerators: JAX's own wheels. For TPU follow JAX's install note (pip install "jax[tpu]").
     "cuda": ["jax[cuda12]"],
     "tpu": ["jax[tpu]"],

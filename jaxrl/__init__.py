@@ -10,3 +10,11 @@
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # `jaxrl.load_policy(workdir)` without importing the training machinery on `import jaxrl`.
+    if name in ("load_policy", "evaluate_run", "export_policy"):
+        from jaxrl.run import policies
+        return getattr(policies, name)
+    raise AttributeError(f"module 'jaxrl' has no attribute {name!r}")

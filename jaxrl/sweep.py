@@ -30,6 +30,7 @@ import time
 from ml_collections import ConfigDict
 
 from jaxrl import distributed, train
+from jaxrl.run import cli
 from jaxrl.run.summary import confidence_interval, format_summary  # noqa: F401  (the API)
 from jaxrl.run.sweeps import expand, group_programs, parse_values, resolve_key, run_sweep  # noqa: F401
 
@@ -40,7 +41,7 @@ def split_sweep_flags(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]
         if arg.startswith("--sweep."):
             name, sep, values = arg[len("--sweep."):].partition("=")
             if not sep:
-                raise SystemExit(f"{arg}: write --sweep.<key>=<value>,<value>,...")
+                raise cli.InputError(f"{arg}: write --sweep.<key>=<value>,<value>,...")
             sweep.append((name, values))
         else:
             rest.append(arg)
@@ -72,10 +73,11 @@ def main(argv, sweep_flags) -> int:
     del argv
     logging.set_verbosity(logging.WARNING)
     FLAGS = flags.FLAGS
-    if FLAGS.config is None:
-        raise SystemExit("give --config=experiments/<name>.py and --sweep.<key>=<values> flags")
-    train.setup_process(FLAGS)
-    config, sweep = sweep_from_flags(FLAGS.config, sweep_flags)
+    with cli.input_phase():
+        if FLAGS.config is None:
+            raise cli.InputError("give --config=experiments/<name>.py and --sweep.<key>=<values> flags")
+        train.setup_process(FLAGS)
+        config, sweep = sweep_from_flags(FLAGS.config, sweep_flags)
     workdir = FLAGS.workdir or os.path.join("runs", f"{config.experiment}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
     summary = run_sweep(config, sweep, workdir)
     if distributed.is_main_process():
@@ -86,8 +88,9 @@ def main(argv, sweep_flags) -> int:
 
 
 if __name__ == "__main__":
-    from absl import app
-
-    argv, sweep_flags = split_sweep_flags(sys.argv)
+    try:
+        argv, sweep_flags = split_sweep_flags(sys.argv)
+    except cli.InputError as error:
+        cli.report(error, cli.verbose_requested(sys.argv))
     train.define_flags()
-    app.run(lambda argv: sys.exit(main(argv, sweep_flags)), argv=argv)
+    cli.run_main(lambda argv: main(argv, sweep_flags), argv=argv)

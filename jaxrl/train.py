@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 
 import jax
 
 from jaxrl import config as config_lib, distributed, host, metrics as metrics_lib
+from jaxrl.run import cli
 from jaxrl.run.loop import RunResult, Setting, fetch, make_mesh, run, run_settings  # noqa: F401  (the API)
 from jaxrl.run.workdir import latest_workdir
+
+EXIT_DIVERGED = 3  # every seed turned non-finite and the run stopped (its checkpoints hold finite states)
 
 def main(argv) -> int:
     from absl import flags, logging
@@ -28,29 +30,40 @@ def main(argv) -> int:
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
     FLAGS = flags.FLAGS
-    setup_process(FLAGS)
-    config, workdir = FLAGS.config, FLAGS.workdir
-    if config is None and workdir is None and not FLAGS.resume:
-        raise SystemExit("give --config=experiments/<name>.py (and optionally --workdir), or --workdir=<run dir> "
-                         "to resume a run")
-    if FLAGS.resume and workdir is None:
-        if config is None:
-            raise SystemExit("--resume needs --config (to find the latest run of that experiment) or --workdir")
-        workdir = latest_workdir(config.experiment)
-        if workdir is None:
-            raise SystemExit(f"--resume: no run of {config.experiment!r} found under runs/")
-    if config is None:
-        saved = os.path.join(workdir, "config.json")
-        if not os.path.exists(saved):
-            raise SystemExit(f"{workdir} has no config.json: pass --config as well")
-        config = config_lib.load(saved)
+    with cli.input_phase():
+        setup_process(FLAGS)
+        config, workdir = config_and_workdir(FLAGS)
     result = run(config, workdir)
     last = result.metrics[-1] if result.metrics else {}
     keys = ("env_steps", *metrics_lib.HEADLINE_KEYS, "wall_time")
     summary = {k: last[k] for k in keys if k in last}
     if distributed.is_main_process():
         print(json.dumps({"workdir": result.workdir, **summary}))
-    return 128 + signal.SIGTERM if result.interrupted else 0
+    if result.interrupted:
+        return 128 + signal.SIGTERM
+    return EXIT_DIVERGED if result.diverged else 0
+
+
+def config_and_workdir(FLAGS):
+    """(config, workdir) from --config, --workdir and --resume; InputError when they do not name a run."""
+    config, workdir = FLAGS.config, FLAGS.workdir
+    if config is None and workdir is None and not FLAGS.resume:
+        raise cli.InputError("give --config=experiments/<name>.py (and optionally --workdir), or --workdir=<run dir> "
+                             "to resume a run")
+    if FLAGS.resume and workdir is None:
+        if config is None:
+            raise cli.InputError("--resume needs --config (to find the latest run of that experiment) or --workdir")
+        workdir = latest_workdir(config.experiment)
+        if workdir is None:
+            raise cli.InputError(f"--resume: no run of {config.experiment!r} found under runs/")
+    if config is None:
+        if not os.path.isdir(workdir):
+            raise cli.InputError(f"--workdir={workdir} does not exist (pass --config to start a new run there)")
+        saved = os.path.join(workdir, "config.json")
+        if not os.path.exists(saved):
+            raise cli.InputError(f"{workdir} has no config.json: pass --config as well")
+        config = config_lib.load(saved)
+    return config, workdir
 
 
 def setup_process(FLAGS) -> None:
@@ -60,8 +73,8 @@ def setup_process(FLAGS) -> None:
     if FLAGS.coordinator_address or FLAGS.distributed:
         distributed.initialize(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
     if FLAGS.workdir is None and jax.process_count() > 1:
-        raise SystemExit("a multi-process run needs --workdir on a filesystem every process sees "
-                         "(each process would otherwise pick its own time-stamped directory)")
+        raise cli.InputError("a multi-process run needs --workdir on a filesystem every process sees "
+                             "(each process would otherwise pick its own time-stamped directory)")
 
 
 def define_flags():
@@ -86,7 +99,5 @@ def define_flags():
 
 
 if __name__ == "__main__":
-    from absl import app
-
     define_flags()
-    app.run(lambda argv: sys.exit(main(argv)))
+    cli.run_main(main)

@@ -76,3 +76,17 @@ def tiny_sft_config(task="addition", total_steps=3_200):
     config.checkpoint.every_steps = 1_600
     config.log.progress_bar = False
     return config
+
+
+def tiny_grpo_config(init_from, **overrides):
+    """experiments/text_grpo.py:addition warm-started from the SFT run `init_from` (a tiny_sft_config run):
+    8 prompts x 4 samples, 4 updates; `overrides` by dotted key."""
+    config = load_experiment("text_grpo", "addition")
+    config.init_from = init_from
+    config.num_prompts, config.group.size = 8, 4
+    config.total_steps = 8 * 4 * 4
+    config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2  # as tiny_sft_config
+    config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 64, 128, 32
+    config.checkpoint.every_steps = 128
+    config.log.progress_bar = False
+    return set_keys(config, overrides)

@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.algos.text import restore_text_params
-from helpers import load_experiment, set_keys, tiny_sft_config
+from helpers import load_experiment, set_keys, tiny_grpo_config, tiny_sft_config
 
 
 @pytest.fixture(scope="module")
@@ -17,18 +17,6 @@ def sft_run(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp("sft") / "run")
     train.run(tiny_sft_config(total_steps=4_800), workdir)
     return workdir
-
-
-def tiny_grpo_config(init_from, **overrides):
-    config = load_experiment("text_grpo", "addition")
-    config.init_from = init_from
-    config.num_prompts, config.group.size = 8, 4
-    config.total_steps = 8 * 4 * 4
-    config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2  # as tiny_sft_config
-    config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 64, 128, 32
-    config.checkpoint.every_steps = 128
-    config.log.progress_bar = False
-    return set_keys(config, overrides)
 
 
 def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):

@@ -8,6 +8,7 @@ env's global state (MAPPO, `critic_input="global_state"`). Shapes: n envs, A age
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, NamedTuple
 
@@ -58,18 +59,39 @@ class EnvPolicy:
 
         Returns the same array twice when actor and critic see the same inputs (a rollout then stores it once).
         """
-        A, ids_for = self.num_agents, self.agent_id
-        ids = jnp.broadcast_to(jnp.eye(A, dtype=obs.dtype), (*obs.shape[:-2], A, A)) if A > 1 else None
-
-        def with_id(x, network):
-            return x if ids is None or ids_for not in ("both", network) else jnp.concatenate([x, ids], axis=-1)
-
-        actor_in = with_id(obs, "actor")
+        actor_in = self._with_id(obs, "actor")
         if self.critic_input == "obs":
-            same_inputs = ids is None or ids_for in ("both", "none")
-            return actor_in, actor_in if same_inputs else with_id(obs, "critic")
+            same_inputs = self.num_agents == 1 or self.agent_id in ("both", "none")
+            return actor_in, actor_in if same_inputs else self._with_id(obs, "critic")
         shared = jnp.broadcast_to(global_state[..., None, :], (*obs.shape[:-1], global_state.shape[-1]))
-        return actor_in, with_id(shared.astype(obs.dtype), "critic")
+        return actor_in, self._with_id(shared.astype(obs.dtype), "critic")
+
+    def _with_id(self, x: jax.Array, network: str) -> jax.Array:
+        """x [..., A, d] with the agents' one-hot ids appended when `network` ("actor"/"critic") sees them."""
+        A = self.num_agents
+        if A == 1 or self.agent_id not in ("both", network):
+            return x
+        return jnp.concatenate([x, jnp.broadcast_to(jnp.eye(A, dtype=x.dtype), (*x.shape[:-2], A, A))], axis=-1)
+
+    def critic_input_size(self) -> int:
+        """d_critic: the width of the critic's inputs (found by tracing a reset, nothing runs)."""
+        def probe(key):
+            obs, state = jax.vmap(self.agent_env.reset)(key[None])
+            return self.inputs(obs, self.global_state(self.agent_env, state))[1]
+        return jax.eval_shape(probe, jax.random.PRNGKey(0)).shape[-1]
+
+    def act(self, params, obs, carry, first, mask, key, critic_size: int):
+        """The actor alone, one time step of n envs: obs [n, A, d], first [n] (episode starts: the hidden
+        state restarts), mask [n, A, K] legal actions or None, key None for greedy actions -> (action [n, A],
+        carry). The critic tower is fed zeros of width `critic_size` (`critic_input_size()`): a deployed policy
+        needs no global state."""
+        actor_in = self._with_id(obs, "actor")
+        critic_in = jnp.zeros((*actor_in.shape[:-1], critic_size), actor_in.dtype)
+        first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
+        carry, logits, _ = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
+        logits = distributions.masked_logits(logits[0], mask)
+        action = distributions.greedy(logits) if key is None else distributions.sample(key, logits)
+        return action, carry
 
     def global_state(self, env, env_states):
         """[n, G] for a batch of `env`'s states when the critic needs it, else None."""
@@ -97,8 +119,10 @@ class EnvPolicy:
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
 
-    def greedy_episodes(self, params, key: jax.Array, num_envs: int, keep_states: bool = False):
-        """One greedy episode per env (no auto-reset), for one seed's params.
+    def greedy_episodes(self, params, key: jax.Array, num_envs: int, keep_states: bool = False,
+                        sample: bool = False):
+        """One greedy episode per env (no auto-reset), for one seed's params; with `sample`, actions are
+        sampled from the policy instead.
 
         Returns (means over envs {eval_return, eval_length[, eval_win_rate]}, trace): with `keep_states`
         the trace is (reset states, states after each step [T, num_envs, ...], still running before
@@ -114,7 +138,12 @@ class EnvPolicy:
         def step(c, key):
             obs, env_state, carry, first, alive, totals = c
             policy = self.step(params, env, env_state, obs, carry, first)
-            carry, action = policy.carry, distributions.greedy(policy.logits)
+            if sample:  # (greedy evaluation keeps its keys: its figures do not change with this option)
+                key, action_key = jax.random.split(key)
+                action = distributions.sample(action_key, policy.logits)
+            else:
+                action = distributions.greedy(policy.logits)
+            carry = policy.carry
             obs, env_state, reward, done, info = jax.vmap(env.step)(jax.random.split(key, num_envs), env_state, action)
             totals = dict(totals, eval_return=totals["eval_return"] + reward.mean(-1) * alive,
                           eval_length=totals["eval_length"] + alive)
@@ -131,31 +160,76 @@ class EnvPolicy:
         means = jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32)), totals)
         return means, (reset_state, *trace) if keep_states else None
 
-    @jit_method(static_argnums=(3,))
-    def evaluate(self, params, key: jax.Array, num_envs: int):
-        """Greedy actions, one episode per env, for every seed: {eval_return, eval_length[, eval_win_rate]} [S].
-        Every seed plays the same `num_envs` episodes (the same key): runs differ only by their policies."""
-        return jax.vmap(lambda p: self.greedy_episodes(p, key, num_envs)[0])(params)
+    @jit_method(static_argnums=(3, 4))
+    def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
+        """Greedy actions (or sampled, with `sample`), one episode per env, for every seed: {eval_return,
+        eval_length[, eval_win_rate]} [S]. Every seed plays the same `num_envs` episodes (the same key): runs
+        differ only by their policies."""
+        return jax.vmap(lambda p: self.greedy_episodes(p, key, num_envs, sample=sample)[0])(params)
 
-    def episode_states(self, params, key: jax.Array) -> list:
-        """The env states of one greedy episode for one seed's params (no seed axis): the reset state, then
-        the state after each step, up to the end of the episode."""
-        run = jax.jit(lambda params, key: self.greedy_episodes(params, key, 1, keep_states=True)[1])
+    def episode_states(self, params, key: jax.Array, sample: bool = False) -> list:
+        """The env states of one greedy (or sampled) episode for one seed's params (no seed axis): the reset
+        state, then the state after each step, up to the end of the episode."""
+        run = jax.jit(lambda params, key: self.greedy_episodes(params, key, 1, keep_states=True, sample=sample)[1])
         reset_state, states, running = jax.device_get(run(params, key))
         length = int(running[:, 0].sum())
         first = jax.tree.map(lambda x: x[0], reset_state)
         return [first] + [jax.tree.map(lambda x: x[t, 0], states) for t in range(length)]
 
-    def write_artifacts(self, workdir: str, params, seed: int) -> list[str]:
-        """`eval_episode.gif`: one greedy episode of the first run (params leaves [R, ...]) when the env can
-        draw itself (`envs.rendering`)."""
+    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False) -> list[str]:
+        """`eval_episode.gif`: one greedy (or sampled) episode of the first run (params leaves [R, ...]) when
+        the env can draw itself (`envs.rendering`)."""
         from envs import rendering
 
         if rendering.renderer(self.agent_env) is None:
             return []
-        states = self.episode_states(jax.tree.map(lambda x: x[0], params), jax.random.PRNGKey(seed))
+        states = self.episode_states(jax.tree.map(lambda x: x[0], params), jax.random.PRNGKey(seed), sample)
         return [rendering.save_gif(rendering.render_frames(self.agent_env, states),
                                    os.path.join(workdir, "eval_episode.gif"))]
+
+
+class EnvActor:
+    """One trained policy, ready to act: `actor(obs, carry, first=..., mask=..., key=...)` is jitted.
+
+        actor = jaxrl.load_policy("runs/smax_mappo-3m-...")
+        obs, state = jax.vmap(actor.env.reset)(keys)            # n envs
+        carry = actor.initial_carry(n)
+        action, carry = actor(obs, carry, mask=jax.vmap(actor.env.avail_actions)(state))
+
+    Observations are shaped as `env` returns them, batched over n envs: [n, d] for a single-agent env,
+    [n, A, d] for a multi-agent one; actions likewise [n] or [n, A]. `first` [n] marks episode starts (the
+    hidden state of a recurrent policy restarts; default: none); without `key` actions are greedy.
+    """
+
+    def __init__(self, policy: EnvPolicy, params):
+        self.policy, self.params = policy, params
+        self.env = policy.agent_env.env if isinstance(policy.agent_env, envs.AgentAxis) else policy.agent_env
+        self.agent_axis = self.env is not policy.agent_env  # single-agent env, seen with an agent axis
+        self.recurrent = policy.recurrent
+        self._act = jax.jit(functools.partial(policy.act, critic_size=policy.critic_input_size()))
+
+    def initial_carry(self, num_envs: int):
+        """The hidden state before the first step (() for feed-forward policies)."""
+        return self.policy.network.initial_carry((num_envs, self.policy.num_agents))
+
+    def __call__(self, obs, carry=None, *, first=None, mask=None, key=None):
+        """(action, carry) for one time step; `carry` None: the initial one."""
+        if self.agent_axis:
+            obs, mask = obs[:, None], None if mask is None else mask[:, None]
+        num_envs = obs.shape[0]
+        carry = self.initial_carry(num_envs) if carry is None else carry
+        first = jnp.zeros((num_envs,), bool) if first is None else first
+        action, carry = self._act(self.params, obs, carry, first, mask, key)
+        return (action[:, 0] if self.agent_axis else action), carry
+
+    def play(self, key: jax.Array, num_envs: int = 32, sample: bool = False) -> dict:
+        """One episode per env, greedy or sampled: {eval_return, eval_length[, eval_win_rate]} (means)."""
+        run = jax.jit(lambda params, key: self.policy.greedy_episodes(params, key, num_envs, sample=sample)[0])
+        return {k: float(v) for k, v in jax.device_get(run(self.params, key)).items()}
+
+    def episode_states(self, key: jax.Array, sample: bool = False) -> list:
+        """The env states of one episode (to draw it with `envs.rendering`)."""
+        return self.policy.episode_states(self.params, key, sample)
 
 
 def step_info_keys(env: envs.Environment) -> set[str]:

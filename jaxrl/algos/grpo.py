@@ -39,7 +39,7 @@ from ml_collections import ConfigDict
 import envs
 from envs.wrappers import select
 from jaxrl import advantages as advantages_lib, config as config_lib, distributions, losses, mesh as mesh_lib
-from jaxrl.algos.env_policy import EnvPolicy, sequence_units
+from jaxrl.algos.env_policy import EnvActor, EnvPolicy, sequence_units
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
@@ -313,15 +313,19 @@ class GRPO:
     # ----------------------------------------------------------------------------------------------
     # Evaluation and files
 
-    def evaluate(self, params, key: jax.Array, num_envs: int):
-        """Greedy actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
-        return self.policy.evaluate(params, key, num_envs)
+    def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
+        """Greedy (or sampled) actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
+        return self.policy.evaluate(params, key, num_envs, sample)
+
+    def actor(self, params) -> "EnvActor":
+        """One run's policy as a jitted function of observations (`EnvActor`)."""
+        return EnvActor(self.policy, params)
 
     def write_files(self, workdir: str) -> None:
         """Nothing beside the config and checkpoints is needed to reload a run."""
 
-    def write_artifacts(self, workdir: str, params, seed: int) -> list[str]:
-        return self.policy.write_artifacts(workdir, params, seed)
+    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False) -> list[str]:
+        return self.policy.write_artifacts(workdir, params, seed, sample)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 import envs
 from jaxrl import config as config_lib, distributions, losses, mesh as mesh_lib
 from jaxrl.advantages import gae
-from jaxrl.algos.env_policy import EnvPolicy, sequence_units, step_units
+from jaxrl.algos.env_policy import EnvActor, EnvPolicy, sequence_units, step_units
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
@@ -303,9 +303,13 @@ class PPO:
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
 
-    def evaluate(self, params, key: jax.Array, num_envs: int):
-        """Greedy actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
-        return self.policy.evaluate(params, key, num_envs)
+    def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
+        """Greedy (or sampled) actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
+        return self.policy.evaluate(params, key, num_envs, sample)
+
+    def actor(self, params) -> "EnvActor":
+        """One run's policy as a jitted function of observations (`EnvActor`)."""
+        return EnvActor(self.policy, params)
 
     def episode_states(self, params, key: jax.Array) -> list:
         return self.policy.episode_states(params, key)
@@ -316,8 +320,8 @@ class PPO:
     def write_files(self, workdir: str) -> None:
         """Nothing beside the config and checkpoints is needed to reload a run."""
 
-    def write_artifacts(self, workdir: str, params, seed: int) -> list[str]:
-        return self.policy.write_artifacts(workdir, params, seed)
+    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False) -> list[str]:
+        return self.policy.write_artifacts(workdir, params, seed, sample)
 
 
 # -------------------------------------------------------------------------------------------------

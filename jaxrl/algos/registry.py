@@ -30,6 +30,9 @@ class Recipe:
     # Static choices that a hyperparameter's value also makes (e.g. critic_weight > 0 adds a value head):
     # two settings that differ in these cannot share a compiled program.
     static_of: Callable[[ConfigDict], tuple] = lambda config: ()
+    # (config, mesh, run_dir) -> the algorithm of a saved run, from the files its `write_files` left in
+    # run_dir (e.g. a tokenizer) rather than from what its config points to; None: `build` serves.
+    rebuild: Callable | None = None
 
 
 ALGORITHMS: dict[str, Recipe] = {}
@@ -86,6 +89,10 @@ def static_signature(config: ConfigDict) -> str:
     return blank.to_json(sort_keys=True) + repr(static)
 
 
-def build(config: ConfigDict, mesh):
-    """(algorithm, hyperparams) for `config.algorithm`."""
-    return recipe(config.algorithm).build(config, mesh), hyperparams(config)
+def build(config: ConfigDict, mesh, run_dir: str | None = None):
+    """(algorithm, hyperparams) for `config.algorithm`; with `run_dir`, the algorithm of the run saved there
+    (`Recipe.rebuild`)."""
+    chosen = recipe(config.algorithm)
+    if run_dir is not None and chosen.rebuild is not None:
+        return chosen.rebuild(config, mesh, run_dir), hyperparams(config)
+    return chosen.build(config, mesh), hyperparams(config)

@@ -120,9 +120,28 @@ class _TextAlgorithm:
         """The tokenizer beside the checkpoints: a run is reloadable from its directory alone."""
         text.save_tokenizer(self.tokenizer, os.path.join(workdir, "tokenizer.json"))
 
-    def write_artifacts(self, workdir: str, params, seed: int) -> list[str]:
-        """None yet: held-out metrics are in metrics.jsonl."""
-        return []
+    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 16) -> list[str]:
+        """`sample_completions.txt`: the first run's answers (params leaves [R, ...]) to `num` held-out
+        problems, greedy or sampled at temperature 1, each with the reference answer and its rewards."""
+        problems = self.task.heldout(num, seed=self.eval_seed)
+        actor = self.actor(jax.tree.map(lambda x: x[0], params))
+        key = jax.random.PRNGKey(seed) if sample else None
+        completions = actor(self.task.prompts(problems, self.vocab), key)
+        rewards = np.asarray(self.task.jax_rewards(problems, completions, self.vocab))
+        lines = [f"# {num} held-out problems, {'sampled at temperature 1' if sample else 'greedy'}; rewards: "
+                 + ", ".join(self.task.reward_names)]
+        for (prompt, answer), completion, reward in zip(self.task.texts(problems),
+                                                        text.decode(self.tokenizer, completions), rewards):
+            lines.append(f"{prompt!r} -> {completion!r} (reference {answer!r}; rewards "
+                         + ", ".join(f"{r:g}" for r in reward) + ")")
+        path = os.path.join(workdir, "sample_completions.txt")
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return [path]
+
+    def actor(self, params) -> "TextActor":
+        """One run's model as a jitted function of prompts (`TextActor`)."""
+        return TextActor(self, params)
 
     # ----------------------------------------------------------------------------------------------
     # State
@@ -172,17 +191,19 @@ class _TextAlgorithm:
     # ----------------------------------------------------------------------------------------------
     # Held-out evaluation
 
-    @jit_method(static_argnums=(3,))
-    def _heldout_rewards(self, params, key: jax.Array, num: int):
-        """Every seed's answers [S, ...] to `num` fixed held-out problems: greedy (rewards [S, num, K],
-        lengths [S, num]) and `pass_k` samples at temperature 1 (rewards [S, num, k, K]; k may be 0)."""
+    @jit_method(static_argnums=(3, 4))
+    def _heldout_rewards(self, params, key: jax.Array, num: int, sample: bool = False):
+        """Every seed's answers [S, ...] to `num` fixed held-out problems: greedy, or one sample at temperature
+        1 with `sample` (rewards [S, num, K], lengths [S, num]), and `pass_k` samples at temperature 1
+        (rewards [S, num, k, K]; k may be 0)."""
         problems = self.task.heldout(num, seed=self.eval_seed)
         prompts = self.task.prompts(problems, self.vocab)
         decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id, pad_id=self.vocab.pad_id)
         rewards = lambda completions: self.task.jax_rewards(problems, completions, self.vocab)
 
         def one_seed(params):
-            greedy = sampling.sample(self.model, params, prompts, key, temperature=0.0, **decoding)
+            greedy = sampling.sample(self.model, params, prompts, key, temperature=1.0 if sample else 0.0,
+                                     **decoding)
             if not self.settings.pass_k:
                 return rewards(greedy.tokens), greedy.lengths, jnp.zeros((num, 0, len(self.task.reward_names)))
             sampled = sampling.sample_groups(self.model, params, prompts, key, group_size=self.settings.pass_k,
@@ -192,12 +213,12 @@ class _TextAlgorithm:
 
         return jax.vmap(one_seed)(params)
 
-    def evaluate(self, params, key: jax.Array, num: int) -> dict[str, np.ndarray]:
-        """Answers to `num` fixed held-out problems, per seed [S]: greedy decoding gives eval_accuracy
-        (pass@1), eval_well_formed and eval_length (tokens generated); with settings.pass_k = k > 0,
-        `eval_pass@k` is the fraction of problems that at least one of k samples at temperature 1 solves
-        (k samples per problem: the unbiased estimate with n = k)."""
-        greedy, lengths, sampled = jax.device_get(self._heldout_rewards(params, key, num))
+    def evaluate(self, params, key: jax.Array, num: int, sample: bool = False) -> dict[str, np.ndarray]:
+        """Answers to `num` fixed held-out problems, per seed [S]: greedy decoding (or one sample at
+        temperature 1, with `sample`) gives eval_accuracy (pass@1), eval_well_formed and eval_length (tokens
+        generated); with settings.pass_k = k > 0, `eval_pass@k` is the fraction of problems that at least one
+        of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k)."""
+        greedy, lengths, sampled = jax.device_get(self._heldout_rewards(params, key, num, sample))
         correct = self.task.reward_names.index("correct")
         out = {"eval_accuracy": greedy[..., correct].mean(-1),
                "eval_well_formed": greedy[..., self.task.reward_names.index("well_formed")].mean(-1),
@@ -205,6 +226,32 @@ class _TextAlgorithm:
         if self.settings.pass_k:
             out[f"eval_pass@{self.settings.pass_k}"] = sampled[..., correct].max(-1).mean(-1)
         return out
+
+
+class TextActor:
+    """One trained model, ready to answer: `actor(prompts [B, P], key=None) -> completions [B, N]` (token ids,
+    jitted; greedy without `key`, else sampled at temperature 1), and `actor.complete(texts)` for strings.
+
+        actor = jaxrl.load_policy("runs/text_grpo-addition-...")
+        actor.complete(["12+30="])                                  # ['42']
+    """
+
+    def __init__(self, algorithm: "_TextAlgorithm", params):
+        self.params, self.task, self.tokenizer = params, algorithm.task, algorithm.tokenizer
+        vocab = algorithm.vocab
+        decoding = dict(max_new_tokens=self.task.answer_length, eos_id=vocab.eos_id, pad_id=vocab.pad_id)
+        self._greedy = jax.jit(lambda params, prompts: sampling.sample(
+            algorithm.model, params, prompts, jax.random.PRNGKey(0), temperature=0.0, **decoding).tokens)
+        self._sampled = jax.jit(lambda params, prompts, key: sampling.sample(
+            algorithm.model, params, prompts, key, temperature=1.0, **decoding).tokens)
+
+    def __call__(self, prompts: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        return self._greedy(self.params, prompts) if key is None else self._sampled(self.params, prompts, key)
+
+    def complete(self, texts: list[str], key: jax.Array | None = None) -> list[str]:
+        """The answers to prompt strings (laid out as the task's prompts: BOS, text, padded on the left)."""
+        prompts = text.encode(self.tokenizer, texts, self.task.prompt_length)
+        return text.decode(self.tokenizer, self(jnp.asarray(prompts), key))
 
 
 def restore_text_params(workdir: str, settings: TextSettings, mesh, step: int | None = None):
@@ -505,19 +552,24 @@ def text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **
         xla_options=config_lib.xla_options(config), **extra)
 
 
-def build_text_sft(config: ConfigDict, mesh) -> TextSFT:
-    return TextSFT(text_settings(config, TextSettings), mesh)
+def build_text_sft(config: ConfigDict, mesh, run_dir: str | None = None) -> TextSFT:
+    """The SFT algorithm; with `run_dir`, that saved run's (its tokenizer.json)."""
+    tokenizer = os.path.join(run_dir, "tokenizer.json") if run_dir else None
+    return TextSFT(text_settings(config, TextSettings, tokenizer_path=tokenizer), mesh)
 
 
-def build_text_grpo(config: ConfigDict, mesh) -> TextGRPO:
+def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> TextGRPO:
+    """The GRPO algorithm, warm-started from `config.init_from`; with `run_dir`, that saved run's (its
+    tokenizer.json, and no warm start: its checkpoints hold the parameters)."""
     o, loss = config.optim, config.loss
-    tokenizer = os.path.join(config.init_from, "tokenizer.json") if config.init_from else None
+    start = run_dir or config.init_from
+    tokenizer = os.path.join(start, "tokenizer.json") if start else None
     settings = text_settings(
         config, TextGRPOSettings, value_head=config.critic_weight > 0, **group_settings(config),
         tokenizer_path=tokenizer, oversample=config.group.oversample, top_k=config.sampling.top_k,
         reward_weights=tuple(config.reward_weights), kl=loss.kl, use_kl=loss.kl_coef > 0,
         num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
-    init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from else None
+    init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from and not run_dir else None
     return TextGRPO(settings, mesh, init_params)
 
 
@@ -550,9 +602,10 @@ def check_text_grpo_config(config: ConfigDict) -> None:
 
 _OPTIM_KEYS = {"learning_rate": "optim.learning_rate", "max_grad_norm": "optim.max_grad_norm",
                "weight_decay": "optim.weight_decay"}
-register("text_sft", Recipe(build_text_sft, TextHyperparams, _OPTIM_KEYS, check_text_config, defaults=text_config))
+register("text_sft", Recipe(build_text_sft, TextHyperparams, _OPTIM_KEYS, check_text_config, defaults=text_config,
+                            rebuild=build_text_sft))
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, {
     **_OPTIM_KEYS, **GROUP_LOSS_KEYS, "kl_coef": "loss.kl_coef", "vf_coef": "loss.vf_coef",
     "temperature": "sampling.temperature", "top_p": "sampling.top_p"},
     check_text_grpo_config, defaults=text_grpo_config,
-    static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0)))
+    static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0), rebuild=build_text_grpo))

@@ -6,6 +6,7 @@ finishes the current chunk, saves a checkpoint and returns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
@@ -19,7 +20,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, distributed, mesh as mesh_lib, metrics as metrics_lib
-from jaxrl.run import divergence, workdir as workdir_lib
+from jaxrl.run import divergence, loggers as loggers_lib, workdir as workdir_lib
 
 @dataclasses.dataclass
 class RunResult:
@@ -127,7 +128,6 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
     guard = divergence.Guard(config.checkpoint.on_nonfinite, config.checkpoint.max_rollbacks, num_seeds,
                              num_settings, checkpoint_dir, fetch)
-    writers = [metrics_lib.MetricsWriter(os.path.join(s.workdir, "metrics.jsonl")) for s in settings]
     state = algo.init_seeds(config.seed, num_seeds, num_settings)
     update = 0
     if checkpointer.latest_step() is not None:
@@ -136,83 +136,87 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         if main:
             print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
                   file=sys.stderr)
-    if main:
-        for writer in writers:
-            writer.truncate_after(update)
-    previous_rows = metrics_lib.read(writers[0].path)
-    wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
-    start = time.perf_counter()
+    # metrics.jsonl (and TensorBoard, W&B when config.log.backends names them), by process 0 only; closed
+    # however the loop ends (W&B finishes its run, TensorBoard flushes)
+    with contextlib.ExitStack() as open_logs:
+        loggers = [open_logs.enter_context(contextlib.closing(
+            loggers_lib.open_loggers(s.config, s.workdir, update, update * batch))) for s in settings] if main else []
+        metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
+        previous_rows = metrics_lib.read(metric_paths[0])
+        wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
+        start = time.perf_counter()
 
-    show_progress = main and (config.log.progress_bar if progress is None else progress)
-    bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
-    interrupted = diverged = False
-    chunk_index = update // chunk
-    with _StopRequests() as stop:
-        try:
-            while update < num_updates:
-                num = min(chunk, num_updates - update)
-                before = divergence.copy(state)  # the chunk donates `state`; a diverged run needs it back
-                tick, compiled_before = time.perf_counter(), algo.compile_seconds
-                state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
-                chunk_metrics = fetch(chunk_metrics)
-                compile_seconds = algo.compile_seconds - compiled_before
-                seconds = time.perf_counter() - tick - compile_seconds
-                state, chunk_metrics, messages = guard.check(algo.run_chunk, before, state, chunk_metrics,
-                                                             hyperparams, num, update + 1)
-                del before
-                if main:
-                    for message in messages:
-                        print(f"warning: {message}", file=sys.stderr)
-                update += num
-                chunk_index += 1
-                done = update >= num_updates
-                shared = {"update": update, "env_steps": update * batch,
-                          "wall_time": round(wall_offset + time.perf_counter() - start, 3),
-                          "steps_per_second": round(num * batch * num_seeds * num_settings / seconds, 1)}
-                if compile_seconds:
-                    shared["compile_seconds"] = round(compile_seconds, 2)
-                if done or (eval_every and chunk_index % eval_every == 0):
-                    eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
-                    chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
-                rows = [{**shared, **metrics_lib.summarize(per_setting)}
-                        for per_setting in _split_runs(chunk_metrics, num_settings)]
-                for i, row in enumerate(rows):
-                    if frozen := guard.frozen_seeds(i):
-                        row["frozen_seeds"] = frozen
-                if main:
-                    for writer, row in zip(writers, rows):
-                        writer.write(row)
-                if bar is not None:
-                    bar.update(num * batch)
-                    bar.set_postfix(_postfix(rows[0]), refresh=False)
-                diverged = guard.all_frozen
-                if done or diverged or stop.signum is not None or chunk_index % checkpoint_every == 0:
-                    checkpointer.save(update, state)
-                    if main and guard.frozen:
-                        guard.save()
-                if diverged and not done:
+        show_progress = main and (config.log.progress_bar if progress is None else progress)
+        bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
+        interrupted = diverged = False
+        chunk_index = update // chunk
+        with _StopRequests() as stop:
+            try:
+                while update < num_updates:
+                    num = min(chunk, num_updates - update)
+                    before = divergence.copy(state)  # the chunk donates `state`; a diverged run needs it back
+                    tick, compiled_before = time.perf_counter(), algo.compile_seconds
+                    state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
+                    chunk_metrics = fetch(chunk_metrics)
+                    compile_seconds = algo.compile_seconds - compiled_before
+                    seconds = time.perf_counter() - tick - compile_seconds
+                    state, chunk_metrics, messages = guard.check(algo.run_chunk, before, state, chunk_metrics,
+                                                                 hyperparams, num, update + 1)
+                    del before
                     if main:
-                        print(f"stopped at update {update}: every run diverged (see the warnings above); the "
-                              "checkpoints hold their last finite states", file=sys.stderr)
-                    break
-                if stop.signum is not None and not done:
-                    interrupted = True
-                    break
-        finally:
-            if bar is not None:
-                bar.close()
-            checkpointer.close()
-    all_rows = [metrics_lib.read(writer.path) for writer in writers]
-    first_params = fetch(jax.tree.map(lambda x: x[:1], state.params)) if not interrupted else None
-    if main:
-        for setting, rows in zip(settings, all_rows):
-            metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),
-                                            title=setting.config.experiment)
-        if first_params is not None:  # from the first setting's first seed (e.g. an episode GIF)
-            algo.write_artifacts(settings[0].workdir, first_params, config.seed)
-        if interrupted:
-            print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
-                  f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
+                        for message in messages:
+                            print(f"warning: {message}", file=sys.stderr)
+                    update += num
+                    chunk_index += 1
+                    done = update >= num_updates
+                    shared = {"update": update, "env_steps": update * batch,
+                              "wall_time": round(wall_offset + time.perf_counter() - start, 3),
+                              "steps_per_second": round(num * batch * num_seeds * num_settings / seconds, 1)}
+                    if compile_seconds:
+                        shared["compile_seconds"] = round(compile_seconds, 2)
+                    if done or (eval_every and chunk_index % eval_every == 0):
+                        eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
+                        chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
+                    rows = [{**shared, **metrics_lib.summarize(per_setting)}
+                            for per_setting in _split_runs(chunk_metrics, num_settings)]
+                    for i, row in enumerate(rows):
+                        if frozen := guard.frozen_seeds(i):
+                            row["frozen_seeds"] = frozen
+                    for logger, row in zip(loggers, rows):
+                        logger.write(row)
+                    if bar is not None:
+                        bar.update(num * batch)
+                        bar.set_postfix(_postfix(rows[0]), refresh=False)
+                    diverged = guard.all_frozen
+                    if done or diverged or stop.signum is not None or chunk_index % checkpoint_every == 0:
+                        checkpointer.save(update, state)
+                        if main and guard.frozen:
+                            guard.save()
+                    if diverged and not done:
+                        if main:
+                            print(f"stopped at update {update}: every run diverged (see the warnings above); the "
+                                  "checkpoints hold their last finite states", file=sys.stderr)
+                        break
+                    if stop.signum is not None and not done:
+                        interrupted = True
+                        break
+            finally:
+                if bar is not None:
+                    bar.close()
+                checkpointer.close()
+        all_rows = [metrics_lib.read(path) for path in metric_paths]
+        first_params = fetch(jax.tree.map(lambda x: x[:1], state.params)) if not interrupted else None
+        if main:
+            for setting, rows in zip(settings, all_rows):
+                metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),
+                                                title=setting.config.experiment)
+            if first_params is not None:  # from the first setting's first seed (e.g. an episode GIF)
+                for path in algo.write_artifacts(settings[0].workdir, first_params, config.seed):
+                    if path.endswith(".gif"):
+                        loggers[0].write_gif(path, update * batch)
+            if interrupted:
+                print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
+                      f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
     return ProgramResult(state, all_rows, interrupted, diverged)
 
 

@@ -18,9 +18,10 @@ from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib
 
-# Keys that may change when a run is resumed: extending a run is allowed, anything else would make the
-# saved state mean something different.
-RESUMABLE_CHANGES = ("total_steps", "log.progress_bar")
+# Keys that may change when a run is resumed (extending it, where its logs go, what happens if it diverges):
+# anything else would make the saved state mean something different.
+RESUMABLE_CHANGES = ("total_steps", "log.progress_bar", "log.backends", "log.wandb_project", "log.wandb_mode",
+                     "checkpoint.on_nonfinite", "checkpoint.max_rollbacks")
 
 
 def default_workdir(config: ConfigDict) -> str:

@@ -1,0 +1,116 @@
+"""Reusing a run: `jaxrl.evaluate` reproduces the run's own final evaluation, `jaxrl.load_policy` acts as the
+evaluation does, and an exported policy loads alone."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+import jaxrl
+from helpers import ROOT, small_cartpole, small_smax_config, tiny_grpo_config, tiny_sft_config
+from jaxrl import train
+from jaxrl.run import policies
+
+
+@pytest.fixture(scope="module")
+def cartpole_run(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("cartpole") / "run")
+    return train.run(small_cartpole(num_seeds=2), workdir, progress=False)
+
+
+def _final_eval(result, keys):
+    last = result.metrics[-1]
+    return {k: last[k] for k in keys}, {k: last.get(f"{k}_per_seed") for k in keys}
+
+
+def test_evaluate_reproduces_the_runs_final_evaluation_ppo_cartpole(cartpole_run):
+    summary = policies.evaluate_run(cartpole_run.workdir)
+    means, per_seed = _final_eval(cartpole_run, ["eval_return", "eval_length"])
+    assert summary["update"] == cartpole_run.metrics[-1]["update"]
+    assert summary["eval_return"] == pytest.approx(means["eval_return"], rel=1e-6)
+    assert summary["eval_length"] == pytest.approx(means["eval_length"], rel=1e-6)
+    assert summary["eval_return_per_seed"] == pytest.approx(per_seed["eval_return"], rel=1e-6)
+    saved = os.path.join(cartpole_run.workdir, f"eval-{summary['update']}", "evaluation.json")
+    with open(saved) as f:
+        assert json.load(f)["eval_return"] == summary["eval_return"]
+
+
+def test_evaluate_reproduces_the_runs_final_evaluation_mappo_smax(tmp_path):
+    config = small_smax_config()
+    config.num_seeds, config.eval.num_envs, config.log.progress_bar = 2, 8, False
+    result = train.run(config, str(tmp_path / "run"), progress=False)
+    summary = policies.evaluate_run(result.workdir, out_dir=str(tmp_path / "eval"))
+    means, per_seed = _final_eval(result, ["eval_return", "eval_win_rate"])
+    for key in means:
+        assert summary[key] == pytest.approx(means[key], rel=1e-6), key
+        assert summary[f"{key}_per_seed"] == pytest.approx(per_seed[key], rel=1e-6), key
+    assert summary["files"] == [str(tmp_path / "eval" / "eval_episode.gif")]
+    assert os.path.getsize(summary["files"][0]) > 0
+
+
+def test_evaluate_reproduces_the_runs_final_evaluation_text_grpo(tmp_path):
+    sft = str(tmp_path / "sft")
+    train.run(tiny_sft_config(total_steps=1_600), sft, progress=False)
+    result = train.run(tiny_grpo_config(sft), str(tmp_path / "grpo"), progress=False)
+    summary = policies.evaluate_run(result.workdir)
+    means, _ = _final_eval(result, ["eval_accuracy", "eval_length"])
+    assert summary["eval_accuracy"] == pytest.approx(means["eval_accuracy"], rel=1e-6)
+    assert summary["eval_length"] == pytest.approx(means["eval_length"], rel=1e-6)
+    (completions,) = summary["files"]
+    lines = open(completions).read().splitlines()
+    assert lines[0].startswith("# 16 held-out problems, greedy") and len(lines) == 17 and "->" in lines[1]
+    # The loaded model answers strings, as the evaluation decodes them.
+    actor = jaxrl.load_policy(result.workdir)
+    problems = actor.task.heldout(4, seed=1234)
+    texts = [prompt for prompt, _ in actor.task.texts(problems)]
+    assert len(actor.complete(texts)) == 4
+
+
+def test_the_loaded_policy_plays_as_the_evaluation_does(cartpole_run):
+    """A hand-written loop of `actor(obs)` on CartPole, with the evaluation's keys, gets the same returns."""
+    actor = jaxrl.load_policy(cartpole_run.workdir, seed=1)
+    key, num_envs = jax.random.PRNGKey(7), 4
+    reset_key, step_key = jax.random.split(key)
+    obs, state = jax.vmap(actor.env.reset)(jax.random.split(reset_key, num_envs))
+    returns, alive, carry = np.zeros(num_envs), np.ones(num_envs, bool), None
+    for step_key in jax.random.split(step_key, actor.policy.eval_max_steps):
+        action, carry = actor(obs, carry)
+        assert action.shape == (num_envs,)
+        obs, state, reward, done, info = jax.vmap(actor.env.step)(jax.random.split(step_key, num_envs), state, action)
+        returns += np.asarray(reward) * alive
+        alive &= ~np.asarray(envs.episode_over(done, info))
+    played = actor.play(key, num_envs)
+    assert played["eval_return"] == pytest.approx(returns.mean(), rel=1e-6)
+
+
+def test_an_exported_policy_loads_alone_and_acts_the_same(cartpole_run, tmp_path):
+    out = policies.export_policy(cartpole_run.workdir, str(tmp_path / "policy"), seed=1)
+    assert sorted(os.listdir(out)) == ["config.json", "exported_policy.json", "params"]
+    exported, original = jaxrl.load_policy(out), jaxrl.load_policy(cartpole_run.workdir, seed=1)
+    obs = jax.random.normal(jax.random.PRNGKey(0), (16, 4))
+    np.testing.assert_array_equal(exported(obs)[0], original(obs)[0])
+    with pytest.raises(ValueError, match="not empty"):
+        policies.export_policy(cartpole_run.workdir, out)
+
+
+def test_the_cli_prints_the_summary_and_rejects_bad_input(cartpole_run, tmp_path):
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "jaxrl.evaluate", *args], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300)
+    done = cli(f"--workdir={cartpole_run.workdir}", "--episodes=8", "--sample", f"--out={tmp_path}")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["episodes"] == 8 and summary["sample"] is True and summary["eval_return"] > 0
+    for args, expected in [((f"--workdir={tmp_path / 'nope'}",), "is not a run directory"),
+                           ((f"--workdir={cartpole_run.workdir}", "--checkpoint=3"), "no checkpoint 3"),
+                           ((), "give --workdir")]:
+        failed = cli(*args)
+        assert failed.returncode == 2, failed.stderr
+        last = failed.stderr.strip().splitlines()[-1]
+        assert last.startswith("error: ") and expected in last and "Traceback" not in failed.stderr
