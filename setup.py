@@ -13,6 +13,7 @@ CORE = [
     "einops>=0.8",
     "absl-py>=2.0",
     "numpy>=1.26",
+    "scipy>=1.11",  # confidence intervals (scipy.stats); jax depends on it already
     "tqdm>=4.66",
     "matplotlib>=3.8",
     "pillow>=10",  # SMAX episode GIFs

@@ -157,7 +157,7 @@ except ValueError as e:
 def test_confidence_interval_matches_student_t():
     mean, low, high = sweep.confidence_interval([1.0, 2.0, 3.0, 4.0])
     assert mean == 2.5
-    assert high - mean == pytest.approx(3.182 * np.std([1, 2, 3, 4], ddof=1) / 2)
+    assert high - mean == pytest.approx(3.182446 * np.std([1, 2, 3, 4], ddof=1) / 2, rel=1e-6)  # t(0.975, df=3)
     assert mean - low == pytest.approx(high - mean)
     one = sweep.confidence_interval([5.0])
     assert one[0] == 5.0 and math.isnan(one[1]) and math.isnan(one[2])

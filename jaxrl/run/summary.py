@@ -9,22 +9,18 @@ import numpy as np
 
 from jaxrl import metrics as metrics_lib
 
-# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (beyond: the normal 1.96).
-_T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-          2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-          2.045, 2.042)
+def confidence_interval(values, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high): the mean over seeds and its two-sided Student-t interval (NaN bounds for one
+    value); None values (seeds that logged nothing) are left out."""
+    from scipy import stats
 
-
-def confidence_interval(values) -> tuple[float, float, float]:
-    """(mean, low, high): the mean over seeds and its 95% Student-t interval (NaN bounds for one value)."""
     values = np.asarray([v for v in values if v is not None], dtype=np.float64)
     if values.size == 0:
         return math.nan, math.nan, math.nan
     mean = float(values.mean())
     if values.size < 2:
         return mean, math.nan, math.nan
-    df = values.size - 1
-    half = (_T_975[df - 1] if df <= len(_T_975) else 1.96) * values.std(ddof=1) / math.sqrt(values.size)
+    half = stats.t.ppf(0.5 + level / 2, df=values.size - 1) * values.std(ddof=1) / math.sqrt(values.size)
     return mean, mean - half, mean + half
 
 
