@@ -100,7 +100,7 @@ def test_sweep_writes_a_directory_per_setting_a_summary_and_a_plot(tmp_path):
         mean, low, high = sweep.confidence_interval(per_seed)
         assert row["eval_return"] == pytest.approx(np.mean(per_seed))
         assert (row["eval_return_ci_low"], row["eval_return_ci_high"]) == pytest.approx((low, high))
-        half = 4.303 * np.std(per_seed, ddof=1) / math.sqrt(3)  # Student t, 2 degrees of freedom
+        half = 4.302653 * np.std(per_seed, ddof=1) / math.sqrt(3)  # Student t(0.975), 2 degrees of freedom
         assert high - mean == pytest.approx(half)
     with open(os.path.join(workdir, "summary.csv")) as f:
         assert [r["setting"] for r in csv.DictReader(f)] == names
