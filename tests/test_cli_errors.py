@@ -44,6 +44,7 @@ TRAIN_CASES = {
     "wrong type bool": ([CARTPOLE, "--config.log.progress_bar=maybe"], ["config.log.progress_bar", "'maybe'"]),
     "out of range": ([CARTPOLE, "--config.num_envs=-3"], ["config.num_envs must be a positive integer, got -3"]),
     "unknown choice": ([CARTPOLE, "--config.optim.schedule=cosin"], ["schedule 'cosin'", "cosine"]),
+    "bad layer sizes": ([CARTPOLE, "--config.network.hidden_sizes=(64,0)"], ["config.network.hidden_sizes", "(64, 0)"]),
     "unknown flag": ([CARTPOLE, "--workdirr=x"], ["--workdirr", "did you mean --workdir?"]),
 }
 

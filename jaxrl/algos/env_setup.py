@@ -144,6 +144,9 @@ def check_env_config(config: ConfigDict) -> None:
                          f"{', '.join(envs.registered())}")
     config_lib.positive(config, "num_envs", "num_steps", "rollout_unroll", "optim.num_epochs",
                         "optim.num_minibatches", "network.fc_size", "network.rnn_size")
+    sizes = config.network.hidden_sizes
+    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+        raise ValueError(f"config.network.hidden_sizes must be positive integers, e.g. (64, 64); got {sizes!r}")
     batch = config.num_envs * config.num_steps
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update "
