@@ -6,8 +6,11 @@ its original random key), seed 2's parameters become NaN, as a diverging update 
 """
 
 import dataclasses
+import io
 import json
 import os
+import shutil
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -83,8 +86,23 @@ def _assert_same(a, b):
         np.testing.assert_array_equal(x, y)
 
 
-def test_a_diverged_seed_is_frozen_and_the_others_finish_unchanged(reference, tmp_path, monkeypatch, capsys):
-    result = _run(_config(), tmp_path, True, monkeypatch)
+@pytest.fixture(scope="module")
+def frozen_run(tmp_path_factory):
+    """The 4-seed run with seed 2 poisoned, and what it printed on stderr."""
+    mp, capture = pytest.MonkeyPatch(), io.StringIO()
+    mp.setattr(sys, "stderr", capture)
+    recipe = algos.recipe("ppo")
+    mp.setitem(algos.ALGORITHMS, "ppo", dataclasses.replace(recipe, build=poisoning(recipe.build)))
+    try:
+        result = train.run(_config(), str(tmp_path_factory.mktemp("poisoned")), progress=False)
+    finally:
+        mp.undo()
+    result.stderr = capture.getvalue()
+    return result
+
+
+def test_a_diverged_seed_is_frozen_and_the_others_finish_unchanged(reference, frozen_run):
+    result = frozen_run
     assert not result.diverged and not result.interrupted
     for run in (0, 1, 3):
         _assert_same(_params(result.state, run), _params(reference.state, run))
@@ -92,7 +110,7 @@ def test_a_diverged_seed_is_frozen_and_the_others_finish_unchanged(reference, tm
     clean_saved = _saved_states(reference)
     _assert_same(_params(result.state, POISONED_SEED), _params(clean_saved[2], POISONED_SEED))
 
-    warning = capsys.readouterr().err
+    warning = result.stderr
     assert f"seed {POISONED_SEED} diverged in update {POISONED_AT}: state.params" in warning
     assert "frozen at its last finite state (after update 2)" in warning
     rows = result.metrics
@@ -112,13 +130,16 @@ def test_a_diverged_seed_is_frozen_and_the_others_finish_unchanged(reference, tm
     assert entry["update"] == POISONED_AT and entry["frozen_at"] == 4 and entry["quantity"].startswith("state.params")
 
 
-def test_a_resumed_program_keeps_the_seed_frozen(tmp_path, monkeypatch):
-    config = _config()
-    first = _run(_config(total_steps=8 * 16 * 4), tmp_path, True, monkeypatch)
-    assert first.metrics[-1]["frozen_seeds"] == [POISONED_SEED]
-    resumed = _run(config, tmp_path, False, monkeypatch)  # nothing poisons it now: it stays frozen anyway
+def test_a_resumed_program_keeps_the_seed_frozen(frozen_run, tmp_path, monkeypatch):
+    """The frozen run, copied and extended by 2 updates with nothing poisoning it: seed 2 stays frozen at the
+    same parameters."""
+    poisoned = frozen_run
+    workdir = str(tmp_path / "resumed")
+    shutil.copytree(poisoned.workdir, workdir)
+    resumed = _run(_config(total_steps=8 * 16 * (UPDATES + PER_CHUNK)), workdir, False, monkeypatch)
+    assert resumed.metrics[-1]["update"] == UPDATES + PER_CHUNK
     assert resumed.metrics[-1]["frozen_seeds"] == [POISONED_SEED]
-    _assert_same(_params(resumed.state, POISONED_SEED), _params(first.state, POISONED_SEED))
+    _assert_same(_params(resumed.state, POISONED_SEED), _params(poisoned.state, POISONED_SEED))
 
 
 def test_a_single_seed_run_stops_when_it_diverges(tmp_path, monkeypatch, capsys):
