@@ -51,14 +51,15 @@ def test_evaluate_reproduces_the_runs_final_evaluation_mappo_smax(tmp_path):
         assert summary[f"{key}_per_seed"] == pytest.approx(per_seed[key], rel=1e-6), key
     assert summary["files"] == [str(tmp_path / "eval" / "eval_episode.gif")]
     assert os.path.getsize(summary["files"][0]) > 0
-    # The SMAX renderer draws the trained policy's episode: the states of the loaded actor's greedy episode.
+    # The SMAX renderer draws the loaded policy's greedy episode, a frame per state.
     from PIL import Image
 
     from envs.smax import render
-    render.main(["--params", result.workdir, "--out", str(tmp_path / "render")])
-    states = jaxrl.load_policy(result.workdir).episode_states(jax.random.PRNGKey(0))
-    with Image.open(tmp_path / "render" / "smax_3m.gif") as gif:
-        assert gif.n_frames == len(states)
+    actor = jaxrl.load_policy(result.workdir)
+    states = actor.episode_states(jax.random.PRNGKey(0))
+    gif, _ = render.render_episode(actor.env, states, str(tmp_path / "render"))
+    with Image.open(gif) as frames:
+        assert frames.n_frames == len(states)
 
 
 def test_evaluate_reproduces_the_runs_final_evaluation_text_grpo(tmp_path):

@@ -417,5 +417,5 @@ def test_render_writes_an_animated_gif_and_a_png(tmp_path):
         assert im.n_frames == len(states) and im.size == (480, 480)
     with Image.open(png) as im:
         assert im.size == (480, 480)
-    with pytest.raises(SystemExit):  # not a run directory (a trained policy is drawn in tests/test_evaluate.py)
+    with pytest.raises(SystemExit):  # no --params: a trained policy is drawn through jaxrl (tests/test_evaluate.py)
         main(["--scenario", "3m", "--out", str(tmp_path), "--params", "policy.msgpack"])

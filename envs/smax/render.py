@@ -4,8 +4,10 @@
     gif, png = render_episode(env, states, "out/")               # in a notebook:
     IPython.display.Image(filename=gif)
 
-From a shell: `python -m envs.smax.render --scenario 3m --out DIR [--seed 0] [--fps 4]`, or a trained policy's
-episode with `--params=RUN_DIR` (a jaxrl run directory or exported policy; jaxrl loads it).
+From a shell: `python -m envs.smax.render --scenario 3m --out DIR [--seed 0] [--fps 4]` (random legal actions).
+A trained policy's battle is drawn on jaxrl's side (envs never imports jaxrl): `python -m jaxrl.evaluate
+--workdir=RUN` writes its `eval_episode.gif`, and in Python
+`render_episode(actor.env, actor.episode_states(key), DIR)` with `actor = jaxrl.load_policy(RUN)`.
 Units are circles (allies blue, enemies red) sized by radius and labelled with their type letter, a
 health bar above each; a line joins every attacker to the unit it attacked in the last step.
 """
@@ -137,36 +139,15 @@ def render_episode(env: SMAX, states: Sequence[SMAXState], out_dir: str, name: s
     return gif, png
 
 
-def trained_episode(path: str, key: jax.Array, sample: bool, parser: argparse.ArgumentParser):
-    """(env, states of one episode) of the trained policy in `path`, loaded through jaxrl (the one place envs
-    uses jaxrl, and only when asked to draw a trained policy: `.importlinter` names this import)."""
-    if not os.path.exists(os.path.join(path, "config.json")):
-        parser.error(f"--params={path} is not a jaxrl run directory or exported policy (no config.json)")
-    from jaxrl.run.policies import load_policy
-
-    actor = load_policy(path)
-    if not isinstance(actor.env, SMAX):
-        parser.error(f"--params={path} trained on {type(actor.env).__name__}, not SMAX")
-    return actor.env, actor.episode_states(key, sample)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Render one SMAX episode to an animated GIF and a PNG frame.")
     parser.add_argument("--scenario", default="3m")
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fps", type=float, default=4.0)
-    parser.add_argument("--params", help="a jaxrl run directory or exported policy: draw its policy (greedy, "
-                        "seed 0 of the run, newest checkpoint) instead of random legal actions; the scenario is "
-                        "the run's")
-    parser.add_argument("--sample", action="store_true", help="with --params: sample the policy's actions")
     args = parser.parse_args(argv)
-    key = jax.random.PRNGKey(args.seed)
-    if args.params:
-        env, states = trained_episode(args.params, key, args.sample, parser)
-    else:
-        env = SMAX(args.scenario)
-        states = episode_states(env, key)
+    env = SMAX(args.scenario)
+    states = episode_states(env, jax.random.PRNGKey(args.seed))
     gif, png = render_episode(env, states, args.out, fps=args.fps)
     print(f"{len(states) - 1} steps -> {gif}, {png}")
 
