@@ -74,7 +74,7 @@ def jaxrl_bench(num_seeds: int, num_updates: int):
     algo, hp = jaxrl_algo(num_updates)
 
     def run():
-        state = jax.block_until_ready(algo.init_seeds(0, num_seeds))  # run_chunk donates it: a fresh one
+        state = jax.block_until_ready(algo.init_seeds(0, num_seeds))  # each timing from the same start
         return timed(algo.run_chunk, state, hp, num_updates)[0]
 
     return algo, run(), run

@@ -96,6 +96,22 @@ def _looks_corrupt(err: Exception) -> bool:
     return not mismatch
 
 
-def abstract_state(state: Any) -> Any:
-    """ShapeDtypeStructs (with shardings) describing `state`, for `restore_latest`."""
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+def abstract_state(state: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs (with shardings) describing `state`, for `restore_latest`: a state of arrays, or an
+    abstract one (e.g. `jax.eval_shape` of an init) with `shardings`, a sharding per leaf or one for a
+    whole subtree (e.g. all parameters)."""
+    if shardings is None:
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+    return jax.tree.map(lambda sharding, part: jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), part),
+        shardings, state, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+
+
+def restore_from(directory: str, target: Any, step: int | None = None) -> tuple[int, Any]:
+    """(step, state) from the checkpoints in `directory`: the newest readable one, or the one saved as `step`
+    (see `Checkpointer`); `target` as for `Checkpointer.restore_latest`."""
+    manager = Checkpointer(directory)
+    try:
+        return manager.restore_latest(target) if step is None else (step, manager.restore(step, target))
+    finally:
+        manager.close()

@@ -167,11 +167,14 @@ class EnvPolicy:
         differ only by their policies."""
         return jax.vmap(lambda p: self.greedy_episodes(p, key, num_envs, sample=sample)[0])(params)
 
+    @jit_method(static_argnums=(3,))
+    def _episode_trace(self, params, key: jax.Array, sample: bool):
+        return self.greedy_episodes(params, key, 1, keep_states=True, sample=sample)[1]
+
     def episode_states(self, params, key: jax.Array, sample: bool = False) -> list:
         """The env states of one greedy (or sampled) episode for one seed's params (no seed axis): the reset
         state, then the state after each step, up to the end of the episode."""
-        run = jax.jit(lambda params, key: self.greedy_episodes(params, key, 1, keep_states=True, sample=sample)[1])
-        reset_state, states, running = jax.device_get(run(params, key))
+        reset_state, states, running = jax.device_get(self._episode_trace(params, key, sample))
         length = int(running[:, 0].sum())
         first = jax.tree.map(lambda x: x[0], reset_state)
         return [first] + [jax.tree.map(lambda x: x[t, 0], states) for t in range(length)]
@@ -186,6 +189,30 @@ class EnvPolicy:
         states = self.episode_states(jax.tree.map(lambda x: x[0], params), jax.random.PRNGKey(seed), sample)
         return [rendering.save_gif(rendering.render_frames(self.agent_env, states),
                                    os.path.join(workdir, "eval_episode.gif"))]
+
+
+class ActsThroughPolicy:
+    """What an env algorithm (PPO, env GRPO) offers around training, all through its `self.policy`
+    (an EnvPolicy): evaluation, a loaded actor, episodes to draw, and the files of a run."""
+
+    policy: EnvPolicy
+
+    def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
+        """Greedy (or sampled) actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
+        return self.policy.evaluate(params, key, num_envs, sample)
+
+    def actor(self, params) -> "EnvActor":
+        """One run's policy as a jitted function of observations (`EnvActor`)."""
+        return EnvActor(self.policy, params)
+
+    def episode_states(self, params, key: jax.Array, sample: bool = False) -> list:
+        return self.policy.episode_states(params, key, sample)
+
+    def write_files(self, workdir: str) -> None:
+        """Nothing beside the config and checkpoints is needed to reload a run."""
+
+    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False) -> list[str]:
+        return self.policy.write_artifacts(workdir, params, seed, sample)
 
 
 class EnvActor:
@@ -223,9 +250,10 @@ class EnvActor:
         return (action[:, 0] if self.agent_axis else action), carry
 
     def play(self, key: jax.Array, num_envs: int = 32, sample: bool = False) -> dict:
-        """One episode per env, greedy or sampled: {eval_return, eval_length[, eval_win_rate]} (means)."""
-        run = jax.jit(lambda params, key: self.policy.greedy_episodes(params, key, num_envs, sample=sample)[0])
-        return {k: float(v) for k, v in jax.device_get(run(self.params, key)).items()}
+        """One episode per env, greedy or sampled: {eval_return, eval_length[, eval_win_rate]} (means), as
+        the run's evaluation computes them."""
+        one_run = jax.tree.map(lambda x: x[None], self.params)
+        return {k: float(v[0]) for k, v in jax.device_get(self.policy.evaluate(one_run, key, num_envs, sample)).items()}
 
     def episode_states(self, key: jax.Array, sample: bool = False) -> list:
         """The env states of one episode (to draw it with `envs.rendering`)."""

@@ -39,7 +39,7 @@ from ml_collections import ConfigDict
 import envs
 from envs.wrappers import select
 from jaxrl import advantages as advantages_lib, config as config_lib, distributions, losses, mesh as mesh_lib
-from jaxrl.algos.env_policy import EnvActor, EnvPolicy, sequence_units
+from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
@@ -111,7 +111,7 @@ class GroupStep:
     acting: jax.Array  # [n, A] float: running, and the agent is alive (its action counts)
 
 
-class GRPO:
+class GRPO(ActsThroughPolicy):
     """Group-relative policy optimisation for single- and multi-agent envs (see the module docstring)."""
 
     def __init__(self, env: envs.Environment, network, settings: GRPOSettings, mesh=None,
@@ -309,23 +309,6 @@ class GRPO:
         """The group rollout the next update will train on, nothing updated: leaves [S, T, N, A, ...]."""
         return sample_trajectory(lambda st, key: self._rollout(st.params, key)[0], state,
                                  jax.tree.map(lambda _: RUNS, state), self.mesh, self.agent_env.supports_vma_checks)
-
-    # ----------------------------------------------------------------------------------------------
-    # Evaluation and files
-
-    def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
-        """Greedy (or sampled) actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
-        return self.policy.evaluate(params, key, num_envs, sample)
-
-    def actor(self, params) -> "EnvActor":
-        """One run's policy as a jitted function of observations (`EnvActor`)."""
-        return EnvActor(self.policy, params)
-
-    def write_files(self, workdir: str) -> None:
-        """Nothing beside the config and checkpoints is needed to reload a run."""
-
-    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False) -> list[str]:
-        return self.policy.write_artifacts(workdir, params, seed, sample)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 import envs
 from jaxrl import config as config_lib, distributions, losses, mesh as mesh_lib
 from jaxrl.advantages import gae
-from jaxrl.algos.env_policy import EnvActor, EnvPolicy, sequence_units, step_units
+from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
@@ -101,7 +101,7 @@ class Transition:
     final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
 
 
-class PPO:
+class PPO(ActsThroughPolicy):
     """PPO for single- and multi-agent envs, with feed-forward or recurrent actor-critics.
 
     Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array below reads
@@ -299,29 +299,6 @@ class PPO:
         """
         return sample_trajectory(lambda st, key: self._rollout(st.params, st, key)[1], state, self._state_specs(state),
                                  self.mesh, self.agent_env.supports_vma_checks)
-
-    # ----------------------------------------------------------------------------------------------
-    # Greedy evaluation
-
-    def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
-        """Greedy (or sampled) actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
-        return self.policy.evaluate(params, key, num_envs, sample)
-
-    def actor(self, params) -> "EnvActor":
-        """One run's policy as a jitted function of observations (`EnvActor`)."""
-        return EnvActor(self.policy, params)
-
-    def episode_states(self, params, key: jax.Array) -> list:
-        return self.policy.episode_states(params, key)
-
-    # ----------------------------------------------------------------------------------------------
-    # Files of a run
-
-    def write_files(self, workdir: str) -> None:
-        """Nothing beside the config and checkpoints is needed to reload a run."""
-
-    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False) -> list[str]:
-        return self.policy.write_artifacts(workdir, params, seed, sample)
 
 
 # -------------------------------------------------------------------------------------------------

@@ -264,14 +264,9 @@ def restore_text_params(workdir: str, settings: TextSettings, mesh, step: int | 
     model_kwargs = tuple((k, False if k == "value_head" else v) for k, v in settings.model_kwargs)  # SFT has none
     sft = TextSFT(dataclasses.replace(settings, tokenizer_path=os.path.join(workdir, "tokenizer.json"),
                                       model_kwargs=model_kwargs), mesh)
-    replicated = mesh_lib.replicated(sft.mesh)
-    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated),
-                          jax.eval_shape(lambda: sft.init_seeds(saved.seed, saved.num_seeds)))
-    manager = checkpoint.Checkpointer(os.path.join(workdir, "checkpoints"))
-    try:
-        state = manager.restore_latest(target)[1] if step is None else manager.restore(step, target)
-    finally:
-        manager.close()
+    abstract = jax.eval_shape(lambda: sft.init_seeds(saved.seed, saved.num_seeds))
+    _, state = checkpoint.restore_from(os.path.join(workdir, "checkpoints"),
+                                       checkpoint.abstract_state(abstract, mesh_lib.replicated(sft.mesh)), step)
     return state.params
 
 

@@ -51,7 +51,10 @@ def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, 
                   check_vma: bool = True):
     """The program that runs `num_updates` (traced) of `update(state, hp) -> (state, metrics)` for every run:
     (state, hp, num_updates) -> (state, metrics [R] per chunk). `state_specs`: the PartitionSpec of each state
-    leaf ([R, ...] over `runs`, and any axis the algorithm splits over `data`). Returns (compiled, seconds)."""
+    leaf ([R, ...] over `runs`, and any axis the algorithm splits over `data`). Returns (compiled, seconds).
+
+    The input state is not donated: the training loop keeps it until the chunk's result is checked for
+    divergence (`jaxrl.run.divergence`), which would otherwise need a copy of it."""
     def run_updates(state, hp, num_updates):
         state, totals = repeat_updates(update, state, hp, num_updates)
         return state, chunk_metrics(totals, num_updates)
@@ -61,12 +64,12 @@ def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, 
                              is_leaf=lambda x: isinstance(x, P))
     per_run = NamedSharding(mesh, runs)
     return compile_per_run(run_updates, (state, hp, num_updates), mesh, in_axes=(0, 0, None),
-                           in_specs=(state_specs, runs, P()), out_specs=(state_specs, runs), donate_argnums=0,
+                           in_specs=(state_specs, runs, P()), out_specs=(state_specs, runs),
                            in_shardings=(shardings, per_run, NamedSharding(mesh, P())),
                            out_shardings=(shardings, per_run), xla_options=xla_options, check_vma=check_vma)
 
 
-def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, out_specs, donate_argnums=(),
+def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, out_specs,
                     in_shardings=None, out_shardings=None, xla_options=(), check_vma: bool = True):
     """`fn` (one run on this device's share) over every run, under shard_map on `mesh`, jitted and compiled
     for `args`. Returns (compiled program, seconds it took to compile).
@@ -78,6 +81,6 @@ def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, o
                             out_specs=out_specs, check_vma=check_vma)
     jit_kwargs = {} if in_shardings is None else {"in_shardings": in_shardings, "out_shardings": out_shardings}
     tick = time.perf_counter()
-    lowered = jax.jit(sharded, donate_argnums=donate_argnums, **jit_kwargs).lower(*args)
+    lowered = jax.jit(sharded, **jit_kwargs).lower(*args)
     compiled = lowered.compile(dict(xla_options) or None)
     return compiled, time.perf_counter() - tick

@@ -3,7 +3,7 @@
 A run (one seed of one setting) diverges when a floating-point leaf of its training state or one of its
 chunk metrics is NaN or infinite. The loop checks every run after every chunk; the chunk is then replayed
 one update at a time from the state it started from (the program takes the number of updates as a traced
-value, so the replay computes exactly what the chunk did) to name the update and the first non-finite
+value, so the replay computes exactly what the chunk did; it does not consume its input state) to name the update and the first non-finite
 quantity, and to recover each diverged run's state after its last finite update.
 
 What the loop then does (`config.checkpoint.on_nonfinite`): "freeze" keeps the run's last finite state
@@ -65,12 +65,6 @@ def first_nonfinite(state, metrics: dict, fetch=jax.device_get) -> list[str | No
 
 
 @jax.jit
-def copy(state):
-    """A copy of `state` in new buffers (the chunk program donates its input state)."""
-    return jax.tree.map(jnp.copy, state)
-
-
-@jax.jit
 def select_runs(take: jax.Array, new, old):
     """Leaves of `new` for the runs where `take` [R] is True, of `old` elsewhere (leaves [R, ...])."""
     return jax.tree.map(lambda a, b: jnp.where(take.reshape(-1, *([1] * (a.ndim - 1))), a, b), new, old)
@@ -86,12 +80,11 @@ def replay(run_chunk, start, hp, num_updates: int, first_update: int, runs: list
     """Replay a chunk of `num_updates` updates from `start` one update at a time, for the runs `runs` that
     diverged in it. Returns ([Divergence], state whose rows `runs` hold each run's state after its last
     finite update; other rows are unspecified). `first_update`: the loop's number of the chunk's first
-    update. `start` is not consumed."""
+    update."""
     found: dict[int, Divergence] = {}
-    state = copy(start)
-    last_finite = copy(start)
+    state = last_finite = start
     for offset in range(num_updates):
-        before = copy(state)
+        before = state
         state, metrics = run_chunk(state, hp, 1)
         names = first_nonfinite(state, fetch(metrics), fetch)
         newly = [r for r in runs if r not in found and names[r] is not None]
@@ -150,7 +143,7 @@ class Guard:
         return sorted(run % self.num_seeds for run in self.frozen if run // self.num_seeds == setting)
 
     def check(self, run_chunk, start, state, metrics: dict, hp, num_updates: int, first_update: int):
-        """After a chunk of `num_updates` updates from `start` (a copy of the state it began with) to `state`
+        """After a chunk of `num_updates` updates from `start` (the state it began with) to `state`
         with host `metrics` [R]: (state, metrics, messages), every run finite; frozen runs hold their last
         finite state and NaN metrics."""
         names = first_nonfinite(state, metrics, self.fetch)
@@ -186,10 +179,10 @@ class Guard:
         past `max_rollbacks`, is frozen). Frozen runs' rows of `start` stay their finite state."""
         mask = run_mask(rolled, self.num_runs)
         attempt = max(rolled.values())
-        retry_start = with_new_keys(copy(start), mask, attempt)
+        retry_start = with_new_keys(start, mask, attempt)
         if self.frozen:  # their finite state, which `state` holds now
             retry_start = select_runs(run_mask(self.frozen, self.num_runs), state, retry_start)
-        retry, retry_metrics = run_chunk(copy(retry_start), hp, num_updates)
+        retry, retry_metrics = run_chunk(retry_start, hp, num_updates)
         retry_metrics = self.fetch(retry_metrics)
         state = select_runs(mask, retry, state)
         metrics = {k: np.where(mask, retry_metrics[k], v) if np.ndim(v) else v for k, v in metrics.items()}

@@ -136,74 +136,61 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         if main:
             print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
                   file=sys.stderr)
-    # metrics.jsonl (and TensorBoard, W&B when config.log.backends names them), by process 0 only; closed
-    # however the loop ends (W&B finishes its run, TensorBoard flushes)
-    with contextlib.ExitStack() as open_logs:
-        loggers = [open_logs.enter_context(contextlib.closing(
-            loggers_lib.open_loggers(s.config, s.workdir, update, update * batch))) for s in settings] if main else []
-        metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
-        previous_rows = metrics_lib.read(metric_paths[0])
-        wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
-        start = time.perf_counter()
-
-        show_progress = main and (config.log.progress_bar if progress is None else progress)
+    metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
+    previous_rows = metrics_lib.read(metric_paths[0])
+    wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
+    start = time.perf_counter()
+    show_progress = main and (config.log.progress_bar if progress is None else progress)
+    interrupted = diverged = False
+    chunk_index = update // chunk
+    # Everything opened here is closed however the loop ends: the loggers (metrics.jsonl, and TensorBoard and
+    # W&B when config.log.backends names them; process 0 only), the signal handlers, the checkpointer, the bar.
+    with contextlib.ExitStack() as opened:
+        loggers = [opened.enter_context(contextlib.closing(loggers_lib.open_loggers(
+            s.config, s.workdir, update, update * batch))) for s in settings] if main else []
+        stop = opened.enter_context(_StopRequests())
+        opened.callback(checkpointer.close)
         bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
-        interrupted = diverged = False
-        chunk_index = update // chunk
-        with _StopRequests() as stop:
-            try:
-                while update < num_updates:
-                    num = min(chunk, num_updates - update)
-                    before = divergence.copy(state)  # the chunk donates `state`; a diverged run needs it back
-                    tick, compiled_before = time.perf_counter(), algo.compile_seconds
-                    state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
-                    chunk_metrics = fetch(chunk_metrics)
-                    compile_seconds = algo.compile_seconds - compiled_before
-                    seconds = time.perf_counter() - tick - compile_seconds
-                    state, chunk_metrics, messages = guard.check(algo.run_chunk, before, state, chunk_metrics,
-                                                                 hyperparams, num, update + 1)
-                    del before
-                    if main:
-                        for message in messages:
-                            print(f"warning: {message}", file=sys.stderr)
-                    update += num
-                    chunk_index += 1
-                    done = update >= num_updates
-                    shared = {"update": update, "env_steps": update * batch,
-                              "wall_time": round(wall_offset + time.perf_counter() - start, 3),
-                              "steps_per_second": round(num * batch * num_seeds * num_settings / seconds, 1)}
-                    if compile_seconds:
-                        shared["compile_seconds"] = round(compile_seconds, 2)
-                    if done or (eval_every and chunk_index % eval_every == 0):
-                        eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
-                        chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
-                    rows = [{**shared, **metrics_lib.summarize(per_setting)}
-                            for per_setting in _split_runs(chunk_metrics, num_settings)]
-                    for i, row in enumerate(rows):
-                        if frozen := guard.frozen_seeds(i):
-                            row["frozen_seeds"] = frozen
-                    for logger, row in zip(loggers, rows):
-                        logger.write(row)
-                    if bar is not None:
-                        bar.update(num * batch)
-                        bar.set_postfix(_postfix(rows[0]), refresh=False)
-                    diverged = guard.all_frozen
-                    if done or diverged or stop.signum is not None or chunk_index % checkpoint_every == 0:
-                        checkpointer.save(update, state)
-                        if main and guard.frozen:
-                            guard.save()
-                    if diverged and not done:
-                        if main:
-                            print(f"stopped at update {update}: every run diverged (see the warnings above); the "
-                                  "checkpoints hold their last finite states", file=sys.stderr)
-                        break
-                    if stop.signum is not None and not done:
-                        interrupted = True
-                        break
-            finally:
-                if bar is not None:
-                    bar.close()
-                checkpointer.close()
+        if bar is not None:
+            opened.callback(bar.close)
+        while update < num_updates:
+            num = min(chunk, num_updates - update)
+            tick, compiled_before = time.perf_counter(), algo.compile_seconds
+            next_state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
+            chunk_metrics = fetch(chunk_metrics)
+            compile_seconds = algo.compile_seconds - compiled_before
+            seconds = time.perf_counter() - tick - compile_seconds
+            # (the chunk does not consume `state`: a run that diverged in it goes back to it)
+            state, chunk_metrics, messages = guard.check(algo.run_chunk, state, next_state, chunk_metrics,
+                                                         hyperparams, num, update + 1)
+            if main:
+                for message in messages:
+                    print(f"warning: {message}", file=sys.stderr)
+            update += num
+            chunk_index += 1
+            done = update >= num_updates
+            shared = {"update": update, "env_steps": update * batch,
+                      "wall_time": round(wall_offset + time.perf_counter() - start, 3),
+                      "steps_per_second": round(num * batch * num_seeds * num_settings / seconds, 1)}
+            if compile_seconds:
+                shared["compile_seconds"] = round(compile_seconds, 2)
+            if done or (eval_every and chunk_index % eval_every == 0):
+                eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
+                chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
+            rows = _rows(shared, chunk_metrics, guard)
+            for logger, row in zip(loggers, rows):
+                logger.write(row)
+            if bar is not None:
+                bar.update(num * batch)
+                bar.set_postfix(_postfix(rows[0]), refresh=False)
+            diverged = guard.all_frozen
+            interrupted = stop.signum is not None and not done
+            if done or diverged or interrupted or chunk_index % checkpoint_every == 0:
+                checkpointer.save(update, state)
+                if main and guard.frozen:
+                    guard.save()
+            if (diverged and not done) or interrupted:
+                break
         all_rows = [metrics_lib.read(path) for path in metric_paths]
         first_params = fetch(jax.tree.map(lambda x: x[:1], state.params)) if not interrupted else None
         if main:
@@ -214,6 +201,9 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 for path in algo.write_artifacts(settings[0].workdir, first_params, config.seed):
                     if path.endswith(".gif"):
                         loggers[0].write_gif(path, update * batch)
+            if diverged and update < num_updates:
+                print(f"stopped at update {update}: every run diverged (see the warnings above); the "
+                      "checkpoints hold their last finite states", file=sys.stderr)
             if interrupted:
                 print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
                       f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
@@ -237,6 +227,17 @@ def fetch(tree):
         return jax.device_get(tree)
     from jax.experimental import multihost_utils
     return multihost_utils.process_allgather(tree, tiled=True)
+
+
+def _rows(shared: dict, metrics: dict, guard: divergence.Guard) -> list[dict]:
+    """One metrics row per setting: `shared` (update, env steps, times), the means and per-seed values of the
+    chunk's metrics [R], and which of its seeds are frozen."""
+    rows = [{**shared, **metrics_lib.summarize(per_setting)}
+            for per_setting in _split_runs(metrics, guard.num_settings)]
+    for setting, row in enumerate(rows):
+        if frozen := guard.frozen_seeds(setting):
+            row["frozen_seeds"] = frozen
+    return rows
 
 
 def _split_runs(metrics: dict, num_settings: int) -> list[dict]:

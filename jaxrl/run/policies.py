@@ -61,18 +61,8 @@ def restore_run(workdir: str, checkpoint_step: int | None = None) -> RestoredRun
     num_runs = num_settings * config.num_seeds
     algo, _ = algos.build(config, loop.make_mesh(config, num_runs), run_dir=workdir)
     abstract = jax.eval_shape(lambda: algo.init_seeds(config.seed, config.num_seeds, num_settings))
-    # (state_shardings may give one sharding for a whole subtree, e.g. all parameters)
-    target = jax.tree.map(lambda sharding, part: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), part),
-        algo.state_shardings(abstract), abstract, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
-    manager = checkpoint.Checkpointer(checkpoint_dir)
-    try:
-        if checkpoint_step is None:
-            update, state = manager.restore_latest(target)
-        else:
-            update, state = checkpoint_step, manager.restore(checkpoint_step, target)
-    finally:
-        manager.close()
+    update, state = checkpoint.restore_from(checkpoint_dir, checkpoint.abstract_state(
+        abstract, algo.state_shardings(abstract)), checkpoint_step)
     seeds = slice(position * config.num_seeds, (position + 1) * config.num_seeds)
     if num_settings > 1:
         state = jax.tree.map(lambda x: x[seeds], state)
