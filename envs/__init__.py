@@ -49,6 +49,11 @@ def _jaxmarl(env_id: str, **kwargs):
     return FromJaxMARL(env_id, **kwargs)
 
 
+def _gymnax(env_id: str, **kwargs):
+    from envs.adapters import FromGymnax
+    return FromGymnax(env_id, **kwargs)
+
+
 def _jaxmarl_smax(scenario="3m", **kwargs):
     from envs.smax.parity import reference_env
     return reference_env(scenario, **kwargs)
@@ -57,6 +62,7 @@ def _jaxmarl_smax(scenario="3m", **kwargs):
 register("CartPole-v1", _cartpole)
 register("smax", _smax)
 register("jaxmarl", _jaxmarl)  # any jaxmarl env in our array-first API: make("jaxmarl", env_id=...)
+register("gymnax", _gymnax)  # any gymnax 1.x env: make("gymnax", env_id="Acrobot-v1")
 register("jaxmarl-smax", _jaxmarl_smax)  # jaxmarl's HeuristicEnemySMAX by scenario name (the reference)
 
 def __getattr__(name: str):

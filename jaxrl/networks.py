@@ -53,21 +53,46 @@ class MLP(nn.Module):
 #
 # Inputs are time-major: actor_in [T, *B, d_actor], critic_in [T, *B, d_critic], first bool [T, *B]
 # (true where the input is the first of an episode, so the hidden state restarts there); `carry` is
-# `net.initial_carry(B)` or what the previous call returned. Outputs: logits [T, *B, num_actions],
-# value [T, *B]. Feed-forward nets carry () and ignore `first` (any leading shape works for them).
+# `net.initial_carry(B)` or what the previous call returned. Outputs: the policy's outputs [T, *B, num_outputs]
+# (a `jaxrl.distributions` object reads them: logits, or means and log-stds), value [T, *B]. Feed-forward nets
+# carry () and ignore `first` (any leading shape works for them).
+#
+# `log_std` says where a Gaussian policy's log-stds (the second half of its outputs) come from: None (not a
+# Gaussian: every output is the head's), "param" (one learned number per action dimension, whatever the
+# state) or "state" (the head computes them). They start at `init_log_std`.
+
+LOG_STDS = ("param", "state")
+
+
+def head_size(num_outputs: int, log_std: str | None) -> int:
+    """How many of the policy's outputs its last layer computes (the free log-stds are not among them)."""
+    return num_outputs // 2 if log_std == "param" else num_outputs
+
+
+def policy_outputs(module: nn.Module, head: jax.Array, log_std: str | None, init_log_std: float) -> jax.Array:
+    """The actor head's outputs [..., head_size] -> the policy's outputs [..., num_outputs] (see above)."""
+    if log_std == "param":
+        free = module.param("log_std", nn.initializers.constant(init_log_std), (head.shape[-1],))
+        return jnp.concatenate([head, jnp.broadcast_to(free, head.shape).astype(head.dtype)], axis=-1)
+    if log_std == "state":
+        mean, from_state = jnp.split(head, 2, axis=-1)
+        return jnp.concatenate([mean, from_state + init_log_std], axis=-1)
+    return head
 
 
 class ActorCritic(nn.Module):
     """Separate policy and value MLPs.
 
-    (carry=(), actor_in [..., d_a], critic_in [..., d_c], first) -> ((), logits [..., A], value [...])
+    (carry=(), actor_in [..., d_a], critic_in [..., d_c], first) -> ((), policy outputs [..., P], value [...])
     With `critic=False` (critic-free algorithms) there is no value network and value is 0.
     """
 
-    num_actions: int
+    num_outputs: int
     hidden_sizes: Sequence[int] = (64, 64)
     activation: str = "tanh"
     critic: bool = True
+    log_std: str | None = None
+    init_log_std: float = 0.0
 
     recurrent = False
 
@@ -76,11 +101,13 @@ class ActorCritic(nn.Module):
 
     @nn.compact
     def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array, first: jax.Array | None = None):
-        logits = MLP(self.hidden_sizes, self.num_actions, self.activation, head_scale=0.01, name="actor")(actor_in)
+        head = MLP(self.hidden_sizes, head_size(self.num_outputs, self.log_std), self.activation, head_scale=0.01,
+                   name="actor")(actor_in)
+        out = policy_outputs(self, head, self.log_std, self.init_log_std)
         if not self.critic:
-            return carry, logits, jnp.zeros(logits.shape[:-1], logits.dtype)
+            return carry, out, jnp.zeros(out.shape[:-1], out.dtype)
         value = MLP(self.hidden_sizes, 1, self.activation, head_scale=1.0, name="critic")(critic_in)
-        return carry, logits, jnp.squeeze(value, -1)
+        return carry, out, jnp.squeeze(value, -1)
 
 
 def _gates(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -237,16 +264,19 @@ class RecurrentTower(nn.Module):
 
 class RecurrentActorCritic(nn.Module):
     """Separate recurrent actor and critic towers; the carry is (actor h, critic h), each [*B, rnn_size].
+    Outputs as `ActorCritic`'s.
 
     The two GRUs step in one loop (`scan_grus`). With `critic=False` there is no critic tower, value is 0
     and the critic's h stays 0.
     """
 
-    num_actions: int
+    num_outputs: int
     fc_size: int = 128
     rnn_size: int = 128
     activation: str = "relu"
     critic: bool = True
+    log_std: str | None = None
+    init_log_std: float = 0.0
 
     recurrent = True
 
@@ -259,11 +289,13 @@ class RecurrentActorCritic(nn.Module):
         actor_h, critic_h = carry
         tower = functools.partial(RecurrentTower, fc_size=self.fc_size, rnn_size=self.rnn_size,
                                   activation=self.activation)
-        actor = tower(self.num_actions, head_scale=0.01, name="actor")
+        actor = tower(head_size(self.num_outputs, self.log_std), head_scale=0.01, name="actor")
         if not self.critic:
-            actor_h, logits = actor(actor_h, actor_in, first)
-            return (actor_h, critic_h), logits, jnp.zeros(logits.shape[:-1], logits.dtype)
+            actor_h, head = actor(actor_h, actor_in, first)
+            out = policy_outputs(self, head, self.log_std, self.init_log_std)
+            return (actor_h, critic_h), out, jnp.zeros(out.shape[:-1], out.dtype)
         critic = tower(1, head_scale=1.0, name="critic")
         hs, (actor_out, critic_out) = scan_grus(carry, (actor.project(actor_in), critic.project(critic_in)), first,
                                                 (actor.gru_weights(), critic.gru_weights()))
-        return hs, actor.read_out(actor_out), jnp.squeeze(critic.read_out(critic_out), -1)
+        out = policy_outputs(self, actor.read_out(actor_out), self.log_std, self.init_log_std)
+        return hs, out, jnp.squeeze(critic.read_out(critic_out), -1)

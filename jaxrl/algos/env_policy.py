@@ -3,7 +3,9 @@ the networks, the initial parameters, greedy evaluation and the episode GIF.
 
 Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array reads [..., A, ...].
 Agents share parameters; `agent_id` tells them apart. The critic sees each agent's own inputs (IPPO) or the
-env's global state (MAPPO, `critic_input="global_state"`). Shapes: n envs, A agents, K actions, d inputs.
+env's global state (MAPPO, `critic_input="global_state"`). The policy's outputs are read by `self.dist`
+(`jaxrl.distributions`: categorical for discrete actions, a Gaussian for continuous ones). Shapes: n envs,
+A agents, P policy outputs (K logits, or 2D for D-dimensional continuous actions), d inputs.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ class PolicyStep(NamedTuple):
     carry: Any  # the hidden state after this step
     actor_in: jax.Array  # [n, A, d_actor]
     critic_in: jax.Array  # [n, A, d_critic] (the same array as actor_in when the critic sees the obs)
-    logits: jax.Array  # [n, A, K], illegal actions masked
+    policy_out: jax.Array  # [n, A, P] what `EnvPolicy.dist` reads (logits with illegal actions masked, ...)
     value: jax.Array  # [n, A]
     mask: jax.Array | None  # [n, A, K] legal actions, None for envs without masks
 
@@ -36,7 +38,7 @@ class EnvPolicy:
     """A network acting in `env` (any env of the `envs` API, seen with an agent axis)."""
 
     def __init__(self, env: envs.Environment, network, agent_id: str = "both", critic_input: str = "obs",
-                 eval_max_steps: int = 1000):
+                 eval_max_steps: int = 1000, squash: bool = False):
         for name, value, known in (("critic_input", critic_input, CRITIC_INPUTS), ("agent_id", agent_id, AGENT_ID_INPUTS)):
             if value not in known:
                 raise ValueError(f"unknown {name} {value!r}; known: {', '.join(known)}")
@@ -45,6 +47,7 @@ class EnvPolicy:
             raise ValueError(f"critic_input='global_state' needs an env with a global state; {env!r} has none "
                              "(use critic_input='obs')")
         self.network = network
+        self.dist = distributions.for_action_space(self.agent_env.action_space(), squash)
         self.agent_id, self.critic_input = agent_id, critic_input
         self.num_agents = self.agent_env.num_agents
         self.reports_wins = "won" in step_info_keys(self.agent_env)
@@ -82,16 +85,16 @@ class EnvPolicy:
 
     def act(self, params, obs, carry, first, mask, key, critic_size: int):
         """The actor alone, one time step of n envs: obs [n, A, d], first [n] (episode starts: the hidden
-        state restarts), mask [n, A, K] legal actions or None, key None for greedy actions -> (action [n, A],
-        carry). The critic tower is fed zeros of width `critic_size` (`critic_input_size()`): a deployed policy
+        state restarts), mask [n, A, K] legal actions or None, key None for greedy actions -> (the env's
+        action [n, A, ...], carry). The critic tower is fed zeros of width `critic_size` (`critic_input_size()`): a deployed policy
         needs no global state."""
         actor_in = self._with_id(obs, "actor")
         critic_in = jnp.zeros((*actor_in.shape[:-1], critic_size), actor_in.dtype)
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
-        carry, logits, _ = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
-        logits = distributions.masked_logits(logits[0], mask)
-        action = distributions.greedy(logits) if key is None else distributions.sample(key, logits)
-        return action, carry
+        carry, out, _ = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
+        out = self.dist.with_mask(out[0], mask)
+        action = self.dist.mode(out) if key is None else self.dist.sample(key, out)
+        return self.dist.to_env(action), carry
 
     def global_state(self, env, env_states):
         """[n, G] for a batch of `env`'s states when the critic needs it, else None."""
@@ -105,8 +108,8 @@ class EnvPolicy:
         actor_in, critic_in = self.inputs(obs, self.global_state(env, env_state))
         mask = jax.vmap(env.avail_actions)(env_state) if env.has_action_masks else None
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
-        carry, logits, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
-        return PolicyStep(carry, actor_in, critic_in, distributions.masked_logits(logits[0], mask), value[0], mask)
+        carry, out, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
+        return PolicyStep(carry, actor_in, critic_in, self.dist.with_mask(out[0], mask), value[0], mask)
 
     def init_params(self, key: jax.Array, env, obs: jax.Array, env_state) -> Any:
         """Initial parameters from `key`; the observations [n, A, d] and states of n envs of `env` give the
@@ -140,11 +143,12 @@ class EnvPolicy:
             policy = self.step(params, env, env_state, obs, carry, first)
             if sample:  # (greedy evaluation keeps its keys: its figures do not change with this option)
                 key, action_key = jax.random.split(key)
-                action = distributions.sample(action_key, policy.logits)
+                action = self.dist.sample(action_key, policy.policy_out)
             else:
-                action = distributions.greedy(policy.logits)
+                action = self.dist.mode(policy.policy_out)
             carry = policy.carry
-            obs, env_state, reward, done, info = jax.vmap(env.step)(jax.random.split(key, num_envs), env_state, action)
+            obs, env_state, reward, done, info = jax.vmap(env.step)(jax.random.split(key, num_envs), env_state,
+                                                                    self.dist.to_env(action))
             totals = dict(totals, eval_return=totals["eval_return"] + reward.mean(-1) * alive,
                           eval_length=totals["eval_length"] + alive)
             if self.reports_wins:
@@ -261,10 +265,14 @@ class EnvActor:
 
 
 def step_info_keys(env: envs.Environment) -> set[str]:
-    """The keys of `info` that `env.step` returns (traced abstractly, nothing runs)."""
+    """The keys of `info` that `env.step` returns for `env` with an agent axis (traced abstractly, nothing
+    runs)."""
+    space = env.action_space()
+    dtype = jnp.int32 if hasattr(space, "n") else jnp.float32
+
     def probe(key):
         _, state = env.reset(key)
-        return env.step(key, state, jnp.zeros((env.num_agents,), jnp.int32))[4]
+        return env.step(key, state, jnp.zeros((env.num_agents, *space.shape), dtype))[4]
     return set(jax.eval_shape(probe, jax.random.PRNGKey(0)))
 
 

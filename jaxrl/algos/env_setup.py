@@ -9,12 +9,12 @@ import jax
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib
+from jaxrl import config as config_lib, distributions
 from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learning_rate
 from jax.sharding import PartitionSpec as P
 
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS
-from jaxrl.networks import ActorCritic, RecurrentActorCritic
+from jaxrl.networks import LOG_STDS, ActorCritic, RecurrentActorCritic
 
 NETWORKS = ("mlp", "gru")
 CRITIC_INPUTS = ("obs", "global_state")  # the critic sees each agent's view (IPPO) or the env's global state (MAPPO)
@@ -39,6 +39,7 @@ class EnvSettings:
     agent_id: str = "both"  # which networks see each agent's one-hot index (parameters are shared): AGENT_ID_INPUTS
     grad_clip: str = "joint"  # max_grad_norm clips all parameters' gradient together, or each network's alone
     xla_options: tuple[tuple[str, str | bool], ...] = ()  # XLA compile options of the training program
+    squash: bool = False  # continuous actions: a tanh-squashed Gaussian (`distributions.DiagGaussian`)
 
     @property
     def batch_size(self) -> int:
@@ -87,6 +88,11 @@ def env_config() -> ConfigDict:
             "critic_input": "obs",  # "obs": each agent's own view (IPPO); "global_state": centralised (MAPPO)
             # multi-agent: which networks see each agent's one-hot index: "both", "critic", "actor", "none"
             "agent_id": "both",
+            # continuous actions (a Gaussian policy): where the log-stds come from ("param": learned, the same
+            # for every state; "state": computed by the actor), their initial value, tanh squashing to the bounds
+            "log_std": "param",
+            "init_log_std": 0.0,
+            "squash": False,
         },
         "returns": {"gamma": 0.99},
         "loss": {"vf_coef": 0.5, "ent_coef": 0.01},
@@ -105,13 +111,16 @@ def sample_trajectory(rollout, state, state_specs, mesh, check_vma: bool = True)
     return jax.jit(fn)(state)
 
 
-def make_network(config: ConfigDict, num_actions: int, critic: bool = True):
-    """The actor-critic named by `config.network.kind` (without a value network when `critic` is false)."""
+def make_network(config: ConfigDict, env: envs.Environment, critic: bool = True):
+    """The actor-critic named by `config.network.kind` for `env`'s actions: logits, or a Gaussian's means and
+    log-stds (`network.log_std`) (without a value network when `critic` is false)."""
     n = config.network
+    dist = distributions.for_action_space(env.action_space(), squash=n.squash)
+    gaussian = dict(log_std=n.log_std, init_log_std=n.init_log_std) if isinstance(dist, distributions.DiagGaussian) else {}
     if n.kind == "mlp":
-        return ActorCritic(num_actions, tuple(n.hidden_sizes), n.activation, critic=critic)
+        return ActorCritic(dist.num_outputs, tuple(n.hidden_sizes), n.activation, critic=critic, **gaussian)
     if n.kind == "gru":
-        return RecurrentActorCritic(num_actions, n.fc_size, n.rnn_size, n.activation, critic=critic)
+        return RecurrentActorCritic(dist.num_outputs, n.fc_size, n.rnn_size, n.activation, critic=critic, **gaussian)
     raise ValueError(f"unknown config.network.kind {n.kind!r}; known: {', '.join(NETWORKS)}")
 
 
@@ -130,6 +139,7 @@ def env_settings(config: ConfigDict) -> dict:
                 schedule=o.schedule, warmup_updates=o.warmup_updates, adam_eps=o.adam_eps,
                 weight_decay=o.weight_decay > 0, rollout_unroll=config.rollout_unroll,
                 critic_input=config.network.critic_input, agent_id=config.network.agent_id, grad_clip=o.grad_clip,
+                squash=config.network.squash,
                 xla_options=config_lib.xla_options(config))
 
 
@@ -139,6 +149,7 @@ def check_env_config(config: ConfigDict) -> None:
     one_of(config.network.critic_input, CRITIC_INPUTS, "network.critic_input")
     one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
     one_of(config.network.kind, NETWORKS, "network.kind")
+    one_of(config.network.log_std, LOG_STDS, "network.log_std")
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")

@@ -38,7 +38,7 @@ from ml_collections import ConfigDict
 
 import envs
 from envs.wrappers import select
-from jaxrl import advantages as advantages_lib, config as config_lib, distributions, losses, mesh as mesh_lib
+from jaxrl import advantages as advantages_lib, config as config_lib, losses, mesh as mesh_lib
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
@@ -125,7 +125,8 @@ class GRPO(ActsThroughPolicy):
         self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
         mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, self.mesh)
         mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
-        self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps)
+        self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps,
+                                settings.squash)
         self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
         self.settings = settings
         # Sequence-level ratios and aggregation need whole episodes in a minibatch.
@@ -174,14 +175,14 @@ class GRPO(ActsThroughPolicy):
         stays at the state before its last step: later steps are still computed (static shapes) but
         discarded and masked out by `running`, and no step ever starts from a terminal state.
         """
-        s, env, A, K = self.settings, self.agent_env, self.num_agents, self.agent_env.num_actions
+        s, env, A, dist = self.settings, self.agent_env, self.num_agents, self.policy.dist
         G, B, N = s.group_size, s.num_groups, s.num_envs
         reset_key, step_key = jax.random.split(key)
         # Drawn for all B groups and N envs, then sliced, so that each env sees the same numbers on any mesh.
         group_keys = mesh_lib.local_share(jax.random.split(reset_key, B))  # [b, 2]
         step_keys = jax.random.split(step_key, s.num_steps)
         env_keys = jax.vmap(lambda k: jax.random.split(k, B))(step_keys)  # [T, B, 2], one per group
-        action_noise = jax.vmap(lambda k: jax.random.gumbel(jax.random.fold_in(k, 1), (N, A, K)))(step_keys)
+        action_noise = jax.vmap(lambda k: dist.noise(jax.random.fold_in(k, 1), (N, A)))(step_keys)
         env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
 
         def members(x):  # [b, ...] -> [n, ...]: every group member gets its group's value
@@ -194,13 +195,14 @@ class GRPO(ActsThroughPolicy):
             env_state, obs, net_carry, first, running, alive = carry
             env_key, noise = xs
             policy = self.policy.step(params, env, env_state, obs, net_carry, first)
-            action = distributions.sample_with_noise(policy.logits, noise)
-            next_obs, next_state, reward, done, info = jax.vmap(env.step)(members(env_key), env_state, action)
+            action = dist.sample_with_noise(policy.policy_out, noise)
+            next_obs, next_state, reward, done, info = jax.vmap(env.step)(members(env_key), env_state,
+                                                                          dist.to_env(action))
             ended = running & envs.episode_over(done, info)
             record = GroupStep(
                 actor_in=policy.actor_in,
                 critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
-                action=action, log_prob=distributions.log_prob(policy.logits, action), value=policy.value,
+                action=action, log_prob=dist.log_prob(policy.policy_out, action), value=policy.value,
                 mask=policy.mask, reward=reward * running[:, None],
                 running=jnp.broadcast_to(running[:, None], (n, A)).astype(jnp.float32),
                 acting=(running[:, None] & alive).astype(jnp.float32))
@@ -256,11 +258,12 @@ class GRPO(ActsThroughPolicy):
         time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
                                   {k: batch[k] for k in ("actor_in", "critic_in", "first", "action", "mask")})
         critic_in = time_major["actor_in"] if time_major["critic_in"] is None else time_major["critic_in"]
-        _, logits, values = self.network.apply(params, batch["carry"], time_major["actor_in"], critic_in,
-                                               time_major["first"])
-        logits = distributions.masked_logits(logits, time_major["mask"])
-        log_prob = jnp.swapaxes(distributions.log_prob(logits, time_major["action"]), 0, 1)  # [M, T]
-        entropy = jnp.swapaxes(distributions.entropy(logits), 0, 1)
+        dist = self.policy.dist
+        _, out, values = self.network.apply(params, batch["carry"], time_major["actor_in"], critic_in,
+                                            time_major["first"])
+        out = dist.with_mask(out, time_major["mask"])
+        log_prob = jnp.swapaxes(dist.log_prob(out, time_major["action"]), 0, 1)  # [M, T]
+        entropy = jnp.swapaxes(dist.entropy(out), 0, 1)
         total, aux = losses.policy_loss(
             log_prob, batch["log_prob"], batch["advantages"], batch["weight"],
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
@@ -332,7 +335,7 @@ def build_grpo(config: ConfigDict, mesh) -> GRPO:
     env, eval_max_steps = make_env(config)
     settings = GRPOSettings(**env_settings(config), **group_settings(config), returns=config.group.returns,
                             constant_length=config.loss.constant_length or None)
-    network = make_network(config, env.num_actions, critic=config.critic_weight > 0)
+    network = make_network(config, env, critic=config.critic_weight > 0)
     return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
 
 

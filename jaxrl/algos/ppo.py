@@ -10,7 +10,7 @@ One call of `PPO.run_chunk` runs K updates (K traced: one program for every K), 
                                        -> epochs x minibatches (`engine.optimise`)
 
 Shapes: S seeds, N environments (n = N / devices on one device), T steps per rollout, A agents (1 for
-single-agent envs), K actions.
+single-agent envs), K discrete actions (or D action dimensions).
 Numbers a sweep may vary live in `PPOHyperparams` (a pytree); sizes and code-path choices live in
 `PPOSettings` (static).
 """
@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, distributions, losses, mesh as mesh_lib
+from jaxrl import config as config_lib, losses, mesh as mesh_lib
 from jaxrl.advantages import gae
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
@@ -91,12 +91,12 @@ class Transition:
     actor_in: jax.Array  # [n, A, d_actor]
     critic_in: jax.Array | None  # [n, A, d_critic]; None when the critic sees the actor's inputs
     first: jax.Array  # [n]
-    action: jax.Array
+    action: jax.Array  # [n, A] (discrete) or [n, A, D] (continuous, before `dist.to_env`)
     log_prob: jax.Array
     value: jax.Array
     reward: jax.Array
     done: jax.Array  # [n, A]: the step ends this agent's returns (the episode's end, or see `returns_until`)
-    mask: jax.Array | None  # [n, A, num_actions]
+    mask: jax.Array | None  # [n, A, K] (discrete actions)
     truncated: jax.Array | None  # [n]
     final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
 
@@ -116,7 +116,8 @@ class PPO(ActsThroughPolicy):
         for name, known in (("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS)):
             if getattr(settings, name) not in known:
                 raise ValueError(f"unknown {name} {getattr(settings, name)!r}; known: {', '.join(known)}")
-        self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps)
+        self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps,
+                                settings.squash)
         self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
         self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env))
         self.settings = settings
@@ -176,22 +177,22 @@ class PPO(ActsThroughPolicy):
 
     def _rollout(self, params, state: TrainState, key):
         """T steps of n local envs. Returns ((env_state, obs, carry, first) after, trajectory, episode sums)."""
-        s, A, K = self.settings, self.num_agents, self.agent_env.num_actions
+        s, A, dist = self.settings, self.num_agents, self.policy.dist
         # All randomness of the rollout drawn up front in a few batched ops rather than T small ones:
-        # for every step, a key per env and Gumbel noise per env, agent and action, drawn for all N envs
-        # and sliced to this device's share, so that each env gets the same numbers on any mesh.
+        # for every step, a key per env and the action noise per env and agent (Gumbel per action, or normal
+        # per action dimension), drawn for all N envs and sliced to this device's share, so that each env gets
+        # the same numbers on any mesh.
         step_keys = jax.random.split(key, s.num_steps)
         env_keys = jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys)  # [T, N, 2]
-        action_noise = jax.vmap(lambda k: jax.random.gumbel(
-            jax.random.fold_in(k, 1), (s.num_envs, A, K)))(step_keys)  # [T, N, A, K]
+        action_noise = jax.vmap(lambda k: dist.noise(jax.random.fold_in(k, 1), (s.num_envs, A)))(step_keys)
         env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
 
         def step(carry, xs):
             env_state, obs, net_carry, first = carry
             env_key, noise = xs
             policy = self.policy.step(params, self.env, env_state, obs, net_carry, first)
-            action = distributions.sample_with_noise(policy.logits, noise)
-            next_obs, env_state, reward, done, info = jax.vmap(self.env.step)(env_key, env_state, action)
+            action = dist.sample_with_noise(policy.policy_out, noise)
+            next_obs, env_state, reward, done, info = jax.vmap(self.env.step)(env_key, env_state, dist.to_env(action))
             final_value = None
             if s.bootstrap_truncation:  # the critic's value of the obs a time limit cut off
                 final_value = self.policy.step(params, self.agent_env, info["final_state"], info["final_obs"],
@@ -202,7 +203,7 @@ class PPO(ActsThroughPolicy):
             transition = Transition(
                 actor_in=policy.actor_in,
                 critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
-                first=first, action=action, log_prob=distributions.log_prob(policy.logits, action),
+                first=first, action=action, log_prob=dist.log_prob(policy.policy_out, action),
                 value=policy.value, reward=reward, done=done, mask=policy.mask,
                 truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value)
             episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
@@ -223,16 +224,17 @@ class PPO(ActsThroughPolicy):
         else:
             carry = ()
         critic_in = batch["actor_in"] if batch["critic_in"] is None else batch["critic_in"]
-        _, logits, values = self.network.apply(params, carry, batch["actor_in"], critic_in, batch["first"])
-        logits = distributions.masked_logits(logits, batch["mask"])
-        log_ratio = distributions.log_prob(logits, batch["action"]) - batch["log_prob"]
+        dist = self.policy.dist
+        _, out, values = self.network.apply(params, carry, batch["actor_in"], critic_in, batch["first"])
+        out = dist.with_mask(out, batch["mask"])
+        log_ratio = dist.log_prob(out, batch["action"]) - batch["log_prob"]
         advantages = batch["advantages"]
         if self.settings.normalize_advantages:
             advantages = normalize(advantages)
         policy_loss = jnp.mean(losses.ppo_clip_loss(log_ratio, advantages, hp.clip_low, hp.clip_high))
         clip = hp.value_clip if self.settings.clip_value else None
         value_loss = jnp.mean(losses.value_loss(values, batch["value"], batch["targets"], clip))
-        entropy = jnp.mean(distributions.entropy(logits))
+        entropy = jnp.mean(dist.entropy(out))
         total = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
         aux = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
                "approx_kl": jnp.mean(jnp.expm1(log_ratio) - log_ratio),
@@ -331,7 +333,7 @@ def build_ppo(config: ConfigDict, mesh) -> PPO:
                            clip_value=config.loss.value_clip > 0,
                            bootstrap_truncation=config.returns.bootstrap_truncation,
                            returns_until=config.returns.until)
-    return PPO(env, make_network(config, env.num_actions), settings, mesh, eval_max_steps=eval_max_steps)
+    return PPO(env, make_network(config, env), settings, mesh, eval_max_steps=eval_max_steps)
 
 
 def check_ppo_config(config: ConfigDict) -> None:

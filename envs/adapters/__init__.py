@@ -1,0 +1,11 @@
+"""Other JAX environment libraries in the `envs` API. Each library is an optional extra, imported only when
+one of its environments is built.
+
+- `DictAgents(env)`, `FromJaxMARL(env_or_id)`: JaxMARL's dict-keyed multi-agent API (`envs.adapters.jaxmarl`).
+- `FromGymnax(env_or_id)`: gymnax 1.x (classic control, MinAtar, bsuite, misc) (`envs.adapters.gymnax`).
+"""
+
+from envs.adapters.gymnax import FromGymnax
+from envs.adapters.jaxmarl import DictAgents, FromJaxMARL
+
+__all__ = ["DictAgents", "FromGymnax", "FromJaxMARL"]

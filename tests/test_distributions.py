@@ -1,0 +1,106 @@
+"""Action distributions against closed forms: the Gaussian's log-density and entropy, and tanh squashing's
+change of variables."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+import envs
+from jaxrl import distributions, networks
+
+MEAN = np.array([[0.3, -1.2], [2.0, 0.0]], np.float32)  # [batch 2, D 2]
+LOG_STD = np.array([[-0.5, 0.4], [0.0, -1.5]], np.float32)
+OUT = np.concatenate([MEAN, LOG_STD], -1)
+
+
+def gaussian(squash=False):
+    return distributions.DiagGaussian(2, (-2.0, -1.0), (2.0, 3.0), squash)
+
+
+def test_gaussian_log_prob_and_entropy_are_the_closed_forms():
+    dist = gaussian()
+    action = np.array([[0.0, 1.0], [1.5, -0.3]], np.float32)
+    expected = stats.norm.logpdf(action, MEAN, np.exp(LOG_STD)).sum(-1)
+    np.testing.assert_allclose(dist.log_prob(OUT, action), expected, rtol=1e-5)
+    np.testing.assert_allclose(dist.entropy(OUT), stats.norm.entropy(MEAN, np.exp(LOG_STD)).sum(-1), rtol=1e-5)
+    np.testing.assert_array_equal(dist.mode(OUT), MEAN)
+
+
+def test_squashed_log_prob_is_the_density_of_tanh_u():
+    """p(a) = N(atanh a) / (1 - a^2) per dimension, for a = tanh(u) in (-1, 1)."""
+    dist = gaussian(squash=True)
+    u = np.array([[0.1, -2.0], [3.0, 0.5]], np.float32)
+    a = np.tanh(u.astype(np.float64))
+    expected = (stats.norm.logpdf(np.arctanh(a), MEAN, np.exp(LOG_STD)) - np.log1p(-a * a)).sum(-1)
+    np.testing.assert_allclose(dist.log_prob(OUT, u), expected, rtol=1e-4)
+
+
+def test_squashed_entropy_matches_a_monte_carlo_estimate():
+    """H(tanh u) = -E[log p(tanh u)]: the quadrature against 400k samples (within 4 standard errors)."""
+    dist = gaussian(squash=True)
+    u = jax.vmap(lambda k: dist.sample(k, jnp.asarray(OUT)))(jax.random.split(jax.random.PRNGKey(0), 400_000))
+    neg_log_p = -jax.vmap(lambda x: dist.log_prob(jnp.asarray(OUT), x))(u)  # [400k, 2]
+    estimate, error = neg_log_p.mean(0), neg_log_p.std(0) / np.sqrt(neg_log_p.shape[0])
+    assert np.all(np.abs(dist.entropy(OUT) - estimate) < 4 * error + 1e-4), (dist.entropy(OUT), estimate, error)
+    # squashing only loses entropy: log(1 - tanh^2) <= 0
+    assert np.all(dist.entropy(OUT) < gaussian().entropy(OUT))
+
+
+def test_tanh_log_jacobian_is_finite_with_finite_gradients_far_out():
+    u = jnp.array([-50.0, -5.0, 0.0, 5.0, 50.0])
+    np.testing.assert_allclose(distributions.tanh_log_jacobian(u)[1:4],
+                               np.log1p(-np.tanh(np.array([-5.0, 0.0, 5.0])) ** 2), rtol=1e-4)
+    grads = jax.vmap(jax.grad(distributions.tanh_log_jacobian))(u)
+    assert np.all(np.isfinite(grads)) and np.allclose(np.asarray(grads)[[0, 4]], [2.0, -2.0])
+
+
+def test_samples_have_the_policy_mean_and_std():
+    dist = gaussian()
+    samples = jax.vmap(lambda k: dist.sample(k, jnp.asarray(OUT)))(jax.random.split(jax.random.PRNGKey(1), 100_000))
+    np.testing.assert_allclose(samples.mean(0), MEAN, atol=0.02)
+    np.testing.assert_allclose(samples.std(0), np.exp(LOG_STD), rtol=0.02)
+
+
+def test_env_actions_are_clipped_or_squashed_into_the_bounds():
+    u = jnp.array([[-9.0, 9.0], [0.0, 0.0]])
+    np.testing.assert_allclose(gaussian().to_env(u), [[-2.0, 3.0], [0.0, 0.0]])
+    squashed = gaussian(squash=True).to_env(u)
+    np.testing.assert_allclose(squashed, [[-2.0, 3.0], [0.0, 1.0]], atol=1e-5)  # tanh(0) -> the middle
+
+
+def test_the_distribution_follows_the_action_space():
+    assert distributions.for_action_space(envs.Discrete(4)) == distributions.Categorical(4)
+    box = envs.Box(low=-2.0, high=2.0, shape=(3,))
+    dist = distributions.for_action_space(box, squash=True)
+    assert dist.num_outputs == 6 and dist.low == (-2.0,) * 3 and dist.squash
+    with pytest.raises(ValueError, match="finite action bounds"):
+        distributions.for_action_space(envs.Box(low=-np.inf, high=np.inf, shape=(2,)), squash=True)
+    with pytest.raises(ValueError, match="must be a vector"):
+        distributions.for_action_space(envs.Box(low=0.0, high=1.0, shape=(2, 2)))
+    with pytest.raises(ValueError, match="no action masks"):
+        gaussian().with_mask(OUT, jnp.ones((2, 2), bool))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "gru"])
+def test_network_log_stds_are_a_free_parameter_or_computed_from_the_state(kind):
+    def build(log_std):
+        if kind == "mlp":
+            return networks.ActorCritic(4, (8,), log_std=log_std, init_log_std=-0.5)
+        return networks.RecurrentActorCritic(4, 8, 8, log_std=log_std, init_log_std=-0.5)
+
+    x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 6))  # [T, B, d]
+    first = jnp.zeros((3, 5), bool)
+    for log_std in ("param", "state"):
+        net = build(log_std)
+        params = net.init(jax.random.PRNGKey(1), net.initial_carry((5,)), x, x, first)
+        _, out, value = net.apply(params, net.initial_carry((5,)), x, x, first)
+        assert out.shape == (3, 5, 4) and value.shape == (3, 5)
+        log_stds = out[..., 2:]
+        if log_std == "param":
+            assert params["params"]["log_std"].shape == (2,)
+            np.testing.assert_array_equal(log_stds, -0.5)  # the same for every state, at its initial value
+        else:
+            assert "log_std" not in params["params"]
+            assert np.ptp(np.asarray(log_stds)) > 0 and abs(float(log_stds.mean()) + 0.5) < 0.1
