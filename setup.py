@@ -20,19 +20,23 @@ CORE = [
 ]
 
 EXTRAS = {
-    # Tests, notebooks executed by the tests, the import contracts (.importlinter), and the reference envs
-    # used for parity checks (gymnax's CartPole, jaxmarl's SMAX and MPE).
+    # Tests, notebooks executed by the tests, the import contracts (.importlinter), and the environment
+    # libraries the adapters and parity checks use (gymnax's CartPole and suites, jaxmarl's SMAX and MPE).
     "dev": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-            "import-linter>=2.1", "gymnax<1.0", "six", "jaxmarl==0.2.0",  # gymnax 0.0.9 imports six without declaring it
+            "import-linter>=2.1", "gymnax>=1.0", "jaxmarl==0.2.0",
             "tensorboardX>=2.6", "tensorboard", "wandb"],  # the log backends; tensorboard reads their events back
+    # Environment libraries, each reached through envs.make (envs/adapters).
+    "gymnax": ["gymnax>=1.0"],  # 1.x reports terminated and truncated apart
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
-    # rejax 0.1.3 needs gymnax < 1.0 (gymnax 1.0 splits done into terminated/truncated).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
     # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.
     # distrax, hydra-core, omegaconf, wandb: what JaxMARL's own MAPPO script imports (benchmarks/smax_mappo.py runs
     # it from a checkout of the JaxMARL repository; wandb stays disabled).
-    "bench": ["rejax==0.1.3", "gymnax<1.0", "jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0",
-              "distrax", "hydra-core>=1.3", "omegaconf>=2.3", "wandb"],
+    "bench": ["jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0", "distrax", "hydra-core>=1.3", "omegaconf>=2.3", "wandb"],
+    # rejax 0.1.3 (benchmarks/cartpole_ppo.py) pins gymnax < 1.0, which the gymnax adapter cannot use: install it
+    # in an environment of its own (python -m venv .venv-rejax; pip install -e ".[bench-rejax]"). jaxrl itself
+    # never imports gymnax, so it runs there unchanged.
+    "bench-rejax": ["rejax==0.1.3", "gymnax<1.0", "six"],  # gymnax 0.0.9 imports six without declaring it
     # Optional logging backends (config.log.backends): TensorBoard event files and Weights & Biases runs.
     "log": ["tensorboardX>=2.6", "wandb"],
     # Accelerators: JAX's own wheels. For TPU follow JAX's install note (pip install "jax[tpu]").

@@ -17,7 +17,9 @@ fastest repeat ("run s", all repeats listed) and env steps/second summed over se
   `skip_initial_evaluation`); that evaluation (128 episodes with sampled actions) is inside its timing and
   is its return figure.
 
-Needs the `bench` extra: pip install -e ".[bench]".
+Needs rejax, which pins gymnax < 1.0: run it in an environment of its own, e.g.
+`python -m venv .venv-rejax && .venv-rejax/bin/pip install -e ".[bench-rejax]"`, then
+`.venv-rejax/bin/python benchmarks/cartpole_ppo.py`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""CartPole-v1 must match gymnax's step for step (gymnax is in the `dev` extra)."""
+"""CartPole-v1 must match gymnax's (1.x) step for step (gymnax is in the `dev` extra)."""
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +22,7 @@ def test_same_observations_rewards_and_dones_as_gymnax():
     def both(state, ref_state, action):
         k = jax.random.split(jax.random.PRNGKey(1), num_envs)
         a = jax.vmap(ours.step)(k, state, action)
-        b = jax.vmap(ref.step_env, (0, 0, 0, None))(k, ref_state, action, ref_params)
+        b = jax.vmap(ref.step_env, (0, 0, 0, None))(k, ref_state, action, ref_params)  # done: terminated
         return a, b
 
     actions = jax.random.bernoulli(jax.random.PRNGKey(2), 0.5, (num_steps, num_envs)).astype(jnp.int32)
@@ -41,7 +41,10 @@ def test_time_limit_matches_gymnax():
     ours = envs.make("CartPole-v1")
     ref, ref_params = gymnax.make("CartPole-v1")
     state = envs.classic.CartPoleState(*(jnp.float32(0.0),) * 4, time=jnp.int32(499))
-    ref_state = gymnax.environments.classic_control.cartpole.EnvState(0.0, 0.0, 0.0, 0.0, 499)
+    zero = jnp.float32(0.0)
+    ref_state = gymnax.environments.classic_control.cartpole.EnvState(
+        time=jnp.int32(499), x=zero, x_dot=zero, theta=zero, theta_dot=zero)
     _, _, _, done, info = ours.step(jax.random.PRNGKey(0), state, jnp.int32(1))
-    _, _, _, ref_done, _ = ref.step_env(jax.random.PRNGKey(0), ref_state, 1, ref_params)
-    assert bool(done) == bool(ref_done) is True and bool(info["truncated"])
+    _, _, _, terminated, truncated, _ = ref.step(jax.random.PRNGKey(0), ref_state, 1, ref_params)  # gymnax 1.x
+    assert bool(done) and bool(info["truncated"]) == bool(truncated) is True
+    assert bool(info["terminated"]) == bool(terminated) is False
