@@ -56,3 +56,20 @@ def test_cartpole_grpo_config_solves_cartpole(tmp_path):
     rows = result.metrics
     assert rows[0]["episode_return"] < 100, rows[0]
     assert rows[-1]["episode_return"] >= 475 and rows[-1]["eval_return"] >= 475, rows[-1]
+
+
+@pytest.mark.slow
+def test_gymnax_pendulum_continuous_ppo_swings_up(tmp_path):
+    """Continuous actions end to end: experiments/gymnax_ppo.py:Pendulum-v1 (a Gaussian policy, reward
+    scaling), shortened from 1M to 300k env steps. A random policy scores about -1200; a swung-up, balanced
+    pendulum -150 to -200."""
+    from helpers import load_experiment
+
+    config = load_experiment("gymnax_ppo", "Pendulum-v1")
+    config.unlock()
+    config.total_steps, config.log.progress_bar = 294_912, False  # 72 updates of 16 x 256 steps
+    config.log.every_steps, config.eval.every_steps = 16 * 256 * 8, 0
+    result = train.run(config, str(tmp_path / "run"))
+    rows = result.metrics
+    assert rows[0]["episode_return"] < -900, rows[0]
+    assert rows[-1]["episode_return"] > -300 and rows[-1]["eval_return"] > -250, rows[-1]

@@ -40,6 +40,17 @@ config = small_grpo_config("smax_grpo", "3m", num_envs=16, num_steps=16, group_s
 num_seeds = 1  # (see SMAX_MAPPO)
 """
 
+# Continuous actions (a Gaussian policy), observation and reward statistics combined over devices.
+PENDULUM_NORMALIZED = """
+import sys; sys.path.insert(0, "tests")
+from helpers import load_experiment, set_keys
+config = load_experiment("gymnax_ppo", "Pendulum-v1")
+config.unlock()
+set_keys(config, {"num_envs": 16, "num_steps": 32, "total_steps": 16 * 32 * 6, "optim.num_minibatches": 4,
+                  "normalize.obs": True, "normalize.reward": True})
+num_seeds = 2
+"""
+
 CODE = r"""
 import json, jax, numpy as np
 from jaxrl import algos, mesh as mesh_lib
@@ -75,8 +86,8 @@ def one_and_eight_devices(python_subprocess, setup: str) -> dict:
     return result
 
 
-@pytest.mark.parametrize("setup", [CARTPOLE, SMAX_MAPPO, CARTPOLE_GRPO, SMAX_GRPO],
-                         ids=["cartpole_ppo", "smax_mappo_gru", "cartpole_grpo", "smax_grpo_gru"])
+@pytest.mark.parametrize("setup", [CARTPOLE, SMAX_MAPPO, CARTPOLE_GRPO, SMAX_GRPO, PENDULUM_NORMALIZED],
+                         ids=["cartpole_ppo", "smax_mappo_gru", "cartpole_grpo", "smax_grpo_gru", "pendulum_normalized"])
 def test_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # Episode statistics are summed over devices: the same episodes end in both runs.

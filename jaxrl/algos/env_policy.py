@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import envs
-from jaxrl import distributions
+from jaxrl import distributions, normalization
 from jaxrl.algos.env_setup import AGENT_ID_INPUTS, CRITIC_INPUTS
 from jaxrl.jitting import jit_method
 
@@ -32,13 +32,15 @@ class PolicyStep(NamedTuple):
     policy_out: jax.Array  # [n, A, P] what `EnvPolicy.dist` reads (logits with illegal actions masked, ...)
     value: jax.Array  # [n, A]
     mask: jax.Array | None  # [n, A, K] legal actions, None for envs without masks
+    global_state: jax.Array | None  # [n, G] as the env gives it, when the critic sees it
 
 
 class EnvPolicy:
     """A network acting in `env` (any env of the `envs` API, seen with an agent axis)."""
 
     def __init__(self, env: envs.Environment, network, agent_id: str = "both", critic_input: str = "obs",
-                 eval_max_steps: int = 1000, squash: bool = False):
+                 eval_max_steps: int = 1000, squash: bool = False, normalize_obs: bool = False,
+                 obs_clip: float = 10.0):
         for name, value, known in (("critic_input", critic_input, CRITIC_INPUTS), ("agent_id", agent_id, AGENT_ID_INPUTS)):
             if value not in known:
                 raise ValueError(f"unknown {name} {value!r}; known: {', '.join(known)}")
@@ -53,15 +55,22 @@ class EnvPolicy:
         self.reports_wins = "won" in step_info_keys(self.agent_env)
         self.recurrent = bool(getattr(network, "recurrent", False))
         self.eval_max_steps = eval_max_steps
+        self.normalize_obs, self.obs_clip = normalize_obs, obs_clip
 
     # ----------------------------------------------------------------------------------------------
     # What the networks see, and one step of them
 
-    def inputs(self, obs: jax.Array, global_state: jax.Array | None):
+    def inputs(self, obs: jax.Array, global_state: jax.Array | None, obs_norm: dict | None = None):
         """obs [..., A, d], global_state [..., G] or None -> (actor_in [..., A, d'], critic_in [..., A, d'']).
 
-        Returns the same array twice when actor and critic see the same inputs (a rollout then stores it once).
+        With `obs_norm` (the running statistics kept in the parameters, `params["obs_norm"]`), observations
+        and global state are normalised first. Returns the same array twice when actor and critic see the same
+        inputs (a rollout then stores it once).
         """
+        if obs_norm is not None:
+            obs = normalization.normalize(obs_norm["obs"], obs, self.obs_clip)
+            if global_state is not None:
+                global_state = normalization.normalize(obs_norm["global_state"], global_state, self.obs_clip)
         actor_in = self._with_id(obs, "actor")
         if self.critic_input == "obs":
             same_inputs = self.num_agents == 1 or self.agent_id in ("both", "none")
@@ -88,6 +97,8 @@ class EnvPolicy:
         state restarts), mask [n, A, K] legal actions or None, key None for greedy actions -> (the env's
         action [n, A, ...], carry). The critic tower is fed zeros of width `critic_size` (`critic_input_size()`): a deployed policy
         needs no global state."""
+        if "obs_norm" in params:
+            obs = normalization.normalize(params["obs_norm"]["obs"], obs, self.obs_clip)
         actor_in = self._with_id(obs, "actor")
         critic_in = jnp.zeros((*actor_in.shape[:-1], critic_size), actor_in.dtype)
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
@@ -105,19 +116,30 @@ class EnvPolicy:
     def step(self, params, env, env_state, obs, carry, first) -> PolicyStep:
         """The networks on n envs' current observations, one time step (rollouts, bootstrap values and
         evaluation all go through here). obs [n, A, d], first [n]; `env` is the env whose states these are."""
-        actor_in, critic_in = self.inputs(obs, self.global_state(env, env_state))
+        global_state = self.global_state(env, env_state)
+        actor_in, critic_in = self.inputs(obs, global_state, params.get("obs_norm"))
         mask = jax.vmap(env.avail_actions)(env_state) if env.has_action_masks else None
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
         carry, out, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
-        return PolicyStep(carry, actor_in, critic_in, self.dist.with_mask(out[0], mask), value[0], mask)
+        return PolicyStep(carry, actor_in, critic_in, self.dist.with_mask(out[0], mask), value[0], mask,
+                          global_state)
 
     def init_params(self, key: jax.Array, env, obs: jax.Array, env_state) -> Any:
         """Initial parameters from `key`; the observations [n, A, d] and states of n envs of `env` give the
-        input shapes (the values do not matter)."""
+        input shapes (the values do not matter). With `normalize_obs` they also hold the (empty) running
+        statistics of the observations and global state, {"obs_norm": {"obs", "global_state"}}: not trained,
+        but carried with the parameters, so that evaluation, checkpoints and exported policies see them."""
         n, A = obs.shape[:2]
-        actor_in, critic_in = self.inputs(obs, self.global_state(env, env_state))
-        return self.network.init(key, self.network.initial_carry((n, A)), actor_in[None], critic_in[None],
-                                 jnp.ones((1, n, A), bool))
+        global_state = self.global_state(env, env_state)
+        actor_in, critic_in = self.inputs(obs, global_state)
+        params = self.network.init(key, self.network.initial_carry((n, A)), actor_in[None], critic_in[None],
+                                   jnp.ones((1, n, A), bool))
+        if self.normalize_obs:
+            stats = {"obs": normalization.init(obs.shape[-1:])}
+            if global_state is not None:
+                stats["global_state"] = normalization.init(global_state.shape[-1:])
+            params = {**params, "obs_norm": stats}
+        return params
 
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
@@ -262,6 +284,12 @@ class EnvActor:
     def episode_states(self, key: jax.Array, sample: bool = False) -> list:
         """The env states of one episode (to draw it with `envs.rendering`)."""
         return self.policy.episode_states(self.params, key, sample)
+
+
+def trainable(params: dict) -> dict:
+    """The part of a policy's variables that the optimiser trains: flax's "params" collection (not the running
+    observation statistics in "obs_norm")."""
+    return {"params": params["params"]}
 
 
 def step_info_keys(env: envs.Environment) -> set[str]:

@@ -281,7 +281,7 @@ class GRPO(ActsThroughPolicy):
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         traj, episode = self._rollout(state.params, rollout_key)
         advantages, weight, returns_to_go, metrics = self._advantages(traj, hp)
-        T, n, A = traj.action.shape
+        T, n, A = traj.log_prob.shape
         first = jnp.broadcast_to((jnp.arange(T) == 0)[:, None, None], (T, n, A))
         samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in, "first": first,
                    "action": traj.action, "log_prob": traj.log_prob, "mask": traj.mask,

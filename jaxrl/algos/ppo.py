@@ -27,9 +27,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, losses, mesh as mesh_lib
+from jaxrl import config as config_lib, losses, mesh as mesh_lib, normalization
 from jaxrl.advantages import gae
-from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units
+from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units, trainable
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
@@ -52,6 +52,7 @@ class PPOHyperparams:
     ent_coef: float = 0.01
     max_grad_norm: float = 0.5
     weight_decay: float = 0.0
+    reward_scale: float = 1.0  # rewards are multiplied by this before the returns (Brax's reward_scaling)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +63,9 @@ class PPOSettings(EnvSettings):
     clip_value: bool = True  # config.loss.value_clip > 0
     bootstrap_truncation: bool = True
     returns_until: str = "episode"  # an agent's returns run to the end of the episode, or stop when it is done
+    normalize_obs: bool = False  # the policy sees observations (and global state) normalised by running statistics
+    obs_clip: float = 10.0  # normalised observations are clipped to [-obs_clip, obs_clip]
+    normalize_reward: bool = False  # rewards divided by the running std of the discounted return
 
 
 # "episode": an agent's advantages and value targets take in every team reward up to the end of the episode,
@@ -82,6 +86,16 @@ class TrainState:
     first: jax.Array  # [S, N] bool: `obs` is the first of an episode (recurrent state restarts)
     key: jax.Array  # [S, 2]
     update_step: jax.Array  # [S] int32
+    reward_norm: Any = None  # RewardNorm with `normalize_reward`, else None
+
+
+@struct.dataclass
+class RewardNorm:
+    """Reward scaling's state (SB3's VecNormalize): the moments of the discounted return (d = 1) over every env
+    and agent, and each one's running discounted return."""
+
+    moments: normalization.Moments  # [S, ...]
+    returns: jax.Array  # [S, N, A]
 
 
 @struct.dataclass
@@ -99,6 +113,9 @@ class Transition:
     mask: jax.Array | None  # [n, A, K] (discrete actions)
     truncated: jax.Array | None  # [n]
     final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
+    obs: jax.Array | None = None  # [n, A, d] as the env gives them (`normalize_obs`: for the statistics)
+    global_state: jax.Array | None = None  # [n, G] likewise, when the critic sees it
+    discounted_return: jax.Array | None = None  # [n, A] (`normalize_reward`)
 
 
 class PPO(ActsThroughPolicy):
@@ -117,7 +134,7 @@ class PPO(ActsThroughPolicy):
             if getattr(settings, name) not in known:
                 raise ValueError(f"unknown {name} {getattr(settings, name)!r}; known: {', '.join(known)}")
         self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps,
-                                settings.squash)
+                                settings.squash, settings.normalize_obs, settings.obs_clip)
         self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
         self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env))
         self.settings = settings
@@ -143,8 +160,10 @@ class PPO(ActsThroughPolicy):
         obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, N))
         params = self.policy.init_params(param_key, self.env, obs, env_state)
         optimizer = env_optimizer(self.settings, PPOHyperparams(), jnp.int32(0))
-        return TrainState(params, optimizer.init(params), env_state, obs, self.network.initial_carry((N, A)),
-                          jnp.ones((N,), bool), state_key, jnp.int32(0))
+        reward_norm = RewardNorm(normalization.init((1,)), jnp.zeros((N, A))) if self.settings.normalize_reward else None
+        return TrainState(params, optimizer.init(trainable(params)), env_state, obs,
+                          self.network.initial_carry((N, A)), jnp.ones((N,), bool), state_key, jnp.int32(0),
+                          reward_norm)
 
     def state_shardings(self, state: TrainState) -> TrainState:
         """NamedShardings for a seeded TrainState: seeds over the runs axis, envs over the data axis."""
@@ -154,8 +173,10 @@ class PPO(ActsThroughPolicy):
 
     def _state_specs(self, state: TrainState) -> TrainState:
         split = P(RUN_AXIS, DATA_AXIS)  # [S, N, ...]: seeds over the runs axis, envs over the data axis
+        reward_norm = None if state.reward_norm is None else RewardNorm(RUNS, split)
         return TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
-                          carry=jax.tree.map(lambda _: split, state.carry), first=split, key=RUNS, update_step=RUNS)
+                          carry=jax.tree.map(lambda _: split, state.carry), first=split, key=RUNS, update_step=RUNS,
+                          reward_norm=reward_norm)
 
     def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> TrainState:
         """TrainState with a leading run axis [R = num_settings * num_seeds] (see `seed_keys`), on the mesh."""
@@ -205,7 +226,9 @@ class PPO(ActsThroughPolicy):
                 critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
                 first=first, action=action, log_prob=dist.log_prob(policy.policy_out, action),
                 value=policy.value, reward=reward, done=done, mask=policy.mask,
-                truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value)
+                truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value,
+                obs=obs if s.normalize_obs else None,
+                global_state=policy.global_state if s.normalize_obs else None)
             episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
                        "episode_length_sum": jnp.where(ended, info["episode_length"], 0),
                        "episodes": ended}
@@ -243,38 +266,72 @@ class PPO(ActsThroughPolicy):
 
     def _collect(self, state: TrainState, hp: PPOHyperparams, rollout_key: jax.Array):
         """Rollout and advantages for one seed on this device's envs: ((env_state, obs, carry, first) after the
-        rollout, episode sums, minibatch units [n, U, ...] for `_optimise`)."""
+        rollout, episode sums, minibatch units [n, U, ...] for `_optimise`, the running statistics with this
+        rollout added (obs_norm, reward_norm; None where off))."""
         s = self.settings
         (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
         last_value = self.policy.step(state.params, self.env, env_state, obs, carry, first).value
-        reward = traj.reward
+        obs_norm = self._updated_obs_norm(state.params, traj)
+        reward, reward_norm = self._scaled_reward(traj.reward * hp.reward_scale, traj.first, state.reward_norm,
+                                                  hp.gamma)
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
             reward = reward + hp.gamma * traj.final_value * traj.truncated[..., None]
         advantages, targets = gae(reward, traj.value, traj.done, last_value, hp.gamma, hp.gae_lambda)
         samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in,
-                   "first": jnp.broadcast_to(traj.first[..., None], traj.action.shape),
+                   "first": jnp.broadcast_to(traj.first[..., None], traj.value.shape),
                    "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask,
                    "advantages": advantages, "targets": targets}
         units = sequence_units(samples, state.carry) if self.sequence_minibatches else step_units(samples)
-        return (env_state, obs, carry, first), episode, units
+        return (env_state, obs, carry, first), episode, units, (obs_norm, reward_norm)
+
+    def _updated_obs_norm(self, params, traj: Transition) -> dict | None:
+        """The observation statistics in `params` with the rollout's raw observations [T, n, A, d] (and global
+        states [T, n, G]) added over every device's envs; None without `normalize_obs`."""
+        if not self.settings.normalize_obs:
+            return None
+        stats = params["obs_norm"]
+        updated = {"obs": normalization.update(stats["obs"], traj.obs, DATA_AXIS)}
+        if "global_state" in stats:
+            updated["global_state"] = normalization.update(stats["global_state"], traj.global_state, DATA_AXIS)
+        return updated
+
+    def _scaled_reward(self, reward: jax.Array, first: jax.Array, reward_norm: RewardNorm | None, gamma):
+        """Without `normalize_reward`: (reward, None). With it: each env and agent's discounted return runs on
+        through the rollout (restarting where `first` [T, n] starts an episode), its moments take in the T
+        returns of every env and agent, and the rewards [T, n, A] are divided by the updated std (SB3's
+        VecNormalize). Returns (rewards, RewardNorm after the rollout)."""
+        if reward_norm is None:
+            return reward, None
+
+        def discount(running, step):
+            reward, first = step
+            running = running * gamma * (1.0 - first[:, None]) + reward
+            return running, running
+
+        running, returns = jax.lax.scan(discount, reward_norm.returns, (reward, first.astype(reward.dtype)))
+        moments = normalization.update(reward_norm.moments, returns[..., None], DATA_AXIS)
+        return normalization.scale(moments, reward), RewardNorm(moments, running)
 
     def _update(self, state: TrainState, hp: PPOHyperparams):
         """One PPO update for one seed on this device's envs: returns (state, metrics)."""
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        (env_state, obs, carry, first), episode, units = self._collect(state, hp, rollout_key)
+        (env_state, obs, carry, first), episode, units, (obs_norm, reward_norm) = self._collect(state, hp, rollout_key)
         params, opt_state, aux = self._optimise(state, units, hp, epoch_key)
+        if obs_norm is not None:
+            params = {**params, "obs_norm": obs_norm}
         metrics = jax.tree.map(jnp.mean, aux)
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
-        state = TrainState(params, opt_state, env_state, obs, carry, first, key, state.update_step + 1)
+        state = TrainState(params, opt_state, env_state, obs, carry, first, key, state.update_step + 1, reward_norm)
         return state, metrics
 
     def _optimise(self, state: TrainState, units: dict, hp: PPOHyperparams, key: jax.Array):
         """Epochs x minibatches of `self._loss` on this device's units [n, U, ...], gradients averaged over
-        devices. Returns (params, opt_state, aux [epochs, minibatches])."""
+        devices. Returns (the parameters with the trained ones updated, opt_state, aux [epochs, minibatches])."""
         s = self.settings
         optimizer = env_optimizer(s, hp, state.update_step)
-        return optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, key, s.num_epochs,
-                        s.num_minibatches)
+        params, opt_state, aux = optimise(self._loss, optimizer, trainable(state.params), state.opt_state, units, hp,
+                                          key, s.num_epochs, s.num_minibatches)
+        return {**state.params, **params}, opt_state, aux
 
     # ----------------------------------------------------------------------------------------------
     # K updates for every seed, compiled once per K
@@ -324,6 +381,12 @@ def ppo_config() -> ConfigDict:
         "value_clip": 0.2,  # values move at most this far from the rollout's; 0: unclipped value loss
         "normalize_advantages": True,  # per minibatch
     })
+    config.normalize = ConfigDict({
+        "obs": False,  # the policy sees observations (and global state) normalised by running statistics
+        "obs_clip": 10.0,  # ... clipped to [-obs_clip, obs_clip]
+        "reward": False,  # rewards divided by the running std of the discounted return (SB3's VecNormalize)
+        "reward_scale": 1.0,  # rewards multiplied by this first (Brax's reward_scaling); traced, sweepable
+    })
     return config
 
 
@@ -332,7 +395,8 @@ def build_ppo(config: ConfigDict, mesh) -> PPO:
     settings = PPOSettings(**env_settings(config), normalize_advantages=config.loss.normalize_advantages,
                            clip_value=config.loss.value_clip > 0,
                            bootstrap_truncation=config.returns.bootstrap_truncation,
-                           returns_until=config.returns.until)
+                           returns_until=config.returns.until, normalize_obs=config.normalize.obs,
+                           obs_clip=config.normalize.obs_clip, normalize_reward=config.normalize.reward)
     return PPO(env, make_network(config, env), settings, mesh, eval_max_steps=eval_max_steps)
 
 
@@ -350,11 +414,14 @@ def check_ppo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.loss.value_clip must be >= 0 (0: off), got {config.loss.value_clip!r}")
     config_lib.unit_interval(config.returns.gae_lambda, "returns.gae_lambda")
     config_lib.one_of(config.returns.until, RETURNS_UNTIL, "returns.until")
+    if not config.normalize.obs_clip > 0:
+        raise ValueError(f"config.normalize.obs_clip must be > 0, got {config.normalize.obs_clip!r}")
 
 
 register("ppo", Recipe(build_ppo, PPOHyperparams, {
     "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "gae_lambda": "returns.gae_lambda",
     "clip_low": "loss.clip_low", "clip_high": "loss.clip_high", "value_clip": "loss.value_clip",
     "vf_coef": "loss.vf_coef", "ent_coef": "loss.ent_coef", "max_grad_norm": "optim.max_grad_norm",
-    "weight_decay": "optim.weight_decay"}, check_ppo_config, defaults=ppo_config,
+    "weight_decay": "optim.weight_decay", "reward_scale": "normalize.reward_scale"}, check_ppo_config,
+    defaults=ppo_config,
     static_of=lambda config: (config.loss.value_clip > 0,)))
