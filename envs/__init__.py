@@ -54,6 +54,16 @@ def _gymnax(env_id: str, **kwargs):
     return FromGymnax(env_id, **kwargs)
 
 
+def _brax(env_name: str, **kwargs):
+    from envs.adapters import FromBrax
+    return FromBrax(env_name, **kwargs)
+
+
+def _craftax(env_id: str = "Craftax-Classic-Symbolic-v1", **kwargs):
+    from envs.adapters import FromCraftax
+    return FromCraftax(env_id, **kwargs)
+
+
 def _jaxmarl_smax(scenario="3m", **kwargs):
     from envs.smax.parity import reference_env
     return reference_env(scenario, **kwargs)
@@ -63,6 +73,8 @@ register("CartPole-v1", _cartpole)
 register("smax", _smax)
 register("jaxmarl", _jaxmarl)  # any jaxmarl env in our array-first API: make("jaxmarl", env_id=...)
 register("gymnax", _gymnax)  # any gymnax 1.x env: make("gymnax", env_id="Acrobot-v1")
+register("brax", _brax)  # make("brax", env_name="halfcheetah", backend="generalized")
+register("craftax", _craftax)  # make("craftax", env_id="Craftax-Classic-Symbolic-v1")
 register("jaxmarl-smax", _jaxmarl_smax)  # jaxmarl's HeuristicEnemySMAX by scenario name (the reference)
 
 def __getattr__(name: str):

@@ -71,6 +71,9 @@ class Environment:
     multi_agent: bool = False  # True: obs, reward, done, actions and masks carry a leading agent axis.
     has_action_masks: bool = False  # True when `avail_actions` can forbid actions.
     max_episode_steps: int | None = None  # the time limit, when the env has one
+    # Keys of `info` that describe the episode that just ended (e.g. Craftax's achievements), meaningful where
+    # the episode ended: learners log their means over the episodes that ended.
+    episode_info_keys: tuple[str, ...] = ()
     # False when `step` fails shard_map's varying-axis type checks (e.g. a lax.cond whose branches mix
     # per-device and replicated values, as in some third-party envs); learners then turn the checks off.
     supports_vma_checks: bool = True
@@ -87,6 +90,12 @@ class Environment:
 
     def step(self, key: jax.Array, state, action: jax.Array, params=None):
         raise NotImplementedError
+
+    def restart(self, key: jax.Array, state, params=None) -> tuple[jax.Array, Any]:
+        """The first (obs, state) of the next episode after `state`'s, for `envs.AutoReset`: a fresh `reset`
+        unless the env restarts more cheaply (Brax's envs go back to their episode's first state, as Brax's own
+        auto-reset does: a reset costs as much as a physics step)."""
+        return self.reset(key, params)
 
     def observation_space(self, params=None) -> Box:
         raise NotImplementedError

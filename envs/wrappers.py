@@ -39,6 +39,7 @@ class Wrapper(Environment):
     multi_agent = _forwarded("multi_agent")
     supports_vma_checks = _forwarded("supports_vma_checks")
     max_episode_steps = _forwarded("max_episode_steps")
+    episode_info_keys = _forwarded("episode_info_keys")
 
     def reset(self, key, params=None):
         return self.env.reset(key, params)
@@ -72,15 +73,15 @@ def select(pred: jax.Array, on_true, on_false):
 class AutoReset(Wrapper):
     """Starts a new episode inside `step` when one ends.
 
-    The returned obs is the first of the new episode; the last obs and state of the finished one are
-    kept in `info["final_obs"]` and `info["final_state"]` so that a learner can bootstrap a time-limit
-    truncation from them (unused entries cost nothing under jit).
+    The returned obs is the first of the new episode (the env's `restart`: a fresh reset for most envs); the
+    last obs and state of the finished one are kept in `info["final_obs"]` and `info["final_state"]` so that a
+    learner can bootstrap a time-limit truncation from them (unused entries cost nothing under jit).
     """
 
     def step(self, key, state, action, params=None):
         step_key, reset_key = jax.random.split(key)
         obs, next_state, reward, done, info = self.env.step(step_key, state, action, params)
-        reset_obs, reset_state = self.env.reset(reset_key, params)
+        reset_obs, reset_state = self.env.restart(reset_key, next_state, params)
         over = episode_over(done, info)
         info = dict(info, final_obs=obs, final_state=next_state)
         return (select(over, reset_obs, obs), select(over, reset_state, next_state),
@@ -149,6 +150,10 @@ class AgentAxis(Wrapper):
 
     def avail_actions(self, state, params=None):
         return self.env.avail_actions(state, params)[None]
+
+    def restart(self, key, state, params=None):
+        obs, state = self.env.restart(key, state, params)
+        return obs[None], state
 
 
 def as_multi_agent(env: Environment) -> Environment:

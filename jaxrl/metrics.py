@@ -25,12 +25,10 @@ def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]
     per_seed = {k: np.asarray(v, dtype=np.float64) for k, v in per_seed.items()}
     row: dict[str, float | list[float]] = {}
     episodes = per_seed.pop("episodes", None)
-    for name in ("episode_return", "episode_length", "win_rate"):
-        total = per_seed.pop(f"{name}_sum", None)
-        if total is None:
-            continue
+    for key in [k for k in per_seed if k.endswith("_sum")]:  # per-episode sums: episode_return, win_rate, ...
+        total = per_seed.pop(key)
         with np.errstate(invalid="ignore", divide="ignore"):
-            per_seed[name] = np.where(episodes > 0, total / np.maximum(episodes, 1), np.nan)
+            per_seed[key[:-len("_sum")]] = np.where(episodes > 0, total / np.maximum(episodes, 1), np.nan)
     if episodes is not None:
         row["episodes"] = float(episodes.sum())
     for name, values in per_seed.items():

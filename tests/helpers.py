@@ -93,16 +93,21 @@ def tiny_grpo_config(init_from, **overrides):
 
 
 
-def gymnax_parity(ours, ref, ref_params, num_envs: int = 8, num_steps: int = 200, seed: int = 0,
-                  ignore_state_fields: tuple[str, ...] = ()) -> dict:
-    """Step `envs.AutoReset(ours)` (a `FromGymnax`) and gymnax's own auto-resetting `step` (`ref`, gymnax 1.x)
-    from the same states with the same keys and random actions, over whole episodes and their resets, and
-    assert equal observations (flattened), rewards, done, terminated, truncated (where the episode did not
-    also terminate), final observations and next states at every step. Floats may differ in the last bit
-    (the two are compiled apart, and XLA may fuse a multiply-add differently), so both sides step from the
-    reference's state, where one bit would otherwise grow over a chaotic episode (Acrobot).
-    `ignore_state_fields`: state fields left out of the comparison (documented differences).
-    Returns how many episodes ended {"terminated": ..., "truncated": ...}."""
+
+def auto_reset_parity(ours, ref_reset, ref_step, num_envs: int = 8, num_steps: int = 200, seed: int = 0,
+                      ignore_state_fields: tuple[str, ...] = ()) -> dict:
+    """Step `envs.AutoReset(ours)` (an adapter whose states are the library's own) and the library's own
+    auto-resetting step from the same states with the same keys and random actions, over whole episodes and
+    their resets, and assert equal observations (flattened), rewards, done, next states and whatever else
+    `ref_step` reports, at every step.
+
+    ref_reset(key) -> (obs, state); ref_step(key, state, action) -> (dict with "obs", "reward", "done" and
+    any of "terminated", "truncated", "final_obs" to compare with ours, next state).
+    Floats may differ in the last bit (the two are compiled apart, and XLA may fuse a multiply-add
+    differently), so both sides step from the reference's state, where one bit would otherwise grow over a
+    chaotic episode (Acrobot). `ignore_state_fields`: state fields left out (documented differences).
+    Returns how many episodes ended {"terminated": ..., "truncated": ...} (ours).
+    """
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -114,8 +119,8 @@ def gymnax_parity(ours, ref, ref_params, num_envs: int = 8, num_steps: int = 200
     flat = jax.vmap(lambda x: jnp.ravel(jnp.asarray(x)).astype(jnp.float32))
     keys = jax.random.split(jax.random.PRNGKey(seed), num_envs)
     obs, _ = jax.vmap(wrapped.reset)(keys)
-    ref_obs, state = jax.vmap(ref.reset, (0, None))(keys, ref_params)
-    np.testing.assert_array_equal(obs, flat(ref_obs))
+    ref_obs, state = jax.vmap(ref_reset)(keys)
+    np.testing.assert_allclose(obs, flat(ref_obs), rtol=1e-6, atol=1e-6)
 
     @jax.jit
     def both(state, key):
@@ -124,22 +129,34 @@ def gymnax_parity(ours, ref, ref_params, num_envs: int = 8, num_steps: int = 200
             actions = jax.vmap(space.sample)(jax.random.split(action_key, num_envs))
             step_keys = jax.random.split(step_key, num_envs)
             obs, our_state, reward, done, info = jax.vmap(wrapped.step)(step_keys, state, actions)
-            r_obs, ref_state, r_reward, r_term, r_trunc, r_info = jax.vmap(ref.step, (0, 0, 0, None))(
-                step_keys, state, actions, ref_params)
+            theirs, ref_state = jax.vmap(ref_step)(step_keys, state, actions)
+            theirs = dict(theirs, obs=flat(theirs["obs"]), reward=theirs["reward"].astype(jnp.float32),
+                          state=ref_state)
+            if "final_obs" in theirs:
+                theirs["final_obs"] = flat(theirs["final_obs"])
             our_state = our_state.replace(**{f: getattr(ref_state, f) for f in ignore_state_fields})
-            ours = (obs, reward, done, info["terminated"], info["truncated"], info["final_obs"], our_state)
-            theirs = (flat(r_obs), r_reward.astype(jnp.float32), r_term | r_trunc, r_term, r_trunc & ~r_term,
-                      flat(r_info["final_observation"]), ref_state)
-            return ref_state, (ours, theirs)
+            ours = {"obs": obs, "reward": reward, "done": done, "terminated": info["terminated"],
+                    "truncated": info["truncated"], "final_obs": info["final_obs"], "state": our_state}
+            return ref_state, ({k: ours[k] for k in theirs}, theirs, (info["terminated"], info["truncated"]))
         return jax.lax.scan(step, state, jax.random.split(key, num_steps))[1]
 
-    ours_out, theirs_out = jax.device_get(both(state, jax.random.PRNGKey(seed + 1)))
-    names = ("obs", "reward", "done", "terminated", "truncated", "final_obs", "state")
-    for name, a, b in zip(names, ours_out, theirs_out):
-        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    ours_out, theirs_out, (terminated, truncated) = jax.device_get(both(state, jax.random.PRNGKey(seed + 1)))
+    for name in theirs_out:
+        for x, y in zip(jax.tree.leaves(ours_out[name]), jax.tree.leaves(theirs_out[name])):
             x, y = np.asarray(x), np.asarray(y)
             if np.issubdtype(x.dtype, np.floating):
                 np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6, err_msg=f"{ours!r}: {name} differs")
             else:
                 np.testing.assert_array_equal(x, y, err_msg=f"{ours!r}: {name} differs")
-    return {"terminated": int(ours_out[3].sum()), "truncated": int(ours_out[4].sum())}
+    return {"terminated": int(terminated.sum()), "truncated": int(truncated.sum())}
+
+
+def gymnax_parity(ours, ref, ref_params, **kwargs) -> dict:
+    """`auto_reset_parity` against gymnax 1.x's own `step` (`ref`): also terminated, truncated (where the
+    episode did not also terminate) and the final observations."""
+    def ref_step(key, state, action):
+        obs, state, reward, terminated, truncated, info = ref.step(key, state, action, ref_params)
+        return {"obs": obs, "reward": reward, "done": terminated | truncated, "terminated": terminated,
+                "truncated": truncated & ~terminated, "final_obs": info["final_observation"]}, state
+
+    return auto_reset_parity(ours, lambda key: ref.reset(key, ref_params), ref_step, **kwargs)

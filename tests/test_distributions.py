@@ -104,3 +104,19 @@ def test_network_log_stds_are_a_free_parameter_or_computed_from_the_state(kind):
         else:
             assert "log_std" not in params["params"]
             assert np.ptp(np.asarray(log_stds)) > 0 and abs(float(log_stds.mean()) + 0.5) < 0.1
+
+
+def test_ppo_with_a_squashed_state_dependent_gaussian_acts_within_the_bounds():
+    from helpers import build, load_experiment, set_keys
+
+    config = load_experiment("gymnax_ppo", "Pendulum-v1")
+    config.unlock()
+    set_keys(config, {"num_envs": 4, "num_steps": 16, "total_steps": 4 * 16 * 2, "optim.num_minibatches": 2,
+                      "network.squash": True, "network.log_std": "state", "network.init_log_std": 1.0})
+    algo, hp, state = build(config)
+    traj = algo.sample_trajectory(state)
+    assert traj.action.shape == (1, 16, 4, 1, 1)  # [seeds, T, envs, agents, D]
+    env_actions = algo.policy.dist.to_env(traj.action)
+    assert float(jnp.max(jnp.abs(env_actions))) <= 2.0 and float(jnp.max(jnp.abs(traj.action))) > 2.0
+    state, metrics = algo.run_chunk(state, hp, 2)
+    assert np.isfinite(np.asarray(metrics["entropy"])).all() and np.isfinite(np.asarray(metrics["approx_kl"])).all()

@@ -234,6 +234,8 @@ class PPO(ActsThroughPolicy):
                        "episodes": ended}
             if self.policy.reports_wins:
                 episode["win_rate_sum"] = ended & info["won"]
+            for name in self.env.episode_info_keys:  # e.g. Craftax's achievements of the episodes that ended
+                episode[f"{name}_sum"] = jnp.where(ended, info[name], 0.0)
             return (env_state, next_obs, policy.carry, ended), (transition, episode)
 
         init = (state.env_state, state.obs, state.carry, state.first)

@@ -1,0 +1,94 @@
+"""Brax and Craftax through `envs.make`: the same episodes as the libraries' own auto-resetting envs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from helpers import auto_reset_parity
+
+from brax import envs as brax_envs  # the `dev` extra installs both: a missing reference is a failure
+from craftax.craftax_env import make_craftax_env_from_name
+
+
+@pytest.mark.parametrize("env_name,backend", [("inverted_pendulum", "generalized"), ("halfcheetah", "positional")])
+def test_brax_episodes_match_brax_create(env_name, backend):
+    """Brax's own `envs.create` (EpisodeWrapper + AutoResetWrapper) and `envs.AutoReset(FromBrax)`: the same
+    observations, rewards, done and truncation flags, through time limits (25 physics steps, action repeat 2:
+    13 env steps) and restarts, with the same random actions. Both run their own states (Brax steps take no
+    key), so a last-bit difference may grow over an episode: compared to 1e-4."""
+    length, repeat, num_envs, num_steps = 25, 2, 4, 40
+    ours = envs.AutoReset(envs.make("brax", env_name=env_name, backend=backend, episode_length=length,
+                                    action_repeat=repeat))
+    ref = brax_envs.create(env_name, episode_length=length, action_repeat=repeat, auto_reset=True, backend=backend)
+    assert ours.max_episode_steps == 13 and ours.action_space().shape == (ref.action_size,)
+    keys = jax.random.split(jax.random.PRNGKey(0), num_envs)
+    actions = jax.random.uniform(jax.random.PRNGKey(1), (num_steps, num_envs, ref.action_size), minval=-1, maxval=1)
+
+    @jax.jit
+    def run():
+        obs, state = jax.vmap(ours.reset)(keys)
+        ref_state = jax.vmap(ref.reset)(keys)
+
+        def step(c, action):
+            state, ref_state = c
+            obs, state, reward, done, info = jax.vmap(ours.step)(keys, state, action)
+            ref_state = jax.vmap(ref.step)(ref_state, action)
+            theirs = (ref_state.obs, ref_state.reward, ref_state.done > 0, ref_state.info["truncation"] > 0)
+            return (state, ref_state), ((obs, reward, done, info["truncated"]), theirs)
+        return obs, ref_state.obs, jax.lax.scan(step, (state, ref_state), actions)[1]
+
+    obs, ref_obs, (mine, theirs) = jax.device_get(run())
+    np.testing.assert_array_equal(obs, ref_obs)
+    for name, a, b in zip(("obs", "reward", "done", "truncated"), mine, theirs):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
+    assert mine[2].sum(0).min() >= 3  # every env's episodes ended (fell, or the limit) and restarted
+    if env_name == "halfcheetah":  # never falls: cut by the limit at steps 13, 26 and 39
+        assert mine[3].sum() == num_envs * 3
+
+
+def test_craftax_classic_episodes_match_craftax():
+    ours = envs.make("craftax", env_id="Craftax-Classic-Symbolic-v1", params={"max_timesteps": 40})
+    assert (ours.obs_dim, ours.num_actions, ours.max_episode_steps) == (1345, 17, 40)
+    assert "Achievements/collect_wood" in ours.episode_info_keys and "score" in ours.episode_info_keys
+    ref = make_craftax_env_from_name("Craftax-Classic-Symbolic-v1", auto_reset=True)
+    params = ours.default_params
+
+    def ref_step(key, state, action):
+        obs, state, reward, done, info = ref.step(key, state, action, params)
+        return {"obs": obs, "reward": reward, "done": done}, state
+
+    counts = auto_reset_parity(ours, lambda key: ref.reset(key, params), ref_step, num_envs=4, num_steps=100)
+    assert counts["truncated"] >= 4  # the 40-step limit cut episodes (and they restarted)
+
+
+def test_craftax_death_is_terminal_and_the_time_limit_is_not():
+    env = envs.make("craftax", env_id="Craftax-Classic-Symbolic-v1", params={"max_timesteps": 5})
+    reset, step = jax.jit(env.reset), jax.jit(env.step)
+    _, state = reset(jax.random.PRNGKey(0))
+    for t in range(5):
+        _, state, _, done, info = step(jax.random.PRNGKey(t), state, jnp.int32(0))
+    assert bool(done) and bool(info["truncated"]) and not bool(info["terminated"])
+    assert float(info["Achievements/collect_wood"]) in (0.0, 100.0)
+    _, state = reset(jax.random.PRNGKey(0))
+    dead = state.replace(player_health=jnp.zeros_like(state.player_health))
+    _, _, _, done, info = step(jax.random.PRNGKey(1), dead, jnp.int32(0))
+    assert bool(done) and bool(info["terminated"]) and not bool(info["truncated"])
+
+
+def test_ppo_logs_the_achievements_of_craftax_episodes():
+    from helpers import build, load_experiment, set_keys
+    from jaxrl import metrics
+
+    config = load_experiment("craftax_ppo", "classic")
+    config.unlock()
+    set_keys(config, {"num_envs": 4, "num_steps": 16, "total_steps": 4 * 16 * 2, "optim.num_minibatches": 2,
+                      "network.hidden_sizes": (32,), "env.kwargs.params": {"max_timesteps": 8}})
+    algo, hp, state = build(config)
+    _, chunk_metrics = algo.run_chunk(state, hp, 2)
+    row = metrics.summarize(jax.device_get(chunk_metrics))
+    assert row["episodes"] == 4 * 16 * 2 / 8  # every episode cut at 8 steps
+    achievements = [k for k in row if k.startswith("Achievements/")]
+    assert len(achievements) == 22 and "score" in row
+    assert all(0.0 <= row[k] <= 100.0 for k in achievements)
