@@ -92,3 +92,19 @@ def test_ppo_logs_the_achievements_of_craftax_episodes():
     achievements = [k for k in row if k.startswith("Achievements/")]
     assert len(achievements) == 22 and "score" in row
     assert all(0.0 <= row[k] <= 100.0 for k in achievements)
+
+
+def test_ppo_trains_on_a_brax_env_with_normalised_observations():
+    """experiments/brax_ppo.py at a tiny size: Brax's pipeline under the training program (vmapped, in
+    shard_map), a tanh-squashed Gaussian, observation statistics; the greedy policy stays up for a while."""
+    from helpers import build, load_experiment, set_keys
+
+    config = load_experiment("brax_ppo", "inverted_pendulum")
+    config.unlock()
+    set_keys(config, {"num_envs": 8, "num_steps": 20, "total_steps": 8 * 20 * 2, "optim.num_minibatches": 4,
+                      "network.hidden_sizes": (32, 32)})
+    algo, hp, state = build(config)
+    state, chunk_metrics = algo.run_chunk(state, hp, 2)
+    assert int(chunk_metrics["episodes"][0]) > 8 and np.isfinite(np.asarray(chunk_metrics["entropy"])).all()
+    np.testing.assert_array_equal(state.params["obs_norm"]["obs"].count, [2 * 20 * 8])
+    assert float(algo.evaluate(state.params, jax.random.PRNGKey(0), 4)["eval_length"][0]) >= 5

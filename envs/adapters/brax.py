@@ -59,6 +59,7 @@ class FromBrax(Environment):
         self.env = brax_envs.training.EpisodeWrapper(env, episode_length, action_repeat)
         self.env_name, self.backend = env_name, backend
         self.name = f"brax-{env_name}"
+        self.supports_vma_checks = False  # Brax's pipelines mix per-device and replicated values in lax.cond
         self.max_episode_steps = math.ceil(episode_length / action_repeat)
         self._obs_dim = int(env.observation_size)
         self._action_dim = int(env.action_size)
