@@ -8,6 +8,15 @@ from helpers import ROOT
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: learning checks that take minutes (still run in CI)")
+    # One XLA compilation cache for the whole session, shared by the xdist workers and the subprocesses the
+    # tests start (they inherit the environment): many tests compile the same small programs. Set by the
+    # controlling process only, before the workers start; a fresh directory each session, so that no test
+    # depends on what an earlier session compiled.
+    if not hasattr(config, "workerinput") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        import tempfile
+
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrl-tests-xla-cache-")
+        os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
 
 def run_python(code: str, *, devices: int = 1, timeout: int = 600, env: dict | None = None):
