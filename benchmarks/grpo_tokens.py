@@ -42,7 +42,6 @@ import copy
 import datetime
 import importlib.metadata
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -58,7 +57,7 @@ sys.path.insert(0, ROOT)  # experiments/ is a folder of config files, not an ins
 from envs import text  # noqa: E402
 from envs.text.tokenizer import BOS, EOS, PAD  # noqa: E402
 from jaxrl import algos, host, mesh as mesh_lib, sampling  # noqa: E402
-from report import markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
+from report import machine, markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 # ---------------------------------------------------------------------------------------------------
 
@@ -280,16 +279,6 @@ def version(name: str) -> str:
         return "not installed"
 
 
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def torch_threads(args) -> str:
     if args.no_trl:
         return ""
@@ -336,7 +325,7 @@ def main():
 
     torch_version = "-" if args.no_trl else version("torch")
     print(f"command: python {shlex.join(sys.argv)}\ndate: {datetime.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
-          f"\nmachine: {cpu_name()}, {os.cpu_count()} CPUs; jax {jax.__version__} ({jax.devices()[0].platform}), "
+          f"\nmachine: {machine()}, "
           f"torch {torch_version}, trl {'-' if args.no_trl else version('trl')}, "
           f"transformers {'-' if args.no_trl else version('transformers')}")
     print(f"model: {args.layers} layers, d_model {args.d_model}, {args.heads} heads, d_ff {4 * args.d_model}, "

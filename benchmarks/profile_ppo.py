@@ -180,7 +180,7 @@ def main(argv=None):
     # Two runs that differ only in their number of chunks: compiling, the final checkpoint and evaluation cancel.
     short, longer = short_run(config, 4), short_run(config, 12)
     host_s = (longer - short) / 8 - whole
-    print(f"\n| phase | ms per update | share of the whole update |\n|---|---:|---:|")
+    print("\n| phase | ms per update | share of the whole update |\n|---|---:|---:|")
     for name, seconds, _ in rows:
         print(f"| {name} | {seconds * 1e3:.0f} | {seconds / whole:.0%} |")
     print(f"| host work per chunk (jaxrl.train between chunks: metrics to the host, logging) | "

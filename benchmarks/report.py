@@ -20,6 +20,29 @@ def replace_section(path: str, markers: tuple[str, str], section: str, title: st
         f.write(text)
 
 
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what `platform` knows."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """The machine a benchmark ran on, for its printed figures: cores, CPU model, OS, jax and its device."""
+    import os
+    import platform
+
+    import jax
+
+    device = jax.devices()[0]
+    return (f"{os.cpu_count()} cores ({cpu_name()}), {platform.system()}, jax {jax.__version__}, "
+            f"{device.platform} ({device.device_kind})")
+
+
 def seed_band(ax, x, y, label: str) -> None:
     """Plot the mean over seeds of y [n, S] against x [n], with the min-max band."""
     ax.plot(x, y.mean(1), marker="o", markersize=3, label=label)

@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+import report  # benchmarks/ (the script's folder is on sys.path)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -273,18 +275,6 @@ def default_config_runs(scenario: str, num_seeds: int) -> str:
     return "\n".join(lines)
 
 
-def machine() -> str:
-    import platform
-
-    cpu = "CPU"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{os.cpu_count()} cores ({cpu}), {platform.system()}"
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jaxmarl-repo", default=os.environ.get("JAXMARL_REPO"),
@@ -347,7 +337,7 @@ def main(argv=None):
             results[scenario] = {"reference": reference, "ours_alone": alone, "ours": ours,
                                  "reference_same_xla": same_xla}
             meta[scenario] = {
-                "date": time.strftime("%Y-%m-%d"), "machine": machine(), "jax": jax.__version__,
+                "date": time.strftime("%Y-%m-%d"), "machine": report.machine(), "jax": jax.__version__,
                 "command": f"python benchmarks/smax_mappo.py --jaxmarl-repo PATH --scenarios {scenario} "
                            f"--seeds {args.seeds} --total-steps {args.total_steps}", "reference_commit": commit}
             with open(JSON_PATH, "w") as f:

@@ -22,11 +22,11 @@ IGNORED_STATE = {"DeepSea-bsuite": ("total_bad_episodes", "denoised_return")}
 
 @pytest.mark.parametrize("env_id", [e for e in gymnax.registered_envs if e not in NOT_COMPARED])
 def test_same_episodes_as_gymnax(env_id):
-    """Whole episodes with auto-reset, a time limit of 60 steps so that truncation happens everywhere."""
+    """Whole episodes with auto-reset, a time limit of 30 steps so that truncation happens everywhere."""
     ref, ref_params = gymnax.make(env_id)
-    ours = envs.make("gymnax", env_id=env_id, params={"max_steps_in_episode": 60})
-    assert ours.max_episode_steps == 60 and ours.name == f"gymnax-{env_id}"
-    counts = gymnax_parity(ours, ref, ours.default_params, num_envs=8, num_steps=150,
+    ours = envs.make("gymnax", env_id=env_id, params={"max_steps_in_episode": 30})
+    assert ours.max_episode_steps == 30 and ours.name == f"gymnax-{env_id}"
+    counts = gymnax_parity(ours, ref, ours.default_params, num_envs=8, num_steps=75,
                            ignore_state_fields=IGNORED_STATE.get(env_id, ()))
     assert counts["terminated"] + counts["truncated"] > 0, counts  # episodes ended and restarted
 

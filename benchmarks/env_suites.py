@@ -1,0 +1,144 @@
+"""PPO on the environment libraries' tasks, several seeds in one program, beside published PPO figures.
+
+    python benchmarks/env_suites.py                                   # every task at its default budget
+    python benchmarks/env_suites.py --tasks gymnax:Acrobot-v1,gymnax:Pendulum-v1 --seeds 3 --update-results
+    python benchmarks/env_suites.py --tasks craftax:classic --budget craftax:classic=5000000
+    python benchmarks/env_suites.py --from-json                      # re-render the table and the plot
+
+Each task is an experiment file and its argument (`TASKS`), trained by `jaxrl.train.run` with `--seeds` seeds
+as one program, at the budget of its reference figure unless `--budget` says otherwise (this machine's
+budget is stated in the table). The table gives the training return (mean of the last log row's seeds, the
+min and max over seeds) and the final greedy evaluation, beside the reference. Curves: `env_suites.json` and
+`env_suites.png` next to this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import numpy as np
+
+from jaxrl import config as config_lib, train
+import report
+from report import markdown_table, per_seed, publish, save_figure, seed_band
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# task -> (experiment file, its argument, the reference: (return, env steps, source))
+TASKS = {
+    "gymnax:Acrobot-v1": ("gymnax_ppo", "Acrobot-v1", (-80, 500_000, "gymnax-blines PPO checkpoint (gymnax README)")),
+    "gymnax:Pendulum-v1": ("gymnax_ppo", "Pendulum-v1", (-130, 1_000_000, "gymnax-blines PPO checkpoint (gymnax README)")),
+    "gymnax:Breakout-MinAtar": ("gymnax_ppo", "Breakout-MinAtar", None),
+    "brax:halfcheetah": ("brax_ppo", "halfcheetah", None),
+    "craftax:classic": ("craftax_ppo", "classic", None),
+}
+MARKERS = ("<!-- env_suites:start -->", "<!-- env_suites:end -->")
+
+
+def load_config(experiment: str, arg: str):
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(HERE), "experiments", f"{experiment}.py")
+    spec = importlib.util.spec_from_file_location(experiment, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(arg)
+
+
+def train_task(task: str, seeds: int, budget: int | None, workdir: str) -> dict:
+    """Train one task's seeds as one program; returns its curve and final figures."""
+    experiment, arg, _ = TASKS[task]
+    config = load_config(experiment, arg)
+    config.unlock()
+    config.num_seeds = seeds
+    config.log.progress_bar = False
+    if budget:
+        config.total_steps = budget
+    batch = config.num_envs * config.num_steps
+    config.log.every_steps = max(batch, (config.total_steps // 20) // batch * batch)
+    config.eval.every_steps = 0  # one greedy evaluation, at the end
+    config_lib.set_value(config, "checkpoint.every_steps", config.total_steps)
+    tick = time.perf_counter()
+    result = train.run(config, os.path.join(workdir, task.replace(":", "-")))
+    seconds = time.perf_counter() - tick
+    rows = [r for r in result.metrics if per_seed(r, "episode_return", seeds, complete=True)]
+    last = result.metrics[-1]
+    return {"task": task, "seeds": seeds, "env_steps": [r["env_steps"] for r in rows],
+            "episode_return": [per_seed(r, "episode_return", seeds) for r in rows],
+            "eval_return": per_seed(last, "eval_return", seeds), "total_steps": config.total_steps,
+            "seconds": round(seconds, 1),
+            "extra": {k: v for k, v in last.items() if k.startswith("Achievements/") or k == "score"}}
+
+
+def section(results: list[dict], machine: str, command: str) -> str:
+    header = ["task", "seeds", "env steps", "training return, mean [min, max]", "greedy return, mean",
+              "wall s", "reference (steps)"]
+    rows = []
+    for r in results:
+        final = np.asarray(r["episode_return"][-1], float)
+        reference = TASKS[r["task"]][2]
+        rows.append([r["task"], r["seeds"], f"{r['total_steps']:,}",
+                     f"{final.mean():.1f} [{final.min():.1f}, {final.max():.1f}]",
+                     f"{np.mean(r['eval_return']):.1f}" if r["eval_return"] else "-", f"{r['seconds']:.0f}",
+                     f"{reference[0]} ({reference[1]:,}): {reference[2]}" if reference else "none found"])
+    lines = [f"- Machine: {machine}. Command: `{command}`.", "", markdown_table(header, rows)]
+    for r in results:
+        if r["extra"]:
+            unlocked = {k.split("/")[1]: round(v, 1) for k, v in r["extra"].items() if k.startswith("Achievements/") and v}
+            lines += ["", f"{r['task']}: score {r['extra'].get('score', 0):.2f}; achievements unlocked (% of "
+                      f"episodes in the last log interval): {unlocked or 'none'}"]
+    lines += ["", "Curves: `benchmarks/env_suites.png` (training return, mean and min-max band over seeds)."]
+    return "\n".join(lines)
+
+
+def plot(results: list[dict]) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2), squeeze=False)
+    for ax, r in zip(axes[0], results):
+        seed_band(ax, np.asarray(r["env_steps"]), np.asarray(r["episode_return"], float), "jaxrl PPO")
+        reference = TASKS[r["task"]][2]
+        if reference:
+            ax.axhline(reference[0], color="gray", linestyle="--", label=f"reference at {reference[1]:,}")
+        ax.set_title(r["task"])
+        ax.set_xlabel("env steps")
+    axes[0][0].set_ylabel("training return")
+    return save_figure(fig, os.path.join(HERE, "env_suites.png"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {', '.join(TASKS)}")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget", action="append", default=[], help="TASK=ENV_STEPS (repeatable)")
+    parser.add_argument("--update-results", action="store_true")
+    parser.add_argument("--from-json", action="store_true")
+    args = parser.parse_args()
+    path = os.path.join(HERE, "env_suites.json")
+    if args.from_json:
+        with open(path) as f:
+            saved = json.load(f)
+    else:
+        tasks = args.tasks.split(",")
+        unknown = [t for t in tasks if t not in TASKS]
+        if unknown:
+            raise SystemExit(f"error: unknown tasks {unknown}; known: {', '.join(TASKS)}")
+        budgets = dict(b.split("=") for b in args.budget)
+        machine = f"{report.machine()}, {time.strftime('%Y-%m-%d')}"
+        with tempfile.TemporaryDirectory() as workdir:
+            results = [train_task(t, args.seeds, int(budgets[t]) if t in budgets else None, workdir) for t in tasks]
+        command = "python benchmarks/env_suites.py " + " ".join(
+            [f"--tasks {args.tasks}", f"--seeds {args.seeds}", *[f"--budget {b}" for b in args.budget]])
+        saved = {"machine": machine, "command": command, "results": results}
+        with open(path, "w") as f:
+            json.dump(saved, f, indent=1)
+    plot(saved["results"])
+    publish(section(saved["results"], saved["machine"], saved["command"]), args.update_results, MARKERS,
+            "PPO on gymnax, Brax and Craftax (issue 18)")
+
+
+if __name__ == "__main__":
+    main()
