@@ -15,7 +15,9 @@ from jaxrl import algos, config as config_lib
 # Per environment: config keys that differ from the shared defaults below.
 TUNED = {
     "CartPole-v1": {"total_steps": 500_000},
-    "Acrobot-v1": {"total_steps": 500_000},
+    "Acrobot-v1": {  # gymnax-blines' PPO settings (a constant learning rate)
+        "total_steps": 500_000, "num_envs": 16, "num_steps": 32, "optim.learning_rate": 5e-4,
+        "optim.schedule": "constant", "optim.max_grad_norm": 1.0},
     "MountainCar-v0": {"total_steps": 1_000_000},
     "Breakout-MinAtar": {
         "total_steps": 10_000_000, "num_envs": 64, "optim.learning_rate": 5e-4, "optim.num_minibatches": 8,
