@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import tempfile
 import time
 
@@ -27,6 +28,7 @@ import report
 from report import markdown_table, per_seed, publish, save_figure, seed_band
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))  # experiment files import each other (`experiments.cartpole_ppo`)
 # task -> (experiment file, its argument, the reference: (return, env steps, source))
 TASKS = {
     "gymnax:Acrobot-v1": ("gymnax_ppo", "Acrobot-v1", (-80, 500_000, "gymnax-blines PPO checkpoint (gymnax README)")),

@@ -8,14 +8,11 @@ from ml_collections import ConfigDict
 from jaxrl import algos, config as config_lib
 
 
-def get_config(arg: str | None = None) -> ConfigDict:
-    config = algos.default_config("ppo")
-    config.experiment = "cartpole_ppo"
-    config.env.name = "CartPole-v1"
-    config.total_steps = 500_000
+def purejaxrl_recipe(config: ConfigDict) -> ConfigDict:
+    """PureJaxRL's PPO settings for classic control (4 envs x 128 steps, 64-64 tanh), also the shared defaults
+    of experiments/gymnax_ppo.py."""
     config.num_envs = 4
     config.num_steps = 128
-
     config.optim.num_epochs = 4
     config.optim.num_minibatches = 4
     config.optim.learning_rate = 2.5e-4
@@ -31,7 +28,14 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     config.network.hidden_sizes = (64, 64)
     config.network.activation = "tanh"
+    return config
 
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    config = purejaxrl_recipe(algos.default_config("ppo"))
+    config.experiment = "cartpole_ppo"
+    config.env.name = "CartPole-v1"
+    config.total_steps = 500_000
     config.log.every_steps = 25_000
     config.eval.every_steps = 100_000
     config.checkpoint.every_steps = 100_000

@@ -10,6 +10,7 @@ published PPO settings where there are some), and `total_steps` the budget its r
 
 from ml_collections import ConfigDict
 
+from experiments.cartpole_ppo import purejaxrl_recipe
 from jaxrl import algos, config as config_lib
 
 # Per environment: config keys that differ from the shared defaults below.
@@ -31,23 +32,11 @@ TUNED = {
 
 def get_config(arg: str | None = None) -> ConfigDict:
     env_id = arg or "CartPole-v1"
-    config = algos.default_config("ppo")
+    config = purejaxrl_recipe(algos.default_config("ppo"))
     config.experiment = f"gymnax_ppo-{env_id}"
     config.env.name = "gymnax"
     config.env.kwargs = ConfigDict({"env_id": env_id})
     config.total_steps = 1_000_000
-    config.num_envs = 4
-    config.num_steps = 128
-    config.optim.num_epochs = 4
-    config.optim.num_minibatches = 4
-    config.optim.learning_rate = 2.5e-4
-    config.optim.schedule = "linear"
-    config.optim.max_grad_norm = 0.5
-    config.returns.gamma = 0.99
-    config.returns.gae_lambda = 0.95
-    config.loss.ent_coef = 0.01
-    config.network.hidden_sizes = (64, 64)
-    config.network.activation = "tanh"
     config.log.every_steps = 50_000
     config.eval.every_steps = 250_000
     config.checkpoint.every_steps = 250_000
