@@ -115,7 +115,6 @@ class Transition:
     final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
     obs: jax.Array | None = None  # [n, A, d] as the env gives them (`normalize_obs`: for the statistics)
     global_state: jax.Array | None = None  # [n, G] likewise, when the critic sees it
-    discounted_return: jax.Array | None = None  # [n, A] (`normalize_reward`)
 
 
 class PPO(ActsThroughPolicy):
