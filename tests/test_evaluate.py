@@ -19,8 +19,9 @@ from jaxrl.run import policies
 
 @pytest.fixture(scope="module")
 def cartpole_run(tmp_path_factory):
+    """Two seeds, with observation statistics: evaluation, loaded and exported policies must carry them."""
     workdir = str(tmp_path_factory.mktemp("cartpole") / "run")
-    return train.run(small_cartpole(num_seeds=2), workdir, progress=False)
+    return train.run(small_cartpole(num_seeds=2, **{"normalize.obs": True}), workdir, progress=False)
 
 
 def _final_eval(result, keys):
@@ -101,6 +102,9 @@ def test_an_exported_policy_loads_alone_and_acts_the_same(cartpole_run, tmp_path
     out = policies.export_policy(cartpole_run.workdir, str(tmp_path / "policy"), seed=1)
     assert sorted(os.listdir(out)) == ["config.json", "exported_policy.json", "params"]
     exported, original = jaxrl.load_policy(out), jaxrl.load_policy(cartpole_run.workdir, seed=1)
+    statistics = exported.params["obs_norm"]["obs"]
+    assert float(statistics.count) == 8 * 16 * 4  # every observation of seed 1's run
+    np.testing.assert_array_equal(statistics.mean, original.params["obs_norm"]["obs"].mean)
     obs = jax.random.normal(jax.random.PRNGKey(0), (16, 4))
     np.testing.assert_array_equal(exported(obs)[0], original(obs)[0])
     with pytest.raises(ValueError, match="not empty"):
