@@ -12,8 +12,7 @@ from brax import envs as brax_envs  # the `dev` extra installs both: a missing r
 from craftax.craftax_env import make_craftax_env_from_name
 
 
-@pytest.mark.parametrize("env_name,backend", [("inverted_pendulum", "generalized"), ("halfcheetah", "positional")])
-def test_brax_episodes_match_brax_create(env_name, backend):
+def test_brax_episodes_match_brax_create(env_name="inverted_pendulum", backend="generalized"):
     """Brax's own `envs.create` (EpisodeWrapper + AutoResetWrapper) and `envs.AutoReset(FromBrax)`: the same
     observations, rewards, done and truncation flags, through time limits (25 physics steps, action repeat 2:
     13 env steps) and restarts, with the same random actions. Both run their own states (Brax steps take no
@@ -43,9 +42,7 @@ def test_brax_episodes_match_brax_create(env_name, backend):
     np.testing.assert_array_equal(obs, ref_obs)
     for name, a, b in zip(("obs", "reward", "done", "truncated"), mine, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4, err_msg=name)
-    assert mine[2].sum(0).min() >= 3  # every env's episodes ended (fell, or the limit) and restarted
-    if env_name == "halfcheetah":  # never falls: cut by the limit at steps 13, 26 and 39
-        assert mine[3].sum() == num_envs * 3
+    assert mine[2].sum(0).min() >= 3  # every env's episodes ended (the pole fell, or the limit) and restarted
 
 
 def test_craftax_classic_episodes_match_craftax():

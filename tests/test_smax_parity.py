@@ -253,8 +253,8 @@ def _close(ours, theirs, rel=0.05, win_abs=0.05):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("policy", ["random", "attack_or_advance"])
-@pytest.mark.parametrize("name", ["3m", "2s3z", "5m_vs_6m"])
+@pytest.mark.parametrize("name,policy", [("3m", "random"), ("3m", "attack_or_advance"), ("2s3z", "attack_or_advance"),
+                                         ("5m_vs_6m", "random")])
 def test_episode_statistics_match_the_reference(name, policy):
     _jaxmarl_smax()
     from envs.smax.parity import reference_env
