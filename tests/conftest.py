@@ -15,8 +15,17 @@ def pytest_configure(config):
     if not hasattr(config, "workerinput") and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         import tempfile
 
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="jaxrl-tests-xla-cache-")
+        config._jaxrl_xla_cache = tempfile.mkdtemp(prefix="jaxrl-tests-xla-cache-")
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = config._jaxrl_xla_cache
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+
+
+def pytest_unconfigure(config):
+    cache = getattr(config, "_jaxrl_xla_cache", None)
+    if cache:
+        import shutil
+
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def run_python(code: str, *, devices: int = 1, timeout: int = 600, env: dict | None = None):
