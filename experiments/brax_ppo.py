@@ -48,6 +48,4 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.eval.every_steps = 5_000_000
     config.eval.num_envs = 64
     config.checkpoint.every_steps = 5_000_000
-    for key, value in TUNED.get(env_name, {}).items():
-        config_lib.set_value(config, key, value)
-    return config_lib.finalize(config)
+    return config_lib.finalize(config_lib.set_values(config, TUNED.get(env_name, {})))

@@ -41,6 +41,4 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.eval.every_steps = 250_000
     config.checkpoint.every_steps = 250_000
     config.eval.num_envs = 32
-    for key, value in TUNED.get(env_id, {}).items():
-        config_lib.set_value(config, key, value)
-    return config_lib.finalize(config)
+    return config_lib.finalize(config_lib.set_values(config, TUNED.get(env_id, {})))

@@ -74,6 +74,13 @@ def set_value(config: ConfigDict, key: str, value) -> None:
     (get_value(config, section) if section else config)[name] = value
 
 
+def set_values(config: ConfigDict, values: dict) -> ConfigDict:
+    """Set several dotted keys ({"optim.learning_rate": 1e-3, ...}); returns the config."""
+    for key, value in values.items():
+        set_value(config, key, value)
+    return config
+
+
 def positive(config: ConfigDict, *keys: str) -> None:
     for key in keys:
         value = get_value(config, key)
