@@ -40,20 +40,10 @@ TASKS = {
 MARKERS = ("<!-- env_suites:start -->", "<!-- env_suites:end -->")
 
 
-def load_config(experiment: str, arg: str):
-    import importlib.util
-
-    path = os.path.join(os.path.dirname(HERE), "experiments", f"{experiment}.py")
-    spec = importlib.util.spec_from_file_location(experiment, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
-
-
 def train_task(task: str, seeds: int, budget: int | None, workdir: str) -> dict:
     """Train one task's seeds as one program; returns its curve and final figures."""
     experiment, arg, _ = TASKS[task]
-    config = load_config(experiment, arg)
+    config = config_lib.from_file(os.path.join(os.path.dirname(HERE), "experiments", f"{experiment}.py:{arg}"))
     config.unlock()
     config.num_seeds = seeds
     config.log.progress_bar = False

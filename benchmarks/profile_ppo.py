@@ -31,15 +31,9 @@ sys.path.insert(0, ROOT)
 
 
 def load_config(spec: str, overrides: list[str], num_envs: int | None):
-    import importlib.util
-
     from jaxrl import algos, config as config_lib
 
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("experiment", os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(arg or None)
+    config = config_lib.from_file(os.path.join(ROOT, spec))
     if num_envs:
         config.num_envs = num_envs
     for item in overrides:

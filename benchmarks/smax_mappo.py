@@ -44,12 +44,9 @@ LOG_EVERY_UPDATES = 4  # ours logs every 4 updates; the reference's per-update r
 
 
 def experiment_config(name: str, scenario: str):
-    import importlib.util
+    from jaxrl import config as config_lib
 
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(scenario)
+    return config_lib.from_file(os.path.join(ROOT, "experiments", f"{name}.py:{scenario}"))
 
 
 def recipe_config(scenario: str, total_steps: int, seed: int):

@@ -74,6 +74,19 @@ def set_value(config: ConfigDict, key: str, value) -> None:
     (get_value(config, section) if section else config)[name] = value
 
 
+def from_file(spec: str) -> ConfigDict:
+    """An experiment file's config, named as on the command line: "path/to/file.py" or "path/to/file.py:arg"
+    gives the file's `get_config(arg)` (locked)."""
+    import importlib.util
+    import os
+
+    path, _, arg = spec.partition(":")
+    module_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg or None)
+
+
 def set_values(config: ConfigDict, values: dict) -> ConfigDict:
     """Set several dotted keys ({"optim.learning_rate": 1e-3, ...}); returns the config."""
     for key, value in values.items():

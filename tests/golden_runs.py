@@ -47,19 +47,11 @@ RUNS = {
 
 
 def experiment_config(spec: str, overrides: dict):
-    import importlib.util
-
     from jaxrl import config as config_lib
 
-    path, _, arg = spec.partition(":")
-    module_spec = importlib.util.spec_from_file_location("experiment", os.path.join(ROOT, "experiments", path))
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    config = module.get_config(arg or None)
+    config = config_lib.from_file(os.path.join(ROOT, "experiments", spec))
     with config.unlocked():
-        for key, value in overrides.items():
-            config_lib.set_value(config, key, value)
-    return config
+        return config_lib.set_values(config, overrides)
 
 
 def summarise(params, metrics_row: dict) -> dict:

@@ -4,7 +4,6 @@ Subprocess tests import these too (`sys.path.insert(0, "tests"); from helpers im
 
 from __future__ import annotations
 
-import importlib.util
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -12,21 +11,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def load_experiment(name: str, arg: str | None = None):
     """experiments/<name>.py's config for `arg` (locked)."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "experiments", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
+    from jaxrl import config as config_lib
+
+    path = os.path.join(ROOT, "experiments", f"{name}.py")
+    return config_lib.from_file(f"{path}:{arg}" if arg else path)
 
 
 def set_keys(config, overrides: dict):
     """Set dotted config keys ("loss.clip_high": 0.28) as the command line does; returns the config."""
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for part in parents:
-            target = target[part]
-        target[leaf] = value
-    return config
+    from jaxrl import config as config_lib
+
+    return config_lib.set_values(config, overrides)
 
 
 def build(config, num_seeds=1):
