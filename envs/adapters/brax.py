@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 from flax import struct
 

@@ -37,44 +37,31 @@ def _bounds(value, shape) -> np.ndarray:
     return np.broadcast_to(np.asarray(value, np.float32), shape).reshape(-1)
 
 
-class FromGymnax(Environment):
-    """A gymnax `Environment` in the `envs` API (single-agent).
+class GymnaxStyle(Environment):
+    """An env with gymnax's functional API (`reset_env`, `step_env`, `EnvParams`, gymnax-like spaces) in the
+    `envs` API, single-agent; subclasses say which endings are terminal (`_end_flags`) and which info entries
+    to pass on (`_info`). Craftax shares this API (`envs.adapters.craftax`).
 
     - Observations are flattened to float32 [obs_dim] (MinAtar's [10, 10, C] booleans become [100 * C]).
     - Actions: `Discrete(n)` (int32 scalars) or a `Box` of shape [d] (continuous control), passed as given.
-    - `done` = terminated | time limit. `info["terminated"]` is gymnax's own flag; `info["truncated"]` is the
-      time limit (`env.is_truncated`) where the episode did not also terminate: a terminal state is never
-      bootstrapped. gymnax's own info entries (e.g. `discount`) are passed on.
-    - `params` are gymnax's `EnvParams`; `params=` (a dict) overrides fields of the defaults, e.g.
-      `max_steps_in_episode`. A sweep may vary them like any env params.
-    - Steps call gymnax's `step_env`, so episodes do not restart on their own: wrap with `envs.AutoReset`
-      (as the learners do). One difference with gymnax's `step`: bsuite's DeepSea keeps two counters across
-      episodes in its state (bad episodes, denoised return); here they restart with each episode. They are
-      not part of the observation or reward.
+    - `done` = terminated | time limit; `info["truncated"]` is the time limit where the episode did not also
+      terminate: a terminal state is never bootstrapped.
+    - `params` are the library's `EnvParams`; `params=` (a dict) overrides fields of the defaults. A sweep may
+      vary them like any env params.
+    - Steps call `step_env`, so episodes do not restart on their own: wrap with `envs.AutoReset` (as the
+      learners do).
     """
 
-    def __init__(self, env: Any, params: dict | None = None, **kwargs):
-        if isinstance(env, str):
-            gymnax = _gymnax()
-            if env not in gymnax.registered_envs:
-                from envs.core import unknown_name
-                raise unknown_name("gymnax environment", env, gymnax.registered_envs)
-            self.env_id = env
-            env, default_params = gymnax.make(env, **kwargs)
-        elif kwargs:
-            raise TypeError("keyword arguments are only accepted together with an environment id")
-        else:
-            self.env_id, default_params = type(env).__name__, env.default_params
-        self.env = env
+    def __init__(self, env: Any, env_id: str, default_params, params: dict | None, limit_field: str):
+        self.env, self.env_id = env, env_id
         if params:
-            unknown = set(params) - set(type(default_params).__dataclass_fields__)
+            fields = type(default_params).__dataclass_fields__
+            unknown = set(params) - set(fields)
             if unknown:
-                raise ValueError(f"{self.env_id} has no env params {sorted(unknown)}; its params: "
-                                 f"{', '.join(type(default_params).__dataclass_fields__)}")
+                raise ValueError(f"{env_id} has no env params {sorted(unknown)}; its params: {', '.join(fields)}")
             default_params = default_params.replace(**params)
         self._default_params = default_params
-        self.name = f"gymnax-{self.env_id}"
-        limit = getattr(default_params, "max_steps_in_episode", None)
+        limit = getattr(default_params, limit_field, None)
         self.max_episode_steps = None if limit is None else int(limit)
         self._observation_space = self._convert_observation_space(env.observation_space(default_params))
         self._action_space = self._convert_action_space(env.action_space(default_params))
@@ -107,18 +94,55 @@ class FromGymnax(Environment):
     def _obs(self, obs) -> jax.Array:
         return jnp.ravel(jnp.asarray(obs)).astype(jnp.float32)
 
+    def _end_flags(self, state, params, done: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(terminated, time limit reached) after a step that reported `done`."""
+        raise NotImplementedError
+
+    def _info(self, info: dict) -> dict:
+        """The library's info entries to pass on."""
+        return {}
+
     def reset(self, key, params=None):
         obs, state = self.env.reset_env(key, self._params(params))
         return self._obs(obs), state
 
     def step(self, key, state, action, params=None):
         params = self._params(params)
-        obs, state, reward, terminated, info = self.env.step_env(key, state, action, params)
-        terminated = jnp.asarray(terminated, bool)
-        time_limit = jnp.asarray(self.env.is_truncated(state, params), bool)
-        info = {**{k: v for k, v in info.items() if isinstance(v, (jax.Array, np.ndarray, float, int, bool))},
-                "terminated": terminated, "truncated": time_limit & ~terminated}
+        obs, state, reward, done, info = self.env.step_env(key, state, action, params)
+        terminated, time_limit = self._end_flags(state, params, jnp.asarray(done, bool))
+        info = {**self._info(info), "terminated": terminated, "truncated": time_limit & ~terminated}
         return self._obs(obs), state, jnp.asarray(reward, jnp.float32), terminated | time_limit, info
 
     def __repr__(self) -> str:
-        return f"FromGymnax({self.env_id!r})"
+        return f"{type(self).__name__}({self.env_id!r})"
+
+
+class FromGymnax(GymnaxStyle):
+    """A gymnax (>= 1.0) `Environment` in the `envs` API (see `GymnaxStyle`).
+
+    `info["terminated"]` is gymnax's own flag, the time limit its `is_truncated`; gymnax's own info entries
+    (e.g. `discount`) are passed on. `params=` overrides e.g. `max_steps_in_episode`. One difference with
+    gymnax's `step`: bsuite's DeepSea keeps two counters across episodes in its state (bad episodes,
+    denoised return); here they restart with each episode. They are not part of the observation or reward.
+    """
+
+    def __init__(self, env: Any, params: dict | None = None, **kwargs):
+        if isinstance(env, str):
+            gymnax = _gymnax()
+            if env not in gymnax.registered_envs:
+                from envs.core import unknown_name
+                raise unknown_name("gymnax environment", env, gymnax.registered_envs)
+            env_id = env
+            env, default_params = gymnax.make(env, **kwargs)
+        elif kwargs:
+            raise TypeError("keyword arguments are only accepted together with an environment id")
+        else:
+            env_id, default_params = type(env).__name__, env.default_params
+        super().__init__(env, env_id, default_params, params, "max_steps_in_episode")
+        self.name = f"gymnax-{env_id}"
+
+    def _end_flags(self, state, params, done):
+        return done, jnp.asarray(self.env.is_truncated(state, params), bool)  # step_env's done: terminated only
+
+    def _info(self, info):
+        return {k: v for k, v in info.items() if isinstance(v, (jax.Array, np.ndarray, float, int, bool))}
