@@ -67,16 +67,20 @@ class EnvPolicy:
         and global state are normalised first. Returns the same array twice when actor and critic see the same
         inputs (a rollout then stores it once).
         """
-        if obs_norm is not None:
-            obs = normalization.normalize(obs_norm["obs"], obs, self.obs_clip)
-            if global_state is not None:
-                global_state = normalization.normalize(obs_norm["global_state"], global_state, self.obs_clip)
+        obs = self._normalized(obs_norm, "obs", obs)
+        if global_state is not None:
+            global_state = self._normalized(obs_norm, "global_state", global_state)
         actor_in = self._with_id(obs, "actor")
         if self.critic_input == "obs":
             same_inputs = self.num_agents == 1 or self.agent_id in ("both", "none")
             return actor_in, actor_in if same_inputs else self._with_id(obs, "critic")
         shared = jnp.broadcast_to(global_state[..., None, :], (*obs.shape[:-1], global_state.shape[-1]))
         return actor_in, self._with_id(shared.astype(obs.dtype), "critic")
+
+    def _normalized(self, obs_norm: dict | None, name: str, x: jax.Array) -> jax.Array:
+        """x normalised by the running statistics `obs_norm[name]` ("obs" or "global_state"); x itself when
+        the parameters carry none."""
+        return x if obs_norm is None else normalization.normalize(obs_norm[name], x, self.obs_clip)
 
     def _with_id(self, x: jax.Array, network: str) -> jax.Array:
         """x [..., A, d] with the agents' one-hot ids appended when `network` ("actor"/"critic") sees them."""
@@ -97,9 +101,7 @@ class EnvPolicy:
         state restarts), mask [n, A, K] legal actions or None, key None for greedy actions -> (the env's
         action [n, A, ...], carry). The critic tower is fed zeros of width `critic_size` (`critic_input_size()`): a deployed policy
         needs no global state."""
-        if "obs_norm" in params:
-            obs = normalization.normalize(params["obs_norm"]["obs"], obs, self.obs_clip)
-        actor_in = self._with_id(obs, "actor")
+        actor_in = self._with_id(self._normalized(params.get("obs_norm"), "obs", obs), "actor")
         critic_in = jnp.zeros((*actor_in.shape[:-1], critic_size), actor_in.dtype)
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
         carry, out, _ = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
