@@ -52,7 +52,7 @@ def train_task(task: str, seeds: int, budget: int | None, workdir: str) -> dict:
     batch = config.num_envs * config.num_steps
     config.log.every_steps = max(batch, (config.total_steps // 20) // batch * batch)
     config.eval.every_steps = 0  # one greedy evaluation, at the end
-    config_lib.set_value(config, "checkpoint.every_steps", config.total_steps)
+    config.checkpoint.every_steps = config.total_steps
     tick = time.perf_counter()
     result = train.run(config, os.path.join(workdir, task.replace(":", "-")))
     seconds = time.perf_counter() - tick

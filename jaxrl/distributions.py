@@ -74,12 +74,6 @@ class Categorical:
     def num_outputs(self) -> int:
         return self.num_actions
 
-    @property
-    def action_shape(self) -> tuple[int, ...]:
-        return ()
-
-    action_dtype = jnp.int32
-
     def noise(self, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         """Gumbel(0, 1) noise [*shape, K] for `sample_with_noise`."""
         return jax.random.gumbel(key, (*shape, self.num_actions))
@@ -143,12 +137,6 @@ class DiagGaussian:
     @property
     def num_outputs(self) -> int:
         return 2 * self.action_dim
-
-    @property
-    def action_shape(self) -> tuple[int, ...]:
-        return (self.action_dim,)
-
-    action_dtype = jnp.float32
 
     def split(self, out: jax.Array) -> tuple[jax.Array, jax.Array]:
         """[..., 2D] -> (mean [..., D], log_std [..., D] clipped to [min_log_std, max_log_std])."""

@@ -3,8 +3,9 @@
 A run (one seed of one setting) diverges when a floating-point leaf of its training state or one of its
 chunk metrics is NaN or infinite. The loop checks every run after every chunk; the chunk is then replayed
 one update at a time from the state it started from (the program takes the number of updates as a traced
-value, so the replay computes exactly what the chunk did; it does not consume its input state) to name the update and the first non-finite
-quantity, and to recover each diverged run's state after its last finite update.
+value, so the replay computes exactly what the chunk did; it does not consume its input state) to name the
+update and the first non-finite quantity, and to recover each diverged run's state after its last finite
+update.
 
 What the loop then does (`config.checkpoint.on_nonfinite`): "freeze" keeps the run's last finite state
 (the other runs go on; the program stops when every run is frozen); "rollback" restarts the run from the
