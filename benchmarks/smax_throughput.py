@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
-import platform
 
 import jax
 
 import envs
 from envs.smax.parity import random_legal, reference_env, throughput
+from report import machine  # benchmarks/ (the script's folder is on sys.path)
 
 
 def _reference_available() -> bool:
@@ -47,7 +46,7 @@ def main(argv=None):
     if not args.no_reference and not with_reference:
         print("jaxmarl is not installed: reference columns skipped (pip install jaxmarl==0.2.0)")
 
-    print(f"# {datetime.date.today()}  jax {jax.__version__}  {platform.machine()}  {os.cpu_count()} CPU cores  "
+    print(f"# {datetime.date.today()}  {machine()}  "
           f"{args.num_envs} envs x {args.num_steps} steps, random legal actions, best of {args.repeats} "
           f"alternating runs")
     jax.block_until_ready(jax.jit(lambda x: x + 1)(0))  # start the backend before any compile is timed

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -34,7 +33,7 @@ import jax.numpy as jnp
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository, for experiments/
 from experiments import cartpole_ppo  # noqa: E402
 from jaxrl import algos, mesh as mesh_lib, sweep, train  # noqa: E402
-from report import markdown_table, publish  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
+from report import machine, markdown_table, publish  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 MARKERS = ("<!-- sweep:start -->", "<!-- sweep:end -->")
 
@@ -122,8 +121,7 @@ def main():
                      *cells])
     devices = jax.devices()
     section = "\n".join([
-        f"- Date: {time.strftime('%Y-%m-%d')}. Machine: {os.cpu_count()} CPU cores ({platform.machine()}), "
-        f"{len(devices)} JAX device(s) ({devices[0].platform}), jax {jax.__version__}.",
+        f"- Date: {time.strftime('%Y-%m-%d')}. Machine: {machine()}, {len(devices)} JAX device(s).",
         f"- {args.seeds} seeds x {len(learning_rates)} learning rates = {runs} runs of {steps:,} env steps "
         "(experiments/cartpole_ppo.py).",
         "- Wall time includes compilation; \"sweep speed-up\" is each way's wall time over the sweep's.",
