@@ -5,6 +5,8 @@
     python benchmarks/env_suites.py --tasks craftax:classic --budget craftax:classic=5000000
     python benchmarks/env_suites.py --from-json                      # re-render the table and the plot
 
+A run replaces the tasks it trains in `env_suites.json` and keeps the others, each with its own command and date.
+
 Each task is an experiment file and its argument (`TASKS`), trained by `jaxrl.train.run` with `--seeds` seeds
 as one program, at the budget of its reference figure unless `--budget` says otherwise (this machine's
 budget is stated in the table). The table gives the training return (mean of the last log row's seeds, the
@@ -33,7 +35,8 @@ sys.path.insert(0, os.path.dirname(HERE))  # experiment files import each other 
 TASKS = {
     "gymnax:Acrobot-v1": ("gymnax_ppo", "Acrobot-v1", (-80, 500_000, "gymnax-blines PPO checkpoint (gymnax README)")),
     "gymnax:Pendulum-v1": ("gymnax_ppo", "Pendulum-v1", (-130, 1_000_000, "gymnax-blines PPO checkpoint (gymnax README)")),
-    "gymnax:Breakout-MinAtar": ("gymnax_ppo", "Breakout-MinAtar", None),
+    "gymnax:Breakout-MinAtar": ("gymnax_ppo", "Breakout-MinAtar",
+                                (28, 10_000_000, "gymnax-blines PPO checkpoint (gymnax README)")),
     "brax:halfcheetah": ("brax_ppo", "halfcheetah", None),
     "craftax:classic": ("craftax_ppo", "classic", None),
 }
@@ -65,18 +68,20 @@ def train_task(task: str, seeds: int, budget: int | None, workdir: str) -> dict:
             "extra": {k: v for k, v in last.items() if k.startswith("Achievements/") or k == "score"}}
 
 
-def section(results: list[dict], machine: str, command: str) -> str:
+def section(results: list[dict]) -> str:
     header = ["task", "seeds", "env steps", "training return, mean [min, max]", "greedy return, mean",
-              "wall s", "reference (steps)"]
-    rows = []
+              "wall s", "reference (steps)", "run"]
+    rows, runs = [], {}
     for r in results:
         final = np.asarray(r["episode_return"][-1], float)
         reference = TASKS[r["task"]][2]
         rows.append([r["task"], r["seeds"], f"{r['total_steps']:,}",
                      f"{final.mean():.1f} [{final.min():.1f}, {final.max():.1f}]",
                      f"{np.mean(r['eval_return']):.1f}" if r["eval_return"] else "-", f"{r['seconds']:.0f}",
-                     f"{reference[0]} ({reference[1]:,}): {reference[2]}" if reference else "none found"])
-    lines = [f"- Machine: {machine}. Command: `{command}`.", "", markdown_table(header, rows)]
+                     f"{reference[0]} ({reference[1]:,}): {reference[2]}" if reference else "none found",
+                     runs.setdefault((r["machine"], r["command"]), f"[{len(runs) + 1}]")])
+    lines = [markdown_table(header, rows), ""]
+    lines += [f"{mark} {machine}. Command: `{command}`." for (machine, command), mark in runs.items()]
     for r in results:
         if r["extra"]:
             unlocked = {k.split("/")[1]: round(v, 1) for k, v in r["extra"].items() if k.startswith("Achievements/") and v}
@@ -110,26 +115,28 @@ def main():
     parser.add_argument("--from-json", action="store_true")
     args = parser.parse_args()
     path = os.path.join(HERE, "env_suites.json")
-    if args.from_json:
+    saved = {}  # task -> its latest result; a run replaces the tasks it trained and keeps the others
+    if os.path.exists(path):
         with open(path) as f:
-            saved = json.load(f)
-    else:
+            saved = {r["task"]: r for r in json.load(f)["results"]}
+    if not args.from_json:
         tasks = args.tasks.split(",")
         unknown = [t for t in tasks if t not in TASKS]
         if unknown:
             raise SystemExit(f"error: unknown tasks {unknown}; known: {', '.join(TASKS)}")
         budgets = dict(b.split("=") for b in args.budget)
         machine = f"{report.machine()}, {time.strftime('%Y-%m-%d')}"
-        with tempfile.TemporaryDirectory() as workdir:
-            results = [train_task(t, args.seeds, int(budgets[t]) if t in budgets else None, workdir) for t in tasks]
         command = "python benchmarks/env_suites.py " + " ".join(
             [f"--tasks {args.tasks}", f"--seeds {args.seeds}", *[f"--budget {b}" for b in args.budget]])
-        saved = {"machine": machine, "command": command, "results": results}
-        with open(path, "w") as f:
-            json.dump(saved, f, indent=1)
-    plot(saved["results"])
-    publish(section(saved["results"], saved["machine"], saved["command"]), args.update_results, MARKERS,
-            "PPO on gymnax, Brax and Craftax (issue 18)")
+        with tempfile.TemporaryDirectory() as workdir:
+            for task in tasks:
+                result = train_task(task, args.seeds, int(budgets[task]) if task in budgets else None, workdir)
+                saved[task] = {**result, "machine": machine, "command": command}
+                with open(path, "w") as f:  # after each task, so that a long suite keeps what it finished
+                    json.dump({"results": [saved[t] for t in TASKS if t in saved]}, f, indent=1)
+    results = [saved[t] for t in TASKS if t in saved]
+    plot(results)
+    publish(section(results), args.update_results, MARKERS, "PPO on gymnax, Brax and Craftax (issue 18)")
 
 
 if __name__ == "__main__":
