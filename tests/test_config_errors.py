@@ -74,3 +74,24 @@ def test_malformed_or_unknown_xla_options_are_errors_before_compiling():
         algos.validate(_config(xla_options="fast_math"))
     with pytest.raises(ValueError, match=r"config.xla_options .*No such compile option: 'xla_cpu_nope'"):
         algos.validate(_config(xla_options="xla_cpu_nope=1"))
+
+
+def test_scale_num_envs_keeps_the_inner_loop_and_grows_the_minibatch_count():
+    config = _config(**{"num_envs": 4, "optim.num_minibatches": 4, "scale.num_envs": 64})
+    algos.validate(config)
+    scaled = algos.resolve(config)
+    assert (scaled.num_envs, scaled.optim.num_minibatches) == (64, 64)
+    # the minibatch size (envs * steps / minibatches), learning rate, epochs and rollout length are kept
+    assert scaled.num_envs * scaled.num_steps // scaled.optim.num_minibatches == 4 * config.num_steps // 4
+    for key in ("optim.learning_rate", "optim.num_epochs", "num_steps", "total_steps"):
+        assert config_lib.get_value(scaled, key) == config_lib.get_value(config, key), key
+    assert algos.resolve(scaled) is scaled  # applying it again changes nothing (a resumed run's saved config)
+    unscaled = _config()
+    assert algos.resolve(unscaled) is unscaled  # scale.num_envs 0: the config as given
+
+
+def test_scale_num_envs_that_gives_a_fractional_minibatch_count_is_an_error():
+    with pytest.raises(ValueError, match=r"config.scale.num_envs=6: .*choose a multiple of 4"):
+        algos.validate(_config(**{"num_envs": 16, "optim.num_minibatches": 4, "scale.num_envs": 6}))
+    with pytest.raises(ValueError, match="config.scale.num_envs must be >= 0"):
+        algos.validate(_config(**{"scale.num_envs": -1}))

@@ -187,3 +187,17 @@ def test_a_dropped_algorithm_is_released_with_its_compiled_programs():
     del algo, state
     gc.collect()
     assert released() is None
+
+
+def test_scaled_run_trains_and_saves_the_config_as_it_trains_and_resumes(tmp_path, capsys):
+    config = small_config(4, **{"scale.num_envs": 8, "log.every_steps": 2 * 2 * BATCH,
+                                "checkpoint.every_steps": 2 * 2 * BATCH})
+    config.total_steps = 2 * 2 * BATCH  # two updates of 8 envs x 32 steps
+    workdir = str(tmp_path / "scaled")
+    result = train.run(config, workdir)
+    assert "num_envs 4 -> 8" in capsys.readouterr().err
+    saved = json.load(open(os.path.join(workdir, "config.json")))
+    assert (saved["num_envs"], saved["optim"]["num_minibatches"]) == (8, 2 * config.optim.num_minibatches)
+    assert [r["env_steps"] for r in result.metrics] == [2 * 2 * BATCH]
+    config.total_steps = 4 * 2 * BATCH  # the same command line, longer: resumes (the saved config matches)
+    assert train.run(config, workdir).metrics[-1]["env_steps"] == 4 * 2 * BATCH

@@ -13,8 +13,8 @@ from jaxrl.algos.env_setup import NETWORKS, make_network
 from jaxrl.algos.grpo import GRPO, GRPOHyperparams, GRPOSettings
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState
 from jaxrl.algos.registry import (ALGORITHMS, Recipe, build, default_config, hyperparam_keys, hyperparams, recipe,
-                                  register, static_signature, validate)
+                                  register, resolve, static_signature, validate)
 
 __all__ = ["ALGORITHMS", "GRPO", "GRPOHyperparams", "GRPOSettings", "NETWORKS", "PPO", "PPOHyperparams", "PPOSettings",
            "Recipe", "TrainState", "build", "default_config", "hyperparam_keys", "hyperparams", "make_network", "recipe", "register",
-           "static_signature", "validate"]
+           "resolve", "static_signature", "validate"]

@@ -18,6 +18,7 @@ Numbers a sweep may vary live in `PPOHyperparams` (a pytree); sizes and code-pat
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
@@ -388,7 +389,29 @@ def ppo_config() -> ConfigDict:
         "reward": False,  # rewards divided by the running std of the discounted return (SB3's VecNormalize)
         "reward_scale": 1.0,  # rewards multiplied by this first (Brax's reward_scaling); traced, sweepable
     })
+    # num_envs > 0: train with this many envs per seed, the other keys co-scaled from the tuned num_envs
+    # (`co_scaled`); 0: off
+    config.scale = ConfigDict({"num_envs": 0})
     return config
+
+
+def co_scaled(config: ConfigDict) -> ConfigDict:
+    """The config with `scale.num_envs` applied: more samples between policy updates, the inner loop unchanged.
+
+    Following Beukman et al. (2026), "Preventing Learning Stagnation in PPO by Scaling to 1 Million Parallel
+    Environments": plateaus come from too few samples per policy update, and when `num_envs` grows by a factor
+    k the minibatch size, learning rate, epochs and rollout length stay as tuned and `num_minibatches` grows by k
+    (the naive alternative, bigger minibatches with the same optimiser, changes the inner loop and can degrade
+    learning). The result has `num_envs = scale.num_envs`, so applying it twice changes nothing.
+    """
+    target, tuned = config.scale.num_envs, config.num_envs
+    if not target or target == tuned:
+        return config
+    scaled = config.copy_and_resolve_references()
+    scaled.optim.num_minibatches = config.optim.num_minibatches * target // tuned
+    scaled.num_envs = target
+    scaled.lock()
+    return scaled
 
 
 def build_ppo(config: ConfigDict, mesh) -> PPO:
@@ -403,6 +426,14 @@ def build_ppo(config: ConfigDict, mesh) -> PPO:
 
 def check_ppo_config(config: ConfigDict) -> None:
     check_env_config(config)
+    target, minibatches = config.scale.num_envs, config.optim.num_minibatches
+    if target < 0:
+        raise ValueError(f"config.scale.num_envs must be >= 0 (0: off), got {target!r}")
+    if target and (minibatches * target) % config.num_envs:
+        step = config.num_envs // math.gcd(minibatches, config.num_envs)
+        raise ValueError(f"config.scale.num_envs={target}: the co-scaled optim.num_minibatches (num_minibatches * "
+                         f"scale.num_envs / num_envs = {minibatches} * {target} / {config.num_envs}) must be a whole "
+                         f"number; choose a multiple of {step}")
     batch = config.num_envs * config.num_steps
     # (recurrent networks deal whole sequences; the algorithm checks those against the agent count)
     if config.network.kind == "mlp" and batch % config.optim.num_minibatches:
@@ -424,5 +455,5 @@ register("ppo", Recipe(build_ppo, PPOHyperparams, {
     "clip_low": "loss.clip_low", "clip_high": "loss.clip_high", "value_clip": "loss.value_clip",
     "vf_coef": "loss.vf_coef", "ent_coef": "loss.ent_coef", "max_grad_norm": "optim.max_grad_norm",
     "weight_decay": "optim.weight_decay", "reward_scale": "normalize.reward_scale"}, check_ppo_config,
-    defaults=ppo_config,
+    defaults=ppo_config, resolve=co_scaled,
     static_of=lambda config: (config.loss.value_clip > 0,)))

@@ -33,6 +33,9 @@ class Recipe:
     # (config, mesh, run_dir) -> the algorithm of a saved run, from the files its `write_files` left in
     # run_dir (e.g. a tokenizer) rather than from what its config points to; None: `build` serves.
     rebuild: Callable | None = None
+    # config -> the config as it trains, with derived keys filled in (e.g. PPO's `scale.num_envs`); must
+    # return a config it maps to itself, since a saved run's config goes through it again on resuming
+    resolve: Callable[[ConfigDict], ConfigDict] = lambda config: config
 
 
 ALGORITHMS: dict[str, Recipe] = {}
@@ -63,6 +66,11 @@ def validate(config: ConfigDict) -> None:
     config_lib.validate_shared(config)
     check_optim_config(config)
     algorithm.check(config)
+
+
+def resolve(config: ConfigDict) -> ConfigDict:
+    """The config as it trains (`Recipe.resolve`); validate it first, since the rules assume valid keys."""
+    return recipe(config.algorithm).resolve(config)
 
 
 def hyperparams(config: ConfigDict):

@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxrl import algos, checkpoint, distributed, mesh as mesh_lib, metrics as metrics_lib
+from jaxrl import algos, checkpoint, config as config_lib, distributed, mesh as mesh_lib, metrics as metrics_lib
 from jaxrl.run import divergence, loggers as loggers_lib, workdir as workdir_lib
 
 @dataclasses.dataclass
@@ -102,9 +102,20 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     run is frozen at its last finite state or rolled back (`config.checkpoint.on_nonfinite`), so no
     checkpoint ever holds a non-finite value; the program stops early when every run is frozen.
     """
-    config = settings[0].config
     for setting in settings:
         algos.validate(setting.config)
+    resolved = [dataclasses.replace(s, config=algos.resolve(s.config)) for s in settings]
+    if distributed.is_main_process():
+        for given, setting in zip(settings, resolved):
+            derived = config_lib.differences(given.config, setting.config)
+            if derived:
+                print("config as it trains: " + ", ".join(
+                    f"{k} {config_lib.get_value(given.config, k)} -> {config_lib.get_value(setting.config, k)}"
+                    for k in derived), file=sys.stderr)
+    settings = resolved
+    config = settings[0].config
+    for setting in settings:
+        algos.validate(setting.config)  # again: the checks that involve derived keys
         if algos.static_signature(setting.config) != algos.static_signature(config):
             raise ValueError(f"{setting.workdir}: settings of one program may differ only in the hyperparameter "
                              f"keys {', '.join(algos.hyperparam_keys(config))}")
