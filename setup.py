@@ -23,12 +23,13 @@ EXTRAS = {
     # Tests, notebooks executed by the tests, the import contracts (.importlinter), and the environment
     # libraries the adapters and parity checks use (gymnax's CartPole and suites, jaxmarl's SMAX and MPE).
     "dev": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
-            "import-linter>=2.1", "gymnax>=1.0", "six", "brax>=0.12", "craftax>=1.4", "jaxmarl==0.2.0",
+            "import-linter>=2.1", "gymnax>=1.0", "six", "brax>=0.12", "craftax>=1.4", "xminigrid>=0.9", "jaxmarl==0.2.0",
             "tensorboardX>=2.6", "tensorboard", "wandb"],  # the log backends; tensorboard reads their events back
     # Environment libraries, each reached through envs.make (envs/adapters).
     "gymnax": ["gymnax>=1.0", "six"],  # 1.x reports terminated and truncated apart; it imports six undeclared
     "brax": ["brax>=0.12"],
     "craftax": ["craftax>=1.4"],
+    "xminigrid": ["xminigrid>=0.9"],
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
     # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.

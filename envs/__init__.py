@@ -64,6 +64,11 @@ def _craftax(env_id: str = "Craftax-Classic-Symbolic-v1", **kwargs):
     return FromCraftax(env_id, **kwargs)
 
 
+def _xminigrid(env_id: str = "MiniGrid-Empty-8x8", **kwargs):
+    from envs.adapters.xminigrid import FromXMiniGrid
+    return FromXMiniGrid(env_id, **kwargs)
+
+
 def _jaxmarl_smax(scenario="3m", **kwargs):
     from envs.smax.parity import reference_env
     return reference_env(scenario, **kwargs)
@@ -75,6 +80,7 @@ register("jaxmarl", _jaxmarl)  # any jaxmarl env in our array-first API: make("j
 register("gymnax", _gymnax)  # any gymnax 1.x env: make("gymnax", env_id="Acrobot-v1")
 register("brax", _brax)  # make("brax", env_name="halfcheetah", backend="generalized")
 register("craftax", _craftax)  # make("craftax", env_id="Craftax-Classic-Symbolic-v1")
+register("xminigrid", _xminigrid)  # make("xminigrid", env_id="MiniGrid-DoorKey-6x6")
 register("jaxmarl-smax", _jaxmarl_smax)  # jaxmarl's HeuristicEnemySMAX by scenario name (the reference)
 
 def __getattr__(name: str):

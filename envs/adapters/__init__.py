@@ -5,6 +5,8 @@ one of its environments is built.
 - `FromGymnax(env_or_id)`: gymnax 1.x (classic control, MinAtar, bsuite, misc) (`envs.adapters.gymnax`).
 - `FromBrax(env_name)`: Brax's locomotion envs, continuous actions (`envs.adapters.brax`).
 - `FromCraftax(env_id)`: Craftax and Craftax-Classic, symbolic observations (`envs.adapters.craftax`).
+- `FromXMiniGrid(env_id)`: XLand-MiniGrid's grid worlds (`envs.adapters.xminigrid`; imported on its own, as
+  `envs.make("xminigrid", ...)` does).
 """
 
 from envs.adapters.brax import FromBrax
