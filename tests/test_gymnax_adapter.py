@@ -58,3 +58,20 @@ def test_bad_names_are_clear():
         envs.make("gymnax", env_id="Acrobot-v2")
     with pytest.raises(ValueError, match="no env params \\['max_step'\\]"):
         envs.make("gymnax", env_id="Acrobot-v1", params={"max_step": 10})
+
+
+def test_an_environment_object_with_gymnax_api_goes_through_unchanged():
+    """A third-party env written against gymnax's API (here a subclass defined outside gymnax's registry)
+    goes through `FromGymnax(env)` as registered ids do."""
+    from gymnax.environments.classic_control.cartpole import CartPole
+
+    class LongerCartPole(CartPole):  # another library's env: gymnax's API, not in gymnax's registry
+        @property
+        def default_params(self):
+            return super().default_params.replace(max_steps_in_episode=40)
+
+    ours = envs.adapters.FromGymnax(LongerCartPole())
+    assert ours.max_episode_steps == 40 and ours.name == "gymnax-LongerCartPole"
+    ref = LongerCartPole()
+    counts = gymnax_parity(ours, ref, ref.default_params, num_envs=4, num_steps=60)
+    assert counts["terminated"] + counts["truncated"] >= 4
