@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from jaxrl import config as config_lib, train
+from jaxrl import algos, config as config_lib, train
 import report
 from report import markdown_table, per_seed, publish, save_figure, seed_band
 
@@ -43,10 +43,12 @@ TASKS = {
 MARKERS = ("<!-- env_suites:start -->", "<!-- env_suites:end -->")
 
 
-def train_task(task: str, seeds: int, budget: int | None, workdir: str) -> dict:
-    """Train one task's seeds as one program; returns its curve and final figures."""
+def train_task(task: str, seeds: int, budget: int | None, workdir: str, overrides: dict | None = None) -> dict:
+    """Train one task's seeds as one program (its config with `overrides`, dotted keys); returns its curve and
+    final figures."""
     experiment, arg, _ = TASKS[task]
     config = config_lib.from_file(os.path.join(os.path.dirname(HERE), "experiments", f"{experiment}.py:{arg}"))
+    config = algos.resolve(config_lib.set_values(config, overrides or {}))  # the batch below is the one it trains
     config.unlock()
     config.num_seeds = seeds
     config.log.progress_bar = False
@@ -57,14 +59,15 @@ def train_task(task: str, seeds: int, budget: int | None, workdir: str) -> dict:
     config.eval.every_steps = 0  # one greedy evaluation, at the end
     config.checkpoint.every_steps = config.total_steps
     tick = time.perf_counter()
-    result = train.run(config, os.path.join(workdir, task.replace(":", "-")))
+    result = train.run(config, os.path.join(workdir, task.replace(":", "-") + "".join(
+        f",{k}={v}" for k, v in (overrides or {}).items())))
     seconds = time.perf_counter() - tick
     rows = [r for r in result.metrics if per_seed(r, "episode_return", seeds, complete=True)]
     last = result.metrics[-1]
     return {"task": task, "seeds": seeds, "env_steps": [r["env_steps"] for r in rows],
             "episode_return": [per_seed(r, "episode_return", seeds) for r in rows],
             "eval_return": per_seed(last, "eval_return", seeds), "total_steps": config.total_steps,
-            "seconds": round(seconds, 1),
+            "seconds": round(seconds, 1), "config": config_lib.to_dict(config),
             "extra": {k: v for k, v in last.items() if k.startswith("Achievements/") or k == "score"}}
 
 
