@@ -126,3 +126,15 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> ValueError:
     close = difflib.get_close_matches(name, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return ValueError(f"unknown {kind} {name!r}.{hint} Known {kind}s: {', '.join(known)}")
+
+
+def override_params(default_params, overrides: dict | None, env_id: str):
+    """A library's params dataclass with `overrides` ({field: value}) applied; a ValueError names any field
+    it does not have."""
+    if not overrides:
+        return default_params
+    fields = type(default_params).__dataclass_fields__
+    unknown = set(overrides) - set(fields)
+    if unknown:
+        raise ValueError(f"{env_id} has no env params {sorted(unknown)}; its params: {', '.join(fields)}")
+    return default_params.replace(**overrides)

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from envs.core import Box, Discrete, Environment
+from envs.core import Box, Discrete, Environment, override_params
 
 
 def _gymnax():
@@ -54,12 +54,7 @@ class GymnaxStyle(Environment):
 
     def __init__(self, env: Any, env_id: str, default_params, params: dict | None, limit_field: str):
         self.env, self.env_id = env, env_id
-        if params:
-            fields = type(default_params).__dataclass_fields__
-            unknown = set(params) - set(fields)
-            if unknown:
-                raise ValueError(f"{env_id} has no env params {sorted(unknown)}; its params: {', '.join(fields)}")
-            default_params = default_params.replace(**params)
+        default_params = override_params(default_params, params, env_id)
         self._default_params = default_params
         limit = getattr(default_params, limit_field, None)
         self.max_episode_steps = None if limit is None else int(limit)

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from envs.core import Box, Discrete, Environment
+from envs.core import Box, Discrete, Environment, override_params
 
 
 def _xminigrid():
@@ -45,13 +45,7 @@ class FromXMiniGrid(Environment):
             from envs.core import unknown_name
             raise unknown_name("xminigrid environment", env_id, xminigrid.registered_environments())
         self.env, default_params = xminigrid.make(env_id)
-        if params:
-            fields = type(default_params).__dataclass_fields__
-            unknown = set(params) - set(fields)
-            if unknown:
-                raise ValueError(f"{env_id} has no env params {sorted(unknown)}; its params: {', '.join(fields)}")
-            default_params = default_params.replace(**params)
-        self._default_params = default_params
+        self._default_params = default_params = override_params(default_params, params, env_id)
         self.env_id, self.name = env_id, f"xminigrid-{env_id}"
         self.max_episode_steps = int(default_params.max_steps)
         view, view, layers = self.env.observation_shape(default_params)
