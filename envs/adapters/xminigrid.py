@@ -47,6 +47,7 @@ class FromXMiniGrid(Environment):
         self.env, default_params = xminigrid.make(env_id)
         self._default_params = default_params = override_params(default_params, params, env_id)
         self.env_id, self.name = env_id, f"xminigrid-{env_id}"
+        self.supports_vma_checks = False  # its actions' lax.cond mixes constants and per-device values
         self.max_episode_steps = int(default_params.max_steps)
         view, view, layers = self.env.observation_shape(default_params)
         self._obs_dim = view * view * layers
