@@ -61,8 +61,7 @@ def train_task(task: str, seeds: int, budget: int | None, workdir: str, override
     config.eval.every_steps = 0  # one greedy evaluation, at the end
     config.checkpoint.every_steps = config.total_steps
     tick = time.perf_counter()
-    result = train.run(config, os.path.join(workdir, task.replace(":", "-") + "".join(
-        f",{k}={v}" for k, v in (overrides or {}).items())))
+    result = train.run(config, tempfile.mkdtemp(prefix=task.replace(":", "-") + "-", dir=workdir))
     seconds = time.perf_counter() - tick
     rows = [r for r in result.metrics if per_seed(r, "episode_return", seeds, complete=True)]
     last = result.metrics[-1]
