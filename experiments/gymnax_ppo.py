@@ -20,9 +20,9 @@ TUNED = {
         "total_steps": 500_000, "num_envs": 16, "num_steps": 32, "optim.learning_rate": 5e-4,
         "optim.schedule": "constant", "optim.max_grad_norm": 1.0},
     "MountainCar-v0": {"total_steps": 1_000_000},
-    "Breakout-MinAtar": {  # gymnax-blines' PPO settings (a constant learning rate after a 5% warm-up)
+    "Breakout-MinAtar": {  # gymnax-blines' PPO settings (a constant learning rate: its warm-up starts at the peak)
         "total_steps": 10_000_000, "num_envs": 64, "num_steps": 128, "optim.learning_rate": 5e-4,
-        "optim.schedule": "constant", "optim.warmup_updates": 61, "optim.num_minibatches": 8,
+        "optim.schedule": "constant", "optim.num_minibatches": 8,
         "optim.max_grad_norm": 0.5, "returns.gamma": 0.999, "network.hidden_sizes": (256, 256),
         "network.activation": "relu"},
     "Pendulum-v1": {

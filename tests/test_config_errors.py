@@ -77,10 +77,11 @@ def test_malformed_or_unknown_xla_options_are_errors_before_compiling():
 
 
 def test_scale_num_envs_keeps_the_inner_loop_and_grows_the_minibatch_count():
-    config = _config(**{"num_envs": 4, "optim.num_minibatches": 4, "scale.num_envs": 64})
+    config = _config(**{"num_envs": 4, "optim.num_minibatches": 4, "optim.warmup_updates": 50, "scale.num_envs": 64})
     algos.validate(config)
     scaled = algos.resolve(config)
     assert (scaled.num_envs, scaled.optim.num_minibatches) == (64, 64)
+    assert scaled.optim.warmup_updates == 4  # ceil(50 / 16): the warm-up keeps its length in env steps
     # the minibatch size (envs * steps / minibatches), learning rate, epochs and rollout length are kept
     assert scaled.num_envs * scaled.num_steps // scaled.optim.num_minibatches == 4 * config.num_steps // 4
     for key in ("optim.learning_rate", "optim.num_epochs", "num_steps", "total_steps"):

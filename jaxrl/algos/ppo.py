@@ -402,13 +402,16 @@ def co_scaled(config: ConfigDict) -> ConfigDict:
     Environments": plateaus come from too few samples per policy update, and when `num_envs` grows by a factor
     k the minibatch size, learning rate, epochs and rollout length stay as tuned and `num_minibatches` grows by k
     (the naive alternative, bigger minibatches with the same optimiser, changes the inner loop and can degrade
-    learning). The result has `num_envs = scale.num_envs`, so applying it twice changes nothing.
+    learning). A learning-rate warm-up keeps its length in env steps (`warmup_updates` / k, rounded up); the
+    schedules over the whole run follow the run. The result has `num_envs = scale.num_envs`, so applying it
+    twice changes nothing.
     """
     target, tuned = config.scale.num_envs, config.num_envs
     if not target or target == tuned:
         return config
     scaled = config.copy_and_resolve_references()
     scaled.optim.num_minibatches = config.optim.num_minibatches * target // tuned
+    scaled.optim.warmup_updates = math.ceil(config.optim.warmup_updates * tuned / target)
     scaled.num_envs = target
     scaled.lock()
     return scaled
