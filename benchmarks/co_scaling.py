@@ -4,7 +4,7 @@
     python benchmarks/co_scaling.py --task gymnax:Breakout-MinAtar --num-envs 256 --budget 5000000 --update-results
 
 Three variants of one task's tuned PPO config, each with `--seeds` seeds as one program, at equal env steps:
-- tuned: the experiment's own num_envs;
+- tuned: the experiment's own num_envs (without the experiment's own `scale.num_envs`, if it sets one);
 - co-scaled: `scale.num_envs=N` (`jaxrl.algos.ppo.co_scaled`): N envs, num_minibatches grown with them, so
   the minibatch size, learning rate, epochs and rollout length stay as tuned (the recipe of Beukman et al.,
   2026, "Preventing Learning Stagnation in PPO by Scaling to 1 Million Parallel Environments");
@@ -33,8 +33,9 @@ MARKERS = ("<!-- co_scaling:start -->", "<!-- co_scaling:end -->")
 
 
 def variants(num_envs: int) -> dict[str, dict]:
-    return {"tuned": {}, f"co-scaled to {num_envs} envs": {"scale.num_envs": num_envs},
-            f"naive: {num_envs} envs, same minibatch count": {"num_envs": num_envs}}
+    """The three variants' overrides of the experiment's config (whose own `scale.num_envs` is set aside)."""
+    return {"tuned": {"scale.num_envs": 0}, f"co-scaled to {num_envs} envs": {"scale.num_envs": num_envs},
+            f"naive: {num_envs} envs, same minibatch count": {"scale.num_envs": 0, "num_envs": num_envs}}
 
 
 def section(saved: dict) -> str:
