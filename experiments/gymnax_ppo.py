@@ -21,7 +21,7 @@ TUNED = {
         "optim.schedule": "constant", "optim.max_grad_norm": 1.0},
     "MountainCar-v0": {"total_steps": 1_000_000},
     # gymnax-blines' PPO settings (64 envs; a constant learning rate: its warm-up starts at the peak), co-scaled
-    # to 512 envs (`scale.num_envs`): at 3M steps that took the return from 15.6 to 26.9 (benchmarks/co_scaling.py)
+    # to 512 envs (`scale.num_envs`): at 3M steps that took the return from 15.6 to 26.8 (benchmarks/co_scaling.py)
     "Breakout-MinAtar": {
         "total_steps": 10_000_000, "num_envs": 64, "scale.num_envs": 512, "num_steps": 128,
         "optim.learning_rate": 5e-4, "optim.schedule": "constant", "optim.num_minibatches": 8,
