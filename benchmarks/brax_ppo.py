@@ -1,6 +1,6 @@
 """jaxrl PPO against Brax's own PPO trainer (`brax.training.agents.ppo`), same env, backend and settings, one process.
 
-    python benchmarks/brax_ppo.py                                   # halfcheetah, spring backend, 3 seeds, 1M steps
+    python benchmarks/brax_ppo.py                                   # halfcheetah, spring backend, 3 seeds, 1.024M steps
     python benchmarks/brax_ppo.py --env ant --backend positional --total-steps 5000000 --update-results
 
 Both train `--seeds` seeds of PPO on the same Brax env (episodes of 1000 steps, auto-reset to the first state,
@@ -133,7 +133,7 @@ def main():
     parser.add_argument("--env", default="halfcheetah")
     parser.add_argument("--backend", default="spring", help="Brax backend (spring is the fastest on a CPU)")
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--total-steps", type=int, default=1_000_000, help="env steps per seed")
+    parser.add_argument("--total-steps", type=int, default=1_024_000, help="env steps per seed (whole updates)")
     parser.add_argument("--num-envs", type=int, default=256)
     parser.add_argument("--num-steps", type=int, default=20)
     parser.add_argument("--num-epochs", type=int, default=4)
