@@ -39,7 +39,9 @@ def machine() -> str:
     import jax
 
     device = jax.devices()[0]
-    return (f"{os.cpu_count()} cores ({cpu_name()}), {platform.system()}, jax {jax.__version__}, "
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = f"{os.cpu_count()} cores" if usable == os.cpu_count() else f"{usable} of {os.cpu_count()} cores (pinned)"
+    return (f"{cores} ({cpu_name()}), {platform.system()}, jax {jax.__version__}, "
             f"{device.platform} ({device.device_kind})")
 
 

@@ -91,6 +91,11 @@ class Environment:
     def step(self, key: jax.Array, state, action: jax.Array, params=None):
         raise NotImplementedError
 
+    def batch_step(self, keys: jax.Array, states, actions: jax.Array, params=None):
+        """`step` for a batch of envs (keys [n, 2], states and actions with a leading [n]): `vmap`ped, unless a
+        wrapper steps the batch jointly (`envs.AutoReset` with `reset_ratio`)."""
+        return jax.vmap(self.step, in_axes=(0, 0, 0, None))(keys, states, actions, params)
+
     def restart(self, key: jax.Array, state, params=None) -> tuple[jax.Array, Any]:
         """The first (obs, state) of the next episode after `state`'s, for `envs.AutoReset`: a fresh `reset`
         unless the env restarts more cheaply (Brax's envs go back to their episode's first state, as Brax's own

@@ -76,7 +76,20 @@ class AutoReset(Wrapper):
     The returned obs is the first of the new episode (the env's `restart`: a fresh reset for most envs); the
     last obs and state of the finished one are kept in `info["final_obs"]` and `info["final_state"]` so that a
     learner can bootstrap a time-limit truncation from them (unused entries cost nothing under jit).
+
+    `reset_ratio` only changes `batch_step`. Under `vmap` every env computes its restart at every step and
+    keeps it only if its episode ended; for envs whose reset is costly (Craftax generates a world) that is most
+    of a step. With `reset_ratio = k > 1`, a batch of n envs computes m = max(1, n // k) restarts per step: the
+    first m envs that ended (in batch order) each get their own, from their own key, exactly as `step` gives
+    it; when more than m end on one step, the others take copies of those m (an "optimistic" reset, as
+    Craftax's own PPO does), so such episodes start from a state another env also starts from.
     """
+
+    def __init__(self, env: Environment, reset_ratio: int = 1):
+        if not isinstance(reset_ratio, int) or isinstance(reset_ratio, bool) or reset_ratio < 1:
+            raise ValueError(f"reset_ratio must be an integer >= 1 (1: every env its own restart), got {reset_ratio!r}")
+        super().__init__(env)
+        self.reset_ratio = reset_ratio
 
     def step(self, key, state, action, params=None):
         step_key, reset_key = jax.random.split(key)
@@ -86,6 +99,33 @@ class AutoReset(Wrapper):
         info = dict(info, final_obs=obs, final_state=next_state)
         return (select(over, reset_obs, obs), select(over, reset_state, next_state),
                 reward, done, info)
+
+    def batch_step(self, keys, states, actions, params=None):
+        num_envs = keys.shape[0]
+        num_restarts = max(1, num_envs // self.reset_ratio)
+        if num_restarts == num_envs:
+            return super().batch_step(keys, states, actions, params)
+        step_keys, reset_keys = jnp.moveaxis(jax.vmap(jax.random.split)(keys), 1, 0)
+        obs, next_state, reward, done, info = jax.vmap(self.env.step, in_axes=(0, 0, 0, None))(
+            step_keys, states, actions, params)
+        over = jax.vmap(episode_over)(done, info)
+        restarted = jnp.nonzero(over, size=num_restarts, fill_value=0)[0]  # [m]: the first m envs that ended
+        reset_obs, reset_state = jax.vmap(self.env.restart, in_axes=(0, 0, None))(
+            reset_keys[restarted], take(next_state, restarted), params)
+        # the j-th env that ended starts from restart j mod m: its own for j < m
+        source = (jnp.cumsum(over) - 1) % num_restarts  # [n]
+        reset_obs, reset_state = take((reset_obs, reset_state), source)
+        info = dict(info, final_obs=obs, final_state=next_state)
+        return (*jax.vmap(select)(over, (reset_obs, reset_state), (obs, next_state)), reward, done, info)
+
+    def __repr__(self) -> str:
+        ratio = f", reset_ratio={self.reset_ratio}" if self.reset_ratio != 1 else ""
+        return f"AutoReset({self.env!r}{ratio})"
+
+
+def take(tree, indices: jax.Array):
+    """Rows `indices` of every leaf of a batched pytree."""
+    return jax.tree.map(lambda leaf: leaf[indices], tree)
 
 
 @struct.dataclass
@@ -108,7 +148,15 @@ class EpisodeStatistics(Wrapper):
         return obs, EpisodeStatsState(env_state, jnp.zeros(reward_shape), jnp.int32(0))
 
     def step(self, key, state, action, params=None):
-        obs, env_state, reward, done, info = self.env.step(key, state.env_state, action, params)
+        return self._count(state, self.env.step(key, state.env_state, action, params))
+
+    def batch_step(self, keys, states, actions, params=None):
+        return jax.vmap(self._count)(states, self.env.batch_step(keys, states.env_state, actions, params))
+
+    @staticmethod
+    def _count(state, transition):
+        """One env's step `transition` with this episode's counters added to its info."""
+        obs, env_state, reward, done, info = transition
         over = episode_over(done, info)
         episode_return = state.episode_return + reward
         episode_length = state.episode_length + 1

@@ -24,6 +24,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.experiment = f"craftax_ppo-{variant}"
     config.env.name = "craftax"
     config.env.kwargs = ConfigDict({"env_id": ENV_IDS[variant]})
+    config.env.reset_ratio = 16  # as Craftax's PPO: world generation costs far more than a step
     config.total_steps = 1_000_000_000
     config.num_envs = 1024
     config.num_steps = 64

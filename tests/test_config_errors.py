@@ -96,3 +96,13 @@ def test_scale_num_envs_that_gives_a_fractional_minibatch_count_is_an_error():
         algos.validate(_config(**{"num_envs": 16, "optim.num_minibatches": 4, "scale.num_envs": 6}))
     with pytest.raises(ValueError, match="config.scale.num_envs must be >= 0"):
         algos.validate(_config(**{"scale.num_envs": -1}))
+
+
+def test_reset_ratio_must_be_positive_and_only_reaches_auto_resetting_learners():
+    with pytest.raises(ValueError, match="config.env.reset_ratio must be a positive integer"):
+        algos.validate(_config(**{"env.reset_ratio": 0}))
+    from experiments import smax_grpo
+    config = smax_grpo.get_config("3m")
+    config.env.reset_ratio = 4
+    with pytest.raises(ValueError, match="GRPO's groups roll out whole episodes"):
+        algos.validate(config)

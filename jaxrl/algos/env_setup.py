@@ -40,6 +40,7 @@ class EnvSettings:
     grad_clip: str = "joint"  # max_grad_norm clips all parameters' gradient together, or each network's alone
     xla_options: tuple[tuple[str, str | bool], ...] = ()  # XLA compile options of the training program
     squash: bool = False  # continuous actions: a tanh-squashed Gaussian (`distributions.DiagGaussian`)
+    reset_ratio: int = 1  # training envs: one restart computed per reset_ratio envs per step (`envs.AutoReset`)
 
     @property
     def batch_size(self) -> int:
@@ -78,7 +79,9 @@ def env_config() -> ConfigDict:
         "num_envs": 4,  # parallel environments per seed, split over devices
         "num_steps": 128,  # rollout length per update
         "rollout_unroll": 1,  # lax.scan unroll of the rollout loop (a speed knob)
-        "env": {"name": "CartPole-v1", "kwargs": ConfigDict()},
+        # reset_ratio k > 1: the training envs of a device compute one restart per k envs per step, shared when
+        # more end at once (`envs.AutoReset`); for envs whose reset costs much more than a step (Craftax)
+        "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
         "network": {
             "kind": "mlp",  # "mlp" (feed-forward) or "gru" (recurrent actor and critic)
             "hidden_sizes": (64, 64),  # mlp
@@ -139,7 +142,7 @@ def env_settings(config: ConfigDict) -> dict:
                 schedule=o.schedule, warmup_updates=o.warmup_updates, adam_eps=o.adam_eps,
                 weight_decay=o.weight_decay > 0, rollout_unroll=config.rollout_unroll,
                 critic_input=config.network.critic_input, agent_id=config.network.agent_id, grad_clip=o.grad_clip,
-                squash=config.network.squash,
+                squash=config.network.squash, reset_ratio=config.env.reset_ratio,
                 xla_options=config_lib.xla_options(config))
 
 
@@ -153,7 +156,7 @@ def check_env_config(config: ConfigDict) -> None:
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
-    config_lib.positive(config, "num_envs", "num_steps", "rollout_unroll", "optim.num_epochs",
+    config_lib.positive(config, "num_envs", "num_steps", "rollout_unroll", "env.reset_ratio", "optim.num_epochs",
                         "optim.num_minibatches", "network.fc_size", "network.rnn_size")
     sizes = config.network.hidden_sizes
     if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):

@@ -346,6 +346,9 @@ def check_grpo_config(config: ConfigDict) -> None:
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
                          f"{config.group.size}: every group is group.size envs from one start state")
+    if config.env.reset_ratio != 1:
+        raise ValueError(f"config.env.reset_ratio = {config.env.reset_ratio}: GRPO's groups roll out whole episodes "
+                         "from fresh starts and never auto-reset; reset_ratio applies to PPO's envs (leave it 1)")
 
 
 register("grpo", Recipe(build_grpo, GRPOHyperparams, {

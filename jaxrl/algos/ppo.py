@@ -136,7 +136,7 @@ class PPO(ActsThroughPolicy):
         self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps,
                                 settings.squash, settings.normalize_obs, settings.obs_clip)
         self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
-        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env))
+        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
         self.settings = settings
         self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
         mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
@@ -213,7 +213,7 @@ class PPO(ActsThroughPolicy):
             env_key, noise = xs
             policy = self.policy.step(params, self.env, env_state, obs, net_carry, first)
             action = dist.sample_with_noise(policy.policy_out, noise)
-            next_obs, env_state, reward, done, info = jax.vmap(self.env.step)(env_key, env_state, dist.to_env(action))
+            next_obs, env_state, reward, done, info = self.env.batch_step(env_key, env_state, dist.to_env(action))
             final_value = None
             if s.bootstrap_truncation:  # the critic's value of the obs a time limit cut off
                 final_value = self.policy.step(params, self.agent_env, info["final_state"], info["final_obs"],
