@@ -34,6 +34,37 @@ def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax
     return advantages, advantages + values
 
 
+def lambda_targets(rewards: jax.Array, next_values: jax.Array, terminated: jax.Array, dones: jax.Array,
+                   gamma, lam) -> jax.Array:
+    """Bootstrapped value targets over a time window: lambda-returns, and n-step returns as lam = 1.
+
+    Args:
+      rewards: [T, ...], step t's reward.
+      next_values: [T, ...], the bootstrap value of the observation after step t (a target network's max, a
+        double-Q estimate, ...). At an episode's end this is the value of its final observation.
+      terminated: [T, ...], step t reached a terminal state (nothing follows: no bootstrap).
+      dones: [T, ...], the episode ended with step t, terminated or cut by a time limit (a cut episode
+        bootstraps from next_values[t], not from the next episode).
+    Returns:
+      [T, ...]: G_t = r_t + gamma (1 - terminated_t) B_t, where B_t = next_values[t] at the window's last
+      step and where the episode ends, else (1 - lam) next_values[t] + lam G_{t+1}.
+      lam = 0 gives one-step TD targets; lam = 1 the n-step return of the window (n = T - t), truncated at
+      episode ends.
+    """
+    dtype = next_values.dtype
+    keep = 1.0 - terminated.astype(dtype)
+    continues = 1.0 - dones.astype(dtype)
+
+    def backward(later, x):
+        reward, next_value, keep, continues = x
+        blend = (1.0 - lam) * next_value + lam * later
+        target = reward + gamma * keep * (next_value + continues * (blend - next_value))
+        return target, target
+
+    _, targets = jax.lax.scan(backward, next_values[-1], (rewards, next_values, keep, continues), reverse=True)
+    return targets
+
+
 # --------------------------------------------------------------------------------------------------
 # Group advantages (GRPO family): B groups of G samples answering the same prompt / starting state,
 # each sample's advantage measured against a baseline built from its own group.

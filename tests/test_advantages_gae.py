@@ -1,7 +1,8 @@
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
-from jaxrl.advantages import gae
+from jaxrl.advantages import gae, lambda_targets
 
 
 def test_gae_matches_hand_computed_example():
@@ -38,3 +39,18 @@ def test_gae_lambda_one_gives_monte_carlo_returns():
     adv, targets = gae(rewards, values, jnp.array([False, False, True]), jnp.array(10.0), 0.5, 1.0)
     # Episode ends at the last step, so the return is 1 + 0.5 + 0.25 from the start.
     np.testing.assert_allclose(targets, [1.75, 1.5, 1.0], rtol=1e-6)
+
+
+@pytest.mark.parametrize("lam, dones, terminated, want", [
+    (0.0, [0, 0, 0], [0, 0, 0], [6.0, 12.0, 18.0]),  # one-step TD: r + gamma v'
+    (1.0, [0, 0, 0], [0, 0, 0], [6.5, 11.0, 18.0]),  # n-step returns of the window (3, 2, 1 steps)
+    (0.5, [0, 0, 0], [0, 0, 0], [6.375, 11.5, 18.0]),
+    (1.0, [0, 1, 0], [0, 0, 0], [7.0, 12.0, 18.0]),  # a time limit at step 1: bootstrap from its final obs
+    (1.0, [0, 1, 0], [0, 1, 0], [2.0, 2.0, 18.0]),  # a terminal state at step 1: nothing after it
+])
+def test_lambda_targets_against_hand_computed_returns(lam, dones, terminated, want):
+    # rewards 1, 2, 3; bootstrap values 10, 20, 30; gamma 0.5. E.g. lam 0.5, step 1:
+    # 2 + 0.5 * (0.5 * 20 + 0.5 * G_2) with G_2 = 3 + 0.5 * 30 = 18 -> 11.5
+    got = lambda_targets(jnp.array([1.0, 2.0, 3.0]), jnp.array([10.0, 20.0, 30.0]), jnp.array(terminated, bool),
+                         jnp.array(dones, bool), 0.5, lam)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
