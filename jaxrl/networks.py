@@ -110,6 +110,41 @@ class ActorCritic(nn.Module):
         return carry, out, jnp.squeeze(value, -1)
 
 
+class QNetwork(nn.Module):
+    """Action values on the actor-critic calling convention, so that what serves actor-critics (the inputs an
+    agent sees, action masks, greedy evaluation, loaded actors) serves Q-learning too: the policy outputs are
+    the Q-values [..., K] (the greedy action is their argmax), the value is their maximum; critic_in is unused.
+
+    dueling: Q = V + A - mean(A) over actions (Wang et al., 2016). layer_norm: LayerNorm before each hidden
+    activation (PQN's stabiliser in place of a target network).
+    """
+
+    num_actions: int
+    hidden_sizes: Sequence[int] = (64, 64)
+    activation: str = "relu"
+    dueling: bool = False
+    layer_norm: bool = False
+
+    recurrent = False
+
+    def initial_carry(self, batch_shape: tuple[int, ...]) -> tuple:
+        return ()
+
+    @nn.compact
+    def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array | None = None, first: jax.Array | None = None):
+        act, x = activation_fn(self.activation), actor_in
+        for size in self.hidden_sizes:
+            x = orthogonal_dense(size, np.sqrt(2))(x)
+            x = act(nn.LayerNorm()(x) if self.layer_norm else x)
+        if self.dueling:
+            value = orthogonal_dense(1, 1.0)(x)
+            advantage = orthogonal_dense(self.num_actions, 1.0)(x)
+            q = value + advantage - jnp.mean(advantage, axis=-1, keepdims=True)
+        else:
+            q = orthogonal_dense(self.num_actions, 1.0)(x)
+        return carry, q, jnp.max(q, axis=-1)
+
+
 def _gates(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     """[..., 3H] -> the reset, update and candidate parts, each [..., H]."""
     H = x.shape[-1] // 3

@@ -1,0 +1,32 @@
+"""DQN on CartPole-v1 (double Q-learning, Huber loss, a target network copied every 500 gradient steps).
+
+    python -m jaxrl.train --config=experiments/cartpole_dqn.py
+    python -m jaxrl.train --config=experiments/cartpole_dqn.py --config.replay.prioritised=True --config.returns.n_step=3
+
+Settings after CleanRL's and rejax's CartPole DQN: 128-unit ReLU layers, Adam at 2.5e-4, batches of 128,
+epsilon from 1 to 0.05 over half the run, 10k steps of warm-up.
+"""
+
+from ml_collections import ConfigDict
+
+from jaxrl import algos, config as config_lib
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    config = algos.default_config("dqn")
+    config.experiment = "cartpole_dqn"
+    config.env.name = "CartPole-v1"
+    config.total_steps = 500_000
+    config.num_envs = 8
+    config.num_steps = 2  # 16 env steps per update ...
+    config.replay.gradient_steps = 2  # ... and two gradient steps: a replay ratio of 16 samples per env step
+    config.replay.batch_size = 128
+    config.replay.buffer_size = 50_000
+    config.replay.learning_starts = 10_000
+    config.network.hidden_sizes = (128, 128)
+    config.target.every = 500
+    config.explore.fraction = 0.5
+    config.log.every_steps = 25_000
+    config.eval.every_steps = 100_000
+    config.checkpoint.every_steps = 100_000
+    return config_lib.finalize(config, arg)
