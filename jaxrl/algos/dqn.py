@@ -92,6 +92,14 @@ class DQNState:
     update_step: jax.Array  # [R] int32
 
 
+def bootstrap_values(target_q: jax.Array, online_q: jax.Array | None = None) -> jax.Array:
+    """The value of next observations from Q-values [..., K]: the target network's maximum, or with `online_q`
+    (double Q-learning, van Hasselt et al. 2016) the target network's value of the online network's argmax."""
+    if online_q is None:
+        return jnp.max(target_q, axis=-1)
+    return jnp.take_along_axis(target_q, jnp.argmax(online_q, axis=-1)[..., None], axis=-1)[..., 0]
+
+
 class DQN(ActsThroughPolicy):
     def __init__(self, env: envs.Environment, network: QNetwork, settings: DQNSettings, mesh=None,
                  eval_max_steps: int = 1000):
@@ -208,13 +216,9 @@ class DQN(ActsThroughPolicy):
     def _td(self, params, target_params, seq: dict, hp: DQNHyperparams):
         """(Q [B, A] of each sequence's first step and action, its n-step target [B, A]) for sequences [B, L, ...]."""
         mask = seq.get("next_mask")
-        next_target_q = self._q_values(target_params, seq["next_obs"], mask)  # [B, L, A, K]
-        if self.settings.double:
-            best = jnp.argmax(self._q_values(params, seq["next_obs"], mask), axis=-1)
-            next_values = jnp.take_along_axis(next_target_q, best[..., None], axis=-1)[..., 0]
-        else:
-            next_values = jnp.max(next_target_q, axis=-1)
-        next_values = jax.lax.stop_gradient(next_values)  # [B, L, A]
+        online_q = self._q_values(params, seq["next_obs"], mask) if self.settings.double else None
+        next_values = jax.lax.stop_gradient(bootstrap_values(self._q_values(target_params, seq["next_obs"], mask),
+                                                             online_q))  # [B, L, A]
         per_agent = lambda x: jnp.broadcast_to(x[..., None], next_values.shape)  # noqa: E731
         time_major = (jnp.swapaxes(x, 0, 1) for x in (seq["reward"], next_values, per_agent(seq["terminated"]),
                                                        per_agent(seq["done"])))

@@ -1,0 +1,77 @@
+"""DQN: double-Q bootstrap values, learning on CartPole, exact resume with a partly filled buffer, 1 vs 8 devices."""
+
+import shutil
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import run_python
+from helpers import load_experiment, set_keys
+from jaxrl import train
+from jaxrl.algos.dqn import bootstrap_values
+
+
+def test_bootstrap_values_take_the_max_or_the_target_value_of_the_online_argmax():
+    target_q = jnp.array([[1.0, 5.0, 3.0], [2.0, 0.0, 4.0]])
+    online_q = jnp.array([[9.0, 0.0, 1.0], [0.0, 0.0, 1.0]])  # argmax 0 and 2
+    np.testing.assert_array_equal(bootstrap_values(target_q), [5.0, 4.0])
+    np.testing.assert_array_equal(bootstrap_values(target_q, online_q), [1.0, 4.0])
+
+
+def _small(total_steps, **overrides):
+    return set_keys(load_experiment("cartpole_dqn"), {
+        "total_steps": total_steps, "num_envs": 4, "num_steps": 4, "replay.batch_size": 32,
+        "replay.buffer_size": 4 * 200, "replay.learning_starts": 64, "target.every": 20,
+        "log.every_steps": 160, "log.progress_bar": False, "checkpoint.every_steps": 320, "eval.num_envs": 4,
+        "eval.max_steps": 50, **overrides})
+
+
+@pytest.mark.parametrize("options", [{}, {"replay.prioritised": True, "returns.n_step": 3, "network.dueling": True}])
+def test_resume_with_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_path, options):
+    # 40 updates of 16 steps with checkpoints after 20 and 40; the buffer (200 steps per env) is partly filled
+    # at the first. Losing the second (a kill just before it) and resuming must give the same run.
+    config = _small(640, **options)
+    straight = train.run(config, str(tmp_path / "straight"))
+    workdir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", workdir)
+    shutil.rmtree(workdir / "checkpoints" / "40")
+    resumed = train.run(config, str(workdir))
+    assert resumed.metrics[-1]["env_steps"] == 640 and resumed.metrics[-1]["learning"] == 1.0
+    assert 0 < int(resumed.state.buffer.size[0]) == 160 < 200  # 40 updates x 4 steps per env: partly filled
+    for a, b in zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_one_and_eight_devices_train_the_same_parameters():
+    code = textwrap.dedent("""
+        import jax, numpy as np
+        from helpers import load_experiment, set_keys
+        from jaxrl import algos, mesh as mesh_lib
+        config = set_keys(load_experiment("cartpole_dqn"), {
+            "total_steps": 8 * 2 * 30, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
+            "replay.buffer_size": 8 * 100, "replay.learning_starts": 64, "target.every": 10,
+            "replay.prioritised": True, "returns.n_step": 2})
+        algos.validate(config)
+        params = []
+        for devices in (1, 8):
+            algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
+            state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, 30)
+            params.append(jax.device_get((state.params, state.buffer.priorities)))
+        for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        print("equal")
+    """)
+    result = run_python(code, devices=8, env={"PYTHONPATH": "tests"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["equal"]
+
+
+@pytest.mark.slow
+def test_dqn_solves_cartpole():
+    config = set_keys(load_experiment("cartpole_dqn"), {"total_steps": 300_000, "log.progress_bar": False,
+                                                        "eval.every_steps": 0, "checkpoint.every_steps": 0})
+    result = train.run(config, None)
+    assert result.metrics[-1]["eval_return"] >= 475
