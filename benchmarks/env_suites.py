@@ -17,6 +17,7 @@ min and max over seeds) and the final greedy evaluation, beside the reference. C
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import sys
@@ -72,6 +73,14 @@ def train_task(task: str, seeds: int, budget: int | None, workdir: str, override
             "extra": {k: v for k, v in last.items() if k.startswith("Achievements/") or k == "score"}}
 
 
+def literal(text: str):
+    """A --set value as Python reads it (256, 0.5, True, "relu"), else the text itself."""
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
 def at_steps(result: dict, steps: int) -> str:
     """The training return (mean over seeds) of the last log row at or before `steps`, with its step count."""
     rows = [i for i, n in enumerate(result["env_steps"]) if n <= steps * 1.01]  # log rows fall on whole updates
@@ -125,6 +134,8 @@ def main():
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {', '.join(TASKS)}")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--budget", action="append", default=[], help="TASK=ENV_STEPS (repeatable)")
+    parser.add_argument("--set", action="append", default=[], metavar="TASK:KEY=VALUE",
+                        help="a config key for one task, e.g. craftax:classic:scale.num_envs=256 (repeatable)")
     parser.add_argument("--update-results", action="store_true")
     parser.add_argument("--from-json", action="store_true")
     args = parser.parse_args()
@@ -139,12 +150,19 @@ def main():
         if unknown:
             raise SystemExit(f"error: unknown tasks {unknown}; known: {', '.join(TASKS)}")
         budgets = dict(b.split("=") for b in args.budget)
+        overrides = {}  # task -> {key: value}
+        for item in args.set:
+            task_key, _, value = item.partition("=")
+            task, _, key = task_key.rpartition(":")
+            overrides.setdefault(task, {})[key] = literal(value)
         machine = f"{report.machine()}, {time.strftime('%Y-%m-%d')}"
         command = "python benchmarks/env_suites.py " + " ".join(
-            [f"--tasks {args.tasks}", f"--seeds {args.seeds}", *[f"--budget {b}" for b in args.budget]])
+            [f"--tasks {args.tasks}", f"--seeds {args.seeds}", *[f"--budget {b}" for b in args.budget],
+             *[f"--set {item}" for item in args.set]])
         with tempfile.TemporaryDirectory() as workdir:
             for task in tasks:
-                result = train_task(task, args.seeds, int(budgets[task]) if task in budgets else None, workdir)
+                result = train_task(task, args.seeds, int(budgets[task]) if task in budgets else None, workdir,
+                                    overrides.get(task))
                 saved[task] = {**result, "machine": machine, "command": command}
                 with open(path, "w") as f:  # after each task, so that a long suite keeps what it finished
                     json.dump({"results": [saved[t] for t in TASKS if t in saved]}, f, indent=1)
