@@ -26,19 +26,18 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
-import envs
-from jaxrl import config as config_lib, mesh as mesh_lib, replay
+from jaxrl import config as config_lib, replay
 from jaxrl.advantages import lambda_targets
-from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, trainable
+from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import EnvSettings, env_optimizer, make_env
+from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
+                                    q_settings)
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import compile_chunk, gradient_step, seed_keys
-from jaxrl.jitting import jit_method
+from jaxrl.engine import gradient_step
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
-from jaxrl.networks import QNetwork
 
 TD_LOSSES = ("huber", "squared")
 
@@ -92,34 +91,14 @@ class DQNState:
     update_step: jax.Array  # [R] int32
 
 
-def bootstrap_values(target_q: jax.Array, online_q: jax.Array | None = None) -> jax.Array:
-    """The value of next observations from Q-values [..., K]: the target network's maximum, or with `online_q`
-    (double Q-learning, van Hasselt et al. 2016) the target network's value of the online network's argmax."""
-    if online_q is None:
-        return jnp.max(target_q, axis=-1)
-    return jnp.take_along_axis(target_q, jnp.argmax(online_q, axis=-1)[..., None], axis=-1)[..., 0]
-
-
-class DQN(ActsThroughPolicy):
-    def __init__(self, env: envs.Environment, network: QNetwork, settings: DQNSettings, mesh=None,
-                 eval_max_steps: int = 1000):
-        self.policy = EnvPolicy(env, network, "both", "obs", eval_max_steps)
-        if not hasattr(self.policy.dist, "num_actions"):
-            raise ValueError(f"DQN needs discrete actions; {env!r} has {env.action_space()!r}")
-        self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
-        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
-        self.settings = settings
-        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
-        self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
-        self._chunk_fn = None
-        self.compile_seconds = 0.0
+class DQN(QLearner):
+    """DQN for single- and multi-agent envs with discrete actions (see the module's docstring)."""
 
     # ----------------------------------------------------------------------------------------------
     # Initial state
 
     def _example_step(self, obs: jax.Array) -> dict:
-        """One env's stored step (zeros shaped like it): what `_rollout` adds to the buffer."""
+        """One env's stored step (zeros shaped like it): what `rollout` adds to the buffer."""
         A = self.num_agents
         step = {"obs": obs[0], "action": jnp.zeros((A,), jnp.int32), "reward": jnp.zeros((A,)),
                 "next_obs": obs[0], "terminated": jnp.zeros((), bool), "done": jnp.zeros((), bool)}
@@ -144,86 +123,20 @@ class DQN(ActsThroughPolicy):
         return DQNState(params=RUNS, target_params=RUNS, opt_state=RUNS, buffer=buffer, env_state=split, obs=split,
                         key=RUNS, update_step=RUNS)
 
-    def state_shardings(self, state: DQNState) -> DQNState:
-        return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self._state_specs(state), state,
-                            is_leaf=lambda x: isinstance(x, P))
-
-    @jit_method
-    def _init_runs(self, keys: jax.Array) -> DQNState:
-        return jax.lax.map(self.init, keys)
-
-    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> DQNState:
-        keys = seed_keys(seed, num_seeds, num_settings)
-        mesh_lib.check_runs(len(keys), self.mesh)
-        state = self._init_runs(keys)
-        return jax.device_put(state, self.state_shardings(state))
-
     # ----------------------------------------------------------------------------------------------
     # One update of one run on this device's envs
-
-    def epsilon(self, hp: DQNHyperparams, update_step: jax.Array) -> jax.Array:
-        """Exploration rate at `update_step`: linear from epsilon_start to epsilon_end over epsilon_fraction of
-        the run's updates, then constant."""
-        span = jnp.maximum(hp.epsilon_fraction * self.settings.num_updates, 1.0)
-        progress = jnp.clip(update_step / span, 0.0, 1.0)
-        return hp.epsilon_start + progress * (hp.epsilon_end - hp.epsilon_start)
-
-    def _explore(self, key: jax.Array, q: jax.Array, mask: jax.Array | None, epsilon) -> jax.Array:
-        """Epsilon-greedy actions [n, A] from masked Q-values [n, A, K]: with probability epsilon a legal action
-        uniformly at random, else the greedy one."""
-        coin_key, random_key = jax.random.split(key)
-        legal = jnp.ones(q.shape, bool) if mask is None else mask
-        random_action = jax.random.categorical(random_key, jnp.where(legal, 0.0, -jnp.inf))
-        explore = jax.random.uniform(coin_key, q.shape[:-1]) < epsilon
-        return jnp.where(explore, random_action, jnp.argmax(q, axis=-1)).astype(jnp.int32)
-
-    def _rollout(self, params, state: DQNState, hp: DQNHyperparams, key: jax.Array):
-        """T steps of this device's n envs. Returns (env_state, obs after, steps [n, T, ...] to store, episode
-        sums)."""
-        s = self.settings
-        step_keys = jax.random.split(key, s.num_steps)
-        env_keys = mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys), axis=1)
-        act_keys = jax.vmap(lambda k: mesh_lib.per_item_keys(jax.random.fold_in(k, 1), self.num_local_envs))(step_keys)
-        epsilon = self.epsilon(hp, state.update_step)
-        first = jnp.zeros((self.num_local_envs,), bool)
-
-        def step(carry, xs):
-            env_state, obs = carry
-            env_key, act_key = xs
-            policy = self.policy.step(params, self.env, env_state, obs, (), first)
-            action = jax.vmap(self._explore, (0, 0, 0 if policy.mask is not None else None, None))(
-                act_key, policy.policy_out, policy.mask, epsilon)
-            next_obs, env_state, reward, done, info = self.env.batch_step(env_key, env_state, action)
-            ended = info["returned_episode"]
-            stored = {"obs": obs, "action": action, "reward": reward, "next_obs": info["final_obs"],
-                      "terminated": ended & ~info["truncated"], "done": ended}
-            if self.agent_env.has_action_masks:
-                stored["next_mask"] = jax.vmap(self.agent_env.avail_actions)(info["final_state"])
-            episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
-                       "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
-            if self.policy.reports_wins:
-                episode["win_rate_sum"] = ended & info["won"]
-            return (env_state, next_obs), (stored, episode)
-
-        (env_state, obs), (steps, episode) = jax.lax.scan(step, (state.env_state, state.obs), (env_keys, act_keys))
-        return env_state, obs, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), jax.tree.map(jnp.sum, episode)
-
-    def _q_values(self, params, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
-        """[..., A, K] masked Q-values of observations [..., A, d]."""
-        actor_in = self.policy.inputs(obs, None)[0]
-        return self.policy.dist.with_mask(self.network.apply(params, (), actor_in, None)[1], mask)
 
     def _td(self, params, target_params, seq: dict, hp: DQNHyperparams):
         """(Q [B, A] of each sequence's first step and action, its n-step target [B, A]) for sequences [B, L, ...]."""
         mask = seq.get("next_mask")
-        online_q = self._q_values(params, seq["next_obs"], mask) if self.settings.double else None
-        next_values = jax.lax.stop_gradient(bootstrap_values(self._q_values(target_params, seq["next_obs"], mask),
+        online_q = self.q_values(params, seq["next_obs"], mask) if self.settings.double else None
+        next_values = jax.lax.stop_gradient(bootstrap_values(self.q_values(target_params, seq["next_obs"], mask),
                                                              online_q))  # [B, L, A]
         per_agent = lambda x: jnp.broadcast_to(x[..., None], next_values.shape)  # noqa: E731
         time_major = (jnp.swapaxes(x, 0, 1) for x in (seq["reward"], next_values, per_agent(seq["terminated"]),
                                                        per_agent(seq["done"])))
         targets = lambda_targets(*time_major, hp.gamma, 1.0)[0]
-        q = jnp.take_along_axis(self._q_values(params, seq["obs"][:, 0]), seq["action"][:, 0, :, None], axis=-1)
+        q = jnp.take_along_axis(self.q_values(params, seq["obs"][:, 0]), seq["action"][:, 0, :, None], axis=-1)
         return q[..., 0], targets
 
     def _loss(self, params, batch: dict, hp: DQNHyperparams):
@@ -268,7 +181,7 @@ class DQN(ActsThroughPolicy):
     def _update(self, state: DQNState, hp: DQNHyperparams):
         s = self.settings
         key, rollout_key, train_key = jax.random.split(state.key, 3)
-        env_state, obs, steps, episode = self._rollout(state.params, state, hp, rollout_key)
+        env_state, obs, steps, episode = self.rollout(state.params, state, hp, rollout_key)
         buffer = replay.add(state.buffer, steps)
         params, target_params, opt_state, trained_buffer, aux = self._train(state, buffer, hp, train_key)
         # Before learning_starts env steps (and until a row holds an n-step sequence) nothing trains.
@@ -284,68 +197,42 @@ class DQN(ActsThroughPolicy):
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
         return DQNState(params, target_params, opt_state, buffer, env_state, obs, key, state.update_step + 1), metrics
 
-    def run_chunk(self, state: DQNState, hp: DQNHyperparams, num_updates: int):
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, self.compile_seconds = compile_chunk(
-                self._update, state, hp, num_updates, self.mesh, self._state_specs(state),
-                xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
-        return self._chunk_fn(state, hp, num_updates)
-
-
 # -------------------------------------------------------------------------------------------------
 # From a config
 
 
 def dqn_config() -> ConfigDict:
-    config = config_lib.base_config()
-    config.algorithm = "dqn"
-    config.update(ConfigDict({
-        "num_envs": 4,  # parallel environments per seed, split over devices
-        "num_steps": 4,  # env steps per env between training phases
-        "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
-        "network": {"hidden_sizes": (64, 64), "activation": "relu", "dueling": False, "layer_norm": False},
-        "returns": {"gamma": 0.99, "n_step": 1},
-        "replay": {
-            "buffer_size": 50_000,  # env steps kept per run, over all its envs
-            "batch_size": 128,  # sequences per gradient step, over all envs (a multiple of num_envs)
-            "gradient_steps": 1,  # per update (num_steps x num_envs env steps)
-            "learning_starts": 1_000,  # env steps per run before training starts
-            "prioritised": False,
-            "priority_alpha": 0.6,
-            "priority_beta": 0.4,
-        },
-        "target": {"every": 250, "tau": 1.0},  # gradient steps between target updates; 1.0: a copy
-        "explore": {"epsilon_start": 1.0, "epsilon_end": 0.05, "fraction": 0.5},
-        "loss": {"double": True, "td": "huber"},
-    }))
-    config.optim.update({"learning_rate": 2.5e-4, "max_grad_norm": 10.0, "schedule": "constant"})
+    config = q_config("dqn")
+    config.returns.n_step = 1
+    config.replay = ConfigDict({
+        "buffer_size": 50_000,  # env steps kept per run, over all its envs
+        "batch_size": 128,  # sequences per gradient step, over all envs (a multiple of num_envs)
+        "gradient_steps": 1,  # per update (num_steps x num_envs env steps)
+        "learning_starts": 1_000,  # env steps per run before training starts
+        "prioritised": False,
+        "priority_alpha": 0.6,
+        "priority_beta": 0.4,
+    })
+    config.target = ConfigDict({"every": 250, "tau": 1.0})  # gradient steps between target updates; 1.0: a copy
+    config.loss = ConfigDict({"double": True, "td": "huber"})
+    config.optim.learning_rate = 2.5e-4
     return config
 
 
 def build_dqn(config: ConfigDict, mesh) -> DQN:
     env, eval_max_steps = make_env(config)
-    n, r = config.network, config.replay
-    network = QNetwork(env.action_space().n, tuple(n.hidden_sizes), n.activation, n.dueling, n.layer_norm)
-    o = config.optim
+    r = config.replay
     settings = DQNSettings(
-        num_envs=config.num_envs, num_steps=config.num_steps,
-        num_updates=config.total_steps // (config.num_envs * config.num_steps), schedule=o.schedule,
-        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, weight_decay=o.weight_decay > 0,
-        grad_clip=o.grad_clip, xla_options=config_lib.xla_options(config), reset_ratio=config.env.reset_ratio,
-        buffer_size=r.buffer_size, replay_batch=r.batch_size, gradient_steps=r.gradient_steps,
+        **q_settings(config), buffer_size=r.buffer_size, replay_batch=r.batch_size, gradient_steps=r.gradient_steps,
         learning_starts=r.learning_starts, n_step=config.returns.n_step, double=config.loss.double,
         prioritised=r.prioritised, target_every=config.target.every, td_loss=config.loss.td)
-    return DQN(env, network, settings, mesh, eval_max_steps)
+    return DQN(env, q_network(config, env), settings, mesh, eval_max_steps)
 
 
 def check_dqn_config(config: ConfigDict) -> None:
-    if config.env.name not in envs.registered():
-        raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
-                         f"{', '.join(envs.registered())}")
-    config_lib.positive(config, "num_envs", "num_steps", "env.reset_ratio", "replay.buffer_size",
-                        "replay.batch_size", "replay.gradient_steps", "returns.n_step", "target.every")
+    check_q_config(config)
+    config_lib.positive(config, "replay.buffer_size", "replay.batch_size", "replay.gradient_steps", "returns.n_step",
+                        "target.every")
     config_lib.one_of(config.loss.td, TD_LOSSES, "loss.td")
     r = config.replay
     if r.batch_size % config.num_envs:
@@ -356,19 +243,14 @@ def check_dqn_config(config: ConfigDict) -> None:
                          f"{config.num_envs} holding at least num_steps and returns.n_step steps per env")
     if r.learning_starts < 0:
         raise ValueError(f"config.replay.learning_starts must be >= 0, got {r.learning_starts!r}")
-    batch = config.num_envs * config.num_steps
-    if config.total_steps < batch:
-        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
-    for key in ("returns.gamma", "target.tau", "explore.epsilon_start", "explore.epsilon_end", "explore.fraction",
-                "replay.priority_beta"):
+    for key in ("target.tau", "replay.priority_beta"):
         config_lib.unit_interval(config_lib.get_value(config, key), key)
-    if config.replay.priority_alpha < 0:
-        raise ValueError(f"config.replay.priority_alpha must be >= 0, got {config.replay.priority_alpha!r}")
+    if r.priority_alpha < 0:
+        raise ValueError(f"config.replay.priority_alpha must be >= 0, got {r.priority_alpha!r}")
 
 
 register("dqn", Recipe(build_dqn, DQNHyperparams, {
     "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "max_grad_norm": "optim.max_grad_norm",
-    "weight_decay": "optim.weight_decay", "tau": "target.tau", "epsilon_start": "explore.epsilon_start",
-    "epsilon_end": "explore.epsilon_end", "epsilon_fraction": "explore.fraction",
+    "weight_decay": "optim.weight_decay", "tau": "target.tau", **EXPLORE_KEYS,
     "priority_alpha": "replay.priority_alpha", "priority_beta": "replay.priority_beta"}, check_dqn_config,
     defaults=dqn_config))

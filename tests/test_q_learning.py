@@ -1,4 +1,5 @@
-"""DQN: double-Q bootstrap values, learning on CartPole, exact resume with a partly filled buffer, 1 vs 8 devices."""
+"""DQN and PQN: double-Q bootstrap values, config errors, learning on CartPole, exact resume with a partly filled
+buffer, 1 vs 8 devices."""
 
 import shutil
 import textwrap
@@ -11,7 +12,7 @@ import pytest
 from conftest import run_python
 from helpers import load_experiment, set_keys
 from jaxrl import train
-from jaxrl.algos.dqn import bootstrap_values
+from jaxrl.algos.q_learning import bootstrap_values
 
 
 def test_bootstrap_values_take_the_max_or_the_target_value_of_the_online_argmax():
@@ -72,6 +73,24 @@ def test_one_and_eight_devices_train_the_same_parameters():
 @pytest.mark.slow
 def test_dqn_solves_cartpole():
     config = set_keys(load_experiment("cartpole_dqn"), {"total_steps": 300_000, "log.progress_bar": False,
+                                                        "eval.every_steps": 0, "checkpoint.every_steps": 0})
+    result = train.run(config, None)
+    assert result.metrics[-1]["eval_return"] >= 475
+
+
+def test_pqn_minibatches_must_divide_the_rollout_and_lambda_lies_in_the_unit_interval():
+    from jaxrl import algos
+    with pytest.raises(ValueError, match="is not divisible by optim.num_minibatches = 7"):
+        algos.validate(set_keys(load_experiment("cartpole_pqn"), {"optim.num_minibatches": 7}))
+    with pytest.raises(ValueError, match="returns.q_lambda"):
+        algos.validate(set_keys(load_experiment("cartpole_pqn"), {"returns.q_lambda": 1.5}))
+    with pytest.raises(ValueError, match="replay.batch_size = 30 must be a multiple of num_envs = 8"):
+        algos.validate(set_keys(load_experiment("cartpole_dqn"), {"replay.batch_size": 30}))
+
+
+@pytest.mark.slow
+def test_pqn_solves_cartpole():
+    config = set_keys(load_experiment("cartpole_pqn"), {"total_steps": 450_560, "log.progress_bar": False,
                                                         "eval.every_steps": 0, "checkpoint.every_steps": 0})
     result = train.run(config, None)
     assert result.metrics[-1]["eval_return"] >= 475

@@ -1,0 +1,139 @@
+"""PQN, parallel Q-learning (Gallici et al., 2024, "Simplifying Deep Temporal Difference Learning"): many
+vectorised envs instead of a replay buffer, a layer-normalised Q-network instead of a target network, and
+Q(lambda) targets over each rollout.
+
+One update, for one run on this device's n envs (inside `engine.compile_chunk`):
+
+    rollout: T steps of every env, epsilon-greedy (`QLearner.rollout`)
+      -> targets: `advantages.lambda_targets` over the rollout, bootstrapped from max_a Q(next obs, a) of the
+         network as it was before the update (at time limits from the final observation)
+      -> epochs x minibatches of the squared error between Q(obs, action) and the targets (`engine.optimise`)
+
+Shapes: n envs, A agents, K actions, T steps per update.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax.sharding import PartitionSpec as P
+from ml_collections import ConfigDict
+
+from jaxrl import config as config_lib
+from jaxrl.advantages import lambda_targets
+from jaxrl.algos.env_policy import trainable
+from jaxrl.algos.env_setup import EnvSettings, check_minibatch_split, env_optimizer, make_env
+from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
+                                    q_settings)
+from jaxrl.algos.registry import Recipe, register
+from jaxrl.engine import optimise
+from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
+
+
+@struct.dataclass
+class PQNHyperparams:
+    """Traced numbers: one compiled program serves a sweep over them."""
+
+    learning_rate: float = 1e-4
+    gamma: float = 0.99
+    q_lambda: float = 0.65  # 0: one-step targets; 1: the rollout's returns
+    max_grad_norm: float = 10.0
+    weight_decay: float = 0.0
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_fraction: float = 0.2
+
+
+@struct.dataclass
+class PQNState:
+    """Everything needed to continue training exactly. Leaves carry a leading run axis [R, ...]."""
+
+    params: Any
+    opt_state: Any
+    env_state: Any  # [R, N, ...]
+    obs: jax.Array  # [R, N, A, d]
+    key: jax.Array  # [R, 2]
+    update_step: jax.Array  # [R] int32
+
+
+class PQN(QLearner):
+    """PQN for single- and multi-agent envs with discrete actions (see the module's docstring)."""
+
+    def __init__(self, env, network, settings: EnvSettings, mesh=None, eval_max_steps: int = 1000):
+        super().__init__(env, network, settings, mesh, eval_max_steps)
+        check_minibatch_split(settings, 1, False, self.mesh)
+
+    def init(self, key: jax.Array) -> PQNState:
+        param_key, env_key, state_key = jax.random.split(key, 3)
+        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, self.settings.num_envs))
+        params = self.policy.init_params(param_key, self.env, obs, env_state)
+        optimizer = env_optimizer(self.settings, PQNHyperparams(), jnp.int32(0))
+        return PQNState(params, optimizer.init(trainable(params)), env_state, obs, state_key, jnp.int32(0))
+
+    def _state_specs(self, state: PQNState) -> PQNState:
+        split = P(RUN_AXIS, DATA_AXIS)
+        return PQNState(params=RUNS, opt_state=RUNS, env_state=split, obs=split, key=RUNS, update_step=RUNS)
+
+    def _loss(self, params, batch: dict, hp: PQNHyperparams):
+        """Squared error of Q(obs, action) [B, A] against the lambda-targets."""
+        q = jnp.take_along_axis(self.q_values(params, batch["obs"]), batch["action"][..., None], axis=-1)[..., 0]
+        loss = 0.5 * jnp.mean(jnp.square(q - batch["targets"]))
+        return loss, {"td_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(q - batch["targets"]))}
+
+    def _update(self, state: PQNState, hp: PQNHyperparams):
+        s = self.settings
+        key, rollout_key, epoch_key = jax.random.split(state.key, 3)
+        env_state, obs, steps, episode = self.rollout(state.params, state, hp, rollout_key)  # steps [n, T, ...]
+        next_values = bootstrap_values(self.q_values(state.params, steps["next_obs"], steps.get("next_mask")))
+        per_agent = lambda x: jnp.broadcast_to(x[..., None], next_values.shape)  # noqa: E731
+        time_major = (jnp.swapaxes(x, 0, 1) for x in (steps["reward"], next_values, per_agent(steps["terminated"]),
+                                                       per_agent(steps["done"])))
+        targets = jnp.swapaxes(lambda_targets(*time_major, hp.gamma, hp.q_lambda), 0, 1)  # [n, T, A]
+        units = {"obs": steps["obs"], "action": steps["action"], "targets": targets}  # [n, T, ...]: a step per unit
+        optimizer = env_optimizer(s, hp, state.update_step)
+        params, opt_state, aux = optimise(self._loss, optimizer, trainable(state.params), state.opt_state, units, hp,
+                                          epoch_key, s.num_epochs, s.num_minibatches)
+        metrics = {**jax.tree.map(jnp.mean, aux), "epsilon": self.epsilon(hp, state.update_step)}
+        metrics.update(jax.lax.psum(episode, DATA_AXIS))
+        state = PQNState({**state.params, **params}, opt_state, env_state, obs, key, state.update_step + 1)
+        return state, metrics
+
+
+# -------------------------------------------------------------------------------------------------
+# From a config
+
+
+def pqn_config() -> ConfigDict:
+    config = q_config("pqn")
+    config.num_envs, config.num_steps = 32, 64
+    config.network.layer_norm = True
+    config.returns.q_lambda = 0.65
+    config.explore.fraction = 0.2
+    config.optim.update({"learning_rate": 1e-4, "num_epochs": 4, "num_minibatches": 16, "schedule": "linear"})
+    return config
+
+
+def build_pqn(config: ConfigDict, mesh) -> PQN:
+    env, eval_max_steps = make_env(config)
+    settings = EnvSettings(**q_settings(config), num_epochs=config.optim.num_epochs,
+                           num_minibatches=config.optim.num_minibatches)
+    return PQN(env, q_network(config, env), settings, mesh, eval_max_steps)
+
+
+def check_pqn_config(config: ConfigDict) -> None:
+    check_q_config(config)
+    config_lib.positive(config, "optim.num_epochs", "optim.num_minibatches")
+    config_lib.unit_interval(config.returns.q_lambda, "returns.q_lambda")
+    batch = config.num_envs * config.num_steps
+    if batch % config.optim.num_minibatches:
+        raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
+                         f"divisible by optim.num_minibatches = {config.optim.num_minibatches}")
+
+
+register("pqn", Recipe(build_pqn, PQNHyperparams, {
+    "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "q_lambda": "returns.q_lambda",
+    "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", **EXPLORE_KEYS},
+    check_pqn_config, defaults=pqn_config))
