@@ -9,8 +9,8 @@ rolls out every env for `num_steps` steps, then runs `num_epochs` epochs of `num
 Brax's trainer gets the same numbers (`batch_size * num_minibatches = num_envs`, so one unroll per training
 step; `unroll_length = num_steps`, `num_updates_per_batch = num_epochs`) and the same networks (four layers
 of 256 swish units for the policy and the value, a tanh-squashed Gaussian). What still differs, by design of
-each trainer: Brax's policy scale is softplus(x) + 0.001 where ours is exp(log_std) (both start near 0.69);
-Brax trains one seed per call, jaxrl all seeds in one program (as its users run seeds).
+each trainer: Brax's policy scale is softplus(x) + 0.001 where ours is exp(log_std); Brax trains one seed per
+call, jaxrl all seeds in one program (as its users run seeds).
 
 Reported: env steps per second of each, whole calls (compile and the evaluations included) and the ratio;
 the greedy return (the mean action) over 16 episodes at the end of each seed's training, at equal env steps.
