@@ -5,7 +5,7 @@
 
 Brax's own PPO settings for these tasks where they carry over: observation normalisation, discount 0.95 (0.97
 for ant), learning rate 3e-4, entropy cost 1e-3 (1e-2 for ant), 2048 envs, a tanh-squashed Gaussian policy with
-state-dependent standard deviations (starting near Brax's 0.69); a time limit of 1000 steps. Brax's GAE restarts every 20-step unroll;
+state-dependent standard deviations; a time limit of 1000 steps. Brax's GAE restarts every 20-step unroll;
 here the whole rollout of `num_steps` is one unroll. Needs brax: pip install -e ".[brax]".
 """
 
@@ -44,7 +44,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.network.activation = "swish"
     config.network.squash = True
     config.network.log_std = "state"
-    config.network.init_log_std = -0.365  # std 0.69 at the start, as Brax's softplus(0) + 0.001
     config.log.every_steps = 1_000_000
     config.eval.every_steps = 5_000_000
     config.eval.num_envs = 64
