@@ -150,8 +150,11 @@ def q_config(name: str) -> ConfigDict:
 
 
 def q_network(config: ConfigDict, env: envs.Environment) -> QNetwork:
-    n = config.network
-    return QNetwork(env.action_space().n, tuple(n.hidden_sizes), n.activation, n.dueling, n.layer_norm)
+    n, space = config.network, env.action_space()
+    if not hasattr(space, "n"):
+        raise ValueError(f"config.algorithm={config.algorithm!r} needs discrete actions; {config.env.name!r} "
+                         f"has {space!r}")
+    return QNetwork(space.n, tuple(n.hidden_sizes), n.activation, n.dueling, n.layer_norm)
 
 
 def q_settings(config: ConfigDict) -> dict:
