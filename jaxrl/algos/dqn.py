@@ -26,18 +26,17 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, replay
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import trainable
-from jaxrl.algos.env_setup import EnvSettings, env_optimizer, make_env
+from jaxrl.algos.env_setup import env_optimizer, make_env
+from jaxrl.algos.off_policy import ReplayLearner, ReplaySettings, ReplayState
 from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
                                     q_settings)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step
-from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 TD_LOSSES = ("huber", "squared")
 
@@ -59,69 +58,20 @@ class DQNHyperparams:
 
 
 @dataclasses.dataclass(frozen=True)
-class DQNSettings(EnvSettings):
-    """Static sizes and choices (EnvSettings' num_epochs / num_minibatches are unused)."""
-
-    buffer_size: int = 50_000  # env steps a run keeps, over all its envs
-    replay_batch: int = 128  # sequences per gradient step, over all envs
-    gradient_steps: int = 1  # per update
-    learning_starts: int = 1_000  # env steps per run before the first gradient step
-    n_step: int = 1
+class DQNSettings(ReplaySettings):
     double: bool = True
-    prioritised: bool = False
-    target_every: int = 1
     td_loss: str = "huber"
 
-    @property
-    def buffer_steps_per_env(self) -> int:
-        return self.buffer_size // self.num_envs
 
-
-@struct.dataclass
-class DQNState:
-    """Everything needed to continue training exactly. Leaves carry a leading run axis [R, ...]."""
-
-    params: Any
-    target_params: Any
-    opt_state: Any
-    buffer: replay.Buffer  # items [R, N, C, ...]
-    env_state: Any  # [R, N, ...]
-    obs: jax.Array  # [R, N, A, d]
-    key: jax.Array  # [R, 2]
-    update_step: jax.Array  # [R] int32
-
-
-class DQN(QLearner):
+class DQN(QLearner, ReplayLearner):
     """DQN for single- and multi-agent envs with discrete actions (see the module's docstring)."""
 
-    # ----------------------------------------------------------------------------------------------
-    # Initial state
+    settings: DQNSettings
 
-    def _example_step(self, obs: jax.Array) -> dict:
-        """One env's stored step (zeros shaped like it): what `rollout` adds to the buffer."""
-        A = self.num_agents
-        step = {"obs": obs[0], "action": jnp.zeros((A,), jnp.int32), "reward": jnp.zeros((A,)),
-                "next_obs": obs[0], "terminated": jnp.zeros((), bool), "done": jnp.zeros((), bool)}
-        if self.agent_env.has_action_masks:
-            step["next_mask"] = jnp.zeros((A, self.policy.dist.num_actions), bool)
-        return step
-
-    def init(self, key: jax.Array) -> DQNState:
-        param_key, env_key, state_key = jax.random.split(key, 3)
-        s = self.settings
-        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, s.num_envs))
-        params = self.policy.init_params(param_key, self.env, obs, env_state)
-        optimizer = env_optimizer(s, DQNHyperparams(), jnp.int32(0))
-        buffer = replay.init(self._example_step(obs), s.num_envs, s.buffer_steps_per_env, s.prioritised)
-        return DQNState(params, params, optimizer.init(trainable(params)), buffer, env_state, obs, state_key,
-                        jnp.int32(0))
-
-    def _state_specs(self, state: DQNState) -> DQNState:
-        split = P(RUN_AXIS, DATA_AXIS)
-        buffer = replay.Buffer(jax.tree.map(lambda _: split, state.buffer.items),
-                               None if state.buffer.priorities is None else split, RUNS, RUNS)
-        return DQNState(params=RUNS, target_params=RUNS, opt_state=RUNS, buffer=buffer, env_state=split, obs=split,
-                        key=RUNS, update_step=RUNS)
+    def init_learned(self, key: jax.Array, obs: jax.Array, env_state: Any) -> tuple:
+        params = self.policy.init_params(key, self.env, obs, env_state)
+        optimizer = env_optimizer(self.settings, DQNHyperparams(), jnp.int32(0))
+        return params, params, optimizer.init(trainable(params))
 
     # ----------------------------------------------------------------------------------------------
     # One update of one run on this device's envs
@@ -149,53 +99,28 @@ class DQN(QLearner):
         loss = jnp.mean(batch["weights"] * per_sample)
         return loss, {"td_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(targets - q))}
 
-    def _train(self, state: DQNState, buffer: replay.Buffer, hp: DQNHyperparams, key: jax.Array):
-        """G gradient steps from the buffer. Returns (params, target_params, opt_state, buffer, aux means)."""
-        s = self.settings
-        optimizer = env_optimizer(s, hp, state.update_step)
-        per_env = s.replay_batch // s.num_envs
+    def _train(self, state: ReplayState, buffer: replay.Buffer, hp: DQNHyperparams, key: jax.Array):
+        optimizer = env_optimizer(self.settings, hp, state.update_step)
 
         def gradient(carry, xs):
             params, target_params, opt_state, buffer = carry
             key, count = xs
-            sample = replay.sample(buffer, key, per_env, s.n_step, hp.priority_alpha, hp.priority_beta)
-            flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [n, k, ...] -> [n k, ...]
-            batch = {"items": jax.tree.map(flat, sample.items), "weights": flat(sample.weights),
-                     "target_params": target_params}
-            if s.prioritised:  # this device's |TD| before the step (the loss's own are averaged over devices)
+            batch, sample = self.sample_batch(buffer, key, hp.priority_alpha, hp.priority_beta)
+            batch["target_params"] = target_params
+            if self.settings.prioritised:  # this device's |TD| before the step (the loss's own are averaged over devices)
                 q, targets = self._td(params, target_params, batch["items"], hp)
                 priorities = jnp.abs(targets - q).mean(-1).reshape(sample.columns.shape)
                 buffer = replay.update_priorities(buffer, sample.columns, priorities)
             trained, opt_state, aux = gradient_step(self._loss, optimizer, trainable(params), opt_state, batch, hp)
             params = {**params, **trained}
-            due = (count + 1) % s.target_every == 0
-            tau = jnp.where(due, hp.tau, 0.0)
-            target_params = optax.incremental_update(params, target_params, tau)
+            target_params = optax.incremental_update(params, target_params, jnp.where(self.target_due(count), hp.tau, 0.0))
             return (params, target_params, opt_state, buffer), aux
 
-        counts = state.update_step * s.gradient_steps + jnp.arange(s.gradient_steps)
         carry = (state.params, state.target_params, state.opt_state, buffer)
-        carry, aux = jax.lax.scan(gradient, carry, (jax.random.split(key, s.gradient_steps), counts))
-        return (*carry, jax.tree.map(jnp.mean, aux))
+        xs = (jax.random.split(key, self.settings.gradient_steps), self.gradient_counts(state.update_step))
+        (*learned, buffer), aux = jax.lax.scan(gradient, carry, xs)
+        return tuple(learned), buffer, jax.tree.map(jnp.mean, aux)
 
-    def _update(self, state: DQNState, hp: DQNHyperparams):
-        s = self.settings
-        key, rollout_key, train_key = jax.random.split(state.key, 3)
-        env_state, obs, steps, episode = self.rollout(state.params, state, hp, rollout_key)
-        buffer = replay.add(state.buffer, steps)
-        params, target_params, opt_state, trained_buffer, aux = self._train(state, buffer, hp, train_key)
-        # Before learning_starts env steps (and until a row holds an n-step sequence) nothing trains.
-        env_steps = (state.update_step + 1) * s.num_steps * s.num_envs
-        ready = (env_steps >= s.learning_starts) & (replay.num_starts(buffer, s.n_step) > 0)
-        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, old)  # noqa: E731
-        params, target_params, opt_state = keep((params, target_params, opt_state),
-                                                (state.params, state.target_params, state.opt_state))
-        buffer = buffer.replace(priorities=keep(trained_buffer.priorities, buffer.priorities))
-        metrics = {**aux, "epsilon": self.epsilon(hp, state.update_step), "buffer_fill": replay.fill(buffer),
-                   "replay_ratio": jnp.float32(s.gradient_steps * s.replay_batch / (s.num_steps * s.num_envs)),
-                   "learning": ready.astype(jnp.float32)}
-        metrics.update(jax.lax.psum(episode, DATA_AXIS))
-        return DQNState(params, target_params, opt_state, buffer, env_state, obs, key, state.update_step + 1), metrics
 
 # -------------------------------------------------------------------------------------------------
 # From a config

@@ -1,10 +1,9 @@
-"""What Q-learners share: a Q-network acting epsilon-greedily in auto-resetting envs, on a device mesh, for many
-runs at once (DQN learns from a replay buffer, PQN from each rollout directly).
+"""What Q-learners share: a Q-network acting epsilon-greedily (`off_policy.OffPolicyLearner` runs the envs; DQN
+learns from a replay buffer, PQN from each rollout directly), and the config keys they all read.
 
-The Q-network (`networks.QNetwork`) has the actor-critic calling convention, so `EnvPolicy` serves it: what an
-agent sees, action masks, greedy evaluation (argmax Q), loaded actors. Envs are seen with an agent axis: in a
-multi-agent env every agent acts with the shared network (independent Q-learning). Shapes: n envs on this
-device, A agents, K actions, T steps per update, d observation size.
+The Q-network (`networks.QNetwork`) has the actor-critic calling convention, so `EnvPolicy` serves it (greedy
+evaluation is argmax Q). In a multi-agent env every agent acts with the shared network (independent
+Q-learning). Shapes: A agents, K actions, d observation size.
 """
 
 from __future__ import annotations
@@ -13,16 +12,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, mesh as mesh_lib
-from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy
+from jaxrl import config as config_lib
+from jaxrl.algos.env_policy import PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
-from jaxrl.engine import compile_chunk, seed_keys
-from jaxrl.jitting import jit_method
-from jaxrl.mesh import DATA_AXIS
+from jaxrl.algos.off_policy import OffPolicyLearner
 from jaxrl.networks import QNetwork
 
 
@@ -34,38 +30,15 @@ def bootstrap_values(target_q: jax.Array, online_q: jax.Array | None = None) -> 
     return jnp.take_along_axis(target_q, jnp.argmax(online_q, axis=-1)[..., None], axis=-1)[..., 0]
 
 
-class QLearner(ActsThroughPolicy):
-    """The acting half of a Q-learner. A subclass supplies `init(key)` (one run's state, with `params`,
-    `env_state`, `obs`, `update_step`), `_state_specs(state)` and `_update(state, hp)`; hyperparameters carry
-    epsilon_start, epsilon_end and epsilon_fraction."""
+class QLearner(OffPolicyLearner):
+    """Acting epsilon-greedily on a Q-network. Hyperparameters carry epsilon_start, epsilon_end and
+    epsilon_fraction."""
 
     def __init__(self, env: envs.Environment, network: QNetwork, settings: EnvSettings, mesh=None,
                  eval_max_steps: int = 1000):
-        self.policy = EnvPolicy(env, network, "both", "obs", eval_max_steps)
+        super().__init__(env, network, settings, mesh, eval_max_steps)
         if not hasattr(self.policy.dist, "num_actions"):
             raise ValueError(f"Q-learning needs discrete actions; {env!r} has {env.action_space()!r}")
-        self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
-        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
-        self.settings = settings
-        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
-        self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
-        self._chunk_fn = None
-        self.compile_seconds = 0.0
-
-    def state_shardings(self, state: Any) -> Any:
-        return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self._state_specs(state), state,
-                            is_leaf=lambda x: isinstance(x, P))
-
-    @jit_method
-    def _init_runs(self, keys: jax.Array) -> Any:
-        return jax.lax.map(self.init, keys)
-
-    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> Any:
-        keys = seed_keys(seed, num_seeds, num_settings)
-        mesh_lib.check_runs(len(keys), self.mesh)
-        state = self._init_runs(keys)
-        return jax.device_put(state, self.state_shardings(state))
 
     def epsilon(self, hp: Any, update_step: jax.Array) -> jax.Array:
         """Exploration rate at `update_step`: linear from epsilon_start to epsilon_end over epsilon_fraction of
@@ -74,8 +47,11 @@ class QLearner(ActsThroughPolicy):
         progress = jnp.clip(update_step / span, 0.0, 1.0)
         return hp.epsilon_start + progress * (hp.epsilon_end - hp.epsilon_start)
 
+    def exploration_metrics(self, hp: Any, update_step: jax.Array) -> dict:
+        return {"epsilon": self.epsilon(hp, update_step)}
+
     def explore(self, key: jax.Array, q: jax.Array, mask: jax.Array | None, epsilon) -> jax.Array:
-        """Epsilon-greedy actions [n, A] from masked Q-values [n, A, K]: with probability epsilon a legal action
+        """Epsilon-greedy actions [A] from masked Q-values [A, K]: with probability epsilon a legal action
         uniformly at random, else the greedy one."""
         coin_key, random_key = jax.random.split(key)
         legal = jnp.ones(q.shape, bool) if mask is None else mask
@@ -83,52 +59,14 @@ class QLearner(ActsThroughPolicy):
         explore = jax.random.uniform(coin_key, q.shape[:-1]) < epsilon
         return jnp.where(explore, random_action, jnp.argmax(q, axis=-1)).astype(jnp.int32)
 
-    def rollout(self, params, state: Any, hp: Any, key: jax.Array):
-        """T steps of this device's n envs. Returns (env_state, obs after, steps [n, T, ...] to store, episode
-        sums)."""
-        s = self.settings
-        step_keys = jax.random.split(key, s.num_steps)
-        env_keys = mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys), axis=1)
-        act_keys = jax.vmap(lambda k: mesh_lib.per_item_keys(jax.random.fold_in(k, 1), self.num_local_envs))(step_keys)
-        epsilon = self.epsilon(hp, state.update_step)
-        first = jnp.zeros((self.num_local_envs,), bool)
-
-        def step(carry, xs):
-            env_state, obs = carry
-            env_key, act_key = xs
-            policy = self.policy.step(params, self.env, env_state, obs, (), first)
-            action = jax.vmap(self.explore, (0, 0, 0 if policy.mask is not None else None, None))(
-                act_key, policy.policy_out, policy.mask, epsilon)
-            next_obs, env_state, reward, done, info = self.env.batch_step(env_key, env_state, action)
-            ended = info["returned_episode"]
-            stored = {"obs": obs, "action": action, "reward": reward, "next_obs": info["final_obs"],
-                      "terminated": ended & ~info["truncated"], "done": ended}
-            if self.agent_env.has_action_masks:
-                stored["next_mask"] = jax.vmap(self.agent_env.avail_actions)(info["final_state"])
-            episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
-                       "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
-            if self.policy.reports_wins:
-                episode["win_rate_sum"] = ended & info["won"]
-            return (env_state, next_obs), (stored, episode)
-
-        (env_state, obs), (steps, episode) = jax.lax.scan(step, (state.env_state, state.obs), (env_keys, act_keys))
-        return env_state, obs, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), jax.tree.map(jnp.sum, episode)
+    def act(self, key: jax.Array, policy: PolicyStep, hp: Any, update_step: jax.Array):
+        action = self.explore(key, policy.policy_out, policy.mask, self.epsilon(hp, update_step))
+        return action, action
 
     def q_values(self, params, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         """[..., A, K] masked Q-values of observations [..., A, d]."""
         actor_in = self.policy.inputs(obs, None)[0]
         return self.policy.dist.with_mask(self.network.apply(params, (), actor_in, None)[1], mask)
-
-    def run_chunk(self, state: Any, hp: Any, num_updates: int):
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, self.compile_seconds = compile_chunk(
-                self._update, state, hp, num_updates, self.mesh, self._state_specs(state),
-                xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
-        return self._chunk_fn(state, hp, num_updates)
-
-
 
 
 def q_config(name: str) -> ConfigDict:

@@ -1,0 +1,221 @@
+"""What off-policy learners share: a policy acting in auto-resetting envs on a device mesh for many runs at once
+(`OffPolicyLearner`), and learning from a replay buffer kept in the training state (`ReplayLearner`).
+
+A learner supplies how it acts (`act`: epsilon-greedy Q-values, a sampled or a noisy deterministic policy) and,
+with replay, its gradient steps (`_train`). Its network has the actor-critic calling convention, so `EnvPolicy`
+serves it: what an agent sees, action masks, greedy evaluation, loaded actors. Envs are seen with an agent
+axis: in a multi-agent env every agent acts with the shared network. Shapes: n envs on this device, A agents,
+T steps per update, d observation size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+import envs
+from jaxrl import mesh as mesh_lib, replay
+from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, PolicyStep
+from jaxrl.algos.env_setup import EnvSettings
+from jaxrl.engine import compile_chunk, seed_keys
+from jaxrl.jitting import jit_method
+from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
+
+
+class OffPolicyLearner(ActsThroughPolicy):
+    """The acting half. A subclass supplies `act`, `init(key)` (one run's state, with `params`, `env_state`,
+    `obs`, `update_step`), `_state_specs(state)` and `_update(state, hp)`."""
+
+    def __init__(self, env: envs.Environment, network, settings: EnvSettings, mesh=None,
+                 eval_max_steps: int = 1000):
+        self.policy = EnvPolicy(env, network, "both", "obs", eval_max_steps, squash=settings.squash)
+        self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
+        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
+        self.settings = settings
+        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
+        self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
+        self._chunk_fn = None
+        self.compile_seconds = 0.0
+
+    def state_shardings(self, state: Any) -> Any:
+        return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self._state_specs(state), state,
+                            is_leaf=lambda x: isinstance(x, P))
+
+    @jit_method
+    def _init_runs(self, keys: jax.Array) -> Any:
+        return jax.lax.map(self.init, keys)
+
+    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> Any:
+        keys = seed_keys(seed, num_seeds, num_settings)
+        mesh_lib.check_runs(len(keys), self.mesh)
+        state = self._init_runs(keys)
+        return jax.device_put(state, self.state_shardings(state))
+
+    def act(self, key: jax.Array, policy: PolicyStep, hp: Any, update_step: jax.Array):
+        """One env's exploring action from the networks' outputs on it (`policy` leaves without the env axis,
+        [A, ...]): (the action stored for learning [A, ...], the action the env is given [A, ...])."""
+        raise NotImplementedError
+
+    def rollout(self, params, state: Any, hp: Any, key: jax.Array):
+        """T steps of this device's n envs. Returns (env_state, obs after, steps [n, T, ...] to store, episode
+        sums)."""
+        s = self.settings
+        step_keys = jax.random.split(key, s.num_steps)
+        env_keys = mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys), axis=1)
+        act_keys = jax.vmap(lambda k: mesh_lib.per_item_keys(jax.random.fold_in(k, 1), self.num_local_envs))(step_keys)
+        first = jnp.zeros((self.num_local_envs,), bool)
+
+        def step(carry, xs):
+            env_state, obs = carry
+            env_key, act_key = xs
+            policy = self.policy.step(params, self.env, env_state, obs, (), first)
+            action, env_action = jax.vmap(self.act, (0, 0, None, None))(act_key, policy, hp, state.update_step)
+            next_obs, env_state, reward, done, info = self.env.batch_step(env_key, env_state, env_action)
+            ended = info["returned_episode"]
+            stored = {"obs": obs, "action": action, "reward": reward, "next_obs": info["final_obs"],
+                      "terminated": ended & ~info["truncated"], "done": ended}
+            if self.agent_env.has_action_masks:
+                stored["next_mask"] = jax.vmap(self.agent_env.avail_actions)(info["final_state"])
+            episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
+                       "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
+            if self.policy.reports_wins:
+                episode["win_rate_sum"] = ended & info["won"]
+            return (env_state, next_obs), (stored, episode)
+
+        (env_state, obs), (steps, episode) = jax.lax.scan(step, (state.env_state, state.obs), (env_keys, act_keys))
+        return env_state, obs, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), jax.tree.map(jnp.sum, episode)
+
+    def run_chunk(self, state: Any, hp: Any, num_updates: int):
+        num_updates = jnp.int32(num_updates)
+        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
+        if self._chunk_fn is None:
+            self._chunk_fn, self.compile_seconds = compile_chunk(
+                self._update, state, hp, num_updates, self.mesh, self._state_specs(state),
+                xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
+        return self._chunk_fn(state, hp, num_updates)
+
+
+# -------------------------------------------------------------------------------------------------
+# Learning from a replay buffer
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySettings(EnvSettings):
+    """Static sizes and choices of a replay learner (EnvSettings' num_epochs / num_minibatches are unused)."""
+
+    buffer_size: int = 50_000  # env steps a run keeps, over all its envs
+    replay_batch: int = 128  # sequences per gradient step, over all envs
+    gradient_steps: int = 1  # per update
+    learning_starts: int = 1_000  # env steps per run before the first gradient step
+    n_step: int = 1  # steps per sampled sequence
+    prioritised: bool = False
+    target_every: int = 1  # gradient steps between target-network updates
+
+    @property
+    def buffer_steps_per_env(self) -> int:
+        return self.buffer_size // self.num_envs
+
+
+@struct.dataclass
+class ReplayState:
+    """Everything needed to continue training exactly. Leaves carry a leading run axis [R, ...]."""
+
+    params: Any
+    target_params: Any
+    opt_state: Any
+    buffer: replay.Buffer  # items [R, N, C, ...]
+    env_state: Any  # [R, N, ...]
+    obs: jax.Array  # [R, N, A, d]
+    key: jax.Array  # [R, 2]
+    update_step: jax.Array  # [R] int32
+
+
+class ReplayLearner(OffPolicyLearner):
+    """Each update: a rollout (`rollout`), its steps added to the buffer, then `settings.gradient_steps` gradient
+    steps (`_train`), which leave the learned state unchanged until `learning_starts` env steps have been
+    taken and every row holds a sequence. A subclass supplies `act`, `init_learned(key, obs, env_state)` and
+    `_train`."""
+
+    settings: ReplaySettings
+
+    def stored_step(self, obs: jax.Array) -> dict:
+        """One env's stored step (zeros shaped like it) from the obs [n, A, d] of a reset."""
+        A, dist = self.num_agents, self.policy.dist
+        if hasattr(dist, "num_actions"):
+            action = jnp.zeros((A,), jnp.int32)
+        else:
+            action = jnp.zeros((A, dist.action_dim), jnp.float32)
+        step = {"obs": obs[0], "action": action, "reward": jnp.zeros((A,)), "next_obs": obs[0],
+                "terminated": jnp.zeros((), bool), "done": jnp.zeros((), bool)}
+        if self.agent_env.has_action_masks:
+            step["next_mask"] = jnp.zeros((A, dist.num_actions), bool)
+        return step
+
+    def init_learned(self, key: jax.Array, obs: jax.Array, env_state: Any) -> tuple:
+        """(params, target_params, opt_state) of a new run."""
+        raise NotImplementedError
+
+    def init(self, key: jax.Array) -> ReplayState:
+        param_key, env_key, state_key = jax.random.split(key, 3)
+        s = self.settings
+        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, s.num_envs))
+        buffer = replay.init(self.stored_step(obs), s.num_envs, s.buffer_steps_per_env, s.prioritised)
+        return ReplayState(*self.init_learned(param_key, obs, env_state), buffer, env_state, obs, state_key,
+                           jnp.int32(0))
+
+    def _state_specs(self, state: ReplayState) -> ReplayState:
+        split = P(RUN_AXIS, DATA_AXIS)
+        buffer = replay.Buffer(jax.tree.map(lambda _: split, state.buffer.items),
+                               None if state.buffer.priorities is None else split, RUNS, RUNS)
+        return ReplayState(params=RUNS, target_params=RUNS, opt_state=RUNS, buffer=buffer, env_state=split,
+                           obs=split, key=RUNS, update_step=RUNS)
+
+    def _train(self, state: ReplayState, buffer: replay.Buffer, hp: Any, key: jax.Array):
+        """The update's gradient steps: ((params, target_params, opt_state), buffer with new priorities,
+        metrics averaged over the steps)."""
+        raise NotImplementedError
+
+    def sample_batch(self, buffer: replay.Buffer, key: jax.Array, alpha=0.6, beta=0.4) -> tuple[dict, replay.Sample]:
+        """This device's share of a batch: ({"items": leaves [B, L, ...], "weights": [B]}, the sample), B =
+        replay_batch / num_envs per env of this device, L = n_step. `alpha`, `beta`: prioritised replay's."""
+        s = self.settings
+        sample = replay.sample(buffer, key, s.replay_batch // s.num_envs, s.n_step, alpha, beta)
+        flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [n, k, ...] -> [n k, ...]
+        return {"items": jax.tree.map(flat, sample.items), "weights": flat(sample.weights)}, sample
+
+    def target_due(self, count: jax.Array) -> jax.Array:
+        """Whether gradient step `count` (counted over the run) moves the target network."""
+        return (count + 1) % self.settings.target_every == 0
+
+    def gradient_counts(self, update_step: jax.Array) -> jax.Array:
+        """[G] the run-wide indices of this update's gradient steps."""
+        G = self.settings.gradient_steps
+        return update_step * G + jnp.arange(G)
+
+    def _update(self, state: ReplayState, hp: Any):
+        s = self.settings
+        key, rollout_key, train_key = jax.random.split(state.key, 3)
+        env_state, obs, steps, episode = self.rollout(state.params, state, hp, rollout_key)
+        buffer = replay.add(state.buffer, steps)
+        learned, trained_buffer, aux = self._train(state, buffer, hp, train_key)
+        env_steps = (state.update_step + 1) * s.num_steps * s.num_envs
+        ready = (env_steps >= s.learning_starts) & (replay.num_starts(buffer, s.n_step) > 0)
+        keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, old)  # noqa: E731
+        params, target_params, opt_state = keep(learned, (state.params, state.target_params, state.opt_state))
+        buffer = buffer.replace(priorities=keep(trained_buffer.priorities, buffer.priorities))
+        metrics = {**aux, "buffer_fill": replay.fill(buffer),
+                   "replay_ratio": jnp.float32(s.gradient_steps * s.replay_batch / (s.num_steps * s.num_envs)),
+                   "learning": ready.astype(jnp.float32), **self.exploration_metrics(hp, state.update_step)}
+        metrics.update(jax.lax.psum(episode, DATA_AXIS))
+        state = ReplayState(params, target_params, opt_state, buffer, env_state, obs, key, state.update_step + 1)
+        return state, metrics
+
+    def exploration_metrics(self, hp: Any, update_step: jax.Array) -> dict:
+        """What the learner logs about its exploration (e.g. epsilon)."""
+        return {}
