@@ -184,10 +184,14 @@ class DiagGaussian:
         return h
 
     def to_env(self, action: jax.Array) -> jax.Array:
-        low, high = jnp.asarray(self.low, jnp.float32), jnp.asarray(self.high, jnp.float32)
         if self.squash:
-            return low + 0.5 * (jnp.tanh(action) + 1.0) * (high - low)
-        return jnp.clip(action, low, high)
+            return self.from_unit_box(jnp.tanh(action))
+        return jnp.clip(action, jnp.asarray(self.low, jnp.float32), jnp.asarray(self.high, jnp.float32))
+
+    def from_unit_box(self, a: jax.Array) -> jax.Array:
+        """Actions in [-1, 1]^D (a squashed sample) -> the env's bounds, linearly. [..., D] -> [..., D]"""
+        low, high = jnp.asarray(self.low, jnp.float32), jnp.asarray(self.high, jnp.float32)
+        return low + 0.5 * (a + 1.0) * (high - low)
 
 
 def for_action_space(space, squash: bool = False):

@@ -110,6 +110,16 @@ class ActorCritic(nn.Module):
         return carry, out, jnp.squeeze(value, -1)
 
 
+def hidden_layers(x: jax.Array, sizes: Sequence[int], activation: str, layer_norm: bool) -> jax.Array:
+    """Dense layers (orthogonal, gain sqrt(2)) with LayerNorm before each activation if `layer_norm`, inside the
+    calling module's compact scope. [..., in] -> [..., sizes[-1]]"""
+    act = activation_fn(activation)
+    for size in sizes:
+        x = orthogonal_dense(size, np.sqrt(2))(x)
+        x = act(nn.LayerNorm()(x) if layer_norm else x)
+    return x
+
+
 class QNetwork(nn.Module):
     """Action values on the actor-critic calling convention, so that what serves actor-critics (the inputs an
     agent sees, action masks, greedy evaluation, loaded actors) serves Q-learning too: the policy outputs are
@@ -132,10 +142,7 @@ class QNetwork(nn.Module):
 
     @nn.compact
     def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array | None = None, first: jax.Array | None = None):
-        act, x = activation_fn(self.activation), actor_in
-        for size in self.hidden_sizes:
-            x = orthogonal_dense(size, np.sqrt(2))(x)
-            x = act(nn.LayerNorm()(x) if self.layer_norm else x)
+        x = hidden_layers(actor_in, self.hidden_sizes, self.activation, self.layer_norm)
         if self.dueling:
             value = orthogonal_dense(1, 1.0)(x)
             advantage = orthogonal_dense(self.num_actions, 1.0)(x)
@@ -143,6 +150,75 @@ class QNetwork(nn.Module):
         else:
             q = orthogonal_dense(self.num_actions, 1.0)(x)
         return carry, q, jnp.max(q, axis=-1)
+
+
+class ActorAndCritics(nn.Module):
+    """A policy and an ensemble of E action-value critics, as SAC, TD3 and TQC use them.
+
+    On the actor-critic calling convention it is the policy (value is 0), so that what serves actor-critics
+    (evaluation, loaded actors) serves it: (carry, actor_in [..., d], critic_in (unused), first) -> ((),
+    policy outputs [..., P], zeros [...]). `critics` is the ensemble:
+
+        net.apply(params, obs_in [..., d], action [..., D], method="critics")  -> [E, ..., N]      (continuous)
+        net.apply(params, obs_in [..., d], None, method="critics")            -> [E, ..., K, N]   (discrete)
+
+    each critic giving N atoms (N = 1: the action value; N > 1: quantiles of the return). The E critics are one
+    vmapped MLP (parameters [E, ...]): one batched matmul per layer, and each starts from its own weights.
+    `num_actions` K for discrete actions (a critic gives one value per action), None for continuous ones (the
+    action is an input). Continuous policies output a mean and a state-dependent log-std per dimension.
+    `layer_norm`: LayerNorm before each hidden activation of the critics.
+    """
+
+    num_outputs: int
+    num_actions: int | None = None
+    hidden_sizes: Sequence[int] = (256, 256)
+    activation: str = "relu"
+    num_critics: int = 2
+    num_quantiles: int = 1
+    layer_norm: bool = False
+
+    recurrent = False
+
+    def initial_carry(self, batch_shape: tuple[int, ...]) -> tuple:
+        return ()
+
+    def setup(self):
+        self.actor = MLP(self.hidden_sizes, self.num_outputs, self.activation, head_scale=0.01)
+        per_action = 1 if self.num_actions is None else self.num_actions
+        ensemble = nn.vmap(CriticMLP, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None,
+                           out_axes=0, axis_size=self.num_critics)
+        self.ensemble = ensemble(self.hidden_sizes, per_action * self.num_quantiles, self.activation, self.layer_norm)
+
+    def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array | None = None, first: jax.Array | None = None):
+        out = self.actor(actor_in)
+        if self.num_actions is None:  # the mean and log-std halves, the log-std computed from the state
+            out = policy_outputs(self, out, "state", 0.0)
+        if self.is_initializing():  # create the critics' parameters too
+            continuous = self.num_actions is None
+            self.critics(actor_in, jnp.zeros((*actor_in.shape[:-1], self.num_outputs // 2)) if continuous else None)
+        return carry, out, jnp.zeros(out.shape[:-1], out.dtype)
+
+    def critics(self, obs_in: jax.Array, action: jax.Array | None) -> jax.Array:
+        x = obs_in if action is None else jnp.concatenate([obs_in, action.astype(obs_in.dtype)], axis=-1)
+        out = self.ensemble(x)  # [E, ..., per_action * N]
+        if self.num_actions is None:
+            return out
+        return out.reshape(*out.shape[:-1], self.num_actions, self.num_quantiles)
+
+
+class CriticMLP(nn.Module):
+    """One critic: hidden layers (LayerNorm before each activation, optionally), then a linear head.
+    [..., in] -> [..., out_dim]"""
+
+    hidden_sizes: Sequence[int]
+    out_dim: int
+    activation: str = "relu"
+    layer_norm: bool = False
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = hidden_layers(x, self.hidden_sizes, self.activation, self.layer_norm)
+        return orthogonal_dense(self.out_dim, 1.0)(x)
 
 
 def _gates(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -32,9 +32,9 @@ from jaxrl import config as config_lib, replay
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import env_optimizer, make_env
-from jaxrl.algos.off_policy import ReplayLearner, ReplaySettings, ReplayState
-from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
-                                    q_settings)
+from jaxrl.algos.off_policy import (ReplayLearner, ReplaySettings, ReplayState, check_replay_config, replay_config,
+                                    replay_settings)
+from jaxrl.algos.q_learning import EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step
 
@@ -129,15 +129,7 @@ class DQN(QLearner, ReplayLearner):
 def dqn_config() -> ConfigDict:
     config = q_config("dqn")
     config.returns.n_step = 1
-    config.replay = ConfigDict({
-        "buffer_size": 50_000,  # env steps kept per run, over all its envs
-        "batch_size": 128,  # sequences per gradient step, over all envs (a multiple of num_envs)
-        "gradient_steps": 1,  # per update (num_steps x num_envs env steps)
-        "learning_starts": 1_000,  # env steps per run before training starts
-        "prioritised": False,
-        "priority_alpha": 0.6,
-        "priority_beta": 0.4,
-    })
+    config.replay = replay_config()
     config.target = ConfigDict({"every": 250, "tau": 1.0})  # gradient steps between target updates; 1.0: a copy
     config.loss = ConfigDict({"double": True, "td": "huber"})
     config.optim.learning_rate = 2.5e-4
@@ -146,32 +138,16 @@ def dqn_config() -> ConfigDict:
 
 def build_dqn(config: ConfigDict, mesh) -> DQN:
     env, eval_max_steps = make_env(config)
-    r = config.replay
-    settings = DQNSettings(
-        **q_settings(config), buffer_size=r.buffer_size, replay_batch=r.batch_size, gradient_steps=r.gradient_steps,
-        learning_starts=r.learning_starts, n_step=config.returns.n_step, double=config.loss.double,
-        prioritised=r.prioritised, target_every=config.target.every, td_loss=config.loss.td)
+    settings = DQNSettings(**replay_settings(config, config.returns.n_step), double=config.loss.double,
+                           td_loss=config.loss.td)
     return DQN(env, q_network(config, env), settings, mesh, eval_max_steps)
 
 
 def check_dqn_config(config: ConfigDict) -> None:
     check_q_config(config)
-    config_lib.positive(config, "replay.buffer_size", "replay.batch_size", "replay.gradient_steps", "returns.n_step",
-                        "target.every")
+    config_lib.positive(config, "returns.n_step")
+    check_replay_config(config, config.returns.n_step)
     config_lib.one_of(config.loss.td, TD_LOSSES, "loss.td")
-    r = config.replay
-    if r.batch_size % config.num_envs:
-        raise ValueError(f"config.replay.batch_size = {r.batch_size} must be a multiple of num_envs = "
-                         f"{config.num_envs}: every env gives batch_size / num_envs samples")
-    if r.buffer_size % config.num_envs or r.buffer_size // config.num_envs < max(config.num_steps, config.returns.n_step):
-        raise ValueError(f"config.replay.buffer_size = {r.buffer_size} must be a multiple of num_envs = "
-                         f"{config.num_envs} holding at least num_steps and returns.n_step steps per env")
-    if r.learning_starts < 0:
-        raise ValueError(f"config.replay.learning_starts must be >= 0, got {r.learning_starts!r}")
-    for key in ("target.tau", "replay.priority_beta"):
-        config_lib.unit_interval(config_lib.get_value(config, key), key)
-    if r.priority_alpha < 0:
-        raise ValueError(f"config.replay.priority_alpha must be >= 0, got {r.priority_alpha!r}")
 
 
 register("dqn", Recipe(build_dqn, DQNHyperparams, {

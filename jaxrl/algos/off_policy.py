@@ -17,9 +17,10 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 from jax.sharding import NamedSharding, PartitionSpec as P
+from ml_collections import ConfigDict
 
 import envs
-from jaxrl import mesh as mesh_lib, replay
+from jaxrl import config as config_lib, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
 from jaxrl.engine import compile_chunk, seed_keys
@@ -80,7 +81,8 @@ class OffPolicyLearner(ActsThroughPolicy):
             ended = info["returned_episode"]
             stored = {"obs": obs, "action": action, "reward": reward, "next_obs": info["final_obs"],
                       "terminated": ended & ~info["truncated"], "done": ended}
-            if self.agent_env.has_action_masks:
+            if self.agent_env.has_action_masks:  # legal actions where the step was taken and in the next obs
+                stored["mask"] = policy.mask
                 stored["next_mask"] = jax.vmap(self.agent_env.avail_actions)(info["final_state"])
             episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
                        "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
@@ -154,7 +156,7 @@ class ReplayLearner(OffPolicyLearner):
         step = {"obs": obs[0], "action": action, "reward": jnp.zeros((A,)), "next_obs": obs[0],
                 "terminated": jnp.zeros((), bool), "done": jnp.zeros((), bool)}
         if self.agent_env.has_action_masks:
-            step["next_mask"] = jnp.zeros((A, dist.num_actions), bool)
+            step["mask"] = step["next_mask"] = jnp.zeros((A, dist.num_actions), bool)
         return step
 
     def init_learned(self, key: jax.Array, obs: jax.Array, env_state: Any) -> tuple:
@@ -219,3 +221,78 @@ class ReplayLearner(OffPolicyLearner):
     def exploration_metrics(self, hp: Any, update_step: jax.Array) -> dict:
         """What the learner logs about its exploration (e.g. epsilon)."""
         return {}
+
+
+# -------------------------------------------------------------------------------------------------
+# From a config
+
+
+def off_policy_config(name: str) -> ConfigDict:
+    """The keys every off-policy learner reads (envs, gamma); the learner adds its network and its own."""
+    config = config_lib.base_config()
+    config.algorithm = name
+    config.update(ConfigDict({
+        "num_envs": 4,  # parallel environments per seed, split over devices
+        "num_steps": 4,  # env steps per env per update
+        "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
+        "returns": {"gamma": 0.99},
+    }))
+    return config
+
+
+def off_policy_settings(config: ConfigDict) -> dict:
+    """EnvSettings fields every off-policy learner reads."""
+    o = config.optim
+    return dict(num_envs=config.num_envs, num_steps=config.num_steps,
+                num_updates=config.total_steps // (config.num_envs * config.num_steps), schedule=o.schedule,
+                warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, weight_decay=o.weight_decay > 0,
+                grad_clip=o.grad_clip, xla_options=config_lib.xla_options(config), reset_ratio=config.env.reset_ratio)
+
+
+def check_off_policy_config(config: ConfigDict) -> None:
+    if config.env.name not in envs.registered():
+        raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
+                         f"{', '.join(envs.registered())}")
+    config_lib.positive(config, "num_envs", "num_steps", "env.reset_ratio")
+    batch = config.num_envs * config.num_steps
+    if config.total_steps < batch:
+        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
+    config_lib.unit_interval(config.returns.gamma, "returns.gamma")
+
+
+def replay_config() -> ConfigDict:
+    """config.replay: the buffer and how much is learned from it."""
+    return ConfigDict({
+        "buffer_size": 50_000,  # env steps kept per run, over all its envs
+        "batch_size": 128,  # sequences per gradient step, over all envs (a multiple of num_envs)
+        "gradient_steps": 1,  # per update (num_steps x num_envs env steps)
+        "learning_starts": 1_000,  # env steps per run before training starts
+        "prioritised": False,
+        "priority_alpha": 0.6,
+        "priority_beta": 0.4,
+    })
+
+
+def replay_settings(config: ConfigDict, n_step: int = 1) -> dict:
+    """ReplaySettings fields from config.replay, config.target.every and the other off-policy keys."""
+    r = config.replay
+    return dict(**off_policy_settings(config), buffer_size=r.buffer_size, replay_batch=r.batch_size,
+                gradient_steps=r.gradient_steps, learning_starts=r.learning_starts, n_step=n_step,
+                prioritised=r.prioritised, target_every=config.target.every)
+
+
+def check_replay_config(config: ConfigDict, n_step: int = 1) -> None:
+    config_lib.positive(config, "replay.buffer_size", "replay.batch_size", "replay.gradient_steps", "target.every")
+    r = config.replay
+    if r.batch_size % config.num_envs:
+        raise ValueError(f"config.replay.batch_size = {r.batch_size} must be a multiple of num_envs = "
+                         f"{config.num_envs}: every env gives batch_size / num_envs samples")
+    if r.buffer_size % config.num_envs or r.buffer_size // config.num_envs < max(config.num_steps, n_step):
+        raise ValueError(f"config.replay.buffer_size = {r.buffer_size} must be a multiple of num_envs = "
+                         f"{config.num_envs} holding at least num_steps and returns.n_step steps per env")
+    if r.learning_starts < 0:
+        raise ValueError(f"config.replay.learning_starts must be >= 0, got {r.learning_starts!r}")
+    for key in ("target.tau", "replay.priority_beta"):
+        config_lib.unit_interval(config_lib.get_value(config, key), key)
+    if r.priority_alpha < 0:
+        raise ValueError(f"config.replay.priority_alpha must be >= 0, got {r.priority_alpha!r}")

@@ -26,8 +26,8 @@ from jaxrl import config as config_lib
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import EnvSettings, check_minibatch_split, env_optimizer, make_env
-from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
-                                    q_settings)
+from jaxrl.algos.off_policy import off_policy_settings
+from jaxrl.algos.q_learning import EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import optimise
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
@@ -118,7 +118,7 @@ def pqn_config() -> ConfigDict:
 
 def build_pqn(config: ConfigDict, mesh) -> PQN:
     env, eval_max_steps = make_env(config)
-    settings = EnvSettings(**q_settings(config), num_epochs=config.optim.num_epochs,
+    settings = EnvSettings(**off_policy_settings(config), num_epochs=config.optim.num_epochs,
                            num_minibatches=config.optim.num_minibatches)
     return PQN(env, q_network(config, env), settings, mesh, eval_max_steps)
 

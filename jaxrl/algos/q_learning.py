@@ -18,7 +18,7 @@ import envs
 from jaxrl import config as config_lib
 from jaxrl.algos.env_policy import PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
-from jaxrl.algos.off_policy import OffPolicyLearner
+from jaxrl.algos.off_policy import OffPolicyLearner, check_off_policy_config, off_policy_config
 from jaxrl.networks import QNetwork
 
 
@@ -71,15 +71,10 @@ class QLearner(OffPolicyLearner):
 
 def q_config(name: str) -> ConfigDict:
     """The keys every Q-learner reads: env, network, gamma, exploration; the learner adds its own."""
-    config = config_lib.base_config()
-    config.algorithm = name
+    config = off_policy_config(name)
     config.update(ConfigDict({
-        "num_envs": 4,  # parallel environments per seed, split over devices
-        "num_steps": 4,  # env steps per env per update
-        "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
         # dueling: Q = V + A - mean(A); layer_norm: LayerNorm before each hidden activation
         "network": {"hidden_sizes": (64, 64), "activation": "relu", "dueling": False, "layer_norm": False},
-        "returns": {"gamma": 0.99},
         # epsilon falls linearly from epsilon_start to epsilon_end over `fraction` of the run's updates
         "explore": {"epsilon_start": 1.0, "epsilon_end": 0.05, "fraction": 0.5},
     }))
@@ -95,24 +90,9 @@ def q_network(config: ConfigDict, env: envs.Environment) -> QNetwork:
     return QNetwork(space.n, tuple(n.hidden_sizes), n.activation, n.dueling, n.layer_norm)
 
 
-def q_settings(config: ConfigDict) -> dict:
-    """EnvSettings fields every Q-learner reads."""
-    o = config.optim
-    return dict(num_envs=config.num_envs, num_steps=config.num_steps,
-                num_updates=config.total_steps // (config.num_envs * config.num_steps), schedule=o.schedule,
-                warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, weight_decay=o.weight_decay > 0,
-                grad_clip=o.grad_clip, xla_options=config_lib.xla_options(config), reset_ratio=config.env.reset_ratio)
-
-
 def check_q_config(config: ConfigDict) -> None:
-    if config.env.name not in envs.registered():
-        raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
-                         f"{', '.join(envs.registered())}")
-    config_lib.positive(config, "num_envs", "num_steps", "env.reset_ratio")
-    batch = config.num_envs * config.num_steps
-    if config.total_steps < batch:
-        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
-    for key in ("returns.gamma", "explore.epsilon_start", "explore.epsilon_end", "explore.fraction"):
+    check_off_policy_config(config)
+    for key in ("explore.epsilon_start", "explore.epsilon_end", "explore.fraction"):
         config_lib.unit_interval(config_lib.get_value(config, key), key)
 
 

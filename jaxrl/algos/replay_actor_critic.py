@@ -1,0 +1,429 @@
+"""Off-policy actor-critics from a replay buffer: SAC (Haarnoja et al., 2018; with discrete actions, Christodoulou,
+2019), TD3 (Fujimoto et al., 2018) and TQC (Kuznetsov et al., 2020), as one learner whose rules are settings:
+
+    policy      "stochastic": a tanh-squashed Gaussian (a softmax for discrete actions) with an entropy bonus
+                whose temperature is learned towards a target entropy (SAC, TQC);
+                "deterministic": tanh of the mean, explored with Gaussian noise; target actions smoothed with
+                clipped noise; the actor and the targets move every `policy_delay` gradient steps (TD3)
+    critics     E critics of N atoms each, one vmapped module (`networks.ActorAndCritics`). N = 1: action
+                values, the target takes their minimum (clipped double Q); N > 1: quantiles, the target pools
+                the E N atoms of the next state and drops the largest `drop_per_critic` x E (TQC), and each
+                critic fits the kept atoms by quantile Huber regression
+    actor_value what the actor maximises: "min" over the critics (SAC), the "first" critic (TD3), the "mean" of
+                all atoms (TQC)
+
+One update, for one run on this device's n envs (inside `engine.compile_chunk`):
+
+    rollout: T steps of every env (`OffPolicyLearner.rollout`; uniform random actions before learning_starts)
+      -> `replay.add`
+      -> G gradient steps, each on replay_batch transitions: the critics towards
+         r + gamma (1 - terminated) (Z_target(s', a') - alpha log pi(a'|s')), then (when due) the actor, the
+         temperature and the target networks (Polyak, `target.tau`)
+
+Continuous actions are stored as the squashed action a in [-1, 1]^D that the critics see; the env gets a
+rescaled to its bounds. Shapes: n envs, A agents, D action dimensions (K actions), E critics, N atoms, B
+transitions in a batch (this device's share).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from ml_collections import ConfigDict
+
+from jaxrl import config as config_lib, mesh as mesh_lib, replay
+from jaxrl.algos.env_policy import PolicyStep
+from jaxrl.algos.env_setup import make_env
+from jaxrl.algos.off_policy import (ReplayLearner, ReplaySettings, ReplayState, check_off_policy_config,
+                                    check_replay_config, off_policy_config, replay_config, replay_settings)
+from jaxrl.algos.registry import Recipe, register
+from jaxrl.engine import gradient_step, make_optimizer
+from jaxrl.networks import ActorAndCritics
+
+POLICIES = ("stochastic", "deterministic")
+ACTOR_VALUES = ("min", "first", "mean")
+
+
+@struct.dataclass
+class ReplayActorCriticHyperparams:
+    """Traced numbers: one compiled program serves a sweep over them."""
+
+    actor_learning_rate: float = 3e-4
+    critic_learning_rate: float = 1e-3
+    temperature_learning_rate: float = 1e-3
+    gamma: float = 0.99
+    tau: float = 0.005  # target <- tau * online + (1 - tau) * target
+    max_grad_norm: float = float("inf")
+    target_entropy_scale: float = 1.0  # target entropy: -scale * D (continuous) or scale * log K (discrete)
+    explore_noise: float = 0.1  # deterministic policies: std of the exploration noise, in [-1, 1] units
+    target_noise: float = 0.2  # ... std of the target-action smoothing noise
+    target_noise_clip: float = 0.5  # ... clipped to +-this
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayActorCriticSettings(ReplaySettings):
+    policy: str = "stochastic"
+    learn_temperature: bool = True
+    init_temperature: float = 1.0  # alpha at the start (the fixed alpha when it is not learned)
+    policy_delay: int = 1  # gradient steps per actor (and temperature) step
+    num_critics: int = 2
+    num_quantiles: int = 1
+    drop_per_critic: int = 0  # quantile critics: atoms per critic dropped from the pooled target
+    actor_value: str = "min"
+
+
+def quantile_huber_loss(atoms: jax.Array, targets: jax.Array) -> jax.Array:
+    """Quantile regression with the Huber loss (kappa 1; Dabney et al., 2018): atoms [..., N] at quantile
+    levels (i + 1/2) / N fit target samples [..., M]; the mean over every pair and leading axis."""
+    N = atoms.shape[-1]
+    levels = (jnp.arange(N, dtype=atoms.dtype) + 0.5) / N
+    delta = targets[..., None, :] - atoms[..., :, None]  # [..., N, M]
+    weight = jnp.abs(levels[:, None] - (delta < 0).astype(atoms.dtype))
+    return jnp.mean(weight * optax.huber_loss(delta))
+
+
+def truncated_atoms(atoms: jax.Array, drop: int) -> jax.Array:
+    """The E critics' atoms [E, ..., N] pooled and sorted, the `drop` largest left out: [..., E N - drop]."""
+    pooled = jnp.moveaxis(atoms, 0, -2).reshape(*atoms.shape[1:-1], -1)
+    return jnp.sort(pooled, axis=-1)[..., :pooled.shape[-1] - drop]
+
+
+class ReplayActorCritic(ReplayLearner):
+    """SAC, TD3 and TQC (see the module's docstring), single- or multi-agent (agents share the networks)."""
+
+    settings: ReplayActorCriticSettings
+
+    def __init__(self, env, network: ActorAndCritics, settings: ReplayActorCriticSettings, mesh=None,
+                 eval_max_steps: int = 1000):
+        super().__init__(env, network, settings, mesh, eval_max_steps)
+        self.discrete = hasattr(self.policy.dist, "num_actions")
+        if self.discrete and settings.policy == "deterministic":
+            raise ValueError(f"a deterministic policy needs continuous actions; {env!r} has {env.action_space()!r}")
+
+    # ----------------------------------------------------------------------------------------------
+    # The networks
+
+    def _policy_out(self, params, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        """Policy outputs [..., A, P] of observations [..., A, d] (illegal actions masked)."""
+        actor_in = self.policy.inputs(obs, None)[0]
+        return self.policy.dist.with_mask(self.network.apply(params, (), actor_in)[1], mask)
+
+    def _critics(self, params, obs: jax.Array, action: jax.Array | None) -> jax.Array:
+        """[E, ..., A, N] for continuous actions [..., A, D]; [E, ..., A, K, N] for discrete ones (action None)."""
+        actor_in = self.policy.inputs(obs, None)[0]
+        return self.network.apply(params, actor_in, action, method="critics")
+
+    def temperature(self, params) -> jax.Array:
+        return jnp.exp(params["temperature"]["log_alpha"])
+
+    def target_entropy(self, hp) -> jax.Array:
+        dist = self.policy.dist
+        if self.discrete:
+            return hp.target_entropy_scale * jnp.log(jnp.float32(dist.num_actions))
+        return -hp.target_entropy_scale * dist.action_dim
+
+    def _noise(self, key: jax.Array, batch: int, shape: tuple[int, ...]) -> jax.Array:
+        """N(0, 1) noise [batch, *shape] for a batch of this device's n envs' samples (env-major): drawn per env
+        from its global index, so a batch gets the same noise on one device or on eight."""
+        n = self.num_local_envs
+        keys = replay.env_keys(key, n)
+        return jax.vmap(lambda k: jax.random.normal(k, (batch // n, *shape)))(keys).reshape(batch, *shape)
+
+    # ----------------------------------------------------------------------------------------------
+    # Acting
+
+    def act(self, key: jax.Array, policy: PolicyStep, hp, update_step: jax.Array):
+        s, dist = self.settings, self.policy.dist
+        warm_up = update_step * s.num_steps * s.num_envs < s.learning_starts
+        random_key, noise_key = jax.random.split(key)
+        out = policy.policy_out  # [A, P]
+        if self.discrete:
+            legal = jnp.ones(out.shape, bool) if policy.mask is None else policy.mask
+            uniform = jax.random.categorical(random_key, jnp.where(legal, 0.0, -jnp.inf)).astype(jnp.int32)
+            action = jnp.where(warm_up, uniform, dist.sample(noise_key, out))
+            return action, action
+        uniform = jax.random.uniform(random_key, (*out.shape[:-1], dist.action_dim), minval=-1.0, maxval=1.0)
+        if s.policy == "stochastic":
+            squashed = jnp.tanh(dist.sample(noise_key, out))
+        else:
+            noise = hp.explore_noise * jax.random.normal(noise_key, uniform.shape)
+            squashed = jnp.clip(jnp.tanh(dist.mode(out)) + noise, -1.0, 1.0)
+        action = jnp.where(warm_up, uniform, squashed)
+        return action, dist.from_unit_box(action)
+
+    # ----------------------------------------------------------------------------------------------
+    # Learning
+
+    def _next_value(self, params, target_params, items: dict, hp, key: jax.Array) -> jax.Array:
+        """Target atoms [B, A, M] of the next observations: Z_target(s', a') - alpha log pi(a'|s')."""
+        s, dist = self.settings, self.policy.dist
+        next_obs, alpha = items["next_obs"], self.temperature(params)
+        if self.discrete:  # the expectation over the policy's actions, exactly
+            log_pi = jax.nn.log_softmax(self._policy_out(params, next_obs, items.get("next_mask")))  # [B, A, K]
+            q = jnp.min(self._critics(target_params, next_obs, None)[..., 0], axis=0)
+            return jnp.sum(jnp.exp(log_pi) * (q - alpha * log_pi), axis=-1)[..., None]
+        B, A = next_obs.shape[:2]
+        noise = self._noise(key, B, (A, dist.action_dim))
+        if s.policy == "stochastic":
+            out = self._policy_out(params, next_obs)
+            u = dist.sample_with_noise(out, noise)
+            action, entropy_bonus = jnp.tanh(u), -alpha * dist.log_prob(out, u)  # [B, A, D], [B, A]
+        else:
+            smoothing = jnp.clip(hp.target_noise * noise, -hp.target_noise_clip, hp.target_noise_clip)
+            action = jnp.clip(jnp.tanh(dist.mode(self._policy_out(target_params, next_obs))) + smoothing, -1.0, 1.0)
+            entropy_bonus = jnp.zeros((B, A))
+        atoms = self._critics(target_params, next_obs, action)  # [E, B, A, N]
+        if s.num_quantiles == 1:
+            kept = jnp.min(atoms, axis=0)  # [B, A, 1]
+        else:
+            kept = truncated_atoms(atoms, s.drop_per_critic * s.num_critics)
+        return kept + entropy_bonus[..., None]
+
+    def _critic_loss(self, critic_params, batch: dict, hp):
+        items, params = batch["items"], mesh_lib.varying(batch["params"])  # (fixed here, but per device like the loss)
+        params = {**params, "params": {**params["params"], "ensemble": critic_params}}
+        reward, terminated = items["reward"], items["terminated"]  # [B, A], [B]
+        targets = jax.lax.stop_gradient(reward[..., None] + hp.gamma * (1.0 - terminated[:, None, None])
+                                        * batch["next_value"])  # [B, A, M]
+        if self.discrete:
+            atoms = self._critics(params, items["obs"], None)  # [E, B, A, K, N]
+            index = jnp.broadcast_to(items["action"][None, ..., None, None], (*atoms.shape[:-2], 1, atoms.shape[-1]))
+            atoms = jnp.take_along_axis(atoms, index, axis=-2)[..., 0, :]
+        else:
+            atoms = self._critics(params, items["obs"], items["action"])  # [E, B, A, N]
+        if self.settings.num_quantiles == 1:
+            loss = jnp.sum(jnp.mean(jnp.square(atoms[..., 0] - targets[..., 0]), axis=(1, 2)))
+        else:
+            loss = quantile_huber_loss(atoms, jnp.broadcast_to(targets, (atoms.shape[0], *targets.shape)))
+        q = atoms.mean(-1)
+        return loss, {"critic_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(targets.mean(-1) - q))}
+
+    def _actor_value(self, params, obs: jax.Array, action: jax.Array | None) -> jax.Array:
+        """What the actor maximises, [B, A] (continuous) or [B, A, K] (discrete, per action)."""
+        atoms = self._critics(params, obs, action)
+        rule = self.settings.actor_value
+        if rule == "first":
+            return atoms[0].mean(-1)
+        if rule == "min":
+            return jnp.min(atoms.mean(-1), axis=0)
+        return atoms.mean(axis=(0, -1))
+
+    def _actor_loss(self, actor_params, batch: dict, hp):
+        params, obs, dist = mesh_lib.varying(batch["params"]), batch["items"]["obs"], self.policy.dist
+        params = {**params, "params": {**params["params"], "actor": actor_params}}
+        alpha = self.temperature(params)
+        if self.discrete:
+            log_pi = jax.nn.log_softmax(self._policy_out(params, obs, batch["items"].get("mask")))  # illegal: pi 0
+            pi = jnp.exp(log_pi)
+            loss = jnp.mean(jnp.sum(pi * (alpha * log_pi - self._actor_value(params, obs, None)), axis=-1))
+            entropy = -jnp.sum(pi * log_pi, axis=-1)
+        elif self.settings.policy == "stochastic":
+            out = self._policy_out(params, obs)
+            u = dist.sample_with_noise(out, batch["noise"])
+            log_p = dist.log_prob(out, u)
+            loss = jnp.mean(alpha * log_p - self._actor_value(params, obs, jnp.tanh(u)))
+            entropy = -log_p
+        else:
+            action = jnp.tanh(dist.mode(self._policy_out(params, obs)))
+            loss = -jnp.mean(self._actor_value(params, obs, action))
+            entropy = jnp.zeros(obs.shape[:2])
+        return loss, {"actor_loss": loss, "entropy": jnp.mean(entropy)}
+
+    def _temperature_loss(self, temperature, batch: dict, hp):
+        """log alpha (H - target): alpha rises while the policy's entropy H is below the target."""
+        gap = jax.lax.stop_gradient(batch["entropy"] - self.target_entropy(hp))
+        loss = temperature["log_alpha"] * gap
+        return loss, {"temperature_loss": loss}
+
+    def optimizers(self, hp) -> dict:
+        o = lambda lr: make_optimizer(lr, hp.max_grad_norm, self.settings.adam_eps)  # noqa: E731
+        return {"critic": o(hp.critic_learning_rate), "actor": o(hp.actor_learning_rate),
+                "temperature": o(hp.temperature_learning_rate)}
+
+    def init_learned(self, key: jax.Array, obs: jax.Array, env_state: Any) -> tuple:
+        params = self.policy.init_params(key, self.env, obs, env_state)
+        # a collection of its own (flax reads only "params"), so that evaluation and loaded actors ignore it
+        params = {**params, "temperature": {"log_alpha": jnp.log(jnp.float32(self.settings.init_temperature))}}
+        optimizers = self.optimizers(ReplayActorCriticHyperparams())
+        opt_state = {"critic": optimizers["critic"].init(params["params"]["ensemble"]),
+                     "actor": optimizers["actor"].init(params["params"]["actor"]),
+                     "temperature": optimizers["temperature"].init(params["temperature"])}
+        return params, params, opt_state
+
+    def _critic_step(self, params, target_params, opt_state, items: dict, hp, key: jax.Array):
+        """One gradient step of the critics on transitions [B, ...]. Returns (params, opt_state, metrics)."""
+        batch = {"items": items, "params": params,
+                 "next_value": self._next_value(params, target_params, items, hp, key)}
+        ensemble, critic_opt, aux = gradient_step(self._critic_loss, self.optimizers(hp)["critic"],
+                                                  params["params"]["ensemble"], opt_state["critic"], batch, hp)
+        params = {**params, "params": {**params["params"], "ensemble": ensemble}}
+        aux["critic_grad_norm"] = aux.pop("grad_norm")
+        return params, {**opt_state, "critic": critic_opt}, aux
+
+    def _policy_step(self, params, opt_state, items: dict, hp, key: jax.Array):
+        """One gradient step of the actor, then of the temperature (when learned), on observations [B, A, d].
+        Returns (params, opt_state, metrics)."""
+        optimizers = self.optimizers(hp)
+        batch = {"items": items, "params": params}
+        if not self.discrete:
+            B, A = items["obs"].shape[:2]
+            batch["noise"] = self._noise(key, B, (A, self.policy.dist.action_dim))
+        actor, actor_opt, aux = gradient_step(self._actor_loss, optimizers["actor"], params["params"]["actor"],
+                                              opt_state["actor"], batch, hp)
+        params = {**params, "params": {**params["params"], "actor": actor}}
+        opt_state = {**opt_state, "actor": actor_opt}
+        aux["actor_grad_norm"] = aux.pop("grad_norm")
+        if self.settings.learn_temperature and self.settings.policy == "stochastic":
+            temperature, temperature_opt, temperature_aux = gradient_step(
+                self._temperature_loss, optimizers["temperature"], params["temperature"], opt_state["temperature"],
+                {"entropy": aux["entropy"]}, hp)
+            params, opt_state = {**params, "temperature": temperature}, {**opt_state, "temperature": temperature_opt}
+            aux["temperature_loss"] = temperature_aux["temperature_loss"]
+        return params, opt_state, aux
+
+    def _train(self, state: ReplayState, buffer: replay.Buffer, hp, key: jax.Array):
+        """G gradient steps in G / policy_delay rounds: in each, policy_delay critic steps, each on its own
+        batch, then one policy step on the last batch; the targets move after each step that `target_due`
+        picks (after the round's policy step for its last)."""
+        s = self.settings
+        rounds = s.gradient_steps // s.policy_delay
+
+        def round_of_steps(carry, xs):
+            params, target_params, opt_state = carry
+            keys, counts = xs  # [policy_delay, 2], [policy_delay]
+            critic_aux = []
+            for i in range(s.policy_delay):
+                sample_key, next_key, actor_key = jax.random.split(keys[i], 3)
+                batch, _ = self.sample_batch(buffer, sample_key)
+                items = jax.tree.map(lambda x: x[:, 0], batch["items"])  # sequences of one step: [B, ...]
+                params, opt_state, aux = self._critic_step(params, target_params, opt_state, items, hp, next_key)
+                critic_aux.append(aux)
+                if i == s.policy_delay - 1:
+                    params, opt_state, policy_aux = self._policy_step(params, opt_state, items, hp, actor_key)
+                tau = jnp.where(self.target_due(counts[i]), hp.tau, 0.0)
+                target_params = optax.incremental_update(params, target_params, tau)
+            critic_aux = jax.tree.map(lambda *steps: sum(steps) / len(steps), *critic_aux)
+            return (params, target_params, opt_state), {**critic_aux, **policy_aux}
+
+        keys = jax.random.split(key, s.gradient_steps).reshape(rounds, s.policy_delay, -1)
+        counts = self.gradient_counts(state.update_step).reshape(rounds, s.policy_delay)
+        carry = (state.params, state.target_params, state.opt_state)
+        learned, aux = jax.lax.scan(round_of_steps, carry, (keys, counts))
+        metrics = jax.tree.map(jnp.mean, aux)
+        if s.policy == "stochastic":
+            metrics["temperature"] = self.temperature(learned[0])
+        return learned, buffer, metrics
+
+
+# -------------------------------------------------------------------------------------------------
+# From a config
+
+
+def replay_actor_critic_config(name: str) -> ConfigDict:
+    """Every key SAC, TD3 and TQC read, with SAC's defaults; `sac_config`, `td3_config`, `tqc_config` set the
+    rest."""
+    config = off_policy_config(name)
+    config.update(ConfigDict({
+        "num_envs": 1,
+        "num_steps": 1,
+        # critics: num_critics E, each num_quantiles N atoms; drop_per_critic: quantile critics' truncation.
+        # layer_norm: LayerNorm before each hidden activation of the critics
+        "network": {"hidden_sizes": (256, 256), "activation": "relu", "num_critics": 2, "num_quantiles": 1,
+                    "drop_per_critic": 0, "layer_norm": False},
+        "policy": {"kind": "stochastic", "actor_value": "min", "delay": 1, "explore_noise": 0.1,
+                   "target_noise": 0.2, "target_noise_clip": 0.5},
+        # the entropy temperature alpha: learned from `init` towards a target entropy of target_scale x (-D for
+        # D continuous action dimensions, log K for K discrete actions), or fixed at `init`
+        "temperature": {"learn": True, "init": 1.0, "target_scale": 1.0, "learning_rate": 1e-3},
+        "replay": replay_config(),
+        "target": {"every": 1, "tau": 0.005},
+    }))
+    config.env.update({"name": "gymnax", "kwargs": ConfigDict({"env_id": "Pendulum-v1"})})
+    config.replay.update({"buffer_size": 1_000_000, "batch_size": 256, "learning_starts": 5_000})
+    config.optim.update({"learning_rate": 3e-4, "critic_learning_rate": 1e-3, "max_grad_norm": float("inf"),
+                         "adam_eps": 1e-8, "schedule": "constant"})
+    return config
+
+
+def sac_config() -> ConfigDict:
+    return replay_actor_critic_config("sac")
+
+
+def td3_config() -> ConfigDict:
+    config = replay_actor_critic_config("td3")
+    config.policy.update({"kind": "deterministic", "actor_value": "first", "delay": 2})
+    config.num_steps, config.replay.gradient_steps = 2, 2  # an update: 2 env steps, 2 critic steps, 1 policy step
+    config.temperature.learn = False  # (a deterministic policy has no entropy term)
+    config.target.every = 2
+    config.optim.critic_learning_rate = 3e-4
+    return config
+
+
+def tqc_config() -> ConfigDict:
+    config = replay_actor_critic_config("tqc")
+    config.network.update({"num_critics": 5, "num_quantiles": 25, "drop_per_critic": 2})
+    config.policy.actor_value = "mean"
+    config.optim.critic_learning_rate = 3e-4
+    config.temperature.learning_rate = 3e-4
+    return config
+
+
+def build_replay_actor_critic(config: ConfigDict, mesh) -> ReplayActorCritic:
+    env, eval_max_steps = make_env(config)
+    n, p = config.network, config.policy
+    space = env.action_space()
+    discrete = hasattr(space, "n")
+    num_outputs = int(space.n) if discrete else 2 * int(space.shape[0])
+    network = ActorAndCritics(num_outputs, int(space.n) if discrete else None, tuple(n.hidden_sizes), n.activation,
+                              n.num_critics, n.num_quantiles, n.layer_norm)
+    settings = ReplayActorCriticSettings(
+        **replay_settings(config), squash=not discrete, policy=p.kind, learn_temperature=config.temperature.learn,
+        init_temperature=config.temperature.init, policy_delay=p.delay, num_critics=n.num_critics, num_quantiles=n.num_quantiles,
+        drop_per_critic=n.drop_per_critic, actor_value=p.actor_value)
+    if discrete and n.num_quantiles > 1:
+        raise ValueError(f"network.num_quantiles = {n.num_quantiles}: quantile critics take continuous actions; "
+                         f"{config.env.name!r} has {space!r}")
+    return ReplayActorCritic(env, network, settings, mesh, eval_max_steps)
+
+
+def check_replay_actor_critic_config(config: ConfigDict) -> None:
+    check_off_policy_config(config)
+    check_replay_config(config)
+    n, p = config.network, config.policy
+    config_lib.positive(config, "network.num_critics", "network.num_quantiles", "policy.delay")
+    config_lib.one_of(p.kind, POLICIES, "policy.kind")
+    config_lib.one_of(p.actor_value, ACTOR_VALUES, "policy.actor_value")
+    if config.replay.gradient_steps % p.delay:
+        raise ValueError(f"config.replay.gradient_steps = {config.replay.gradient_steps} must be a multiple of "
+                         f"policy.delay = {p.delay}: an update's gradient steps come in rounds of policy.delay critic "
+                         "steps and one policy step")
+    if config.replay.prioritised:
+        raise ValueError("config.replay.prioritised: the actor-critics sample uniformly (prioritised replay is DQN's)")
+    if n.num_quantiles > 1 and p.actor_value != "mean":
+        raise ValueError(f"policy.actor_value = {p.actor_value!r}: with quantile critics (network.num_quantiles = "
+                         f"{n.num_quantiles}) the actor maximises the mean of all atoms ('mean')")
+    if not 0 <= n.drop_per_critic < n.num_quantiles and n.num_quantiles > 1:
+        raise ValueError(f"network.drop_per_critic = {n.drop_per_critic} must lie in [0, num_quantiles = "
+                         f"{n.num_quantiles})")
+    if n.num_quantiles == 1 and n.drop_per_critic:
+        raise ValueError("network.drop_per_critic applies to quantile critics (network.num_quantiles > 1)")
+    if not config.temperature.init > 0:
+        raise ValueError(f"temperature.init must be > 0, got {config.temperature.init!r}")
+    for key in ("target.tau", "policy.target_noise_clip"):
+        config_lib.unit_interval(config_lib.get_value(config, key), key)
+
+
+HYPERPARAM_KEYS = {
+    "actor_learning_rate": "optim.learning_rate", "critic_learning_rate": "optim.critic_learning_rate",
+    "temperature_learning_rate": "temperature.learning_rate", "gamma": "returns.gamma", "tau": "target.tau",
+    "max_grad_norm": "optim.max_grad_norm", "target_entropy_scale": "temperature.target_scale", "explore_noise": "policy.explore_noise",
+    "target_noise": "policy.target_noise", "target_noise_clip": "policy.target_noise_clip"}
+
+for _name, _defaults in (("sac", sac_config), ("td3", td3_config), ("tqc", tqc_config)):
+    register(_name, Recipe(build_replay_actor_critic, ReplayActorCriticHyperparams, HYPERPARAM_KEYS,
+                           check_replay_actor_critic_config, defaults=_defaults))

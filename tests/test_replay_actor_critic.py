@@ -1,0 +1,126 @@
+"""SAC, TD3 and TQC: the tanh-Gaussian density, the quantile critics' target and loss, config errors, exact
+resume, 1 vs 8 devices, and learning (Pendulum-v1 for the continuous learners, CartPole for discrete SAC)."""
+
+import shutil
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import run_python
+from helpers import load_experiment, set_keys
+from jaxrl import algos, distributions, train
+from jaxrl.algos.replay_actor_critic import quantile_huber_loss, truncated_atoms
+
+
+def test_squashed_gaussian_log_prob_is_the_density_of_the_env_action():
+    # a = low + (tanh(u) + 1) (high - low) / 2 with u ~ N(mean, std): the density of a, from the derivative of
+    # its CDF Phi((atanh(2 (a - low) / (high - low) - 1) - mean) / std), must equal exp(log_prob(u)) divided by
+    # the rescaling's constant (high - low) / 2.
+    dist = distributions.DiagGaussian(1, (-2.0,), (2.0,), squash=True)
+    mean, log_std = 0.3, np.log(0.8)
+    out = jnp.array([mean, log_std], jnp.float32)
+    u = np.linspace(-2.5, 2.5, 11)
+    a = np.asarray(dist.to_env(jnp.asarray(u, jnp.float32)[:, None]))[:, 0].astype(np.float64)
+    cdf = lambda x: stats.norm.cdf((np.arctanh((x + 2.0) / 2.0 - 1.0) - mean) / np.exp(log_std))  # noqa: E731
+    h = 1e-6
+    density_of_a = (cdf(a + h) - cdf(a - h)) / (2 * h)
+    log_p = np.asarray(jax.vmap(lambda x: dist.log_prob(out, x[None]))(jnp.asarray(u, jnp.float32)))
+    np.testing.assert_allclose(log_p - np.log(2.0), np.log(density_of_a), rtol=1e-4, atol=1e-4)
+
+
+def test_truncated_atoms_pool_the_critics_and_drop_the_largest():
+    atoms = jnp.array([[[1.0, 7.0, 3.0]], [[2.0, 9.0, 0.0]]])  # [E=2, B=1, N=3]
+    np.testing.assert_array_equal(truncated_atoms(atoms, 2), [[0.0, 1.0, 2.0, 3.0]])
+    np.testing.assert_array_equal(truncated_atoms(atoms, 0), [[0.0, 1.0, 2.0, 3.0, 7.0, 9.0]])
+
+
+def test_quantile_huber_loss_against_the_formula():
+    atoms = jnp.array([0.0, 2.0])  # levels 1/4, 3/4
+    targets = jnp.array([1.0, -3.0])
+    # pairs (atom, target): delta = target - atom; weight |level - [delta < 0]|; Huber(1): 0.5 d^2 or |d| - 0.5
+    expected = np.mean([0.25 * 0.5, (1 - 0.25) * 2.5, (1 - 0.75) * 0.5, (1 - 0.75) * 4.5])
+    np.testing.assert_allclose(quantile_huber_loss(atoms, targets), expected, rtol=1e-6)
+    # the loss is least where the atoms are the targets' quantiles: for uniform targets on [0, 1], (2i+1)/2N
+    grid = jnp.linspace(0.0, 1.0, 2001)
+    best = jnp.array([0.25, 0.75])
+    for shifted in (best + 0.05, best - 0.05, jnp.array([0.5, 0.5])):
+        assert quantile_huber_loss(best, grid) < quantile_huber_loss(shifted, grid)
+
+
+def _small(name, total_steps, **overrides):
+    return set_keys(load_experiment(name), {
+        "total_steps": total_steps, "num_envs": 4, "num_steps": 2, "replay.batch_size": 32,
+        "replay.buffer_size": 4 * 100, "replay.learning_starts": 48, "network.hidden_sizes": (32, 32),
+        "log.every_steps": 64, "log.progress_bar": False, "checkpoint.every_steps": 128, "eval.num_envs": 2,
+        "eval.max_steps": 20, **overrides})
+
+
+@pytest.mark.parametrize("name", ["pendulum_td3", "pendulum_tqc"])
+def test_resume_is_the_run_that_never_stopped(tmp_path, name):
+    # 32 updates of 8 steps, checkpoints after 16 and 32; losing the second and resuming gives the same run
+    # (TD3: the actor's delayed steps; TQC: quantile critics and the learned temperature).
+    config = _small(name, 256)
+    straight = train.run(config, str(tmp_path / "straight"))
+    workdir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", workdir)
+    shutil.rmtree(workdir / "checkpoints" / "32")
+    resumed = train.run(config, str(workdir))
+    assert resumed.metrics[-1]["learning"] == 1.0
+    for a, b in zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_one_and_eight_devices_train_the_same_parameters():
+    code = textwrap.dedent("""
+        import jax, numpy as np
+        from helpers import load_experiment, set_keys
+        from jaxrl import algos, mesh as mesh_lib
+        for name in ("pendulum_sac", "pendulum_td3"):
+            config = set_keys(load_experiment(name), {
+                "total_steps": 8 * 2 * 20, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
+                "replay.buffer_size": 8 * 50, "replay.learning_starts": 64, "network.hidden_sizes": (32, 32)})
+            algos.validate(config)
+            params = []
+            for devices in (1, 8):
+                algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
+                state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, 20)
+                params.append(jax.device_get(state.params))
+            for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+        print("equal")
+    """)
+    result = run_python(code, devices=8, env={"PYTHONPATH": "tests"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["equal"]
+
+
+def test_config_errors_name_the_key():
+    tqc = load_experiment("pendulum_tqc")
+    with pytest.raises(ValueError, match="policy.actor_value = 'min': with quantile critics"):
+        algos.validate(set_keys(tqc, {"policy.actor_value": "min"}))
+    with pytest.raises(ValueError, match="network.drop_per_critic = 25 must lie in"):
+        algos.validate(set_keys(load_experiment("pendulum_tqc"), {"network.drop_per_critic": 25}))
+    with pytest.raises(ValueError, match="policy.kind"):
+        algos.validate(set_keys(load_experiment("pendulum_sac"), {"policy.kind": "greedy"}))
+    with pytest.raises(ValueError, match="replay.prioritised"):
+        algos.validate(set_keys(load_experiment("pendulum_sac"), {"replay.prioritised": True}))
+    with pytest.raises(ValueError, match="temperature.init must be > 0"):
+        algos.validate(set_keys(load_experiment("pendulum_sac"), {"temperature.init": 0.0}))
+    cartpole_td3 = set_keys(load_experiment("pendulum_td3"), {"env.kwargs": {"env_id": "CartPole-v1"}})
+    algos.validate(cartpole_td3)
+    with pytest.raises(ValueError, match="a deterministic policy needs continuous actions"):
+        algos.build(cartpole_td3, None)
+
+
+def test_discrete_sac_learns_cartpole():
+    config = set_keys(load_experiment("pendulum_sac"), {
+        "env.kwargs": {"env_id": "CartPole-v1"}, "total_steps": 30_000, "num_envs": 4, "num_steps": 1,
+        "replay.learning_starts": 2_000, "replay.buffer_size": 30_000, "replay.batch_size": 64,
+        "network.hidden_sizes": (64, 64), "temperature.target_scale": 0.3, "temperature.init": 0.1,
+        "log.progress_bar": False, "eval.every_steps": 0, "checkpoint.every_steps": 0})
+    result = train.run(config, None)
+    assert result.metrics[-1]["eval_return"] >= 200
