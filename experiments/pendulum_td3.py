@@ -1,26 +1,17 @@
-"""TD3 on Pendulum-v1 (gymnax): twin critics, target-action smoothing, the actor and targets every second step.
+"""TD3 on Pendulum-v1 (gymnax): twin critics, target-action smoothing, the actor and targets every second
+gradient step (an update: 2 env steps, 2 critic steps, 1 policy step).
 
     python -m jaxrl.train --config=experiments/pendulum_td3.py
-    python -m jaxrl.train --config=experiments/pendulum_td3.py --config.num_seeds=3
 
-Settings after CleanRL's continuous SAC: two 256-unit ReLU critics, Adam at 3e-4 (actor) and 1e-3 (critics and
-temperature), batches of 256, one gradient step per env step, 5,000 random steps first, Polyak tau 0.005.
+Settings after CleanRL's TD3: 256-unit ReLU layers, Adam at 3e-4, batches of 256, exploration noise 0.1 and
+target noise 0.2 clipped at 0.5 (in units of the action range's half-width), 5,000 random steps first.
 """
 
 from ml_collections import ConfigDict
 
-from jaxrl import algos, config as config_lib
+from experiments.pendulum_sac import pendulum_config
+from jaxrl import config as config_lib
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    config = algos.default_config("td3")
-    config.experiment = "pendulum_td3"
-    config.env.name = "gymnax"
-    config.env.kwargs = ConfigDict({"env_id": "Pendulum-v1"})
-    config.total_steps = 50_000
-    config.replay.buffer_size = 50_000
-    config.log.every_steps = 5_000
-    config.eval.every_steps = 10_000
-    config.eval.num_envs = 16
-    config.checkpoint.every_steps = 25_000
-    return config_lib.finalize(config, arg)
+    return config_lib.finalize(pendulum_config("td3"), arg)

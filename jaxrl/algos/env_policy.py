@@ -18,9 +18,10 @@ import jax
 import jax.numpy as jnp
 
 import envs
-from jaxrl import distributions, normalization
+from jaxrl import distributions, mesh as mesh_lib, normalization
 from jaxrl.algos.env_setup import AGENT_ID_INPUTS, CRITIC_INPUTS
 from jaxrl.jitting import jit_method
+from jaxrl.mesh import DATA_AXIS
 
 
 class PolicyStep(NamedTuple):
@@ -224,6 +225,17 @@ class ActsThroughPolicy:
     (an EnvPolicy): evaluation, a loaded actor, episodes to draw, and the files of a run."""
 
     policy: EnvPolicy
+
+    def attach(self, policy: EnvPolicy, settings, mesh) -> None:
+        """Take `policy` and its env (auto-resetting by `settings.reset_ratio`, with episode statistics) on
+        `mesh` (None: every device), this device's share of `settings.num_envs` in `num_local_envs`."""
+        self.policy, self.settings = policy, settings
+        self.agent_env, self.network, self.num_agents = policy.agent_env, policy.network, policy.num_agents
+        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
+        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
+        self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
+        self.vma_checks = self.agent_env.supports_vma_checks
 
     def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
         """Greedy (or sampled) actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""

@@ -44,7 +44,7 @@ from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatc
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import compile_chunk, global_mean, optimise, seed_keys, standardise
+from jaxrl.engine import ChunkRunner, global_mean, optimise, seed_keys, standardise
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS, RUNS
 
@@ -111,7 +111,7 @@ class GroupStep:
     acting: jax.Array  # [n, A] float: running, and the agent is alive (its action counts)
 
 
-class GRPO(ActsThroughPolicy):
+class GRPO(ActsThroughPolicy, ChunkRunner):
     """Group-relative policy optimisation for single- and multi-agent envs (see the module docstring)."""
 
     def __init__(self, env: envs.Environment, network, settings: GRPOSettings, mesh=None,
@@ -133,8 +133,7 @@ class GRPO(ActsThroughPolicy):
         check_minibatch_split(settings, self.num_agents, True, self.mesh)
         self.use_critic = bool(getattr(network, "critic", True))
         self._estimator_options = dict(settings.advantage_options)
-        self._chunk_fn = None
-        self.compile_seconds = 0.0
+        self.vma_checks = self.agent_env.supports_vma_checks
 
     # ----------------------------------------------------------------------------------------------
     # State
@@ -297,16 +296,6 @@ class GRPO(ActsThroughPolicy):
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
         metrics["acting_fraction"] = global_mean(traj.acting)  # the share of computed steps that train
         return GroupState(params, opt_state, key, state.update_step + 1), metrics
-
-    def run_chunk(self, state: GroupState, hp: GRPOHyperparams, num_updates: int):
-        """`num_updates` updates for every seed in one compiled program; returns (state, metrics [S])."""
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, self.compile_seconds = compile_chunk(
-                self._update, state, hp, num_updates, self.mesh, jax.tree.map(lambda _: RUNS, state),
-                xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
-        return self._chunk_fn(state, hp, num_updates)
 
     def sample_trajectory(self, state: GroupState) -> GroupStep:
         """The group rollout the next update will train on, nothing updated: leaves [S, T, N, A, ...]."""

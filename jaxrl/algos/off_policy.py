@@ -23,29 +23,21 @@ import envs
 from jaxrl import config as config_lib, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
-from jaxrl.engine import compile_chunk, seed_keys
+from jaxrl.engine import ChunkRunner, seed_keys
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 
-class OffPolicyLearner(ActsThroughPolicy):
+class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
     """The acting half. A subclass supplies `act`, `init(key)` (one run's state, with `params`, `env_state`,
-    `obs`, `update_step`), `_state_specs(state)` and `_update(state, hp)`."""
+    `obs`, `update_step`), `chunk_specs(state)` and `_update(state, hp)`."""
 
     def __init__(self, env: envs.Environment, network, settings: EnvSettings, mesh=None,
                  eval_max_steps: int = 1000):
-        self.policy = EnvPolicy(env, network, "both", "obs", eval_max_steps, squash=settings.squash)
-        self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
-        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
-        self.settings = settings
-        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
-        self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
-        self._chunk_fn = None
-        self.compile_seconds = 0.0
+        self.attach(EnvPolicy(env, network, "both", "obs", eval_max_steps, squash=settings.squash), settings, mesh)
 
     def state_shardings(self, state: Any) -> Any:
-        return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self._state_specs(state), state,
+        return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self.chunk_specs(state), state,
                             is_leaf=lambda x: isinstance(x, P))
 
     @jit_method
@@ -92,16 +84,6 @@ class OffPolicyLearner(ActsThroughPolicy):
 
         (env_state, obs), (steps, episode) = jax.lax.scan(step, (state.env_state, state.obs), (env_keys, act_keys))
         return env_state, obs, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), jax.tree.map(jnp.sum, episode)
-
-    def run_chunk(self, state: Any, hp: Any, num_updates: int):
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, self.compile_seconds = compile_chunk(
-                self._update, state, hp, num_updates, self.mesh, self._state_specs(state),
-                xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
-        return self._chunk_fn(state, hp, num_updates)
-
 
 # -------------------------------------------------------------------------------------------------
 # Learning from a replay buffer
@@ -171,7 +153,7 @@ class ReplayLearner(OffPolicyLearner):
         return ReplayState(*self.init_learned(param_key, obs, env_state), buffer, env_state, obs, state_key,
                            jnp.int32(0))
 
-    def _state_specs(self, state: ReplayState) -> ReplayState:
+    def chunk_specs(self, state: ReplayState) -> ReplayState:
         split = P(RUN_AXIS, DATA_AXIS)
         buffer = replay.Buffer(jax.tree.map(lambda _: split, state.buffer.items),
                                None if state.buffer.priorities is None else split, RUNS, RUNS)

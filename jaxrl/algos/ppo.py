@@ -34,7 +34,7 @@ from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units,
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import GRAD_CLIPS, compile_chunk, normalize, optimise, seed_keys
+from jaxrl.engine import GRAD_CLIPS, ChunkRunner, normalize, optimise, seed_keys
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
@@ -118,7 +118,7 @@ class Transition:
     global_state: jax.Array | None = None  # [n, G] likewise, when the critic sees it
 
 
-class PPO(ActsThroughPolicy):
+class PPO(ActsThroughPolicy, ChunkRunner):
     """PPO for single- and multi-agent envs, with feed-forward or recurrent actor-critics.
 
     Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array below reads
@@ -133,17 +133,9 @@ class PPO(ActsThroughPolicy):
         for name, known in (("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS)):
             if getattr(settings, name) not in known:
                 raise ValueError(f"unknown {name} {getattr(settings, name)!r}; known: {', '.join(known)}")
-        self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps,
-                                settings.squash, settings.normalize_obs, settings.obs_clip)
-        self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
-        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
-        self.settings = settings
-        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
-        self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
+        self.attach(EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps, settings.squash,
+                              settings.normalize_obs, settings.obs_clip), settings, mesh)
         check_minibatch_split(settings, self.num_agents, self.sequence_minibatches, self.mesh)
-        self._chunk_fn = None
-        self.compile_seconds = 0.0  # of `run_chunk`, for logs and benchmarks
 
     @property
     def sequence_minibatches(self) -> bool:
@@ -167,11 +159,11 @@ class PPO(ActsThroughPolicy):
 
     def state_shardings(self, state: TrainState) -> TrainState:
         """NamedShardings for a seeded TrainState: seeds over the runs axis, envs over the data axis."""
-        specs = self._state_specs(state)
+        specs = self.chunk_specs(state)
         return jax.tree.map(lambda spec, leaf: NamedSharding(self.mesh, spec), specs, state,
                             is_leaf=lambda x: isinstance(x, P))
 
-    def _state_specs(self, state: TrainState) -> TrainState:
+    def chunk_specs(self, state: TrainState) -> TrainState:
         split = P(RUN_AXIS, DATA_AXIS)  # [S, N, ...]: seeds over the runs axis, envs over the data axis
         reward_norm = None if state.reward_norm is None else RewardNorm(RUNS, split)
         return TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
@@ -336,21 +328,7 @@ class PPO(ActsThroughPolicy):
         return {**state.params, **params}, opt_state, aux
 
     # ----------------------------------------------------------------------------------------------
-    # K updates for every seed, compiled once per K
-
-    def run_chunk(self, state: TrainState, hp: PPOHyperparams, num_updates: int):
-        """Run `num_updates` updates for every seed; returns (state, metrics with leaves [S]).
-
-        `hp` leaves are scalars (shared by every seed) or [S] (one value per seed: a sweep). Compiles on
-        the first call (the seconds it took are kept in `compile_seconds`).
-        """
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, self.compile_seconds = compile_chunk(
-                self._update, state, hp, num_updates, self.mesh, self._state_specs(state),
-                xla_options=self.settings.xla_options, check_vma=self.agent_env.supports_vma_checks)
-        return self._chunk_fn(state, hp, num_updates)
+    # Inspection
 
     def sample_trajectory(self, state: TrainState) -> Transition:
         """One rollout with the current parameters, nothing updated (for inspection and tests).
@@ -358,7 +336,7 @@ class PPO(ActsThroughPolicy):
         Returns the Transition with leaves [S, T, N, ...]; the rollout starts from `state`'s env states
         and hidden states with its key, exactly as the next update's rollout will.
         """
-        return sample_trajectory(lambda st, key: self._rollout(st.params, st, key)[1], state, self._state_specs(state),
+        return sample_trajectory(lambda st, key: self._rollout(st.params, st, key)[1], state, self.chunk_specs(state),
                                  self.mesh, self.agent_env.supports_vma_checks)
 
 

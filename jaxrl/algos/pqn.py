@@ -73,7 +73,7 @@ class PQN(QLearner):
         optimizer = env_optimizer(self.settings, PQNHyperparams(), jnp.int32(0))
         return PQNState(params, optimizer.init(trainable(params)), env_state, obs, state_key, jnp.int32(0))
 
-    def _state_specs(self, state: PQNState) -> PQNState:
+    def chunk_specs(self, state: PQNState) -> PQNState:
         split = P(RUN_AXIS, DATA_AXIS)
         return PQNState(params=RUNS, opt_state=RUNS, env_state=split, obs=split, key=RUNS, update_step=RUNS)
 

@@ -31,10 +31,10 @@ from envs import text
 from jaxrl import config as config_lib, losses, mesh as mesh_lib, sampling
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import (compile_chunk, gradient_step, make_optimizer, optimise,
+from jaxrl.engine import (ChunkRunner, gradient_step, make_optimizer, optimise,
                           scheduled_learning_rate, seed_keys, standardise)
 from jaxrl.jitting import jit_method
-from jaxrl.mesh import DATA_AXIS, RUNS
+from jaxrl.mesh import DATA_AXIS
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 
@@ -90,7 +90,7 @@ def text_optimizer(hp: TextHyperparams, settings: TextSettings, step: jax.Array)
                           hp.weight_decay if settings.weight_decay else None)
 
 
-class _TextAlgorithm:
+class _TextAlgorithm(ChunkRunner):
     """What the text algorithms share: task, tokenizer, model, state, the chunk loop, held-out evaluation.
 
     Subclasses define `_update(state, hp) -> (state, metrics)` for one seed on this device's prompts (run
@@ -113,8 +113,6 @@ class _TextAlgorithm:
         mesh_lib.check_divisible("num_prompts", settings.num_prompts, self.mesh)
         self.eval_seed = eval_seed
         self.agent_env = None  # nothing to render
-        self._chunk_fn = None
-        self.compile_seconds = 0.0
 
     def write_files(self, workdir: str) -> None:
         """The tokenizer beside the checkpoints: a run is reloadable from its directory alone."""
@@ -175,18 +173,6 @@ class _TextAlgorithm:
     def state_shardings(self, state: TextState) -> TextState:
         """Seeds over the runs axis; parameters replicated along the data axis."""
         return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
-
-    def run_chunk(self, state, hp, num_updates: int):
-        """`num_updates` updates for every seed in one compiled program; returns (state, metrics [S]).
-        `hp` leaves are scalars (shared by every seed) or [S] (one value per seed: a sweep)."""
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, seconds = compile_chunk(self._update, state, hp, num_updates, self.mesh,
-                                                    jax.tree.map(lambda _: RUNS, state),
-                                                    xla_options=self.settings.xla_options)
-            self.compile_seconds += seconds
-        return self._chunk_fn(state, hp, num_updates)
 
     # ----------------------------------------------------------------------------------------------
     # Held-out evaluation

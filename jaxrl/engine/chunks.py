@@ -84,3 +84,28 @@ def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, o
     lowered = jax.jit(sharded, **jit_kwargs).lower(*args)
     compiled = lowered.compile(dict(xla_options) or None)
     return compiled, time.perf_counter() - tick
+
+
+class ChunkRunner:
+    """`run_chunk` for an algorithm object with `_update(state, hp)`, `mesh`, `settings.xla_options` and
+    `chunk_specs(state)` (the PartitionSpec of each state leaf; every leaf over `runs` unless overridden):
+    compiled on the first call, the seconds it took added to `compile_seconds`."""
+
+    _chunk_fn = None
+    compile_seconds = 0.0
+    vma_checks = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
+
+    def chunk_specs(self, state):
+        return jax.tree.map(lambda _: P(RUN_AXIS), state)
+
+    def run_chunk(self, state, hp, num_updates: int):
+        """`num_updates` updates for every run in one compiled program; returns (state, metrics with leaves
+        [R]). `hp` leaves are scalars (shared by every run) or [R] (one value per run: a sweep)."""
+        num_updates = jnp.int32(num_updates)
+        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
+        if self._chunk_fn is None:
+            self._chunk_fn, seconds = compile_chunk(self._update, state, hp, num_updates, self.mesh,
+                                                    self.chunk_specs(state), xla_options=self.settings.xla_options,
+                                                    check_vma=self.vma_checks)
+            self.compile_seconds += seconds
+        return self._chunk_fn(state, hp, num_updates)
