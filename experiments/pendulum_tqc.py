@@ -1,9 +1,9 @@
-"""TQC on Pendulum-v1 (gymnax): five critics of 25 quantiles each; the target drops the 2 largest atoms per
-critic (10 of 125) from the pooled next-state atoms.
+"""TQC on Pendulum-v1 (gymnax): two critics of 25 quantiles each; the target drops the 2 largest atoms per
+critic (4 of 50) from the pooled next-state atoms.
 
     python -m jaxrl.train --config=experiments/pendulum_tqc.py
 
-Settings after the TQC paper and sbx's TQC: 256-unit ReLU layers, Adam at 3e-4, batches of 256, a learned
+Settings after SB3-contrib's and sbx's TQC: 256-unit ReLU layers, Adam at 3e-4, batches of 256, a learned
 temperature, 5,000 random steps first.
 """
 

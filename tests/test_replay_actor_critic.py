@@ -114,6 +114,9 @@ def test_config_errors_name_the_key():
     algos.validate(cartpole_td3)
     with pytest.raises(ValueError, match="a deterministic policy needs continuous actions"):
         algos.build(cartpole_td3, None)
+    cartpole_sac = set_keys(load_experiment("pendulum_sac"), {"env.kwargs": {"env_id": "CartPole-v1"}})
+    with pytest.raises(ValueError, match="temperature.target_scale = 1.0: with discrete actions"):
+        algos.build(cartpole_sac, None)
 
 
 def test_discrete_sac_learns_cartpole():

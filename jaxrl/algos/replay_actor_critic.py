@@ -42,7 +42,7 @@ from jaxrl.algos.env_setup import make_env
 from jaxrl.algos.off_policy import (ReplayLearner, ReplaySettings, ReplayState, check_off_policy_config,
                                     check_replay_config, off_policy_config, replay_config, replay_settings)
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import gradient_step, make_optimizer
+from jaxrl.engine import gradient_step, make_optimizer, scheduled_learning_rate
 from jaxrl.networks import ActorAndCritics
 
 POLICIES = ("stochastic", "deterministic")
@@ -240,8 +240,12 @@ class ReplayActorCritic(ReplayLearner):
         loss = temperature["log_alpha"] * gap
         return loss, {"temperature_loss": loss}
 
-    def optimizers(self, hp) -> dict:
-        o = lambda lr: make_optimizer(lr, hp.max_grad_norm, self.settings.adam_eps)  # noqa: E731
+    def optimizers(self, hp, update_step: jax.Array) -> dict:
+        """Adam for the critics, the actor and the temperature, each at its learning rate on `optim.schedule`."""
+        s = self.settings
+        o = lambda peak: make_optimizer(  # noqa: E731
+            scheduled_learning_rate(peak, update_step, s.schedule, s.warmup_updates, s.num_updates), hp.max_grad_norm,
+            s.adam_eps)
         return {"critic": o(hp.critic_learning_rate), "actor": o(hp.actor_learning_rate),
                 "temperature": o(hp.temperature_learning_rate)}
 
@@ -249,26 +253,25 @@ class ReplayActorCritic(ReplayLearner):
         params = self.policy.init_params(key, self.env, obs, env_state)
         # a collection of its own (flax reads only "params"), so that evaluation and loaded actors ignore it
         params = {**params, "temperature": {"log_alpha": jnp.log(jnp.float32(self.settings.init_temperature))}}
-        optimizers = self.optimizers(ReplayActorCriticHyperparams())
+        optimizers = self.optimizers(ReplayActorCriticHyperparams(), jnp.int32(0))
         opt_state = {"critic": optimizers["critic"].init(params["params"]["ensemble"]),
                      "actor": optimizers["actor"].init(params["params"]["actor"]),
                      "temperature": optimizers["temperature"].init(params["temperature"])}
         return params, params, opt_state
 
-    def _critic_step(self, params, target_params, opt_state, items: dict, hp, key: jax.Array):
+    def _critic_step(self, params, target_params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
         """One gradient step of the critics on transitions [B, ...]. Returns (params, opt_state, metrics)."""
         batch = {"items": items, "params": params,
                  "next_value": self._next_value(params, target_params, items, hp, key)}
-        ensemble, critic_opt, aux = gradient_step(self._critic_loss, self.optimizers(hp)["critic"],
+        ensemble, critic_opt, aux = gradient_step(self._critic_loss, optimizers["critic"],
                                                   params["params"]["ensemble"], opt_state["critic"], batch, hp)
         params = {**params, "params": {**params["params"], "ensemble": ensemble}}
         aux["critic_grad_norm"] = aux.pop("grad_norm")
         return params, {**opt_state, "critic": critic_opt}, aux
 
-    def _policy_step(self, params, opt_state, items: dict, hp, key: jax.Array):
+    def _policy_step(self, params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
         """One gradient step of the actor, then of the temperature (when learned), on observations [B, A, d].
         Returns (params, opt_state, metrics)."""
-        optimizers = self.optimizers(hp)
         batch = {"items": items, "params": params}
         if not self.discrete:
             B, A = items["obs"].shape[:2]
@@ -292,6 +295,7 @@ class ReplayActorCritic(ReplayLearner):
         picks (after the round's policy step for its last)."""
         s = self.settings
         rounds = s.gradient_steps // s.policy_delay
+        optimizers = self.optimizers(hp, state.update_step)
 
         def round_of_steps(carry, xs):
             params, target_params, opt_state = carry
@@ -301,10 +305,12 @@ class ReplayActorCritic(ReplayLearner):
                 sample_key, next_key, actor_key = jax.random.split(keys[i], 3)
                 batch, _ = self.sample_batch(buffer, sample_key)
                 items = jax.tree.map(lambda x: x[:, 0], batch["items"])  # sequences of one step: [B, ...]
-                params, opt_state, aux = self._critic_step(params, target_params, opt_state, items, hp, next_key)
+                params, opt_state, aux = self._critic_step(params, target_params, opt_state, items, hp, next_key,
+                                                           optimizers)
                 critic_aux.append(aux)
                 if i == s.policy_delay - 1:
-                    params, opt_state, policy_aux = self._policy_step(params, opt_state, items, hp, actor_key)
+                    params, opt_state, policy_aux = self._policy_step(params, opt_state, items, hp, actor_key,
+                                                                      optimizers)
                 tau = jnp.where(self.target_due(counts[i]), hp.tau, 0.0)
                 target_params = optax.incremental_update(params, target_params, tau)
             critic_aux = jax.tree.map(lambda *steps: sum(steps) / len(steps), *critic_aux)
@@ -345,6 +351,7 @@ def replay_actor_critic_config(name: str) -> ConfigDict:
     }))
     config.env.update({"name": "gymnax", "kwargs": ConfigDict({"env_id": "Pendulum-v1"})})
     config.replay.update({"buffer_size": 1_000_000, "batch_size": 256, "learning_starts": 5_000})
+    # optim.learning_rate is the actor's; the critics' and the temperature's have their own keys
     config.optim.update({"learning_rate": 3e-4, "critic_learning_rate": 1e-3, "max_grad_norm": float("inf"),
                          "adam_eps": 1e-8, "schedule": "constant"})
     return config
@@ -366,7 +373,8 @@ def td3_config() -> ConfigDict:
 
 def tqc_config() -> ConfigDict:
     config = replay_actor_critic_config("tqc")
-    config.network.update({"num_critics": 5, "num_quantiles": 25, "drop_per_critic": 2})
+    # SB3-contrib's and sbx's defaults (the paper used 5 critics on MuJoCo; --config.network.num_critics=5)
+    config.network.update({"num_critics": 2, "num_quantiles": 25, "drop_per_critic": 2})
     config.policy.actor_value = "mean"
     config.optim.critic_learning_rate = 3e-4
     config.temperature.learning_rate = 3e-4
@@ -385,6 +393,13 @@ def build_replay_actor_critic(config: ConfigDict, mesh) -> ReplayActorCritic:
         **replay_settings(config), squash=not discrete, policy=p.kind, learn_temperature=config.temperature.learn,
         init_temperature=config.temperature.init, policy_delay=p.delay, num_critics=n.num_critics, num_quantiles=n.num_quantiles,
         drop_per_critic=n.drop_per_critic, actor_value=p.actor_value)
+    if discrete and p.kind == "deterministic":
+        raise ValueError(f"policy.kind = 'deterministic': a deterministic policy needs continuous actions; "
+                         f"{config.env.name!r} has {space!r}")
+    if discrete and not 0 < config.temperature.target_scale < 1:
+        raise ValueError(f"temperature.target_scale = {config.temperature.target_scale}: with discrete actions the "
+                         "target entropy is target_scale x log K, which must lie below the uniform policy's log K "
+                         "(e.g. 0.3 to 0.9)")
     if discrete and n.num_quantiles > 1:
         raise ValueError(f"network.num_quantiles = {n.num_quantiles}: quantile critics take continuous actions; "
                          f"{config.env.name!r} has {space!r}")
@@ -402,6 +417,9 @@ def check_replay_actor_critic_config(config: ConfigDict) -> None:
         raise ValueError(f"config.replay.gradient_steps = {config.replay.gradient_steps} must be a multiple of "
                          f"policy.delay = {p.delay}: an update's gradient steps come in rounds of policy.delay critic "
                          "steps and one policy step")
+    if config.optim.weight_decay:
+        raise ValueError(f"optim.weight_decay = {config.optim.weight_decay}: the actor-critics' Adam has no weight "
+                         "decay (set it to 0)")
     if config.replay.prioritised:
         raise ValueError("config.replay.prioritised: the actor-critics sample uniformly (prioritised replay is DQN's)")
     if n.num_quantiles > 1 and p.actor_value != "mean":
