@@ -149,6 +149,8 @@ def main():
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[], metavar="EXPERIMENT:KEY=VALUE")
     parser.add_argument("--from-run", action="append", default=[], metavar="EXPERIMENT=WORKDIR")
+    parser.add_argument("--machine", help="with --from-run: the machine (and commit) the runs ran on, if not this "
+                        "one as it is now (e.g. pinned to one core)")
     parser.add_argument("--update-results", action="store_true")
     parser.add_argument("--from-json", action="store_true")
     args = parser.parse_args()
@@ -166,7 +168,7 @@ def main():
 
     for item in args.from_run:
         experiment, _, workdir = item.partition("=")
-        keep({**from_run(experiment, workdir), "machine": machine})
+        keep({**from_run(experiment, workdir), "machine": args.machine or machine})
     if not args.from_json and not args.from_run:
         experiments = args.experiments.split(",")
         unknown = [e for e in experiments if e not in EXPERIMENTS]
