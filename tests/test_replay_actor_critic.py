@@ -81,8 +81,7 @@ def test_one_and_eight_devices_train_the_same_parameters():
         # SAC's noise (next actions, the actor's samples) is drawn per env from its global index
         config = set_keys(load_experiment("pendulum_sac"), {
             "total_steps": 8 * 2 * 20, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
-            "replay.buffer_size": 8 * 50, "replay.learning_starts": 64, "network.hidden_sizes": (32, 32),
-            "replay.gradient_steps": 2, "policy.delay": 2})
+            "replay.buffer_size": 8 * 50, "replay.learning_starts": 64, "network.hidden_sizes": (16, 16)})
         algos.validate(config)
         params = []
         for devices in (1, 8):
