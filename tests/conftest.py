@@ -20,12 +20,6 @@ def pytest_configure(config):
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
 
 
-def pytest_collection_modifyitems(config, items):
-    # The long learning tests first (a stable sort keeps the rest in order): started last, they would leave one
-    # worker running alone at the end of the session while the other has nothing left.
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
-
-
 def pytest_unconfigure(config):
     cache = getattr(config, "_jaxrl_xla_cache", None)
     if cache:
