@@ -152,6 +152,34 @@ class QNetwork(nn.Module):
         return carry, q, jnp.max(q, axis=-1)
 
 
+class QMixer(nn.Module):
+    """QMIX's mixing network (Rashid et al., 2018): the agents' chosen action values into the team's,
+
+        Q_tot = w2(s) . elu(q W1(s) + b1(s)) + V(s),
+
+    with W1 [A, E] and w2 [E] the absolute values of hypernetworks' outputs on the global state s, so that
+    dQ_tot / dq_a >= 0 for every agent: each agent's greedy action is then the team's (monotonicity).
+
+    (agent_q [..., A], state [..., S]) -> [...]
+    """
+
+    embed_size: int = 32
+    hypernet_size: int = 64
+
+    @nn.compact
+    def __call__(self, agent_q: jax.Array, state: jax.Array) -> jax.Array:
+        A, E = agent_q.shape[-1], self.embed_size
+        state = state.astype(agent_q.dtype)
+
+        def hypernet(out: int, name: str) -> jax.Array:
+            return nn.Sequential([nn.Dense(self.hypernet_size), nn.relu, nn.Dense(out)], name=name)(state)
+
+        w1 = jnp.abs(hypernet(A * E, "w1")).reshape(*state.shape[:-1], A, E)
+        hidden = nn.elu(jnp.einsum("...a,...ae->...e", agent_q, w1) + nn.Dense(E, name="b1")(state))
+        w2 = jnp.abs(hypernet(E, "w2"))
+        return jnp.sum(hidden * w2, axis=-1) + hypernet(1, "v")[..., 0]
+
+
 class ActorAndCritics(nn.Module):
     """A policy and an ensemble of E action-value critics, as SAC, TD3 and TQC use them.
 

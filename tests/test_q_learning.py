@@ -93,3 +93,19 @@ def test_pqn_solves_cartpole():
                                                         "eval.every_steps": 0, "checkpoint.every_steps": 0})
     result = train.run(config, None)
     assert result.metrics[-1]["eval_return"] >= 475
+
+
+def test_qmix_mixer_is_monotonic_in_every_agents_value():
+    # dQ_tot / dq_a >= 0 for any state and values (the hypernetworks' weights are absolute values), and Q_tot
+    # follows the state: the same agent values mix differently in different states.
+    from jaxrl.networks import QMixer
+
+    mixer = QMixer(embed_size=8, hypernet_size=16)
+    q_key, s_key, p_key = jax.random.split(jax.random.PRNGKey(0), 3)
+    agent_q = 3.0 * jax.random.normal(q_key, (64, 5))
+    state = jax.random.normal(s_key, (64, 12))
+    params = mixer.init(p_key, agent_q, state)
+    assert mixer.apply(params, agent_q, state).shape == (64,)
+    grads = jax.vmap(jax.grad(lambda q, s: mixer.apply(params, q, s)))(agent_q, state)
+    assert grads.shape == (64, 5) and bool((grads >= 0).all()) and bool((grads > 0).any())
+    assert not np.allclose(mixer.apply(params, agent_q[:1], state[:1]), mixer.apply(params, agent_q[:1], state[1:2]))
