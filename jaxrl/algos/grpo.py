@@ -44,8 +44,7 @@ from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatc
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import ChunkRunner, global_mean, optimise, seed_keys, standardise
-from jaxrl.jitting import jit_method
+from jaxrl.engine import ChunkRunner, global_mean, optimise, standardise
 from jaxrl.mesh import DATA_AXIS, RUNS
 
 RETURNS = ("episode", "to_go")
@@ -147,22 +146,6 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         params = self.policy.init_params(param_key, self.agent_env, obs, env_state)
         optimizer = env_optimizer(self.settings, GRPOHyperparams(), jnp.int32(0))
         return GroupState(params, optimizer.init(params), state_key, jnp.int32(0))
-
-    def state_shardings(self, state: GroupState) -> GroupState:
-        """Seeds over the runs axis; everything replicated along the data axis."""
-        return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
-
-    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> GroupState:
-        """GroupState with a leading run axis [R = num_settings * num_seeds] (see `seed_keys`), on the mesh."""
-        keys = seed_keys(seed, num_seeds, num_settings)
-        mesh_lib.check_runs(len(keys), self.mesh)
-        state = self._init_runs(keys)
-        return jax.device_put(state, self.state_shardings(state))
-
-    @jit_method
-    def _init_runs(self, keys: jax.Array) -> GroupState:
-        # One seed after another (lax.map): see PPO.init_seeds.
-        return jax.lax.map(self.init, keys)
 
     # ----------------------------------------------------------------------------------------------
     # Group rollout

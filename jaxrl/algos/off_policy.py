@@ -16,15 +16,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
 from jaxrl import config as config_lib, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
-from jaxrl.engine import ChunkRunner, seed_keys
-from jaxrl.jitting import jit_method
+from jaxrl.engine import ChunkRunner
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 
@@ -35,20 +34,6 @@ class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
     def __init__(self, env: envs.Environment, network, settings: EnvSettings, mesh=None,
                  eval_max_steps: int = 1000):
         self.attach(EnvPolicy(env, network, "both", "obs", eval_max_steps, squash=settings.squash), settings, mesh)
-
-    def state_shardings(self, state: Any) -> Any:
-        return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self.chunk_specs(state), state,
-                            is_leaf=lambda x: isinstance(x, P))
-
-    @jit_method
-    def _init_runs(self, keys: jax.Array) -> Any:
-        return jax.lax.map(self.init, keys)
-
-    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> Any:
-        keys = seed_keys(seed, num_seeds, num_settings)
-        mesh_lib.check_runs(len(keys), self.mesh)
-        state = self._init_runs(keys)
-        return jax.device_put(state, self.state_shardings(state))
 
     def act(self, key: jax.Array, policy: PolicyStep, hp: Any, update_step: jax.Array):
         """One env's exploring action from the networks' outputs on it (`policy` leaves without the env axis,

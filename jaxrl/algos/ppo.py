@@ -24,7 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
@@ -34,8 +34,7 @@ from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units,
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import GRAD_CLIPS, ChunkRunner, normalize, optimise, seed_keys
-from jaxrl.jitting import jit_method
+from jaxrl.engine import GRAD_CLIPS, ChunkRunner, normalize, optimise
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 
@@ -157,33 +156,12 @@ class PPO(ActsThroughPolicy, ChunkRunner):
                           self.network.initial_carry((N, A)), jnp.ones((N,), bool), state_key, jnp.int32(0),
                           reward_norm)
 
-    def state_shardings(self, state: TrainState) -> TrainState:
-        """NamedShardings for a seeded TrainState: seeds over the runs axis, envs over the data axis."""
-        specs = self.chunk_specs(state)
-        return jax.tree.map(lambda spec, leaf: NamedSharding(self.mesh, spec), specs, state,
-                            is_leaf=lambda x: isinstance(x, P))
-
     def chunk_specs(self, state: TrainState) -> TrainState:
         split = P(RUN_AXIS, DATA_AXIS)  # [S, N, ...]: seeds over the runs axis, envs over the data axis
         reward_norm = None if state.reward_norm is None else RewardNorm(RUNS, split)
         return TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
                           carry=jax.tree.map(lambda _: split, state.carry), first=split, key=RUNS, update_step=RUNS,
                           reward_norm=reward_norm)
-
-    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1) -> TrainState:
-        """TrainState with a leading run axis [R = num_settings * num_seeds] (see `seed_keys`), on the mesh."""
-        keys = seed_keys(seed, num_seeds, num_settings)
-        # Seeds one after another (lax.map, not vmap) on one device, then placed on the mesh: a batched
-        # QR (the orthogonal initialiser under vmap) can deadlock XLA:CPU's LAPACK thread pool (jaxlib
-        # 0.10.2, seen on 1 and on 8 devices), and a replicated init would run it on every device.
-        mesh_lib.check_runs(len(keys), self.mesh)
-        state = self._init_runs(keys)
-        return jax.device_put(state, self.state_shardings(state))
-
-    @jit_method
-    def _init_runs(self, keys: jax.Array) -> TrainState:
-        """One state per key [R, 2] (compiled once per algorithm and run count)."""
-        return jax.lax.map(self.init, keys)
 
     # ----------------------------------------------------------------------------------------------
     # One update on this device's share of the envs (inside shard_map, one seed)

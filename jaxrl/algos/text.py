@@ -170,10 +170,6 @@ class _TextAlgorithm(ChunkRunner):
         """One state per key [R, 2], from params [R, ...] or fresh (compiled once per run count)."""
         return jax.vmap(self.init)(keys, params)
 
-    def state_shardings(self, state: TextState) -> TextState:
-        """Seeds over the runs axis; parameters replicated along the data axis."""
-        return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
-
     # ----------------------------------------------------------------------------------------------
     # Held-out evaluation
 

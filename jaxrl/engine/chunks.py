@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl import mesh as mesh_lib
+from jaxrl.jitting import jit_method
 from jaxrl.mesh import RUN_AXIS
 
 
@@ -87,9 +88,11 @@ def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, o
 
 
 class ChunkRunner:
-    """`run_chunk` for an algorithm object with `_update(state, hp)`, `mesh`, `settings.xla_options` and
-    `chunk_specs(state)` (the PartitionSpec of each state leaf; every leaf over `runs` unless overridden):
-    compiled on the first call, the seconds it took added to `compile_seconds`."""
+    """What every algorithm object does the same way around its `init(key)` (one run's state) and
+    `_update(state, hp)`, given `mesh`, `settings.xla_options` and `chunk_specs(state)` (the PartitionSpec of
+    each state leaf; every leaf over `runs` unless overridden): the runs' initial states on the mesh
+    (`init_seeds`), and `run_chunk`, compiled on its first call (the seconds it took are added to
+    `compile_seconds`)."""
 
     _chunk_fn = None
     compile_seconds = 0.0
@@ -97,6 +100,26 @@ class ChunkRunner:
 
     def chunk_specs(self, state):
         return jax.tree.map(lambda _: P(RUN_AXIS), state)
+
+    def state_shardings(self, state):
+        """NamedShardings of a state with a leading run axis, by `chunk_specs`."""
+        return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self.chunk_specs(state), state,
+                            is_leaf=lambda x: isinstance(x, P))
+
+    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1):
+        """The state of R = num_settings * num_seeds runs (leading run axis; see `seed_keys`), on the mesh."""
+        keys = seed_keys(seed, num_seeds, num_settings)
+        mesh_lib.check_runs(len(keys), self.mesh)
+        state = self._init_runs(keys)
+        return jax.device_put(state, self.state_shardings(state))
+
+    @jit_method
+    def _init_runs(self, keys: jax.Array):
+        """One state per key [R, 2], compiled once per algorithm and run count. Runs one after another
+        (lax.map, not vmap) on one device, then placed on the mesh: a batched QR (the orthogonal initialiser
+        under vmap) can deadlock XLA:CPU's LAPACK thread pool (jaxlib 0.10.2, seen on 1 and on 8 devices), and
+        a replicated init would run it on every device."""
+        return jax.lax.map(self.init, keys)
 
     def run_chunk(self, state, hp, num_updates: int):
         """`num_updates` updates for every run in one compiled program; returns (state, metrics with leaves
