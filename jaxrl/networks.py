@@ -27,8 +27,19 @@ def orthogonal_dense(features: int, scale: float) -> nn.Dense:
                     bias_init=nn.initializers.zeros, dot_general=dot_general)
 
 
+def hidden_layers(x: jax.Array, sizes: Sequence[int], activation: str, layer_norm: bool) -> jax.Array:
+    """Dense layers (orthogonal, gain sqrt(2)) with LayerNorm before each activation if `layer_norm`, inside the
+    calling module's compact scope. [..., in] -> [..., sizes[-1]]"""
+    act = activation_fn(activation)
+    for size in sizes:
+        x = orthogonal_dense(size, np.sqrt(2))(x)
+        x = act(nn.LayerNorm()(x) if layer_norm else x)
+    return x
+
+
 class MLP(nn.Module):
-    """Hidden layers with gain sqrt(2), then a linear head with gain `head_scale`.
+    """Hidden layers with gain sqrt(2) (LayerNorm before each activation if `layer_norm`), then a linear head
+    with gain `head_scale`.
 
     [..., in] -> [..., out_dim]
     """
@@ -37,12 +48,11 @@ class MLP(nn.Module):
     out_dim: int
     activation: str = "tanh"
     head_scale: float = 1.0
+    layer_norm: bool = False
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        act = activation_fn(self.activation)
-        for size in self.hidden_sizes:
-            x = act(orthogonal_dense(size, np.sqrt(2))(x))
+        x = hidden_layers(x, self.hidden_sizes, self.activation, self.layer_norm)
         return orthogonal_dense(self.out_dim, self.head_scale)(x)
 
 
@@ -108,16 +118,6 @@ class ActorCritic(nn.Module):
             return carry, out, jnp.zeros(out.shape[:-1], out.dtype)
         value = MLP(self.hidden_sizes, 1, self.activation, head_scale=1.0, name="critic")(critic_in)
         return carry, out, jnp.squeeze(value, -1)
-
-
-def hidden_layers(x: jax.Array, sizes: Sequence[int], activation: str, layer_norm: bool) -> jax.Array:
-    """Dense layers (orthogonal, gain sqrt(2)) with LayerNorm before each activation if `layer_norm`, inside the
-    calling module's compact scope. [..., in] -> [..., sizes[-1]]"""
-    act = activation_fn(activation)
-    for size in sizes:
-        x = orthogonal_dense(size, np.sqrt(2))(x)
-        x = act(nn.LayerNorm()(x) if layer_norm else x)
-    return x
 
 
 class QNetwork(nn.Module):
@@ -213,9 +213,10 @@ class ActorAndCritics(nn.Module):
     def setup(self):
         self.actor = MLP(self.hidden_sizes, self.num_outputs, self.activation, head_scale=0.01)
         per_action = 1 if self.num_actions is None else self.num_actions
-        ensemble = nn.vmap(CriticMLP, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None,
+        ensemble = nn.vmap(MLP, variable_axes={"params": 0}, split_rngs={"params": True}, in_axes=None,
                            out_axes=0, axis_size=self.num_critics)
-        self.ensemble = ensemble(self.hidden_sizes, per_action * self.num_quantiles, self.activation, self.layer_norm)
+        self.ensemble = ensemble(self.hidden_sizes, per_action * self.num_quantiles, self.activation,
+                                 layer_norm=self.layer_norm)
 
     def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array | None = None, first: jax.Array | None = None):
         out = self.actor(actor_in)
@@ -232,21 +233,6 @@ class ActorAndCritics(nn.Module):
         if self.num_actions is None:
             return out
         return out.reshape(*out.shape[:-1], self.num_actions, self.num_quantiles)
-
-
-class CriticMLP(nn.Module):
-    """One critic: hidden layers (LayerNorm before each activation, optionally), then a linear head.
-    [..., in] -> [..., out_dim]"""
-
-    hidden_sizes: Sequence[int]
-    out_dim: int
-    activation: str = "relu"
-    layer_norm: bool = False
-
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = hidden_layers(x, self.hidden_sizes, self.activation, self.layer_norm)
-        return orthogonal_dense(self.out_dim, 1.0)(x)
 
 
 def _gates(x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
