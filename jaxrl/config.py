@@ -80,7 +80,13 @@ def from_file(spec: str) -> ConfigDict:
     import importlib.util
     import os
 
+    import sys
+
     path, _, arg = spec.partition(":")
+    # experiment files import their siblings as `experiments.<name>`: make that work from any working directory
+    project_root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if project_root not in sys.path:
+        sys.path.append(project_root)
     module_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

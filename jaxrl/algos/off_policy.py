@@ -35,6 +35,11 @@ class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
                  eval_max_steps: int = 1000):
         self.attach(EnvPolicy(env, network, "both", "obs", eval_max_steps, squash=settings.squash), settings, mesh)
 
+    @property
+    def discrete(self) -> bool:
+        """Whether the env's actions are discrete (a categorical policy) rather than continuous."""
+        return hasattr(self.policy.dist, "num_actions")
+
     def act(self, key: jax.Array, policy: PolicyStep, hp: Any, update_step: jax.Array):
         """One env's exploring action from the networks' outputs on it (`policy` leaves without the env axis,
         [A, ...]): (the action stored for learning [A, ...], the action the env is given [A, ...])."""
@@ -116,7 +121,7 @@ class ReplayLearner(OffPolicyLearner):
     def stored_step(self, obs: jax.Array) -> dict:
         """One env's stored step (zeros shaped like it) from the obs [n, A, d] of a reset."""
         A, dist = self.num_agents, self.policy.dist
-        if hasattr(dist, "num_actions"):
+        if self.discrete:
             action = jnp.zeros((A,), jnp.int32)
         else:
             action = jnp.zeros((A, dist.action_dim), jnp.float32)

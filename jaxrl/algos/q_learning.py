@@ -37,7 +37,7 @@ class QLearner(OffPolicyLearner):
     def __init__(self, env: envs.Environment, network: QNetwork, settings: EnvSettings, mesh=None,
                  eval_max_steps: int = 1000):
         super().__init__(env, network, settings, mesh, eval_max_steps)
-        if not hasattr(self.policy.dist, "num_actions"):
+        if not self.discrete:
             raise ValueError(f"Q-learning needs discrete actions; {env!r} has {env.action_space()!r}")
 
     def epsilon(self, hp: Any, update_step: jax.Array) -> jax.Array:

@@ -77,6 +77,25 @@ class ReplayActorCriticSettings(ReplaySettings):
     actor_value: str = "min"
 
 
+# Where each trained part of the parameters lives (it has an optimiser of its own): the critics and the actor are
+# the network's submodules; the temperature is a collection of its own, which flax's modules never read.
+PARTS = {"critic": ("params", "ensemble"), "actor": ("params", "actor"), "temperature": ("temperature",)}
+
+
+def part_of(params: dict, part: str):
+    """The subtree of `params` that `part` (PARTS) names."""
+    for key in PARTS[part]:
+        params = params[key]
+    return params
+
+
+def with_part(params: dict, part: str, value) -> dict:
+    """`params` with the subtree that `part` names replaced by `value` (nothing else copied)."""
+    def put(tree: dict, keys: tuple) -> dict:
+        return {**tree, keys[0]: value if len(keys) == 1 else put(tree[keys[0]], keys[1:])}
+    return put(params, PARTS[part])
+
+
 def quantile_huber_loss(atoms: jax.Array, targets: jax.Array) -> jax.Array:
     """Quantile regression with the Huber loss (kappa 1; Dabney et al., 2018): atoms [..., N] at quantile
     levels (i + 1/2) / N fit target samples [..., M]; the mean over every pair and leading axis."""
@@ -101,9 +120,9 @@ class ReplayActorCritic(ReplayLearner):
     def __init__(self, env, network: ActorAndCritics, settings: ReplayActorCriticSettings, mesh=None,
                  eval_max_steps: int = 1000):
         super().__init__(env, network, settings, mesh, eval_max_steps)
-        self.discrete = hasattr(self.policy.dist, "num_actions")
         if self.discrete and settings.policy == "deterministic":
-            raise ValueError(f"a deterministic policy needs continuous actions; {env!r} has {env.action_space()!r}")
+            raise ValueError(f"policy.kind = 'deterministic': a deterministic policy needs continuous actions; "
+                             f"{env!r} has {env.action_space()!r}")
 
     # ----------------------------------------------------------------------------------------------
     # The networks
@@ -185,8 +204,8 @@ class ReplayActorCritic(ReplayLearner):
         return kept + entropy_bonus[..., None]
 
     def _critic_loss(self, critic_params, batch: dict, hp):
-        items, params = batch["items"], mesh_lib.varying(batch["params"])  # (fixed here, but per device like the loss)
-        params = {**params, "params": {**params["params"], "ensemble": critic_params}}
+        items = batch["items"]  # (the other parameters: fixed here, but per device like the loss)
+        params = with_part(mesh_lib.varying(batch["params"]), "critic", critic_params)
         reward, terminated = items["reward"], items["terminated"]  # [B, A], [B]
         targets = jax.lax.stop_gradient(reward[..., None] + hp.gamma * (1.0 - terminated[:, None, None])
                                         * batch["next_value"])  # [B, A, M]
@@ -214,8 +233,8 @@ class ReplayActorCritic(ReplayLearner):
         return atoms.mean(axis=(0, -1))
 
     def _actor_loss(self, actor_params, batch: dict, hp):
-        params, obs, dist = mesh_lib.varying(batch["params"]), batch["items"]["obs"], self.policy.dist
-        params = {**params, "params": {**params["params"], "actor": actor_params}}
+        obs, dist = batch["items"]["obs"], self.policy.dist
+        params = with_part(mesh_lib.varying(batch["params"]), "actor", actor_params)
         alpha = self.temperature(params)
         if self.discrete:
             log_pi = jax.nn.log_softmax(self._policy_out(params, obs, batch["items"].get("mask")))  # illegal: pi 0
@@ -254,20 +273,23 @@ class ReplayActorCritic(ReplayLearner):
         # a collection of its own (flax reads only "params"), so that evaluation and loaded actors ignore it
         params = {**params, "temperature": {"log_alpha": jnp.log(jnp.float32(self.settings.init_temperature))}}
         optimizers = self.optimizers(ReplayActorCriticHyperparams(), jnp.int32(0))
-        opt_state = {"critic": optimizers["critic"].init(params["params"]["ensemble"]),
-                     "actor": optimizers["actor"].init(params["params"]["actor"]),
-                     "temperature": optimizers["temperature"].init(params["temperature"])}
+        opt_state = {part: optimizers[part].init(part_of(params, part)) for part in PARTS}
         return params, params, opt_state
+
+    def _part_step(self, part: str, loss_fn, params, opt_state, batch: dict, hp, optimizers: dict):
+        """One gradient step of `loss_fn` on one part of the parameters (PARTS), the rest held fixed. Returns
+        (params, opt_state, metrics)."""
+        trained, part_opt, aux = gradient_step(loss_fn, optimizers[part], part_of(params, part), opt_state[part],
+                                               batch, hp)
+        return with_part(params, part, trained), {**opt_state, part: part_opt}, aux
 
     def _critic_step(self, params, target_params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
         """One gradient step of the critics on transitions [B, ...]. Returns (params, opt_state, metrics)."""
         batch = {"items": items, "params": params,
                  "next_value": self._next_value(params, target_params, items, hp, key)}
-        ensemble, critic_opt, aux = gradient_step(self._critic_loss, optimizers["critic"],
-                                                  params["params"]["ensemble"], opt_state["critic"], batch, hp)
-        params = {**params, "params": {**params["params"], "ensemble": ensemble}}
+        params, opt_state, aux = self._part_step("critic", self._critic_loss, params, opt_state, batch, hp, optimizers)
         aux["critic_grad_norm"] = aux.pop("grad_norm")
-        return params, {**opt_state, "critic": critic_opt}, aux
+        return params, opt_state, aux
 
     def _policy_step(self, params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
         """One gradient step of the actor, then of the temperature (when learned), on observations [B, A, d].
@@ -276,16 +298,11 @@ class ReplayActorCritic(ReplayLearner):
         if not self.discrete:
             B, A = items["obs"].shape[:2]
             batch["noise"] = self._noise(key, B, (A, self.policy.dist.action_dim))
-        actor, actor_opt, aux = gradient_step(self._actor_loss, optimizers["actor"], params["params"]["actor"],
-                                              opt_state["actor"], batch, hp)
-        params = {**params, "params": {**params["params"], "actor": actor}}
-        opt_state = {**opt_state, "actor": actor_opt}
+        params, opt_state, aux = self._part_step("actor", self._actor_loss, params, opt_state, batch, hp, optimizers)
         aux["actor_grad_norm"] = aux.pop("grad_norm")
         if self.settings.learn_temperature and self.settings.policy == "stochastic":
-            temperature, temperature_opt, temperature_aux = gradient_step(
-                self._temperature_loss, optimizers["temperature"], params["temperature"], opt_state["temperature"],
-                {"entropy": aux["entropy"]}, hp)
-            params, opt_state = {**params, "temperature": temperature}, {**opt_state, "temperature": temperature_opt}
+            params, opt_state, temperature_aux = self._part_step("temperature", self._temperature_loss, params,
+                                                                 opt_state, {"entropy": aux["entropy"]}, hp, optimizers)
             aux["temperature_loss"] = temperature_aux["temperature_loss"]
         return params, opt_state, aux
 
@@ -393,10 +410,7 @@ def build_replay_actor_critic(config: ConfigDict, mesh) -> ReplayActorCritic:
         **replay_settings(config), squash=not discrete, policy=p.kind, learn_temperature=config.temperature.learn,
         init_temperature=config.temperature.init, policy_delay=p.delay, num_critics=n.num_critics, num_quantiles=n.num_quantiles,
         drop_per_critic=n.drop_per_critic, actor_value=p.actor_value)
-    if discrete and p.kind == "deterministic":
-        raise ValueError(f"policy.kind = 'deterministic': a deterministic policy needs continuous actions; "
-                         f"{config.env.name!r} has {space!r}")
-    if discrete and not 0 < config.temperature.target_scale < 1:
+    if discrete and p.kind == "stochastic" and not 0 < config.temperature.target_scale < 1:
         raise ValueError(f"temperature.target_scale = {config.temperature.target_scale}: with discrete actions the "
                          "target entropy is target_scale x log K, which must lie below the uniform policy's log K "
                          "(e.g. 0.3 to 0.9)")
