@@ -20,13 +20,19 @@ TUNED = {
 }
 
 
+def use_brax_env(config: ConfigDict, env_name: str) -> None:
+    """Point `config.env` at Brax's `env_name`: the generalized backend, episodes of 1000 steps, no action repeat
+    (each a `config.env.kwargs` key the command line can change)."""
+    config.env.name = "brax"
+    config.env.kwargs = ConfigDict({"env_name": env_name, "backend": "generalized", "episode_length": 1000,
+                                    "action_repeat": 1})
+
+
 def get_config(arg: str | None = None) -> ConfigDict:
     env_name = arg or "halfcheetah"
     config = algos.default_config("ppo")
     config.experiment = f"brax_ppo-{env_name}"
-    config.env.name = "brax"
-    config.env.kwargs = ConfigDict({"env_name": env_name, "backend": "generalized", "episode_length": 1000,
-                                    "action_repeat": 1})
+    use_brax_env(config, env_name)
     config.total_steps = 50_000_000
     config.num_envs = 2048
     config.num_steps = 20

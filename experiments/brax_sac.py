@@ -14,6 +14,7 @@ brax: pip install -e ".[brax]".
 
 from ml_collections import ConfigDict
 
+from experiments.brax_ppo import use_brax_env
 from jaxrl import algos, config as config_lib
 
 
@@ -21,9 +22,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     env_name = arg or "halfcheetah"
     config = algos.default_config("sac")
     config.experiment = f"brax_sac-{env_name}"
-    config.env.name = "brax"
-    config.env.kwargs = ConfigDict({"env_name": env_name, "backend": "generalized", "episode_length": 1000,
-                                    "action_repeat": 1})
+    use_brax_env(config, env_name)
     config.total_steps = 5_000_000
     config.num_envs = 64
     config.num_steps = 1

@@ -1,5 +1,6 @@
 import os
 import sys
+import textwrap
 
 import pytest
 
@@ -41,3 +42,28 @@ def run_python(code: str, *, devices: int = 1, timeout: int = 600, env: dict | N
 @pytest.fixture
 def python_subprocess():
     return run_python
+
+
+def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates: int, state_fields=("params",),
+                                       rtol: float = 1e-5, atol: float = 1e-6):
+    """Train experiments/<experiment>.py with `overrides` for `updates` updates of 2 seeds on a mesh of 1 device
+    and of 8 (a fresh interpreter with 8 host devices); the state's `state_fields` (dotted attributes) must agree."""
+    code = textwrap.dedent(f"""
+        from operator import attrgetter
+        import jax, numpy as np
+        from helpers import load_experiment, set_keys
+        from jaxrl import algos, mesh as mesh_lib
+        config = set_keys(load_experiment({experiment!r}), {overrides!r})
+        algos.validate(config)
+        trained = []
+        for devices in (1, 8):
+            algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
+            state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, {updates})
+            trained.append(jax.device_get(attrgetter(*{tuple(state_fields)!r})(state)))
+        for a, b in zip(jax.tree.leaves(trained[0]), jax.tree.leaves(trained[1])):
+            np.testing.assert_allclose(a, b, rtol={rtol}, atol={atol})
+        print("equal")
+    """)
+    result = run_python(code, devices=8, env={"PYTHONPATH": "tests"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["equal"]

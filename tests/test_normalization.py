@@ -1,11 +1,8 @@
 """Running statistics (observation normalisation, reward scaling) against numpy, and in PPO's state."""
 
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from helpers import build, load_experiment, set_keys
 from jaxrl import checkpoint, normalization

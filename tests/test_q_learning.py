@@ -2,14 +2,13 @@
 buffer, 1 vs 8 devices."""
 
 import shutil
-import textwrap
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import run_python
+from conftest import assert_one_and_eight_devices_agree
 from helpers import load_experiment, set_keys
 from jaxrl import train
 from jaxrl.algos.q_learning import bootstrap_values
@@ -46,27 +45,10 @@ def test_resume_with_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_pa
 
 
 def test_one_and_eight_devices_train_the_same_parameters():
-    code = textwrap.dedent("""
-        import jax, numpy as np
-        from helpers import load_experiment, set_keys
-        from jaxrl import algos, mesh as mesh_lib
-        config = set_keys(load_experiment("cartpole_dqn"), {
-            "total_steps": 8 * 2 * 30, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
-            "replay.buffer_size": 8 * 100, "replay.learning_starts": 64, "target.every": 10,
-            "replay.prioritised": True, "returns.n_step": 2})
-        algos.validate(config)
-        params = []
-        for devices in (1, 8):
-            algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
-            state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, 30)
-            params.append(jax.device_get((state.params, state.buffer.priorities)))
-        for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        print("equal")
-    """)
-    result = run_python(code, devices=8, env={"PYTHONPATH": "tests"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["equal"]
+    assert_one_and_eight_devices_agree("cartpole_dqn", {
+        "total_steps": 8 * 2 * 30, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
+        "replay.buffer_size": 8 * 100, "replay.learning_starts": 64, "target.every": 10,
+        "replay.prioritised": True, "returns.n_step": 2}, updates=30, state_fields=("params", "buffer.priorities"))
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 resume, 1 vs 8 devices, and learning (Pendulum-v1 for the continuous learners, CartPole for discrete SAC)."""
 
 import shutil
-import textwrap
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import run_python
+from conftest import assert_one_and_eight_devices_agree
 from helpers import load_experiment, set_keys
 from jaxrl import algos, distributions, train
 from jaxrl.algos.replay_actor_critic import quantile_huber_loss, truncated_atoms
@@ -74,27 +73,11 @@ def test_resume_is_the_run_that_never_stopped(tmp_path):
 
 
 def test_one_and_eight_devices_train_the_same_parameters():
-    code = textwrap.dedent("""
-        import jax, numpy as np
-        from helpers import load_experiment, set_keys
-        from jaxrl import algos, mesh as mesh_lib
-        # SAC's noise (next actions, the actor's samples) is drawn per env from its global index
-        config = set_keys(load_experiment("pendulum_sac"), {
-            "total_steps": 8 * 2 * 20, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
-            "replay.buffer_size": 8 * 50, "replay.learning_starts": 64, "network.hidden_sizes": (16, 16)})
-        algos.validate(config)
-        params = []
-        for devices in (1, 8):
-            algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
-            state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, 20)
-            params.append(jax.device_get(state.params))
-        for a, b in zip(jax.tree.leaves(params[0]), jax.tree.leaves(params[1])):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
-        print("equal")
-    """)
-    result = run_python(code, devices=8, env={"PYTHONPATH": "tests"})
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["equal"]
+    # SAC's noise (next actions, the actor's samples) is drawn per env from its global index
+    assert_one_and_eight_devices_agree("pendulum_sac", {
+        "total_steps": 8 * 2 * 20, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
+        "replay.buffer_size": 8 * 50, "replay.learning_starts": 64, "network.hidden_sizes": (16, 16)},
+        updates=20, rtol=1e-4, atol=1e-5)
 
 
 def test_config_errors_name_the_key():

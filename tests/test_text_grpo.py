@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.algos.text import restore_text_params
-from helpers import load_experiment, set_keys, tiny_grpo_config, tiny_sft_config
+from helpers import tiny_grpo_config, tiny_sft_config
 
 
 @pytest.fixture(scope="module")
