@@ -32,8 +32,8 @@ from jaxrl import config as config_lib, replay
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import env_optimizer, make_env
-from jaxrl.algos.off_policy import (ReplayLearner, ReplaySettings, ReplayState, check_replay_config, replay_config,
-                                    replay_settings)
+from jaxrl.algos.off_policy import (RETURN_KEYS, ReplayLearner, ReplaySettings, ReplayState, check_replay_config,
+                                    replay_config, replay_settings)
 from jaxrl.algos.q_learning import EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step
@@ -47,6 +47,7 @@ class DQNHyperparams:
 
     learning_rate: float = 2.5e-4
     gamma: float = 0.99
+    reward_scale: float = 1.0  # rewards are stored (and learned) multiplied by this
     max_grad_norm: float = 10.0
     weight_decay: float = 0.0
     tau: float = 1.0  # target <- tau * online + (1 - tau) * target, every `target_every` gradient steps
@@ -151,7 +152,7 @@ def check_dqn_config(config: ConfigDict) -> None:
 
 
 register("dqn", Recipe(build_dqn, DQNHyperparams, {
-    "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "max_grad_norm": "optim.max_grad_norm",
+    "learning_rate": "optim.learning_rate", **RETURN_KEYS, "max_grad_norm": "optim.max_grad_norm",
     "weight_decay": "optim.weight_decay", "tau": "target.tau", **EXPLORE_KEYS,
     "priority_alpha": "replay.priority_alpha", "priority_beta": "replay.priority_beta"}, check_dqn_config,
     defaults=dqn_config))

@@ -301,9 +301,9 @@ class EnvActor:
 
 
 def trainable(params: dict) -> dict:
-    """The part of a policy's variables that the optimiser trains: flax's "params" collection (not the running
-    observation statistics in "obs_norm")."""
-    return {"params": params["params"]}
+    """The part of a policy's variables that the optimiser trains: every collection (flax's "params", a mixing
+    network's, ...) but the running observation statistics in "obs_norm"."""
+    return {name: value for name, value in params.items() if name != "obs_norm"}
 
 
 def step_info_keys(env: envs.Environment) -> set[str]:

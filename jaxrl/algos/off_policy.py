@@ -27,9 +27,19 @@ from jaxrl.engine import ChunkRunner
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 
+@struct.dataclass
+class Acting:
+    """Where a run's envs and its acting network stand between updates (in a state: leaves [R, N, ...])."""
+
+    env_state: Any  # [N, ...]
+    obs: jax.Array  # [N, A, d]
+    carry: Any  # the network's hidden state, [N, A, H] leaves (() for feed-forward networks)
+    first: jax.Array  # [N] bool: obs is the first of its episode (the hidden state restarts there)
+
+
 class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
-    """The acting half. A subclass supplies `act`, `init(key)` (one run's state, with `params`, `env_state`,
-    `obs`, `update_step`), `chunk_specs(state)` and `_update(state, hp)`."""
+    """The acting half. A subclass supplies `act`, `init(key)` (one run's state, with `params`, `acting`,
+    `update_step`), `chunk_specs(state)` and `_update(state, hp)`. Hyperparameters carry `reward_scale`."""
 
     def __init__(self, env: envs.Environment, network, settings: EnvSettings, mesh=None,
                  eval_max_steps: int = 1000):
@@ -40,40 +50,55 @@ class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
         """Whether the env's actions are discrete (a categorical policy) rather than continuous."""
         return hasattr(self.policy.dist, "num_actions")
 
+    @property
+    def stores_global_state(self) -> bool:
+        """Whether stored steps carry the env's global state (for a mixing network or a centralised critic)."""
+        return self.policy.critic_input == "global_state"
+
+    def start_acting(self, key: jax.Array) -> Acting:
+        """One run's envs, reset (`settings.num_envs` of them), and the network's initial hidden state."""
+        n = self.settings.num_envs
+        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(key, n))
+        return Acting(env_state, obs, self.network.initial_carry((n, self.num_agents)), jnp.ones((n,), bool))
+
     def act(self, key: jax.Array, policy: PolicyStep, hp: Any, update_step: jax.Array):
         """One env's exploring action from the networks' outputs on it (`policy` leaves without the env axis,
         [A, ...]): (the action stored for learning [A, ...], the action the env is given [A, ...])."""
         raise NotImplementedError
 
-    def rollout(self, params, state: Any, hp: Any, key: jax.Array):
-        """T steps of this device's n envs. Returns (env_state, obs after, steps [n, T, ...] to store, episode
-        sums)."""
+    def rollout(self, params, acting: Acting, hp: Any, key: jax.Array, update_step: jax.Array):
+        """T steps of this device's n envs from `acting`. Returns (acting after, steps [n, T, ...] to store,
+        episode sums). A step stores obs, action, reward (times hp.reward_scale), next_obs (the final one where
+        an episode ended), terminated, done and first; legal actions (mask, next_mask) where the env has them;
+        the global state (state, next_state) when `stores_global_state`."""
         s = self.settings
         step_keys = jax.random.split(key, s.num_steps)
         env_keys = mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys), axis=1)
         act_keys = jax.vmap(lambda k: mesh_lib.per_item_keys(jax.random.fold_in(k, 1), self.num_local_envs))(step_keys)
-        first = jnp.zeros((self.num_local_envs,), bool)
 
-        def step(carry, xs):
-            env_state, obs = carry
+        def step(acting: Acting, xs):
             env_key, act_key = xs
-            policy = self.policy.step(params, self.env, env_state, obs, (), first)
-            action, env_action = jax.vmap(self.act, (0, 0, None, None))(act_key, policy, hp, state.update_step)
-            next_obs, env_state, reward, done, info = self.env.batch_step(env_key, env_state, env_action)
+            policy = self.policy.step(params, self.env, acting.env_state, acting.obs, acting.carry, acting.first)
+            action, env_action = jax.vmap(self.act, (0, 0, None, None))(act_key, policy, hp, update_step)
+            next_obs, env_state, reward, done, info = self.env.batch_step(env_key, acting.env_state, env_action)
             ended = info["returned_episode"]
-            stored = {"obs": obs, "action": action, "reward": reward, "next_obs": info["final_obs"],
-                      "terminated": ended & ~info["truncated"], "done": ended}
+            stored = {"obs": acting.obs, "action": action, "reward": reward * hp.reward_scale,
+                      "next_obs": info["final_obs"], "terminated": ended & ~info["truncated"], "done": ended,
+                      "first": acting.first}
             if self.agent_env.has_action_masks:  # legal actions where the step was taken and in the next obs
                 stored["mask"] = policy.mask
                 stored["next_mask"] = jax.vmap(self.agent_env.avail_actions)(info["final_state"])
+            if self.stores_global_state:
+                stored["state"] = policy.global_state
+                stored["next_state"] = jax.vmap(self.agent_env.global_state)(info["final_state"])
             episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
                        "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
             if self.policy.reports_wins:
                 episode["win_rate_sum"] = ended & info["won"]
-            return (env_state, next_obs), (stored, episode)
+            return Acting(env_state, next_obs, policy.carry, ended), (stored, episode)
 
-        (env_state, obs), (steps, episode) = jax.lax.scan(step, (state.env_state, state.obs), (env_keys, act_keys))
-        return env_state, obs, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), jax.tree.map(jnp.sum, episode)
+        acting, (steps, episode) = jax.lax.scan(step, acting, (env_keys, act_keys))
+        return acting, jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), steps), jax.tree.map(jnp.sum, episode)
 
 # -------------------------------------------------------------------------------------------------
 # Learning from a replay buffer
@@ -87,7 +112,7 @@ class ReplaySettings(EnvSettings):
     replay_batch: int = 128  # sequences per gradient step, over all envs
     gradient_steps: int = 1  # per update
     learning_starts: int = 1_000  # env steps per run before the first gradient step
-    n_step: int = 1  # steps per sampled sequence
+    sequence_length: int = 1  # steps per sampled sequence
     prioritised: bool = False
     target_every: int = 1  # gradient steps between target-network updates
 
@@ -104,8 +129,7 @@ class ReplayState:
     target_params: Any
     opt_state: Any
     buffer: replay.Buffer  # items [R, N, C, ...]
-    env_state: Any  # [R, N, ...]
-    obs: jax.Array  # [R, N, A, d]
+    acting: Acting  # [R, N, ...]
     key: jax.Array  # [R, 2]
     update_step: jax.Array  # [R] int32
 
@@ -118,17 +142,19 @@ class ReplayLearner(OffPolicyLearner):
 
     settings: ReplaySettings
 
-    def stored_step(self, obs: jax.Array) -> dict:
-        """One env's stored step (zeros shaped like it) from the obs [n, A, d] of a reset."""
-        A, dist = self.num_agents, self.policy.dist
+    def stored_step(self, acting: Acting) -> dict:
+        """One env's stored step (zeros shaped like the rollout's, `rollout`) from the envs of `acting`."""
+        A, dist, obs = self.num_agents, self.policy.dist, acting.obs
         if self.discrete:
             action = jnp.zeros((A,), jnp.int32)
         else:
             action = jnp.zeros((A, dist.action_dim), jnp.float32)
         step = {"obs": obs[0], "action": action, "reward": jnp.zeros((A,)), "next_obs": obs[0],
-                "terminated": jnp.zeros((), bool), "done": jnp.zeros((), bool)}
+                "terminated": jnp.zeros((), bool), "done": jnp.zeros((), bool), "first": jnp.zeros((), bool)}
         if self.agent_env.has_action_masks:
             step["mask"] = step["next_mask"] = jnp.zeros((A, dist.num_actions), bool)
+        if self.stores_global_state:
+            step["state"] = step["next_state"] = self.policy.global_state(self.env, acting.env_state)[0]
         return step
 
     def init_learned(self, key: jax.Array, obs: jax.Array, env_state: Any) -> tuple:
@@ -138,17 +164,17 @@ class ReplayLearner(OffPolicyLearner):
     def init(self, key: jax.Array) -> ReplayState:
         param_key, env_key, state_key = jax.random.split(key, 3)
         s = self.settings
-        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, s.num_envs))
-        buffer = replay.init(self.stored_step(obs), s.num_envs, s.buffer_steps_per_env, s.prioritised)
-        return ReplayState(*self.init_learned(param_key, obs, env_state), buffer, env_state, obs, state_key,
+        acting = self.start_acting(env_key)
+        buffer = replay.init(self.stored_step(acting), s.num_envs, s.buffer_steps_per_env, s.prioritised)
+        return ReplayState(*self.init_learned(param_key, acting.obs, acting.env_state), buffer, acting, state_key,
                            jnp.int32(0))
 
     def chunk_specs(self, state: ReplayState) -> ReplayState:
         split = P(RUN_AXIS, DATA_AXIS)
         buffer = replay.Buffer(jax.tree.map(lambda _: split, state.buffer.items),
                                None if state.buffer.priorities is None else split, RUNS, RUNS)
-        return ReplayState(params=RUNS, target_params=RUNS, opt_state=RUNS, buffer=buffer, env_state=split,
-                           obs=split, key=RUNS, update_step=RUNS)
+        return ReplayState(params=RUNS, target_params=RUNS, opt_state=RUNS, buffer=buffer, acting=split, key=RUNS,
+                           update_step=RUNS)
 
     def _train(self, state: ReplayState, buffer: replay.Buffer, hp: Any, key: jax.Array):
         """The update's gradient steps: ((params, target_params, opt_state), buffer with new priorities,
@@ -157,9 +183,9 @@ class ReplayLearner(OffPolicyLearner):
 
     def sample_batch(self, buffer: replay.Buffer, key: jax.Array, alpha=0.6, beta=0.4) -> tuple[dict, replay.Sample]:
         """This device's share of a batch: ({"items": leaves [B, L, ...], "weights": [B]}, the sample), B =
-        replay_batch / num_envs per env of this device, L = n_step. `alpha`, `beta`: prioritised replay's."""
+        replay_batch / num_envs per env of this device, L = sequence_length. `alpha`, `beta`: prioritised replay's."""
         s = self.settings
-        sample = replay.sample(buffer, key, s.replay_batch // s.num_envs, s.n_step, alpha, beta)
+        sample = replay.sample(buffer, key, s.replay_batch // s.num_envs, s.sequence_length, alpha, beta)
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [n, k, ...] -> [n k, ...]
         return {"items": jax.tree.map(flat, sample.items), "weights": flat(sample.weights)}, sample
 
@@ -175,11 +201,11 @@ class ReplayLearner(OffPolicyLearner):
     def _update(self, state: ReplayState, hp: Any):
         s = self.settings
         key, rollout_key, train_key = jax.random.split(state.key, 3)
-        env_state, obs, steps, episode = self.rollout(state.params, state, hp, rollout_key)
+        acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key, state.update_step)
         buffer = replay.add(state.buffer, steps)
         learned, trained_buffer, aux = self._train(state, buffer, hp, train_key)
         env_steps = (state.update_step + 1) * s.num_steps * s.num_envs
-        ready = (env_steps >= s.learning_starts) & (replay.num_starts(buffer, s.n_step) > 0)
+        ready = (env_steps >= s.learning_starts) & (replay.num_starts(buffer, s.sequence_length) > 0)
         keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, old)  # noqa: E731
         params, target_params, opt_state = keep(learned, (state.params, state.target_params, state.opt_state))
         buffer = buffer.replace(priorities=keep(trained_buffer.priorities, buffer.priorities))
@@ -187,7 +213,7 @@ class ReplayLearner(OffPolicyLearner):
                    "replay_ratio": jnp.float32(s.gradient_steps * s.replay_batch / (s.num_steps * s.num_envs)),
                    "learning": ready.astype(jnp.float32), **self.exploration_metrics(hp, state.update_step)}
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
-        state = ReplayState(params, target_params, opt_state, buffer, env_state, obs, key, state.update_step + 1)
+        state = ReplayState(params, target_params, opt_state, buffer, acting, key, state.update_step + 1)
         return state, metrics
 
     def exploration_metrics(self, hp: Any, update_step: jax.Array) -> dict:
@@ -207,9 +233,12 @@ def off_policy_config(name: str) -> ConfigDict:
         "num_envs": 4,  # parallel environments per seed, split over devices
         "num_steps": 4,  # env steps per env per update
         "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
-        "returns": {"gamma": 0.99},
+        "returns": {"gamma": 0.99, "reward_scale": 1.0},  # rewards are stored multiplied by reward_scale
     }))
     return config
+
+
+RETURN_KEYS = {"gamma": "returns.gamma", "reward_scale": "returns.reward_scale"}  # hyperparameters: config keys
 
 
 def off_policy_settings(config: ConfigDict) -> dict:
@@ -245,23 +274,23 @@ def replay_config() -> ConfigDict:
     })
 
 
-def replay_settings(config: ConfigDict, n_step: int = 1) -> dict:
+def replay_settings(config: ConfigDict, sequence_length: int = 1) -> dict:
     """ReplaySettings fields from config.replay, config.target.every and the other off-policy keys."""
     r = config.replay
     return dict(**off_policy_settings(config), buffer_size=r.buffer_size, replay_batch=r.batch_size,
-                gradient_steps=r.gradient_steps, learning_starts=r.learning_starts, n_step=n_step,
+                gradient_steps=r.gradient_steps, learning_starts=r.learning_starts, sequence_length=sequence_length,
                 prioritised=r.prioritised, target_every=config.target.every)
 
 
-def check_replay_config(config: ConfigDict, n_step: int = 1) -> None:
+def check_replay_config(config: ConfigDict, sequence_length: int = 1, sequence_key: str = "returns.n_step") -> None:
     config_lib.positive(config, "replay.buffer_size", "replay.batch_size", "replay.gradient_steps", "target.every")
     r = config.replay
     if r.batch_size % config.num_envs:
         raise ValueError(f"config.replay.batch_size = {r.batch_size} must be a multiple of num_envs = "
                          f"{config.num_envs}: every env gives batch_size / num_envs samples")
-    if r.buffer_size % config.num_envs or r.buffer_size // config.num_envs < max(config.num_steps, n_step):
+    if r.buffer_size % config.num_envs or r.buffer_size // config.num_envs < max(config.num_steps, sequence_length):
         raise ValueError(f"config.replay.buffer_size = {r.buffer_size} must be a multiple of num_envs = "
-                         f"{config.num_envs} holding at least num_steps and returns.n_step steps per env")
+                         f"{config.num_envs} holding at least num_steps and {sequence_key} steps per env")
     if r.learning_starts < 0:
         raise ValueError(f"config.replay.learning_starts must be >= 0, got {r.learning_starts!r}")
     for key in ("target.tau", "replay.priority_beta"):

@@ -26,7 +26,7 @@ from jaxrl import config as config_lib
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import EnvSettings, check_minibatch_split, env_optimizer, make_env
-from jaxrl.algos.off_policy import off_policy_settings
+from jaxrl.algos.off_policy import RETURN_KEYS, Acting, off_policy_settings
 from jaxrl.algos.q_learning import EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import optimise
@@ -39,6 +39,7 @@ class PQNHyperparams:
 
     learning_rate: float = 1e-4
     gamma: float = 0.99
+    reward_scale: float = 1.0  # rewards are stored (and learned) multiplied by this
     q_lambda: float = 0.65  # 0: one-step targets; 1: the rollout's returns
     max_grad_norm: float = 10.0
     weight_decay: float = 0.0
@@ -53,8 +54,7 @@ class PQNState:
 
     params: Any
     opt_state: Any
-    env_state: Any  # [R, N, ...]
-    obs: jax.Array  # [R, N, A, d]
+    acting: Acting  # [R, N, ...]
     key: jax.Array  # [R, 2]
     update_step: jax.Array  # [R] int32
 
@@ -68,14 +68,14 @@ class PQN(QLearner):
 
     def init(self, key: jax.Array) -> PQNState:
         param_key, env_key, state_key = jax.random.split(key, 3)
-        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, self.settings.num_envs))
-        params = self.policy.init_params(param_key, self.env, obs, env_state)
+        acting = self.start_acting(env_key)
+        params = self.policy.init_params(param_key, self.env, acting.obs, acting.env_state)
         optimizer = env_optimizer(self.settings, PQNHyperparams(), jnp.int32(0))
-        return PQNState(params, optimizer.init(trainable(params)), env_state, obs, state_key, jnp.int32(0))
+        return PQNState(params, optimizer.init(trainable(params)), acting, state_key, jnp.int32(0))
 
     def chunk_specs(self, state: PQNState) -> PQNState:
         split = P(RUN_AXIS, DATA_AXIS)
-        return PQNState(params=RUNS, opt_state=RUNS, env_state=split, obs=split, key=RUNS, update_step=RUNS)
+        return PQNState(params=RUNS, opt_state=RUNS, acting=split, key=RUNS, update_step=RUNS)
 
     def _loss(self, params, batch: dict, hp: PQNHyperparams):
         """Squared error of Q(obs, action) [B, A] against the lambda-targets."""
@@ -86,7 +86,7 @@ class PQN(QLearner):
     def _update(self, state: PQNState, hp: PQNHyperparams):
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        env_state, obs, steps, episode = self.rollout(state.params, state, hp, rollout_key)  # steps [n, T, ...]
+        acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key, state.update_step)  # [n, T, ...]
         next_values = bootstrap_values(self.q_values(state.params, steps["next_obs"], steps.get("next_mask")))
         per_agent = lambda x: jnp.broadcast_to(x[..., None], next_values.shape)  # noqa: E731
         time_major = (jnp.swapaxes(x, 0, 1) for x in (steps["reward"], next_values, per_agent(steps["terminated"]),
@@ -98,7 +98,7 @@ class PQN(QLearner):
                                           epoch_key, s.num_epochs, s.num_minibatches)
         metrics = {**jax.tree.map(jnp.mean, aux), "epsilon": self.epsilon(hp, state.update_step)}
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
-        state = PQNState({**state.params, **params}, opt_state, env_state, obs, key, state.update_step + 1)
+        state = PQNState({**state.params, **params}, opt_state, acting, key, state.update_step + 1)
         return state, metrics
 
 
@@ -134,6 +134,6 @@ def check_pqn_config(config: ConfigDict) -> None:
 
 
 register("pqn", Recipe(build_pqn, PQNHyperparams, {
-    "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "q_lambda": "returns.q_lambda",
+    "learning_rate": "optim.learning_rate", **RETURN_KEYS, "q_lambda": "returns.q_lambda",
     "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", **EXPLORE_KEYS},
     check_pqn_config, defaults=pqn_config))

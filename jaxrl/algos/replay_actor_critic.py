@@ -39,7 +39,7 @@ from ml_collections import ConfigDict
 from jaxrl import config as config_lib, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import PolicyStep
 from jaxrl.algos.env_setup import make_env
-from jaxrl.algos.off_policy import (ReplayLearner, ReplaySettings, ReplayState, check_off_policy_config,
+from jaxrl.algos.off_policy import (RETURN_KEYS, ReplayLearner, ReplaySettings, ReplayState, check_off_policy_config,
                                     check_replay_config, off_policy_config, replay_config, replay_settings)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step, make_optimizer, scheduled_learning_rate
@@ -57,6 +57,7 @@ class ReplayActorCriticHyperparams:
     critic_learning_rate: float = 1e-3
     temperature_learning_rate: float = 1e-3
     gamma: float = 0.99
+    reward_scale: float = 1.0  # rewards are stored (and learned) multiplied by this
     tau: float = 0.005  # target <- tau * online + (1 - tau) * target
     max_grad_norm: float = float("inf")
     target_entropy_scale: float = 1.0  # target entropy: -scale * D (continuous) or scale * log K (discrete)
@@ -452,7 +453,7 @@ def check_replay_actor_critic_config(config: ConfigDict) -> None:
 
 HYPERPARAM_KEYS = {
     "actor_learning_rate": "optim.learning_rate", "critic_learning_rate": "optim.critic_learning_rate",
-    "temperature_learning_rate": "temperature.learning_rate", "gamma": "returns.gamma", "tau": "target.tau",
+    "temperature_learning_rate": "temperature.learning_rate", **RETURN_KEYS, "tau": "target.tau",
     "max_grad_norm": "optim.max_grad_norm", "target_entropy_scale": "temperature.target_scale", "explore_noise": "policy.explore_noise",
     "target_noise": "policy.target_noise", "target_noise_clip": "policy.target_noise_clip"}
 
