@@ -21,10 +21,10 @@ def activation_fn(name: str):
     return ACTIVATIONS[name]
 
 
-def orthogonal_dense(features: int, scale: float) -> nn.Dense:
+def orthogonal_dense(features: int, scale: float, name: str | None = None) -> nn.Dense:
     """Dense layer with orthogonal weights of gain `scale` and zero bias (the PPO convention)."""
     return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
-                    bias_init=nn.initializers.zeros, dot_general=dot_general)
+                    bias_init=nn.initializers.zeros, dot_general=dot_general, name=name)
 
 
 def hidden_layers(x: jax.Array, sizes: Sequence[int], activation: str, layer_norm: bool) -> jax.Array:
@@ -151,6 +151,11 @@ class QNetwork(nn.Module):
             q = orthogonal_dense(self.num_actions, 1.0)(x)
         return carry, q, jnp.max(q, axis=-1)
 
+    def sequence_values(self, carry, x: jax.Array, next_x: jax.Array, first: jax.Array | None = None):
+        """(q of inputs x [..., d], q of next inputs next_x [..., d]), each [..., K] (`RecurrentQNetwork`'s
+        method; without a hidden state the two are independent)."""
+        return self(carry, x)[1], self(carry, next_x)[1]
+
 
 class QMixer(nn.Module):
     """QMIX's mixing network (Rashid et al., 2018): the agents' chosen action values into the team's,
@@ -161,21 +166,27 @@ class QMixer(nn.Module):
     dQ_tot / dq_a >= 0 for every agent: each agent's greedy action is then the team's (monotonicity).
 
     (agent_q [..., A], state [..., S]) -> [...]
+
+    Every layer starts orthogonal with gain `init_scale`: a small one (JaxMARL's 0.001) starts the mix near
+    zero whatever the scale of the state (SMAX's holds raw map positions), so early targets stay small.
     """
 
     embed_size: int = 32
     hypernet_size: int = 64
+    init_scale: float = 1.0
 
     @nn.compact
     def __call__(self, agent_q: jax.Array, state: jax.Array) -> jax.Array:
         A, E = agent_q.shape[-1], self.embed_size
         state = state.astype(agent_q.dtype)
+        scale = self.init_scale
 
         def hypernet(out: int, name: str) -> jax.Array:
-            return nn.Sequential([nn.Dense(self.hypernet_size), nn.relu, nn.Dense(out)], name=name)(state)
+            layers = [orthogonal_dense(self.hypernet_size, scale), nn.relu, orthogonal_dense(out, scale)]
+            return nn.Sequential(layers, name=name)(state)
 
         w1 = jnp.abs(hypernet(A * E, "w1")).reshape(*state.shape[:-1], A, E)
-        hidden = nn.elu(jnp.einsum("...a,...ae->...e", agent_q, w1) + nn.Dense(E, name="b1")(state))
+        hidden = nn.elu(jnp.einsum("...a,...ae->...e", agent_q, w1) + orthogonal_dense(E, scale, "b1")(state))
         w2 = jnp.abs(hypernet(E, "w2"))
         return jnp.sum(hidden * w2, axis=-1) + hypernet(1, "v")[..., 0]
 
@@ -424,3 +435,41 @@ class RecurrentActorCritic(nn.Module):
                                                 (actor.gru_weights(), critic.gru_weights()))
         out = policy_outputs(self, actor.read_out(actor_out), self.log_std, self.init_log_std)
         return hs, out, jnp.squeeze(critic.read_out(critic_out), -1)
+
+
+class RecurrentQNetwork(nn.Module):
+    """Action values from a recurrent tower (Dense -> GRU -> Dense -> head, the recurrent agents of PyMARL's and
+    JaxMARL's value-decomposition baselines), on the actor-critic calling convention:
+
+        (h [*B, H], actor_in [T, *B, d], critic_in (unused), first [T, *B]) -> (h_T, q [T, *B, K], max q [T, *B])
+
+    `sequence_values` is what learning from stored sequences reads.
+    """
+
+    num_actions: int
+    fc_size: int = 64
+    rnn_size: int = 64
+    activation: str = "relu"
+
+    recurrent = True
+
+    def initial_carry(self, batch_shape: tuple[int, ...]) -> jax.Array:
+        return jnp.zeros((*batch_shape, self.rnn_size), jnp.float32)
+
+    def setup(self):
+        self.tower = RecurrentTower(self.num_actions, self.fc_size, self.rnn_size, self.activation)
+
+    def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array | None = None, first: jax.Array | None = None):
+        h, q = self.tower(carry, actor_in, first)
+        return h, q, jnp.max(q, axis=-1)
+
+    def sequence_values(self, carry, x: jax.Array, next_x: jax.Array, first: jax.Array):
+        """(q [T, *B, K] of each step's inputs x [T, *B, d], q [T, *B, K] of each step's next inputs next_x)
+        over a sequence from hidden state `carry` [*B, H], restarting where `first` [T, *B]. The next inputs
+        continue from the hidden state their step left (one GRU step for all T at once), so that next values
+        are right at the sequence's last step and at episode ends, where next_x is the final observation."""
+        tower = self.tower
+        _, (hs,) = scan_grus((carry,), (tower.project(x),), first, (tower.gru_weights(),))  # [T, *B, H]
+        _, (next_hs,) = scan_grus((hs,), (tower.project(next_x[None]),), jnp.zeros((1, *first.shape), bool),
+                                  (tower.gru_weights(),))
+        return tower.read_out(hs), tower.read_out(next_hs[0])

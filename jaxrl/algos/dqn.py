@@ -41,6 +41,11 @@ from jaxrl.engine import gradient_step
 TD_LOSSES = ("huber", "squared")
 
 
+def per_sequence(x: jax.Array) -> jax.Array:
+    """[B, ...] -> [B]: the mean over each sampled sequence's steps and agents."""
+    return x.reshape(x.shape[0], -1).mean(-1)
+
+
 @struct.dataclass
 class DQNHyperparams:
     """Traced numbers: one compiled program serves a sweep over them."""
@@ -91,12 +96,12 @@ class DQN(QLearner, ReplayLearner):
         return q[..., 0], targets
 
     def _loss(self, params, batch: dict, hp: DQNHyperparams):
-        """Importance-weighted TD loss of a batch of sequences (`_td`)."""
+        """Importance-weighted TD loss of a batch of sequences (`_td`: q and targets [B, ...])."""
         q, targets = self._td(params, batch["target_params"], batch["items"], hp)
         if self.settings.td_loss == "huber":
-            per_sample = optax.huber_loss(q, targets).mean(-1)
+            per_sample = per_sequence(optax.huber_loss(q, targets))
         else:
-            per_sample = 0.5 * jnp.square(targets - q).mean(-1)
+            per_sample = per_sequence(0.5 * jnp.square(targets - q))
         loss = jnp.mean(batch["weights"] * per_sample)
         return loss, {"td_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(targets - q))}
 
@@ -110,7 +115,7 @@ class DQN(QLearner, ReplayLearner):
             batch["target_params"] = target_params
             if self.settings.prioritised:  # this device's |TD| before the step (the loss's own are averaged over devices)
                 q, targets = self._td(params, target_params, batch["items"], hp)
-                priorities = jnp.abs(targets - q).mean(-1).reshape(sample.columns.shape)
+                priorities = per_sequence(jnp.abs(targets - q)).reshape(sample.columns.shape)
                 buffer = replay.update_priorities(buffer, sample.columns, priorities)
             trained, opt_state, aux = gradient_step(self._loss, optimizer, trainable(params), opt_state, batch, hp)
             params = {**params, **trained}

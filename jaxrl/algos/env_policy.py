@@ -68,15 +68,20 @@ class EnvPolicy:
         and global state are normalised first. Returns the same array twice when actor and critic see the same
         inputs (a rollout then stores it once).
         """
+        actor_in = self.actor_inputs(obs, obs_norm)
         obs = self._normalized(obs_norm, "obs", obs)
         if global_state is not None:
             global_state = self._normalized(obs_norm, "global_state", global_state)
-        actor_in = self._with_id(obs, "actor")
         if self.critic_input == "obs":
             same_inputs = self.num_agents == 1 or self.agent_id in ("both", "none")
             return actor_in, actor_in if same_inputs else self._with_id(obs, "critic")
         shared = jnp.broadcast_to(global_state[..., None, :], (*obs.shape[:-1], global_state.shape[-1]))
         return actor_in, self._with_id(shared.astype(obs.dtype), "critic")
+
+    def actor_inputs(self, obs: jax.Array, obs_norm: dict | None = None) -> jax.Array:
+        """What the actor (a Q-network) sees of observations [..., A, d]: normalised by `obs_norm` when given,
+        with the agents' ids when it is told them."""
+        return self._with_id(self._normalized(obs_norm, "obs", obs), "actor")
 
     def _normalized(self, obs_norm: dict | None, name: str, x: jax.Array) -> jax.Array:
         """x normalised by the running statistics `obs_norm[name]` ("obs" or "global_state"); x itself when
@@ -102,7 +107,7 @@ class EnvPolicy:
         state restarts), mask [n, A, K] legal actions or None, key None for greedy actions -> (the env's
         action [n, A, ...], carry). The critic tower is fed zeros of width `critic_size` (`critic_input_size()`): a deployed policy
         needs no global state."""
-        actor_in = self._with_id(self._normalized(params.get("obs_norm"), "obs", obs), "actor")
+        actor_in = self.actor_inputs(obs, params.get("obs_norm"))
         critic_in = jnp.zeros((*actor_in.shape[:-1], critic_size), actor_in.dtype)
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
         carry, out, _ = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])

@@ -42,8 +42,11 @@ class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
     `update_step`), `chunk_specs(state)` and `_update(state, hp)`. Hyperparameters carry `reward_scale`."""
 
     def __init__(self, env: envs.Environment, network, settings: EnvSettings, mesh=None,
-                 eval_max_steps: int = 1000):
-        self.attach(EnvPolicy(env, network, "both", "obs", eval_max_steps, squash=settings.squash), settings, mesh)
+                 eval_max_steps: int = 1000, agent_id: str = "both", critic_input: str = "obs"):
+        """`agent_id`, `critic_input`: as `EnvPolicy` takes them (critic_input "global_state": stored steps carry
+        the env's global state)."""
+        self.attach(EnvPolicy(env, network, agent_id, critic_input, eval_max_steps, squash=settings.squash),
+                    settings, mesh)
 
     @property
     def discrete(self) -> bool:

@@ -35,8 +35,8 @@ class QLearner(OffPolicyLearner):
     epsilon_fraction."""
 
     def __init__(self, env: envs.Environment, network: QNetwork, settings: EnvSettings, mesh=None,
-                 eval_max_steps: int = 1000):
-        super().__init__(env, network, settings, mesh, eval_max_steps)
+                 eval_max_steps: int = 1000, **policy_kwargs):
+        super().__init__(env, network, settings, mesh, eval_max_steps, **policy_kwargs)
         if not self.discrete:
             raise ValueError(f"Q-learning needs discrete actions; {env!r} has {env.action_space()!r}")
 
@@ -65,7 +65,7 @@ class QLearner(OffPolicyLearner):
 
     def q_values(self, params, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         """[..., A, K] masked Q-values of observations [..., A, d]."""
-        actor_in = self.policy.inputs(obs, None)[0]
+        actor_in = self.policy.actor_inputs(obs)
         return self.policy.dist.with_mask(self.network.apply(params, (), actor_in, None)[1], mask)
 
 

@@ -130,12 +130,12 @@ class ReplayActorCritic(ReplayLearner):
 
     def _policy_out(self, params, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         """Policy outputs [..., A, P] of observations [..., A, d] (illegal actions masked)."""
-        actor_in = self.policy.inputs(obs, None)[0]
+        actor_in = self.policy.actor_inputs(obs)
         return self.policy.dist.with_mask(self.network.apply(params, (), actor_in)[1], mask)
 
     def _critics(self, params, obs: jax.Array, action: jax.Array | None) -> jax.Array:
         """[E, ..., A, N] for continuous actions [..., A, D]; [E, ..., A, K, N] for discrete ones (action None)."""
-        actor_in = self.policy.inputs(obs, None)[0]
+        actor_in = self.policy.actor_inputs(obs)
         return self.network.apply(params, actor_in, action, method="critics")
 
     def temperature(self, params) -> jax.Array:
