@@ -74,19 +74,25 @@ def set_value(config: ConfigDict, key: str, value) -> None:
     (get_value(config, section) if section else config)[name] = value
 
 
+def make_siblings_importable(path: str) -> None:
+    """Experiment files import their siblings as `experiments.<name>`: put the folder above the one holding the
+    config file `path` on sys.path, so that this works from any working directory."""
+    import os
+    import sys
+
+    project_root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    if project_root not in sys.path:
+        sys.path.append(project_root)
+
+
 def from_file(spec: str) -> ConfigDict:
     """An experiment file's config, named as on the command line: "path/to/file.py" or "path/to/file.py:arg"
     gives the file's `get_config(arg)` (locked)."""
     import importlib.util
     import os
 
-    import sys
-
     path, _, arg = spec.partition(":")
-    # experiment files import their siblings as `experiments.<name>`: make that work from any working directory
-    project_root = os.path.dirname(os.path.dirname(os.path.abspath(path)))
-    if project_root not in sys.path:
-        sys.path.append(project_root)
+    make_siblings_importable(path)
     module_spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)

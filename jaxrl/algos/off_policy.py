@@ -192,6 +192,11 @@ class ReplayLearner(OffPolicyLearner):
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [n, k, ...] -> [n k, ...]
         return {"items": jax.tree.map(flat, sample.items), "weights": flat(sample.weights)}, sample
 
+    @property
+    def learned_steps_per_sequence(self) -> int:
+        """How many steps of a sampled sequence a gradient step learns from (the replay ratio counts them)."""
+        return 1
+
     def target_due(self, count: jax.Array) -> jax.Array:
         """Whether gradient step `count` (counted over the run) moves the target network."""
         return (count + 1) % self.settings.target_every == 0
@@ -213,7 +218,8 @@ class ReplayLearner(OffPolicyLearner):
         params, target_params, opt_state = keep(learned, (state.params, state.target_params, state.opt_state))
         buffer = buffer.replace(priorities=keep(trained_buffer.priorities, buffer.priorities))
         metrics = {**aux, "buffer_fill": replay.fill(buffer),
-                   "replay_ratio": jnp.float32(s.gradient_steps * s.replay_batch / (s.num_steps * s.num_envs)),
+                   "replay_ratio": jnp.float32(s.gradient_steps * s.replay_batch * self.learned_steps_per_sequence
+                                               / (s.num_steps * s.num_envs)),
                    "learning": ready.astype(jnp.float32), **self.exploration_metrics(hp, state.update_step)}
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
         state = ReplayState(params, target_params, opt_state, buffer, acting, key, state.update_step + 1)

@@ -9,12 +9,18 @@ One update, for one run on this device's n envs (inside `engine.compile_chunk`):
          network as it was before the update (at time limits from the final observation)
       -> epochs x minibatches of the squared error between Q(obs, action) and the targets (`engine.optimise`)
 
+PQN-VDN (`pqn_vdn`, for cooperative multi-agent envs): the same with the team's values, the sum of the agents'
+action values (VDN), learning from the team reward (the agents' mean reward); the agents are feed-forward.
+
 Shapes: n envs, A agents, K actions, T steps per update.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -59,10 +65,17 @@ class PQNState:
     update_step: jax.Array  # [R] int32
 
 
-class PQN(QLearner):
-    """PQN for single- and multi-agent envs with discrete actions (see the module's docstring)."""
+@dataclasses.dataclass(frozen=True)
+class PQNSettings(EnvSettings):
+    mixer: str = "none"  # "sum": the team's value is the sum of the agents' (PQN-VDN)
 
-    def __init__(self, env, network, settings: EnvSettings, mesh=None, eval_max_steps: int = 1000):
+
+class PQN(QLearner):
+    """PQN and PQN-VDN for single- and multi-agent envs with discrete actions (see the module's docstring)."""
+
+    settings: PQNSettings
+
+    def __init__(self, env, network, settings: PQNSettings, mesh=None, eval_max_steps: int = 1000):
         super().__init__(env, network, settings, mesh, eval_max_steps)
         check_minibatch_split(settings, 1, False, self.mesh)
 
@@ -77,9 +90,14 @@ class PQN(QLearner):
         split = P(RUN_AXIS, DATA_AXIS)
         return PQNState(params=RUNS, opt_state=RUNS, acting=split, key=RUNS, update_step=RUNS)
 
+    def team(self, agent_values: jax.Array) -> jax.Array:
+        """[..., A] -> the values the targets are for: the agents' own, or with the "sum" mixer the team's [...]."""
+        return agent_values.sum(-1) if self.settings.mixer == "sum" else agent_values
+
     def _loss(self, params, batch: dict, hp: PQNHyperparams):
-        """Squared error of Q(obs, action) [B, A] against the lambda-targets."""
+        """Squared error of Q(obs, action) [B, A] (the team's [B] with a mixer) against the lambda-targets."""
         q = jnp.take_along_axis(self.q_values(params, batch["obs"]), batch["action"][..., None], axis=-1)[..., 0]
+        q = self.team(q)
         loss = 0.5 * jnp.mean(jnp.square(q - batch["targets"]))
         return loss, {"td_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(q - batch["targets"]))}
 
@@ -87,11 +105,14 @@ class PQN(QLearner):
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key, state.update_step)  # [n, T, ...]
-        next_values = bootstrap_values(self.q_values(state.params, steps["next_obs"], steps.get("next_mask")))
-        per_agent = lambda x: jnp.broadcast_to(x[..., None], next_values.shape)  # noqa: E731
-        time_major = (jnp.swapaxes(x, 0, 1) for x in (steps["reward"], next_values, per_agent(steps["terminated"]),
-                                                       per_agent(steps["done"])))
-        targets = jnp.swapaxes(lambda_targets(*time_major, hp.gamma, hp.q_lambda), 0, 1)  # [n, T, A]
+        next_values = self.team(bootstrap_values(self.q_values(state.params, steps["next_obs"],
+                                                               steps.get("next_mask"))))  # [n, T(, A)]
+        reward = steps["reward"] if self.settings.mixer == "none" else steps["reward"].mean(-1)
+        per_value = lambda x: jnp.broadcast_to(x.reshape(x.shape + (1,) * (next_values.ndim - 2)),  # noqa: E731
+                                               next_values.shape)
+        time_major = (jnp.swapaxes(x, 0, 1) for x in (reward, next_values, per_value(steps["terminated"]),
+                                                       per_value(steps["done"])))
+        targets = jnp.swapaxes(lambda_targets(*time_major, hp.gamma, hp.q_lambda), 0, 1)  # [n, T(, A)]
         units = {"obs": steps["obs"], "action": steps["action"], "targets": targets}  # [n, T, ...]: a step per unit
         optimizer = env_optimizer(s, hp, state.update_step)
         params, opt_state, aux = optimise(self._loss, optimizer, trainable(state.params), state.opt_state, units, hp,
@@ -106,8 +127,14 @@ class PQN(QLearner):
 # From a config
 
 
-def pqn_config() -> ConfigDict:
-    config = q_config("pqn")
+MIXERS = {"pqn": "none", "pqn_vdn": "sum"}  # algorithm name -> how agents' values make the learned ones
+
+
+def pqn_config(name: str = "pqn") -> ConfigDict:
+    """PQN on CartPole; PQN-VDN (`name` "pqn_vdn") on SMAX 3m."""
+    config = q_config(name)
+    if name == "pqn_vdn":
+        config.env.name, config.env.kwargs = "smax", ConfigDict({"scenario": "3m"})
     config.num_envs, config.num_steps = 32, 64
     config.network.layer_norm = True
     config.returns.q_lambda = 0.65
@@ -118,8 +145,8 @@ def pqn_config() -> ConfigDict:
 
 def build_pqn(config: ConfigDict, mesh) -> PQN:
     env, eval_max_steps = make_env(config)
-    settings = EnvSettings(**off_policy_settings(config), num_epochs=config.optim.num_epochs,
-                           num_minibatches=config.optim.num_minibatches)
+    settings = PQNSettings(**off_policy_settings(config), num_epochs=config.optim.num_epochs,
+                           num_minibatches=config.optim.num_minibatches, mixer=MIXERS[config.algorithm])
     return PQN(env, q_network(config, env), settings, mesh, eval_max_steps)
 
 
@@ -133,7 +160,9 @@ def check_pqn_config(config: ConfigDict) -> None:
                          f"divisible by optim.num_minibatches = {config.optim.num_minibatches}")
 
 
-register("pqn", Recipe(build_pqn, PQNHyperparams, {
+HYPERPARAM_KEYS = {
     "learning_rate": "optim.learning_rate", **RETURN_KEYS, "q_lambda": "returns.q_lambda",
-    "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", **EXPLORE_KEYS},
-    check_pqn_config, defaults=pqn_config))
+    "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", **EXPLORE_KEYS}
+for _name in MIXERS:
+    register(_name, Recipe(build_pqn, PQNHyperparams, HYPERPARAM_KEYS, check_pqn_config,
+                           defaults=functools.partial(pqn_config, _name)))

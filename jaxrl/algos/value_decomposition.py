@@ -70,6 +70,10 @@ class ValueDecomposition(DQN):
         super().__init__(env, network, settings, mesh, eval_max_steps, agent_id=agent_id, critic_input=critic_input)
         self.mixer = mixer
 
+    @property
+    def learned_steps_per_sequence(self) -> int:
+        return self.settings.sequence_length - self.settings.burn_in
+
     def init_learned(self, key: jax.Array, obs: jax.Array, env_state) -> tuple:
         agent_key, mixer_key = jax.random.split(key)
         params = self.policy.init_params(agent_key, self.env, obs, env_state)

@@ -134,6 +134,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
     from absl import flags
 
     FLAGS = flags.FLAGS
+    for name in _config_flags():
+        argument = _argument(argv, name)
+        if argument:
+            config_lib.make_siblings_importable(argument.split(":", 1)[0])
     try:
         args = FLAGS(argv)
     except (flags.Error, AttributeError, KeyError, OSError) as error:

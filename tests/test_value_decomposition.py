@@ -1,0 +1,140 @@
+"""IQL, VDN and QMIX: the recurrent agents' next values, the team targets against a step-by-step computation,
+exact resume with a partly filled buffer and hidden states carried across updates, 1 vs 8 devices, config
+errors, learning SMAX 3m (QMIX, and PQN-VDN)."""
+
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from conftest import assert_one_and_eight_devices_agree
+from helpers import build, load_experiment, set_keys
+from jax.sharding import PartitionSpec as P
+
+from jaxrl import algos, train
+from jaxrl.networks import RecurrentQNetwork
+
+SMALL = {"total_steps": 4 * 16 * 12, "num_envs": 4, "num_steps": 16, "replay.batch_size": 8,
+         "replay.buffer_size": 4 * 100, "replay.learning_starts": 128, "replay.sequence_length": 8,
+         "replay.gradient_steps": 2, "target.every": 4, "network.fc_size": 16, "network.rnn_size": 16,
+         "mixer.embed_size": 8, "mixer.hypernet_size": 16, "log.every_steps": 64, "log.progress_bar": False,
+         "eval.num_envs": 4, "eval.max_steps": 60, "eval.every_steps": 0}
+
+
+def _small(experiment: str, **overrides):
+    return set_keys(load_experiment(experiment, "3m"), {**SMALL, **overrides})
+
+
+def test_next_values_continue_each_steps_hidden_state():
+    net = RecurrentQNetwork(num_actions=5, fc_size=8, rnn_size=16)
+    T, B, d = 6, 4, 7
+    x, next_x = jax.random.normal(jax.random.PRNGKey(0), (2, T, B, d))
+    first = jnp.zeros((T, B), bool).at[3, 1].set(True)  # env 1 starts an episode at step 3
+    params = net.init(jax.random.PRNGKey(1), net.initial_carry((B,)), x, None, first)
+    q, next_q = net.apply(params, net.initial_carry((B,)), x, next_x, first, method="sequence_values")
+    for t in range(T):  # the network run over steps 0..t, then one step on step t's next inputs
+        inputs = jnp.concatenate([x[:t + 1], next_x[t][None]])
+        starts = jnp.concatenate([first[:t + 1], jnp.zeros((1, B), bool)])
+        stepped = net.apply(params, net.initial_carry((B,)), inputs, None, starts)[1]
+        np.testing.assert_allclose(stepped[:-1], q[:t + 1], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(stepped[-1], next_q[t], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("experiment", ["smax_vdn", "smax_iql"])
+def test_targets_match_a_step_by_step_computation(experiment):
+    algo, hp, state = build(_small(experiment, **{"replay.burn_in": 2, "returns.q_lambda": 0.0}))
+    state, _ = algo.run_chunk(state, hp, 6)  # a buffer with episode ends in it
+    one = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731  the first run
+    params = one(state.params)
+    target_params = jax.tree.map(lambda x: x + 0.01, params)  # a target network that differs
+    items = one(state.buffer.items)  # [N, C, ...]
+    seq = jax.tree.map(lambda x: x[:, 40:48], items)  # [B=4, L=8, ...]
+    # (inside shard_map, as in training: a one-device mesh here)
+    td = jax.shard_map(lambda *args: algo._td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+                       check_vma=False)
+    q, targets = td(params, target_params, seq)
+
+    dist, policy = algo.policy.dist, algo.policy
+    per_step = []  # (Q of obs_t, online and target Q of next_obs_t) [B, A, K], one step at a time
+    apply, no_restart = jax.jit(algo.network.apply), jnp.zeros((1, 4, 3), bool)
+    carry = target_carry = algo.network.initial_carry((4, 3))
+    for t in range(8):
+        first = jnp.broadcast_to(seq["first"][:, t, None], (1, 4, 3))
+        obs_in, next_in = policy.actor_inputs(seq["obs"][:, t])[None], policy.actor_inputs(seq["next_obs"][:, t])[None]
+        carry, q_t, _ = apply(params, carry, obs_in, None, first)
+        target_carry = apply(target_params, target_carry, obs_in, None, first)[0]
+        online_next = apply(params, carry, next_in, None, no_restart)[1]
+        target_next = apply(target_params, target_carry, next_in, None, no_restart)[1]
+        per_step.append((dist.with_mask(q_t[0], seq["mask"][:, t]),
+                         dist.with_mask(online_next[0], seq["next_mask"][:, t]),
+                         dist.with_mask(target_next[0], seq["next_mask"][:, t])))
+    expected_q, expected_targets = [], []
+    for t, (q_t, online_next, target_next) in enumerate(per_step):
+        chosen = jnp.take_along_axis(q_t, seq["action"][:, t, :, None], -1)[..., 0]  # [B, A]
+        next_value = jnp.take_along_axis(target_next, jnp.argmax(online_next, -1)[..., None], -1)[..., 0]
+        reward, keep = seq["reward"][:, t], 1.0 - seq["terminated"][:, t]
+        if experiment == "smax_vdn":  # the team: summed values, the agents' mean reward
+            chosen, next_value, reward = chosen.sum(-1), next_value.sum(-1), reward.mean(-1)
+        else:
+            keep = keep[:, None]
+        expected_q.append(chosen)
+        expected_targets.append(reward + hp.gamma * keep * next_value)
+    assert bool(jnp.any(seq["done"])), "the window should hold an episode end"
+    np.testing.assert_allclose(q, jnp.stack(expected_q, 1)[:, 2:], rtol=1e-4, atol=1e-5)  # past the burn-in
+    np.testing.assert_allclose(targets, jnp.stack(expected_targets, 1)[:, 2:], rtol=1e-4, atol=1e-5)
+
+
+def test_resume_with_hidden_states_and_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_path):
+    # 12 updates of 64 steps, checkpoints after 6 and 12; the buffer (100 steps per env) is partly filled at
+    # the first. Losing the second and resuming must give the same run, hidden states and buffer included.
+    config = _small("smax_qmix", **{"checkpoint.every_steps": 384, "replay.burn_in": 2})
+    straight = train.run(config, str(tmp_path / "straight"))
+    workdir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", workdir)
+    shutil.rmtree(workdir / "checkpoints" / "12")
+    resumed = train.run(config, str(workdir))
+    assert resumed.metrics[-1]["learning"] == 1.0
+    assert float(jnp.abs(resumed.state.acting.carry).max()) > 0  # recurrent agents mid-episode
+    for a, b in zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_buffer_holds_the_global_state_for_qmix_only():
+    qmix = build(_small("smax_qmix"))[2].buffer.items
+    vdn = build(_small("smax_vdn"))[2].buffer.items
+    assert qmix["state"].shape[-1] == qmix["next_state"].shape[-1] == 72  # SMAX 3m's global state
+    assert "state" not in vdn and {"first", "mask", "next_mask"} <= set(vdn)
+    assert vdn["obs"].shape[:3] == (1, 4, 100)  # [runs, envs, steps per env]
+
+
+def test_one_and_eight_devices_train_the_same_parameters():
+    overrides = {**SMALL, "num_envs": 8, "replay.batch_size": 16, "replay.buffer_size": 8 * 64,
+                 "replay.learning_starts": 256, "total_steps": 8 * 16 * 4}
+    assert_one_and_eight_devices_agree("smax_qmix", overrides, updates=4, rtol=1e-4, atol=1e-5)
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ValueError, match="replay.burn_in = 8 must lie in"):
+        algos.validate(_small("smax_qmix", **{"replay.burn_in": 8}))
+    with pytest.raises(ValueError, match="network.kind"):
+        algos.validate(_small("smax_vdn", **{"network.kind": "lstm"}))
+    with pytest.raises(ValueError, match="replay.sequence_length"):
+        algos.validate(_small("smax_iql", **{"replay.sequence_length": 200}))
+
+
+@pytest.mark.slow
+def test_qmix_learns_smax_3m():
+    config = set_keys(load_experiment("smax_qmix", "3m"), {
+        "total_steps": 204_800, "log.progress_bar": False, "eval.every_steps": 0, "checkpoint.every_steps": 0})
+    result = train.run(config, None)
+    assert result.metrics[-1]["eval_win_rate"] >= 0.25
+
+
+@pytest.mark.slow
+def test_pqn_vdn_learns_smax_3m():
+    config = set_keys(load_experiment("smax_pqn_vdn", "3m"), {
+        "total_steps": 131_072, "log.progress_bar": False, "eval.every_steps": 0, "checkpoint.every_steps": 0})
+    result = train.run(config, None)
+    assert result.metrics[-1]["eval_win_rate"] >= 0.25
