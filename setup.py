@@ -33,9 +33,10 @@ EXTRAS = {
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
     # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.
-    # distrax, hydra-core, omegaconf, wandb: what JaxMARL's own MAPPO script imports (benchmarks/smax_mappo.py runs
-    # it from a checkout of the JaxMARL repository; wandb stays disabled).
-    "bench": ["jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0", "distrax", "hydra-core>=1.3", "omegaconf>=2.3", "wandb"],
+    # distrax, flashbax, hydra-core, omegaconf, wandb: what JaxMARL's own MAPPO and QMIX scripts import
+    # (benchmarks/smax_mappo.py and smax_qmix.py run them from a checkout of the JaxMARL repository; wandb never logs).
+    "bench": ["jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0", "distrax", "flashbax==0.1.3", "hydra-core>=1.3",
+              "omegaconf>=2.3", "wandb"],
     # rejax 0.1.3 (benchmarks/cartpole_ppo.py) pins gymnax < 1.0, which the gymnax adapter cannot use: install it
     # in an environment of its own (python -m venv .venv-rejax; pip install -e ".[bench-rejax]"). jaxrl itself
     # never imports gymnax, so it runs there unchanged.

@@ -1,4 +1,5 @@
-"""Run JaxMARL's own recurrent MAPPO script for SMAX from a copy of its repository and record its curve.
+"""Run one of JaxMARL's own SMAX baseline scripts from a copy of its repository and record its curve: the
+recurrent MAPPO script (`--algorithm mappo`) or the recurrent QMIX script (`--algorithm qmix`).
 
 JaxMARL's PyPI package does not ship its baselines, so the script is loaded by path from a checkout of the
 repository (`--repo`). Nothing of it is copied here: this file only sets the script's config (its own YAML,
@@ -7,10 +8,12 @@ with the scenario, seed and step budget changed), replaces its `wandb.log` with 
 
     python benchmarks/jaxmarl_reference.py --repo PATH/TO/JaxMARL --scenario 3m --seed 0 \\
         --total-steps 1000000 --out ref.json
+    python benchmarks/jaxmarl_reference.py --repo PATH/TO/JaxMARL --algorithm qmix --out qmix.json
 
-Needs the script's own dependencies: jaxmarl, distrax, hydra-core, omegaconf, wandb (`pip install -e ".[bench]"`).
-The JSON holds `rows` (one per update: env_steps, win_rate, returns, wall_time since the call began) and
-`wall`, the seconds of the whole `jit(train)(key)` call, compilation included.
+Needs the scripts' own dependencies: jaxmarl, distrax, flashbax, hydra-core, omegaconf, wandb
+(`pip install -e ".[bench]"`). The JSON holds `rows` (one per update: env_steps, win_rate, returns, wall_time
+since the call began; for QMIX also the greedy test win rate where the script tested) and `wall`, the
+seconds of the whole `jit(train)(key)` call, compilation included.
 """
 
 from __future__ import annotations
@@ -21,52 +24,73 @@ import json
 import os
 import time
 
-SCRIPT = os.path.join("baselines", "MAPPO", "mappo_rnn_smax.py")
-CONFIG = os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_smax.yaml")
+# algorithm -> (the script, its YAML configs in the order the script merges them)
+SCRIPTS = {
+    "mappo": (os.path.join("baselines", "MAPPO", "mappo_rnn_smax.py"),
+              [os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_smax.yaml")]),
+    "qmix": (os.path.join("baselines", "QLearning", "qmix_rnn.py"),
+             [os.path.join("baselines", "QLearning", "config", "config.yaml"),
+              os.path.join("baselines", "QLearning", "config", "alg", "ql_rnn_smax.yaml")]),
+}
 
 
-def load_script(repo: str):
+def load_script(repo: str, algorithm: str = "mappo"):
     """The reference script as a module, imported from the repository checkout."""
-    path = os.path.join(repo, SCRIPT)
+    path = os.path.join(repo, SCRIPTS[algorithm][0])
     if not os.path.exists(path):
         raise SystemExit(f"error: {path} not found: --repo must be a checkout of the JaxMARL repository")
-    spec = importlib.util.spec_from_file_location("jaxmarl_mappo_rnn_smax", path)
+    spec = importlib.util.spec_from_file_location(f"jaxmarl_{algorithm}_rnn", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def reference_config(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
-    """The script's own YAML config with the scenario, seed and budget set (everything else untouched)."""
+def reference_config(repo: str, algorithm: str, scenario: str, seed: int, total_steps: int) -> dict:
+    """The script's own YAML config with the scenario, seed and budget set (everything else untouched; QMIX's
+    callback, which our recorder replaces, runs only when wandb is not "disabled")."""
     from omegaconf import OmegaConf
 
-    config = OmegaConf.to_container(OmegaConf.load(os.path.join(repo, CONFIG)))
-    config.update(MAP_NAME=scenario, SEED=seed, TOTAL_TIMESTEPS=total_steps, WANDB_MODE="disabled")
+    config = {}
+    for path in SCRIPTS[algorithm][1]:
+        config.update(OmegaConf.to_container(OmegaConf.load(os.path.join(repo, path))))
+    config.update(MAP_NAME=scenario, SEED=seed, TOTAL_TIMESTEPS=total_steps,
+                  WANDB_MODE="disabled" if algorithm == "mappo" else "offline")
     return config
 
 
-def run(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
+def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = "mappo") -> dict:
     import jax
 
-    module = load_script(repo)
-    config = reference_config(repo, scenario, seed, total_steps)
+    module = load_script(repo, algorithm)
+    config = reference_config(repo, algorithm, scenario, seed, total_steps)
     rows: list[dict] = []
     start = time.perf_counter()
 
     def record(metrics: dict) -> None:  # stands in for wandb.log, called once per update by the script
-        rows.append({"env_steps": int(metrics["env_step"]), "win_rate": float(metrics["win_rate"]),
-                     "episode_return": float(metrics["returns"]),
-                     "wall_time": time.perf_counter() - start})
+        if algorithm == "mappo":
+            row = {"env_steps": int(metrics["env_step"]), "win_rate": float(metrics["win_rate"]),
+                   "episode_return": float(metrics["returns"])}
+        else:  # the last finished episode's outcome per env and step, averaged (SMAXLogWrapper)
+            row = {"env_steps": int(metrics["env_step"]), "win_rate": float(metrics["returned_won_episode"]),
+                   "episode_return": float(metrics["returned_episode_returns"]),
+                   "test_win_rate": float(metrics["test_returned_won_episode"])}
+        rows.append({**row, "wall_time": time.perf_counter() - start})
 
     module.wandb.log = record
-    train = jax.jit(module.make_train(config))
+    if algorithm == "mappo":
+        train = jax.jit(module.make_train(config))
+    else:
+        env, _ = module.env_from_config(config)
+        train = jax.jit(module.make_train(config, env))
     out = train(jax.random.PRNGKey(seed))
     jax.block_until_ready(out)
     wall = time.perf_counter() - start
-    # The script logs env_step = update index * batch; count steps taken, as ours does, from the end of each update.
-    batch = config["NUM_ENVS"] * config["NUM_STEPS"]
-    for row in rows:
-        row["env_steps"] += batch
+    if algorithm == "mappo":
+        # The script logs env_step = update index * batch; count steps taken, as ours does, from the end of
+        # each update (QMIX's script counts them so already).
+        batch = config["NUM_ENVS"] * config["NUM_STEPS"]
+        for row in rows:
+            row["env_steps"] += batch
     return {"scenario": scenario, "seed": seed, "total_steps": total_steps, "wall": wall,
             "env_steps": rows[-1]["env_steps"] if rows else 0, "config": config, "rows": rows}
 
@@ -74,15 +98,16 @@ def run(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", required=True, help="a checkout of the JaxMARL repository")
+    parser.add_argument("--algorithm", choices=sorted(SCRIPTS), default="mappo")
     parser.add_argument("--scenario", default="3m")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--total-steps", type=int, default=1_000_000)
     parser.add_argument("--out", required=True, help="where to write the JSON")
     args = parser.parse_args(argv)
-    result = run(args.repo, args.scenario, args.seed, args.total_steps)
+    result = run(args.repo, args.scenario, args.seed, args.total_steps, args.algorithm)
     with open(args.out, "w") as f:
-        json.dump(result, f)
-    print(f"jaxmarl mappo_rnn_smax.py {args.scenario} seed {args.seed}: {result['env_steps']:,} env steps in "
+        json.dump(result, f, default=str)  # (QMIX's config holds the scenario object its script made)
+    print(f"jaxmarl {os.path.basename(SCRIPTS[args.algorithm][0])} {args.scenario} seed {args.seed}: {result['env_steps']:,} env steps in "
           f"{result['wall']:.0f} s ({result['env_steps'] / result['wall']:,.0f}/s incl. compile); final training "
           f"win rate {result['rows'][-1]['win_rate']:.2f}")
 

@@ -1,0 +1,150 @@
+"""QMIX on SMAX against JaxMARL's own recurrent QMIX script, in the same run: speed and win rates at equal env steps.
+
+Runs JaxMARL's `baselines/QLearning/qmix_rnn.py` (from a checkout of the JaxMARL repository, one process per
+seed: `benchmarks/jaxmarl_reference.py --algorithm qmix`), then ours twice through the whole `jaxrl.train`
+loop, one seed per run as the script trains: experiments/smax_qmix.py with the script's recipe
+(`reference_recipe`) and experiments/smax_qmix.py as it is. Prints env steps per second of the whole loop
+(compilation and the runs' own evaluations included) with ratios to the reference, and the training win rate
+at equal env steps; ours also reports its final greedy win rate, the script its last greedy test. No figure
+from another run enters a ratio.
+
+    python benchmarks/smax_qmix.py --jaxmarl-repo PATH                                 # 3m, 1 seed, 204,800 steps
+    python benchmarks/smax_qmix.py --jaxmarl-repo PATH --seeds 3 --total-steps 1000000 --update-results
+
+The reference needs its own dependencies: `pip install -e ".[bench]"` (jaxmarl, flashbax, hydra-core,
+omegaconf, wandb). A JaxMARL checkout: `git clone` the FLAIROx/JaxMARL repository anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import report  # noqa: E402  benchmarks/
+
+MARKERS = ("<!-- smax_qmix:start -->", "<!-- smax_qmix:end -->")
+JSON_PATH = os.path.join(ROOT, "benchmarks", "smax_qmix.json")
+MARK_EVERY = 8  # updates (of 16 envs x 128 steps) between the compared marks
+
+
+def reference_recipe(config) -> None:
+    """experiments/smax_qmix.py moved to the script's ql_rnn_smax.yaml: GRU 512 (and dense layers of 512),
+    mixer embedding 64 with hypernetworks of 256, learning rate 5e-5, target copy every 10 updates (80
+    gradient steps, as ours), 10,000 steps before learning. What stays ours: Adam (the script's RAdam),
+    sequences of 64 steps sampled anywhere in the buffer from a zero state (the script's whole 128-step
+    rollouts from a reset), a dense layer after the GRU (the script reads Q off the GRU)."""
+    config.network.update({"fc_size": 512, "rnn_size": 512})
+    config.mixer.update({"embed_size": 64, "hypernet_size": 256})
+    config.optim.learning_rate = 5e-5
+
+
+def run_ours(scenario: str, seed: int, total_steps: int, recipe: bool) -> dict:
+    """One `jaxrl.train` run of experiments/smax_qmix.py (with `reference_recipe` when `recipe`)."""
+    from jaxrl import config as config_lib, train
+
+    config = config_lib.from_file(os.path.join(ROOT, "experiments", f"smax_qmix.py:{scenario}"))
+    with config.unlocked():
+        if recipe:
+            reference_recipe(config)
+        config.total_steps, config.seed = total_steps, seed
+        config.log.every_steps = MARK_EVERY * config.num_envs * config.num_steps
+        config.log.progress_bar = False
+        config.eval.every_steps = 0  # at the end only
+        config.checkpoint.every_steps = 0
+    with tempfile.TemporaryDirectory() as workdir:
+        tick = time.perf_counter()
+        result = train.run(config, workdir)
+        wall = time.perf_counter() - tick
+    rows = [{"env_steps": r["env_steps"], "win_rate": r.get("win_rate")} for r in result.metrics]
+    return {"rows": rows, "wall": wall, "env_steps": rows[-1]["env_steps"],
+            "greedy_win_rate": result.metrics[-1].get("eval_win_rate")}
+
+
+def run_reference(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
+    """The script in a process of its own; its per-update rows averaged over the MARK_EVERY updates before each
+    mark (as ours average the updates between logs)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ref.json")
+        subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "jaxmarl_reference.py"), "--repo", repo,
+                        "--algorithm", "qmix", "--scenario", scenario, "--seed", str(seed),
+                        "--total-steps", str(total_steps), "--out", out], check=True)
+        with open(out) as f:
+            result = json.load(f)
+    per_update = result["rows"]
+    rows = [{"env_steps": per_update[end - 1]["env_steps"],
+             "win_rate": statistics.mean(r["win_rate"] for r in per_update[end - MARK_EVERY:end])}
+            for end in range(MARK_EVERY, len(per_update) + 1, MARK_EVERY)]
+    return {"rows": rows, "wall": result["wall"], "env_steps": result["env_steps"],
+            "greedy_win_rate": per_update[-1]["test_win_rate"]}
+
+
+def render(results: dict, meta: dict) -> str:
+    """Markdown: speed with ratios, then the training win rate at equal env steps (mean over seeds)."""
+    from jaxrl.metrics import markdown_table
+
+    labels = {"reference": "JaxMARL qmix_rnn.py (ql_rnn_smax.yaml)", "recipe": "jaxrl, the script's recipe",
+              "ours": "jaxrl, experiments/smax_qmix.py"}
+    speed = {side: statistics.mean(r["env_steps"] / r["wall"] for r in runs) for side, runs in results.items()}
+    speed_rows = [[labels[side], f"{speed[side]:,.0f}", f"{speed[side] / speed['reference']:.2f}x",
+                   ", ".join(f"{r['wall']:.0f}" for r in runs),
+                   ", ".join(f"{r['greedy_win_rate']:.2f}" for r in runs)] for side, runs in results.items()]
+    marks = sorted(set.intersection(*({row["env_steps"] for row in run["rows"]}
+                                      for runs in results.values() for run in runs)))
+    win_rows = []
+    for mark in marks:
+        cells = []
+        for runs in results.values():
+            values = [next(row["win_rate"] for row in run["rows"] if row["env_steps"] == mark) for run in runs]
+            cells.append(f"{statistics.mean(values):.2f}")
+        win_rows.append([f"{mark:,}", *cells])
+    return (f"- Date: {meta['date']}. Machine: {meta['machine']}. jax {meta['jax']}. JaxMARL at {meta['commit']}.\n"
+            f"- Command: `{meta['command']}`\n\n"
+            + markdown_table(["", "env steps/s, whole loop incl. compile", "x reference", "wall s per seed",
+                              "greedy win rate at the end"], speed_rows)
+            + "\n\nTraining win rate (epsilon-greedy; mean over seeds):\n\n"
+            + markdown_table(["env steps", *(labels[side] for side in results)], win_rows))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jaxmarl-repo", required=True, help="a checkout of the JaxMARL repository")
+    parser.add_argument("--scenario", default="3m")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--total-steps", type=int, default=204_800)
+    parser.add_argument("--machine", default=None, help="how RESULTS.md names the machine (default: what it finds)")
+    parser.add_argument("--update-results", action="store_true", help="write the section of benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+
+    import jax
+
+    results = {"reference": [], "recipe": [], "ours": []}
+    for seed in range(args.seeds):
+        results["reference"].append(run_reference(args.jaxmarl_repo, args.scenario, seed, args.total_steps))
+        results["recipe"].append(run_ours(args.scenario, seed, args.total_steps, recipe=True))
+        results["ours"].append(run_ours(args.scenario, seed, args.total_steps, recipe=False))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.jaxmarl_repo, capture_output=True,
+                            text=True).stdout.strip() or "an unversioned copy"
+    meta = {"date": datetime.date.today().isoformat(), "machine": args.machine or report.machine(), "jax": jax.__version__,
+            "commit": commit, "command": "python benchmarks/smax_qmix.py " + " ".join(argv or sys.argv[1:])}
+    text = f"### {args.scenario}: {args.seeds} seed(s), {args.total_steps:,} env steps\n\n" + render(results, meta)
+    print(text)
+    with open(JSON_PATH, "w") as f:
+        json.dump({"results": results, "meta": meta}, f)
+    if args.update_results:
+        report.replace_section(os.path.join(ROOT, "benchmarks", "RESULTS.md"), MARKERS, text,
+                               "QMIX on SMAX vs JaxMARL's qmix_rnn.py (benchmarks/smax_qmix.py)")
+
+
+if __name__ == "__main__":
+    main()
