@@ -67,3 +67,27 @@ def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates
     result = run_python(code, devices=8, env={"PYTHONPATH": "tests"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["equal"]
+
+
+def straight_and_resumed(config, tmp_path, last_checkpoint: int):
+    """Train `config` straight through in tmp_path/straight, then resume a copy of that run whose last
+    checkpoint (`last_checkpoint`, its update count) is lost, as a kill just before it would: (straight result,
+    resumed result). Use `assert_same_state` on their states."""
+    import shutil
+
+    from jaxrl import train
+
+    straight = train.run(config, str(tmp_path / "straight"))
+    workdir = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "straight", workdir)
+    shutil.rmtree(workdir / "checkpoints" / str(last_checkpoint))
+    return straight, train.run(config, str(workdir))
+
+
+def assert_same_state(a, b):
+    """Two training states equal leaf for leaf, bit for bit."""
+    import jax
+    import numpy as np
+
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -1,14 +1,12 @@
 """DQN and PQN: double-Q bootstrap values, config errors, learning on CartPole, exact resume with a partly filled
 buffer, 1 vs 8 devices."""
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_one_and_eight_devices_agree
+from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
 from helpers import load_experiment, set_keys
 from jaxrl import train
 from jaxrl.algos.q_learning import bootstrap_values
@@ -33,15 +31,10 @@ def test_resume_with_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_pa
     # 40 updates of 16 steps with checkpoints after 20 and 40; the buffer (200 steps per env) is partly filled
     # at the first. Losing the second (a kill just before it) and resuming must give the same run.
     config = _small(640, **{"replay.prioritised": True, "returns.n_step": 3, "network.dueling": True})
-    straight = train.run(config, str(tmp_path / "straight"))
-    workdir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "straight", workdir)
-    shutil.rmtree(workdir / "checkpoints" / "40")
-    resumed = train.run(config, str(workdir))
+    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=40)
     assert resumed.metrics[-1]["env_steps"] == 640 and resumed.metrics[-1]["learning"] == 1.0
     assert 0 < int(resumed.state.buffer.size[0]) == 160 < 200  # 40 updates x 4 steps per env: partly filled
-    for a, b in zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_same_state(straight.state, resumed.state)
 
 
 def test_one_and_eight_devices_train_the_same_parameters():

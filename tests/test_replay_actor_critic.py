@@ -1,15 +1,13 @@
 """SAC, TD3 and TQC: the tanh-Gaussian density, the quantile critics' target and loss, config errors, exact
 resume, 1 vs 8 devices, and learning (Pendulum-v1 for the continuous learners, CartPole for discrete SAC)."""
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import assert_one_and_eight_devices_agree
+from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
 from helpers import load_experiment, set_keys
 from jaxrl import algos, distributions, train
 from jaxrl.algos.replay_actor_critic import quantile_huber_loss, truncated_atoms
@@ -62,14 +60,9 @@ def test_resume_is_the_run_that_never_stopped(tmp_path):
     # 32 updates of 8 steps, checkpoints after 16 and 32; losing the second and resuming gives the same run
     # (quantile critics, the learned temperature, rounds of two critic steps and a policy step).
     config = _small("pendulum_tqc", 256, **{"policy.delay": 2, "replay.gradient_steps": 2})
-    straight = train.run(config, str(tmp_path / "straight"))
-    workdir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "straight", workdir)
-    shutil.rmtree(workdir / "checkpoints" / "32")
-    resumed = train.run(config, str(workdir))
+    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=32)
     assert resumed.metrics[-1]["learning"] == 1.0
-    for a, b in zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_same_state(straight.state, resumed.state)
 
 
 def test_one_and_eight_devices_train_the_same_parameters():

@@ -2,14 +2,12 @@
 exact resume with a partly filled buffer and hidden states carried across updates, 1 vs 8 devices, config
 errors, learning SMAX 3m (QMIX, and PQN-VDN)."""
 
-import shutil
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_one_and_eight_devices_agree
+from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
 from helpers import build, load_experiment, set_keys
 from jax.sharding import PartitionSpec as P
 
@@ -90,15 +88,10 @@ def test_resume_with_hidden_states_and_a_partly_filled_buffer_is_the_run_that_ne
     # 12 updates of 64 steps, checkpoints after 6 and 12; the buffer (100 steps per env) is partly filled at
     # the first. Losing the second and resuming must give the same run, hidden states and buffer included.
     config = _small("smax_qmix", **{"checkpoint.every_steps": 384, "replay.burn_in": 2})
-    straight = train.run(config, str(tmp_path / "straight"))
-    workdir = tmp_path / "resumed"
-    shutil.copytree(tmp_path / "straight", workdir)
-    shutil.rmtree(workdir / "checkpoints" / "12")
-    resumed = train.run(config, str(workdir))
+    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=12)
     assert resumed.metrics[-1]["learning"] == 1.0
     assert float(jnp.abs(resumed.state.acting.carry).max()) > 0  # recurrent agents mid-episode
-    for a, b in zip(jax.tree.leaves(straight.state), jax.tree.leaves(resumed.state)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_same_state(straight.state, resumed.state)
 
 
 def test_buffer_holds_the_global_state_for_qmix_only():
@@ -125,16 +118,9 @@ def test_config_errors_name_the_key():
 
 
 @pytest.mark.slow
-def test_qmix_learns_smax_3m():
-    config = set_keys(load_experiment("smax_qmix", "3m"), {
-        "total_steps": 204_800, "log.progress_bar": False, "eval.every_steps": 0, "checkpoint.every_steps": 0})
-    result = train.run(config, None)
-    assert result.metrics[-1]["eval_win_rate"] >= 0.25
-
-
-@pytest.mark.slow
-def test_pqn_vdn_learns_smax_3m():
-    config = set_keys(load_experiment("smax_pqn_vdn", "3m"), {
-        "total_steps": 131_072, "log.progress_bar": False, "eval.every_steps": 0, "checkpoint.every_steps": 0})
+@pytest.mark.parametrize("experiment,steps", [("smax_qmix", 204_800), ("smax_pqn_vdn", 131_072)])
+def test_learns_smax_3m(experiment, steps):
+    config = set_keys(load_experiment(experiment, "3m"), {
+        "total_steps": steps, "log.progress_bar": False, "eval.every_steps": 0, "checkpoint.every_steps": 0})
     result = train.run(config, None)
     assert result.metrics[-1]["eval_win_rate"] >= 0.25
