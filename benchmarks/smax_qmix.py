@@ -54,14 +54,13 @@ def run_ours(scenario: str, seed: int, total_steps: int, recipe: bool) -> dict:
     from jaxrl import config as config_lib, train
 
     config = config_lib.from_file(os.path.join(ROOT, "experiments", f"smax_qmix.py:{scenario}"))
-    with config.unlocked():
-        if recipe:
-            reference_recipe(config)
-        config.total_steps, config.seed = total_steps, seed
-        config.log.every_steps = MARK_EVERY * config.num_envs * config.num_steps
-        config.log.progress_bar = False
-        config.eval.every_steps = 0  # at the end only
-        config.checkpoint.every_steps = 0
+    if recipe:  # (a locked config takes new values for its keys)
+        reference_recipe(config)
+    config.total_steps, config.seed = total_steps, seed
+    config.log.every_steps = MARK_EVERY * config.num_envs * config.num_steps
+    config.log.progress_bar = False
+    config.eval.every_steps = 0  # at the end only
+    config.checkpoint.every_steps = 0
     with tempfile.TemporaryDirectory() as workdir:
         tick = time.perf_counter()
         result = train.run(config, workdir)

@@ -29,12 +29,12 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, replay
-from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import env_optimizer, make_env
 from jaxrl.algos.off_policy import (RETURN_KEYS, ReplayLearner, ReplaySettings, ReplayState, check_replay_config,
                                     replay_config, replay_settings)
-from jaxrl.algos.q_learning import EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network
+from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
+                                    sequence_targets)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step
 
@@ -88,10 +88,7 @@ class DQN(QLearner, ReplayLearner):
         online_q = self.q_values(params, seq["next_obs"], mask) if self.settings.double else None
         next_values = jax.lax.stop_gradient(bootstrap_values(self.q_values(target_params, seq["next_obs"], mask),
                                                              online_q))  # [B, L, A]
-        per_agent = lambda x: jnp.broadcast_to(x[..., None], next_values.shape)  # noqa: E731
-        time_major = (jnp.swapaxes(x, 0, 1) for x in (seq["reward"], next_values, per_agent(seq["terminated"]),
-                                                       per_agent(seq["done"])))
-        targets = lambda_targets(*time_major, hp.gamma, 1.0)[0]
+        targets = sequence_targets(seq["reward"], next_values, seq["terminated"], seq["done"], hp.gamma, 1.0)[:, 0]
         q = jnp.take_along_axis(self.q_values(params, seq["obs"][:, 0]), seq["action"][:, 0, :, None], axis=-1)
         return q[..., 0], targets
 

@@ -29,11 +29,11 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib
-from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import EnvSettings, check_minibatch_split, env_optimizer, make_env
 from jaxrl.algos.off_policy import RETURN_KEYS, Acting, off_policy_settings
-from jaxrl.algos.q_learning import EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network
+from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
+                                    sequence_targets, team_reward, team_values)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import optimise
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
@@ -90,14 +90,10 @@ class PQN(QLearner):
         split = P(RUN_AXIS, DATA_AXIS)
         return PQNState(params=RUNS, opt_state=RUNS, acting=split, key=RUNS, update_step=RUNS)
 
-    def team(self, agent_values: jax.Array) -> jax.Array:
-        """[..., A] -> the values the targets are for: the agents' own, or with the "sum" mixer the team's [...]."""
-        return agent_values.sum(-1) if self.settings.mixer == "sum" else agent_values
-
     def _loss(self, params, batch: dict, hp: PQNHyperparams):
         """Squared error of Q(obs, action) [B, A] (the team's [B] with a mixer) against the lambda-targets."""
         q = jnp.take_along_axis(self.q_values(params, batch["obs"]), batch["action"][..., None], axis=-1)[..., 0]
-        q = self.team(q)
+        q = team_values(q, self.settings.mixer)
         loss = 0.5 * jnp.mean(jnp.square(q - batch["targets"]))
         return loss, {"td_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(q - batch["targets"]))}
 
@@ -105,14 +101,11 @@ class PQN(QLearner):
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key, state.update_step)  # [n, T, ...]
-        next_values = self.team(bootstrap_values(self.q_values(state.params, steps["next_obs"],
-                                                               steps.get("next_mask"))))  # [n, T(, A)]
-        reward = steps["reward"] if self.settings.mixer == "none" else steps["reward"].mean(-1)
-        per_value = lambda x: jnp.broadcast_to(x.reshape(x.shape + (1,) * (next_values.ndim - 2)),  # noqa: E731
-                                               next_values.shape)
-        time_major = (jnp.swapaxes(x, 0, 1) for x in (reward, next_values, per_value(steps["terminated"]),
-                                                       per_value(steps["done"])))
-        targets = jnp.swapaxes(lambda_targets(*time_major, hp.gamma, hp.q_lambda), 0, 1)  # [n, T(, A)]
+        mixer = self.settings.mixer
+        next_values = team_values(bootstrap_values(self.q_values(state.params, steps["next_obs"],
+                                                                 steps.get("next_mask"))), mixer)  # [n, T(, A)]
+        targets = sequence_targets(team_reward(steps["reward"], mixer), next_values, steps["terminated"],
+                                   steps["done"], hp.gamma, hp.q_lambda)  # [n, T(, A)]
         units = {"obs": steps["obs"], "action": steps["action"], "targets": targets}  # [n, T, ...]: a step per unit
         optimizer = env_optimizer(s, hp, state.update_step)
         params, opt_state, aux = optimise(self._loss, optimizer, trainable(state.params), state.opt_state, units, hp,

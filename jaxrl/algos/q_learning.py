@@ -16,6 +16,7 @@ from ml_collections import ConfigDict
 
 import envs
 from jaxrl import config as config_lib
+from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
 from jaxrl.algos.off_policy import OffPolicyLearner, check_off_policy_config, off_policy_config
@@ -28,6 +29,28 @@ def bootstrap_values(target_q: jax.Array, online_q: jax.Array | None = None) -> 
     if online_q is None:
         return jnp.max(target_q, axis=-1)
     return jnp.take_along_axis(target_q, jnp.argmax(online_q, axis=-1)[..., None], axis=-1)[..., 0]
+
+
+def sequence_targets(reward: jax.Array, next_values: jax.Array, terminated: jax.Array, done: jax.Array, gamma,
+                     lam) -> jax.Array:
+    """`advantages.lambda_targets` over batch-major sequences: reward and next_values [B, L, ...], the episode
+    flags [B, L] (one per env step, whatever the values' trailing axes, e.g. agents) -> targets [B, L, ...]."""
+    per_value = lambda x: jnp.broadcast_to(x.reshape(x.shape + (1,) * (next_values.ndim - 2)),  # noqa: E731
+                                           next_values.shape)
+    time_major = (jnp.swapaxes(x, 0, 1) for x in (reward, next_values, per_value(terminated), per_value(done)))
+    return jnp.swapaxes(lambda_targets(*time_major, gamma, lam), 0, 1)
+
+
+def team_values(agent_values: jax.Array, mixer: str) -> jax.Array:
+    """[..., A] -> what a learner without a mixing network learns: the agents' own values (mixer "none") or the
+    team's, their sum [...] ("sum", VDN)."""
+    return agent_values.sum(-1) if mixer == "sum" else agent_values
+
+
+def team_reward(reward: jax.Array, mixer: str) -> jax.Array:
+    """The rewards [..., A] the targets use: the agents' own without a mixer, else the team's [...], the agents'
+    mean (SMAX pays each the team's)."""
+    return reward if mixer == "none" else reward.mean(-1)
 
 
 class QLearner(OffPolicyLearner):

@@ -34,12 +34,12 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, mesh as mesh_lib
-from jaxrl.advantages import lambda_targets
 from jaxrl.algos.dqn import TD_LOSSES, DQN, DQNHyperparams, DQNSettings, dqn_config
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import AGENT_ID_INPUTS, env_optimizer, make_env
 from jaxrl.algos.off_policy import RETURN_KEYS, check_replay_config, replay_settings
-from jaxrl.algos.q_learning import EXPLORE_KEYS, bootstrap_values, check_q_config
+from jaxrl.algos.q_learning import (EXPLORE_KEYS, bootstrap_values, check_q_config, sequence_targets, team_reward,
+                                    team_values)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.networks import QMixer, QNetwork, RecurrentQNetwork
 
@@ -98,11 +98,9 @@ class ValueDecomposition(DQN):
 
     def mix(self, params, agent_values: jax.Array, state: jax.Array | None) -> jax.Array:
         """The team's value [B, L] of the agents' values [B, L, A]; the agents' own without a mixer."""
-        if self.settings.mixer == "sum":
-            return agent_values.sum(-1)
         if self.settings.mixer == "qmix":
             return self.mixer.apply({"params": params["mixer"]}, agent_values, state)
-        return agent_values
+        return team_values(agent_values, self.settings.mixer)
 
     def _td(self, params, target_params, seq: dict, hp: ValueDecompositionHyperparams):
         """(Q of the stored actions, its targets) for sequences [B, L, ...] past the burn-in: [B, L', A] without
@@ -114,11 +112,8 @@ class ValueDecomposition(DQN):
         chosen = jnp.take_along_axis(q, seq["action"][..., None], axis=-1)[..., 0]  # [B, L, A]
         q = self.mix(params, chosen, seq.get("state"))
         next_values = jax.lax.stop_gradient(self.mix(target_params, next_values, seq.get("next_state")))
-        reward = seq["reward"] if self.settings.mixer == "none" else seq["reward"].mean(-1)
-        per_value = lambda x: jnp.broadcast_to(x.reshape(x.shape + (1,) * (q.ndim - 2)), q.shape)  # noqa: E731
-        time_major = (jnp.swapaxes(x, 0, 1) for x in (reward, next_values, per_value(seq["terminated"]),
-                                                       per_value(seq["done"])))
-        targets = jnp.swapaxes(lambda_targets(*time_major, hp.gamma, hp.q_lambda), 0, 1)
+        targets = sequence_targets(team_reward(seq["reward"], self.settings.mixer), next_values, seq["terminated"],
+                                   seq["done"], hp.gamma, hp.q_lambda)
         burn_in = self.settings.burn_in
         return q[:, burn_in:], targets[:, burn_in:]
 
