@@ -35,10 +35,12 @@ EXTRAS = {
     # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.
     # distrax, flashbax, hydra-core, omegaconf, wandb: what JaxMARL's own MAPPO and QMIX scripts import
     # (benchmarks/smax_mappo.py and smax_qmix.py run them from a checkout of the JaxMARL repository; wandb never logs).
+    # rejax, sbx-rl, gymnasium: benchmarks/off_policy.py (rejax gets gymnax 1.x's envs through a five-value-step
+    # shim there; sbx is SB3's JAX port, on gymnasium's Pendulum).
     "bench": ["jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0", "distrax", "flashbax==0.1.3", "hydra-core>=1.3",
-              "omegaconf>=2.3", "wandb"],
-    # rejax 0.1.3 (benchmarks/cartpole_ppo.py) pins gymnax < 1.0, which the gymnax adapter cannot use: install it
-    # in an environment of its own (python -m venv .venv-rejax; pip install -e ".[bench-rejax]"). jaxrl itself
+              "omegaconf>=2.3", "wandb", "rejax==0.1.3", "sbx-rl>=0.20", "gymnasium>=1.0"],
+    # benchmarks/cartpole_ppo.py runs rejax 0.1.3 on gymnax < 1.0 (its five-value step), which the gymnax adapter
+    # cannot use: install it in an environment of its own (python -m venv .venv-rejax; pip install -e ".[bench-rejax]"). jaxrl itself
     # never imports gymnax, so it runs there unchanged.
     "bench-rejax": ["rejax==0.1.3", "gymnax<1.0", "six"],  # gymnax 0.0.9 imports six without declaring it
     # Optional logging backends (config.log.backends): TensorBoard event files and Weights & Biases runs.

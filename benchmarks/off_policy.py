@@ -1,193 +1,347 @@
-"""Off-policy learners (DQN, PQN, SAC, TD3, TQC), several seeds in one program each, against the bars they are
-held to: the greedy and training returns over the run, the first logged step where the seeds' mean reaches
-the bar, means and min-max over seeds, curves.
+"""Off-policy learners beside their peers, in one process: rejax (DQN, PQN, SAC, TD3) and sbx (SAC, TQC).
 
-    python benchmarks/off_policy.py                                        # every experiment, 3 seeds
-    python benchmarks/off_policy.py --experiments pendulum_sac,pendulum_td3 --update-results
-    python benchmarks/off_policy.py --from-run pendulum_sac=runs/pendulum_sac-...   # a finished `jaxrl.train` run
-    python benchmarks/off_policy.py --from-json                           # re-render the table and the plot
+    python benchmarks/off_policy.py                                  # every case, 1 seed
+    python benchmarks/off_policy.py --cases rejax:sac,sbx:sac --seeds 2 --update-results
 
-Each experiment trains with `jaxrl.train.run` at its own settings and budget (`--set EXPERIMENT:KEY=VALUE`
-changes one), logging 20 times and evaluating greedily 10 times. `--from-run` reads a run made with
-`python -m jaxrl.train --config=experiments/EXPERIMENT.py --config.num_seeds=N` instead (its metrics.jsonl and
-config.json; the table names that command). Results: `off_policy.json` and `off_policy.png` beside this file;
-a run replaces the experiments it covers and keeps the others.
+Each case runs one recipe (RECIPES below) in both libraries, on the same environment object where both are JAX
+(gymnax 1.x's CartPole-v1 and Pendulum-v1), and on gymnasium's Pendulum-v1 for sbx (same dynamics and 200-step
+limit, numpy).
+
+- rejax cases: throughput and return at equal env steps. Each library's whole run is one compiled program,
+  compiled apart (not timed), then trained `--repeats` times, the two taking turns; the fastest repeat counts.
+  Seeds are vmapped on both sides. Returns after training: jaxrl's greedy `algo.evaluate` over 32 envs per seed,
+  rejax's own evaluation (128 episodes per seed, its `act`: greedy but for epsilon 0.005 in DQN/PQN).
+  rejax 0.1.3 steps environments through gymnax 0.x's five-value `step`; it gets gymnax 1.x's env through
+  `FiveValueStep`, which returns done = terminated or truncated, exactly what gymnax 0.x returned.
+- sbx cases: wall-clock to the same return. Both train in windows of `WINDOW` env steps; the training return of
+  the episodes that ended in the last two windows (10 Pendulum episodes) is checked after each window, and the
+  first window where it reaches `--target` gives the time. sbx runs its seeds one after another (its wall-clock
+  to the target is the sum over seeds); jaxrl runs them as one program (the time when its last seed reaches the
+  target). jaxrl's compile time is shown apart and is not in its time to the target; sbx compiles inside its
+  first updates, which are in its time.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import importlib.metadata
 import os
 import sys
-import tempfile
 import time
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+from ml_collections import ConfigDict
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import config as config_lib, train  # noqa: E402
-import report  # noqa: E402
-from env_suites import literal  # noqa: E402
-from report import markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
+from jaxrl import algos, config as config_lib, mesh as mesh_lib  # noqa: E402
+from report import machine, markdown_table, publish  # noqa: E402
 
-# experiment -> (the bar: return, within env steps, what it is)
-EXPERIMENTS = {
-    "cartpole_dqn": (475, 500_000, "greedy return >= 475 within 500k steps"),
-    "cartpole_pqn": (475, 500_000, "greedy return >= 475 within 500k steps"),
-    "pendulum_sac": (-200, 50_000, "mean return >= -200 within 50k steps"),
-    "pendulum_td3": (-200, 50_000, "mean return >= -200 within 50k steps"),
-    "pendulum_tqc": (-200, 50_000, "mean return >= -200 within 50k steps"),
+# The shared settings of each case, in one vocabulary; jaxrl_config, rejax_algo and sbx_model translate them.
+# rejax builds DQN, PQN and TD3 networks at 64-64 (fixed in its code), so its cases use 64-64 ReLU everywhere.
+# The sbx cases use RL Zoo's Pendulum-v1 settings for sbx's SAC and TQC (learning rate 1e-3, 20k steps; the rest
+# sbx's defaults: 256-256, batch 256, 100 random steps, tau 0.005, one gradient step per env step).
+RECIPES = {
+    "rejax:dqn": dict(env="CartPole-v1", total_steps=500_000, num_envs=8, hidden=(64, 64), learning_rate=2.5e-4,
+                      batch_size=128, buffer_size=50_000, learning_starts=10_000, target_every_steps=400,
+                      epsilon_fraction=0.5),
+    "rejax:pqn": dict(env="CartPole-v1", total_steps=500_000, num_envs=32, num_steps=64, num_minibatches=16,
+                      num_epochs=4, hidden=(64, 64), learning_rate=3e-4, q_lambda=0.9, epsilon_fraction=0.2),
+    "rejax:sac": dict(env="Pendulum-v1", total_steps=50_000, num_envs=1, hidden=(64, 64), learning_rate=1e-3,
+                      batch_size=256, buffer_size=50_000, learning_starts=5_000, tau=0.005),
+    "rejax:td3": dict(env="Pendulum-v1", total_steps=50_000, num_envs=1, hidden=(64, 64), learning_rate=1e-3,
+                      batch_size=256, buffer_size=50_000, learning_starts=5_000, tau=0.005, policy_delay=2,
+                      explore_noise=0.1),
+    "sbx:sac": dict(env="Pendulum-v1", total_steps=20_000, num_envs=1, hidden=(256, 256), learning_rate=1e-3,
+                    batch_size=256, buffer_size=20_000, learning_starts=100, tau=0.005),
+    "sbx:tqc": dict(env="Pendulum-v1", total_steps=20_000, num_envs=1, hidden=(256, 256), learning_rate=1e-3,
+                    batch_size=256, buffer_size=20_000, learning_starts=100, tau=0.005),
 }
+WINDOW = 1_000  # env steps per timed window in the sbx cases (5 Pendulum episodes)
 MARKERS = ("<!-- off_policy:start -->", "<!-- off_policy:end -->")
 
 
-def curves(rows: list[dict], seeds: int) -> dict:
-    """metrics rows -> the training and greedy curves per seed."""
-    training = [r for r in rows if per_seed(r, "episode_return", seeds, complete=True)]
-    greedy = [r for r in rows if per_seed(r, "eval_return", seeds, complete=True)]
-    return {"env_steps": [r["env_steps"] for r in training],
-            "episode_return": [per_seed(r, "episode_return", seeds) for r in training],
-            "eval_steps": [r["env_steps"] for r in greedy],
-            "eval_return": [per_seed(r, "eval_return", seeds) for r in greedy]}
-
-
-def train_experiment(experiment: str, seeds: int, workdir: str, overrides: dict) -> dict:
-    config = config_lib.set_values(config_lib.from_file(os.path.join(ROOT, "experiments", f"{experiment}.py")),
-                                   overrides)
-    config.unlock()
-    config.num_seeds, config.log.progress_bar = seeds, False
-    batch = config.num_envs * config.num_steps
-    config.log.every_steps = max(batch, config.total_steps // 20 // batch * batch)
-    config.eval.every_steps = max(batch, config.total_steps // 10 // batch * batch)
-    config.checkpoint.every_steps = config.total_steps
+def timed(fn, *args):
     tick = time.perf_counter()
-    result = train.run(config, tempfile.mkdtemp(prefix=experiment + "-", dir=workdir))
-    return {"experiment": experiment, "seeds": seeds, "total_steps": config.total_steps,
-            "seconds": round(time.perf_counter() - tick, 1), **curves(result.metrics, seeds)}
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - tick, out
 
 
-def from_run(experiment: str, workdir: str) -> dict:
-    with open(os.path.join(workdir, "config.json")) as f:
-        config = json.load(f)
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    seeds = config["num_seeds"]
-    command = (f"python -m jaxrl.train --config=experiments/{experiment}.py --config.num_seeds={seeds}"
-               + "".join(f" --config.{k}={v}" for k, v in run_overrides(experiment, config).items()))
-    return {"experiment": experiment, "seeds": seeds, "total_steps": config["total_steps"],
-            "seconds": round(rows[-1]["wall_time"], 1), "command": command, **curves(rows, seeds)}
+# --------------------------------------------------------------------------------------------------
+# jaxrl
 
 
-def run_overrides(experiment: str, saved: dict) -> dict:
-    """The keys (dotted) where a saved run's config differs from the experiment's, logging keys aside."""
-    default = config_lib.to_dict(config_lib.from_file(os.path.join(ROOT, "experiments", f"{experiment}.py")))
-
-    def flat(tree, prefix=""):
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                yield from flat(value, f"{prefix}{key}.")
-            else:
-                yield f"{prefix}{key}", value
-    ours = dict(flat(default))
-    return {k: v for k, v in flat(saved) if k in ours and ours[k] != v and k not in ("num_seeds",)
-            and not k.startswith(("log.", "checkpoint."))}
-
-
-def first_reaching(steps: list, values: list, bar: float) -> str:
-    """The first logged step at which the mean over seeds reaches `bar`."""
-    for n, v in zip(steps, values):
-        if np.mean(v) >= bar:
-            return f"{n:,}"
-    return "not reached"
-
-
-def section(results: list[dict]) -> str:
-    header = ["experiment", "seeds", "env steps", "training return at the end, mean [min, max]",
-              "greedy return at the end, mean [min, max]", "first step: training mean >= bar",
-              "first step: greedy mean >= bar", "wall s", "bar", "run"]
-    rows, runs = [], {}
-    for r in results:
-        bar = EXPERIMENTS[r["experiment"]]
-        final = lambda key: np.asarray(r[key][-1], float) if r[key] else None  # noqa: E731
-        band = lambda x: "-" if x is None else f"{x.mean():.1f} [{x.min():.1f}, {x.max():.1f}]"  # noqa: E731
-        rows.append([r["experiment"], r["seeds"], f"{r['total_steps']:,}", band(final("episode_return")),
-                     band(final("eval_return")), first_reaching(r["env_steps"], r["episode_return"], bar[0]),
-                     first_reaching(r["eval_steps"], r["eval_return"], bar[0]), f"{r['seconds']:.0f}", bar[2],
-                     runs.setdefault((r["machine"], r["command"]), f"[{len(runs) + 1}]")])
-    lines = [markdown_table(header, rows), ""]
-    lines += [f"{mark} {machine}. Command: `{command}`." for (machine, command), mark in runs.items()]
-    lines += ["", "Training return: episodes ended in each log interval; greedy: 16 to 32 episodes per seed at each "
-              "evaluation. Curves: `benchmarks/off_policy.png` (mean and min-max band over seeds)."]
-    return "\n".join(lines)
+def jaxrl_config(case: str, seeds: int) -> ConfigDict:
+    """The case's recipe as a jaxrl config (gymnax's env through the adapter)."""
+    recipe, algorithm = RECIPES[case], case.split(":")[1]
+    config = algos.default_config(algorithm)
+    config.env.name, config.env.kwargs = "gymnax", ConfigDict({"env_id": recipe["env"]})
+    config.total_steps, config.num_seeds, config.num_envs = recipe["total_steps"], seeds, recipe["num_envs"]
+    config.network.hidden_sizes, config.network.activation = recipe["hidden"], "relu"
+    config.optim.learning_rate, config.optim.schedule = recipe["learning_rate"], "constant"
+    config.optim.max_grad_norm = float("inf")  # neither peer clips by default
+    if algorithm == "pqn":
+        config.num_steps = recipe["num_steps"]
+        config.optim.num_minibatches, config.optim.num_epochs = recipe["num_minibatches"], recipe["num_epochs"]
+        config.returns.q_lambda = recipe["q_lambda"]
+    else:
+        config.replay.batch_size, config.replay.buffer_size = recipe["batch_size"], recipe["buffer_size"]
+        config.replay.learning_starts = recipe["learning_starts"]
+    if algorithm in ("dqn", "pqn"):
+        config.explore.fraction = recipe["epsilon_fraction"]
+    if algorithm == "dqn":  # one gradient step per vector step; the target copied every target_every_steps
+        config.num_steps, config.replay.gradient_steps = 1, 1
+        config.target.every, config.target.tau = recipe["target_every_steps"] // recipe["num_envs"], 1.0
+        config.loss.td = "squared"  # rejax: optax.l2_loss
+    if algorithm in ("sac", "td3", "tqc"):
+        config.optim.critic_learning_rate = recipe["learning_rate"]
+        config.temperature.learning_rate = recipe["learning_rate"]
+        config.target.tau = recipe["tau"]
+    if algorithm == "td3":
+        config.policy.delay = config.num_steps = config.replay.gradient_steps = config.target.every = \
+            recipe["policy_delay"]
+        config.policy.explore_noise = recipe["explore_noise"]
+    algos.validate(config)
+    return config
 
 
-def plot(results: list[dict]) -> str:
-    import matplotlib.pyplot as plt
+def jaxrl_build(case: str, seeds: int):
+    config = jaxrl_config(case, seeds)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    return algo, hp, config.total_steps // (config.num_envs * config.num_steps)
 
-    fig, axes = plt.subplots(1, len(results), figsize=(4 * len(results), 3.2), squeeze=False)
-    for ax, r in zip(axes[0], results):
-        seed_band(ax, np.asarray(r["env_steps"]), np.asarray(r["episode_return"], float), "training")
-        if r["eval_return"]:
-            seed_band(ax, np.asarray(r["eval_steps"]), np.asarray(r["eval_return"], float), "greedy")
-        bar = EXPERIMENTS[r["experiment"]]
-        ax.axhline(bar[0], color="gray", linestyle="--", label="bar")
-        ax.axvline(bar[1], color="gray", linestyle=":")
-        ax.set_title(r["experiment"])
-        ax.set_xlabel("env steps")
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("return")
-    return save_figure(fig, os.path.join(HERE, "off_policy.png"))
+
+def jaxrl_eval_return(algo, state) -> float:
+    evaluation = algo.evaluate(state.params, jax.random.PRNGKey(1), 32)
+    return float(np.mean(evaluation["eval_return"]))
+
+
+# --------------------------------------------------------------------------------------------------
+# rejax
+
+
+class FiveValueStep:
+    """A gymnax 1.x environment seen through gymnax 0.x's step: (obs, state, reward, done, info), done =
+    terminated or truncated. Everything else is the wrapped env's."""
+
+    def __init__(self, env):
+        self._env = env
+
+    def __getattr__(self, name):
+        if name == "_env":  # not set yet (copy.deepcopy builds the object without __init__)
+            raise AttributeError(name)
+        return getattr(self._env, name)
+
+    def step(self, key, state, action, params=None):
+        obs, state, reward, terminated, truncated, info = self._env.step(key, state, action, params)
+        return obs, state, reward, jnp.logical_or(terminated, truncated), info
+
+
+def rejax_algo(case: str):
+    import gymnax
+    import rejax
+
+    recipe, algorithm = RECIPES[case], case.split(":")[1]
+    env, env_params = gymnax.make(recipe["env"])
+    steps = recipe["total_steps"]
+    common = dict(env=FiveValueStep(env), env_params=env_params, total_timesteps=steps, eval_freq=steps,
+                  skip_initial_evaluation=True, learning_rate=recipe["learning_rate"], gamma=0.99,
+                  num_envs=recipe["num_envs"])
+    if algorithm == "pqn":
+        return rejax.PQN.create(**common, num_steps=recipe["num_steps"], num_minibatches=recipe["num_minibatches"],
+                                num_epochs=recipe["num_epochs"], td_lambda=recipe["q_lambda"],
+                                exploration_fraction=recipe["epsilon_fraction"])
+    replay = dict(batch_size=recipe["batch_size"], buffer_size=recipe["buffer_size"],
+                  fill_buffer=recipe["learning_starts"])
+    if algorithm == "dqn":
+        return rejax.DQN.create(**common, **replay, target_update_freq=recipe["target_every_steps"], polyak=0.0,
+                                exploration_fraction=recipe["epsilon_fraction"], ddqn=True,
+                                agent_kwargs={"activation": "relu"})
+    if algorithm == "sac":
+        return rejax.SAC.create(**common, **replay, polyak=1 - recipe["tau"], hidden_layer_sizes=recipe["hidden"],
+                                agent_kwargs={"activation": "relu"})
+    return rejax.TD3.create(**common, **replay, polyak=1 - recipe["tau"], policy_delay=recipe["policy_delay"],
+                            exploration_noise=recipe["explore_noise"], actor_kwargs={"activation": "relu"},
+                            critic_kwargs={"activation": "relu"})
+
+
+def rejax_case(case: str, seeds: int, repeats: int) -> list[list]:
+    """Both libraries at the case's recipe: one table row each."""
+    j_algo, j_hp, num_updates = jaxrl_build(case, seeds)
+    r_algo = rejax_algo(case)
+    keys = jax.random.split(jax.random.PRNGKey(0), seeds)
+    r_compile, r_train = timed(lambda: jax.jit(jax.vmap(r_algo.train)).lower(keys).compile())
+
+    def j_run():
+        state = jax.block_until_ready(j_algo.init_seeds(0, seeds))  # every repeat from the same start
+        seconds, (state, _) = timed(j_algo.run_chunk, state, j_hp, num_updates)
+        return seconds, state
+
+    j_run()  # compiles (timed by the library: compile_seconds)
+    j_times, r_times = [], []
+    for _ in range(repeats):
+        seconds, j_state = j_run()
+        j_times.append(seconds)
+        seconds, (_, (_, r_returns)) = timed(r_train, keys)
+        r_times.append(seconds)
+    steps = RECIPES[case]["total_steps"] * seeds
+    j_sps, r_sps = steps / min(j_times), steps / min(r_times)
+    runs = lambda times: " ".join(f"{t:.1f}" for t in times)  # noqa: E731
+    return [[case, "jaxrl", f"{j_sps:,.0f}", f"{j_sps / r_sps:.2f}x", runs(j_times), f"{j_algo.compile_seconds:.1f}",
+             f"{jaxrl_eval_return(j_algo, j_state):.1f}"],
+            [case, "rejax", f"{r_sps:,.0f}", "", runs(r_times), f"{r_compile:.1f}", f"{float(np.mean(r_returns)):.1f}"]]
+
+
+# --------------------------------------------------------------------------------------------------
+# sbx
+
+
+def sbx_model(case: str, seed: int):
+    import gymnasium
+    import sbx
+
+    recipe, algorithm = RECIPES[case], case.split(":")[1]
+    cls = {"sac": sbx.SAC, "tqc": sbx.TQC}[algorithm]
+    return cls("MlpPolicy", gymnasium.make(recipe["env"]), learning_rate=recipe["learning_rate"],
+               buffer_size=recipe["buffer_size"], learning_starts=recipe["learning_starts"],
+               batch_size=recipe["batch_size"], tau=recipe["tau"], gamma=0.99, seed=seed,
+               policy_kwargs={"net_arch": list(recipe["hidden"])})
+
+
+def window_returns(step_returns: list[tuple[int, float]], total_steps: int) -> list[float]:
+    """(env step at which an episode ended, its return) -> the mean return of the episodes ended in the two
+    windows up to the end of each window (nan before any has ended)."""
+    ends = np.array([s for s, _ in step_returns]), np.array([r for _, r in step_returns])
+    out = []
+    for edge in range(WINDOW, total_steps + 1, WINDOW):
+        inside = (ends[0] > edge - 2 * WINDOW) & (ends[0] <= edge)
+        out.append(float(ends[1][inside].mean()) if inside.any() else float("nan"))
+    return out
+
+
+def first_window(means: list[float], target: float) -> int | None:
+    """Index of the first window whose mean reaches `target`."""
+    return next((i for i, m in enumerate(means) if m >= target), None)
+
+
+def sbx_seed(case: str, seed: int) -> tuple[list[float], list[float]]:
+    """One sbx run: (seconds elapsed at the end of each window, window mean returns)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Record(BaseCallback):
+        def _on_training_start(self):
+            self.tick, self.episode, self.ends, self.clock = time.perf_counter(), 0.0, [], []
+
+        def _on_step(self):
+            self.episode += float(self.locals["rewards"][0])
+            if self.locals["dones"][0]:
+                self.ends.append((self.num_timesteps, self.episode))
+                self.episode = 0.0
+            if self.num_timesteps % WINDOW == 0:
+                self.clock.append(time.perf_counter() - self.tick)
+            return True
+
+    record = Record()
+    sbx_model(case, seed).learn(RECIPES[case]["total_steps"], callback=record)
+    return record.clock, window_returns(record.ends, RECIPES[case]["total_steps"])
+
+
+def jaxrl_windows(case: str, seeds: int) -> tuple[list[float], np.ndarray, float, float]:
+    """jaxrl in windows: (seconds at the end of each window, compile excluded; window means [windows, seeds];
+    compile seconds; greedy return at the end)."""
+    algo, hp, num_updates = jaxrl_build(case, seeds)
+    per_window = num_updates * WINDOW // RECIPES[case]["total_steps"]
+    state = algo.init_seeds(0, seeds)
+    clock, sums, counts, elapsed = [], [], [], 0.0
+    for _ in range(num_updates // per_window):
+        compiled_before = algo.compile_seconds
+        seconds, (state, metrics) = timed(algo.run_chunk, state, hp, per_window)
+        elapsed += seconds - (algo.compile_seconds - compiled_before)
+        clock.append(elapsed)
+        sums.append(np.asarray(metrics["episode_return_sum"]))
+        counts.append(np.asarray(metrics["episodes"]))
+    sums, counts = np.stack(sums), np.stack(counts)  # [windows, seeds]
+    two = lambda x: x + np.concatenate([np.zeros_like(x[:1]), x[:-1]])  # noqa: E731  (this window and the one before)
+    with np.errstate(invalid="ignore"):
+        means = two(sums) / two(counts)
+    return clock, means, algo.compile_seconds, jaxrl_eval_return(algo, state)
+
+
+def sbx_case(case: str, seeds: int, target: float) -> list[list]:
+    """Wall-clock to `target` (training return) and the return at the end: one table row per library."""
+    clock, means, compile_s, j_greedy = jaxrl_windows(case, seeds)
+    reached = [first_window(list(means[:, s]), target) for s in range(seeds)]
+    j_time = None if None in reached else clock[max(reached)]
+    s_time, s_reached, s_final = 0.0, [], []
+    for seed in range(seeds):
+        s_clock, s_means = sbx_seed(case, seed)
+        window = first_window(s_means, target)
+        s_reached.append(window)
+        s_time = None if window is None or s_time is None else s_time + s_clock[window]
+        s_final.append(s_means[-1])
+    steps = lambda hits: ", ".join("-" if w is None else f"{(w + 1) * WINDOW:,}" for w in hits)  # noqa: E731
+    seconds = lambda t: "not reached" if t is None else f"{t:.1f}"  # noqa: E731
+    ratio = f"{s_time / j_time:.2f}x" if j_time and s_time else "-"
+    return [[case, "jaxrl", seconds(j_time), ratio, steps(reached), f"{compile_s:.1f}",
+             f"{np.mean(means[-1]):.1f}", f"{j_greedy:.1f}"],
+            [case, "sbx", seconds(s_time), "", steps(s_reached), "in run", f"{np.mean(s_final):.1f}", "-"]]
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def versions() -> str:
+    names = ("rejax", "sbx-rl", "stable_baselines3", "gymnax", "gymnasium")
+    return ", ".join(f"{n} {importlib.metadata.version(n)}" for n in names)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--experiments", default=",".join(EXPERIMENTS), help=f"from {', '.join(EXPERIMENTS)}")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--set", action="append", default=[], metavar="EXPERIMENT:KEY=VALUE")
-    parser.add_argument("--from-run", action="append", default=[], metavar="EXPERIMENT=WORKDIR")
-    parser.add_argument("--machine", help="with --from-run: the machine (and commit) the runs ran on, if not this "
-                        "one as it is now (e.g. pinned to one core)")
-    parser.add_argument("--update-results", action="store_true")
-    parser.add_argument("--from-json", action="store_true")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(RECIPES), help=f"comma-separated, from {', '.join(RECIPES)}")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per case (vmapped in jaxrl and rejax)")
+    parser.add_argument("--repeats", type=int, default=1, help="timed runs per library in the rejax cases")
+    parser.add_argument("--target", type=float, default=-200.0, help="training return the sbx cases time")
+    parser.add_argument("--total-steps", type=int, help="env steps per seed for every case (default: each recipe's)")
+    parser.add_argument("--update-results", action="store_true", help="write the section into RESULTS.md")
     args = parser.parse_args()
-    path = os.path.join(HERE, "off_policy.json")
-    saved = {}
-    if os.path.exists(path):
-        with open(path) as f:
-            saved = {r["experiment"]: r for r in json.load(f)["results"]}
-    machine = f"{report.machine()}, {time.strftime('%Y-%m-%d')}"
+    cases = args.cases.split(",")
+    unknown = [c for c in cases if c not in RECIPES]
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
+    if args.total_steps is not None:
+        if args.total_steps < 2 * WINDOW or args.total_steps % WINDOW:
+            parser.error(f"--total-steps must be a multiple of {WINDOW:,} and at least {2 * WINDOW:,}")
+        for case in cases:
+            RECIPES[case]["total_steps"] = args.total_steps
 
-    def keep(result):
-        saved[result["experiment"]] = result
-        with open(path, "w") as f:  # after each experiment, so that a long run keeps what it finished
-            json.dump({"results": [saved[e] for e in EXPERIMENTS if e in saved]}, f, indent=1)
+    rejax_rows, sbx_rows = [], []
+    for case in cases:
+        print(f"running {case} ...", file=sys.stderr, flush=True)
+        if case.startswith("rejax:"):
+            rejax_rows += rejax_case(case, args.seeds, args.repeats)
+        else:
+            sbx_rows += sbx_case(case, args.seeds, args.target)
 
-    for item in args.from_run:
-        experiment, _, workdir = item.partition("=")
-        keep({**from_run(experiment, workdir), "machine": args.machine or machine})
-    if not args.from_json and not args.from_run:
-        experiments = args.experiments.split(",")
-        unknown = [e for e in experiments if e not in EXPERIMENTS]
-        if unknown:
-            raise SystemExit(f"error: unknown experiments {unknown}; known: {', '.join(EXPERIMENTS)}")
-        overrides = {}
-        for item in args.set:
-            experiment_key, _, value = item.partition("=")
-            experiment, _, key = experiment_key.partition(":")
-            overrides.setdefault(experiment, {})[key] = literal(value)
-        command = " ".join(["python benchmarks/off_policy.py", f"--experiments {args.experiments}",
-                            f"--seeds {args.seeds}", *[f"--set {s}" for s in args.set]])
-        with tempfile.TemporaryDirectory() as workdir:
-            for experiment in experiments:
-                result = train_experiment(experiment, args.seeds, workdir, overrides.get(experiment, {}))
-                keep({**result, "machine": machine, "command": command})
-    results = [saved[e] for e in EXPERIMENTS if e in saved]
-    plot(results)
-    publish(section(results), args.update_results, MARKERS, "Off-policy learners: DQN, PQN, SAC, TD3, TQC (issue 19)")
+    command = "python benchmarks/off_policy.py " + " ".join(sys.argv[1:])
+    lines = [f"{machine()}, {time.strftime('%Y-%m-%d')}; {versions()}. Command: `{command.strip()}`.", ""]
+    if rejax_rows:
+        lines += [markdown_table(["case", "library", "env steps/s", "jaxrl/rejax", "run s", "compile s",
+                                  "return at the end"], rejax_rows), "",
+                  f"Throughput: env steps/s summed over {args.seeds} seed(s), fastest of {args.repeats} run(s). "
+                  "Return at the end: jaxrl greedy (32 episodes per seed), rejax its own evaluation (128 per "
+                  "seed). Both at the same recipe (`RECIPES`); jaxrl bootstraps through time limits, rejax "
+                  "(through gymnax 0.x's done) treats them as terminal.", ""]
+    if sbx_rows:
+        lines += [markdown_table(["case", "library", f"s to return >= {args.target:g}", "sbx/jaxrl",
+                                  "env steps where each seed reached it", "compile s", "training return at the end",
+                                  "greedy at the end"], sbx_rows), "",
+                  f"Training return: the episodes that ended in the last {2 * WINDOW:,} env steps, checked every "
+                  f"{WINDOW:,}. sbx runs its {args.seeds} seed(s) one after another (times summed), jaxrl as one "
+                  "program (the time when its last seed reaches the target, compile excluded)."]
+    publish("\n".join(lines), args.update_results, MARKERS,
+            "## Off-policy learners beside rejax and sbx (issue 19)")
 
 
 if __name__ == "__main__":
