@@ -40,8 +40,8 @@ EXTRAS = {
     "bench": ["jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0", "distrax", "flashbax==0.1.3", "hydra-core>=1.3",
               "omegaconf>=2.3", "wandb", "rejax==0.1.3", "sbx-rl>=0.20", "gymnasium>=1.0"],
     # benchmarks/cartpole_ppo.py runs rejax 0.1.3 on gymnax < 1.0 (its five-value step), which the gymnax adapter
-    # cannot use: install it in an environment of its own (python -m venv .venv-rejax; pip install -e ".[bench-rejax]"). jaxrl itself
-    # never imports gymnax, so it runs there unchanged.
+    # cannot use: install it in an environment of its own (python -m venv .venv-rejax; pip install -e
+    # ".[bench-rejax]"). jaxrl itself never imports gymnax for its own CartPole, so it runs there unchanged.
     "bench-rejax": ["rejax==0.1.3", "gymnax<1.0", "six"],  # gymnax 0.0.9 imports six without declaring it
     # Optional logging backends (config.log.backends): TensorBoard event files and Weights & Biases runs.
     "log": ["tensorboardX>=2.6", "wandb"],

@@ -36,7 +36,7 @@ from ml_collections import ConfigDict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl import algos, config as config_lib, mesh as mesh_lib  # noqa: E402
+from jaxrl import algos, mesh as mesh_lib  # noqa: E402
 from report import machine, markdown_table, publish  # noqa: E402
 
 # The shared settings of each case, in one vocabulary; jaxrl_config, rejax_algo and sbx_model translate them.

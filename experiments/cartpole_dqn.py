@@ -1,4 +1,5 @@
-"""DQN on CartPole-v1 (double Q-learning, squared TD loss, a target network copied every 50 gradient steps).
+"""DQN on CartPole-v1 (double Q-learning, squared TD loss, layer norm, a target network copied every 50 gradient
+steps).
 
     python -m jaxrl.train --config=experiments/cartpole_dqn.py
     python -m jaxrl.train --config=experiments/cartpole_dqn.py --config.replay.prioritised=True --config.returns.n_step=3
@@ -6,7 +7,8 @@
 Settings after CleanRL's CartPole DQN: 128-unit ReLU layers, Adam at 2.5e-4 (decayed linearly here), batches of
 128, epsilon from 1 to 0.05 over half the run, 10k steps of warm-up, the target copied every 400 env steps. With
 the Huber loss and these settings the Q-values diverged (to 1e4 within 30k steps, in two seeds); with the
-squared loss they did not.
+squared loss they did not. Layer norm after each hidden layer (as in PQN) made it hold over seeds: without it
+one of three seeds ended at a greedy return of 271 after 500k steps (the others 500); with it, all three 500.
 """
 
 from ml_collections import ConfigDict
@@ -26,6 +28,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.replay.buffer_size = 50_000
     config.replay.learning_starts = 10_000
     config.network.hidden_sizes = (128, 128)
+    config.network.layer_norm = True
     config.target.every = 50
     config.loss.td = "squared"
     config.optim.schedule = "linear"
