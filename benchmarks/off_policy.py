@@ -42,7 +42,8 @@ from report import machine, markdown_table, publish  # noqa: E402
 # The shared settings of each case, in one vocabulary; jaxrl_config, rejax_algo and sbx_model translate them.
 # rejax builds DQN, PQN and TD3 networks at 64-64 (fixed in its code), so its cases use 64-64 ReLU everywhere.
 # The sbx cases use RL Zoo's Pendulum-v1 settings for sbx's SAC and TQC (learning rate 1e-3, 20k steps; the rest
-# sbx's defaults: 256-256, batch 256, 100 random steps, tau 0.005, one gradient step per env step).
+# sbx's defaults: 256-256, batch 256, 100 random steps, tau 0.005, one gradient step per env step), and the
+# ":small" cases the same with 64-64 networks.
 RECIPES = {
     "rejax:dqn": dict(env="CartPole-v1", total_steps=500_000, num_envs=8, hidden=(64, 64), learning_rate=2.5e-4,
                       batch_size=128, buffer_size=50_000, learning_starts=10_000, target_every_steps=400,
@@ -59,6 +60,10 @@ RECIPES = {
     "sbx:tqc": dict(env="Pendulum-v1", total_steps=20_000, num_envs=1, hidden=(256, 256), learning_rate=1e-3,
                     batch_size=256, buffer_size=20_000, learning_starts=100, tau=0.005),
 }
+# The same with 64-64 networks and 1,000 random steps first: where the per-step cost is small, what each library
+# spends around the arithmetic shows.
+RECIPES.update({f"sbx:{name}:small": {**RECIPES[f"sbx:{name}"], "hidden": (64, 64), "learning_starts": 1_000}
+                for name in ("sac", "tqc")})
 WINDOW = 1_000  # env steps per timed window in the sbx cases (5 Pendulum episodes)
 MARKERS = ("<!-- off_policy:start -->", "<!-- off_policy:end -->")
 
@@ -341,7 +346,7 @@ def main():
                   f"{WINDOW:,}. sbx runs its {args.seeds} seed(s) one after another (times summed), jaxrl as one "
                   "program (the time when its last seed reaches the target, compile excluded)."]
     publish("\n".join(lines), args.update_results, MARKERS,
-            "## Off-policy learners beside rejax and sbx (issue 19)")
+            "Off-policy learners beside rejax and sbx (issue 19)")
 
 
 if __name__ == "__main__":
