@@ -34,11 +34,27 @@ SCRIPTS = {
 }
 
 
-def load_script(repo: str, algorithm: str = "mappo"):
-    """The reference script as a module, imported from the repository checkout."""
+DEPENDENCIES = ("jaxmarl", "distrax", "flashbax", "hydra", "omegaconf", "wandb")  # what the scripts import
+
+
+def check_reference(repo: str, algorithm: str) -> str | None:
+    """Why the reference script cannot run (its file missing from `repo`, or a module it imports not
+    installed), or None."""
     path = os.path.join(repo, SCRIPTS[algorithm][0])
     if not os.path.exists(path):
-        raise SystemExit(f"error: {path} not found: --repo must be a checkout of the JaxMARL repository")
+        return f"{path} not found: the path given must be a checkout of the JaxMARL repository"
+    missing = [name for name in DEPENDENCIES if importlib.util.find_spec(name) is None]
+    if missing:
+        return f"JaxMARL's script needs {', '.join(missing)}: pip install -e \".[bench]\""
+    return None
+
+
+def load_script(repo: str, algorithm: str = "mappo"):
+    """The reference script as a module, imported from the repository checkout."""
+    problem = check_reference(repo, algorithm)
+    if problem:
+        raise SystemExit(f"error: {problem}")
+    path = os.path.join(repo, SCRIPTS[algorithm][0])
     spec = importlib.util.spec_from_file_location(f"jaxmarl_{algorithm}_rnn", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

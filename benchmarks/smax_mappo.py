@@ -32,6 +32,7 @@ import tempfile
 import time
 
 import report  # benchmarks/ (the script's folder is on sys.path)
+from jaxmarl_reference import check_reference
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -301,9 +302,12 @@ def main(argv=None):
             saved = json.load(f)
     results, meta = saved["results"], saved["meta"]
     if not args.from_json:
-        if not args.jaxmarl_repo or not os.path.exists(os.path.join(args.jaxmarl_repo, "baselines")):
+        if not args.jaxmarl_repo:
             parser.error("--jaxmarl-repo must name a checkout of the JaxMARL repository (its baselines/ are not "
                          "in the PyPI package)")
+        problem = check_reference(args.jaxmarl_repo, "mappo")
+        if problem:
+            parser.error(problem)
         import jax
 
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.jaxmarl_repo, capture_output=True,

@@ -32,6 +32,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import report  # noqa: E402  benchmarks/
+from jaxmarl_reference import check_reference  # noqa: E402
 
 MARKERS = ("<!-- smax_qmix:start -->", "<!-- smax_qmix:end -->")
 JSON_PATH = os.path.join(ROOT, "benchmarks", "smax_qmix.json")
@@ -124,6 +125,9 @@ def main(argv=None):
     parser.add_argument("--machine", default=None, help="how RESULTS.md names the machine (default: what it finds)")
     parser.add_argument("--update-results", action="store_true", help="write the section of benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
+    problem = check_reference(args.jaxmarl_repo, "qmix")
+    if problem:
+        parser.error(problem)
 
     import jax
 
