@@ -3,6 +3,9 @@
     python benchmarks/off_policy.py                                  # every case, 1 seed
     python benchmarks/off_policy.py --cases rejax:sac,sbx:sac --seeds 2 --update-results
 
+With --update-results the cases run replace their figures in `off_policy.json` (beside this file) and the
+others stay; RESULTS.md's section shows them all, each row pointing at the note of the run it came from.
+
 Each case runs one recipe (RECIPES below) in both libraries, on the same environment object where both are JAX
 (gymnax 1.x's CartPole-v1 and Pendulum-v1), and on gymnasium's Pendulum-v1 for sbx (same dynamics and 200-step
 limit, numpy).
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import json
 import os
 import sys
 import time
@@ -66,6 +70,7 @@ RECIPES.update({f"sbx:{name}:small": {**RECIPES[f"sbx:{name}"], "hidden": (64, 6
                 for name in ("sac", "tqc")})
 WINDOW = 1_000  # env steps per timed window in the sbx cases (5 Pendulum episodes)
 MARKERS = ("<!-- off_policy:start -->", "<!-- off_policy:end -->")
+JSON_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "off_policy.json")  # figures per case
 
 
 def timed(fn, *args):
@@ -321,32 +326,57 @@ def main():
         for case in cases:
             RECIPES[case]["total_steps"] = args.total_steps
 
-    rejax_rows, sbx_rows = [], []
+    command = "python benchmarks/off_policy.py " + " ".join(sys.argv[1:])
+    note = (f"{machine()}, {time.strftime('%Y-%m-%d')}; {versions()}; {args.seeds} seed(s)"
+            + (f", fastest of {args.repeats} run(s)" if any(c.startswith("rejax:") for c in cases) else "")
+            + f". Command: `{command.strip()}`.")
+    results = {}
     for case in cases:
         print(f"running {case} ...", file=sys.stderr, flush=True)
-        if case.startswith("rejax:"):
-            rejax_rows += rejax_case(case, args.seeds, args.repeats)
-        else:
-            sbx_rows += sbx_case(case, args.seeds, args.target)
+        rows = (rejax_case(case, args.seeds, args.repeats) if case.startswith("rejax:")
+                else sbx_case(case, args.seeds, args.target))
+        results[case] = {"rows": rows, "note": note, "target": args.target}
+    if args.update_results:  # the cases of this run replace their earlier figures; the others stay
+        saved = load_results()
+        saved.update(results)
+        with open(JSON_PATH, "w") as f:
+            json.dump(saved, f, indent=1)
+        results = saved
+    publish(section(results), args.update_results, MARKERS, "Off-policy learners beside rejax and sbx (issue 19)")
 
-    command = "python benchmarks/off_policy.py " + " ".join(sys.argv[1:])
-    lines = [f"{machine()}, {time.strftime('%Y-%m-%d')}; {versions()}. Command: `{command.strip()}`.", ""]
-    if rejax_rows:
+
+def load_results() -> dict:
+    if not os.path.exists(JSON_PATH):
+        return {}
+    with open(JSON_PATH) as f:
+        return json.load(f)
+
+
+def section(results: dict) -> str:
+    """The RESULTS.md block: the rejax table, the sbx table, each row pointing at its run's note."""
+    notes = list(dict.fromkeys(r["note"] for r in results.values()))
+    tables = {"rejax": [], "sbx": []}
+    for case in (c for c in RECIPES if c in results):
+        marker = f"[{notes.index(results[case]['note']) + 1}]"
+        tables[case.split(":")[0]] += [row + [marker] for row in results[case]["rows"]]
+    lines = []
+    if tables["rejax"]:
         lines += [markdown_table(["case", "library", "env steps/s", "jaxrl/rejax", "run s", "compile s",
-                                  "return at the end"], rejax_rows), "",
-                  f"Throughput: env steps/s summed over {args.seeds} seed(s), fastest of {args.repeats} run(s). "
-                  "Return at the end: jaxrl greedy (32 episodes per seed), rejax its own evaluation (128 per "
-                  "seed). Both at the same recipe (`RECIPES`); jaxrl bootstraps through time limits, rejax "
-                  "(through gymnax 0.x's done) treats them as terminal.", ""]
-    if sbx_rows:
-        lines += [markdown_table(["case", "library", f"s to return >= {args.target:g}", "sbx/jaxrl",
+                                  "return at the end", "run"], tables["rejax"]), "",
+                  "Throughput: env steps/s summed over the seeds, fastest of the runs. Return at the end: jaxrl "
+                  "greedy (32 episodes per seed), rejax its own evaluation (128 per seed). Both at the same recipe "
+                  "(`RECIPES`); jaxrl bootstraps through time limits, rejax (through gymnax 0.x's done) treats them "
+                  "as terminal.", ""]
+    if tables["sbx"]:
+        targets = sorted({f"{r['target']:g}" for c, r in results.items() if c.startswith("sbx:")})
+        lines += [markdown_table(["case", "library", f"s to training return >= {'/'.join(targets)}", "sbx/jaxrl",
                                   "env steps where each seed reached it", "compile s", "training return at the end",
-                                  "greedy at the end"], sbx_rows), "",
+                                  "greedy at the end", "run"], tables["sbx"]), "",
                   f"Training return: the episodes that ended in the last {2 * WINDOW:,} env steps, checked every "
-                  f"{WINDOW:,}. sbx runs its {args.seeds} seed(s) one after another (times summed), jaxrl as one "
-                  "program (the time when its last seed reaches the target, compile excluded)."]
-    publish("\n".join(lines), args.update_results, MARKERS,
-            "Off-policy learners beside rejax and sbx (issue 19)")
+                  f"{WINDOW:,}. sbx runs its seeds one after another (times summed), jaxrl as one program (the time "
+                  "when its last seed reaches the target, compile excluded).", ""]
+    lines += [f"[{i + 1}] {n}" for i, n in enumerate(notes)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
