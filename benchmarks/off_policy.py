@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import json
 import os
 import sys
@@ -320,6 +321,11 @@ def main():
     unknown = [c for c in cases if c not in RECIPES]
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(RECIPES)}")
+    peers = {"rejax": ("rejax", "gymnax"), "sbx": ("sbx", "stable_baselines3", "gymnasium")}
+    needed = {module for case in cases for module in peers[case.split(":")[0]]}
+    missing = sorted(m for m in needed if importlib.util.find_spec(m) is None)
+    if missing:
+        parser.error(f"the chosen cases need {', '.join(missing)}: pip install -e \".[bench]\"")
     if args.total_steps is not None:
         if args.total_steps < 2 * WINDOW or args.total_steps % WINDOW:
             parser.error(f"--total-steps must be a multiple of {WINDOW:,} and at least {2 * WINDOW:,}")
