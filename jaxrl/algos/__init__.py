@@ -8,7 +8,8 @@ An algorithm object follows `jaxrl.engine.Algorithm`. An experiment file can reg
 own with `algos.register(name, algos.Recipe(...))`.
 """
 
-from jaxrl.algos import dqn, grpo, ppo, pqn, replay_actor_critic, text, value_decomposition  # noqa: F401  (importing registers them)
+# importing the algorithm modules registers them
+from jaxrl.algos import dqn, grpo, ppo, pqn, replay_actor_critic, text, value_decomposition  # noqa: F401
 from jaxrl.algos.env_setup import NETWORKS, make_network
 from jaxrl.algos.grpo import GRPO, GRPOHyperparams, GRPOSettings
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState

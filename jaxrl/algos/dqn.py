@@ -31,10 +31,10 @@ from ml_collections import ConfigDict
 from jaxrl import config as config_lib, replay
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import env_optimizer, make_env
-from jaxrl.algos.off_policy import (RETURN_KEYS, ReplayLearner, ReplaySettings, ReplayState, check_replay_config,
-                                    replay_config, replay_settings)
-from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
-                                    sequence_targets)
+from jaxrl.algos.off_policy import (ReplayLearner, ReplaySettings, ReplayState, check_replay_config, replay_config,
+                                    replay_settings)
+from jaxrl.algos.q_learning import (Q_LEARNING_KEYS, QLearner, bootstrap_values, check_q_config, q_config,
+                                    q_network, sequence_targets)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step
 
@@ -153,8 +153,6 @@ def check_dqn_config(config: ConfigDict) -> None:
     config_lib.one_of(config.loss.td, TD_LOSSES, "loss.td")
 
 
-register("dqn", Recipe(build_dqn, DQNHyperparams, {
-    "learning_rate": "optim.learning_rate", **RETURN_KEYS, "max_grad_norm": "optim.max_grad_norm",
-    "weight_decay": "optim.weight_decay", "tau": "target.tau", **EXPLORE_KEYS,
-    "priority_alpha": "replay.priority_alpha", "priority_beta": "replay.priority_beta"}, check_dqn_config,
-    defaults=dqn_config))
+HYPERPARAM_KEYS = {**Q_LEARNING_KEYS, "tau": "target.tau", "priority_alpha": "replay.priority_alpha",
+                   "priority_beta": "replay.priority_beta"}
+register("dqn", Recipe(build_dqn, DQNHyperparams, HYPERPARAM_KEYS, check_dqn_config, defaults=dqn_config))

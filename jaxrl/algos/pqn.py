@@ -31,9 +31,9 @@ from ml_collections import ConfigDict
 from jaxrl import config as config_lib
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import EnvSettings, check_minibatch_split, env_optimizer, make_env
-from jaxrl.algos.off_policy import RETURN_KEYS, Acting, off_policy_settings
-from jaxrl.algos.q_learning import (EXPLORE_KEYS, QLearner, bootstrap_values, check_q_config, q_config, q_network,
-                                    sequence_targets, team_reward, team_values)
+from jaxrl.algos.off_policy import Acting, off_policy_settings
+from jaxrl.algos.q_learning import (Q_LEARNING_KEYS, QLearner, bootstrap_values, check_q_config, q_config,
+                                    q_network, sequence_targets, team_reward, team_values)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import optimise
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
@@ -100,7 +100,8 @@ class PQN(QLearner):
     def _update(self, state: PQNState, hp: PQNHyperparams):
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key, state.update_step)  # [n, T, ...]
+        acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key,
+                                              state.update_step)  # steps [n, T, ...]
         mixer = self.settings.mixer
         next_values = team_values(bootstrap_values(self.q_values(state.params, steps["next_obs"],
                                                                  steps.get("next_mask"))), mixer)  # [n, T(, A)]
@@ -153,9 +154,7 @@ def check_pqn_config(config: ConfigDict) -> None:
                          f"divisible by optim.num_minibatches = {config.optim.num_minibatches}")
 
 
-HYPERPARAM_KEYS = {
-    "learning_rate": "optim.learning_rate", **RETURN_KEYS, "q_lambda": "returns.q_lambda",
-    "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", **EXPLORE_KEYS}
+HYPERPARAM_KEYS = {**Q_LEARNING_KEYS, "q_lambda": "returns.q_lambda"}
 for _name in MIXERS:
     register(_name, Recipe(build_pqn, PQNHyperparams, HYPERPARAM_KEYS, check_pqn_config,
                            defaults=functools.partial(pqn_config, _name)))

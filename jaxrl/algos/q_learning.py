@@ -19,7 +19,7 @@ from jaxrl import config as config_lib
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
-from jaxrl.algos.off_policy import OffPolicyLearner, check_off_policy_config, off_policy_config
+from jaxrl.algos.off_policy import RETURN_KEYS, OffPolicyLearner, check_off_policy_config, off_policy_config
 from jaxrl.networks import QNetwork
 
 
@@ -121,3 +121,6 @@ def check_q_config(config: ConfigDict) -> None:
 
 EXPLORE_KEYS = {"epsilon_start": "explore.epsilon_start", "epsilon_end": "explore.epsilon_end",
                 "epsilon_fraction": "explore.fraction"}
+# The hyperparameters every Q-learner traces (DQN, PQN, the value-decomposition learners), with their config keys
+Q_LEARNING_KEYS = {"learning_rate": "optim.learning_rate", **RETURN_KEYS, "max_grad_norm": "optim.max_grad_norm",
+                   "weight_decay": "optim.weight_decay", **EXPLORE_KEYS}

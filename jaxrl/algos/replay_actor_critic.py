@@ -279,18 +279,17 @@ class ReplayActorCritic(ReplayLearner):
 
     def _part_step(self, part: str, loss_fn, params, opt_state, batch: dict, hp, optimizers: dict):
         """One gradient step of `loss_fn` on one part of the parameters (PARTS), the rest held fixed. Returns
-        (params, opt_state, metrics)."""
+        (params, opt_state, metrics with the gradient norm as `<part>_grad_norm`)."""
         trained, part_opt, aux = gradient_step(loss_fn, optimizers[part], part_of(params, part), opt_state[part],
                                                batch, hp)
+        aux[f"{part}_grad_norm"] = aux.pop("grad_norm")
         return with_part(params, part, trained), {**opt_state, part: part_opt}, aux
 
     def _critic_step(self, params, target_params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
         """One gradient step of the critics on transitions [B, ...]. Returns (params, opt_state, metrics)."""
         batch = {"items": items, "params": params,
                  "next_value": self._next_value(params, target_params, items, hp, key)}
-        params, opt_state, aux = self._part_step("critic", self._critic_loss, params, opt_state, batch, hp, optimizers)
-        aux["critic_grad_norm"] = aux.pop("grad_norm")
-        return params, opt_state, aux
+        return self._part_step("critic", self._critic_loss, params, opt_state, batch, hp, optimizers)
 
     def _policy_step(self, params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
         """One gradient step of the actor, then of the temperature (when learned), on observations [B, A, d].
@@ -300,7 +299,6 @@ class ReplayActorCritic(ReplayLearner):
             B, A = items["obs"].shape[:2]
             batch["noise"] = self._noise(key, B, (A, self.policy.dist.action_dim))
         params, opt_state, aux = self._part_step("actor", self._actor_loss, params, opt_state, batch, hp, optimizers)
-        aux["actor_grad_norm"] = aux.pop("grad_norm")
         if self.settings.learn_temperature and self.settings.policy == "stochastic":
             params, opt_state, temperature_aux = self._part_step("temperature", self._temperature_loss, params,
                                                                  opt_state, {"entropy": aux["entropy"]}, hp, optimizers)

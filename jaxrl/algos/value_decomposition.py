@@ -34,12 +34,11 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, mesh as mesh_lib
-from jaxrl.algos.dqn import TD_LOSSES, DQN, DQNHyperparams, DQNSettings, dqn_config
+from jaxrl.algos.dqn import HYPERPARAM_KEYS as DQN_KEYS, TD_LOSSES, DQN, DQNHyperparams, DQNSettings, dqn_config
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import AGENT_ID_INPUTS, env_optimizer, make_env
-from jaxrl.algos.off_policy import RETURN_KEYS, check_replay_config, replay_settings
-from jaxrl.algos.q_learning import (EXPLORE_KEYS, bootstrap_values, check_q_config, sequence_targets, team_reward,
-                                    team_values)
+from jaxrl.algos.off_policy import check_replay_config, replay_settings
+from jaxrl.algos.q_learning import bootstrap_values, check_q_config, sequence_targets, team_reward, team_values
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.networks import QMixer, QNetwork, RecurrentQNetwork
 
@@ -156,7 +155,8 @@ def build_value_decomposition(config: ConfigDict, mesh) -> ValueDecomposition:
     else:
         network = QNetwork(space.n, tuple(n.hidden_sizes), n.activation, layer_norm=n.layer_norm)
     kind = MIXERS[config.algorithm]
-    mixer = QMixer(config.mixer.embed_size, config.mixer.hypernet_size, config.mixer.init_scale) if kind == "qmix" else None
+    m = config.mixer
+    mixer = QMixer(m.embed_size, m.hypernet_size, m.init_scale) if kind == "qmix" else None
     settings = ValueDecompositionSettings(**replay_settings(config, r.sequence_length), double=config.loss.double,
                                           td_loss=config.loss.td, mixer=kind, burn_in=r.burn_in)
     return ValueDecomposition(env, network, mixer, settings, mesh, eval_max_steps, agent_id=n.agent_id)
@@ -176,10 +176,8 @@ def check_value_decomposition_config(config: ConfigDict) -> None:
     config_lib.unit_interval(config.returns.q_lambda, "returns.q_lambda")
 
 
-HYPERPARAM_KEYS = {
-    "learning_rate": "optim.learning_rate", **RETURN_KEYS, "q_lambda": "returns.q_lambda",
-    "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", "tau": "target.tau",
-    **EXPLORE_KEYS, "priority_alpha": "replay.priority_alpha", "priority_beta": "replay.priority_beta"}
+HYPERPARAM_KEYS = {**DQN_KEYS, "q_lambda": "returns.q_lambda"}
 for _name in MIXERS:
     register(_name, Recipe(build_value_decomposition, ValueDecompositionHyperparams, HYPERPARAM_KEYS,
-                           check_value_decomposition_config, defaults=functools.partial(value_decomposition_config, _name)))
+                           check_value_decomposition_config,
+                           defaults=functools.partial(value_decomposition_config, _name)))
