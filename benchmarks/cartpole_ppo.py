@@ -27,26 +27,19 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.metadata
-import time
 
 import jax
 import numpy as np
 import rejax
 
 from jaxrl import algos, config as config_lib, mesh as mesh_lib
-from report import markdown_table  # benchmarks/ (the script's folder is on sys.path)
+from report import markdown_table, timed  # benchmarks/ (the script's folder is on sys.path)
 
 RECIPE = dict(num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4,
               gamma=0.99, gae_lambda=0.95, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, max_grad_norm=0.5)
 BATCH = RECIPE["num_envs"] * RECIPE["num_steps"]
 REJAX_FIELDS = {f.name for f in dataclasses.fields(rejax.PPO)}
 LAST_UPDATES = 10  # jaxrl's "train return": episodes that ended in the last 10 updates (5,120 steps/seed)
-
-
-def timed(fn, *args):
-    tick = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    return time.perf_counter() - tick, out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -111,6 +111,34 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
             "env_steps": rows[-1]["env_steps"] if rows else 0, "config": config, "rows": rows}
 
 
+def run_in_subprocess(repo: str, algorithm: str, scenario: str, seed: int, total_steps: int, every: int,
+                      xla_flags: str = "") -> dict:
+    """`run` in a Python process of its own (with `xla_flags` added to XLA_FLAGS), so that the script's imports
+    and compile caches stay out of the caller's. Its per-update rows are averaged over windows of `every`
+    updates, as a jaxrl run averages the updates between two logs: {"rows": [{env_steps, wall_time, win_rate}
+    at each window's end], "wall", "env_steps", "last": the last per-update row}."""
+    import statistics
+    import subprocess
+    import sys
+    import tempfile
+
+    env = dict(os.environ)
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ref.json")
+        subprocess.run([sys.executable, os.path.abspath(__file__), "--repo", repo, "--algorithm", algorithm,
+                        "--scenario", scenario, "--seed", str(seed), "--total-steps", str(total_steps),
+                        "--out", out], check=True, env=env)
+        with open(out) as f:
+            result = json.load(f)
+    per_update = result["rows"]
+    rows = [{"env_steps": window[-1]["env_steps"], "wall_time": window[-1]["wall_time"],
+             "win_rate": statistics.mean(r["win_rate"] for r in window)}
+            for window in (per_update[end - every:end] for end in range(every, len(per_update) + 1, every))]
+    return {"rows": rows, "wall": result["wall"], "env_steps": result["env_steps"], "last": per_update[-1]}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", required=True, help="a checkout of the JaxMARL repository")
@@ -123,7 +151,8 @@ def main(argv=None):
     result = run(args.repo, args.scenario, args.seed, args.total_steps, args.algorithm)
     with open(args.out, "w") as f:
         json.dump(result, f, default=str)  # (QMIX's config holds the scenario object its script made)
-    print(f"jaxmarl {os.path.basename(SCRIPTS[args.algorithm][0])} {args.scenario} seed {args.seed}: {result['env_steps']:,} env steps in "
+    script = os.path.basename(SCRIPTS[args.algorithm][0])
+    print(f"jaxmarl {script} {args.scenario} seed {args.seed}: {result['env_steps']:,} env steps in "
           f"{result['wall']:.0f} s ({result['env_steps'] / result['wall']:,.0f}/s incl. compile); final training "
           f"win rate {result['rows'][-1]['win_rate']:.2f}")
 

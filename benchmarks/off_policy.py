@@ -42,7 +42,7 @@ from ml_collections import ConfigDict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxrl import algos, mesh as mesh_lib  # noqa: E402
-from report import machine, markdown_table, publish  # noqa: E402
+from report import machine, markdown_table, publish, timed  # noqa: E402
 
 # The shared settings of each case, in one vocabulary; jaxrl_config, rejax_algo and sbx_model translate them.
 # rejax builds DQN, PQN and TD3 networks at 64-64 (fixed in its code), so its cases use 64-64 ReLU everywhere.
@@ -72,12 +72,6 @@ RECIPES.update({f"sbx:{name}:small": {**RECIPES[f"sbx:{name}"], "hidden": (64, 6
 WINDOW = 1_000  # env steps per timed window in the sbx cases (5 Pendulum episodes)
 MARKERS = ("<!-- off_policy:start -->", "<!-- off_policy:end -->")
 JSON_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "off_policy.json")  # figures per case
-
-
-def timed(fn, *args):
-    tick = time.perf_counter()
-    out = jax.block_until_ready(fn(*args))
-    return time.perf_counter() - tick, out
 
 
 # --------------------------------------------------------------------------------------------------

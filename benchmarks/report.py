@@ -20,6 +20,24 @@ def replace_section(path: str, markers: tuple[str, str], section: str, title: st
         f.write(text)
 
 
+def timed(fn, *args):
+    """(seconds, fn(*args)), timed until the result is ready on the device."""
+    import time
+
+    import jax
+
+    tick = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    return time.perf_counter() - tick, out
+
+
+def curve(runs: list[dict], key: str = "win_rate") -> tuple[list[int], list[list[float]]]:
+    """Env-step marks every run's rows logged, and `key` of every run at each: [marks], [[runs]]."""
+    marks = sorted(set.intersection(*({r["env_steps"] for r in run["rows"]} for run in runs)))
+    by_steps = [{r["env_steps"]: r[key] for r in run["rows"]} for run in runs]
+    return marks, [[b[m] for b in by_steps] for m in marks]
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux), else what `platform` knows."""
     import platform

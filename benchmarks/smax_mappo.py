@@ -32,7 +32,8 @@ import tempfile
 import time
 
 import report  # benchmarks/ (the script's folder is on sys.path)
-from jaxmarl_reference import check_reference
+from jaxmarl_reference import check_reference, run_in_subprocess
+from report import curve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -90,34 +91,13 @@ def run_ours(config) -> list[dict]:
 def run_reference(repo: str, scenario: str, seed: int, total_steps: int, xla_flags: str = "") -> dict:
     """The reference script in a process of its own (with `xla_flags` added to XLA_FLAGS); its per-update rows
     averaged over our log interval."""
-    env = dict(os.environ)
-    if xla_flags:
-        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "ref.json")
-        subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "jaxmarl_reference.py"), "--repo", repo,
-                        "--scenario", scenario, "--seed", str(seed), "--total-steps", str(total_steps),
-                        "--out", out], check=True, env=env)
-        with open(out) as f:
-            result = json.load(f)
-    per_update = result["rows"]
-    rows = []
-    for end in range(LOG_EVERY_UPDATES, len(per_update) + 1, LOG_EVERY_UPDATES):
-        window = per_update[end - LOG_EVERY_UPDATES:end]
-        rows.append({"env_steps": window[-1]["env_steps"], "wall_time": window[-1]["wall_time"],
-                     "win_rate": sum(r["win_rate"] for r in window) / len(window)})
-    return {"rows": rows, "wall": result["wall"], "env_steps": result["env_steps"]}
+    result = run_in_subprocess(repo, "mappo", scenario, seed, total_steps, LOG_EVERY_UPDATES, xla_flags)
+    del result["last"]
+    return result
 
 
 # --------------------------------------------------------------------------------------------------
 # Tables and plots from the saved runs: {scenario: {"ours": [run per seed], "reference": [...]}}
-
-
-def curve(runs: list[dict]) -> tuple[list[int], list[list[float]]]:
-    """Env-step marks every run logged, and the training win rate of every run at each: [marks], [[S]]."""
-    marks = sorted(set.intersection(*({r["env_steps"] for r in run["rows"]} for run in runs)))
-    by_steps = [{r["env_steps"]: r["win_rate"] for r in run["rows"]} for run in runs]
-    return marks, [[b[m] for b in by_steps] for m in marks]
 
 
 def steps_per_second(run: dict) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import statistics
@@ -32,7 +33,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import report  # noqa: E402  benchmarks/
-from jaxmarl_reference import check_reference  # noqa: E402
+from jaxmarl_reference import check_reference, run_in_subprocess  # noqa: E402
 
 MARKERS = ("<!-- smax_qmix:start -->", "<!-- smax_qmix:end -->")
 JSON_PATH = os.path.join(ROOT, "benchmarks", "smax_qmix.json")
@@ -72,21 +73,9 @@ def run_ours(scenario: str, seed: int, total_steps: int, recipe: bool) -> dict:
 
 
 def run_reference(repo: str, scenario: str, seed: int, total_steps: int) -> dict:
-    """The script in a process of its own; its per-update rows averaged over the MARK_EVERY updates before each
-    mark (as ours average the updates between logs)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "ref.json")
-        subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "jaxmarl_reference.py"), "--repo", repo,
-                        "--algorithm", "qmix", "--scenario", scenario, "--seed", str(seed),
-                        "--total-steps", str(total_steps), "--out", out], check=True)
-        with open(out) as f:
-            result = json.load(f)
-    per_update = result["rows"]
-    rows = [{"env_steps": per_update[end - 1]["env_steps"],
-             "win_rate": statistics.mean(r["win_rate"] for r in per_update[end - MARK_EVERY:end])}
-            for end in range(MARK_EVERY, len(per_update) + 1, MARK_EVERY)]
-    return {"rows": rows, "wall": result["wall"], "env_steps": result["env_steps"],
-            "greedy_win_rate": per_update[-1]["test_win_rate"]}
+    """The script in a process of its own, its rows averaged over the MARK_EVERY updates before each mark."""
+    result = run_in_subprocess(repo, "qmix", scenario, seed, total_steps, MARK_EVERY)
+    return {**result, "greedy_win_rate": result.pop("last")["test_win_rate"]}
 
 
 def render(results: dict, meta: dict) -> str:
@@ -99,15 +88,10 @@ def render(results: dict, meta: dict) -> str:
     speed_rows = [[labels[side], f"{speed[side]:,.0f}", f"{speed[side] / speed['reference']:.2f}x",
                    ", ".join(f"{r['wall']:.0f}" for r in runs),
                    ", ".join(f"{r['greedy_win_rate']:.2f}" for r in runs)] for side, runs in results.items()]
-    marks = sorted(set.intersection(*({row["env_steps"] for row in run["rows"]}
-                                      for runs in results.values() for run in runs)))
-    win_rows = []
-    for mark in marks:
-        cells = []
-        for runs in results.values():
-            values = [next(row["win_rate"] for row in run["rows"] if row["env_steps"] == mark) for run in runs]
-            cells.append(f"{statistics.mean(values):.2f}")
-        win_rows.append([f"{mark:,}", *cells])
+    marks, wins = report.curve([run for runs in results.values() for run in runs])  # [marks], [[every run]]
+    sides = [0, *itertools.accumulate(len(runs) for runs in results.values())]  # each side's runs in a row
+    win_rows = [[f"{mark:,}", *(f"{statistics.mean(row[a:b]):.2f}" for a, b in zip(sides, sides[1:]))]
+                for mark, row in zip(marks, wins)]
     return (f"- Date: {meta['date']}. Machine: {meta['machine']}. jax {meta['jax']}. JaxMARL at {meta['commit']}.\n"
             f"- Command: `{meta['command']}`\n\n"
             + markdown_table(["", "env steps/s, whole loop incl. compile", "x reference", "wall s per seed",
@@ -138,8 +122,8 @@ def main(argv=None):
         results["ours"].append(run_ours(args.scenario, seed, args.total_steps, recipe=False))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.jaxmarl_repo, capture_output=True,
                             text=True).stdout.strip() or "an unversioned copy"
-    meta = {"date": datetime.date.today().isoformat(), "machine": args.machine or report.machine(), "jax": jax.__version__,
-            "commit": commit, "command": "python benchmarks/smax_qmix.py " + " ".join(argv or sys.argv[1:])}
+    meta = {"date": datetime.date.today().isoformat(), "machine": args.machine or report.machine(),
+            "jax": jax.__version__, "commit": commit, "command": "python benchmarks/smax_qmix.py " + " ".join(argv or sys.argv[1:])}
     text = f"### {args.scenario}: {args.seeds} seed(s), {args.total_steps:,} env steps\n\n" + render(results, meta)
     print(text)
     with open(JSON_PATH, "w") as f:
