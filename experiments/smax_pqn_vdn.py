@@ -31,5 +31,4 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.eval.every_steps = 262_144
     config.eval.num_envs = 64
     config.checkpoint.every_steps = 1_048_576
-    config.xla_options = "xla_cpu_experimental_ynn_fusion_type="
     return config_lib.finalize(config)

@@ -102,6 +102,10 @@ def q_config(name: str) -> ConfigDict:
         "explore": {"epsilon_start": 1.0, "epsilon_end": 0.05, "fraction": 0.5},
     }))
     config.optim.update({"max_grad_norm": 10.0, "schedule": "constant"})
+    # XLA:CPU runs the layer norms' gradient sums as single-threaded YNNPACK fusions (about 0.4 ms each for
+    # [8 runs, 128, 64] -> [8, 64]); XLA's own kernels: PQN 1.45x, DQN 1.34x faster on CartPole (2026-11-25).
+    # (SAC's 256-wide products are faster with YNNPACK, so this is the Q-learners' default, not the engine's.)
+    config.xla_options = "xla_cpu_experimental_ynn_fusion_type="
     return config
 
 
