@@ -31,8 +31,6 @@ def smax_value_config(algorithm: str, scenario: str) -> ConfigDict:
     config.eval.every_steps = 262_144
     config.eval.num_envs = 64
     config.checkpoint.every_steps = 1_048_576
-    # as for MAPPO on SMAX: XLA's own multi-threaded products beat XLA:CPU's single-threaded YNNPACK fusions
-    config.xla_options = "xla_cpu_experimental_ynn_fusion_type="
     return config
 
 

@@ -104,7 +104,8 @@ def q_config(name: str) -> ConfigDict:
     config.optim.update({"max_grad_norm": 10.0, "schedule": "constant"})
     # XLA:CPU runs the layer norms' gradient sums as single-threaded YNNPACK fusions (about 0.4 ms each for
     # [8 runs, 128, 64] -> [8, 64]); XLA's own kernels: PQN 1.45x, DQN 1.34x faster on CartPole (2026-11-25).
-    # (SAC's 256-wide products are faster with YNNPACK, so this is the Q-learners' default, not the engine's.)
+    # (SAC's 256-wide products are faster with YNNPACK, so this is the Q-learners' default, not the engine's;
+    # the value-decomposition learners inherit it, as the SMAX experiments already had it.)
     config.xla_options = "xla_cpu_experimental_ynn_fusion_type="
     return config
 
