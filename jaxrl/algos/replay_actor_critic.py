@@ -394,10 +394,6 @@ def tqc_config() -> ConfigDict:
     config.policy.actor_value = "mean"
     config.optim.critic_learning_rate = 3e-4
     config.temperature.learning_rate = 3e-4
-    # The quantile loss sums [E, B, N, E*N - dropped] pairwise errors: as a YNNPACK fusion that sum runs on one
-    # thread of XLA:CPU. Without YNNPACK fusions an update took 2.56 ms instead of 3.05 (64-64) and 6.84 instead
-    # of 7.61 (256-256) on two cores (2026-11-25); SAC and TD3 keep them (their 256-wide products are faster).
-    config.xla_options = "xla_cpu_experimental_ynn_fusion_type="
     return config
 
 
