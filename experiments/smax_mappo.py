@@ -50,7 +50,7 @@ def smax_config(scenario: str, critic_input: str, experiment: str) -> ConfigDict
     # XLA:CPU's YNNPACK dot fusions run each large product ([12288, 128] x [128, 384]) on one core; without
     # them XLA's own multi-threaded products make an update 1.22x faster on 2 cores (and no slower on 1).
     # Not a global default: the text transformer's steps are 1.45x slower without them.
-    config.xla_options = "xla_cpu_experimental_ynn_fusion_type="
+    config.xla_options = config_lib.WITHOUT_YNNPACK
 
     config.log.every_steps = 65_536
     config.eval.every_steps = 262_144

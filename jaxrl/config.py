@@ -113,6 +113,11 @@ def positive(config: ConfigDict, *keys: str) -> None:
             raise ValueError(f"config.{key} must be a positive integer, got {value!r}")
 
 
+# config.xla_options that turns off XLA:CPU's YNNPACK fusions (products and reductions then run as XLA's own,
+# multi-threaded kernels). Which programs gain is measured per algorithm or experiment, where it is set.
+WITHOUT_YNNPACK = "xla_cpu_experimental_ynn_fusion_type="
+
+
 def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...]:
     """config.xla_options "name=value,..." -> ((name, value), ...), sorted, true/false as bools (as XLA_FLAGS
     spells them; XLA's option parser wants Python bools); ValueError if an item is not `name=value` with an

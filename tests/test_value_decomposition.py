@@ -35,10 +35,9 @@ def test_next_values_continue_each_steps_hidden_state():
     # The network run over steps 0..t, then one step on step t's next inputs: T + 1 steps for every t (the
     # steps after t + 1 are left as they were; the network is causal), so that one compiled program serves all t.
     run = jax.jit(lambda inputs, starts: net.apply(params, net.initial_carry((B,)), inputs, None, starts)[1])
-    no_start = jnp.zeros((B,), bool)
     for t in range(T):
         inputs = jnp.concatenate([x, x[-1:]]).at[t + 1].set(next_x[t])
-        starts = jnp.concatenate([first, first[-1:]]).at[t + 1].set(no_start)
+        starts = jnp.concatenate([first, first[-1:]]).at[t + 1].set(False)
         stepped = run(inputs, starts)
         np.testing.assert_allclose(stepped[:t + 1], q[:t + 1], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(stepped[t + 1], next_q[t], rtol=1e-5, atol=1e-6)

@@ -106,7 +106,7 @@ def q_config(name: str) -> ConfigDict:
     # [8 runs, 128, 64] -> [8, 64]); XLA's own kernels: PQN 1.45x, DQN 1.34x faster on CartPole (2026-11-25).
     # (SAC's 256-wide products are faster with YNNPACK, so this is the Q-learners' default, not the engine's;
     # the value-decomposition learners inherit it, as the SMAX experiments already had it.)
-    config.xla_options = "xla_cpu_experimental_ynn_fusion_type="
+    config.xla_options = config_lib.WITHOUT_YNNPACK
     return config
 
 
