@@ -108,6 +108,13 @@ _NORMAL_NODES = (np.sqrt(2.0) * _HERMITE_X).astype(np.float32)
 _NORMAL_WEIGHTS = (_HERMITE_W / np.sqrt(np.pi)).astype(np.float32)
 
 
+# How the network's second half of outputs becomes the standard deviation: "exp" reads it as the log-std;
+# "softplus" (Brax's and gymnax-blines' policies) takes std = softplus(x) + SOFTPLUS_MIN_STD, which grows
+# linearly rather than exponentially in x and never reaches zero.
+STD_TRANSFORMS = ("exp", "softplus")
+SOFTPLUS_MIN_STD = 0.001
+
+
 def tanh_log_jacobian(u: jax.Array) -> jax.Array:
     """log(1 - tanh(u)^2), elementwise, without cancellation for large |u|: 2 (log 2 - u - softplus(-2u))."""
     return 2.0 * (math.log(2.0) - u - jax.nn.softplus(-2.0 * u))
@@ -117,8 +124,9 @@ def tanh_log_jacobian(u: jax.Array) -> jax.Array:
 class DiagGaussian:
     """Continuous actions [..., D]: a Gaussian with diagonal covariance, optionally squashed by tanh.
 
-    The network outputs [..., 2D]: the mean, then the log-std (which the network may produce from the state
-    or take from a free parameter, `networks`). The policy's action is the Gaussian sample u (what rollouts
+    The network outputs [..., 2D]: the mean, then the std outputs (which the network may produce from the
+    state or take from a free parameter, `networks`), read as log-stds or through a softplus
+    (`std_transform`, see `STD_TRANSFORMS`). The policy's action is the Gaussian sample u (what rollouts
     store and log-probabilities are of); the env is given `to_env(u)`:
     - `squash=False`: u clipped to the action bounds (the clipping is the env's boundary, not part of the
       distribution, as in the usual PPO for continuous control);
@@ -131,17 +139,35 @@ class DiagGaussian:
     low: tuple[float, ...]
     high: tuple[float, ...]
     squash: bool = False
+    std_transform: str = "exp"
     min_log_std: float = -20.0
     max_log_std: float = 2.0
+
+    def __post_init__(self):
+        if self.std_transform not in STD_TRANSFORMS:
+            raise ValueError(f"unknown std_transform {self.std_transform!r}; known: {', '.join(STD_TRANSFORMS)}")
 
     @property
     def num_outputs(self) -> int:
         return 2 * self.action_dim
 
     def split(self, out: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """[..., 2D] -> (mean [..., D], log_std [..., D] clipped to [min_log_std, max_log_std])."""
-        mean, log_std = jnp.split(out, 2, axis=-1)
-        return mean, jnp.clip(log_std, self.min_log_std, self.max_log_std)
+        """[..., 2D] -> (mean [..., D], log_std [..., D]): "exp" clips the log-std outputs to [min_log_std,
+        max_log_std]; "softplus" takes log(softplus(x) + SOFTPLUS_MIN_STD)."""
+        mean, std_out = jnp.split(out, 2, axis=-1)
+        if self.std_transform == "softplus":
+            return mean, jnp.log(jax.nn.softplus(std_out) + SOFTPLUS_MIN_STD)
+        return mean, jnp.clip(std_out, self.min_log_std, self.max_log_std)
+
+    def std_output(self, log_std: float) -> float:
+        """The std output that gives the log-std `log_std` (inverse of `split`'s transform), for a network's
+        initial std."""
+        if self.std_transform == "softplus":
+            std = math.exp(log_std) - SOFTPLUS_MIN_STD
+            if not std > 0:
+                raise ValueError(f"a softplus std cannot start at exp({log_std}) <= {SOFTPLUS_MIN_STD}")
+            return float(std + math.log(-math.expm1(-std)))  # softplus^-1(std), stable for large std
+        return float(log_std)
 
     def noise(self, key: jax.Array, shape: tuple[int, ...]) -> jax.Array:
         """N(0, 1) noise [*shape, D] for `sample_with_noise`."""
@@ -194,9 +220,10 @@ class DiagGaussian:
         return low + 0.5 * (a + 1.0) * (high - low)
 
 
-def for_action_space(space, squash: bool = False):
+def for_action_space(space, squash: bool = False, std_transform: str = "exp"):
     """The distribution for an env's action space: `Categorical` for `Discrete(n)`, `DiagGaussian` for a
-    `Box` of shape [D] (`squash`: tanh to the bounds, which must then be finite)."""
+    `Box` of shape [D] (`squash`: tanh to the bounds, which must then be finite; `std_transform`: see
+    `STD_TRANSFORMS`)."""
     if hasattr(space, "n"):
         return Categorical(int(space.n))
     shape = tuple(space.shape)
@@ -206,4 +233,4 @@ def for_action_space(space, squash: bool = False):
     high = tuple(float(x) for x in np.broadcast_to(np.asarray(space.high, np.float32), shape))
     if squash and not all(np.isfinite(low + high)):
         raise ValueError(f"tanh squashing needs finite action bounds; got low={low}, high={high}")
-    return DiagGaussian(shape[0], low, high, squash)
+    return DiagGaussian(shape[0], low, high, squash, std_transform)

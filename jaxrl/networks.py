@@ -67,9 +67,10 @@ class MLP(nn.Module):
 # (a `jaxrl.distributions` object reads them: logits, or means and log-stds), value [T, *B]. Feed-forward nets
 # carry () and ignore `first` (any leading shape works for them).
 #
-# `log_std` says where a Gaussian policy's log-stds (the second half of its outputs) come from: None (not a
-# Gaussian: every output is the head's), "param" (one learned number per action dimension, whatever the
-# state) or "state" (the head computes them). They start at `init_log_std`.
+# `log_std` says where a Gaussian policy's std outputs (the second half of its outputs: log-stds, or what a
+# softplus turns into stds, `distributions.DiagGaussian.std_transform`) come from: None (not a Gaussian: every
+# output is the head's), "param" (one learned number per action dimension, whatever the state) or "state"
+# (the head computes them). They start at `init_std_output` (`DiagGaussian.std_output` of the initial log-std).
 
 LOG_STDS = ("param", "state")
 
@@ -79,14 +80,14 @@ def head_size(num_outputs: int, log_std: str | None) -> int:
     return num_outputs // 2 if log_std == "param" else num_outputs
 
 
-def policy_outputs(module: nn.Module, head: jax.Array, log_std: str | None, init_log_std: float) -> jax.Array:
+def policy_outputs(module: nn.Module, head: jax.Array, log_std: str | None, init_std_output: float) -> jax.Array:
     """The actor head's outputs [..., head_size] -> the policy's outputs [..., num_outputs] (see above)."""
     if log_std == "param":
-        free = module.param("log_std", nn.initializers.constant(init_log_std), (head.shape[-1],))
+        free = module.param("log_std", nn.initializers.constant(init_std_output), (head.shape[-1],))
         return jnp.concatenate([head, jnp.broadcast_to(free, head.shape).astype(head.dtype)], axis=-1)
     if log_std == "state":
         mean, from_state = jnp.split(head, 2, axis=-1)
-        return jnp.concatenate([mean, from_state + init_log_std], axis=-1)
+        return jnp.concatenate([mean, from_state + init_std_output], axis=-1)
     return head
 
 
@@ -102,7 +103,7 @@ class ActorCritic(nn.Module):
     activation: str = "tanh"
     critic: bool = True
     log_std: str | None = None
-    init_log_std: float = 0.0
+    init_std_output: float = 0.0
 
     recurrent = False
 
@@ -113,7 +114,7 @@ class ActorCritic(nn.Module):
     def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array, first: jax.Array | None = None):
         head = MLP(self.hidden_sizes, head_size(self.num_outputs, self.log_std), self.activation, head_scale=0.01,
                    name="actor")(actor_in)
-        out = policy_outputs(self, head, self.log_std, self.init_log_std)
+        out = policy_outputs(self, head, self.log_std, self.init_std_output)
         if not self.critic:
             return carry, out, jnp.zeros(out.shape[:-1], out.dtype)
         value = MLP(self.hidden_sizes, 1, self.activation, head_scale=1.0, name="critic")(critic_in)
@@ -412,7 +413,7 @@ class RecurrentActorCritic(nn.Module):
     activation: str = "relu"
     critic: bool = True
     log_std: str | None = None
-    init_log_std: float = 0.0
+    init_std_output: float = 0.0
 
     recurrent = True
 
@@ -428,12 +429,12 @@ class RecurrentActorCritic(nn.Module):
         actor = tower(head_size(self.num_outputs, self.log_std), head_scale=0.01, name="actor")
         if not self.critic:
             actor_h, head = actor(actor_h, actor_in, first)
-            out = policy_outputs(self, head, self.log_std, self.init_log_std)
+            out = policy_outputs(self, head, self.log_std, self.init_std_output)
             return (actor_h, critic_h), out, jnp.zeros(out.shape[:-1], out.dtype)
         critic = tower(1, head_scale=1.0, name="critic")
         hs, (actor_out, critic_out) = scan_grus(carry, (actor.project(actor_in), critic.project(critic_in)), first,
                                                 (actor.gru_weights(), critic.gru_weights()))
-        out = policy_outputs(self, actor.read_out(actor_out), self.log_std, self.init_log_std)
+        out = policy_outputs(self, actor.read_out(actor_out), self.log_std, self.init_std_output)
         return hs, out, jnp.squeeze(critic.read_out(critic_out), -1)
 
 

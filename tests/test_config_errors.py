@@ -106,3 +106,10 @@ def test_reset_ratio_must_be_positive_and_only_reaches_auto_resetting_learners()
     config.env.reset_ratio = 4
     with pytest.raises(ValueError, match="GRPO's groups roll out whole episodes"):
         algos.validate(config)
+
+
+def test_unknown_std_transform_and_gae_values_are_errors():
+    with pytest.raises(ValueError, match="config.network.std_transform.*'sofplus'.*exp, softplus"):
+        algos.validate(_config(**{"network.std_transform": "sofplus"}))
+    with pytest.raises(ValueError, match="config.returns.gae_values.*'fresh'.*rollout, current"):
+        algos.validate(_config(**{"returns.gae_values": "fresh"}))

@@ -28,6 +28,26 @@ def test_gaussian_log_prob_and_entropy_are_the_closed_forms():
     np.testing.assert_array_equal(dist.mode(OUT), MEAN)
 
 
+def test_softplus_stds_are_brax_s_parametrisation_and_start_where_asked():
+    """std = softplus(x) + 0.001 (Brax's and gymnax-blines' policies): log-density and entropy are the
+    Gaussian's with that std, and `std_output` inverts the transform (a network's initial std)."""
+    dist = distributions.DiagGaussian(2, (-2.0, -1.0), (2.0, 3.0), std_transform="softplus")
+    raw = np.array([[-3.0, 0.0], [2.0, 25.0]], np.float32)
+    std = np.log1p(np.exp(raw.astype(np.float64))) + distributions.SOFTPLUS_MIN_STD
+    out = np.concatenate([MEAN, raw], -1)
+    action = np.array([[0.0, 1.0], [1.5, -0.3]], np.float32)
+    np.testing.assert_allclose(dist.log_prob(out, action), stats.norm.logpdf(action, MEAN, std).sum(-1), rtol=1e-5)
+    np.testing.assert_allclose(dist.entropy(out), stats.norm.entropy(MEAN, std).sum(-1), rtol=1e-5)
+    for log_std in (-3.0, -0.5, 0.0, 2.0):
+        x = dist.std_output(log_std)
+        np.testing.assert_allclose(dist.split(jnp.array([0.0, 0.0, x, x]))[1], log_std, rtol=1e-5, atol=1e-6)
+    assert gaussian().std_output(-0.5) == -0.5  # log-stds are their own outputs
+    with pytest.raises(ValueError, match="cannot start at"):
+        dist.std_output(np.log(0.0005))
+    with pytest.raises(ValueError, match="unknown std_transform 'sigmoid'"):
+        distributions.DiagGaussian(1, (-1.0,), (1.0,), std_transform="sigmoid")
+
+
 def test_squashed_log_prob_is_the_density_of_tanh_u():
     """p(a) = N(atanh a) / (1 - a^2) per dimension, for a = tanh(u) in (-1, 1)."""
     dist = gaussian(squash=True)
@@ -87,8 +107,8 @@ def test_the_distribution_follows_the_action_space():
 def test_network_log_stds_are_a_free_parameter_or_computed_from_the_state(kind):
     def build(log_std):
         if kind == "mlp":
-            return networks.ActorCritic(4, (8,), log_std=log_std, init_log_std=-0.5)
-        return networks.RecurrentActorCritic(4, 8, 8, log_std=log_std, init_log_std=-0.5)
+            return networks.ActorCritic(4, (8,), log_std=log_std, init_std_output=-0.5)
+        return networks.RecurrentActorCritic(4, 8, 8, log_std=log_std, init_std_output=-0.5)
 
     x = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 6))  # [T, B, d]
     first = jnp.zeros((3, 5), bool)

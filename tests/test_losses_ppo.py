@@ -1,6 +1,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from jaxrl import distributions, losses
 
@@ -51,3 +52,41 @@ def test_masked_distribution_never_picks_illegal_actions():
     np.testing.assert_allclose(distributions.entropy(masked)[1], 0.0, atol=1e-6)
     probs = np.exp(np.asarray(jax.nn.log_softmax(masked[0])))
     np.testing.assert_allclose(probs, [0.0, 1 / (1 + np.e), np.e / (1 + np.e)], rtol=1e-5)
+
+
+def _trained_params(config, updates=2):
+    from helpers import build
+
+    algo, hp, state = build(config)
+    state, metrics = algo.run_chunk(state, hp, updates)
+    return jax.tree.leaves(state.params), metrics
+
+
+@pytest.mark.parametrize("experiment", ["pendulum", "smax_mappo"])
+def test_advantages_from_the_current_critic_are_the_rollout_s_until_the_critic_moves(experiment):
+    """returns.gae_values="current" recomputes GAE in every minibatch from the critic as it is then. With one
+    epoch of one minibatch, that critic is the rollout's, so the updates equal those of advantages computed
+    once from the rollout (up to float rounding: the loss is summed in another order); with more minibatches
+    the later ones see a moved critic, and the updates differ."""
+    from helpers import load_experiment, set_keys, small_smax_config
+
+    if experiment == "pendulum":  # feed-forward, observation statistics, time limits bootstrapped
+        config = load_experiment("gymnax_ppo", "Pendulum-v1")
+        config.unlock()
+        set_keys(config, {"num_envs": 8, "num_steps": 64, "total_steps": 8 * 64 * 2, "normalize.obs": True})
+    else:  # recurrent actor and critic, the critic on the global state (its own inputs after the rollout)
+        config = small_smax_config("3m", num_envs=8, num_steps=16)
+    single = {"optim.num_epochs": 1, "optim.num_minibatches": 1}
+    rollout, m_rollout = _trained_params(set_keys(config.copy_and_resolve_references(), single))
+    current, m_current = _trained_params(set_keys(config.copy_and_resolve_references(),
+                                                  {**single, "returns.gae_values": "current"}))
+    for a, b in zip(rollout, current):
+        np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-6)
+    np.testing.assert_allclose(m_rollout["value_loss"], m_current["value_loss"], rtol=1e-4)
+    if experiment != "pendulum":  # (the recurrent case adds nothing to what follows but compile time)
+        return
+    several = {"optim.num_epochs": 2, "optim.num_minibatches": 2}
+    moved, _ = _trained_params(set_keys(config.copy_and_resolve_references(), several))
+    recomputed, _ = _trained_params(set_keys(config.copy_and_resolve_references(),
+                                             {**several, "returns.gae_values": "current"}))
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(moved, recomputed)) > 1e-4

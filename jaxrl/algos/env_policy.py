@@ -41,7 +41,7 @@ class EnvPolicy:
 
     def __init__(self, env: envs.Environment, network, agent_id: str = "both", critic_input: str = "obs",
                  eval_max_steps: int = 1000, squash: bool = False, normalize_obs: bool = False,
-                 obs_clip: float = 10.0):
+                 obs_clip: float = 10.0, std_transform: str = "exp"):
         for name, value, known in (("critic_input", critic_input, CRITIC_INPUTS), ("agent_id", agent_id, AGENT_ID_INPUTS)):
             if value not in known:
                 raise ValueError(f"unknown {name} {value!r}; known: {', '.join(known)}")
@@ -50,7 +50,7 @@ class EnvPolicy:
             raise ValueError(f"critic_input='global_state' needs an env with a global state; {env!r} has none "
                              "(use critic_input='obs')")
         self.network = network
-        self.dist = distributions.for_action_space(self.agent_env.action_space(), squash)
+        self.dist = distributions.for_action_space(self.agent_env.action_space(), squash, std_transform)
         self.agent_id, self.critic_input = agent_id, critic_input
         self.num_agents = self.agent_env.num_agents
         self.reports_wins = "won" in step_info_keys(self.agent_env)

@@ -40,6 +40,7 @@ class EnvSettings:
     grad_clip: str = "joint"  # max_grad_norm clips all parameters' gradient together, or each network's alone
     xla_options: tuple[tuple[str, str | bool], ...] = ()  # XLA compile options of the training program
     squash: bool = False  # continuous actions: a tanh-squashed Gaussian (`distributions.DiagGaussian`)
+    std_transform: str = "exp"  # continuous actions: how the std outputs become stds (`distributions.STD_TRANSFORMS`)
     reset_ratio: int = 1  # training envs: one restart computed per reset_ratio envs per step (`envs.AutoReset`)
 
     @property
@@ -92,9 +93,12 @@ def env_config() -> ConfigDict:
             # multi-agent: which networks see each agent's one-hot index: "both", "critic", "actor", "none"
             "agent_id": "both",
             # continuous actions (a Gaussian policy): where the log-stds come from ("param": learned, the same
-            # for every state; "state": computed by the actor), their initial value, tanh squashing to the bounds
+            # for every state; "state": computed by the actor), their initial value, how they become stds
+            # ("exp": they are log-stds; "softplus": std = softplus(x) + 0.001, as Brax's policies), tanh
+            # squashing to the bounds
             "log_std": "param",
             "init_log_std": 0.0,
+            "std_transform": "exp",
             "squash": False,
         },
         "returns": {"gamma": 0.99},
@@ -118,8 +122,10 @@ def make_network(config: ConfigDict, env: envs.Environment, critic: bool = True)
     """The actor-critic named by `config.network.kind` for `env`'s actions: logits, or a Gaussian's means and
     log-stds (`network.log_std`) (without a value network when `critic` is false)."""
     n = config.network
-    dist = distributions.for_action_space(env.action_space(), squash=n.squash)
-    gaussian = dict(log_std=n.log_std, init_log_std=n.init_log_std) if isinstance(dist, distributions.DiagGaussian) else {}
+    dist = distributions.for_action_space(env.action_space(), n.squash, n.std_transform)
+    gaussian = {}
+    if isinstance(dist, distributions.DiagGaussian):
+        gaussian = dict(log_std=n.log_std, init_std_output=dist.std_output(n.init_log_std))
     if n.kind == "mlp":
         return ActorCritic(dist.num_outputs, tuple(n.hidden_sizes), n.activation, critic=critic, **gaussian)
     if n.kind == "gru":
@@ -142,7 +148,8 @@ def env_settings(config: ConfigDict) -> dict:
                 schedule=o.schedule, warmup_updates=o.warmup_updates, adam_eps=o.adam_eps,
                 weight_decay=o.weight_decay > 0, rollout_unroll=config.rollout_unroll,
                 critic_input=config.network.critic_input, agent_id=config.network.agent_id, grad_clip=o.grad_clip,
-                squash=config.network.squash, reset_ratio=config.env.reset_ratio,
+                squash=config.network.squash, std_transform=config.network.std_transform,
+                reset_ratio=config.env.reset_ratio,
                 xla_options=config_lib.xla_options(config))
 
 
@@ -153,6 +160,7 @@ def check_env_config(config: ConfigDict) -> None:
     one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
     one_of(config.network.kind, NETWORKS, "network.kind")
     one_of(config.network.log_std, LOG_STDS, "network.log_std")
+    one_of(config.network.std_transform, distributions.STD_TRANSFORMS, "network.std_transform")
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")

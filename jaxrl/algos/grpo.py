@@ -125,7 +125,7 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, self.mesh)
         mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
         self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps,
-                                settings.squash)
+                                settings.squash, std_transform=settings.std_transform)
         self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
         self.settings = settings
         # Sequence-level ratios and aggregation need whole episodes in a minibatch.

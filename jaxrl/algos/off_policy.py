@@ -45,7 +45,8 @@ class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
                  eval_max_steps: int = 1000, agent_id: str = "both", critic_input: str = "obs"):
         """`agent_id`, `critic_input`: as `EnvPolicy` takes them (critic_input "global_state": stored steps carry
         the env's global state)."""
-        self.attach(EnvPolicy(env, network, agent_id, critic_input, eval_max_steps, squash=settings.squash),
+        self.attach(EnvPolicy(env, network, agent_id, critic_input, eval_max_steps, squash=settings.squash,
+                              std_transform=settings.std_transform),
                     settings, mesh)
 
     @property

@@ -66,12 +66,18 @@ class PPOSettings(EnvSettings):
     normalize_obs: bool = False  # the policy sees observations (and global state) normalised by running statistics
     obs_clip: float = 10.0  # normalised observations are clipped to [-obs_clip, obs_clip]
     normalize_reward: bool = False  # rewards divided by the running std of the discounted return
+    gae_values: str = "rollout"  # GAE_VALUES: the critic values GAE starts from
 
 
 # "episode": an agent's advantages and value targets take in every team reward up to the end of the episode,
 # also after it died (SMAX rewards dead agents: a sacrifice that wins the battle is credited). "agent_done":
 # they stop at the agent's own done flag, as if its death ended its episode.
 RETURNS_UNTIL = ("episode", "agent_done")
+# "rollout": advantages and value targets are computed once per update, from the values the critic gave during
+# the rollout. "current": every minibatch recomputes them from the critic as it is at that gradient step (Brax's
+# PPO; Andrychowicz et al. 2021 found recomputing advantages helps); minibatches then hold whole env sequences,
+# and the value of an episode cut by a time limit is the rollout's.
+GAE_VALUES = ("rollout", "current")
 
 
 @struct.dataclass
@@ -129,17 +135,18 @@ class PPO(ActsThroughPolicy, ChunkRunner):
 
     def __init__(self, env: envs.Environment, network, settings: PPOSettings, mesh=None,
                  eval_max_steps: int = 1000):
-        for name, known in (("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS)):
+        for name, known in (("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS), ("gae_values", GAE_VALUES)):
             if getattr(settings, name) not in known:
                 raise ValueError(f"unknown {name} {getattr(settings, name)!r}; known: {', '.join(known)}")
         self.attach(EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps, settings.squash,
-                              settings.normalize_obs, settings.obs_clip), settings, mesh)
+                              settings.normalize_obs, settings.obs_clip, settings.std_transform), settings, mesh)
         check_minibatch_split(settings, self.num_agents, self.sequence_minibatches, self.mesh)
 
     @property
     def sequence_minibatches(self) -> bool:
-        """Minibatches hold whole (env, agent) sequences (recurrent networks) rather than single agent-steps."""
-        return self.policy.recurrent
+        """Minibatches hold whole (env, agent) sequences (recurrent networks, advantages from the current
+        critic) rather than single agent-steps."""
+        return self.policy.recurrent or self.settings.gae_values == "current"
 
     # ----------------------------------------------------------------------------------------------
     # Initial state
@@ -213,22 +220,33 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         return after, traj, jax.tree.map(jnp.sum, episode)
 
     def _loss(self, params, batch, hp: PPOHyperparams):
+        carry, after = (), None
         if self.sequence_minibatches:  # batch leaves [B, T, ...] -> time-major, from the carry each sequence began with
-            carry = batch["carry"]
-            batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), {k: v for k, v in batch.items() if k != "carry"})
-        else:
-            carry = ()
-        critic_in = batch["actor_in"] if batch["critic_in"] is None else batch["critic_in"]
+            carry, after = batch["carry"], batch.get("after")
+            batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
+                                 {k: v for k, v in batch.items() if k not in ("carry", "after")})
+        actor_in, first = batch["actor_in"], batch["first"]
+        critic_in = actor_in if batch["critic_in"] is None else batch["critic_in"]
+        if after is not None:  # one more step: the inputs after the sequence, for its bootstrap value
+            actor_in, critic_in, first = (jnp.concatenate([x, y[None]]) for x, y in zip(
+                (actor_in, critic_in, first), (after["actor_in"], after.get("critic_in", after["actor_in"]),
+                                               after["first"])))
         dist = self.policy.dist
-        _, out, values = self.network.apply(params, carry, batch["actor_in"], critic_in, batch["first"])
+        _, out, values = self.network.apply(params, carry, actor_in, critic_in, first)
+        if after is not None:
+            current = jax.lax.stop_gradient(values)
+            advantages, targets = gae(batch["reward"], current[:-1], batch["done"], current[-1], hp.gamma,
+                                      hp.gae_lambda)
+            out, values = out[:-1], values[:-1]
+        else:
+            advantages, targets = batch["advantages"], batch["targets"]
         out = dist.with_mask(out, batch["mask"])
         log_ratio = dist.log_prob(out, batch["action"]) - batch["log_prob"]
-        advantages = batch["advantages"]
         if self.settings.normalize_advantages:
             advantages = normalize(advantages)
         policy_loss = jnp.mean(losses.ppo_clip_loss(log_ratio, advantages, hp.clip_low, hp.clip_high))
         clip = hp.value_clip if self.settings.clip_value else None
-        value_loss = jnp.mean(losses.value_loss(values, batch["value"], batch["targets"], clip))
+        value_loss = jnp.mean(losses.value_loss(values, batch["value"], targets, clip))
         entropy = jnp.mean(dist.entropy(out))
         total = policy_loss + hp.vf_coef * value_loss - hp.ent_coef * entropy
         aux = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
@@ -242,19 +260,36 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         rollout added (obs_norm, reward_norm; None where off))."""
         s = self.settings
         (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
-        last_value = self.policy.step(state.params, self.env, env_state, obs, carry, first).value
         obs_norm = self._updated_obs_norm(state.params, traj)
         reward, reward_norm = self._scaled_reward(traj.reward * hp.reward_scale, traj.first, state.reward_norm,
                                                   hp.gamma)
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
             reward = reward + hp.gamma * traj.final_value * traj.truncated[..., None]
-        advantages, targets = gae(reward, traj.value, traj.done, last_value, hp.gamma, hp.gae_lambda)
         samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in,
                    "first": jnp.broadcast_to(traj.first[..., None], traj.value.shape),
-                   "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask,
-                   "advantages": advantages, "targets": targets}
-        units = sequence_units(samples, state.carry) if self.sequence_minibatches else step_units(samples)
+                   "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask}
+        if s.gae_values == "current":  # each minibatch computes them (`_loss`) from what it needs
+            samples.update(reward=reward, done=traj.done)
+        else:
+            last_value = self.policy.step(state.params, self.env, env_state, obs, carry, first).value
+            samples.update(zip(("advantages", "targets"),
+                               gae(reward, traj.value, traj.done, last_value, hp.gamma, hp.gae_lambda)))
+        if not self.sequence_minibatches:
+            return (env_state, obs, carry, first), episode, step_units(samples), (obs_norm, reward_norm)
+        units = sequence_units(samples, state.carry)
+        if s.gae_values == "current":
+            units["after"] = self._inputs_after(state.params, env_state, obs, first)
         return (env_state, obs, carry, first), episode, units, (obs_norm, reward_norm)
+
+    def _inputs_after(self, params, env_state, obs, first) -> dict:
+        """The networks' inputs on the observations after the rollout, per (env, agent) sequence: leaves
+        [n, A, ...] ({actor_in, critic_in (when the critic sees other inputs), first})."""
+        global_state = self.policy.global_state(self.env, env_state)
+        actor_in, critic_in = self.policy.inputs(obs, global_state, params.get("obs_norm"))
+        after = {"actor_in": actor_in, "first": jnp.broadcast_to(first[:, None], actor_in.shape[:2])}
+        if critic_in is not actor_in:
+            after["critic_in"] = critic_in
+        return after
 
     def _updated_obs_norm(self, params, traj: Transition) -> dict | None:
         """The observation statistics in `params` with the rollout's raw observations [T, n, A, d] (and global
@@ -339,6 +374,9 @@ def ppo_config() -> ConfigDict:
         "value_clip": 0.2,  # values move at most this far from the rollout's; 0: unclipped value loss
         "normalize_advantages": True,  # per minibatch
     })
+    # "rollout": advantages from the rollout's values, once per update; "current": every minibatch recomputes
+    # them with the critic as it is then (Brax's PPO), minibatches holding whole env sequences
+    config.returns.gae_values = "rollout"
     config.normalize = ConfigDict({
         "obs": False,  # the policy sees observations (and global state) normalised by running statistics
         "obs_clip": 10.0,  # ... clipped to [-obs_clip, obs_clip]
@@ -378,7 +416,8 @@ def build_ppo(config: ConfigDict, mesh) -> PPO:
     settings = PPOSettings(**env_settings(config), normalize_advantages=config.loss.normalize_advantages,
                            clip_value=config.loss.value_clip > 0,
                            bootstrap_truncation=config.returns.bootstrap_truncation,
-                           returns_until=config.returns.until, normalize_obs=config.normalize.obs,
+                           returns_until=config.returns.until, gae_values=config.returns.gae_values,
+                           normalize_obs=config.normalize.obs,
                            obs_clip=config.normalize.obs_clip, normalize_reward=config.normalize.reward)
     return PPO(env, make_network(config, env), settings, mesh, eval_max_steps=eval_max_steps)
 
@@ -394,8 +433,10 @@ def check_ppo_config(config: ConfigDict) -> None:
                          f"scale.num_envs / num_envs = {minibatches} * {target} / {config.num_envs}) must be a whole "
                          f"number; choose a multiple of {step}")
     batch = config.num_envs * config.num_steps
-    # (recurrent networks deal whole sequences; the algorithm checks those against the agent count)
-    if config.network.kind == "mlp" and batch % config.optim.num_minibatches:
+    # (recurrent networks and gae_values "current" deal whole sequences; the algorithm checks those against the
+    # agent count)
+    steps_dealt = config.network.kind == "mlp" and config.returns.gae_values == "rollout"
+    if steps_dealt and batch % config.optim.num_minibatches:
         raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
                          f"divisible by optim.num_minibatches = {config.optim.num_minibatches}")
     for key in ("clip_low", "clip_high"):
@@ -405,6 +446,7 @@ def check_ppo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.loss.value_clip must be >= 0 (0: off), got {config.loss.value_clip!r}")
     config_lib.unit_interval(config.returns.gae_lambda, "returns.gae_lambda")
     config_lib.one_of(config.returns.until, RETURNS_UNTIL, "returns.until")
+    config_lib.one_of(config.returns.gae_values, GAE_VALUES, "returns.gae_values")
     if not config.normalize.obs_clip > 0:
         raise ValueError(f"config.normalize.obs_clip must be > 0, got {config.normalize.obs_clip!r}")
 
