@@ -27,19 +27,36 @@ def orthogonal_dense(features: int, scale: float, name: str | None = None) -> nn
                     bias_init=nn.initializers.zeros, dot_general=dot_general, name=name)
 
 
-def hidden_layers(x: jax.Array, sizes: Sequence[int], activation: str, layer_norm: bool) -> jax.Array:
-    """Dense layers (orthogonal, gain sqrt(2)) with LayerNorm before each activation if `layer_norm`, inside the
-    calling module's compact scope. [..., in] -> [..., sizes[-1]]"""
+# How an MLP's weights start: "orthogonal" (gain sqrt(2) for hidden layers, the head's own gain: the PPO
+# convention) or "lecun_uniform" (variance 1 / fan_in for every layer, the heads included: Brax's networks).
+# Biases start at zero.
+KERNEL_INITS = ("orthogonal", "lecun_uniform")
+
+
+def dense(features: int, scale: float, kernel_init: str = "orthogonal") -> nn.Dense:
+    """A dense layer started by `kernel_init` (`scale`: the orthogonal gain; lecun_uniform has none)."""
+    if kernel_init == "lecun_uniform":
+        return nn.Dense(features, kernel_init=nn.initializers.lecun_uniform(), bias_init=nn.initializers.zeros,
+                        dot_general=dot_general)
+    if kernel_init != "orthogonal":
+        raise ValueError(f"unknown kernel_init {kernel_init!r}; known: {', '.join(KERNEL_INITS)}")
+    return orthogonal_dense(features, scale)
+
+
+def hidden_layers(x: jax.Array, sizes: Sequence[int], activation: str, layer_norm: bool,
+                  kernel_init: str = "orthogonal") -> jax.Array:
+    """Dense layers (orthogonal with gain sqrt(2), or `kernel_init`) with LayerNorm before each activation if
+    `layer_norm`, inside the calling module's compact scope. [..., in] -> [..., sizes[-1]]"""
     act = activation_fn(activation)
     for size in sizes:
-        x = orthogonal_dense(size, np.sqrt(2))(x)
+        x = dense(size, np.sqrt(2), kernel_init)(x)
         x = act(nn.LayerNorm()(x) if layer_norm else x)
     return x
 
 
 class MLP(nn.Module):
     """Hidden layers with gain sqrt(2) (LayerNorm before each activation if `layer_norm`), then a linear head
-    with gain `head_scale`.
+    with gain `head_scale` (or every layer lecun-uniform: `kernel_init`, see `KERNEL_INITS`).
 
     [..., in] -> [..., out_dim]
     """
@@ -49,11 +66,12 @@ class MLP(nn.Module):
     activation: str = "tanh"
     head_scale: float = 1.0
     layer_norm: bool = False
+    kernel_init: str = "orthogonal"
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        x = hidden_layers(x, self.hidden_sizes, self.activation, self.layer_norm)
-        return orthogonal_dense(self.out_dim, self.head_scale)(x)
+        x = hidden_layers(x, self.hidden_sizes, self.activation, self.layer_norm, self.kernel_init)
+        return dense(self.out_dim, self.head_scale, self.kernel_init)(x)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -104,6 +122,7 @@ class ActorCritic(nn.Module):
     critic: bool = True
     log_std: str | None = None
     init_std_output: float = 0.0
+    kernel_init: str = "orthogonal"  # KERNEL_INITS
 
     recurrent = False
 
@@ -113,11 +132,12 @@ class ActorCritic(nn.Module):
     @nn.compact
     def __call__(self, carry, actor_in: jax.Array, critic_in: jax.Array, first: jax.Array | None = None):
         head = MLP(self.hidden_sizes, head_size(self.num_outputs, self.log_std), self.activation, head_scale=0.01,
-                   name="actor")(actor_in)
+                   kernel_init=self.kernel_init, name="actor")(actor_in)
         out = policy_outputs(self, head, self.log_std, self.init_std_output)
         if not self.critic:
             return carry, out, jnp.zeros(out.shape[:-1], out.dtype)
-        value = MLP(self.hidden_sizes, 1, self.activation, head_scale=1.0, name="critic")(critic_in)
+        value = MLP(self.hidden_sizes, 1, self.activation, head_scale=1.0, kernel_init=self.kernel_init,
+                    name="critic")(critic_in)
         return carry, out, jnp.squeeze(value, -1)
 
 

@@ -113,3 +113,10 @@ def test_unknown_std_transform_and_gae_values_are_errors():
         algos.validate(_config(**{"network.std_transform": "sofplus"}))
     with pytest.raises(ValueError, match="config.returns.gae_values.*'fresh'.*rollout, current"):
         algos.validate(_config(**{"returns.gae_values": "fresh"}))
+
+
+def test_kernel_init_is_checked_and_applies_to_mlp_networks():
+    with pytest.raises(ValueError, match="config.network.kernel_init.*'lecun'.*orthogonal, lecun_uniform"):
+        algos.validate(_config(**{"network.kernel_init": "lecun"}))
+    with pytest.raises(ValueError, match="kernel_init='lecun_uniform' applies to mlp networks"):
+        algos.validate(_config(**{"network.kernel_init": "lecun_uniform", "network.kind": "gru"}))

@@ -14,7 +14,7 @@ from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learnin
 from jax.sharding import PartitionSpec as P
 
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS
-from jaxrl.networks import LOG_STDS, ActorCritic, RecurrentActorCritic
+from jaxrl.networks import KERNEL_INITS, LOG_STDS, ActorCritic, RecurrentActorCritic
 
 NETWORKS = ("mlp", "gru")
 CRITIC_INPUTS = ("obs", "global_state")  # the critic sees each agent's view (IPPO) or the env's global state (MAPPO)
@@ -100,6 +100,9 @@ def env_config() -> ConfigDict:
             "init_log_std": 0.0,
             "std_transform": "exp",
             "squash": False,
+            # mlp: how the weights start, "orthogonal" (gain sqrt(2), the heads' own gains: the PPO convention)
+            # or "lecun_uniform" (every layer, as Brax's networks)
+            "kernel_init": "orthogonal",
         },
         "returns": {"gamma": 0.99},
         "loss": {"vf_coef": 0.5, "ent_coef": 0.01},
@@ -127,7 +130,8 @@ def make_network(config: ConfigDict, env: envs.Environment, critic: bool = True)
     if isinstance(dist, distributions.DiagGaussian):
         gaussian = dict(log_std=n.log_std, init_std_output=dist.std_output(n.init_log_std))
     if n.kind == "mlp":
-        return ActorCritic(dist.num_outputs, tuple(n.hidden_sizes), n.activation, critic=critic, **gaussian)
+        return ActorCritic(dist.num_outputs, tuple(n.hidden_sizes), n.activation, critic=critic,
+                           kernel_init=n.kernel_init, **gaussian)
     if n.kind == "gru":
         return RecurrentActorCritic(dist.num_outputs, n.fc_size, n.rnn_size, n.activation, critic=critic, **gaussian)
     raise ValueError(f"unknown config.network.kind {n.kind!r}; known: {', '.join(NETWORKS)}")
@@ -161,6 +165,10 @@ def check_env_config(config: ConfigDict) -> None:
     one_of(config.network.kind, NETWORKS, "network.kind")
     one_of(config.network.log_std, LOG_STDS, "network.log_std")
     one_of(config.network.std_transform, distributions.STD_TRANSFORMS, "network.std_transform")
+    one_of(config.network.kernel_init, KERNEL_INITS, "network.kernel_init")
+    if config.network.kind != "mlp" and config.network.kernel_init != "orthogonal":
+        raise ValueError(f"config.network.kernel_init={config.network.kernel_init!r} applies to mlp networks; "
+                         f"network.kind={config.network.kind!r} starts orthogonal")
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
