@@ -1,4 +1,4 @@
-"""Advantage estimators: GAE and returns-to-go (time-major), group advantages (GRPO family)."""
+"""Advantage estimators: GAE, V-trace and returns-to-go (time-major), group advantages (GRPO family)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,23 @@ def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax
 
     _, advantages = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done), reverse=True)
     return advantages, advantages + values
+
+
+def vtrace(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array,
+           gamma: float, gae_lambda: float) -> tuple[jax.Array, jax.Array]:
+    """On-policy V-trace (IMPALA's policy-gradient advantage, and Brax's PPO): the value targets are GAE's
+    lambda-returns v_t, and step t's advantage is one reward on the next state's lambda-return,
+    r_t + gamma v_{t+1} - V(s_t) (= delta_t + gamma (v_{t+1} - V(s_{t+1})): GAE's with the first lambda of its
+    tail left out). Arguments and returns as `gae`."""
+    _, targets = gae(rewards, values, dones, last_value, gamma, gae_lambda)
+    next_targets = jnp.concatenate([targets[1:], last_value[None]], axis=0)
+    return rewards + gamma * (1.0 - dones.astype(values.dtype)) * next_targets - values, targets
+
+
+# The advantage estimators over time with a critic (PPO's; the group estimators are `ESTIMATORS`):
+# name -> fn(rewards, values, dones, last_value, gamma, gae_lambda) -> (advantages,
+# value targets), every one with GAE's lambda-returns as the value targets.
+CRITIC_ESTIMATORS = {"gae": gae, "vtrace": vtrace}
 
 
 def lambda_targets(rewards: jax.Array, next_values: jax.Array, terminated: jax.Array, dones: jax.Array,

@@ -2,7 +2,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.advantages import gae, lambda_targets
+from jaxrl.advantages import gae, lambda_targets, vtrace
 
 
 def test_gae_matches_hand_computed_example():
@@ -54,3 +54,33 @@ def test_lambda_targets_against_hand_computed_returns(lam, dones, terminated, wa
     got = lambda_targets(jnp.array([1.0, 2.0, 3.0]), jnp.array([10.0, 20.0, 30.0]), jnp.array(terminated, bool),
                          jnp.array(dones, bool), 0.5, lam)
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_vtrace_is_one_reward_on_the_next_lambda_return():
+    """Two steps, no episode end: v_1 = r_1 + gamma V_last (its own lambda-return), v_0 = r_0 + gamma ((1 - lam) V_1
+    + lam v_1); the advantages are r_t + gamma v_{t+1} - V_t, the targets GAE's."""
+    rewards, values, last_value = jnp.array([1.0, 2.0]), jnp.array([0.5, 1.0]), jnp.array(3.0)
+    gamma, lam = 0.9, 0.8
+    adv, targets = vtrace(rewards, values, jnp.array([False, False]), last_value, gamma, lam)
+    v1 = 2.0 + 0.9 * 3.0
+    v0 = 1.0 + 0.9 * (0.2 * 1.0 + 0.8 * v1)
+    np.testing.assert_allclose(targets, [v0, v1], rtol=1e-6)
+    np.testing.assert_allclose(adv, [1.0 + 0.9 * v1 - 0.5, 2.0 + 0.9 * 3.0 - 1.0], rtol=1e-6)
+    np.testing.assert_allclose(targets, gae(rewards, values, jnp.array([False, False]), last_value, gamma, lam)[1])
+
+
+def test_vtrace_equals_brax_s_ppo_advantages():
+    """Brax's own estimator (`brax.training.agents.ppo.losses.compute_gae`, no time limits) on random episodes."""
+    from brax.training.agents.ppo import losses  # the dev extra installs brax
+    rng = np.random.default_rng(3)
+    T, N = 20, 5
+    rewards, values = rng.normal(size=(T, N)).astype(np.float32), rng.normal(size=(T, N)).astype(np.float32)
+    last_value = rng.normal(size=N).astype(np.float32)
+    dones = rng.random((T, N)) < 0.1
+    adv, targets = vtrace(jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(dones), jnp.asarray(last_value),
+                          0.95, 0.9)
+    brax_targets, brax_adv = losses.compute_gae(jnp.zeros((T, N)), jnp.asarray(dones, jnp.float32),
+                                                jnp.asarray(rewards), jnp.asarray(values), jnp.asarray(last_value),
+                                                lambda_=0.9, discount=0.95)
+    np.testing.assert_allclose(targets, brax_targets, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(adv, brax_adv, rtol=1e-5, atol=1e-5)

@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 
 import envs
 from jaxrl import config as config_lib, losses, mesh as mesh_lib, normalization
-from jaxrl.advantages import gae
+from jaxrl.advantages import CRITIC_ESTIMATORS
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units, trainable
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
@@ -67,6 +67,7 @@ class PPOSettings(EnvSettings):
     obs_clip: float = 10.0  # normalised observations are clipped to [-obs_clip, obs_clip]
     normalize_reward: bool = False  # rewards divided by the running std of the discounted return
     gae_values: str = "rollout"  # GAE_VALUES: the critic values GAE starts from
+    advantage: str = "gae"  # advantages.CRITIC_ESTIMATORS: the policy's advantages (value targets: lambda-returns)
 
 
 # "episode": an agent's advantages and value targets take in every team reward up to the end of the episode,
@@ -135,7 +136,8 @@ class PPO(ActsThroughPolicy, ChunkRunner):
 
     def __init__(self, env: envs.Environment, network, settings: PPOSettings, mesh=None,
                  eval_max_steps: int = 1000):
-        for name, known in (("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS), ("gae_values", GAE_VALUES)):
+        for name, known in (("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS), ("gae_values", GAE_VALUES),
+                            ("advantage", tuple(CRITIC_ESTIMATORS))):
             if getattr(settings, name) not in known:
                 raise ValueError(f"unknown {name} {getattr(settings, name)!r}; known: {', '.join(known)}")
         self.attach(EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps, settings.squash,
@@ -235,8 +237,8 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         _, out, values = self.network.apply(params, carry, actor_in, critic_in, first)
         if after is not None:
             current = jax.lax.stop_gradient(values)
-            advantages, targets = gae(batch["reward"], current[:-1], batch["done"], current[-1], hp.gamma,
-                                      hp.gae_lambda)
+            advantages, targets = CRITIC_ESTIMATORS[self.settings.advantage](
+                batch["reward"], current[:-1], batch["done"], current[-1], hp.gamma, hp.gae_lambda)
             out, values = out[:-1], values[:-1]
         else:
             advantages, targets = batch["advantages"], batch["targets"]
@@ -272,8 +274,9 @@ class PPO(ActsThroughPolicy, ChunkRunner):
             samples.update(reward=reward, done=traj.done)
         else:
             last_value = self.policy.step(state.params, self.env, env_state, obs, carry, first).value
-            samples.update(zip(("advantages", "targets"),
-                               gae(reward, traj.value, traj.done, last_value, hp.gamma, hp.gae_lambda)))
+            estimate = CRITIC_ESTIMATORS[s.advantage](reward, traj.value, traj.done, last_value, hp.gamma,
+                                                      hp.gae_lambda)
+            samples.update(zip(("advantages", "targets"), estimate))
         if not self.sequence_minibatches:
             return (env_state, obs, carry, first), episode, step_units(samples), (obs_norm, reward_norm)
         units = sequence_units(samples, state.carry)
@@ -377,6 +380,9 @@ def ppo_config() -> ConfigDict:
     # "rollout": advantages from the rollout's values, once per update; "current": every minibatch recomputes
     # them with the critic as it is then (Brax's PPO), minibatches holding whole env sequences
     config.returns.gae_values = "rollout"
+    # the policy's advantages: "gae", or "vtrace" (r_t + gamma v_{t+1} - V(s_t) on the next state's lambda-return
+    # v_{t+1}: IMPALA's, and Brax's PPO's); the value targets are lambda-returns either way
+    config.returns.advantage = "gae"
     config.normalize = ConfigDict({
         "obs": False,  # the policy sees observations (and global state) normalised by running statistics
         "obs_clip": 10.0,  # ... clipped to [-obs_clip, obs_clip]
@@ -417,6 +423,7 @@ def build_ppo(config: ConfigDict, mesh) -> PPO:
                            clip_value=config.loss.value_clip > 0,
                            bootstrap_truncation=config.returns.bootstrap_truncation,
                            returns_until=config.returns.until, gae_values=config.returns.gae_values,
+                           advantage=config.returns.advantage,
                            normalize_obs=config.normalize.obs,
                            obs_clip=config.normalize.obs_clip, normalize_reward=config.normalize.reward)
     return PPO(env, make_network(config, env), settings, mesh, eval_max_steps=eval_max_steps)
@@ -447,6 +454,7 @@ def check_ppo_config(config: ConfigDict) -> None:
     config_lib.unit_interval(config.returns.gae_lambda, "returns.gae_lambda")
     config_lib.one_of(config.returns.until, RETURNS_UNTIL, "returns.until")
     config_lib.one_of(config.returns.gae_values, GAE_VALUES, "returns.gae_values")
+    config_lib.one_of(config.returns.advantage, tuple(CRITIC_ESTIMATORS), "returns.advantage")
     if not config.normalize.obs_clip > 0:
         raise ValueError(f"config.normalize.obs_clip must be > 0, got {config.normalize.obs_clip!r}")
 
