@@ -2,11 +2,18 @@
 
     python tests/golden_runs.py --record         # run them all and write tests/golden_runs.json
     python tests/golden_runs.py                  # run them and compare with the recorded file
+    python tests/golden_runs.py --record --other-machine OLD.json   # also keep how far OLD.json's values lie
 
 Each run is an experiment file with small sizes (two seeds in one program, two log intervals, a checkpoint
 and a greedy evaluation at the end) through `jaxrl.train.run`. What is kept per run: a SHA-256 of the final
-parameters' bytes (equal only on the same CPU, jax and XLA options), per-leaf sums (compared with a tight
-tolerance, so that the check also holds on another machine) and the last metrics row.
+parameters' bytes (equal only on the same CPU, jax and XLA options), per-leaf sums and the last metrics row.
+
+Another CPU rounds differently (other vector widths, other kernels), and a few Adam steps amplify that: the
+recurrent SMAX runs' leaf sums moved by up to ~5e-3 of their value between two x86 machines, while the CartPole
+and text runs stayed within the 1e-5 tolerance. So each record can keep how far every value lay from the same
+commit's record on another machine (`rounding_drift`, from `--other-machine FILE`), and a comparison allows
+DRIFT_FACTOR times that, or `rtol` where that is larger: a refactor that changes behaviour moves the values by
+more than rounding does. Re-recording without `--other-machine` keeps the drift already recorded.
 `tests/test_golden_runs.py` runs the comparison.
 """
 
@@ -15,7 +22,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import sys
 import tempfile
@@ -29,6 +35,8 @@ _SMALL_ENV_RUN = {"num_seeds": 2, "num_envs": 8, "num_steps": 16, "total_steps":
 _SMALL_TEXT_RUN = {"num_seeds": 2, "num_prompts": 8, "total_steps": 4 * 8, "log.every_steps": 2 * 8,
                    "eval.every_steps": 0, "eval.num_envs": 8, "eval.pass_k": 2, "checkpoint.every_steps": 0,
                    "log.progress_bar": False, "model.d_model": 32, "model.num_heads": 2, "model.num_layers": 1}
+
+DRIFT_FACTOR = 10.0  # how many times its recorded rounding drift a value may move on another machine
 
 # family -> (experiment file and argument, overrides by config key)
 RUNS = {
@@ -79,17 +87,28 @@ def run_family(name: str) -> dict:
     return summarise(result.state.params, result.metrics[-1])
 
 
+def rounding_drift(summary: dict, other: dict) -> dict:
+    """{section: {key: |value - the other machine's value|}} over leaf_sums and metrics (keys both have)."""
+    return {section: {key: abs(value - other[section][key]) for key, value in summary[section].items()
+                      if key in other[section]}
+            for section in ("leaf_sums", "metrics")}
+
+
 def differences(recorded: dict, current: dict, rtol: float = 1e-5) -> list[str]:
-    """What differs beyond `rtol` (relative to each value, with an absolute floor of rtol)."""
+    """What differs beyond rounding: by more than DRIFT_FACTOR x the recorded `rounding_drift` of that value,
+    and more than `rtol` (relative to the value, with an absolute floor of rtol)."""
     problems = []
     for section in ("leaf_sums", "metrics"):
         want, got = recorded[section], current[section]
+        drift = recorded.get("rounding_drift", {}).get(section, {})
         if set(want) != set(got):
             problems.append(f"{section} keys differ: missing {sorted(set(want) - set(got))}, "
                             f"new {sorted(set(got) - set(want))}")
         for key in sorted(set(want) & set(got)):
-            if not math.isclose(want[key], got[key], rel_tol=rtol, abs_tol=rtol):
-                problems.append(f"{section}[{key}]: recorded {want[key]!r}, now {got[key]!r}")
+            allowed = max(rtol * max(abs(want[key]), 1.0), DRIFT_FACTOR * drift.get(key, 0.0))
+            if abs(want[key] - got[key]) > allowed:
+                problems.append(f"{section}[{key}]: recorded {want[key]!r}, now {got[key]!r} "
+                                f"(allowed +-{allowed:.3g})")
     return problems
 
 
@@ -97,6 +116,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--record", action="store_true", help=f"write {os.path.relpath(GOLDEN_PATH, ROOT)}")
     parser.add_argument("--only", default="", help="comma-separated families (default: all)")
+    parser.add_argument("--other-machine", default="", help="with --record: the same commit's golden_runs.json "
+                        "recorded on another machine; how far each value lies from it is kept as its rounding drift")
     args = parser.parse_args(argv)
     sys.path.insert(0, ROOT)
     names = args.only.split(",") if args.only else list(RUNS)
@@ -104,11 +125,17 @@ def main(argv=None) -> int:
     if os.path.exists(GOLDEN_PATH):
         with open(GOLDEN_PATH) as f:
             recorded = json.load(f)
+    other = {}
+    if args.other_machine:
+        with open(args.other_machine) as f:
+            other = json.load(f)
     failed = False
     for name in names:
         current = run_family(name)
         if args.record:
-            recorded[name] = current
+            drift = (rounding_drift(current, other[name]) if name in other
+                     else recorded.get(name, {}).get("rounding_drift"))
+            recorded[name] = {**current, **({"rounding_drift": drift} if drift else {})}
             print(f"{name}: recorded {current['sha256'][:16]}", flush=True)
             continue
         problems = differences(recorded[name], current)
