@@ -108,13 +108,15 @@ def test_reset_ratio_must_be_positive_and_only_reaches_auto_resetting_learners()
         algos.validate(config)
 
 
-def test_unknown_std_transform_gae_values_and_advantage_are_errors():
+def test_unknown_std_transform_gae_values_advantage_and_obs_stats_are_errors():
     with pytest.raises(ValueError, match="config.network.std_transform.*'sofplus'.*exp, softplus"):
         algos.validate(_config(**{"network.std_transform": "sofplus"}))
     with pytest.raises(ValueError, match="config.returns.gae_values.*'fresh'.*rollout, current"):
         algos.validate(_config(**{"returns.gae_values": "fresh"}))
     with pytest.raises(ValueError, match="config.returns.advantage 'grpo'.*gae, vtrace"):
         algos.validate(_config(**{"returns.advantage": "grpo"}))
+    with pytest.raises(ValueError, match="config.normalize.obs_stats 'new'.*rollout, updated"):
+        algos.validate(_config(**{"normalize.obs_stats": "new"}))
 
 
 def test_kernel_init_is_checked_and_applies_to_mlp_networks():

@@ -65,6 +65,7 @@ class PPOSettings(EnvSettings):
     returns_until: str = "episode"  # an agent's returns run to the end of the episode, or stop when it is done
     normalize_obs: bool = False  # the policy sees observations (and global state) normalised by running statistics
     obs_clip: float = 10.0  # normalised observations are clipped to [-obs_clip, obs_clip]
+    obs_stats: str = "rollout"  # OBS_STATS: the statistics the update normalises the rollout's observations with
     normalize_reward: bool = False  # rewards divided by the running std of the discounted return
     gae_values: str = "rollout"  # GAE_VALUES: the critic values GAE starts from
     advantage: str = "gae"  # advantages.CRITIC_ESTIMATORS: the policy's advantages (value targets: lambda-returns)
@@ -74,6 +75,11 @@ class PPOSettings(EnvSettings):
 # also after it died (SMAX rewards dead agents: a sacrifice that wins the battle is credited). "agent_done":
 # they stop at the agent's own done flag, as if its death ended its episode.
 RETURNS_UNTIL = ("episode", "agent_done")
+# "rollout": the update trains on the observations as the rollout's policy saw them, normalised by the statistics
+# before the rollout. "updated": it normalises them again with the rollout's own observations added to the
+# statistics, the ones the next rollout acts with (Brax's PPO); the rollout's log-probabilities stay the
+# behaviour policy's.
+OBS_STATS = ("rollout", "updated")
 # "rollout": advantages and value targets are computed once per update, from the values the critic gave during
 # the rollout. "current": every minibatch recomputes them from the critic as it is at that gradient step (Brax's
 # PPO; Andrychowicz et al. 2021 found recomputing advantages helps); minibatches then hold whole env sequences,
@@ -263,11 +269,16 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         s = self.settings
         (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
         obs_norm = self._updated_obs_norm(state.params, traj)
+        actor_in, critic_in, params_after = traj.actor_in, traj.critic_in, state.params
+        if obs_norm is not None and s.obs_stats == "updated":
+            actor_in, critic_in = self.policy.inputs(traj.obs, traj.global_state, obs_norm)
+            critic_in = None if critic_in is actor_in else critic_in
+            params_after = {**state.params, "obs_norm": obs_norm}
         reward, reward_norm = self._scaled_reward(traj.reward * hp.reward_scale, traj.first, state.reward_norm,
                                                   hp.gamma)
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
             reward = reward + hp.gamma * traj.final_value * traj.truncated[..., None]
-        samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in,
+        samples = {"actor_in": actor_in, "critic_in": critic_in,
                    "first": jnp.broadcast_to(traj.first[..., None], traj.value.shape),
                    "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask}
         if s.gae_values == "current":  # each minibatch computes them (`_loss`) from what it needs
@@ -281,7 +292,7 @@ class PPO(ActsThroughPolicy, ChunkRunner):
             return (env_state, obs, carry, first), episode, step_units(samples), (obs_norm, reward_norm)
         units = sequence_units(samples, state.carry)
         if s.gae_values == "current":
-            units["after"] = self._inputs_after(state.params, env_state, obs, first)
+            units["after"] = self._inputs_after(params_after, env_state, obs, first)
         return (env_state, obs, carry, first), episode, units, (obs_norm, reward_norm)
 
     def _inputs_after(self, params, env_state, obs, first) -> dict:
@@ -386,6 +397,9 @@ def ppo_config() -> ConfigDict:
     config.normalize = ConfigDict({
         "obs": False,  # the policy sees observations (and global state) normalised by running statistics
         "obs_clip": 10.0,  # ... clipped to [-obs_clip, obs_clip]
+        # the statistics the update normalises the rollout's observations with: "rollout" (the ones it acted
+        # with) or "updated" (with the rollout's observations added, as the next rollout sees them: Brax's)
+        "obs_stats": "rollout",
         "reward": False,  # rewards divided by the running std of the discounted return (SB3's VecNormalize)
         "reward_scale": 1.0,  # rewards multiplied by this first (Brax's reward_scaling); traced, sweepable
     })
@@ -425,7 +439,8 @@ def build_ppo(config: ConfigDict, mesh) -> PPO:
                            returns_until=config.returns.until, gae_values=config.returns.gae_values,
                            advantage=config.returns.advantage,
                            normalize_obs=config.normalize.obs,
-                           obs_clip=config.normalize.obs_clip, normalize_reward=config.normalize.reward)
+                           obs_clip=config.normalize.obs_clip, obs_stats=config.normalize.obs_stats,
+                           normalize_reward=config.normalize.reward)
     return PPO(env, make_network(config, env), settings, mesh, eval_max_steps=eval_max_steps)
 
 
@@ -455,6 +470,7 @@ def check_ppo_config(config: ConfigDict) -> None:
     config_lib.one_of(config.returns.until, RETURNS_UNTIL, "returns.until")
     config_lib.one_of(config.returns.gae_values, GAE_VALUES, "returns.gae_values")
     config_lib.one_of(config.returns.advantage, tuple(CRITIC_ESTIMATORS), "returns.advantage")
+    config_lib.one_of(config.normalize.obs_stats, OBS_STATS, "normalize.obs_stats")
     if not config.normalize.obs_clip > 0:
         raise ValueError(f"config.normalize.obs_clip must be > 0, got {config.normalize.obs_clip!r}")
 
