@@ -16,9 +16,11 @@ from jaxrl import algos, config as config_lib
 # Per environment: config keys that differ from the shared defaults below.
 TUNED = {
     "CartPole-v1": {"total_steps": 500_000},
-    "Acrobot-v1": {  # gymnax-blines' PPO settings (a constant learning rate)
+    # gymnax-blines' PPO settings (a constant learning rate) but 8 epochs where it has 4: over 9 seeds (3 runs of
+    # 3) the training return at 500k went from -82.3 to -79.5 and the greedy one from -81.7 to -79.5
+    "Acrobot-v1": {
         "total_steps": 500_000, "num_envs": 16, "num_steps": 32, "optim.learning_rate": 5e-4,
-        "optim.schedule": "constant", "optim.max_grad_norm": 1.0},
+        "optim.schedule": "constant", "optim.max_grad_norm": 1.0, "optim.num_epochs": 8},
     "MountainCar-v0": {"total_steps": 1_000_000},
     # gymnax-blines' PPO settings (64 envs; a constant learning rate: its warm-up starts at the peak), co-scaled
     # to 512 envs (`scale.num_envs`): at 3M steps that took the return from 15.6 to 26.8 (benchmarks/co_scaling.py)
