@@ -133,9 +133,11 @@ def main(argv=None) -> int:
     for name in names:
         current = run_family(name)
         if args.record:
-            drift = (rounding_drift(current, other[name]) if name in other
-                     else recorded.get(name, {}).get("rounding_drift"))
-            recorded[name] = {**current, **({"rounding_drift": drift} if drift else {})}
+            previous = recorded.get(name, {})
+            drift = rounding_drift(current, other[name]) if name in other else previous.get("rounding_drift")
+            if drift:
+                current["rounding_drift"] = drift
+            recorded[name] = current
             print(f"{name}: recorded {current['sha256'][:16]}", flush=True)
             continue
         problems = differences(recorded[name], current)

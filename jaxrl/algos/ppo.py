@@ -130,6 +130,12 @@ class Transition:
     global_state: jax.Array | None = None  # [n, G] likewise, when the critic sees it
 
 
+def distinct_critic_in(actor_in: jax.Array, critic_in: jax.Array) -> jax.Array | None:
+    """The critic's inputs as a rollout stores them: None where they are the actor's (`EnvPolicy.inputs` returns
+    the same array twice), so that they are kept once."""
+    return None if critic_in is actor_in else critic_in
+
+
 class PPO(ActsThroughPolicy, ChunkRunner):
     """PPO for single- and multi-agent envs, with feed-forward or recurrent actor-critics.
 
@@ -208,7 +214,7 @@ class PPO(ActsThroughPolicy, ChunkRunner):
                 done = jnp.broadcast_to(ended[:, None], done.shape)
             transition = Transition(
                 actor_in=policy.actor_in,
-                critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
+                critic_in=distinct_critic_in(policy.actor_in, policy.critic_in),
                 first=first, action=action, log_prob=dist.log_prob(policy.policy_out, action),
                 value=policy.value, reward=reward, done=done, mask=policy.mask,
                 truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value,
@@ -269,11 +275,11 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         s = self.settings
         (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
         obs_norm = self._updated_obs_norm(state.params, traj)
-        actor_in, critic_in, params_after = traj.actor_in, traj.critic_in, state.params
+        actor_in, critic_in, normalizing_params = traj.actor_in, traj.critic_in, state.params
         if obs_norm is not None and s.obs_stats == "updated":
             actor_in, critic_in = self.policy.inputs(traj.obs, traj.global_state, obs_norm)
-            critic_in = None if critic_in is actor_in else critic_in
-            params_after = {**state.params, "obs_norm": obs_norm}
+            critic_in = distinct_critic_in(actor_in, critic_in)
+            normalizing_params = {**state.params, "obs_norm": obs_norm}
         reward, reward_norm = self._scaled_reward(traj.reward * hp.reward_scale, traj.first, state.reward_norm,
                                                   hp.gamma)
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
@@ -292,7 +298,7 @@ class PPO(ActsThroughPolicy, ChunkRunner):
             return (env_state, obs, carry, first), episode, step_units(samples), (obs_norm, reward_norm)
         units = sequence_units(samples, state.carry)
         if s.gae_values == "current":
-            units["after"] = self._inputs_after(params_after, env_state, obs, first)
+            units["after"] = self._inputs_after(normalizing_params, env_state, obs, first)
         return (env_state, obs, carry, first), episode, units, (obs_norm, reward_norm)
 
     def _inputs_after(self, params, env_state, obs, first) -> dict:
