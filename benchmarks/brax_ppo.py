@@ -43,7 +43,7 @@ def jaxrl_config(args):
     """experiments/brax_ppo.py at the benchmark's sizes."""
     config = config_lib.from_file(os.path.join(os.path.dirname(HERE), "experiments", f"brax_ppo.py:{args.env}"))
     return config_lib.set_values(config, {
-        "env.kwargs.backend": args.backend, "num_seeds": args.seeds, "seed": 0, "total_steps": args.total_steps,
+        "env.kwargs.backend": args.backend, "num_seeds": args.seeds, "seed": args.seed, "total_steps": args.total_steps,
         "num_envs": args.num_envs, "num_steps": args.num_steps, "optim.num_epochs": args.num_epochs,
         "optim.num_minibatches": args.num_minibatches, "log.progress_bar": False,
         "log.every_steps": args.total_steps // args.evals, "eval.every_steps": args.total_steps,
@@ -90,7 +90,7 @@ def run_brax(args, config) -> dict:
                                  policy_hidden_layer_sizes=tuple(config.network.hidden_sizes),
                                  value_hidden_layer_sizes=tuple(config.network.hidden_sizes), activation=nn.swish)
     returns, seconds, steps = [], 0.0, 0
-    for seed in range(args.seeds):
+    for seed in range(args.seed, args.seed + args.seeds):
         tick = time.perf_counter()
         _, _, metrics = ppo.train(
             environment=env, num_timesteps=args.total_steps, num_envs=args.num_envs, episode_length=EPISODE_LENGTH,
@@ -133,6 +133,9 @@ def main():
     parser.add_argument("--env", default="halfcheetah")
     parser.add_argument("--backend", default="spring", help="Brax backend (spring is the fastest on a CPU)")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the first seed: Brax trains seeds SEED.., jaxrl its runs from config.seed = SEED")
+    parser.add_argument("--only", choices=("brax", "jaxrl"), help="run one side alone (e.g. more seeds of it)")
     parser.add_argument("--total-steps", type=int, default=1_024_000, help="env steps per seed (whole updates)")
     parser.add_argument("--num-envs", type=int, default=256)
     parser.add_argument("--num-steps", type=int, default=20)
@@ -142,14 +145,23 @@ def main():
     parser.add_argument("--update-results", action="store_true")
     args = parser.parse_args()
     batch = args.num_envs * args.num_steps
+    if args.only and args.update_results:
+        raise SystemExit("error: --update-results records both sides; leave out --only")
     if args.num_envs % args.num_minibatches or args.total_steps % batch:
         raise SystemExit(f"error: --num-envs must be a multiple of --num-minibatches, and --total-steps of "
                          f"num_envs * num_steps = {batch}")
     command = "python benchmarks/brax_ppo.py " + " ".join(sys.argv[1:])
     machine = report.machine()
     with tempfile.TemporaryDirectory() as workdir:
-        brax = run_brax(args, jaxrl_config(args))
-        ours = run_jaxrl(args, workdir)
+        brax = run_brax(args, jaxrl_config(args)) if args.only != "jaxrl" else None
+        ours = run_jaxrl(args, workdir) if args.only != "brax" else None
+    if args.only:
+        side = brax or ours
+        returns = np.asarray(side["eval_return"], float)
+        print(f"{args.only}: {side['env_steps'] / side['seconds']:,.0f} env steps/s; greedy return after "
+              f"{args.total_steps:,} steps, seeds {args.seed}..{args.seed + args.seeds - 1}: "
+              f"{np.round(returns, 1).tolist()}, mean {returns.mean():.1f}")
+        return
     publish(section(args, ours, brax, machine, command.strip()), args.update_results, MARKERS,
             "PPO on Brax against Brax's own PPO trainer (issue 18)")
 
