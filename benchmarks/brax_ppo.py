@@ -1,6 +1,6 @@
 """jaxrl PPO against Brax's own PPO trainer (`brax.training.agents.ppo`), same env, backend and settings, one process.
 
-    python benchmarks/brax_ppo.py                                   # halfcheetah, spring backend, 3 seeds, 1.024M steps
+    python benchmarks/brax_ppo.py                                   # halfcheetah, spring backend, 9 seeds, 1.024M steps
     python benchmarks/brax_ppo.py --env ant --backend positional --total-steps 5000000 --update-results
 
 Both train `--seeds` seeds of PPO on the same Brax env (episodes of 1000 steps, auto-reset to the first state,
@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from jaxrl import config as config_lib, train  # noqa: E402
+from jaxrl.run.summary import confidence_interval  # noqa: E402
 import report  # noqa: E402
 from report import markdown_table, per_seed, publish  # noqa: E402
 
@@ -115,10 +116,12 @@ def section(args, ours: dict, brax: dict, machine: str, command: str) -> str:
     for name, label, r in (("brax", "Brax's PPO trainer, one call per seed", brax),
                            ("jaxrl", "jaxrl PPO, the seeds in one program", ours)):
         returns = np.asarray(r["eval_return"], float)
+        mean, low, high = confidence_interval(returns)
         rows.append([label, f"{speed[name]:,.0f}", f"{speed[name] / speed['brax']:.2f}x", f"{r['seconds']:.0f}",
-                     f"{returns.mean():.1f} [{returns.min():.1f}, {returns.max():.1f}]"])
+                     f"{mean:.0f} [{low:.0f}, {high:.0f}]", f"{returns.min():.0f} .. {returns.max():.0f}",
+                     ", ".join(f"{x:.0f}" for x in returns)])
     header = ["", "env steps/s, whole calls", "x Brax", "wall s, all seeds",
-              f"greedy return after {args.total_steps:,} steps, mean [min, max]"]
+              f"greedy return after {args.total_steps:,} steps, mean [95% interval]", "seeds' range", "per seed"]
     return "\n".join([
         f"- Date: {time.strftime('%Y-%m-%d')}. Machine: {machine}. Command: `{command}`.",
         f"- {args.env}, backend {args.backend}, {args.seeds} seeds, {args.num_envs} envs x {args.num_steps} steps per "
@@ -132,7 +135,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--env", default="halfcheetah")
     parser.add_argument("--backend", default="spring", help="Brax backend (spring is the fastest on a CPU)")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=9,
+                        help="seeds per side (one halfcheetah seed's greedy return at 1M steps may land anywhere "
+                             "from 2,100 to 3,500: 3 seeds cannot tell the trainers apart)")
     parser.add_argument("--seed", type=int, default=0,
                         help="the first seed: Brax trains seeds SEED.., jaxrl its runs from config.seed = SEED")
     parser.add_argument("--only", choices=("brax", "jaxrl"), help="run one side alone (e.g. more seeds of it)")
