@@ -137,7 +137,7 @@ def main():
     parser.add_argument("--backend", default="spring", help="Brax backend (spring is the fastest on a CPU)")
     parser.add_argument("--seeds", type=int, default=9,
                         help="seeds per side (one halfcheetah seed's greedy return at 1M steps may land anywhere "
-                             "from 2,100 to 3,500: 3 seeds cannot tell the trainers apart)")
+                             "from 2,000 to 3,800: 3 seeds cannot tell the trainers apart)")
     parser.add_argument("--seed", type=int, default=0,
                         help="the first seed: Brax trains seeds SEED.., jaxrl its runs from config.seed = SEED")
     parser.add_argument("--only", choices=("brax", "jaxrl"), help="run one side alone (e.g. more seeds of it)")
