@@ -9,12 +9,17 @@ leaf into Brax's `make_ppo_networks` layout; the running statistics into Brax's 
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from brax.training import types  # the `dev` extra installs brax: a missing reference is a failure
+from brax.training.acme import running_statistics
+from brax.training.agents.ppo import losses, networks
 from jax.sharding import PartitionSpec as P
 
 from helpers import build, load_experiment, set_keys
+from jaxrl import normalization
 from jaxrl.algos.env_policy import trainable
 from jaxrl.engine.minibatches import deal_minibatches
 from jaxrl.mesh import RUN_AXIS
@@ -30,6 +35,7 @@ def brax_rules_config():
         "total_steps": NUM_ENVS * NUM_STEPS * 4, "optim.num_epochs": 1, "optim.num_minibatches": 1,
         "network.hidden_sizes": HIDDEN, "returns.gae_values": "current", "returns.advantage": "vtrace",
         "normalize.obs_stats": "updated", "normalize.obs_clip": 1e6, "network.kernel_init": "lecun_uniform",
+        # std = softplus(head output) + 0.001 with the head's std outputs starting at 0, as Brax's policy starts
         "network.std_transform": "softplus", "network.init_log_std": math.log(math.log(2.0) + 0.001),
         "returns.bootstrap_truncation": False, "loss.ent_coef": 0.0, "log.progress_bar": False})
 
@@ -38,11 +44,11 @@ def jaxrl_gradient(algo, hp, state):
     """The next update's rollout, statistics and first gradient (one epoch of one minibatch), for seed 0."""
     def one_seed(st, hp):
         _, rollout_key, epoch_key = jax.random.split(st.key, 3)
-        (_, obs_after, _, _), _, units, (obs_norm, _) = algo._collect(st, hp, rollout_key)
+        after, traj, _ = algo._rollout(st.params, st, rollout_key)
+        units, (obs_norm, _) = algo._units(st, hp, after, traj)
         batch = jax.tree.map(lambda x: x[0], deal_minibatches(epoch_key, units, 1))
         (loss, aux), grads = jax.value_and_grad(algo._loss, has_aux=True)(trainable(st.params), batch, hp)
-        traj = algo._rollout(st.params, st, rollout_key)[1]
-        return loss, aux, grads, traj, obs_after, obs_norm
+        return loss, aux, grads, traj, after[1], obs_norm
 
     fn = jax.shard_map(jax.vmap(one_seed, in_axes=(0, None)), mesh=algo.mesh,
                        in_specs=(algo.chunk_specs(state), P()), out_specs=P(RUN_AXIS), check_vma=False)
@@ -55,19 +61,11 @@ def brax_layers(tree):
 
 
 def brax_statistics(moments):
-    from brax.training.acme import running_statistics
-
-    variance = jnp.where(moments.count > 0, moments.m2 / jnp.maximum(moments.count, 1.0), 1.0)
-    return running_statistics.RunningStatisticsState(mean=moments.mean, std=jnp.sqrt(variance),
+    return running_statistics.RunningStatisticsState(mean=moments.mean, std=jnp.sqrt(normalization.variance(moments)),
                                                      count=moments.count, summed_variance=moments.m2)
 
 
 def test_ppo_loss_and_gradient_equal_brax_s_on_the_same_rollout():
-    import flax.linen as nn
-    from brax.training import types
-    from brax.training.acme import running_statistics
-    from brax.training.agents.ppo import losses, networks
-
     config = brax_rules_config()
     algo, hp, state = build(config)
     loss, aux, grads, traj, obs_after, obs_norm = jaxrl_gradient(algo, hp, state)
@@ -101,11 +99,11 @@ def test_ppo_loss_and_gradient_equal_brax_s_on_the_same_rollout():
                 "policy_extras": {"raw_action": batch_major(traj.action), "log_prob": batch_major(traj.log_prob),
                                   "value": batch_major(traj.value), "distribution_params": logits}})
     updated = brax_statistics(obs_norm["obs"])
-    gamma = float(np.asarray(hp.gamma).reshape(-1)[0])
 
     def brax_loss(p):
         return losses.compute_ppo_loss(p, updated, data, jax.random.PRNGKey(0), net, entropy_cost=0.0,
-                                       discounting=gamma, reward_scaling=1.0, gae_lambda=config.returns.gae_lambda,
+                                       discounting=config.returns.gamma, reward_scaling=1.0,
+                                       gae_lambda=config.returns.gae_lambda,
                                        clipping_epsilon=config.loss.clip_low, normalize_advantage=True,
                                        vf_coefficient=config.loss.vf_coef,
                                        clipping_epsilon_value=config.loss.value_clip)

@@ -272,8 +272,16 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         """Rollout and advantages for one seed on this device's envs: ((env_state, obs, carry, first) after the
         rollout, episode sums, minibatch units [n, U, ...] for `_optimise`, the running statistics with this
         rollout added (obs_norm, reward_norm; None where off))."""
+        after, traj, episode = self._rollout(state.params, state, rollout_key)
+        units, statistics = self._units(state, hp, after, traj)
+        return after, episode, units, statistics
+
+    def _units(self, state: TrainState, hp: PPOHyperparams, after, traj: Transition):
+        """The update's minibatch units [n, U, ...] from the rollout `traj` that left the envs at `after`
+        ((env_state, obs, carry, first)), and the running statistics with it added: (units, (obs_norm,
+        reward_norm))."""
         s = self.settings
-        (env_state, obs, carry, first), traj, episode = self._rollout(state.params, state, rollout_key)
+        env_state, obs, carry, first = after
         obs_norm = self._updated_obs_norm(state.params, traj)
         actor_in, critic_in, normalizing_params = traj.actor_in, traj.critic_in, state.params
         if obs_norm is not None and s.obs_stats == "updated":
@@ -295,11 +303,11 @@ class PPO(ActsThroughPolicy, ChunkRunner):
                                                       hp.gae_lambda)
             samples.update(zip(("advantages", "targets"), estimate))
         if not self.sequence_minibatches:
-            return (env_state, obs, carry, first), episode, step_units(samples), (obs_norm, reward_norm)
+            return step_units(samples), (obs_norm, reward_norm)
         units = sequence_units(samples, state.carry)
         if s.gae_values == "current":
             units["after"] = self._inputs_after(normalizing_params, env_state, obs, first)
-        return (env_state, obs, carry, first), episode, units, (obs_norm, reward_norm)
+        return units, (obs_norm, reward_norm)
 
     def _inputs_after(self, params, env_state, obs, first) -> dict:
         """The networks' inputs on the observations after the rollout, per (env, agent) sequence: leaves
