@@ -131,22 +131,29 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
 @functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k"))
 def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
                              max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
-                             top_p=1.0) -> Samples:
+                             top_p=1.0, forced: jax.Array | None = None,
+                             forced_len: jax.Array | None = None) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
     Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
     only, not on the batch it is drawn in (what a batch split over devices needs), computed as one batch.
+
+    `forced` int32 [B, N] with `forced_len` int32 [B]: every member of prompt b starts with the tokens
+    forced[b, :forced_len[b]] instead of drawing them (a hint: the model continues from them). They are real
+    tokens of the completion (mask 1, log-probabilities the model's own); the caller decides whether a loss
+    trains on them.
     """
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
-                           pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True)
+                           pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True,
+                           forced=forced, forced_len=forced_len)
 
 
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
-                    temperature, top_k, top_p, per_prompt: bool = False) -> Samples:
+                    temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
-    with key (b, g)."""
+    with key (b, g). forced [B, N], forced_len [B]: see `sample_groups_per_prompt`."""
     B, P = prompts.shape
     G, N = member_keys.shape[1 if per_prompt else 0], max_new_tokens
     if P + N > model.config.max_len:
@@ -161,12 +168,17 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     step_keys = jax.vmap(over_members, out_axes=1)(member_keys) if per_prompt else over_members(member_keys)
     # step_keys [N, B, G] or [N, G]
 
-    def pick(logits, done, keys):  # logits [B, G, V], done [B, G], keys [B, G] or [G]
+    def pick(logits, done, keys, t):  # logits [B, G, V], done [B, G], keys [B, G] or [G]
         if per_prompt:
             uniform = jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (1,))))(keys)  # [B, G, 1]
         else:
             uniform = jax.vmap(lambda k: jax.random.uniform(k, (B, 1)), out_axes=1)(keys)
         token, log_p = _draw_token(logits, uniform, temperature, top_k, top_p)
+        if forced is not None:
+            hinted = jnp.broadcast_to((t < forced_len)[:, None], token.shape)
+            token = jnp.where(hinted, forced[:, t, None], token)
+            log_p = jnp.where(hinted, jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[..., None],
+                                                          axis=-1)[..., 0], log_p)
         live = ~done
         token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))
         return token, jnp.where(live, log_p, 0.0), live, done | (live & (token == eos_id))
@@ -174,7 +186,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     def step(carry, xs):
         cache, own_mask, logits, value, done = carry
         t, keys = xs
-        token, log_p, live, done = pick(logits, done, keys)
+        token, log_p, live, done = pick(logits, done, keys, t)
         # Tokens after EOS are written to the cache but stay masked, so nothing ever attends to them.
         own_mask = jax.lax.dynamic_update_slice_in_dim(own_mask, live[..., None], t, axis=2)
         out = (token, log_p, live, value)
@@ -191,7 +203,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     carry = (own_cache, no & jnp.zeros((B, G, N - 1), bool), logits, value, no[..., 0] & jnp.zeros((B, G), bool))
     carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), step_keys[:-1]))
     _, _, logits, value, done = carry
-    last_token, last_log_p, last_live, _ = pick(logits, done, step_keys[-1])
+    last_token, last_log_p, last_live, _ = pick(logits, done, step_keys[-1], N - 1)
 
     def finish(seq, last):  # [N-1, B, G] + [B, G] -> [B, G, N]
         return jnp.moveaxis(jnp.concatenate([seq, last[None]], axis=0), 0, -1)

@@ -9,6 +9,7 @@ import pytest
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.algos.text import restore_text_params
+from jaxrl.algos.text_rollout import select_varied
 from helpers import tiny_grpo_config, tiny_sft_config
 
 
@@ -94,18 +95,17 @@ def test_task_options_are_config_keys(sft_run):
         config.task.kwargs.max_number = 50
 
 
-def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candidate_exists(sft_run):
-    algo, _ = algos.build(tiny_grpo_config(sft_run, **{"group.oversample": 3}), mesh_lib.make_mesh())
+def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candidate_exists():
     # 4 slots x 3 candidates (slot-major), groups of 4, 2 reward components.
     varied = {2, 3, 5, 7, 8}  # slot 0 -> 2, slot 1 -> 3, slot 2 -> 7, slot 3: none varies -> 11, unfilled
     rewards = np.zeros((12, 4, 2), np.float32)
     for c in range(12):
         rewards[c] = [[1, 1], [0, 1], [1, 1], [0, 0]] if c in varied else [[c % 2, 1]] * 4
-    ids = jnp.arange(12)
-    (chosen, chosen_rewards), filled = algo._select((ids, jnp.asarray(rewards)), jnp.asarray(rewards))
+    chosen, filled = select_varied(jnp.asarray(rewards), 3)
     np.testing.assert_array_equal(chosen, [2, 3, 7, 11])
     np.testing.assert_array_equal(filled, [True, True, True, False])
-    varies = np.asarray((chosen_rewards != chosen_rewards[:, :1]).any(axis=(1, 2)))
+    chosen_rewards = rewards[np.asarray(chosen)]
+    varies = (chosen_rewards != chosen_rewards[:, :1]).any(axis=(1, 2))
     assert varies[np.asarray(filled)].all(), "a filled slot never holds a zero-variance group"
 
 

@@ -28,7 +28,8 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from envs import text
-from jaxrl import config as config_lib, losses, mesh as mesh_lib, sampling
+from jaxrl import config as config_lib, losses, mesh as mesh_lib, rollout, sampling
+from jaxrl.algos import text_rollout  # noqa: F401  (registers the built-in rollout strategies)
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import (ChunkRunner, gradient_step, make_optimizer, optimise,
@@ -309,7 +310,12 @@ class TextGRPOSettings(TextSettings):
     """TextSettings plus the group, estimator and loss choices (static)."""
 
     group_size: int = 8  # G completions per prompt
-    oversample: int = 1  # DAPO dynamic sampling: candidate prompts per slot; 1 = off
+    oversample: int = 1  # candidate prompts per slot, of which a selecting Control strategy keeps one
+    # Rollout strategies per stage, in the order they run: ((stage, (name, ...)), ...) (jaxrl.rollout)
+    rollout: tuple[tuple[str, tuple[str, ...]], ...] = (("generate", ("independent",)),
+                                                        ("control", ("dynamic_sampling",)))
+    rollout_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (strategy, ((key, value), ...))
+    pool_size: int = 0  # > 0: train on a fixed pool of this many problems (memory per problem); 0: fresh ones
     top_k: int = 0
     advantage: str = "grpo"
     advantage_options: tuple[tuple[str, Any], ...] = ()
@@ -331,15 +337,17 @@ class TextGRPOSettings(TextSettings):
 @struct.dataclass
 class TextGRPOState(TextState):
     ref_params: Any = None  # the frozen reference policy (None without a KL term)
+    memory: Any = None  # {strategy name: its memory} of the rollout strategies that keep one
 
 
 class TextGRPO(_TextAlgorithm):
     """GRPO and its variants on a text task, starting from `init_params` (an SFT run's) when given.
 
     One update, per seed, on this device's share of the B prompt slots:
-      sample B x oversample training problems -> G completions each (KV-cache sampling)
-      -> rewards [.., G, K] from the task's verifier -> per slot, the first candidate whose group's
-      rewards are not all equal (DAPO dynamic sampling; `fill_rate` logs how often one was found)
+      B x oversample candidate problems (fresh ones, or from a fixed pool with `pool_size`)
+      -> the rollout strategies' stages (`jaxrl.rollout`): hints, G completions each with rewards [.., G, K]
+      from the task's verifier, memory updates, filters, B groups kept (by default DAPO's dynamic sampling:
+      per slot, the first candidate whose rewards vary), replayed samples
       -> group advantages (jaxrl.advantages) -> epochs x minibatches of `losses.policy_loss`.
 
     With `critic_weight` w > 0 the model gets a value head (a fresh one on a warm start) that regresses
@@ -352,6 +360,12 @@ class TextGRPO(_TextAlgorithm):
         super().__init__(settings, mesh, init_params, eval_seed)
         from jaxrl import advantages
         self.estimator = advantages.get(settings.advantage)
+        self.strategies = [rollout.get(stage, name) for stage, chosen in settings.rollout for name in chosen]
+        self.forces_hints = any(strategy.before for strategy in self.strategies)
+        self.ranks_ties = any(strategy.name == "rank_ties" for strategy in self.strategies)
+        # The training pool: problem i is the same for every seed and device (a dataset, drawn once).
+        self.pool = (jax.jit(lambda key: self.task.sample(key, settings.pool_size, "train"))(jax.random.key(0))
+                     if settings.pool_size else None)
         # Minibatches deal whole groups (the loss scores a group's prompt once): each device's prompts must
         # split evenly.
         local_prompts = settings.num_prompts // self.mesh.shape[DATA_AXIS]
@@ -369,37 +383,52 @@ class TextGRPO(_TextAlgorithm):
             params = _overlay(self.init_params(jax.random.fold_in(key, 1)), params)
         state = super().init(key, params)
         ref = state.params if self.settings.use_kl else None
-        return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref)
+        memory_key = jax.random.fold_in(key, 2)
+        memory = {s.name: s.init(self, memory_key) for s in self.strategies if s.init}
+        return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
+
+    def strategy_options(self, name: str) -> dict:
+        """The options of rollout strategy `name` (its registered defaults, overridden by the config)."""
+        defaults, = (dict(s.options) for s in self.strategies if s.name == name)
+        return {**defaults, **dict(dict(self.settings.rollout_options).get(name, ()))}
 
     # ----------------------------------------------------------------------------------------------
 
-    def _rollout(self, params, hp: TextGRPOHyperparams, key: jax.Array):
-        """Candidates for this device's slots: (prompts [b*O, P], Samples [b*O, G, N], rewards [b*O, G, K]). Keys are drawn per candidate from its global index (mesh-invariant)."""
+    def _plan(self, key: jax.Array) -> rollout.Plan:
+        """This device's share of the B x oversample candidate problems, from the pool when there is one.
+        Drawn from their global index, so every device count plans the same problems."""
         s = self.settings
-        problem_key, sample_key = jax.random.split(key)
-        problems = self.task.sample(problem_key, s.num_prompts * s.oversample, "train")
-        problems = jax.tree.map(mesh_lib.local_share, problems)
-        prompts = self.task.prompts(problems, self.vocab)
-        keys = mesh_lib.per_item_keys(sample_key, prompts.shape[0])
+        num = s.num_prompts * s.oversample
+        if s.pool_size:
+            ids = mesh_lib.local_share(jax.random.randint(key, (num,), 0, s.pool_size))
+            problems = jax.tree.map(lambda x: x[ids], self.pool)
+        else:
+            problems = jax.tree.map(mesh_lib.local_share, self.task.sample(key, num, "train"))
+            ids = jnp.full(problems.target.shape, -1, jnp.int32)
+        return rollout.Plan(ids, problems, jnp.zeros(ids.shape, jnp.int32))
 
-        samples = sampling.sample_groups_per_prompt(
-            self.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=self.task.answer_length,
-            eos_id=self.vocab.eos_id, pad_id=self.vocab.pad_id, temperature=hp.temperature, top_k=s.top_k,
-            top_p=hp.top_p)
-        rewards = jax.vmap(lambda c: self.task.jax_rewards(problems, c, self.vocab), in_axes=1, out_axes=1)(
-            samples.tokens)
-        return prompts, samples, rewards
-
-    def _select(self, tree, rewards):
-        """Per slot, the first of its O candidates whose G rewards are not all equal (else the last).
-        tree leaves [b*O, ...] -> [b, ...]; returns (selected, filled [b])."""
-        O = self.settings.oversample
-        varied = jnp.any(rewards != rewards[:, :1], axis=(1, 2)).reshape(-1, O)  # [b, O]
-        filled = varied.any(axis=1)
-        choice = jnp.where(filled, jnp.argmax(varied, axis=1), O - 1)
-        pick = lambda x: jnp.take_along_axis(x.reshape(-1, O, *x.shape[1:]),
-                                             choice.reshape(-1, 1, *([1] * (x.ndim - 1))), axis=1)[:, 0]
-        return jax.tree.map(pick, tree), filled
+    def _rollout(self, state: TextGRPOState, hp: TextGRPOHyperparams, key: jax.Array):
+        """The stages of `jaxrl.rollout` for one seed on this device: (memory, Groups [b, G, ...], metrics)."""
+        plan_key, sample_key = jax.random.split(key)
+        memory, metrics = dict(state.memory), {}
+        hook_key = lambda i: jax.random.fold_in(sample_key, i + 1)
+        plan = self._plan(plan_key)
+        for i, strategy in enumerate(self.strategies):
+            if strategy.before:
+                plan, m = strategy.before(self, memory.get(strategy.name), plan, hook_key(i))
+                metrics.update(m)
+        generate, = (s for s in self.strategies if s.generate)
+        groups = generate.generate(self, state.params, hp, plan, sample_key)
+        metrics["sampled_tokens"] = jax.lax.psum(jnp.sum(groups.generated), DATA_AXIS)  # every candidate's
+        for strategy in self.strategies:
+            if strategy.observe:
+                memory[strategy.name], m = strategy.observe(self, memory[strategy.name], groups)
+                metrics.update(m)
+        for i, strategy in enumerate(self.strategies):
+            if strategy.after:
+                groups, m = strategy.after(self, memory.get(strategy.name), groups, state.params, hook_key(i))
+                metrics.update(m)
+        return memory, groups, metrics
 
     def _loss(self, params, batch, hp: TextGRPOHyperparams):
         """batch: whole groups, prompts [m, P] and the rest [m, G, ...]."""
@@ -410,7 +439,7 @@ class TextGRPO(_TextAlgorithm):
         log_probs, entropy, values = (None if x is None else x.reshape(-1, x.shape[-1]) for x in scored)
         batch = {k: v if k == "prompts" else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
         total, aux = losses.policy_loss(
-            log_probs, batch["log_probs"], batch["advantages"], batch["mask"] * batch["weight"][:, None],
+            log_probs, batch["log_probs"], batch["advantages"], batch["mask"] * batch["weight"],
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=self.task.answer_length,
             ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef, entropy=entropy,
@@ -426,30 +455,34 @@ class TextGRPO(_TextAlgorithm):
     # minibatches), in the chunk's one program.
 
     def _sample_batch(self, state: TextGRPOState, hp: TextGRPOHyperparams):
-        """For one seed on this device: (state with its key advanced, (units: prompts [b, P] and the rest
-        [b, G, ...], epoch key), sampling metrics)."""
+        """For one seed on this device: (state with its key and rollout memory advanced, (units: prompts
+        [b, P] and the rest [b, G, ...], epoch key), sampling metrics)."""
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        prompts, samples, rewards = self._rollout(state.params, hp, rollout_key)
-        sampled_tokens = jax.lax.psum(jnp.sum(samples.mask), DATA_AXIS)  # every candidate's, oversampled too
-        (prompts, samples, rewards), filled = self._select((prompts, samples, rewards), rewards)
-        group = self.estimator(rewards, None, reward_weights=s.reward_weights, **dict(s.advantage_options))
-        b, G, N = samples.tokens.shape
+        memory, groups, metrics = self._rollout(state, hp, rollout_key)
+        rewards, weights = groups.rewards, s.reward_weights
+        tied = jnp.all(rewards == rewards[:, :1], axis=(1, 2))  # [b]
+        if self.ranks_ties:  # the bonus as one more reward component, where the verifier's rewards tie
+            rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
+            weights = (*weights, 1.0)
+            metrics["ranked"] = jax.lax.pmean(jnp.mean(tied.astype(jnp.float32)), DATA_AXIS)
+        group = self.estimator(rewards, None, reward_weights=weights, **dict(s.advantage_options))
+        b, G, N = groups.tokens.shape
         advantages = jnp.broadcast_to(group.advantages[..., None], (b, G, N))  # per token
-        units = {"prompts": prompts, "tokens": samples.tokens, "mask": samples.mask, "log_probs": samples.log_probs,
-                 "weight": group.weight}
+        units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
+                 "log_probs": groups.log_probs, "weight": group.weight[..., None] * groups.weight}
         if self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
-            returns = jnp.broadcast_to((rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
-            critic = standardise(returns - samples.values, samples.mask)
+            returns = jnp.broadcast_to((groups.rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
+            critic = standardise(returns - groups.values, groups.mask)
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
             units["returns"] = returns
         units["advantages"] = advantages
         mean = lambda x: jax.lax.pmean(jnp.mean(x), DATA_AXIS)
-        metrics = {f"reward_{name}": mean(rewards[..., i]) for i, name in enumerate(self.task.reward_names)}
-        metrics.update(fill_rate=mean(filled.astype(jnp.float32)), completion_length=mean(samples.lengths),
-                       zero_variance_fraction=mean(group.zero_variance.astype(jnp.float32)),
-                       sampled_tokens=sampled_tokens, tokens=jax.lax.psum(jnp.sum(samples.mask), DATA_AXIS))
-        return state.replace(key=key), (units, epoch_key), metrics
+        metrics.update({f"reward_{name}": mean(groups.rewards[..., i])
+                        for i, name in enumerate(self.task.reward_names)})
+        metrics.update(completion_length=mean(groups.lengths), zero_variance_fraction=mean(tied.astype(jnp.float32)),
+                       tokens=jax.lax.psum(jnp.sum(groups.mask), DATA_AXIS))
+        return state.replace(key=key, memory=memory), (units, epoch_key), metrics
 
     def _learn(self, state: TextGRPOState, batch, hp: TextGRPOHyperparams):
         """For one seed on this device: the optimisation of `_sample_batch`'s batch; (state, metrics)."""
@@ -503,7 +536,8 @@ def text_grpo_config() -> ConfigDict:
     config = text_config()
     config.algorithm = "text_grpo"
     config.update(group_relative_keys())
-    config.group.oversample = 1  # > 1: DAPO dynamic sampling, candidate prompts per slot
+    config.group.oversample = 1  # candidate prompts per slot; a selecting Control strategy keeps one
+    config.rollout = rollout_keys()
     config.loss.kl = "k3"
     config.loss.kl_coef = 0.0  # > 0: KL to the frozen starting policy
     config.loss.vf_coef = 0.5  # weight of the value head's loss when critic_weight > 0
@@ -514,6 +548,61 @@ def text_grpo_config() -> ConfigDict:
     }))
     config.optim.update({"num_epochs": 1, "num_minibatches": 1})
     return config
+
+
+def rollout_keys() -> ConfigDict:
+    """The rollout strategies per stage (comma-separated names of `jaxrl.rollout`'s registries, run in that
+    order), the training pool, and every registered strategy's options."""
+    return ConfigDict({
+        "generate": "independent",
+        "filter": "",  # e.g. "rank_ties"
+        "control": "dynamic_sampling",  # with group.oversample > 1 it keeps one candidate per slot
+        "replay": "",  # e.g. "correct,hints" (need pool_size > 0)
+        "pool_size": 0,  # > 0: a fixed pool of training problems (memory per problem); 0: a fresh one each time
+        "options": {name: dict(strategy.options) for stage in rollout.STAGES
+                    for name, strategy in rollout.STRATEGIES[stage].items() if strategy.options},
+    })
+
+
+def rollout_settings(config: ConfigDict) -> dict:
+    """The settings fields of `config.rollout`."""
+    r = config.rollout
+    return dict(rollout=tuple((stage, rollout.names(r[stage])) for stage in rollout.STAGES if rollout.names(r[stage])),
+                rollout_options=tuple((name, tuple(sorted(r.options[name].to_dict().items())))
+                                      for name in sorted(r.options)),
+                pool_size=r.pool_size)
+
+
+def check_rollout_config(config: ConfigDict) -> None:
+    """Names each unknown strategy, a stage without its one Generate strategy, and what a strategy needs."""
+    r = config.rollout
+    chosen = {stage: rollout.names(r[stage]) for stage in rollout.STAGES}
+    for stage, names in chosen.items():
+        for name in names:
+            try:
+                rollout.get(stage, name)
+            except ValueError as error:
+                raise ValueError(f"config.rollout.{stage}: {error}") from None
+        if len(set(names)) != len(names):
+            raise ValueError(f"config.rollout.{stage} names a strategy twice: {r[stage]!r}")
+    if len(chosen["generate"]) != 1:
+        raise ValueError(f"config.rollout.generate must name exactly one strategy, got {r.generate!r}")
+    if r.pool_size < 0:
+        raise ValueError(f"config.rollout.pool_size must be >= 0 (0: no pool), got {r.pool_size}")
+    strategies = [rollout.get(stage, name) for stage, names in chosen.items() for name in names]
+    for strategy in strategies:
+        if strategy.needs_pool and not r.pool_size:
+            raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} keeps memory per training problem: "
+                             f"set config.rollout.pool_size > 0")
+        given = r.options.get(strategy.name, ConfigDict()).to_dict()
+        unknown = set(given) - {k for k, _ in strategy.options}
+        if unknown:
+            raise ValueError(f"config.rollout.options.{strategy.name} has unknown keys {sorted(unknown)}; known: "
+                             f"{sorted(k for k, _ in strategy.options)}")
+    selecting = [s.name for s in strategies if s.selects]
+    if config.group.oversample > 1 and len(selecting) != 1:
+        raise ValueError(f"config.group.oversample = {config.group.oversample} needs exactly one selecting Control "
+                         f"strategy in config.rollout.control (e.g. dynamic_sampling), got {selecting or 'none'}")
 
 
 def text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **extra):
@@ -544,6 +633,7 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> Tex
     settings = text_settings(
         config, TextGRPOSettings, value_head=config.critic_weight > 0, **group_settings(config),
         tokenizer_path=tokenizer, oversample=config.group.oversample, top_k=config.sampling.top_k,
+        **rollout_settings(config),
         reward_weights=tuple(config.reward_weights), kl=loss.kl, use_kl=loss.kl_coef > 0,
         num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
     init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from and not run_dir else None
@@ -566,6 +656,7 @@ def check_text_config(config: ConfigDict) -> None:
 def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
     check_group_config(config)
+    check_rollout_config(config)
     config_lib.one_of(config.loss.kl, tuple(losses.KL_ESTIMATORS), "loss.kl")
     config_lib.positive(config, "group.oversample", "optim.num_epochs", "optim.num_minibatches")
     if len(config.reward_weights) != 2:

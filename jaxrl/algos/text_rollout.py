@@ -1,0 +1,189 @@
+"""The built-in rollout strategies of token-level GRPO, one per entry of `jaxrl.rollout`'s registries.
+
+    generate/independent      G independent completions per prompt (the default)
+    filter/rank_ties          rank the members of all-equal groups by their surprisal
+    control/dynamic_sampling  per slot, the first of `group.oversample` candidates whose rewards vary (DAPO)
+    replay/correct            give an all-wrong group a correct completion of the same prompt from memory
+    replay/hints              force a growing prefix of the reference answer on prompts stuck at zero
+
+Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K reward components, pool the
+number of training problems (`rollout.pool_size`).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl import mesh as mesh_lib, rollout, sampling
+from jaxrl.mesh import DATA_AXIS
+from jaxrl.rollout import Groups, Plan
+
+
+def _pmean(x) -> jax.Array:
+    return jax.lax.pmean(jnp.mean(jnp.asarray(x, jnp.float32)), DATA_AXIS)
+
+
+def _correct(algo, groups: Groups) -> jax.Array:
+    """bool [n, G]: the verifier's `correct` component is positive."""
+    return groups.rewards[..., algo.task.reward_names.index("correct")] > 0
+
+
+def _answer_lengths(algo, answers: jax.Array) -> jax.Array:
+    """int32 [n]: tokens of reference answers [n, N] before EOS."""
+    vocab = algo.vocab
+    return jnp.sum((answers != vocab.pad_id) & (answers != vocab.eos_id), axis=-1).astype(jnp.int32)
+
+
+# --- Generate ---------------------------------------------------------------------------------------
+
+def independent(algo, params, hp, plan: Plan, key: jax.Array) -> Groups:
+    """G independent completions per prompt (KV-cache sampling; a hint's tokens are forced first)."""
+    s, task, vocab = algo.settings, algo.task, algo.vocab
+    prompts = task.prompts(plan.problems, vocab)
+    keys = mesh_lib.per_item_keys(key, prompts.shape[0])
+    hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
+        if algo.forces_hints else {}
+    samples = sampling.sample_groups_per_prompt(
+        algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
+        eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
+        **hints)
+    rewards = jax.vmap(lambda c: task.jax_rewards(plan.problems, c, vocab), in_axes=1, out_axes=1)(samples.tokens)
+    n, G, N = samples.tokens.shape
+    drawn = jnp.arange(N) >= plan.hint_len[:, None, None]
+    return Groups(plan.ids, plan.problems, prompts, plan.hint_len, samples.tokens, samples.log_probs, samples.mask,
+                  samples.lengths, samples.values, rewards, weight=samples.mask * drawn,
+                  bonus=jnp.zeros((n, G), jnp.float32), replayed=jnp.zeros((n, G), bool))
+
+
+rollout.register("generate", "independent", generate=independent)
+
+
+# --- Filter -----------------------------------------------------------------------------------------
+
+def rank_ties(algo, memory, groups: Groups, params, key):
+    """Ranks the members of a group whose verifier rewards are all equal, so that it still carries a signal:
+    among failures the least confident ranks first (a confidently wrong answer is pushed down hardest),
+    among successes the most confident. Confidence: the mean surprisal -log p of the drawn tokens (an
+    unbiased estimate of the policy's entropy along the completion). The bonus, `scale` times the centred
+    rank in [-1/2, 1/2], is added to the weighted reward only where the final group is still tied."""
+    generated = groups.generated
+    surprisal = -jnp.sum(groups.log_probs * generated, -1) / jnp.maximum(generated.sum(-1), 1.0)  # [n, G]
+    solved = _correct(algo, groups).all(axis=1, keepdims=True)
+    score = jnp.where(solved, -surprisal, surprisal)
+    return groups.replace(bonus=algo.strategy_options("rank_ties")["scale"] * rollout.tie_ranks(score)), {}
+
+
+rollout.register("filter", "rank_ties", after=rank_ties, options={"scale": 0.1})
+
+
+# --- Control ----------------------------------------------------------------------------------------
+
+def dynamic_sampling(algo, memory, groups: Groups, params, key):
+    """DAPO's dynamic sampling: per slot, the first of its `group.oversample` candidates whose G rewards are
+    not all equal (else the last). Logs `fill_rate`, the fraction of slots that found one."""
+    choice, filled = select_varied(groups.rewards, algo.settings.oversample)
+    return groups.take(choice), {"fill_rate": _pmean(filled)}
+
+
+def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
+    """rewards [b*O, G, K], O candidates per slot (slot-major) -> (index [b] of the chosen candidate per
+    slot, filled [b]: its rewards vary)."""
+    O = oversample
+    varied = jnp.any(rewards != rewards[:, :1], axis=(1, 2)).reshape(-1, O)  # [b, O]
+    filled = varied.any(axis=1)
+    return jnp.arange(varied.shape[0]) * O + jnp.where(filled, jnp.argmax(varied, axis=1), O - 1), filled
+
+
+rollout.register("control", "dynamic_sampling", after=dynamic_sampling, selects=True)
+
+
+# --- Replay: past correct completions -----------------------------------------------------------------
+
+def correct_memory(algo, key):
+    """Per training problem: one correct completion, its behaviour log-probabilities and rewards."""
+    pool, N, K = algo.settings.pool_size, algo.task.answer_length, len(algo.task.reward_names)
+    return {"tokens": jnp.full((pool, N), algo.vocab.pad_id, jnp.int32), "log_probs": jnp.zeros((pool, N)),
+            "mask": jnp.zeros((pool, N)), "rewards": jnp.zeros((pool, K)), "stored": jnp.zeros(pool, bool)}
+
+
+def store_correct(algo, memory, groups: Groups):
+    """Keeps, per problem, its newest correct completion (every candidate of the update, all devices)."""
+    correct = _correct(algo, groups) & ~groups.replayed
+    member = jnp.argmax(correct, axis=1)
+    pick = lambda x: jnp.take_along_axis(x, member.reshape(-1, 1, *([1] * (x.ndim - 2))), axis=1)[:, 0]
+    drawn = groups.generated > 0
+    # A hint's forced tokens had probability 1 under the behaviour: log mu = 0 there.
+    entry = {"tokens": pick(groups.tokens), "log_probs": pick(jnp.where(drawn, groups.log_probs, 0.0)),
+             "mask": pick(groups.mask), "rewards": pick(groups.rewards)}
+    ids, has, entry = rollout.gather((groups.ids, correct.any(axis=1), entry))
+    rows = jnp.where(rollout.last_occurrence(ids, has), ids, algo.settings.pool_size)  # out of range: dropped
+    memory = {**{k: memory[k].at[rows].set(v, mode="drop") for k, v in entry.items()},
+              "stored": memory["stored"].at[rows].set(True, mode="drop")}
+    return memory, {"replay_stored": jnp.mean(memory["stored"].astype(jnp.float32))}
+
+
+def replay_correct(algo, memory, groups: Groups, params, key):
+    """A group that sampled no correct answer gets its problem's stored correct completion as its last
+    member, scored by the current policy (the ratio starts at 1) and weighted per token by the truncated
+    importance weight min(pi / mu, cap) against the policy that drew it (self-normalised in the loss)."""
+    need = ~_correct(algo, groups).any(axis=1) & memory["stored"][groups.ids]  # [n]
+    entry = {k: v[groups.ids] for k, v in memory.items()}
+    log_probs, _, values = sampling.score_groups(algo.model, params, groups.prompts, entry["tokens"][:, None],
+                                                 entry["mask"][:, None], algo.vocab.pad_id)  # [n, 1, N]
+    log_probs = jax.lax.stop_gradient(log_probs)
+    weight = rollout.importance_weights(log_probs[:, 0], entry["log_probs"], entry["mask"],
+                                        algo.strategy_options("correct")["cap"])
+    last = (jnp.arange(groups.tokens.shape[1]) == groups.tokens.shape[1] - 1)[None, :] & need[:, None]  # [n, G]
+
+    def put(x, row):  # x [n, G, ...], row [n, ...] -> row as member G-1 where needed
+        return jnp.where(last.reshape(*last.shape, *([1] * (x.ndim - 2))), row[:, None], x)
+
+    groups = groups.replace(
+        tokens=put(groups.tokens, entry["tokens"]), log_probs=put(groups.log_probs, log_probs[:, 0]),
+        mask=put(groups.mask, entry["mask"]), lengths=put(groups.lengths, entry["mask"].sum(-1).astype(jnp.int32)),
+        values=None if groups.values is None else put(groups.values, values[:, 0]),
+        rewards=put(groups.rewards, entry["rewards"]), weight=put(groups.weight, weight),
+        replayed=groups.replayed | last)
+    replayed_tokens = jax.lax.psum(jnp.sum(entry["mask"] * need[:, None]), DATA_AXIS)
+    return groups, {"replayed": _pmean(need),
+                    "replay_weight": jax.lax.psum(jnp.sum(weight * need[:, None]), DATA_AXIS)
+                    / jnp.maximum(replayed_tokens, 1.0)}
+
+
+rollout.register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct,
+                 options={"cap": 1.0}, needs_pool=True)
+
+
+# --- Replay: scaffolded hints -------------------------------------------------------------------------
+
+def hint_memory(algo, key):
+    """Per training problem: its hint tier and how many observations in a row no member solved it."""
+    pool = algo.settings.pool_size
+    return {"tier": jnp.zeros(pool, jnp.int32), "streak": jnp.zeros(pool, jnp.int32)}
+
+
+def add_hints(algo, memory, plan: Plan, key):
+    """Every candidate whose problem has a hint tier k > 0 gets the first k / (tiers + 1) of its reference
+    answer forced at the start of each member (the policy continues from there; the loss skips them)."""
+    o = algo.strategy_options("hints")
+    answers = algo.task.reference_answers(plan.problems, algo.vocab)
+    tier = memory["tier"][plan.ids]
+    hint_len = jnp.maximum(plan.hint_len, rollout.hint_lengths(tier, _answer_lengths(algo, answers), o["tiers"]))
+    return plan.replace(hint_len=hint_len), {"hinted": _pmean(hint_len > 0), "hint_tokens": _pmean(hint_len)}
+
+
+def track_hints(algo, memory, groups: Groups):
+    """Moves each observed problem's tier by `rollout.hint_update` from its group's pass rate."""
+    o = algo.strategy_options("hints")
+    ids, pass_rate = rollout.gather((groups.ids, _correct(algo, groups).mean(axis=1)))
+    tier, streak = rollout.hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
+                                       patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
+    rows = jnp.where(rollout.last_occurrence(ids, jnp.ones_like(ids, bool)), ids, algo.settings.pool_size)
+    memory = {"tier": memory["tier"].at[rows].set(tier, mode="drop"),
+              "streak": memory["streak"].at[rows].set(streak, mode="drop")}
+    return memory, {"hint_tier": jnp.mean(memory["tier"].astype(jnp.float32))}
+
+
+rollout.register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints,
+                 options={"patience": 2, "tiers": 3, "recover": 0.5}, needs_pool=True)

@@ -1,0 +1,186 @@
+"""Rollout strategies of group RL, one registry per stage: Generate, Filter, Control, Replay.
+
+The stages follow the "Generate, Filter, Control, Replay" split of rollout pipelines. In one update of a
+group learner (token-level GRPO: `jaxrl.algos.text.TextGRPO`) they run in this order, inside the compiled
+update (no Python loop per sample):
+
+    plan      C = B x oversample candidate prompts (ids in the training pool, problems, hint lengths)
+    before    Control and Replay strategies change the plan (hints to force, which prompts to try)
+    generate  the Generate strategy turns the plan into `Groups` (G completions per candidate, rewards)
+    observe   strategies with memory see every candidate (what to replay, which prompts are stuck)
+    after     Filter, then Control (keeps B of the C groups), then Replay (injects past samples)
+    advantages and the loss, on the B groups left
+
+A strategy is a named `Strategy` of one stage with any of these hooks (all optional but one):
+
+    init(algo, key) -> memory                                  one seed's memory, kept in the training state
+    before(algo, memory, plan, key) -> (plan, metrics)
+    generate(algo, params, hp, plan, key) -> Groups            Generate strategies only
+    observe(algo, memory, groups) -> (memory, metrics)         groups: every candidate on this device
+    after(algo, memory, groups, params, key) -> (groups, metrics)
+
+`algo` is the learner (its settings, model, vocab, task and `strategy_options(name)`). Hooks run per seed on
+this device's share of the prompts under `shard_map`; memory is the same on every device, so a hook that
+writes it first gathers the whole batch (`gather`) and writes deterministically (`last_occurrence`).
+Register a new one with `register`, then name it in the config: `--config.rollout.filter=my_filter`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from jaxrl.mesh import DATA_AXIS
+
+STAGES = ("generate", "filter", "control", "replay")
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """One registered rollout strategy: its stage, hooks (see the module docstring) and option defaults."""
+
+    stage: str
+    name: str
+    doc: str
+    init: Callable | None = None
+    before: Callable | None = None
+    generate: Callable | None = None
+    observe: Callable | None = None
+    after: Callable | None = None
+    options: tuple[tuple[str, Any], ...] = ()  # (name, default): config keys rollout.options.<name>.<key>
+    needs_pool: bool = False  # keeps memory per training problem: needs a finite pool (rollout.pool_size > 0)
+    selects: bool = False  # a Control strategy that keeps B groups of B x oversample candidates
+
+
+STRATEGIES: dict[str, dict[str, Strategy]] = {stage: {} for stage in STAGES}
+
+
+def register(stage: str, name: str, *, options: dict | None = None, needs_pool: bool = False,
+             selects: bool = False, **hooks) -> Strategy:
+    """Add a strategy to its stage's registry; `hooks` are the functions of the module docstring."""
+    if stage not in STAGES:
+        raise ValueError(f"unknown rollout stage {stage!r}; stages: {', '.join(STAGES)}")
+    if name in STRATEGIES[stage]:
+        raise ValueError(f"rollout strategy {stage}/{name} is already registered")
+    unknown = set(hooks) - {"init", "before", "generate", "observe", "after"}
+    if unknown or not hooks:
+        raise ValueError(f"rollout strategy {name!r}: hooks are init, before, generate, observe, after; got "
+                         f"{sorted(hooks)}")
+    if ("generate" in hooks) != (stage == "generate"):
+        raise ValueError(f"rollout strategy {name!r}: a `generate` hook belongs to Generate strategies only")
+    doc = next((h.__doc__ for h in hooks.values() if h.__doc__), "") or ""
+    strategy = Strategy(stage, name, doc.strip().split("\n")[0], options=tuple((options or {}).items()),
+                        needs_pool=needs_pool, selects=selects, **hooks)
+    STRATEGIES[stage][name] = strategy
+    return strategy
+
+
+def names(spec: str) -> tuple[str, ...]:
+    """"a,b" -> ("a", "b"): a stage's config value lists its strategies in the order they run."""
+    return tuple(n.strip() for n in spec.split(",") if n.strip())
+
+
+def get(stage: str, name: str) -> Strategy:
+    if name not in STRATEGIES.get(stage, {}):
+        known = ", ".join(sorted(STRATEGIES.get(stage, {}))) or "none"
+        raise ValueError(f"unknown {stage} strategy {name!r}; known: {known}")
+    return STRATEGIES[stage][name]
+
+
+# ---------------------------------------------------------------------------------------------------
+# What flows between the stages
+
+
+@struct.dataclass
+class Plan:
+    """The candidate prompts of one update on this device, before generation. Leaves [C, ...]."""
+
+    ids: jax.Array  # int32 [C]: index in the training pool; -1 for a fresh problem (no pool)
+    problems: Any  # envs.text.Problems [C]
+    hint_len: jax.Array  # int32 [C]: reference-answer tokens forced at the start of every member (0: none)
+
+
+@struct.dataclass
+class Groups:
+    """Generated groups on this device: n prompts, G members each, N completion tokens."""
+
+    ids: jax.Array  # int32 [n]
+    problems: Any  # [n]
+    prompts: jax.Array  # int32 [n, P]
+    hint_len: jax.Array  # int32 [n]
+    tokens: jax.Array  # int32 [n, G, N]
+    log_probs: jax.Array  # float32 [n, G, N]: the policy that the loss's ratio starts from (behaviour)
+    mask: jax.Array  # float32 [n, G, N]: real tokens (hints included: later tokens attend to them)
+    lengths: jax.Array  # int32 [n, G]
+    values: jax.Array | None  # float32 [n, G, N] with a value head, else None
+    rewards: jax.Array  # float32 [n, G, K]: the verifier's components
+    weight: jax.Array  # float32 [n, G, N]: loss weight per token (0 on hints; importance weights on replays)
+    bonus: jax.Array  # float32 [n, G]: added to the reward where a group's verifier rewards are all equal
+    replayed: jax.Array  # bool [n, G]: the member comes from memory, not from this update's policy
+
+    @property
+    def generated(self) -> jax.Array:
+        """float32 [n, G, N]: tokens this update's policy drew (hints and replays excluded)."""
+        drawn = jnp.arange(self.tokens.shape[-1]) >= self.hint_len[:, None, None]
+        return self.mask * drawn * ~self.replayed[..., None]
+
+    def take(self, index: jax.Array) -> "Groups":
+        """The groups at `index` [m] (leaves [m, ...])."""
+        return jax.tree.map(lambda x: x[index], self)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Pieces the built-in strategies share (pure functions, tested on their own)
+
+
+def gather(tree):
+    """Every device's leaves [n, ...] concatenated in device order -> [n * devices, ...] (inside shard_map)."""
+    return jax.tree.map(lambda x: jax.lax.all_gather(x, DATA_AXIS, tiled=True), tree)
+
+
+def last_occurrence(ids: jax.Array, write: jax.Array) -> jax.Array:
+    """bool [n]: write[i], and no later j with write[j] has the same id. Scattering only these rows makes a
+    write with repeated ids deterministic (the last one wins, on any number of devices)."""
+    same = (ids[:, None] == ids[None, :]) & write[None, :]
+    later = jnp.triu(same, k=1).any(axis=1)
+    return write & ~later
+
+
+def tie_ranks(scores: jax.Array) -> jax.Array:
+    """[n, G] -> [n, G] ranks within each group centred on 0 and spread over [-1/2, 1/2] (the highest
+    score +1/2); equal scores rank by position."""
+    G = scores.shape[-1]
+    ranks = jnp.argsort(jnp.argsort(scores, axis=-1, stable=True), axis=-1, stable=True)
+    return ranks / max(G - 1, 1) - 0.5
+
+
+def importance_weights(log_probs: jax.Array, behaviour_log_probs: jax.Array, mask: jax.Array, cap: float):
+    """Per-token truncated importance weights min(pi(y_t) / mu(y_t), cap), 0 where `mask` is 0.
+
+    pi: the current policy, mu: the one that drew the tokens (as V-trace's truncated rho). [..., N] each."""
+    ratio = jnp.exp(jnp.where(mask > 0, log_probs - behaviour_log_probs, 0.0))
+    return jnp.minimum(ratio, cap) * mask
+
+
+def hint_update(tier: jax.Array, streak: jax.Array, pass_rate: jax.Array, *, patience: int, tiers: int,
+                recover: float) -> tuple[jax.Array, jax.Array]:
+    """One observation of a prompt's group -> its (tier, streak); all int32 [n] except pass_rate [n].
+
+    A prompt that no member solves `patience` times in a row moves one hint tier up (at most `tiers`);
+    one whose pass rate reaches `recover` moves one tier down (hints are taken away as it recovers)."""
+    stuck = pass_rate <= 0
+    streak = jnp.where(stuck, streak + 1, 0)
+    up = stuck & (streak >= patience) & (tier < tiers)
+    down = (pass_rate >= recover) & (tier > 0)
+    tier = tier + up.astype(tier.dtype) - down.astype(tier.dtype)
+    return tier, jnp.where(up, 0, streak)
+
+
+def hint_lengths(tier: jax.Array, answer_lengths: jax.Array, tiers: int) -> jax.Array:
+    """Tokens of the reference answer (lengths [n], EOS excluded) revealed at `tier` of `tiers`: tier k
+    reveals floor(k / (tiers + 1)) of it, so even the top tier leaves the end of the answer to the model."""
+    return (tier * answer_lengths) // (tiers + 1)
