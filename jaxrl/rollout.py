@@ -138,8 +138,18 @@ class Groups:
 
 
 def gather(tree):
-    """Every device's leaves [n, ...] concatenated in device order -> [n * devices, ...] (inside shard_map)."""
-    return jax.tree.map(lambda x: jax.lax.all_gather(x, DATA_AXIS, tiled=True), tree)
+    """Every device's leaves [n, ...] concatenated in device order -> [n * devices, ...] (inside shard_map).
+
+    A sum of zero-padded copies rather than `all_gather`, so that the result is typed as the same on every
+    device (memory replicated over the data axis may be written with it); adding zeros is exact."""
+    def one(x):
+        n, dtype = x.shape[0], x.dtype
+        x = x.astype(jnp.int32) if dtype == jnp.bool_ else x
+        full = jnp.zeros((n * jax.lax.axis_size(DATA_AXIS), *x.shape[1:]), x.dtype)
+        full = jax.lax.dynamic_update_slice_in_dim(full, x, jax.lax.axis_index(DATA_AXIS) * n, axis=0)
+        return jax.lax.psum(full, DATA_AXIS).astype(dtype)
+
+    return jax.tree.map(one, tree)
 
 
 def last_occurrence(ids: jax.Array, write: jax.Array) -> jax.Array:

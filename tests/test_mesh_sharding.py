@@ -55,6 +55,7 @@ params = {}
 for devices in (1, 8):
     algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
     state = algo.init_seeds(0, num_seeds)
+    state = globals().get("prepare", lambda algo, state: state)(algo, state)
     state, metrics = algo.run_chunk(state, hp, 3)
     state, metrics = algo.run_chunk(state, hp, 3)
     if devices == 8 and hasattr(state, "obs"):  # environments (text algorithms split prompts per update)
@@ -67,7 +68,8 @@ for devices in (1, 8):
     standardised = jax.tree.map(
         lambda m: m.replace(mean=m.mean * jax.lax.rsqrt(normalization.variance(m))) if isinstance(m, normalization.Moments)
         else m, state.params, is_leaf=lambda m: isinstance(m, normalization.Moments))
-    params[devices] = [np.asarray(x) for x in jax.tree.leaves(standardised)]
+    memory = getattr(state, "memory", None)  # rollout strategies' memory (text GRPO)
+    params[devices] = [np.asarray(x, np.float64) for x in jax.tree.leaves((standardised, memory))]
     params[f"{devices}_metrics"] = {k: np.asarray(v).tolist() for k, v in metrics.items()}
 diffs = [float(np.max(np.abs(a - b))) for a, b in zip(params[1], params[8])]
 scale = [float(np.max(np.abs(a))) for a in params[1]]
@@ -132,10 +134,34 @@ config.optim.num_minibatches, config.total_steps = 2, 16 * 4 * 6
 num_seeds = 2
 """
 
-@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO], ids=["text_sft", "text_grpo"])
+# Every rollout strategy at once, on a pool of 8 problems (revisited often). The correct-answer memory starts
+# full (the reference answers, drawn by a policy that gave each token probability 1/2) so that an untrained
+# model's all-wrong groups get replays; hints rise after one failure.
+TEXT_GRPO_STRATEGIES = TEXT_GRPO + """
+config.rollout.filter, config.rollout.replay, config.rollout.pool_size = "rank_ties", "correct,hints", 8
+config.rollout.options.hints.patience = 1
+
+def prepare(algo, state):
+    import jax, jax.numpy as jnp
+    answers = algo.task.reference_answers(algo.pool, algo.vocab)
+    mask = (jnp.cumsum(answers == algo.vocab.eos_id, -1) - (answers == algo.vocab.eos_id) == 0).astype(jnp.float32)
+    full = {"tokens": answers, "log_probs": jnp.log(0.5) * mask, "mask": mask,
+            "rewards": jnp.ones((8, 2)), "stored": jnp.ones(8, bool)}
+    memory = dict(state.memory, correct={k: jnp.broadcast_to(v, state.memory["correct"][k].shape)
+                                         for k, v in full.items()})
+    return jax.device_put(state.replace(memory=memory), algo.state_shardings(state))
+"""
+
+
+@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES],
+                         ids=["text_sft", "text_grpo", "text_grpo_strategies"])
 def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.
     for key in ("reward_correct", "tokens", "completion_length") if "tokens" in result["m1"] else ("loss",):
         np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
     np.testing.assert_allclose(result["m8"]["grad_norm"], result["m1"]["grad_norm"], rtol=1e-4)
+    if setup is TEXT_GRPO_STRATEGIES:  # the strategies acted, the same way on 1 and 8 devices
+        for key in ("replayed", "replay_weight", "hinted", "hint_tier", "ranked", "sampled_tokens"):
+            np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
+        assert min(result["m1"]["replayed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]

@@ -1,0 +1,145 @@
+"""Rollout strategies (jaxrl.rollout): the pure pieces against formulas, the hooks on hand-made groups."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from jaxrl import algos, mesh as mesh_lib, rollout, sampling
+from jaxrl.algos import text_rollout
+from jaxrl.algos.text import TextGRPOHyperparams
+from helpers import tiny_grpo_config
+
+
+def test_tie_ranks_spread_each_group_over_minus_half_to_half():
+    ranks = rollout.tie_ranks(jnp.asarray([[0.3, -1.0, 2.0, 0.5], [1.0, 1.0, 0.0, 1.0]]))
+    np.testing.assert_allclose(ranks, [[-1 / 6, -1 / 2, 1 / 2, 1 / 6], [-1 / 6, 1 / 6, -1 / 2, 1 / 2]], rtol=1e-6)
+
+
+def test_importance_weights_are_truncated_ratios_and_zero_off_the_mask():
+    log_pi = jnp.log(jnp.asarray([0.5, 0.2, 0.9, 0.4]))
+    log_mu = jnp.log(jnp.asarray([0.25, 0.4, 0.3, 0.4]))
+    mask = jnp.asarray([1.0, 1.0, 1.0, 0.0])
+    np.testing.assert_allclose(rollout.importance_weights(log_pi, log_mu, mask, cap=2.0), [2.0, 0.5, 2.0, 0.0],
+                               rtol=1e-6)
+    np.testing.assert_allclose(rollout.importance_weights(log_pi, log_mu, mask, cap=1.0), [1.0, 0.5, 1.0, 0.0],
+                               rtol=1e-6)
+
+
+def test_hints_rise_after_patience_failures_and_are_removed_as_the_pass_rate_recovers():
+    tier, streak = jnp.zeros(1, jnp.int32), jnp.zeros(1, jnp.int32)
+    seen = []
+    for pass_rate in [0.0, 0.0, 0.0, 0.0, 0.25, 0.0, 0.0, 0.75, 0.5, 0.5]:
+        tier, streak = rollout.hint_update(tier, streak, jnp.asarray([pass_rate]), patience=2, tiers=2, recover=0.5)
+        seen.append(int(tier[0]))
+    # up after 2 failures in a row, again after 2 more; a partial success resets the count; at the top
+    # tier failures change nothing; each observation at >= 0.5 takes one tier away, down to none.
+    assert seen == [0, 1, 1, 2, 2, 2, 2, 1, 0, 0]
+    np.testing.assert_array_equal(rollout.hint_lengths(jnp.arange(4), jnp.full(4, 9), tiers=3), [0, 2, 4, 6])
+
+
+def test_last_occurrence_keeps_one_write_per_id():
+    ids = jnp.asarray([3, 1, 3, 2, 1, 3])
+    write = jnp.asarray([True, True, True, False, False, False])
+    np.testing.assert_array_equal(rollout.last_occurrence(ids, write), [False, True, True, False, False, False])
+
+
+def test_unknown_or_misplaced_strategies_are_config_errors():
+    for overrides, message in [
+        ({"rollout.filter": "nope"}, "config.rollout.filter: unknown filter strategy 'nope'"),
+        ({"rollout.replay": "correct"}, "rollout strategy replay/correct keeps memory per training problem"),
+        ({"rollout.control": "", "group.oversample": 2}, "needs exactly one selecting Control strategy"),
+        ({"rollout.generate": ""}, "config.rollout.generate must name exactly one strategy"),
+        ({"rollout.options.hints.wait": 3, "rollout.replay": "hints", "rollout.pool_size": 4},
+         "config.rollout.options.hints has unknown keys ['wait']"),
+    ]:
+        config = tiny_grpo_config("")
+        config.unlock()
+        for key, value in overrides.items():
+            *path, leaf = key.split(".")
+            node = config
+            for part in path:
+                node = node[part]
+            node[leaf] = value
+        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            algos.validate(config)
+
+
+@pytest.fixture(scope="module")
+def replay_algo():
+    config = tiny_grpo_config("", **{"rollout.replay": "correct,hints", "rollout.pool_size": 6,
+                                     "rollout.options.correct.cap": 1.5, "group.size": 3})
+    algo, _ = algos.build(config, mesh_lib.make_mesh(1))
+    return algo
+
+
+def on_mesh(algo, fn, *args):
+    """`fn(*args)` under shard_map on the algorithm's mesh (the hooks' collectives need its data axis)."""
+    return jax.jit(jax.shard_map(fn, mesh=algo.mesh, in_specs=P(), out_specs=P(), check_vma=False))(*args)
+
+
+def hand_made_groups(algo, params, key):
+    """Two groups of 3 for problems 4 and 1 of the pool: group 0 all wrong, group 1 with member 1 correct
+    (its completion the reference answer)."""
+    ids = jnp.asarray([4, 1])
+    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32))
+    groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl, key), params, plan)
+    answers = algo.task.reference_answers(plan.problems, algo.vocab)
+    mask = (jnp.cumsum(answers == algo.vocab.eos_id, axis=-1) - (answers == algo.vocab.eos_id) == 0).astype(jnp.float32)
+    tokens = groups.tokens.at[1, 1].set(answers[1])
+    rewards = jnp.zeros_like(groups.rewards).at[1, 1].set(1.0)
+    return groups.replace(tokens=tokens, mask=groups.mask.at[1, 1].set(mask[1]), rewards=rewards), answers, mask
+
+
+def test_replay_stores_correct_completions_and_injects_them_with_importance_weights(replay_algo):
+    algo = replay_algo
+    state = algo.init(jax.random.key(0))
+    params, memory = state.params, state.memory["correct"]
+    groups, answers, mask = hand_made_groups(algo, params, jax.random.key(1))
+    # Problem 4 has a correct completion in memory from an older policy: its reference answer, with
+    # behaviour log-probabilities log 0.5 per token.
+    behaviour = jnp.full(answers.shape[1:], jnp.log(0.5)) * mask[0]
+    memory = {**memory, "tokens": memory["tokens"].at[4].set(answers[0]), "log_probs": memory["log_probs"].at[4].set(behaviour),
+              "mask": memory["mask"].at[4].set(mask[0]), "rewards": memory["rewards"].at[4].set(jnp.asarray([1.0, 1.0])),
+              "stored": memory["stored"].at[4].set(True)}
+
+    memory, _ = on_mesh(algo, lambda m, g: text_rollout.store_correct(algo, m, g), memory, groups)
+    assert bool(memory["stored"][1]) and int(memory["stored"].sum()) == 2
+    np.testing.assert_array_equal(memory["tokens"][1], answers[1])  # group 1's correct member
+    np.testing.assert_allclose(memory["log_probs"][1], groups.log_probs[1, 1] * groups.mask[1, 1])
+
+    out, metrics = on_mesh(algo, lambda m, g, p: text_rollout.replay_correct(algo, m, g, p, None), memory, groups,
+                           params)
+    np.testing.assert_array_equal(out.replayed, [[False, False, True], [False, False, False]])
+    np.testing.assert_array_equal(out.tokens[0, 2], answers[0])
+    np.testing.assert_array_equal(out.rewards[0, 2], [1.0, 1.0])
+    current, _, _ = sampling.score(algo.model, params, groups.prompts[:1], answers[:1], mask[:1], algo.vocab.pad_id)
+    np.testing.assert_allclose(out.log_probs[0, 2], current[0], rtol=1e-5, atol=1e-6)  # the ratio starts at 1
+    expected = np.minimum(np.exp(np.asarray(current[0]) - np.asarray(behaviour)), 1.5) * np.asarray(mask[0])
+    np.testing.assert_allclose(out.weight[0, 2], expected, rtol=1e-5)
+    # Everything else is untouched: the other members of group 0, and group 1 (it has a correct member).
+    for name in ("tokens", "log_probs", "mask", "rewards", "weight"):
+        np.testing.assert_array_equal(getattr(out, name)[0, :2], getattr(groups, name)[0, :2])
+        np.testing.assert_array_equal(getattr(out, name)[1], getattr(groups, name)[1])
+    assert float(metrics["replayed"]) == 0.5
+
+
+def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay_algo):
+    algo = replay_algo
+    state = algo.init(jax.random.key(0))
+    memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
+    ids = jnp.asarray([2, 0])
+    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32))
+    plan, metrics = on_mesh(algo, lambda m, p: text_rollout.add_hints(algo, m, p, None), memory, plan)
+    answers = algo.task.reference_answers(plan.problems, algo.vocab)
+    length = int(text_rollout._answer_lengths(algo, answers)[0])
+    hint = 2 * length // 4  # tier 2 of 3
+    np.testing.assert_array_equal(plan.hint_len, [hint, 0])
+    groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl,
+                                                                  jax.random.key(3)), state.params, plan)
+    np.testing.assert_array_equal(groups.tokens[0, :, :hint], np.broadcast_to(answers[0, :hint], (3, hint)))
+    assert float(groups.weight[0, :, :hint].sum()) == 0 and float(groups.generated[0, :, :hint].sum()) == 0
+    np.testing.assert_array_equal(groups.weight[0, :, hint:], groups.mask[0, :, hint:])
+    np.testing.assert_array_equal(groups.weight[1], groups.mask[1])
+    assert float(metrics["hinted"]) == 0.5
