@@ -54,13 +54,14 @@ class Strategy:
     options: tuple[tuple[str, Any], ...] = ()  # (name, default): config keys rollout.options.<name>.<key>
     needs_pool: bool = False  # keeps memory per training problem: needs a finite pool (rollout.pool_size > 0)
     selects: bool = False  # a Control strategy that keeps B groups of B x oversample candidates
+    requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
 
 
 STRATEGIES: dict[str, dict[str, Strategy]] = {stage: {} for stage in STAGES}
 
 
 def register(stage: str, name: str, *, options: dict | None = None, needs_pool: bool = False,
-             selects: bool = False, **hooks) -> Strategy:
+             selects: bool = False, requires: tuple[str, ...] = (), **hooks) -> Strategy:
     """Add a strategy to its stage's registry; `hooks` are the functions of the module docstring."""
     if stage not in STAGES:
         raise ValueError(f"unknown rollout stage {stage!r}; stages: {', '.join(STAGES)}")
@@ -74,7 +75,7 @@ def register(stage: str, name: str, *, options: dict | None = None, needs_pool: 
         raise ValueError(f"rollout strategy {name!r}: a `generate` hook belongs to Generate strategies only")
     doc = next((h.__doc__ for h in hooks.values() if h.__doc__), "") or ""
     strategy = Strategy(stage, name, doc.strip().split("\n")[0], options=tuple((options or {}).items()),
-                        needs_pool=needs_pool, selects=selects, **hooks)
+                        needs_pool=needs_pool, selects=selects, requires=tuple(requires), **hooks)
     STRATEGIES[stage][name] = strategy
     return strategy
 
@@ -102,6 +103,10 @@ class Plan:
     ids: jax.Array  # int32 [C]: index in the training pool; -1 for a fresh problem (no pool)
     problems: Any  # envs.text.Problems [C]
     hint_len: jax.Array  # int32 [C]: reference-answer tokens forced at the start of every member (0: none)
+    predicted: jax.Array  # float32 [C]: a Filter's predicted pass rate (-1: no prediction)
+
+    def take(self, index: jax.Array) -> "Plan":
+        return jax.tree.map(lambda x: x[index], self)
 
 
 @struct.dataclass
@@ -174,6 +179,20 @@ def importance_weights(log_probs: jax.Array, behaviour_log_probs: jax.Array, mas
     pi: the current policy, mu: the one that drew the tokens (as V-trace's truncated rho). [..., N] each."""
     ratio = jnp.exp(jnp.where(mask > 0, log_probs - behaviour_log_probs, 0.0))
     return jnp.minimum(ratio, cap) * mask
+
+
+def allocate_groups(uncertainty: jax.Array, num_groups: int, max_groups: int) -> jax.Array:
+    """Spend `num_groups` groups on candidates by their uncertainty [C] (>= 0): the candidate of each group
+    [num_groups], sorted. Group k + 1 of a candidate is worth uncertainty / (k + 1) (diminishing returns), and
+    the `num_groups` most valuable (candidate, k) pairs with k < max_groups are taken: the most uncertain
+    candidates get up to `max_groups` groups, the least (predicted always right or always wrong) none. Never
+    more than `num_groups` groups, never more than `max_groups` per candidate; ties go to the earlier one."""
+    C = uncertainty.shape[0]
+    if num_groups > C * max_groups:
+        raise ValueError(f"{num_groups} groups cannot be spread over {C} candidates at most {max_groups} each")
+    value = uncertainty[:, None] / jnp.arange(1, max_groups + 1, dtype=uncertainty.dtype)  # [C, M]
+    _, best = jax.lax.top_k(value.reshape(-1), num_groups)
+    return jnp.sort(best // max_groups)
 
 
 def hint_update(tier: jax.Array, streak: jax.Array, pass_rate: jax.Array, *, patience: int, tiers: int,

@@ -39,6 +39,28 @@ def test_hints_rise_after_patience_failures_and_are_removed_as_the_pass_rate_rec
     np.testing.assert_array_equal(rollout.hint_lengths(jnp.arange(4), jnp.full(4, 9), tiers=3), [0, 2, 4, 6])
 
 
+def test_budget_allocation_never_exceeds_the_budget_and_skips_the_sure_prompts():
+    p = jnp.asarray([0.5, 0.0, 1.0, 0.9, 0.45, 0.02, 0.6, 1.0])
+    uncertainty = jnp.sqrt(p * (1 - p))
+    for num_groups, max_groups in [(4, 2), (6, 3), (8, 1), (3, 4)]:
+        chosen = np.asarray(rollout.allocate_groups(uncertainty, num_groups, max_groups))
+        counts = np.bincount(chosen, minlength=8)
+        assert len(chosen) == num_groups and counts.max() <= max_groups, (num_groups, max_groups, counts)
+        assert (np.diff(chosen) >= 0).all()
+        # A candidate gets its next group only if no other candidate's next group is worth more.
+        worth_next = np.where(counts < max_groups, np.asarray(uncertainty) / (counts + 1), -1.0)
+        worth_last = np.where(counts > 0, np.asarray(uncertainty) / np.maximum(counts, 1), np.inf)
+        assert worth_next.max() <= worth_last.min() + 1e-7, (counts, worth_next, worth_last)
+    # sqrt(p (1 - p)) = 0.5, 0, 0, 0.3, 0.497, 0.14, 0.49, 0: the sure prompts get none, the most uncertain
+    # a second group once it is worth more (0.25, 0.249) than a first one elsewhere (0.14).
+    counts = np.bincount(np.asarray(rollout.allocate_groups(uncertainty, 4, 2)), minlength=8)
+    np.testing.assert_array_equal(counts, [1, 0, 0, 1, 1, 0, 1, 0])
+    counts = np.bincount(np.asarray(rollout.allocate_groups(uncertainty, 6, 3)), minlength=8)
+    np.testing.assert_array_equal(counts, [2, 0, 0, 1, 2, 0, 1, 0])
+    with pytest.raises(ValueError, match="9 groups cannot be spread over 8 candidates at most 1 each"):
+        rollout.allocate_groups(uncertainty, 9, 1)
+
+
 def test_last_occurrence_keeps_one_write_per_id():
     ids = jnp.asarray([3, 1, 3, 2, 1, 3])
     write = jnp.asarray([True, True, True, False, False, False])
@@ -51,6 +73,7 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.replay": "correct"}, "rollout strategy replay/correct keeps memory per training problem"),
         ({"rollout.control": "", "group.oversample": 2}, "needs exactly one selecting Control strategy"),
         ({"rollout.generate": ""}, "config.rollout.generate must name exactly one strategy"),
+        ({"rollout.control": "variance_budget"}, "control/variance_budget needs success_predictor in config.rollout"),
         ({"rollout.options.hints.wait": 3, "rollout.replay": "hints", "rollout.pool_size": 4},
          "config.rollout.options.hints has unknown keys ['wait']"),
     ]:
@@ -83,7 +106,7 @@ def hand_made_groups(algo, params, key):
     """Two groups of 3 for problems 4 and 1 of the pool: group 0 all wrong, group 1 with member 1 correct
     (its completion the reference answer)."""
     ids = jnp.asarray([4, 1])
-    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32))
+    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
     groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl, key), params, plan)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     mask = (jnp.cumsum(answers == algo.vocab.eos_id, axis=-1) - (answers == algo.vocab.eos_id) == 0).astype(jnp.float32)
@@ -130,7 +153,7 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     state = algo.init(jax.random.key(0))
     memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
     ids = jnp.asarray([2, 0])
-    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32))
+    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
     plan, metrics = on_mesh(algo, lambda m, p: text_rollout.add_hints(algo, m, p, None), memory, plan)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     length = int(text_rollout._answer_lengths(algo, answers)[0])

@@ -405,7 +405,7 @@ class TextGRPO(_TextAlgorithm):
         else:
             problems = jax.tree.map(mesh_lib.local_share, self.task.sample(key, num, "train"))
             ids = jnp.full(problems.target.shape, -1, jnp.int32)
-        return rollout.Plan(ids, problems, jnp.zeros(ids.shape, jnp.int32))
+        return rollout.Plan(ids, problems, jnp.zeros(ids.shape, jnp.int32), jnp.full(ids.shape, -1.0))
 
     def _rollout(self, state: TextGRPOState, hp: TextGRPOHyperparams, key: jax.Array):
         """The stages of `jaxrl.rollout` for one seed on this device: (memory, Groups [b, G, ...], metrics)."""
@@ -428,6 +428,10 @@ class TextGRPO(_TextAlgorithm):
             if strategy.after:
                 groups, m = strategy.after(self, memory.get(strategy.name), groups, state.params, hook_key(i))
                 metrics.update(m)
+        local_prompts = self.settings.num_prompts // jax.lax.axis_size(DATA_AXIS)
+        if groups.tokens.shape[0] != local_prompts:
+            raise ValueError(f"the rollout strategies {[s.name for s in self.strategies]} left {groups.tokens.shape[0]} "
+                             f"groups on a device that trains {local_prompts}")
         return memory, groups, metrics
 
     def _loss(self, params, batch, hp: TextGRPOHyperparams):
@@ -591,6 +595,10 @@ def check_rollout_config(config: ConfigDict) -> None:
         raise ValueError(f"config.rollout.pool_size must be >= 0 (0: no pool), got {r.pool_size}")
     strategies = [rollout.get(stage, name) for stage, names in chosen.items() for name in names]
     for strategy in strategies:
+        missing = [name for name in strategy.requires if not any(name in names for names in chosen.values())]
+        if missing:
+            raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} needs {', '.join(missing)} in "
+                             f"config.rollout too")
         if strategy.needs_pool and not r.pool_size:
             raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} keeps memory per training problem: "
                              f"set config.rollout.pool_size > 0")

@@ -2,7 +2,9 @@
 
     generate/independent      G independent completions per prompt (the default)
     filter/rank_ties          rank the members of all-equal groups by their surprisal
+    filter/success_predictor  a small model of a prompt's pass rate from the prompt alone, trained online
     control/dynamic_sampling  per slot, the first of `group.oversample` candidates whose rewards vary (DAPO)
+    control/variance_budget   B groups spread over the candidates by predicted uncertainty (none to the sure)
     replay/correct            give an all-wrong group a correct completion of the same prompt from memory
     replay/hints              force a growing prefix of the reference answer on prompts stuck at zero
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from jaxrl import mesh as mesh_lib, rollout, sampling
 from jaxrl.mesh import DATA_AXIS
@@ -77,6 +80,61 @@ def rank_ties(algo, memory, groups: Groups, params, key):
 rollout.register("filter", "rank_ties", after=rank_ties, options={"scale": 0.1})
 
 
+def _prompt_features(algo, prompts: jax.Array) -> jax.Array:
+    """float32 [n, P * V]: which token sits at each prompt position (what the predictor sees)."""
+    return jax.nn.one_hot(prompts, algo.vocab.size).reshape(prompts.shape[0], -1)
+
+
+def _predictor_logits(params, features: jax.Array) -> jax.Array:
+    """A one-hidden-layer perceptron: features [n, D] -> logit of the pass rate [n]."""
+    return jax.nn.relu(features @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
+
+
+def _predictor_optimizer(algo):
+    return optax.adam(algo.strategy_options("success_predictor")["learning_rate"])
+
+
+def predictor_memory(algo, key):
+    """The predictor's parameters and Adam state (one hidden layer of `hidden` units)."""
+    hidden = algo.strategy_options("success_predictor")["hidden"]
+    inputs = algo.task.prompt_length * algo.vocab.size
+    k1, k2 = jax.random.split(key)
+    params = {"w1": jax.random.normal(k1, (inputs, hidden)) * jnp.sqrt(2.0 / inputs), "b1": jnp.zeros(hidden),
+              "w2": jax.random.normal(k2, (hidden,)) * jnp.sqrt(1.0 / hidden), "b2": jnp.zeros(())}
+    return {"params": params, "opt_state": _predictor_optimizer(algo).init(params)}
+
+
+def predict_pass_rate(algo, memory, plan: Plan, key):
+    """Predicts every candidate's pass rate from its prompt alone (for Control strategies to read)."""
+    predicted = jax.nn.sigmoid(_predictor_logits(memory["params"],
+                                                 _prompt_features(algo, algo.task.prompts(plan.problems, algo.vocab))))
+    return plan.replace(predicted=predicted), {"predicted_pass_rate": _pmean(predicted)}
+
+
+def train_predictor(algo, memory, groups: Groups):
+    """One Adam step on the cross-entropy between the predicted and the observed pass rates of this update's
+    unhinted groups (every candidate, all devices). Logs the error measured before the step (`predictor_error`,
+    mean absolute, on prompts mostly unseen: an honest online estimate)."""
+    pass_rate = _correct(algo, groups).mean(axis=1)
+    prompts, pass_rate, use = rollout.gather((groups.prompts, pass_rate, groups.hint_len == 0))
+    features, use = _prompt_features(algo, prompts), use.astype(jnp.float32)
+    count = jnp.maximum(use.sum(), 1.0)
+
+    def loss(params):
+        logits = _predictor_logits(params, features)
+        return jnp.sum(optax.sigmoid_binary_cross_entropy(logits, pass_rate) * use) / count, logits
+
+    (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(memory["params"])
+    updates, opt_state = _predictor_optimizer(algo).update(grads, memory["opt_state"], memory["params"])
+    error = jnp.sum(jnp.abs(jax.nn.sigmoid(logits) - pass_rate) * use) / count
+    return ({"params": optax.apply_updates(memory["params"], updates), "opt_state": opt_state},
+            {"predictor_loss": value, "predictor_error": error})
+
+
+rollout.register("filter", "success_predictor", init=predictor_memory, before=predict_pass_rate,
+                 observe=train_predictor, options={"hidden": 64, "learning_rate": 3e-3})
+
+
 # --- Control ----------------------------------------------------------------------------------------
 
 def dynamic_sampling(algo, memory, groups: Groups, params, key):
@@ -96,6 +154,25 @@ def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.A
 
 
 rollout.register("control", "dynamic_sampling", after=dynamic_sampling, selects=True)
+
+
+def variance_budget(algo, memory, plan: Plan, key):
+    """Variance-aware sampling under a fixed budget: the B groups of an update (B x G samples) go to the
+    B x oversample candidates by their predicted pass rate's standard deviation sqrt(p (1 - p))
+    (`rollout.allocate_groups`): uncertain prompts get up to `max_groups` groups, prompts predicted always
+    right or always wrong none. Chosen over all devices' candidates at once (the same on any device count)."""
+    every = rollout.gather(plan)
+    p = jnp.where(every.predicted >= 0, every.predicted, 0.5)
+    chosen = rollout.allocate_groups(jnp.sqrt(jnp.clip(p * (1 - p), 0.0)), algo.settings.num_prompts,
+                                     algo.strategy_options("variance_budget")["max_groups"])
+    counts = jnp.zeros(p.shape[0], jnp.int32).at[chosen].add(1)
+    return every.take(mesh_lib.local_share(chosen)), {
+        "budget_skipped": jnp.mean((counts == 0).astype(jnp.float32)),
+        "budget_most_groups": jnp.max(counts).astype(jnp.float32)}
+
+
+rollout.register("control", "variance_budget", before=variance_budget, selects=True,
+                 requires=("success_predictor",), options={"max_groups": 2})
 
 
 # --- Replay: past correct completions -----------------------------------------------------------------
