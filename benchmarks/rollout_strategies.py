@@ -1,0 +1,223 @@
+"""Rollout strategies on Countdown harder than the warm start saw: held-out greedy accuracy and pass@8 against
+generated tokens and against wall time, every strategy alone and in combination, at one budget.
+
+    python benchmarks/rollout_strategies.py --update-results
+    python benchmarks/rollout_strategies.py --sft-dir runs/sft_countdown --rows grpo,dapo,hints
+
+1. SFT as in `benchmarks/text_rl.py` (or `--sft-dir` reuses a run of it): Countdown with numbers up to 25.
+2. RL from its last checkpoint on numbers up to 50 (`--rl-task`), all rows on the same pool of training
+   problems (`--pool`, a dataset of that size: the memory strategies need problems to come back), 3 seeds per
+   row trained as one program. Every row draws the same number of completions per seed (`--samples`); a row
+   that generates more than it trains on (DAPO's oversampling) trains on correspondingly fewer updates. The
+   tokens each row generated are measured (`sampled_tokens`: hints and replays are not generated) and the
+   curves are drawn against them.
+
+The goal (issue 20): the best combination reaches DAPO dynamic sampling's final accuracy with at most 60% of
+its generated tokens, or beats it by >= 5 points at equal tokens. The table says for every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import machine, markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
+from text_rl import parse_options, rl_config, train_sft  # noqa: E402
+
+MARKERS = ("<!-- rollout_strategies:start -->", "<!-- rollout_strategies:end -->")
+
+# Row name -> overrides (dotted keys) of experiments/text_grpo.py:countdown, whose own default is DAPO with two
+# candidates per slot; with dynamic sampling, a row draws `group.oversample` candidates per trained group.
+ROWS = {
+    "grpo": {"group.oversample": 1},
+    "dapo": {"group.oversample": 2},
+    "rank_ties": {"group.oversample": 1, "rollout.filter": "rank_ties"},
+    "variance_budget": {"group.oversample": 2, "rollout.filter": "success_predictor",
+                        "rollout.control": "variance_budget"},
+    "replay_correct": {"group.oversample": 1, "rollout.replay": "correct"},
+    "hints": {"group.oversample": 1, "rollout.replay": "hints"},
+    "dapo+replay+hints": {"group.oversample": 2, "rollout.replay": "correct,hints"},
+    "budget+replay+hints": {"group.oversample": 2, "rollout.filter": "success_predictor",
+                            "rollout.control": "variance_budget", "rollout.replay": "correct,hints"},
+}
+
+
+def generates_per_trained(config) -> int:
+    """Completions drawn per completion trained on: oversample when the selection follows generation."""
+    return config.group.oversample if "dynamic_sampling" in config.rollout.control else 1
+
+
+def row_config(args, sft_dir: str, overrides: dict):
+    config = rl_config(args, sft_dir, "grpo")
+    config.rollout.pool_size = args.pool
+    for key, value in overrides.items():
+        *path, leaf = key.split(".")
+        node = config
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    config.total_steps = args.samples // generates_per_trained(config)
+    config.eval.every_steps = config.total_steps // args.evals
+    config.log.every_steps = config.eval.every_steps // 5
+    config.checkpoint.every_steps = config.total_steps
+    return config
+
+
+def start_point(config) -> tuple[float, float]:
+    """(held-out greedy accuracy, pass@k) of the warm start, where every row and seed begins."""
+    import jax
+
+    from jaxrl import algos, mesh as mesh_lib
+
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    out = algo.evaluate(algo.init_seeds(config.seed, 1).params, jax.random.PRNGKey(0), config.eval.num_envs)
+    return float(out["eval_accuracy"][0]), float(out[f"eval_pass@{config.eval.pass_k}"][0])
+
+
+def curves(rows: list[dict], config, num_seeds: int, start: tuple[float, float]) -> dict:
+    """Per evaluation: generated tokens per seed so far (mean over seeds), wall seconds, accuracy and pass@k
+    per seed [n, S]; the first point is the warm start's (0 tokens, 0 s)."""
+    per_update = config.num_prompts * config.group.size
+    tokens, last_steps = 0.0, 0
+    out = {"tokens": [0.0], "wall": [0.0], "accuracy": [[start[0]] * num_seeds], "pass_k": [[start[1]] * num_seeds]}
+    pass_key = f"eval_pass@{config.eval.pass_k}"
+    for row in rows:
+        if "sampled_tokens" in row:  # a log row: the mean per update over the updates since the last one
+            tokens += float(np.mean(per_seed(row, "sampled_tokens", num_seeds))) * (row["env_steps"] - last_steps) / per_update
+            last_steps = row["env_steps"]
+        accuracy = per_seed(row, "eval_accuracy", num_seeds, complete=True)
+        if accuracy is not None:
+            out["tokens"].append(tokens)
+            out["wall"].append(row["wall_time"])
+            out["accuracy"].append(accuracy)
+            out["pass_k"].append(per_seed(row, pass_key, num_seeds, complete=True))
+    return {k: np.asarray(v, np.float64) for k, v in out.items()}
+
+
+def tokens_to_reach(curve: dict, level: float) -> float | None:
+    """Generated tokens at which the mean accuracy first reaches `level` (linear between evaluations)."""
+    mean = curve["accuracy"].mean(axis=1)
+    for i in range(len(mean)):
+        if mean[i] >= level:
+            if i == 0:
+                return float(curve["tokens"][0])
+            x0, x1, y0, y1 = curve["tokens"][i - 1], curve["tokens"][i], mean[i - 1], mean[i]
+            return float(x0 + (level - y0) / (y1 - y0) * (x1 - x0))
+    return None
+
+
+def accuracy_at(curve: dict, tokens: float) -> float:
+    """Mean accuracy at `tokens` generated tokens (linear between evaluations; the last one past the end)."""
+    return float(np.interp(tokens, curve["tokens"], curve["accuracy"].mean(axis=1)))
+
+
+def plot(runs: dict, path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), dpi=100)
+    for name, c in runs.items():
+        seed_band(axes[0], c["tokens"] / 1e6, c["accuracy"], name)
+        seed_band(axes[1], c["tokens"] / 1e6, c["pass_k"], name)
+        seed_band(axes[2], c["wall"], c["accuracy"], name)
+    axes[0].set(xlabel="generated tokens per seed (millions)", ylabel="held-out greedy accuracy", title=title)
+    axes[1].set(xlabel="generated tokens per seed (millions)", ylabel="held-out pass@8")
+    axes[2].set(xlabel="wall seconds (all seeds of the row together)", ylabel="held-out greedy accuracy")
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="countdown")
+    parser.add_argument("--rl-task", default="max_number=50", help="task options of the RL runs (harder problems)")
+    parser.add_argument("--sft-steps", type=int, default=640_000, help="SFT samples (without --sft-dir)")
+    parser.add_argument("--sft-dir", default="", help="the SFT run: reused if it exists, else trained there")
+    parser.add_argument("--samples", type=int, default=51_200, help="completions drawn per seed, every row")
+    parser.add_argument("--evals", type=int, default=4, help="held-out evaluations per row after the start")
+    parser.add_argument("--pool", type=int, default=512, help="training problems (rollout.pool_size), every row")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
+    parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "rollout_strategies.png"))
+    parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    args = parser.parse_args(argv)
+    args.rl_steps = args.samples  # (text_rl's name; every row sets its own total_steps)
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = [r for r in rows if r not in ROWS]
+    if unknown:
+        parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+    per_update = rl_config(args, "", "grpo").num_prompts * rl_config(args, "", "grpo").group.size
+    for name in rows:
+        trained = row_config(args, "", ROWS[name]).total_steps
+        if trained % (args.evals * 5 * per_update):
+            parser.error(f"row {name}: {trained:,} trained completions do not split into {args.evals} evaluations x 5 "
+                         f"log rows of whole updates ({per_update} completions)")
+
+    from jaxrl import algos, train
+
+    for name in rows:  # a misconfigured row fails before any training
+        algos.validate(row_config(args, "", ROWS[name]))
+    command = "python benchmarks/rollout_strategies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    print(f"{args.task} ({args.rl_task}), pool {args.pool}, {args.samples:,} completions per seed x {args.seeds} "
+          f"seeds per row; {machine()}", flush=True)
+
+    runs, walls = {}, {}
+    with tempfile.TemporaryDirectory() as scratch:
+        sft_dir = args.sft_dir or os.path.join(scratch, "sft")
+        if not os.path.exists(os.path.join(sft_dir, "tokenizer.json")):
+            train_sft(args, sft_dir)
+        start = start_point(row_config(args, sft_dir, {}))
+        print(f"  warm start: accuracy {start[0]:.3f}, pass@8 {start[1]:.3f}", flush=True)
+        for name in rows:
+            config = row_config(args, sft_dir, ROWS[name])
+            metrics = train.run(config, os.path.join(scratch, name.replace("+", "_")), progress=False).metrics
+            runs[name], walls[name] = curves(metrics, config, args.seeds, start), metrics[-1]["wall_time"]
+            c = runs[name]
+            print(f"  {name}: {walls[name]:.0f} s, {c['tokens'][-1] / 1e6:.2f}M tokens per seed, accuracy "
+                  f"{c['accuracy'][0].mean():.3f} -> {c['accuracy'][-1].mean():.3f}, pass@8 {c['pass_k'][-1].mean():.3f}",
+                  flush=True)
+
+    reference = runs.get("dapo")
+    header = ["row", "start", "final accuracy [min, max]", "final pass@8", "tokens per seed",
+              "tokens to DAPO's final (share of DAPO's)", "accuracy at DAPO's tokens", "wall s (all seeds)"]
+    table = []
+    for name, c in runs.items():
+        final = c["accuracy"][-1]
+        reach, at = "-", "-"
+        if reference is not None:
+            needed = tokens_to_reach(c, reference["accuracy"][-1].mean())
+            reach = "never" if needed is None else f"{needed / 1e6:.2f}M ({needed / reference['tokens'][-1]:.0%})"
+            at = f"{accuracy_at(c, reference['tokens'][-1]):.3f}"
+        table.append([name, f"{c['accuracy'][0].mean():.3f}", f"{final.mean():.3f} [{final.min():.3f}, {final.max():.3f}]",
+                      f"{c['pass_k'][-1].mean():.3f}", f"{c['tokens'][-1] / 1e6:.2f}M", reach, at, f"{walls[name]:.0f}"])
+    title = f"{args.task} ({args.rl_task}), pool {args.pool}"
+    plot(runs, args.plot, title)
+    settings = "; ".join(f"{name}: " + (", ".join(f"{k}={v}" for k, v in ROWS[name].items()) or "defaults")
+                         for name in rows)
+    section = "\n".join([
+        f"`{command.strip()}` ({datetime.date.today()}; {machine()}).",
+        "",
+        f"From the SFT run's last checkpoint, RL on {args.task} with {args.rl_task} over a pool of {args.pool} "
+        f"training problems, {args.samples:,} completions drawn per seed and {args.seeds} seeds per row (trained as "
+        f"one program); held-out greedy accuracy, mean over seeds. Rows: {settings}.",
+        "", markdown_table(header, table), "",
+        f"![rollout strategies]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"])
+    publish(section, args.update_results, MARKERS, "Rollout strategies on Countdown (issue 20)")
+    with open(os.path.splitext(args.plot)[0] + ".json", "w") as f:
+        json.dump({name: {k: v.tolist() for k, v in c.items()} for name, c in runs.items()}, f)
+
+
+if __name__ == "__main__":
+    main()
