@@ -166,3 +166,25 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     np.testing.assert_array_equal(groups.weight[0, :, hint:], groups.mask[0, :, hint:])
     np.testing.assert_array_equal(groups.weight[1], groups.mask[1])
     assert float(metrics["hinted"]) == 0.5
+
+
+def test_the_readme_strategy_example_registers_and_trains():
+    import re
+    from helpers import ROOT
+
+    readme = open(f"{ROOT}/README.md").read()
+    snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "rollout.register(" in block)
+    try:
+        exec(snippet, {})
+        strategy = rollout.get("filter", "shortest_first")
+        groups = rollout.Groups(*([None] * 7), lengths=jnp.asarray([[3, 1, 2]]), values=None, rewards=None,
+                                weight=None, bonus=None, replayed=None)
+        out, _ = strategy.after(None, None, groups, None, None)
+        np.testing.assert_allclose(out.bonus, [[-0.025, 0.025, 0.0]], atol=1e-7)
+        config = tiny_grpo_config("", **{"rollout.filter": "shortest_first"})
+        algos.validate(config)
+        algo, hp = algos.build(config, mesh_lib.make_mesh(1))
+        state, metrics = algo.run_chunk(algo.init_seeds(0, 1), hp, 1)
+        assert np.isfinite(jax.device_get(metrics["policy_loss"])).all()
+    finally:
+        rollout.STRATEGIES["filter"].pop("shortest_first", None)
