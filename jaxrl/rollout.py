@@ -19,6 +19,14 @@ A strategy is a named `Strategy` of one stage with any of these hooks (all optio
     observe(algo, memory, groups) -> (memory, metrics)         groups: every candidate on this device
     after(algo, memory, groups, params, key) -> (groups, metrics)
 
+Environments (`jaxrl.algos.grpo.GRPO`, domain "env") have Generate strategies only, with one hook:
+
+    members(algo, key) -> (shared [T, n, A] bool, trained [T, n, A] bool)
+
+where `shared` says which (step, env, agent) draws its group leader's action noise instead of its own (a
+group's members then act alike there: a shared prefix, or all agents but one) and `trained` which steps the
+loss learns from.
+
 `algo` is the learner (its settings, model, vocab, task and `strategy_options(name)`). Hooks run per seed on
 this device's share of the prompts under `shard_map`; memory is the same on every device, so a hook that
 writes it first gathers the whole batch (`gather`) and writes deterministically (`last_occurrence`).
@@ -37,6 +45,8 @@ from flax import struct
 from jaxrl.mesh import DATA_AXIS
 
 STAGES = ("generate", "filter", "control", "replay")
+DOMAINS = ("tokens", "env")  # token-level GRPO, GRPO on environments
+HOOKS = {"tokens": ("init", "before", "generate", "observe", "after"), "env": ("members",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,9 +56,11 @@ class Strategy:
     stage: str
     name: str
     doc: str
+    domain: str = "tokens"
     init: Callable | None = None
     before: Callable | None = None
     generate: Callable | None = None
+    members: Callable | None = None
     observe: Callable | None = None
     after: Callable | None = None
     options: tuple[tuple[str, Any], ...] = ()  # (name, default): config keys rollout.options.<name>.<key>
@@ -57,26 +69,29 @@ class Strategy:
     requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
 
 
-STRATEGIES: dict[str, dict[str, Strategy]] = {stage: {} for stage in STAGES}
+STRATEGIES: dict[str, dict[str, dict[str, Strategy]]] = {d: {stage: {} for stage in STAGES} for d in DOMAINS}
 
 
-def register(stage: str, name: str, *, options: dict | None = None, needs_pool: bool = False,
+def register(stage: str, name: str, *, domain: str = "tokens", options: dict | None = None, needs_pool: bool = False,
              selects: bool = False, requires: tuple[str, ...] = (), **hooks) -> Strategy:
-    """Add a strategy to its stage's registry; `hooks` are the functions of the module docstring."""
+    """Add a strategy to its domain's and stage's registry; `hooks` are the functions of the module docstring."""
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown rollout domain {domain!r}; domains: {', '.join(DOMAINS)}")
     if stage not in STAGES:
         raise ValueError(f"unknown rollout stage {stage!r}; stages: {', '.join(STAGES)}")
-    if name in STRATEGIES[stage]:
-        raise ValueError(f"rollout strategy {stage}/{name} is already registered")
-    unknown = set(hooks) - {"init", "before", "generate", "observe", "after"}
+    if name in STRATEGIES[domain][stage]:
+        raise ValueError(f"rollout strategy {stage}/{name} ({domain}) is already registered")
+    unknown = set(hooks) - set(HOOKS[domain])
     if unknown or not hooks:
-        raise ValueError(f"rollout strategy {name!r}: hooks are init, before, generate, observe, after; got "
-                         f"{sorted(hooks)}")
-    if ("generate" in hooks) != (stage == "generate"):
-        raise ValueError(f"rollout strategy {name!r}: a `generate` hook belongs to Generate strategies only")
+        raise ValueError(f"rollout strategy {name!r}: the hooks of domain {domain} are {', '.join(HOOKS[domain])}; "
+                         f"got {sorted(hooks)}")
+    if ("generate" in hooks or "members" in hooks) != (stage == "generate"):
+        raise ValueError(f"rollout strategy {name!r}: Generate strategies, and only they, have a `generate` "
+                         f"(tokens) or `members` (env) hook")
     doc = next((h.__doc__ for h in hooks.values() if h.__doc__), "") or ""
-    strategy = Strategy(stage, name, doc.strip().split("\n")[0], options=tuple((options or {}).items()),
+    strategy = Strategy(stage, name, doc.strip().split("\n")[0], domain, options=tuple((options or {}).items()),
                         needs_pool=needs_pool, selects=selects, requires=tuple(requires), **hooks)
-    STRATEGIES[stage][name] = strategy
+    STRATEGIES[domain][stage][name] = strategy
     return strategy
 
 
@@ -85,11 +100,24 @@ def names(spec: str) -> tuple[str, ...]:
     return tuple(n.strip() for n in spec.split(",") if n.strip())
 
 
-def get(stage: str, name: str) -> Strategy:
-    if name not in STRATEGIES.get(stage, {}):
-        known = ", ".join(sorted(STRATEGIES.get(stage, {}))) or "none"
-        raise ValueError(f"unknown {stage} strategy {name!r}; known: {known}")
-    return STRATEGIES[stage][name]
+def get(stage: str, name: str, domain: str = "tokens") -> Strategy:
+    registry = STRATEGIES[domain].get(stage, {})
+    if name not in registry:
+        raise ValueError(f"unknown {stage} strategy {name!r}; known: {', '.join(sorted(registry)) or 'none'}")
+    return registry[name]
+
+
+def options_of(strategy: Strategy, configured: tuple) -> dict:
+    """A strategy's options: its registered defaults, overridden by `configured` ((name, ((key, value), ...)),
+    ...) from a settings object)."""
+    return {**dict(strategy.options), **dict(dict(configured).get(strategy.name, ()))}
+
+
+def option_keys(domain: str) -> dict:
+    """{strategy name: {option: default}} of every registered strategy of `domain` that has options (the
+    config's rollout.options)."""
+    return {name: dict(strategy.options) for stage in STAGES
+            for name, strategy in STRATEGIES[domain][stage].items() if strategy.options}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -187,4 +187,67 @@ def test_the_readme_strategy_example_registers_and_trains():
         state, metrics = algo.run_chunk(algo.init_seeds(0, 1), hp, 1)
         assert np.isfinite(jax.device_get(metrics["policy_loss"])).all()
     finally:
-        rollout.STRATEGIES["filter"].pop("shortest_first", None)
+        rollout.STRATEGIES["tokens"]["filter"].pop("shortest_first", None)
+
+
+# --- Generate strategies for environments ------------------------------------------------------------
+
+def env_rollout(config, seed: int = 0):
+    """One group rollout of `config`'s GRPO for seed 0 on one device: (traj, metrics, trained [T, N, A])."""
+    from helpers import small_grpo_config  # noqa: F401  (conftest puts tests/ on the path)
+
+    algo, _ = algos.build(config, mesh_lib.make_mesh(1))
+    params = jax.tree.map(lambda x: x[0], algo.init_seeds(seed, 1).params)
+    fn = jax.shard_map(lambda p, k: algo._rollout(p, k), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+                       check_vma=False)
+    traj, metrics, trained = jax.jit(fn)(params, jax.random.key(seed + 5))
+    return algo, traj, metrics, np.asarray(trained)
+
+
+def test_vine_groups_share_a_prefix_then_branch_and_train_from_the_branch_on():
+    from helpers import small_grpo_config
+
+    config = small_grpo_config("cartpole_grpo", num_envs=32, num_steps=40, group_size=4,
+                               **{"rollout.generate": "vine", "rollout.options.vine.max_branch_step": 12})
+    algos.validate(config)
+    algo, traj, metrics, trained = env_rollout(config)
+    branch = trained.argmax(axis=0)[:, 0]  # [N]: the first trained step of each member
+    assert trained[:, :, 0].any(axis=0).all() and branch.max() <= 12 and len(set(branch.tolist())) > 1
+    np.testing.assert_array_equal(trained[:, :, 0], np.arange(40)[:, None] >= branch[None, :])
+    actions, obs = np.asarray(traj.action[..., 0]), np.asarray(traj.actor_in[:, :, 0])
+    diverged = 0
+    for g in range(8):
+        members = slice(4 * g, 4 * g + 4)
+        b = branch[4 * g]
+        assert (branch[members] == b).all()
+        np.testing.assert_array_equal(actions[:b, members], np.broadcast_to(actions[:b, 4 * g, None], (b, 4)))
+        np.testing.assert_array_equal(obs[:b + 1, members], np.broadcast_to(obs[:b + 1, 4 * g, None], (b + 1, 4, obs.shape[-1])))
+        diverged += bool((actions[b:, members] != actions[b:, 4 * g, None]).any())
+    assert diverged >= 6, "after the branch, members act on their own noise"
+    assert float(metrics["branch_step_sum"]) == branch.sum()
+
+
+def test_counterfactual_groups_vary_one_agent_and_train_only_it():
+    from helpers import small_grpo_config
+
+    config = small_grpo_config("smax_grpo", "3m", num_envs=32, num_steps=20, group_size=4,
+                               **{"rollout.generate": "counterfactual"})
+    algos.validate(config)
+    algo, traj, metrics, trained = env_rollout(config)
+    focus = trained[0].argmax(axis=1)  # [N]
+    np.testing.assert_array_equal(trained, np.broadcast_to(np.arange(3)[None, None] == focus[None, :, None], trained.shape))
+    actions = np.asarray(traj.action)  # [T, N, A]
+    assert len(set(focus.tolist())) > 1
+    for g in range(8):
+        members = slice(4 * g, 4 * g + 4)
+        assert (focus[members] == focus[4 * g]).all()
+        others = [a for a in range(3) if a != focus[4 * g]]
+        # The first step: every member sees the same start; the other agents draw the leader's noise.
+        np.testing.assert_array_equal(actions[0, members][:, others], np.broadcast_to(actions[0, 4 * g, others], (4, 2)))
+
+
+def test_an_unknown_env_generate_strategy_is_a_config_error():
+    from helpers import small_grpo_config
+
+    with pytest.raises(ValueError, match="unknown config.rollout.generate 'tree'; known: counterfactual, independent, vine"):
+        algos.validate(small_grpo_config("cartpole_grpo", **{"rollout.generate": "tree"}))

@@ -38,7 +38,7 @@ from ml_collections import ConfigDict
 
 import envs
 from envs.wrappers import select
-from jaxrl import advantages as advantages_lib, config as config_lib, losses, mesh as mesh_lib
+from jaxrl import advantages as advantages_lib, config as config_lib, losses, mesh as mesh_lib, rollout
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units
 from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
                                    env_settings, make_env, make_network, sample_trajectory)
@@ -89,6 +89,8 @@ class GRPOSettings(EnvSettings):
     aggregate: str = "token"  # "token", "sequence" or "constant" (Dr. GRPO)
     constant_length: int | None = None  # for aggregate="constant"; None: T
     dual_clip: float | None = None  # dual-clip PPO's bound for negative advantages; None: off
+    generate: str = "independent"  # a Generate strategy of jaxrl.rollout's "env" domain
+    rollout_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (strategy, ((key, value), ...))
 
     @property
     def num_groups(self) -> int:
@@ -133,6 +135,11 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         self.use_critic = bool(getattr(network, "critic", True))
         self._estimator_options = dict(settings.advantage_options)
         self.vma_checks = self.agent_env.supports_vma_checks
+        self.generate = rollout.get("generate", settings.generate, "env")
+
+    def strategy_options(self, name: str) -> dict:
+        """The options of the Generate strategy `name` (registered defaults, overridden by the config)."""
+        return rollout.options_of(rollout.get("generate", name, "env"), self.settings.rollout_options)
 
     # ----------------------------------------------------------------------------------------------
     # State
@@ -153,9 +160,11 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
     def _rollout(self, params, key):
         """G episodes from each of the b local groups' start states, T steps, no auto-reset.
 
-        Returns (trajectory GroupStep [T, n, A, ...], episode sums). Once an episode ends, its env
-        stays at the state before its last step: later steps are still computed (static shapes) but
-        discarded and masked out by `running`, and no step ever starts from a terminal state.
+        Returns (trajectory GroupStep [T, n, A, ...], episode sums and the Generate strategy's metrics, trained
+        [T, n, A] float: the steps the loss learns from). Once an episode ends, its env stays at the state
+        before its last step: later steps are still computed (static shapes) but discarded and masked out by
+        `running`, and no step ever starts from a terminal state. The Generate strategy (`settings.generate`)
+        may make members draw their group leader's action noise (shared prefixes, counterfactual agents).
         """
         s, env, A, dist = self.settings, self.agent_env, self.num_agents, self.policy.dist
         G, B, N = s.group_size, s.num_groups, s.num_envs
@@ -166,6 +175,12 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         env_keys = jax.vmap(lambda k: jax.random.split(k, B))(step_keys)  # [T, B, 2], one per group
         action_noise = jax.vmap(lambda k: dist.noise(jax.random.fold_in(k, 1), (N, A)))(step_keys)
         env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
+        plan = self.generate.members(self, jax.random.fold_in(key, 7))
+        trained, strategy_metrics = 1.0, {}
+        if plan is not None:  # members draw their leader's noise where `shared`
+            shared, trained, strategy_metrics = plan
+            action_noise = share_leader_noise(action_noise, shared, G)
+            trained = trained.astype(jnp.float32)
 
         def members(x):  # [b, ...] -> [n, ...]: every group member gets its group's value
             return jnp.repeat(x, G, axis=0)
@@ -201,7 +216,7 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
                    "episodes": jnp.int32(n)}
         if self.policy.reports_wins:
             episode["win_rate_sum"] = jnp.sum(won)
-        return traj, episode
+        return traj, {**episode, **strategy_metrics}, trained
 
     # ----------------------------------------------------------------------------------------------
     # Advantages
@@ -261,8 +276,9 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
     def _update(self, state: GroupState, hp: GRPOHyperparams):
         """One GRPO update for one seed on this device's groups: returns (state, metrics)."""
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        traj, episode = self._rollout(state.params, rollout_key)
+        traj, episode, trained = self._rollout(state.params, rollout_key)
         advantages, weight, returns_to_go, metrics = self._advantages(traj, hp)
+        weight = weight * trained
         T, n, A = traj.log_prob.shape
         first = jnp.broadcast_to((jnp.arange(T) == 0)[:, None, None], (T, n, A))
         samples = {"actor_in": traj.actor_in, "critic_in": traj.critic_in, "first": first,
@@ -276,7 +292,7 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)
         metrics.update(jax.tree.map(jnp.mean, aux))
-        metrics.update(jax.lax.psum(episode, DATA_AXIS))
+        metrics.update(jax.lax.psum(episode, DATA_AXIS))  # strategy metrics too: means of per-device shares
         metrics["acting_fraction"] = global_mean(traj.acting)  # the share of computed steps that train
         return GroupState(params, opt_state, key, state.update_step + 1), metrics
 
@@ -284,6 +300,57 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         """The group rollout the next update will train on, nothing updated: leaves [S, T, N, A, ...]."""
         return sample_trajectory(lambda st, key: self._rollout(st.params, key)[0], state,
                                  jax.tree.map(lambda _: RUNS, state), self.mesh, self.agent_env.supports_vma_checks)
+
+
+# -------------------------------------------------------------------------------------------------
+# Generate strategies for environments (jaxrl.rollout, domain "env")
+
+
+def share_leader_noise(noise: jax.Array, shared: jax.Array, group_size: int) -> jax.Array:
+    """noise [T, n, A, ...] with member g of each group drawing member 0's where shared [T, n, A]."""
+    T, n = noise.shape[:2]
+    grouped = noise.reshape(T, n // group_size, group_size, *noise.shape[2:])
+    leader = jnp.broadcast_to(grouped[:, :, :1], grouped.shape).reshape(noise.shape)
+    return jnp.where(shared.reshape(shared.shape + (1,) * (noise.ndim - shared.ndim)), leader, noise)
+
+
+def _per_member(algo, per_group: jax.Array) -> jax.Array:
+    """A value per group, drawn for all B groups [B, ...], as this device's members' values [n, ...]."""
+    return jnp.repeat(mesh_lib.local_share(per_group), algo.settings.group_size, axis=0)
+
+
+def independent(algo, key):
+    """G independent episodes per start state (nothing shared, every step trained)."""
+    return None
+
+
+def vine(algo, key):
+    """Vine groups: a group's members act alike (their leader's action noise) until a branch step drawn per
+    group uniformly from 0..max_branch_step, then each on its own: G continuations of one mid-episode state.
+    Only the steps from the branch on are trained (before it the members' actions are equal, and their
+    advantages would cancel). Logs `branch_step_sum`."""
+    s = algo.settings
+    branch = jax.random.randint(key, (s.num_groups,), 0, algo.strategy_options("vine")["max_branch_step"] + 1)
+    branch = _per_member(algo, branch)  # [n]
+    shared = jnp.arange(s.num_steps)[:, None] < branch[None, :]  # [T, n]
+    shared = jnp.broadcast_to(shared[..., None], (*shared.shape, algo.num_agents))
+    return shared, ~shared, {"branch_step_sum": jnp.sum(branch)}  # per member: the host divides by episodes
+
+
+def counterfactual(algo, key):
+    """Per-agent counterfactual groups: in each group one agent, drawn per group, acts on its own action noise
+    while every other agent draws the leader's, so the spread of the group's returns comes from that agent's
+    choices (and what the others do in answer to them). Only that agent's steps are trained."""
+    s = algo.settings
+    focus = _per_member(algo, jax.random.randint(key, (s.num_groups,), 0, algo.num_agents))  # [n]
+    own = jnp.arange(algo.num_agents)[None, :] == focus[:, None]  # [n, A]
+    own = jnp.broadcast_to(own[None], (s.num_steps, *own.shape))
+    return ~own, own, {}
+
+
+rollout.register("generate", "independent", domain="env", members=independent)
+rollout.register("generate", "vine", domain="env", members=vine, options={"max_branch_step": 10})
+rollout.register("generate", "counterfactual", domain="env", members=counterfactual)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -300,13 +367,18 @@ def grpo_config() -> ConfigDict:
     # advantage per episode, "to_go" a group baseline per step over returns-to-go.
     config.group.returns = "episode"
     config.loss.constant_length = 0  # aggregate="constant": the length divided by; 0: num_steps
+    # rollout.generate: independent, vine (shared prefix, then G continuations) or counterfactual (one agent
+    # per group acts on its own noise); options per strategy
+    config.rollout = ConfigDict({"generate": "independent", "options": rollout.option_keys("env")})
     return config
 
 
 def build_grpo(config: ConfigDict, mesh) -> GRPO:
     env, eval_max_steps = make_env(config)
     settings = GRPOSettings(**env_settings(config), **group_settings(config), returns=config.group.returns,
-                            constant_length=config.loss.constant_length or None)
+                            constant_length=config.loss.constant_length or None, generate=config.rollout.generate,
+                            rollout_options=tuple((name, tuple(sorted(o.to_dict().items())))
+                                                  for name, o in sorted(config.rollout.options.items())))
     network = make_network(config, env, critic=config.critic_weight > 0)
     return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
 
@@ -315,6 +387,7 @@ def check_grpo_config(config: ConfigDict) -> None:
     check_env_config(config)
     check_group_config(config)
     config_lib.one_of(config.group.returns, RETURNS, "group.returns")
+    config_lib.one_of(config.rollout.generate, sorted(rollout.STRATEGIES["env"]["generate"]), "rollout.generate")
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
                          f"{config.group.size}: every group is group.size envs from one start state")

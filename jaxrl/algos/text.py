@@ -389,8 +389,8 @@ class TextGRPO(_TextAlgorithm):
 
     def strategy_options(self, name: str) -> dict:
         """The options of rollout strategy `name` (its registered defaults, overridden by the config)."""
-        defaults, = (dict(s.options) for s in self.strategies if s.name == name)
-        return {**defaults, **dict(dict(self.settings.rollout_options).get(name, ()))}
+        strategy, = (s for s in self.strategies if s.name == name)
+        return rollout.options_of(strategy, self.settings.rollout_options)
 
     # ----------------------------------------------------------------------------------------------
 
@@ -563,8 +563,7 @@ def rollout_keys() -> ConfigDict:
         "control": "dynamic_sampling",  # with group.oversample > 1 it keeps one candidate per slot
         "replay": "",  # e.g. "correct,hints" (need pool_size > 0)
         "pool_size": 0,  # > 0: a fixed pool of training problems (memory per problem); 0: a fresh one each time
-        "options": {name: dict(strategy.options) for stage in rollout.STAGES
-                    for name, strategy in rollout.STRATEGIES[stage].items() if strategy.options},
+        "options": rollout.option_keys("tokens"),
     })
 
 
