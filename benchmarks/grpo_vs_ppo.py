@@ -69,7 +69,7 @@ def fmt(values: list[float] | None) -> str:
     return "-" if values is None else f"{np.mean(values):.2f} +- {np.std(values):.2f}"
 
 
-def plot(results: list[dict], path: str, env_steps: int, scenario: str) -> None:
+def plot(results: list[dict], path: str, env_steps: int, scenario: str, title: str = "GRPO variants vs MAPPO") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -86,7 +86,7 @@ def plot(results: list[dict], path: str, env_steps: int, scenario: str) -> None:
         seed_band(ax, x, y, r["name"])
     ax.set_xlabel("env steps taken per seed (millions)")
     ax.set_ylabel("greedy win rate (mean, min-max over seeds)")
-    ax.set_title(f"SMAX {scenario}: GRPO variants vs MAPPO")
+    ax.set_title(f"SMAX {scenario}: {title}")
     ax.set_ylim(-0.02, 1.02)
     save_figure(fig, path)
 
