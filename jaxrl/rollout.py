@@ -18,6 +18,8 @@ A strategy is a named `Strategy` of one stage with any of these hooks (all optio
     generate(algo, params, hp, plan, key) -> Groups            Generate strategies only
     observe(algo, memory, groups) -> (memory, metrics)         groups: every candidate on this device
     after(algo, memory, groups, params, key) -> (groups, metrics)
+    advantages(algo, groups, rewards) -> (advantages, weights)   a Generate strategy whose samples have a
+                                                               structure (a tree) may score tokens itself
 
 Environments (`jaxrl.algos.grpo.GRPO`, domain "env") have Generate strategies only, with one hook:
 
@@ -46,7 +48,7 @@ from jaxrl.mesh import DATA_AXIS
 
 STAGES = ("generate", "filter", "control", "replay")
 DOMAINS = ("tokens", "env")  # token-level GRPO, GRPO on environments
-HOOKS = {"tokens": ("init", "before", "generate", "observe", "after"), "env": ("members",)}
+HOOKS = {"tokens": ("init", "before", "generate", "observe", "after", "advantages"), "env": ("members",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +62,7 @@ class Strategy:
     init: Callable | None = None
     before: Callable | None = None
     generate: Callable | None = None
+    advantages: Callable | None = None  # (algo, groups, rewards [n, G]) -> (advantages, weights) [n, G, N]
     members: Callable | None = None
     observe: Callable | None = None
     after: Callable | None = None
@@ -207,6 +210,33 @@ def importance_weights(log_probs: jax.Array, behaviour_log_probs: jax.Array, mas
     pi: the current policy, mu: the one that drew the tokens (as V-trace's truncated rho). [..., N] each."""
     ratio = jnp.exp(jnp.where(mask > 0, log_probs - behaviour_log_probs, 0.0))
     return jnp.minimum(ratio, cap) * mask
+
+
+def tree_advantages(rewards: jax.Array, in_tree: jax.Array, branches: int, depth: int, length: int, *,
+                    scale: bool, eps: float = 1e-6) -> tuple[jax.Array, jax.Array]:
+    """Per-token advantages and loss weights [n, G, N] of groups sampled as trees.
+
+    rewards [n, G]: each member's reward; a group's G members form `branches` branches of k = G / branches
+    that share their first `depth` tokens. in_tree [n, G]: the member belongs to its branch (a replayed one
+    does not, and is scored as an independent sample). With the group mean m and the branch mean m_b (over
+    its members in the tree):
+      shared prefix (t < depth): m_b - m, weight 1 / k (the k copies of one prefix count once);
+      after the branch point:    r - m_b, weight 1;
+      a member not in the tree:  r - m everywhere, weight 1.
+    Prefix and suffix advantages add up to the flat r - m. `scale` divides by the group's std (+ eps)."""
+    n, G = rewards.shape
+    k = G // branches
+    inside = in_tree.reshape(n, branches, k).astype(rewards.dtype)
+    branch_mean = jnp.sum(rewards.reshape(n, branches, k) * inside, -1) / jnp.maximum(inside.sum(-1), 1.0)
+    branch_mean = jnp.repeat(branch_mean, k, axis=1)  # [n, G]
+    mean = rewards.mean(axis=1, keepdims=True)
+    prefix = (jnp.arange(length) < depth)[None, None, :]
+    tree = jnp.where(prefix, (branch_mean - mean)[..., None], (rewards - branch_mean)[..., None])
+    advantages = jnp.where(in_tree[..., None], tree, (rewards - mean)[..., None])
+    weights = jnp.where(in_tree[..., None] & prefix, 1.0 / k, 1.0)
+    if scale:
+        advantages = advantages / (rewards.std(axis=1, keepdims=True)[..., None] + eps)
+    return advantages, jnp.broadcast_to(weights, advantages.shape)
 
 
 def allocate_groups(uncertainty: jax.Array, num_groups: int, max_groups: int) -> jax.Array:

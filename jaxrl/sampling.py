@@ -128,11 +128,11 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
                            eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k"))
+@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches"))
 def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
                              max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
                              top_p=1.0, forced: jax.Array | None = None,
-                             forced_len: jax.Array | None = None) -> Samples:
+                             forced_len: jax.Array | None = None, branches: int = 0, depth: int = 0) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
     Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
@@ -142,15 +142,20 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     forced[b, :forced_len[b]] instead of drawing them (a hint: the model continues from them). They are real
     tokens of the completion (mask 1, log-probabilities the model's own); the caller decides whether a loss
     trains on them.
+
+    `branches` > 0 samples each group as a tree: its G members form `branches` branches of G / branches
+    members that draw their first `depth` tokens with their branch leader's (its first member's) random
+    numbers, so they share that prefix exactly and differ after it.
     """
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True,
-                           forced=forced, forced_len=forced_len)
+                           forced=forced, forced_len=forced_len, branches=branches, depth=depth)
 
 
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
-                    temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None) -> Samples:
+                    temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
+                    branches: int = 0, depth: int = 0) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
     with key (b, g). forced [B, N], forced_len [B]: see `sample_groups_per_prompt`."""
@@ -167,6 +172,10 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     over_members = jax.vmap(split, out_axes=1)
     step_keys = jax.vmap(over_members, out_axes=1)(member_keys) if per_prompt else over_members(member_keys)
     # step_keys [N, B, G] or [N, G]
+    if branches:  # members take their branch leader's keys for the first `depth` steps
+        leader = (jnp.arange(G) // (G // branches)) * (G // branches)
+        source = jnp.where(jnp.arange(N)[:, None] < depth, leader[None, :], jnp.arange(G)[None, :])  # [N, G]
+        step_keys = jax.vmap(lambda k, i: k[:, i] if per_prompt else k[i])(step_keys, source)
 
     def pick(logits, done, keys, t):  # logits [B, G, V], done [B, G], keys [B, G] or [G]
         if per_prompt:

@@ -139,7 +139,7 @@ num_seeds = 2
 # model's all-wrong groups get replays; hints rise after one failure.
 TEXT_GRPO_STRATEGIES = TEXT_GRPO + """
 config.rollout.filter, config.rollout.replay, config.rollout.pool_size = "rank_ties,success_predictor", "correct,hints", 8
-config.rollout.control = "variance_budget"
+config.rollout.control, config.rollout.generate = "variance_budget", "tree"
 config.rollout.options.hints.patience = 1
 
 def prepare(algo, state):

@@ -74,6 +74,9 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.control": "", "group.oversample": 2}, "needs exactly one selecting Control strategy"),
         ({"rollout.generate": ""}, "config.rollout.generate must name exactly one strategy"),
         ({"rollout.control": "variance_budget"}, "control/variance_budget needs success_predictor in config.rollout"),
+        ({"rollout.generate": "tree", "rollout.options.tree.branches": 4},
+         "config.rollout.options.tree.branches = 4 must divide config.group.size = 4 into branches of two or more"),
+        ({"rollout.generate": "tree", "advantage": "rloo"}, "config.advantage='rloo' is not one of them"),
         ({"rollout.options.hints.wait": 3, "rollout.replay": "hints", "rollout.pool_size": 4},
          "config.rollout.options.hints has unknown keys ['wait']"),
     ]:
@@ -251,3 +254,40 @@ def test_an_unknown_env_generate_strategy_is_a_config_error():
 
     with pytest.raises(ValueError, match="unknown config.rollout.generate 'tree'; known: counterfactual, independent, vine"):
         algos.validate(small_grpo_config("cartpole_grpo", **{"rollout.generate": "tree"}))
+
+
+def test_tree_advantages_against_a_hand_computed_tree():
+    # One group of 4: branches {0, 1} and {2, 3} share 2 prefix tokens; rewards 1, 0 | 1, 1. Group mean 0.75,
+    # branch means 0.5 and 1.0. Member 3 is replayed (not in the tree): flat r - 0.75 at every token.
+    rewards = jnp.asarray([[1.0, 0.0, 1.0, 1.0]])
+    in_tree = jnp.asarray([[True, True, True, False]])
+    adv, weight = rollout.tree_advantages(rewards, in_tree, branches=2, depth=2, length=4, scale=False)
+    # Branch 2's mean is over its members in the tree: member 2 alone (1.0).
+    expected = np.asarray([[[-0.25, -0.25, 0.5, 0.5], [-0.25, -0.25, -0.5, -0.5],
+                            [0.25, 0.25, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    np.testing.assert_allclose(adv, expected, atol=1e-7)
+    np.testing.assert_allclose(weight, [[[0.5, 0.5, 1, 1], [0.5, 0.5, 1, 1], [0.5, 0.5, 1, 1], [1, 1, 1, 1]]])
+    # Prefix plus suffix is the flat advantage r - mean; `scale` divides by the group std (sqrt(3)/4).
+    scaled, _ = rollout.tree_advantages(rewards, in_tree, branches=2, depth=2, length=4, scale=True, eps=0.0)
+    np.testing.assert_allclose(scaled, expected / (np.sqrt(3) / 4), rtol=1e-6)
+
+
+def test_tree_rollouts_share_each_branch_prefix_and_differ_after(replay_algo):
+    algo = replay_algo
+    params = algo.init(jax.random.key(0)).params
+    model, vocab = algo.model, algo.vocab
+    prompts = algo.task.prompts(jax.tree.map(lambda x: x[:3], algo.pool), vocab)
+    out = sampling.sample_groups_per_prompt(model, params, prompts, jax.random.split(jax.random.key(1), 3),
+                                            group_size=6, max_new_tokens=5, eos_id=vocab.eos_id,
+                                            pad_id=vocab.pad_id, branches=2, depth=3)
+    plain = sampling.sample_groups_per_prompt(model, params, prompts, jax.random.split(jax.random.key(1), 3),
+                                              group_size=6, max_new_tokens=5, eos_id=vocab.eos_id, pad_id=vocab.pad_id)
+    tokens = np.asarray(out.tokens)
+    for leader in (0, 3):
+        np.testing.assert_array_equal(tokens[:, leader:leader + 3, :3],
+                                      np.broadcast_to(tokens[:, leader:leader + 1, :3], (3, 3, 3)))
+        np.testing.assert_array_equal(tokens[:, leader], np.asarray(plain.tokens)[:, leader])  # leaders as plain
+    # Past the prefix each member draws with its own numbers: its tokens are the plain sample's wherever the
+    # plain sample had the same prefix.
+    same_prefix = (np.asarray(plain.tokens)[..., :3] == tokens[..., :3]).all(-1)
+    np.testing.assert_array_equal(tokens[same_prefix], np.asarray(plain.tokens)[same_prefix])

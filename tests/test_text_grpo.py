@@ -47,6 +47,7 @@ def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
     {"rollout.filter": "rank_ties", "rollout.replay": "correct,hints", "rollout.pool_size": 8,
      "rollout.options.hints.patience": 1, "critic_weight": 0.5},
     {"rollout.filter": "success_predictor", "rollout.control": "variance_budget", "group.oversample": 2},
+    {"rollout.generate": "tree", "rollout.options.tree.depth": 2, "advantage": "dr_grpo"},
 ], ids=lambda o: "-".join(str(v) for v in o.values()))
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)

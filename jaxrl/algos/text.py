@@ -362,6 +362,7 @@ class TextGRPO(_TextAlgorithm):
         self.estimator = advantages.get(settings.advantage)
         self.strategies = [rollout.get(stage, name) for stage, chosen in settings.rollout for name in chosen]
         self.forces_hints = any(strategy.before for strategy in self.strategies)
+        self.generator, = (s for s in self.strategies if s.generate)
         self.ranks_ties = any(strategy.name == "rank_ties" for strategy in self.strategies)
         # The training pool: problem i is the same for every seed and device (a dataset, drawn once).
         self.pool = (jax.jit(lambda key: self.task.sample(key, settings.pool_size, "train"))(jax.random.key(0))
@@ -417,8 +418,7 @@ class TextGRPO(_TextAlgorithm):
             if strategy.before:
                 plan, m = strategy.before(self, memory.get(strategy.name), plan, hook_key(i))
                 metrics.update(m)
-        generate, = (s for s in self.strategies if s.generate)
-        groups = generate.generate(self, state.params, hp, plan, sample_key)
+        groups = self.generator.generate(self, state.params, hp, plan, sample_key)
         metrics["sampled_tokens"] = jax.lax.psum(jnp.sum(groups.generated), DATA_AXIS)  # every candidate's
         for strategy in self.strategies:
             if strategy.observe:
@@ -470,11 +470,15 @@ class TextGRPO(_TextAlgorithm):
             rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
             weights = (*weights, 1.0)
             metrics["ranked"] = jax.lax.pmean(jnp.mean(tied.astype(jnp.float32)), DATA_AXIS)
-        group = self.estimator(rewards, None, reward_weights=weights, **dict(s.advantage_options))
         b, G, N = groups.tokens.shape
-        advantages = jnp.broadcast_to(group.advantages[..., None], (b, G, N))  # per token
+        if self.generator.advantages:  # structured samples (trees) score their tokens themselves
+            advantages, weight = self.generator.advantages(self, groups, rewards @ jnp.asarray(weights))
+        else:
+            group = self.estimator(rewards, None, reward_weights=weights, **dict(s.advantage_options))
+            advantages = jnp.broadcast_to(group.advantages[..., None], (b, G, N))  # per token
+            weight = group.weight[..., None]
         units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
-                 "log_probs": groups.log_probs, "weight": group.weight[..., None] * groups.weight}
+                 "log_probs": groups.log_probs, "weight": weight * groups.weight}
         if self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
             returns = jnp.broadcast_to((groups.rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
             critic = standardise(returns - groups.values, groups.mask)
@@ -607,6 +611,14 @@ def check_rollout_config(config: ConfigDict) -> None:
             raise ValueError(f"config.rollout.options.{strategy.name} has unknown keys {sorted(unknown)}; known: "
                              f"{sorted(k for k, _ in strategy.options)}")
     selecting = [s.name for s in strategies if s.selects]
+    if "tree" in chosen["generate"]:
+        branches = r.options.tree.branches
+        if branches < 1 or config.group.size % branches or config.group.size == branches:
+            raise ValueError(f"config.rollout.options.tree.branches = {branches} must divide config.group.size = "
+                             f"{config.group.size} into branches of two or more members")
+        if config.advantage not in ("grpo", "dr_grpo"):
+            raise ValueError(f"rollout.generate=tree scores tokens with per-branch baselines (grpo or dr_grpo "
+                             f"scaling); config.advantage={config.advantage!r} is not one of them")
     if config.group.oversample > 1 and len(selecting) != 1:
         raise ValueError(f"config.group.oversample = {config.group.oversample} needs exactly one selecting Control "
                          f"strategy in config.rollout.control (e.g. dynamic_sampling), got {selecting or 'none'}")

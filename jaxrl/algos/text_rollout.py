@@ -1,6 +1,7 @@
 """The built-in rollout strategies of token-level GRPO, one per entry of `jaxrl.rollout`'s registries.
 
     generate/independent      G independent completions per prompt (the default)
+    generate/tree             G completions as `branches` branches sharing a prefix, per-branch baselines
     filter/rank_ties          rank the members of all-equal groups by their surprisal
     filter/success_predictor  a small model of a prompt's pass rate from the prompt alone, trained online
     control/dynamic_sampling  per slot, the first of `group.oversample` candidates whose rewards vary (DAPO)
@@ -40,7 +41,7 @@ def _answer_lengths(algo, answers: jax.Array) -> jax.Array:
 
 # --- Generate ---------------------------------------------------------------------------------------
 
-def independent(algo, params, hp, plan: Plan, key: jax.Array) -> Groups:
+def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     """G independent completions per prompt (KV-cache sampling; a hint's tokens are forced first)."""
     s, task, vocab = algo.settings, algo.task, algo.vocab
     prompts = task.prompts(plan.problems, vocab)
@@ -50,7 +51,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array) -> Groups:
     samples = sampling.sample_groups_per_prompt(
         algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
         eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
-        **hints)
+        **hints, **tree)
     rewards = jax.vmap(lambda c: task.jax_rewards(plan.problems, c, vocab), in_axes=1, out_axes=1)(samples.tokens)
     n, G, N = samples.tokens.shape
     drawn = jnp.arange(N) >= plan.hint_len[:, None, None]
@@ -60,6 +61,28 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array) -> Groups:
 
 
 rollout.register("generate", "independent", generate=independent)
+
+
+def tree(algo, params, hp, plan: Plan, key: jax.Array) -> Groups:
+    """Tree rollouts: each group's G members form `branches` branches of G / branches members sharing their
+    first `depth` tokens (lookahead-tree / BranchGRPO style). Advantages respect the tree
+    (`rollout.tree_advantages`): a shared prefix is scored by its branch's mean against the group's, what
+    follows by each member against its branch."""
+    o = algo.strategy_options("tree")
+    return independent(algo, params, hp, plan, key, branches=o["branches"], depth=o["depth"])
+
+
+def tree_token_advantages(algo, groups: Groups, rewards: jax.Array):
+    """The tree's per-token advantages from the members' weighted rewards [n, G] (scaled by the group's std
+    unless the estimator's scale is "none")."""
+    o, s = algo.strategy_options("tree"), algo.settings
+    scale = dict(s.advantage_options).get("scale") or ("none" if s.advantage == "dr_grpo" else "group")
+    return rollout.tree_advantages(rewards, ~groups.replayed, o["branches"], o["depth"], groups.tokens.shape[-1],
+                                   scale=scale == "group", eps=dict(s.advantage_options).get("eps", 1e-6))
+
+
+rollout.register("generate", "tree", generate=tree, advantages=tree_token_advantages,
+                 options={"branches": 2, "depth": 4})
 
 
 # --- Filter -----------------------------------------------------------------------------------------
