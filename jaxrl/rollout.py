@@ -5,7 +5,8 @@ group learner (token-level GRPO: `jaxrl.algos.text.TextGRPO`) they run in this o
 update (no Python loop per sample):
 
     plan      C = B x oversample candidate prompts (ids in the training pool, problems, hint lengths)
-    before    Control and Replay strategies change the plan (hints to force, which prompts to try)
+    before    strategies change the plan: first one that redraws the problems (a curriculum), then in stage
+              order (a predictor's pass rates, which candidates get groups, hints to force)
     generate  the Generate strategy turns the plan into `Groups` (G completions per candidate, rewards)
     observe   strategies with memory see every candidate (what to replay, which prompts are stuck)
     after     Filter, then Control (keeps B of the C groups), then Replay (injects past samples)
@@ -16,7 +17,7 @@ A strategy is a named `Strategy` of one stage with any of these hooks (all optio
     init(algo, key) -> memory                                  one seed's memory, kept in the training state
     before(algo, memory, plan, key) -> (plan, metrics)
     generate(algo, params, hp, plan, key) -> Groups            Generate strategies only
-    observe(algo, memory, groups) -> (memory, metrics)         groups: every candidate on this device
+    observe(algo, memory, groups, params) -> (memory, metrics) groups: every candidate on this device
     after(algo, memory, groups, params, key) -> (groups, metrics)
     advantages(algo, groups, rewards) -> (advantages, weights)   a Generate strategy whose samples have a
                                                                structure (a tree) may score tokens itself
@@ -70,13 +71,14 @@ class Strategy:
     needs_pool: bool = False  # keeps memory per training problem: needs a finite pool (rollout.pool_size > 0)
     selects: bool = False  # a Control strategy that keeps B groups of B x oversample candidates
     requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
+    draws: bool = False  # its `before` hook redraws the candidate problems: it runs before every other one
 
 
 STRATEGIES: dict[str, dict[str, dict[str, Strategy]]] = {d: {stage: {} for stage in STAGES} for d in DOMAINS}
 
 
 def register(stage: str, name: str, *, domain: str = "tokens", options: dict | None = None, needs_pool: bool = False,
-             selects: bool = False, requires: tuple[str, ...] = (), **hooks) -> Strategy:
+             selects: bool = False, requires: tuple[str, ...] = (), draws: bool = False, **hooks) -> Strategy:
     """Add a strategy to its domain's and stage's registry; `hooks` are the functions of the module docstring."""
     if domain not in DOMAINS:
         raise ValueError(f"unknown rollout domain {domain!r}; domains: {', '.join(DOMAINS)}")
@@ -93,7 +95,7 @@ def register(stage: str, name: str, *, domain: str = "tokens", options: dict | N
                          f"(tokens) or `members` (env) hook")
     doc = next((h.__doc__ for h in hooks.values() if h.__doc__), "") or ""
     strategy = Strategy(stage, name, doc.strip().split("\n")[0], domain, options=tuple((options or {}).items()),
-                        needs_pool=needs_pool, selects=selects, requires=tuple(requires), **hooks)
+                        needs_pool=needs_pool, selects=selects, requires=tuple(requires), draws=draws, **hooks)
     STRATEGIES[domain][stage][name] = strategy
     return strategy
 

@@ -138,7 +138,8 @@ num_seeds = 2
 # full (the reference answers, drawn by a policy that gave each token probability 1/2) so that an untrained
 # model's all-wrong groups get replays; hints rise after one failure.
 TEXT_GRPO_STRATEGIES = TEXT_GRPO + """
-config.rollout.filter, config.rollout.replay, config.rollout.pool_size = "rank_ties,success_predictor", "correct,hints", 8
+config.rollout.filter, config.rollout.replay, config.rollout.pool_size = "rank_ties,success_predictor", "curriculum,correct,hints", 8
+config.rollout.options.curriculum.every = 2
 config.rollout.control, config.rollout.generate = "variance_budget", "tree"
 config.rollout.options.hints.patience = 1
 
@@ -164,6 +165,7 @@ def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, se
     np.testing.assert_allclose(result["m8"]["grad_norm"], result["m1"]["grad_norm"], rtol=1e-4)
     if setup is TEXT_GRPO_STRATEGIES:  # the strategies acted, the same way on 1 and 8 devices
         for key in ("replayed", "replay_weight", "hinted", "hint_tier", "ranked", "sampled_tokens", "predictor_loss",
+                    "curriculum_level", "probe_accuracy",
                     "predictor_error", "budget_skipped", "budget_most_groups"):
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
         assert min(result["m1"]["replayed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]

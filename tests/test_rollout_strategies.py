@@ -130,7 +130,7 @@ def test_replay_stores_correct_completions_and_injects_them_with_importance_weig
               "mask": memory["mask"].at[4].set(mask[0]), "rewards": memory["rewards"].at[4].set(jnp.asarray([1.0, 1.0])),
               "stored": memory["stored"].at[4].set(True)}
 
-    memory, _ = on_mesh(algo, lambda m, g: text_rollout.store_correct(algo, m, g), memory, groups)
+    memory, _ = on_mesh(algo, lambda m, g: text_rollout.store_correct(algo, m, g, None), memory, groups)
     assert bool(memory["stored"][1]) and int(memory["stored"].sum()) == 2
     np.testing.assert_array_equal(memory["tokens"][1], answers[1])  # group 1's correct member
     np.testing.assert_allclose(memory["log_probs"][1], groups.log_probs[1, 1] * groups.mask[1, 1])
@@ -291,3 +291,41 @@ def test_tree_rollouts_share_each_branch_prefix_and_differ_after(replay_algo):
     # plain sample had the same prefix.
     same_prefix = (np.asarray(plain.tokens)[..., :3] == tokens[..., :3]).all(-1)
     np.testing.assert_array_equal(tokens[same_prefix], np.asarray(plain.tokens)[same_prefix])
+
+
+@pytest.mark.parametrize("task, options", [("countdown", {"num_numbers": 3, "max_number": 50}),
+                                           ("addition", {"min_digits": 1, "max_digits": 4})])
+def test_the_difficulty_knob_bounds_every_problem_drawn(task, options):
+    from envs import text
+
+    t = text.make_task(task, **options)
+    full = t.sample(jax.random.key(0), 256, "train")
+    assert float(t.difficulty(full).max()) == 1.0 and float(t.difficulty(full).min()) < 0.5
+    for level in (0.0, 0.3, 0.5, 1.0):
+        problems = t.sample(jax.random.key(1), 256, "train", jnp.float32(level))
+        difficulty = np.asarray(t.difficulty(problems))
+        assert difficulty.max() <= level + 1e-6, (level, difficulty.max())
+        assert difficulty.max() >= level - 0.35, "the level is reached, not only bounded"
+        assert not np.asarray(t.is_heldout(problems)).any()
+
+
+def test_the_curriculum_redraws_at_its_level_and_rises_when_the_probe_passes(replay_algo):
+    config = tiny_grpo_config("", **{"rollout.replay": "curriculum", "rollout.pool_size": 64,
+                                     "rollout.options.curriculum.every": 1, "rollout.options.curriculum.raise_at": 0.0,
+                                     "rollout.options.curriculum.step": 0.5, "task.kwargs.max_digits": 3})
+    algos.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh(1))
+    difficulty = np.asarray(algo.task.difficulty(algo.pool))
+    memory = {"level": jnp.float32(0.0), "probe_accuracy": jnp.float32(0.0), "updates": jnp.int32(0)}
+    plan = rollout.Plan(jnp.zeros(8, jnp.int32), jax.tree.map(lambda x: x[:8], algo.pool), jnp.zeros(8, jnp.int32),
+                        jnp.full(8, -1.0))
+    for level in (0.0, 0.5):
+        drawn, _ = on_mesh(algo, lambda m, p: text_rollout.curriculum_problems(algo, m, p, jax.random.key(2)),
+                           {**memory, "level": jnp.float32(level)}, plan)
+        assert (difficulty[np.asarray(drawn.ids)] <= level + 1e-6).all()
+        np.testing.assert_array_equal(drawn.problems.target, algo.pool.target[np.asarray(drawn.ids)])
+    # raise_at 0: every probe passes, so each update raises the level by 0.5 up to 1.
+    state = algo.init_seeds(0, 1)
+    state, metrics = algo.run_chunk(state, hp, 3)
+    assert float(state.memory["curriculum"]["level"][0]) == 1.0
+    assert int(state.memory["curriculum"]["updates"][0]) == 3

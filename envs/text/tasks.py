@@ -93,8 +93,13 @@ class Task:
         self.split_seed = int(split_seed)
 
     # --- subclass hooks -------------------------------------------------------------------------------
-    def _propose(self, key: jax.Array, n: int) -> tuple[Problems, jax.Array]:
-        """n candidate problems and bool [n] saying which are acceptable."""
+    def _propose(self, key: jax.Array, n: int, level=None) -> tuple[Problems, jax.Array]:
+        """n candidate problems and bool [n] saying which are acceptable; `level` (a traced float in [0, 1],
+        None: 1) scales the task's difficulty knob from its easiest setting to the configured one."""
+        raise NotImplementedError
+
+    def difficulty(self, problems: Problems) -> jax.Array:
+        """float32 [...] in [0, 1]: the lowest `level` at which `_propose` can produce each problem."""
         raise NotImplementedError
 
     def _prompt_pieces(self, problem: Problems, vocab: Vocab) -> list[Piece]:
@@ -118,11 +123,13 @@ class Task:
         """bool [...]: whether each problem belongs to the held-out (test) split."""
         return split_hash(problems, self.split_seed) % 1000 < HELDOUT_PER_MILLE
 
-    def sample(self, key: jax.Array, batch: int, split: str) -> Problems:
-        """`batch` random problems of `split` ("train" or "test"); jittable with batch, split static."""
+    def sample(self, key: jax.Array, batch: int, split: str, level=None) -> Problems:
+        """`batch` random problems of `split` ("train" or "test"); jittable with batch, split static. `level`
+        (float in [0, 1], may be traced; None: the full task) turns the task's difficulty knob down (a
+        curriculum's): `difficulty(problem) <= level` for every problem drawn."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        return _rejection_sample(self, key, batch, split == "test")
+        return _rejection_sample(self, key, batch, split == "test", level)
 
     def heldout(self, num: int, seed: int = 0) -> Problems:
         """A fixed set of `num` test-split problems: the same for the same (task config, num, seed)."""
@@ -169,20 +176,20 @@ class Task:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool) -> Problems:
+def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool, level=None) -> Problems:
     """Propose `batch` candidates per round and keep the acceptable ones of the wanted split, in order,
     until `batch` are filled. Loops for ever only if a task's settings admit no problem of the split; the
     task constructors reject settings that obviously do."""
     def round_(carry):
         key, filled, out = carry
         key, sub = jax.random.split(key)
-        candidates, valid = task._propose(sub, batch)
+        candidates, valid = task._propose(sub, batch, level)
         keep = valid & (task.is_heldout(candidates) == heldout)
         slot = jnp.where(keep, filled + jnp.cumsum(keep) - 1, batch)  # slot >= batch: dropped
         out = jax.tree.map(lambda o, c: o.at[slot].set(c, mode="drop"), out, candidates)
         return key, jnp.minimum(filled + keep.sum(), batch), out
 
-    template = jax.eval_shape(lambda k: task._propose(k, batch)[0], key)
+    template = jax.eval_shape(lambda k: task._propose(k, batch, level)[0], key)
     out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
     # The first round runs before the loop: its carry then has the key's type under shard_map (varying
     # over the mesh axes the key varies over), which the loop requires of its carry.
@@ -211,14 +218,20 @@ class Arithmetic(Task):
     def _combine(self, a, b):
         return a + b if self.op == "+" else a * b
 
-    def _propose(self, key, n):
+    def _propose(self, key, n, level=None):
         k_digits, k_value = jax.random.split(key)
-        digits = jax.random.randint(k_digits, (n, 2), self.min_digits, self.max_digits + 1)
+        digits = jax.random.randint(k_digits, (n, 2), self.min_digits, _knob(self.min_digits, self.max_digits, level) + 1)
         low = jnp.where(digits == 1, 0, 10 ** (digits - 1))  # one-digit operands include 0
         numbers = jax.random.randint(k_value, (n, 2), low, 10 ** digits)
         problems = Problems(numbers, self._combine(numbers[:, 0], numbers[:, 1]),
                             jnp.zeros((n, 0, 3), jnp.int32))
         return problems, jnp.ones(n, bool)
+
+    def difficulty(self, problems):
+        """Where the longer operand's digit count lies between min_digits and max_digits."""
+        digits = 1 + sum((problems.numbers >= 10 ** k).astype(jnp.int32) for k in range(1, self.max_digits))
+        digits = jnp.maximum(jnp.max(digits, axis=-1), self.min_digits)
+        return (digits - self.min_digits) / max(self.max_digits - self.min_digits, 1)
 
     def _prompt_pieces(self, problem, vocab):
         a, b = (render.number(x, self.max_digits, vocab) for x in problem.numbers)
@@ -237,6 +250,14 @@ class Arithmetic(Task):
         value, length, well_formed = render.parse_decimal(completions, vocab, self.answer_digits)
         correct = well_formed & (length == render.num_digits(problems.target)) & (value == problems.target)
         return jnp.stack([correct, well_formed], axis=-1).astype(jnp.float32)
+
+
+def _knob(easiest: int, hardest: int, level):
+    """The integer setting at `level` in [0, 1] between the easiest and the configured (hardest) one, rounded
+    down, so that a problem of difficulty d is drawn from level d on; None: the hardest."""
+    if level is None:
+        return hardest
+    return easiest + jnp.floor(jnp.clip(level, 0.0, 1.0) * (hardest - easiest) + 1e-6).astype(jnp.int32)
 
 
 # Operator codes in recipes index OPERATORS ("+-*/"); precedence 1 for + -, 2 for * /, 3 for a number.
@@ -282,11 +303,12 @@ class Countdown(Task):
         self.expression_length = num_numbers * self.number_digits + 5 * (num_numbers - 1)
         self.answer_length = self.expression_length + 1
 
-    def _propose(self, key, n):
+    def _propose(self, key, n, level=None):
         k_numbers, k_i, k_j, k_op = jax.random.split(key, 4)
         steps = self.num_numbers - 1
         alive = self.num_numbers - jnp.arange(steps)  # live items before each merge
-        numbers = jax.random.randint(k_numbers, (n, self.num_numbers), self.min_number, self.max_number + 1)
+        numbers = jax.random.randint(k_numbers, (n, self.num_numbers), self.min_number,
+                                     _knob(self.min_number, self.max_number, level) + 1)
         i = jax.random.randint(k_i, (n, steps), 0, alive)
         j = (i + jax.random.randint(k_j, (n, steps), 1, alive)) % alive  # any live item but i
         recipe = jnp.stack([i, j, jax.random.randint(k_op, (n, steps), 0, 4)], axis=-1)
@@ -295,6 +317,11 @@ class Countdown(Task):
         valid = (ok & (value >= self.min_target) & (value <= self.max_target)
                  & ~jnp.any(numbers == value[:, None], axis=-1))
         return Problems(numbers, value, recipe), valid
+
+    def difficulty(self, problems):
+        """Where the largest given number lies between min_number and max_number."""
+        largest = jnp.max(problems.numbers, axis=-1).astype(jnp.float32)
+        return jnp.clip((largest - self.min_number) / max(self.max_number - self.min_number, 1), 0.0, 1.0)
 
     def _prompt_pieces(self, problem, vocab):
         pieces = []

@@ -414,7 +414,7 @@ class TextGRPO(_TextAlgorithm):
         memory, metrics = dict(state.memory), {}
         hook_key = lambda i: jax.random.fold_in(sample_key, i + 1)
         plan = self._plan(plan_key)
-        for i, strategy in enumerate(self.strategies):
+        for i, strategy in sorted(enumerate(self.strategies), key=lambda item: not item[1].draws):
             if strategy.before:
                 plan, m = strategy.before(self, memory.get(strategy.name), plan, hook_key(i))
                 metrics.update(m)
@@ -422,7 +422,7 @@ class TextGRPO(_TextAlgorithm):
         metrics["sampled_tokens"] = jax.lax.psum(jnp.sum(groups.generated), DATA_AXIS)  # every candidate's
         for strategy in self.strategies:
             if strategy.observe:
-                memory[strategy.name], m = strategy.observe(self, memory[strategy.name], groups)
+                memory[strategy.name], m = strategy.observe(self, memory[strategy.name], groups, state.params)
                 metrics.update(m)
         for i, strategy in enumerate(self.strategies):
             if strategy.after:
@@ -611,6 +611,10 @@ def check_rollout_config(config: ConfigDict) -> None:
             raise ValueError(f"config.rollout.options.{strategy.name} has unknown keys {sorted(unknown)}; known: "
                              f"{sorted(k for k, _ in strategy.options)}")
     selecting = [s.name for s in strategies if s.selects]
+    drawing = [s.name for s in strategies if s.draws]
+    if len(drawing) > 1:
+        raise ValueError(f"config.rollout names {len(drawing)} strategies that redraw the problems ({', '.join(drawing)}); "
+                         f"at most one")
     if "tree" in chosen["generate"]:
         branches = r.options.tree.branches
         if branches < 1 or config.group.size % branches or config.group.size == branches:

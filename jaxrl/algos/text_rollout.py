@@ -8,6 +8,7 @@
     control/variance_budget   B groups spread over the candidates by predicted uncertainty (none to the sure)
     replay/correct            give an all-wrong group a correct completion of the same prompt from memory
     replay/hints              force a growing prefix of the reference answer on prompts stuck at zero
+    replay/curriculum         raise the task's difficulty as the held-out pass rate at the current level rises
 
 Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K reward components, pool the
 number of training problems (`rollout.pool_size`).
@@ -134,7 +135,7 @@ def predict_pass_rate(algo, memory, plan: Plan, key):
     return plan.replace(predicted=predicted), {"predicted_pass_rate": _pmean(predicted)}
 
 
-def train_predictor(algo, memory, groups: Groups):
+def train_predictor(algo, memory, groups: Groups, params):
     """One Adam step on the cross-entropy between the predicted and the observed pass rates of this update's
     unhinted groups (every candidate, all devices). Logs the error measured before the step (`predictor_error`,
     mean absolute, on prompts mostly unseen: an honest online estimate)."""
@@ -207,7 +208,7 @@ def correct_memory(algo, key):
             "mask": jnp.zeros((pool, N)), "rewards": jnp.zeros((pool, K)), "stored": jnp.zeros(pool, bool)}
 
 
-def store_correct(algo, memory, groups: Groups):
+def store_correct(algo, memory, groups: Groups, params):
     """Keeps, per problem, its newest correct completion (every candidate of the update, all devices)."""
     correct = _correct(algo, groups) & ~groups.replayed
     member = jnp.argmax(correct, axis=1)
@@ -273,7 +274,7 @@ def add_hints(algo, memory, plan: Plan, key):
     return plan.replace(hint_len=hint_len), {"hinted": _pmean(hint_len > 0), "hint_tokens": _pmean(hint_len)}
 
 
-def track_hints(algo, memory, groups: Groups):
+def track_hints(algo, memory, groups: Groups, params):
     """Moves each observed problem's tier by `rollout.hint_update` from its group's pass rate."""
     o = algo.strategy_options("hints")
     ids, pass_rate = rollout.gather((groups.ids, _correct(algo, groups).mean(axis=1)))
@@ -287,3 +288,54 @@ def track_hints(algo, memory, groups: Groups):
 
 rollout.register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints,
                  options={"patience": 2, "tiers": 3, "recover": 0.5}, needs_pool=True)
+
+
+# --- Replay: a curriculum -----------------------------------------------------------------------------
+
+def curriculum_memory(algo, key):
+    """The current difficulty level in [0, 1] and the last probe's held-out accuracy at it."""
+    return {"level": jnp.float32(algo.strategy_options("curriculum")["start"]), "probe_accuracy": jnp.float32(0.0),
+            "updates": jnp.int32(0)}
+
+
+def curriculum_problems(algo, memory, plan: Plan, key):
+    """Redraws the candidates at the current level: from the pool, uniformly among its problems of difficulty
+    <= level (the easiest ones if none is that easy); without a pool, fresh problems at that level. Drawn for
+    every device at once and shared out (the same problems on any device count)."""
+    s, level = algo.settings, memory["level"]
+    num = s.num_prompts * s.oversample
+    if s.pool_size:
+        difficulty = algo.task.difficulty(algo.pool)
+        allowed = difficulty <= jnp.maximum(level, difficulty.min()) + 1e-6
+        ids = mesh_lib.local_share(jax.random.categorical(key, jnp.where(allowed, 0.0, -jnp.inf), shape=(num,)))
+        plan = plan.replace(ids=ids.astype(jnp.int32), problems=jax.tree.map(lambda x: x[ids], algo.pool))
+    else:
+        plan = plan.replace(problems=jax.tree.map(mesh_lib.local_share, algo.task.sample(key, num, "train", level)))
+    return plan, {"curriculum_level": level}
+
+
+def probe_curriculum(algo, memory, groups: Groups, params):
+    """Every `every` updates, greedy answers to `probe` held-out problems at the current level; at an accuracy
+    of `raise_at` or more the level rises by `step` (at most 1). Logs `probe_accuracy`, the last probe's."""
+    o = algo.strategy_options("curriculum")
+
+    key = jax.random.fold_in(jax.random.key(o["probe_seed"]), memory["updates"])  # the same on every device
+
+    def probe(memory):
+        problems = algo.task.sample(key, o["probe"], "test", memory["level"])
+        answers = sampling.sample(algo.model, params, algo.task.prompts(problems, algo.vocab), key,
+                                  max_new_tokens=algo.task.answer_length, eos_id=algo.vocab.eos_id,
+                                  pad_id=algo.vocab.pad_id, temperature=0.0).tokens
+        rewards = algo.task.jax_rewards(problems, answers, algo.vocab)
+        accuracy = jnp.mean(rewards[..., algo.task.reward_names.index("correct")] > 0)
+        level = jnp.where(accuracy >= o["raise_at"], jnp.minimum(memory["level"] + o["step"], 1.0), memory["level"])
+        return {**memory, "level": level, "probe_accuracy": accuracy}
+
+    due = memory["updates"] % o["every"] == o["every"] - 1
+    memory = jax.lax.cond(due, probe, lambda m: m, memory)
+    return {**memory, "updates": memory["updates"] + 1}, {"probe_accuracy": memory["probe_accuracy"]}
+
+
+rollout.register("replay", "curriculum", init=curriculum_memory, before=curriculum_problems, observe=probe_curriculum,
+                 draws=True,
+                 options={"start": 0.0, "step": 0.25, "raise_at": 0.5, "probe": 64, "every": 5, "probe_seed": 7})
