@@ -187,8 +187,9 @@ def test_the_readme_strategy_example_registers_and_trains():
         config = tiny_grpo_config("", **{"rollout.filter": "shortest_first"})
         algos.validate(config)
         algo, hp = algos.build(config, mesh_lib.make_mesh(1))
+        assert algo.uses_bonus  # a filter's bonus reaches the advantages of tied groups
         state, metrics = algo.run_chunk(algo.init_seeds(0, 1), hp, 1)
-        assert np.isfinite(jax.device_get(metrics["policy_loss"])).all()
+        assert np.isfinite(jax.device_get(metrics["policy_loss"])).all() and "ranked" in metrics
     finally:
         rollout.STRATEGIES["tokens"]["filter"].pop("shortest_first", None)
 
@@ -329,3 +330,19 @@ def test_the_curriculum_redraws_at_its_level_and_rises_when_the_probe_passes(rep
     state, metrics = algo.run_chunk(state, hp, 3)
     assert float(state.memory["curriculum"]["level"][0]) == 1.0
     assert int(state.memory["curriculum"]["updates"][0]) == 3
+
+
+def test_a_filter_bonus_gives_tied_groups_advantages_and_leaves_the_others_alone(replay_algo):
+    config = tiny_grpo_config("", **{"rollout.filter": "rank_ties", "group.size": 3})
+    algo, _ = algos.build(config, mesh_lib.make_mesh(1))
+    rewards = jnp.asarray([[[0.0, 1.0]] * 3, [[1.0, 1.0], [0.0, 1.0], [0.0, 1.0]]])  # group 0 tied, group 1 not
+    bonus = jnp.asarray([[-0.05, 0.05, 0.0], [0.05, -0.05, 0.0]])
+    groups = rollout.Groups(*([None] * 4), tokens=jnp.zeros((2, 3, 5), jnp.int32), log_probs=None, mask=None,
+                            lengths=None, values=None, rewards=rewards, weight=None, bonus=bonus, replayed=None)
+    advantages, weight, tied = algo._group_advantages(groups)
+    np.testing.assert_array_equal(tied, [True, False])
+    # Group 0: GRPO on the bonus alone (-0.05, 0.05, 0) -> (-1.22, 1.22, 0); group 1 as without a filter.
+    np.testing.assert_allclose(advantages[0, :, 0], [-np.sqrt(1.5), np.sqrt(1.5), 0.0], rtol=1e-4, atol=1e-5)
+    plain, _, _ = algos.build(tiny_grpo_config("", **{"group.size": 3}), mesh_lib.make_mesh(1))[0]._group_advantages(groups)
+    np.testing.assert_allclose(advantages[1], plain[1], rtol=1e-6)
+    np.testing.assert_allclose(plain[0], 0.0)

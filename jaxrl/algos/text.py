@@ -361,9 +361,11 @@ class TextGRPO(_TextAlgorithm):
         from jaxrl import advantages
         self.estimator = advantages.get(settings.advantage)
         self.strategies = [rollout.get(stage, name) for stage, chosen in settings.rollout for name in chosen]
+        # Any plan change may set hint lengths: the generator then forces reference-answer prefixes.
         self.forces_hints = any(strategy.before for strategy in self.strategies)
         self.generator, = (s for s in self.strategies if s.generate)
-        self.ranks_ties = any(strategy.name == "rank_ties" for strategy in self.strategies)
+        # Filters' bonuses (Groups.bonus) reach the advantages of groups whose verifier rewards tie.
+        self.uses_bonus = any(strategy.stage == "filter" and strategy.after for strategy in self.strategies)
         # The training pool: problem i is the same for every seed and device (a dataset, drawn once).
         self.pool = (jax.jit(lambda key: self.task.sample(key, settings.pool_size, "train"))(jax.random.key(0))
                      if settings.pool_size else None)
@@ -458,25 +460,31 @@ class TextGRPO(_TextAlgorithm):
     # One update: sampling (rollouts, rewards, advantages), then learning (reference scores, epochs x
     # minibatches), in the chunk's one program.
 
+    def _group_advantages(self, groups: rollout.Groups):
+        """Per-token advantages and loss weights [b, G, N] of the kept groups, and which groups' verifier
+        rewards all tie [b]. A filter's bonus enters as one more reward component (weight 1) where they tie."""
+        s = self.settings
+        rewards, weights = groups.rewards, s.reward_weights
+        tied = jnp.all(rewards == rewards[:, :1], axis=(1, 2))
+        if self.uses_bonus:
+            rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
+            weights = (*weights, 1.0)
+        if self.generator.advantages:  # structured samples (trees) score their tokens themselves
+            advantages, weight = self.generator.advantages(self, groups, rewards @ jnp.asarray(weights))
+            return advantages, weight, tied
+        group = self.estimator(rewards, None, reward_weights=weights, **dict(s.advantage_options))
+        return jnp.broadcast_to(group.advantages[..., None], groups.tokens.shape), group.weight[..., None], tied
+
     def _sample_batch(self, state: TextGRPOState, hp: TextGRPOHyperparams):
         """For one seed on this device: (state with its key and rollout memory advanced, (units: prompts
         [b, P] and the rest [b, G, ...], epoch key), sampling metrics)."""
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
-        rewards, weights = groups.rewards, s.reward_weights
-        tied = jnp.all(rewards == rewards[:, :1], axis=(1, 2))  # [b]
-        if self.ranks_ties:  # the bonus as one more reward component, where the verifier's rewards tie
-            rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
-            weights = (*weights, 1.0)
+        advantages, weight, tied = self._group_advantages(groups)
+        if self.uses_bonus:
             metrics["ranked"] = jax.lax.pmean(jnp.mean(tied.astype(jnp.float32)), DATA_AXIS)
         b, G, N = groups.tokens.shape
-        if self.generator.advantages:  # structured samples (trees) score their tokens themselves
-            advantages, weight = self.generator.advantages(self, groups, rewards @ jnp.asarray(weights))
-        else:
-            group = self.estimator(rewards, None, reward_weights=weights, **dict(s.advantage_options))
-            advantages = jnp.broadcast_to(group.advantages[..., None], (b, G, N))  # per token
-            weight = group.weight[..., None]
         units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
                  "log_probs": groups.log_probs, "weight": weight * groups.weight}
         if self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
