@@ -68,8 +68,8 @@ def row_config(args, sft_dir: str, overrides: dict):
         node[leaf] = value
     config.total_steps = args.samples // generates_per_trained(config)
     config.eval.every_steps = config.total_steps // args.evals
-    config.log.every_steps = config.eval.every_steps // 5
-    config.checkpoint.every_steps = config.total_steps
+    config.log.every_steps = config.num_prompts * config.group.size  # every update: exact token counts
+    config.checkpoint.every_steps = config.eval.every_steps
     return config
 
 
@@ -93,14 +93,15 @@ def curves(rows: list[dict], config, num_seeds: int, start: tuple[float, float])
     pass_key = f"eval_pass@{config.eval.pass_k}"
     for row in rows:
         if "sampled_tokens" in row:  # a log row: the mean per update over the updates since the last one
-            tokens += float(np.mean(per_seed(row, "sampled_tokens", num_seeds))) * (row["env_steps"] - last_steps) / per_update
+            tokens += float(row["sampled_tokens"]) * (row["env_steps"] - last_steps) / per_update  # mean over seeds
             last_steps = row["env_steps"]
         accuracy = per_seed(row, "eval_accuracy", num_seeds, complete=True)
         if accuracy is not None:
             out["tokens"].append(tokens)
             out["wall"].append(row["wall_time"])
             out["accuracy"].append(accuracy)
-            out["pass_k"].append(per_seed(row, pass_key, num_seeds, complete=True))
+            # (the log keeps per-seed values of eval_accuracy only: pass@k is the mean over seeds)
+            out["pass_k"].append(row.get(f"{pass_key}_per_seed") or [row[pass_key]] * num_seeds)
     return {k: np.asarray(v, np.float64) for k, v in out.items()}
 
 
@@ -145,8 +146,10 @@ def main(argv=None):
     parser.add_argument("--rl-task", default="max_number=50", help="task options of the RL runs (harder problems)")
     parser.add_argument("--sft-steps", type=int, default=640_000, help="SFT samples (without --sft-dir)")
     parser.add_argument("--sft-dir", default="", help="the SFT run: reused if it exists, else trained there")
-    parser.add_argument("--samples", type=int, default=51_200, help="completions drawn per seed, every row")
-    parser.add_argument("--evals", type=int, default=4, help="held-out evaluations per row after the start")
+    parser.add_argument("--samples", type=int, default=25_600, help="completions drawn per seed, every row")
+    parser.add_argument("--evals", type=int, default=5, help="held-out evaluations per row after the start")
+    parser.add_argument("--runs-dir", default="", help="keep each row's run here (an interrupted benchmark resumes "
+                        "its rows; finished rows are read back)")
     parser.add_argument("--pool", type=int, default=512, help="training problems (rollout.pool_size), every row")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
@@ -161,11 +164,11 @@ def main(argv=None):
     per_update = rl_config(args, "", "grpo").num_prompts * rl_config(args, "", "grpo").group.size
     for name in rows:
         trained = row_config(args, "", ROWS[name]).total_steps
-        if trained % (args.evals * 5 * per_update):
-            parser.error(f"row {name}: {trained:,} trained completions do not split into {args.evals} evaluations x 5 "
-                         f"log rows of whole updates ({per_update} completions)")
+        if trained % (args.evals * per_update):
+            parser.error(f"row {name}: {trained:,} trained completions do not split into {args.evals} evaluations "
+                         f"of whole updates ({per_update} completions)")
 
-    from jaxrl import algos, train
+    from jaxrl import algos, metrics as metrics_lib, train
 
     for name in rows:  # a misconfigured row fails before any training
         algos.validate(row_config(args, "", ROWS[name]))
@@ -175,6 +178,7 @@ def main(argv=None):
 
     runs, walls = {}, {}
     with tempfile.TemporaryDirectory() as scratch:
+        runs_dir = args.runs_dir or scratch
         sft_dir = args.sft_dir or os.path.join(scratch, "sft")
         if not os.path.exists(os.path.join(sft_dir, "tokenizer.json")):
             train_sft(args, sft_dir)
@@ -182,7 +186,9 @@ def main(argv=None):
         print(f"  warm start: accuracy {start[0]:.3f}, pass@8 {start[1]:.3f}", flush=True)
         for name in rows:
             config = row_config(args, sft_dir, ROWS[name])
-            metrics = train.run(config, os.path.join(scratch, name.replace("+", "_")), progress=False).metrics
+            workdir = os.path.join(runs_dir, name.replace("+", "_"))
+            train.run(config, workdir, progress=False)  # resumes a row that was interrupted, skips a finished one
+            metrics = metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))  # every row, across resumes
             runs[name], walls[name] = curves(metrics, config, args.seeds, start), metrics[-1]["wall_time"]
             c = runs[name]
             print(f"  {name}: {walls[name]:.0f} s, {c['tokens'][-1] / 1e6:.2f}M tokens per seed, accuracy "
