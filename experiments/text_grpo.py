@@ -4,10 +4,13 @@
     python -m jaxrl.train --config=experiments/text_grpo.py:addition --config.init_from=runs/sft_addition
     python -m jaxrl.train --config=experiments/text_grpo.py:addition --config.init_from=runs/sft_addition \
         --config.advantage=dr_grpo --config.loss.aggregate=constant --config.group.oversample=2
+    python -m jaxrl.train --config=experiments/text_grpo.py:countdown --config.init_from=runs/sft_countdown \
+        --config.rollout.pool_size=512 --config.rollout.replay=correct,hints --config.rollout.generate=tree
 
 The model settings must match the warm start's (they are read from this config, the weights and the
 tokenizer from `init_from`). RL may train on harder problems than SFT saw: any task option can be set, e.g.
-`--config.task.kwargs.max_number=50` for Countdown.
+`--config.task.kwargs.max_number=50` for Countdown. Rollout strategies (`config.rollout`, see the README's
+table): one registry per stage (generate, filter, control, replay), a config line each.
 """
 
 from ml_collections import ConfigDict
