@@ -46,6 +46,7 @@ ROWS = {
                         "rollout.control": "variance_budget"},
     "replay_correct": {"group.oversample": 1, "rollout.replay": "correct"},
     "hints": {"group.oversample": 1, "rollout.replay": "hints"},
+    "replay+hints": {"group.oversample": 1, "rollout.replay": "correct,hints"},
     "dapo+replay+hints": {"group.oversample": 2, "rollout.replay": "correct,hints"},
     "budget+replay+hints": {"group.oversample": 2, "rollout.filter": "success_predictor",
                             "rollout.control": "variance_budget", "rollout.replay": "correct,hints"},
