@@ -3,6 +3,7 @@ G continuations) and per-agent counterfactual groups (one agent per group acts o
 
     python benchmarks/env_rollout_strategies.py --update-results
     python benchmarks/env_rollout_strategies.py --strategies independent,vine --env-steps 200000
+    python benchmarks/env_rollout_strategies.py --from-json a.json,b.json --update-results  # runs saved apart
 
 `experiments/smax_grpo.py:<scenario>` with `rollout.generate` set, every run training all its seeds at once.
 The x axis is env steps taken, counted as `benchmarks/grpo_vs_ppo.py` counts them (the steps of every
@@ -18,6 +19,8 @@ import datetime
 import json
 import os
 import sys
+
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -38,6 +41,8 @@ def main(argv=None):
     parser.add_argument("--strategies", default="independent,vine,counterfactual")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "env_rollout_strategies.png"))
     parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--from-json", default="", help="comma-separated curves that earlier runs saved (their "
+                        "--plot path with .json), e.g. strategies run on two cores at once: no training")
     args = parser.parse_args(argv)
 
     from jaxrl import algos, rollout  # noqa: F401  (algos registers the built-in strategies)
@@ -49,7 +54,11 @@ def main(argv=None):
     print(f"{args.scenario}, {args.env_steps:,} env steps taken per seed, {args.seeds} seeds; {machine()}", flush=True)
 
     results = []
-    for strategy in strategies:
+    for path in filter(None, args.from_json.split(",")):
+        with open(path) as f:
+            results += [dict(r, steps=np.array(r["steps"]), wall=r["rows"][-1]["wall_time"], num_seeds=args.seeds)
+                        for r in json.load(f)]
+    for strategy in [] if args.from_json else strategies:
         config = experiment_config("smax_grpo", args.scenario)
         config.rollout.generate, config.num_seeds = strategy, args.seeds
         batch = config.num_envs * config.num_steps
@@ -68,7 +77,7 @@ def main(argv=None):
         lines.append(f"| {r['name']} | " + " | ".join(fmt(value_at(r, "eval_win_rate", m)) for m in marks)
                      + f" | {fmt(value_at(r, 'win_rate', marks[-1]))} | {r['wall']:.0f} |")
     plot(results, args.plot, args.env_steps, args.scenario, "GRPO's Generate strategies")
-    with open(os.path.splitext(args.plot)[0] + ".json", "w") as f:
+    with open(os.path.splitext(args.plot)[0] + ".json", "w") as f:  # the raw curves (all of them)
         json.dump([{"name": r["name"], "steps": list(map(float, r["steps"])), "rows": r["rows"]} for r in results], f)
     section = "\n".join([
         f"`{command.strip()}` ({datetime.date.today()}; {machine()}): SMAX {args.scenario}, "
