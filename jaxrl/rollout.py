@@ -24,7 +24,8 @@ A strategy is a named `Strategy` of one stage with any of these hooks (all optio
 
 Environments (`jaxrl.algos.grpo.GRPO`, domain "env") have Generate strategies only, with one hook:
 
-    members(algo, key) -> (shared [T, n, A] bool, trained [T, n, A] bool)
+    members(algo, key) -> None (nothing shared, every step trained), or
+                          (shared [T, n, A] bool, trained [T, n, A] bool, metrics)
 
 where `shared` says which (step, env, agent) draws its group leader's action noise instead of its own (a
 group's members then act alike there: a shared prefix, or all agents but one) and `trained` which steps the
