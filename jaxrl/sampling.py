@@ -85,19 +85,23 @@ def sample_token(logits: jax.Array, key: jax.Array, temperature=1.0, top_k: int 
     [B, V] noise dominated a CPU decoding step. A filtered token (probability exactly 0) leaves the
     CDF flat and so can never be drawn.
     """
-    return _draw_token(logits, jax.random.uniform(key, logits.shape[:-1] + (1,)), temperature, top_k, top_p)
+    token = _draw_token(logits, jax.random.uniform(key, logits.shape[:-1] + (1,)), temperature, top_k, top_p)
+    return token, _token_log_prob(logits, token)
 
 
-def _draw_token(logits, uniform, temperature, top_k, top_p):
-    """`sample_token` given its uniforms [..., 1] in [0, 1)."""
+def _draw_token(logits, uniform, temperature, top_k, top_p) -> jax.Array:
+    """`sample_token`'s token given its uniforms [..., 1] in [0, 1)."""
     greedy = temperature <= 0
     scaled = logits / jnp.where(greedy, 1.0, temperature)
     cdf = jnp.cumsum(jax.nn.softmax(filter_logits(scaled, top_k, top_p), axis=-1), axis=-1)
     u = (1.0 - uniform) * cdf[..., -1:]  # in (0, total]
     drawn = jnp.minimum(jnp.sum(cdf < u, axis=-1), logits.shape[-1] - 1)  # first index with cdf >= u
-    token = jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
-    log_p = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[..., None], axis=-1)[..., 0]
-    return token, log_p
+    return jnp.where(greedy, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+
+
+def _token_log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
+    """log p(token) at temperature 1: logits [..., V], token [...] -> [...]."""
+    return jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[..., None], axis=-1)[..., 0]
 
 
 @functools.partial(jax.jit, static_argnames=("model", "max_new_tokens", "top_k"))
@@ -182,12 +186,10 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
             uniform = jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (1,))))(keys)  # [B, G, 1]
         else:
             uniform = jax.vmap(lambda k: jax.random.uniform(k, (B, 1)), out_axes=1)(keys)
-        token, log_p = _draw_token(logits, uniform, temperature, top_k, top_p)
-        if forced is not None:
-            hinted = jnp.broadcast_to((t < forced_len)[:, None], token.shape)
-            token = jnp.where(hinted, forced[:, t, None], token)
-            log_p = jnp.where(hinted, jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[..., None],
-                                                          axis=-1)[..., 0], log_p)
+        token = _draw_token(logits, uniform, temperature, top_k, top_p)
+        if forced is not None:  # a hint's tokens replace the drawn ones
+            token = jnp.where((t < forced_len)[:, None], forced[:, t, None], token)
+        log_p = _token_log_prob(logits, token)
         live = ~done
         token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))
         return token, jnp.where(live, log_p, 0.0), live, done | (live & (token == eos_id))
