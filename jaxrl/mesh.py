@@ -119,6 +119,22 @@ def local_share(x: jax.Array, axis: int = 0) -> jax.Array:
     return jax.lax.dynamic_slice_in_dim(x, start, num_local, axis=axis)
 
 
+def gather_shares(tree):
+    """Every device's leaves [n, ...] concatenated in device order -> [n * devices, ...] (inside `shard_map`
+    over DATA_AXIS; the inverse of `local_share`).
+
+    A sum of zero-padded copies rather than `all_gather`, so that the result is typed as the same on every
+    device (state replicated over the data axis may be written with it); adding zeros is exact."""
+    def one(x):
+        n, dtype = x.shape[0], x.dtype
+        x = x.astype(jnp.int32) if dtype == jnp.bool_ else x
+        full = jnp.zeros((n * jax.lax.axis_size(DATA_AXIS), *x.shape[1:]), x.dtype)
+        full = jax.lax.dynamic_update_slice_in_dim(full, x, jax.lax.axis_index(DATA_AXIS) * n, axis=0)
+        return jax.lax.psum(full, DATA_AXIS).astype(dtype)
+
+    return jax.tree.map(one, tree)
+
+
 def per_item_keys(key: jax.Array, num_local: int) -> jax.Array:
     """[num_local, 2] keys, one per local item, that depend only on the item's global index."""
     return jax.vmap(jax.random.fold_in, (None, 0))(key, local_indices(num_local))

@@ -33,7 +33,7 @@ loss learns from.
 
 `algo` is the learner (its settings, model, vocab, task and `strategy_options(name)`). Hooks run per seed on
 this device's share of the prompts under `shard_map`; memory is the same on every device, so a hook that
-writes it first gathers the whole batch (`gather`) and writes deterministically (`last_occurrence`).
+writes it first gathers the whole batch (`mesh.gather_shares`) and writes deterministically (`last_occurrence`).
 Register a new one with `register`, then name it in the config: `--config.rollout.filter=my_filter`.
 """
 
@@ -46,7 +46,6 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from jaxrl.mesh import DATA_AXIS
 
 STAGES = ("generate", "filter", "control", "replay")
 DOMAINS = ("tokens", "env")  # token-level GRPO, GRPO on environments
@@ -119,6 +118,11 @@ def options_of(strategy: Strategy, configured: tuple) -> dict:
     return {**dict(strategy.options), **dict(dict(configured).get(strategy.name, ()))}
 
 
+def configured_options(options) -> tuple:
+    """config.rollout.options (a ConfigDict per strategy) as a settings field: ((name, ((key, value), ...)), ...)."""
+    return tuple((name, tuple(sorted(o.to_dict().items()))) for name, o in sorted(options.items()))
+
+
 def option_keys(domain: str) -> dict:
     """{strategy name: {option: default}} of every registered strategy of `domain` that has options (the
     config's rollout.options)."""
@@ -174,21 +178,6 @@ class Groups:
 
 # ---------------------------------------------------------------------------------------------------
 # Pieces the built-in strategies share (pure functions, tested on their own)
-
-
-def gather(tree):
-    """Every device's leaves [n, ...] concatenated in device order -> [n * devices, ...] (inside shard_map).
-
-    A sum of zero-padded copies rather than `all_gather`, so that the result is typed as the same on every
-    device (memory replicated over the data axis may be written with it); adding zeros is exact."""
-    def one(x):
-        n, dtype = x.shape[0], x.dtype
-        x = x.astype(jnp.int32) if dtype == jnp.bool_ else x
-        full = jnp.zeros((n * jax.lax.axis_size(DATA_AXIS), *x.shape[1:]), x.dtype)
-        full = jax.lax.dynamic_update_slice_in_dim(full, x, jax.lax.axis_index(DATA_AXIS) * n, axis=0)
-        return jax.lax.psum(full, DATA_AXIS).astype(dtype)
-
-    return jax.tree.map(one, tree)
 
 
 def last_occurrence(ids: jax.Array, write: jax.Array) -> jax.Array:

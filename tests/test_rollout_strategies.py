@@ -1,12 +1,14 @@
 """Rollout strategies (jaxrl.rollout): the pure pieces against formulas, the hooks on hand-made groups."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from jaxrl import algos, mesh as mesh_lib, rollout, sampling
+from jaxrl import algos, config as config_lib, mesh as mesh_lib, rollout, sampling
 from jaxrl.algos import text_rollout
 from jaxrl.algos.text import TextGRPOHyperparams
 from helpers import tiny_grpo_config
@@ -81,14 +83,9 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
          "config.rollout.options.hints has unknown keys ['wait']"),
     ]:
         config = tiny_grpo_config("")
-        config.unlock()
-        for key, value in overrides.items():
-            *path, leaf = key.split(".")
-            node = config
-            for part in path:
-                node = node[part]
-            node[leaf] = value
-        with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        config.unlock()  # (an unknown option key needs an unlocked config, as in a notebook)
+        config_lib.set_values(config, overrides)
+        with pytest.raises(ValueError, match=re.escape(message)):
             algos.validate(config)
 
 
@@ -112,7 +109,7 @@ def hand_made_groups(algo, params, key):
     plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
     groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl, key), params, plan)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
-    mask = (jnp.cumsum(answers == algo.vocab.eos_id, axis=-1) - (answers == algo.vocab.eos_id) == 0).astype(jnp.float32)
+    mask = (answers != algo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
     tokens = groups.tokens.at[1, 1].set(answers[1])
     rewards = jnp.zeros_like(groups.rewards).at[1, 1].set(1.0)
     return groups.replace(tokens=tokens, mask=groups.mask.at[1, 1].set(mask[1]), rewards=rewards), answers, mask
@@ -198,8 +195,6 @@ def test_the_readme_strategy_example_registers_and_trains():
 
 def env_rollout(config, seed: int = 0):
     """One group rollout of `config`'s GRPO for seed 0 on one device: (traj, metrics, trained [T, N, A])."""
-    from helpers import small_grpo_config  # noqa: F401  (conftest puts tests/ on the path)
-
     algo, _ = algos.build(config, mesh_lib.make_mesh(1))
     params = jax.tree.map(lambda x: x[0], algo.init_seeds(seed, 1).params)
     fn = jax.shard_map(lambda p, k: algo._rollout(p, k), mesh=algo.mesh, in_specs=P(), out_specs=P(),

@@ -377,8 +377,7 @@ def build_grpo(config: ConfigDict, mesh) -> GRPO:
     env, eval_max_steps = make_env(config)
     settings = GRPOSettings(**env_settings(config), **group_settings(config), returns=config.group.returns,
                             constant_length=config.loss.constant_length or None, generate=config.rollout.generate,
-                            rollout_options=tuple((name, tuple(sorted(o.to_dict().items())))
-                                                  for name, o in sorted(config.rollout.options.items())))
+                            rollout_options=rollout.configured_options(config.rollout.options))
     network = make_network(config, env, critic=config.critic_weight > 0)
     return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
 

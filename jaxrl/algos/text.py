@@ -32,7 +32,7 @@ from jaxrl import config as config_lib, losses, mesh as mesh_lib, rollout, sampl
 from jaxrl.algos import text_rollout  # noqa: F401  (registers the built-in rollout strategies)
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import (ChunkRunner, gradient_step, make_optimizer, optimise,
+from jaxrl.engine import (ChunkRunner, global_mean, gradient_step, make_optimizer, optimise,
                           scheduled_learning_rate, seed_keys, standardise)
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import DATA_AXIS
@@ -483,7 +483,7 @@ class TextGRPO(_TextAlgorithm):
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
         advantages, weight, tied = self._group_advantages(groups)
         if self.uses_bonus:
-            metrics["ranked"] = jax.lax.pmean(jnp.mean(tied.astype(jnp.float32)), DATA_AXIS)
+            metrics["ranked"] = global_mean(tied.astype(jnp.float32))
         b, G, N = groups.tokens.shape
         units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
                  "log_probs": groups.log_probs, "weight": weight * groups.weight}
@@ -493,10 +493,9 @@ class TextGRPO(_TextAlgorithm):
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
             units["returns"] = returns
         units["advantages"] = advantages
-        mean = lambda x: jax.lax.pmean(jnp.mean(x), DATA_AXIS)
-        metrics.update({f"reward_{name}": mean(groups.rewards[..., i])
+        metrics.update({f"reward_{name}": global_mean(groups.rewards[..., i])
                         for i, name in enumerate(self.task.reward_names)})
-        metrics.update(completion_length=mean(groups.lengths), zero_variance_fraction=mean(tied.astype(jnp.float32)),
+        metrics.update(completion_length=global_mean(groups.lengths), zero_variance_fraction=global_mean(tied.astype(jnp.float32)),
                        tokens=jax.lax.psum(jnp.sum(groups.mask), DATA_AXIS))
         return state.replace(key=key, memory=memory), (units, epoch_key), metrics
 
@@ -582,10 +581,9 @@ def rollout_keys() -> ConfigDict:
 def rollout_settings(config: ConfigDict) -> dict:
     """The settings fields of `config.rollout`."""
     r = config.rollout
-    return dict(rollout=tuple((stage, rollout.names(r[stage])) for stage in rollout.STAGES if rollout.names(r[stage])),
-                rollout_options=tuple((name, tuple(sorted(r.options[name].to_dict().items())))
-                                      for name in sorted(r.options)),
-                pool_size=r.pool_size)
+    chosen = ((stage, rollout.names(r[stage])) for stage in rollout.STAGES)
+    return dict(rollout=tuple((stage, names) for stage, names in chosen if names),
+                rollout_options=rollout.configured_options(r.options), pool_size=r.pool_size)
 
 
 def check_rollout_config(config: ConfigDict) -> None:

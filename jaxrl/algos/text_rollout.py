@@ -21,12 +21,9 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl import mesh as mesh_lib, rollout, sampling
+from jaxrl.engine import global_mean
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.rollout import Groups, Plan
-
-
-def _pmean(x) -> jax.Array:
-    return jax.lax.pmean(jnp.mean(jnp.asarray(x, jnp.float32)), DATA_AXIS)
 
 
 def _correct(algo, groups: Groups) -> jax.Array:
@@ -132,7 +129,7 @@ def predict_pass_rate(algo, memory, plan: Plan, key):
     """Predicts every candidate's pass rate from its prompt alone (for Control strategies to read)."""
     predicted = jax.nn.sigmoid(_predictor_logits(memory["params"],
                                                  _prompt_features(algo, algo.task.prompts(plan.problems, algo.vocab))))
-    return plan.replace(predicted=predicted), {"predicted_pass_rate": _pmean(predicted)}
+    return plan.replace(predicted=predicted), {"predicted_pass_rate": global_mean(predicted)}
 
 
 def train_predictor(algo, memory, groups: Groups, params):
@@ -140,7 +137,7 @@ def train_predictor(algo, memory, groups: Groups, params):
     unhinted groups (every candidate, all devices). Logs the error measured before the step (`predictor_error`,
     mean absolute, on prompts mostly unseen: an honest online estimate)."""
     pass_rate = _correct(algo, groups).mean(axis=1)
-    prompts, pass_rate, use = rollout.gather((groups.prompts, pass_rate, groups.hint_len == 0))
+    prompts, pass_rate, use = mesh_lib.gather_shares((groups.prompts, pass_rate, groups.hint_len == 0))
     features, use = _prompt_features(algo, prompts), use.astype(jnp.float32)
     count = jnp.maximum(use.sum(), 1.0)
 
@@ -165,7 +162,7 @@ def dynamic_sampling(algo, memory, groups: Groups, params, key):
     """DAPO's dynamic sampling: per slot, the first of its `group.oversample` candidates whose G rewards are
     not all equal (else the last). Logs `fill_rate`, the fraction of slots that found one."""
     choice, filled = select_varied(groups.rewards, algo.settings.oversample)
-    return groups.take(choice), {"fill_rate": _pmean(filled)}
+    return groups.take(choice), {"fill_rate": global_mean(filled.astype(jnp.float32))}
 
 
 def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
@@ -185,7 +182,7 @@ def variance_budget(algo, memory, plan: Plan, key):
     B x oversample candidates by their predicted pass rate's standard deviation sqrt(p (1 - p))
     (`rollout.allocate_groups`): uncertain prompts get up to `max_groups` groups, prompts predicted always
     right or always wrong none. Chosen over all devices' candidates at once (the same on any device count)."""
-    every = rollout.gather(plan)
+    every = mesh_lib.gather_shares(plan)
     p = jnp.where(every.predicted >= 0, every.predicted, 0.5)
     chosen = rollout.allocate_groups(jnp.sqrt(jnp.clip(p * (1 - p), 0.0)), algo.settings.num_prompts,
                                      algo.strategy_options("variance_budget")["max_groups"])
@@ -217,7 +214,7 @@ def store_correct(algo, memory, groups: Groups, params):
     # A hint's forced tokens had probability 1 under the behaviour: log mu = 0 there.
     entry = {"tokens": pick(groups.tokens), "log_probs": pick(jnp.where(drawn, groups.log_probs, 0.0)),
              "mask": pick(groups.mask), "rewards": pick(groups.rewards)}
-    ids, has, entry = rollout.gather((groups.ids, correct.any(axis=1), entry))
+    ids, has, entry = mesh_lib.gather_shares((groups.ids, correct.any(axis=1), entry))
     rows = jnp.where(rollout.last_occurrence(ids, has), ids, algo.settings.pool_size)  # out of range: dropped
     memory = {**{k: memory[k].at[rows].set(v, mode="drop") for k, v in entry.items()},
               "stored": memory["stored"].at[rows].set(True, mode="drop")}
@@ -247,7 +244,7 @@ def replay_correct(algo, memory, groups: Groups, params, key):
         rewards=put(groups.rewards, entry["rewards"]), weight=put(groups.weight, weight),
         replayed=groups.replayed | last)
     replayed_tokens = jax.lax.psum(jnp.sum(entry["mask"] * need[:, None]), DATA_AXIS)
-    return groups, {"replayed": _pmean(need),
+    return groups, {"replayed": global_mean(need.astype(jnp.float32)),
                     "replay_weight": jax.lax.psum(jnp.sum(weight * need[:, None]), DATA_AXIS)
                     / jnp.maximum(replayed_tokens, 1.0)}
 
@@ -271,13 +268,14 @@ def add_hints(algo, memory, plan: Plan, key):
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     tier = memory["tier"][plan.ids]
     hint_len = jnp.maximum(plan.hint_len, rollout.hint_lengths(tier, _answer_lengths(algo, answers), o["tiers"]))
-    return plan.replace(hint_len=hint_len), {"hinted": _pmean(hint_len > 0), "hint_tokens": _pmean(hint_len)}
+    return plan.replace(hint_len=hint_len), {"hinted": global_mean((hint_len > 0).astype(jnp.float32)),
+                                             "hint_tokens": global_mean(hint_len.astype(jnp.float32))}
 
 
 def track_hints(algo, memory, groups: Groups, params):
     """Moves each observed problem's tier by `rollout.hint_update` from its group's pass rate."""
     o = algo.strategy_options("hints")
-    ids, pass_rate = rollout.gather((groups.ids, _correct(algo, groups).mean(axis=1)))
+    ids, pass_rate = mesh_lib.gather_shares((groups.ids, _correct(algo, groups).mean(axis=1)))
     tier, streak = rollout.hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
                                        patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
     rows = jnp.where(rollout.last_occurrence(ids, jnp.ones_like(ids, bool)), ids, algo.settings.pool_size)
