@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
-
-import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from grpo_vs_ppo import GRPO_STEP_SHARE, fmt, plot, run, value_at  # noqa: E402
+from grpo_vs_ppo import grpo_budget, load_curves, plot, run, save_curves, win_rate_table  # noqa: E402
 from report import machine, publish  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
@@ -53,32 +50,17 @@ def main(argv=None):
     command = "python benchmarks/env_rollout_strategies.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"{args.scenario}, {args.env_steps:,} env steps taken per seed, {args.seeds} seeds; {machine()}", flush=True)
 
-    results = []
-    for path in filter(None, args.from_json.split(",")):
-        with open(path) as f:
-            results += [dict(r, steps=np.array(r["steps"]), wall=r["rows"][-1]["wall_time"], num_seeds=args.seeds)
-                        for r in json.load(f)]
+    results = load_curves(list(filter(None, args.from_json.split(","))), args.seeds)
     for strategy in [] if args.from_json else strategies:
         config = experiment_config("smax_grpo", args.scenario)
         config.rollout.generate, config.num_seeds = strategy, args.seeds
-        batch = config.num_envs * config.num_steps
-        config.total_steps = max(batch, int(args.env_steps / GRPO_STEP_SHARE) // batch * batch)
-        config.eval.every_steps = config.total_steps // 8
-        config.checkpoint.every_steps = config.total_steps
-        results.append(run(f"rollout.generate={strategy}", config, args.seeds))
+        results.append(run(f"rollout.generate={strategy}", grpo_budget(config, args.env_steps), args.seeds))
         print(f"  {strategy} done in {results[-1]['wall']:.0f} s; {results[-1]['steps'][-1]:,.0f} env steps taken "
               f"per seed", flush=True)
 
-    marks = [args.env_steps // 4, args.env_steps // 2, args.env_steps]
-    header = ("| run | " + " | ".join(f"greedy win @{m / 1e6:.2g}M" for m in marks)
-              + f" | training win @{marks[-1] / 1e6:.2g}M | wall s (all seeds) |")
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for r in results:
-        lines.append(f"| {r['name']} | " + " | ".join(fmt(value_at(r, "eval_win_rate", m)) for m in marks)
-                     + f" | {fmt(value_at(r, 'win_rate', marks[-1]))} | {r['wall']:.0f} |")
+    lines = win_rate_table(results, args.env_steps)
     plot(results, args.plot, args.env_steps, args.scenario, "GRPO's Generate strategies")
-    with open(os.path.splitext(args.plot)[0] + ".json", "w") as f:  # the raw curves (all of them)
-        json.dump([{"name": r["name"], "steps": list(map(float, r["steps"])), "rows": r["rows"]} for r in results], f)
+    save_curves(results, args.plot)  # all of them, those read back too
     section = "\n".join([
         f"`{command.strip()}` ({datetime.date.today()}; {machine()}): SMAX {args.scenario}, "
         f"experiments/smax_grpo.py with each Generate strategy, {args.seeds} seeds per run trained together; win "

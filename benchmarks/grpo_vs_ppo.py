@@ -65,6 +65,46 @@ def value_at(run_result: dict, key: str, steps: float) -> list[float] | None:
     return None
 
 
+def grpo_budget(config, env_steps: int):
+    """Set a GRPO config's computed steps so that its episodes take about `env_steps` per seed (whole updates),
+    with 8 evaluations and one checkpoint at the end."""
+    batch = config.num_envs * config.num_steps
+    config.total_steps = max(batch, int(env_steps / GRPO_STEP_SHARE) // batch * batch)
+    config.eval.every_steps = config.total_steps // 8
+    config.checkpoint.every_steps = config.total_steps
+    return config
+
+
+def win_rate_table(results: list[dict], env_steps: int) -> list[str]:
+    """Markdown lines: per run, greedy win rates at a quarter, half and all of `env_steps` taken, the training
+    win rate at the end and the wall seconds (mean +- std over seeds)."""
+    marks = [env_steps // 4, env_steps // 2, env_steps]
+    header = ("| run | " + " | ".join(f"greedy win @{m / 1e6:.2g}M" for m in marks)
+              + f" | training win @{marks[-1] / 1e6:.2g}M | wall s (all seeds) |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for r in results:
+        greedy = [fmt(value_at(r, "eval_win_rate", m)) for m in marks]
+        lines.append(f"| {r['name']} | " + " | ".join(greedy)
+                     + f" | {fmt(value_at(r, 'win_rate', marks[-1]))} | {r['wall']:.0f} |")
+    return lines
+
+
+def save_curves(results: list[dict], plot_path: str) -> None:
+    """The runs' raw curves beside the plot (its path with .json), to render tables again without training."""
+    with open(os.path.splitext(plot_path)[0] + ".json", "w") as f:
+        json.dump([{"name": r["name"], "steps": list(map(float, r["steps"])), "rows": r["rows"]} for r in results], f)
+
+
+def load_curves(paths: list[str], num_seeds: int) -> list[dict]:
+    """The runs that `save_curves` wrote to each of `paths`, as `run` returns them."""
+    results = []
+    for path in paths:
+        with open(path) as f:
+            results += [dict(r, steps=np.array(r["steps"]), wall=r["rows"][-1]["wall_time"], num_seeds=num_seeds)
+                        for r in json.load(f)]
+    return results
+
+
 def fmt(values: list[float] | None) -> str:
     return "-" if values is None else f"{np.mean(values):.2f} +- {np.std(values):.2f}"
 
@@ -118,9 +158,7 @@ def main(argv=None):
 
     results = []
     if args.from_json:
-        with open(args.from_json) as f:
-            results = [dict(r, steps=np.array(r["steps"]), wall=r["rows"][-1]["wall_time"], num_seeds=args.seeds)
-                       for r in json.load(f)]
+        results = load_curves([args.from_json], args.seeds)
         variants, args.no_mappo = [], True
     if not args.no_mappo:
         config = experiment_config("smax_mappo", args.scenario)
@@ -135,27 +173,14 @@ def main(argv=None):
         if variant == "median":  # MC-GRPO: one extra sample per group, the median pivot carries no gradient
             config.group.size += 1
             config.num_envs = config.num_envs // (config.group.size - 1) * config.group.size
-        batch = config.num_envs * config.num_steps
-        config.total_steps = max(batch, int(args.env_steps / GRPO_STEP_SHARE) // batch * batch)
-        config.eval.every_steps = config.total_steps // 8
-        config.checkpoint.every_steps = config.total_steps
-        results.append(run(f"GRPO advantage={variant}", config, args.seeds))
+        results.append(run(f"GRPO advantage={variant}", grpo_budget(config, args.env_steps), args.seeds))
         print(f"  GRPO {variant} done in {results[-1]['wall']:.0f} s; "
               f"{results[-1]['steps'][-1]:,.0f} env steps taken per seed", flush=True)
 
-    marks = [args.env_steps // 4, args.env_steps // 2, args.env_steps]
-    header = ("| run | " + " | ".join(f"greedy win @{m / 1e6:.2g}M" for m in marks)
-              + f" | training win @{marks[-1] / 1e6:.2g}M | wall s (all seeds) |")
-    lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    for r in results:
-        greedy = [fmt(value_at(r, "eval_win_rate", m)) for m in marks]
-        lines.append(f"| {r['name']} | " + " | ".join(greedy)
-                     + f" | {fmt(value_at(r, 'win_rate', marks[-1]))} | {r['wall']:.0f} |")
+    lines = win_rate_table(results, args.env_steps)
     plot(results, args.plot, args.env_steps, args.scenario)
     if not args.from_json:
-        with open(os.path.splitext(args.plot)[0] + ".json", "w") as f:  # the raw curves, to recompute tables
-            json.dump([{"name": r["name"], "steps": list(map(float, r["steps"])), "rows": r["rows"]}
-                       for r in results], f)
+        save_curves(results, args.plot)
     section = "\n".join([
         f"`{command.strip()}` ({datetime.date.today()}, {machine}, {os.cpu_count()} CPU cores): "
         f"SMAX {args.scenario}, {args.seeds} seeds per run trained together, win rates mean +- std over seeds "

@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import machine, markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
-from text_rl import parse_options, rl_config, train_sft  # noqa: E402
+from text_rl import add_task_arguments, rl_config, sft_run  # noqa: E402
 
 MARKERS = ("<!-- rollout_strategies:start -->", "<!-- rollout_strategies:end -->")
 
@@ -59,14 +59,10 @@ def generates_per_trained(config) -> int:
 
 
 def row_config(args, sft_dir: str, overrides: dict):
-    config = rl_config(args, sft_dir, "grpo")
+    from jaxrl import config as config_lib
+
+    config = config_lib.set_values(rl_config(args, sft_dir, "grpo", args.samples), overrides)
     config.rollout.pool_size = args.pool
-    for key, value in overrides.items():
-        *path, leaf = key.split(".")
-        node = config
-        for part in path:
-            node = node[part]
-        node[leaf] = value
     config.total_steps = args.samples // generates_per_trained(config)
     config.eval.every_steps = config.total_steps // args.evals
     config.log.every_steps = config.num_prompts * config.group.size  # every update: exact token counts
@@ -143,26 +139,22 @@ def plot(runs: dict, path: str, title: str) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="countdown")
-    parser.add_argument("--rl-task", default="max_number=50", help="task options of the RL runs (harder problems)")
-    parser.add_argument("--sft-steps", type=int, default=640_000, help="SFT samples (without --sft-dir)")
-    parser.add_argument("--sft-dir", default="", help="the SFT run: reused if it exists, else trained there")
+    add_task_arguments(parser)
     parser.add_argument("--samples", type=int, default=25_600, help="completions drawn per seed, every row")
     parser.add_argument("--evals", type=int, default=5, help="held-out evaluations per row after the start")
     parser.add_argument("--runs-dir", default="", help="keep each row's run here (an interrupted benchmark resumes "
                         "its rows; finished rows are read back)")
     parser.add_argument("--pool", type=int, default=512, help="training problems (rollout.pool_size), every row")
-    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "rollout_strategies.png"))
     parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
-    args.rl_steps = args.samples  # (text_rl's name; every row sets its own total_steps)
     rows = [r for r in args.rows.split(",") if r]
     unknown = [r for r in rows if r not in ROWS]
     if unknown:
         parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
-    per_update = rl_config(args, "", "grpo").num_prompts * rl_config(args, "", "grpo").group.size
+    plain = row_config(args, "", {})
+    per_update = plain.num_prompts * plain.group.size
     for name in rows:
         trained = row_config(args, "", ROWS[name]).total_steps
         if trained % (args.evals * per_update):
@@ -180,9 +172,7 @@ def main(argv=None):
     runs, walls = {}, {}
     with tempfile.TemporaryDirectory() as scratch:
         runs_dir = args.runs_dir or scratch
-        sft_dir = args.sft_dir or os.path.join(scratch, "sft")
-        if not os.path.exists(os.path.join(sft_dir, "tokenizer.json")):
-            train_sft(args, sft_dir)
+        sft_dir = sft_run(args, scratch)
         start = start_point(row_config(args, sft_dir, {}))
         print(f"  warm start: accuracy {start[0]:.3f}, pass@8 {start[1]:.3f}", flush=True)
         for name in rows:

@@ -57,14 +57,33 @@ def train_sft(args, workdir: str) -> list[dict]:
     return train.run(config, workdir, progress=False).metrics
 
 
-def rl_config(args, sft_dir: str, estimator: str):
+def sft_run(args, scratch: str) -> str:
+    """The SFT run's directory: `--sft-dir` when it holds a run, else a run trained there (or in `scratch`)."""
+    sft_dir = args.sft_dir or os.path.join(scratch, "sft")
+    if not os.path.exists(os.path.join(sft_dir, "tokenizer.json")):
+        train_sft(args, sft_dir)
+    return sft_dir
+
+
+def add_task_arguments(parser) -> None:
+    """The options of the SFT warm start and the RL task that the text benchmarks share."""
+    parser.add_argument("--task", default="countdown")
+    parser.add_argument("--rl-task", default="max_number=50", help="task options of the RL runs (harder problems)")
+    parser.add_argument("--sft-steps", type=int, default=640_000, help="SFT samples (when no run is reused)")
+    parser.add_argument("--sft-dir", default="", help="the SFT run: reused if it holds one, else trained there")
+    parser.add_argument("--seeds", type=int, default=3)
+
+
+def rl_config(args, sft_dir: str, estimator: str, total_steps: int, evals: int = 8):
+    """experiments/text_grpo.py:<task> from the SFT run, with the RL task's options, `total_steps` completions
+    per seed and `evals` held-out evaluations."""
     config = experiment_config("text_grpo", args.task)
     config.init_from, config.advantage, config.num_seeds = sft_dir, estimator, args.seeds
     for key, value in parse_options(args.rl_task).items():
         config.task.kwargs[key] = value
-    config.total_steps = args.rl_steps
-    config.eval.every_steps = args.rl_steps // 8
-    config.checkpoint.every_steps = args.rl_steps
+    config.total_steps = total_steps
+    config.eval.every_steps = total_steps // evals
+    config.checkpoint.every_steps = total_steps
     return config
 
 
@@ -75,7 +94,7 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
     from jaxrl import algos, checkpoint, mesh as mesh_lib
     from jaxrl.algos.text import restore_text_params
 
-    config = rl_config(args, sft_dir, "grpo")
+    config = rl_config(args, sft_dir, "grpo", args.rl_steps)
     config.num_seeds = 1
     algo, _ = algos.build(config, mesh_lib.make_mesh())
     manager = checkpoint.Checkpointer(os.path.join(sft_dir, "checkpoints"))
@@ -134,13 +153,9 @@ def plot(sft_rows, sft_on_rl, base, runs, path, args) -> None:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--task", default="countdown")
-    parser.add_argument("--rl-task", default="max_number=50", help="task options of the RL run (harder problems)")
-    parser.add_argument("--sft-steps", type=int, default=640_000, help="SFT samples")
-    parser.add_argument("--sft-dir", default="", help="reuse this SFT run instead of training one")
+    add_task_arguments(parser)
     parser.add_argument("--rl-steps", type=int, default=102_400,
                         help="RL completions per seed, a multiple of 8 log intervals (8 x 2560)")
-    parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--estimators", default="grpo,dr_grpo")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "text_rl.png"))
     parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
@@ -162,9 +177,7 @@ def main(argv=None):
           f"{args.seeds} seeds, {machine}", flush=True)
 
     with tempfile.TemporaryDirectory() as scratch:
-        sft_dir = args.sft_dir or os.path.join(scratch, "sft")
-        if not args.sft_dir:
-            train_sft(args, sft_dir)
+        sft_dir = sft_run(args, scratch)
         with open(os.path.join(sft_dir, "metrics.jsonl")) as f:
             sft_rows = [json.loads(line) for line in f]
         sft_on_rl = sft_checkpoints_on_rl_task(args, sft_dir)
@@ -173,7 +186,7 @@ def main(argv=None):
               + ", ".join(f"{a:.3f}@{s // 1000}k" for s, a in sft_on_rl), flush=True)
         runs, walls = {}, {}
         for estimator in estimators:
-            config = rl_config(args, sft_dir, estimator)
+            config = rl_config(args, sft_dir, estimator, args.rl_steps)
             rows = train.run(config, os.path.join(scratch, f"rl_{estimator}"), progress=False).metrics
             runs[estimator], walls[estimator] = curve(rows, args.seeds), rows[-1]["wall_time"]
             print(f"  RL {estimator}: {walls[estimator]:.0f} s, final {fmt(runs[estimator][2][-1])}", flush=True)
