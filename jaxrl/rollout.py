@@ -58,7 +58,6 @@ class Strategy:
 
     stage: str
     name: str
-    doc: str
     domain: str = "tokens"
     init: Callable | None = None
     before: Callable | None = None
@@ -93,8 +92,7 @@ def register(stage: str, name: str, *, domain: str = "tokens", options: dict | N
     if ("generate" in hooks or "members" in hooks) != (stage == "generate"):
         raise ValueError(f"rollout strategy {name!r}: Generate strategies, and only they, have a `generate` "
                          f"(tokens) or `members` (env) hook")
-    doc = next((h.__doc__ for h in hooks.values() if h.__doc__), "") or ""
-    strategy = Strategy(stage, name, doc.strip().split("\n")[0], domain, options=tuple((options or {}).items()),
+    strategy = Strategy(stage, name, domain, options=tuple((options or {}).items()),
                         needs_pool=needs_pool, selects=selects, requires=tuple(requires), draws=draws, **hooks)
     STRATEGIES[domain][stage][name] = strategy
     return strategy
@@ -143,9 +141,6 @@ class Plan:
     hint_len: jax.Array  # int32 [C]: reference-answer tokens forced at the start of every member (0: none)
     predicted: jax.Array  # float32 [C]: a Filter's predicted pass rate (-1: no prediction)
 
-    def take(self, index: jax.Array) -> "Plan":
-        return jax.tree.map(lambda x: x[index], self)
-
 
 @struct.dataclass
 class Groups:
@@ -171,9 +166,10 @@ class Groups:
         drawn = jnp.arange(self.tokens.shape[-1]) >= self.hint_len[:, None, None]
         return self.mask * drawn * ~self.replayed[..., None]
 
-    def take(self, index: jax.Array) -> "Groups":
-        """The groups at `index` [m] (leaves [m, ...])."""
-        return jax.tree.map(lambda x: x[index], self)
+
+def take(tree, index: jax.Array):
+    """A `Plan` or `Groups` (any tree of leaves [C, ...]) at the rows `index` [m]: leaves [m, ...]."""
+    return jax.tree.map(lambda x: x[index], tree)
 
 
 # ---------------------------------------------------------------------------------------------------

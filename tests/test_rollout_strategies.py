@@ -106,7 +106,7 @@ def hand_made_groups(algo, params, key):
     """Two groups of 3 for problems 4 and 1 of the pool: group 0 all wrong, group 1 with member 1 correct
     (its completion the reference answer)."""
     ids = jnp.asarray([4, 1])
-    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
+    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
     groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl, key), params, plan)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     mask = (answers != algo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
@@ -153,7 +153,7 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     state = algo.init(jax.random.key(0))
     memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
     ids = jnp.asarray([2, 0])
-    plan = rollout.Plan(ids, jax.tree.map(lambda x: x[ids], algo.pool), jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
+    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
     plan, metrics = on_mesh(algo, lambda m, p: text_rollout.add_hints(algo, m, p, None), memory, plan)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     length = int(text_rollout._answer_lengths(algo, answers)[0])
@@ -272,7 +272,7 @@ def test_tree_rollouts_share_each_branch_prefix_and_differ_after(replay_algo):
     algo = replay_algo
     params = algo.init(jax.random.key(0)).params
     model, vocab = algo.model, algo.vocab
-    prompts = algo.task.prompts(jax.tree.map(lambda x: x[:3], algo.pool), vocab)
+    prompts = algo.task.prompts(algo.pool[:3], vocab)
     out = sampling.sample_groups_per_prompt(model, params, prompts, jax.random.split(jax.random.key(1), 3),
                                             group_size=6, max_new_tokens=5, eos_id=vocab.eos_id,
                                             pad_id=vocab.pad_id, branches=2, depth=3)
@@ -313,7 +313,7 @@ def test_the_curriculum_redraws_at_its_level_and_rises_when_the_probe_passes(rep
     algo, hp = algos.build(config, mesh_lib.make_mesh(1))
     difficulty = np.asarray(algo.task.difficulty(algo.pool))
     memory = {"level": jnp.float32(0.0), "probe_accuracy": jnp.float32(0.0), "updates": jnp.int32(0)}
-    plan = rollout.Plan(jnp.zeros(8, jnp.int32), jax.tree.map(lambda x: x[:8], algo.pool), jnp.zeros(8, jnp.int32),
+    plan = rollout.Plan(jnp.zeros(8, jnp.int32), algo.pool[:8], jnp.zeros(8, jnp.int32),
                         jnp.full(8, -1.0))
     for level in (0.0, 0.5):
         drawn, _ = on_mesh(algo, lambda m, p: text_rollout.curriculum_problems(algo, m, p, jax.random.key(2)),

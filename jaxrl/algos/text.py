@@ -404,7 +404,7 @@ class TextGRPO(_TextAlgorithm):
         num = s.num_prompts * s.oversample
         if s.pool_size:
             ids = mesh_lib.local_share(jax.random.randint(key, (num,), 0, s.pool_size))
-            problems = jax.tree.map(lambda x: x[ids], self.pool)
+            problems = self.pool[ids]
         else:
             problems = jax.tree.map(mesh_lib.local_share, self.task.sample(key, num, "train"))
             ids = jnp.full(problems.target.shape, -1, jnp.int32)

@@ -162,7 +162,7 @@ def dynamic_sampling(algo, memory, groups: Groups, params, key):
     """DAPO's dynamic sampling: per slot, the first of its `group.oversample` candidates whose G rewards are
     not all equal (else the last). Logs `fill_rate`, the fraction of slots that found one."""
     choice, filled = select_varied(groups.rewards, algo.settings.oversample)
-    return groups.take(choice), {"fill_rate": global_mean(filled.astype(jnp.float32))}
+    return rollout.take(groups, choice), {"fill_rate": global_mean(filled.astype(jnp.float32))}
 
 
 def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
@@ -187,7 +187,7 @@ def variance_budget(algo, memory, plan: Plan, key):
     chosen = rollout.allocate_groups(jnp.sqrt(jnp.clip(p * (1 - p), 0.0)), algo.settings.num_prompts,
                                      algo.strategy_options("variance_budget")["max_groups"])
     counts = jnp.zeros(p.shape[0], jnp.int32).at[chosen].add(1)
-    return every.take(mesh_lib.local_share(chosen)), {
+    return rollout.take(every, mesh_lib.local_share(chosen)), {
         "budget_skipped": jnp.mean((counts == 0).astype(jnp.float32)),
         "budget_most_groups": jnp.max(counts).astype(jnp.float32)}
 
@@ -229,7 +229,6 @@ def replay_correct(algo, memory, groups: Groups, params, key):
     entry = {k: v[groups.ids] for k, v in memory.items()}
     log_probs, _, values = sampling.score_groups(algo.model, params, groups.prompts, entry["tokens"][:, None],
                                                  entry["mask"][:, None], algo.vocab.pad_id)  # [n, 1, N]
-    log_probs = jax.lax.stop_gradient(log_probs)
     weight = rollout.importance_weights(log_probs[:, 0], entry["log_probs"], entry["mask"],
                                         algo.strategy_options("correct")["cap"])
     last = (jnp.arange(groups.tokens.shape[1]) == groups.tokens.shape[1] - 1)[None, :] & need[:, None]  # [n, G]
@@ -306,7 +305,7 @@ def curriculum_problems(algo, memory, plan: Plan, key):
         difficulty = algo.task.difficulty(algo.pool)
         allowed = difficulty <= jnp.maximum(level, difficulty.min()) + 1e-6
         ids = mesh_lib.local_share(jax.random.categorical(key, jnp.where(allowed, 0.0, -jnp.inf), shape=(num,)))
-        plan = plan.replace(ids=ids.astype(jnp.int32), problems=jax.tree.map(lambda x: x[ids], algo.pool))
+        plan = plan.replace(ids=ids.astype(jnp.int32), problems=algo.pool[ids])
     else:
         plan = plan.replace(problems=jax.tree.map(mesh_lib.local_share, algo.task.sample(key, num, "train", level)))
     return plan, {"curriculum_level": level}
@@ -316,7 +315,6 @@ def probe_curriculum(algo, memory, groups: Groups, params):
     """Every `every` updates, greedy answers to `probe` held-out problems at the current level; at an accuracy
     of `raise_at` or more the level rises by `step` (at most 1). Logs `probe_accuracy`, the last probe's."""
     o = algo.strategy_options("curriculum")
-
     key = jax.random.fold_in(jax.random.key(o["probe_seed"]), memory["updates"])  # the same on every device
 
     def probe(memory):
