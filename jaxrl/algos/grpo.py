@@ -292,7 +292,7 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)
         metrics.update(jax.tree.map(jnp.mean, aux))
-        metrics.update(jax.lax.psum(episode, DATA_AXIS))  # strategy metrics too: means of per-device shares
+        metrics.update(jax.lax.psum(episode, DATA_AXIS))  # a strategy's metrics too (*_sum keys, per episode)
         metrics["acting_fraction"] = global_mean(traj.acting)  # the share of computed steps that train
         return GroupState(params, opt_state, key, state.update_step + 1), metrics
 
