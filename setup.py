@@ -47,6 +47,7 @@ EXTRAS = {
     "log": ["tensorboardX>=2.6", "wandb"],
     # Accelerators: JAX's own wheels. For TPU follow JAX's install note (pip install "jax[tpu]").
     "cuda": ["jax[cuda12]"],
+    "cuda13": ["jax[cuda13]"],
     "tpu": ["jax[tpu]"],
 }
 

@@ -1,4 +1,5 @@
-"""GRPO on tokens, jaxrl side by side with TRL's GRPOTrainer (PyTorch, CPU): the same tiny GPT, the same task.
+"""GRPO on tokens, jaxrl side by side with TRL's GRPOTrainer (PyTorch): the same tiny GPT, the same task,
+on the same kind of device (the GPU when torch and jax both see one, else the CPU).
 
     python benchmarks/grpo_tokens.py --steps 5 --repeats 3
     python benchmarks/grpo_tokens.py --no-trl            # jaxrl only (needs no torch)
@@ -26,7 +27,7 @@ advantages (mean and std over the group), token-level loss aggregation over the 
 jaxrl's "token"), float32, global-norm gradient clipping at 1.0, Adam(W) without weight decay, and the reward:
 the addition verifier's `correct` (digits, then EOS, equal to the canonical sum; jaxrl's well_formed
 component is weighted 0). TRL runs without vLLM, without gradient checkpointing, without logging or
-checkpoints (`report_to="none"`, `use_cpu=True`).
+checkpoints (`report_to="none"`; `use_cpu=True` unless torch sees a GPU, where it runs on that GPU as jax does).
 
 Both sides run in one process, with glibc's malloc told to keep up to `--malloc-pad-mb` MiB of freed memory
 (`jaxrl.host.keep_freed_memory`, which `python -m jaxrl.train` applies; `--malloc-pad-mb 0` for glibc's default).
@@ -215,6 +216,7 @@ def trl_bench(args, algo, prompts: jax.Array):
     task, vocab = algo.task, algo.vocab
     B, G, N = args.prompts, args.group_size, args.new_tokens
     tokenizer = hf_tokenizer(algo.tokenizer)
+    on_gpu = torch.cuda.is_available() and jax.default_backend() == "gpu"  # both sides on one kind of device
     model = gpt2(args, vocab.size, algo.model.config.max_len)
 
     # Prompts: the same task and split, as text ("<bos>12+345="); the sum rides along for the reward.
@@ -229,8 +231,8 @@ def trl_bench(args, algo, prompts: jax.Array):
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     no_remat = {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": False}
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="grpo_tokens_"), use_cpu=True, report_to="none", bf16=False, fp16=False,
-        **no_remat, use_vllm=False, seed=0, max_steps=total_steps,
+        output_dir=tempfile.mkdtemp(prefix="grpo_tokens_"), use_cpu=not on_gpu, report_to="none", bf16=False,
+        fp16=False, **no_remat, use_vllm=False, seed=0, max_steps=total_steps,
         per_device_train_batch_size=B * G, gradient_accumulation_steps=1, num_generations=G, num_iterations=1,
         max_completion_length=task.answer_length, temperature=1.0, top_k=0, top_p=1.0, beta=0.0, epsilon=0.2,
         loss_type="dapo", scale_rewards="group", learning_rate=1e-4, max_grad_norm=1.0, weight_decay=0.0,
@@ -245,13 +247,17 @@ def trl_bench(args, algo, prompts: jax.Array):
     # Generation only: model.generate as GRPOTrainer calls it, on jaxrl's very prompt ids, each repeated G times.
     ids = torch.from_numpy(np.asarray(prompts, np.int64)).repeat_interleave(G, dim=0)  # [B*G, P], left-padded
     attention_mask = (torch.cumsum((ids != vocab.pad_id).long(), dim=1) > 0).long()
+    ids, attention_mask = ids.to(trainer.model.device), attention_mask.to(trainer.model.device)
     generation_config = copy.deepcopy(trainer.generation_config)  # the trainer's keeps N = answer_length
     generation_config.max_new_tokens = N
 
     def generate():
         with torch.no_grad():
-            return trainer.model.generate(input_ids=ids, attention_mask=attention_mask,
-                                          generation_config=generation_config)
+            out = trainer.model.generate(input_ids=ids, attention_mask=attention_mask,
+                                         generation_config=generation_config)
+        if on_gpu:
+            torch.cuda.synchronize()  # timed until the output is ready, as jax.block_until_ready does
+        return out
 
     def count(out):  # generated tokens up to and including the first EOS
         is_eos = (out[:, ids.shape[1]:] == vocab.eos_id).long()
