@@ -32,6 +32,7 @@ class Samples(NamedTuple):
     mask: jax.Array  # float32, 1 for generated tokens up to and including EOS
     lengths: jax.Array  # int32 [B] (or [B, G]), number of generated tokens = mask.sum(-1)
     values: jax.Array | None = None  # float32, value before each token; None without a value head
+    decided: jax.Array | None = None  # int32 [B]: columns whose tokens are final, when decoding may stop early
 
 
 def prompt_layout(prompts: jax.Array, pad_id) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -132,11 +133,14 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
                            eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches"))
+@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches", "stop_slots",
+                                             "stop_axis"))
 def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
                              max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
                              top_p=1.0, forced: jax.Array | None = None,
-                             forced_len: jax.Array | None = None, branches: int = 0, depth: int = 0) -> Samples:
+                             forced_len: jax.Array | None = None, branches: int = 0, depth: int = 0,
+                             resume: Resume | None = None, stop_slots: int = 0,
+                             stop_axis: str | None = None) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
     Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
@@ -150,19 +154,73 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     `branches` > 0 samples each group as a tree: its G members form `branches` branches of G / branches
     members that draw their first `depth` tokens with their branch leader's (its first member's) random
     numbers, so they share that prefix exactly and differ after it.
+
+    `resume` continues partly generated groups: group b keeps its members' tokens before column
+    resume.start[b] (their keys and values come from one teacher-forced pass, their log-probabilities are the
+    current model's) and draws from that column on. Column c of every member draws with the random numbers of
+    column c, resumed or not.
+
+    `stop_slots` = O > 0 stops decoding early: the B groups form B / O slots of O consecutive groups, and
+    decoding stops once every slot holds a finished group (every member has emitted EOS or reached column N;
+    with `stop_axis`, every slot on every device of that mesh axis). `Samples.decided` [B] then says how many
+    columns of each group are final; the columns after it are pad with mask 0, to be resumed later.
     """
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True,
-                           forced=forced, forced_len=forced_len, branches=branches, depth=depth)
+                           forced=forced, forced_len=forced_len, branches=branches, depth=depth, resume=resume,
+                           stop_slots=stop_slots, stop_axis=stop_axis)
+
+
+class Resume(NamedTuple):
+    """Partly generated groups for `sample_groups_per_prompt` to continue."""
+
+    tokens: jax.Array  # int32 [B, G, N]: the members' tokens so far (columns before `start`)
+    mask: jax.Array  # float32 [B, G, N]: real tokens among them
+    start: jax.Array  # int32 [B]: the column where drawing resumes (0: a fresh group)
+
+
+def _column_uniforms(step_keys, B: int, per_prompt: bool) -> jax.Array:
+    """The uniform in [0, 1) that each member draws its token of each column with: step_keys [N, B, G]
+    (per_prompt) or [N, G] -> [N, B, G]. Member (b, g) at column t uses jax.random.uniform(step_keys[t, b, g],
+    (1,)), or jax.random.uniform(step_keys[t, g], (B, 1))[b]: the numbers `sample` draws."""
+    if per_prompt:
+        return jax.vmap(jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (1,))[0])))(step_keys)
+    return jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (B,)), out_axes=1))(step_keys)
+
+
+def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resume: Resume):
+    """The kept tokens of resumed groups, teacher-forced: (kept bool [B, G, N], their current log-probabilities
+    [B, G, N], values before them [B, G, N] or None, own cache [B, G, N, ...] with their keys and values, and
+    the logits [B, G, V] and value [B, G] that predict column `start`). logits, value: the prompt's, [B, G, ...]."""
+    B, G, N = resume.tokens.shape
+    columns = jnp.arange(N)
+    kept = (resume.mask > 0) & (columns < resume.start[:, None, None])
+    fed_positions = jnp.broadcast_to(prompt_len[:, None, None] + columns, (B, G, N))
+    fed_logits, fed_values, cache = model.apply(params, resume.tokens, fed_positions, kept, prefix, real,
+                                                init_own_cache(model.config, B, G, N), 0, method=TransformerLM.extend)
+    # Column c is predicted by the prompt (c = 0) or by column c - 1; the next draw by column start - 1.
+    predicting = jnp.concatenate([logits[:, :, None], fed_logits], axis=2)  # [B, G, N + 1, V]
+    log_probs = _token_log_prob(predicting[:, :, :N], resume.tokens) * kept
+    at_start = lambda x: jnp.take_along_axis(x, resume.start[:, None, None, *([None] * (x.ndim - 3))], axis=2)[:, :, 0]
+    if value is None:
+        return kept, log_probs, None, cache, at_start(predicting), None
+    values_before = jnp.concatenate([value[:, :, None], fed_values], axis=2)  # [B, G, N + 1]
+    return kept, log_probs, values_before[:, :, :N] * kept, cache, at_start(predicting), at_start(values_before)
 
 
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
                     temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
-                    branches: int = 0, depth: int = 0) -> Samples:
+                    branches: int = 0, depth: int = 0, resume: Resume | None = None, stop_slots: int = 0,
+                    stop_axis: str | None = None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
-    with key (b, g). forced [B, N], forced_len [B]: see `sample_groups_per_prompt`."""
+    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis: see `sample_groups_per_prompt`.
+
+    Without `resume` or `stop_slots`, a `lax.scan` of N-1 cached steps and a last draw. With either, a
+    `lax.while_loop` in which group b writes column start[b] + s at step s: its own cache then holds the N
+    resumed columns first and the new tokens after them (attention ignores slot order: positions are in
+    the keys)."""
     B, P = prompts.shape
     G, N = member_keys.shape[1 if per_prompt else 0], max_new_tokens
     if P + N > model.config.max_len:
@@ -180,53 +238,104 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         leader = (jnp.arange(G) // (G // branches)) * (G // branches)
         source = jnp.where(jnp.arange(N)[:, None] < depth, leader[None, :], jnp.arange(G)[None, :])  # [N, G]
         step_keys = jax.vmap(lambda k, i: k[:, i] if per_prompt else k[i])(step_keys, source)
+    uniforms = _column_uniforms(step_keys, B, per_prompt)  # [N, B, G]
 
-    def pick(logits, done, keys, t):  # logits [B, G, V], done [B, G], keys [B, G] or [G]
-        if per_prompt:
-            uniform = jax.vmap(jax.vmap(lambda k: jax.random.uniform(k, (1,))))(keys)  # [B, G, 1]
-        else:
-            uniform = jax.vmap(lambda k: jax.random.uniform(k, (B, 1)), out_axes=1)(keys)
-        token = _draw_token(logits, uniform, temperature, top_k, top_p)
+    def pick(logits, done, uniform, column):  # logits [B, G, V], done and uniform [B, G], column [B]
+        token = _draw_token(logits, uniform[..., None], temperature, top_k, top_p)
         if forced is not None:  # a hint's tokens replace the drawn ones
-            token = jnp.where((t < forced_len)[:, None], forced[:, t, None], token)
+            hinted = jnp.take_along_axis(forced, jnp.minimum(column, N - 1)[:, None], axis=1)  # [B, 1]
+            token = jnp.where((column < forced_len)[:, None], hinted, token)
         log_p = _token_log_prob(logits, token)
         live = ~done
         token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))
         return token, jnp.where(live, log_p, 0.0), live, done | (live & (token == eos_id))
 
-    def step(carry, xs):
-        cache, own_mask, logits, value, done = carry
-        t, keys = xs
-        token, log_p, live, done = pick(logits, done, keys, t)
-        # Tokens after EOS are written to the cache but stay masked, so nothing ever attends to them.
-        own_mask = jax.lax.dynamic_update_slice_in_dim(own_mask, live[..., None], t, axis=2)
-        out = (token, log_p, live, value)
-        logits, values, cache = model.apply(params, token[..., None], (prompt_len[:, None] + t)[..., None], own_mask,
-                                            prefix, real, cache, t, method=TransformerLM.extend)
-        value = None if values is None else values[..., 0]
-        return (cache, own_mask, logits[:, :, 0], value, done), out
+    def forward(cache, own_mask, token, column, slot):  # the model on each member's newest token
+        logits, values, cache = model.apply(params, token[..., None], (prompt_len + column)[:, None, None]
+                                            + jnp.zeros_like(token[..., None]), own_mask, prefix, real, cache, slot,
+                                            method=TransformerLM.extend)
+        return cache, logits[:, :, 0], None if values is None else values[..., 0]
 
-    # N-1 cached steps (own cache slots 0..N-2); the last token needs no forward pass after it. The carry's
-    # zeros derive from the prompts so that under shard_map they vary over devices like the rest of it.
+    # The carry's zeros derive from the prompts so that under shard_map they vary over devices like the rest.
     no = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1] False
-    own_cache = jax.tree.map(lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1]),
-                             init_own_cache(model.config, B, G, N - 1))
-    carry = (own_cache, no & jnp.zeros((B, G, N - 1), bool), logits, value, no[..., 0] & jnp.zeros((B, G), bool))
-    carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), step_keys[:-1]))
-    _, _, logits, value, done = carry
-    last_token, last_log_p, last_live, _ = pick(logits, done, step_keys[-1], N - 1)
+    varying_zeros = lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1])
+    if resume is None and not stop_slots:
+        def step(carry, xs):
+            cache, own_mask, logits, value, done = carry
+            t, uniform = xs
+            column = jnp.full((B,), t)
+            token, log_p, live, done = pick(logits, done, uniform, column)
+            # Tokens after EOS are written to the cache but stay masked, so nothing ever attends to them.
+            own_mask = jax.lax.dynamic_update_slice_in_dim(own_mask, live[..., None], t, axis=2)
+            out = (token, log_p, live, value)
+            cache, logits, value = forward(cache, own_mask, token, column, t)
+            return (cache, own_mask, logits, value, done), out
 
-    def finish(seq, last):  # [N-1, B, G] + [B, G] -> [B, G, N]
-        return jnp.moveaxis(jnp.concatenate([seq, last[None]], axis=0), 0, -1)
+        # N-1 cached steps (own cache slots 0..N-2); the last token needs no forward pass after it.
+        own_cache = jax.tree.map(varying_zeros, init_own_cache(model.config, B, G, N - 1))
+        carry = (own_cache, no & jnp.zeros((B, G, N - 1), bool), logits, value, no[..., 0] & jnp.zeros((B, G), bool))
+        carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), uniforms[:-1]))
+        _, _, logits, value, done = carry
+        last_token, last_log_p, last_live, _ = pick(logits, done, uniforms[-1], jnp.full((B,), N - 1))
 
-    mask = finish(live, last_live).astype(jnp.float32)
-    return Samples(
-        tokens=finish(tokens, last_token),
-        log_probs=finish(log_probs, last_log_p),
-        mask=mask,
-        lengths=mask.sum(axis=-1).astype(jnp.int32),
-        values=None if value is None else finish(vals, value) * mask,
-    )
+        def finish(seq, last):  # [N-1, B, G] + [B, G] -> [B, G, N]
+            return jnp.moveaxis(jnp.concatenate([seq, last[None]], axis=0), 0, -1)
+
+        mask = finish(live, last_live).astype(jnp.float32)
+        return Samples(tokens=finish(tokens, last_token), log_probs=finish(log_probs, last_log_p), mask=mask,
+                       lengths=mask.sum(axis=-1).astype(jnp.int32),
+                       values=None if value is None else finish(vals, value) * mask)
+
+    columns = jnp.arange(N)
+    if resume is None:
+        start, resumed_slots = jnp.zeros((B,), jnp.int32), 0
+        kept = no & jnp.zeros((B, G, N), bool)
+        tokens = jnp.where(kept, 0, jnp.asarray(pad_id, jnp.int32))
+        log_probs = kept * 0.0
+        values = None if value is None else kept * 0.0
+        own_cache = jax.tree.map(varying_zeros, init_own_cache(model.config, B, G, N))
+        ended = kept.any(axis=-1)
+    else:
+        start, resumed_slots = resume.start, N
+        kept, log_probs, values, resumed_cache, logits, value = _resumed_prefix(
+            model, params, prefix, real, prompt_len, logits, value, resume)
+        tokens = jnp.where(kept, resume.tokens, jnp.asarray(pad_id, jnp.int32))
+        # Slots [0, N): the resumed columns; [N, 2N): the new tokens.
+        own_cache = jax.tree.map(lambda c: jnp.concatenate([c, jnp.zeros_like(c)], axis=2), resumed_cache)
+        ended = (kept & (resume.tokens == eos_id)).any(axis=-1)
+    own_mask = jnp.concatenate([kept, jnp.zeros_like(kept)], axis=2)[:, :, :resumed_slots + N]
+    own_cache = jax.tree.map(lambda c: c[:, :, :resumed_slots + N], own_cache)
+    done = ended | (start >= N)[:, None]
+
+    def finished(done):  # every slot holds a group whose members are all done (on every device of stop_axis)
+        if not stop_slots:
+            lacking = jnp.sum(~done.all())
+        else:
+            lacking = jnp.sum(~done.all(axis=1).reshape(-1, stop_slots).any(axis=1))
+        return (jax.lax.psum(lacking, stop_axis) if stop_axis else lacking) == 0
+
+    def keep_going(carry):
+        return (carry[0] < N) & ~finished(carry[5])
+
+    def body(carry):
+        s, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values = carry
+        column = start + s
+        uniform = jnp.take_along_axis(uniforms, jnp.minimum(column, N - 1)[None, :, None], axis=0)[0]
+        token, log_p, live, done = pick(logits, done, uniform, column)
+        done = done | (column >= N - 1)[:, None]  # nothing follows the last column
+        here = columns[None, None, :] == column[:, None, None]  # [B, 1, N]
+        put = lambda buffer, x: jnp.where(here, x[..., None], buffer)
+        tokens, log_probs, live_mask = put(tokens, token), put(log_probs, log_p), put(live_mask, live)
+        values = None if value is None else put(values, jnp.where(live, value, 0.0))
+        own_mask = jax.lax.dynamic_update_slice_in_dim(own_mask, live[..., None], resumed_slots + s, axis=2)
+        cache, logits, value = forward(cache, own_mask, token, column, resumed_slots + s)
+        return s + 1, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values
+
+    carry = (jnp.int32(0), own_cache, own_mask, logits, value, done, tokens, log_probs, kept, values)
+    steps, _, _, _, _, _, tokens, log_probs, live_mask, values = jax.lax.while_loop(keep_going, body, carry)
+    mask = live_mask.astype(jnp.float32)
+    return Samples(tokens=tokens, log_probs=log_probs, mask=mask, lengths=mask.sum(axis=-1).astype(jnp.int32),
+                   values=values, decided=jnp.minimum(start + steps, N))
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

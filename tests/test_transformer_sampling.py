@@ -300,3 +300,46 @@ def test_prefill_equals_decode_at_the_last_column(tiny):
     np.testing.assert_allclose(values, full_values[:, -1], atol=1e-5)
     for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(full_cache)):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_resumed_and_stopped_groups_continue_the_same_samples(tiny):
+    """Partial rollouts: decoding that stops once every slot holds a finished group, then resumes the rest from
+    the column where each stopped, yields exactly the samples of one uninterrupted run (the same random numbers
+    per column; resumed tokens scored by one teacher-forced pass)."""
+    from jaxrl.sampling import Resume
+
+    model, params = tiny
+    prompts = left_padded(PROMPTS, W + 3)
+    # Token 5 as EOS at temperature 2: with these keys some groups end early, others run to column N.
+    keys, G, eos = jax.random.split(jax.random.key(4), 4), 2, 5
+    kw = dict(group_size=G, max_new_tokens=N, eos_id=eos, pad_id=PAD, temperature=2.0)
+    whole = sample_groups_per_prompt(model, params, prompts, keys, **kw)
+
+    # A fresh start on the while-loop path (resume from column 0) is the same run.
+    fresh = Resume(jnp.zeros((4, G, N), jnp.int32), jnp.zeros((4, G, N)), jnp.zeros(4, jnp.int32))
+    again = sample_groups_per_prompt(model, params, prompts, keys, resume=fresh, **kw)
+    np.testing.assert_array_equal(again.tokens, whole.tokens)
+    np.testing.assert_allclose(again.log_probs, whole.log_probs, atol=1e-5)
+    np.testing.assert_allclose(again.values, whole.values, atol=1e-5)
+    assert again.decided.tolist() == [N] * 4
+
+    # Two slots of two groups: decoding stops when each slot has a finished group.
+    first = sample_groups_per_prompt(model, params, prompts, keys, stop_slots=2, **kw)
+    ends = np.where((whole.tokens == eos).any(-1), np.argmax(np.asarray(whole.tokens) == eos, -1) + 1, N)  # [B, G]
+    group_end = ends.max(axis=1)  # columns each group needs
+    expected_steps = max(group_end[0:2].min(), group_end[2:4].min())
+    assert first.decided.tolist() == [expected_steps] * 4
+    columns = np.arange(N)
+    before = columns < expected_steps
+    np.testing.assert_array_equal(np.where(before, whole.tokens, PAD), first.tokens)
+    np.testing.assert_allclose(np.where(before, whole.log_probs, 0.0), first.log_probs, atol=1e-5)
+
+    # Resuming every group from where it stopped finishes the uninterrupted run's samples.
+    rest = sample_groups_per_prompt(model, params, prompts, keys, resume=Resume(first.tokens, first.mask, first.decided),
+                                    **kw)
+    np.testing.assert_array_equal(rest.tokens, whole.tokens)
+    np.testing.assert_allclose(rest.log_probs, whole.log_probs, atol=1e-5)
+    np.testing.assert_allclose(rest.mask, whole.mask)
+    np.testing.assert_allclose(rest.values, whole.values, atol=1e-5)
+    assert rest.decided.tolist() == [group_end.max()] * 4  # the loop ends when every member has
+    assert 0 < expected_steps < group_end.max() <= N  # (the case this test is about: a stop before the last end)
