@@ -50,11 +50,14 @@ ROWS = {
     "dapo+replay+hints": {"group.oversample": 2, "rollout.replay": "correct,hints"},
     "budget+replay+hints": {"group.oversample": 2, "rollout.filter": "success_predictor",
                             "rollout.control": "variance_budget", "rollout.replay": "correct,hints"},
+    "partial": {"group.oversample": 2, "rollout.control": "partial"},
+    "partial+replay+hints": {"group.oversample": 2, "rollout.control": "partial", "rollout.replay": "correct,hints"},
 }
 
 
 def generates_per_trained(config) -> int:
-    """Completions drawn per completion trained on: oversample when the selection follows generation."""
+    """Completions drawn per completion trained on: oversample when the selection follows generation and
+    drops the rest (partial rollouts carry the rest into later updates instead)."""
     return config.group.oversample if "dynamic_sampling" in config.rollout.control else 1
 
 

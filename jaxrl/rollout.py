@@ -71,13 +71,15 @@ class Strategy:
     selects: bool = False  # a Control strategy that keeps B groups of B x oversample candidates
     requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
     draws: bool = False  # its `before` hook redraws the candidate problems: it runs before every other one
+    stops_early: bool = False  # generation stops once every slot of `oversample` candidates has a finished group
 
 
 STRATEGIES: dict[str, dict[str, dict[str, Strategy]]] = {d: {stage: {} for stage in STAGES} for d in DOMAINS}
 
 
 def register(stage: str, name: str, *, domain: str = "tokens", options: dict | None = None, needs_pool: bool = False,
-             selects: bool = False, requires: tuple[str, ...] = (), draws: bool = False, **hooks) -> Strategy:
+             selects: bool = False, requires: tuple[str, ...] = (), draws: bool = False, stops_early: bool = False,
+             **hooks) -> Strategy:
     """Add a strategy to its domain's and stage's registry; `hooks` are the functions of the module docstring."""
     if domain not in DOMAINS:
         raise ValueError(f"unknown rollout domain {domain!r}; domains: {', '.join(DOMAINS)}")
@@ -93,7 +95,8 @@ def register(stage: str, name: str, *, domain: str = "tokens", options: dict | N
         raise ValueError(f"rollout strategy {name!r}: Generate strategies, and only they, have a `generate` "
                          f"(tokens) or `members` (env) hook")
     strategy = Strategy(stage, name, domain, options=tuple((options or {}).items()),
-                        needs_pool=needs_pool, selects=selects, requires=tuple(requires), draws=draws, **hooks)
+                        needs_pool=needs_pool, selects=selects, requires=tuple(requires), draws=draws,
+                        stops_early=stops_early, **hooks)
     STRATEGIES[domain][stage][name] = strategy
     return strategy
 
@@ -140,6 +143,8 @@ class Plan:
     problems: Any  # envs.text.Problems [C]
     hint_len: jax.Array  # int32 [C]: reference-answer tokens forced at the start of every member (0: none)
     predicted: jax.Array  # float32 [C]: a Filter's predicted pass rate (-1: no prediction)
+    start: jax.Array  # int32 [C]: completion columns generated in earlier updates (0: a fresh group)
+    resume: Any = None  # {"tokens", "behaviour", "mask"} [C, G, N] of groups to continue (control/partial), or None
 
 
 @struct.dataclass
@@ -159,12 +164,21 @@ class Groups:
     weight: jax.Array  # float32 [n, G, N]: loss weight per token (0 on hints; importance weights on replays)
     bonus: jax.Array  # float32 [n, G]: added to the reward where a group's verifier rewards are all equal
     replayed: jax.Array  # bool [n, G]: the member comes from memory, not from this update's policy
+    start: jax.Array | None = None  # int32 [n]: columns drawn in earlier updates (a resumed group)
+    decided: jax.Array | None = None  # int32 [n]: columns final so far (N unless decoding stopped early)
+    behaviour: jax.Array | None = None  # float32 [n, G, N]: log-probabilities under the policies that drew
+    finished: jax.Array | None = None  # bool [n]: every member has ended (None: all have), an outcome to learn from
 
     @property
     def generated(self) -> jax.Array:
-        """float32 [n, G, N]: tokens this update's policy drew (hints and replays excluded)."""
-        drawn = jnp.arange(self.tokens.shape[-1]) >= self.hint_len[:, None, None]
+        """float32 [n, G, N]: tokens this update's policy drew (hints, replays and resumed columns excluded)."""
+        first = self.hint_len if self.start is None else jnp.maximum(self.hint_len, self.start)
+        drawn = jnp.arange(self.tokens.shape[-1]) >= first[:, None, None]
         return self.mask * drawn * ~self.replayed[..., None]
+
+    def finished_only(self, mask: jax.Array) -> jax.Array:
+        """mask bool [n] where the group is finished (memories learn from finished groups only)."""
+        return mask if self.finished is None else mask & self.finished
 
 
 def take(tree, index: jax.Array):
@@ -182,6 +196,14 @@ def last_occurrence(ids: jax.Array, write: jax.Array) -> jax.Array:
     same = (ids[:, None] == ids[None, :]) & write[None, :]
     later = jnp.triu(same, k=1).any(axis=1)
     return write & ~later
+
+
+def first_per_slot(ok: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
+    """ok bool [b * O], O candidates per slot (slot-major) -> (index [b] of each slot's first candidate that
+    is ok, else its last; filled bool [b]: one was)."""
+    ok = ok.reshape(-1, oversample)
+    filled = ok.any(axis=1)
+    return jnp.arange(ok.shape[0]) * oversample + jnp.where(filled, jnp.argmax(ok, axis=1), oversample - 1), filled
 
 
 def tie_ranks(scores: jax.Array) -> jax.Array:

@@ -71,8 +71,8 @@ for devices in (1, 8):
     memory = getattr(state, "memory", None)  # rollout strategies' memory (text GRPO)
     params[devices] = [np.asarray(x, np.float64) for x in jax.tree.leaves((standardised, memory))]
     params[f"{devices}_metrics"] = {k: np.asarray(v).tolist() for k, v in metrics.items()}
-diffs = [float(np.max(np.abs(a - b))) for a, b in zip(params[1], params[8])]
-scale = [float(np.max(np.abs(a))) for a in params[1]]
+diffs = [float(np.max(np.abs(a - b), initial=0.0)) for a, b in zip(params[1], params[8])]  # (a leaf may be empty)
+scale = [float(np.max(np.abs(a), initial=0.0)) for a in params[1]]
 print(json.dumps({"diffs": diffs, "scale": scale, "m1": params["1_metrics"], "m8": params["8_metrics"]}))
 """
 
@@ -166,8 +166,15 @@ def prepare(algo, state):
 """
 
 
-@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES],
-                         ids=["text_sft", "text_grpo", "text_grpo_strategies"])
+# Partial rollouts with hints (which a resumed group keeps): decoding stops on every device at once.
+TEXT_GRPO_PARTIAL = TEXT_GRPO + """
+config.rollout.control, config.rollout.replay, config.rollout.pool_size = "partial", "hints", 8
+config.rollout.options.hints.patience = 1
+"""
+
+
+@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL],
+                         ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial"])
 def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.
@@ -180,3 +187,7 @@ def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, se
                     "predictor_error", "budget_skipped", "budget_most_groups"):
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
         assert min(result["m1"]["replayed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]
+    if setup is TEXT_GRPO_PARTIAL:
+        for key in ("decode_steps", "resumed", "carried", "resumed_candidates", "sampled_tokens", "hinted"):
+            np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
+        assert max(result["m1"]["resumed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]

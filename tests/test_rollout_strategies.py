@@ -81,6 +81,9 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.generate": "tree", "advantage": "rloo"}, "config.advantage='rloo' is not one of them"),
         ({"rollout.options.hints.wait": 3, "rollout.replay": "hints", "rollout.pool_size": 4},
          "config.rollout.options.hints has unknown keys ['wait']"),
+        ({"rollout.control": "partial", "group.oversample": 1}, "rollout strategy partial starts more groups than it trains: set "
+                                         "config.group.oversample >= 2"),
+        ({"rollout.control": "partial,dynamic_sampling", "group.oversample": 2}, "needs exactly one selecting"),
     ]:
         config = tiny_grpo_config("")
         config.unlock()  # (an unknown option key needs an unlocked config, as in a notebook)
@@ -106,7 +109,7 @@ def hand_made_groups(algo, params, key):
     """Two groups of 3 for problems 4 and 1 of the pool: group 0 all wrong, group 1 with member 1 correct
     (its completion the reference answer)."""
     ids = jnp.asarray([4, 1])
-    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
+    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0), jnp.zeros(2, jnp.int32))
     groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl, key), params, plan)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     mask = (answers != algo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
@@ -153,7 +156,7 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     state = algo.init(jax.random.key(0))
     memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
     ids = jnp.asarray([2, 0])
-    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0))
+    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0), jnp.zeros(2, jnp.int32))
     plan, metrics = on_mesh(algo, lambda m, p: text_rollout.add_hints(algo, m, p, None), memory, plan)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     length = int(text_rollout._answer_lengths(algo, answers)[0])
@@ -314,7 +317,7 @@ def test_the_curriculum_redraws_at_its_level_and_rises_when_the_probe_passes(rep
     difficulty = np.asarray(algo.task.difficulty(algo.pool))
     memory = {"level": jnp.float32(0.0), "probe_accuracy": jnp.float32(0.0), "updates": jnp.int32(0)}
     plan = rollout.Plan(jnp.zeros(8, jnp.int32), algo.pool[:8], jnp.zeros(8, jnp.int32),
-                        jnp.full(8, -1.0))
+                        jnp.full(8, -1.0), jnp.zeros(8, jnp.int32))
     for level in (0.0, 0.5):
         drawn, _ = on_mesh(algo, lambda m, p: text_rollout.curriculum_problems(algo, m, p, jax.random.key(2)),
                            {**memory, "level": jnp.float32(level)}, plan)
@@ -341,3 +344,71 @@ def test_a_filter_bonus_gives_tied_groups_advantages_and_leaves_the_others_alone
     plain, _, _ = algos.build(tiny_grpo_config("", **{"group.size": 3}), mesh_lib.make_mesh(1))[0]._group_advantages(groups)
     np.testing.assert_allclose(advantages[1], plain[1], rtol=1e-6)
     np.testing.assert_allclose(plain[0], 0.0)
+
+
+def test_partial_rollouts_train_finished_groups_and_resume_the_rest_with_importance_weights():
+    """control/partial: per slot the first finished candidate trains; the others are carried with their tokens,
+    behaviour log-probabilities and the column they stopped at, and resume there next update, their earlier
+    tokens weighted by min(pi / mu, cap); a group carried longer than max_age is dropped."""
+    config = tiny_grpo_config("", **{"rollout.control": "partial", "group.oversample": 2, "group.size": 3,
+                                     "rollout.pool_size": 6, "rollout.options.partial.cap": 1.5,
+                                     "rollout.options.partial.max_age": 2})
+    algos.validate(config)
+    algo, _ = algos.build(config, mesh_lib.make_mesh(1))
+    assert algo.stop_slots == 2
+    state = algo.init(jax.random.key(0))
+    params, memory = state.params, state.memory["partial"]
+    plan = on_mesh(algo, algo._plan, jax.random.key(1))  # 8 slots x 2 candidates
+    same, _ = on_mesh(algo, lambda m, p: text_rollout.resume_carried(algo, m, p, None), memory, plan)
+    np.testing.assert_array_equal(same.ids, plan.ids)  # nothing carried yet
+    assert int(same.start.sum()) == 0 and float(same.resume["mask"].sum()) == 0
+    groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl,
+                                                                  jax.random.key(2)), params, same)
+    N = groups.tokens.shape[-1]
+    # As if decoding had stopped at column 2: slot 0 finished only its second candidate, the others their first.
+    finished = jnp.ones(16, bool).at[0].set(False).at[3].set(False)
+    decided = jnp.full(16, 2, jnp.int32)
+    columns = jnp.arange(N)
+    cut = lambda x, fill: jnp.where(columns < 2, x, fill)
+    groups = groups.replace(finished=finished, decided=decided, tokens=cut(groups.tokens, algo.vocab.pad_id),
+                            mask=cut(groups.mask, 0.0), log_probs=cut(groups.log_probs, 0.0),
+                            behaviour=cut(groups.behaviour, 0.0) - 0.5 * cut(groups.mask, 0.0))  # mu = pi e^-0.5
+
+    kept, _ = on_mesh(algo, lambda m, g: text_rollout.train_finished(algo, m, g, None, None), memory, groups)
+    np.testing.assert_array_equal(kept.ids, groups.ids[np.asarray([1, 2, 4, 6, 8, 10, 12, 14])])
+    carried, metrics = on_mesh(algo, lambda m, g: text_rollout.carry_unfinished(algo, m, g, None), memory, groups)
+    rest = np.asarray([0, 3, 5, 7, 9, 11, 13, 15])
+    np.testing.assert_array_equal(carried["ids"], groups.ids[rest])
+    np.testing.assert_array_equal(carried["tokens"], groups.tokens[rest])
+    np.testing.assert_array_equal(carried["behaviour"], groups.behaviour[rest])
+    np.testing.assert_array_equal(carried["start"], [2] * 8)
+    np.testing.assert_array_equal(carried["age"], [1] * 8)
+    assert carried["valid"].all() and float(metrics["carried_finished"]) == 6 / 8
+
+    # Next update: each slot's first candidate resumes its carried group at column 2, the second is fresh.
+    fresh = on_mesh(algo, algo._plan, jax.random.key(3))
+    plan, metrics = on_mesh(algo, lambda m, p: text_rollout.resume_carried(algo, m, p, None), carried, fresh)
+    np.testing.assert_array_equal(plan.ids[0::2], carried["ids"])
+    np.testing.assert_array_equal(plan.ids[1::2], fresh.ids[1::2])
+    np.testing.assert_array_equal(plan.start, [2, 0] * 8)
+    assert float(metrics["resumed_candidates"]) == 0.5
+    resumed = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl,
+                                                                   jax.random.key(4)), params, plan)
+    np.testing.assert_array_equal(resumed.tokens[0::2, :, :2], carried["tokens"][:, :, :2])
+    # The earlier columns are scored by the current policy (the loss's ratio starts at 1) and weighted by the
+    # truncated ratio to the behaviour policy: min(e^0.5, 1.5) = 1.5 wherever a token is real.
+    current, _, _ = sampling.score_groups(algo.model, params, resumed.prompts, resumed.tokens, resumed.mask,
+                                          algo.vocab.pad_id)
+    np.testing.assert_allclose(resumed.log_probs, current, atol=2e-5)
+    np.testing.assert_allclose(resumed.weight[0::2, :, :2], 1.5 * carried["mask"][:, :, :2], rtol=1e-5)
+    np.testing.assert_array_equal(resumed.weight[1::2], resumed.mask[1::2])
+    np.testing.assert_array_equal(resumed.behaviour[0::2, :, :2], carried["behaviour"][:, :, :2])
+    assert float(resumed.generated[0::2, :, :2].sum()) == 0  # drawn in the earlier update, not this one
+
+    # Carried again and again: older than max_age = 2, a group is dropped and its slot draws afresh.
+    unfinished = resumed.replace(finished=jnp.asarray([False, True] * 8))
+    again, _ = on_mesh(algo, lambda m, g: text_rollout.carry_unfinished(algo, m, g, None), carried, unfinished)
+    np.testing.assert_array_equal(again["age"], [2] * 8)
+    assert again["valid"].all()
+    last, _ = on_mesh(algo, lambda m, g: text_rollout.carry_unfinished(algo, m, g, None), again, unfinished)
+    assert not last["valid"].any()

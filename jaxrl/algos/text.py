@@ -364,6 +364,8 @@ class TextGRPO(_TextAlgorithm):
         # Any plan change may set hint lengths: the generator then forces reference-answer prefixes.
         self.forces_hints = any(strategy.before for strategy in self.strategies)
         self.generator, = (s for s in self.strategies if s.generate)
+        # Slots of candidates whose decoding stops once each holds a finished group (0: never stop early).
+        self.stop_slots = settings.oversample if any(s.stops_early for s in self.strategies) else 0
         # Filters' bonuses (Groups.bonus) reach the advantages of groups whose verifier rewards tie.
         self.uses_bonus = any(strategy.stage == "filter" and strategy.after for strategy in self.strategies)
         # The training pool: problem i is the same for every seed and device (a dataset, drawn once).
@@ -408,7 +410,8 @@ class TextGRPO(_TextAlgorithm):
         else:
             problems = jax.tree.map(mesh_lib.local_share, self.task.sample(key, num, "train"))
             ids = jnp.full(problems.target.shape, -1, jnp.int32)
-        return rollout.Plan(ids, problems, jnp.zeros(ids.shape, jnp.int32), jnp.full(ids.shape, -1.0))
+        return rollout.Plan(ids, problems, jnp.zeros(ids.shape, jnp.int32), jnp.full(ids.shape, -1.0),
+                            jnp.zeros(ids.shape, jnp.int32))
 
     def _rollout(self, state: TextGRPOState, hp: TextGRPOHyperparams, key: jax.Array):
         """The stages of `jaxrl.rollout` for one seed on this device: (memory, Groups [b, G, ...], metrics)."""
@@ -629,6 +632,10 @@ def check_rollout_config(config: ConfigDict) -> None:
         if config.advantage not in ("grpo", "dr_grpo"):
             raise ValueError(f"rollout.generate=tree scores tokens with per-branch baselines (grpo or dr_grpo "
                              f"scaling); config.advantage={config.advantage!r} is not one of them")
+    stopping = [s.name for s in strategies if s.stops_early]
+    if stopping and config.group.oversample < 2:
+        raise ValueError(f"rollout strategy {stopping[0]} starts more groups than it trains: set config.group.oversample "
+                         f">= 2 (candidates per slot), got {config.group.oversample}")
     if config.group.oversample > 1 and len(selecting) != 1:
         raise ValueError(f"config.group.oversample = {config.group.oversample} needs exactly one selecting Control "
                          f"strategy in config.rollout.control (e.g. dynamic_sampling), got {selecting or 'none'}")

@@ -6,6 +6,7 @@
     filter/success_predictor  a small model of a prompt's pass rate from the prompt alone, trained online
     control/dynamic_sampling  per slot, the first of `group.oversample` candidates whose rewards vary (DAPO)
     control/variance_budget   B groups spread over the candidates by predicted uncertainty (none to the sure)
+    control/partial           stop decoding when every slot has a finished group; resume the rest next update
     replay/correct            give an all-wrong group a correct completion of the same prompt from memory
     replay/hints              force a growing prefix of the reference answer on prompts stuck at zero
     replay/curriculum         raise the task's difficulty as the held-out pass rate at the current level rises
@@ -40,22 +41,37 @@ def _answer_lengths(algo, answers: jax.Array) -> jax.Array:
 # --- Generate ---------------------------------------------------------------------------------------
 
 def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
-    """G independent completions per prompt (KV-cache sampling; a hint's tokens are forced first)."""
+    """G independent completions per prompt (KV-cache sampling; a hint's tokens are forced first). Groups the
+    plan resumes continue from their columns so far, whose tokens the loss weighs by min(pi / mu, cap) against
+    the policies that drew them; with a Control strategy that stops early, decoding ends once every slot holds
+    a finished group."""
     s, task, vocab = algo.settings, algo.task, algo.vocab
     prompts = task.prompts(plan.problems, vocab)
     keys = mesh_lib.per_item_keys(key, prompts.shape[0])
     hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
         if algo.forces_hints else {}
+    resume = None if plan.resume is None else sampling.Resume(plan.resume["tokens"], plan.resume["mask"], plan.start)
     samples = sampling.sample_groups_per_prompt(
         algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
         eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
-        **hints, **tree)
+        **hints, **tree, resume=resume, stop_slots=algo.stop_slots, stop_axis=DATA_AXIS if algo.stop_slots else None)
     rewards = jax.vmap(lambda c: task.jax_rewards(plan.problems, c, vocab), in_axes=1, out_axes=1)(samples.tokens)
     n, G, N = samples.tokens.shape
-    drawn = jnp.arange(N) >= plan.hint_len[:, None, None]
+    columns = jnp.arange(N)
+    weight = samples.mask * (columns >= plan.hint_len[:, None, None])
+    behaviour = samples.log_probs
+    if resume is not None:
+        earlier = columns < plan.start[:, None, None]
+        behaviour = jnp.where(earlier, plan.resume["behaviour"], samples.log_probs)
+        importance = rollout.importance_weights(samples.log_probs, behaviour, samples.mask,
+                                                algo.strategy_options("partial")["cap"])
+        weight = jnp.where(earlier, weight * importance, weight)
+    decided = jnp.full((n,), N, jnp.int32) if samples.decided is None else samples.decided
+    ended = ((samples.tokens == vocab.eos_id) & (samples.mask > 0)).any(axis=-1) | (decided >= N)[:, None]
     return Groups(plan.ids, plan.problems, prompts, plan.hint_len, samples.tokens, samples.log_probs, samples.mask,
-                  samples.lengths, samples.values, rewards, weight=samples.mask * drawn,
-                  bonus=jnp.zeros((n, G), jnp.float32), replayed=jnp.zeros((n, G), bool))
+                  samples.lengths, samples.values, rewards, weight=weight, bonus=jnp.zeros((n, G), jnp.float32),
+                  replayed=jnp.zeros((n, G), bool), start=plan.start, decided=decided, behaviour=behaviour,
+                  finished=ended.all(axis=1))
 
 
 rollout.register("generate", "independent", generate=independent)
@@ -137,7 +153,8 @@ def train_predictor(algo, memory, groups: Groups, params):
     unhinted groups (every candidate, all devices). Logs the error measured before the step (`predictor_error`,
     mean absolute, on prompts mostly unseen: an honest online estimate)."""
     pass_rate = _correct(algo, groups).mean(axis=1)
-    prompts, pass_rate, use = mesh_lib.gather_shares((groups.prompts, pass_rate, groups.hint_len == 0))
+    prompts, pass_rate, use = mesh_lib.gather_shares((groups.prompts, pass_rate,
+                                                      groups.finished_only(groups.hint_len == 0)))
     features, use = _prompt_features(algo, prompts), use.astype(jnp.float32)
     count = jnp.maximum(use.sum(), 1.0)
 
@@ -168,10 +185,7 @@ def dynamic_sampling(algo, memory, groups: Groups, params, key):
 def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
     """rewards [b*O, G, K], O candidates per slot (slot-major) -> (index [b] of the chosen candidate per
     slot, filled [b]: its rewards vary)."""
-    O = oversample
-    varied = jnp.any(rewards != rewards[:, :1], axis=(1, 2)).reshape(-1, O)  # [b, O]
-    filled = varied.any(axis=1)
-    return jnp.arange(varied.shape[0]) * O + jnp.where(filled, jnp.argmax(varied, axis=1), O - 1), filled
+    return rollout.first_per_slot(jnp.any(rewards != rewards[:, :1], axis=(1, 2)), oversample)
 
 
 rollout.register("control", "dynamic_sampling", after=dynamic_sampling, selects=True)
@@ -196,6 +210,78 @@ rollout.register("control", "variance_budget", before=variance_budget, selects=T
                  requires=("success_predictor",), options={"max_groups": 2})
 
 
+def carried_memory(algo, key):
+    """Per slot, its `group.oversample` - 1 candidates that were not trained: the problem, the tokens drawn so
+    far with their behaviour log-probabilities, the column to resume at, and how many updates it has waited."""
+    s, task = algo.settings, algo.task
+    E, G, N = s.num_prompts * (s.oversample - 1), s.group_size, task.answer_length
+    return {"ids": jnp.full(E, -1, jnp.int32), "problems": task.sample(key, E, "train"),
+            "hint_len": jnp.zeros(E, jnp.int32), "tokens": jnp.full((E, G, N), algo.vocab.pad_id, jnp.int32),
+            "behaviour": jnp.zeros((E, G, N)), "mask": jnp.zeros((E, G, N)), "start": jnp.zeros(E, jnp.int32),
+            "age": jnp.zeros(E, jnp.int32), "valid": jnp.zeros(E, bool)}
+
+
+def _carried_entries(num_candidates: int, oversample: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Candidates [c] slot-major, O per slot, the first O - 1 of each slot its carried entries [b (O - 1)] when
+    valid -> (the entry of each candidate [c], whether it resumes one [c])."""
+    O = oversample
+    slot, position = jnp.arange(num_candidates) // O, jnp.arange(num_candidates) % O
+    entry = jnp.minimum(slot * (O - 1) + position, valid.shape[0] - 1)
+    return entry, (position < O - 1) & valid[entry]
+
+
+def resume_carried(algo, memory, plan: Plan, key):
+    """The first `oversample` - 1 candidates of every slot continue the groups that slot carried over (its
+    last candidate is always fresh)."""
+    local = jax.tree.map(mesh_lib.local_share, memory)  # this device's slots
+    entry, use = _carried_entries(plan.ids.shape[0], algo.settings.oversample, local["valid"])
+
+    def pick(carried, fresh):
+        return jnp.where(use.reshape(-1, *([1] * (fresh.ndim - 1))), carried[entry], fresh)
+
+    G, N = local["tokens"].shape[1:]
+    blank = {"tokens": jnp.full((use.shape[0], G, N), algo.vocab.pad_id, jnp.int32),
+             "behaviour": jnp.zeros((use.shape[0], G, N)), "mask": jnp.zeros((use.shape[0], G, N))}
+    plan = plan.replace(ids=pick(local["ids"], plan.ids), problems=jax.tree.map(pick, local["problems"], plan.problems),
+                        hint_len=pick(local["hint_len"], plan.hint_len), start=pick(local["start"], plan.start),
+                        resume={k: pick(local[k], v) for k, v in blank.items()})
+    return plan, {"resumed_candidates": global_mean(use.astype(jnp.float32))}
+
+
+def carry_unfinished(algo, memory, groups: Groups, params):
+    """Keeps, per slot, the candidates that are not trained this update (unfinished, or finished after the
+    first): next update resumes them. One carried for more than `max_age` updates is dropped."""
+    O = algo.settings.oversample
+    every = mesh_lib.gather_shares(groups)
+    C = every.ids.shape[0]
+    chosen, _ = rollout.first_per_slot(every.finished, O)  # as `train_finished` chooses, on every device
+    entry, was_carried = _carried_entries(C, O, memory["valid"])
+    age = jnp.where(was_carried, memory["age"][entry] + 1, 1)
+    position = chosen % O  # [B]
+    others = jnp.arange(O - 1)[None, :]
+    rest = (jnp.arange(C // O)[:, None] * O + others + (others >= position[:, None])).reshape(-1)  # [B (O - 1)]
+    row = lambda x: x[rest]
+    memory = {"ids": row(every.ids), "problems": jax.tree.map(row, every.problems), "hint_len": row(every.hint_len),
+              "tokens": row(every.tokens), "behaviour": row(every.behaviour), "mask": row(every.mask),
+              "start": row(every.decided), "age": row(age),
+              "valid": row(age) <= algo.strategy_options("partial")["max_age"]}
+    return memory, {"carried": jnp.mean(memory["valid"].astype(jnp.float32)),
+                    "carried_finished": jnp.mean((row(every.finished) & memory["valid"]).astype(jnp.float32))}
+
+
+def train_finished(algo, memory, groups: Groups, params, key):
+    """Trains, per slot, its first finished candidate (a resumed one before a fresh one). Logs the decoding
+    steps this update ran (`decode_steps`; N without a stop) and the share of trained groups that were resumed."""
+    choice, _ = rollout.first_per_slot(groups.finished, algo.settings.oversample)
+    kept = rollout.take(groups, choice)
+    return kept, {"resumed": global_mean((kept.start > 0).astype(jnp.float32)),
+                  "decode_steps": global_mean(jnp.max(groups.decided - groups.start).astype(jnp.float32))}
+
+
+rollout.register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished,
+                 after=train_finished, selects=True, stops_early=True, options={"cap": 1.0, "max_age": 4})
+
+
 # --- Replay: past correct completions -----------------------------------------------------------------
 
 def correct_memory(algo, key):
@@ -214,7 +300,7 @@ def store_correct(algo, memory, groups: Groups, params):
     # A hint's forced tokens had probability 1 under the behaviour: log mu = 0 there.
     entry = {"tokens": pick(groups.tokens), "log_probs": pick(jnp.where(drawn, groups.log_probs, 0.0)),
              "mask": pick(groups.mask), "rewards": pick(groups.rewards)}
-    ids, has, entry = mesh_lib.gather_shares((groups.ids, correct.any(axis=1), entry))
+    ids, has, entry = mesh_lib.gather_shares((groups.ids, groups.finished_only(correct.any(axis=1)), entry))
     rows = jnp.where(rollout.last_occurrence(ids, has), ids, algo.settings.pool_size)  # out of range: dropped
     memory = {**{k: memory[k].at[rows].set(v, mode="drop") for k, v in entry.items()},
               "stored": memory["stored"].at[rows].set(True, mode="drop")}
@@ -241,7 +327,8 @@ def replay_correct(algo, memory, groups: Groups, params, key):
         mask=put(groups.mask, entry["mask"]), lengths=put(groups.lengths, entry["mask"].sum(-1).astype(jnp.int32)),
         values=None if groups.values is None else put(groups.values, values[:, 0]),
         rewards=put(groups.rewards, entry["rewards"]), weight=put(groups.weight, weight),
-        replayed=groups.replayed | last)
+        replayed=groups.replayed | last,
+        behaviour=None if groups.behaviour is None else put(groups.behaviour, entry["log_probs"]))
     replayed_tokens = jax.lax.psum(jnp.sum(entry["mask"] * need[:, None]), DATA_AXIS)
     return groups, {"replayed": global_mean(need.astype(jnp.float32)),
                     "replay_weight": jax.lax.psum(jnp.sum(weight * need[:, None]), DATA_AXIS)
@@ -267,6 +354,7 @@ def add_hints(algo, memory, plan: Plan, key):
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     tier = memory["tier"][plan.ids]
     hint_len = jnp.maximum(plan.hint_len, rollout.hint_lengths(tier, _answer_lengths(algo, answers), o["tiers"]))
+    hint_len = jnp.where(plan.start > 0, plan.hint_len, hint_len)  # a resumed group keeps the hint it began with
     return plan.replace(hint_len=hint_len), {"hinted": global_mean((hint_len > 0).astype(jnp.float32)),
                                              "hint_tokens": global_mean(hint_len.astype(jnp.float32))}
 
@@ -274,10 +362,11 @@ def add_hints(algo, memory, plan: Plan, key):
 def track_hints(algo, memory, groups: Groups, params):
     """Moves each observed problem's tier by `rollout.hint_update` from its group's pass rate."""
     o = algo.strategy_options("hints")
-    ids, pass_rate = mesh_lib.gather_shares((groups.ids, _correct(algo, groups).mean(axis=1)))
+    ids, pass_rate, finished = mesh_lib.gather_shares((groups.ids, _correct(algo, groups).mean(axis=1),
+                                                       groups.finished_only(jnp.ones_like(groups.ids, bool))))
     tier, streak = rollout.hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
                                        patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
-    rows = jnp.where(rollout.last_occurrence(ids, jnp.ones_like(ids, bool)), ids, algo.settings.pool_size)
+    rows = jnp.where(rollout.last_occurrence(ids, finished), ids, algo.settings.pool_size)
     memory = {"tier": memory["tier"].at[rows].set(tier, mode="drop"),
               "streak": memory["streak"].at[rows].set(streak, mode="drop")}
     return memory, {"hint_tier": jnp.mean(memory["tier"].astype(jnp.float32))}
