@@ -198,15 +198,16 @@ def load(path) -> ConfigDict:
     return config
 
 
-def differences(a: ConfigDict, b: ConfigDict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two configs."""
+def differences(a: ConfigDict, b: ConfigDict, prefix: str = "", *, added: bool = True) -> list[str]:
+    """Dotted keys whose values differ between two configs. `added=False` leaves out the keys that only `b`
+    has (what a newer jaxrl added to a config saved by an older one)."""
     da, db = (to_dict(a), to_dict(b)) if not prefix else (a, b)
-    keys = sorted(set(da) | set(db))
+    keys = sorted(set(da) | set(db) if added else set(da))
     out = []
     for key in keys:
         va, vb = da.get(key), db.get(key)
         if isinstance(va, dict) and isinstance(vb, dict):
-            out += differences(va, vb, f"{prefix}{key}.")
+            out += differences(va, vb, f"{prefix}{key}.", added=added)
         elif va != vb:
             out.append(f"{prefix}{key}")
     return out

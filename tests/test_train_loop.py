@@ -13,7 +13,7 @@ import pytest
 
 from helpers import ROOT
 from experiments import cartpole_ppo
-from jaxrl import train
+from jaxrl import config as config_lib, train
 
 BATCH = 4 * 32
 
@@ -149,6 +149,13 @@ def test_resuming_with_a_different_config_is_refused(tmp_path):
     # Extending the run is allowed.
     result = train.run(small_config(4), workdir)
     assert result.metrics[-1]["update"] == 4
+    # So is resuming after jaxrl added a config key (the saved config lacks it): the run goes on.
+    saved = config_lib.load(os.path.join(workdir, "config.json"))
+    saved.unlock()
+    del saved.log["every_steps"]
+    config_lib.save(saved, os.path.join(workdir, "config.json"))
+    result = train.run(small_config(6), workdir)
+    assert result.metrics[-1]["update"] == 6
 
 
 def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):

@@ -1,6 +1,7 @@
 """A run's directory: where it goes, what is saved beside the checkpoints, and whether a config may resume it.
 
-    <workdir>/config.json      the config (a run resumes only with the same one, but for RESUMABLE_CHANGES)
+    <workdir>/config.json      the config (a run resumes only with the same one, but for RESUMABLE_CHANGES and
+                               keys added to jaxrl since the run began)
     <workdir>/run_info.json    git revision, jax version, devices, mesh, command line
 """
 
@@ -48,7 +49,8 @@ def prepare(config: ConfigDict, workdir: str, mesh) -> None:
     os.makedirs(workdir, exist_ok=True)
     saved_path = os.path.join(workdir, "config.json")
     if os.path.exists(saved_path):
-        changed = [k for k in config_lib.differences(config_lib.load(saved_path), config)
+        # Keys the saved config lacks were added to jaxrl after the run began (a new option at its default).
+        changed = [k for k in config_lib.differences(config_lib.load(saved_path), config, added=False)
                    if k not in RESUMABLE_CHANGES]
         if changed:
             raise ValueError(f"{workdir} holds a run with a different config (keys {', '.join(changed)}); "
