@@ -3,6 +3,7 @@ generated tokens and against wall time, every strategy alone and in combination,
 
     python benchmarks/rollout_strategies.py --update-results
     python benchmarks/rollout_strategies.py --sft-dir runs/sft_countdown --rows grpo,dapo,hints
+    python benchmarks/rollout_strategies.py --sft-dir runs/sft_countdown --rows grpo,dapo,partial --speed 10
 
 1. SFT as in `benchmarks/text_rl.py` (or `--sft-dir` reuses a run of it): Countdown with numbers up to 25.
 2. RL from its last checkpoint on numbers up to 50 (`--rl-task`), all rows on the same pool of training
@@ -140,6 +141,42 @@ def plot(runs: dict, path: str, title: str) -> None:
     save_figure(fig, path)
 
 
+def update_speed(args, sft_dir: str, rows: list[str], updates: int) -> str:
+    """Seconds per update and generated tokens per second of each row, all in this process: from the warm start,
+    one update compiles (untimed), then `updates` updates are timed as one chunk; the median of 3 chunks."""
+    import statistics
+    import time
+
+    import jax
+
+    from jaxrl import algos, mesh as mesh_lib
+
+    header = ["row", "s per update", "generated tokens per update (per seed)", "generated tokens/s",
+              "decoding steps per update", "speed-up over grpo"]
+    table, seconds = [], {}
+    for name in rows:
+        config = row_config(args, sft_dir, ROWS[name])
+        algo, hp = algos.build(config, mesh_lib.make_mesh())
+        state = algo.init_seeds(config.seed, args.seeds)
+        state, _ = jax.block_until_ready(algo.run_chunk(state, hp, 1))
+        times, tokens, steps = [], [], []
+        for _ in range(3):
+            tick = time.perf_counter()
+            state, metrics = jax.block_until_ready(algo.run_chunk(state, hp, updates))
+            times.append((time.perf_counter() - tick) / updates)
+            tokens.append(float(metrics["sampled_tokens"].mean()))
+            steps.append(float(metrics["decode_steps"].mean()) if "decode_steps" in metrics
+                         else float(algo.task.answer_length))
+        seconds[name] = statistics.median(times)
+        table.append([name, f"{seconds[name]:.3f}", f"{statistics.mean(tokens):,.0f}",
+                      f"{statistics.mean(tokens) * args.seeds / seconds[name]:,.0f}", f"{statistics.mean(steps):.1f}"])
+        print(f"  {name}: {seconds[name]:.3f} s per update", flush=True)
+    for line, name in zip(table, rows):
+        line.append(f"{seconds['grpo'] / seconds[name]:.2f}x" if "grpo" in seconds else "-")
+    return "\n".join([f"Update speed from the warm start ({updates} updates per timed chunk, median of 3; "
+                      f"{args.seeds} seeds in one program; {machine()}):", "", markdown_table(header, table)])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_task_arguments(parser)
@@ -151,6 +188,8 @@ def main(argv=None):
     parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "rollout_strategies.png"))
     parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--speed", type=int, default=0, metavar="UPDATES",
+                        help="only time UPDATES updates of each row from the warm start (needs --sft-dir), no training")
     args = parser.parse_args(argv)
     rows = [r for r in args.rows.split(",") if r]
     unknown = [r for r in rows if r not in ROWS]
@@ -168,6 +207,11 @@ def main(argv=None):
 
     for name in rows:  # a misconfigured row fails before any training
         algos.validate(row_config(args, "", ROWS[name]))
+    if args.speed:
+        if not args.sft_dir:
+            parser.error("--speed times updates from a warm start: name it with --sft-dir")
+        print(update_speed(args, args.sft_dir, rows, args.speed))
+        return
     command = "python benchmarks/rollout_strategies.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"{args.task} ({args.rl_task}), pool {args.pool}, {args.samples:,} completions per seed x {args.seeds} "
           f"seeds per row; {machine()}", flush=True)

@@ -173,11 +173,13 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
 
 
 class Resume(NamedTuple):
-    """Partly generated groups for `sample_groups_per_prompt` to continue."""
+    """Partly generated groups for `sample_groups_per_prompt` to continue: E of the B groups (all by default)."""
 
-    tokens: jax.Array  # int32 [B, G, N]: the members' tokens so far (columns before `start`)
-    mask: jax.Array  # float32 [B, G, N]: real tokens among them
-    start: jax.Array  # int32 [B]: the column where drawing resumes (0: a fresh group)
+    tokens: jax.Array  # int32 [E, G, N]: the members' tokens so far (columns before `start`)
+    mask: jax.Array  # float32 [E, G, N]: real tokens among them
+    start: jax.Array  # int32 [B]: the column where drawing resumes (0: a fresh group; 0 outside `rows`)
+    rows: jax.Array | None = None  # int32 [E]: the groups that may resume (their teacher-forced pass is all
+    #                                that is computed for resumed tokens); None: all B
 
 
 def _column_uniforms(step_keys, B: int, per_prompt: bool) -> jax.Array:
@@ -190,23 +192,36 @@ def _column_uniforms(step_keys, B: int, per_prompt: bool) -> jax.Array:
 
 
 def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resume: Resume):
-    """The kept tokens of resumed groups, teacher-forced: (kept bool [B, G, N], their current log-probabilities
-    [B, G, N], values before them [B, G, N] or None, own cache [B, G, N, ...] with their keys and values, and
-    the logits [B, G, V] and value [B, G] that predict column `start`). logits, value: the prompt's, [B, G, ...]."""
-    B, G, N = resume.tokens.shape
+    """The kept tokens of resumed groups, teacher-forced: (kept bool [B, G, N], their tokens [B, G, N], current
+    log-probabilities [B, G, N], values before them [B, G, N] or None, own cache [B, G, N, ...] with their keys
+    and values, and the logits [B, G, V] and value [B, G] that predict column `start`). logits, value: the
+    prompt's, [B, G, ...]. Only the rows of `resume.rows` are computed; the others start afresh."""
+    B = logits.shape[0]
+    E, G, N = resume.tokens.shape
+    rows = jnp.arange(B) if resume.rows is None else resume.rows
+    start = resume.start[rows]
     columns = jnp.arange(N)
-    kept = (resume.mask > 0) & (columns < resume.start[:, None, None])
-    fed_positions = jnp.broadcast_to(prompt_len[:, None, None] + columns, (B, G, N))
-    fed_logits, fed_values, cache = model.apply(params, resume.tokens, fed_positions, kept, prefix, real,
-                                                init_own_cache(model.config, B, G, N), 0, method=TransformerLM.extend)
+    kept = (resume.mask > 0) & (columns < start[:, None, None])  # [E, G, N]
+    fed_positions = jnp.broadcast_to(prompt_len[rows, None, None] + columns, (E, G, N))
+    fed_logits, fed_values, cache = model.apply(
+        params, resume.tokens, fed_positions, kept, jax.tree.map(lambda x: x[rows], prefix), real[rows],
+        init_own_cache(model.config, E, G, N), 0, method=TransformerLM.extend)
     # Column c is predicted by the prompt (c = 0) or by column c - 1; the next draw by column start - 1.
-    predicting = jnp.concatenate([logits[:, :, None], fed_logits], axis=2)  # [B, G, N + 1, V]
+    predicting = jnp.concatenate([logits[rows, :, None], fed_logits], axis=2)  # [E, G, N + 1, V]
     log_probs = _token_log_prob(predicting[:, :, :N], resume.tokens) * kept
-    at_start = lambda x: jnp.take_along_axis(x, resume.start[:, None, None, *([None] * (x.ndim - 3))], axis=2)[:, :, 0]
+    at_start = lambda x: jnp.take_along_axis(x, start[:, None, None, *([None] * (x.ndim - 3))], axis=2)[:, :, 0]
+    scatter = lambda full, part: full.at[rows].set(part)  # the E rows into the B
+    blank = lambda shape, dtype: jnp.zeros((B, *shape), dtype)
+    out_kept = scatter(blank((G, N), bool), kept)
+    tokens = scatter(blank((G, N), jnp.int32), resume.tokens)
+    log_probs = scatter(blank((G, N), log_probs.dtype), log_probs)
+    own_cache = jax.tree.map(lambda c: scatter(jnp.zeros((B, *c.shape[1:]), c.dtype), c), cache)
+    logits = scatter(logits, at_start(predicting))
     if value is None:
-        return kept, log_probs, None, cache, at_start(predicting), None
-    values_before = jnp.concatenate([value[:, :, None], fed_values], axis=2)  # [B, G, N + 1]
-    return kept, log_probs, values_before[:, :, :N] * kept, cache, at_start(predicting), at_start(values_before)
+        return out_kept, tokens, log_probs, None, own_cache, logits, None
+    values_before = jnp.concatenate([value[rows, :, None], fed_values], axis=2)  # [E, G, N + 1]
+    values = scatter(blank((G, N), values_before.dtype), values_before[:, :, :N] * kept)
+    return out_kept, tokens, log_probs, values, own_cache, logits, scatter(value, at_start(values_before))
 
 
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
@@ -297,12 +312,13 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         ended = kept.any(axis=-1)
     else:
         start, resumed_slots = resume.start, N
-        kept, log_probs, values, resumed_cache, logits, value = _resumed_prefix(
+        kept, tokens, log_probs, values, resumed_cache, logits, value = _resumed_prefix(
             model, params, prefix, real, prompt_len, logits, value, resume)
-        tokens = jnp.where(kept, resume.tokens, jnp.asarray(pad_id, jnp.int32))
+        ended = (kept & (tokens == eos_id)).any(axis=-1)
+        tokens = jnp.where(kept, tokens, jnp.asarray(pad_id, jnp.int32))
         # Slots [0, N): the resumed columns; [N, 2N): the new tokens.
-        own_cache = jax.tree.map(lambda c: jnp.concatenate([c, jnp.zeros_like(c)], axis=2), resumed_cache)
-        ended = (kept & (resume.tokens == eos_id)).any(axis=-1)
+        own_cache = jax.tree.map(lambda c: varying_zeros(jnp.concatenate([c, jnp.zeros_like(c)], axis=2)),
+                                 resumed_cache)
     own_mask = jnp.concatenate([kept, jnp.zeros_like(kept)], axis=2)[:, :, :resumed_slots + N]
     own_cache = jax.tree.map(lambda c: c[:, :, :resumed_slots + N], own_cache)
     done = ended | (start >= N)[:, None]

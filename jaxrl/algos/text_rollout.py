@@ -50,7 +50,11 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     keys = mesh_lib.per_item_keys(key, prompts.shape[0])
     hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
         if algo.forces_hints else {}
-    resume = None if plan.resume is None else sampling.Resume(plan.resume["tokens"], plan.resume["mask"], plan.start)
+    resume = None
+    if plan.resume is not None:  # a slot's first oversample - 1 candidates may resume, its last is fresh
+        O = s.oversample
+        rows = (jnp.arange(plan.ids.shape[0] // O)[:, None] * O + jnp.arange(O - 1)).reshape(-1)
+        resume = sampling.Resume(plan.resume["tokens"][rows], plan.resume["mask"][rows], plan.start, rows)
     samples = sampling.sample_groups_per_prompt(
         algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
         eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
