@@ -144,7 +144,8 @@ class Plan:
     hint_len: jax.Array  # int32 [C]: reference-answer tokens forced at the start of every member (0: none)
     predicted: jax.Array  # float32 [C]: a Filter's predicted pass rate (-1: no prediction)
     start: jax.Array  # int32 [C]: completion columns generated in earlier updates (0: a fresh group)
-    resume: Any = None  # {"tokens", "behaviour", "mask"} [C, G, N] of groups to continue (control/partial), or None
+    resume: Any = None  # {"tokens", "behaviour", "mask"} [C, G, N], "stopped" [C, G] of groups to continue, or None
+    prune_below: jax.Array | None = None  # float32 [C]: members predicted below it are stopped (control/prune)
 
 
 @struct.dataclass
@@ -168,6 +169,7 @@ class Groups:
     decided: jax.Array | None = None  # int32 [n]: columns final so far (N unless decoding stopped early)
     behaviour: jax.Array | None = None  # float32 [n, G, N]: log-probabilities under the policies that drew
     finished: jax.Array | None = None  # bool [n]: every member has ended (None: all have), an outcome to learn from
+    pruned: jax.Array | None = None  # bool [n, G]: members stopped early by their predicted value
 
     @property
     def generated(self) -> jax.Array:

@@ -33,6 +33,7 @@ class Samples(NamedTuple):
     lengths: jax.Array  # int32 [B] (or [B, G]), number of generated tokens = mask.sum(-1)
     values: jax.Array | None = None  # float32, value before each token; None without a value head
     decided: jax.Array | None = None  # int32 [B]: columns whose tokens are final, when decoding may stop early
+    pruned: jax.Array | None = None  # bool [B, G]: members stopped by `prune_below`, when pruning
 
 
 def prompt_layout(prompts: jax.Array, pad_id) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -134,13 +135,14 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
 
 
 @functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches", "stop_slots",
-                                             "stop_axis"))
+                                             "stop_axis", "prune_at"))
 def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
                              max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
                              top_p=1.0, forced: jax.Array | None = None,
                              forced_len: jax.Array | None = None, branches: int = 0, depth: int = 0,
                              resume: Resume | None = None, stop_slots: int = 0,
-                             stop_axis: str | None = None) -> Samples:
+                             stop_axis: str | None = None, prune_at: int = -1,
+                             prune_below: jax.Array | None = None) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
     Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
@@ -164,12 +166,16 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     decoding stops once every slot holds a finished group (every member has emitted EOS or reached column N;
     with `stop_axis`, every slot on every device of that mesh axis). `Samples.decided` [B] then says how many
     columns of each group are final; the columns after it are pad with mask 0, to be resumed later.
+
+    `prune_at` = c >= 0 with `prune_below` float32 [B] prunes members online (the model needs a value head):
+    a member still going at column c whose predicted value there is below its group's `prune_below` stops
+    before drawing that column (`Samples.pruned`); decoding ends when every member has.
     """
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True,
                            forced=forced, forced_len=forced_len, branches=branches, depth=depth, resume=resume,
-                           stop_slots=stop_slots, stop_axis=stop_axis)
+                           stop_slots=stop_slots, stop_axis=stop_axis, prune_at=prune_at, prune_below=prune_below)
 
 
 class Resume(NamedTuple):
@@ -180,6 +186,7 @@ class Resume(NamedTuple):
     start: jax.Array  # int32 [B]: the column where drawing resumes (0: a fresh group; 0 outside `rows`)
     rows: jax.Array | None = None  # int32 [E]: the groups that may resume (their teacher-forced pass is all
     #                                that is computed for resumed tokens); None: all B
+    stopped: jax.Array | None = None  # bool [E, G]: members that ended without EOS (pruned)
 
 
 def _column_uniforms(step_keys, B: int, per_prompt: bool) -> jax.Array:
@@ -192,7 +199,8 @@ def _column_uniforms(step_keys, B: int, per_prompt: bool) -> jax.Array:
 
 
 def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resume: Resume):
-    """The kept tokens of resumed groups, teacher-forced: (kept bool [B, G, N], their tokens [B, G, N], current
+    """The kept tokens of resumed groups, teacher-forced: (kept bool [B, G, N], stopped bool [B, G] (members
+    pruned before), their tokens [B, G, N], current
     log-probabilities [B, G, N], values before them [B, G, N] or None, own cache [B, G, N, ...] with their keys
     and values, and the logits [B, G, V] and value [B, G] that predict column `start`). logits, value: the
     prompt's, [B, G, ...]. Only the rows of `resume.rows` are computed; the others start afresh."""
@@ -213,26 +221,28 @@ def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resu
     scatter = lambda full, part: full.at[rows].set(part)  # the E rows into the B
     blank = lambda shape, dtype: jnp.zeros((B, *shape), dtype)
     out_kept = scatter(blank((G, N), bool), kept)
+    stopped = scatter(blank((G,), bool), jnp.zeros((E, G), bool) if resume.stopped is None else resume.stopped)
     tokens = scatter(blank((G, N), jnp.int32), resume.tokens)
     log_probs = scatter(blank((G, N), log_probs.dtype), log_probs)
     own_cache = jax.tree.map(lambda c: scatter(jnp.zeros((B, *c.shape[1:]), c.dtype), c), cache)
     logits = scatter(logits, at_start(predicting))
     if value is None:
-        return out_kept, tokens, log_probs, None, own_cache, logits, None
+        return out_kept, stopped, tokens, log_probs, None, own_cache, logits, None
     values_before = jnp.concatenate([value[rows, :, None], fed_values], axis=2)  # [E, G, N + 1]
     values = scatter(blank((G, N), values_before.dtype), values_before[:, :, :N] * kept)
-    return out_kept, tokens, log_probs, values, own_cache, logits, scatter(value, at_start(values_before))
+    return out_kept, stopped, tokens, log_probs, values, own_cache, logits, scatter(value, at_start(values_before))
 
 
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
                     temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
                     branches: int = 0, depth: int = 0, resume: Resume | None = None, stop_slots: int = 0,
-                    stop_axis: str | None = None) -> Samples:
+                    stop_axis: str | None = None, prune_at: int = -1, prune_below=None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
-    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis: see `sample_groups_per_prompt`.
+    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below: see
+    `sample_groups_per_prompt`.
 
-    Without `resume` or `stop_slots`, a `lax.scan` of N-1 cached steps and a last draw. With either, a
+    Without `resume`, `stop_slots` or pruning, a `lax.scan` of N-1 cached steps and a last draw. With either, a
     `lax.while_loop` in which group b writes column start[b] + s at step s: its own cache then holds the N
     resumed columns first and the new tokens after them (attention ignores slot order: positions are in
     the keys)."""
@@ -240,6 +250,8 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     G, N = member_keys.shape[1 if per_prompt else 0], max_new_tokens
     if P + N > model.config.max_len:
         raise ValueError(f"prompt {P} + {N} new tokens exceeds max_len {model.config.max_len}")
+    if prune_at >= 0 and not model.config.value_head:
+        raise ValueError("pruning members by their predicted value needs a model with a value head")
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
     # Left padding puts every prompt's last token at column P-1: its logits predict token 0.
     logits, value, prefix = model.apply(params, prompts, positions, real, method=TransformerLM.prefill)
@@ -274,7 +286,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     # The carry's zeros derive from the prompts so that under shard_map they vary over devices like the rest.
     no = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1] False
     varying_zeros = lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1])
-    if resume is None and not stop_slots:
+    if resume is None and not stop_slots and prune_at < 0:
         def step(carry, xs):
             cache, own_mask, logits, value, done = carry
             t, uniform = xs
@@ -312,9 +324,9 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         ended = kept.any(axis=-1)
     else:
         start, resumed_slots = resume.start, N
-        kept, tokens, log_probs, values, resumed_cache, logits, value = _resumed_prefix(
+        kept, ended, tokens, log_probs, values, resumed_cache, logits, value = _resumed_prefix(
             model, params, prefix, real, prompt_len, logits, value, resume)
-        ended = (kept & (tokens == eos_id)).any(axis=-1)
+        ended = ended | (kept & (tokens == eos_id)).any(axis=-1)
         tokens = jnp.where(kept, tokens, jnp.asarray(pad_id, jnp.int32))
         # Slots [0, N): the resumed columns; [N, 2N): the new tokens.
         own_cache = jax.tree.map(lambda c: varying_zeros(jnp.concatenate([c, jnp.zeros_like(c)], axis=2)),
@@ -334,8 +346,11 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         return (carry[0] < N) & ~finished(carry[5])
 
     def body(carry):
-        s, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values = carry
+        s, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned = carry
         column = start + s
+        if prune_at >= 0:  # members whose predicted value at column prune_at is too low stop before drawing it
+            cut = ~done & (column == prune_at)[:, None] & (value < prune_below[:, None])
+            pruned, done = pruned | cut, done | cut
         uniform = jnp.take_along_axis(uniforms, jnp.minimum(column, N - 1)[None, :, None], axis=0)[0]
         token, log_p, live, done = pick(logits, done, uniform, column)
         done = done | (column >= N - 1)[:, None]  # nothing follows the last column
@@ -345,13 +360,13 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         values = None if value is None else put(values, jnp.where(live, value, 0.0))
         own_mask = jax.lax.dynamic_update_slice_in_dim(own_mask, live[..., None], resumed_slots + s, axis=2)
         cache, logits, value = forward(cache, own_mask, token, column, resumed_slots + s)
-        return s + 1, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values
+        return s + 1, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned
 
-    carry = (jnp.int32(0), own_cache, own_mask, logits, value, done, tokens, log_probs, kept, values)
-    steps, _, _, _, _, _, tokens, log_probs, live_mask, values = jax.lax.while_loop(keep_going, body, carry)
+    carry = (jnp.int32(0), own_cache, own_mask, logits, value, done, tokens, log_probs, kept, values, ended & False)
+    steps, _, _, _, _, _, tokens, log_probs, live_mask, values, pruned = jax.lax.while_loop(keep_going, body, carry)
     mask = live_mask.astype(jnp.float32)
     return Samples(tokens=tokens, log_probs=log_probs, mask=mask, lengths=mask.sum(axis=-1).astype(jnp.int32),
-                   values=values, decided=jnp.minimum(start + steps, N))
+                   values=values, decided=jnp.minimum(start + steps, N), pruned=pruned if prune_at >= 0 else None)
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

@@ -166,10 +166,12 @@ def prepare(algo, state):
 """
 
 
-# Partial rollouts with hints (which a resumed group keeps): decoding stops on every device at once.
+# Partial rollouts with hints (which a resumed group keeps) and pruning by a value head from the second update:
+# decoding stops on every device at once.
 TEXT_GRPO_PARTIAL = TEXT_GRPO + """
-config.rollout.control, config.rollout.replay, config.rollout.pool_size = "partial", "hints", 8
+config.rollout.control, config.rollout.replay, config.rollout.pool_size = "partial,prune", "hints", 8
 config.rollout.options.hints.patience = 1
+config.critic_weight, config.rollout.options.prune.warmup, config.rollout.options.prune.below = 0.5, 1, 0.0
 """
 
 
@@ -188,6 +190,7 @@ def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, se
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
         assert min(result["m1"]["replayed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]
     if setup is TEXT_GRPO_PARTIAL:
-        for key in ("decode_steps", "resumed", "carried", "resumed_candidates", "sampled_tokens", "hinted"):
+        for key in ("decode_steps", "resumed", "carried", "resumed_candidates", "sampled_tokens", "hinted", "pruned"):
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
         assert max(result["m1"]["resumed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]
+        assert 0 < max(result["m1"]["pruned"]) < 1, result["m1"]

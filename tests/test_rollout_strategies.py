@@ -84,6 +84,8 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.control": "partial", "group.oversample": 1}, "rollout strategy partial starts more groups than it trains: set "
                                          "config.group.oversample >= 2"),
         ({"rollout.control": "partial,dynamic_sampling", "group.oversample": 2}, "needs exactly one selecting"),
+        ({"rollout.control": "dynamic_sampling,prune"}, "control/prune stops members by the value head's prediction: "
+                                                         "set config.critic_weight > 0"),
     ]:
         config = tiny_grpo_config("")
         config.unlock()  # (an unknown option key needs an unlocked config, as in a notebook)
@@ -412,3 +414,22 @@ def test_partial_rollouts_train_finished_groups_and_resume_the_rest_with_importa
     assert again["valid"].all()
     last, _ = on_mesh(algo, lambda m, g: text_rollout.carry_unfinished(algo, m, g, None), again, unfinished)
     assert not last["valid"].any()
+
+
+def test_pruning_stops_members_once_the_value_head_has_warmed_up():
+    """control/prune: no member is pruned during `warmup` updates; after it, members predicted below `below` at
+    column `at` stop there (here every one, at column 0: below is above any reward), and the value head trains on
+    none of them."""
+    config = tiny_grpo_config("", **{"rollout.control": "dynamic_sampling,prune", "critic_weight": 0.5,
+                                     "rollout.options.prune.at": 0, "rollout.options.prune.below": 1e9,
+                                     "rollout.options.prune.warmup": 2})
+    algos.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh(1))
+    state, rows = algo.init_seeds(0, 1), []
+    for _ in range(3):
+        state, metrics = algo.run_chunk(state, hp, 1)
+        rows.append({k: float(np.asarray(v)[0]) for k, v in metrics.items()})
+    assert [r["pruned"] for r in rows] == [0.0, 0.0, 1.0]
+    assert rows[2]["completion_length"] == 0.0 < min(r["completion_length"] for r in rows[:2])
+    assert rows[2]["value_loss"] == 0.0 < rows[1]["value_loss"]  # no pruned member is a value target
+    assert int(state.memory["prune"]["updates"][0]) == 3

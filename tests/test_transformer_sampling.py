@@ -343,3 +343,28 @@ def test_resumed_and_stopped_groups_continue_the_same_samples(tiny):
     np.testing.assert_allclose(rest.values, whole.values, atol=1e-5)
     assert rest.decided.tolist() == [group_end.max()] * 4  # the loop ends when every member has
     assert 0 < expected_steps < group_end.max() <= N  # (the case this test is about: a stop before the last end)
+
+
+def test_pruned_members_stop_at_their_column_and_the_rest_are_unchanged(tiny):
+    """Online pruning: where the value head's prediction at column c is below the group's threshold, the member
+    stops before drawing column c; every other member draws exactly what it would have."""
+    model, params = tiny
+    prompts = left_padded(PROMPTS, W + 3)
+    keys, G, at = jax.random.split(jax.random.key(4), 4), 2, 3
+    kw = dict(group_size=G, max_new_tokens=N, eos_id=EOS, pad_id=PAD)
+    whole = sample_groups_per_prompt(model, params, prompts, keys, **kw)
+    below = jnp.asarray([jnp.inf, -jnp.inf, -jnp.inf, -jnp.inf])  # group 0: every member pruned; the rest never
+    out = sample_groups_per_prompt(model, params, prompts, keys, prune_at=at, prune_below=below, **kw)
+    np.testing.assert_array_equal(out.pruned, [[True] * G] + [[False] * G] * 3)
+    np.testing.assert_array_equal(out.tokens[0, :, :at], whole.tokens[0, :, :at])
+    assert (out.tokens[0, :, at:] == PAD).all() and float(out.mask[0, :, at:].sum()) == 0
+    np.testing.assert_array_equal(out.tokens[1:], whole.tokens[1:])
+    np.testing.assert_allclose(out.log_probs[1:], whole.log_probs[1:], atol=1e-5)
+    # A threshold between the members' predicted values prunes exactly those below it.
+    value_at = np.asarray(whole.values[:, :, at])
+    middle = jnp.asarray(value_at.mean(axis=1))
+    split = sample_groups_per_prompt(model, params, prompts, keys, prune_at=at, prune_below=middle, **kw)
+    np.testing.assert_array_equal(split.pruned, value_at < np.asarray(middle)[:, None])
+    with pytest.raises(ValueError, match="needs a model with a value head"):
+        plain = TransformerLM(dataclasses.replace(model.config, value_head=False))
+        sample_groups_per_prompt(plain, params, prompts, keys, prune_at=at, prune_below=below, **kw)

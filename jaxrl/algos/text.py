@@ -455,7 +455,8 @@ class TextGRPO(_TextAlgorithm):
             ent_coef=hp.ent_coef, axis_name=DATA_AXIS)
         if self.use_critic:
             errors = losses.value_loss(values, None, batch["returns"], None)
-            value_loss = losses.aggregate(errors, batch["mask"], "token", axis_name=DATA_AXIS)
+            value_mask = batch.get("value_mask", batch["mask"])
+            value_loss = losses.aggregate(errors, value_mask, "token", axis_name=DATA_AXIS)
             total, aux = total + hp.vf_coef * value_loss, dict(aux, value_loss=value_loss)
         return total, aux
 
@@ -495,6 +496,8 @@ class TextGRPO(_TextAlgorithm):
             critic = standardise(returns - groups.values, groups.mask)
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
             units["returns"] = returns
+            if groups.pruned is not None:  # a pruned member's reward is not its prefix's value: not a target
+                units["value_mask"] = groups.mask * ~groups.pruned[..., None]
         units["advantages"] = advantages
         metrics.update({f"reward_{name}": global_mean(groups.rewards[..., i])
                         for i, name in enumerate(self.task.reward_names)})
@@ -632,6 +635,9 @@ def check_rollout_config(config: ConfigDict) -> None:
         if config.advantage not in ("grpo", "dr_grpo"):
             raise ValueError(f"rollout.generate=tree scores tokens with per-branch baselines (grpo or dr_grpo "
                              f"scaling); config.advantage={config.advantage!r} is not one of them")
+    if "prune" in chosen["control"] and not config.critic_weight > 0:
+        raise ValueError("rollout strategy control/prune stops members by the value head's prediction: set "
+                         f"config.critic_weight > 0 (a value head), got {config.critic_weight}")
     stopping = [s.name for s in strategies if s.stops_early]
     if stopping and config.group.oversample < 2:
         raise ValueError(f"rollout strategy {stopping[0]} starts more groups than it trains: set config.group.oversample "

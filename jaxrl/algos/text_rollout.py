@@ -7,6 +7,7 @@
     control/dynamic_sampling  per slot, the first of `group.oversample` candidates whose rewards vary (DAPO)
     control/variance_budget   B groups spread over the candidates by predicted uncertainty (none to the sure)
     control/partial           stop decoding when every slot has a finished group; resume the rest next update
+    control/prune             stop members whose predicted value at column `at` is below `below` (value head)
     replay/correct            give an all-wrong group a correct completion of the same prompt from memory
     replay/hints              force a growing prefix of the reference answer on prompts stuck at zero
     replay/curriculum         raise the task's difficulty as the held-out pass rate at the current level rises
@@ -54,11 +55,15 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     if plan.resume is not None:  # a slot's first oversample - 1 candidates may resume, its last is fresh
         O = s.oversample
         rows = (jnp.arange(plan.ids.shape[0] // O)[:, None] * O + jnp.arange(O - 1)).reshape(-1)
-        resume = sampling.Resume(plan.resume["tokens"][rows], plan.resume["mask"][rows], plan.start, rows)
+        resume = sampling.Resume(plan.resume["tokens"][rows], plan.resume["mask"][rows], plan.start, rows,
+                                 plan.resume["stopped"][rows])
+    prune = {} if plan.prune_below is None else dict(prune_at=algo.strategy_options("prune")["at"],
+                                                     prune_below=plan.prune_below)
     samples = sampling.sample_groups_per_prompt(
         algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
         eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
-        **hints, **tree, resume=resume, stop_slots=algo.stop_slots, stop_axis=DATA_AXIS if algo.stop_slots else None)
+        **hints, **tree, **prune, resume=resume, stop_slots=algo.stop_slots,
+        stop_axis=DATA_AXIS if algo.stop_slots or prune else None)
     rewards = jax.vmap(lambda c: task.jax_rewards(plan.problems, c, vocab), in_axes=1, out_axes=1)(samples.tokens)
     n, G, N = samples.tokens.shape
     columns = jnp.arange(N)
@@ -72,10 +77,12 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
         weight = jnp.where(earlier, weight * importance, weight)
     decided = jnp.full((n,), N, jnp.int32) if samples.decided is None else samples.decided
     ended = ((samples.tokens == vocab.eos_id) & (samples.mask > 0)).any(axis=-1) | (decided >= N)[:, None]
+    if samples.pruned is not None:
+        ended = ended | samples.pruned
     return Groups(plan.ids, plan.problems, prompts, plan.hint_len, samples.tokens, samples.log_probs, samples.mask,
                   samples.lengths, samples.values, rewards, weight=weight, bonus=jnp.zeros((n, G), jnp.float32),
                   replayed=jnp.zeros((n, G), bool), start=plan.start, decided=decided, behaviour=behaviour,
-                  finished=ended.all(axis=1))
+                  finished=ended.all(axis=1), pruned=samples.pruned)
 
 
 rollout.register("generate", "independent", generate=independent)
@@ -221,8 +228,8 @@ def carried_memory(algo, key):
     E, G, N = s.num_prompts * (s.oversample - 1), s.group_size, task.answer_length
     return {"ids": jnp.full(E, -1, jnp.int32), "problems": task.sample(key, E, "train"),
             "hint_len": jnp.zeros(E, jnp.int32), "tokens": jnp.full((E, G, N), algo.vocab.pad_id, jnp.int32),
-            "behaviour": jnp.zeros((E, G, N)), "mask": jnp.zeros((E, G, N)), "start": jnp.zeros(E, jnp.int32),
-            "age": jnp.zeros(E, jnp.int32), "valid": jnp.zeros(E, bool)}
+            "behaviour": jnp.zeros((E, G, N)), "mask": jnp.zeros((E, G, N)), "stopped": jnp.zeros((E, G), bool),
+            "start": jnp.zeros(E, jnp.int32), "age": jnp.zeros(E, jnp.int32), "valid": jnp.zeros(E, bool)}
 
 
 def _carried_entries(num_candidates: int, oversample: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -245,7 +252,8 @@ def resume_carried(algo, memory, plan: Plan, key):
 
     G, N = local["tokens"].shape[1:]
     blank = {"tokens": jnp.full((use.shape[0], G, N), algo.vocab.pad_id, jnp.int32),
-             "behaviour": jnp.zeros((use.shape[0], G, N)), "mask": jnp.zeros((use.shape[0], G, N))}
+             "behaviour": jnp.zeros((use.shape[0], G, N)), "mask": jnp.zeros((use.shape[0], G, N)),
+             "stopped": jnp.zeros((use.shape[0], G), bool)}
     plan = plan.replace(ids=pick(local["ids"], plan.ids), problems=jax.tree.map(pick, local["problems"], plan.problems),
                         hint_len=pick(local["hint_len"], plan.hint_len), start=pick(local["start"], plan.start),
                         resume={k: pick(local[k], v) for k, v in blank.items()})
@@ -267,6 +275,7 @@ def carry_unfinished(algo, memory, groups: Groups, params):
     row = lambda x: x[rest]
     memory = {"ids": row(every.ids), "problems": jax.tree.map(row, every.problems), "hint_len": row(every.hint_len),
               "tokens": row(every.tokens), "behaviour": row(every.behaviour), "mask": row(every.mask),
+              "stopped": row(jnp.zeros_like(every.tokens[..., 0], bool) if every.pruned is None else every.pruned),
               "start": row(every.decided), "age": row(age),
               "valid": row(age) <= algo.strategy_options("partial")["max_age"]}
     return memory, {"carried": jnp.mean(memory["valid"].astype(jnp.float32)),
@@ -284,6 +293,28 @@ def train_finished(algo, memory, groups: Groups, params, key):
 
 rollout.register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished,
                  after=train_finished, selects=True, stops_early=True, options={"cap": 1.0, "max_age": 4})
+
+
+def prune_memory(algo, key):
+    """How many updates have run (pruning waits `warmup` of them for the value head to learn)."""
+    return {"updates": jnp.int32(0)}
+
+
+def prune_threshold(algo, memory, plan: Plan, key):
+    """Every candidate's members are pruned below `below` once `warmup` updates have trained the value head."""
+    o = algo.strategy_options("prune")
+    below = jnp.where(memory["updates"] >= o["warmup"], o["below"], -jnp.inf)
+    return plan.replace(prune_below=jnp.full(plan.ids.shape, below, jnp.float32)), {}
+
+
+def count_pruned(algo, memory, groups: Groups, params):
+    """Counts the update; logs the share of members pruned (every candidate's)."""
+    pruned = jnp.zeros(groups.tokens.shape[:2], bool) if groups.pruned is None else groups.pruned
+    return {"updates": memory["updates"] + 1}, {"pruned": global_mean(pruned.astype(jnp.float32))}
+
+
+rollout.register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned,
+                 options={"at": 4, "below": 0.05, "warmup": 20})
 
 
 # --- Replay: past correct completions -----------------------------------------------------------------
