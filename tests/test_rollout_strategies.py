@@ -81,8 +81,8 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.generate": "tree", "advantage": "rloo"}, "config.advantage='rloo' is not one of them"),
         ({"rollout.options.hints.wait": 3, "rollout.replay": "hints", "rollout.pool_size": 4},
          "config.rollout.options.hints has unknown keys ['wait']"),
-        ({"rollout.control": "partial", "group.oversample": 1}, "rollout strategy partial starts more groups than it trains: set "
-                                         "config.group.oversample >= 2"),
+        ({"rollout.control": "partial", "group.oversample": 1},
+         "rollout strategy partial starts more groups than it trains: set config.group.oversample >= 2"),
         ({"rollout.control": "partial,dynamic_sampling", "group.oversample": 2}, "needs exactly one selecting"),
         ({"rollout.control": "dynamic_sampling,prune"}, "control/prune stops members by the value head's prediction: "
                                                          "set config.critic_weight > 0"),

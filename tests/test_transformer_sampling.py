@@ -335,8 +335,8 @@ def test_resumed_and_stopped_groups_continue_the_same_samples(tiny):
     np.testing.assert_allclose(np.where(before, whole.log_probs, 0.0), first.log_probs, atol=1e-5)
 
     # Resuming every group from where it stopped finishes the uninterrupted run's samples.
-    rest = sample_groups_per_prompt(model, params, prompts, keys, resume=Resume(first.tokens, first.mask, first.decided),
-                                    **kw)
+    resume = Resume(first.tokens, first.mask, first.decided)
+    rest = sample_groups_per_prompt(model, params, prompts, keys, resume=resume, **kw)
     np.testing.assert_array_equal(rest.tokens, whole.tokens)
     np.testing.assert_allclose(rest.log_probs, whole.log_probs, atol=1e-5)
     np.testing.assert_allclose(rest.mask, whole.mask)

@@ -640,8 +640,8 @@ def check_rollout_config(config: ConfigDict) -> None:
                          f"config.critic_weight > 0 (a value head), got {config.critic_weight}")
     stopping = [s.name for s in strategies if s.stops_early]
     if stopping and config.group.oversample < 2:
-        raise ValueError(f"rollout strategy {stopping[0]} starts more groups than it trains: set config.group.oversample "
-                         f">= 2 (candidates per slot), got {config.group.oversample}")
+        raise ValueError(f"rollout strategy {stopping[0]} starts more groups than it trains: set "
+                         f"config.group.oversample >= 2 (candidates per slot), got {config.group.oversample}")
     if config.group.oversample > 1 and len(selecting) != 1:
         raise ValueError(f"config.group.oversample = {config.group.oversample} needs exactly one selecting Control "
                          f"strategy in config.rollout.control (e.g. dynamic_sampling), got {selecting or 'none'}")
