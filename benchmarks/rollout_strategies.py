@@ -53,6 +53,11 @@ ROWS = {
                             "rollout.control": "variance_budget", "rollout.replay": "correct,hints"},
     "partial": {"group.oversample": 2, "rollout.control": "partial"},
     "partial+replay+hints": {"group.oversample": 2, "rollout.control": "partial", "rollout.replay": "correct,hints"},
+    # Pruning needs a value head: against the same learner without pruning. The value predicts correct + 0.1 x
+    # well_formed, so 0.12 prunes members predicted (nearly) never right.
+    "critic": {"group.oversample": 1, "critic_weight": 0.25},
+    "critic+prune": {"group.oversample": 1, "critic_weight": 0.25, "rollout.control": "dynamic_sampling,prune",
+                     "rollout.options.prune.below": 0.12},
 }
 
 

@@ -170,6 +170,7 @@ class Groups:
     behaviour: jax.Array | None = None  # float32 [n, G, N]: log-probabilities under the policies that drew
     finished: jax.Array | None = None  # bool [n]: every member has ended (None: all have), an outcome to learn from
     pruned: jax.Array | None = None  # bool [n, G]: members stopped early by their predicted value
+    branched_at: jax.Array | None = None  # int32 [n, G]: column where a tree member left its branch's leader
 
     @property
     def generated(self) -> jax.Array:
@@ -224,12 +225,12 @@ def importance_weights(log_probs: jax.Array, behaviour_log_probs: jax.Array, mas
     return jnp.minimum(ratio, cap) * mask
 
 
-def tree_advantages(rewards: jax.Array, in_tree: jax.Array, branches: int, depth: int, length: int, *,
+def tree_advantages(rewards: jax.Array, in_tree: jax.Array, branches: int, depth, length: int, *,
                     scale: bool, eps: float = 1e-6) -> tuple[jax.Array, jax.Array]:
     """Per-token advantages and loss weights [n, G, N] of groups sampled as trees.
 
     rewards [n, G]: each member's reward; a group's G members form `branches` branches of k = G / branches
-    that share their first `depth` tokens. in_tree [n, G]: the member belongs to its branch (a replayed one
+    that share their first `depth` tokens (an int, or int32 [n, G]: each member's branch point). in_tree [n, G]: the member belongs to its branch (a replayed one
     does not, and is scored as an independent sample). With the group mean m and the branch mean m_b (over
     its members in the tree):
       shared prefix (t < depth): m_b - m, weight 1 / k (the k copies of one prefix count once);
@@ -242,7 +243,8 @@ def tree_advantages(rewards: jax.Array, in_tree: jax.Array, branches: int, depth
     branch_mean = jnp.sum(rewards.reshape(n, branches, k) * inside, -1) / jnp.maximum(inside.sum(-1), 1.0)
     branch_mean = jnp.repeat(branch_mean, k, axis=1)  # [n, G]
     mean = rewards.mean(axis=1, keepdims=True)
-    prefix = (jnp.arange(length) < depth)[None, None, :]
+    depth = jnp.asarray(depth)
+    prefix = jnp.arange(length) < (depth[..., None] if depth.ndim else depth)  # [N] or [n, G, N]
     tree = jnp.where(prefix, (branch_mean - mean)[..., None], (rewards - branch_mean)[..., None])
     advantages = jnp.where(in_tree[..., None], tree, (rewards - mean)[..., None])
     weights = jnp.where(in_tree[..., None] & prefix, 1.0 / k, 1.0)

@@ -34,6 +34,7 @@ class Samples(NamedTuple):
     values: jax.Array | None = None  # float32, value before each token; None without a value head
     decided: jax.Array | None = None  # int32 [B]: columns whose tokens are final, when decoding may stop early
     pruned: jax.Array | None = None  # bool [B, G]: members stopped by `prune_below`, when pruning
+    branched_at: jax.Array | None = None  # int32 [B, G]: column where a member left its leader (`branch_entropy`)
 
 
 def prompt_layout(prompts: jax.Array, pad_id) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -142,7 +143,7 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
                              forced_len: jax.Array | None = None, branches: int = 0, depth: int = 0,
                              resume: Resume | None = None, stop_slots: int = 0,
                              stop_axis: str | None = None, prune_at: int = -1,
-                             prune_below: jax.Array | None = None) -> Samples:
+                             prune_below: jax.Array | None = None, branch_entropy=None) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
     Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
@@ -155,7 +156,9 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
 
     `branches` > 0 samples each group as a tree: its G members form `branches` branches of G / branches
     members that draw their first `depth` tokens with their branch leader's (its first member's) random
-    numbers, so they share that prefix exactly and differ after it.
+    numbers, so they share that prefix exactly and differ after it. With `branch_entropy` a branch splits
+    earlier, at its first column whose next-token entropy (temperature 1) reaches it: the most uncertain token
+    is the first a member draws on its own (`Samples.branched_at`; `depth` if none does).
 
     `resume` continues partly generated groups: group b keeps its members' tokens before column
     resume.start[b] (their keys and values come from one teacher-forced pass, their log-probabilities are the
@@ -175,7 +178,8 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True,
                            forced=forced, forced_len=forced_len, branches=branches, depth=depth, resume=resume,
-                           stop_slots=stop_slots, stop_axis=stop_axis, prune_at=prune_at, prune_below=prune_below)
+                           stop_slots=stop_slots, stop_axis=stop_axis, prune_at=prune_at, prune_below=prune_below,
+                           branch_entropy=branch_entropy)
 
 
 class Resume(NamedTuple):
@@ -236,13 +240,14 @@ def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resu
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
                     temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
                     branches: int = 0, depth: int = 0, resume: Resume | None = None, stop_slots: int = 0,
-                    stop_axis: str | None = None, prune_at: int = -1, prune_below=None) -> Samples:
+                    stop_axis: str | None = None, prune_at: int = -1, prune_below=None,
+                    branch_entropy=None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
-    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below: see
-    `sample_groups_per_prompt`.
+    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below, branch_entropy:
+    see `sample_groups_per_prompt`.
 
-    Without `resume`, `stop_slots` or pruning, a `lax.scan` of N-1 cached steps and a last draw. With either, a
+    Without `resume`, `stop_slots`, pruning or `branch_entropy`, a `lax.scan` of N-1 cached steps and a last draw. With either, a
     `lax.while_loop` in which group b writes column start[b] + s at step s: its own cache then holds the N
     resumed columns first and the new tokens after them (attention ignores slot order: positions are in
     the keys)."""
@@ -261,8 +266,9 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     over_members = jax.vmap(split, out_axes=1)
     step_keys = jax.vmap(over_members, out_axes=1)(member_keys) if per_prompt else over_members(member_keys)
     # step_keys [N, B, G] or [N, G]
-    if branches:  # members take their branch leader's keys for the first `depth` steps
-        leader = (jnp.arange(G) // (G // branches)) * (G // branches)
+    by_entropy = branches and branch_entropy is not None
+    leader = (jnp.arange(G) // max(G // max(branches, 1), 1)) * max(G // max(branches, 1), 1)
+    if branches and not by_entropy:  # members take their branch leader's keys for the first `depth` steps
         source = jnp.where(jnp.arange(N)[:, None] < depth, leader[None, :], jnp.arange(G)[None, :])  # [N, G]
         step_keys = jax.vmap(lambda k, i: k[:, i] if per_prompt else k[i])(step_keys, source)
     uniforms = _column_uniforms(step_keys, B, per_prompt)  # [N, B, G]
@@ -286,7 +292,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     # The carry's zeros derive from the prompts so that under shard_map they vary over devices like the rest.
     no = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1] False
     varying_zeros = lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1])
-    if resume is None and not stop_slots and prune_at < 0:
+    if resume is None and not stop_slots and prune_at < 0 and not by_entropy:
         def step(carry, xs):
             cache, own_mask, logits, value, done = carry
             t, uniform = xs
@@ -346,12 +352,19 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         return (carry[0] < N) & ~finished(carry[5])
 
     def body(carry):
-        s, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned = carry
+        s, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned, shared, split = carry
         column = start + s
         if prune_at >= 0:  # members whose predicted value at column prune_at is too low stop before drawing it
             cut = ~done & (column == prune_at)[:, None] & (value < prune_below[:, None])
             pruned, done = pruned | cut, done | cut
         uniform = jnp.take_along_axis(uniforms, jnp.minimum(column, N - 1)[None, :, None], axis=0)[0]
+        if by_entropy:  # a member follows its leader until the first uncertain column (or `depth`)
+            log_softmax = jax.nn.log_softmax(logits, axis=-1)
+            entropy = -jnp.sum(jnp.exp(log_softmax) * log_softmax, axis=-1)
+            still = shared & (column < depth)[:, None] & (entropy < branch_entropy)
+            split = jnp.where(shared & ~still, column[:, None], split)
+            shared = still
+            uniform = jnp.where(shared, uniform[:, leader], uniform)
         token, log_p, live, done = pick(logits, done, uniform, column)
         done = done | (column >= N - 1)[:, None]  # nothing follows the last column
         here = columns[None, None, :] == column[:, None, None]  # [B, 1, N]
@@ -360,13 +373,18 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         values = None if value is None else put(values, jnp.where(live, value, 0.0))
         own_mask = jax.lax.dynamic_update_slice_in_dim(own_mask, live[..., None], resumed_slots + s, axis=2)
         cache, logits, value = forward(cache, own_mask, token, column, resumed_slots + s)
-        return s + 1, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned
+        return s + 1, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned, shared, split
 
-    carry = (jnp.int32(0), own_cache, own_mask, logits, value, done, tokens, log_probs, kept, values, ended & False)
-    steps, _, _, _, _, _, tokens, log_probs, live_mask, values, pruned = jax.lax.while_loop(keep_going, body, carry)
+    # A resumed group does not know where its members split: it continues as independent samples.
+    shared = ~ended & (start == 0)[:, None]
+    carry = (jnp.int32(0), own_cache, own_mask, logits, value, done, tokens, log_probs, kept, values, ended & False,
+             shared, jnp.where(shared, depth, jnp.minimum(start, depth)[:, None]).astype(jnp.int32))
+    steps, _, _, _, _, _, tokens, log_probs, live_mask, values, pruned, _, split = jax.lax.while_loop(
+        keep_going, body, carry)
     mask = live_mask.astype(jnp.float32)
     return Samples(tokens=tokens, log_probs=log_probs, mask=mask, lengths=mask.sum(axis=-1).astype(jnp.int32),
-                   values=values, decided=jnp.minimum(start + steps, N), pruned=pruned if prune_at >= 0 else None)
+                   values=values, decided=jnp.minimum(start + steps, N), pruned=pruned if prune_at >= 0 else None,
+                   branched_at=split if by_entropy else None)
 
 
 @functools.partial(jax.jit, static_argnames=("model",))

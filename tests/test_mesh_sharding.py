@@ -152,6 +152,7 @@ TEXT_GRPO_STRATEGIES = TEXT_GRPO + """
 config.rollout.filter, config.rollout.replay, config.rollout.pool_size = "rank_ties,success_predictor", "curriculum,correct,hints", 8
 config.rollout.options.curriculum.every = 2
 config.rollout.control, config.rollout.generate = "variance_budget", "tree"
+config.rollout.options.tree.min_entropy = 1.0  # branches split at their first uncertain token
 config.rollout.options.hints.patience = 1
 
 def prepare(algo, state):

@@ -84,6 +84,8 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.control": "partial", "group.oversample": 1},
          "rollout strategy partial starts more groups than it trains: set config.group.oversample >= 2"),
         ({"rollout.control": "partial,dynamic_sampling", "group.oversample": 2}, "needs exactly one selecting"),
+        ({"rollout.generate": "tree", "rollout.control": "partial", "group.oversample": 2},
+         "rollout.generate=tree with rollout.control=partial"),
         ({"rollout.control": "dynamic_sampling,prune"}, "control/prune stops members by the value head's prediction: "
                                                          "set config.critic_weight > 0"),
     ]:
@@ -433,3 +435,53 @@ def test_pruning_stops_members_once_the_value_head_has_warmed_up():
     assert rows[2]["completion_length"] == 0.0 < min(r["completion_length"] for r in rows[:2])
     assert rows[2]["value_loss"] == 0.0 < rows[1]["value_loss"]  # no pruned member is a value target
     assert int(state.memory["prune"]["updates"][0]) == 3
+
+
+def test_tree_branches_split_at_their_first_uncertain_token(replay_algo):
+    """Entropy branching: members follow their leader until the branch's first column whose next-token entropy
+    reaches min_entropy (at most depth). Never reached: the fixed-depth tree; always: independent samples; in
+    between: each branch splits where its leader's entropy first reaches it, and shares exactly the tokens before."""
+    algo = replay_algo
+    params = algo.init(jax.random.key(0)).params
+    model, vocab = algo.model, algo.vocab
+    prompts = algo.task.prompts(algo.pool[:3], vocab)
+    keys = jax.random.split(jax.random.key(1), 3)
+    kw = dict(group_size=6, max_new_tokens=5, eos_id=vocab.eos_id, pad_id=vocab.pad_id, branches=2, depth=4)
+    fixed = sampling.sample_groups_per_prompt(model, params, prompts, keys, **kw)
+    never = sampling.sample_groups_per_prompt(model, params, prompts, keys, branch_entropy=1e9, **kw)
+    np.testing.assert_array_equal(never.tokens, fixed.tokens)
+    np.testing.assert_array_equal(never.branched_at, np.full((3, 6), 4))
+    always = sampling.sample_groups_per_prompt(model, params, prompts, keys, branch_entropy=0.0, **kw)
+    plain = sampling.sample_groups_per_prompt(model, params, prompts, keys, **{**kw, "branches": 0, "depth": 0})
+    np.testing.assert_array_equal(always.tokens, plain.tokens)
+    np.testing.assert_array_equal(always.branched_at, np.zeros((3, 6)))
+
+    # The leaders' own entropies along their completions say where each branch must split.
+    _, entropy, _ = sampling.score_groups(model, params, prompts, plain.tokens, plain.mask, vocab.pad_id)
+    threshold = float(np.median(np.asarray(entropy)[:, [0, 3], :4]))
+    out = sampling.sample_groups_per_prompt(model, params, prompts, keys, branch_entropy=threshold, **kw)
+    for b in range(3):
+        for leader in (0, 3):
+            high = np.nonzero(np.asarray(entropy[b, leader, :4]) >= threshold)[0]
+            split = int(high[0]) if len(high) else 4
+            np.testing.assert_array_equal(out.branched_at[b, leader:leader + 3], split)
+            np.testing.assert_array_equal(out.tokens[b, leader:leader + 3, :split],
+                                          np.broadcast_to(out.tokens[b, leader, :split], (3, split)))
+    split = np.asarray(out.branched_at)
+    assert ((split > 0) & (split < 4)).any()  # some branch split before depth, past its first token
+
+
+def test_tree_advantages_take_each_members_branch_point():
+    rewards = jnp.asarray([[1.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+    in_tree = jnp.ones((2, 4), bool)
+    common, w_common = rollout.tree_advantages(rewards, in_tree, 2, 3, 5, scale=False)
+    per_member, w_member = rollout.tree_advantages(rewards, in_tree, 2, jnp.full((2, 4), 3), 5, scale=False)
+    np.testing.assert_allclose(per_member, common)
+    np.testing.assert_allclose(w_member, w_common)
+    # Branch 0 of group 0 splits at column 1, the rest at 3: only its first column is a shared prefix.
+    depth = jnp.asarray([[1, 1, 3, 3], [3, 3, 3, 3]])
+    adv, weight = rollout.tree_advantages(rewards, in_tree, 2, depth, 5, scale=False)
+    mean, branch0 = 0.75, 0.5
+    np.testing.assert_allclose(adv[0, 0], [branch0 - mean] + [1.0 - branch0] * 4)
+    np.testing.assert_allclose(weight[0, 0], [0.5, 1, 1, 1, 1])
+    np.testing.assert_allclose(adv[0, 2], [1.0 - mean] * 3 + [0.0] * 2)

@@ -632,6 +632,9 @@ def check_rollout_config(config: ConfigDict) -> None:
         if branches < 1 or config.group.size % branches or config.group.size == branches:
             raise ValueError(f"config.rollout.options.tree.branches = {branches} must divide config.group.size = "
                              f"{config.group.size} into branches of two or more members")
+        if "partial" in chosen["control"]:
+            raise ValueError("rollout.generate=tree with rollout.control=partial: a resumed group does not keep its "
+                             "branch points; use generate=independent with partial")
         if config.advantage not in ("grpo", "dr_grpo"):
             raise ValueError(f"rollout.generate=tree scores tokens with per-branch baselines (grpo or dr_grpo "
                              f"scaling); config.advantage={config.advantage!r} is not one of them")

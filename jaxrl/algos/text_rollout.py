@@ -82,7 +82,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     return Groups(plan.ids, plan.problems, prompts, plan.hint_len, samples.tokens, samples.log_probs, samples.mask,
                   samples.lengths, samples.values, rewards, weight=weight, bonus=jnp.zeros((n, G), jnp.float32),
                   replayed=jnp.zeros((n, G), bool), start=plan.start, decided=decided, behaviour=behaviour,
-                  finished=ended.all(axis=1), pruned=samples.pruned)
+                  finished=ended.all(axis=1), pruned=samples.pruned, branched_at=samples.branched_at)
 
 
 rollout.register("generate", "independent", generate=independent)
@@ -90,11 +90,13 @@ rollout.register("generate", "independent", generate=independent)
 
 def tree(algo, params, hp, plan: Plan, key: jax.Array) -> Groups:
     """Tree rollouts: each group's G members form `branches` branches of G / branches members sharing their
-    first `depth` tokens (lookahead-tree / BranchGRPO style). Advantages respect the tree
+    first `depth` tokens (lookahead-tree / BranchGRPO style), or with `min_entropy` > 0 their tokens up to the
+    branch's first column whose next-token entropy reaches it (at most `depth`). Advantages respect the tree
     (`rollout.tree_advantages`): a shared prefix is scored by its branch's mean against the group's, what
     follows by each member against its branch."""
     o = algo.strategy_options("tree")
-    return independent(algo, params, hp, plan, key, branches=o["branches"], depth=o["depth"])
+    by_entropy = dict(branch_entropy=o["min_entropy"]) if o["min_entropy"] > 0 else {}
+    return independent(algo, params, hp, plan, key, branches=o["branches"], depth=o["depth"], **by_entropy)
 
 
 def tree_token_advantages(algo, groups: Groups, rewards: jax.Array):
@@ -102,12 +104,13 @@ def tree_token_advantages(algo, groups: Groups, rewards: jax.Array):
     unless the estimator's scale is "none")."""
     o, s = algo.strategy_options("tree"), algo.settings
     scale = dict(s.advantage_options).get("scale") or ("none" if s.advantage == "dr_grpo" else "group")
-    return rollout.tree_advantages(rewards, ~groups.replayed, o["branches"], o["depth"], groups.tokens.shape[-1],
+    depth = o["depth"] if groups.branched_at is None else groups.branched_at
+    return rollout.tree_advantages(rewards, ~groups.replayed, o["branches"], depth, groups.tokens.shape[-1],
                                    scale=scale == "group", eps=dict(s.advantage_options).get("eps", 1e-6))
 
 
 rollout.register("generate", "tree", generate=tree, advantages=tree_token_advantages,
-                 options={"branches": 2, "depth": 4})
+                 options={"branches": 2, "depth": 4, "min_entropy": 0.0})
 
 
 # --- Filter -----------------------------------------------------------------------------------------
