@@ -135,8 +135,8 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
                            eos_id=eos_id, pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches", "stop_slots",
-                                             "stop_axis", "prune_at"))
+@functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches", "depth",
+                                             "stop_slots", "stop_axis", "prune_at"))
 def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
                              max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
                              top_p=1.0, forced: jax.Array | None = None,
@@ -304,10 +304,23 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
             cache, logits, value = forward(cache, own_mask, token, column, t)
             return (cache, own_mask, logits, value, done), out
 
-        # N-1 cached steps (own cache slots 0..N-2); the last token needs no forward pass after it.
-        own_cache = jax.tree.map(varying_zeros, init_own_cache(model.config, B, G, N - 1))
-        carry = (own_cache, no & jnp.zeros((B, G, N - 1), bool), logits, value, no[..., 0] & jnp.zeros((B, G), bool))
-        carry, (tokens, log_probs, live, vals) = jax.lax.scan(step, carry, (jnp.arange(N - 1), uniforms[:-1]))
+        # N-1 cached steps (own cache slots 0..N-2); the last token needs no forward pass after it. A tree's shared
+        # prefix (its first `depth` columns) is decoded once per branch, by the leaders, whose keys, values and
+        # state every member of the branch then starts from.
+        shared = depth if branches and 0 < depth < N - 1 else 0
+        drawing = jnp.arange(G) if not shared else leader[::G // branches]  # the members decoded from column 0
+        width = drawing.shape[0]
+        own_cache = jax.tree.map(varying_zeros, init_own_cache(model.config, B, width, N - 1))
+        carry = (own_cache, no & jnp.zeros((B, width, N - 1), bool), logits[:, drawing],
+                 None if value is None else value[:, drawing], no[..., 0] & jnp.zeros((B, width), bool))
+        first = shared or N - 1  # the steps decoded before any member takes its leader's state
+        carry, outs = jax.lax.scan(step, carry, (jnp.arange(first), uniforms[:first, :, drawing]))
+        if shared:  # every member takes its leader's state: [B, branches, ...] -> [B, G, ...]
+            copy = lambda x: None if x is None else jnp.repeat(x, G // branches, axis=1)
+            carry = (jax.tree.map(copy, carry[0]), *map(copy, carry[1:]))
+            carry, rest = jax.lax.scan(step, carry, (jnp.arange(shared, N - 1), uniforms[shared:-1]))
+            outs = jax.tree.map(lambda a, b: jnp.concatenate([jnp.repeat(a, G // branches, axis=2), b]), outs, rest)
+        tokens, log_probs, live, vals = outs
         _, _, logits, value, done = carry
         last_token, last_log_p, last_live, _ = pick(logits, done, uniforms[-1], jnp.full((B,), N - 1))
 
