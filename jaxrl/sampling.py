@@ -247,10 +247,10 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below, branch_entropy:
     see `sample_groups_per_prompt`.
 
-    Without `resume`, `stop_slots`, pruning or `branch_entropy`, a `lax.scan` of N-1 cached steps and a last draw. With either, a
-    `lax.while_loop` in which group b writes column start[b] + s at step s: its own cache then holds the N
-    resumed columns first and the new tokens after them (attention ignores slot order: positions are in
-    the keys)."""
+    Without `resume`, `stop_slots`, pruning or `branch_entropy`, a `lax.scan` of N-1 cached steps and a last
+    draw (a fixed-depth tree's leaders decode its shared prefix alone). With any of them, a `lax.while_loop` in
+    which group b writes column start[b] + s at step s: its own cache then holds the N resumed columns first and
+    the new tokens after them (attention ignores slot order: positions are in the keys)."""
     B, P = prompts.shape
     G, N = member_keys.shape[1 if per_prompt else 0], max_new_tokens
     if P + N > model.config.max_len:
@@ -267,7 +267,8 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     step_keys = jax.vmap(over_members, out_axes=1)(member_keys) if per_prompt else over_members(member_keys)
     # step_keys [N, B, G] or [N, G]
     by_entropy = branches and branch_entropy is not None
-    leader = (jnp.arange(G) // max(G // max(branches, 1), 1)) * max(G // max(branches, 1), 1)
+    per_branch = G // branches if branches else G
+    leader = (jnp.arange(G) // per_branch) * per_branch  # each member's branch leader (the branch's first)
     if branches and not by_entropy:  # members take their branch leader's keys for the first `depth` steps
         source = jnp.where(jnp.arange(N)[:, None] < depth, leader[None, :], jnp.arange(G)[None, :])  # [N, G]
         step_keys = jax.vmap(lambda k, i: k[:, i] if per_prompt else k[i])(step_keys, source)
@@ -308,7 +309,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         # prefix (its first `depth` columns) is decoded once per branch, by the leaders, whose keys, values and
         # state every member of the branch then starts from.
         shared = depth if branches and 0 < depth < N - 1 else 0
-        drawing = jnp.arange(G) if not shared else leader[::G // branches]  # the members decoded from column 0
+        drawing = leader[::per_branch] if shared else jnp.arange(G)  # the members decoded from column 0
         width = drawing.shape[0]
         own_cache = jax.tree.map(varying_zeros, init_own_cache(model.config, B, width, N - 1))
         carry = (own_cache, no & jnp.zeros((B, width, N - 1), bool), logits[:, drawing],
@@ -316,10 +317,10 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         first = shared or N - 1  # the steps decoded before any member takes its leader's state
         carry, outs = jax.lax.scan(step, carry, (jnp.arange(first), uniforms[:first, :, drawing]))
         if shared:  # every member takes its leader's state: [B, branches, ...] -> [B, G, ...]
-            copy = lambda x: None if x is None else jnp.repeat(x, G // branches, axis=1)
+            copy = lambda x: None if x is None else jnp.repeat(x, per_branch, axis=1)
             carry = (jax.tree.map(copy, carry[0]), *map(copy, carry[1:]))
             carry, rest = jax.lax.scan(step, carry, (jnp.arange(shared, N - 1), uniforms[shared:-1]))
-            outs = jax.tree.map(lambda a, b: jnp.concatenate([jnp.repeat(a, G // branches, axis=2), b]), outs, rest)
+            outs = jax.tree.map(lambda a, b: jnp.concatenate([jnp.repeat(a, per_branch, axis=2), b]), outs, rest)
         tokens, log_probs, live, vals = outs
         _, _, logits, value, done = carry
         last_token, last_log_p, last_live, _ = pick(logits, done, uniforms[-1], jnp.full((B,), N - 1))
