@@ -65,8 +65,8 @@ def machine() -> str:
 
 def seed_band(ax, x, y, label: str) -> None:
     """Plot the mean over seeds of y [n, S] against x [n], with the min-max band."""
-    ax.plot(x, y.mean(1), marker="o", markersize=3, label=label)
-    ax.fill_between(x, y.min(1), y.max(1), alpha=0.15)
+    line, = ax.plot(x, y.mean(1), marker="o", markersize=3, label=label)
+    ax.fill_between(x, y.min(1), y.max(1), color=line.get_color(), alpha=0.15)
 
 
 def publish(section: str, update_results: bool, markers: tuple[str, str], title: str) -> None:

@@ -135,6 +135,9 @@ def plot(runs: dict, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), dpi=100)
+    styles = plt.cycler(linestyle=["-"] * 10 + ["--"] * 10) + plt.cycler(color=list(plt.cm.tab10.colors) * 2)
+    for ax in axes:  # more rows than colours: the second ten dashed
+        ax.set_prop_cycle(styles)
     for name, c in runs.items():
         seed_band(axes[0], c["tokens"] / 1e6, c["accuracy"], name)
         seed_band(axes[1], c["tokens"] / 1e6, c["pass_k"], name)
