@@ -12,6 +12,10 @@ update (no Python loop per sample):
     after     Filter, then Control (keeps B of the C groups), then Replay (injects past samples)
     advantages and the loss, on the B groups left
 
+Control strategies may also shape decoding through the plan: `Plan.resume` continues groups from earlier
+updates, `Plan.prune_below` stops members predicted to fail, and a strategy registered with `stops_early` ends
+decoding once every slot of `oversample` candidates holds a finished group (`Groups.finished`).
+
 A strategy is a named `Strategy` of one stage with any of these hooks (all optional but one):
 
     init(algo, key) -> memory                                  one seed's memory, kept in the training state
@@ -230,8 +234,8 @@ def tree_advantages(rewards: jax.Array, in_tree: jax.Array, branches: int, depth
     """Per-token advantages and loss weights [n, G, N] of groups sampled as trees.
 
     rewards [n, G]: each member's reward; a group's G members form `branches` branches of k = G / branches
-    that share their first `depth` tokens (an int, or int32 [n, G]: each member's branch point). in_tree [n, G]: the member belongs to its branch (a replayed one
-    does not, and is scored as an independent sample). With the group mean m and the branch mean m_b (over
+    that share their first `depth` tokens (an int, or int32 [n, G]: each member's branch point). in_tree [n, G]:
+    the member belongs to its branch (a replayed one does not, and is scored as an independent sample). With the group mean m and the branch mean m_b (over
     its members in the tree):
       shared prefix (t < depth): m_b - m, weight 1 / k (the k copies of one prefix count once);
       after the branch point:    r - m_b, weight 1;
