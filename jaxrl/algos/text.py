@@ -501,7 +501,8 @@ class TextGRPO(_TextAlgorithm):
         units["advantages"] = advantages
         metrics.update({f"reward_{name}": global_mean(groups.rewards[..., i])
                         for i, name in enumerate(self.task.reward_names)})
-        metrics.update(completion_length=global_mean(groups.lengths), zero_variance_fraction=global_mean(tied.astype(jnp.float32)),
+        metrics.update(completion_length=global_mean(groups.lengths),
+                       zero_variance_fraction=global_mean(tied.astype(jnp.float32)),
                        tokens=jax.lax.psum(jnp.sum(groups.mask), DATA_AXIS))
         return state.replace(key=key, memory=memory), (units, epoch_key), metrics
 

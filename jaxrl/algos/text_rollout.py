@@ -52,9 +52,8 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
         if algo.forces_hints else {}
     resume = None
-    if plan.resume is not None:  # a slot's first oversample - 1 candidates may resume, its last is fresh
-        O = s.oversample
-        rows = (jnp.arange(plan.ids.shape[0] // O)[:, None] * O + jnp.arange(O - 1)).reshape(-1)
+    if plan.resume is not None:
+        rows = _resumable_rows(plan.ids.shape[0], s.oversample)
         resume = sampling.Resume(plan.resume["tokens"][rows], plan.resume["mask"][rows], plan.start, rows,
                                  plan.resume["stopped"][rows])
     prune = {} if plan.prune_below is None else dict(prune_at=algo.strategy_options("prune")["at"],
@@ -235,6 +234,13 @@ def carried_memory(algo, key):
             "start": jnp.zeros(E, jnp.int32), "age": jnp.zeros(E, jnp.int32), "valid": jnp.zeros(E, bool)}
 
 
+def _resumable_rows(num_candidates: int, oversample: int) -> jax.Array:
+    """The candidates [b (O - 1)] that may resume a carried group: the first O - 1 of each slot (slot-major, O
+    per slot; the last is always fresh), in the order of the carried entries."""
+    O = oversample
+    return (jnp.arange(num_candidates // O)[:, None] * O + jnp.arange(O - 1)).reshape(-1)
+
+
 def _carried_entries(num_candidates: int, oversample: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Candidates [c] slot-major, O per slot, the first O - 1 of each slot its carried entries [b (O - 1)] when
     valid -> (the entry of each candidate [c], whether it resumes one [c])."""
@@ -267,22 +273,24 @@ def carry_unfinished(algo, memory, groups: Groups, params):
     """Keeps, per slot, the candidates that are not trained this update (unfinished, or finished after the
     first): next update resumes them. One carried for more than `max_age` updates is dropped."""
     O = algo.settings.oversample
-    every = mesh_lib.gather_shares(groups)
-    C = every.ids.shape[0]
-    chosen, _ = rollout.first_per_slot(every.finished, O)  # as `train_finished` chooses, on every device
+    stopped = jnp.zeros(groups.tokens.shape[:2], bool) if groups.pruned is None else groups.pruned
+    # Only what the memory keeps (and the choice) crosses devices, not the whole groups.
+    every = mesh_lib.gather_shares(dict(ids=groups.ids, problems=groups.problems, hint_len=groups.hint_len,
+                                        tokens=groups.tokens, behaviour=groups.behaviour, mask=groups.mask,
+                                        stopped=stopped, decided=groups.decided, finished=groups.finished))
+    C = every["ids"].shape[0]
+    chosen, _ = rollout.first_per_slot(every["finished"], O)  # as `train_finished` chooses, on every device
     entry, was_carried = _carried_entries(C, O, memory["valid"])
     age = jnp.where(was_carried, memory["age"][entry] + 1, 1)
     position = chosen % O  # [B]
     others = jnp.arange(O - 1)[None, :]
     rest = (jnp.arange(C // O)[:, None] * O + others + (others >= position[:, None])).reshape(-1)  # [B (O - 1)]
-    row = lambda x: x[rest]
-    memory = {"ids": row(every.ids), "problems": jax.tree.map(row, every.problems), "hint_len": row(every.hint_len),
-              "tokens": row(every.tokens), "behaviour": row(every.behaviour), "mask": row(every.mask),
-              "stopped": row(jnp.zeros_like(every.tokens[..., 0], bool) if every.pruned is None else every.pruned),
-              "start": row(every.decided), "age": row(age),
-              "valid": row(age) <= algo.strategy_options("partial")["max_age"]}
+    kept = jax.tree.map(lambda x: x[rest], every)
+    memory = {**{k: kept[k] for k in ("ids", "problems", "hint_len", "tokens", "behaviour", "mask", "stopped")},
+              "start": kept["decided"], "age": age[rest],
+              "valid": age[rest] <= algo.strategy_options("partial")["max_age"]}
     return memory, {"carried": jnp.mean(memory["valid"].astype(jnp.float32)),
-                    "carried_finished": jnp.mean((row(every.finished) & memory["valid"]).astype(jnp.float32))}
+                    "carried_finished": jnp.mean((kept["finished"] & memory["valid"]).astype(jnp.float32))}
 
 
 def train_finished(algo, memory, groups: Groups, params, key):
