@@ -148,8 +148,11 @@ class Plan:
     hint_len: jax.Array  # int32 [C]: reference-answer tokens forced at the start of every member (0: none)
     predicted: jax.Array  # float32 [C]: a Filter's predicted pass rate (-1: no prediction)
     start: jax.Array  # int32 [C]: completion columns generated in earlier updates (0: a fresh group)
-    resume: Any = None  # {"tokens", "behaviour", "mask"} [C, G, N], "stopped" [C, G] of groups to continue, or None
-    prune_below: jax.Array | None = None  # float32 [C]: members predicted below it are stopped (control/prune)
+    # Groups to continue, or None: {"tokens", "behaviour", "mask"} [C, G, N], "stopped" [C, G], and "cap" [C] (the
+    # truncation of the importance weights of their earlier tokens).
+    resume: Any = None
+    prune_at: jax.Array | None = None  # int32 [C]: the column where members may be pruned (control/prune)
+    prune_below: jax.Array | None = None  # float32 [C]: members predicted below it there are stopped
 
 
 @struct.dataclass

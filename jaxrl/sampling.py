@@ -136,13 +136,13 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
 
 
 @functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches", "depth",
-                                             "stop_slots", "stop_axis", "prune_at"))
+                                             "stop_slots", "stop_axis"))
 def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
                              max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
                              top_p=1.0, forced: jax.Array | None = None,
                              forced_len: jax.Array | None = None, branches: int = 0, depth: int = 0,
                              resume: Resume | None = None, stop_slots: int = 0,
-                             stop_axis: str | None = None, prune_at: int = -1,
+                             stop_axis: str | None = None, prune_at=None,
                              prune_below: jax.Array | None = None, branch_entropy=None) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
@@ -170,9 +170,10 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     with `stop_axis`, every slot on every device of that mesh axis). `Samples.decided` [B] then says how many
     columns of each group are final; the columns after it are pad with mask 0, to be resumed later.
 
-    `prune_at` = c >= 0 with `prune_below` float32 [B] prunes members online (the model needs a value head):
-    a member still going at column c whose predicted value there is below its group's `prune_below` stops
-    before drawing that column (`Samples.pruned`); decoding ends when every member has.
+    `prune_below` float32 [B] with `prune_at` (int32 [B] or one column) prunes members online (the model needs a
+    value head): a member still going at its group's column `prune_at` whose predicted value there is below its
+    group's `prune_below` stops before drawing that column (`Samples.pruned`); decoding ends when every member
+    has.
     """
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
@@ -240,7 +241,7 @@ def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resu
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
                     temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
                     branches: int = 0, depth: int = 0, resume: Resume | None = None, stop_slots: int = 0,
-                    stop_axis: str | None = None, prune_at: int = -1, prune_below=None,
+                    stop_axis: str | None = None, prune_at=None, prune_below=None,
                     branch_entropy=None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
@@ -255,7 +256,8 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     G, N = member_keys.shape[1 if per_prompt else 0], max_new_tokens
     if P + N > model.config.max_len:
         raise ValueError(f"prompt {P} + {N} new tokens exceeds max_len {model.config.max_len}")
-    if prune_at >= 0 and not model.config.value_head:
+    pruning = prune_below is not None
+    if pruning and not model.config.value_head:
         raise ValueError("pruning members by their predicted value needs a model with a value head")
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
     # Left padding puts every prompt's last token at column P-1: its logits predict token 0.
@@ -293,7 +295,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     # The carry's zeros derive from the prompts so that under shard_map they vary over devices like the rest.
     no = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1] False
     varying_zeros = lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1])
-    if resume is None and not stop_slots and prune_at < 0 and not by_entropy:
+    if resume is None and not stop_slots and not pruning and not by_entropy:
         def step(carry, xs):
             cache, own_mask, logits, value, done = carry
             t, uniform = xs
@@ -368,7 +370,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     def body(carry):
         s, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned, shared, split = carry
         column = start + s
-        if prune_at >= 0:  # members whose predicted value at column prune_at is too low stop before drawing it
+        if pruning:  # members whose predicted value at column prune_at is too low stop before drawing it
             cut = ~done & (column == prune_at)[:, None] & (value < prune_below[:, None])
             pruned, done = pruned | cut, done | cut
         uniform = jnp.take_along_axis(uniforms, jnp.minimum(column, N - 1)[None, :, None], axis=0)[0]
@@ -397,7 +399,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         keep_going, body, carry)
     mask = live_mask.astype(jnp.float32)
     return Samples(tokens=tokens, log_probs=log_probs, mask=mask, lengths=mask.sum(axis=-1).astype(jnp.int32),
-                   values=values, decided=jnp.minimum(start + steps, N), pruned=pruned if prune_at >= 0 else None,
+                   values=values, decided=jnp.minimum(start + steps, N), pruned=pruned if pruning else None,
                    branched_at=split if by_entropy else None)
 
 

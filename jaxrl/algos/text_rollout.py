@@ -56,8 +56,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
         rows = _resumable_rows(plan.ids.shape[0], s.oversample)
         resume = sampling.Resume(plan.resume["tokens"][rows], plan.resume["mask"][rows], plan.start, rows,
                                  plan.resume["stopped"][rows])
-    prune = {} if plan.prune_below is None else dict(prune_at=algo.strategy_options("prune")["at"],
-                                                     prune_below=plan.prune_below)
+    prune = {} if plan.prune_below is None else dict(prune_at=plan.prune_at, prune_below=plan.prune_below)
     samples = sampling.sample_groups_per_prompt(
         algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
         eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
@@ -72,7 +71,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
         earlier = columns < plan.start[:, None, None]
         behaviour = jnp.where(earlier, plan.resume["behaviour"], samples.log_probs)
         importance = rollout.importance_weights(samples.log_probs, behaviour, samples.mask,
-                                                algo.strategy_options("partial")["cap"])
+                                                plan.resume["cap"][:, None, None])
         weight = jnp.where(earlier, weight * importance, weight)
     decided = jnp.full((n,), N, jnp.int32) if samples.decided is None else samples.decided
     ended = ((samples.tokens == vocab.eos_id) & (samples.mask > 0)).any(axis=-1) | (decided >= N)[:, None]
@@ -263,9 +262,10 @@ def resume_carried(algo, memory, plan: Plan, key):
     blank = {"tokens": jnp.full((use.shape[0], G, N), algo.vocab.pad_id, jnp.int32),
              "behaviour": jnp.zeros((use.shape[0], G, N)), "mask": jnp.zeros((use.shape[0], G, N)),
              "stopped": jnp.zeros((use.shape[0], G), bool)}
+    cap = jnp.full(use.shape, algo.strategy_options("partial")["cap"], jnp.float32)
     plan = plan.replace(ids=pick(local["ids"], plan.ids), problems=jax.tree.map(pick, local["problems"], plan.problems),
                         hint_len=pick(local["hint_len"], plan.hint_len), start=pick(local["start"], plan.start),
-                        resume={k: pick(local[k], v) for k, v in blank.items()})
+                        resume={**{k: pick(local[k], v) for k, v in blank.items()}, "cap": cap})
     return plan, {"resumed_candidates": global_mean(use.astype(jnp.float32))}
 
 
@@ -315,7 +315,8 @@ def prune_threshold(algo, memory, plan: Plan, key):
     """Every candidate's members are pruned below `below` once `warmup` updates have trained the value head."""
     o = algo.strategy_options("prune")
     below = jnp.where(memory["updates"] >= o["warmup"], o["below"], -jnp.inf)
-    return plan.replace(prune_below=jnp.full(plan.ids.shape, below, jnp.float32)), {}
+    return plan.replace(prune_at=jnp.full(plan.ids.shape, o["at"], jnp.int32),
+                        prune_below=jnp.full(plan.ids.shape, below, jnp.float32)), {}
 
 
 def count_pruned(algo, memory, groups: Groups, params):
