@@ -1,5 +1,5 @@
 """Run one of JaxMARL's own SMAX baseline scripts from a copy of its repository and record its curve: the
-recurrent MAPPO script (`--algorithm mappo`) or the recurrent QMIX script (`--algorithm qmix`).
+recurrent MAPPO, IPPO or QMIX script (`--algorithm mappo`, `ippo`, `qmix`).
 
 JaxMARL's PyPI package does not ship its baselines, so the script is loaded by path from a checkout of the
 repository (`--repo`). Nothing of it is copied here: this file only sets the script's config (its own YAML,
@@ -28,6 +28,8 @@ import time
 SCRIPTS = {
     "mappo": (os.path.join("baselines", "MAPPO", "mappo_rnn_smax.py"),
               [os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_smax.yaml")]),
+    "ippo": (os.path.join("baselines", "IPPO", "ippo_rnn_smax.py"),
+             [os.path.join("baselines", "IPPO", "config", "ippo_rnn_smax.yaml")]),
     "qmix": (os.path.join("baselines", "QLearning", "qmix_rnn.py"),
              [os.path.join("baselines", "QLearning", "config", "config.yaml"),
               os.path.join("baselines", "QLearning", "config", "alg", "ql_rnn_smax.yaml")]),
@@ -70,7 +72,7 @@ def reference_config(repo: str, algorithm: str, scenario: str, seed: int, total_
     for path in SCRIPTS[algorithm][1]:
         config.update(OmegaConf.to_container(OmegaConf.load(os.path.join(repo, path))))
     config.update(MAP_NAME=scenario, SEED=seed, TOTAL_TIMESTEPS=total_steps,
-                  WANDB_MODE="disabled" if algorithm == "mappo" else "offline")
+                  WANDB_MODE="offline" if algorithm == "qmix" else "disabled")
     return config
 
 
@@ -83,7 +85,7 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
     start = time.perf_counter()
 
     def record(metrics: dict) -> None:  # stands in for wandb.log, called once per update by the script
-        if algorithm == "mappo":
+        if algorithm != "qmix":  # MAPPO and IPPO log alike
             row = {"env_steps": int(metrics["env_step"]), "win_rate": float(metrics["win_rate"]),
                    "episode_return": float(metrics["returns"])}
         else:  # the last finished episode's outcome per env and step, averaged (SMAXLogWrapper)
@@ -93,7 +95,7 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
         rows.append({**row, "wall_time": time.perf_counter() - start})
 
     module.wandb.log = record
-    if algorithm == "mappo":
+    if algorithm != "qmix":
         train = jax.jit(module.make_train(config))
     else:
         env, _ = module.env_from_config(config)
@@ -101,8 +103,8 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
     out = train(jax.random.PRNGKey(seed))
     jax.block_until_ready(out)
     wall = time.perf_counter() - start
-    if algorithm == "mappo":
-        # The script logs env_step = update index * batch; count steps taken, as ours does, from the end of
+    if algorithm != "qmix":
+        # The PPO scripts log env_step = update index * batch; count steps taken, as ours does, from the end of
         # each update (QMIX's script counts them so already).
         batch = config["NUM_ENVS"] * config["NUM_STEPS"]
         for row in rows:

@@ -38,6 +38,26 @@ def curve(runs: list[dict], key: str = "win_rate") -> tuple[list[int], list[list
     return marks, [[b[m] for b in by_steps] for m in marks]
 
 
+def fmt_ci(values) -> str:
+    """The mean over seeds with its 95% interval, "0.91 [0.80, 1.00]" (the mean alone for one value)."""
+    from jaxrl.sweep import confidence_interval
+
+    mean, low, high = confidence_interval(values)
+    return f"{mean:.2f}" if low != low else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+
+
+def compare_point(ours: list[float], ref: list[float]) -> str:
+    """'>=' where our mean is at least the reference's; 'within' where it is below but the two do not differ at
+    95%: our mean inside the reference's interval or the reference's mean inside ours; else 'BELOW'."""
+    from jaxrl.sweep import confidence_interval
+
+    mean, _, high = confidence_interval(ours)
+    ref_mean, ref_low, _ = confidence_interval(ref)
+    if mean >= ref_mean:
+        return ">="
+    return "within" if mean >= ref_low or ref_mean <= high else "BELOW"
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux), else what `platform` knows."""
     import platform

@@ -33,7 +33,7 @@ import time
 
 import report  # benchmarks/ (the script's folder is on sys.path)
 from jaxmarl_reference import check_reference, run_in_subprocess
-from report import curve
+from report import compare_point, curve, fmt_ci
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -110,25 +110,6 @@ def first_reaching(run: dict, threshold: float, key: str = "win_rate") -> tuple[
         if (row.get(key) or 0.0) >= threshold:
             return row["env_steps"], row["wall_time"]
     return None
-
-
-def fmt_ci(values) -> str:
-    from jaxrl.sweep import confidence_interval
-
-    mean, low, high = confidence_interval(values)
-    return f"{mean:.2f}" if low != low else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
-
-
-def compare_point(ours: list[float], ref: list[float]) -> str:
-    """'>=' where our mean is at least the reference's; 'within' where it is below but the two do not differ at
-    95%: our mean inside the reference's interval or the reference's mean inside ours; else 'BELOW'."""
-    from jaxrl.sweep import confidence_interval
-
-    mean, _, high = confidence_interval(ours)
-    ref_mean, ref_low, _ = confidence_interval(ref)
-    if mean >= ref_mean:
-        return ">="
-    return "within" if mean >= ref_low or ref_mean <= high else "BELOW"
 
 
 def scenario_section(scenario: str, runs: dict) -> tuple[str, bool]:

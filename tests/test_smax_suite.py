@@ -1,0 +1,83 @@
+"""benchmarks/smax_suite.py: every learner's config on every scenario, the resumable suite, and its report."""
+
+import json
+import os
+import sys
+
+import pytest
+
+BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+
+import smax_suite  # noqa: E402
+
+
+@pytest.mark.parametrize("learner", smax_suite.LEARNERS)
+def test_every_learner_has_a_valid_config_on_every_scenario(learner):
+    from jaxrl import algos
+
+    for scenario in smax_suite.SCENARIOS:
+        config = smax_suite.cell_config(learner, scenario, seeds=3, total_steps=None, eval_every=262_144)
+        algos.validate(algos.resolve(config))
+        assert config.env.kwargs.scenario == scenario and config.num_seeds == 3
+        assert config.total_steps >= 2_000_000  # the experiment's own budget when none is given
+
+
+def _record(marks, training, greedy, seeds=3):
+    return {"seeds": seeds, "total_steps": marks[-1], "env_steps": marks[-1], "wall": 10.0, "steps_per_second": 1.0,
+            "training": {"marks": marks, "values": training}, "greedy": {"marks": marks[-1:], "values": greedy},
+            "date": "d", "machine": "m", "jax": "j"}
+
+
+def test_the_comparison_takes_the_last_mark_both_logged_and_tests_at_95_percent():
+    ours = _record([65_536, 131_072], [[0.1, 0.2, 0.3], [0.50, 0.55, 0.60]], [[0.9, 0.8, 1.0]])
+    script = {"runs": [{"rows": [{"env_steps": m, "win_rate": w} for m, w in zip((65_536, 131_072, 196_608), ws)]}
+                       for ws in ((0.2, 0.9, 1.0), (0.3, 0.95, 1.0), (0.1, 0.85, 1.0))], "source": "s"}
+    text, verdicts = smax_suite.reference_table({"3m": {"mappo": ours}}, {"3m": {"mappo": script}})
+    assert verdicts == {("3m", "mappo"): "BELOW"}  # 0.55 +- 0.12 against 0.90 +- 0.12 at 131,072
+    assert "0.13M" in text and "0.55 [" in text and "0.90 [" in text
+    close = _record([65_536, 131_072], [[0.1, 0.2, 0.3], [0.80, 0.85, 0.90]], [[0.9, 0.8, 1.0]])
+    _, verdicts = smax_suite.reference_table({"3m": {"mappo": close}}, {"3m": {"mappo": script}})
+    assert verdicts == {("3m", "mappo"): "within"}
+
+
+def test_the_summary_gives_each_cell_its_final_greedy_interval_and_marks_failures():
+    cells = {"2s3z": {"mappo": _record([65_536], [[0.5] * 3], [[0.25, 0.5, 0.75]]),
+                      "qmix": {"error": "ValueError: boom"}},
+             "3m": {"ippo": _record([65_536], [[0.5] * 3], [[1.0, 1.0, 1.0]])}}
+    table = smax_suite.summary_table(cells, ["mappo", "ippo", "qmix"])
+    lines = table.splitlines()
+    assert lines[2].split("|")[1].strip() == "3m"  # the paper's order, not the dictionary's
+    assert "0.50 [-0.12, 1.12]" in lines[3] and "failed" in lines[3]  # t(2) interval of 0.25, 0.5, 0.75
+    assert "1.00 [1.00, 1.00]" in lines[2]
+
+
+@pytest.mark.slow
+def test_the_suite_resumes_skips_finished_cells_and_extends_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
+    monkeypatch.setattr(smax_suite, "PLOT_PATH", str(tmp_path / "suite.png"))
+    monkeypatch.setattr(smax_suite, "LOG_EVERY", 16_384)  # two updates of 64 envs x 128 steps
+    args = ["--runs-dir", str(tmp_path / "runs"), "--scenarios", "3m", "--learners", "mappo", "--seeds", "2",
+            "--eval-every", "16384"]
+    assert smax_suite.main(args + ["--total-steps", "16384"]) == 0
+    first = json.load(open(tmp_path / "suite.json"))["cells"]["3m"]["mappo"]
+    assert first["env_steps"] == 16_384 and first["greedy"]["marks"] == [16_384]
+    assert len(first["greedy"]["values"][0]) == 2 and all(0 <= w <= 1 for w in first["greedy"]["values"][0])
+
+    capsys.readouterr()
+    assert smax_suite.main(args + ["--total-steps", "16384"]) == 0
+    assert "3m mappo: done (16,384 env steps)" in capsys.readouterr().out
+
+    assert smax_suite.main(args + ["--total-steps", "32768"]) == 0  # continues from the checkpoint
+    extended = json.load(open(tmp_path / "suite.json"))["cells"]["3m"]["mappo"]
+    assert extended["greedy"]["marks"] == [16_384, 32_768]
+    assert extended["greedy"]["values"][0] == first["greedy"]["values"][0]  # the first half was not retrained
+    assert extended["wall"] > first["wall"]
+    assert os.path.exists(tmp_path / "suite.png")
+
+
+def test_unknown_names_are_one_line_errors():
+    with pytest.raises(SystemExit, match="unknown scenario 3mm"):
+        smax_suite.main(["--report", "--scenarios", "3mm"])
+    with pytest.raises(SystemExit, match="unknown learner coma"):
+        smax_suite.main(["--report", "--learners", "coma"])
