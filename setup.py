@@ -33,8 +33,9 @@ EXTRAS = {
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
     # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.
-    # distrax, flashbax, hydra-core, omegaconf, wandb: what JaxMARL's own MAPPO and QMIX scripts import
-    # (benchmarks/smax_mappo.py and smax_qmix.py run them from a checkout of the JaxMARL repository; wandb never logs).
+    # distrax, flashbax, hydra-core, omegaconf, wandb: what JaxMARL's own MAPPO, IPPO and QMIX scripts import
+    # (benchmarks/smax_mappo.py, smax_qmix.py and smax_suite.py run them from a checkout of the JaxMARL
+    # repository; wandb never logs).
     # rejax, sbx-rl, gymnasium: benchmarks/off_policy.py (rejax gets gymnax 1.x's envs through a five-value-step
     # shim there; sbx is SB3's JAX port, on gymnasium's Pendulum).
     "bench": ["jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0", "distrax", "flashbax==0.1.3", "hydra-core>=1.3",

@@ -366,8 +366,9 @@ def main(argv=None):
                     record, interrupted = run_cell(config, os.path.join(args.runs_dir, learner, scenario))
                 except Exception as error:  # one failed cell must not end a suite of hours; it is reported
                     print(f"{scenario} {learner}: FAILED: {type(error).__name__}: {error}", flush=True)
-                    by_learner[learner] = {"error": f"{type(error).__name__}: {error}"}
-                    save(saved)
+                    if "error" in by_learner.get(learner, {"error": ""}):  # a finished record is kept
+                        by_learner[learner] = {"error": f"{type(error).__name__}: {error}"}
+                        save(saved)
                     continue
                 if interrupted:
                     print("interrupted: run the same command to resume", flush=True)
@@ -378,9 +379,12 @@ def main(argv=None):
                       f"{record['env_steps']:,} env steps, {record['wall']:,.0f} s", flush=True)
             if args.reference_repo:
                 for learner in [l for l in learners if l in REFERENCE_SCRIPTS]:
-                    total = configs[(scenario, learner)].total_steps
-                    done = saved["references"].get(scenario, {}).get(learner)
+                    total = reachable_steps(configs[(scenario, learner)])
+                    done = saved["references"].get(scenario, {}).get(learner) \
+                        or stored_references().get(scenario, {}).get(learner)
                     if done and done["total_steps"] >= total and len(done["runs"]) >= args.reference_seeds:
+                        print(f"{scenario} JaxMARL {learner} script: curves to {done['total_steps']:,} steps in "
+                              f"{done['source']}", flush=True)
                         continue
                     saved["references"].setdefault(scenario, {})[learner] = reference_runs(
                         args.reference_repo, learner, scenario, args.reference_seeds, total)

@@ -81,3 +81,22 @@ def test_unknown_names_are_one_line_errors():
         smax_suite.main(["--report", "--scenarios", "3mm"])
     with pytest.raises(SystemExit, match="unknown learner coma"):
         smax_suite.main(["--report", "--learners", "coma"])
+
+
+def test_a_failed_cell_is_reported_and_keeps_what_was_saved(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
+    monkeypatch.setattr(smax_suite, "PLOT_PATH", str(tmp_path / "suite.png"))
+    saved = _record([65_536], [[0.5] * 3], [[0.25, 0.5, 0.75]])
+    smax_suite.save({"cells": {"3m": {"mappo": saved}}, "references": {}})
+
+    def fail(config, workdir):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(smax_suite, "run_cell", fail)
+    args = ["--runs-dir", str(tmp_path), "--scenarios", "3m", "--learners", "mappo,qmix", "--total-steps", "131072"]
+    assert smax_suite.main(args) == 0
+    out = capsys.readouterr().out
+    assert "3m mappo: FAILED: ValueError: boom" in out and "3m qmix: FAILED: ValueError: boom" in out
+    cells = json.load(open(tmp_path / "suite.json"))["cells"]["3m"]
+    assert cells["mappo"] == saved  # the shorter run's record survives the failed extension
+    assert cells["qmix"] == {"error": "ValueError: boom"}

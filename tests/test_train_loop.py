@@ -146,16 +146,18 @@ def test_resuming_with_a_different_config_is_refused(tmp_path):
     train.run(small_config(2), workdir)
     with pytest.raises(ValueError, match="different config.*optim.learning_rate"):
         train.run(small_config(2, **{"optim.learning_rate": 1e-3}), workdir)
-    # Extending the run is allowed.
-    result = train.run(small_config(4), workdir)
-    assert result.metrics[-1]["update"] == 4
+    # Extending the run is allowed, and so is evaluating and checkpointing at other intervals.
+    result = train.run(small_config(8, **{"eval.every_steps": 2 * BATCH, "checkpoint.every_steps": 2 * BATCH}),
+                       workdir)
+    assert [r["update"] for r in result.metrics if any(k.startswith("eval_") for k in r)] == [2, 4, 6, 8]
+    assert _checkpoint_steps(workdir)[-3:] == [4, 6, 8]
     # So is resuming after jaxrl added a config key (the saved config lacks it): the run goes on.
     saved = config_lib.load(os.path.join(workdir, "config.json"))
     saved.unlock()
     del saved.log["every_steps"]
     config_lib.save(saved, os.path.join(workdir, "config.json"))
-    result = train.run(small_config(6), workdir)
-    assert result.metrics[-1]["update"] == 6
+    result = train.run(small_config(10), workdir)
+    assert result.metrics[-1]["update"] == 10
 
 
 def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):

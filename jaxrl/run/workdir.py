@@ -21,7 +21,10 @@ from jaxrl import config as config_lib
 
 # Keys that may change when a run is resumed (extending it, where its logs go, what happens if it diverges):
 # anything else would make the saved state mean something different.
+# What a resumed run may change: its length, where and how often it reports and saves, the divergence policy.
+# None of them changes what trains (the evaluation key depends on the update alone).
 RESUMABLE_CHANGES = ("total_steps", "log.progress_bar", "log.backends", "log.wandb_project", "log.wandb_mode",
+                     "eval.every_steps", "eval.num_envs", "checkpoint.every_steps", "checkpoint.keep",
                      "checkpoint.on_nonfinite", "checkpoint.max_rollbacks")
 
 
