@@ -170,7 +170,7 @@ def summary_table(cells: dict, learners: list[str]) -> str:
     rows = []
     for scenario in [s for s in SCENARIOS if s in cells] + [s for s in cells if s not in SCENARIOS]:
         steps = sorted({r["env_steps"] for r in cells[scenario].values() if "env_steps" in r})
-        row = [scenario, " / ".join(f"{s / 1e6:g}M" for s in steps)]
+        row = [scenario, " / ".join(f"{s / 1e6:.2f}M" for s in steps)]
         for learner in learners:
             record = cells[scenario].get(learner)
             if record is None:
@@ -226,49 +226,57 @@ def reference_table(cells: dict, references: dict) -> tuple[str, dict]:
 
 
 def plot(cells: dict, references: dict, learners: list[str], path: str) -> str:
-    """A grid with a panel per scenario: each learner's greedy win rate (mean over seeds, min-max band), and
-    JaxMARL's scripts' training win rate dotted where the suite has it."""
+    """A grid with a panel per scenario: each learner's greedy win rate (mean over seeds, min-max band, solid);
+    where JaxMARL's script for a learner was run, its training win rate (dotted) beside ours (dashed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from report import save_figure, seed_band
-
     scenarios = [s for s in SCENARIOS if s in cells] + [s for s in cells if s not in SCENARIOS]
     cols = min(4, len(scenarios))
     rows = -(-len(scenarios) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), dpi=100, squeeze=False)
     colours = dict(zip(LEARNERS, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for ax, scenario in zip(axes.flat, scenarios):
         for learner in learners:
             record = cells[scenario].get(learner)
-            if record and "error" not in record and record["greedy"]["marks"]:
-                values = np.array(record["greedy"]["values"], dtype=float)
-                seed_band(ax, np.array(record["greedy"]["marks"]) / 1e6, values, learner)
-                ax.lines[-1].set_color(colours[learner])
-                ax.collections[-1].set_color(colours[learner])
-        for learner, reference in references.get(scenario, {}).items():
-            if learner in learners:
-                marks, wins = report.curve(reference["runs"])
-                ax.plot(np.array(marks) / 1e6, np.array(wins, dtype=float).mean(1), linestyle=":",
-                        color=colours[learner], label=f"JaxMARL {learner} (training)")
+            if not record or "error" in record:
+                continue
+            colour = colours[learner]
+            marks, values = np.array(record["greedy"]["marks"]) / 1e6, np.array(record["greedy"]["values"], float)
+            ax.plot(marks, values.mean(1), marker="o", markersize=3, color=colour, label=f"{learner} (greedy)")
+            ax.fill_between(marks, values.min(1), values.max(1), color=colour, alpha=0.15)
+            reference = references.get(scenario, {}).get(learner)
+            if reference:
+                training = np.array([[np.nan if v is None else v for v in seeds]
+                                     for seeds in record["training"]["values"]], float)
+                ax.plot(np.array(record["training"]["marks"]) / 1e6, np.nanmean(training, 1), linestyle="--",
+                        linewidth=1, color=colour, label=f"{learner} (training)")
+                ref_marks, ref_wins = report.curve(reference["runs"])
+                ax.plot(np.array(ref_marks) / 1e6, np.array(ref_wins, float).mean(1), linestyle=":", linewidth=1.5,
+                        color=colour, label=f"JaxMARL {learner} script (training)")
         ax.set(title=scenario, ylim=(-0.02, 1.02))
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(scenarios):]:
         ax.axis("off")
     for ax in axes[:, 0]:
-        ax.set_ylabel("greedy win rate")
+        ax.set_ylabel("win rate")
     for ax in axes[-1]:
-        ax.set_xlabel("env steps (M)")
+        ax.set_xlabel("env steps per seed (M)")
     handles = {}
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=min(len(handles), 8), frameon=False)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
-    return save_figure(fig, path)
+    ncol = max(1, cols - 1)
+    legend_inches = 0.2 * -(-len(handles) // ncol) + 0.2  # under the panels
+    fig.set_size_inches(3.6 * cols, 2.8 * rows + legend_inches)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol, frameon=False, fontsize=8)
+    fig.tight_layout(rect=(0, legend_inches / (2.8 * rows + legend_inches), 1, 1))
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 def render(saved: dict, learners: list[str]) -> str:
@@ -379,7 +387,8 @@ def main(argv=None):
                       f"{record['env_steps']:,} env steps, {record['wall']:,.0f} s", flush=True)
             if args.reference_repo:
                 for learner in [l for l in learners if l in REFERENCE_SCRIPTS]:
-                    total = reachable_steps(configs[(scenario, learner)])
+                    record = saved["cells"][scenario].get(learner, {})
+                    total = record.get("env_steps") or reachable_steps(configs[(scenario, learner)])  # as ours
                     done = saved["references"].get(scenario, {}).get(learner) \
                         or stored_references().get(scenario, {}).get(learner)
                     if done and done["total_steps"] >= total and len(done["runs"]) >= args.reference_seeds:
