@@ -38,12 +38,17 @@ def curve(runs: list[dict], key: str = "win_rate") -> tuple[list[int], list[list
     return marks, [[b[m] for b in by_steps] for m in marks]
 
 
-def fmt_ci(values) -> str:
-    """The mean over seeds with its 95% interval, "0.91 [0.80, 1.00]" (the mean alone for one value)."""
+def fmt_ci(values, within: tuple[float, float] | None = None) -> str:
+    """The mean over seeds with its 95% interval, "0.91 [0.80, 1.00]" (the mean alone for one value); `within`
+    clips the interval to the values' range (a win rate's to (0, 1))."""
     from jaxrl.sweep import confidence_interval
 
     mean, low, high = confidence_interval(values)
-    return f"{mean:.2f}" if low != low else f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+    if low != low:
+        return f"{mean:.2f}"
+    if within:
+        low, high = max(low, within[0]), min(high, within[1])
+    return f"{mean:.2f} [{low:.2f}, {high:.2f}]"
 
 
 def compare_point(ours: list[float], ref: list[float]) -> str:

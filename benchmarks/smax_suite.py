@@ -38,6 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402  benchmarks/
 from report import compare_point, fmt_ci  # noqa: E402
 
+WIN_RATE = (0.0, 1.0)  # where the intervals of win rates are clipped
+
 # The SMAX scenarios of the JaxMARL paper's table, and the learners it reports on them.
 SCENARIOS = ("3m", "2s3z", "25m", "3s5z", "3s_vs_5z", "5m_vs_6m", "6h_vs_8z", "10m_vs_11m", "27m_vs_30m",
              "3s5z_vs_3s6z", "smacv2_5_units", "smacv2_10_units", "smacv2_20_units")
@@ -178,7 +180,7 @@ def summary_table(cells: dict, learners: list[str]) -> str:
             elif "error" in record:
                 row.append("failed")
             else:
-                row.append(fmt_ci(final_greedy(record)))
+                row.append(fmt_ci(final_greedy(record), WIN_RATE))
         rows.append(row)
     return markdown_table(["scenario", "env steps per seed", *learners], rows)
 
@@ -218,8 +220,9 @@ def reference_table(cells: dict, references: dict) -> tuple[str, dict]:
             ref_values = theirs[1][theirs[0].index(mark)]
             verdict = compare_point(ours[mark], ref_values)
             verdicts[(scenario, learner)] = verdict
-            rows.append([scenario, learner, f"{mark / 1e6:.2f}M", f"{fmt_ci(ours[mark])} ({len(ours[mark])})",
-                         f"{fmt_ci(ref_values)} ({len(ref_values)})", verdict, reference["source"]])
+            rows.append([scenario, learner, f"{mark / 1e6:.2f}M",
+                         f"{fmt_ci(ours[mark], WIN_RATE)} ({len(ours[mark])})",
+                         f"{fmt_ci(ref_values, WIN_RATE)} ({len(ref_values)})", verdict, reference["source"]])
     header = ["scenario", "learner", "env steps", "jaxrl (seeds)", "JaxMARL script (seeds)", "jaxrl vs script",
               "script's curves from"]
     return markdown_table(header, rows), verdicts
@@ -383,7 +386,7 @@ def main(argv=None):
                     return 1
                 by_learner[learner] = record
                 save(saved)
-                print(f"{scenario} {learner}: greedy win rate {fmt_ci(final_greedy(record))} at "
+                print(f"{scenario} {learner}: greedy win rate {fmt_ci(final_greedy(record), WIN_RATE)} at "
                       f"{record['env_steps']:,} env steps, {record['wall']:,.0f} s", flush=True)
             if args.reference_repo:
                 for learner in [l for l in learners if l in REFERENCE_SCRIPTS]:

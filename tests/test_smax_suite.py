@@ -48,7 +48,7 @@ def test_the_summary_gives_each_cell_its_final_greedy_interval_and_marks_failure
     table = smax_suite.summary_table(cells, ["mappo", "ippo", "qmix"])
     lines = table.splitlines()
     assert lines[2].split("|")[1].strip() == "3m"  # the paper's order, not the dictionary's
-    assert "0.50 [-0.12, 1.12]" in lines[3] and "failed" in lines[3]  # t(2) interval of 0.25, 0.5, 0.75
+    assert "0.50 [0.00, 1.00]" in lines[3] and "failed" in lines[3]  # t(2): -0.12, 1.12, clipped to win rates
     assert "1.00 [1.00, 1.00]" in lines[2]
 
 
