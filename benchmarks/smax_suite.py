@@ -5,7 +5,9 @@ runs), trains `--seeds` seeds as one program for `--total-steps` env steps per s
 evaluation of 64 battles per seed every `--eval-every` steps, in `--runs-dir`/<learner>/<scenario>. The suite
 resumes after an interruption: finished cells are skipped, a cell stopped midway continues from its last
 checkpoint, and a larger `--total-steps` extends finished cells. Each cell's curves go to
-benchmarks/smax_suite.json when it ends.
+benchmarks/smax_suite.json when it ends. The schedules (MAPPO's learning rate, QMIX's exploration) run over
+the budget, so a cell extended from 1M to 10M steps is not the 10M-step run from its start: for a budget's
+figures, train the cells with that budget from the start (another --runs-dir).
 
 With `--reference-repo`, JaxMARL's own baseline scripts (recurrent MAPPO, IPPO and QMIX, one process per seed,
 `benchmarks/jaxmarl_reference.py`) run on the same scenarios for the same env steps; their training win rates
