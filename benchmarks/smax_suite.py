@@ -144,7 +144,7 @@ def stored_references() -> dict:
             meta = saved["meta"][scenario]
             found.setdefault(scenario, {})["mappo"] = {
                 "runs": runs["reference"], "total_steps": runs["reference"][0]["env_steps"], "date": meta["date"],
-                "source": f"benchmarks/smax_mappo.json ({meta['date']}, JaxMARL {meta['reference_commit']})"}
+                "source": f"benchmarks/smax_mappo.json (JaxMARL {meta['reference_commit']})"}
     path = os.path.join(ROOT, "benchmarks", "smax_qmix.json")
     if os.path.exists(path):
         with open(path) as f:
@@ -154,7 +154,7 @@ def stored_references() -> dict:
         runs = saved["results"]["reference"]
         found.setdefault(scenario, {})["qmix"] = {
             "runs": runs, "total_steps": runs[0]["env_steps"], "date": saved["meta"]["date"],
-            "source": f"benchmarks/smax_qmix.json ({saved['meta']['date']}, JaxMARL {saved['meta']['commit']})"}
+            "source": f"benchmarks/smax_qmix.json (JaxMARL {saved['meta']['commit']})"}
     return found
 
 
@@ -224,9 +224,10 @@ def reference_table(cells: dict, references: dict) -> tuple[str, dict]:
             verdicts[(scenario, learner)] = verdict
             rows.append([scenario, learner, f"{mark / 1e6:.2f}M",
                          f"{fmt_ci(ours[mark], WIN_RATE)} ({len(ours[mark])})",
-                         f"{fmt_ci(ref_values, WIN_RATE)} ({len(ref_values)})", verdict, reference["source"]])
+                         f"{fmt_ci(ref_values, WIN_RATE)} ({len(ref_values)})", verdict, reference["source"],
+                         reference["date"]])
     header = ["scenario", "learner", "env steps", "jaxrl (seeds)", "JaxMARL script (seeds)", "jaxrl vs script",
-              "script's curves from"]
+              "script's curves from", "measured"]
     return markdown_table(header, rows), verdicts
 
 

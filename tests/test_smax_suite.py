@@ -32,7 +32,7 @@ def _record(marks, training, greedy, seeds=3):
 def test_the_comparison_takes_the_last_mark_both_logged_and_tests_at_95_percent():
     ours = _record([65_536, 131_072], [[0.1, 0.2, 0.3], [0.50, 0.55, 0.60]], [[0.9, 0.8, 1.0]])
     script = {"runs": [{"rows": [{"env_steps": m, "win_rate": w} for m, w in zip((65_536, 131_072, 196_608), ws)]}
-                       for ws in ((0.2, 0.9, 1.0), (0.3, 0.95, 1.0), (0.1, 0.85, 1.0))], "source": "s"}
+                       for ws in ((0.2, 0.9, 1.0), (0.3, 0.95, 1.0), (0.1, 0.85, 1.0))], "source": "s", "date": "d"}
     text, verdicts = smax_suite.reference_table({"3m": {"mappo": ours}}, {"3m": {"mappo": script}})
     assert verdicts == {("3m", "mappo"): "BELOW"}  # 0.55 +- 0.12 against 0.90 +- 0.12 at 131,072
     assert "0.13M" in text and "0.55 [" in text and "0.90 [" in text
