@@ -237,8 +237,8 @@ def reference_table(cells: dict, references: dict) -> tuple[str, dict]:
 
 
 def plot(cells: dict, references: dict, learners: list[str], path: str) -> str:
-    """A grid with a panel per scenario: each learner's greedy win rate (mean over seeds, min-max band, solid);
-    where JaxMARL's script for a learner was run, its training win rate (dotted) beside ours (dashed)."""
+    """A grid with a panel per scenario: each learner's greedy win rate (mean over seeds, min-max band, solid)
+    and training win rate (dashed); where JaxMARL's script for a learner was run, its training win rate (dotted)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -259,16 +259,17 @@ def plot(cells: dict, references: dict, learners: list[str], path: str) -> str:
             marks, values = np.array(record["greedy"]["marks"]) / 1e6, np.array(record["greedy"]["values"], float)
             ax.plot(marks, values.mean(1), marker="o", markersize=3, color=colour, label=f"{learner} (greedy)")
             ax.fill_between(marks, values.min(1), values.max(1), color=colour, alpha=0.15)
+            training = np.array([[np.nan if v is None else v for v in seeds]
+                                 for seeds in record["training"]["values"]], float)
+            ax.plot(np.array(record["training"]["marks"]) / 1e6, np.nanmean(training, 1), linestyle="--",
+                    linewidth=1, color=colour, label=f"{learner} (training)")
             reference = references.get(scenario, {}).get(learner)
             if reference:
-                training = np.array([[np.nan if v is None else v for v in seeds]
-                                     for seeds in record["training"]["values"]], float)
-                ax.plot(np.array(record["training"]["marks"]) / 1e6, np.nanmean(training, 1), linestyle="--",
-                        linewidth=1, color=colour, label=f"{learner} (training)")
                 ref_marks, ref_wins = report.curve(reference["runs"])
                 ax.plot(np.array(ref_marks) / 1e6, np.array(ref_wins, float).mean(1), linestyle=":", linewidth=1.5,
                         color=colour, label=f"JaxMARL {learner} script (training)")
         ax.set(title=scenario, ylim=(-0.02, 1.02))
+        ax.set_xlim(left=0)
         ax.grid(alpha=0.3)
     for ax in axes.flat[len(scenarios):]:
         ax.axis("off")
