@@ -19,10 +19,9 @@ from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib
 
-# Keys that may change when a run is resumed (extending it, where its logs go, what happens if it diverges):
+# Keys that may change when a run is resumed (extending it, where its logs go, how often it evaluates and saves,
+# what happens if it diverges): none changes what trains (the evaluation key depends on the update alone);
 # anything else would make the saved state mean something different.
-# What a resumed run may change: its length, where and how often it reports and saves, the divergence policy.
-# None of them changes what trains (the evaluation key depends on the update alone).
 RESUMABLE_CHANGES = ("total_steps", "log.progress_bar", "log.backends", "log.wandb_project", "log.wandb_mode",
                      "eval.every_steps", "eval.num_envs", "checkpoint.every_steps", "checkpoint.keep",
                      "checkpoint.on_nonfinite", "checkpoint.max_rollbacks")
