@@ -36,6 +36,8 @@ SCRIPTS = {
 }
 
 
+PPO_SCRIPTS = ("mappo", "ippo")  # they log and count steps alike; QMIX's script differs
+
 DEPENDENCIES = ("jaxmarl", "distrax", "flashbax", "hydra", "omegaconf", "wandb")  # what the scripts import
 
 
@@ -72,7 +74,7 @@ def reference_config(repo: str, algorithm: str, scenario: str, seed: int, total_
     for path in SCRIPTS[algorithm][1]:
         config.update(OmegaConf.to_container(OmegaConf.load(os.path.join(repo, path))))
     config.update(MAP_NAME=scenario, SEED=seed, TOTAL_TIMESTEPS=total_steps,
-                  WANDB_MODE="offline" if algorithm == "qmix" else "disabled")
+                  WANDB_MODE="disabled" if algorithm in PPO_SCRIPTS else "offline")
     return config
 
 
@@ -85,7 +87,7 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
     start = time.perf_counter()
 
     def record(metrics: dict) -> None:  # stands in for wandb.log, called once per update by the script
-        if algorithm != "qmix":  # MAPPO and IPPO log alike
+        if algorithm in PPO_SCRIPTS:
             row = {"env_steps": int(metrics["env_step"]), "win_rate": float(metrics["win_rate"]),
                    "episode_return": float(metrics["returns"])}
         else:  # the last finished episode's outcome per env and step, averaged (SMAXLogWrapper)
@@ -95,7 +97,7 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
         rows.append({**row, "wall_time": time.perf_counter() - start})
 
     module.wandb.log = record
-    if algorithm != "qmix":
+    if algorithm in PPO_SCRIPTS:
         train = jax.jit(module.make_train(config))
     else:
         env, _ = module.env_from_config(config)
@@ -103,7 +105,7 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
     out = train(jax.random.PRNGKey(seed))
     jax.block_until_ready(out)
     wall = time.perf_counter() - start
-    if algorithm != "qmix":
+    if algorithm in PPO_SCRIPTS:
         # The PPO scripts log env_step = update index * batch; count steps taken, as ours does, from the end of
         # each update (QMIX's script counts them so already).
         batch = config["NUM_ENVS"] * config["NUM_STEPS"]

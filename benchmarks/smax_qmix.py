@@ -122,7 +122,8 @@ def main(argv=None):
         results["ours"].append(run_ours(args.scenario, seed, args.total_steps, recipe=False))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.jaxmarl_repo, capture_output=True,
                             text=True).stdout.strip() or "an unversioned copy"
-    meta = {"date": datetime.date.today().isoformat(), "machine": args.machine or report.machine(),
+    meta = {"date": datetime.date.today().isoformat(), "scenario": args.scenario,
+            "machine": args.machine or report.machine(),
             "jax": jax.__version__, "commit": commit, "command": "python benchmarks/smax_qmix.py " + " ".join(argv or sys.argv[1:])}
     text = f"### {args.scenario}: {args.seeds} seed(s), {args.total_steps:,} env steps\n\n" + render(results, meta)
     print(text)

@@ -149,13 +149,19 @@ def stored_references() -> dict:
     if os.path.exists(path):
         with open(path) as f:
             saved = json.load(f)
-        scenario = saved["meta"]["command"].split("--scenario ")[1].split()[0] if "--scenario " in \
-            saved["meta"]["command"] else "3m"
         runs = saved["results"]["reference"]
-        found.setdefault(scenario, {})["qmix"] = {
+        found.setdefault(saved["meta"]["scenario"], {})["qmix"] = {
             "runs": runs, "total_steps": runs[0]["env_steps"], "date": saved["meta"]["date"],
             "source": f"benchmarks/smax_qmix.json (JaxMARL {saved['meta']['commit']})"}
     return found
+
+
+def all_references(saved: dict) -> dict:
+    """{scenario: {learner: reference}}: the suite's own script runs, else the stored ones."""
+    references = stored_references()
+    for scenario, by_learner in saved.get("references", {}).items():
+        references.setdefault(scenario, {}).update(by_learner)
+    return references
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,8 +265,7 @@ def plot(cells: dict, references: dict, learners: list[str], path: str) -> str:
             marks, values = np.array(record["greedy"]["marks"]) / 1e6, np.array(record["greedy"]["values"], float)
             ax.plot(marks, values.mean(1), marker="o", markersize=3, color=colour, label=f"{learner} (greedy)")
             ax.fill_between(marks, values.min(1), values.max(1), color=colour, alpha=0.15)
-            training = np.array([[np.nan if v is None else v for v in seeds]
-                                 for seeds in record["training"]["values"]], float)
+            training = np.array(record["training"]["values"], float)  # (None, a seed with no episode: NaN)
             ax.plot(np.array(record["training"]["marks"]) / 1e6, np.nanmean(training, 1), linestyle="--",
                     linewidth=1, color=colour, label=f"{learner} (training)")
             reference = references.get(scenario, {}).get(learner)
@@ -294,9 +299,7 @@ def plot(cells: dict, references: dict, learners: list[str], path: str) -> str:
 def render(saved: dict, learners: list[str]) -> str:
     """The RESULTS.md section."""
     cells = saved["cells"]
-    references = {**stored_references()}
-    for scenario, by_learner in saved.get("references", {}).items():
-        references.setdefault(scenario, {}).update(by_learner)  # the suite's own runs first
+    references = all_references(saved)
     records = [r for by_learner in cells.values() for r in by_learner.values() if "error" not in r]
     machines = sorted({f"{r['machine']}" for r in records})
     dates = sorted({r["date"] for r in records})
@@ -403,8 +406,7 @@ def main(argv=None):
                 for learner in [l for l in learners if l in REFERENCE_SCRIPTS]:
                     record = saved["cells"][scenario].get(learner, {})
                     total = record.get("env_steps") or reachable_steps(configs[(scenario, learner)])  # as ours
-                    done = saved["references"].get(scenario, {}).get(learner) \
-                        or stored_references().get(scenario, {}).get(learner)
+                    done = all_references(saved).get(scenario, {}).get(learner)
                     if done and done["total_steps"] >= total and len(done["runs"]) >= args.reference_seeds:
                         print(f"{scenario} JaxMARL {learner} script: curves to {done['total_steps']:,} steps in "
                               f"{done['source']}", flush=True)
