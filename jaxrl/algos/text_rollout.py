@@ -53,7 +53,9 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
         if algo.forces_hints else {}
     resume = None
     if plan.resume is not None:
-        rows = _resumable_rows(plan.ids.shape[0], s.oversample)
+        # A slot's first O - 1 candidates may resume its carried groups; its last is always fresh.
+        B = plan.ids.shape[0] // s.oversample
+        rows = _rows_except(plan.ids.shape[0], s.oversample, jnp.full(B, s.oversample - 1))
         resume = sampling.Resume(plan.resume["tokens"][rows], plan.resume["mask"][rows], plan.start, rows,
                                  plan.resume["stopped"][rows])
     prune = {} if plan.prune_below is None else dict(prune_at=plan.prune_at, prune_below=plan.prune_below)
@@ -233,11 +235,12 @@ def carried_memory(algo, key):
             "start": jnp.zeros(E, jnp.int32), "age": jnp.zeros(E, jnp.int32), "valid": jnp.zeros(E, bool)}
 
 
-def _resumable_rows(num_candidates: int, oversample: int) -> jax.Array:
-    """The candidates [b (O - 1)] that may resume a carried group: the first O - 1 of each slot (slot-major, O
-    per slot; the last is always fresh), in the order of the carried entries."""
+def _rows_except(num_candidates: int, oversample: int, skipped: jax.Array) -> jax.Array:
+    """Candidates slot-major, O per slot; skipped [B] a position in each slot -> the other candidates of every
+    slot [B (O - 1)], slot by slot in order: the layout of the carried entries."""
     O = oversample
-    return (jnp.arange(num_candidates // O)[:, None] * O + jnp.arange(O - 1)).reshape(-1)
+    others = jnp.arange(O - 1)[None, :]
+    return (jnp.arange(num_candidates // O)[:, None] * O + others + (others >= skipped[:, None])).reshape(-1)
 
 
 def _carried_entries(num_candidates: int, oversample: int, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -282,9 +285,7 @@ def carry_unfinished(algo, memory, groups: Groups, params):
     chosen, _ = rollout.first_per_slot(every["finished"], O)  # as `train_finished` chooses, on every device
     entry, was_carried = _carried_entries(C, O, memory["valid"])
     age = jnp.where(was_carried, memory["age"][entry] + 1, 1)
-    position = chosen % O  # [B]
-    others = jnp.arange(O - 1)[None, :]
-    rest = (jnp.arange(C // O)[:, None] * O + others + (others >= position[:, None])).reshape(-1)  # [B (O - 1)]
+    rest = _rows_except(C, O, chosen % O)  # [B (O - 1)]
     kept = jax.tree.map(lambda x: x[rest], every)
     memory = {**{k: kept[k] for k in ("ids", "problems", "hint_len", "tokens", "behaviour", "mask", "stopped")},
               "start": kept["decided"], "age": age[rest],
