@@ -52,6 +52,21 @@ def test_the_summary_gives_each_cell_its_final_greedy_interval_and_marks_failure
     assert "1.00 [1.00, 1.00]" in lines[2]
 
 
+def test_published_figures_are_compared_with_our_final_greedy_mean_and_the_budget_share():
+    cells = {"2s3z": {"ippo": _record([262_144], [[0.5] * 3], [[0.9, 1.0, 1.0]]),  # 0.97 >= 0.90
+                      "mappo": _record([262_144], [[0.5] * 3], [[0.8, 0.9, 1.0]])},  # 0.90 [0.65, 1.15] holds 1.00
+             "5m_vs_6m": {"mappo": _record([1_000_000], [[0.0] * 3], [[0.0, 0.0, 0.01]]),  # 0.003 [-0.01, 0.02] < 0.05
+                          "ippo": {"error": "boom"}},
+             "3m": {"mappo": _record([65_536], [[0.5] * 3], [[1.0] * 3])}}  # no published figure: no row
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in
+            smax_suite.published_table(cells).splitlines()[2:]}
+    assert set(rows) == {("2s3z", "ippo"), ("2s3z", "mappo"), ("5m_vs_6m", "mappo")}
+    verdict = {key: line.split("|")[5].strip() for key, line in rows.items()}
+    assert verdict == {("2s3z", "ippo"): ">=", ("2s3z", "mappo"): "within", ("5m_vs_6m", "mappo"): "lower"}
+    assert "2.6%" in rows[("2s3z", "ippo")] and "10.0%" in rows[("5m_vs_6m", "mappo")]
+    assert "0.90 at 10M" in rows[("2s3z", "ippo")]
+
+
 @pytest.mark.slow
 def test_the_suite_resumes_skips_finished_cells_and_extends_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
