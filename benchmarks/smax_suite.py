@@ -376,9 +376,15 @@ def load_saved() -> dict:
     return {"cells": {}, "references": {}}
 
 
-def save(saved: dict) -> None:
-    with open(JSON_PATH, "w") as f:
+def store(kind: str, scenario: str, learner: str, entry: dict) -> None:
+    """Set saved[kind][scenario][learner] = entry in the JSON as it is on disk now, so that suites running side by
+    side (other learners, other scenarios) keep each other's cells; written whole, then renamed."""
+    saved = load_saved()
+    saved[kind].setdefault(scenario, {})[learner] = entry
+    partial = f"{JSON_PATH}.{os.getpid()}.tmp"
+    with open(partial, "w") as f:
         json.dump(saved, f)
+    os.replace(partial, JSON_PATH)
 
 
 def parse_names(text: str, known: tuple[str, ...], what: str) -> list[str]:
@@ -416,7 +422,6 @@ def main(argv=None):
     from jaxrl import host
 
     host.keep_freed_memory()  # as `python -m jaxrl.train` does
-    saved = load_saved()
     if not args.report:
         # Every cell's config is built (and checked) before anything trains.
         configs = {(s, l): cell_config(l, s, args.seeds, args.total_steps, args.eval_every)
@@ -424,37 +429,36 @@ def main(argv=None):
         for scenario in scenarios:
             for learner in learners:
                 config = configs[(scenario, learner)]
-                by_learner = saved["cells"].setdefault(scenario, {})
-                if cell_done(by_learner.get(learner), config):
-                    print(f"{scenario} {learner}: done ({by_learner[learner]['env_steps']:,} env steps)", flush=True)
+                previous = load_saved()["cells"].get(scenario, {}).get(learner)
+                if cell_done(previous, config):
+                    print(f"{scenario} {learner}: done ({previous['env_steps']:,} env steps)", flush=True)
                     continue
                 try:
                     record, interrupted = run_cell(config, os.path.join(args.runs_dir, learner, scenario))
                 except Exception as error:  # one failed cell must not end a suite of hours; it is reported
                     print(f"{scenario} {learner}: FAILED: {type(error).__name__}: {error}", flush=True)
-                    if "error" in by_learner.get(learner, {"error": ""}):  # a finished record is kept
-                        by_learner[learner] = {"error": f"{type(error).__name__}: {error}"}
-                        save(saved)
+                    if previous is None or "error" in previous:  # a finished record is kept
+                        store("cells", scenario, learner, {"error": f"{type(error).__name__}: {error}"})
                     continue
                 if interrupted:
                     print("interrupted: run the same command to resume", flush=True)
                     return 1
-                by_learner[learner] = record
-                save(saved)
+                store("cells", scenario, learner, record)
                 print(f"{scenario} {learner}: greedy win rate {fmt_ci(final_greedy(record), WIN_RATE)} at "
                       f"{record['env_steps']:,} env steps, {record['wall']:,.0f} s", flush=True)
             if args.reference_repo:
                 for learner in [l for l in learners if l in REFERENCE_SCRIPTS]:
-                    record = saved["cells"][scenario].get(learner, {})
+                    saved = load_saved()
+                    record = saved["cells"].get(scenario, {}).get(learner, {})
                     total = record.get("env_steps") or reachable_steps(configs[(scenario, learner)])  # as ours
                     done = all_references(saved).get(scenario, {}).get(learner)
                     if done and done["total_steps"] >= total and len(done["runs"]) >= args.reference_seeds:
                         print(f"{scenario} JaxMARL {learner} script: curves to {done['total_steps']:,} steps in "
                               f"{done['source']}", flush=True)
                         continue
-                    saved["references"].setdefault(scenario, {})[learner] = reference_runs(
-                        args.reference_repo, learner, scenario, args.reference_seeds, total)
-                    save(saved)
+                    store("references", scenario, learner, reference_runs(
+                        args.reference_repo, learner, scenario, args.reference_seeds, total))
+    saved = load_saved()
     if not saved["cells"]:
         parser.error(f"{JSON_PATH} holds no cells yet: train some first (--runs-dir)")
     report.publish(render(saved, learners), args.update_results, MARKERS,

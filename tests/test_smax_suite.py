@@ -67,6 +67,20 @@ def test_published_figures_are_compared_with_our_final_greedy_mean_and_the_budge
     assert "0.90 at 10M" in rows[("2s3z", "ippo")]
 
 
+def test_storing_a_cell_keeps_what_a_suite_beside_it_saved_meanwhile(tmp_path, monkeypatch):
+    monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
+    smax_suite.store("cells", "3m", "mappo", {"env_steps": 1})
+    other = smax_suite.load_saved()  # another suite's process writes its cell after this one started
+    other["cells"]["2s3z"] = {"qmix": {"env_steps": 2}}
+    (tmp_path / "suite.json").write_text(json.dumps(other))
+    smax_suite.store("cells", "3m", "ippo", {"env_steps": 3})
+    smax_suite.store("references", "3m", "mappo", {"runs": []})
+    assert smax_suite.load_saved() == {"cells": {"3m": {"mappo": {"env_steps": 1}, "ippo": {"env_steps": 3}},
+                                                 "2s3z": {"qmix": {"env_steps": 2}}},
+                                       "references": {"3m": {"mappo": {"runs": []}}}}
+    assert os.listdir(tmp_path) == ["suite.json"]  # no partial file left behind
+
+
 @pytest.mark.slow
 def test_the_suite_resumes_skips_finished_cells_and_extends_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
@@ -102,7 +116,7 @@ def test_a_failed_cell_is_reported_and_keeps_what_was_saved(tmp_path, monkeypatc
     monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
     monkeypatch.setattr(smax_suite, "PLOT_PATH", str(tmp_path / "suite.png"))
     saved = _record([65_536], [[0.5] * 3], [[0.25, 0.5, 0.75]])
-    smax_suite.save({"cells": {"3m": {"mappo": saved}}, "references": {}})
+    smax_suite.store("cells", "3m", "mappo", saved)
 
     def fail(config, workdir):
         raise ValueError("boom")
