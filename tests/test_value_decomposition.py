@@ -105,6 +105,27 @@ def test_buffer_holds_the_global_state_for_qmix_only():
     assert vdn["obs"].shape[:3] == (1, 4, 100)  # [runs, envs, steps per env]
 
 
+def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samples(tmp_path):
+    f16 = {"replay.store_dtype": "float16"}
+    exact = train.run(_small("smax_qmix"), str(tmp_path / "f32")).state.buffer.items
+    small = train.run(_small("smax_qmix", **f16), str(tmp_path / "f16"))
+    assert small.metrics[-1]["learning"] == 1.0 and np.isfinite(small.metrics[-1]["td_loss"])
+    # The first two updates (16 steps per env each) come before learning starts: both runs acted alike, so
+    # their stored steps differ only by float16's rounding.
+    acted_alike = lambda x: x[:, :, :32]  # noqa: E731  [runs, envs, steps per env, ...]
+    for key in ("obs", "next_obs", "state", "next_state"):
+        stored = small.state.buffer.items[key]
+        assert exact[key].dtype == jnp.float32 and stored.dtype == jnp.float16
+        np.testing.assert_allclose(acted_alike(stored).astype(jnp.float32), acted_alike(exact[key]),
+                                   rtol=1e-3, atol=3e-4)
+    assert small.state.buffer.items["reward"].dtype == jnp.float32
+    algo, _, state = build(_small("smax_qmix", **f16))
+    batch, _ = algo.sample_batch(jax.tree.map(lambda x: x[0], state.buffer), jax.random.key(0))
+    assert batch["items"]["obs"].dtype == batch["items"]["next_state"].dtype == jnp.float32
+    with pytest.raises(ValueError, match="replay.store_dtype"):
+        algos.validate(_small("smax_qmix", **{"replay.store_dtype": "int8"}))
+
+
 def test_one_and_eight_devices_train_the_same_parameters():
     overrides = {**SMALL, "num_envs": 8, "replay.batch_size": 16, "replay.buffer_size": 8 * 64,
                  "replay.learning_starts": 256, "total_steps": 8 * 16 * 4}
