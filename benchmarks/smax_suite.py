@@ -119,6 +119,36 @@ def cell_done(record: dict | None, config) -> bool:
         and record["env_steps"] >= reachable_steps(config)
 
 
+def memory_needed(config) -> float:
+    """Bytes a run of `config` holds at once: its training state (every seed's: jax.eval_shape of one run's
+    `init`), twice, as the training loop keeps a chunk's input state until its result is checked."""
+    import jax
+
+    from jaxrl import algos, mesh as mesh_lib
+
+    algorithm, _ = algos.build(config, mesh_lib.make_mesh())
+    one_run = jax.eval_shape(algorithm.init, jax.random.key(0))
+    return 2.0 * config.num_seeds * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one_run))
+
+
+def memory_available() -> float:
+    """Bytes this machine can still give (Linux's MemAvailable; else the physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) * 1024.0 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def too_big(config) -> str | None:
+    """Why a cell cannot train here (its state does not fit in memory, which would end the whole suite at the
+    kernel's hand), or None."""
+    needed, available = memory_needed(config), memory_available()
+    if needed <= 0.9 * available:
+        return None
+    return f"not run: needs {needed / 1e9:.0f} GB ({config.num_seeds} seeds), {available / 1e9:.0f} GB free"
+
+
 def run_cell(config, workdir: str) -> tuple[dict | None, bool]:
     """Train (or resume) one cell; (its record, whether it was interrupted)."""
     from jaxrl import train
@@ -207,7 +237,7 @@ def summary_table(cells: dict, learners: list[str]) -> str:
             if record is None:
                 row.append("-")
             elif "error" in record:
-                row.append("failed")
+                row.append(record.get("skipped", "failed"))
             else:
                 row.append(fmt_ci(final_greedy(record), WIN_RATE))
         rows.append(row)
@@ -432,6 +462,12 @@ def main(argv=None):
                 previous = load_saved()["cells"].get(scenario, {}).get(learner)
                 if cell_done(previous, config):
                     print(f"{scenario} {learner}: done ({previous['env_steps']:,} env steps)", flush=True)
+                    continue
+                reason = too_big(config)
+                if reason:
+                    print(f"{scenario} {learner}: {reason}", flush=True)
+                    if previous is None or "error" in previous:
+                        store("cells", scenario, learner, {"error": reason, "skipped": reason})
                     continue
                 try:
                     record, interrupted = run_cell(config, os.path.join(args.runs_dir, learner, scenario))

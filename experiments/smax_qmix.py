@@ -9,6 +9,9 @@ loss, double Q, a target copy every 80 gradient steps) with JaxMARL's SMAX setti
 update, 8 gradient steps of 32 sequences each per update, rewards x 10, epsilon 1 -> 0.05 over the first 10%,
 10,240 steps before learning, the mixer's layers starting at gain 0.001). Sequences of 64 steps start from a
 zero hidden state. `experiments/smax_vdn.py` and `smax_iql.py` change only the mixer.
+
+The buffer keeps its observations and global states in float16 (SMAX's lie in [-1, 1]; the rounding is below
+2.5e-4): its memory grows with agents x units, 4.9 GB per seed on 3s5z and 55 GB on 27m_vs_30m in float32.
 """
 
 from ml_collections import ConfigDict
@@ -31,6 +34,7 @@ def smax_value_config(algorithm: str, scenario: str) -> ConfigDict:
     config.eval.every_steps = 262_144
     config.eval.num_envs = 64
     config.checkpoint.every_steps = 1_048_576
+    config.replay.store_dtype = "float16"
     return config
 
 

@@ -105,6 +105,23 @@ def test_the_suite_resumes_skips_finished_cells_and_extends_them(tmp_path, monke
     assert os.path.exists(tmp_path / "suite.png")
 
 
+def test_a_cell_whose_state_cannot_fit_in_memory_is_skipped_with_the_figure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
+    monkeypatch.setattr(smax_suite, "PLOT_PATH", str(tmp_path / "suite.png"))
+    config = smax_suite.cell_config("qmix", "3s5z", 3, 262_144, 131_072)
+    # 3s5z's float16 buffer: 16 envs x 20,480 steps x (2 x 8 agents x 205 + 2 x 192) values x 2 bytes, per seed
+    buffer = 16 * 20_480 * (2 * 8 * 205 + 2 * 192) * 2
+    assert buffer * 3 * 2 <= smax_suite.memory_needed(config) <= buffer * 3 * 2 * 1.05
+    monkeypatch.setattr(smax_suite, "memory_available", lambda: 8e9)
+    monkeypatch.setattr(smax_suite, "run_cell", lambda config, workdir: pytest.fail("a cell too big was trained"))
+    args = ["--runs-dir", str(tmp_path), "--scenarios", "3s5z", "--learners", "qmix", "--total-steps", "262144"]
+    assert smax_suite.main(args) == 0
+    out = capsys.readouterr().out
+    assert "3s5z qmix: not run: needs 15 GB (3 seeds), 8 GB free" in out
+    cell = smax_suite.load_saved()["cells"]["3s5z"]["qmix"]
+    assert "not run: needs 15 GB" in smax_suite.summary_table({"3s5z": {"qmix": cell}}, ["qmix"])
+
+
 def test_unknown_names_are_one_line_errors():
     with pytest.raises(SystemExit, match="unknown scenario 3mm"):
         smax_suite.main(["--report", "--scenarios", "3mm"])
