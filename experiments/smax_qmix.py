@@ -10,10 +10,10 @@ update, 8 gradient steps of 32 sequences each per update, rewards x 10, epsilon 
 10,240 steps before learning, the mixer's layers starting at gain 0.001). Sequences of 64 steps start from a
 zero hidden state. `experiments/smax_vdn.py` and `smax_iql.py` change only the mixer.
 
-Targets are lambda-returns over each sampled sequence (lambda 0.6, as PyMARL2 uses on SMAC), not one-step ones: tuned with
-`python -m jaxrl.sweep --config=experiments/smax_qmix.py:<scenario> --sweep.seeds=3 --sweep.q_lambda=0,0.6
---config.total_steps=262144` on 2s3z and 3m (2026-11-26), it raised QMIX's final greedy win rate on every seed
-of both (2s3z 0.02 -> 0.15, episode return 0.29 -> 0.87; 3m 0.46 -> 0.66).
+Targets are lambda-returns over each sampled sequence (lambda 0.6, as PyMARL2 uses on SMAC), not one-step
+ones: tuned with `python -m jaxrl.sweep --config=experiments/smax_qmix.py:<scenario> --sweep.seeds=3
+--sweep.q_lambda=0,0.6 --config.total_steps=262144` on 2s3z and 3m (2026-11-26), it raised QMIX's final greedy
+win rate on every seed of both (2s3z 0.02 -> 0.15, episode return 0.29 -> 0.87; 3m 0.46 -> 0.66).
 
 The buffer keeps its observations and global states in float16 (SMAX's lie in [-1, 1]; the rounding is below
 2.5e-4): its memory grows with agents x units, 4.9 GB per seed on 3s5z and 55 GB on 27m_vs_30m in float32.
