@@ -225,7 +225,8 @@ def final_greedy(record: dict) -> list[float] | None:
 
 
 def summary_table(cells: dict, learners: list[str]) -> str:
-    """Scenario rows, learner columns: final greedy win rate, mean [95% interval], and the env steps per seed."""
+    """Scenario rows, learner columns: final greedy win rate, mean [95% interval], and the env steps per seed
+    (in each cell where a row's budgets differ)."""
     from jaxrl.metrics import markdown_table
 
     rows = []
@@ -238,8 +239,9 @@ def summary_table(cells: dict, learners: list[str]) -> str:
                 row.append("-")
             elif "error" in record:
                 row.append(record.get("skipped", "failed"))
-            else:
-                row.append(fmt_ci(final_greedy(record), WIN_RATE))
+            else:  # a row whose cells ran different budgets names each cell's
+                row.append(fmt_ci(final_greedy(record), WIN_RATE)
+                           + (f" at {record['env_steps'] / 1e6:.2f}M" if len(steps) > 1 else ""))
         rows.append(row)
     return markdown_table(["scenario", "env steps per seed", *learners], rows)
 

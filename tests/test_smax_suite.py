@@ -49,7 +49,10 @@ def test_the_summary_gives_each_cell_its_final_greedy_interval_and_marks_failure
     lines = table.splitlines()
     assert lines[2].split("|")[1].strip() == "3m"  # the paper's order, not the dictionary's
     assert "0.50 [0.00, 1.00]" in lines[3] and "failed" in lines[3]  # t(2): -0.12, 1.12, clipped to win rates
-    assert "1.00 [1.00, 1.00]" in lines[2]
+    assert "1.00 [1.00, 1.00]" in lines[2] and " at " not in lines[2]
+    cells["3m"]["mappo"] = _record([131_072], [[0.5] * 3], [[1.0, 1.0, 1.0]])  # two budgets in a row: each cell says
+    row = smax_suite.summary_table(cells, ["mappo", "ippo"]).splitlines()[2]
+    assert "0.07M / 0.13M" in row and "1.00 [1.00, 1.00] at 0.13M" in row and "at 0.07M" in row
 
 
 def test_published_figures_are_compared_with_our_final_greedy_mean_and_the_budget_share():
