@@ -19,9 +19,15 @@ already hold are used where the suite has none of its own, with their dates.
     python benchmarks/smax_suite.py --runs-dir ~/smax_suite --reference-repo PATH/TO/JaxMARL --scenarios 3m
     python benchmarks/smax_suite.py --report --update-results     # tables and plot from smax_suite.json
 
+A cell whose training state (every seed's, held twice by the loop) cannot fit in the memory this machine has
+free is not started, since the kernel would end the whole suite: its table cell says what it needs. Suites may
+run side by side (other learners or scenarios): each finished cell is written into the results file as the
+file stands then.
+
 Prints and writes: the final greedy win rate of every learner on every scenario (mean over seeds, 95%
 Student-t interval), the cost of each cell (wall seconds, env steps per second), the comparison with
-JaxMARL's scripts, and a grid of curves (benchmarks/smax_suite.png).
+JaxMARL's scripts, JaxMARL's published IPPO and MAPPO figures beside ours (`PUBLISHED`), and a grid of curves
+(benchmarks/smax_suite.png).
 """
 
 from __future__ import annotations
