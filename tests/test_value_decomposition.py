@@ -106,8 +106,8 @@ def test_buffer_holds_the_global_state_for_qmix_only():
 
 
 def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samples(tmp_path):
-    f16 = {"replay.store_dtype": "float16"}
-    exact = train.run(_small("smax_qmix"), str(tmp_path / "f32")).state.buffer.items
+    f16 = {"replay.store_dtype": "float16"}  # the SMAX experiments' own; jaxrl's default is float32
+    exact = train.run(_small("smax_qmix", **{"replay.store_dtype": "float32"}), str(tmp_path / "f32")).state.buffer.items
     small = train.run(_small("smax_qmix", **f16), str(tmp_path / "f16"))
     assert small.metrics[-1]["learning"] == 1.0 and np.isfinite(small.metrics[-1]["td_loss"])
     # The first two updates (16 steps per env each) come before learning starts: both runs acted alike, so
