@@ -152,7 +152,8 @@ def too_big(config) -> str | None:
     needed, available = memory_needed(config), memory_available()
     if needed <= 0.9 * available:
         return None
-    return f"not run: needs {needed / 1e9:.0f} GB ({config.num_seeds} seeds), {available / 1e9:.0f} GB free"
+    return (f"not run: needs {needed / 1e9:.0f} GB ({config.num_seeds} seeds), over 90% of the "
+            f"{available / 1e9:.0f} GB free")
 
 
 def run_cell(config, workdir: str) -> tuple[dict | None, bool]:
