@@ -132,8 +132,10 @@ STORE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def to_stored(step: dict, dtype: str) -> dict:
-    """`step` with its observation leaves (STORED_OBSERVATIONS) cast to `dtype` for the buffer."""
-    return {k: v.astype(dtype) if k in STORED_OBSERVATIONS else v for k, v in step.items()}
+    """`step` with its floating-point observation leaves (STORED_OBSERVATIONS) cast to `dtype` (integer and
+    boolean observations stay as they are)."""
+    cast = lambda k, v: k in STORED_OBSERVATIONS and jnp.issubdtype(v.dtype, jnp.floating)  # noqa: E731
+    return {k: v.astype(dtype) if cast(k, v) else v for k, v in step.items()}
 
 
 @struct.dataclass
