@@ -126,7 +126,8 @@ class ReplaySettings(EnvSettings):
         return self.buffer_size // self.num_envs
 
 
-# The stored leaves that hold observations (and global states): `store_dtype` keeps them; sampled, they are float32.
+# The stored leaves that hold observations (and global states): `store_dtype` keeps the floating-point ones, which
+# come back as float32 when sampled.
 STORED_OBSERVATIONS = ("obs", "next_obs", "state", "next_state")
 STORE_DTYPES = ("float32", "bfloat16", "float16")
 
