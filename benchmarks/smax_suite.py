@@ -245,7 +245,7 @@ def summary_table(cells: dict, learners: list[str]) -> str:
             if record is None:
                 row.append("-")
             elif "error" in record:
-                row.append(record.get("skipped", "failed"))
+                row.append(record["error"] if record.get("skipped") else "failed")
             else:  # a row whose cells ran different budgets names each cell's
                 row.append(fmt_ci(final_greedy(record), WIN_RATE)
                            + (f" at {record['env_steps'] / 1e6:.2f}M" if len(steps) > 1 else ""))
@@ -309,8 +309,9 @@ def published_table(cells: dict) -> str:
             record = cells[scenario].get(learner)
             if not record or "error" in record:
                 continue
-            verdict = compare_point(final_greedy(record), [figure]).replace("BELOW", "lower")
-            rows.append([scenario, learner, f"{fmt_ci(final_greedy(record), WIN_RATE)} at {record['env_steps'] / 1e6:.2f}M",
+            ours = final_greedy(record)
+            verdict = compare_point(ours, [figure]).replace("BELOW", "lower")
+            rows.append([scenario, learner, f"{fmt_ci(ours, WIN_RATE)} at {record['env_steps'] / 1e6:.2f}M",
                          f"{figure:.2f} at {PUBLISHED_STEPS / 1e6:.0f}M", verdict,
                          f"{record['env_steps'] / PUBLISHED_STEPS:.1%}"])
     return markdown_table(["scenario", "learner", "jaxrl greedy", "JaxMARL published", "jaxrl vs published",
@@ -476,7 +477,7 @@ def main(argv=None):
                 if reason:
                     print(f"{scenario} {learner}: {reason}", flush=True)
                     if previous is None or "error" in previous:
-                        store("cells", scenario, learner, {"error": reason, "skipped": reason})
+                        store("cells", scenario, learner, {"error": reason, "skipped": True})
                     continue
                 try:
                     record, interrupted = run_cell(config, os.path.join(args.runs_dir, learner, scenario))
