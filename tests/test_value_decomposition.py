@@ -12,7 +12,7 @@ from helpers import build, load_experiment, set_keys
 from jax.sharding import PartitionSpec as P
 
 from jaxrl import algos, train
-from jaxrl.algos.off_policy import to_stored
+from jaxrl.algos.off_policy import cast_observations
 from jaxrl.networks import RecurrentQNetwork
 
 SMALL = {"total_steps": 4 * 16 * 12, "num_envs": 4, "num_steps": 16, "replay.batch_size": 8,
@@ -125,7 +125,7 @@ def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samp
     assert batch["items"]["obs"].dtype == batch["items"]["next_state"].dtype == jnp.float32
     with pytest.raises(ValueError, match="replay.store_dtype"):
         algos.validate(_small("smax_qmix", **{"replay.store_dtype": "int8"}))
-    pixels = to_stored({"obs": jnp.zeros((2,), jnp.uint8), "reward": jnp.zeros((2,))}, "float16")
+    pixels = cast_observations({"obs": jnp.zeros((2,), jnp.uint8), "reward": jnp.zeros((2,))}, "float16")
     assert pixels["obs"].dtype == jnp.uint8 and pixels["reward"].dtype == jnp.float32  # only float observations
 
 

@@ -132,11 +132,12 @@ STORED_OBSERVATIONS = ("obs", "next_obs", "state", "next_state")
 STORE_DTYPES = ("float32", "bfloat16", "float16")
 
 
-def to_stored(step: dict, dtype: str) -> dict:
-    """`step` with its floating-point observation leaves (STORED_OBSERVATIONS) cast to `dtype` (integer and
-    boolean observations stay as they are)."""
+def cast_observations(items: dict, dtype: str) -> dict:
+    """`items` (a step, a rollout's steps or a sample, as the buffer keys them) with its floating-point
+    observation leaves (STORED_OBSERVATIONS) cast to `dtype`: to the buffer's dtype when stored, back to float32
+    when sampled. Integer and boolean observations stay as they are."""
     cast = lambda k, v: k in STORED_OBSERVATIONS and jnp.issubdtype(v.dtype, jnp.floating)  # noqa: E731
-    return {k: v.astype(dtype) if cast(k, v) else v for k, v in step.items()}
+    return {k: v.astype(dtype) if cast(k, v) else v for k, v in items.items()}
 
 
 @struct.dataclass
@@ -173,7 +174,7 @@ class ReplayLearner(OffPolicyLearner):
             step["mask"] = step["next_mask"] = jnp.zeros((A, dist.num_actions), bool)
         if self.stores_global_state:
             step["state"] = step["next_state"] = self.policy.global_state(self.env, acting.env_state)[0]
-        return to_stored(step, self.settings.store_dtype)
+        return cast_observations(step, self.settings.store_dtype)
 
     def init_learned(self, key: jax.Array, obs: jax.Array, env_state: Any) -> tuple:
         """(params, target_params, opt_state) of a new run."""
@@ -205,7 +206,7 @@ class ReplayLearner(OffPolicyLearner):
         s = self.settings
         sample = replay.sample(buffer, key, s.replay_batch // s.num_envs, s.sequence_length, alpha, beta)
         flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [n, k, ...] -> [n k, ...]
-        items = to_stored(jax.tree.map(flat, sample.items), "float32")
+        items = cast_observations(jax.tree.map(flat, sample.items), "float32")
         return {"items": items, "weights": flat(sample.weights)}, sample
 
     @property
@@ -226,7 +227,7 @@ class ReplayLearner(OffPolicyLearner):
         s = self.settings
         key, rollout_key, train_key = jax.random.split(state.key, 3)
         acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key, state.update_step)
-        buffer = replay.add(state.buffer, to_stored(steps, s.store_dtype))
+        buffer = replay.add(state.buffer, cast_observations(steps, s.store_dtype))
         learned, trained_buffer, aux = self._train(state, buffer, hp, train_key)
         env_steps = (state.update_step + 1) * s.num_steps * s.num_envs
         ready = (env_steps >= s.learning_starts) & (replay.num_starts(buffer, s.sequence_length) > 0)
