@@ -127,14 +127,16 @@ def cell_done(record: dict | None, config) -> bool:
 
 def memory_needed(config) -> float:
     """Bytes a run of `config` holds at once: its training state (every seed's: jax.eval_shape of one run's
-    `init`), twice, as the training loop keeps a chunk's input state until its result is checked."""
+    `init`), twice when the training loop keeps a chunk's input state until its result is checked (all but
+    `checkpoint.on_nonfinite` "stop")."""
     import jax
 
     from jaxrl import algos, mesh as mesh_lib
 
     algorithm, _ = algos.build(config, mesh_lib.make_mesh())
     one_run = jax.eval_shape(algorithm.init, jax.random.key(0))
-    return 2.0 * config.num_seeds * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one_run))
+    copies = 1 if config.checkpoint.on_nonfinite == "stop" else 2
+    return copies * config.num_seeds * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one_run))
 
 
 def memory_available() -> float:

@@ -14,7 +14,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 # What the training loop does with a run whose state or metrics turn non-finite (`jaxrl.run.divergence`).
-ON_NONFINITE = ("freeze", "rollback")
+ON_NONFINITE = ("freeze", "rollback", "stop")
 # Where metrics go (`jaxrl.run.loggers`); metrics.jsonl is always written (resuming and the plots read it).
 LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 WANDB_MODES = ("offline", "online")
@@ -47,7 +47,9 @@ def base_config() -> ConfigDict:
                 "wandb_mode": "offline"},
         # every_steps 0: at every log interval. on_nonfinite (ON_NONFINITE): what happens to a run (seed)
         # whose state or metrics turn NaN/inf: "freeze" keeps its last finite state while the others go on,
-        # "rollback" restarts its chunk with a new random key (at most max_rollbacks times, then freezes it).
+        # "rollback" restarts its chunk with a new random key (at most max_rollbacks times, then freezes it);
+        # both keep each chunk's input state until it is checked. "stop" ends the program at the chunk (saved
+        # checkpoints stay) and in return holds the training state once, not twice: for a state near memory's size.
         "checkpoint": {"every_steps": 0, "keep": 3, "on_nonfinite": "freeze", "max_rollbacks": 3},
         "eval": {"every_steps": 0, "num_envs": 32, "max_steps": 0},  # every_steps 0: only at the end
     })

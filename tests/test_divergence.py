@@ -19,6 +19,7 @@ import pytest
 
 from helpers import small_cartpole
 from jaxrl import algos, checkpoint, train
+from jaxrl.run.loop import make_mesh
 
 POISONED_SEED, POISONED_AT = 2, 3
 UPDATES, PER_CHUNK = 8, 2
@@ -31,11 +32,11 @@ def poisoning(build):
         algo = build(config, mesh)
         run_chunk, poisoned_key = algo.run_chunk, {}
 
-        def poisoned_run_chunk(state, hp, num_updates):
+        def poisoned_run_chunk(state, hp, num_updates, **donate):
             key = np.asarray(jax.device_get(state.key))[POISONED_SEED]
             if np.asarray(jax.device_get(state.update_step))[POISONED_SEED] == POISONED_AT - 1:
                 poisoned_key.setdefault("key", key)
-            state, metrics = run_chunk(state, hp, num_updates)
+            state, metrics = run_chunk(state, hp, num_updates, **donate)
             if np.array_equal(key, poisoned_key.get("key")):
                 state = state.replace(params=jax.tree.map(lambda x: x.at[POISONED_SEED].set(jnp.nan), state.params))
             return state, metrics
@@ -170,6 +171,35 @@ def test_rollback_restarts_the_chunk_with_a_new_key(reference, tmp_path, monkeyp
     differs = [not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
                                                         jax.tree.leaves(_params(reference.state, POISONED_SEED)))]
     assert any(differs)  # it went on from update 2 with another key
+
+
+def test_stop_ends_the_program_and_keeps_the_finite_checkpoints(tmp_path, monkeypatch, capsys):
+    result = _run(_config(**{"checkpoint.on_nonfinite": "stop"}), tmp_path, True, monkeypatch)
+    err = capsys.readouterr().err
+    assert result.diverged
+    # seed 2 turned NaN in the chunk of updates 3-4; the rows and checkpoints end with the chunk before it
+    assert f"warning: seed {POISONED_SEED} diverged in updates 3-4: state.params" in err
+    assert "stopped at update 4 (checkpoint.on_nonfinite=stop): the checkpoints end at update 2" in err
+    assert result.metrics[-1]["update"] == 2
+    saved = _saved_states(result)
+    assert sorted(saved) == [2]
+    assert all(np.isfinite(np.asarray(leaf)).all() for leaf in jax.tree.leaves(saved[2].params))
+
+
+def test_stop_reuses_the_state_memory_and_trains_the_same(reference, tmp_path, monkeypatch):
+    """Donated chunks compute what kept ones do; the state a chunk was given is gone after it."""
+    result = _run(_config(**{"checkpoint.on_nonfinite": "stop"}), tmp_path, False, monkeypatch)
+    assert not result.diverged
+    _assert_same(result.state.params, reference.state.params)
+    config = algos.resolve(_config())
+    algo, _ = algos.build(config, make_mesh(config, config.num_seeds))
+    state = algo.init_seeds(config.seed, config.num_seeds)
+    hp = algos.hyperparams(config)
+    kept, _ = algo.run_chunk(state, hp, 1)
+    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(state))
+    donated, _ = algo.run_chunk(state, hp, 1, donate=True)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state.params))
+    _assert_same(kept, donated)
 
 
 def test_the_policy_names_are_checked():

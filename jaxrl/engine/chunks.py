@@ -49,13 +49,15 @@ def chunk_metrics(totals: dict, num_updates: jax.Array) -> dict:
 
 
 def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, *, xla_options=(),
-                  check_vma: bool = True):
+                  check_vma: bool = True, donate: bool = False):
     """The program that runs `num_updates` (traced) of `update(state, hp) -> (state, metrics)` for every run:
     (state, hp, num_updates) -> (state, metrics [R] per chunk). `state_specs`: the PartitionSpec of each state
     leaf ([R, ...] over `runs`, and any axis the algorithm splits over `data`). Returns (compiled, seconds).
 
-    The input state is not donated: the training loop keeps it until the chunk's result is checked for
-    divergence (`jaxrl.run.divergence`), which would otherwise need a copy of it."""
+    `donate`: the program takes the input state's memory for its output (the state is then held once, not
+    twice: what a replay buffer needs to fit), and the input state is gone after the call. The training loop
+    donates only when it need not go back to a chunk's start (`checkpoint.on_nonfinite` "stop"): freezing or
+    rolling back a diverged run replays its chunk from there (`jaxrl.run.divergence`)."""
     def run_updates(state, hp, num_updates):
         state, totals = repeat_updates(update, state, hp, num_updates)
         return state, chunk_metrics(totals, num_updates)
@@ -67,20 +69,25 @@ def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, 
     return compile_per_run(run_updates, (state, hp, num_updates), mesh, in_axes=(0, 0, None),
                            in_specs=(state_specs, runs, P()), out_specs=(state_specs, runs),
                            in_shardings=(shardings, per_run, NamedSharding(mesh, P())),
-                           out_shardings=(shardings, per_run), xla_options=xla_options, check_vma=check_vma)
+                           out_shardings=(shardings, per_run), xla_options=xla_options, check_vma=check_vma,
+                           donate_argnums=(0,) if donate else ())
 
 
 def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, out_specs,
-                    in_shardings=None, out_shardings=None, xla_options=(), check_vma: bool = True):
+                    in_shardings=None, out_shardings=None, xla_options=(), check_vma: bool = True,
+                    donate_argnums: tuple = ()):
     """`fn` (one run on this device's share) over every run, under shard_map on `mesh`, jitted and compiled
     for `args`. Returns (compiled program, seconds it took to compile).
 
     in_axes: per argument, 0 (one value per run) or None (shared); in_specs / out_specs: the shard_map
-    PartitionSpecs; xla_options: ((name, value), ...) XLA compile options.
+    PartitionSpecs; xla_options: ((name, value), ...) XLA compile options; donate_argnums: the arguments
+    whose memory the program may reuse (they are gone after a call).
     """
     sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=mesh, in_specs=in_specs,
                             out_specs=out_specs, check_vma=check_vma)
-    jit_kwargs = {} if in_shardings is None else {"in_shardings": in_shardings, "out_shardings": out_shardings}
+    jit_kwargs = {"donate_argnums": donate_argnums}
+    if in_shardings is not None:
+        jit_kwargs.update(in_shardings=in_shardings, out_shardings=out_shardings)
     tick = time.perf_counter()
     lowered = jax.jit(sharded, **jit_kwargs).lower(*args)
     compiled = lowered.compile(dict(xla_options) or None)
@@ -91,10 +98,10 @@ class ChunkRunner:
     """What every algorithm object does the same way around its `init(key)` (one run's state) and
     `_update(state, hp)`, given `mesh`, `settings.xla_options` and `chunk_specs(state)` (the PartitionSpec of
     each state leaf; every leaf over `runs` unless overridden): the runs' initial states on the mesh
-    (`init_seeds`), and `run_chunk`, compiled on its first call (the seconds it took are added to
-    `compile_seconds`)."""
+    (`init_seeds`), and `run_chunk`, compiled on its first call with each `donate` (the seconds it took are
+    added to `compile_seconds`)."""
 
-    _chunk_fn = None
+    _chunk_fns: dict | None = None  # donate -> the compiled chunk
     compile_seconds = 0.0
     vma_checks = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
 
@@ -121,14 +128,17 @@ class ChunkRunner:
         a replicated init would run it on every device."""
         return jax.lax.map(self.init, keys)
 
-    def run_chunk(self, state, hp, num_updates: int):
+    def run_chunk(self, state, hp, num_updates: int, donate: bool = False):
         """`num_updates` updates for every run in one compiled program; returns (state, metrics with leaves
-        [R]). `hp` leaves are scalars (shared by every run) or [R] (one value per run: a sweep)."""
+        [R]). `hp` leaves are scalars (shared by every run) or [R] (one value per run: a sweep). `donate`:
+        the program reuses `state`'s memory, which is gone after the call (`compile_chunk`)."""
         num_updates = jnp.int32(num_updates)
         hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, seconds = compile_chunk(self._update, state, hp, num_updates, self.mesh,
-                                                    self.chunk_specs(state), xla_options=self.settings.xla_options,
-                                                    check_vma=self.vma_checks)
+        if self._chunk_fns is None:
+            self._chunk_fns = {}
+        if donate not in self._chunk_fns:
+            self._chunk_fns[donate], seconds = compile_chunk(
+                self._update, state, hp, num_updates, self.mesh, self.chunk_specs(state),
+                xla_options=self.settings.xla_options, check_vma=self.vma_checks, donate=donate)
             self.compile_seconds += seconds
-        return self._chunk_fn(state, hp, num_updates)
+        return self._chunk_fns[donate](state, hp, num_updates)

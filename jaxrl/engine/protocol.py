@@ -25,8 +25,10 @@ class Algorithm(Protocol):
     def state_shardings(self, state: Any) -> Any:
         """A NamedSharding per leaf of `state` (for checkpoint restores onto the mesh)."""
 
-    def run_chunk(self, state: Any, hyperparams: Any, num_updates: int) -> tuple[Any, dict]:
-        """`num_updates` updates of every run in one compiled program: (state, metrics with leaves [R])."""
+    def run_chunk(self, state: Any, hyperparams: Any, num_updates: int, donate: bool = False) -> tuple[Any, dict]:
+        """`num_updates` updates of every run in one compiled program: (state, metrics with leaves [R]).
+        `donate` (only with `checkpoint.on_nonfinite` "stop"): the program may reuse `state`'s memory; the
+        caller does not use `state` again."""
 
     def evaluate(self, params: Any, key: jax.Array, num: int) -> dict:
         """Metrics of the current policies (leaves [R]) on `num` held-out episodes or problems."""

@@ -9,7 +9,10 @@ update.
 
 What the loop then does (`config.checkpoint.on_nonfinite`): "freeze" keeps the run's last finite state
 (the other runs go on; the program stops when every run is frozen); "rollback" restarts the run from the
-state before the chunk with a new random key, up to `checkpoint.max_rollbacks` times, then freezes it.
+state before the chunk with a new random key, up to `checkpoint.max_rollbacks` times, then freezes it;
+"stop" ends the program at the chunk, keeping the checkpoints it saved before. Only "stop" lets the chunk
+reuse its input state's memory (`engine.compile_chunk`'s `donate`): the state is then held once, not twice,
+but there is no chunk start to go back to.
 """
 
 from __future__ import annotations
@@ -24,15 +27,18 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Divergence:
-    """Run `run` first turned non-finite in update `update` (1-based, counted like the loop's `update`)."""
+    """Run `run` first turned non-finite in update `update` (1-based, counted like the loop's `update`), or
+    somewhere in updates `update`..`last_update` when its chunk was not replayed to find which."""
 
     run: int
     update: int
     quantity: str  # e.g. "metrics.policy_loss" or "state.params['params']['actor']['kernel']"
+    last_update: int | None = None
 
     def describe(self, num_seeds: int, num_settings: int) -> str:
         where = f"seed {self.run % num_seeds}" + (f" of setting {self.run // num_seeds}" if num_settings > 1 else "")
-        return f"{where} diverged in update {self.update}: {self.quantity} is not finite"
+        when = f"update {self.update}" if self.last_update is None else f"updates {self.update}-{self.last_update}"
+        return f"{where} diverged in {when}: {self.quantity} is not finite"
 
 
 def _float_leaves(state):
@@ -127,6 +133,12 @@ class Guard:
         self.fetch = fetch
         self.frozen: dict[int, dict] = {}  # run -> {"update", "quantity", "frozen_at"}
         self.rollbacks = [0] * self.num_runs
+        self.stopped = False  # on_nonfinite "stop": a run turned non-finite and the program ends
+
+    @property
+    def replays_chunks(self) -> bool:
+        """Whether a diverged run's chunk is replayed from its start state (which the loop must then keep)."""
+        return self.on_nonfinite != "stop"
 
     def resume(self, update: int) -> None:
         """Take back the runs frozen at or before `update` (the resumed checkpoint's)."""
@@ -149,6 +161,12 @@ class Guard:
         finite state and NaN metrics."""
         names = first_nonfinite(state, metrics, self.fetch)
         diverged = [r for r, name in enumerate(names) if name is not None and r not in self.frozen]
+        if diverged and not self.replays_chunks:
+            self.stopped = True
+            last = first_update + num_updates - 1
+            return state, metrics, [Divergence(r, first_update, names[r], last).describe(self.num_seeds,
+                                                                                          self.num_settings)
+                                    for r in diverged]
         messages, rolled, last_finite = [], {}, start  # frozen runs' rows of `start` are their finite state
         if diverged:
             found, last_finite = replay(run_chunk, start, hp, num_updates, first_update, diverged, self.fetch)

@@ -100,7 +100,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
 
     After every chunk each run is checked for non-finite state and metrics (`divergence.Guard`): a diverged
     run is frozen at its last finite state or rolled back (`config.checkpoint.on_nonfinite`), so no
-    checkpoint ever holds a non-finite value; the program stops early when every run is frozen.
+    checkpoint ever holds a non-finite value; the program stops early when every run is frozen, or at once
+    with "stop" (whose chunks reuse their input state's memory: the state is held once).
     """
     for setting in settings:
         algos.validate(setting.config)
@@ -167,16 +168,29 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         while update < num_updates:
             num = min(chunk, num_updates - update)
             tick, compiled_before = time.perf_counter(), algo.compile_seconds
-            next_state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
+            if guard.replays_chunks:  # the chunk leaves `state` as it was: a run that diverged in it goes back
+                next_state, chunk_metrics = algo.run_chunk(state, hyperparams, num)
+            else:  # the chunk reuses the state's memory; a save still reading it must finish first
+                checkpointer.wait()
+                next_state, chunk_metrics = algo.run_chunk(state, hyperparams, num, donate=True)
+                state = None
             chunk_metrics = fetch(chunk_metrics)
             compile_seconds = algo.compile_seconds - compiled_before
             seconds = time.perf_counter() - tick - compile_seconds
-            # (the chunk does not consume `state`: a run that diverged in it goes back to it)
             state, chunk_metrics, messages = guard.check(algo.run_chunk, state, next_state, chunk_metrics,
                                                          hyperparams, num, update + 1)
             if main:
                 for message in messages:
                     print(f"warning: {message}", file=sys.stderr)
+            if guard.stopped:
+                diverged = True
+                if main:
+                    saved = checkpointer.latest_step()
+                    kept = f"the checkpoints end at update {saved}" if saved is not None else "nothing was saved"
+                    print(f"stopped at update {update + num} (checkpoint.on_nonfinite=stop): {kept}. "
+                          "checkpoint.on_nonfinite=freeze finds the update and lets the other seeds go on, "
+                          "holding the state twice", file=sys.stderr)
+                break
             update += num
             chunk_index += 1
             done = update >= num_updates
@@ -203,7 +217,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
             if (diverged and not done) or interrupted:
                 break
         all_rows = [metrics_lib.read(path) for path in metric_paths]
-        first_params = fetch(jax.tree.map(lambda x: x[:1], state.params)) if not interrupted else None
+        first_params = (fetch(jax.tree.map(lambda x: x[:1], state.params))
+                        if not (interrupted or guard.stopped) else None)
         if main:
             for setting, rows in zip(settings, all_rows):
                 metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),
@@ -212,7 +227,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 for path in algo.write_artifacts(settings[0].workdir, first_params, config.seed):
                     if path.endswith(".gif"):
                         loggers[0].write_gif(path, update * batch)
-            if diverged and update < num_updates:
+            if diverged and update < num_updates and not guard.stopped:
                 print(f"stopped at update {update}: every run diverged (see the warnings above); the "
                       "checkpoints hold their last finite states", file=sys.stderr)
             if interrupted:
