@@ -21,7 +21,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrl import mesh as mesh_lib
+from jaxrl.loops import scan_until
 from jaxrl.transformer import TransformerLM, init_own_cache
 
 
@@ -239,42 +239,6 @@ def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resu
     return out_kept, stopped, tokens, log_probs, values, own_cache, logits, scatter(value, at_start(values_before))
 
 
-# Steps per iteration of the early-exit decoding loop (`_scan_until_done`): its condition (every member done)
-# is read once per chunk, which on an accelerator is a device-to-host round trip; a chunk costs at most this
-# many wasted steps once every member has ended.
-DECODE_CHUNK = 8
-
-
-def _scan_until_done(step, carry, xs, finished, chunk: int = DECODE_CHUNK):
-    """`jax.lax.scan(step, carry, xs)` (xs leaves [T, ...]) that stops once `finished(carry)`: the first
-    T mod chunk steps as one scan, then chunks of `chunk` steps in a `lax.while_loop` that ends when the
-    carry is finished. The outputs of steps not taken are zeros (False for booleans): the caller reads them
-    as it reads a finished step's, so that the result equals the full scan's."""
-    T = jax.tree.leaves(xs)[0].shape[0]
-    head = T % chunk
-    carry, head_outs = jax.lax.scan(step, carry, jax.tree.map(lambda x: x[:head], xs))
-    num_chunks = T // chunk
-    if num_chunks == 0:
-        return carry, head_outs
-    chunked = jax.tree.map(lambda x: x[head:].reshape(num_chunks, chunk, *x.shape[1:]), xs)
-    _, shapes = jax.eval_shape(lambda c, x: jax.lax.scan(step, c, x), carry, jax.tree.map(lambda x: x[0], chunked))
-    outs = jax.tree.map(lambda s: mesh_lib.zeros_like_abstract(jax.ShapeDtypeStruct(
-        (num_chunks, *s.shape), s.dtype, manual_axis_type=s.manual_axis_type)), shapes)
-
-    def keep_going(loop):
-        i, carry, _ = loop
-        return (i < num_chunks) & ~finished(carry)
-
-    def body(loop):
-        i, carry, outs = loop
-        carry, out = jax.lax.scan(step, carry, jax.tree.map(lambda x: x[i], chunked))
-        return i + 1, carry, jax.tree.map(lambda buffer, o: buffer.at[i].set(o), outs, out)
-
-    _, carry, outs = jax.lax.while_loop(keep_going, body, (jnp.int32(0), carry, outs))
-    outs = jax.tree.map(lambda h, o: jnp.concatenate([h, o.reshape(-1, *o.shape[2:])]), head_outs, outs)
-    return carry, outs
-
-
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
                     temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
                     branches: int = 0, depth: int = 0, resume: Resume | None = None, stop_slots: int = 0,
@@ -354,13 +318,14 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         carry = (own_cache, no & jnp.zeros((B, width, N - 1), bool), logits[:, drawing],
                  None if value is None else value[:, drawing], no[..., 0] & jnp.zeros((B, width), bool))
         first = shared or N - 1  # the steps decoded before any member takes its leader's state
-        # Decoding stops once every member has ended (the steps not taken output pad tokens: see `step`).
+        # Decoding stops once every member has ended (`scan_until`; the steps not taken leave zeros, read as
+        # pad tokens below).
         all_done = lambda carry: carry[4].all()  # noqa: E731
-        carry, outs = _scan_until_done(step, carry, (jnp.arange(first), uniforms[:first, :, drawing]), all_done)
+        carry, outs = scan_until(step, carry, (jnp.arange(first), uniforms[:first, :, drawing]), all_done)
         if shared:  # every member takes its leader's state: [B, branches, ...] -> [B, G, ...]
             copy = lambda x: None if x is None else jnp.repeat(x, per_branch, axis=1)
             carry = (jax.tree.map(copy, carry[0]), *map(copy, carry[1:]))
-            carry, rest = _scan_until_done(step, carry, (jnp.arange(shared, N - 1), uniforms[shared:-1]), all_done)
+            carry, rest = scan_until(step, carry, (jnp.arange(shared, N - 1), uniforms[shared:-1]), all_done)
             outs = jax.tree.map(lambda a, b: jnp.concatenate([jnp.repeat(a, per_branch, axis=2), b]), outs, rest)
         tokens, log_probs, live, vals = outs
         tokens = jnp.where(live, tokens, jnp.asarray(pad_id, jnp.int32))  # (steps not taken left zeros)

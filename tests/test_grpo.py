@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from jaxrl import advantages, algos
+from jaxrl.algos import grpo
+from jaxrl.loops import CHUNK
 from helpers import build, small_grpo_config
 
 
@@ -23,7 +25,8 @@ def test_group_members_start_identically_and_then_diverge(name, arg):
     # Different action noise: the members' actions and later observations differ.
     actions = traj.action[0].reshape(-1, N // G, G, algo.num_agents)
     assert (actions != actions[:, :, :1]).any()
-    assert not np.allclose(groups[-1][:, :1], groups[-1])
+    t = int(traj.running[0, :, :, 0].sum(0).min()) - 1  # the last step every episode takes
+    assert t > 0 and not np.allclose(groups[t][:, :1], groups[t])
 
 
 def test_steps_after_an_episode_ends_are_masked():
@@ -37,6 +40,29 @@ def test_steps_after_an_episode_ends_are_masked():
         assert running[:L, env].all() and not running[L:, env].any()
     np.testing.assert_array_equal(reward, running)  # CartPole pays 1 per step while the episode runs
     np.testing.assert_array_equal(acting, running)
+
+
+def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(monkeypatch):
+    """With a 200-step cap, untrained CartPole episodes all end far sooner: the steps after the chunk in which
+    the last one ended are not computed (zeros), and the updates equal those of a rollout that computes all
+    200 steps."""
+    config = small_grpo_config(num_steps=200)
+    algo, hp, state = build(config)
+    traj = jax.device_get(algo.sample_trajectory(state))
+    last = int(traj.running[0, :, :, 0].sum(0).max())  # steps of the longest episode
+    assert last < 200 - 2 * CHUNK
+    assert not np.asarray(traj.actor_in[0, last + CHUNK:]).any()  # no step taken past its chunk
+    assert np.asarray(traj.actor_in[0, last - 1]).any()
+    early, _ = algo.run_chunk(state, hp, 2)
+
+    full_scan = lambda step, carry, xs, finished, unroll=1: jax.lax.scan(step, carry, xs, unroll=unroll)  # noqa: E731
+    monkeypatch.setattr(grpo, "scan_until", full_scan)
+    algo, hp, state = build(config)
+    full_traj = jax.device_get(algo.sample_trajectory(state))
+    assert np.asarray(full_traj.actor_in[0, -1]).any()  # (every step computed)
+    full, _ = algo.run_chunk(state, hp, 2)
+    for a, b in zip(jax.tree.leaves(early.params), jax.tree.leaves(full.params)):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_smax_agents_stop_acting_when_they_die():

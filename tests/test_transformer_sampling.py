@@ -13,8 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.sampling import (DECODE_CHUNK, _scan_until_done, filter_logits, prompt_layout, sample, sample_groups,
-                            sample_groups_per_prompt, sample_token, score, score_groups)
+from jaxrl.loops import CHUNK
+from jaxrl.sampling import (filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
+                            score, score_groups)
 from jaxrl.transformer import TransformerConfig, TransformerLM, init_cache
 
 PAD, EOS, V = 0, 1, 20
@@ -161,32 +162,16 @@ def test_eos_then_pad_and_mask(tiny):
     np.testing.assert_array_equal(out.lengths, out.mask.sum(1))
 
 
-def test_scan_until_done_stops_after_the_chunk_that_finishes():
-    def count(total, x):  # carry: steps taken; output: the count after this step, and x
-        return total + 1, (total + 1, x)
-
-    xs = jnp.arange(18.0)
-    carry, (counts, seen) = _scan_until_done(count, jnp.int32(0), xs, lambda total: total >= 5, chunk=4)
-    # 18 = 2 + 4 x 4: the two head steps, then chunks until the count reaches 5 (after 6 steps)
-    assert int(carry) == 6
-    np.testing.assert_array_equal(counts, [1, 2, 3, 4, 5, 6] + [0] * 12)
-    np.testing.assert_array_equal(seen, np.where(np.arange(18) < 6, np.arange(18.0), 0.0))
-    never = _scan_until_done(count, jnp.int32(0), xs, lambda total: total < 0, chunk=4)
-    full = jax.lax.scan(count, jnp.int32(0), xs)
-    for a, b in zip(jax.tree.leaves(never), jax.tree.leaves(full)):
-        np.testing.assert_array_equal(a, b)
-
-
 def test_long_decoding_that_ends_early_equals_the_free_run_up_to_eos(tiny):
-    """N = 3 * DECODE_CHUNK: decoding runs in chunks and stops once every row has emitted EOS; the tokens,
+    """N = 3 * CHUNK: decoding runs in chunks and stops once every row has emitted EOS; the tokens,
     log-probabilities and values up to each row's EOS are the never-stopping run's, pad and zeros after."""
     model, params = tiny
     prompts = left_padded(PROMPTS, W)
-    long = 3 * DECODE_CHUNK
+    long = 3 * CHUNK
     for seed in range(10):  # a key and a token that every row draws before the last chunk
         key = jax.random.key(seed)
         free = draw(model, params, prompts, key, eos_id=-1, max_new_tokens=long)
-        free_tokens = np.asarray(free.tokens)[:, :long - DECODE_CHUNK]
+        free_tokens = np.asarray(free.tokens)[:, :long - CHUNK]
         common = set.intersection(*(set(row.tolist()) for row in free_tokens)) - {PAD}
         if common:
             break

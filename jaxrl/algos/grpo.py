@@ -45,6 +45,7 @@ from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatc
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import ChunkRunner, global_mean, optimise, standardise
+from jaxrl.loops import scan_until
 from jaxrl.mesh import DATA_AXIS, RUNS
 
 RETURNS = ("episode", "to_go")
@@ -163,7 +164,8 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         Returns (trajectory GroupStep [T, n, A, ...], episode sums and the Generate strategy's metrics, trained
         [T, n, A] float: the steps the loss learns from). Once an episode ends, its env stays at the state
         before its last step: later steps are still computed (static shapes) but discarded and masked out by
-        `running`, and no step ever starts from a terminal state. The Generate strategy (`settings.generate`)
+        `running`, and no step ever starts from a terminal state; once every episode on this device has ended,
+        no more steps are computed. The Generate strategy (`settings.generate`)
         may make members draw their group leader's action noise (shared prefixes, counterfactual agents).
         """
         s, env, A, dist = self.settings, self.agent_env, self.num_agents, self.policy.dist
@@ -210,7 +212,10 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
 
         init = mesh_lib.varying((env_state, obs, self.network.initial_carry((n, A)), jnp.ones(n, bool),
                                  jnp.ones(n, bool), jnp.ones((n, A), bool)))
-        _, (traj, won) = jax.lax.scan(step, init, (env_keys, action_noise), unroll=s.rollout_unroll)
+        # Steps stop once every local episode has ended (`scan_until`): the steps not taken record zeros, which
+        # every use of the trajectory masks out as it masks a finished episode's steps.
+        _, (traj, won) = scan_until(step, init, (env_keys, action_noise), lambda carry: ~carry[4].any(),
+                                    unroll=s.rollout_unroll)
         episode = {"episode_return_sum": jnp.sum(traj.reward.sum(0).mean(-1)),
                    "episode_length_sum": jnp.sum(traj.running[:, :, 0]),
                    "episodes": jnp.int32(n)}
