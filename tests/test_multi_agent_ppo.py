@@ -7,6 +7,8 @@ import pytest
 
 import envs
 from helpers import build, load_experiment, small_smax_config
+from jaxrl.algos import env_policy
+from jaxrl.loops import CHUNK
 from jaxrl.networks import ResetGRU
 
 
@@ -190,3 +192,25 @@ def test_episode_states_end_with_the_episode():
     from envs import rendering
     frames = rendering.render_frames(algo.agent_env, states[:3])
     assert len(frames) == 3 and frames[0].size[0] > 100
+
+
+def test_evaluation_stops_with_the_last_episode_and_reports_what_the_full_one_does(monkeypatch):
+    """Greedy evaluation computes no steps once every episode has ended (`scan_until`: the trace's steps not
+    taken are zeros); its figures are those of evaluating all `eval_max_steps` steps."""
+    key = jax.random.PRNGKey(5)
+
+    def evaluation():  # (the env time of each step of one episode's trace [T], figures of 16 episodes)
+        algo, _, state = build(small_smax_config())
+        one_seed = jax.tree.map(lambda x: x[0], state.params)
+        _, states, running = jax.device_get(algo.policy._episode_trace(one_seed, key, False))
+        return np.asarray(states.time[:, 0]), int(running.sum()), jax.device_get(algo.evaluate(state.params, key, 16))
+
+    time, length, early = evaluation()
+    monkeypatch.setattr(env_policy, "scan_until", lambda step, carry, xs, finished: jax.lax.scan(step, carry, xs))
+    full_time, full_length, full = evaluation()
+    assert length == full_length and length + 2 * CHUNK < len(time)
+    np.testing.assert_array_equal(time[:length], full_time[:length])
+    assert not time[length + CHUNK:].any() and full_time[length + CHUNK:].all()
+    assert early.keys() == full.keys()
+    for name in full:
+        np.testing.assert_array_equal(early[name], full[name])

@@ -21,6 +21,7 @@ import envs
 from jaxrl import distributions, mesh as mesh_lib, normalization
 from jaxrl.algos.env_setup import AGENT_ID_INPUTS, CRITIC_INPUTS
 from jaxrl.jitting import jit_method
+from jaxrl.loops import scan_until
 from jaxrl.mesh import DATA_AXIS
 
 
@@ -190,7 +191,9 @@ class EnvPolicy:
         carry = self.network.initial_carry((num_envs, self.num_agents))
         running = jnp.ones(num_envs, bool)
         init = (obs, reset_state, carry, running, running, totals)
-        (*_, totals), trace = jax.lax.scan(step, init, jax.random.split(step_key, self.eval_max_steps))
+        # (no more steps once every episode has ended: `scan_until`; a trace's steps not taken are zeros)
+        (*_, totals), trace = scan_until(step, init, jax.random.split(step_key, self.eval_max_steps),
+                                         lambda c: ~c[4].any())
         means = jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32)), totals)
         return means, (reset_state, *trace) if keep_states else None
 
