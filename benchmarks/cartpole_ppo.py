@@ -33,7 +33,7 @@ import numpy as np
 import rejax
 
 from jaxrl import algos, config as config_lib, mesh as mesh_lib
-from report import markdown_table, timed  # benchmarks/ (the script's folder is on sys.path)
+from report import machine, markdown_table, timed  # benchmarks/ (the script's folder is on sys.path)
 
 RECIPE = dict(num_envs=4, num_steps=128, num_epochs=4, num_minibatches=4, learning_rate=2.5e-4,
               gamma=0.99, gae_lambda=0.95, clip_eps=0.2, vf_coef=0.5, ent_coef=0.01, max_grad_norm=0.5)
@@ -124,8 +124,7 @@ def main():
         parser.error(f"--total-steps must exceed {LAST_UPDATES + 1} updates of {BATCH} steps")
 
     print(f"CartPole-v1 PPO, PureJaxRL recipe: {num_updates} updates x {BATCH} = {num_updates * BATCH:,} env "
-          f"steps per seed\njax {jax.__version__}, {jax.devices()[0].platform} ({jax.device_count()} device), "
-          f"rejax {importlib.metadata.version('rejax')}; fastest of "
+          f"steps per seed\nmachine: {machine()}; rejax {importlib.metadata.version('rejax')}; fastest of "
           f"{args.repeats} interleaved repeats\n")
     header = ["seeds", "library", "env steps/s", "jaxrl/rejax", "run s (all repeats)", "compile s",
               "eval return", "train return"]

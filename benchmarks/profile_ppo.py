@@ -28,6 +28,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import machine  # noqa: E402
 
 
 def load_config(spec: str, overrides: list[str], num_envs: int | None):
@@ -153,8 +156,6 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
 
-    import jax
-
     from jaxrl import algos, host, mesh as mesh_lib
 
     host.keep_freed_memory()
@@ -164,7 +165,7 @@ def main(argv=None):
     s = algo.settings
     print(f"{args.config} {' '.join(args.set)}: {s.num_envs} envs x {s.num_steps} steps, {algo.num_agents} agents, "
           f"{s.num_epochs} epochs x {s.num_minibatches} minibatches, network {config.network.kind}; "
-          f"{jax.device_count()} {jax.devices()[0].platform} device(s), jax {jax.__version__}")
+          f"machine: {machine()}")
     rows = []
     for name, fn in phase_programs(algo, hp).items():
         compile_s, seconds = time_program(algo, fn, state, hp, args.updates, args.repeats)

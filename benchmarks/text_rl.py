@@ -31,7 +31,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
+from report import machine as report_machine, markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- text_rl:start -->", "<!-- text_rl:end -->")
@@ -161,8 +161,6 @@ def main(argv=None):
     parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
 
-    import jax
-
     from jaxrl import advantages, train
 
     log_every = experiment_config("text_grpo", args.task).log.every_steps
@@ -172,7 +170,7 @@ def main(argv=None):
     for e in estimators:
         advantages.get(e)  # a misspelt name fails before any training
     command = "python benchmarks/text_rl.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    machine = f"{jax.device_count()} {jax.devices()[0].platform} device(s), jax {jax.__version__}"
+    machine = report_machine()
     print(f"{args.task}: SFT {args.sft_steps:,} samples, RL ({args.rl_task}) {args.rl_steps:,} completions x "
           f"{args.seeds} seeds, {machine}", flush=True)
 
@@ -202,7 +200,7 @@ def main(argv=None):
         table.append([name, f"{base:.3f}", *at, f"{np.mean(accuracy[-1]) - base:+.3f}", reached, f"{walls[name]:.0f}"])
     plot(sft_rows, sft_on_rl, base, runs, args.plot, args)
     section = "\n".join([
-        f"`{command.strip()}` ({datetime.date.today()}, {machine}, {os.cpu_count()} CPU cores).",
+        f"`{command.strip()}` ({datetime.date.today()}, {machine}).",
         "",
         f"SFT ({args.sft_steps:,} samples, {sft_rows[-1]['wall_time']:.0f} s): held-out greedy accuracy on its own "
         f"task over its last three evaluations {', '.join(f'{a:.3f}' for a in own[-3:])}; its checkpoints on the RL "
