@@ -19,8 +19,9 @@ already hold are used where the suite has none of its own, with their dates.
     python benchmarks/smax_suite.py --runs-dir ~/smax_suite --reference-repo PATH/TO/JaxMARL --scenarios 3m
     python benchmarks/smax_suite.py --report --update-results     # tables and plot from smax_suite.json
 
-A cell whose training state (every seed's, held twice by the loop) cannot fit in the memory this machine has
-free is not started, since the kernel would end the whole suite: its table cell says what it needs. Suites may
+A cell whose training program cannot fit in the memory this machine has free is not started (the training
+loop's check, `jaxrl.run.fit`; the kernel would otherwise end the whole suite): its table cell says what it
+needs. Suites may
 run side by side (other learners or scenarios): each finished cell is written into the results file as the
 file stands then.
 
@@ -125,44 +126,18 @@ def cell_done(record: dict | None, config) -> bool:
         and record["env_steps"] >= reachable_steps(config)
 
 
-def memory_needed(config) -> float:
-    """Bytes a run of `config` holds at once: its training state (every seed's: jax.eval_shape of one run's
-    `init`), twice when the training loop keeps a chunk's input state until its result is checked (all but
-    `checkpoint.on_nonfinite` "stop")."""
-    import jax
-
-    from jaxrl import algos, mesh as mesh_lib
-
-    algorithm, _ = algos.build(config, mesh_lib.make_mesh())
-    one_run = jax.eval_shape(algorithm.init, jax.random.key(0))
-    copies = 1 if config.checkpoint.on_nonfinite == "stop" else 2
-    return copies * config.num_seeds * sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(one_run))
-
-
-def memory_available() -> float:
-    """Bytes this machine can still give (Linux's MemAvailable; else the physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            return next(int(line.split()[1]) * 1024.0 for line in f if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration):
-        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-
-
-def too_big(config) -> str | None:
-    """Why a cell cannot train here (its state does not fit in memory, which would end the whole suite at the
-    kernel's hand), or None."""
-    needed, available = memory_needed(config), memory_available()
-    if needed <= 0.9 * available:
-        return None
-    return (f"not run: needs {needed / 1e9:.0f} GB ({config.num_seeds} seeds), over 90% of the "
-            f"{available / 1e9:.0f} GB free")
-
-
 def run_cell(config, workdir: str) -> tuple[dict | None, bool]:
-    """Train (or resume) one cell; (its record, whether it was interrupted)."""
+    """Train (or resume) one cell; (its record, whether it was interrupted). A cell whose program cannot fit
+    in memory (`jaxrl.run.fit`, checked before anything is allocated: a process the kernel kills for memory
+    would end the whole suite) gets a record that says so, with the figures."""
     from jaxrl import train
+    from jaxrl.run import fit
 
-    result = train.run(config, workdir)
+    try:
+        result = train.run(config, workdir)
+    except fit.DoesNotFit as error:
+        needed, free = fit.format_bytes(error.fit.needed), fit.format_bytes(error.fit.available)
+        return {"error": f"not run: needs {needed} ({config.num_seeds} seeds), {free} free", "skipped": True}, False
     if result.interrupted:
         return None, True
     return cell_record(config, result.metrics), False
@@ -475,12 +450,6 @@ def main(argv=None):
                 if cell_done(previous, config):
                     print(f"{scenario} {learner}: done ({previous['env_steps']:,} env steps)", flush=True)
                     continue
-                reason = too_big(config)
-                if reason:
-                    print(f"{scenario} {learner}: {reason}", flush=True)
-                    if previous is None or "error" in previous:
-                        store("cells", scenario, learner, {"error": reason, "skipped": True})
-                    continue
                 try:
                     record, interrupted = run_cell(config, os.path.join(args.runs_dir, learner, scenario))
                 except Exception as error:  # one failed cell must not end a suite of hours; it is reported
@@ -491,6 +460,11 @@ def main(argv=None):
                 if interrupted:
                     print("interrupted: run the same command to resume", flush=True)
                     return 1
+                if record.get("skipped"):
+                    print(f"{scenario} {learner}: {record['error']}", flush=True)
+                    if previous is None or "error" in previous:
+                        store("cells", scenario, learner, record)
+                    continue
                 store("cells", scenario, learner, record)
                 print(f"{scenario} {learner}: greedy win rate {fmt_ci(final_greedy(record), WIN_RATE)} at "
                       f"{record['env_steps']:,} env steps, {record['wall']:,.0f} s", flush=True)

@@ -100,11 +100,12 @@ def abstract_state(state: Any, shardings: Any = None) -> Any:
     """ShapeDtypeStructs (with shardings) describing `state`, for `restore_latest`: a state of arrays, or an
     abstract one (e.g. `jax.eval_shape` of an init) with `shardings`, a sharding per leaf or one for a
     whole subtree (e.g. all parameters)."""
+    def like(x, sharding):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding, weak_type=getattr(x, "weak_type", False))
     if shardings is None:
-        return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
-    return jax.tree.map(lambda sharding, part: jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), part),
-        shardings, state, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+        return jax.tree.map(lambda x: like(x, x.sharding), state)
+    return jax.tree.map(lambda sharding, part: jax.tree.map(lambda x: like(x, sharding), part),
+                        shardings, state, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
 
 
 def restore_from(directory: str, target: Any, step: int | None = None) -> tuple[int, Any]:

@@ -46,6 +46,9 @@ TRAIN_CASES = {
     "unknown choice": ([CARTPOLE, "--config.optim.schedule=cosin"], ["schedule 'cosin'", "cosine"]),
     "bad layer sizes": ([CARTPOLE, "--config.network.hidden_sizes=(64,0)"], ["config.network.hidden_sizes", "(64, 0)"]),
     "unknown flag": ([CARTPOLE, "--workdirr=x"], ["--workdirr", "did you mean --workdir?"]),
+    # (compiled for the state's shapes alone: the 86 GB buffer is never allocated)
+    "too big for memory": (["--config=experiments/cartpole_dqn.py", "--config.replay.buffer_size=2000000000"],
+                           ["does not fit in memory", "state 86.0 GB", "lower replay.buffer_size"]),
 }
 
 

@@ -128,17 +128,22 @@ class ChunkRunner:
         a replicated init would run it on every device."""
         return jax.lax.map(self.init, keys)
 
+    def chunk_program(self, state, hp, donate: bool = False):
+        """The compiled chunk program for states shaped like `state` (arrays, or ShapeDtypeStructs with
+        shardings: `jaxrl.run.fit` compiles it before any state exists), compiled once per `donate`."""
+        if self._chunk_fns is None:
+            self._chunk_fns = {}
+        if donate not in self._chunk_fns:
+            hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
+            self._chunk_fns[donate], seconds = compile_chunk(
+                self._update, state, hp, jnp.int32(1), self.mesh, self.chunk_specs(state),
+                xla_options=self.settings.xla_options, check_vma=self.vma_checks, donate=donate)
+            self.compile_seconds += seconds
+        return self._chunk_fns[donate]
+
     def run_chunk(self, state, hp, num_updates: int, donate: bool = False):
         """`num_updates` updates for every run in one compiled program; returns (state, metrics with leaves
         [R]). `hp` leaves are scalars (shared by every run) or [R] (one value per run: a sweep). `donate`:
         the program reuses `state`'s memory, which is gone after the call (`compile_chunk`)."""
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fns is None:
-            self._chunk_fns = {}
-        if donate not in self._chunk_fns:
-            self._chunk_fns[donate], seconds = compile_chunk(
-                self._update, state, hp, num_updates, self.mesh, self.chunk_specs(state),
-                xla_options=self.settings.xla_options, check_vma=self.vma_checks, donate=donate)
-            self.compile_seconds += seconds
-        return self._chunk_fns[donate](state, hp, num_updates)
+        program = self.chunk_program(state, hp, donate)
+        return program(state, mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh), jnp.int32(num_updates))

@@ -9,8 +9,8 @@ What counts as bad input (one line, status 2; `--verbose` prints the traceback a
   * flag errors: an unknown flag or config key (`--config.totl_steps=5`, with a close match suggested), a
     value of the wrong type (`--config.num_envs=four`), a missing config file, and a ValueError or
     TypeError from the config file's `get_config` (`--config=experiments/cartpole_ppo.py:3m`);
-  * `InputError`, a `SystemExit` with a message, and `jaxrl.checkpoint.CheckpointError` (a run directory
-    whose checkpoints do not fit this config);
+  * `InputError`, a `SystemExit` with a message, `jaxrl.checkpoint.CheckpointError` (a run directory
+    whose checkpoints do not fit this config) and `jaxrl.run.fit.DoesNotFit` (a program too big for memory);
   * ValueError, TypeError and KeyError raised while the input is read and checked, before any training
     program runs: inside an `input_phase()` block (a CLI's own reading of its flags), or inside one of the
     INPUT_STAGES, however deep: validating the config, building the algorithm and its environment (an
@@ -34,7 +34,7 @@ from typing import Callable, NoReturn
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib
-from jaxrl.run import loop, workdir as workdir_lib
+from jaxrl.run import fit, loop, workdir as workdir_lib
 
 EXIT_INPUT_ERROR = 2  # as argparse exits on a usage error
 
@@ -72,7 +72,7 @@ def input_phase():
 
 def is_input_error(error: BaseException) -> bool:
     """Whether `error` is bad input (one line, status 2) rather than a crash (see the module)."""
-    if isinstance(error, (InputError, checkpoint.CheckpointError)):
+    if isinstance(error, (InputError, checkpoint.CheckpointError, fit.DoesNotFit)):
         return True
     if isinstance(error, SystemExit):
         return isinstance(error.code, str)

@@ -20,7 +20,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib, distributed, mesh as mesh_lib, metrics as metrics_lib
-from jaxrl.run import divergence, loggers as loggers_lib, workdir as workdir_lib
+from jaxrl.run import divergence, fit as fit_lib, loggers as loggers_lib, workdir as workdir_lib
 
 @dataclasses.dataclass
 class RunResult:
@@ -126,6 +126,13 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     hyperparams = jax.tree.map(lambda *xs: jnp.repeat(jnp.stack(xs), num_seeds),
                                *[algos.hyperparams(s.config) for s in settings])
     main = distributed.is_main_process()
+    # The chunk program, compiled for the state's shapes before it exists: one that cannot fit in memory
+    # fails here, before anything is allocated or written.
+    donate = config.checkpoint.on_nonfinite == "stop"  # (what `divergence.Guard.replays_chunks` says)
+    fit = fit_lib.check(algo, config, hyperparams, num_settings, donate)
+    if main and fit is not None:
+        print(fit.describe() + (f"; close to the limit: {fit.advice()}" if fit.close_to_the_limit else ""),
+              file=sys.stderr)
     if main:
         for setting in settings:
             workdir_lib.prepare(setting.config, setting.workdir, mesh)

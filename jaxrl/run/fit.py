@@ -1,0 +1,168 @@
+"""Fit before you run: the training program's memory, read from its compiled form before any state exists.
+
+The loop compiles its chunk program for the state's shapes alone (`jax.eval_shape` of the algorithm's
+`init_seeds`) and reads XLA's memory analysis of it: the bytes a device holds at the program's peak
+(arguments, the outputs that do not reuse them, temporaries). Devices that share one memory pool (XLA:CPU's
+devices share the host's RAM) add up. A program that cannot fit fails here, before the state is allocated
+and before anything is written, naming the part of the state that takes the most and the config key that
+sizes it; a program close to the limit gets a warning (evaluation, checkpoint writes and the host need some
+memory beside the program).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+
+from jaxrl import checkpoint
+
+# The config key that sizes each part of a state (its top-level field), for the advice of a program too big.
+SIZED_BY = {"buffer": "replay.buffer_size", "env_state": "num_envs", "acting": "num_envs", "obs": "num_envs",
+            "params": "the network's sizes", "opt_state": "the network's sizes"}
+# Of the free memory: above FAIL_ABOVE a program does not start, above WARN_ABOVE it starts with a warning.
+# Evaluation, checkpoint writes and the host need memory beside the chunk program: QMIX on SMAX 10m_vs_11m
+# (a 12 GB state) rose from 13.3 to 17.2 GB resident while evaluating and saving.
+FAIL_ABOVE, WARN_ABOVE = 0.9, 0.75
+
+
+class DoesNotFit(ValueError):
+    """The training program needs more memory than its devices have free (`fit`: the figures)."""
+
+    def __init__(self, message: str, fit: "ProgramFit"):
+        super().__init__(message)
+        self.fit = fit
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramFit:
+    """What one chunk program needs, per device, and what its memory pool has free."""
+
+    peak: int  # bytes a device holds at the program's peak
+    state: int  # bytes of the training state on a device
+    held_twice: bool  # the loop keeps each chunk's input state beside its output (no donation)
+    sharing: int  # devices of this process that share one memory pool (the CPU's RAM), else 1
+    available: int | None  # bytes free in that pool (None: unknown)
+    flops: float | None  # per update, XLA's cost analysis of the loop body (None: not reported)
+    largest: tuple[str, int]  # the state's largest part: (top-level field, bytes per device)
+    float32_buffer: bool = False  # a replay buffer that could store its observations in 16 bits
+
+    @property
+    def needed(self) -> int:
+        """Bytes of the memory pool the program takes (every device sharing it)."""
+        return self.peak * self.sharing
+
+    @property
+    def fits(self) -> bool:
+        return self.available is None or self.needed <= FAIL_ABOVE * self.available
+
+    @property
+    def close_to_the_limit(self) -> bool:
+        return self.available is not None and self.needed > WARN_ABOVE * self.available
+
+    def need(self) -> str:
+        """e.g. "13.2 GB per device (state 12.0 GB, held once)"."""
+        devices = f" on {self.sharing} devices sharing the host's memory" if self.sharing > 1 else " per device"
+        held = "held twice: each chunk's input is kept until checked" if self.held_twice else "held once"
+        return f"{format_bytes(self.needed)}{devices} (state {format_bytes(self.state * self.sharing)}, {held})"
+
+    def describe(self) -> str:
+        """The line a run prints before it starts."""
+        free = "" if self.available is None else f", {format_bytes(self.available)} free"
+        flops = "" if self.flops is None else f"; {self.flops / 1e9:.2g} GFLOP per update"
+        return f"memory: {self.need()}{free}{flops}"
+
+    def advice(self) -> str:
+        """What to change: the key that sizes the state's largest part, and the settings that hold less."""
+        field, size = self.largest
+        ways = [f"lower {SIZED_BY.get(field, 'its size')}"]
+        if field == "buffer" and self.float32_buffer:
+            ways.append("set replay.store_dtype=float16 (halves its observations)")
+        if self.held_twice:
+            ways.append("set checkpoint.on_nonfinite=stop (holds the state once)")
+        ways.append("train fewer runs per program (num_seeds, sweep settings) or on more devices")
+        return f"its largest part is {field} ({format_bytes(size * self.sharing)}): " + "; or ".join(ways)
+
+
+def format_bytes(num_bytes: float) -> str:
+    """e.g. "12.0 GB", "35 MB"."""
+    return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 1e9 else f"{num_bytes / 1e6:.0f} MB"
+
+
+def state_bytes(state) -> int:
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
+
+
+def largest_part(state, num_devices: int) -> tuple[str, int]:
+    """(top-level field, bytes per device) of the state's largest part (sharded parts spread over devices)."""
+    fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)} if dataclasses.is_dataclass(state) \
+        else {"state": state}
+    sizes = {name: per_device_bytes(part, num_devices) for name, part in fields.items()}
+    name = max(sizes, key=sizes.get)
+    return name, sizes[name]
+
+
+def per_device_bytes(tree, num_devices: int) -> int:
+    """Bytes of `tree` (ShapeDtypeStructs with shardings, or arrays) on one device."""
+    def on_one(x):
+        sharding = getattr(x, "sharding", None)
+        if sharding is None:
+            return x.size * x.dtype.itemsize
+        shape = sharding.shard_shape(x.shape)
+        size = 1
+        for n in shape:
+            size *= n
+        return size * x.dtype.itemsize
+    return sum(on_one(x) for x in jax.tree.leaves(tree))
+
+
+def memory_available(device) -> int | None:
+    """Bytes free in `device`'s memory pool: the host's available RAM for a CPU device (Linux), else the
+    device's limit less what it holds (None where the runtime does not say)."""
+    if device.platform == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+        except (OSError, StopIteration):
+            return None
+    stats = device.memory_stats() or {}
+    if "bytes_limit" not in stats:
+        return None
+    return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+
+
+def measure(compiled, abstract_state, mesh, held_twice: bool) -> ProgramFit:
+    """The fit of a compiled chunk program (`engine.compile_chunk`) for states shaped like `abstract_state`
+    (ShapeDtypeStructs with shardings) on `mesh`."""
+    memory = compiled.memory_analysis()
+    state = per_device_bytes(abstract_state, mesh.size)
+    peak = memory.peak_memory_in_bytes if hasattr(memory, "peak_memory_in_bytes") else (
+        memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+        + memory.temp_size_in_bytes)
+    if held_twice:  # the loop holds the input state while the program runs: it is among the program's arguments
+        peak = max(peak, 2 * state + memory.temp_size_in_bytes)
+    local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
+    sharing = len(local) if local[0].platform == "cpu" else 1
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
+    flops = float(cost["flops"]) if isinstance(cost, dict) and cost.get("flops", 0) > 0 else None
+    return ProgramFit(int(peak), state, held_twice, sharing, memory_available(local[0]), flops,
+                      largest_part(abstract_state, mesh.size))
+
+
+def check(algo, config, hyperparams, num_settings: int, donate: bool) -> ProgramFit | None:
+    """Compile `algo`'s chunk program for the state `config` trains (shapes only) and return its fit; raise
+    DoesNotFit, naming the key to change, when it cannot fit. None for an algorithm that does not expose
+    its program (`chunk_program`)."""
+    if not hasattr(algo, "chunk_program"):
+        return None
+    abstract = jax.eval_shape(lambda: algo.init_seeds(config.seed, config.num_seeds, num_settings))
+    abstract = checkpoint.abstract_state(abstract, algo.state_shardings(abstract))
+    compiled = algo.chunk_program(abstract, hyperparams, donate=donate)
+    fit = measure(compiled, abstract, algo.mesh, held_twice=not donate)
+    if "replay" in config and config.replay.get("store_dtype") == "float32":
+        fit = dataclasses.replace(fit, float32_buffer=True)
+    if not fit.fits:
+        raise DoesNotFit(f"this config does not fit in memory: it needs {fit.need()}, and a run may take "
+                         f"{FAIL_ABOVE:.0%} of the {format_bytes(fit.available)} free; {fit.advice()}", fit)
+    return fit

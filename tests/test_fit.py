@@ -1,0 +1,57 @@
+"""Fit before you run: the chunk program's memory, read from its compiled form for the state's shapes alone,
+against formulas for the state; a program too big fails before anything is allocated or written."""
+
+import jax
+import pytest
+
+from helpers import load_experiment, set_keys
+from jaxrl import algos, train
+from jaxrl.run import fit, loop
+
+
+def _dqn(**overrides):
+    config = load_experiment("cartpole_dqn")
+    return algos.resolve(set_keys(config, {"num_seeds": 2, "log.progress_bar": False, **overrides}))
+
+
+def _fit(config, donate: bool):
+    algo, hp = algos.build(config, loop.make_mesh(config, config.num_seeds))
+    return fit.check(algo, config, hp, 1, donate)
+
+
+def test_the_state_is_counted_once_when_donated_and_twice_when_kept():
+    config = _dqn(**{"replay.buffer_size": 400_000})
+    # the buffer: per seed, 400,000 steps x (obs and next_obs of 4 float32, reward float32, action int32,
+    # terminated, done and first bools) = 400,000 x 43 bytes
+    buffer = 2 * 400_000 * (2 * 4 * 4 + 4 + 4 + 3)
+    kept, donated = _fit(config, False), _fit(config, True)
+    assert buffer + 1e5 <= kept.state == donated.state <= buffer + 1e6  # (+ networks, optimiser, envs)
+    assert kept.largest[0] == "buffer" and buffer <= kept.largest[1] <= buffer + 64  # (+ its write position)
+    assert kept.held_twice and not donated.held_twice
+    assert kept.peak >= 2 * kept.state
+    assert kept.state <= donated.peak < kept.peak
+    assert kept.flops and kept.flops > 0
+    assert f"state {kept.state / 1e6:.0f} MB, held twice" in kept.describe()
+
+
+def test_a_program_that_cannot_fit_fails_before_anything_is_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(fit, "memory_available", lambda device: 50e6)
+    config = _dqn(**{"replay.buffer_size": 400_000})
+    with pytest.raises(fit.DoesNotFit) as raised:
+        train.run(config, str(tmp_path / "run"), progress=False)
+    message = str(raised.value)
+    assert "does not fit in memory" in message and "50 MB free" in message
+    assert "its largest part is buffer" in message and "lower replay.buffer_size" in message
+    assert "set checkpoint.on_nonfinite=stop (holds the state once)" in message
+    assert raised.value.fit.needed > 0.9 * 50e6
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypatch, capsys):
+    config = _dqn(total_steps=2_000)
+    needed = _fit(config, False).needed
+    monkeypatch.setattr(fit, "memory_available", lambda device: needed / 0.85)  # 85% of the free memory
+    train.run(config, str(tmp_path / "run"), progress=False)
+    err = capsys.readouterr().err
+    assert "memory: " in err and "GFLOP per update" in err
+    assert "close to the limit: its largest part is buffer" in err
