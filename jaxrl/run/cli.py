@@ -43,7 +43,8 @@ INPUT_TYPES = (ValueError, TypeError, KeyError)
 
 # Functions that only read and check the input, before any training program runs: an INPUT_TYPES exception
 # raised inside one of them (however deep) is an input error. `input_stage` adds one.
-INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.prepare, config_lib.load]
+INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.check_saved,
+                                workdir_lib.prepare, config_lib.load]
 
 _MARK = "_jaxrl_input_error"
 

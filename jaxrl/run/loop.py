@@ -126,6 +126,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     hyperparams = jax.tree.map(lambda *xs: jnp.repeat(jnp.stack(xs), num_seeds),
                                *[algos.hyperparams(s.config) for s in settings])
     main = distributed.is_main_process()
+    for setting in settings:  # a run directory holding another config is an input error: before compiling
+        workdir_lib.check_saved(setting.config, setting.workdir)
     # The chunk program, compiled for the state's shapes before it exists: one that cannot fit in memory
     # fails here, before anything is allocated or written.
     donate = config.checkpoint.on_nonfinite == "stop"  # (what `divergence.Guard.replays_chunks` says)

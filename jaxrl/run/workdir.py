@@ -46,9 +46,9 @@ def git_revision() -> str | None:
         return None
 
 
-def prepare(config: ConfigDict, workdir: str, mesh) -> None:
-    """Create the directory and save the config, or check that it matches the one saved there."""
-    os.makedirs(workdir, exist_ok=True)
+def check_saved(config: ConfigDict, workdir: str) -> None:
+    """Raise ValueError if `workdir` holds a run whose saved config differs from `config` in a key that may
+    not change on a resume (reads only: the loop checks this before compiling anything)."""
     saved_path = os.path.join(workdir, "config.json")
     if os.path.exists(saved_path):
         # Keys the saved config lacks were added to jaxrl after the run began (a new option at its default).
@@ -57,7 +57,13 @@ def prepare(config: ConfigDict, workdir: str, mesh) -> None:
         if changed:
             raise ValueError(f"{workdir} holds a run with a different config (keys {', '.join(changed)}); "
                              "choose another --workdir or resume with the saved config")
-    config_lib.save(config, saved_path)
+
+
+def prepare(config: ConfigDict, workdir: str, mesh) -> None:
+    """Create the directory and save the config, or check that it matches the one saved there."""
+    check_saved(config, workdir)
+    os.makedirs(workdir, exist_ok=True)
+    config_lib.save(config, os.path.join(workdir, "config.json"))
     info = {"git_revision": git_revision(), "jax_version": jax.__version__,
             "devices": [str(d) for d in jax.devices()], "processes": jax.process_count(),
             "mesh": dict(mesh.shape), "argv": sys.argv}
