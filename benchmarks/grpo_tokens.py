@@ -57,7 +57,7 @@ sys.path.insert(0, ROOT)  # experiments/ is a folder of config files, not an ins
 
 from envs import text  # noqa: E402
 from envs.text.tokenizer import BOS, EOS, PAD  # noqa: E402
-from jaxrl import algos, host, mesh as mesh_lib, sampling  # noqa: E402
+from jaxrl import algos, host, loops, mesh as mesh_lib, sampling  # noqa: E402
 from report import machine, markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 # ---------------------------------------------------------------------------------------------------
@@ -375,7 +375,9 @@ def main():
             print(f"  {name}: " + " ".join(fmt.format(x) for x in samples))
     print("Differences that remain: GPT-2 has biases in its attention projections (jaxrl's attention has none); "
           "TRL's generate\nprefills each of the B*G rows, jaxrl's sample_groups prefills each prompt once for its "
-          "group; TRL stops\ngenerating once every row has emitted EOS, jaxrl always runs N steps.")
+          "group; TRL stops\ngenerating once every row has emitted EOS, jaxrl after the chunk of "
+          f"{loops.CHUNK} steps in which every row has (none\nat N <= {loops.CHUNK}: the steps before the first "
+          "chunk always run).")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 from helpers import ROOT
 from experiments import cartpole_ppo
 from jaxrl import config as config_lib, train
+from jaxrl.engine import ChunkRunner
 
 BATCH = 4 * 32
 
@@ -82,7 +83,7 @@ def test_run_directory_holds_config_metrics_checkpoints_and_curve(tmp_path):
     assert not result.interrupted
 
 
-def test_resume_after_kill_gives_the_same_parameters(tmp_path):
+def test_resume_after_kill_gives_the_same_parameters(tmp_path, monkeypatch):
     config = small_config(40)
     straight = train.run(config, str(tmp_path / "straight"))
 
@@ -94,7 +95,18 @@ def test_resume_after_kill_gives_the_same_parameters(tmp_path):
     steps = _checkpoint_steps(workdir)
     assert steps and steps[-1] < 40, f"the run should have been killed part-way, checkpoints: {steps}"
 
+    # The checkpoint is restored into the state's shapes: no fresh state is allocated beside it (for a replay
+    # buffer near memory's size, two copies would not fit).
+    allocated, init_seeds = [], ChunkRunner.init_seeds
+
+    def counting_init_seeds(self, *args, **kwargs):
+        state = init_seeds(self, *args, **kwargs)
+        allocated.extend(x for x in jax.tree.leaves(state) if not isinstance(x, jax.core.Tracer))
+        return state
+
+    monkeypatch.setattr(ChunkRunner, "init_seeds", counting_init_seeds)
     resumed = train.run(config, workdir)
+    assert not allocated
     _assert_same_params(straight.state.params, resumed.state.params)
     _assert_same_params(straight.state.opt_state, resumed.state.opt_state)
     # The metrics file continues without duplicated updates.

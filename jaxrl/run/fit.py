@@ -150,14 +150,19 @@ def measure(compiled, abstract_state, mesh, held_twice: bool) -> ProgramFit:
                       largest_part(abstract_state, mesh.size))
 
 
-def check(algo, config, hyperparams, num_settings: int, donate: bool) -> ProgramFit | None:
-    """Compile `algo`'s chunk program for the state `config` trains (shapes only) and return its fit; raise
-    DoesNotFit, naming the key to change, when it cannot fit. None for an algorithm that does not expose
-    its program (`chunk_program`)."""
+def abstract_state(algo, config, num_settings: int):
+    """The state `config` trains, as ShapeDtypeStructs with their shardings (nothing allocated): what the
+    fit check compiles for and what a checkpoint is restored into."""
+    abstract = jax.eval_shape(lambda: algo.init_seeds(config.seed, config.num_seeds, num_settings))
+    return checkpoint.abstract_state(abstract, algo.state_shardings(abstract))
+
+
+def check(algo, abstract, config, hyperparams, donate: bool) -> ProgramFit | None:
+    """Compile `algo`'s chunk program for states shaped like `abstract` (`abstract_state`) and return its
+    fit; raise DoesNotFit, naming the key to change, when it cannot fit. None for an algorithm that does not
+    expose its program (`chunk_program`)."""
     if not hasattr(algo, "chunk_program"):
         return None
-    abstract = jax.eval_shape(lambda: algo.init_seeds(config.seed, config.num_seeds, num_settings))
-    abstract = checkpoint.abstract_state(abstract, algo.state_shardings(abstract))
     compiled = algo.chunk_program(abstract, hyperparams, donate=donate)
     fit = measure(compiled, abstract, algo.mesh, held_twice=not donate)
     if "replay" in config and config.replay.get("store_dtype") == "float32":

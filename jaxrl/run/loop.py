@@ -131,7 +131,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     # The chunk program, compiled for the state's shapes before it exists: one that cannot fit in memory
     # fails here, before anything is allocated or written.
     donate = config.checkpoint.on_nonfinite == "stop"  # (what `divergence.Guard.replays_chunks` says)
-    fit = fit_lib.check(algo, config, hyperparams, num_settings, donate)
+    abstract = fit_lib.abstract_state(algo, config, num_settings)
+    fit = fit_lib.check(algo, abstract, config, hyperparams, donate)
     if main and fit is not None:
         print(fit.describe() + (f"; close to the limit: {fit.advice()}" if fit.close_to_the_limit else ""),
               file=sys.stderr)
@@ -149,14 +150,15 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
     guard = divergence.Guard(config.checkpoint.on_nonfinite, config.checkpoint.max_rollbacks, num_seeds,
                              num_settings, checkpoint_dir, fetch)
-    state = algo.init_seeds(config.seed, num_seeds, num_settings)
     update = 0
-    if checkpointer.latest_step() is not None:
-        update, state = checkpointer.restore_latest(checkpoint.abstract_state(state))
+    if checkpointer.latest_step() is not None:  # restored into the abstract state: one copy ever allocated
+        update, state = checkpointer.restore_latest(abstract)
         guard.resume(update)
         if main:
             print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
                   file=sys.stderr)
+    else:
+        state = algo.init_seeds(config.seed, num_seeds, num_settings)
     metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
     previous_rows = metrics_lib.read(metric_paths[0])
     wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
