@@ -3,8 +3,8 @@
     python -m jaxrl.train --config=experiments/cartpole_grpo.py
     python -m jaxrl.train --config=experiments/cartpole_grpo.py --config.advantage=median --config.loss.clip_high=0.28
 
-`env_steps` counts every computed step (groups x size x 500), including the masked steps after an episode
-ended; `acting_fraction` in metrics.jsonl says how many of them trained.
+`env_steps` counts groups x size x 500 steps per update, including the masked steps after an episode ended
+(computed until every episode on the device has ended); `acting_fraction` in metrics.jsonl says how many trained.
 """
 
 from ml_collections import ConfigDict

@@ -4,8 +4,9 @@
     python -m jaxrl.train --config=experiments/smax_grpo.py:3m --config.advantage=rloo
 
 The same recurrent actor as experiments/smax_mappo.py (GRU 128, FC 128, relu, shared by the agents, with
-agent ids), without the critic. Each battle runs to its end or the 100-step limit; `env_steps` counts every
-computed step, including the masked steps after a battle ended (`acting_fraction` says how many trained).
+agent ids), without the critic. Each battle runs to its end or the 100-step limit; `env_steps` counts 100 steps
+per battle, including the masked steps after it ended (computed until every battle on the device has ended;
+`acting_fraction` says how many trained).
 """
 
 from ml_collections import ConfigDict
