@@ -16,7 +16,7 @@ def _dqn(**overrides):
 
 def _fit(config, donate: bool):
     algo, hp = algos.build(config, loop.make_mesh(config, config.num_seeds))
-    return fit.check(algo, config, hp, 1, donate)
+    return fit.check(algo, fit.abstract_state(algo, config, 1), config, hp, donate)
 
 
 def test_the_state_is_counted_once_when_donated_and_twice_when_kept():
