@@ -96,6 +96,11 @@ def _looks_corrupt(err: Exception) -> bool:
     return not mismatch
 
 
+def has_checkpoints(directory: str) -> bool:
+    """Whether `directory` holds a saved step (looked up without creating anything)."""
+    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+
+
 def abstract_state(state: Any, shardings: Any = None) -> Any:
     """ShapeDtypeStructs (with shardings) describing `state`, for `restore_latest`: a state of arrays, or an
     abstract one (e.g. `jax.eval_shape` of an init) with `shardings`, a sharding per leaf or one for a

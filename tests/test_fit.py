@@ -1,7 +1,8 @@
 """Fit before you run: the chunk program's memory, read from its compiled form for the state's shapes alone,
 against formulas for the state; a program too big fails before anything is allocated or written."""
 
-import jax
+import dataclasses
+
 import pytest
 
 from helpers import load_experiment, set_keys
@@ -55,3 +56,20 @@ def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "memory: " in err and "GFLOP per update" in err
     assert "close to the limit: its largest part is buffer" in err
+
+
+def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(tmp_path, capsys):
+    """orbax restores into host memory before placing the arrays: a resumed run needs the state twice for a
+    moment, though its chunks hold it once."""
+    config = _dqn(**{"replay.buffer_size": 400_000, "total_steps": 2_000, "checkpoint.on_nonfinite": "stop"})
+    donated = _fit(config, True)
+    assert donated.needed < 2 * donated.state
+    restoring = dataclasses.replace(donated, restoring=True)
+    assert restoring.needed == 2 * donated.state
+    assert "held once, twice while its checkpoint is restored" in restoring.describe()
+    workdir = str(tmp_path / "run")
+    train.run(config, workdir, progress=False)
+    capsys.readouterr()
+    config.total_steps = 4_000
+    train.run(config, workdir, progress=False)  # resumes
+    assert "twice while its checkpoint is restored" in capsys.readouterr().err

@@ -46,11 +46,14 @@ class ProgramFit:
     flops: float | None  # per update, XLA's cost analysis of the loop body (None: not reported)
     largest: tuple[str, int]  # the state's largest part: (top-level field, bytes per device)
     float32_buffer: bool = False  # a replay buffer that could store its observations in 16 bits
+    # a checkpoint is restored into host memory the devices share: for a moment it is held twice (measured:
+    # a 6.3 GB state restored by orbax on XLA:CPU was killed for memory at 11.8 GB resident)
+    restoring: bool = False
 
     @property
     def needed(self) -> int:
-        """Bytes of the memory pool the program takes (every device sharing it)."""
-        return self.peak * self.sharing
+        """Bytes of the memory pool the program takes (every device sharing it), or restoring its checkpoint."""
+        return max(self.peak, 2 * self.state if self.restoring else 0) * self.sharing
 
     @property
     def fits(self) -> bool:
@@ -64,6 +67,8 @@ class ProgramFit:
         """e.g. "13.2 GB per device (state 12.0 GB, held once)"."""
         devices = f" on {self.sharing} devices sharing the host's memory" if self.sharing > 1 else " per device"
         held = "held twice: each chunk's input is kept until checked" if self.held_twice else "held once"
+        if self.restoring and not self.held_twice:
+            held += ", twice while its checkpoint is restored"
         return f"{format_bytes(self.needed)}{devices} (state {format_bytes(self.state * self.sharing)}, {held})"
 
     def describe(self) -> str:
@@ -157,16 +162,17 @@ def abstract_state(algo, config, num_settings: int):
     return checkpoint.abstract_state(abstract, algo.state_shardings(abstract))
 
 
-def check(algo, abstract, config, hyperparams, donate: bool) -> ProgramFit | None:
+def check(algo, abstract, config, hyperparams, donate: bool, restoring: bool = False) -> ProgramFit | None:
     """Compile `algo`'s chunk program for states shaped like `abstract` (`abstract_state`) and return its
-    fit; raise DoesNotFit, naming the key to change, when it cannot fit. None for an algorithm that does not
-    expose its program (`chunk_program`)."""
+    fit; raise DoesNotFit, naming the key to change, when it cannot fit. `restoring`: the run resumes from a
+    checkpoint. None for an algorithm that does not expose its program (`chunk_program`)."""
     if not hasattr(algo, "chunk_program"):
         return None
     compiled = algo.chunk_program(abstract, hyperparams, donate=donate)
     fit = measure(compiled, abstract, algo.mesh, held_twice=not donate)
-    if "replay" in config and config.replay.get("store_dtype") == "float32":
-        fit = dataclasses.replace(fit, float32_buffer=True)
+    float32_buffer = "replay" in config and config.replay.get("store_dtype") == "float32"
+    fit = dataclasses.replace(fit, float32_buffer=float32_buffer,
+                              restoring=restoring and jax.devices()[0].platform == "cpu")
     if not fit.fits:
         raise DoesNotFit(f"this config does not fit in memory: it needs {fit.need()}, and a run may take "
                          f"{FAIL_ABOVE:.0%} of the {format_bytes(fit.available)} free; {fit.advice()}", fit)

@@ -132,7 +132,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     # fails here, before anything is allocated or written.
     donate = config.checkpoint.on_nonfinite == "stop"  # (what `divergence.Guard.replays_chunks` says)
     abstract = fit_lib.abstract_state(algo, config, num_settings)
-    fit = fit_lib.check(algo, abstract, config, hyperparams, donate)
+    resuming = checkpoint.has_checkpoints(checkpoint_dir)
+    fit = fit_lib.check(algo, abstract, config, hyperparams, donate, restoring=resuming)
     if main and fit is not None:
         print(fit.describe() + (f"; close to the limit: {fit.advice()}" if fit.close_to_the_limit else ""),
               file=sys.stderr)
