@@ -21,9 +21,8 @@ already hold are used where the suite has none of its own, with their dates.
 
 A cell whose training program cannot fit in the memory this machine has free is not started (the training
 loop's check, `jaxrl.run.fit`; the kernel would otherwise end the whole suite): its table cell says what it
-needs. Suites may
-run side by side (other learners or scenarios): each finished cell is written into the results file as the
-file stands then.
+needs. Suites may run side by side (other learners or scenarios): each finished cell is written into the
+results file as the file stands then.
 
 Prints and writes: the final greedy win rate of every learner on every scenario (mean over seeds, 95%
 Student-t interval), the cost of each cell (wall seconds, env steps per second), the comparison with

@@ -12,6 +12,7 @@ memory beside the program).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 
@@ -94,30 +95,21 @@ def format_bytes(num_bytes: float) -> str:
     return f"{num_bytes / 1e9:.1f} GB" if num_bytes >= 1e9 else f"{num_bytes / 1e6:.0f} MB"
 
 
-def state_bytes(state) -> int:
-    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state))
-
-
-def largest_part(state, num_devices: int) -> tuple[str, int]:
+def largest_part(state) -> tuple[str, int]:
     """(top-level field, bytes per device) of the state's largest part (sharded parts spread over devices)."""
     fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state)} if dataclasses.is_dataclass(state) \
         else {"state": state}
-    sizes = {name: per_device_bytes(part, num_devices) for name, part in fields.items()}
+    sizes = {name: per_device_bytes(part) for name, part in fields.items()}
     name = max(sizes, key=sizes.get)
     return name, sizes[name]
 
 
-def per_device_bytes(tree, num_devices: int) -> int:
+def per_device_bytes(tree) -> int:
     """Bytes of `tree` (ShapeDtypeStructs with shardings, or arrays) on one device."""
     def on_one(x):
         sharding = getattr(x, "sharding", None)
-        if sharding is None:
-            return x.size * x.dtype.itemsize
-        shape = sharding.shard_shape(x.shape)
-        size = 1
-        for n in shape:
-            size *= n
-        return size * x.dtype.itemsize
+        shape = x.shape if sharding is None else sharding.shard_shape(x.shape)
+        return math.prod(shape) * x.dtype.itemsize
     return sum(on_one(x) for x in jax.tree.leaves(tree))
 
 
@@ -136,23 +128,23 @@ def memory_available(device) -> int | None:
     return stats["bytes_limit"] - stats.get("bytes_in_use", 0)
 
 
-def measure(compiled, abstract_state, mesh, held_twice: bool) -> ProgramFit:
+def measure(compiled, abstract_state, mesh, held_twice: bool, restoring: bool = False,
+            float32_buffer: bool = False) -> ProgramFit:
     """The fit of a compiled chunk program (`engine.compile_chunk`) for states shaped like `abstract_state`
-    (ShapeDtypeStructs with shardings) on `mesh`."""
+    (ShapeDtypeStructs with shardings) on `mesh`. `restoring`: the run resumes from a checkpoint (which counts
+    where the devices share the host's memory)."""
     memory = compiled.memory_analysis()
-    state = per_device_bytes(abstract_state, mesh.size)
-    peak = memory.peak_memory_in_bytes if hasattr(memory, "peak_memory_in_bytes") else (
-        memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
-        + memory.temp_size_in_bytes)
+    state = per_device_bytes(abstract_state)
+    peak = memory.peak_memory_in_bytes
     if held_twice:  # the loop holds the input state while the program runs: it is among the program's arguments
         peak = max(peak, 2 * state + memory.temp_size_in_bytes)
     local = [d for d in mesh.devices.flat if d.process_index == jax.process_index()]
-    sharing = len(local) if local[0].platform == "cpu" else 1
+    host_memory = local[0].platform == "cpu"
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
     flops = float(cost["flops"]) if isinstance(cost, dict) and cost.get("flops", 0) > 0 else None
-    return ProgramFit(int(peak), state, held_twice, sharing, memory_available(local[0]), flops,
-                      largest_part(abstract_state, mesh.size))
+    return ProgramFit(int(peak), state, held_twice, len(local) if host_memory else 1, memory_available(local[0]),
+                      flops, largest_part(abstract_state), float32_buffer, restoring and host_memory)
 
 
 def abstract_state(algo, config, num_settings: int):
@@ -169,10 +161,8 @@ def check(algo, abstract, config, hyperparams, donate: bool, restoring: bool = F
     if not hasattr(algo, "chunk_program"):
         return None
     compiled = algo.chunk_program(abstract, hyperparams, donate=donate)
-    fit = measure(compiled, abstract, algo.mesh, held_twice=not donate)
-    float32_buffer = "replay" in config and config.replay.get("store_dtype") == "float32"
-    fit = dataclasses.replace(fit, float32_buffer=float32_buffer,
-                              restoring=restoring and jax.devices()[0].platform == "cpu")
+    fit = measure(compiled, abstract, algo.mesh, held_twice=not donate, restoring=restoring,
+                  float32_buffer="replay" in config and config.replay.get("store_dtype") == "float32")
     if not fit.fits:
         raise DoesNotFit(f"this config does not fit in memory: it needs {fit.need()}, and a run may take "
                          f"{FAIL_ABOVE:.0%} of the {format_bytes(fit.available)} free; {fit.advice()}", fit)

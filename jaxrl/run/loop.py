@@ -128,12 +128,14 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     main = distributed.is_main_process()
     for setting in settings:  # a run directory holding another config is an input error: before compiling
         workdir_lib.check_saved(setting.config, setting.workdir)
+    guard = divergence.Guard(config.checkpoint.on_nonfinite, config.checkpoint.max_rollbacks, num_seeds,
+                             num_settings, checkpoint_dir, fetch)
     # The chunk program, compiled for the state's shapes before it exists: one that cannot fit in memory
-    # fails here, before anything is allocated or written.
-    donate = config.checkpoint.on_nonfinite == "stop"  # (what `divergence.Guard.replays_chunks` says)
+    # fails here, before anything is allocated or written. Chunks reuse their input's memory (donate) unless
+    # the guard may replay them from their start.
     abstract = fit_lib.abstract_state(algo, config, num_settings)
     resuming = checkpoint.has_checkpoints(checkpoint_dir)
-    fit = fit_lib.check(algo, abstract, config, hyperparams, donate, restoring=resuming)
+    fit = fit_lib.check(algo, abstract, config, hyperparams, donate=not guard.replays_chunks, restoring=resuming)
     if main and fit is not None:
         print(fit.describe() + (f"; close to the limit: {fit.advice()}" if fit.close_to_the_limit else ""),
               file=sys.stderr)
@@ -149,10 +151,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     eval_every = _every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None
 
     checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
-    guard = divergence.Guard(config.checkpoint.on_nonfinite, config.checkpoint.max_rollbacks, num_seeds,
-                             num_settings, checkpoint_dir, fetch)
     update = 0
-    if checkpointer.latest_step() is not None:  # restored into the abstract state: one copy ever allocated
+    if resuming:  # restored into the abstract state: one copy ever allocated
         update, state = checkpointer.restore_latest(abstract)
         guard.resume(update)
         if main:
