@@ -46,3 +46,25 @@ def scan_until(step, carry, xs, finished, chunk: int = CHUNK, unroll: int = 1):
     _, carry, outs = jax.lax.while_loop(keep_going, body, (jnp.int32(0), carry, outs))
     outs = jax.tree.map(lambda h, o: jnp.concatenate([h, o.reshape(-1, *o.shape[2:])]), head_outs, outs)
     return carry, outs
+
+
+def trim_lengths(num_steps: int, count: int = 3, multiple: int = CHUNK) -> tuple[int, ...]:
+    """The static lengths `call_trimmed` chooses from: num_steps / 2^(count-1), ..., num_steps / 2, num_steps,
+    each rounded up to a multiple of `multiple` (the early-exit chunk), distinct and at most num_steps. Each
+    length is one more compiled copy of what is trimmed, so they are few."""
+    lengths = {min(num_steps, -(-num_steps // 2 ** k // multiple) * multiple) for k in range(count)}
+    return tuple(sorted(length for length in lengths if length > 0))
+
+
+def call_trimmed(fn, xs, steps: jax.Array, lengths: tuple[int, ...]):
+    """`fn(xs)` on the first L entries of every leaf of `xs` (leaves [T, ...]), L the shortest of `lengths`
+    (static, ending with T) that holds `steps` (int32 []): one `lax.switch` branch per length, so the work after
+    the steps taken is skipped with static shapes. `fn` must give the same result for any L >= steps (the
+    entries past `steps` count for nothing, e.g. masked out), and `steps` must be the same wherever the branches
+    must agree (`jaxrl.mesh.agreed_max`). Returns (fn's result, L)."""
+    T = jax.tree.leaves(xs)[0].shape[0]
+    if lengths[-1] != T:
+        raise ValueError(f"the longest length must be the full {T} steps, got {lengths}")
+    branches = [lambda xs, L=L: fn(jax.tree.map(lambda x: x[:L], xs)) for L in lengths]
+    index = jnp.searchsorted(jnp.asarray(lengths), steps)  # the first length >= steps
+    return jax.lax.switch(index, branches, xs), jnp.asarray(lengths)[index]

@@ -92,6 +92,26 @@ def over_local_runs(fn, in_axes: tuple):
     return run
 
 
+@jax.custom_batching.custom_vmap
+def _max_over_vmapped(x: jax.Array) -> jax.Array:
+    """x itself; under vmap, the maximum over the mapped axis, unmapped (every mapped call sees one value)."""
+    return x
+
+
+@_max_over_vmapped.def_vmap
+def _max_over_vmapped_rule(axis_size, in_batched, x):
+    del axis_size
+    return (_max_over_vmapped(jnp.max(x, axis=0)) if in_batched[0] else x), False
+
+
+def agreed_max(x: jax.Array) -> jax.Array:
+    """The maximum of `x` (a scalar) over the devices of the `data` axis and over the runs vmapped on this
+    device: one value that every run of a data group agrees on. A `lax.switch` on it then takes one branch (an
+    index that differs between vmapped runs would make it compute every branch and select) and every device of
+    the group takes the same one (the branches may hold collectives over `data`). Inside `shard_map`."""
+    return _max_over_vmapped(jax.lax.pmax(x, DATA_AXIS))
+
+
 def runs_of(hyperparams, num_runs: int, mesh: Mesh):
     """Hyperparameters with a leading run axis [R], placed on the mesh: scalar leaves are shared by every
     run (broadcast), leaves [R] give each run its own value (a sweep)."""

@@ -8,7 +8,7 @@ import pytest
 
 from jaxrl import advantages, algos
 from jaxrl.algos import grpo
-from jaxrl.loops import CHUNK
+from jaxrl.loops import CHUNK, trim_lengths
 from helpers import build, small_grpo_config
 
 
@@ -63,6 +63,26 @@ def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(m
     full, _ = algo.run_chunk(state, hp, 2)
     for a, b in zip(jax.tree.leaves(early.params), jax.tree.leaves(full.params)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_learning_covers_the_longest_episode_only_and_equals_learning_over_every_step(monkeypatch):
+    """With a 200-step cap and untrained CartPole episodes far shorter, the update learns from the first 56 or
+    104 steps (`trim_lengths(200)`): the parameters equal those of an update over all 200 (the steps past the
+    longest episode are masked out of every loss term), and the metrics say which length ran."""
+    config = small_grpo_config(num_steps=200, **{"loss.aggregate": "constant"})  # divides by 200 either way
+    algo, hp, state = build(config)
+    traj = jax.device_get(algo.sample_trajectory(state))
+    longest = int(traj.running[0, :, :, 0].sum(0).max())
+    trimmed, metrics = algo.run_chunk(state, hp, 1)
+    learned = int(metrics["learned_steps"][0])
+    assert learned < 200 and learned == min(L for L in trim_lengths(200) if L >= longest)
+
+    monkeypatch.setattr(grpo, "trim_lengths", lambda T: (T,))
+    algo, hp, state = build(config)
+    full, metrics = algo.run_chunk(state, hp, 1)
+    assert int(metrics["learned_steps"][0]) == 200
+    for a, b in zip(jax.tree.leaves(trimmed.params), jax.tree.leaves(full.params)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
 def test_smax_agents_stop_acting_when_they_die():

@@ -11,8 +11,9 @@ aggregation). One compiled program per choice:
     shard_map over the `data` axis (groups split over devices)
       vmap over seeds
         lax.fori_loop over K updates:
-          group rollout (lax.scan over T steps, no auto-reset) -> group advantages
-          -> epochs x minibatches of whole (episode, agent) sequences
+          group rollout (T steps, no auto-reset; stops once every episode has ended) -> group advantages
+          -> epochs x minibatches of whole (episode, agent) sequences, cut to the longest episode
+             (`jaxrl.loops.call_trimmed`: one of a few compiled lengths)
 
 Advantages are per episode and broadcast to every step (`returns="episode"`), or per step: returns-to-go
 with a separate group baseline at every time step (`returns="to_go"`). A learned value baseline can be
@@ -45,7 +46,7 @@ from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatc
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import ChunkRunner, global_mean, optimise, standardise
-from jaxrl.loops import scan_until
+from jaxrl.loops import call_trimmed, scan_until, trim_lengths
 from jaxrl.mesh import DATA_AXIS, RUNS
 
 RETURNS = ("episode", "to_go")
@@ -269,7 +270,8 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         total, aux = losses.policy_loss(
             log_prob, batch["log_prob"], batch["advantages"], batch["weight"],
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
-            aggregate=s.aggregate, constant_length=s.constant_length, entropy=entropy, ent_coef=hp.ent_coef,
+            aggregate=s.aggregate, constant_length=s.constant_length or s.num_steps, entropy=entropy,
+            ent_coef=hp.ent_coef,
             axis_name=DATA_AXIS)
         if self.use_critic:
             errors = losses.value_loss(jnp.swapaxes(values, 0, 1), None, batch["returns"], None)  # unclipped
@@ -291,12 +293,20 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
                    "advantages": advantages, "weight": weight}
         if self.use_critic:  # what the value loss reads
             samples.update(returns=returns_to_go, acting=traj.acting)
-        units = sequence_units(samples, mesh_lib.varying(self.network.initial_carry((n, A))))
+        start_carry = mesh_lib.varying(self.network.initial_carry((n, A)))
         s = self.settings
         optimizer = env_optimizer(s, hp, state.update_step)
-        params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, units, hp, epoch_key,
-                                          s.num_epochs, s.num_minibatches)
+
+        def learn(samples):
+            return optimise(self._loss, optimizer, state.params, state.opt_state,
+                            sequence_units(samples, start_carry), hp, epoch_key, s.num_epochs, s.num_minibatches)
+
+        # Learn from the steps of the longest episode only (of every run and device that must agree), cut to
+        # one of a few compiled lengths: the steps after it are masked out of every loss term.
+        steps_taken = mesh_lib.agreed_max(jnp.sum(jnp.any(traj.running > 0, axis=(1, 2)), dtype=jnp.int32))
+        (params, opt_state, aux), learned_steps = call_trimmed(learn, samples, steps_taken, trim_lengths(T))
         metrics.update(jax.tree.map(jnp.mean, aux))
+        metrics["learned_steps"] = learned_steps.astype(jnp.float32)
         metrics.update(jax.lax.psum(episode, DATA_AXIS))  # a strategy's metrics too (*_sum keys, per episode)
         metrics["acting_fraction"] = global_mean(traj.acting)  # the share of computed steps that train
         return GroupState(params, opt_state, key, state.update_step + 1), metrics
