@@ -102,6 +102,13 @@ class Environment:
         auto-reset does: a reset costs as much as a physics step)."""
         return self.reset(key, params)
 
+    # Optional `observe(state, params=None) -> obs`: the observation as a function of the state alone, equal to
+    # what `reset` and `step` return with that state. `envs.AutoReset` then observes only the state it keeps
+    # (the step's or the restart's) instead of computing both observations and selecting one, which for envs
+    # with large observations (SMAX: every unit as each ally sees it) is a large share of a step. Wrappers do
+    # not forward it (one that changes observations would make it wrong).
+    observe = None
+
     def observation_space(self, params=None) -> Box:
         raise NotImplementedError
 

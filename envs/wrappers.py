@@ -97,8 +97,10 @@ class AutoReset(Wrapper):
         reset_obs, reset_state = self.env.restart(reset_key, next_state, params)
         over = episode_over(done, info)
         info = dict(info, final_obs=obs, final_state=next_state)
-        return (select(over, reset_obs, obs), select(over, reset_state, next_state),
-                reward, done, info)
+        kept_state = select(over, reset_state, next_state)
+        if self.env.observe is not None:  # observe the kept state once; XLA drops the two unused observations
+            return self.env.observe(kept_state, params), kept_state, reward, done, info
+        return select(over, reset_obs, obs), kept_state, reward, done, info
 
     def batch_step(self, keys, states, actions, params=None):
         num_envs = keys.shape[0]

@@ -419,3 +419,44 @@ def test_render_writes_an_animated_gif_and_a_png(tmp_path):
         assert im.size == (480, 480)
     with pytest.raises(SystemExit):  # no --params: a trained policy is drawn through jaxrl (tests/test_evaluate.py)
         main(["--scenario", "3m", "--out", str(tmp_path), "--params", "policy.msgpack"])
+
+
+def test_observe_gives_what_reset_and_step_return_and_auto_reset_observes_the_kept_state_once():
+    """`SMAX.observe(state)` equals the obs that `reset` and `step` return with that state; `envs.AutoReset`
+    observes the state it keeps (step's or restart's) and returns exactly what selecting between the two
+    computed observations returns (an env without `observe`), over steps where battles end and restart."""
+    env = make("2s3z")
+    obs, state = jitted_reset(env)(jax.random.PRNGKey(0))
+    np.testing.assert_array_equal(jax.jit(env.observe)(state), obs)
+    next_obs, next_state, *_ = jitted_step(env)(jax.random.PRNGKey(1), state, jnp.full((env.num_agents,), STOP))
+    np.testing.assert_array_equal(jax.jit(env.observe)(next_state), next_obs)
+
+    class Selecting(SMAX):  # the same env, without `observe`: AutoReset selects between both observations
+        observe = None
+
+    selecting = Selecting("2s3z")
+    ended = 0
+    for wrapped in (envs.AutoReset(env), envs.AutoReset(selecting)):
+        keys = jax.random.split(jax.random.PRNGKey(2), 64)
+        obs, states = jax.vmap(wrapped.reset)(keys)
+
+        def body(carry, key):
+            obs, states = carry
+            actions = jax.vmap(random_legal)(jax.random.split(key, 64), jax.vmap(wrapped.avail_actions)(states))
+            obs, states, _, _, info = jax.vmap(wrapped.step)(jax.random.split(key, 64), states, actions)
+            return (obs, states), (obs, info["episode_over"])
+
+        _, outs = jax.jit(lambda c: jax.lax.scan(body, c, jax.random.split(jax.random.PRNGKey(3), 80)))((obs, states))
+        if wrapped.env is env:
+            observed = outs
+        else:
+            np.testing.assert_array_equal(observed[0], outs[0])
+            np.testing.assert_array_equal(observed[1], outs[1])
+            ended = int(outs[1].sum())
+    assert ended > 64, "battles should end (and restart) within 80 steps"
+
+    def step_cost(wrapped):  # XLA's count of what one compiled auto-reset step computes
+        args = (jax.random.PRNGKey(0), state, jnp.zeros((env.num_agents,), jnp.int32))
+        return jax.jit(lambda *a: wrapped.step(*a)[0]).lower(*args).compile().cost_analysis()["flops"]
+
+    assert step_cost(envs.AutoReset(env)) < step_cost(envs.AutoReset(selecting))

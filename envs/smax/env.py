@@ -345,6 +345,10 @@ class SMAX(Environment):
         dist = pairwise_distance(state.position[:A], state.position[A:])
         return self._ally_mask(state.alive, dist, unit_stats(p, state.unit_type))
 
+    def observe(self, state: SMAXState, params=None) -> jax.Array:
+        """[A, obs_dim], as `reset` and `step` return them for `state` (`Environment.observe`)."""
+        return self._observations(state, self._params(params))
+
     def _observations(self, state: SMAXState, p: SMAXParams) -> jax.Array:
         """[A, obs_dim]: every other unit as each ally sees it (allies, then enemies), then its own features."""
         A, U = self.num_allies, self.num_units
