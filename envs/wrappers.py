@@ -97,10 +97,16 @@ class AutoReset(Wrapper):
         reset_obs, reset_state = self.env.restart(reset_key, next_state, params)
         over = episode_over(done, info)
         info = dict(info, final_obs=obs, final_state=next_state)
-        kept_state = select(over, reset_state, next_state)
-        if self.env.observe is not None:  # observe the kept state once; XLA drops the two unused observations
-            return self.env.observe(kept_state, params), kept_state, reward, done, info
-        return select(over, reset_obs, obs), kept_state, reward, done, info
+        return (*self._next(over, (reset_obs, reset_state), (obs, next_state), params), reward, done, info)
+
+    def _next(self, over, restarted, stepped, params):
+        """One env's next (obs, state): `restarted` where its episode is `over`, else `stepped`. An env that can
+        observe a state (`Environment.observe`) observes only the state kept, and XLA drops the two observations
+        computed with the step and the restart."""
+        state = select(over, restarted[1], stepped[1])
+        if self.env.observe is None:
+            return select(over, restarted[0], stepped[0]), state
+        return self.env.observe(state, params), state
 
     def batch_step(self, keys, states, actions, params=None):
         num_envs = keys.shape[0]
@@ -118,7 +124,9 @@ class AutoReset(Wrapper):
         source = (jnp.cumsum(over) - 1) % num_restarts  # [n]
         reset_obs, reset_state = take((reset_obs, reset_state), source)
         info = dict(info, final_obs=obs, final_state=next_state)
-        return (*jax.vmap(select)(over, (reset_obs, reset_state), (obs, next_state)), reward, done, info)
+        next_obs, next_state = jax.vmap(self._next, in_axes=(0, 0, 0, None))(
+            over, (reset_obs, reset_state), (obs, next_state), params)
+        return next_obs, next_state, reward, done, info
 
     def __repr__(self) -> str:
         ratio = f", reset_ratio={self.reset_ratio}" if self.reset_ratio != 1 else ""

@@ -66,5 +66,6 @@ def call_trimmed(fn, xs, steps: jax.Array, lengths: tuple[int, ...]):
     if lengths[-1] != T:
         raise ValueError(f"the longest length must be the full {T} steps, got {lengths}")
     branches = [lambda xs, L=L: fn(jax.tree.map(lambda x: x[:L], xs)) for L in lengths]
-    index = jnp.searchsorted(jnp.asarray(lengths), steps)  # the first length >= steps
-    return jax.lax.switch(index, branches, xs), jnp.asarray(lengths)[index]
+    choices = jnp.asarray(lengths)
+    index = jnp.searchsorted(choices, steps)  # the first length >= steps
+    return jax.lax.switch(index, branches, xs), choices[index]

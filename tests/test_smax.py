@@ -455,6 +455,20 @@ def test_observe_gives_what_reset_and_step_return_and_auto_reset_observes_the_ke
             ended = int(outs[1].sum())
     assert ended > 64, "battles should end (and restart) within 80 steps"
 
+    # The same with restarts shared by 4 envs (`reset_ratio`, the batch step).
+    shared = []
+    for wrapped in (envs.AutoReset(env, reset_ratio=4), envs.AutoReset(selecting, reset_ratio=4)):
+        obs, states = jax.vmap(wrapped.reset)(jax.random.split(jax.random.PRNGKey(2), 64))
+
+        def batch(states, key):
+            actions = jax.vmap(random_legal)(jax.random.split(key, 64), jax.vmap(wrapped.avail_actions)(states))
+            obs, states, _, _, info = wrapped.batch_step(jax.random.split(key, 64), states, actions)
+            return states, (obs, info["episode_over"])
+
+        shared.append(jax.jit(lambda s: jax.lax.scan(batch, s, jax.random.split(jax.random.PRNGKey(3), 80))[1])(states))
+    np.testing.assert_array_equal(shared[0][0], shared[1][0])
+    assert int(shared[0][1].sum()) > 64
+
     def step_cost(wrapped):  # XLA's count of what one compiled auto-reset step computes
         args = (jax.random.PRNGKey(0), state, jnp.zeros((env.num_agents,), jnp.int32))
         return jax.jit(lambda *a: wrapped.step(*a)[0]).lower(*args).compile().cost_analysis()["flops"]
