@@ -12,13 +12,36 @@ vmapped, and split over the devices (and hosts) of the mesh's `runs` axis. Keys 
 code paths (`num_envs`, `network.kind`, ...) start one program per distinct value. `--sweep.seeds=S`
 trains S seeds of every setting; seed s of every setting starts from the same key.
 
+Tuning inside one program (`jaxrl.run.population`; every swept key must be a traced hyperparameter):
+
+    python -m jaxrl.sweep --config=experiments/cartpole_ppo.py --sweep.method=pbt --sweep.lr=1e-4:1e-2 \
+        --sweep.pbt.population=8 --sweep.pbt.every_steps=50000
+    python -m jaxrl.sweep --config=experiments/cartpole_ppo.py --sweep.method=halving \
+        --sweep.lr=1e-4,3e-4,1e-3,3e-3 --sweep.seeds=2 --sweep.halving.at=0.25,0.5
+
+    --sweep.method=pbt        exploit and explore every --sweep.pbt.every_steps (default: 4 times a run):
+                              --sweep.pbt.fraction (0.25), --sweep.pbt.perturb (0.8,1.25); a swept key given
+                              as values a,b,c starts those settings and explores between min and max, one
+                              given as a range low:high draws --sweep.pbt.population (8) starts from it
+    --sweep.method=halving    drop the worse half of the settings at each fraction of total_steps in
+                              --sweep.halving.at (default 0.125,0.25,0.5); their runs continue the survivors
+    --sweep.<method>.score_key  the metric runs are ranked by (default: win_rate, else episode_return)
+
+Fork a saved run into variants: every setting starts from its checkpoint (every seed, same env states
+and keys) and differs only in traced hyperparameters; the children's curves continue the parent's:
+
+    python -m jaxrl.sweep --sweep.fork=runs/cartpole_ppo-20261121-120000 --sweep.fork_update=40 \
+        --sweep.lr=1e-4,3e-4 [--config=<the parent's experiment> --config.total_steps=...]
+
 Output, under `--workdir` (default `runs/<experiment>-sweep-<time>`):
     <key=value,...>/     one run directory per setting: config.json, metrics.jsonl (means over seeds and
                          per-seed lists), learning_curve.png
     checkpoints/<i>/     program i's state (every setting and seed); rerunning the command resumes
     summary.csv          one line per setting: final mean, 95% confidence interval and per-seed values
     sweep.png            mean and 95% confidence band of the headline metric per setting
-    sweep.json           the swept keys and values
+    sweep.json           the swept keys and values, the method and the fork
+    population.csv       PBT and halving: one line per run, best first (final values, origin, copies)
+    lineage.png          PBT and halving: each run's swept values over time, the best run's ancestry in bold
 """
 
 from __future__ import annotations
@@ -30,9 +53,16 @@ import time
 from ml_collections import ConfigDict
 
 from jaxrl import distributed, train
-from jaxrl.run import cli
+from jaxrl.run import cli, population as population_lib
 from jaxrl.run.summary import confidence_interval, format_summary  # noqa: F401  (the API)
-from jaxrl.run.sweeps import expand, group_programs, parse_values, resolve_key, run_sweep  # noqa: F401
+from jaxrl.run.sweeps import (Fork, Range, expand, group_programs, parse_range, parse_values,  # noqa: F401
+                              resolve_key, run_sweep)
+
+# --sweep.<name> flags that say how to sweep rather than naming a config key
+METHOD_FLAGS = {"pbt.every_steps": ("every_steps", int), "pbt.fraction": ("fraction", float),
+                "pbt.perturb": ("perturb", lambda text: tuple(float(x) for x in text.split(","))),
+                "pbt.score_key": ("score_key", str), "halving.score_key": ("score_key", str),
+                "halving.at": ("at", lambda text: tuple(float(x) for x in text.split(",")))}
 
 def split_sweep_flags(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """(argv without the --sweep.<key>=<values> flags, [(key, values)] in order)."""
@@ -48,10 +78,59 @@ def split_sweep_flags(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]
     return rest, sweep
 
 
+def method_from_flags(flags: list[tuple[str, str]]):
+    """(Options, PBT population size, Fork or None, the flags that name config keys) from the --sweep flags."""
+    fields, population, fork, fork_update, rest = {}, 8, None, None, []
+    for name, text in flags:
+        try:
+            if name == "method":
+                if text not in population_lib.METHODS:
+                    raise ValueError(f"is one of {', '.join(population_lib.METHODS)}")
+                fields["method"] = text
+            elif name in METHOD_FLAGS:
+                field, parse = METHOD_FLAGS[name]
+                fields[field] = parse(text)
+            elif name == "pbt.population":
+                population = int(text)
+            elif name == "fork":
+                fork = text
+            elif name == "fork_update":
+                fork_update = int(text)
+            elif name.startswith(("pbt.", "halving.")):
+                known = [n for n in (*METHOD_FLAGS, "pbt.population") if n.startswith(name.split(".")[0])]
+                raise ValueError(f"is not an option; known: {', '.join(known)}")
+            else:
+                rest.append((name, text))
+        except ValueError as error:
+            message = str(error) if str(error).startswith("is ") else f"{text!r} is not valid ({error})"
+            raise ValueError(f"--sweep.{name}: {message}") from None
+    options = population_lib.Options(**fields)
+    check_options(options, population, {name for name, _ in flags})
+    if fork_update is not None and fork is None:
+        raise ValueError("--sweep.fork_update needs --sweep.fork=<run directory>")
+    return options, population, (Fork(fork, fork_update) if fork else None), rest
+
+
+def check_options(options: population_lib.Options, population: int, given: set[str]) -> None:
+    """ValueError naming the flag of a method option that is out of range or belongs to another method."""
+    for name in given:
+        method = name.split(".")[0]
+        if method in ("pbt", "halving") and options.method != method:
+            raise ValueError(f"--sweep.{name} is an option of --sweep.method={method}")
+    if not 0 < options.fraction <= 0.5:
+        raise ValueError("--sweep.pbt.fraction must be in (0, 0.5]")
+    if options.every_steps < 0 or population < 2:
+        raise ValueError("--sweep.pbt.every_steps must be >= 0 and --sweep.pbt.population >= 2")
+    if not options.perturb or any(f <= 0 for f in options.perturb):
+        raise ValueError("--sweep.pbt.perturb: factors must be > 0")
+    if any(not 0 < f < 1 for f in options.at) or list(options.at) != sorted(set(options.at)):
+        raise ValueError("--sweep.halving.at: increasing fractions of total_steps, each in (0, 1)")
+
+
 def sweep_from_flags(config: ConfigDict, flags: list[tuple[str, str]]) -> tuple[ConfigDict, dict[str, list]]:
-    """(config with --sweep.seeds applied, {full key: values})."""
+    """(config with --sweep.seeds applied, {full key: values, or a Range for low:high})."""
     config = config.copy_and_resolve_references()
-    sweep: dict[str, list] = {}
+    sweep: dict[str, list | Range] = {}
     for name, values in flags:
         key = resolve_key(config, name)
         if key == "num_seeds":
@@ -62,7 +141,7 @@ def sweep_from_flags(config: ConfigDict, flags: list[tuple[str, str]]) -> tuple[
             continue
         if key in sweep:
             raise ValueError(f"--sweep.{name}: {key} is swept twice")
-        sweep[key] = parse_values(config, key, values)
+        sweep[key] = parse_range(config, key, values) if ":" in values else parse_values(config, key, values)
     config.lock()
     return config, sweep
 
@@ -74,12 +153,18 @@ def main(argv, sweep_flags) -> int:
     logging.set_verbosity(logging.WARNING)
     FLAGS = flags.FLAGS
     with cli.input_phase():
-        if FLAGS.config is None:
+        options, population, fork, sweep_flags = method_from_flags(sweep_flags)
+        if FLAGS.config is None and fork is None:
             raise cli.InputError("give --config=experiments/<name>.py and --sweep.<key>=<values> flags")
         train.setup_process(FLAGS)
-        config, sweep = sweep_from_flags(FLAGS.config, sweep_flags)
+        config, sweep = sweep_from_flags(FLAGS.config if FLAGS.config is not None else fork.config(), sweep_flags)
+        if fork is not None:
+            if any(name in ("seeds", "num_seeds") for name, _ in sweep_flags):
+                raise cli.InputError("--sweep.seeds with --sweep.fork: a fork continues the parent's seeds")
+            with config.unlocked():
+                config.num_seeds = fork.config().num_seeds
     workdir = FLAGS.workdir or os.path.join("runs", f"{config.experiment}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
-    summary = run_sweep(config, sweep, workdir)
+    summary = run_sweep(config, sweep, workdir, options=options, population=population, fork=fork)
     if distributed.is_main_process():
         print(format_summary(summary))
         print(f"\n{workdir}/summary.csv, {workdir}/sweep.png")

@@ -151,9 +151,10 @@ class Guard:
     def all_frozen(self) -> bool:
         return len(self.frozen) == self.num_runs
 
-    def frozen_seeds(self, setting: int) -> list[int]:
-        """The seeds of sweep setting `setting` that are frozen."""
-        return sorted(run % self.num_seeds for run in self.frozen if run // self.num_seeds == setting)
+    def thaw(self, runs) -> None:
+        """Forget that `runs` are frozen: they now hold a copy of a finite run (`jaxrl.run.population`)."""
+        for run in runs:
+            self.frozen.pop(int(run), None)
 
     def check(self, run_chunk, start, state, metrics: dict, hp, num_updates: int, first_update: int):
         """After a chunk of `num_updates` updates from `start` (the state it began with) to `state`
@@ -208,6 +209,9 @@ class Guard:
         return self.check(run_chunk, retry_start, state, metrics, hp, num_updates, first_update)
 
     def save(self) -> None:
-        """Write the frozen runs beside the checkpoints (main process; call when a checkpoint is saved)."""
+        """Write the frozen runs beside the checkpoints (main process; call when a checkpoint is saved); nothing
+        when no run was ever frozen."""
+        if not self.frozen and not os.path.exists(self.path):
+            return
         with open(self.path, "w") as f:
             json.dump({str(run): entry for run, entry in sorted(self.frozen.items())}, f, indent=1)

@@ -20,7 +20,8 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib, distributed, mesh as mesh_lib, metrics as metrics_lib
-from jaxrl.run import divergence, fit as fit_lib, loggers as loggers_lib, workdir as workdir_lib
+from jaxrl.run import divergence, fit as fit_lib, loggers as loggers_lib, population as population_lib
+from jaxrl.run import workdir as workdir_lib
 
 @dataclasses.dataclass
 class RunResult:
@@ -90,7 +91,9 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
     return RunResult(workdir, result.state, result.rows[0], result.interrupted, result.diverged)
 
 
-def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None) -> ProgramResult:
+def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None,
+                 tuning: tuple[population_lib.Options, list[population_lib.Tuned]] | None = None,
+                 start=None) -> ProgramResult:
     """Train every setting x seed as one compiled program.
 
     The settings must differ only in hyperparameters (`algos.static_signature`). Runs are settings-major
@@ -102,6 +105,10 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     run is frozen at its last finite state or rolled back (`config.checkpoint.on_nonfinite`), so no
     checkpoint ever holds a non-finite value; the program stops early when every run is frozen, or at once
     with "stop" (whose chunks reuse their input state's memory: the state is held once).
+
+    `tuning`: (options, swept hyperparameters) of a PBT or successive-halving program
+    (`jaxrl.run.population`), which decides between chunks. `start`: algo -> (update, state), where a
+    program without checkpoints begins (a fork of a saved run) instead of `init_seeds`.
     """
     for setting in settings:
         algos.validate(setting.config)
@@ -150,16 +157,26 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     checkpoint_every = _every(config.checkpoint.every_steps, chunk * batch) if config.checkpoint.every_steps else 1
     eval_every = _every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None
 
+    population = None
+    if tuning and tuning[0].method != "grid":
+        options, tuned = tuning
+        values = {t.key: [config_lib.get_value(s.config, t.key) for s in settings] for t in tuned}
+        population = population_lib.Population(options, tuned, values, num_seeds, num_updates, chunk, batch,
+                                               config.seed, checkpoint_dir)
     checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
     update = 0
     if resuming:  # restored into the abstract state: one copy ever allocated
         update, state = checkpointer.restore_latest(abstract)
         guard.resume(update)
+        if population is not None:
+            hyperparams = population.resume(update, hyperparams, main)
         if main:
             print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
                   file=sys.stderr)
     else:
-        state = algo.init_seeds(config.seed, num_seeds, num_settings)
+        update, state = start(algo, abstract) if start else (0, algo.init_seeds(config.seed, num_seeds, num_settings))
+        if population is not None:
+            population.start(main)
     metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
     previous_rows = metrics_lib.read(metric_paths[0])
     wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
@@ -214,17 +231,26 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
             if done or (eval_every and chunk_index % eval_every == 0):
                 eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
                 chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
-            rows = _rows(shared, chunk_metrics, guard)
-            for logger, row in zip(loggers, rows):
-                logger.write(row)
+            groups = population.groups() if population else _setting_groups(num_settings, num_seeds)
+            rows = _rows(shared, chunk_metrics, guard, groups)
+            for logger, row, group in zip(loggers, rows, groups):
+                if len(group):  # (a setting that successive halving dropped logs no more)
+                    logger.write(row)
             if bar is not None:
                 bar.update(num * batch)
                 bar.set_postfix(_postfix(rows[0]), refresh=False)
             diverged = guard.all_frozen
             interrupted = stop.signum is not None and not done
+            if population is not None and population.due(update) and not (diverged or interrupted):
+                event = population.decide(update, chunk_metrics)
+                state, hyperparams = population.apply(event, state, hyperparams)
+                state = jax.device_put(state, algo.state_shardings(state))
+                guard.thaw(np.flatnonzero(np.asarray(event["parents"]) != np.arange(num_seeds * num_settings)))
+                if main:
+                    population.record(event)
             if done or diverged or interrupted or chunk_index % checkpoint_every == 0:
                 checkpointer.save(update, state)
-                if main and guard.frozen:
+                if main:
                     guard.save()
             if (diverged and not done) or interrupted:
                 break
@@ -267,24 +293,28 @@ def fetch(tree):
     return multihost_utils.process_allgather(tree, tiled=True)
 
 
-def _rows(shared: dict, metrics: dict, guard: divergence.Guard) -> list[dict]:
+def _setting_groups(num_settings: int, num_seeds: int) -> list[np.ndarray]:
+    """Per setting, its runs (settings-major)."""
+    return [np.arange(s * num_seeds, (s + 1) * num_seeds) for s in range(num_settings)]
+
+
+def _rows(shared: dict, metrics: dict, guard: divergence.Guard, groups: list[np.ndarray]) -> list[dict]:
     """One metrics row per setting: `shared` (update, env steps, times), the means and per-seed values of the
-    chunk's metrics [R], and which of its seeds are frozen."""
-    rows = [{**shared, **metrics_lib.summarize(per_setting)}
-            for per_setting in _split_runs(metrics, guard.num_settings)]
-    for setting, row in enumerate(rows):
-        if frozen := guard.frozen_seeds(setting):
+    chunk's metrics [R] over the setting's runs (`groups`), and which of them (positions) are frozen."""
+    rows = [{**shared, **metrics_lib.summarize(per_setting)} for per_setting in _split_runs(metrics, groups)]
+    for row, group in zip(rows, groups):
+        if frozen := [i for i, run in enumerate(group) if run in guard.frozen]:
             row["frozen_seeds"] = frozen
     return rows
 
 
-def _split_runs(metrics: dict, num_settings: int) -> list[dict]:
-    """Metrics with leaves [R] (runs settings-major) -> one dict per setting with leaves [S]; scalars (e.g.
-    token throughputs measured over all runs) are given to every setting."""
-    def part(x, i):
+def _split_runs(metrics: dict, groups: list[np.ndarray]) -> list[dict]:
+    """Metrics with leaves [R] -> one dict per group of runs with leaves [len(group)]; scalars (e.g. token
+    throughputs measured over all runs) are given to every group."""
+    def part(x, group):
         x = np.asarray(x)
-        return x.reshape(num_settings, -1)[i] if x.ndim else x
-    return [{k: part(v, i) for k, v in metrics.items()} for i in range(num_settings)]
+        return x[group] if x.ndim else x
+    return [{k: part(v, group) for k, v in metrics.items()} for group in groups]
 
 
 def _progress_bar(total: int, initial: int, name: str):

@@ -96,3 +96,83 @@ def format_summary(summary: list[dict]) -> str:
     rows = [[row["setting"], row["num_seeds"], row["env_steps"], *(cell(row, k) for k in keys)] for row in summary]
     return metrics_lib.markdown_table(header, rows)
 
+
+
+def ancestry(lineage: list[dict], run: int) -> list[tuple[int, int]]:
+    """[(update, run)] from the start to the end: the run that `run` (at the end) descends from after each
+    event of the lineage (`jaxrl.run.population`), following copies back."""
+    path = [(lineage[-1]["update"], run)]
+    for event in reversed(lineage[1:]):
+        run = event["parents"][run]
+        path.append((event["update"] - 1, run))  # before the event (its chunk's last update)
+    return list(reversed(path))
+
+
+def summarize_population(lineage: list[dict], names: list[str], rows: list[list[dict]], num_seeds: int) -> list[dict]:
+    """One row per run of a PBT or successive-halving program, best final headline first: the setting it
+    trains at the end and the one its ancestry started from, how often it was copied over, its swept values at
+    the end, and its last logged headline metrics."""
+    last = lineage[-1]
+    settings = np.asarray(last["settings"])
+    first_settings = lineage[0]["settings"]
+    out = []
+    for run, setting in enumerate(settings):
+        group = np.flatnonzero(settings == setting)
+        position = int(np.flatnonzero(group == run)[0])
+        path = ancestry(lineage, run)
+        entry = {"run": run, "setting": names[setting], "origin": names[first_settings[path[0][1]]],
+                 "copies": sum(a != b for (_, a), (_, b) in zip(path, path[1:])),
+                 **{key: values[run] for key, values in last["values"].items()}}
+        final = rows[setting][-1] if rows[setting] else {}
+        entry["env_steps"] = final.get("env_steps")
+        for key in metrics_lib.HEADLINE_KEYS:
+            values = metrics_lib.per_seed(final, key, len(group))
+            if values is not None:
+                entry[key] = values[position]
+        out.append(entry)
+    headline = next((k for k in ("eval_win_rate", "eval_return", "eval_accuracy") if any(k in e for e in out)), None)
+    if headline:
+        out.sort(key=lambda e: -np.inf if e.get(headline) is None else -e[headline])
+    return out
+
+
+def plot_lineage(lineage: list[dict], keys: list[str], path: str, title: str = "") -> str:
+    """Each tuned hyperparameter of every run over env steps (a line per run between decisions, a dotted
+    jump where a run copied another and took its perturbed value), with the best run's ancestry in bold;
+    and the score each decision ranked the runs by."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [event["env_steps"] for event in lineage]
+    end = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)
+    ranked = [e for e in lineage if any(s is not None for s in e["scores"])]
+    final_scores = np.array([np.nan if s is None else s for s in ranked[-1]["scores"]]) if ranked else None
+    best = int(np.nanargmax(final_scores)) if final_scores is not None and np.isfinite(final_scores).any() else 0
+    best_path = [run for _, run in ancestry(lineage, best)]  # the best run's ancestor in each interval
+    num_runs = len(lineage[0]["parents"])
+    colors = plt.get_cmap("viridis")(np.linspace(0, 1, num_runs))
+    fig, axes = plt.subplots(len(keys) + 1, 1, figsize=(7, 2.6 * (len(keys) + 1)), dpi=100, sharex=True)
+    for ax, key in zip(axes, keys):
+        for i, event in enumerate(lineage):
+            x0, x1 = steps[i], steps[i + 1] if i + 1 < len(steps) else end
+            values = event["values"][key]
+            for run in range(num_runs):
+                bold = best_path[i] == run
+                ax.plot([x0, x1], [values[run]] * 2, color="k" if bold else colors[run], lw=2.5 if bold else 1,
+                        zorder=3 if bold else 2)
+                parent = event["parents"][run]
+                if i and parent != run:
+                    ax.plot([x0, x0], [lineage[i - 1]["values"][key][parent], values[run]], ":",
+                            color=colors[run], lw=1)
+        if all(v > 0 for e in lineage for v in e["values"][key]):
+            ax.set_yscale("log")
+        ax.set_ylabel(key.rsplit(".", 1)[-1])
+    for event in ranked:
+        axes[-1].scatter([event["env_steps"]] * num_runs, [np.nan if s is None else s for s in event["scores"]],
+                         c=colors, s=12)
+    axes[-1].set_ylabel(f"score ({lineage[-1]['score_key']})")
+    axes[-1].set_xlabel("environment steps per run")
+    axes[0].set_title(f"{title} (bold: the ancestry of run {best}, best at the last decision)")
+    return metrics_lib.save_figure(fig, path)

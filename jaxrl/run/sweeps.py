@@ -1,7 +1,9 @@
-"""Sweeps: every combination of settings x seeds, in as few compiled programs as the settings allow."""
+"""Sweeps: every combination of settings x seeds, in as few compiled programs as the settings allow; tuned
+inside one program (PBT, successive halving: `jaxrl.run.population`); forks of a saved run."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -9,9 +11,13 @@ import sys
 
 from ml_collections import ConfigDict
 
-from jaxrl import algos, config as config_lib, distributed
-from jaxrl.run import loop
-from jaxrl.run.summary import plot_sweep, summarize_sweep, write_summary
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl import algos, checkpoint, config as config_lib, distributed, metrics as metrics_lib
+from jaxrl.run import loop, population as population_lib, workdir as workdir_lib
+from jaxrl.run.summary import plot_lineage, plot_sweep, summarize_population, summarize_sweep, write_summary
 
 ALIASES = {"lr": "learning_rate", "seeds": "num_seeds"}
 
@@ -69,11 +75,50 @@ def parse_values(config: ConfigDict, key: str, text: str) -> list:
     return values
 
 
-def expand(config: ConfigDict, sweep: dict[str, list]) -> list[tuple[dict, ConfigDict]]:
-    """Every combination of the swept values: (overrides {key: value}, config with them applied)."""
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """`--sweep.<key>=low:high`: PBT draws its population's initial values from it (log-uniform when low > 0)
+    and keeps explored values inside it."""
+
+    low: float
+    high: float
+
+    def draw(self, rng: np.random.Generator, count: int) -> list[float]:
+        if self.low > 0:
+            return np.exp(rng.uniform(np.log(self.low), np.log(self.high), count)).tolist()
+        return rng.uniform(self.low, self.high, count).tolist()
+
+
+def parse_range(config: ConfigDict, key: str, text: str) -> Range:
+    """`low:high` for a float config key."""
+    if not isinstance(config_lib.get_value(config, key), float):
+        raise ValueError(f"--sweep.{key}={text}: a range low:high needs a float key")
+    try:
+        low, high = (float(part) for part in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--sweep.{key}={text}: write a range as low:high, two numbers") from None
+    if not low < high:
+        raise ValueError(f"--sweep.{key}={text}: the range needs low < high")
+    return Range(low, high)
+
+
+def draw_ranges(sweep: dict[str, list | Range], population: int, seed: int) -> list[dict]:
+    """`population` joint draws {key: value} of the swept ranges (one empty draw when there are none)."""
+    ranges = {k: v for k, v in sweep.items() if isinstance(v, Range)}
+    if not ranges:
+        return [{}]
+    rng = np.random.default_rng([seed, population])
+    drawn = {k: r.draw(rng, population) for k, r in ranges.items()}
+    return [{k: drawn[k][i] for k in ranges} for i in range(population)]
+
+
+def expand(config: ConfigDict, sweep: dict[str, list], draws: list[dict] = ({},)) -> list[tuple[dict, ConfigDict]]:
+    """Every combination of the swept values (and of `draws`, joint values of the ranges): (overrides
+    {key: value}, config with them applied)."""
+    listed = {k: v for k, v in sweep.items() if not isinstance(v, Range)}
     points = []
-    for values in itertools.product(*sweep.values()):
-        overrides = dict(zip(sweep, values))
+    for draw, values in itertools.product(draws, itertools.product(*listed.values())):
+        overrides = {**draw, **dict(zip(listed, values))}
         point = config.copy_and_resolve_references()
         for key, value in overrides.items():
             config_lib.set_value(point, key, value)
@@ -106,25 +151,67 @@ def group_programs(points: list[tuple[dict, ConfigDict]]) -> list[list[int]]:
     return list(groups.values())
 
 
-def run_sweep(config: ConfigDict, sweep: dict[str, list], workdir: str, *, progress: bool | None = None) -> list[dict]:
-    """Train every setting of `sweep` (config keys -> values; `num_seeds` from the config) under `workdir`;
-    returns the summary rows (also written to summary.csv, with sweep.png)."""
-    points = expand(config, sweep)
+def tuned_hyperparams(config: ConfigDict, sweep: dict[str, list | Range], what: str) -> list[population_lib.Tuned]:
+    """The swept keys as `Tuned` (field and range); ValueError naming a key that is not a traced
+    hyperparameter, since `what` (PBT, halving, a fork) changes values inside one program."""
+    fields = {key: field for field, key in algos.recipe(config.algorithm).keys.items()}
+    tuned = []
+    for key, values in sweep.items():
+        if key not in fields:
+            raise ValueError(f"--sweep.{key}: {what} varies only the hyperparameters traced inside one program "
+                             f"({', '.join(algos.hyperparam_keys(config))}); {key} changes the program")
+        low, high = (values.low, values.high) if isinstance(values, Range) else (min(values), max(values))
+        tuned.append(population_lib.Tuned(key, fields[key], float(low), float(high)))
+    return tuned
+
+
+def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, *, progress: bool | None = None,
+              options: population_lib.Options = population_lib.Options(), population: int = 8,
+              fork: Fork | None = None) -> list[dict]:
+    """Train every setting of `sweep` (config keys -> values or ranges; `num_seeds` from the config) under
+    `workdir`; returns the summary rows (also written to summary.csv, with sweep.png).
+
+    `options.method` "pbt" or "halving" trains every setting as one population (`jaxrl.run.population`;
+    ranges give `population` initial settings drawn from them); `fork`: every setting starts from a saved
+    run's checkpoint. Both write the lineage and its plot too (population.csv, lineage.png)."""
+    tuning = options.method != "grid"
+    ranges = [k for k, v in sweep.items() if isinstance(v, Range)]
+    if ranges and options.method != "pbt":
+        raise ValueError(f"--sweep.{ranges[0]}: a range low:high is for --sweep.method=pbt; give values a,b,c")
+    tuned = tuned_hyperparams(config, sweep, f"--sweep.method={options.method}") if tuning else []
+    points = expand(config, sweep, draw_ranges(sweep, population, config.seed))
+    if fork is not None:
+        tuned_hyperparams(config, sweep, "a fork")
+        if config.num_seeds != fork.config().num_seeds:
+            raise ValueError(f"a fork continues the parent's {fork.config().num_seeds} seeds; the config has "
+                             f"num_seeds={config.num_seeds}")
+        for _, point in points:
+            fork.check(point)
     programs = group_programs(points)
     short = _short_names(list(sweep))
     names = [setting_name(overrides, short) for overrides, _ in points]
     main = distributed.is_main_process()
     if main:
         os.makedirs(workdir, exist_ok=True)
+        saved = {k: (dataclasses.asdict(v) if isinstance(v, Range) else v) for k, v in sweep.items()}
         with open(os.path.join(workdir, "sweep.json"), "w") as f:
-            json.dump({"num_seeds": config.num_seeds, "sweep": sweep,
+            json.dump({"num_seeds": config.num_seeds, "sweep": saved, "method": options.as_dict(),
+                       "fork": dataclasses.asdict(fork) if fork else None,
                        "programs": [[names[i] for i in p] for p in programs]}, f, indent=2)
         print(f"sweep: {len(points)} settings x {config.num_seeds} seeds in {len(programs)} compiled "
-              f"program(s), under {workdir}", file=sys.stderr)
+              f"program(s), {options.method}{' from a fork' if fork else ''}, under {workdir}", file=sys.stderr)
     rows_by_setting: dict[int, list[dict]] = {}
     for number, program in enumerate(programs):
         settings = [loop.Setting(points[i][1], os.path.join(workdir, names[i])) for i in program]
-        result = loop.run_settings(settings, os.path.join(workdir, "checkpoints", str(number)), progress=progress)
+        checkpoint_dir = os.path.join(workdir, "checkpoints", str(number))
+        start = None
+        if fork is not None and not checkpoint.has_checkpoints(checkpoint_dir):
+            start = fork.start(len(settings))
+            if main:
+                for setting in settings:
+                    fork.copy_metrics(setting.workdir)
+        result = loop.run_settings(settings, checkpoint_dir, progress=progress,
+                                   tuning=(options, tuned) if tuning else None, start=start)
         rows = result.rows  # a program whose every run diverged stopped early: its rows end there
         if result.interrupted:
             raise KeyboardInterrupt(f"sweep stopped during program {number}; rerun the command with "
@@ -135,5 +222,69 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list], workdir: str, *, progr
     if main:
         write_summary(summary, os.path.join(workdir, "summary.csv"))
         plot_sweep(names, rows, config.num_seeds, os.path.join(workdir, "sweep.png"), title=config.experiment)
+        if tuning:
+            lineage = population_lib.read_lineage(os.path.join(workdir, "checkpoints", "0", "population.jsonl"))
+            write_summary(summarize_population(lineage, names, rows, config.num_seeds),
+                          os.path.join(workdir, "population.csv"))
+            plot_lineage(lineage, [t.key for t in tuned], os.path.join(workdir, "lineage.png"),
+                         title=f"{config.experiment}: {options.method}")
     return summary
+
+
+@dataclasses.dataclass(frozen=True)
+class Fork:
+    """A saved run (`run_dir`, trained by `jaxrl.train` or one setting of a sweep) at checkpoint `update` (None:
+    its newest), continued as every setting of a sweep: each setting's runs start from the parent's state of
+    every seed (same environment states and random keys) and differ only in traced hyperparameters."""
+
+    run_dir: str
+    update: int | None = None
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return os.path.join(self.run_dir, "checkpoints")
+
+    def config(self) -> ConfigDict:
+        path = os.path.join(self.run_dir, "config.json")
+        if not os.path.exists(path):
+            raise ValueError(f"--sweep.fork={self.run_dir}: no config.json there (give a run directory)")
+        return config_lib.load(path)
+
+    def check(self, config: ConfigDict) -> int:
+        """The update forked; ValueError when there is no such checkpoint or `config` differs from the parent's
+        in more than traced hyperparameters and what a resume may change."""
+        steps = checkpoint.Checkpointer(self.checkpoint_dir).steps() if checkpoint.has_checkpoints(
+            self.checkpoint_dir) else []
+        if not steps:
+            raise ValueError(f"--sweep.fork={self.run_dir}: no checkpoints under {self.checkpoint_dir}")
+        if self.update is not None and self.update not in steps:
+            raise ValueError(f"--sweep.fork_update={self.update}: {self.run_dir} has checkpoints at updates "
+                             f"{', '.join(map(str, steps))}")
+        allowed = set(algos.hyperparam_keys(config)) | set(workdir_lib.RESUMABLE_CHANGES)
+        changed = [k for k in config_lib.differences(self.config(), config, added=False) if k not in allowed]
+        if changed:
+            raise ValueError(f"--sweep.fork={self.run_dir}: a fork may change only traced hyperparameters and "
+                             f"{', '.join(workdir_lib.RESUMABLE_CHANGES[:1])} (and logging), not {', '.join(changed)}")
+        return self.update if self.update is not None else max(steps)
+
+    def start(self, num_settings: int):
+        """The `start` of `loop.run_settings`: (algo, abstract state of the program) -> (update, the parent's
+        state of every seed, repeated for each of the `num_settings` settings, on the program's mesh)."""
+        def start(algo, abstract):
+            num_seeds = self.config().num_seeds
+            replicated = jax.sharding.NamedSharding(algo.mesh, jax.sharding.PartitionSpec())
+            parent = jax.tree.map(lambda x: jax.ShapeDtypeStruct((num_seeds, *x.shape[1:]), x.dtype,
+                                                                 sharding=replicated), abstract)
+            update, state = checkpoint.restore_from(self.checkpoint_dir, parent, self.update)
+            state = jax.tree.map(lambda x: jnp.tile(x, (num_settings,) + (1,) * (x.ndim - 1)), state)
+            return update, jax.device_put(state, algo.state_shardings(state))
+        return start
+
+    def copy_metrics(self, child_dir: str) -> None:
+        """Start a child's metrics.jsonl with the parent's rows up to the fork (its curve continues them)."""
+        update = self.check(self.config())
+        rows = [r for r in metrics_lib.read(os.path.join(self.run_dir, "metrics.jsonl")) if r["update"] <= update]
+        os.makedirs(child_dir, exist_ok=True)
+        with open(os.path.join(child_dir, "metrics.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
 

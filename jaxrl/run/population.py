@@ -1,0 +1,250 @@
+"""Tuning inside one compiled program: population-based training (PBT) and successive halving.
+
+Both act between chunks on the runs of one program (state leaves [R, ...], hyperparameter leaves [R]) and
+change only values: a run's state and hyperparameters are replaced by a copy of another run's (a gather
+along the run axis, whatever devices and hosts the runs live on) and its swept hyperparameters are set anew,
+so the chunk program is never compiled again.
+
+    PBT       every `every_steps` env steps, the `fraction` of runs with the lowest scores copy a run drawn
+              from the `fraction` with the highest (exploit) and multiply each swept hyperparameter by a
+              factor drawn from `perturb`, clipped to the swept range (explore).
+    halving   at each fraction of `total_steps` in `at`, the worse half of the settings still training are
+              dropped; their runs continue the better settings' runs (more seeds of the survivors).
+
+A copy takes a new random key (folded with its run index), so two runs never repeat each other's draws.
+Scores are each run's headline metric over the chunk before the decision (`score_key`). Decisions are made
+on the host with a NumPy generator seeded by (seed, update): every process of a multi-host program makes
+the same ones, and a resumed program makes them again.
+
+Every decision is a line of `<checkpoint_dir>/population.jsonl`, the lineage: the update, each run's score,
+the run it continues (its parent: itself when kept), its setting and its swept values after the decision.
+A resumed program reads its checkpoint's hyperparameters back from it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl import metrics as metrics_lib
+
+METHODS = ("grid", "pbt", "halving")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tuned:
+    """A swept hyperparameter: its config key, the hyperparameter field it is traced as, and its range."""
+
+    key: str
+    field: str
+    low: float
+    high: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """How a sweep trains its settings (`--sweep.method=...` and the method's `--sweep.<method>.<name>`)."""
+
+    method: str = "grid"
+    every_steps: int = 0  # PBT: env steps per run between decisions (0: 4 decisions in a run)
+    fraction: float = 0.25  # PBT: the share of runs replaced (and the share they copy from)
+    perturb: tuple[float, ...] = (0.8, 1.25)  # PBT: the factors explore multiplies a hyperparameter by
+    at: tuple[float, ...] = ()  # halving: fractions of total_steps (empty: 1/2, 1/4, ... one per halving)
+    score_key: str = ""  # the metric ranked (empty: the env's headline, `default_score_key`)
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_score_key(metric_names) -> str:
+    """What a decision ranks runs by: the training win rate where the env reports wins, else the return."""
+    for key in ("win_rate", "episode_return", "eval_accuracy"):
+        if key in metric_names or f"{key}_sum" in metric_names:
+            return key
+    raise ValueError("the runs log no win rate, return or accuracy to rank them by; name one with "
+                     "--sweep.<method>.score_key=<metric>")
+
+
+def run_scores(chunk_metrics: dict, key: str) -> np.ndarray:
+    """[R] each run's `key` over a chunk (an episode statistic `<key>_sum` / `episodes`); NaN where a run
+    finished no episode or is frozen."""
+    if f"{key}_sum" in chunk_metrics:
+        totals = np.asarray(chunk_metrics[f"{key}_sum"], np.float64)
+        episodes = np.asarray(chunk_metrics["episodes"], np.float64)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(episodes > 0, totals / np.maximum(episodes, 1), np.nan)
+    if key not in chunk_metrics:
+        raise ValueError(f"score_key {key!r} is not a metric of this algorithm; it logs "
+                         f"{', '.join(sorted(k.removesuffix('_sum') for k in chunk_metrics))}")
+    return np.asarray(chunk_metrics[key], np.float64)
+
+
+def ranking(scores: np.ndarray) -> np.ndarray:
+    """Run indices from the best score to the worst; NaN ranks last, ties keep index order."""
+    return np.lexsort((np.arange(len(scores)), -np.nan_to_num(scores, nan=-np.inf)))
+
+
+def truncation_parents(scores: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    """[R] the run each run continues: the bottom `fraction` (at least one, at most half) each copy a run
+    drawn uniformly from the top `fraction`; the others continue themselves."""
+    order = ranking(scores)
+    count = min(len(scores) // 2, max(1, int(len(scores) * fraction)))
+    parents = np.arange(len(scores))
+    if count:
+        parents[order[-count:]] = rng.choice(order[:count], size=count)
+    return parents
+
+
+def explore(values: np.ndarray, parents: np.ndarray, factors: tuple[float, ...], low: float, high: float,
+            rng: np.random.Generator) -> np.ndarray:
+    """[R] swept values after a PBT decision: a run that copied another takes its parent's value times a
+    factor drawn from `factors`, clipped to [low, high]; the others keep theirs."""
+    copied = parents != np.arange(len(parents))
+    drawn = np.asarray(factors)[rng.integers(len(factors), size=len(parents))]
+    return np.where(copied, np.clip(values[parents] * drawn, low, high), values)
+
+
+def halving_parents(scores: np.ndarray, settings: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(parents [R], settings [R]) after one halving: the settings still training (those of `settings`, the
+    setting each run trains) are ranked by their runs' mean score; the worse half (rounded down) is dropped
+    and its runs are dealt out over the survivors, best first, each continuing one of that survivor's runs
+    in turn."""
+    alive = np.unique(settings)
+    means = np.array([np.nanmean(scores[settings == s]) if np.isfinite(scores[settings == s]).any() else np.nan
+                      for s in alive])
+    order = alive[ranking(means)]
+    survivors, dropped = order[:len(order) - len(order) // 2], order[len(order) - len(order) // 2:]
+    parents, new_settings = np.arange(len(settings)), settings.copy()
+    freed = np.flatnonzero(np.isin(settings, dropped))
+    dealt = {s: 0 for s in survivors}
+    for i, run in enumerate(freed):
+        survivor = survivors[i % len(survivors)]
+        own = np.flatnonzero(settings == survivor)
+        parents[run] = own[dealt[survivor] % len(own)]
+        dealt[survivor] += 1
+        new_settings[run] = survivor
+    return parents, new_settings
+
+
+@jax.jit
+def continue_runs(state, hyperparams, parents: jax.Array):
+    """(state, hyperparams) where run r holds a copy of run `parents[r]` (leaves [R, ...]); a run that
+    copied another gets that run's key folded with its own index (the state must have a `key` leaf [R, 2])."""
+    state, hyperparams = jax.tree.map(lambda x: x[parents], (state, hyperparams))
+    runs = jnp.arange(parents.shape[0])
+    fresh = jax.vmap(jax.random.fold_in)(state.key, 2_000_003 + runs)
+    return state.replace(key=jnp.where((parents != runs)[:, None], fresh, state.key)), hyperparams
+
+
+class Population:
+    """The sweep method of one program: when to decide, what the decision is, and its lineage file.
+
+    `tuned`: the swept hyperparameters; `setting_values`: {key: [settings]} each setting's value; runs are
+    settings-major; `num_updates`, `chunk`: the program's length and the updates between decisions' chances;
+    `batch`: env steps per update of one run. Swept values are kept on the host in float64 (exact in the
+    lineage) and traced as float32."""
+
+    def __init__(self, options: Options, tuned: list[Tuned], setting_values: dict[str, list], num_seeds: int,
+                 num_updates: int, chunk: int, batch: int, seed: int, checkpoint_dir: str):
+        if options.method not in ("pbt", "halving"):
+            raise ValueError(f"Population takes method 'pbt' or 'halving', not {options.method!r}")
+        self.options, self.tuned, self.seed = options, tuned, seed
+        num_settings = len(next(iter(setting_values.values())))
+        self.num_runs = num_settings * num_seeds
+        self.path = os.path.join(checkpoint_dir, "population.jsonl")
+        self.settings = np.repeat(np.arange(num_settings), num_seeds)
+        self.values = {k: np.repeat(np.asarray(v, np.float64), num_seeds) for k, v in setting_values.items()}
+        self.decision_updates = decision_updates(options, num_updates, chunk, batch)
+        self.score_key = options.score_key
+        self.batch = batch
+
+    def due(self, update: int) -> bool:
+        return update in self.decision_updates
+
+    def groups(self) -> list[np.ndarray]:
+        """Per setting, the runs that train it now (empty once it is dropped)."""
+        return [np.flatnonzero(self.settings == s) for s in range(self.settings.max() + 1)]
+
+    def decide(self, update: int, chunk_metrics: dict) -> dict:
+        """The decision at `update` from the chunk's host metrics [R]: a lineage event {"update", "env_steps", "score_key", "scores", "parents", "settings", "values"}."""
+        self.score_key = self.score_key or default_score_key(chunk_metrics)
+        scores = run_scores(chunk_metrics, self.score_key)
+        rng = np.random.default_rng([self.seed, update])
+        values = self.values
+        if self.options.method == "pbt":
+            parents = truncation_parents(scores, self.options.fraction, rng)
+            settings = self.settings.copy()
+            values = {t.key: explore(values[t.key], parents, self.options.perturb, t.low, t.high, rng)
+                      for t in self.tuned}
+        else:
+            parents, settings = halving_parents(scores, self.settings)
+            values = {t.key: values[t.key][parents] for t in self.tuned}
+        return {"update": update, "env_steps": update * self.batch, "score_key": self.score_key, "scores": _json_floats(scores),
+                "parents": parents.tolist(), "settings": settings.tolist(),
+                "values": {k: v.tolist() for k, v in values.items()}}
+
+    def apply(self, event: dict, state, hyperparams):
+        """(state, hyperparams) after `event`: runs continue their parents, swept fields set to its values."""
+        state, hyperparams = continue_runs(state, hyperparams, jnp.asarray(event["parents"], jnp.int32))
+        self._take(event)
+        return state, with_values(hyperparams, self.tuned, self.values)
+
+    def _take(self, event: dict) -> None:
+        self.settings = np.asarray(event["settings"])
+        self.values = {k: np.asarray(v, np.float64) for k, v in event["values"].items()}
+
+    def record(self, event: dict) -> None:
+        """Append `event` to the lineage (main process)."""
+        with open(self.path, "a") as f:
+            f.write(json.dumps(event) + "\n")
+
+    def start(self, main: bool) -> None:
+        """Record the runs' initial settings and values (update 0; main process)."""
+        if main:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.record({"update": 0, "env_steps": 0, "score_key": self.score_key, "scores": [None] * self.num_runs,
+                         "parents": list(range(self.num_runs)), "settings": self.settings.tolist(),
+                         "values": {k: v.tolist() for k, v in self.values.items()}})
+
+    def resume(self, update: int, hyperparams, main: bool):
+        """Hyperparameters as they were at `update` (the restored checkpoint's), from the lineage; the
+        events after it are dropped (the resumed program makes them again)."""
+        events = [e for e in read_lineage(self.path) if e["update"] <= update]
+        if not events:
+            raise ValueError(f"{self.path} is missing: the checkpoints of a {self.options.method} program cannot "
+                             "be resumed without it")
+        if main:
+            with open(self.path, "w") as f:
+                f.writelines(json.dumps(e) + "\n" for e in events)
+        self._take(events[-1])
+        self.score_key = self.score_key or events[-1]["score_key"]
+        return with_values(hyperparams, self.tuned, self.values)
+
+
+def decision_updates(options: Options, num_updates: int, chunk: int, batch: int) -> set[int]:
+    """The updates after which a decision is made: chunk ends (multiples of `chunk`), never the last."""
+    ends = list(range(chunk, num_updates, chunk))
+    if options.method == "pbt":
+        every = max(1, round(options.every_steps / (chunk * batch))) if options.every_steps else max(1, len(ends) // 4)
+        return {u for i, u in enumerate(ends, 1) if i % every == 0}
+    at = options.at or tuple(0.5 ** k for k in range(3, 0, -1))
+    return {next((u for u in ends if u >= f * num_updates), num_updates) for f in at} - {num_updates}
+
+
+def with_values(hyperparams, tuned: list[Tuned], values: dict[str, list]):
+    """`hyperparams` with each tuned field set to its values [R] (float32)."""
+    return hyperparams.replace(**{t.field: jnp.asarray(values[t.key], jnp.float32) for t in tuned})
+
+
+def read_lineage(path: str) -> list[dict]:
+    return metrics_lib.read(path)
+
+
+def _json_floats(values: np.ndarray) -> list:
+    return [float(v) if math.isfinite(v) else None for v in values]
