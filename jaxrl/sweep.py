@@ -55,8 +55,8 @@ from ml_collections import ConfigDict
 from jaxrl import distributed, train
 from jaxrl.run import cli, population as population_lib
 from jaxrl.run.summary import confidence_interval, format_summary  # noqa: F401  (the API)
-from jaxrl.run.sweeps import (Fork, Range, expand, group_programs, parse_range, parse_values,  # noqa: F401
-                              resolve_key, run_sweep)
+from jaxrl.run.sweeps import (Fork, Range, draw_ranges, expand, group_programs, parse_range,  # noqa: F401
+                              parse_values, resolve_key, run_sweep)
 
 # --sweep.<name> flags that say how to sweep rather than naming a config key
 METHOD_FLAGS = {"pbt.every_steps": ("every_steps", int), "pbt.fraction": ("fraction", float),

@@ -132,6 +132,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     algo, _ = algos.build(config, mesh)
     hyperparams = jax.tree.map(lambda *xs: jnp.repeat(jnp.stack(xs), num_seeds),
                                *[algos.hyperparams(s.config) for s in settings])
+    hyperparams = mesh_lib.runs_of(hyperparams, num_settings * num_seeds, mesh)
     main = distributed.is_main_process()
     for setting in settings:  # a run directory holding another config is an input error: before compiling
         workdir_lib.check_saved(setting.config, setting.workdir)
@@ -169,7 +170,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         update, state = checkpointer.restore_latest(abstract)
         guard.resume(update)
         if population is not None:
-            hyperparams = population.resume(update, hyperparams, main)
+            hyperparams = mesh_lib.runs_of(population.resume(update, hyperparams, main), num_seeds * num_settings,
+                                           mesh)
         if main:
             print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
                   file=sys.stderr)
@@ -241,10 +243,12 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 bar.set_postfix(_postfix(rows[0]), refresh=False)
             diverged = guard.all_frozen
             interrupted = stop.signum is not None and not done
-            if population is not None and population.due(update) and not (diverged or interrupted):
+            if population is not None and population.due(update) and not diverged:
                 event = population.decide(update, chunk_metrics)
                 state, hyperparams = population.apply(event, state, hyperparams)
+                # placed as the program's inputs were at the start: same shardings, so nothing recompiles
                 state = jax.device_put(state, algo.state_shardings(state))
+                hyperparams = mesh_lib.runs_of(hyperparams, num_seeds * num_settings, mesh)
                 guard.thaw(np.flatnonzero(np.asarray(event["parents"]) != np.arange(num_seeds * num_settings)))
                 if main:
                     population.record(event)
