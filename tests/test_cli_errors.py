@@ -101,6 +101,9 @@ SWEEP_CASES = {
     "swept value out of range": (["--sweep.num_envs=0,4"], ["config.num_envs must be a positive integer, got 0"]),
     "no values": (["--sweep.lr"], ["--sweep.lr: write --sweep.<key>=<value>"]),
     "misspelt config key": (["--sweep.lr=1e-3", "--config.totl_steps=5"], ["'totl_steps'", "'total_steps'"]),
+    "PBT of a shape": (["--sweep.method=pbt", "--sweep.num_envs=4,8"], ["--sweep.num_envs", "changes the program"]),
+    "another method's option": (["--sweep.method=pbt", "--sweep.halving.at=0.5", "--sweep.lr=1e-3,1e-2"],
+                                ["--sweep.halving.at is an option of --sweep.method=halving"]),
 }
 
 

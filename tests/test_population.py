@@ -86,6 +86,7 @@ def pbt_config(**overrides):
 
 def test_pbt_decides_between_chunks_without_recompiling_and_resumes_exactly(tmp_path, monkeypatch):
     traced = []
+    population_lib.continue_runs.clear_cache()  # (another test may have traced it for these shapes)
     jax.monitoring.register_event_duration_secs_listener(
         lambda event, duration, **kw: traced.append(kw.get("fun_name")) if event == dispatch.JAXPR_TRACE_EVENT
         else None)

@@ -14,7 +14,8 @@ What counts as bad input (one line, status 2; `--verbose` prints the traceback a
   * ValueError, TypeError and KeyError raised while the input is read and checked, before any training
     program runs: inside an `input_phase()` block (a CLI's own reading of its flags), or inside one of the
     INPUT_STAGES, however deep: validating the config, building the algorithm and its environment (an
-    unknown SMAX scenario), making the mesh, preparing or loading a run directory.
+    unknown SMAX scenario), making the mesh, preparing or loading a run directory, checking what a tuning
+    method may sweep and the run a fork starts from.
 Anything else, e.g. a ValueError raised from inside a running training program, is a crash: the full
 traceback and Python's status 1. `is_input_error(error)` says which; `report(error, verbose)` prints the
 line and exits.
@@ -34,7 +35,7 @@ from typing import Callable, NoReturn
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib
-from jaxrl.run import fit, loop, workdir as workdir_lib
+from jaxrl.run import fit, loop, sweeps, workdir as workdir_lib
 
 EXIT_INPUT_ERROR = 2  # as argparse exits on a usage error
 
@@ -44,7 +45,8 @@ INPUT_TYPES = (ValueError, TypeError, KeyError)
 # Functions that only read and check the input, before any training program runs: an INPUT_TYPES exception
 # raised inside one of them (however deep) is an input error. `input_stage` adds one.
 INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.check_saved,
-                                workdir_lib.prepare, config_lib.load]
+                                workdir_lib.prepare, config_lib.load, sweeps.tuned_hyperparams, sweeps.Fork.check,
+                                sweeps.Fork.config]
 
 _MARK = "_jaxrl_input_error"
 

@@ -165,7 +165,7 @@ def plot_lineage(lineage: list[dict], keys: list[str], path: str, title: str = "
                 parent = event["parents"][run]
                 if i and parent != run:
                     ax.plot([x0, x0], [lineage[i - 1]["values"][key][parent], values[run]], ":",
-                            color=colors[run], lw=1)
+                            color="k" if bold else colors[run], lw=1.5)
         if all(v > 0 for e in lineage for v in e["values"][key]):
             ax.set_yscale("log")
         ax.set_ylabel(key.rsplit(".", 1)[-1])
@@ -174,5 +174,6 @@ def plot_lineage(lineage: list[dict], keys: list[str], path: str, title: str = "
                          c=colors, s=12)
     axes[-1].set_ylabel(f"score ({lineage[-1]['score_key']})")
     axes[-1].set_xlabel("environment steps per run")
-    axes[0].set_title(f"{title} (bold: the ancestry of run {best}, best at the last decision)")
+    axes[0].set_title(f"{title}\nbold: the ancestry of run {best}, the best at the last decision; dotted: copies",
+                      fontsize=10)
     return metrics_lib.save_figure(fig, path)
