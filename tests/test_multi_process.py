@@ -79,8 +79,14 @@ def test_train_command_line_in_two_processes(tmp_path):
 
 
 def test_sweep_command_line_splits_runs_over_processes(tmp_path):
-    args = [*CLI_FLAGS, "--sweep.lr=1e-3,3e-3", "--sweep.seeds=1"]
+    # with PBT: after the first chunk the worse run copies the better one, across the two processes
+    args = [*CLI_FLAGS, "--sweep.lr=1e-3,3e-3", "--sweep.seeds=1", "--sweep.method=pbt", "--sweep.pbt.every_steps=256"]
     outs, single, multi_dir, single_dir = two_processes_and_one("jaxrl.sweep", args, tmp_path)
+    from jaxrl.run import population
+    lineages = [population.read_lineage(os.path.join(d, "checkpoints", "0", "population.jsonl"))
+                for d in (multi_dir, single_dir)]
+    assert [e["update"] for e in lineages[0]] == [0, 2] and sorted(lineages[0][1]["parents"]) != [0, 1]
+    assert [(e["parents"], e["values"]) for e in lineages[0]] == [(e["parents"], e["values"]) for e in lineages[1]]
     assert "learning_rate=0.001" in outs[0] and outs[1].strip() == ""
     for name in ("learning_rate=0.001", "learning_rate=0.003"):
         info = json.load(open(os.path.join(multi_dir, name, "run_info.json")))
