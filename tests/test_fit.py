@@ -2,6 +2,7 @@
 against formulas for the state; a program too big fails before anything is allocated or written."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -56,6 +57,8 @@ def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypa
     err = capsys.readouterr().err
     assert "memory: " in err and "GFLOP per update" in err
     assert "close to the limit: its largest part is buffer" in err
+    # and the time it expects, from one update timed on the initial state before training
+    assert re.search(r"expected: [0-9.e-]+ s per chunk of \d+ updates, [0-9.e-]+ s for the \d+ updates left", err)
 
 
 def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(tmp_path, capsys):

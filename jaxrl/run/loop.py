@@ -93,7 +93,7 @@ def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None
 
 def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None,
                  tuning: tuple[population_lib.Options, list[population_lib.Tuned]] | None = None,
-                 start=None) -> ProgramResult:
+                 start_state=None) -> ProgramResult:
     """Train every setting x seed as one compiled program.
 
     The settings must differ only in hyperparameters (`algos.static_signature`). Runs are settings-major
@@ -107,7 +107,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     with "stop" (whose chunks reuse their input state's memory: the state is held once).
 
     `tuning`: (options, swept hyperparameters) of a PBT or successive-halving program
-    (`jaxrl.run.population`), which decides between chunks. `start`: algo -> (update, state), where a
+    (`jaxrl.run.population`), which decides between chunks. `start_state`: (algo, abstract state) -> (update,
+    state), where a
     program without checkpoints begins (a fork of a saved run) instead of `init_seeds`.
     """
     for setting in settings:
@@ -176,9 +177,17 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
             print(f"resuming from {checkpoint_dir} at update {update} ({update * batch} env steps)",
                   file=sys.stderr)
     else:
-        update, state = start(algo, abstract) if start else (0, algo.init_seeds(config.seed, num_seeds, num_settings))
+        update, state = (start_state(algo, abstract) if start_state
+                         else (0, algo.init_seeds(config.seed, num_seeds, num_settings)))
         if population is not None:
             population.start(main)
+    if fit is not None and guard.replays_chunks and update < num_updates:
+        seconds = _time_one_update(algo, state, hyperparams)
+        if main:
+            left = num_updates - update
+            print(f"expected: {_duration(seconds * min(chunk, left))} per chunk of {min(chunk, left)} updates, "
+                  f"{_duration(seconds * left)} for the {left} updates left (one update timed before training)",
+                  file=sys.stderr)
     metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
     previous_rows = metrics_lib.read(metric_paths[0])
     wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
@@ -276,6 +285,24 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
                       f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
     return ProgramResult(state, all_rows, interrupted, diverged)
+
+
+def _time_one_update(algo, state, hyperparams) -> float:
+    """Seconds one update of every run takes, timed on `state` (left as it was: the program does not donate
+    it) with the compiled chunk program. A first call under a second includes one-off work (thread pools,
+    allocations) worth counting out: a second call is timed then."""
+    def timed() -> float:
+        tick = time.perf_counter()
+        jax.block_until_ready(algo.run_chunk(state, hyperparams, 1))
+        return time.perf_counter() - tick
+    seconds = timed()
+    return timed() if seconds < 1.0 else seconds
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.3g} s"
+    return f"{seconds / 60:.3g} min" if seconds < 7200 else f"{seconds / 3600:.3g} h"
 
 
 def make_mesh(config: ConfigDict, num_runs: int):

@@ -204,14 +204,14 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
     for number, program in enumerate(programs):
         settings = [loop.Setting(points[i][1], os.path.join(workdir, names[i])) for i in program]
         checkpoint_dir = os.path.join(workdir, "checkpoints", str(number))
-        start = None
+        start_state = None
         if fork is not None and not checkpoint.has_checkpoints(checkpoint_dir):
-            start = fork.start(len(settings))
+            start_state = fork.start(len(settings))
             if main:
                 for setting in settings:
                     fork.copy_metrics(setting.workdir)
         result = loop.run_settings(settings, checkpoint_dir, progress=progress,
-                                   tuning=(options, tuned) if tuning else None, start=start)
+                                   tuning=(options, tuned) if tuning else None, start_state=start_state)
         rows = result.rows  # a program whose every run diverged stopped early: its rows end there
         if result.interrupted:
             raise KeyboardInterrupt(f"sweep stopped during program {number}; rerun the command with "
