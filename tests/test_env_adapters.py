@@ -71,6 +71,7 @@ def test_jaxmarl_smax_through_the_adapter_has_masks_and_wins():
     assert reward.shape == (3,) and set(info) == {"won", "terminated", "truncated", "episode_over"}
 
 
+@pytest.mark.optimized  # trains for a while: runs faster optimised
 def test_mappo_trains_on_a_jaxmarl_mpe_task_through_the_adapter(tmp_path):
     """Any env of the array-first multi-agent API trains: here jaxmarl's MPE simple spread (no action
     masks, a time limit, global state through the adapter), with a centralised critic."""

@@ -108,8 +108,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
 
     `tuning`: (options, swept hyperparameters) of a PBT or successive-halving program
     (`jaxrl.run.population`), which decides between chunks. `start_state`: (algo, abstract state) -> (update,
-    state), where a
-    program without checkpoints begins (a fork of a saved run) instead of `init_seeds`.
+    state), where a program without checkpoints begins (a fork of a saved run) instead of `init_seeds`.
     """
     for setting in settings:
         algos.validate(setting.config)
@@ -249,7 +248,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                     logger.write(row)
             if bar is not None:
                 bar.update(num * batch)
-                bar.set_postfix(_postfix(rows[0]), refresh=False)
+                shown = next(row for row, group in zip(rows, groups) if len(group))  # (the first still training)
+                bar.set_postfix(_postfix(shown), refresh=False)
             diverged = guard.all_frozen
             interrupted = stop.signum is not None and not done
             if population is not None and population.due(update) and not diverged:

@@ -253,8 +253,13 @@ class Fork:
     def check(self, config: ConfigDict) -> int:
         """The update forked; ValueError when there is no such checkpoint or `config` differs from the parent's
         in more than traced hyperparameters and what a resume may change."""
-        steps = checkpoint.Checkpointer(self.checkpoint_dir).steps() if checkpoint.has_checkpoints(
-            self.checkpoint_dir) else []
+        steps = []
+        if checkpoint.has_checkpoints(self.checkpoint_dir):
+            manager = checkpoint.Checkpointer(self.checkpoint_dir)
+            try:
+                steps = manager.steps()
+            finally:
+                manager.close()
         if not steps:
             raise ValueError(f"--sweep.fork={self.run_dir}: no checkpoints under {self.checkpoint_dir}")
         if self.update is not None and self.update not in steps:
@@ -268,7 +273,7 @@ class Fork:
         return self.update if self.update is not None else max(steps)
 
     def start(self, num_settings: int):
-        """The `start` of `loop.run_settings`: (algo, abstract state of the program) -> (update, the parent's
+        """The `start_state` of `loop.run_settings`: (algo, abstract state of the program) -> (update, the parent's
         state of every seed, repeated for each of the `num_settings` settings, on the program's mesh)."""
         def start(algo, abstract):
             num_seeds = self.config().num_seeds
