@@ -239,3 +239,9 @@ def test_pbt_on_one_and_eight_devices_makes_the_same_decisions(python_subprocess
     for a, b in zip(one["lineage"], eight["lineage"]):
         np.testing.assert_allclose(np.array(a["scores"], dtype=float), np.array(b["scores"], dtype=float), rtol=1e-4)
     np.testing.assert_allclose(one["eval"], eight["eval"], rtol=1e-4)
+
+
+def test_a_population_that_needs_two_programs_is_refused(tmp_path):
+    config, swept = sweep.sweep_from_flags(small_cartpole(), [("weight_decay", "0,1e-4")])  # 0: no decay state
+    with pytest.raises(ValueError, match="tunes one program, but weight_decay=0.0001 needs another"):
+        sweep.run_sweep(config, swept, str(tmp_path / "pbt"), options=population_lib.Options(method="pbt"))

@@ -45,8 +45,8 @@ INPUT_TYPES = (ValueError, TypeError, KeyError)
 # Functions that only read and check the input, before any training program runs: an INPUT_TYPES exception
 # raised inside one of them (however deep) is an input error. `input_stage` adds one.
 INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.check_saved,
-                                workdir_lib.prepare, config_lib.load, sweeps.tuned_hyperparams, sweeps.Fork.check,
-                                sweeps.Fork.config]
+                                workdir_lib.prepare, config_lib.load, sweeps.tuned_hyperparams,
+                                sweeps.check_one_program, sweeps.Fork.check, sweeps.Fork.config]
 
 _MARK = "_jaxrl_input_error"
 

@@ -165,6 +165,13 @@ def tuned_hyperparams(config: ConfigDict, sweep: dict[str, list | Range], what: 
     return tuned
 
 
+def check_one_program(programs: list[list[int]], names: list[str], method: str) -> None:
+    """ValueError when the settings of a PBT or halving population need more than one compiled program."""
+    if len(programs) > 1:
+        raise ValueError(f"--sweep.method={method} tunes one program, but {names[programs[1][0]]} needs "
+                         f"another than {names[0]} (a value that changes the program, e.g. a weight decay of 0)")
+
+
 def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, *, progress: bool | None = None,
               options: population_lib.Options = population_lib.Options(), population: int = 8,
               fork: Fork | None = None) -> list[dict]:
@@ -190,6 +197,8 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
     programs = group_programs(points)
     short = _short_names(list(sweep))
     names = [setting_name(overrides, short) for overrides, _ in points]
+    if tuning:
+        check_one_program(programs, names, options.method)
     main = distributed.is_main_process()
     if main:
         os.makedirs(workdir, exist_ok=True)
