@@ -26,19 +26,25 @@ def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]
     row: dict[str, float | list[float]] = {}
     episodes = per_seed.pop("episodes", None)
     for key in [k for k in per_seed if k.endswith("_sum")]:  # per-episode sums: episode_return, win_rate, ...
-        total = per_seed.pop(key)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            per_seed[key[:-len("_sum")]] = np.where(episodes > 0, total / np.maximum(episodes, 1), np.nan)
+        per_seed[key[:-len("_sum")]] = per_episode(per_seed.pop(key), episodes)
     if episodes is not None:
         row["episodes"] = float(episodes.sum())
     for name, values in per_seed.items():
-        row[name] = _finite_or_none(np.nanmean(values)) if np.isfinite(values).any() else None
+        row[name] = finite_or_none(np.nanmean(values)) if np.isfinite(values).any() else None
         if values.size > 1 and name in HEADLINE_KEYS:
-            row[f"{name}_per_seed"] = [_finite_or_none(v) for v in values]
+            row[f"{name}_per_seed"] = [finite_or_none(v) for v in values]
     return row
 
 
-def _finite_or_none(x) -> float | None:
+def per_episode(total, episodes) -> np.ndarray:
+    """An episode statistic's sum over a chunk -> its mean per episode (float64), NaN where no episode ended."""
+    total, episodes = np.asarray(total, np.float64), np.asarray(episodes, np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(episodes > 0, total / np.maximum(episodes, 1), np.nan)
+
+
+def finite_or_none(x) -> float | None:
+    """`x` as a float, or None (JSON null) when it is NaN or infinite."""
     x = float(x)
     return x if math.isfinite(x) else None
 

@@ -55,14 +55,19 @@ from ml_collections import ConfigDict
 from jaxrl import distributed, train
 from jaxrl.run import cli, population as population_lib
 from jaxrl.run.summary import confidence_interval, format_summary  # noqa: F401  (the API)
-from jaxrl.run.sweeps import (Fork, Range, draw_ranges, expand, group_programs, parse_range,  # noqa: F401
-                              parse_values, resolve_key, run_sweep)
+from jaxrl.run.sweeps import (Fork, Range, draw_ranges, expand, group_programs, lineage_path,  # noqa: F401
+                              parse_range, parse_values, resolve_key, run_sweep)
 
-# --sweep.<name> flags that say how to sweep rather than naming a config key
-METHOD_FLAGS = {"pbt.every_steps": ("every_steps", int), "pbt.fraction": ("fraction", float),
-                "pbt.perturb": ("perturb", lambda text: tuple(float(x) for x in text.split(","))),
-                "pbt.score_key": ("score_key", str), "halving.score_key": ("score_key", str),
-                "halving.at": ("at", lambda text: tuple(float(x) for x in text.split(",")))}
+def _floats(text: str) -> tuple[float, ...]:
+    return tuple(float(x) for x in text.split(","))
+
+
+# --sweep.<name> flags that say how to sweep rather than naming a config key: name -> (what it sets, parser)
+HOW_FLAGS = {"method": ("method", str), "pbt.every_steps": ("every_steps", int), "pbt.fraction": ("fraction", float),
+             "pbt.perturb": ("perturb", _floats), "pbt.score_key": ("score_key", str),
+             "pbt.population": ("population", int), "halving.at": ("at", _floats),
+             "halving.score_key": ("score_key", str), "fork": ("fork", str), "fork_update": ("fork_update", int)}
+
 
 def split_sweep_flags(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
     """(argv without the --sweep.<key>=<values> flags, [(key, values)] in order)."""
@@ -80,31 +85,21 @@ def split_sweep_flags(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]
 
 def method_from_flags(flags: list[tuple[str, str]]):
     """(Options, PBT population size, Fork or None, the flags that name config keys) from the --sweep flags."""
-    fields, population, fork, fork_update, rest = {}, 8, None, None, []
+    given, rest = {}, []
     for name, text in flags:
-        try:
-            if name == "method":
-                if text not in population_lib.METHODS:
-                    raise ValueError(f"is one of {', '.join(population_lib.METHODS)}")
-                fields["method"] = text
-            elif name in METHOD_FLAGS:
-                field, parse = METHOD_FLAGS[name]
-                fields[field] = parse(text)
-            elif name == "pbt.population":
-                population = int(text)
-            elif name == "fork":
-                fork = text
-            elif name == "fork_update":
-                fork_update = int(text)
-            elif name.startswith(("pbt.", "halving.")):
-                known = [n for n in (*METHOD_FLAGS, "pbt.population") if n.startswith(name.split(".")[0])]
-                raise ValueError(f"is not an option; known: {', '.join(known)}")
-            else:
-                rest.append((name, text))
-        except ValueError as error:
-            message = str(error) if str(error).startswith("is ") else f"{text!r} is not valid ({error})"
-            raise ValueError(f"--sweep.{name}: {message}") from None
-    options = population_lib.Options(**fields)
+        if name in HOW_FLAGS:
+            field, parse = HOW_FLAGS[name]
+            try:
+                given[field] = parse(text)
+            except ValueError:
+                raise ValueError(f"--sweep.{name}: {text!r} is not valid") from None
+        elif name.startswith(("pbt.", "halving.")):
+            known = [n for n in HOW_FLAGS if n.startswith(name.split(".")[0] + ".")]
+            raise ValueError(f"--sweep.{name}: is not an option; known: {', '.join(known)}")
+        else:
+            rest.append((name, text))
+    population, fork, fork_update = given.pop("population", 8), given.pop("fork", None), given.pop("fork_update", None)
+    options = population_lib.Options(**given)
     check_options(options, population, {name for name, _ in flags})
     if fork_update is not None and fork is None:
         raise ValueError("--sweep.fork_update needs --sweep.fork=<run directory>")
@@ -113,6 +108,8 @@ def method_from_flags(flags: list[tuple[str, str]]):
 
 def check_options(options: population_lib.Options, population: int, given: set[str]) -> None:
     """ValueError naming the flag of a method option that is out of range or belongs to another method."""
+    if options.method not in population_lib.METHODS:
+        raise ValueError(f"--sweep.method: is one of {', '.join(population_lib.METHODS)}")
     for name in given:
         method = name.split(".")[0]
         if method in ("pbt", "halving") and options.method != method:

@@ -82,9 +82,9 @@ def test_sweep_command_line_splits_runs_over_processes(tmp_path):
     # with PBT: after the first chunk the worse run copies the better one, across the two processes
     args = [*CLI_FLAGS, "--sweep.lr=1e-3,3e-3", "--sweep.seeds=1", "--sweep.method=pbt", "--sweep.pbt.every_steps=256"]
     outs, single, multi_dir, single_dir = two_processes_and_one("jaxrl.sweep", args, tmp_path)
+    from jaxrl import sweep
     from jaxrl.run import population
-    lineages = [population.read_lineage(os.path.join(d, "checkpoints", "0", "population.jsonl"))
-                for d in (multi_dir, single_dir)]
+    lineages = [population.read_lineage(sweep.lineage_path(d)) for d in (multi_dir, single_dir)]
     assert [e["update"] for e in lineages[0]] == [0, 2] and sorted(lineages[0][1]["parents"]) != [0, 1]
     assert [(e["parents"], e["values"]) for e in lineages[0]] == [(e["parents"], e["values"]) for e in lineages[1]]
     assert "learning_rate=0.001" in outs[0] and outs[1].strip() == ""

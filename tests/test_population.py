@@ -20,7 +20,7 @@ CHUNK_STEPS = 8 * 16  # small_cartpole: 8 envs x 16 steps per update
 
 
 def lineage(workdir):
-    return population_lib.read_lineage(os.path.join(workdir, "checkpoints", "0", "population.jsonl"))
+    return population_lib.read_lineage(sweep.lineage_path(workdir))
 
 
 def leaves(tree):
@@ -206,7 +206,7 @@ def test_bad_tuning_flags_fail_before_compiling(tmp_path):
     with pytest.raises(ValueError, match="no checkpoints under"):
         os.makedirs(tmp_path / "empty")
         json.dump({}, open(tmp_path / "empty" / "config.json", "w"))
-        sweep.Fork(str(tmp_path / "empty")).check(small_cartpole())
+        sweep.Fork(str(tmp_path / "empty")).check([small_cartpole()])
     assert not os.path.exists(tmp_path / "grid" / "checkpoints")
 
 
@@ -222,7 +222,7 @@ for devices in (1, 8):
     config, swept = sweep.sweep_from_flags(config, [("lr", "1e-3,2e-3,3e-3,5e-3,1e-2,2e-2,3e-2,5e-2")])
     workdir = os.path.join(os.environ["POPULATION_DIR"], str(devices))
     sweep.run_sweep(config, swept, workdir, options=population_lib.Options(method="pbt", every_steps=128))
-    out[devices] = {"lineage": population_lib.read_lineage(os.path.join(workdir, "checkpoints/0/population.jsonl")),
+    out[devices] = {"lineage": population_lib.read_lineage(sweep.lineage_path(workdir)),
                     "eval": [metrics_lib.read(os.path.join(workdir, name, "metrics.jsonl"))[-1]["eval_return"]
                              for name in sorted(os.listdir(workdir)) if name.startswith("learning_rate")]}
 print(json.dumps(out))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 
 import jax
@@ -35,6 +34,7 @@ import numpy as np
 from jaxrl import metrics as metrics_lib
 
 METHODS = ("grid", "pbt", "halving")
+LINEAGE_FILE = "population.jsonl"  # in the program's checkpoint directory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,11 +55,8 @@ class Options:
     every_steps: int = 0  # PBT: env steps per run between decisions (0: 4 decisions in a run)
     fraction: float = 0.25  # PBT: the share of runs replaced (and the share they copy from)
     perturb: tuple[float, ...] = (0.8, 1.25)  # PBT: the factors explore multiplies a hyperparameter by
-    at: tuple[float, ...] = ()  # halving: fractions of total_steps (empty: 1/2, 1/4, ... one per halving)
+    at: tuple[float, ...] = ()  # halving: fractions of total_steps (empty: 1/8, 1/4, 1/2)
     score_key: str = ""  # the metric ranked (empty: the env's headline, `default_score_key`)
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
 
 
 def default_score_key(metric_names) -> str:
@@ -75,10 +72,7 @@ def run_scores(chunk_metrics: dict, key: str) -> np.ndarray:
     """[R] each run's `key` over a chunk (an episode statistic `<key>_sum` / `episodes`); NaN where a run
     finished no episode or is frozen."""
     if f"{key}_sum" in chunk_metrics:
-        totals = np.asarray(chunk_metrics[f"{key}_sum"], np.float64)
-        episodes = np.asarray(chunk_metrics["episodes"], np.float64)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(episodes > 0, totals / np.maximum(episodes, 1), np.nan)
+        return metrics_lib.per_episode(chunk_metrics[f"{key}_sum"], chunk_metrics["episodes"])
     if key not in chunk_metrics:
         raise ValueError(f"score_key {key!r} is not a metric of this algorithm; it logs "
                          f"{', '.join(sorted(k.removesuffix('_sum') for k in chunk_metrics))}")
@@ -157,7 +151,7 @@ class Population:
         self.options, self.tuned, self.seed = options, tuned, seed
         num_settings = len(next(iter(setting_values.values())))
         self.num_runs = num_settings * num_seeds
-        self.path = os.path.join(checkpoint_dir, "population.jsonl")
+        self.path = os.path.join(checkpoint_dir, LINEAGE_FILE)
         self.settings = np.repeat(np.arange(num_settings), num_seeds)
         self.values = {k: np.repeat(np.asarray(v, np.float64), num_seeds) for k, v in setting_values.items()}
         self.decision_updates = decision_updates(options, num_updates, chunk, batch)
@@ -172,7 +166,8 @@ class Population:
         return [np.flatnonzero(self.settings == s) for s in range(self.settings.max() + 1)]
 
     def decide(self, update: int, chunk_metrics: dict) -> dict:
-        """The decision at `update` from the chunk's host metrics [R]: a lineage event {"update", "env_steps", "score_key", "scores", "parents", "settings", "values"}."""
+        """The decision at `update` from the chunk's host metrics [R]: a lineage event {"update", "env_steps",
+        "score_key", "scores", "parents", "settings", "values"}."""
         self.score_key = self.score_key or default_score_key(chunk_metrics)
         scores = run_scores(chunk_metrics, self.score_key)
         rng = np.random.default_rng([self.seed, update])
@@ -185,7 +180,8 @@ class Population:
         else:
             parents, settings = halving_parents(scores, self.settings)
             values = {t.key: values[t.key][parents] for t in self.tuned}
-        return {"update": update, "env_steps": update * self.batch, "score_key": self.score_key, "scores": _json_floats(scores),
+        return {"update": update, "env_steps": update * self.batch, "score_key": self.score_key,
+                "scores": [metrics_lib.finite_or_none(v) for v in scores],
                 "parents": parents.tolist(), "settings": settings.tolist(),
                 "values": {k: v.tolist() for k, v in values.items()}}
 
@@ -208,9 +204,9 @@ class Population:
         """Record the runs' initial settings and values (update 0; main process)."""
         if main:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            self.record({"update": 0, "env_steps": 0, "score_key": self.score_key, "scores": [None] * self.num_runs,
-                         "parents": list(range(self.num_runs)), "settings": self.settings.tolist(),
-                         "values": {k: v.tolist() for k, v in self.values.items()}})
+            self.record({"update": 0, "env_steps": 0, "score_key": self.score_key,
+                         "scores": [None] * self.num_runs, "parents": list(range(self.num_runs)),
+                         "settings": self.settings.tolist(), "values": {k: v.tolist() for k, v in self.values.items()}})
 
     def resume(self, update: int, hyperparams, main: bool):
         """Hyperparameters as they were at `update` (the restored checkpoint's), from the lineage; the
@@ -231,7 +227,8 @@ def decision_updates(options: Options, num_updates: int, chunk: int, batch: int)
     """The updates after which a decision is made: chunk ends (multiples of `chunk`), never the last."""
     ends = list(range(chunk, num_updates, chunk))
     if options.method == "pbt":
-        every = max(1, round(options.every_steps / (chunk * batch))) if options.every_steps else max(1, len(ends) // 4)
+        every = (max(1, round(options.every_steps / (chunk * batch))) if options.every_steps
+                 else max(1, len(ends) // 4))
         return {u for i, u in enumerate(ends, 1) if i % every == 0}
     at = options.at or tuple(0.5 ** k for k in range(3, 0, -1))
     return {next((u for u in ends if u >= f * num_updates), num_updates) for f in at} - {num_updates}
@@ -245,6 +242,3 @@ def with_values(hyperparams, tuned: list[Tuned], values: dict[str, list]):
 def read_lineage(path: str) -> list[dict]:
     return metrics_lib.read(path)
 
-
-def _json_floats(values: np.ndarray) -> list:
-    return [float(v) if math.isfinite(v) else None for v in values]

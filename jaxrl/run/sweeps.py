@@ -189,11 +189,7 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
     points = expand(config, sweep, draw_ranges(sweep, population, config.seed))
     if fork is not None:
         tuned_hyperparams(config, sweep, "a fork")
-        if config.num_seeds != fork.config().num_seeds:
-            raise ValueError(f"a fork continues the parent's {fork.config().num_seeds} seeds; the config has "
-                             f"num_seeds={config.num_seeds}")
-        for _, point in points:
-            fork.check(point)
+        forked_update = fork.check([point for _, point in points])
     programs = group_programs(points)
     short = _short_names(list(sweep))
     names = [setting_name(overrides, short) for overrides, _ in points]
@@ -204,7 +200,7 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
         os.makedirs(workdir, exist_ok=True)
         saved = {k: (dataclasses.asdict(v) if isinstance(v, Range) else v) for k, v in sweep.items()}
         with open(os.path.join(workdir, "sweep.json"), "w") as f:
-            json.dump({"num_seeds": config.num_seeds, "sweep": saved, "method": options.as_dict(),
+            json.dump({"num_seeds": config.num_seeds, "sweep": saved, "method": dataclasses.asdict(options),
                        "fork": dataclasses.asdict(fork) if fork else None,
                        "programs": [[names[i] for i in p] for p in programs]}, f, indent=2)
         print(f"sweep: {len(points)} settings x {config.num_seeds} seeds in {len(programs)} compiled "
@@ -212,13 +208,13 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
     rows_by_setting: dict[int, list[dict]] = {}
     for number, program in enumerate(programs):
         settings = [loop.Setting(points[i][1], os.path.join(workdir, names[i])) for i in program]
-        checkpoint_dir = os.path.join(workdir, "checkpoints", str(number))
+        checkpoint_dir = program_dir(workdir, number)
         start_state = None
         if fork is not None and not checkpoint.has_checkpoints(checkpoint_dir):
-            start_state = fork.start(len(settings))
+            start_state = fork.start(forked_update, len(settings))
             if main:
                 for setting in settings:
-                    fork.copy_metrics(setting.workdir)
+                    fork.copy_metrics(forked_update, setting.workdir)
         result = loop.run_settings(settings, checkpoint_dir, progress=progress,
                                    tuning=(options, tuned) if tuning else None, start_state=start_state)
         rows = result.rows  # a program whose every run diverged stopped early: its rows end there
@@ -232,12 +228,22 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
         write_summary(summary, os.path.join(workdir, "summary.csv"))
         plot_sweep(names, rows, config.num_seeds, os.path.join(workdir, "sweep.png"), title=config.experiment)
         if tuning:
-            lineage = population_lib.read_lineage(os.path.join(workdir, "checkpoints", "0", "population.jsonl"))
+            lineage = population_lib.read_lineage(lineage_path(workdir))
             write_summary(summarize_population(lineage, names, rows, config.num_seeds),
                           os.path.join(workdir, "population.csv"))
             plot_lineage(lineage, [t.key for t in tuned], os.path.join(workdir, "lineage.png"),
                          title=f"{config.experiment}: {options.method}")
     return summary
+
+
+def program_dir(workdir: str, number: int) -> str:
+    """Where program `number` of a sweep keeps its checkpoints (and, tuned, its lineage)."""
+    return os.path.join(workdir, "checkpoints", str(number))
+
+
+def lineage_path(workdir: str) -> str:
+    """The lineage of a PBT or halving sweep (one program)."""
+    return os.path.join(program_dir(workdir, 0), population_lib.LINEAGE_FILE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,10 +265,10 @@ class Fork:
             raise ValueError(f"--sweep.fork={self.run_dir}: no config.json there (give a run directory)")
         return config_lib.load(path)
 
-    def check(self, config: ConfigDict) -> int:
-        """The update forked; ValueError when there is no such checkpoint or `config` differs from the parent's
-        in more than traced hyperparameters and what a resume may change."""
-        steps = []
+    def check(self, configs: list[ConfigDict]) -> int:
+        """The update forked; ValueError when there is no such checkpoint, or a setting's config differs from
+        the parent's in its seed count or in more than traced hyperparameters and what a resume may change."""
+        parent, steps = self.config(), []
         if checkpoint.has_checkpoints(self.checkpoint_dir):
             manager = checkpoint.Checkpointer(self.checkpoint_dir)
             try:
@@ -274,29 +280,32 @@ class Fork:
         if self.update is not None and self.update not in steps:
             raise ValueError(f"--sweep.fork_update={self.update}: {self.run_dir} has checkpoints at updates "
                              f"{', '.join(map(str, steps))}")
-        allowed = set(algos.hyperparam_keys(config)) | set(workdir_lib.RESUMABLE_CHANGES)
-        changed = [k for k in config_lib.differences(self.config(), config, added=False) if k not in allowed]
-        if changed:
-            raise ValueError(f"--sweep.fork={self.run_dir}: a fork may change only traced hyperparameters and "
-                             f"{', '.join(workdir_lib.RESUMABLE_CHANGES[:1])} (and logging), not {', '.join(changed)}")
+        for config in configs:
+            if config.num_seeds != parent.num_seeds:
+                raise ValueError(f"a fork continues the parent's {parent.num_seeds} seeds; the config has "
+                                 f"num_seeds={config.num_seeds}")
+            allowed = set(algos.hyperparam_keys(config)) | set(workdir_lib.RESUMABLE_CHANGES)
+            changed = [k for k in config_lib.differences(parent, config, added=False) if k not in allowed]
+            if changed:
+                raise ValueError(f"--sweep.fork={self.run_dir}: a fork may change only traced hyperparameters and "
+                                 f"{workdir_lib.RESUMABLE_CHANGES[0]} (and logging), not {', '.join(changed)}")
         return self.update if self.update is not None else max(steps)
 
-    def start(self, num_settings: int):
-        """The `start_state` of `loop.run_settings`: (algo, abstract state of the program) -> (update, the parent's
-        state of every seed, repeated for each of the `num_settings` settings, on the program's mesh)."""
+    def start(self, update: int, num_settings: int):
+        """The `start_state` of `loop.run_settings`: (algo, abstract state of the program) -> (`update`, the
+        parent's state of every seed at that update, repeated for each of the `num_settings` settings, on the
+        program's mesh)."""
         def start(algo, abstract):
-            num_seeds = self.config().num_seeds
             replicated = jax.sharding.NamedSharding(algo.mesh, jax.sharding.PartitionSpec())
-            parent = jax.tree.map(lambda x: jax.ShapeDtypeStruct((num_seeds, *x.shape[1:]), x.dtype,
-                                                                 sharding=replicated), abstract)
-            update, state = checkpoint.restore_from(self.checkpoint_dir, parent, self.update)
+            parent = jax.tree.map(lambda x: jax.ShapeDtypeStruct((x.shape[0] // num_settings, *x.shape[1:]),
+                                                                 x.dtype, sharding=replicated), abstract)
+            _, state = checkpoint.restore_from(self.checkpoint_dir, parent, update)
             state = jax.tree.map(lambda x: jnp.tile(x, (num_settings,) + (1,) * (x.ndim - 1)), state)
             return update, jax.device_put(state, algo.state_shardings(state))
         return start
 
-    def copy_metrics(self, child_dir: str) -> None:
-        """Start a child's metrics.jsonl with the parent's rows up to the fork (its curve continues them)."""
-        update = self.check(self.config())
+    def copy_metrics(self, update: int, child_dir: str) -> None:
+        """Start a child's metrics.jsonl with the parent's rows up to `update` (its curve continues them)."""
         rows = [r for r in metrics_lib.read(os.path.join(self.run_dir, "metrics.jsonl")) if r["update"] <= update]
         os.makedirs(child_dir, exist_ok=True)
         with open(os.path.join(child_dir, "metrics.jsonl"), "w") as f:
