@@ -76,3 +76,31 @@ def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(tmp_path, caps
     config.total_steps = 4_000
     train.run(config, workdir, progress=False)  # resumes
     assert "twice while its checkpoint is restored" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("first_seconds_here,first_seconds_of_process_0,calls", [(0.2, 0.2, 2), (0.2, 3.0, 1),
+                                                                                  (3.0, 0.2, 2)])
+def test_every_process_times_the_same_number_of_updates(monkeypatch, first_seconds_here, first_seconds_of_process_0,
+                                                         calls):
+    # Each timed update is a collective program: processes that ran it a different number of times (one of
+    # them under a second, the other over) would wait on each other's collectives. Process 0's timing decides.
+    import jax
+    from jax.experimental import multihost_utils
+
+    durations = iter([first_seconds_here, 0.1])
+    clock = [0.0]
+
+    class Algo:
+        calls = 0
+
+        def run_chunk(self, state, hyperparams, num_updates):
+            Algo.calls += 1
+            clock[0] += next(durations)
+            return state
+
+    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", lambda x: first_seconds_of_process_0)
+    seconds = loop._time_one_update(Algo(), {}, {})
+    assert Algo.calls == calls
+    assert seconds == pytest.approx(0.1 if calls == 2 else first_seconds_of_process_0)

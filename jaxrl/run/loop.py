@@ -290,12 +290,16 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
 def _time_one_update(algo, state, hyperparams) -> float:
     """Seconds one update of every run takes, timed on `state` (left as it was: the program does not donate
     it) with the compiled chunk program. A first call under a second includes one-off work (thread pools,
-    allocations) worth counting out: a second call is timed then."""
+    allocations) worth counting out: a second call is timed then. With several processes, process 0's first
+    timing decides for all: each call is a collective program that every process must run."""
     def timed() -> float:
         tick = time.perf_counter()
         jax.block_until_ready(algo.run_chunk(state, hyperparams, 1))
         return time.perf_counter() - tick
     seconds = timed()
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        seconds = float(multihost_utils.broadcast_one_to_all(np.float32(seconds)))
     return timed() if seconds < 1.0 else seconds
 
 
