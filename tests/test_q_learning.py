@@ -48,7 +48,7 @@ def test_one_and_eight_devices_train_the_same_parameters():
 def test_dqn_solves_cartpole():
     # Issue 19's bar: a greedy return >= 475 within 500k env steps, evaluated every 50k. DQN's greedy return
     # swings after it first solves CartPole, and where it stands at the very end depends on the CPU's float
-    # rounding: on an Intel Xeon (2026-11-26) this seed ended at 363 after reaching 500; on AMD EPYC, at 500.
+    # rounding: on an Intel Xeon (2026-11-26) this seed ended at 363 after passing 475; on AMD EPYC, at 500.
     config = set_keys(load_experiment("cartpole_dqn"), {"log.progress_bar": False,
                                                         "eval.every_steps": 50_000, "checkpoint.every_steps": 0})
     result = train.run(config, None)
