@@ -58,6 +58,7 @@ from jaxrl.run.summary import confidence_interval, format_summary  # noqa: F401 
 from jaxrl.run.sweeps import (Fork, Range, draw_ranges, expand, group_programs, lineage_path,  # noqa: F401
                               parse_range, parse_values, resolve_key, run_sweep)
 
+
 def _floats(text: str) -> tuple[float, ...]:
     return tuple(float(x) for x in text.split(","))
 

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import multihost_utils
 import numpy as np
 from ml_collections import ConfigDict
 
@@ -298,7 +299,6 @@ def _time_one_update(algo, state, hyperparams) -> float:
         return time.perf_counter() - tick
     seconds = timed()
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
         seconds = float(multihost_utils.broadcast_one_to_all(np.float32(seconds)))
     return timed() if seconds < 1.0 else seconds
 
@@ -324,7 +324,6 @@ def fetch(tree):
     and receives the whole arrays."""
     if jax.process_count() == 1:
         return jax.device_get(tree)
-    from jax.experimental import multihost_utils
     return multihost_utils.process_allgather(tree, tiled=True)
 
 
