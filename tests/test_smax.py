@@ -9,7 +9,8 @@ import pytest
 
 import envs
 from envs.smax import SMAX, Scenario, register_scenario, scenario_names, team
-from envs.smax.heuristic import heuristic_targets, sample_true
+from envs.smax.env import push_apart
+from envs.smax.heuristic import heuristic_targets, pick_true, sample_true
 from envs.smax.parity import random_legal
 
 N, E, S, W, STOP = 0, 1, 2, 3, 4
@@ -205,6 +206,26 @@ def test_overlapping_units_are_pushed_apart():
     assert float(nxt.position[0, 0]) < 10.0 < 10.2 < float(nxt.position[1, 0])
 
 
+@pytest.mark.parametrize("num_units", [5, 30])  # the fused-reduction path and the matmul path
+def test_push_apart_moves_each_unit_by_half_its_overlaps(num_units):
+    rng = np.random.default_rng(num_units)
+    side = 0.5 * np.sqrt(num_units)  # crowded: many overlaps
+    x, y = rng.uniform(10, 10 + side, num_units), rng.uniform(10, 10 + side, num_units)
+    alive = rng.uniform(size=num_units) < 0.8
+    radius = rng.uniform(0.3, 0.6, num_units)
+    radius_sum = radius[:, None] + radius[None, :]
+    dx, dy = x[:, None] - x[None, :], y[:, None] - y[None, :]
+    dist = np.hypot(dx, dy) + np.eye(num_units)
+    overlap = np.where(alive[:, None] & alive[None, :], np.maximum(radius_sum / dist - 1, 0), 0)
+    want_x = np.where(alive, x + (dx * overlap).sum(1) / 2, x)
+    want_y = np.where(alive, y + (dy * overlap).sum(1) / 2, y)
+    x32, y32, radius_sum32 = (jnp.asarray(a, jnp.float32) for a in (x, y, radius_sum))
+    got_x, got_y = push_apart(x32, y32, jnp.asarray(alive), radius_sum32)
+    assert (overlap > 0).sum() - np.trace(overlap > 0) >= num_units, "the test needs overlapping pairs"
+    np.testing.assert_allclose(got_x, want_x, atol=2e-5)
+    np.testing.assert_allclose(got_y, want_y, atol=2e-5)
+
+
 # ------------------------------------------------------------------------------------------------
 # Episode ends and rewards
 
@@ -323,6 +344,18 @@ def test_sample_true_is_uniform_over_true_entries():
     counts = np.stack([np.bincount(np.asarray(draws[:, r]), minlength=4) for r in range(2)]) / 6000
     np.testing.assert_allclose(counts[0], [1 / 3, 0, 1 / 3, 1 / 3], atol=0.03)
     assert counts[1].tolist() == [0, 0, 0, 1]
+
+
+def test_pick_true_picks_the_true_entry_of_the_drawn_rank():
+    rng = np.random.default_rng(0)
+    mask = rng.uniform(size=(500, 37)) < 0.3
+    mask[:5] = False  # rows without a true entry give 0
+    u = rng.uniform(size=500).astype(np.float32)
+    got = np.asarray(pick_true(jnp.asarray(u), jnp.asarray(mask)))
+    count = mask.sum(1)
+    rank = np.minimum((u * count).astype(np.int32), count - 1)
+    want = [np.flatnonzero(row)[r] if row.any() else 0 for row, r in zip(mask, rank)]
+    assert got.tolist() == want
 
 
 # ------------------------------------------------------------------------------------------------

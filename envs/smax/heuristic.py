@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 NUM_MOVES = 4  # N, E, S, W; action 4 is stop, actions 5.. attack
 STOP = 4
@@ -24,11 +25,16 @@ def pick_true(u: jax.Array, mask: jax.Array) -> jax.Array:
     """[...] int32 index of the true entry of `mask` [..., N] that a uniform `u` [...] in [0, 1) selects
     (each true entry equally likely); 0 where there is none.
 
-    One uniform per row and a cumulative count: much cheaper on CPU than Gumbel-max sampling.
+    One uniform per row and a cumulative count: much cheaper on CPU than Gumbel-max sampling. The count
+    is a matmul with a triangle of ones (exact: small integers in float32), several times faster on CPU
+    than `cumsum`, which XLA runs as a windowed reduction.
     """
+    n = mask.shape[-1]
     count = mask.sum(axis=-1)
     rank = jnp.minimum((u * count).astype(jnp.int32), count - 1)
-    return jnp.argmax(jnp.cumsum(mask, axis=-1) > rank[..., None], axis=-1).astype(jnp.int32)
+    upper = np.triu(np.ones((n, n), np.float32))  # upper[j, i] = 1 where j <= i
+    running = jnp.dot(mask.astype(jnp.float32), upper, precision="highest")  # [..., N] true entries up to i
+    return jnp.argmax(running > rank[..., None].astype(jnp.float32), axis=-1).astype(jnp.int32)
 
 
 def sample_true(key: jax.Array, mask: jax.Array) -> jax.Array:
