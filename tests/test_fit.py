@@ -58,7 +58,9 @@ def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypa
     assert "memory: " in err and "GFLOP per update" in err
     assert "close to the limit: its largest part is buffer" in err
     # and the time it expects, from one update timed on the initial state before training
-    assert re.search(r"expected: [0-9.e-]+ s per chunk of \d+ updates, [0-9.e-]+ s for the \d+ updates left", err)
+    # (in s, min or h: a busy machine can make one timed update of this small run look long)
+    duration = r"[0-9.e-]+ (s|min|h)"
+    assert re.search(rf"expected: {duration} per chunk of \d+ updates, {duration} for the \d+ updates left", err)
 
 
 def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(tmp_path, capsys):
@@ -78,12 +80,14 @@ def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(tmp_path, caps
     assert "twice while its checkpoint is restored" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("first_seconds_here,first_seconds_of_process_0,calls", [(0.2, 0.2, 2), (0.2, 3.0, 1),
-                                                                                  (3.0, 0.2, 2)])
+@pytest.mark.parametrize("first_seconds_here,first_seconds_of_process_0,calls", [
+    (0.2, 0.2, 2), (3.0, 3.0, 2),  # a first call slowed by one-off work on a busy machine is timed again
+    (0.2, 30.0, 1), (30.0, 0.2, 2)])
 def test_every_process_times_the_same_number_of_updates(monkeypatch, first_seconds_here, first_seconds_of_process_0,
                                                          calls):
     # Each timed update is a collective program: processes that ran it a different number of times (one of
-    # them under a second, the other over) would wait on each other's collectives. Process 0's timing decides.
+    # them under the re-timing bound, the other over) would wait on each other's collectives. Process 0's
+    # timing decides.
     import jax
     from jax.experimental import multihost_utils
 
