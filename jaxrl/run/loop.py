@@ -288,6 +288,9 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     return ProgramResult(state, all_rows, interrupted, diverged)
 
 
+_RETIME_UNDER = 10.0  # seconds: a longer first call is kept as it is rather than spend as long again
+
+
 def _time_one_update(algo, state, hyperparams) -> float:
     """Seconds one update of every run takes, timed on `state` (left as it was: the program does not donate
     it) with the compiled chunk program. A first call includes one-off work (thread pools, allocations), which
@@ -303,9 +306,6 @@ def _time_one_update(algo, state, hyperparams) -> float:
     if jax.process_count() > 1:
         seconds = float(multihost_utils.broadcast_one_to_all(np.float32(seconds)))
     return min(seconds, timed()) if seconds < _RETIME_UNDER else seconds
-
-
-_RETIME_UNDER = 10.0  # seconds: a longer first call is kept as it is rather than spend as long again
 
 
 def _duration(seconds: float) -> str:
