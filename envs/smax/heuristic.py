@@ -30,11 +30,11 @@ def pick_true(u: jax.Array, mask: jax.Array) -> jax.Array:
     than `cumsum`, which XLA runs as a windowed reduction.
     """
     n = mask.shape[-1]
-    count = mask.sum(axis=-1)
-    rank = jnp.minimum((u * count).astype(jnp.int32), count - 1)
     upper = np.triu(np.ones((n, n), np.float32))  # upper[j, i] = 1 where j <= i
     running = jnp.dot(mask.astype(jnp.float32), upper, precision="highest")  # [..., N] true entries up to i
-    return jnp.argmax(running > rank[..., None].astype(jnp.float32), axis=-1).astype(jnp.int32)
+    count = running[..., -1]
+    rank = jnp.minimum(jnp.floor(u * count), count - 1)  # -1 where there is none: argmax then gives 0
+    return jnp.argmax(running > rank[..., None], axis=-1).astype(jnp.int32)
 
 
 def sample_true(key: jax.Array, mask: jax.Array) -> jax.Array:
