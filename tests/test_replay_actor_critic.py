@@ -33,6 +33,11 @@ def test_truncated_atoms_pool_the_critics_and_drop_the_largest():
     atoms = jnp.array([[[1.0, 7.0, 3.0]], [[2.0, 9.0, 0.0]]])  # [E=2, B=1, N=3]
     np.testing.assert_array_equal(truncated_atoms(atoms, 2), [[0.0, 1.0, 2.0, 3.0]])
     np.testing.assert_array_equal(truncated_atoms(atoms, 0), [[0.0, 1.0, 2.0, 3.0, 7.0, 9.0]])
+    # Batch axes, ties (atoms rounded to halves) and negative values: numpy's sort of the pooled atoms, cut.
+    atoms = np.round(2 * np.random.default_rng(0).normal(size=(3, 4, 2, 5)).astype(np.float32)) / 2
+    pooled = np.sort(np.moveaxis(atoms, 0, -2).reshape(4, 2, 15), axis=-1)
+    for drop in (0, 1, 4, 14):
+        np.testing.assert_array_equal(jax.jit(truncated_atoms, static_argnums=1)(atoms, drop), pooled[..., :15 - drop])
 
 
 def test_quantile_huber_loss_against_the_formula():
