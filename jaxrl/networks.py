@@ -21,9 +21,35 @@ def activation_fn(name: str):
     return ACTIVATIONS[name]
 
 
+def orthogonal(scale: float = 1.0):
+    """Flax's orthogonal initialiser (the same values), whose vmapped calls run one matrix after another.
+
+    Under vmap (a critic ensemble, several seeds) the initialiser's QR becomes one batched LAPACK call, which
+    splits its batch over XLA:CPU's intra-op thread pool and waits; two such calls running at once on a
+    2-thread pool each wait for work queued behind the other, and the program never finishes (jaxlib 0.10.2:
+    SAC's and TQC's init hung on 2 cores, both pool threads in `ParallelBatchMap` under `lapack_sgeqrf_ffi`).
+    The vmap rule maps the initialiser over the batch with `lax.map` instead, so every QR is of one matrix."""
+    base = nn.initializers.orthogonal(scale)
+
+    def init(key, shape, dtype=jnp.float32):
+        @jax.custom_batching.custom_vmap
+        def one(key):
+            return base(key, shape, dtype)
+
+        @one.def_vmap
+        def one_after_another(axis_size, in_batched, key):
+            if not in_batched[0]:
+                return one(key), False
+            return jax.lax.map(one, key), True
+
+        return one(key)
+
+    return init
+
+
 def orthogonal_dense(features: int, scale: float, name: str | None = None) -> nn.Dense:
     """Dense layer with orthogonal weights of gain `scale` and zero bias (the PPO convention)."""
-    return nn.Dense(features, kernel_init=nn.initializers.orthogonal(scale),
+    return nn.Dense(features, kernel_init=orthogonal(scale),
                     bias_init=nn.initializers.zeros, dot_general=dot_general, name=name)
 
 
@@ -367,9 +393,9 @@ class ResetGRU(nn.Module):
 
     def setup(self):
         H = self.features
-        self.input = nn.Dense(3 * H, kernel_init=nn.initializers.orthogonal(np.sqrt(2)),
+        self.input = nn.Dense(3 * H, kernel_init=orthogonal(np.sqrt(2)),
                               bias_init=nn.initializers.zeros, dot_general=dot_general)
-        self.recurrent_kernel = self.param("recurrent_kernel", nn.initializers.orthogonal(), (H, 3 * H))
+        self.recurrent_kernel = self.param("recurrent_kernel", orthogonal(), (H, 3 * H))
         self.recurrent_bias = self.param("recurrent_bias", nn.initializers.zeros, (H,))
 
     def project(self, x: jax.Array) -> jax.Array:

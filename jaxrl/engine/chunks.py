@@ -123,8 +123,9 @@ class ChunkRunner:
     @jit_method
     def _init_runs(self, keys: jax.Array):
         """One state per key [R, 2], compiled once per algorithm and run count. Runs one after another
-        (lax.map, not vmap) on one device, then placed on the mesh: a batched QR (the orthogonal initialiser
-        under vmap) can deadlock XLA:CPU's LAPACK thread pool (jaxlib 0.10.2, seen on 1 and on 8 devices), and
+        (lax.map, not vmap) on one device, then placed on the mesh: a batched QR (flax's orthogonal initialiser
+        under vmap, in a network of the user's own) can deadlock XLA:CPU's LAPACK thread pool (jaxlib 0.10.2,
+        seen on 1 and on 8 devices; jaxrl's networks use `networks.orthogonal`, which maps its QRs itself), and
         a replicated init would run it on every device."""
         return jax.lax.map(self.init, keys)
 
