@@ -37,9 +37,7 @@ def orthogonal(scale: float = 1.0):
             return base(key, shape, dtype)
 
         @one.def_vmap
-        def one_after_another(axis_size, in_batched, key):
-            if not in_batched[0]:
-                return one(key), False
+        def one_after_another(axis_size, in_batched, key):  # (called only where the key is batched)
             return jax.lax.map(one, key), True
 
         return one(key)
