@@ -5,7 +5,8 @@
     python tests/golden_runs.py --record --other-machine OLD.json   # also keep how far OLD.json's values lie
 
 Each run is an experiment file with small sizes (two seeds in one program, two log intervals, a checkpoint
-and a greedy evaluation at the end) through `jaxrl.train.run`. What is kept per run: a SHA-256 of the final
+and a greedy evaluation at the end) through `jaxrl.train.run`, compiled as the test session compiles (cheaply:
+`conftest.py`; the script sets the same before it imports jax). What is kept per run: a SHA-256 of the final
 parameters' bytes (equal only on the same CPU, jax and XLA options), per-leaf sums and the last metrics row.
 
 Another CPU rounds differently (other vector widths, other kernels), and a few Adam steps amplify that: the
@@ -120,6 +121,10 @@ def main(argv=None) -> int:
                         "recorded on another machine; how far each value lies from it is kept as its rounding drift")
     args = parser.parse_args(argv)
     sys.path.insert(0, ROOT)
+    from conftest import CHEAP_COMPILES, OLDER_FUSION_EMITTERS, with_flag
+
+    os.environ[CHEAP_COMPILES] = "1"  # as the test session compiles (before jax reads them)
+    os.environ["XLA_FLAGS"] = with_flag(os.environ.get("XLA_FLAGS", ""), OLDER_FUSION_EMITTERS)
     names = args.only.split(",") if args.only else list(RUNS)
     recorded = {}
     if os.path.exists(GOLDEN_PATH):

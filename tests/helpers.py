@@ -33,6 +33,29 @@ def build(config, num_seeds=1):
     return algo, hp, algo.init_seeds(config.seed, num_seeds)
 
 
+def evaluate_until(config, metric: str, bar: float, every_steps: int) -> list[tuple[int, float]]:
+    """Train one seed of `config` (config.seed) in chunks of `every_steps` env steps up to config.total_steps,
+    evaluating after each as the training loop does (`config.eval.num_envs` greedy episodes), and stop once
+    `metric` reaches `bar`: [(env steps, value)] of every evaluation. A learning test then need not train on
+    past the point it checks."""
+    import jax
+
+    from jaxrl import algos
+
+    algos.validate(config)
+    algo, hp, state = build(algos.resolve(config))
+    batch = algo.settings.batch_size
+    updates, per_chunk = algo.settings.num_updates, max(1, every_steps // batch)
+    curve, done = [], 0
+    while done < updates and not (curve and curve[-1][1] >= bar):
+        num = min(per_chunk, updates - done)
+        state, _ = algo.run_chunk(state, hp, num)
+        done += num
+        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), done)
+        curve.append((done * batch, float(algo.evaluate(state.params, key, config.eval.num_envs)[metric][0])))
+    return curve
+
+
 def small_cartpole(**overrides):
     """experiments/cartpole_ppo.py at 8 envs x 16 steps, 4 updates, logging every 2."""
     config = load_experiment("cartpole_ppo")

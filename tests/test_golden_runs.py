@@ -11,7 +11,6 @@ import pytest
 import golden_runs
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("family", list(golden_runs.RUNS))
 def test_short_run_ends_where_it_was_recorded(family):
     with open(golden_runs.GOLDEN_PATH) as f:

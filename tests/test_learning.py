@@ -9,6 +9,7 @@ from jaxrl import train
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_main_cartpole_config_reaches_475_within_500k_steps(tmp_path):
     config = cartpole_ppo.get_config()
     config.log.progress_bar = False
@@ -23,6 +24,7 @@ def test_main_cartpole_config_reaches_475_within_500k_steps(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 @pytest.mark.parametrize("experiment,updates", [("smax_mappo", 20), ("smax_grpo", 16)])
 def test_short_3m_training_improves_the_win_rate(tmp_path, experiment, updates):
     """The README's main job (MAPPO, 20 updates: ~160k env steps) and critic-free GRPO (16 updates: 410k
@@ -47,6 +49,7 @@ def test_short_3m_training_improves_the_win_rate(tmp_path, experiment, updates):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_cartpole_grpo_config_solves_cartpole(tmp_path):
     """experiments/cartpole_grpo.py as users run it: critic-free, reaches a return of 475."""
     from helpers import load_experiment
@@ -60,6 +63,7 @@ def test_cartpole_grpo_config_solves_cartpole(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_gymnax_pendulum_continuous_ppo_swings_up(tmp_path):
     """Continuous actions end to end: experiments/gymnax_ppo.py:Pendulum-v1 (a Gaussian policy, reward
     scaling), shortened from 1M to 300k env steps. A random policy scores about -1200; a swung-up, balanced

@@ -11,6 +11,7 @@ import sys
 import jax
 import numpy as np
 
+from conftest import xla_flags_with_devices
 from helpers import ROOT
 
 def free_port() -> int:
@@ -26,7 +27,7 @@ CLI_FLAGS = ["--config=experiments/cartpole_ppo.py", "--config.num_envs=8", "--c
 
 
 def launch_cli(module, args, devices, log_dir, name):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(devices), JAX_PLATFORMS="cpu")
     out, err = (open(os.path.join(log_dir, f"{name}.{ext}"), "w+") for ext in ("out", "err"))
     process = subprocess.Popen([sys.executable, "-m", module, *args], cwd=ROOT, env=env, stdout=out, stderr=err)
     return process, out, err

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
-from helpers import load_experiment, set_keys
+from helpers import evaluate_until, load_experiment, set_keys
 from jaxrl import train
 from jaxrl.algos.q_learning import bootstrap_values
 
@@ -45,15 +45,14 @@ def test_one_and_eight_devices_train_the_same_parameters():
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_dqn_solves_cartpole():
-    # Issue 19's bar: a greedy return >= 475 within 500k env steps, evaluated every 50k. DQN's greedy return
-    # swings after it first solves CartPole, and where it stands at the very end depends on the CPU's float
-    # rounding: on an Intel Xeon (2026-11-26) this seed ended at 363 after passing 475; on AMD EPYC, at 500.
-    config = set_keys(load_experiment("cartpole_dqn"), {"log.progress_bar": False,
-                                                        "eval.every_steps": 50_000, "checkpoint.every_steps": 0})
-    result = train.run(config, None)
-    evaluations = [row["eval_return"] for row in result.metrics if "eval_return" in row]
-    assert len(evaluations) >= 10 and max(evaluations) >= 475, evaluations
+    # Issue 19's bar: a greedy return >= 475 within 500k env steps, evaluated every 25k (training stops there).
+    # DQN's greedy return swings after it first solves CartPole: seed 0 on an Intel Xeon (2026-11-27) read 478 at
+    # 225k, 500 at 250k, 349 at 300k, 155 at 400k and 363 at 500k.
+    curve = evaluate_until(load_experiment("cartpole_dqn"), "eval_return", 475, every_steps=25_000)
+    assert curve[-1][1] >= 475 and curve[-1][0] <= 500_000, curve
+    assert curve[0][1] < 475, "learning happened in this run"
 
 
 def test_pqn_minibatches_must_divide_the_rollout_and_lambda_lies_in_the_unit_interval():
@@ -67,11 +66,12 @@ def test_pqn_minibatches_must_divide_the_rollout_and_lambda_lies_in_the_unit_int
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 def test_pqn_solves_cartpole():
-    config = set_keys(load_experiment("cartpole_pqn"), {"total_steps": 450_560, "log.progress_bar": False,
-                                                        "eval.every_steps": 0, "checkpoint.every_steps": 0})
-    result = train.run(config, None)
-    assert result.metrics[-1]["eval_return"] >= 475
+    # The same bar, evaluated every 25k (training stops there); seed 0's greedy return stays at 500 once reached.
+    curve = evaluate_until(load_experiment("cartpole_pqn"), "eval_return", 475, every_steps=25_000)
+    assert curve[-1][1] >= 475 and curve[-1][0] <= 500_000, curve
+    assert curve[0][1] < 475, "learning happened in this run"
 
 
 def test_qmix_mixer_is_monotonic_in_every_agents_value():

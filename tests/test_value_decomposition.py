@@ -145,6 +145,7 @@ def test_config_errors_name_the_key():
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 @pytest.mark.parametrize("experiment,steps", [("smax_qmix", 122_880), ("smax_pqn_vdn", 131_072)])
 def test_learns_smax_3m(experiment, steps):
     """QMIX (lambda-returns 0.6), seed 0 (2026-11-26): greedy win rate 0.28 at 40,960 steps, 0.42 at 81,920, 0.50
