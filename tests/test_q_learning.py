@@ -8,7 +8,6 @@ import pytest
 
 from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
 from helpers import evaluate_until, load_experiment, set_keys
-from jaxrl import train
 from jaxrl.algos.q_learning import bootstrap_values
 
 
