@@ -132,6 +132,7 @@ def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates
             state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, {updates})
             trained.append(jax.device_get(attrgetter(*{tuple(state_fields)!r})(state)))
         for a, b in zip(jax.tree.leaves(trained[0]), jax.tree.leaves(trained[1])):
+            assert np.isfinite(a).all() and np.isfinite(b).all(), "not finite"  # (NaNs would compare equal)
             np.testing.assert_allclose(a, b, rtol={rtol}, atol={atol})
         print("equal")
     """)
@@ -156,9 +157,11 @@ def straight_and_resumed(config, tmp_path, last_checkpoint: int):
 
 
 def assert_same_state(a, b):
-    """Two training states equal leaf for leaf, bit for bit."""
+    """Two training states equal leaf for leaf, bit for bit, and finite (NaNs would compare equal)."""
     import jax
     import numpy as np
 
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+        x, y = np.asarray(x), np.asarray(y)
+        assert not np.issubdtype(x.dtype, np.floating) or np.isfinite(x).all(), "not finite"
+        np.testing.assert_array_equal(x, y)
