@@ -41,8 +41,10 @@ def pytest_unconfigure(config):
 # environment, so that module-scoped fixtures and the subprocesses tests start compile the same way) and with
 # XLA:CPU's older fusion emitters (LLVM IR per fusion, not the MLIR fusion emitters), which compile in about half
 # the time for programs that run about 1.7x slower (CartPole PPO, 2026-11-27, Intel Xeon: 3.7 s against 6.7 s to
-# compile, 2.7 s against 1.6 s for 300 updates). Over three test files: 113 s against 189-226 s. Tests marked
-# `optimized` (learning over many updates) compile as a user's run does, and so do the subprocesses they start.
+# compile, 2.7 s against 1.6 s for 300 updates). The whole suite with `-n 2` on that machine: 25:52 against
+# 48:56 before (with DQN's and PQN's learning tests stopping at their bar, golden runs compiled cheaply).
+# Tests marked `optimized` (learning over many updates) compile as a user's run does, and so do the
+# subprocesses they start.
 # Every other test compares only what it computes itself under the one setting, or (golden runs) numbers
 # recorded under it, so the setting does not change what it asserts.
 CHEAP_COMPILES = "JAX_DISABLE_MOST_OPTIMIZATIONS"
