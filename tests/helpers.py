@@ -38,9 +38,8 @@ def evaluate_until(config, metric: str, bar: float, every_steps: int) -> list[tu
     evaluating after each as the training loop does (`config.eval.num_envs` greedy episodes), and stop once
     `metric` reaches `bar`: [(env steps, value)] of every evaluation. A learning test then need not train on
     past the point it checks."""
-    import jax
-
     from jaxrl import algos
+    from jaxrl.run.loop import evaluation_key
 
     algos.validate(config)
     algo, hp, state = build(algos.resolve(config))
@@ -51,8 +50,8 @@ def evaluate_until(config, metric: str, bar: float, every_steps: int) -> list[tu
         num = min(per_chunk, updates - done)
         state, _ = algo.run_chunk(state, hp, num)
         done += num
-        key = jax.random.fold_in(jax.random.PRNGKey(config.seed), done)
-        curve.append((done * batch, float(algo.evaluate(state.params, key, config.eval.num_envs)[metric][0])))
+        value = algo.evaluate(state.params, evaluation_key(config.seed, done), config.eval.num_envs)[metric][0]
+        curve.append((done * batch, float(value)))
     return curve
 
 

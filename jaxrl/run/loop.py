@@ -240,7 +240,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
             if compile_seconds:
                 shared["compile_seconds"] = round(compile_seconds, 2)
             if done or (eval_every and chunk_index % eval_every == 0):
-                eval_key = jax.random.fold_in(jax.random.PRNGKey(config.seed), update)
+                eval_key = evaluation_key(config.seed, update)
                 chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
             groups = population.groups() if population else _setting_groups(num_settings, num_seeds)
             rows = _rows(shared, chunk_metrics, guard, groups)
@@ -289,6 +289,12 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
 
 
 _RETIME_UNDER = 10.0  # seconds: a longer first call is kept as it is rather than spend as long again
+
+
+def evaluation_key(seed: int, update: int) -> jax.Array:
+    """The key of the evaluation after `update` updates of a run seeded `seed` (the same for every seed of the
+    program: runs differ only by their policies)."""
+    return jax.random.fold_in(jax.random.PRNGKey(seed), update)
 
 
 def _time_one_update(algo, state, hyperparams) -> float:

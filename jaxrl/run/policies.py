@@ -83,7 +83,7 @@ def evaluate_run(workdir: str, checkpoint_step: int | None = None, episodes: int
     num = episodes or config.eval.num_envs
     if num <= 0:
         raise ValueError(f"--episodes must be positive, got {num}")
-    key = jax.random.fold_in(jax.random.PRNGKey(config.seed), run.update)  # the loop's evaluation key
+    key = loop.evaluation_key(config.seed, run.update)
     per_seed = loop.fetch(algo.evaluate(run.state.params, key, num, sample))
     out_dir = out_dir or os.path.join(workdir, f"eval-{run.update}")
     os.makedirs(out_dir, exist_ok=True)
