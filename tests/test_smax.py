@@ -127,6 +127,31 @@ def test_smacv2_draws_random_types_that_the_enemy_mirrors():
     assert len(np.unique(types)) > 3, "types vary across episodes"
 
 
+def test_smacv2_starts_are_surrounded_or_reflected_with_equal_odds():
+    """Reflected: enemies at the allies' mirror images. Surrounded: one team within +-2 of the centre,
+    the other in the 4 diagonal groups. Each about half of 1,024 draws; types uniform over the kinds."""
+    from envs.smax.scenarios import surround_or_reflect_start
+    from envs.smax.units import NUM_UNIT_TYPES
+    A = E_ = 5
+    keys = jax.random.split(jax.random.PRNGKey(0), 1024)
+    pos = np.asarray(jax.jit(jax.vmap(lambda k: surround_or_reflect_start(k, A, E_, 32.0, 32.0)))(keys))
+    assert pos.shape == (1024, 10, 2) and np.all((pos >= -2) & (pos <= 34))
+    reflected = np.all(np.abs(pos[:, A:, 0] - (32.0 - pos[:, :A, 0])) < 1e-4, axis=1) & np.all(
+        np.abs(pos[:, A:, 1] - pos[:, :A, 1]) < 1e-4, axis=1)
+    inner = lambda team: np.all(np.abs(team - 16.0) <= 2.0, axis=(1, 2))  # noqa: E731
+    surrounded = inner(pos[:, :A]) ^ inner(pos[:, A:])
+    assert not np.any(reflected & surrounded) and np.all(reflected | surrounded)
+    assert 0.45 < reflected.mean() < 0.55, reflected.mean()
+    allies_inside = inner(pos[:, :A])[surrounded]
+    assert 0.43 < allies_inside.mean() < 0.57, allies_inside.mean()
+    assert np.all(pos[reflected][:, :A, 0] <= 16.0)
+
+    env = make("smacv2_20_units")
+    types = np.asarray(jax.jit(jax.vmap(env.scenario.draw_unit_types))(keys))
+    counts = np.bincount(types[:, :20].ravel(), minlength=NUM_UNIT_TYPES) / types[:, :20].size
+    np.testing.assert_allclose(counts, 1 / NUM_UNIT_TYPES, atol=0.01)
+
+
 # ------------------------------------------------------------------------------------------------
 # Movement, attacks, cooldowns, damage, walls
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from typing import Callable, Sequence
 
 import jax
@@ -28,6 +29,19 @@ def team(**counts: int) -> tuple[int, ...]:
 
 # ------------------------------------------------------------------------------------------------
 # Start rules
+#
+# Each rule hashes its key once: one `uniform` draw, cut into the pieces it needs (`_pieces`). Every
+# draw is a threefry hash that XLA:CPU unrolls into a few hundred operations; drawn per quantity,
+# SMACv2's start took about 25 of them and its reset compiled 4-5x longer than a fixed scenario's.
+
+
+def _pieces(u: jax.Array, *shapes: tuple[int, ...]) -> list[jax.Array]:
+    """Consecutive pieces of the flat `u` [sum of the shapes' sizes], reshaped to `shapes`."""
+    sizes = [math.prod(shape) for shape in shapes]
+    if u.shape != (sum(sizes),):
+        raise ValueError(f"expected {sum(sizes)} uniforms for pieces {shapes}, got shape {u.shape}")
+    bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+    return [piece.reshape(shape) for piece, shape in zip(jnp.split(u, bounds), shapes)]
 
 
 def line_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
@@ -37,30 +51,52 @@ def line_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Arr
     return centres + jax.random.uniform(key, (num_allies + num_enemies, 2), minval=-2.0, maxval=2.0)
 
 
-def _surround(key, num_inside: int, num_outside: int, width, height) -> tuple[jax.Array, jax.Array]:
-    """([inside, 2], [outside, 2]): one group around the centre, the other in 4 groups on the diagonals.
+def _surround_draws(num_inside: int, num_outside: int) -> int:
+    return 2 * num_inside + 4 + 3 * num_outside
 
-    Each outer group sits at a uniform fraction of the way from a map corner to the centre.
-    """
-    inside_key, group_key, frac_key, noise_key = jax.random.split(key, 4)
+
+def _surround(u, num_inside: int, num_outside: int, width, height) -> tuple[jax.Array, jax.Array]:
+    """([inside, 2], [outside, 2]) from `u` [_surround_draws] uniforms: one group around the centre, the
+    other in 4 groups on the diagonals, each at a uniform fraction of the way from a map corner to the
+    centre."""
+    inside_u, frac, group_u, noise_u = _pieces(u, (num_inside, 2), (4, 1), (num_outside,), (num_outside, 2))
     centre = jnp.array([width / 2, height / 2])
-    inside = centre + jax.random.uniform(inside_key, (num_inside, 2), minval=-2.0, maxval=2.0)
     corners = jnp.array([[0.0, 0.0], [0.0, height], [width, 0.0], [width, height]])
-    frac = jax.random.uniform(frac_key, (4, 1))
     group_centres = frac * centre + (1 - frac) * corners
-    group = jax.random.randint(group_key, (num_outside,), 0, 4)
-    outside = group_centres[group] + jax.random.uniform(noise_key, (num_outside, 2), minval=-2.0, maxval=2.0)
-    return inside, outside
+    group = _below(group_u, 4)
+    return centre + _between(inside_u, -2.0, 2.0), group_centres[group] + _between(noise_u, -2.0, 2.0)
+
+
+def _surround_start(u, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    pick, ally_u, enemy_u = _pieces(u, (), (_surround_draws(num_allies, num_enemies),),
+                                    (_surround_draws(num_enemies, num_allies),))
+    allies_in, enemies_out = _surround(ally_u, num_allies, num_enemies, width, height)
+    enemies_in, allies_out = _surround(enemy_u, num_enemies, num_allies, width, height)
+    return jnp.where(pick < 0.5, jnp.concatenate([allies_in, enemies_out]),
+                     jnp.concatenate([allies_out, enemies_in]))
+
+
+def _reflect_start(u, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    n_mirrored = min(num_allies, num_enemies)
+    ally_u, extra_u = _pieces(u, (num_allies, 2), (num_enemies - n_mirrored, 2))
+    allies = ally_u * jnp.array([width / 2, height])
+    mirrored = allies[:n_mirrored] * jnp.array([-1.0, 1.0]) + jnp.array([width, 0.0])
+    extra = _between(extra_u, jnp.array([width / 2, 0.0]), jnp.array([width, height]))
+    return jnp.concatenate([allies, mirrored, extra])
+
+
+def _surround_start_draws(num_allies: int, num_enemies: int) -> int:
+    return 1 + _surround_draws(num_allies, num_enemies) + _surround_draws(num_enemies, num_allies)
+
+
+def _reflect_start_draws(num_allies: int, num_enemies: int) -> int:
+    return 2 * num_allies + 2 * (num_enemies - min(num_allies, num_enemies))
 
 
 def surround_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
     """[U, 2]: a random team is surrounded by the other (SMACv2's "surrounded" start)."""
-    pick_key, ally_key, enemy_key = jax.random.split(key, 3)
-    allies_in, enemies_out = _surround(ally_key, num_allies, num_enemies, width, height)
-    enemies_in, allies_out = _surround(enemy_key, num_enemies, num_allies, width, height)
-    allies_inside = jax.random.bernoulli(pick_key)
-    return jnp.where(allies_inside, jnp.concatenate([allies_in, enemies_out]),
-                     jnp.concatenate([allies_out, enemies_in]))
+    u = jax.random.uniform(key, (_surround_start_draws(num_allies, num_enemies),))
+    return _surround_start(u, num_allies, num_enemies, width, height)
 
 
 def reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
@@ -68,21 +104,28 @@ def reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.
 
     Enemies beyond the number of allies are uniform on the right half.
     """
-    ally_key, extra_key = jax.random.split(key)
-    allies = jax.random.uniform(ally_key, (num_allies, 2), maxval=jnp.array([width / 2, height]))
-    n_mirrored = min(num_allies, num_enemies)
-    mirrored = allies[:n_mirrored] * jnp.array([-1.0, 1.0]) + jnp.array([width, 0.0])
-    extra = jax.random.uniform(extra_key, (num_enemies - n_mirrored, 2), minval=jnp.array([width / 2, 0.0]),
-                               maxval=jnp.array([width, height]))
-    return jnp.concatenate([allies, mirrored, extra])
+    u = jax.random.uniform(key, (_reflect_start_draws(num_allies, num_enemies),))
+    return _reflect_start(u, num_allies, num_enemies, width, height)
 
 
 def surround_or_reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
     """[U, 2]: SMACv2's start, surrounded or reflected with equal odds."""
-    pick_key, surround_key, reflect_key = jax.random.split(key, 3)
-    return jnp.where(jax.random.bernoulli(pick_key),
-                     surround_start(surround_key, num_allies, num_enemies, width, height),
-                     reflect_start(reflect_key, num_allies, num_enemies, width, height))
+    surround_size = _surround_start_draws(num_allies, num_enemies)
+    reflect_size = _reflect_start_draws(num_allies, num_enemies)
+    pick, surround_u, reflect_u = _pieces(jax.random.uniform(key, (1 + surround_size + reflect_size,)),
+                                          (), (surround_size,), (reflect_size,))
+    return jnp.where(pick < 0.5, _surround_start(surround_u, num_allies, num_enemies, width, height),
+                     _reflect_start(reflect_u, num_allies, num_enemies, width, height))
+
+
+def _between(u, low, high):
+    """Uniforms in [0, 1) moved to [low, high)."""
+    return low + u * (high - low)
+
+
+def _below(u, n: int) -> jax.Array:
+    """int32 in {0, ..., n-1} from uniforms in [0, 1) (float32 has 23 random bits: bias below 1e-6)."""
+    return jnp.minimum(jnp.floor(u * n).astype(jnp.int32), n - 1)
 
 
 START_RULES: dict[str, StartRule] = {
@@ -143,11 +186,9 @@ class Scenario:
         """[U] int32 type ids for one episode."""
         if not self.random_unit_types:
             return jnp.array(self.unit_types, dtype=jnp.int32)
-        ally_key, extra_key = jax.random.split(key)
-        allies = jax.random.randint(ally_key, (self.num_allies,), 0, NUM_UNIT_TYPES)
         n_mirrored = min(self.num_allies, self.num_enemies)
-        extra = jax.random.randint(extra_key, (self.num_enemies - n_mirrored,), 0, NUM_UNIT_TYPES)
-        return jnp.concatenate([allies, allies[:n_mirrored], extra]).astype(jnp.int32)
+        drawn = _below(jax.random.uniform(key, (self.num_allies + self.num_enemies - n_mirrored,)), NUM_UNIT_TYPES)
+        return jnp.concatenate([drawn[:self.num_allies], drawn[:n_mirrored], drawn[self.num_allies:]])
 
     def describe(self) -> str:
         """E.g. "2 stalker + 3 zealot vs 2 stalker + 3 zealot"."""
