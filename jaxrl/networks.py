@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl.dot import dot_general, weight_grad
+from jaxrl.dot import Dense, bias_grad, weight_grad
 
 ACTIVATIONS = {"tanh": nn.tanh, "relu": nn.relu, "gelu": nn.gelu, "swish": nn.swish, "elu": nn.elu}
 
@@ -45,10 +45,9 @@ def orthogonal(scale: float = 1.0):
     return init
 
 
-def orthogonal_dense(features: int, scale: float, name: str | None = None) -> nn.Dense:
+def orthogonal_dense(features: int, scale: float, name: str | None = None) -> Dense:
     """Dense layer with orthogonal weights of gain `scale` and zero bias (the PPO convention)."""
-    return nn.Dense(features, kernel_init=orthogonal(scale),
-                    bias_init=nn.initializers.zeros, dot_general=dot_general, name=name)
+    return Dense(features, kernel_init=orthogonal(scale), bias_init=nn.initializers.zeros, name=name)
 
 
 # How an MLP's weights start: "orthogonal" (gain sqrt(2) for hidden layers, the head's own gain: the PPO
@@ -57,11 +56,10 @@ def orthogonal_dense(features: int, scale: float, name: str | None = None) -> nn
 KERNEL_INITS = ("orthogonal", "lecun_uniform")
 
 
-def dense(features: int, scale: float, kernel_init: str = "orthogonal") -> nn.Dense:
+def dense(features: int, scale: float, kernel_init: str = "orthogonal") -> Dense:
     """A dense layer started by `kernel_init` (`scale`: the orthogonal gain; lecun_uniform has none)."""
     if kernel_init == "lecun_uniform":
-        return nn.Dense(features, kernel_init=nn.initializers.lecun_uniform(), bias_init=nn.initializers.zeros,
-                        dot_general=dot_general)
+        return Dense(features, kernel_init=nn.initializers.lecun_uniform(), bias_init=nn.initializers.zeros)
     if kernel_init != "orthogonal":
         raise ValueError(f"unknown kernel_init {kernel_init!r}; known: {', '.join(KERNEL_INITS)}")
     return orthogonal_dense(features, scale)
@@ -371,7 +369,7 @@ def _scan_grus_bwd(residuals, cotangents):
         d_x_projs.append(jnp.concatenate([dr, dz, dn], axis=-1))
         h = s[0].reshape(-1, s[0].shape[-1])  # [T * B, H] the restarted previous states
         d_w_h = jnp.concatenate([weight_grad(h, d.reshape(h.shape[0], -1)) for d in (dr, dz, dhn)], axis=1)
-        d_weights.append((d_w_h, dhn.reshape(h.shape[0], -1).sum(0)))
+        d_weights.append((d_w_h, bias_grad(dhn.reshape(h.shape[0], -1))))
     return d_h0, tuple(d_x_projs), None, tuple(d_weights)
 
 
@@ -391,8 +389,7 @@ class ResetGRU(nn.Module):
 
     def setup(self):
         H = self.features
-        self.input = nn.Dense(3 * H, kernel_init=orthogonal(np.sqrt(2)),
-                              bias_init=nn.initializers.zeros, dot_general=dot_general)
+        self.input = Dense(3 * H, kernel_init=orthogonal(np.sqrt(2)), bias_init=nn.initializers.zeros)
         self.recurrent_kernel = self.param("recurrent_kernel", orthogonal(), (H, 3 * H))
         self.recurrent_bias = self.param("recurrent_bias", nn.initializers.zeros, (H,))
 

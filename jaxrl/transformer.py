@@ -15,7 +15,8 @@ Shapes: tokens/positions int32 [B, T], attn_mask bool (True = real token), logit
 values float32 [B, T] (or None without a value head). `extend` works on [B, G, S]: G continuations of
 each prefix (a GRPO group), attending to the prefix's cached keys and values without copying them G
 times. Caches are explicit pytrees passed in and out (not flax's mutable 'cache' collection), so
-decoding composes with `lax.scan`, `vmap` and `jit`. Dense layers use `jaxrl.dot.dot_general`.
+decoding composes with `lax.scan`, `vmap` and `jit`. Dense layers are `jaxrl.dot.Dense` (and its `dot_general`
+in the attention projections).
 
 Choices: pre-LayerNorm blocks, learned absolute positions (the caller supplies them, so left padding
 does not shift them), output embedding tied to the input embedding (fewer parameters, and the
@@ -32,7 +33,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxrl.dot import dot_general
+from jaxrl.dot import Dense, dot_general
 
 
 @dataclasses.dataclass(frozen=True)
@@ -176,8 +177,8 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(dtype=c.dtype, name="ln1")
         self.attn = SelfAttention(c, name="attn")
         self.ln2 = nn.LayerNorm(dtype=c.dtype, name="ln2")
-        self.fc = nn.Dense(c.d_ff, dtype=c.dtype, dot_general=dot_general, name="fc")
-        self.proj = nn.Dense(c.d_model, dtype=c.dtype, dot_general=dot_general, name="proj")
+        self.fc = Dense(c.d_ff, dtype=c.dtype, name="fc")
+        self.proj = Dense(c.d_model, dtype=c.dtype, name="proj")
 
     def __call__(self, x, mask, layer_cache=None, index=None, last_only: bool = False):
         h, layer_cache = self.attn(self.ln1(x), mask, layer_cache, index, last_only)

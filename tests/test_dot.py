@@ -1,4 +1,5 @@
-"""jaxrl.dot.dot_general: the same values and gradients as lax.dot_general for Flax's Dense layers."""
+"""jaxrl.dot: dot_general gives the same values and gradients as lax.dot_general in Flax's dense layers, and Dense
+the same parameters, values and gradients as nn.Dense."""
 
 import flax.linen as nn
 import jax
@@ -6,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.dot import dot_general, weight_grad
+from jaxrl.dot import Dense, bias_grad, dot_general, weight_grad
 
 
 @pytest.mark.parametrize("features, axis, x_shape", [
@@ -42,3 +43,27 @@ def test_weight_grad_is_x_transposed_dy():
     x, dy = jax.random.normal(jax.random.key(0), (9, 3)), jax.random.normal(jax.random.key(1), (9, 5))
     np.testing.assert_allclose(jax.jit(weight_grad)(x, dy), x.T @ dy, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(jax.jit(weight_grad)(dy, x), dy.T @ x, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("x_shape, use_bias", [((128, 6, 16), True), ((5, 7), True), ((16,), True), ((3, 4, 9), False)])
+def test_dense_has_nn_dense_parameters_values_and_gradients(x_shape, use_bias):
+    x = jax.random.normal(jax.random.key(0), x_shape)
+    ours, reference = Dense(12, use_bias=use_bias), nn.Dense(12, use_bias=use_bias)
+    params = ours.init(jax.random.key(1), x)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(reference.init(jax.random.key(1), x)), strict=True):
+        np.testing.assert_array_equal(a, b)
+    cotangent = jax.random.normal(jax.random.key(2), (*x_shape[:-1], 12))
+    np.testing.assert_allclose(ours.apply(params, x), reference.apply(params, x), rtol=1e-5, atol=1e-5)
+
+    def loss(layer, params, x):
+        return jnp.sum(layer.apply(params, x) * cotangent)
+
+    got = jax.jit(jax.grad(lambda p, x: loss(ours, p, x), argnums=(0, 1)))(params, x)
+    expected = jax.grad(lambda p, x: loss(reference, p, x), argnums=(0, 1))(params, x)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
+
+
+def test_bias_grad_is_the_sum_over_rows():
+    dy = jax.random.normal(jax.random.key(0), (300, 7))
+    np.testing.assert_allclose(jax.jit(bias_grad)(dy), dy.sum(0), rtol=1e-5, atol=1e-5)
