@@ -69,7 +69,6 @@ def weight_grad(x: jax.Array, dy: jax.Array) -> jax.Array:
     return jax.lax.platform_dependent(x, dy, cpu=cpu, default=lambda x, dy: x.T @ dy)
 
 
-
 def bias_grad(dy: jax.Array) -> jax.Array:
     """dy [M, N] -> its sum over M [N]. On CPU as the product ones [M] @ dy: XLA:CPU without its YNNPACK fusions
     (which the SMAX MAPPO and Q-learning configs turn off) rewrites a sum over the batch and sequence positions
