@@ -61,8 +61,11 @@ def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(m
     full_traj = jax.device_get(algo.sample_trajectory(state))
     assert np.asarray(full_traj.actor_in[0, -1]).any()  # (every step computed)
     full, _ = algo.run_chunk(state, hp, 2)
+    # Two programs: XLA may sum the same gradients in another order (the bias gradients are products, ones @ dy,
+    # whose kernels it fuses differently): equal to float rounding, where a lost or extra step would move them
+    # by orders of magnitude more.
     for a, b in zip(jax.tree.leaves(early.params), jax.tree.leaves(full.params)):
-        np.testing.assert_array_equal(a, b)
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_learning_covers_the_longest_episode_only_and_equals_learning_over_every_step(monkeypatch):
