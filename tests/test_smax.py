@@ -121,17 +121,23 @@ def test_reset_places_teams_on_either_side_and_mirrors_the_enemy_home():
 
 
 def test_smacv2_draws_random_types_that_the_enemy_mirrors():
+    from envs.smax.units import NUM_UNIT_TYPES
     env = make("smacv2_10_units")
     types = np.asarray(jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), 8))[1].unit_type)
     np.testing.assert_array_equal(types[:, :10], types[:, 10:])
     assert len(np.unique(types)) > 3, "types vary across episodes"
+    # Uniform over the kinds, over 1,024 draws of smacv2_20_units' allies.
+    env = make("smacv2_20_units")
+    keys = jax.random.split(jax.random.PRNGKey(0), 1024)
+    allies = np.asarray(jax.jit(jax.vmap(env.scenario.draw_unit_types))(keys))[:, :20]
+    np.testing.assert_allclose(np.bincount(allies.ravel(), minlength=NUM_UNIT_TYPES) / allies.size,
+                               1 / NUM_UNIT_TYPES, atol=0.01)
 
 
 def test_smacv2_starts_are_surrounded_or_reflected_with_equal_odds():
     """Reflected: enemies at the allies' mirror images. Surrounded: one team within +-2 of the centre,
-    the other in the 4 diagonal groups. Each about half of 1,024 draws; types uniform over the kinds."""
+    the other in the 4 diagonal groups. Each about half of 1,024 draws."""
     from envs.smax.scenarios import surround_or_reflect_start
-    from envs.smax.units import NUM_UNIT_TYPES
     A = E_ = 5
     keys = jax.random.split(jax.random.PRNGKey(0), 1024)
     pos = np.asarray(jax.jit(jax.vmap(lambda k: surround_or_reflect_start(k, A, E_, 32.0, 32.0)))(keys))
@@ -145,11 +151,6 @@ def test_smacv2_starts_are_surrounded_or_reflected_with_equal_odds():
     allies_inside = inner(pos[:, :A])[surrounded]
     assert 0.43 < allies_inside.mean() < 0.57, allies_inside.mean()
     assert np.all(pos[reflected][:, :A, 0] <= 16.0)
-
-    env = make("smacv2_20_units")
-    types = np.asarray(jax.jit(jax.vmap(env.scenario.draw_unit_types))(keys))
-    counts = np.bincount(types[:, :20].ravel(), minlength=NUM_UNIT_TYPES) / types[:, :20].size
-    np.testing.assert_allclose(counts, 1 / NUM_UNIT_TYPES, atol=0.01)
 
 
 # ------------------------------------------------------------------------------------------------

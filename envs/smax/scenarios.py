@@ -35,87 +35,23 @@ def team(**counts: int) -> tuple[int, ...]:
 # SMACv2's start took about 25 of them and its reset compiled 4-5x longer than a fixed scenario's.
 
 
-def _pieces(u: jax.Array, *shapes: tuple[int, ...]) -> list[jax.Array]:
-    """Consecutive pieces of the flat `u` [sum of the shapes' sizes], reshaped to `shapes`."""
+def _size(shapes) -> int:
+    """Uniforms that pieces of `shapes` take."""
+    return sum(math.prod(shape) for shape in shapes)
+
+
+def _flat(shapes) -> tuple[int]:
+    """The shape of `shapes`' uniforms as one piece."""
+    return (_size(shapes),)
+
+
+def _pieces(u: jax.Array, shapes) -> list[jax.Array]:
+    """Consecutive pieces of the flat `u` [_size(shapes)], reshaped to `shapes`."""
     sizes = [math.prod(shape) for shape in shapes]
     if u.shape != (sum(sizes),):
         raise ValueError(f"expected {sum(sizes)} uniforms for pieces {shapes}, got shape {u.shape}")
     bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
     return [piece.reshape(shape) for piece, shape in zip(jnp.split(u, bounds), shapes)]
-
-
-def line_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
-    """[U, 2]: allies within +-2 of (W/4, H/2), enemies within +-2 of (3W/4, H/2)."""
-    centre_x = jnp.where(jnp.arange(num_allies + num_enemies) < num_allies, width / 4, width * 3 / 4)
-    centres = jnp.stack([centre_x, jnp.full_like(centre_x, height / 2)], axis=-1)
-    return centres + jax.random.uniform(key, (num_allies + num_enemies, 2), minval=-2.0, maxval=2.0)
-
-
-def _surround_draws(num_inside: int, num_outside: int) -> int:
-    return 2 * num_inside + 4 + 3 * num_outside
-
-
-def _surround(u, num_inside: int, num_outside: int, width, height) -> tuple[jax.Array, jax.Array]:
-    """([inside, 2], [outside, 2]) from `u` [_surround_draws] uniforms: one group around the centre, the
-    other in 4 groups on the diagonals, each at a uniform fraction of the way from a map corner to the
-    centre."""
-    inside_u, frac, group_u, noise_u = _pieces(u, (num_inside, 2), (4, 1), (num_outside,), (num_outside, 2))
-    centre = jnp.array([width / 2, height / 2])
-    corners = jnp.array([[0.0, 0.0], [0.0, height], [width, 0.0], [width, height]])
-    group_centres = frac * centre + (1 - frac) * corners
-    group = _below(group_u, 4)
-    return centre + _between(inside_u, -2.0, 2.0), group_centres[group] + _between(noise_u, -2.0, 2.0)
-
-
-def _surround_start(u, num_allies: int, num_enemies: int, width, height) -> jax.Array:
-    pick, ally_u, enemy_u = _pieces(u, (), (_surround_draws(num_allies, num_enemies),),
-                                    (_surround_draws(num_enemies, num_allies),))
-    allies_in, enemies_out = _surround(ally_u, num_allies, num_enemies, width, height)
-    enemies_in, allies_out = _surround(enemy_u, num_enemies, num_allies, width, height)
-    return jnp.where(pick < 0.5, jnp.concatenate([allies_in, enemies_out]),
-                     jnp.concatenate([allies_out, enemies_in]))
-
-
-def _reflect_start(u, num_allies: int, num_enemies: int, width, height) -> jax.Array:
-    n_mirrored = min(num_allies, num_enemies)
-    ally_u, extra_u = _pieces(u, (num_allies, 2), (num_enemies - n_mirrored, 2))
-    allies = ally_u * jnp.array([width / 2, height])
-    mirrored = allies[:n_mirrored] * jnp.array([-1.0, 1.0]) + jnp.array([width, 0.0])
-    extra = _between(extra_u, jnp.array([width / 2, 0.0]), jnp.array([width, height]))
-    return jnp.concatenate([allies, mirrored, extra])
-
-
-def _surround_start_draws(num_allies: int, num_enemies: int) -> int:
-    return 1 + _surround_draws(num_allies, num_enemies) + _surround_draws(num_enemies, num_allies)
-
-
-def _reflect_start_draws(num_allies: int, num_enemies: int) -> int:
-    return 2 * num_allies + 2 * (num_enemies - min(num_allies, num_enemies))
-
-
-def surround_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
-    """[U, 2]: a random team is surrounded by the other (SMACv2's "surrounded" start)."""
-    u = jax.random.uniform(key, (_surround_start_draws(num_allies, num_enemies),))
-    return _surround_start(u, num_allies, num_enemies, width, height)
-
-
-def reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
-    """[U, 2]: allies uniform on the left half, enemies at their mirror images (SMACv2's "reflected").
-
-    Enemies beyond the number of allies are uniform on the right half.
-    """
-    u = jax.random.uniform(key, (_reflect_start_draws(num_allies, num_enemies),))
-    return _reflect_start(u, num_allies, num_enemies, width, height)
-
-
-def surround_or_reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
-    """[U, 2]: SMACv2's start, surrounded or reflected with equal odds."""
-    surround_size = _surround_start_draws(num_allies, num_enemies)
-    reflect_size = _reflect_start_draws(num_allies, num_enemies)
-    pick, surround_u, reflect_u = _pieces(jax.random.uniform(key, (1 + surround_size + reflect_size,)),
-                                          (), (surround_size,), (reflect_size,))
-    return jnp.where(pick < 0.5, _surround_start(surround_u, num_allies, num_enemies, width, height),
-                     _reflect_start(reflect_u, num_allies, num_enemies, width, height))
 
 
 def _between(u, low, high):
@@ -126,6 +62,92 @@ def _between(u, low, high):
 def _below(u, n: int) -> jax.Array:
     """int32 in {0, ..., n-1} from uniforms in [0, 1) (float32 has 23 random bits: bias below 1e-6)."""
     return jnp.minimum(jnp.floor(u * n).astype(jnp.int32), n - 1)
+
+
+def line_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: allies within +-2 of (W/4, H/2), enemies within +-2 of (3W/4, H/2)."""
+    centre_x = jnp.where(jnp.arange(num_allies + num_enemies) < num_allies, width / 4, width * 3 / 4)
+    centres = jnp.stack([centre_x, jnp.full_like(centre_x, height / 2)], axis=-1)
+    return centres + jax.random.uniform(key, (num_allies + num_enemies, 2), minval=-2.0, maxval=2.0)
+
+
+# Each rule below is a pair: the shapes of the uniforms it takes, and the rule computed from them.
+
+
+def _surround_shapes(num_inside: int, num_outside: int):
+    return (num_inside, 2), (4, 1), (num_outside,), (num_outside, 2)
+
+
+def _surround(u, num_inside: int, num_outside: int, width, height) -> tuple[jax.Array, jax.Array]:
+    """([inside, 2], [outside, 2]): one group around the centre, the other in 4 groups on the diagonals, each
+    at a uniform fraction of the way from a map corner to the centre."""
+    inside_u, frac, group_u, noise_u = _pieces(u, _surround_shapes(num_inside, num_outside))
+    centre = jnp.array([width / 2, height / 2])
+    corners = jnp.array([[0.0, 0.0], [0.0, height], [width, 0.0], [width, height]])
+    group_centres = frac * centre + (1 - frac) * corners
+    group = _below(group_u, 4)
+    return centre + _between(inside_u, -2.0, 2.0), group_centres[group] + _between(noise_u, -2.0, 2.0)
+
+
+def _surround_start_shapes(num_allies: int, num_enemies: int):
+    return (), _flat(_surround_shapes(num_allies, num_enemies)), _flat(_surround_shapes(num_enemies, num_allies))
+
+
+def _surround_start(u, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    pick, ally_u, enemy_u = _pieces(u, _surround_start_shapes(num_allies, num_enemies))
+    allies_in, enemies_out = _surround(ally_u, num_allies, num_enemies, width, height)
+    enemies_in, allies_out = _surround(enemy_u, num_enemies, num_allies, width, height)
+    return jnp.where(pick < 0.5, jnp.concatenate([allies_in, enemies_out]),
+                     jnp.concatenate([allies_out, enemies_in]))
+
+
+def _reflect_start_shapes(num_allies: int, num_enemies: int):
+    return (num_allies, 2), (num_enemies - min(num_allies, num_enemies), 2)
+
+
+def _reflect_start(u, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    ally_u, extra_u = _pieces(u, _reflect_start_shapes(num_allies, num_enemies))
+    allies = ally_u * jnp.array([width / 2, height])
+    mirrored = allies[:min(num_allies, num_enemies)] * jnp.array([-1.0, 1.0]) + jnp.array([width, 0.0])
+    extra = _between(extra_u, jnp.array([width / 2, 0.0]), jnp.array([width, height]))
+    return jnp.concatenate([allies, mirrored, extra])
+
+
+def _surround_or_reflect_shapes(num_allies: int, num_enemies: int):
+    surround, reflect = _surround_start_shapes(num_allies, num_enemies), _reflect_start_shapes(num_allies, num_enemies)
+    return (), _flat(surround), _flat(reflect)
+
+
+def _surround_or_reflect_start(u, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    pick, surround_u, reflect_u = _pieces(u, _surround_or_reflect_shapes(num_allies, num_enemies))
+    return jnp.where(pick < 0.5, _surround_start(surround_u, num_allies, num_enemies, width, height),
+                     _reflect_start(reflect_u, num_allies, num_enemies, width, height))
+
+
+def _uniforms(key, shapes) -> jax.Array:
+    """[_size(shapes)] uniforms in [0, 1): one hash of `key`."""
+    return jax.random.uniform(key, _flat(shapes))
+
+
+def surround_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: a random team is surrounded by the other (SMACv2's "surrounded" start)."""
+    u = _uniforms(key, _surround_start_shapes(num_allies, num_enemies))
+    return _surround_start(u, num_allies, num_enemies, width, height)
+
+
+def reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: allies uniform on the left half, enemies at their mirror images (SMACv2's "reflected").
+
+    Enemies beyond the number of allies are uniform on the right half.
+    """
+    u = _uniforms(key, _reflect_start_shapes(num_allies, num_enemies))
+    return _reflect_start(u, num_allies, num_enemies, width, height)
+
+
+def surround_or_reflect_start(key, num_allies: int, num_enemies: int, width, height) -> jax.Array:
+    """[U, 2]: SMACv2's start, surrounded or reflected with equal odds."""
+    u = _uniforms(key, _surround_or_reflect_shapes(num_allies, num_enemies))
+    return _surround_or_reflect_start(u, num_allies, num_enemies, width, height)
 
 
 START_RULES: dict[str, StartRule] = {
