@@ -50,7 +50,7 @@ def test_a_program_that_cannot_fit_fails_before_anything_is_written(tmp_path, mo
 
 
 def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypatch, capsys):
-    config = _dqn(total_steps=2_000)
+    config = _dqn(total_steps=2_000, **{"log.every_steps": 1_000})  # two chunks: one alone is not timed
     needed = _fit(config, False).needed
     monkeypatch.setattr(fit, "memory_available", lambda device: needed / 0.85)  # 85% of the free memory
     train.run(config, str(tmp_path / "run"), progress=False)
@@ -61,6 +61,10 @@ def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypa
     # (in s, min or h: a busy machine can make one timed update of this small run look long)
     duration = r"[0-9.e-]+ (s|min|h)"
     assert re.search(rf"expected: {duration} per chunk of \d+ updates, {duration} for the \d+ updates left", err)
+    config.total_steps = 3_000  # resumed with one chunk left: timing it would cost as much again; not timed
+    train.run(config, str(tmp_path / "run"), progress=False)
+    err = capsys.readouterr().err
+    assert "resuming from" in err and "expected:" not in err
 
 
 def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(tmp_path, capsys):

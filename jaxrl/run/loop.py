@@ -181,7 +181,9 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                          else (0, algo.init_seeds(config.seed, num_seeds, num_settings)))
         if population is not None:
             population.start(main)
-    if fit is not None and guard.replays_chunks and update < num_updates:
+    # Worth predicting only for a run of several chunks: a run of one chunk prints its time when done, and
+    # timing would cost it one or two updates more.
+    if fit is not None and guard.replays_chunks and num_updates - update > chunk:
         seconds = _time_one_update(algo, state, hyperparams)
         if main:
             left = num_updates - update
