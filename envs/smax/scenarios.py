@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import math
 from typing import Callable, Sequence
 
@@ -35,22 +36,16 @@ def team(**counts: int) -> tuple[int, ...]:
 # SMACv2's start took about 25 of them and its reset compiled 4-5x longer than a fixed scenario's.
 
 
-def _size(shapes) -> int:
-    """Uniforms that pieces of `shapes` take."""
-    return sum(math.prod(shape) for shape in shapes)
-
-
 def _flat(shapes) -> tuple[int]:
-    """The shape of `shapes`' uniforms as one piece."""
-    return (_size(shapes),)
+    """The shape of `shapes`' uniforms as one flat piece: (the sum of their sizes,)."""
+    return (sum(math.prod(shape) for shape in shapes),)
 
 
 def _pieces(u: jax.Array, shapes) -> list[jax.Array]:
-    """Consecutive pieces of the flat `u` [_size(shapes)], reshaped to `shapes`."""
-    sizes = [math.prod(shape) for shape in shapes]
-    if u.shape != (sum(sizes),):
-        raise ValueError(f"expected {sum(sizes)} uniforms for pieces {shapes}, got shape {u.shape}")
-    bounds = [sum(sizes[:i + 1]) for i in range(len(sizes) - 1)]
+    """Consecutive pieces of the flat `u` [_flat(shapes)], reshaped to `shapes`."""
+    if u.shape != _flat(shapes):
+        raise ValueError(f"expected {_flat(shapes)[0]} uniforms for pieces {shapes}, got shape {u.shape}")
+    bounds = list(itertools.accumulate(math.prod(shape) for shape in shapes[:-1]))
     return [piece.reshape(shape) for piece, shape in zip(jnp.split(u, bounds), shapes)]
 
 
@@ -125,7 +120,7 @@ def _surround_or_reflect_start(u, num_allies: int, num_enemies: int, width, heig
 
 
 def _uniforms(key, shapes) -> jax.Array:
-    """[_size(shapes)] uniforms in [0, 1): one hash of `key`."""
+    """[_flat(shapes)] uniforms in [0, 1): one hash of `key`."""
     return jax.random.uniform(key, _flat(shapes))
 
 

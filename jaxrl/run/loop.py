@@ -183,11 +183,11 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
             population.start(main)
     # Worth predicting only for a run of several chunks: a run of one chunk prints its time when done, and
     # timing would cost it one or two updates more.
-    if fit is not None and guard.replays_chunks and num_updates - update > chunk:
+    left = num_updates - update
+    if fit is not None and guard.replays_chunks and left > chunk:
         seconds = _time_one_update(algo, state, hyperparams)
         if main:
-            left = num_updates - update
-            print(f"expected: {_duration(seconds * min(chunk, left))} per chunk of {min(chunk, left)} updates, "
+            print(f"expected: {_duration(seconds * chunk)} per chunk of {chunk} updates, "
                   f"{_duration(seconds * left)} for the {left} updates left (one update timed before training)",
                   file=sys.stderr)
     metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
