@@ -19,16 +19,18 @@ CHUNK = 8
 
 def scan_until(step, carry, xs, finished, chunk: int = CHUNK, unroll: int = 1):
     """`jax.lax.scan(step, carry, xs, unroll=unroll)` (xs leaves [T, ...]) that stops once `finished(carry)`
-    (a bool []): the first T mod chunk steps as one scan, then chunks of `chunk` steps in a
-    `lax.while_loop` that ends when the carry is finished. The outputs of steps not taken are zeros (False
-    for booleans): the caller must read them as it reads a finished row's, so that its result equals the
-    full scan's. Inside `shard_map` each device stops when its own rows are done."""
+    (a bool []): chunks of `chunk_for(T, chunk)` steps in a `lax.while_loop` that ends when the carry is
+    finished, after a head scan of the T mod chunk steps that do not fill a chunk (where there are any). The
+    outputs of steps not taken are zeros (False for booleans): the caller must read them as it reads a finished
+    row's, so that its result equals the full scan's. Inside `shard_map` each device stops when its own rows
+    are done."""
     T = jax.tree.leaves(xs)[0].shape[0]
-    head = T % chunk
-    carry, head_outs = jax.lax.scan(step, carry, jax.tree.map(lambda x: x[:head], xs), unroll=unroll)
-    num_chunks = T // chunk
+    chunk = chunk_for(T, chunk)
+    head, num_chunks = T % chunk, T // chunk
     if num_chunks == 0:
-        return carry, head_outs
+        return jax.lax.scan(step, carry, xs, unroll=unroll)
+    if head:
+        carry, head_outs = jax.lax.scan(step, carry, jax.tree.map(lambda x: x[:head], xs), unroll=unroll)
     chunked = jax.tree.map(lambda x: x[head:].reshape(num_chunks, chunk, *x.shape[1:]), xs)
     _, shapes = jax.eval_shape(lambda c, x: jax.lax.scan(step, c, x), carry, jax.tree.map(lambda x: x[0], chunked))
     outs = jax.tree.map(lambda s: mesh_lib.zeros_like_abstract(jax.ShapeDtypeStruct(
@@ -44,8 +46,20 @@ def scan_until(step, carry, xs, finished, chunk: int = CHUNK, unroll: int = 1):
         return i + 1, carry, jax.tree.map(lambda buffer, o: buffer.at[i].set(o), outs, out)
 
     _, carry, outs = jax.lax.while_loop(keep_going, body, (jnp.int32(0), carry, outs))
-    outs = jax.tree.map(lambda h, o: jnp.concatenate([h, o.reshape(-1, *o.shape[2:])]), head_outs, outs)
+    outs = jax.tree.map(lambda o: o.reshape(-1, *o.shape[2:]), outs)
+    if head:
+        outs = jax.tree.map(lambda h, o: jnp.concatenate([h, o]), head_outs, outs)
     return carry, outs
+
+
+def chunk_for(T: int, chunk: int = CHUNK) -> int:
+    """`chunk`, or where it does not divide T the divisor of T closest to it in [chunk / 2, 2 chunk] (the
+    larger on a tie): the loop then needs no head scan, which is a second compiled copy of the step (an
+    evaluation's policy and env step, 100 steps in chunks of 8, compiled twice). Without such a divisor, `chunk`."""
+    if T % chunk == 0:
+        return chunk
+    divisors = [c for c in range(max(1, chunk // 2), 2 * chunk + 1) if T % c == 0]
+    return min(divisors, key=lambda c: (abs(c - chunk), -c)) if divisors else chunk
 
 
 def trim_lengths(num_steps: int, count: int = 3, multiple: int = CHUNK) -> tuple[int, ...]:

@@ -3,8 +3,6 @@ evaluation does, and an exported policy loads alone."""
 
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -12,7 +10,7 @@ import pytest
 
 import envs
 import jaxrl
-from helpers import ROOT, small_cartpole, small_smax_config, tiny_grpo_config
+from helpers import small_cartpole, small_smax_config, tiny_grpo_config
 from jaxrl import train
 from jaxrl.run import policies
 
@@ -110,10 +108,9 @@ def test_an_exported_policy_loads_alone_and_acts_the_same(cartpole_run, tmp_path
         policies.export_policy(cartpole_run.workdir, out)
 
 
-def test_the_cli_prints_the_summary_and_rejects_bad_input(cartpole_run, tmp_path):
+def test_the_cli_prints_the_summary_and_rejects_bad_input(cartpole_run, tmp_path, run_command):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "jaxrl.evaluate", *args], cwd=ROOT, capture_output=True,
-                              text=True, timeout=300)
+        return run_command("jaxrl.evaluate", *args)
     done = cli(f"--workdir={cartpole_run.workdir}", "--episodes=8", "--sample", f"--out={tmp_path}")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout.strip().splitlines()[-1])

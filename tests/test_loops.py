@@ -9,23 +9,30 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxrl import mesh as mesh_lib
-from jaxrl.loops import call_trimmed, scan_until, trim_lengths
+from jaxrl.loops import call_trimmed, chunk_for, scan_until, trim_lengths
 
 
 def test_scan_until_stops_after_the_chunk_that_finishes():
     def count(total, x):  # carry: steps taken; output: the count after this step, and x
         return total + 1, (total + 1, x)
 
-    xs = jnp.arange(18.0)
-    carry, (counts, seen) = scan_until(count, jnp.int32(0), xs, lambda total: total >= 5, chunk=4)
-    # 18 = 2 + 4 x 4: the two head steps, then chunks until the count reaches 5 (after 6 steps)
-    assert int(carry) == 6
-    np.testing.assert_array_equal(counts, [1, 2, 3, 4, 5, 6] + [0] * 12)
-    np.testing.assert_array_equal(seen, np.where(np.arange(18) < 6, np.arange(18.0), 0.0))
-    never = scan_until(count, jnp.int32(0), xs, lambda total: total < 0, chunk=4)
-    full = jax.lax.scan(count, jnp.int32(0), xs)
-    for a, b in zip(jax.tree.leaves(never), jax.tree.leaves(full)):
-        np.testing.assert_array_equal(a, b)
+    # 17 steps, no divisor of 17 near 4: a head of one step, then chunks of 4 until the count reaches 6 (after
+    # 1 + 4 + 4 = 9 steps); 18 steps in chunks of 3 (the divisor closest to 4): 3 + 3 = 6 steps
+    for length, steps in [(17, 9), (18, 6)]:
+        xs = jnp.arange(float(length))
+        carry, (counts, seen) = scan_until(count, jnp.int32(0), xs, lambda total: total >= 6, chunk=4)
+        assert int(carry) == steps
+        np.testing.assert_array_equal(counts, np.where(np.arange(length) < steps, np.arange(1, length + 1), 0))
+        np.testing.assert_array_equal(seen, np.where(np.arange(length) < steps, np.arange(float(length)), 0.0))
+        never = scan_until(count, jnp.int32(0), xs, lambda total: total < 0, chunk=4)
+        full = jax.lax.scan(count, jnp.int32(0), xs)
+        for a, b in zip(jax.tree.leaves(never), jax.tree.leaves(full)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_chunks_divide_the_length_where_a_divisor_lies_near_the_chunk():
+    assert [chunk_for(T, 8) for T in (16, 100, 40, 150, 4, 97, 1)] == [8, 10, 8, 10, 4, 8, 8]
+    assert chunk_for(18, 4) == 3 and chunk_for(20, 8) == 10  # ties go to the larger
 
 
 def test_trim_lengths_halve_down_to_whole_chunks_and_end_with_all_steps():

@@ -30,7 +30,11 @@ def seed_keys(seed: int, num_seeds: int, num_settings: int = 1) -> jax.Array:
 
 def repeat_updates(update, state, hp, num_updates: jax.Array):
     """Apply `update(state, hp) -> (state, metrics)` a traced number of times (one compiled program for
-    every chunk length); returns (state, metrics summed over the updates)."""
+    every chunk length); returns (state, metrics summed over the updates).
+
+    The update is traced once: the loop body reuses the trace that gave the metrics' shapes (an inlined jit
+    caches it), which was half of tracing a chunk program."""
+    update = jax.jit(update, inline=True)
     _, shapes = jax.eval_shape(update, state, hp)
     zeros = jax.tree.map(mesh_lib.zeros_like_abstract, shapes)
 
