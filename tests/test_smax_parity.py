@@ -253,6 +253,7 @@ def _close(ours, theirs, rel=0.05, win_abs=0.05):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized  # long programs: optimised, they run in half the time, which more than repays the compile
 @pytest.mark.parametrize("name,policy", [("3m", "random"), ("3m", "attack_or_advance"), ("2s3z", "attack_or_advance"),
                                          ("5m_vs_6m", "random")])
 def test_episode_statistics_match_the_reference(name, policy):
@@ -269,6 +270,7 @@ def test_episode_statistics_match_the_reference(name, policy):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
 def test_episode_statistics_match_the_published_reference_figures(name):
     """Needs no jaxmarl: the figures measured with it (random legal allies, 1024 envs x 300 steps)."""

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import envs
 from jaxrl import distributions, mesh as mesh_lib, normalization
 from jaxrl.algos.env_setup import AGENT_ID_INPUTS, CRITIC_INPUTS
-from jaxrl.jitting import jit_method
+from jaxrl.jitting import RUNS_ONCE, jit_method
 from jaxrl.loops import scan_until
 from jaxrl.mesh import DATA_AXIS
 
@@ -204,7 +204,7 @@ class EnvPolicy:
         differ only by their policies."""
         return jax.vmap(lambda p: self.greedy_episodes(p, key, num_envs, sample=sample)[0])(params)
 
-    @jit_method(static_argnums=(3,))
+    @jit_method(static_argnums=(3,), compiler_options=RUNS_ONCE)
     def _episode_trace(self, params, key: jax.Array, sample: bool):
         return self.greedy_episodes(params, key, 1, keep_states=True, sample=sample)[1]
 
