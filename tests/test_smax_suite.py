@@ -89,29 +89,29 @@ def test_storing_a_cell_keeps_what_a_suite_beside_it_saved_meanwhile(tmp_path, m
 def test_the_suite_resumes_skips_finished_cells_and_extends_them(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
     monkeypatch.setattr(smax_suite, "PLOT_PATH", str(tmp_path / "suite.png"))
-    monkeypatch.setattr(smax_suite, "LOG_EVERY", 4_096)  # two updates of 16 envs x 128 steps
+    monkeypatch.setattr(smax_suite, "LOG_EVERY", 1_024)  # one update of 8 envs x 128 steps
     cell_config = smax_suite.cell_config
 
-    def small_cell(*args, **kwargs):  # the experiment's config with 16 envs (64 in the suite) and 16 battles
+    def small_cell(*args, **kwargs):  # the experiment's config with 8 envs (64 in the suite) and 8 battles
         config = cell_config(*args, **kwargs)
-        config.num_envs = config.eval.num_envs = 16
+        config.num_envs = config.eval.num_envs = 8
         return config
 
     monkeypatch.setattr(smax_suite, "cell_config", small_cell)
     args = ["--runs-dir", str(tmp_path / "runs"), "--scenarios", "3m", "--learners", "mappo", "--seeds", "2",
-            "--eval-every", "4096"]
-    assert smax_suite.main(args + ["--total-steps", "4096"]) == 0
+            "--eval-every", "1024"]
+    assert smax_suite.main(args + ["--total-steps", "1024"]) == 0
     first = json.load(open(tmp_path / "suite.json"))["cells"]["3m"]["mappo"]
-    assert first["env_steps"] == 4_096 and first["greedy"]["marks"] == [4_096]
+    assert first["env_steps"] == 1_024 and first["greedy"]["marks"] == [1_024]
     assert len(first["greedy"]["values"][0]) == 2 and all(0 <= w <= 1 for w in first["greedy"]["values"][0])
 
     capsys.readouterr()
-    assert smax_suite.main(args + ["--total-steps", "4096"]) == 0
-    assert "3m mappo: done (4,096 env steps)" in capsys.readouterr().out
+    assert smax_suite.main(args + ["--total-steps", "1024"]) == 0
+    assert "3m mappo: done (1,024 env steps)" in capsys.readouterr().out
 
-    assert smax_suite.main(args + ["--total-steps", "8192"]) == 0  # continues from the checkpoint
+    assert smax_suite.main(args + ["--total-steps", "2048"]) == 0  # continues from the checkpoint
     extended = json.load(open(tmp_path / "suite.json"))["cells"]["3m"]["mappo"]
-    assert extended["greedy"]["marks"] == [4_096, 8_192]
+    assert extended["greedy"]["marks"] == [1_024, 2_048]
     assert extended["greedy"]["values"][0] == first["greedy"]["values"][0]  # the first half was not retrained
     assert extended["wall"] > first["wall"]
     assert os.path.exists(tmp_path / "suite.png")
