@@ -62,10 +62,12 @@ def chunk_for(T: int, chunk: int = CHUNK) -> int:
     return min(divisors, key=lambda c: (abs(c - chunk), -c)) if divisors else chunk
 
 
-def trim_lengths(num_steps: int, count: int = 3, multiple: int = CHUNK) -> tuple[int, ...]:
+def trim_lengths(num_steps: int, count: int = 3, multiple: int | None = None) -> tuple[int, ...]:
     """The static lengths `call_trimmed` chooses from: num_steps / 2^(count-1), ..., num_steps / 2, num_steps,
-    each rounded up to a multiple of `multiple` (the early-exit chunk), distinct and at most num_steps. Each
-    length is one more compiled copy of what is trimmed, so they are few."""
+    each rounded up to a multiple of `multiple` (default: the early-exit chunk of `scan_until` over num_steps,
+    where its rollouts stop), distinct and at most num_steps. Each length is one more compiled copy of what is
+    trimmed, so they are few."""
+    multiple = multiple or chunk_for(num_steps)
     lengths = {min(num_steps, -(-num_steps // 2 ** k // multiple) * multiple) for k in range(count)}
     return tuple(sorted(length for length in lengths if length > 0))
 

@@ -36,7 +36,8 @@ def test_chunks_divide_the_length_where_a_divisor_lies_near_the_chunk():
 
 
 def test_trim_lengths_halve_down_to_whole_chunks_and_end_with_all_steps():
-    assert trim_lengths(100) == (32, 56, 100)  # 25 and 50 rounded up to multiples of 8
+    assert trim_lengths(100) == (30, 50, 100)  # 25 and 50 rounded up to multiples of 10 (the chunk of 100 steps)
+    assert trim_lengths(100, multiple=8) == (32, 56, 100)
     assert trim_lengths(200, count=2) == (104, 200)
     assert trim_lengths(5) == (5,)
 
@@ -61,9 +62,9 @@ def test_call_trimmed_runs_only_the_shortest_length_that_holds_the_steps_on_ever
                                     out_specs=P()))
     (sums, lengths) = program(jnp.array([20, 40], jnp.int32))
     np.testing.assert_array_equal(sums, [20.0, 40.0])
-    np.testing.assert_array_equal(lengths, [56, 56])  # 40 steps: the 56-step branch, for both runs
-    assert branches_run == [56]
+    np.testing.assert_array_equal(lengths, [50, 50])  # 40 steps: the 50-step branch, for both runs
+    assert branches_run == [50]
     branches_run.clear()
     (sums, lengths) = program(jnp.array([3, 20], jnp.int32))
-    np.testing.assert_array_equal(lengths, [32, 32])
-    assert branches_run == [32]
+    np.testing.assert_array_equal(lengths, [30, 30])
+    assert branches_run == [30]
