@@ -162,15 +162,21 @@ class _CommandServer:
                                         env=dict(os.environ, JAX_PLATFORMS="cpu"))
         assert self.process.stdout.readline().strip() == "ready", "the command server did not start"
 
-    def run(self, module: str, *args: str, tmp_dir: str):
+    def run(self, module: str, *args: str, tmp_dir: str, timeout: float = 300):
         """(returncode, stdout, stderr) of `python -m module *args` in the repository root."""
         import json
+        import select
 
         out, err = os.path.join(tmp_dir, "stdout"), os.path.join(tmp_dir, "stderr")
         self.process.stdin.write(json.dumps({"module": module, "args": list(args), "stdout": out,
                                              "stderr": err}) + "\n")
         self.process.stdin.flush()
-        returncode = json.loads(self.process.stdout.readline())
+        if not select.select([self.process.stdout], [], [], timeout)[0]:
+            self.process.kill()  # (with the command it waits for; later commands fail on the closed pipe)
+            raise TimeoutError(f"python -m {module} {' '.join(args)} did not end within {timeout} s")
+        line = self.process.stdout.readline()
+        assert line, "the command server died"
+        returncode = json.loads(line)
         with open(out) as stdout, open(err) as stderr:
             return returncode, stdout.read(), stderr.read()
 
