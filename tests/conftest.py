@@ -117,68 +117,39 @@ def python_subprocess():
     return run_python
 
 
-# `python -m <module> args` for the command-line tests, without paying for an interpreter that imports jax and
-# jaxrl each time (about 2 s of the 2.5 s most of those commands take): one server per test process has imported
-# what every command imports, and forks a child per command that runs the module as `python -m` runs it (the
-# module itself fresh, as __main__), with its own stdout, stderr and exit status. The server imports no
-# command module (runpy would warn that it ran one already imported) and never starts a JAX backend: its
-# children start their own.
-_COMMAND_SERVER = textwrap.dedent("""
-    import json, os, runpy, sys
-    import jaxrl.algos, jaxrl.run.cli, jaxrl.run.loop, jaxrl.run.sweeps, jaxrl.run.policies  # noqa: F401
-    print("ready", flush=True)
-    for line in sys.stdin:
-        request = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            for fd, path in ((1, request["stdout"]), (2, request["stderr"])):
-                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-            sys.argv = [request["module"], *request["args"]]
-            code = 0
-            try:
-                runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-            except SystemExit as exit:  # as the interpreter reads its code
-                code = exit.code
-                if code is not None and not isinstance(code, int):
-                    print(code, file=sys.stderr)
-                    code = 1
-            except BaseException:
-                sys.excepthook(*sys.exc_info())
-                code = 1
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code or 0)
-        _, status = os.waitpid(pid, 0)
-        print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
-""")
-
-
 class _CommandServer:
+    """A `tests/command_server.py` process: `python -m` commands as forked children of one interpreter that has
+    imported jaxrl."""
+
     def __init__(self):
         import subprocess
 
-        self.process = subprocess.Popen([sys.executable, "-c", _COMMAND_SERVER], cwd=ROOT, text=True,
-                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+        self.process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "command_server.py")],
+                                        cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        env=dict(os.environ, JAX_PLATFORMS="cpu"), start_new_session=True)
         assert self.process.stdout.readline().strip() == "ready", "the command server did not start"
 
     def run(self, module: str, *args: str, tmp_dir: str, timeout: float = 300):
-        """(returncode, stdout, stderr) of `python -m module *args` in the repository root."""
+        """The CompletedProcess (returncode, stdout, stderr) of `python -m module *args` in the repository root."""
         import json
         import select
+        import signal
+        import subprocess
 
+        assert self.process.poll() is None, "the command server was stopped (an earlier command timed out)"
         out, err = os.path.join(tmp_dir, "stdout"), os.path.join(tmp_dir, "stderr")
         self.process.stdin.write(json.dumps({"module": module, "args": list(args), "stdout": out,
                                              "stderr": err}) + "\n")
         self.process.stdin.flush()
         if not select.select([self.process.stdout], [], [], timeout)[0]:
-            self.process.kill()  # (with the command it waits for; later commands fail on the closed pipe)
+            os.killpg(self.process.pid, signal.SIGKILL)  # the server and the command it waits for
+            self.process.wait()
             raise TimeoutError(f"python -m {module} {' '.join(args)} did not end within {timeout} s")
         line = self.process.stdout.readline()
         assert line, "the command server died"
-        returncode = json.loads(line)
         with open(out) as stdout, open(err) as stderr:
-            return returncode, stdout.read(), stderr.read()
+            return subprocess.CompletedProcess([sys.executable, "-m", module, *args], json.loads(line),
+                                               stdout.read(), stderr.read())
 
     def close(self):
         self.process.stdin.close()
@@ -194,14 +165,9 @@ def _command_server():
 
 @pytest.fixture
 def run_command(_command_server, tmp_path_factory):
-    """`run_command(module, *args)`: a CompletedProcess (returncode, stdout, stderr) of `python -m module
-    *args` run from the repository root, in a child of the test process's command server."""
-    import subprocess
-
-    def run(module: str, *args: str):
-        returncode, stdout, stderr = _command_server.run(module, *args, tmp_dir=str(tmp_path_factory.mktemp("cmd")))
-        return subprocess.CompletedProcess([sys.executable, "-m", module, *args], returncode, stdout, stderr)
-    return run
+    """`run_command(module, *args)`: the CompletedProcess of `python -m module *args` run from the repository
+    root, as a forked child of the test process's command server (`tests/command_server.py`)."""
+    return lambda module, *args: _command_server.run(module, *args, tmp_dir=str(tmp_path_factory.mktemp("cmd")))
 
 
 def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates: int, state_fields=("params",),

@@ -14,13 +14,6 @@ from helpers import ROOT, load_experiment
 CARTPOLE = "--config=experiments/cartpole_ppo.py"
 
 
-@pytest.fixture
-def cli(run_command):
-    """`cli(module, *args)`: `python -m module *args` (conftest's `run_command`: a forked child of one
-    interpreter that has imported jaxrl; `test_run_main_tells_input_errors_from_crashes` starts real ones)."""
-    return run_command
-
-
 def _assert_one_line_error(out, *names):
     """Status 2 and stderr a single `error: ...` line naming every one of `names`."""
     lines = [line for line in out.stderr.splitlines() if line.strip()]
@@ -55,41 +48,42 @@ TRAIN_CASES = {
 
 
 @pytest.mark.parametrize("args,names", TRAIN_CASES.values(), ids=TRAIN_CASES.keys())
-def test_train_input_error_is_one_line(args, names, tmp_path, cli):
+def test_train_input_error_is_one_line(args, names, tmp_path, run_command):
     workdir = tmp_path / "run"
-    _assert_one_line_error(cli("jaxrl.train", *args, f"--workdir={workdir}"), *names)
+    _assert_one_line_error(run_command("jaxrl.train", *args, f"--workdir={workdir}"), *names)
     assert not workdir.exists(), "an input error must stop before the run directory is created"
 
 
 @pytest.mark.parametrize("args,names", [([], ["give --config="]), (["--resume"], ["--resume needs --config"])],
                          ids=["no flags", "resume without config"])
-def test_train_without_a_run_to_start_or_resume(args, names, cli):
-    _assert_one_line_error(cli("jaxrl.train", *args), *names)
+def test_train_without_a_run_to_start_or_resume(args, names, run_command):
+    _assert_one_line_error(run_command("jaxrl.train", *args), *names)
 
 
-def test_divisibility_error_names_the_keys_before_the_run_directory(tmp_path, cli):
-    out = cli("jaxrl.train", CARTPOLE, "--config.num_envs=3", "--config.num_steps=5", f"--workdir={tmp_path / 'run'}")
+def test_divisibility_error_names_the_keys_before_the_run_directory(tmp_path, run_command):
+    out = run_command("jaxrl.train", CARTPOLE, "--config.num_envs=3", "--config.num_steps=5",
+                      f"--workdir={tmp_path / 'run'}")
     _assert_one_line_error(out, "num_envs * num_steps = 3 * 5 = 15", "optim.num_minibatches = 4")
     assert not (tmp_path / "run").exists()
 
 
-def test_resuming_a_missing_workdir(tmp_path, cli):
+def test_resuming_a_missing_workdir(tmp_path, run_command):
     missing = tmp_path / "nope"
-    _assert_one_line_error(cli("jaxrl.train", f"--workdir={missing}"), f"--workdir={missing} does not exist")
+    _assert_one_line_error(run_command("jaxrl.train", f"--workdir={missing}"), f"--workdir={missing} does not exist")
     assert not missing.exists()
-    _assert_one_line_error(cli("jaxrl.train", f"--workdir={tmp_path}"), "has no config.json")
+    _assert_one_line_error(run_command("jaxrl.train", f"--workdir={tmp_path}"), "has no config.json")
 
 
-def test_config_override_without_a_config(tmp_path, cli):
-    out = cli("jaxrl.train", f"--workdir={tmp_path}", "--config.total_steps=5")
+def test_config_override_without_a_config(tmp_path, run_command):
+    out = run_command("jaxrl.train", f"--workdir={tmp_path}", "--config.total_steps=5")
     _assert_one_line_error(out, "--config.total_steps needs --config=")
 
 
-def test_workdir_of_a_different_config(tmp_path, cli):
+def test_workdir_of_a_different_config(tmp_path, run_command):
     from jaxrl import config as config_lib
 
     config_lib.save(load_experiment("cartpole_ppo"), tmp_path / "config.json")
-    out = cli("jaxrl.train", CARTPOLE, "--config.num_envs=8", f"--workdir={tmp_path}")
+    out = run_command("jaxrl.train", CARTPOLE, "--config.num_envs=8", f"--workdir={tmp_path}")
     _assert_one_line_error(out, "holds a run with a different config", "num_envs")
     assert sorted(os.listdir(tmp_path)) == ["config.json"]
 
@@ -110,20 +104,20 @@ SWEEP_CASES = {
 
 
 @pytest.mark.parametrize("args,names", SWEEP_CASES.values(), ids=SWEEP_CASES.keys())
-def test_sweep_input_error_is_one_line(args, names, tmp_path, cli):
-    out = cli("jaxrl.sweep", CARTPOLE, *args, f"--workdir={tmp_path / 'sweep'}")
+def test_sweep_input_error_is_one_line(args, names, tmp_path, run_command):
+    out = run_command("jaxrl.sweep", CARTPOLE, *args, f"--workdir={tmp_path / 'sweep'}")
     _assert_one_line_error(out, *names)
     assert not (tmp_path / "sweep").exists()
 
 
-def test_sweep_without_config(cli):
-    _assert_one_line_error(cli("jaxrl.sweep", "--sweep.lr=1e-3"), "give --config=")
+def test_sweep_without_config(run_command):
+    _assert_one_line_error(run_command("jaxrl.sweep", "--sweep.lr=1e-3"), "give --config=")
 
 
 @pytest.mark.parametrize("args", [[CARTPOLE, "--config.num_envs=-3"], [CARTPOLE, "--config.totl_steps=5"]],
                          ids=["from main", "from the flags"])
-def test_verbose_shows_the_traceback(args, cli):
-    out = cli("jaxrl.train", *args, "--verbose")
+def test_verbose_shows_the_traceback(args, run_command):
+    out = run_command("jaxrl.train", *args, "--verbose")
     assert out.returncode == 2, out.stderr
     assert "Traceback" in out.stderr
     assert out.stderr.strip().splitlines()[-1].startswith("error: ")
