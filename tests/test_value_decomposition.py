@@ -106,23 +106,25 @@ def test_buffer_holds_the_global_state_for_qmix_only():
     assert vdn["obs"].shape[:3] == (1, 4, 100)  # [runs, envs, steps per env]
 
 
-def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samples(tmp_path):
+def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samples():
     f16 = {"replay.store_dtype": "float16"}  # the SMAX experiments' own; jaxrl's default is float32
-    exact = train.run(_small("smax_qmix", **{"replay.store_dtype": "float32"}), str(tmp_path / "f32")).state.buffer.items
-    small = train.run(_small("smax_qmix", **f16), str(tmp_path / "f16"))
-    assert small.metrics[-1]["learning"] == 1.0 and np.isfinite(small.metrics[-1]["td_loss"])
-    # The first two updates (16 steps per env each) come before learning starts: both runs acted alike, so
-    # their stored steps differ only by float16's rounding.
+    # The first two updates (16 steps per env each) come before learning starts: both runs act alike, so their
+    # stored steps differ only by float16's rounding.
+    algo, hp, state = build(_small("smax_qmix", **{"replay.store_dtype": "float32"}))
+    exact = algo.run_chunk(state, hp, 2)[0].buffer.items
+    algo, hp, state = build(_small("smax_qmix", **f16))
+    state, _ = algo.run_chunk(state, hp, 2)
     acted_alike = lambda x: x[:, :, :32]  # noqa: E731  [runs, envs, steps per env, ...]
     for key in ("obs", "next_obs", "state", "next_state"):
-        stored = small.state.buffer.items[key]
+        stored = state.buffer.items[key]
         assert exact[key].dtype == jnp.float32 and stored.dtype == jnp.float16
         np.testing.assert_allclose(acted_alike(stored).astype(jnp.float32), acted_alike(exact[key]),
                                    rtol=1e-3, atol=3e-4)
-    assert small.state.buffer.items["reward"].dtype == jnp.float32
-    algo, _, state = build(_small("smax_qmix", **f16))
+    assert state.buffer.items["reward"].dtype == jnp.float32
     batch, _ = algo.sample_batch(jax.tree.map(lambda x: x[0], state.buffer), jax.random.key(0))
     assert batch["items"]["obs"].dtype == batch["items"]["next_state"].dtype == jnp.float32
+    state, metrics = algo.run_chunk(state, hp, 4)  # learning from float32 samples of the float16 buffer
+    assert float(metrics["learning"][0]) == 1.0 and np.isfinite(metrics["td_loss"]).all()
     with pytest.raises(ValueError, match="replay.store_dtype"):
         algos.validate(_small("smax_qmix", **{"replay.store_dtype": "int8"}))
     pixels = cast_observations({"obs": jnp.zeros((2,), jnp.uint8), "reward": jnp.zeros((2,))}, "float16")
