@@ -28,6 +28,12 @@ def pytest_configure(config):
     _name_the_fusion_emitters_in_every_compile()
 
 
+def pytest_collection_modifyitems(config, items):
+    """The long tests (marked slow or optimized: a minute or two each) first, in their collected order: started
+    last, one of them would keep a worker busy after the others have run out of tests."""
+    items.sort(key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("optimized")))
+
+
 def pytest_unconfigure(config):
     cache = getattr(config, "_jaxrl_xla_cache", None)
     if cache:
