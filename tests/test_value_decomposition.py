@@ -152,7 +152,7 @@ def test_config_errors_name_the_key():
 def test_learns_smax_3m(experiment, steps, every):
     """A greedy win rate of 0.25 within `steps`, evaluated every `every` steps (training stops there). QMIX
     (lambda-returns 0.6), seed 0 (2026-11-26): 0.28 at 40,960 steps, 0.42 at 81,920, 0.50 at 122,880 (one-step
-    targets, 2026-11-25: 0.36 at 81,920, 0.47 at 122,880)."""
+    targets, 2026-11-25: 0.36 at 81,920, 0.47 at 122,880); PQN-VDN, seed 0 (2026-11-27, Intel Xeon): 0.31 at 32,768."""
     curve = evaluate_until(set_keys(load_experiment(experiment, "3m"), {"total_steps": steps}), "eval_win_rate",
                            0.25, every_steps=every)
     assert curve[-1][1] >= 0.25 and curve[-1][0] <= steps, curve
