@@ -8,8 +8,8 @@ import pytest
 from scipy import stats
 
 from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
-from helpers import load_experiment, set_keys
-from jaxrl import algos, distributions, train
+from helpers import evaluate_until, load_experiment, set_keys
+from jaxrl import algos, distributions
 from jaxrl.algos.replay_actor_critic import quantile_huber_loss, truncated_atoms
 
 
@@ -103,10 +103,11 @@ def test_config_errors_name_the_key():
 
 
 def test_discrete_sac_learns_cartpole():
+    """A greedy return of 200 within 30k steps, evaluated every 10k (training stops there); seed 0 (2026-11-27,
+    Intel Xeon): 324 at 10k, 259 at 30k."""
     config = set_keys(load_experiment("pendulum_sac"), {
         "env.kwargs": {"env_id": "CartPole-v1"}, "total_steps": 30_000, "num_envs": 4, "num_steps": 1,
         "replay.learning_starts": 2_000, "replay.buffer_size": 30_000, "replay.batch_size": 64,
-        "network.hidden_sizes": (64, 64), "temperature.target_scale": 0.3, "temperature.init": 0.1,
-        "log.progress_bar": False, "eval.every_steps": 0, "checkpoint.every_steps": 0})
-    result = train.run(config, None)
-    assert result.metrics[-1]["eval_return"] >= 200
+        "network.hidden_sizes": (64, 64), "temperature.target_scale": 0.3, "temperature.init": 0.1})
+    curve = evaluate_until(config, "eval_return", 200, every_steps=10_000)
+    assert curve[-1][1] >= 200 and curve[-1][0] <= 30_000, curve
