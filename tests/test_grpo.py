@@ -127,26 +127,28 @@ def test_advantages_follow_the_estimator(returns):
     np.testing.assert_array_equal(weight[..., 0], running)  # steps after the end carry no gradient
 
 
+# (experiment and its argument, config keys). The estimators and losses see rewards and masks, not the env, so
+# the choices train on CartPole (a SMAX chunk compiles about four times as long); per-agent advantages on SMAX
+# 3m's three agents.
+CARTPOLE, SMAX_3M = ("cartpole_grpo", None), ("smax_grpo", "3m")
 ESTIMATOR_AND_LOSS_CHOICES = [
-    {"advantage": "grpo"},
-    {"advantage": "dr_grpo", "loss.aggregate": "constant"},
-    {"advantage": "rloo", "loss.aggregate": "sequence"},
-    {"advantage": "median", "group.size": 5, "num_envs": 10},
-    {"advantage": "calibrated", "advantage_options.max_reward": 2.0},
-    {"advantage": "per_agent", "experiment": "smax_grpo"},
-    {"advantage": "grpo", "loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
-    {"advantage": "grpo", "loss.clip_high": 0.28, "loss.dual_clip": 3.0, "advantage_options.scale": "batch"},
-    {"advantage": "grpo", "group.returns": "to_go", "critic_weight": 0.5},
+    (CARTPOLE, {"advantage": "grpo"}),
+    (CARTPOLE, {"advantage": "dr_grpo", "loss.aggregate": "constant"}),
+    (CARTPOLE, {"advantage": "rloo", "loss.aggregate": "sequence"}),
+    (CARTPOLE, {"advantage": "median", "group.size": 5, "num_envs": 10}),
+    (CARTPOLE, {"advantage": "calibrated", "advantage_options.max_reward": 2.0}),
+    (SMAX_3M, {"advantage": "per_agent"}),
+    (CARTPOLE, {"advantage": "grpo", "loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4}),
+    (CARTPOLE, {"advantage": "grpo", "loss.clip_high": 0.28, "loss.dual_clip": 3.0,
+                "advantage_options.scale": "batch"}),
+    (CARTPOLE, {"advantage": "grpo", "group.returns": "to_go", "critic_weight": 0.5}),
 ]
 
 
-@pytest.mark.parametrize("choice", ESTIMATOR_AND_LOSS_CHOICES, ids=lambda c: "-".join(f"{v}" for v in c.values()))
-def test_every_estimator_and_loss_part_trains_from_one_config_line(choice):
-    """Each choice on CartPole (the estimators and losses see rewards and masks, not the env; a SMAX chunk
-    compiles about four times as long), per-agent advantages on SMAX 3m's three agents."""
-    choice = dict(choice)
-    experiment = choice.pop("experiment", "cartpole_grpo")
-    config = small_grpo_config(experiment, "3m" if experiment == "smax_grpo" else None, num_steps=32, **choice)
+@pytest.mark.parametrize("experiment,choice", ESTIMATOR_AND_LOSS_CHOICES,
+                         ids=["-".join(f"{v}" for v in choice.values()) for _, choice in ESTIMATOR_AND_LOSS_CHOICES])
+def test_every_estimator_and_loss_part_trains_from_one_config_line(experiment, choice):
+    config = small_grpo_config(*experiment, num_steps=32, **choice)
     if config.num_envs == 10:
         config.total_steps = 10 * 32 * 4
     algo, hp, state = build(config)

@@ -155,4 +155,4 @@ def test_learns_smax_3m(experiment, steps, every):
     targets, 2026-11-25: 0.36 at 81,920, 0.47 at 122,880); PQN-VDN, seed 0 (2026-11-27, Intel Xeon): 0.31 at 32,768."""
     curve = evaluate_until(set_keys(load_experiment(experiment, "3m"), {"total_steps": steps}), "eval_win_rate",
                            0.25, every_steps=every)
-    assert curve[-1][1] >= 0.25 and curve[-1][0] <= steps, curve
+    assert curve[-1][1] >= 0.25, curve  # (evaluate_until trains no further than total_steps)
