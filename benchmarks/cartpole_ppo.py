@@ -1,6 +1,7 @@
 """CartPole-v1 PPO throughput, jaxrl side by side with rejax (a peer pure-JAX PPO), in one process.
 
     python benchmarks/cartpole_ppo.py --seeds 1,16 --total-steps 500000 --repeats 3
+    python benchmarks/cartpole_ppo.py --seeds 1 --total-steps 153600 --repeats 5 --phases 2,4,8
 
 Both libraries run the PureJaxRL recipe (RECIPE below; 64-64 tanh MLPs, learning rate annealed linearly
 to 0 where the library can). Each library's whole training run is one compiled program. Compilation is timed
@@ -16,6 +17,12 @@ fastest repeat ("run s", all repeats listed) and env steps/second summed over se
 - rejax: `algo.train` (vmapped over seeds), evaluating once, at the end (`eval_freq` = the run,
   `skip_initial_evaluation`); that evaluation (128 episodes with sampled actions) is inside its timing and
   is its return figure.
+
+`--phases`: where an update's time goes. Both libraries train at each given number of epochs (all else the
+recipe's), taking turns; the least-squares line of ms per update against gradient steps per update gives each
+library's time per gradient step (one minibatch: forward, backward, Adam) and per update besides (rollout,
+advantages, shuffling; rejax's one evaluation at the end falls in it too), and the most jaxrl/rejax could
+reach if its rollout cost nothing.
 
 Needs rejax, which pins gymnax < 1.0: run it in an environment of its own, e.g.
 `python -m venv .venv-rejax && .venv-rejax/bin/pip install -e ".[bench-rejax]"`, then
@@ -46,7 +53,7 @@ LAST_UPDATES = 10  # jaxrl's "train return": episodes that ended in the last 10 
 # jaxrl
 
 
-def jaxrl_algo(num_updates: int):
+def jaxrl_algo(num_updates: int, recipe: dict = RECIPE):
     config = algos.default_config("ppo")
     config.total_steps = num_updates * BATCH
     config.num_envs, config.num_steps = RECIPE["num_envs"], RECIPE["num_steps"]
@@ -56,7 +63,7 @@ def jaxrl_algo(num_updates: int):
             "clip_eps": ("loss.clip_low", "loss.clip_high", "loss.value_clip")}
     for name, key in keys.items():
         for one in (key if isinstance(key, tuple) else (key,)):
-            config_lib.set_value(config, one, RECIPE[name])
+            config_lib.set_value(config, one, recipe[name])
     config.optim.schedule = "linear"
     config.returns.bootstrap_truncation = False  # the recipe treats a time limit as terminal, as rejax does
     config.network.hidden_sizes, config.network.activation = (64, 64), "tanh"
@@ -64,9 +71,9 @@ def jaxrl_algo(num_updates: int):
     return algos.build(config, mesh_lib.make_mesh())
 
 
-def jaxrl_bench(num_seeds: int, num_updates: int):
+def jaxrl_bench(num_seeds: int, num_updates: int, recipe: dict = RECIPE):
     """(algo, seconds of the first call (it compiles), run() -> seconds)."""
-    algo, hp = jaxrl_algo(num_updates)
+    algo, hp = jaxrl_algo(num_updates, recipe)
 
     def run():
         state = jax.block_until_ready(algo.init_seeds(0, num_seeds))  # each timing from the same start
@@ -90,12 +97,12 @@ def jaxrl_returns(num_seeds: int, num_updates: int):
 # rejax
 
 
-def rejax_bench(num_seeds: int, num_updates: int):
+def rejax_bench(num_seeds: int, num_updates: int, recipe: dict = RECIPE):
     """(compile seconds, run() -> (seconds, eval return))."""
     steps = num_updates * BATCH
     extra = {"anneal_lr": True} if "anneal_lr" in REJAX_FIELDS else {}
     algo = rejax.PPO.create(
-        env="CartPole-v1", **RECIPE, **extra, total_timesteps=steps, eval_freq=steps,
+        env="CartPole-v1", **recipe, **extra, total_timesteps=steps, eval_freq=steps,
         skip_initial_evaluation=True, normalize_observations=False, normalize_rewards=False,
         agent_kwargs={"activation": "tanh", "hidden_layer_sizes": (64, 64)})
     key = jax.random.PRNGKey(0)
@@ -111,6 +118,62 @@ def rejax_bench(num_seeds: int, num_updates: int):
 
 
 # --------------------------------------------------------------------------------------------------
+# Where an update's time goes
+
+
+def phase_split(num_seeds: int, num_updates: int, epoch_counts: list[int], repeats: int):
+    """Both libraries at each number of epochs (everything else the recipe's), timed in turns: (table rows,
+    {library: (ms per gradient step, ms per update besides)}).
+
+    An update is a rollout plus advantages and shuffling (the same at any epoch count) and epochs x minibatches
+    gradient steps; the least-squares line of ms per update against gradient steps per update splits the two.
+    """
+    programs = {}
+    for epochs in epoch_counts:
+        recipe = dict(RECIPE, num_epochs=epochs)
+        _, _, j_run = jaxrl_bench(num_seeds, num_updates, recipe)
+        _, r_run = rejax_bench(num_seeds, num_updates, recipe)
+        programs[epochs] = {"jaxrl": j_run, "rejax": lambda r_run=r_run: r_run()[0]}
+    seconds = {(library, epochs): [] for epochs in epoch_counts for library in ("jaxrl", "rejax")}
+    for _ in range(repeats):
+        for epochs, runs in programs.items():
+            for library, run in runs.items():
+                seconds[library, epochs].append(run())
+    steps = [epochs * RECIPE["num_minibatches"] for epochs in epoch_counts]
+    rows, fits = [], {}
+    for library in ("jaxrl", "rejax"):
+        ms = [1e3 * min(seconds[library, epochs]) / num_updates for epochs in epoch_counts]
+        per_step, besides = np.polyfit(steps, ms, 1)
+        fits[library] = (per_step, besides)
+        rows.append([num_seeds, library, *(f"{m:.3f}" for m in ms), f"{per_step:.4f}", f"{besides:.3f}"])
+    ratios = [f"{a / b:.2f}" for a, b in zip(map(float, rows[1][2:]), map(float, rows[0][2:]))]
+    rows.append([num_seeds, "rejax/jaxrl", *ratios])
+    return rows, fits
+
+
+def print_phases(args, num_updates: int):
+    epoch_counts = [int(e) for e in args.phases.split(",")]
+    if len(epoch_counts) < 2:
+        raise SystemExit("--phases needs two or more epoch counts, e.g. 2,4,8")
+    header = ["seeds", "library", *(f"ms/update, {e} epochs" for e in epoch_counts), "ms per gradient step",
+              "ms per update besides"]
+    rows, bounds = [], []
+    for num_seeds in [int(s) for s in args.seeds.split(",")]:
+        seed_rows, fits = phase_split(num_seeds, num_updates, epoch_counts, args.repeats)
+        rows += seed_rows
+        recipe_steps = RECIPE["num_epochs"] * RECIPE["num_minibatches"]
+        rejax_update = fits["rejax"][1] + recipe_steps * fits["rejax"][0]
+        bounds.append(f"{num_seeds} seed(s): rejax's update at the recipe's {recipe_steps} gradient steps takes "
+                      f"{rejax_update:.3f} ms; jaxrl's gradient steps alone take {recipe_steps * fits['jaxrl'][0]:.3f}"
+                      f" ms, so with a rollout that cost nothing jaxrl/rejax would be at most "
+                      f"{rejax_update / (recipe_steps * fits['jaxrl'][0]):.2f}")
+    print(markdown_table(header, rows))
+    print("\nFastest of the repeats per cell; the last two columns are the least-squares line through the cells "
+          "(gradient steps = epochs x minibatches).")
+    print("\n".join(bounds))
+
+
+# --------------------------------------------------------------------------------------------------
 
 
 def main():
@@ -118,6 +181,9 @@ def main():
     parser.add_argument("--seeds", default="1,16", help="comma-separated seed counts, each vmapped")
     parser.add_argument("--total-steps", type=int, default=500_000, help="env steps per seed")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per library (the fastest is shown)")
+    parser.add_argument("--phases", default="", metavar="EPOCHS",
+                        help="instead of the comparison, split an update's time into gradient steps and the rest: "
+                             "both libraries at each of these comma-separated epoch counts, e.g. 2,4,8")
     args = parser.parse_args()
     num_updates = args.total_steps // BATCH
     if num_updates <= LAST_UPDATES:
@@ -126,6 +192,8 @@ def main():
     print(f"CartPole-v1 PPO, PureJaxRL recipe: {num_updates} updates x {BATCH} = {num_updates * BATCH:,} env "
           f"steps per seed\nmachine: {machine()}; rejax {importlib.metadata.version('rejax')}; fastest of "
           f"{args.repeats} interleaved repeats\n")
+    if args.phases:
+        return print_phases(args, num_updates)
     header = ["seeds", "library", "env steps/s", "jaxrl/rejax", "run s (all repeats)", "compile s",
               "eval return", "train return"]
     rows = []
