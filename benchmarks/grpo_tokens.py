@@ -96,6 +96,8 @@ def jaxrl_config(args):
     if args.max_digits is not None:
         config.task.kwargs.max_digits = args.max_digits
     config.reward_weights = (1.0, 0.0)  # correct only: the reward the TRL side computes
+    if args.xla_options is not None:
+        config.xla_options = args.xla_options
     config.total_steps = max(config.total_steps, 10 ** 6 * args.prompts * args.group_size)  # flat cosine
     algos.validate(config)
     return config
@@ -127,6 +129,9 @@ def jaxrl_bench(args, config):
     state, run_hp = algo.init_seeds(0, 1), mesh_lib.runs_of(hp, 1, algo.mesh)
     for _ in range(max(args.warmup, 1)):
         state, _ = jax.block_until_ready(algo.run_chunk(state, run_hp, 1))
+    if algo.xla_choice:
+        print(f"jaxrl xla_options auto: kept {algo.xla_choice['options'] or 'XLA defaults'} (one update of each: "
+              f"{algo.xla_choice['seconds']} s; states equal: {algo.xla_choice['equal']})")
     step_s = []
     for _ in range(args.repeats):
         times = []
@@ -315,6 +320,8 @@ def main():
                         help="torch.set_num_threads for the TRL side (0: torch's default, one per core). On a "
                              "machine busy with other work, torch's spinning OpenMP threads can slow it many-fold")
     parser.add_argument("--no-trl", action="store_true", help="run the jaxrl side only")
+    parser.add_argument("--xla-options", default=None,
+                        help="jaxrl's config.xla_options for the GRPO step (default: the config's), e.g. auto")
     parser.add_argument("--malloc-pad-mb", type=int, default=256,
                         help="jaxrl.host.keep_freed_memory, as python -m jaxrl.train applies it (0: glibc's default). "
                              "Process-wide, so it holds for the TRL side too")

@@ -29,7 +29,8 @@ def base_config() -> ConfigDict:
         "seed": 0,
         "num_seeds": 1,  # seeds trained at once, vmapped
         "total_steps": 100_000,  # environment steps (or samples, for text) per seed
-        "xla_options": "",  # XLA compile options for the training programs: "name=value,name=value" (a speed knob)
+        # XLA compile options for the training programs: "name=value,name=value", or "auto" (XLA_AUTO) (a speed knob)
+        "xla_options": "",
         "optim": {
             "learning_rate": 2.5e-4,  # the peak, when a schedule warms up or decays
             "schedule": "linear",  # over the run: "constant", "linear" (to zero) or "cosine" (to zero)
@@ -118,13 +119,17 @@ def positive(config: ConfigDict, *keys: str) -> None:
 # config.xla_options that turns off XLA:CPU's YNNPACK fusions (products and reductions then run as XLA's own,
 # multi-threaded kernels). Which programs gain is measured per algorithm or experiment, where it is set.
 WITHOUT_YNNPACK = "xla_cpu_experimental_ynn_fusion_type="
+# config.xla_options "auto": on the CPU, the training program is compiled with each of XLA_AUTO_CHOICES and the run
+# keeps the faster, timed on its first state, when the states they reach are bitwise equal (`engine.ChunkRunner`):
+# for settings that help on one machine and hurt on another (YNNPACK's fusions made benchmarks/grpo_tokens.py's
+# step 1.45x faster on a 2-core AMD EPYC and 1.15x slower on a 2-core Intel Xeon, with equal states). Not a
+# default: it costs a compile, and the programs of experiments/text_grpo.py and text_sft.py reach different
+# states, so that it keeps XLA's defaults there.
+XLA_AUTO = "auto"
 
 
-def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...]:
-    """config.xla_options "name=value,..." -> ((name, value), ...), sorted, true/false as bools (as XLA_FLAGS
-    spells them; XLA's option parser wants Python bools); ValueError if an item is not `name=value` with an
-    XLA option name (they start with "xla_")."""
-    items = [item.strip() for item in config.xla_options.split(",") if item.strip()]
+def _parse_xla_options(text: str) -> tuple[tuple[str, str | bool], ...]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
     options = []
     for item in items:
         name, sep, value = item.partition("=")
@@ -136,6 +141,18 @@ def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...]:
     return tuple(sorted(options))
 
 
+XLA_AUTO_CHOICES = ((), _parse_xla_options(WITHOUT_YNNPACK))
+
+
+def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...] | str:
+    """config.xla_options "name=value,..." -> ((name, value), ...), sorted, true/false as bools (as XLA_FLAGS
+    spells them; XLA's option parser wants Python bools), or XLA_AUTO for "auto"; ValueError if an item is not
+    `name=value` with an XLA option name (they start with "xla_")."""
+    if config.xla_options.strip() == XLA_AUTO:
+        return XLA_AUTO
+    return _parse_xla_options(config.xla_options)
+
+
 def log_backends(config: ConfigDict) -> tuple[str, ...]:
     """config.log.backends "jsonl,tensorboard" -> ("jsonl", "tensorboard"): the names, stripped, in order."""
     return tuple(name.strip() for name in config.log.backends.split(","))
@@ -145,14 +162,15 @@ def _check_xla_options(config: ConfigDict) -> None:
     """Compile a trivial program with the options, so that one this XLA does not know fails here, not after
     the training program's compile."""
     options = xla_options(config)
-    if not options:
-        return
     import jax
 
-    try:
-        jax.jit(lambda x: x + 1).lower(0.0).compile(dict(options))
-    except Exception as error:  # XLA raises its runtime error type; the message names the option
-        raise ValueError(f"config.xla_options {config.xla_options!r}: {str(error).splitlines()[0]}") from None
+    for choice in (XLA_AUTO_CHOICES if options == XLA_AUTO else (options,)):
+        if not choice or (options == XLA_AUTO and jax.default_backend() != "cpu"):
+            continue
+        try:
+            jax.jit(lambda x: x + 1).lower(0.0).compile(dict(choice))
+        except Exception as error:  # XLA raises its runtime error type; the message names the option
+            raise ValueError(f"config.xla_options {config.xla_options!r}: {str(error).splitlines()[0]}") from None
 
 
 def validate_shared(config: ConfigDict) -> None:

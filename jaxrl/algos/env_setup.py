@@ -38,7 +38,7 @@ class EnvSettings:
     critic_input: str = "obs"  # "obs": a value per agent from its own view (IPPO); "global_state" (MAPPO)
     agent_id: str = "both"  # which networks see each agent's one-hot index (parameters are shared): AGENT_ID_INPUTS
     grad_clip: str = "joint"  # max_grad_norm clips all parameters' gradient together, or each network's alone
-    xla_options: tuple[tuple[str, str | bool], ...] = ()  # XLA compile options of the training program
+    xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     squash: bool = False  # continuous actions: a tanh-squashed Gaussian (`distributions.DiagGaussian`)
     std_transform: str = "exp"  # continuous actions: how the std outputs become stds (`distributions.STD_TRANSFORMS`)
     reset_ratio: int = 1  # training envs: one restart computed per reset_ratio envs per step (`envs.AutoReset`)

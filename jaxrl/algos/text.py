@@ -65,7 +65,7 @@ class TextSettings:
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
     tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
     pass_k: int = 8  # held-out samples per problem for eval_pass@k; 0 = greedy evaluation only
-    xla_options: tuple[tuple[str, str | bool], ...] = ()  # XLA compile options of the training programs
+    xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training programs' XLA options, or "auto"
 
     @property
     def batch_size(self) -> int:

@@ -14,9 +14,11 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxrl import mesh as mesh_lib
+from jaxrl import config as config_lib, mesh as mesh_lib
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import RUN_AXIS
 
@@ -98,16 +100,80 @@ def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, o
     return compiled, time.perf_counter() - tick
 
 
+def bitwise_equal(a, b) -> bool:
+    """Every leaf of the pytrees `a` and `b` (jax arrays) holds the same bytes on this process's devices."""
+    def same(x, y):
+        return all(np.asarray(u.data).tobytes() == np.asarray(v.data).tobytes()
+                   for u, v in zip(x.addressable_shards, y.addressable_shards))
+    return all(same(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True))
+
+
+def fastest_if_equal(seconds: list[list[float]], equal: bool) -> int:
+    """The index of the program whose fastest timing is the shortest, or 0 (the first: XLA's defaults) when the
+    programs' results were not bitwise equal, so that a run's numbers never depend on what a timing picked."""
+    return min(range(len(seconds)), key=lambda i: min(seconds[i])) if equal else 0
+
+
 class ChunkRunner:
     """What every algorithm object does the same way around its `init(key)` (one run's state) and
     `_update(state, hp)`, given `mesh`, `settings.xla_options` and `chunk_specs(state)` (the PartitionSpec of
     each state leaf; every leaf over `runs` unless overridden): the runs' initial states on the mesh
     (`init_seeds`), and `run_chunk`, compiled on its first call with each `donate` (the seconds it took are
-    added to `compile_seconds`)."""
+    added to `compile_seconds`). With `settings.xla_options` "auto" the first `run_chunk` (or
+    `choose_xla_options`) first picks the compile options (`xla_choice`)."""
 
-    _chunk_fns: dict | None = None  # donate -> the compiled chunk
+    _chunk_fns: dict | None = None  # (xla options, donate) -> the compiled chunk
     compile_seconds = 0.0
     vma_checks = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
+    # With xla_options "auto", once chosen: {"options": the options kept, "seconds": the fastest timing of one
+    # update per candidate, "equal": whether their states after it were bitwise equal}
+    xla_choice: dict | None = None
+
+    def xla_candidates(self) -> tuple:
+        """The XLA compile options the chunk program may take: `settings.xla_options`, or with "auto" on the
+        CPU `config.XLA_AUTO_CHOICES` (elsewhere, and where jax compiles without most optimisations, as tests
+        do, timings would not tell the programs apart: XLA's defaults)."""
+        options = self.settings.xla_options
+        if options != config_lib.XLA_AUTO:
+            return (options,)
+        if jax.default_backend() != "cpu" or jax.config.values.get("jax_disable_most_optimizations"):
+            return ((),)
+        return config_lib.XLA_AUTO_CHOICES
+
+    def _xla_options(self) -> tuple:
+        """The options the chunk program is compiled with now: the chosen ones, else the first candidate."""
+        return self.xla_choice["options"] if self.xla_choice else self.xla_candidates()[0]
+
+    def choose_xla_options(self, state, hp, rounds: int = 3) -> None:
+        """With several candidate options (`xla_candidates`): compile the chunk program with each, time one
+        update of each on `state` `rounds` times in turns (`state` is left as it was), and keep the fastest for
+        this object's programs when every candidate's state after that update is bitwise equal to the first's
+        (else the first). Process 0's choice holds for all processes. The seconds it takes count as compiling
+        (`compile_seconds`). While it runs, the state is held three times (the input and two results)."""
+        candidates = self.xla_candidates()
+        if self.xla_choice is not None or len(candidates) == 1:
+            return
+        tick, compiled_before = time.perf_counter(), self.compile_seconds
+        programs = [self.chunk_program(state, hp, xla_options=options) for options in candidates]
+        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
+        # the states after one update (a metric may differ in its last bits: the text GRPO step's approx_kl read
+        # 1.2e-14 with YNNPACK's fusions and 0 without, its state bitwise equal)
+        first = jax.block_until_ready(programs[0](state, hp, jnp.int32(1))[0])
+        equal = all(bitwise_equal(first, jax.block_until_ready(program(state, hp, jnp.int32(1))[0]))
+                    for program in programs[1:])
+        del first
+        seconds = [[] for _ in programs]
+        for _ in range(rounds):
+            for program, times in zip(programs, seconds):
+                start = time.perf_counter()
+                jax.block_until_ready(program(state, hp, jnp.int32(1)))
+                times.append(time.perf_counter() - start)
+        best = fastest_if_equal(seconds, equal)
+        if jax.process_count() > 1:
+            best = int(multihost_utils.broadcast_one_to_all(np.int32(best)))
+        self.xla_choice = {"options": candidates[best], "equal": equal,
+                           "seconds": [round(min(times), 6) for times in seconds]}
+        self.compile_seconds = compiled_before + time.perf_counter() - tick
 
     def chunk_specs(self, state):
         return jax.tree.map(lambda _: P(RUN_AXIS), state)
@@ -133,22 +199,25 @@ class ChunkRunner:
         a replicated init would run it on every device."""
         return jax.lax.map(self.init, keys)
 
-    def chunk_program(self, state, hp, donate: bool = False):
+    def chunk_program(self, state, hp, donate: bool = False, xla_options: tuple | None = None):
         """The compiled chunk program for states shaped like `state` (arrays, or ShapeDtypeStructs with
-        shardings: `jaxrl.run.fit` compiles it before any state exists), compiled once per `donate`."""
+        shardings: `jaxrl.run.fit` compiles it before any state exists), compiled once per `donate` and compile
+        options (by default the chosen ones, `xla_choice`, else the first candidate)."""
         if self._chunk_fns is None:
             self._chunk_fns = {}
-        if donate not in self._chunk_fns:
+        key = (self._xla_options() if xla_options is None else xla_options, donate)
+        if key not in self._chunk_fns:
             hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-            self._chunk_fns[donate], seconds = compile_chunk(
+            self._chunk_fns[key], seconds = compile_chunk(
                 self._update, state, hp, jnp.int32(1), self.mesh, self.chunk_specs(state),
-                xla_options=self.settings.xla_options, check_vma=self.vma_checks, donate=donate)
+                xla_options=key[0], check_vma=self.vma_checks, donate=donate)
             self.compile_seconds += seconds
-        return self._chunk_fns[donate]
+        return self._chunk_fns[key]
 
     def run_chunk(self, state, hp, num_updates: int, donate: bool = False):
         """`num_updates` updates for every run in one compiled program; returns (state, metrics with leaves
         [R]). `hp` leaves are scalars (shared by every run) or [R] (one value per run: a sweep). `donate`:
         the program reuses `state`'s memory, which is gone after the call (`compile_chunk`)."""
+        self.choose_xla_options(state, hp)
         program = self.chunk_program(state, hp, donate)
         return program(state, mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh), jnp.int32(num_updates))

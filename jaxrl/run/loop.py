@@ -195,7 +195,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
     start = time.perf_counter()
     show_progress = main and (config.log.progress_bar if progress is None else progress)
-    interrupted = diverged = False
+    interrupted = diverged = told_xla_choice = False
     chunk_index = update // chunk
     # Everything opened here is closed however the loop ends: the loggers (metrics.jsonl, and TensorBoard and
     # W&B when config.log.backends names them; process 0 only), the signal handlers, the checkpointer, the bar.
@@ -217,6 +217,9 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 next_state, chunk_metrics = algo.run_chunk(state, hyperparams, num, donate=True)
                 state = None
             chunk_metrics = fetch(chunk_metrics)
+            if main and not told_xla_choice and getattr(algo, "xla_choice", None):
+                print(_xla_choice_line(algo.xla_choice, algo.xla_candidates()), file=sys.stderr)
+                told_xla_choice = True
             compile_seconds = algo.compile_seconds - compiled_before
             seconds = time.perf_counter() - tick - compile_seconds
             state, chunk_metrics, messages = guard.check(algo.run_chunk, state, next_state, chunk_metrics,
@@ -310,10 +313,21 @@ def _time_one_update(algo, state, hyperparams) -> float:
         tick = time.perf_counter()
         jax.block_until_ready(algo.run_chunk(state, hyperparams, 1))
         return time.perf_counter() - tick
+    if hasattr(algo, "choose_xla_options"):  # xla_options "auto" times its programs first, outside this clock
+        algo.choose_xla_options(state, hyperparams)
     seconds = timed()
     if jax.process_count() > 1:
         seconds = float(multihost_utils.broadcast_one_to_all(np.float32(seconds)))
     return min(seconds, timed()) if seconds < _RETIME_UNDER else seconds
+
+
+def _xla_choice_line(choice: dict, candidates: tuple) -> str:
+    """What config.xla_options "auto" kept, with each candidate's time for one update."""
+    def named(options) -> str:
+        return ",".join(f"{name}={value}" for name, value in options) or "XLA's defaults"
+    timings = ", ".join(f"{named(options)} {seconds:.4g} s" for options, seconds in zip(candidates, choice["seconds"]))
+    differed = "" if choice["equal"] else "; the states after it differed, so the first is kept whatever the times"
+    return f"xla_options auto: kept {named(choice['options'])} (one update: {timings}{differed})"
 
 
 def _duration(seconds: float) -> str:
