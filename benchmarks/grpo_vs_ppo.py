@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import per_seed, publish, save_figure, seed_band  # noqa: E402
+from report import machine, per_seed, publish, save_figure, seed_band  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- grpo_vs_ppo:start -->", "<!-- grpo_vs_ppo:end -->")
@@ -153,8 +153,8 @@ def main(argv=None):
     for v in variants:
         advantages.get(v)  # fail on a misspelt name before any training
     command = "python benchmarks/grpo_vs_ppo.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    machine = f"{jax.device_count()} {jax.devices()[0].platform} device(s), jax {jax.__version__}"
-    print(f"{args.scenario}, {args.env_steps:,} env steps per seed, {args.seeds} seeds, {machine}", flush=True)
+    ran_on = f"{machine()}, {jax.device_count()} device(s)"
+    print(f"{args.scenario}, {args.env_steps:,} env steps per seed, {args.seeds} seeds, {ran_on}", flush=True)
 
     results = []
     if args.from_json:
@@ -182,7 +182,7 @@ def main(argv=None):
     if not args.from_json:
         save_curves(results, args.plot)
     section = "\n".join([
-        f"`{command.strip()}` ({datetime.date.today()}, {machine}, {os.cpu_count()} CPU cores): "
+        f"`{command.strip()}` ({datetime.date.today()}, {ran_on}): "
         f"SMAX {args.scenario}, {args.seeds} seeds per run trained together, win rates mean +- std over seeds "
         f"at equal env steps taken per seed (GRPO: steps of its episodes, not the masked steps it computes).",
         "", *lines, "", f"![GRPO variants vs MAPPO]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"])
