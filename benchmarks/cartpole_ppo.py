@@ -140,14 +140,14 @@ def phase_split(num_seeds: int, num_updates: int, epoch_counts: list[int], repea
             for library, run in runs.items():
                 seconds[library, epochs].append(run())
     steps = [epochs * RECIPE["num_minibatches"] for epochs in epoch_counts]
-    rows, fits = [], {}
+    columns, fits = {}, {}  # library -> ms per update at each epoch count, then per gradient step and besides
     for library in ("jaxrl", "rejax"):
         ms = [1e3 * min(seconds[library, epochs]) / num_updates for epochs in epoch_counts]
-        per_step, besides = np.polyfit(steps, ms, 1)
-        fits[library] = (per_step, besides)
-        rows.append([num_seeds, library, *(f"{m:.3f}" for m in ms), f"{per_step:.4f}", f"{besides:.3f}"])
-    ratios = [f"{a / b:.2f}" for a, b in zip(map(float, rows[1][2:]), map(float, rows[0][2:]))]
-    rows.append([num_seeds, "rejax/jaxrl", *ratios])
+        fits[library] = tuple(np.polyfit(steps, ms, 1))  # (ms per gradient step, ms per update besides)
+        columns[library] = [*ms, *fits[library]]
+    rows = [[num_seeds, library, *(f"{m:.3f}" for m in values[:-2]), f"{values[-2]:.4f}", f"{values[-1]:.3f}"]
+            for library, values in columns.items()]
+    rows.append([num_seeds, "rejax/jaxrl", *(f"{r / j:.2f}" for r, j in zip(columns["rejax"], columns["jaxrl"]))])
     return rows, fits
 
 

@@ -58,6 +58,7 @@ sys.path.insert(0, ROOT)  # experiments/ is a folder of config files, not an ins
 from envs import text  # noqa: E402
 from envs.text.tokenizer import BOS, EOS, PAD  # noqa: E402
 from jaxrl import algos, host, loops, mesh as mesh_lib, sampling  # noqa: E402
+from jaxrl.engine import describe_xla_choice  # noqa: E402
 from report import machine, markdown_table  # noqa: E402  (benchmarks/, the script's folder, is on sys.path)
 
 # ---------------------------------------------------------------------------------------------------
@@ -130,8 +131,7 @@ def jaxrl_bench(args, config):
     for _ in range(max(args.warmup, 1)):
         state, _ = jax.block_until_ready(algo.run_chunk(state, run_hp, 1))
     if algo.xla_choice:
-        print(f"jaxrl xla_options auto: kept {algo.xla_choice['options'] or 'XLA defaults'} (one update of each: "
-              f"{algo.xla_choice['seconds']} s; states equal: {algo.xla_choice['equal']})")
+        print(f"jaxrl {describe_xla_choice(algo.xla_choice)}")
     step_s = []
     for _ in range(args.repeats):
         times = []

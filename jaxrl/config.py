@@ -153,6 +153,19 @@ def xla_options(config: ConfigDict) -> tuple[tuple[str, str | bool], ...] | str:
     return _parse_xla_options(config.xla_options)
 
 
+def xla_candidates(options: tuple[tuple[str, str | bool], ...] | str) -> tuple:
+    """The compile options a training program may take, given `xla_options(config)`: those options, or for XLA_AUTO
+    on the CPU XLA_AUTO_CHOICES (elsewhere, and where jax compiles without most optimisations, as tests do,
+    timings would not tell the programs apart: XLA's defaults alone)."""
+    import jax
+
+    if options != XLA_AUTO:
+        return (options,)
+    if jax.default_backend() != "cpu" or jax.config.values.get("jax_disable_most_optimizations"):
+        return ((),)
+    return XLA_AUTO_CHOICES
+
+
 def log_backends(config: ConfigDict) -> tuple[str, ...]:
     """config.log.backends "jsonl,tensorboard" -> ("jsonl", "tensorboard"): the names, stripped, in order."""
     return tuple(name.strip() for name in config.log.backends.split(","))
@@ -161,14 +174,11 @@ def log_backends(config: ConfigDict) -> tuple[str, ...]:
 def _check_xla_options(config: ConfigDict) -> None:
     """Compile a trivial program with the options, so that one this XLA does not know fails here, not after
     the training program's compile."""
-    options = xla_options(config)
     import jax
 
-    for choice in (XLA_AUTO_CHOICES if options == XLA_AUTO else (options,)):
-        if not choice or (options == XLA_AUTO and jax.default_backend() != "cpu"):
-            continue
+    for options in filter(None, xla_candidates(xla_options(config))):
         try:
-            jax.jit(lambda x: x + 1).lower(0.0).compile(dict(choice))
+            jax.jit(lambda x: x + 1).lower(0.0).compile(dict(options))
         except Exception as error:  # XLA raises its runtime error type; the message names the option
             raise ValueError(f"config.xla_options {config.xla_options!r}: {str(error).splitlines()[0]}") from None
 

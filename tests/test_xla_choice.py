@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from conftest import assert_same_state
 from experiments import cartpole_ppo
 from jaxrl import algos, config as config_lib, mesh as mesh_lib
 from jaxrl.engine import chunks
@@ -50,7 +51,6 @@ def test_auto_is_a_config_value():
 @pytest.mark.parametrize("results_equal", [True, False])
 def test_auto_times_each_candidate_and_trains_as_the_default_does(monkeypatch, results_equal):
     candidates = ((), (("xla_cpu_enable_concurrency_optimized_scheduler", False),))
-    bitwise_equal = chunks.bitwise_equal
     algo, hp = _ppo("auto")
     monkeypatch.setattr(type(algo), "xla_candidates", lambda self: candidates)
     if not results_equal:  # as if the second program's state differed: the first (XLA's defaults) is kept
@@ -58,6 +58,7 @@ def test_auto_times_each_candidate_and_trains_as_the_default_does(monkeypatch, r
     state = algo.init_seeds(0, 2)
     auto_state, _ = algo.run_chunk(state, hp, 3)
     choice = algo.xla_choice
+    assert choice["candidates"] == candidates
     assert len(choice["seconds"]) == 2 and all(s > 0 for s in choice["seconds"])
     assert choice["equal"] is results_equal
     if results_equal:  # the faster of the two (by their fastest timings)
@@ -67,18 +68,18 @@ def test_auto_times_each_candidate_and_trains_as_the_default_does(monkeypatch, r
     assert algo.compile_seconds > 0
     default, _ = _ppo("")
     default_state, _ = default.run_chunk(default.init_seeds(0, 2), hp, 3)
-    assert bitwise_equal(auto_state, default_state)
+    assert_same_state(auto_state, default_state)
     algo.run_chunk(auto_state, hp, 1)  # chosen once: no more timing
     assert algo.xla_choice is choice
 
 
-def test_the_training_loop_names_what_auto_kept():
-    from jaxrl.run.loop import _xla_choice_line
-
+def test_the_choice_is_told_in_one_line():
     candidates = config_lib.XLA_AUTO_CHOICES
-    kept = _xla_choice_line({"options": candidates[1], "equal": True, "seconds": [0.0514, 0.0457]}, candidates)
+    kept = chunks.describe_xla_choice({"options": candidates[1], "candidates": candidates, "equal": True,
+                                       "seconds": [0.0514, 0.0457]})
     assert kept == ("xla_options auto: kept xla_cpu_experimental_ynn_fusion_type= (one update: XLA's defaults "
                     "0.0514 s, xla_cpu_experimental_ynn_fusion_type= 0.0457 s)")
-    differed = _xla_choice_line({"options": (), "equal": False, "seconds": [0.0614, 0.0544]}, candidates)
+    differed = chunks.describe_xla_choice({"options": (), "candidates": candidates, "equal": False,
+                                           "seconds": [0.0614, 0.0544]})
     assert differed.startswith("xla_options auto: kept XLA's defaults (one update: XLA's defaults 0.0614 s")
     assert differed.endswith("the states after it differed, so the first is kept whatever the times)")

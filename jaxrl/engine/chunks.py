@@ -114,6 +114,16 @@ def fastest_if_equal(seconds: list[list[float]], equal: bool) -> int:
     return min(range(len(seconds)), key=lambda i: min(seconds[i])) if equal else 0
 
 
+def describe_xla_choice(choice: dict) -> str:
+    """One line for `ChunkRunner.xla_choice`: what config.xla_options "auto" kept, and each candidate's time."""
+    def named(options) -> str:
+        return ",".join(f"{name}={value}" for name, value in options) or "XLA's defaults"
+    timings = ", ".join(f"{named(options)} {seconds:.4g} s" for options, seconds in zip(choice["candidates"],
+                                                                                         choice["seconds"]))
+    differed = "" if choice["equal"] else "; the states after it differed, so the first is kept whatever the times"
+    return f"xla_options auto: kept {named(choice['options'])} (one update: {timings}{differed})"
+
+
 class ChunkRunner:
     """What every algorithm object does the same way around its `init(key)` (one run's state) and
     `_update(state, hp)`, given `mesh`, `settings.xla_options` and `chunk_specs(state)` (the PartitionSpec of
@@ -125,20 +135,13 @@ class ChunkRunner:
     _chunk_fns: dict | None = None  # (xla options, donate) -> the compiled chunk
     compile_seconds = 0.0
     vma_checks = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
-    # With xla_options "auto", once chosen: {"options": the options kept, "seconds": the fastest timing of one
-    # update per candidate, "equal": whether their states after it were bitwise equal}
+    # With xla_options "auto", once chosen: {"options": the options kept, "candidates": every candidate, "seconds":
+    # the fastest timing of one update per candidate, "equal": whether their states after it were bitwise equal}
     xla_choice: dict | None = None
 
     def xla_candidates(self) -> tuple:
-        """The XLA compile options the chunk program may take: `settings.xla_options`, or with "auto" on the
-        CPU `config.XLA_AUTO_CHOICES` (elsewhere, and where jax compiles without most optimisations, as tests
-        do, timings would not tell the programs apart: XLA's defaults)."""
-        options = self.settings.xla_options
-        if options != config_lib.XLA_AUTO:
-            return (options,)
-        if jax.default_backend() != "cpu" or jax.config.values.get("jax_disable_most_optimizations"):
-            return ((),)
-        return config_lib.XLA_AUTO_CHOICES
+        """The XLA compile options the chunk program may take (`config.xla_candidates`)."""
+        return config_lib.xla_candidates(self.settings.xla_options)
 
     def _xla_options(self) -> tuple:
         """The options the chunk program is compiled with now: the chosen ones, else the first candidate."""
@@ -171,7 +174,7 @@ class ChunkRunner:
         best = fastest_if_equal(seconds, equal)
         if jax.process_count() > 1:
             best = int(multihost_utils.broadcast_one_to_all(np.int32(best)))
-        self.xla_choice = {"options": candidates[best], "equal": equal,
+        self.xla_choice = {"options": candidates[best], "candidates": candidates, "equal": equal,
                            "seconds": [round(min(times), 6) for times in seconds]}
         self.compile_seconds = compiled_before + time.perf_counter() - tick
 

@@ -21,6 +21,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib, distributed, mesh as mesh_lib, metrics as metrics_lib
+from jaxrl.engine import describe_xla_choice
 from jaxrl.run import divergence, fit as fit_lib, loggers as loggers_lib, population as population_lib
 from jaxrl.run import workdir as workdir_lib
 
@@ -218,7 +219,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 state = None
             chunk_metrics = fetch(chunk_metrics)
             if main and not told_xla_choice and getattr(algo, "xla_choice", None):
-                print(_xla_choice_line(algo.xla_choice, algo.xla_candidates()), file=sys.stderr)
+                print(describe_xla_choice(algo.xla_choice), file=sys.stderr)
                 told_xla_choice = True
             compile_seconds = algo.compile_seconds - compiled_before
             seconds = time.perf_counter() - tick - compile_seconds
@@ -309,25 +310,14 @@ def _time_one_update(algo, state, hyperparams) -> float:
     for that not to matter (`_RETIME_UNDER` seconds), a second call is timed and the faster one kept. With
     several processes, process 0's first timing decides for all: each call is a collective program that every
     process must run."""
-    def timed() -> float:
-        tick = time.perf_counter()
+    def timed() -> float:  # without what the call spent compiling (or choosing a program: xla_options "auto")
+        tick, compiled_before = time.perf_counter(), algo.compile_seconds
         jax.block_until_ready(algo.run_chunk(state, hyperparams, 1))
-        return time.perf_counter() - tick
-    if hasattr(algo, "choose_xla_options"):  # xla_options "auto" times its programs first, outside this clock
-        algo.choose_xla_options(state, hyperparams)
+        return time.perf_counter() - tick - (algo.compile_seconds - compiled_before)
     seconds = timed()
     if jax.process_count() > 1:
         seconds = float(multihost_utils.broadcast_one_to_all(np.float32(seconds)))
     return min(seconds, timed()) if seconds < _RETIME_UNDER else seconds
-
-
-def _xla_choice_line(choice: dict, candidates: tuple) -> str:
-    """What config.xla_options "auto" kept, with each candidate's time for one update."""
-    def named(options) -> str:
-        return ",".join(f"{name}={value}" for name, value in options) or "XLA's defaults"
-    timings = ", ".join(f"{named(options)} {seconds:.4g} s" for options, seconds in zip(candidates, choice["seconds"]))
-    differed = "" if choice["equal"] else "; the states after it differed, so the first is kept whatever the times"
-    return f"xla_options auto: kept {named(choice['options'])} (one update: {timings}{differed})"
 
 
 def _duration(seconds: float) -> str:
