@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from jaxrl import algos, metrics as metrics_lib, mesh as mesh_lib, sweep, train
+from jaxrl.run import summary as summary_lib
 from helpers import set_keys, small_cartpole
 
 
@@ -162,3 +163,13 @@ def test_confidence_interval_matches_student_t():
     one = sweep.confidence_interval([5.0])
     assert one[0] == 5.0 and math.isnan(one[1]) and math.isnan(one[2])
     assert sweep.confidence_interval([None, 2.0, 4.0])[0] == 3.0  # seeds without a value are left out
+
+
+def test_the_summary_table_shows_an_interval_only_where_there_is_one():
+    two_seeds = summary_lib.summarize_sweep([{"lr": 1}], ["lr=1"],
+                                            [[{"env_steps": 100, "episode_return_per_seed": [1.0, 3.0]}]], 2)
+    one_seed = summary_lib.summarize_sweep([{"lr": 2}], ["lr=2"], [[{"env_steps": 100, "episode_return": 5.0}]], 1)
+    lines = sweep.format_summary(two_seeds + one_seed).splitlines()
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    mean, low, high = sweep.confidence_interval([1.0, 3.0])
+    assert cells == [["lr=1", "2", "100", f"{mean:.3g} [{low:.3g}, {high:.3g}]"], ["lr=2", "1", "100", "5"]]

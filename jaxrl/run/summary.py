@@ -87,13 +87,21 @@ def _curve_key(rows: list[dict], keys: tuple[str, ...], num_seeds: int) -> str |
     return (curves or logged or [None])[0]
 
 
+def _format_cell(row: dict, key: str) -> str:
+    if key not in row:
+        return "-"
+    low, high = row[key + "_ci_low"], row[key + "_ci_high"]
+    interval = f" [{low:.3g}, {high:.3g}]" if math.isfinite(low) and math.isfinite(high) else ""
+    return f"{row[key]:.3g}{interval}"
+
+
 def format_summary(summary: list[dict]) -> str:
-    """The summary as a table: each headline metric as `mean [low, high]`."""
+    """The summary as a table: each headline metric as `mean [low, high]`, or the mean alone where there is no
+    interval (one seed)."""
     keys = [k for k in metrics_lib.HEADLINE_KEYS if any(k in row for row in summary)]
     header = ["setting", "seeds", "env steps", *keys]
-    cell = lambda row, k: (f"{row[k]:.3g} [{row[k + '_ci_low']:.3g}, {row[k + '_ci_high']:.3g}]"
-                           if k in row else "-")
-    rows = [[row["setting"], row["num_seeds"], row["env_steps"], *(cell(row, k) for k in keys)] for row in summary]
+    rows = [[row["setting"], row["num_seeds"], row["env_steps"], *(_format_cell(row, k) for k in keys)]
+            for row in summary]
     return metrics_lib.markdown_table(header, rows)
 
 
