@@ -34,8 +34,8 @@ def test_evaluate_reproduces_the_runs_final_evaluation_ppo_cartpole(cartpole_run
     assert summary["eval_return"] == pytest.approx(means["eval_return"], rel=1e-6)
     assert summary["eval_length"] == pytest.approx(means["eval_length"], rel=1e-6)
     assert summary["eval_return_per_seed"] == pytest.approx(per_seed["eval_return"], rel=1e-6)
-    saved = os.path.join(cartpole_run.workdir, f"eval-{summary['update']}", "evaluation.json")
-    with open(saved) as f:
+    assert summary["out_dir"] == os.path.join(cartpole_run.workdir, f"eval-{summary['update']}")
+    with open(os.path.join(summary["out_dir"], "evaluation.json")) as f:
         assert json.load(f)["eval_return"] == summary["eval_return"]
 
 

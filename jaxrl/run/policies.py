@@ -76,7 +76,8 @@ def evaluate_run(workdir: str, checkpoint_step: int | None = None, episodes: int
 
     With the defaults (greedy, config.eval.num_envs episodes or problems) the figures are those the run's
     own evaluation logged at that update: the same programs, on the same key. Returns the summary (means
-    over seeds, per-seed lists, and where the files went), which is also written as evaluation.json.
+    over seeds, per-seed lists, `out_dir` and the files written there), which is also written as
+    `out_dir`/evaluation.json.
     """
     run = restore_run(workdir, checkpoint_step)
     config, algo = run.config, run.algorithm
@@ -91,7 +92,7 @@ def evaluate_run(workdir: str, checkpoint_step: int | None = None, episodes: int
                                  config.seed, sample)
     summary = {"workdir": workdir, "update": run.update, "env_steps": run.update * algo.settings.batch_size,
                "episodes": num, "sample": sample, "num_seeds": config.num_seeds,
-               **metrics_lib.summarize(per_seed), "files": files}
+               **metrics_lib.summarize(per_seed), "out_dir": out_dir, "files": files}
     with open(os.path.join(out_dir, "evaluation.json"), "w") as f:
         json.dump(summary, f, indent=1)
     return summary
