@@ -1,4 +1,4 @@
-"""GRPO on tokens from a supervised warm start; the task is the argument.
+r"""GRPO on tokens from a supervised warm start; the task is the argument.
 
     python -m jaxrl.train --config=experiments/text_sft.py:addition --workdir=runs/sft_addition
     python -m jaxrl.train --config=experiments/text_grpo.py:addition --config.init_from=runs/sft_addition

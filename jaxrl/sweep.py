@@ -1,8 +1,8 @@
-"""Hyperparameter sweeps: every combination of settings x seeds, vmapped in as few compiled programs as the
+r"""Hyperparameter sweeps: every combination of settings x seeds, vmapped in as few compiled programs as the
 settings allow.
 
     python -m jaxrl.sweep --config=experiments/cartpole_ppo.py --sweep.seeds=16 --sweep.lr=1e-4,3e-4,1e-3
-    python -m jaxrl.sweep --config=experiments/smax_mappo.py:3m --sweep.seeds=4 \\
+    python -m jaxrl.sweep --config=experiments/smax_mappo.py:3m --sweep.seeds=4 \
         --sweep.loss.ent_coef=0,0.01 --sweep.num_envs=64,128
 
 `--sweep.<key>=a,b,c` names a config key in full (`optim.learning_rate`), by its last part when that is

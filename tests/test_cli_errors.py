@@ -181,3 +181,23 @@ def test_input_errors_are_classified_by_type_and_phase():
     assert cli.is_input_error(SystemExit("a message")) and not cli.is_input_error(SystemExit(1))
     assert not cli.is_input_error(RuntimeError("a bug"))
     assert cli.message(ValueError("two\n  lines")) == "two lines"
+
+
+def test_help_texts_keep_their_continued_command_lines():
+    """A docstring's `\\` at a line's end, in a plain string, joins the next line to it: `--help` (which prints the
+    module's docstring) would show two command lines run together. Every Python file's docstrings keep theirs."""
+    import ast
+
+    paths = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [d for d in subfolders if not d.startswith(".") and d not in ("build", "runs")]
+        paths += [os.path.join(folder, f) for f in files if f.endswith(".py")]
+    glued = []
+    for path in sorted(paths):
+        source = open(path).read()
+        scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+        for scope in (n for n in ast.walk(ast.parse(source)) if isinstance(n, scopes) and ast.get_docstring(n)):
+            text = ast.get_source_segment(source, scope.body[0]) or ""  # the docstring as written
+            if text.startswith(('"""', "'''")) and "\\\n" in text.replace("\\\\", ""):
+                glued.append(f"{os.path.relpath(path, ROOT)}:{scope.body[0].lineno}")
+    assert not glued, f"docstrings whose line continuations join lines (make them r\"\"\"...\"\"\"): {glued}"
