@@ -133,8 +133,8 @@ def sweep_from_flags(config: ConfigDict, flags: list[tuple[str, str]]) -> tuple[
         key = resolve_key(config, name)
         if key == "num_seeds":
             seeds = parse_values(config, key, values)
-            if len(seeds) != 1:
-                raise ValueError("--sweep.seeds takes one number: how many seeds per setting")
+            if len(seeds) != 1 or seeds[0] < 1:
+                raise ValueError(f"--sweep.seeds takes one positive number, how many seeds per setting; got {values!r}")
             config.num_seeds = seeds[0]
             continue
         if key in sweep:

@@ -122,6 +122,9 @@ def test_bad_sweeps_fail_before_compiling():
         sweep.sweep_from_flags(config, [("lr", "1e-3,fast")])
     with pytest.raises(ValueError, match="'2.5' is not an integer"):
         sweep.sweep_from_flags(config, [("num_envs", "8,2.5")])
+    for seeds in ("0", "2,3"):
+        with pytest.raises(ValueError, match=f"--sweep.seeds takes one positive number.*got '{seeds}'"):
+            sweep.sweep_from_flags(config, [("seeds", seeds)])
     with pytest.raises(ValueError, match="repeated values"):
         sweep.sweep_from_flags(config, [("lr", "1e-3,1e-3")])
     with pytest.raises(ValueError, match="only numbers, booleans and strings"):
