@@ -140,14 +140,13 @@ def phase_split(num_seeds: int, num_updates: int, epoch_counts: list[int], repea
             for library, run in runs.items():
                 seconds[library, epochs].append(run())
     steps = [epochs * RECIPE["num_minibatches"] for epochs in epoch_counts]
-    columns, fits = {}, {}  # library -> ms per update at each epoch count, then per gradient step and besides
-    for library in ("jaxrl", "rejax"):
-        ms = [1e3 * min(seconds[library, epochs]) / num_updates for epochs in epoch_counts]
-        fits[library] = tuple(np.polyfit(steps, ms, 1))  # (ms per gradient step, ms per update besides)
-        columns[library] = [*ms, *fits[library]]
-    rows = [[num_seeds, library, *(f"{m:.3f}" for m in values[:-2]), f"{values[-2]:.4f}", f"{values[-1]:.3f}"]
-            for library, values in columns.items()]
-    rows.append([num_seeds, "rejax/jaxrl", *(f"{r / j:.2f}" for r, j in zip(columns["rejax"], columns["jaxrl"]))])
+    libraries = ("jaxrl", "rejax")
+    ms = {lib: [1e3 * min(seconds[lib, epochs]) / num_updates for epochs in epoch_counts] for lib in libraries}
+    fits = {lib: tuple(np.polyfit(steps, ms[lib], 1)) for lib in libraries}  # (per gradient step, besides)
+    rows = [[num_seeds, lib, *(f"{m:.3f}" for m in ms[lib]), f"{fits[lib][0]:.4f}", f"{fits[lib][1]:.3f}"]
+            for lib in libraries]
+    ratios = [r / j for r, j in zip([*ms["rejax"], *fits["rejax"]], [*ms["jaxrl"], *fits["jaxrl"]])]
+    rows.append([num_seeds, "rejax/jaxrl", *(f"{ratio:.2f}" for ratio in ratios)])
     return rows, fits
 
 

@@ -192,10 +192,10 @@ def test_help_texts_keep_their_continued_command_lines():
     for folder, subfolders, files in os.walk(ROOT):
         subfolders[:] = [d for d in subfolders if not d.startswith(".") and d not in ("build", "runs")]
         paths += [os.path.join(folder, f) for f in files if f.endswith(".py")]
+    scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)  # what can have a docstring
     glued = []
     for path in sorted(paths):
         source = open(path).read()
-        scopes = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
         for scope in (n for n in ast.walk(ast.parse(source)) if isinstance(n, scopes) and ast.get_docstring(n)):
             text = ast.get_source_segment(source, scope.body[0]) or ""  # the docstring as written
             if text.startswith(('"""', "'''")) and "\\\n" in text.replace("\\\\", ""):

@@ -16,7 +16,7 @@ from jaxrl.engine.optim import (GRAD_CLIPS, SCHEDULES, check_optim_config, clip_
 from jaxrl.engine.protocol import Algorithm
 from jaxrl.engine.stats import global_mean, normalize, standardise
 
-__all__ = ["Algorithm", "ChunkRunner", "GRAD_CLIPS", "SCHEDULES", "check_optim_config", "chunk_metrics", "clip_each_network",
-           "compile_chunk", "compile_per_run", "deal_minibatches", "describe_xla_choice", "global_mean", "gradient_step", "make_optimizer",
-           "minibatch_block_size", "normalize", "optimise", "repeat_updates", "scheduled_learning_rate", "seed_keys",
-           "standardise"]
+__all__ = ["Algorithm", "ChunkRunner", "GRAD_CLIPS", "SCHEDULES", "check_optim_config", "chunk_metrics",
+           "clip_each_network", "compile_chunk", "compile_per_run", "deal_minibatches", "describe_xla_choice",
+           "global_mean", "gradient_step", "make_optimizer", "minibatch_block_size", "normalize", "optimise",
+           "repeat_updates", "scheduled_learning_rate", "seed_keys", "standardise"]
