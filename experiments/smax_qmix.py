@@ -17,6 +17,9 @@ win rate on every seed of both (2s3z 0.02 -> 0.15, episode return 0.29 -> 0.87; 
 
 The buffer keeps its observations and global states in float16 (SMAX's lie in [-1, 1]; the rounding is below
 2.5e-4): its memory grows with agents x units, 4.9 GB per seed on 3s5z and 55 GB on 27m_vs_30m in float32.
+On 25m, 27m_vs_30m and smacv2_20_units it holds fewer steps (`BUFFER_SIZES`: 49,152-98,304 per seed, against
+327,680 elsewhere), so that three seeds train as one program on a 24 GB machine; a run with more memory may
+raise `--config.replay.buffer_size`.
 A seed that turns non-finite stops the run (`checkpoint.on_nonfinite=stop`, the checkpoints stay): in return
 each chunk reuses its input state's memory, so the buffer is held once, not twice.
 """
@@ -28,6 +31,10 @@ from jaxrl import algos, config as config_lib
 # Env steps per seed for each scenario's default budget; others get DEFAULT_STEPS.
 BUDGETS = {"3m": 2_000_000}
 DEFAULT_STEPS = 10_000_000
+# Replay capacity (env steps per seed) where the default 327,680 does not fit three seeds in 24 GB: the
+# largest multiple of 16,384 whose three float16 buffers take at most about 13.5 GB, which leaves room for
+# evaluation and checkpoint writes (QMIX 3 seeds at 327,680: 25m 67.7 GB, 27m_vs_30m 83.1, smacv2_20_units 43.7).
+BUFFER_SIZES = {"25m": 65_536, "27m_vs_30m": 49_152, "smacv2_20_units": 98_304}
 
 
 def smax_value_config(algorithm: str, scenario: str) -> ConfigDict:
@@ -42,6 +49,7 @@ def smax_value_config(algorithm: str, scenario: str) -> ConfigDict:
     config.eval.num_envs = 64
     config.checkpoint.every_steps = 1_048_576
     config.replay.store_dtype = "float16"
+    config.replay.buffer_size = BUFFER_SIZES.get(scenario, config.replay.buffer_size)
     config.checkpoint.on_nonfinite = "stop"  # the state (mostly the buffer) is held once, not twice
     config.returns.q_lambda = 0.6
     return config
