@@ -1,5 +1,5 @@
 """Run one of JaxMARL's own SMAX baseline scripts from a copy of its repository and record its curve: the
-recurrent MAPPO, IPPO or QMIX script (`--algorithm mappo`, `ippo`, `qmix`).
+recurrent MAPPO, IPPO, QMIX, VDN or IQL script (`--algorithm mappo`, `ippo`, `qmix`, `vdn`, `iql`).
 
 JaxMARL's PyPI package does not ship its baselines, so the script is loaded by path from a checkout of the
 repository (`--repo`). Nothing of it is copied here: this file only sets the script's config (its own YAML,
@@ -12,7 +12,7 @@ with the scenario, seed and step budget changed), replaces its `wandb.log` with 
 
 Needs the scripts' own dependencies: jaxmarl, distrax, flashbax, hydra-core, omegaconf, wandb
 (`pip install -e ".[bench]"`). The JSON holds `rows` (one per update: env_steps, win_rate, returns, wall_time
-since the call began; for QMIX also the greedy test win rate where the script tested) and `wall`, the
+since the call began; for the Q-learning scripts also the greedy test win rate where the script tested) and `wall`, the
 seconds of the whole `jit(train)(key)` call, compilation included.
 """
 
@@ -30,13 +30,16 @@ SCRIPTS = {
               [os.path.join("baselines", "MAPPO", "config", "mappo_homogenous_rnn_smax.yaml")]),
     "ippo": (os.path.join("baselines", "IPPO", "ippo_rnn_smax.py"),
              [os.path.join("baselines", "IPPO", "config", "ippo_rnn_smax.yaml")]),
-    "qmix": (os.path.join("baselines", "QLearning", "qmix_rnn.py"),
-             [os.path.join("baselines", "QLearning", "config", "config.yaml"),
-              os.path.join("baselines", "QLearning", "config", "alg", "ql_rnn_smax.yaml")]),
 }
+# QMIX, VDN and IQL: one script each, sharing the QLearning configs (its YAML says "valid for iql, vdn, qmix")
+SCRIPTS.update({
+    algorithm: (os.path.join("baselines", "QLearning", f"{algorithm}_rnn.py"),
+                [os.path.join("baselines", "QLearning", "config", "config.yaml"),
+                 os.path.join("baselines", "QLearning", "config", "alg", "ql_rnn_smax.yaml")])
+    for algorithm in ("qmix", "vdn", "iql")})
 
 
-PPO_SCRIPTS = ("mappo", "ippo")  # they log and count steps alike; QMIX's script differs
+PPO_SCRIPTS = ("mappo", "ippo")  # they log and count steps alike; the Q-learning scripts differ
 
 DEPENDENCIES = ("jaxmarl", "distrax", "flashbax", "hydra", "omegaconf", "wandb")  # what the scripts import
 
@@ -66,8 +69,8 @@ def load_script(repo: str, algorithm: str = "mappo"):
 
 
 def reference_config(repo: str, algorithm: str, scenario: str, seed: int, total_steps: int) -> dict:
-    """The script's own YAML config with the scenario, seed and budget set (everything else untouched; QMIX's
-    callback, which our recorder replaces, runs only when wandb is not "disabled")."""
+    """The script's own YAML config with the scenario, seed and budget set (everything else untouched;
+    the Q-learning scripts' callback, which our recorder replaces, runs only when wandb is not "disabled")."""
     from omegaconf import OmegaConf
 
     config = {}
@@ -107,7 +110,7 @@ def run(repo: str, scenario: str, seed: int, total_steps: int, algorithm: str = 
     wall = time.perf_counter() - start
     if algorithm in PPO_SCRIPTS:
         # The PPO scripts log env_step = update index * batch; count steps taken, as ours does, from the end of
-        # each update (QMIX's script counts them so already).
+        # each update (the Q-learning scripts count them so already).
         batch = config["NUM_ENVS"] * config["NUM_STEPS"]
         for row in rows:
             row["env_steps"] += batch
@@ -154,7 +157,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     result = run(args.repo, args.scenario, args.seed, args.total_steps, args.algorithm)
     with open(args.out, "w") as f:
-        json.dump(result, f, default=str)  # (QMIX's config holds the scenario object its script made)
+        json.dump(result, f, default=str)  # (a Q-learning config holds the scenario object its script made)
     script = os.path.basename(SCRIPTS[args.algorithm][0])
     print(f"jaxmarl {script} {args.scenario} seed {args.seed}: {result['env_steps']:,} env steps in "
           f"{result['wall']:.0f} s ({result['env_steps'] / result['wall']:,.0f}/s incl. compile); final training "

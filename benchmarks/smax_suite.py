@@ -9,8 +9,8 @@ benchmarks/smax_suite.json when it ends. The schedules (MAPPO's learning rate, Q
 the budget, so a cell extended from 1M to 10M steps is not the 10M-step run from its start: for a budget's
 figures, train the cells with that budget from the start (another --runs-dir).
 
-With `--reference-repo`, JaxMARL's own baseline scripts (recurrent MAPPO, IPPO and QMIX, one process per seed,
-`benchmarks/jaxmarl_reference.py`) run on the same scenarios for the same env steps; their training win rates
+With `--reference-repo`, JaxMARL's own baseline scripts (recurrent MAPPO, IPPO, QMIX, VDN and IQL, one process
+per seed, `benchmarks/jaxmarl_reference.py`) run on the same scenarios for the same env steps; their training win rates
 are compared with ours at equal env steps. Script curves that benchmarks/smax_mappo.json and smax_qmix.json
 already hold are used where the suite has none of its own, with their dates.
 
@@ -52,7 +52,7 @@ WIN_RATE = (0.0, 1.0)  # where the intervals of win rates are clipped
 SCENARIOS = ("3m", "2s3z", "25m", "3s5z", "3s_vs_5z", "5m_vs_6m", "6h_vs_8z", "10m_vs_11m", "27m_vs_30m",
              "3s5z_vs_3s6z", "smacv2_5_units", "smacv2_10_units", "smacv2_20_units")
 LEARNERS = ("mappo", "ippo", "qmix", "vdn", "iql")
-REFERENCE_SCRIPTS = ("mappo", "ippo", "qmix")  # learners whose JaxMARL script jaxmarl_reference.py runs
+REFERENCE_SCRIPTS = LEARNERS  # each has a JaxMARL script that jaxmarl_reference.py runs
 LOG_EVERY = 65_536  # env steps between logged rows, ours and the reference's windows alike
 MARKERS = ("<!-- smax_suite:start -->", "<!-- smax_suite:end -->")
 JSON_PATH = os.path.join(ROOT, "benchmarks", "smax_suite.json")
@@ -420,7 +420,7 @@ def main(argv=None):
     parser.add_argument("--total-steps", type=int, default=None,
                         help="env steps per seed (default: each experiment's own budget)")
     parser.add_argument("--eval-every", type=int, default=262_144, help="env steps between greedy evaluations")
-    parser.add_argument("--reference-repo", help="a JaxMARL checkout: also run its MAPPO, IPPO and QMIX scripts")
+    parser.add_argument("--reference-repo", help="a JaxMARL checkout: also run its scripts of the learners chosen")
     parser.add_argument("--reference-seeds", type=int, default=3)
     parser.add_argument("--report", action="store_true", help="only print (and write) the report from the JSON")
     parser.add_argument("--update-results", action="store_true", help="write the section into RESULTS.md")
@@ -431,7 +431,7 @@ def main(argv=None):
         parser.error("--runs-dir is required to train (or pass --report)")
     if args.reference_repo:
         from jaxmarl_reference import check_reference
-        problem = check_reference(args.reference_repo, "mappo") or check_reference(args.reference_repo, "qmix")
+        problem = next(filter(None, (check_reference(args.reference_repo, learner) for learner in learners)), None)
         if problem:
             parser.error(problem)
 

@@ -155,6 +155,18 @@ def test_unknown_names_are_one_line_errors():
         smax_suite.main(["--report", "--learners", "coma"])
 
 
+def test_the_reference_repo_must_hold_the_script_of_every_learner_chosen(tmp_path, capsys):
+    """The scripts checked for before anything trains are those of the learners chosen (here VDN)."""
+    scripts = tmp_path / "baselines" / "QLearning"
+    scripts.mkdir(parents=True)
+    (scripts / "qmix_rnn.py").write_text("")
+    with pytest.raises(SystemExit):
+        smax_suite.main(["--runs-dir", str(tmp_path / "runs"), "--scenarios", "3m", "--learners", "vdn",
+                         "--reference-repo", str(tmp_path)])
+    assert f"{scripts / 'vdn_rnn.py'} not found" in capsys.readouterr().err
+    assert not os.path.exists(tmp_path / "runs")
+
+
 def test_a_failed_cell_is_reported_and_keeps_what_was_saved(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(smax_suite, "JSON_PATH", str(tmp_path / "suite.json"))
     monkeypatch.setattr(smax_suite, "PLOT_PATH", str(tmp_path / "suite.png"))
