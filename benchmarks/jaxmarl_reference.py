@@ -12,8 +12,8 @@ with the scenario, seed and step budget changed), replaces its `wandb.log` with 
 
 Needs the scripts' own dependencies: jaxmarl, distrax, flashbax, hydra-core, omegaconf, wandb
 (`pip install -e ".[bench]"`). The JSON holds `rows` (one per update: env_steps, win_rate, returns, wall_time
-since the call began; for the Q-learning scripts also the greedy test win rate where the script tested) and `wall`, the
-seconds of the whole `jit(train)(key)` call, compilation included.
+since the call began; for the Q-learning scripts also the greedy test win rate where the script tested) and
+`wall`, the seconds of the whole `jit(train)(key)` call, compilation included.
 """
 
 from __future__ import annotations
@@ -44,12 +44,13 @@ PPO_SCRIPTS = ("mappo", "ippo")  # they log and count steps alike; the Q-learnin
 DEPENDENCIES = ("jaxmarl", "distrax", "flashbax", "hydra", "omegaconf", "wandb")  # what the scripts import
 
 
-def check_reference(repo: str, algorithm: str) -> str | None:
-    """Why the reference script cannot run (its file missing from `repo`, or a module it imports not
-    installed), or None."""
-    path = os.path.join(repo, SCRIPTS[algorithm][0])
-    if not os.path.exists(path):
-        return f"{path} not found: the path given must be a checkout of the JaxMARL repository"
+def check_reference(repo: str, *algorithms: str) -> str | None:
+    """Why the reference scripts of `algorithms` cannot run (the first one's file missing from `repo`, else the
+    modules they import that are not installed), or None."""
+    for algorithm in algorithms:
+        path = os.path.join(repo, SCRIPTS[algorithm][0])
+        if not os.path.exists(path):
+            return f"{path} not found: the path given must be a checkout of the JaxMARL repository"
     missing = [name for name in DEPENDENCIES if importlib.util.find_spec(name) is None]
     if missing:
         return f"JaxMARL's script needs {', '.join(missing)}: pip install -e \".[bench]\""

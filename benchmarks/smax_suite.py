@@ -10,8 +10,8 @@ the budget, so a cell extended from 1M to 10M steps is not the 10M-step run from
 figures, train the cells with that budget from the start (another --runs-dir).
 
 With `--reference-repo`, JaxMARL's own baseline scripts (recurrent MAPPO, IPPO, QMIX, VDN and IQL, one process
-per seed, `benchmarks/jaxmarl_reference.py`) run on the same scenarios for the same env steps; their training win rates
-are compared with ours at equal env steps. Script curves that benchmarks/smax_mappo.json and smax_qmix.json
+per seed, `benchmarks/jaxmarl_reference.py`) run on the same scenarios for the same env steps; their training win
+rates are compared with ours at equal env steps. Script curves that benchmarks/smax_mappo.json and smax_qmix.json
 already hold are used where the suite has none of its own, with their dates.
 
     python benchmarks/smax_suite.py --runs-dir ~/smax_suite --scenarios 3m,2s3z,5m_vs_6m --total-steps 1000000
@@ -52,7 +52,6 @@ WIN_RATE = (0.0, 1.0)  # where the intervals of win rates are clipped
 SCENARIOS = ("3m", "2s3z", "25m", "3s5z", "3s_vs_5z", "5m_vs_6m", "6h_vs_8z", "10m_vs_11m", "27m_vs_30m",
              "3s5z_vs_3s6z", "smacv2_5_units", "smacv2_10_units", "smacv2_20_units")
 LEARNERS = ("mappo", "ippo", "qmix", "vdn", "iql")
-REFERENCE_SCRIPTS = LEARNERS  # each has a JaxMARL script that jaxmarl_reference.py runs
 LOG_EVERY = 65_536  # env steps between logged rows, ours and the reference's windows alike
 MARKERS = ("<!-- smax_suite:start -->", "<!-- smax_suite:end -->")
 JSON_PATH = os.path.join(ROOT, "benchmarks", "smax_suite.json")
@@ -431,7 +430,7 @@ def main(argv=None):
         parser.error("--runs-dir is required to train (or pass --report)")
     if args.reference_repo:
         from jaxmarl_reference import check_reference
-        problem = next(filter(None, (check_reference(args.reference_repo, learner) for learner in learners)), None)
+        problem = check_reference(args.reference_repo, *learners)
         if problem:
             parser.error(problem)
 
@@ -468,7 +467,7 @@ def main(argv=None):
                 print(f"{scenario} {learner}: greedy win rate {fmt_ci(final_greedy(record), WIN_RATE)} at "
                       f"{record['env_steps']:,} env steps, {record['wall']:,.0f} s", flush=True)
             if args.reference_repo:
-                for learner in [l for l in learners if l in REFERENCE_SCRIPTS]:
+                for learner in learners:  # each has a JaxMARL script (jaxmarl_reference.SCRIPTS)
                     saved = load_saved()
                     record = saved["cells"].get(scenario, {}).get(learner, {})
                     total = record.get("env_steps") or reachable_steps(configs[(scenario, learner)])  # as ours

@@ -156,7 +156,11 @@ def test_unknown_names_are_one_line_errors():
 
 
 def test_the_reference_repo_must_hold_the_script_of_every_learner_chosen(tmp_path, capsys):
-    """The scripts checked for before anything trains are those of the learners chosen (here VDN)."""
+    """The scripts checked for before anything trains are those of the learners chosen (here VDN); every learner
+    of the suite has one."""
+    from jaxmarl_reference import SCRIPTS
+
+    assert set(smax_suite.LEARNERS) <= set(SCRIPTS)
     scripts = tmp_path / "baselines" / "QLearning"
     scripts.mkdir(parents=True)
     (scripts / "qmix_rnn.py").write_text("")
