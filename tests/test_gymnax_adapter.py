@@ -28,7 +28,8 @@ def test_same_episodes_as_gymnax(env_id):
     assert ours.max_episode_steps == 30 and ours.name == f"gymnax-{env_id}"
     counts = gymnax_parity(ours, ref, ours.default_params, num_envs=8, num_steps=75,
                            ignore_state_fields=IGNORED_STATE.get(env_id, ()))
-    assert counts["terminated"] + counts["truncated"] > 0, counts  # episodes ended and restarted
+    # Episodes ended and restarted: each of the 8 envs ends one at least every 30 steps, so twice in 75.
+    assert counts["terminated"] + counts["truncated"] >= 8 * 2, counts
 
 
 def test_spaces_are_converted():
@@ -37,7 +38,8 @@ def test_spaces_are_converted():
     pendulum = envs.make("gymnax", env_id="Pendulum-v1")
     space = pendulum.action_space()
     assert isinstance(space, envs.Box) and space.shape == (1,)
-    np.testing.assert_array_equal(space.low, [-2.0]) and np.testing.assert_array_equal(space.high, [2.0])
+    np.testing.assert_array_equal(space.low, [-2.0])
+    np.testing.assert_array_equal(space.high, [2.0])
     assert pendulum.max_episode_steps == 200 and pendulum.obs_dim == 3
 
 

@@ -35,7 +35,8 @@ def test_normalize_and_scale():
     np.testing.assert_allclose(normalization.normalize(fresh, jnp.asarray(X), clip=100.0), X, rtol=1e-6)  # nothing seen
     m = normalization.of_batch(jnp.asarray(X))
     z = np.asarray(normalization.normalize(m, jnp.asarray(X), clip=100.0)).reshape(-1, 4)
-    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-5) and np.testing.assert_allclose(z.std(0), 1.0, rtol=1e-4)
+    np.testing.assert_allclose(z.mean(0), 0.0, atol=1e-5)
+    np.testing.assert_allclose(z.std(0), 1.0, rtol=1e-4)
     assert float(jnp.max(normalization.normalize(m, jnp.asarray(X) * 100, clip=5.0))) == 5.0
     returns = normalization.of_batch(jnp.asarray(X[..., :1]))
     np.testing.assert_allclose(normalization.scale(returns, jnp.float32(4.0)), 4.0 / X[..., 0].std(), rtol=1e-4)
