@@ -114,23 +114,39 @@ def test_resume_after_kill_gives_the_same_parameters(tmp_path, monkeypatch):
     assert updates == sorted(set(updates)) and updates[-1] == 40
 
 
+def _wait_for_first_row(workdir, proc, timeout=600):
+    """Block until metrics.jsonl holds a whole row: the first chunk has run, inside the loop whose handler turns
+    SIGTERM into a request to stop (the file is first written there). `timeout` only ends a hung run."""
+    path, deadline = os.path.join(workdir, "metrics.jsonl"), time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.exists(path) and open(path).read().endswith("\n"):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"training exited before its first row: {proc.stderr.read()}")
+        time.sleep(0.02)
+    proc.kill()
+    raise AssertionError(f"no metrics row within {timeout} s")
+
+
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
-    config = small_config(4000, **{"checkpoint.every_steps": 1000 * BATCH})
+    # A million updates (hours at any speed, in chunks of 2): the run cannot end before the signal reaches it,
+    # and the only checkpoint it could write before its end is the one SIGTERM asks for.
+    total = 1_000_000
+    config = small_config(total, **{"checkpoint.every_steps": total * BATCH})
     workdir = str(tmp_path / "run")
     proc = subprocess.Popen(_cli_args(config, workdir), cwd=ROOT, stderr=subprocess.PIPE, text=True)
-    # Wait until training is under way (metrics are being written), then ask it to stop.
-    start = time.time()
-    while not os.path.exists(os.path.join(workdir, "metrics.jsonl")) and time.time() - start < 120:
-        time.sleep(0.05)
-    time.sleep(0.5)
+    _wait_for_first_row(workdir, proc)
     proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=120)
+    _, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 128 + signal.SIGTERM, stderr
-    assert "SIGTERM" in stderr and "to resume" in stderr
-    steps = _checkpoint_steps(workdir)
-    logged = json.loads(open(os.path.join(workdir, "metrics.jsonl")).readlines()[-1])["update"]
-    assert steps and 0 < steps[-1] < 4000
-    assert steps[-1] == logged, "the checkpoint is taken at the last logged update"
+    assert "received SIGTERM" in stderr and "to resume" in stderr, stderr
+    logged = [json.loads(line)["update"] for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    assert logged == list(range(2, logged[-1] + 1, 2)) and logged[-1] < total  # chunks of 2 updates, cut short
+    assert _checkpoint_steps(workdir) == [logged[-1]], "one checkpoint, at the last logged update"
+    # The checkpoint resumes: extended by one chunk past it, the run logs that chunk alone.
+    resumed = train.run(small_config(logged[-1] + 2, **{"checkpoint.every_steps": total * BATCH}), workdir)
+    assert [r["update"] for r in resumed.metrics] == logged + [logged[-1] + 2]
+    assert not resumed.interrupted
 
 
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
