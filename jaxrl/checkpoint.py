@@ -1,8 +1,17 @@
-"""Orbax checkpoints of the complete training state, written atomically.
+"""Orbax checkpoints of the complete training state, written atomically, moved aside only when damaged.
 
-Orbax writes each step into a temporary directory and renames it only once complete, so a crash or a
-kill during a save never replaces a good checkpoint. A checkpoint that cannot be read is moved aside
-(`<step>.corrupt`, nothing deleted) and the previous one is used, with a warning.
+Orbax writes each step into a temporary directory and renames it only once complete, so a crash or a kill
+during a save never replaces a good checkpoint. Once a save is complete, the Checkpointer that wrote it records
+the step's files (sizes, and a CRC-32 of each file up to `HASHED_BYTES`) in `<directory>/manifests/<step>.json`.
+
+A checkpoint that cannot be restored is judged by that record alone: a file missing, of another size or with
+other bytes than were written is damage, and a training run moves the step aside (`<step>.corrupt`, nothing
+deleted) and tries the previous one. Anything else (out of memory, permission denied, a stale file handle, a
+state of another shape) is an error that leaves every checkpoint where it was; and so is any failure of a
+read-only caller (`restore_from`: evaluation, loading a policy, forking), which never moves anything.
+
+Which steps are kept: the newest `keep`, and with `keep_best` the `keep_best` with the highest score passed to
+`save` (an evaluation metric), so that a run that later collapsed keeps its best policies.
 """
 
 from __future__ import annotations
@@ -10,10 +19,19 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import zlib
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+
+from jaxrl import files
+
+MANIFESTS = "manifests"  # <directory>/manifests/<step>.json: what each completed save wrote
+SCORES = "scores.json"  # <directory>/scores.json: {step: score} of the steps saved with one (keep_best)
+HASHED_BYTES = 64 * 2**20  # files up to this size get a CRC-32 in the manifest; larger ones their size only
+# Orbax's own bookkeeping file, which it may rewrite after the save completes: not part of the state.
+_UNRECORDED = ("_CHECKPOINT_METADATA",)
 
 
 class CheckpointError(RuntimeError):
@@ -23,10 +41,13 @@ class CheckpointError(RuntimeError):
 class Checkpointer:
     """Save and restore a pytree of arrays under `directory/<step>`."""
 
-    def __init__(self, directory: str, keep: int = 3):
+    def __init__(self, directory: str, keep: int = 3, keep_best: int = 0):
         self.directory = os.path.abspath(directory)
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True)
+        self.keep, self.keep_best = keep, keep_best
+        # Retention is ours (`_retain`): orbax's own would delete by age only.
+        options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._unrecorded: list[int] = []  # steps this process saved whose manifest is not written yet
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -35,14 +56,27 @@ class Checkpointer:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def save(self, step: int, state: Any) -> None:
-        """Start saving `state` as `step` (asynchronously); `wait()` blocks until it is on disk."""
+    def save(self, step: int, state: Any, score: float | None = None) -> None:
+        """Start saving `state` as `step` (asynchronously; `wait()` blocks until it is on disk). `score`: the
+        evaluation metric of this state (higher is better), for `keep_best`."""
         if step in self._manager.all_steps():
             return
+        self.wait()  # the previous save is complete: record it before starting the next
+        if score is not None and jax.process_index() == 0:
+            scores = self._scores()
+            scores[str(step)] = float(score)
+            files.write_json(os.path.join(self.directory, SCORES), scores)
         self._manager.save(step, args=ocp.args.StandardSave(state))
+        self._unrecorded.append(step)
 
     def wait(self) -> None:
+        """Block until the saves started are on disk, then record their manifests and apply retention."""
         self._manager.wait_until_finished()
+        if self._unrecorded and jax.process_index() == 0:
+            for step in self._unrecorded:
+                write_manifest(self._step_dir(step), self._manifest_path(step))
+            self._retain()
+        self._unrecorded = []
 
     def restore(self, step: int, target: Any) -> Any:
         """The state saved as `step` (see `restore_latest` for `target`); a missing, mismatched or unreadable
@@ -51,14 +85,17 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint {step} in {self.directory}; saved steps: {self.steps()}")
         try:
             return self._manager.restore(step, args=ocp.args.StandardRestore(target))
-        except Exception as err:
-            raise CheckpointError(f"checkpoint {os.path.join(self.directory, str(step))} could not be restored "
-                                  f"({type(err).__name__}: {err})") from err
+        except Exception as err:  # noqa: BLE001  (orbax and tensorstore raise many types)
+            damage = self._damage(step)
+            raise CheckpointError(_not_restored(self._step_dir(step), err, damage)) from err
 
-    def restore_latest(self, target: Any) -> tuple[int, Any]:
-        """(step, state) from the newest readable checkpoint.
+    def restore_latest(self, target: Any, move_damaged: bool = True) -> tuple[int, Any]:
+        """(step, state) from the newest checkpoint that restores.
 
-        `target` is a pytree of `jax.ShapeDtypeStruct` (with shardings) describing the state.
+        `target` is a pytree of `jax.ShapeDtypeStruct` (with shardings) describing the state. A step that does
+        not restore and whose files differ from its manifest is damaged: moved aside when `move_damaged`
+        (the training loop), else passed over with a warning; the previous step is tried. Any other failure is a
+        CheckpointError that moves nothing.
         """
         steps = self.steps()
         if not steps:
@@ -66,34 +103,136 @@ class Checkpointer:
         for step in reversed(steps):
             try:
                 return step, self._manager.restore(step, args=ocp.args.StandardRestore(target))
-            except Exception as err:  # orbax raises many types for a damaged or mismatched step
-                path = os.path.join(self.directory, str(step))
-                if not _looks_corrupt(err):
-                    raise CheckpointError(
-                        f"checkpoint {path} does not match this run's training state ({err}). "
-                        "Was it written by a different config?") from err
-                aside = f"{path}.corrupt"
-                if jax.process_index() == 0:  # one process moves it; the others wait for that
-                    shutil.move(path, aside)
-                    print(f"warning: checkpoint {path} is unreadable ({type(err).__name__}: {err}); moved it "
-                          f"to {aside} and trying the previous one", file=sys.stderr)
-                if jax.process_count() > 1:
-                    from jax.experimental import multihost_utils
-                    multihost_utils.sync_global_devices(f"jaxrl checkpoint {step} moved aside")
-                self._manager.reload()
+            except Exception as err:  # noqa: BLE001  (orbax and tensorstore raise many types)
+                path = self._step_dir(step)
+                damage = self._damage(step)
+                if damage is None:
+                    raise CheckpointError(_not_restored(path, err, None)) from err
+                if not move_damaged:
+                    _warn(f"checkpoint {path} is damaged ({damage}); trying the previous one (training on this "
+                          "run moves it aside)")
+                    continue
+                self._move_aside(step, damage)
         raise CheckpointError(f"no readable checkpoint left in {self.directory}")
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
+        self.wait()
         self._manager.close()
 
+    def _step_dir(self, step: int) -> str:
+        return os.path.join(self.directory, str(step))
 
-def _looks_corrupt(err: Exception) -> bool:
-    """Unreadable files, as opposed to a readable checkpoint of a differently shaped state."""
+    def _manifest_path(self, step: int) -> str:
+        return os.path.join(self.directory, MANIFESTS, f"{step}.json")
+
+    def _damage(self, step: int) -> str | None:
+        """What shows that `step` is damaged, or None; a CheckpointError (nothing moved) when its files cannot
+        even be looked at (permission denied, I/O error, stale file handle)."""
+        try:
+            return damage(self._step_dir(step), files.read_json(self._manifest_path(step)))
+        except OSError as err:
+            raise CheckpointError(f"checkpoint {self._step_dir(step)} could not be read ({type(err).__name__}: "
+                                  f"{err}); nothing was moved") from err
+
+    def _move_aside(self, step: int, damage_found: str) -> None:
+        path = self._step_dir(step)
+        aside = f"{path}.corrupt"
+        if jax.process_index() == 0:  # one process moves it; the others wait for that
+            shutil.move(path, aside)
+            _warn(f"checkpoint {path} is damaged ({damage_found}); moved it to {aside} and trying the previous one")
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"jaxrl checkpoint {step} moved aside")
+        self._manager.reload()
+
+    def _scores(self) -> dict[str, float]:
+        return files.read_json(os.path.join(self.directory, SCORES), {})
+
+    def _retain(self) -> None:
+        """Delete the steps that are neither among the newest `keep` nor the `keep_best` best scored."""
+        steps = self.steps()
+        kept = set(steps[-self.keep:])
+        if self.keep_best:
+            scores = self._scores()
+            scored = sorted((s for s in steps if str(s) in scores), key=lambda s: (-scores[str(s)], -s))
+            kept |= set(scored[:self.keep_best])
+        dropped = [step for step in steps if step not in kept]
+        for step in dropped:
+            self._manager.delete(step)
+            if os.path.exists(self._manifest_path(step)):
+                os.remove(self._manifest_path(step))
+        scores = self._scores()
+        if any(str(step) in scores for step in dropped):
+            files.write_json(os.path.join(self.directory, SCORES),
+                             {s: v for s, v in scores.items() if int(s) not in dropped})
+
+
+def _warn(text: str) -> None:
+    if jax.process_index() == 0:
+        print(f"warning: {text}", file=sys.stderr)
+
+
+def _not_restored(path: str, err: Exception, damage_found: str | None) -> str:
+    """The one-line reason a step did not restore."""
+    detail = " ".join(str(err).split())[:300]
+    if damage_found is not None:
+        return f"checkpoint {path} is damaged ({damage_found})"
+    if _looks_mismatched(err):
+        return (f"checkpoint {path} does not match this run's training state ({detail}). Was it written by a "
+                "different config?")
+    return (f"checkpoint {path} could not be restored ({type(err).__name__}: {detail}); its files are as they were "
+            "written, so nothing was moved")
+
+
+def _looks_mismatched(err: Exception) -> bool:
+    """A readable checkpoint of a differently shaped state (as orbax words it)."""
     text = str(err).lower()
-    mismatch = (("shape" in text and ("mismatch" in text or "not compatible" in text)) or "tree structure" in text
-                or "structure" in text)
-    return not mismatch
+    return ("shape" in text and ("mismatch" in text or "not compatible" in text)) or "structure" in text
+
+
+def manifest(step_dir: str) -> dict[str, list]:
+    """{path relative to `step_dir`: [size in bytes, CRC-32 or None (files over HASHED_BYTES)]}."""
+    record = {}
+    for root, _, names in os.walk(step_dir):
+        for name in names:
+            if name in _UNRECORDED:
+                continue
+            path = os.path.join(root, name)
+            size = os.path.getsize(path)
+            record[os.path.relpath(path, step_dir)] = [size, _crc32(path) if size <= HASHED_BYTES else None]
+    return record
+
+
+def write_manifest(step_dir: str, path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    files.write_json(path, manifest(step_dir), indent=None)
+
+
+def damage(step_dir: str, recorded: dict | None) -> str | None:
+    """How the files of `step_dir` differ from their manifest `recorded` (a file missing, of another size, with
+    other bytes), or None when they do not. A step without a manifest (saved before manifests were written, or
+    its writer was killed between orbax's commit and the manifest) counts as damaged only when its data
+    directory is missing. OSError (permission denied, I/O error) goes through: it is no evidence either way."""
+    if recorded is None:
+        return None if os.path.isdir(os.path.join(step_dir, "default")) else "its data directory is missing"
+    for relative, (size, crc) in sorted(recorded.items()):
+        path = os.path.join(step_dir, relative)
+        if not os.path.exists(path):
+            return f"{relative} is missing"
+        found = os.path.getsize(path)
+        if found != size:
+            return f"{relative} has {found} bytes, {size} were written"
+        if crc is not None and _crc32(path) != crc:
+            return f"{relative} holds other bytes than were written"
+    return None
+
+
+def _crc32(path: str) -> int:
+    crc = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(2**22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
 
 
 def has_checkpoints(directory: str) -> bool:
@@ -114,10 +253,11 @@ def abstract_state(state: Any, shardings: Any = None) -> Any:
 
 
 def restore_from(directory: str, target: Any, step: int | None = None) -> tuple[int, Any]:
-    """(step, state) from the checkpoints in `directory`: the newest readable one, or the one saved as `step`
-    (see `Checkpointer`); `target` as for `Checkpointer.restore_latest`."""
+    """(step, state) from the checkpoints in `directory`, read only (nothing is moved or deleted): the newest
+    that restores, or the one saved as `step` (see `Checkpointer`); `target` as for `Checkpointer.restore_latest`."""
     manager = Checkpointer(directory)
     try:
-        return manager.restore_latest(target) if step is None else (step, manager.restore(step, target))
+        return (manager.restore_latest(target, move_damaged=False) if step is None
+                else (step, manager.restore(step, target)))
     finally:
         manager.close()

@@ -13,6 +13,8 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
+from jaxrl import files
+
 # What the training loop does with a run whose state or metrics turn non-finite (`jaxrl.run.divergence`).
 ON_NONFINITE = ("freeze", "rollback", "stop")
 # Where metrics go (`jaxrl.run.loggers`); metrics.jsonl is always written (resuming and the plots read it).
@@ -51,7 +53,9 @@ def base_config() -> ConfigDict:
         # "rollback" restarts its chunk with a new random key (at most max_rollbacks times, then freezes it);
         # both keep each chunk's input state until it is checked. "stop" ends the program at the chunk (saved
         # checkpoints stay) and in return holds the training state once, not twice: for a state near memory's size.
-        "checkpoint": {"every_steps": 0, "keep": 3, "on_nonfinite": "freeze", "max_rollbacks": 3},
+        # keep: the newest checkpoints kept; keep_best: also keep that many with the best evaluation (eval_win_rate,
+        # eval_accuracy or eval_return, mean over runs), and save one at every evaluation; 0: none.
+        "checkpoint": {"every_steps": 0, "keep": 3, "keep_best": 0, "on_nonfinite": "freeze", "max_rollbacks": 3},
         "eval": {"every_steps": 0, "num_envs": 32, "max_steps": 0},  # every_steps 0: only at the end
     })
 
@@ -193,7 +197,7 @@ def validate_shared(config: ConfigDict) -> None:
         one_of(name, LOG_BACKENDS, "log.backends")
     one_of(config.log.wandb_mode, WANDB_MODES, "log.wandb_mode")
 
-    for key in ("checkpoint.every_steps", "checkpoint.max_rollbacks", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
+    for key in ("checkpoint.every_steps", "checkpoint.keep_best", "checkpoint.max_rollbacks", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
                 "mesh.run_devices"):
         section, name = key.split(".")
         if config[section][name] < 0:
@@ -216,8 +220,8 @@ def to_dict(config: ConfigDict) -> dict[str, Any]:
 
 
 def save(config: ConfigDict, path) -> None:
-    with open(path, "w") as f:
-        f.write(config.to_json(indent=2, sort_keys=True))
+    """Write the config as JSON, atomically (`jaxrl.files`)."""
+    files.write_atomic(path, config.to_json(indent=2, sort_keys=True))
 
 
 def load(path) -> ConfigDict:

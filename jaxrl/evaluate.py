@@ -16,9 +16,10 @@ parameters alone instead (`jaxrl.load_policy(DIR)` loads them).
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from jaxrl import host
+from jaxrl import config as config_lib, host
 from jaxrl.run import cli, policies
 
 cli.input_stage(policies.restore_run)  # reading the run directory is input; evaluating it is not
@@ -31,8 +32,8 @@ def main(argv) -> int:
     logging.set_verbosity(logging.WARNING)
     FLAGS = flags.FLAGS
     host.keep_freed_memory()
-    if FLAGS.workdir is None:
-        raise cli.InputError("give --workdir=<run directory>")
+    with cli.input_phase():
+        check_flags(FLAGS)
     if FLAGS.export:
         out = policies.export_policy(FLAGS.workdir, FLAGS.export, FLAGS.checkpoint, FLAGS.seed)
         print(json.dumps({"exported": out, "workdir": FLAGS.workdir, "seed": FLAGS.seed}))
@@ -40,6 +41,34 @@ def main(argv) -> int:
     summary = policies.evaluate_run(FLAGS.workdir, FLAGS.checkpoint, FLAGS.episodes, FLAGS.sample, FLAGS.out)
     print(json.dumps(summary))
     return 0
+
+
+def check_flags(FLAGS) -> None:
+    """InputError for flags that name no run, no seed of it or nowhere to write, before anything is restored."""
+    if FLAGS.workdir is None:
+        raise cli.InputError("give --workdir=<run directory>")
+    if not os.path.isdir(FLAGS.workdir):
+        what = "a file" if os.path.exists(FLAGS.workdir) else "no such directory"
+        raise cli.InputError(f"--workdir={FLAGS.workdir} is not a run directory ({what})")
+    saved = os.path.join(FLAGS.workdir, "config.json")
+    if not os.path.exists(saved):
+        raise cli.InputError(f"--workdir={FLAGS.workdir} is not a run directory (no config.json); a sweep's runs are "
+                             "its setting directories, <sweep>/<setting>")
+    if FLAGS.episodes is not None and FLAGS.episodes <= 0:
+        raise cli.InputError(f"--episodes must be a positive number of episodes per seed, got {FLAGS.episodes}")
+    if FLAGS.checkpoint is not None and FLAGS.checkpoint < 0:
+        raise cli.InputError(f"--checkpoint is an update number, got {FLAGS.checkpoint}")
+    if FLAGS.export:
+        if os.path.exists(FLAGS.export) and (not os.path.isdir(FLAGS.export) or os.listdir(FLAGS.export)):
+            raise cli.InputError(f"--export={FLAGS.export} exists and is not an empty directory; export into a new one")
+        num_seeds = config_lib.load(saved).num_seeds
+        if not 0 <= FLAGS.seed < num_seeds:
+            raise cli.InputError(f"--seed={FLAGS.seed} is not a seed of this run: it trained {num_seeds} "
+                                 f"(0 to {num_seeds - 1})")
+    elif FLAGS["seed"].present:
+        raise cli.InputError("--seed chooses the seed --export writes; evaluation covers every seed")
+    if FLAGS.out and os.path.exists(FLAGS.out) and not os.path.isdir(FLAGS.out):
+        raise cli.InputError(f"--out={FLAGS.out} is a file, not a directory")
 
 
 def define_flags():

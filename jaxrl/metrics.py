@@ -9,11 +9,25 @@ from typing import Iterable
 
 import numpy as np
 
+from jaxrl import files
+
 CURVE_KEYS = ("episode_return", "eval_return")
 WIN_KEYS = ("win_rate", "eval_win_rate")
 ACCURACY_KEYS = ("token_accuracy", "eval_accuracy")
 # What a person watches: per-seed lists in metrics.jsonl, the progress bar, the run's printed summary.
 HEADLINE_KEYS = ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy")
+# What ranks evaluated policies (checkpoint.keep_best), the first an evaluation reports; higher is better.
+EVAL_SCORE_KEYS = ("eval_win_rate", "eval_accuracy", "eval_return")
+
+
+def eval_score(metrics: dict) -> float | None:
+    """The evaluation's headline figure, mean over the runs, from metrics with leaves [R] (None: not evaluated,
+    or no run finite)."""
+    for key in EVAL_SCORE_KEYS:
+        if key in metrics:
+            values = np.asarray(metrics[key], np.float64)
+            return float(np.nanmean(values)) if np.isfinite(values).any() else None
+    return None
 
 
 def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]:
@@ -60,20 +74,26 @@ class MetricsWriter:
             f.write(json.dumps(row) + "\n")
 
     def truncate_after(self, update: int) -> None:
-        """Drop rows logged after `update` (a resumed run will log them again)."""
-        rows = [r for r in read(self.path) if r.get("update", 0) <= update]
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(tmp, self.path)
+        """Drop rows logged after `update` (a resumed run will log them again), and a last row that a kill cut
+        short; the file is replaced atomically."""
+        files.write_lines(self.path, [r for r in read(self.path) if r.get("update", 0) <= update])
 
 
 def read(path: str) -> list[dict]:
-    """Rows of a metrics.jsonl (missing file: no rows)."""
+    """Rows of a metrics.jsonl (missing file: no rows). A last line without its newline is a row a kill cut
+    short while it was written: left out. Any other unreadable line is an error naming the file and line."""
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        lines = f.read().split("\n")
+    rows = []
+    for number, line in enumerate(lines[:-1], 1):  # the part after the last newline is never a whole row
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}, line {number}: not a JSON row ({error})") from None
+    return rows
 
 
 def curve_keys(rows: Iterable[dict]) -> tuple[tuple[str, ...], str]:

@@ -36,7 +36,8 @@ and keys) and differs only in traced hyperparameters; the children's curves cont
 Output, under `--workdir` (default `runs/<experiment>-sweep-<time>`):
     <key=value,...>/     one run directory per setting: config.json, metrics.jsonl (means over seeds and
                          per-seed lists), learning_curve.png
-    checkpoints/<i>/     program i's state (every setting and seed); rerunning the command resumes
+    checkpoints/<i>/     program i's state (every setting and seed); rerunning the command resumes (a sweep of
+                         other values in the same directory is refused; --overwrite starts it again)
     summary.csv          one line per setting: final mean, 95% confidence interval and per-seed values
     sweep.png            mean and 95% confidence band of the headline metric per setting
     sweep.json           the swept keys and values, the method and the fork
@@ -46,17 +47,15 @@ Output, under `--workdir` (default `runs/<experiment>-sweep-<time>`):
 
 from __future__ import annotations
 
-import os
 import sys
-import time
 
 from ml_collections import ConfigDict
 
 from jaxrl import distributed, train
-from jaxrl.run import cli, population as population_lib
+from jaxrl.run import cli, population as population_lib, workdir as workdir_lib
 from jaxrl.run.summary import confidence_interval, format_summary  # noqa: F401  (the API)
-from jaxrl.run.sweeps import (Fork, Range, draw_ranges, expand, group_programs, lineage_path,  # noqa: F401
-                              parse_range, parse_values, resolve_key, run_sweep)
+from jaxrl.run.sweeps import (Fork, Interrupted, Range, draw_ranges, expand, group_programs,  # noqa: F401
+                              lineage_path, parse_range, parse_values, resolve_key, run_sweep)
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -161,8 +160,17 @@ def main(argv, sweep_flags) -> int:
                 raise cli.InputError("--sweep.seeds with --sweep.fork: a fork continues the parent's seeds")
             with config.unlocked():
                 config.num_seeds = fork.config().num_seeds
-    workdir = FLAGS.workdir or os.path.join("runs", f"{config.experiment}-sweep-{time.strftime('%Y%m%d-%H%M%S')}")
-    summary = run_sweep(config, sweep, workdir, options=options, population=population, fork=fork)
+        if FLAGS.resume or FLAGS.print_config:
+            raise cli.InputError(f"--{'resume' if FLAGS.resume else 'print_config'} is a flag of jaxrl.train; a sweep "
+                                 "resumes when its command runs again with the same --workdir")
+    workdir = FLAGS.workdir or workdir_lib.default_workdir(config, workdir_lib.SWEEP)
+    try:
+        summary = run_sweep(config, sweep, workdir, options=options, population=population, fork=fork,
+                            overwrite=FLAGS.overwrite)
+    except Interrupted as stopped:
+        if distributed.is_main_process():
+            print(f"{stopped}; resume: {cli.resume_command('jaxrl.sweep', sys.argv, workdir)}", file=sys.stderr)
+        return train.EXIT_STOPPED
     if distributed.is_main_process():
         print(format_summary(summary))
         print(f"\n{workdir}/summary.csv, {workdir}/sweep.png")
@@ -175,5 +183,6 @@ if __name__ == "__main__":
         argv, sweep_flags = split_sweep_flags(sys.argv)
     except cli.InputError as error:
         cli.report(error, cli.verbose_requested(sys.argv))
+    __doc__ += train.experiments_help()  # what `--help` prints above the flags
     train.define_flags()
     cli.run_main(lambda argv: main(argv, sweep_flags), argv=argv)

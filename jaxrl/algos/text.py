@@ -28,7 +28,7 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from envs import text
-from jaxrl import config as config_lib, losses, mesh as mesh_lib, rollout, sampling
+from jaxrl import config as config_lib, files, losses, mesh as mesh_lib, rollout, sampling
 from jaxrl.algos import text_rollout  # noqa: F401  (registers the built-in rollout strategies)
 from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
 from jaxrl.algos.registry import Recipe, register
@@ -117,7 +117,7 @@ class _TextAlgorithm(ChunkRunner):
 
     def write_files(self, workdir: str) -> None:
         """The tokenizer beside the checkpoints: a run is reloadable from its directory alone."""
-        text.save_tokenizer(self.tokenizer, os.path.join(workdir, "tokenizer.json"))
+        files.write_atomic(os.path.join(workdir, "tokenizer.json"), self.tokenizer.to_str())
 
     def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 16) -> list[str]:
         """`sample_completions.txt`: the first run's answers (params leaves [R, ...]) to `num` held-out
@@ -134,8 +134,7 @@ class _TextAlgorithm(ChunkRunner):
             lines.append(f"{prompt!r} -> {completion!r} (reference {answer!r}; rewards "
                          + ", ".join(f"{r:g}" for r in reward) + ")")
         path = os.path.join(workdir, "sample_completions.txt")
-        with open(path, "w") as f:
-            f.write("\n".join(lines) + "\n")
+        files.write_atomic(path, "\n".join(lines) + "\n")
         return [path]
 
     def actor(self, params) -> "TextActor":

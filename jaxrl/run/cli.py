@@ -10,7 +10,10 @@ What counts as bad input (one line, status 2; `--verbose` prints the traceback a
     value of the wrong type (`--config.num_envs=four`), a missing config file, and a ValueError or
     TypeError from the config file's `get_config` (`--config=experiments/cartpole_ppo.py:3m`);
   * `InputError`, a `SystemExit` with a message, `jaxrl.checkpoint.CheckpointError` (a run directory
-    whose checkpoints do not fit this config) and `jaxrl.run.fit.DoesNotFit` (a program too big for memory);
+    whose checkpoints do not fit this config, or cannot be read), `jaxrl.run.fit.DoesNotFit` (a program too big
+    for memory) and `jaxrl.run.workdir.DirectoryInUse` (another process trains in the directory);
+  * an optional package that is not installed (an ImportError while the input is read and checked: an env
+    adapter's library, a log backend), named with its pip extra;
   * ValueError, TypeError and KeyError raised while the input is read and checked, before any training
     program runs: inside an `input_phase()` block (a CLI's own reading of its flags), or inside one of the
     INPUT_STAGES, however deep: validating the config, building the algorithm and its environment (an
@@ -28,6 +31,7 @@ import difflib
 import inspect
 import os
 import re
+import shlex
 import sys
 import traceback
 from typing import Callable, NoReturn
@@ -35,18 +39,21 @@ from typing import Callable, NoReturn
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib
-from jaxrl.run import fit, loop, sweeps, workdir as workdir_lib
+from jaxrl.run import fit, loggers, loop, sweeps, workdir as workdir_lib
 
 EXIT_INPUT_ERROR = 2  # as argparse exits on a usage error
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
 
-# Exception types that are the input's fault when raised while the input is read and checked.
-INPUT_TYPES = (ValueError, TypeError, KeyError)
+# Exception types that are the input's fault when raised while the input is read and checked (an ImportError
+# there is an optional package the config needs, e.g. gymnax for a gymnax env: the adapters name the pip extra).
+INPUT_TYPES = (ValueError, TypeError, KeyError, ImportError, OSError)
 
 # Functions that only read and check the input, before any training program runs: an INPUT_TYPES exception
 # raised inside one of them (however deep) is an input error. `input_stage` adds one.
-INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.check_saved,
-                                workdir_lib.prepare, config_lib.load, sweeps.tuned_hyperparams,
-                                sweeps.check_one_program, sweeps.Fork.check, sweeps.Fork.config]
+INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.check_kind,
+                                workdir_lib.check_saved, workdir_lib.prepare, config_lib.load,
+                                loggers.check_backends, sweeps.tuned_hyperparams, sweeps.check_one_program,
+                                sweeps.check_same_sweep, sweeps.Fork.check, sweeps.Fork.config]
 
 _MARK = "_jaxrl_input_error"
 
@@ -75,7 +82,7 @@ def input_phase():
 
 def is_input_error(error: BaseException) -> bool:
     """Whether `error` is bad input (one line, status 2) rather than a crash (see the module)."""
-    if isinstance(error, (InputError, checkpoint.CheckpointError, fit.DoesNotFit)):
+    if isinstance(error, (InputError, checkpoint.CheckpointError, fit.DoesNotFit, workdir_lib.DirectoryInUse)):
         return True
     if isinstance(error, SystemExit):
         return isinstance(error.code, str)
@@ -124,6 +131,9 @@ def run_main(main: Callable[[list[str]], int | None], argv: list[str] | None = N
     def checked_main(args):
         try:
             return main(args)
+        except KeyboardInterrupt:  # a second Ctrl-C, or one outside a training loop: nothing more is saved
+            print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            sys.exit(EXIT_INTERRUPTED)
         except BaseException as error:  # noqa: B036 (SystemExit with a message is an input error)
             if is_input_error(error):
                 report(error, flags.FLAGS.verbose)
@@ -160,6 +170,22 @@ def _parse_flags(argv: list[str]) -> list[str]:
                 text = f"--{name}: {message(error)}"
             report(InputError(_config_file_error(name, argv) or text), verbose_requested(argv))
     return args
+
+
+def resume_command(module: str, argv: list[str], workdir: str) -> str:
+    """The command line that resumes what `argv` started: `python -m <module>`, the same flags, `--workdir` naming
+    `workdir` and no `--overwrite` (which would start it again)."""
+    drop = re.compile(r"--?(workdir(=.*)?|(no)?overwrite(=.*)?|resume)$")
+    args, skip = [], False
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+            continue
+        if drop.match(arg):
+            skip = arg.lstrip("-") == "workdir"  # `--workdir DIR`: drop its value too
+            continue
+        args.append(shlex.quote(arg))
+    return " ".join(["python -m", module, *args, f"--workdir={shlex.quote(workdir)}"])
 
 
 def verbose_requested(argv: list[str]) -> bool:

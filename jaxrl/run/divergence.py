@@ -25,6 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl import files
+
+
 @dataclasses.dataclass(frozen=True)
 class Divergence:
     """Run `run` first turned non-finite in update `update` (1-based, counted like the loop's `update`), or
@@ -213,5 +216,4 @@ class Guard:
         when no run was ever frozen."""
         if not self.frozen and not os.path.exists(self.path):
             return
-        with open(self.path, "w") as f:
-            json.dump({str(run): entry for run, entry in sorted(self.frozen.items())}, f, indent=1)
+        files.write_json(self.path, {str(run): entry for run, entry in sorted(self.frozen.items())})

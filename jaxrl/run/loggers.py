@@ -25,7 +25,7 @@ import uuid
 
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib
+from jaxrl import config as config_lib, files
 from jaxrl.metrics import MetricsWriter
 
 STEP_KEY = "env_steps"  # every backend's x axis
@@ -141,8 +141,7 @@ def _wandb_run_id(workdir: str) -> str:
     """The W&B run id saved in `workdir`, or a new one (8 hex digits), saved there."""
     path = os.path.join(workdir, "wandb_run_id")
     if not os.path.exists(path):
-        with open(path, "w") as f:
-            f.write(uuid.uuid4().hex[:8])
+        files.write_atomic(path, uuid.uuid4().hex[:8])
     with open(path) as f:
         return f.read().strip()
 
@@ -170,6 +169,13 @@ class Loggers:
     def close(self) -> None:
         for backend in self.backends:
             backend.close()
+
+
+def check_backends(config: ConfigDict) -> None:
+    """ValueError naming the pip extra when a library that `config.log.backends` names is not installed."""
+    for name in config_lib.log_backends(config):
+        if name != "jsonl":
+            _import(name)
 
 
 def open_loggers(config: ConfigDict, workdir: str, start_update: int = 0, start_env_steps: int = 0) -> Loggers:

@@ -86,16 +86,23 @@ class Setting:
     workdir: str
 
 
-def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None = None) -> RunResult:
-    """Train `config` in `workdir` (created, or resumed when it holds checkpoints)."""
+def run(config: ConfigDict, workdir: str | None = None, *, progress: bool | None = None,
+        overwrite: bool = False) -> RunResult:
+    """Train `config` in `workdir` (created, or resumed when it holds checkpoints). `overwrite`: delete the run
+    saved there and start again (once the input is checked). A directory of another kind (a sweep, a sweep's
+    setting), a saved run this config would mislabel or lose, and a directory another process trains in are
+    refused before anything is compiled or written (`jaxrl.run.workdir`)."""
     workdir = workdir or workdir_lib.default_workdir(config)
-    result = run_settings([Setting(config, workdir)], os.path.join(workdir, "checkpoints"), progress=progress)
+    workdir_lib.check_kind(workdir, workdir_lib.RUN)
+    with workdir_lib.locked(workdir):
+        result = run_settings([Setting(config, workdir)], os.path.join(workdir, "checkpoints"), progress=progress,
+                              overwrite=overwrite)
     return RunResult(workdir, result.state, result.rows[0], result.interrupted, result.diverged)
 
 
 def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool | None = None,
                  tuning: tuple[population_lib.Options, list[population_lib.Tuned]] | None = None,
-                 start_state=None) -> ProgramResult:
+                 start_state=None, kind: str = workdir_lib.RUN, overwrite: bool = False) -> ProgramResult:
     """Train every setting x seed as one compiled program.
 
     The settings must differ only in hyperparameters (`algos.static_signature`). Runs are settings-major
@@ -111,6 +118,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     `tuning`: (options, swept hyperparameters) of a PBT or successive-halving program
     (`jaxrl.run.population`), which decides between chunks. `start_state`: (algo, abstract state) -> (update,
     state), where a program without checkpoints begins (a fork of a saved run) instead of `init_seeds`.
+    `kind`: what each setting's directory is (`workdir_lib.KINDS`: a single run, or a sweep's setting).
+    `overwrite`: delete what the settings' directories and `checkpoint_dir` hold, once the input is checked.
     """
     for setting in settings:
         algos.validate(setting.config)
@@ -136,26 +145,31 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                                *[algos.hyperparams(s.config) for s in settings])
     hyperparams = mesh_lib.runs_of(hyperparams, num_settings * num_seeds, mesh)
     main = distributed.is_main_process()
-    for setting in settings:  # a run directory holding another config is an input error: before compiling
-        workdir_lib.check_saved(setting.config, setting.workdir)
+    loggers_lib.check_backends(config)  # a log library that is not installed: before compiling
+    resuming = checkpoint.has_checkpoints(checkpoint_dir) and not overwrite
+    if not overwrite:  # a directory whose run this would mislabel or lose is an input error: before compiling
+        for setting in settings:
+            workdir_lib.check_saved(setting.config, setting.workdir, resuming=resuming or start_state is not None)
     guard = divergence.Guard(config.checkpoint.on_nonfinite, config.checkpoint.max_rollbacks, num_seeds,
                              num_settings, checkpoint_dir, fetch)
     # The chunk program, compiled for the state's shapes before it exists: one that cannot fit in memory
     # fails here, before anything is allocated or written. Chunks reuse their input's memory (donate) unless
     # the guard may replay them from their start.
     abstract = fit_lib.abstract_state(algo, config, num_settings)
-    resuming = checkpoint.has_checkpoints(checkpoint_dir)
     fit = fit_lib.check(algo, abstract, config, hyperparams, donate=not guard.replays_chunks, restoring=resuming)
     if main and fit is not None:
         print(fit.describe() + (f"; close to the limit: {fit.advice()}" if fit.close_to_the_limit else ""),
               file=sys.stderr)
-    if main:
-        for setting in settings:
-            workdir_lib.prepare(setting.config, setting.workdir, mesh)
-            algo.write_files(setting.workdir)  # what else the run needs to be reloaded (e.g. a tokenizer)
+    if overwrite and main:
+        for directory in {*(s.workdir for s in settings), checkpoint_dir}:
+            workdir_lib.clear(directory)
+            print(f"--overwrite: deleted what {directory} held", file=sys.stderr)
 
     batch = algo.settings.batch_size
     num_updates = algo.settings.num_updates
+    if main and num_updates * batch != config.total_steps:
+        print(f"note: total_steps={config.total_steps} is not a multiple of one update's {batch} env steps: "
+              f"training {num_updates} updates, {num_updates * batch} env steps", file=sys.stderr)
     chunk = max(1, config.log.every_steps // batch)
     checkpoint_every = _every(config.checkpoint.every_steps, chunk * batch) if config.checkpoint.every_steps else 1
     eval_every = _every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None
@@ -166,7 +180,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         values = {t.key: [config_lib.get_value(s.config, t.key) for s in settings] for t in tuned}
         population = population_lib.Population(options, tuned, values, num_seeds, num_updates, chunk, batch,
                                                config.seed, checkpoint_dir)
-    checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep)
+    checkpointer = checkpoint.Checkpointer(checkpoint_dir, keep=config.checkpoint.keep,
+                                           keep_best=config.checkpoint.keep_best)
     update = 0
     if resuming:  # restored into the abstract state: one copy ever allocated
         update, state = checkpointer.restore_latest(abstract)
@@ -182,6 +197,10 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                          else (0, algo.init_seeds(config.seed, num_seeds, num_settings)))
         if population is not None:
             population.start(main)
+    if main:
+        for setting in settings:
+            workdir_lib.prepare(setting.config, setting.workdir, mesh, kind, update)
+            algo.write_files(setting.workdir)  # what else the run needs to be reloaded (e.g. a tokenizer)
     # Worth predicting only for a run of several chunks: a run of one chunk prints its time when done, and
     # timing would cost it one or two updates more.
     left = num_updates - update
@@ -192,7 +211,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                   f"{_duration(seconds * left)} for the {left} updates left (one update timed before training)",
                   file=sys.stderr)
     metric_paths = [os.path.join(s.workdir, "metrics.jsonl") for s in settings]
-    previous_rows = metrics_lib.read(metric_paths[0])
+    previous_rows = [r for r in metrics_lib.read(metric_paths[0]) if r["update"] <= update]  # (later rows: redone)
     wall_offset = previous_rows[-1]["wall_time"] if previous_rows else 0.0
     start = time.perf_counter()
     show_progress = main and (config.log.progress_bar if progress is None else progress)
@@ -245,7 +264,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                       "steps_per_second": round(num * batch * num_seeds * num_settings / seconds, 1)}
             if compile_seconds:
                 shared["compile_seconds"] = round(compile_seconds, 2)
-            if done or (eval_every and chunk_index % eval_every == 0):
+            evaluated = done or bool(eval_every and chunk_index % eval_every == 0)
+            if evaluated:
                 eval_key = evaluation_key(config.seed, update)
                 chunk_metrics.update(fetch(algo.evaluate(state.params, eval_key, config.eval.num_envs)))
             groups = population.groups() if population else _setting_groups(num_settings, num_seeds)
@@ -268,8 +288,9 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 guard.thaw(np.flatnonzero(np.asarray(event["parents"]) != np.arange(num_seeds * num_settings)))
                 if main:
                     population.record(event)
-            if done or diverged or interrupted or chunk_index % checkpoint_every == 0:
-                checkpointer.save(update, state)
+            best_candidate = evaluated and config.checkpoint.keep_best > 0
+            if done or diverged or interrupted or best_candidate or chunk_index % checkpoint_every == 0:
+                checkpointer.save(update, state, metrics_lib.eval_score(chunk_metrics) if evaluated else None)
                 if main:
                     guard.save()
             if (diverged and not done) or interrupted:
@@ -289,8 +310,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 print(f"stopped at update {update}: every run diverged (see the warnings above); the "
                       "checkpoints hold their last finite states", file=sys.stderr)
             if interrupted:
-                print(f"stopped at update {update}; checkpoint saved. Run the same command with --workdir="
-                      f"{os.path.dirname(checkpoint_dir)} to resume.", file=sys.stderr)
+                print(f"stopped at update {update}; checkpoint saved", file=sys.stderr)
     return ProgramResult(state, all_rows, interrupted, diverged)
 
 

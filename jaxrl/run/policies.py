@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from jaxrl import algos, checkpoint, config as config_lib, metrics as metrics_lib
+from jaxrl import algos, checkpoint, config as config_lib, files, metrics as metrics_lib
 from jaxrl.run import loop
 
 EXPORT_MARKER = "exported_policy.json"
@@ -81,20 +81,19 @@ def evaluate_run(workdir: str, checkpoint_step: int | None = None, episodes: int
     """
     run = restore_run(workdir, checkpoint_step)
     config, algo = run.config, run.algorithm
-    num = episodes or config.eval.num_envs
+    num = config.eval.num_envs if episodes is None else episodes
     if num <= 0:
         raise ValueError(f"--episodes must be positive, got {num}")
     key = loop.evaluation_key(config.seed, run.update)
     per_seed = loop.fetch(algo.evaluate(run.state.params, key, num, sample))
     out_dir = out_dir or os.path.join(workdir, f"eval-{run.update}")
     os.makedirs(out_dir, exist_ok=True)
-    files = algo.write_artifacts(out_dir, loop.fetch(jax.tree.map(lambda x: x[:1], run.state.params)),
+    written = algo.write_artifacts(out_dir, loop.fetch(jax.tree.map(lambda x: x[:1], run.state.params)),
                                  config.seed, sample)
     summary = {"workdir": workdir, "update": run.update, "env_steps": run.update * algo.settings.batch_size,
                "episodes": num, "sample": sample, "num_seeds": config.num_seeds,
-               **metrics_lib.summarize(per_seed), "out_dir": out_dir, "files": files}
-    with open(os.path.join(out_dir, "evaluation.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+               **metrics_lib.summarize(per_seed), "out_dir": out_dir, "files": written}
+    files.write_json(os.path.join(out_dir, "evaluation.json"), summary)
     return summary
 
 
@@ -124,8 +123,8 @@ def export_policy(workdir: str, out_dir: str, checkpoint_step: int | None = None
         saver.save(os.path.abspath(os.path.join(out_dir, "params")), params)
     config_lib.save(run.config, os.path.join(out_dir, "config.json"))
     run.algorithm.write_files(out_dir)  # e.g. the tokenizer
-    with open(os.path.join(out_dir, EXPORT_MARKER), "w") as f:
-        json.dump({"workdir": os.path.abspath(workdir), "update": run.update, "seed": seed}, f, indent=1)
+    files.write_json(os.path.join(out_dir, EXPORT_MARKER),
+                     {"workdir": os.path.abspath(workdir), "update": run.update, "seed": seed})
     return out_dir
 
 

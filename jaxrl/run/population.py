@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl import metrics as metrics_lib
+from jaxrl import files, metrics as metrics_lib
 
 METHODS = ("grid", "pbt", "halving")
 LINEAGE_FILE = "population.jsonl"  # in the program's checkpoint directory
@@ -216,8 +216,7 @@ class Population:
             raise ValueError(f"{self.path} is missing: the checkpoints of a {self.options.method} program cannot "
                              "be resumed without it")
         if main:
-            with open(self.path, "w") as f:
-                f.writelines(json.dumps(e) + "\n" for e in events)
+            files.write_lines(self.path, events)
         self._take(events[-1])
         self.score_key = self.score_key or events[-1]["score_key"]
         return with_values(hyperparams, self.tuned, self.values)

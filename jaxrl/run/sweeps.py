@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl import algos, checkpoint, config as config_lib, distributed, metrics as metrics_lib
+from jaxrl import algos, checkpoint, config as config_lib, distributed, files, metrics as metrics_lib
 from jaxrl.run import loop, population as population_lib, workdir as workdir_lib
 from jaxrl.run.summary import plot_lineage, plot_sweep, summarize_population, summarize_sweep, write_summary
 
@@ -172,15 +172,33 @@ def check_one_program(programs: list[list[int]], names: list[str], method: str) 
                          f"another than {names[0]} (a value that changes the program, e.g. a weight decay of 0)")
 
 
+class Interrupted(Exception):
+    """A sweep stopped by SIGTERM or Ctrl-C (its program saved a checkpoint): running it again resumes it."""
+
+    def __init__(self, workdir: str, program: int):
+        super().__init__(f"sweep stopped during program {program}; checkpoint saved")
+        self.workdir, self.program = workdir, program
+
+
 def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, *, progress: bool | None = None,
               options: population_lib.Options = population_lib.Options(), population: int = 8,
-              fork: Fork | None = None) -> list[dict]:
+              fork: Fork | None = None, overwrite: bool = False) -> list[dict]:
     """Train every setting of `sweep` (config keys -> values or ranges; `num_seeds` from the config) under
     `workdir`; returns the summary rows (also written to summary.csv, with sweep.png).
 
     `options.method` "pbt" or "halving" trains every setting as one population (`jaxrl.run.population`;
     ranges give `population` initial settings drawn from them); `fork`: every setting starts from a saved
-    run's checkpoint. Both write the lineage and its plot too (population.csv, lineage.png)."""
+    run's checkpoint. Both write the lineage and its plot too (population.csv, lineage.png).
+
+    `workdir` must be new, or hold this same sweep (which is resumed); a single run, a sweep of other settings or
+    a directory another process trains in is refused before anything is written, and `overwrite` deletes a saved
+    sweep and starts again. Interrupted (after its program saved a checkpoint) when SIGTERM or Ctrl-C stops it."""
+    workdir_lib.check_kind(workdir, workdir_lib.SWEEP)
+    with workdir_lib.locked(workdir):
+        return _run_sweep(config, sweep, workdir, progress, options, population, fork, overwrite)
+
+
+def _run_sweep(config, sweep, workdir, progress, options, population, fork, overwrite) -> list[dict]:
     tuning = options.method != "grid"
     ranges = [k for k, v in sweep.items() if isinstance(v, Range)]
     if ranges and options.method != "pbt":
@@ -196,13 +214,15 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
     if tuning:
         check_one_program(programs, names, options.method)
     main = distributed.is_main_process()
+    described = describe(config, sweep, options, fork, [[names[i] for i in p] for p in programs])
+    if not overwrite:
+        check_same_sweep(workdir, described)
     if main:
+        if overwrite:
+            workdir_lib.clear(workdir)
         os.makedirs(workdir, exist_ok=True)
-        saved = {k: (dataclasses.asdict(v) if isinstance(v, Range) else v) for k, v in sweep.items()}
-        with open(os.path.join(workdir, "sweep.json"), "w") as f:
-            json.dump({"num_seeds": config.num_seeds, "sweep": saved, "method": dataclasses.asdict(options),
-                       "fork": dataclasses.asdict(fork) if fork else None,
-                       "programs": [[names[i] for i in p] for p in programs]}, f, indent=2)
+        files.write_json(os.path.join(workdir, workdir_lib.SWEEP_FILE), described, indent=2)
+        workdir_lib.record_start(workdir, workdir_lib.SWEEP, None)
         print(f"sweep: {len(points)} settings x {config.num_seeds} seeds in {len(programs)} compiled "
               f"program(s), {options.method}{' from a fork' if fork else ''}, under {workdir}", file=sys.stderr)
     rows_by_setting: dict[int, list[dict]] = {}
@@ -216,11 +236,11 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
                 for setting in settings:
                     fork.copy_metrics(forked_update, setting.workdir)
         result = loop.run_settings(settings, checkpoint_dir, progress=progress,
-                                   tuning=(options, tuned) if tuning else None, start_state=start_state)
+                                   tuning=(options, tuned) if tuning else None, start_state=start_state,
+                                   kind=workdir_lib.SETTING)
         rows = result.rows  # a program whose every run diverged stopped early: its rows end there
         if result.interrupted:
-            raise KeyboardInterrupt(f"sweep stopped during program {number}; rerun the command with "
-                                    f"--workdir={workdir} to resume")
+            raise Interrupted(workdir, number)
         rows_by_setting.update(zip(program, rows))
     rows = [rows_by_setting[i] for i in range(len(points))]
     summary = summarize_sweep([overrides for overrides, _ in points], names, rows, config.num_seeds)
@@ -234,6 +254,33 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
             plot_lineage(lineage, [t.key for t in tuned], os.path.join(workdir, "lineage.png"),
                          title=f"{config.experiment}: {options.method}")
     return summary
+
+
+# What identifies a sweep: a directory holding another is not resumed as this one (its states would be labelled
+# with these settings).
+IDENTITY = ("num_seeds", "sweep", "method", "fork")
+
+
+def describe(config: ConfigDict, sweep: dict[str, list | Range], options: population_lib.Options,
+             fork: Fork | None, programs: list[list[str]]) -> dict:
+    """sweep.json: the swept keys and values (ranges as {low, high}), seeds, method, fork and each program's
+    settings, as JSON values."""
+    saved = {k: (dataclasses.asdict(v) if isinstance(v, Range) else v) for k, v in sweep.items()}
+    return json.loads(json.dumps({"num_seeds": config.num_seeds, "sweep": saved, "method": dataclasses.asdict(options),
+                                  "fork": dataclasses.asdict(fork) if fork else None, "programs": programs}))
+
+
+def check_same_sweep(workdir: str, described: dict) -> None:
+    """ValueError when `workdir` holds a sweep of other settings, seeds, method or fork than `described`."""
+    saved = files.read_json(os.path.join(workdir, workdir_lib.SWEEP_FILE))
+    if saved is None:
+        return
+    differ = [key for key in IDENTITY if saved.get(key) != described[key]]
+    if differ:
+        shown = "; ".join(f"{key}: saved {json.dumps(saved.get(key))}, now {json.dumps(described[key])}"
+                          for key in differ)
+        raise ValueError(f"{workdir} holds a sweep of other settings ({shown}): run it with its saved values to "
+                         "resume it, choose another --workdir, or pass --overwrite to start it again")
 
 
 def program_dir(workdir: str, number: int) -> str:
@@ -308,6 +355,5 @@ class Fork:
         """Start a child's metrics.jsonl with the parent's rows up to `update` (its curve continues them)."""
         rows = [r for r in metrics_lib.read(os.path.join(self.run_dir, "metrics.jsonl")) if r["update"] <= update]
         os.makedirs(child_dir, exist_ok=True)
-        with open(os.path.join(child_dir, "metrics.jsonl"), "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
+        files.write_lines(os.path.join(child_dir, "metrics.jsonl"), rows)
 
