@@ -43,6 +43,10 @@ Output, under `--workdir` (default `runs/<experiment>-sweep-<time>`):
     sweep.json           the swept keys and values, the method and the fork
     population.csv       PBT and halving: one line per run, best first (final values, origin, copies)
     lineage.png          PBT and halving: each run's swept values over time, the best run's ancestry in bold
+
+The keys a sweep can name: `python -m jaxrl.train --config=experiments/<name>.py --print_config` prints an
+experiment's keys and values; what each means: the comments of `jaxrl/config.py` and of each algorithm's
+`default_config` in `jaxrl/algos/`.
 """
 
 from __future__ import annotations

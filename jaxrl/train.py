@@ -30,6 +30,7 @@ import jax
 from jaxrl import config as config_lib, distributed, host, metrics as metrics_lib
 from jaxrl.run import cli
 from jaxrl.run.loop import RunResult, Setting, fetch, make_mesh, run, run_settings  # noqa: F401  (the API)
+from jaxrl.run import workdir as workdir_lib
 from jaxrl.run.workdir import latest_workdir
 
 EXIT_DIVERGED = 3  # every seed turned non-finite and the run stopped (its checkpoints hold finite states)
@@ -87,6 +88,7 @@ def config_and_workdir(FLAGS):
     if workdir is not None and os.path.exists(workdir) and not os.path.isdir(workdir):
         raise cli.InputError(f"--workdir={workdir} is a file, not a directory")
     if config is None:
+        workdir_lib.check_kind(workdir, workdir_lib.RUN)  # (a sweep has no config.json of its own)
         if not os.path.isdir(workdir):
             raise cli.InputError(f"--workdir={workdir} does not exist (pass --config to start a new run there)")
         saved = os.path.join(workdir, "config.json")

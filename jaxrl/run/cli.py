@@ -153,6 +153,10 @@ def _parse_flags(argv: list[str]) -> list[str]:
             config_lib.make_siblings_importable(argument.split(":", 1)[0])
     try:
         args = FLAGS(argv)
+    except SystemExit as exit:  # absl's --help exits with status 1 after printing the help: asked for, it is 0
+        if exit.code == 1 and any(re.fullmatch(r"--?(help|helpshort|helpfull|\?|h)", a) for a in argv[1:]):
+            sys.exit(0)
+        raise
     except (flags.Error, AttributeError, KeyError, OSError) as error:
         text = _flag_error(error, argv)
         if text is None:

@@ -215,8 +215,13 @@ def _run_sweep(config, sweep, workdir, progress, options, population, fork, over
         check_one_program(programs, names, options.method)
     main = distributed.is_main_process()
     described = describe(config, sweep, options, fork, [[names[i] for i in p] for p in programs])
-    if not overwrite:
+    if not overwrite:  # read only, every program's settings before anything of the sweep is written
         check_same_sweep(workdir, described)
+        for number, program in enumerate(programs):
+            resuming = checkpoint.has_checkpoints(program_dir(workdir, number)) or fork is not None
+            for i in program:
+                workdir_lib.check_saved(algos.resolve(points[i][1]), os.path.join(workdir, names[i]),
+                                        resuming=resuming)
     if main:
         if overwrite:
             workdir_lib.clear(workdir)
