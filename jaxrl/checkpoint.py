@@ -48,6 +48,7 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._unrecorded: list[int] = []  # steps this process saved whose manifest is not written yet
+        self.completed = False  # whether a save of this Checkpointer is complete (and recorded)
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -76,6 +77,7 @@ class Checkpointer:
             for step in self._unrecorded:
                 write_manifest(self._step_dir(step), self._manifest_path(step))
             self._retain()
+        self.completed |= bool(self._unrecorded)
         self._unrecorded = []
 
     def restore(self, step: int, target: Any) -> Any:

@@ -410,3 +410,11 @@ def test_sigterm_stops_a_sweep_with_143_and_its_resume_command(tmp_path):
     assert resume.endswith(f"--workdir={workdir}") and "python -m jaxrl.sweep" in resume
     assert "--sweep.lr=1e-3,3e-3" in resume and "checkpoints" not in resume
     assert checkpoint.has_checkpoints(str(workdir / "checkpoints" / "0"))
+
+
+@pytest.mark.slow
+def test_kill_9_during_a_save_and_a_sweep_resumes_exactly():
+    """benchmarks/fault_injection.py (the 50-trial result is in benchmarks/RESULTS.md), two trials."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import fault_injection
+    assert fault_injection.main(["--trials", "2", "--scenarios", "saves,sweep", "--seed", "3"]) == 0

@@ -216,6 +216,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     start = time.perf_counter()
     show_progress = main and (config.log.progress_bar if progress is None else progress)
     interrupted = diverged = told_xla_choice = False
+    marked = resuming  # whether the settings' run_info records a complete checkpoint
     chunk_index = update // chunk
     # Everything opened here is closed however the loop ends: the loggers (metrics.jsonl, and TensorBoard and
     # W&B when config.log.backends names them; process 0 only), the signal handlers, the checkpointer, the bar.
@@ -223,6 +224,11 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         loggers = [opened.enter_context(contextlib.closing(loggers_lib.open_loggers(
             s.config, s.workdir, update, update * batch))) for s in settings] if main else []
         stop = opened.enter_context(_StopRequests())
+        def mark_once_complete():  # after the checkpointer's close (callbacks run last first): its last save is done
+            if main and checkpointer.completed and not marked:
+                for setting in settings:
+                    workdir_lib.mark_checkpointed(setting.workdir)
+        opened.callback(mark_once_complete)
         opened.callback(checkpointer.close)
         bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
         if bar is not None:
@@ -293,6 +299,10 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 checkpointer.save(update, state, metrics_lib.eval_score(chunk_metrics) if evaluated else None)
                 if main:
                     guard.save()
+                    if checkpointer.completed and not marked:  # (a save completes while the next one starts)
+                        for setting in settings:
+                            workdir_lib.mark_checkpointed(setting.workdir)
+                        marked = True
             if (diverged and not done) or interrupted:
                 break
         all_rows = [metrics_lib.read(path) for path in metric_paths]

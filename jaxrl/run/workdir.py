@@ -3,7 +3,8 @@
     <workdir>/config.json      the config (a run resumes only with the same one, but for RESUMABLE_CHANGES and
                                keys added to jaxrl since the run began)
     <workdir>/run_info.json    what the directory is (KINDS), and the history of the commands that trained in it:
-                               command line, git revision, jax version, devices, processes, mesh, start update
+                               command line, git revision, jax version, devices, processes, mesh, start update;
+                               whether a checkpoint of it was ever complete
 
 The process that trains in a directory holds a lock on it (flock; released when the process ends, however it
 ends): a second process is refused.
@@ -122,7 +123,9 @@ def check_saved(config: ConfigDict, workdir: str, *, resuming: bool) -> None:
                              "started with: a resumed run may only be extended (its checkpoints may lie past the new "
                              "end); choose another --workdir, or pass --overwrite to start it again")
     rows = metrics_lib.read(os.path.join(workdir, "metrics.jsonl"))
-    if rows and not resuming:
+    # A run killed before its first checkpoint was complete has rows and no checkpoint: starting it again redoes
+    # them. One that had a checkpoint (or whose run_info predates the record) has lost its checkpoints.
+    if rows and not resuming and _read_info(workdir).get("checkpointed", True):
         raise ValueError(f"{workdir} has metrics up to update {rows[-1].get('update')} but no checkpoint to resume "
                          "them from (deleted or moved aside?): starting over would overwrite them. Put the "
                          "checkpoints back, choose another --workdir, or pass --overwrite to start it again")
@@ -197,4 +200,13 @@ def prepare(config: ConfigDict, workdir: str, mesh, kind: str = RUN, start_updat
     os.makedirs(workdir, exist_ok=True)
     config_lib.save(config, os.path.join(workdir, "config.json"))
     extra = {"sweep": os.path.dirname(os.path.normpath(workdir))} if kind == SETTING else {}
-    record_start(workdir, kind, start_update, mesh, **extra)
+    record_start(workdir, kind, start_update, mesh, checkpointed=_read_info(workdir).get("checkpointed", False),
+                 **extra)
+
+
+def mark_checkpointed(workdir: str) -> None:
+    """Record in run_info.json that the run has a complete checkpoint: from now on, metrics without one mean its
+    checkpoints were lost (`check_saved`)."""
+    info = _read_info(workdir)
+    if not info.get("checkpointed"):
+        files.write_json(os.path.join(workdir, RUN_INFO), {**info, "checkpointed": True})
