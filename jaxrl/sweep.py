@@ -173,7 +173,7 @@ def main(argv, sweep_flags) -> int:
                             overwrite=FLAGS.overwrite)
     except Interrupted as stopped:
         if distributed.is_main_process():
-            print(f"{stopped}; resume: {cli.resume_command('jaxrl.sweep', sys.argv, workdir)}", file=sys.stderr)
+            print(f"{stopped}; to resume: {cli.resume_command('jaxrl.sweep', sys.argv, workdir)}", file=sys.stderr)
         return train.EXIT_STOPPED
     if distributed.is_main_process():
         print(format_summary(summary))

@@ -56,7 +56,7 @@ def main(argv) -> int:
     if distributed.is_main_process():
         print(json.dumps({"workdir": result.workdir, **summary}))
         if result.interrupted:
-            print(f"resume: {cli.resume_command('jaxrl.train', sys.argv, result.workdir)}", file=sys.stderr)
+            print(f"to resume: {cli.resume_command('jaxrl.train', sys.argv, result.workdir)}", file=sys.stderr)
     if result.interrupted:
         return EXIT_STOPPED
     return EXIT_DIVERGED if result.diverged else 0

@@ -70,7 +70,8 @@ def test_train_command_line_in_two_processes(tmp_path):
     info = json.load(open(os.path.join(multi_dir, "run_info.json")))
     assert info["processes"] == 2 and info["mesh"] == {"runs": 1, "data": 2}  # one run's envs over both
     assert_same_rows(os.path.join(multi_dir, "metrics.jsonl"), os.path.join(single_dir, "metrics.jsonl"))
-    assert os.listdir(os.path.join(multi_dir, "checkpoints")) == ["4"]  # the last update, saved once by all processes
+    saved = [name for name in os.listdir(os.path.join(multi_dir, "checkpoints")) if name.isdigit()]
+    assert saved == ["4"]  # the last update, saved once by all processes
     # the two processes trained the same parameters as one process holding both devices
     from jaxrl.run import policies
     multi, single = policies.restore_run(multi_dir).state, policies.restore_run(single_dir).state

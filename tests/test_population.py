@@ -127,7 +127,7 @@ def test_pbt_decides_between_chunks_without_recompiling_and_resumes_exactly(tmp_
         return decide(self, update, metrics)
     monkeypatch.setattr(population_lib.Population, "decide", decide_then_stop)
     resumed = str(tmp_path / "resumed")
-    with pytest.raises(KeyboardInterrupt, match="sweep stopped"):
+    with pytest.raises(sweep.Interrupted, match="sweep stopped"):
         sweep.run_sweep(config, swept, resumed, options=options)
     assert [e["update"] for e in lineage(resumed)] == list(range(6))  # stopped after update 5's decision
     monkeypatch.setattr(population_lib.Population, "decide", decide)

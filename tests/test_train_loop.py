@@ -163,7 +163,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     config.total_steps = 8 * BATCH
     result = train.run(config, workdir)
     err = capsys.readouterr().err
-    assert "unreadable" in err and "resuming" in err and "at update 4" in err
+    assert "is damaged" in err and "resuming" in err and "at update 4" in err
     assert os.path.isdir(latest + ".corrupt"), "the damaged checkpoint is kept aside, not deleted"
     assert _checkpoint_steps(workdir)[-1] == 8
     assert result.metrics[-1]["update"] == 8

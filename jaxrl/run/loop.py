@@ -169,7 +169,8 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     num_updates = algo.settings.num_updates
     if main and num_updates * batch != config.total_steps:
         print(f"note: total_steps={config.total_steps} is not a multiple of one update's {batch} env steps: "
-              f"training {num_updates} updates, {num_updates * batch} env steps", file=sys.stderr)
+              f"training {num_updates} update{'s' * (num_updates != 1)}, {num_updates * batch} env steps",
+              file=sys.stderr)
     chunk = max(1, config.log.every_steps // batch)
     checkpoint_every = _every(config.checkpoint.every_steps, chunk * batch) if config.checkpoint.every_steps else 1
     eval_every = _every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None
