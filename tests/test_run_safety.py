@@ -201,6 +201,12 @@ def _data_files(directory, step):
     return found
 
 
+def _truncate_data(directory, step):
+    for path in _data_files(directory, step):
+        with open(path, "r+b") as f:
+            f.truncate(5)
+
+
 @pytest.mark.parametrize("error", [MemoryError("out of memory"), PermissionError(errno.EACCES, "Permission denied"),
                                    OSError(errno.ESTALE, "Stale file handle"), OSError(errno.EIO, "I/O error")],
                          ids=["out of memory", "permission denied", "stale handle", "I/O error"])
@@ -222,9 +228,7 @@ def test_a_restore_error_without_damage_moves_nothing(error, tmp_path, monkeypat
 def test_an_unreadable_file_is_no_evidence_of_damage(tmp_path, monkeypatch):
     directory = str(tmp_path / "checkpoints")
     target = _three_checkpoints(directory)
-    for path in _data_files(directory, 3):
-        with open(path, "r+b") as f:
-            f.truncate(1)
+    _truncate_data(directory, 3)  # damaged, but that cannot be seen: its files cannot be looked at
 
     def denied(path):  # (as root, chmod cannot deny a read)
         raise PermissionError(errno.EACCES, "Permission denied", path)
@@ -240,9 +244,7 @@ def test_an_unreadable_file_is_no_evidence_of_damage(tmp_path, monkeypatch):
 def test_a_damaged_checkpoint_is_moved_aside_alone_and_the_previous_one_used(tmp_path, capsys):
     directory = str(tmp_path / "checkpoints")
     target = _three_checkpoints(directory)
-    for path in _data_files(directory, 3):
-        with open(path, "r+b") as f:
-            f.truncate(5)
+    _truncate_data(directory, 3)
     manager = checkpoint.Checkpointer(directory)
     step, state = manager.restore_latest(target)
     manager.close()
