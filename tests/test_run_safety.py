@@ -152,6 +152,7 @@ def test_a_workdir_that_is_a_file_is_one_line(tmp_path, run_command):
     _one_line(run_command("jaxrl.train", CARTPOLE, f"--workdir={path}"), "is a file")
     _one_line(run_command("jaxrl.sweep", CARTPOLE, "--sweep.lr=1e-3", f"--workdir={path}"), "is a file")
     _one_line(run_command("jaxrl.evaluate", f"--workdir={path}"), "a file")
+    _one_line(run_command("jaxrl.train", CARTPOLE, *SMALL, f"--workdir={path}/run"), "cannot be created or opened")
     assert path.read_text() == "mine"
 
 

@@ -51,6 +51,7 @@ INPUT_TYPES = (ValueError, TypeError, KeyError, ImportError, OSError)
 # Functions that only read and check the input, before any training program runs: an INPUT_TYPES exception
 # raised inside one of them (however deep) is an input error. `input_stage` adds one.
 INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.check_kind,
+                                workdir_lib.open_directory,
                                 workdir_lib.check_saved, workdir_lib.prepare, config_lib.load,
                                 loggers.check_backends, sweeps.tuned_hyperparams, sweeps.check_one_program,
                                 sweeps.check_same_sweep, sweeps.Fork.check, sweeps.Fork.config]

@@ -157,8 +157,7 @@ def locked(directory: str):
         yield
         return
     created = not os.path.isdir(directory)
-    os.makedirs(directory, exist_ok=True)
-    fd = os.open(directory, os.O_RDONLY)
+    fd = open_directory(directory)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -172,6 +171,16 @@ def locked(directory: str):
         os.close(fd)  # releases the lock
         if created and not os.listdir(directory):
             os.rmdir(directory)
+
+
+def open_directory(directory: str) -> int:
+    """A descriptor of `directory`, created if need be; ValueError (the input's) when it cannot be."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        return os.open(directory, os.O_RDONLY)
+    except OSError as error:
+        raise ValueError(f"--workdir={directory} cannot be created or opened ({error.strerror}: "
+                         f"{error.filename})") from None
 
 
 def _read_info(directory: str) -> dict:
