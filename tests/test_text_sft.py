@@ -18,7 +18,9 @@ def test_sft_run_saves_its_tokenizer_learns_and_resumes(tmp_path):
     result = train.run(config, workdir)
     rows = result.metrics
     assert rows[-1]["loss"] < rows[0]["loss"], rows
-    assert 0.0 <= rows[-1]["eval_accuracy"] <= 1.0 and rows[-1]["eval_well_formed"] > 0.5, rows[-1]
+    # Well-formed answers (digits, then EOS) to the held-out problems; at this size hardly any is right (0 of 64
+    # measured): tests/test_text_grpo.py checks accuracy rising, test_pass_at_k_... how it is counted.
+    assert rows[-1]["eval_well_formed"] > 0.5, rows[-1]
     tok = text.load_tokenizer(os.path.join(workdir, "tokenizer.json"))
     assert text.decode(tok, text.encode(tok, ["12+345="], 10))[0] == "12+345="
     # Resume: extending total_steps continues from the checkpoint, not from scratch.

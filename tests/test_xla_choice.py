@@ -59,13 +59,14 @@ def test_auto_times_each_candidate_and_trains_as_the_default_does(monkeypatch, r
     auto_state, _ = algo.run_chunk(state, hp, 3)
     choice = algo.xla_choice
     assert choice["candidates"] == candidates
-    assert len(choice["seconds"]) == 2 and all(s > 0 for s in choice["seconds"])
+    assert len(choice["seconds"]) == 2  # each candidate's fastest of 3 timings
     assert choice["equal"] is results_equal
     if results_equal:  # the faster of the two (by their fastest timings)
         assert choice["options"] == candidates[int(np.argmin(choice["seconds"]))]
     else:
         assert choice["options"] == ()
-    assert algo.compile_seconds > 0
+    # the choice's time counts as compiling: at least the 3 timings of each candidate (no less than its fastest)
+    assert algo.compile_seconds >= 3 * sum(choice["seconds"])
     default, _ = _ppo("")
     default_state, _ = default.run_chunk(default.init_seeds(0, 2), hp, 3)
     assert_same_state(auto_state, default_state)
