@@ -6,9 +6,10 @@
 Three scenarios, taken in turn: a single run that checkpoints every fourth log interval ("train"), one that
 checkpoints at every interval so that most kills land in a save ("saves"), and a sweep of two learning rates
 in one program ("sweep"), all CartPole PPO with small sizes. Each is first run once to the end without a kill,
-keeping every checkpoint (the reference). A trial starts the command, sends SIGKILL after a random time drawn
-uniformly from the reference's whole duration (start-up and compilation included), then runs the same command
-again to the end. It passes when
+keeping every checkpoint (the reference). A trial starts the command and sends SIGKILL at a random moment: after
+a number of metrics rows drawn uniformly from the run's (none: at a random time of its start-up) and a random
+part of one row's time more (so that kills land anywhere between two rows: in a chunk, a save, an evaluation),
+then runs the same command again to the end. It passes when
 
   * the second command exits 0 and no checkpoint was moved aside (a kill is never taken for damage);
   * the checkpoint it resumed from holds exactly the reference's state at that update (every leaf bitwise);
@@ -99,28 +100,56 @@ def same_leaves(a: list[np.ndarray], b: list[np.ndarray]) -> bool:
 
 
 def reference(scenario: str, root: str, env: dict) -> dict:
+    """The run without a kill, every checkpoint kept: its rows, steps and how long its start-up and rows took."""
     workdir = os.path.join(root, f"reference-{scenario}")
+    rows_path = os.path.join(metric_dirs(scenario, workdir)[0], "metrics.jsonl")
     tick = time.monotonic()
-    done = subprocess.run(command(scenario, workdir, keep=100000), cwd=ROOT, env=env, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"reference run of {scenario} failed:\n{done.stderr[-3000:]}")
-    return {"workdir": workdir, "seconds": time.monotonic() - tick,
+    proc = subprocess.Popen(command(scenario, workdir, keep=100000), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    while proc.poll() is None and not (os.path.exists(rows_path) and open(rows_path).read().count("\n") >= 1):
+        time.sleep(0.005)
+    first_row = time.monotonic() - tick
+    _, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"reference run of {scenario} failed:\n{err[-3000:]}")
+    rows_logged = len(open(rows_path).read().splitlines())
+    training = time.monotonic() - tick - first_row
+    return {"workdir": workdir, "seconds": time.monotonic() - tick, "seconds_to_first_row": first_row,
+            "seconds_per_row": training / max(1, rows_logged),
             "rows": [rows_without_timings(os.path.join(d, "metrics.jsonl")) for d in metric_dirs(scenario, workdir)],
             "steps": saved_steps(checkpoint_dir(scenario, workdir))}
 
 
+def kill_at(proc: subprocess.Popen, rows_path: str, rows: int, jitter: float, start_up: float) -> bool:
+    """SIGKILL `proc` `jitter` seconds after `rows_path` holds `rows` rows (rows 0: `start_up` seconds after it
+    started, before any row); False when it ended first."""
+    if rows == 0:
+        deadline = time.monotonic() + start_up
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+    else:
+        while proc.poll() is None and not (os.path.exists(rows_path)
+                                           and open(rows_path).read().count("\n") >= rows):
+            time.sleep(0.005)
+        time.sleep(jitter)
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return True
+
+
 def trial(number: int, scenario: str, ref: dict, root: str, env: dict, rng: random.Random) -> dict:
+    """Kill the command at a random moment: after a random number of its first setting's metrics rows (0: during
+    start-up) and a random fraction of a chunk more, so that kills fall evenly over the run, saves included."""
     workdir = os.path.join(root, f"trial-{number}")
-    delay = rng.uniform(0.0, ref["seconds"])
+    rows = rng.randrange(len(ref["rows"][0]))
+    jitter = rng.uniform(0.0, ref["seconds_per_row"])
+    start_up = rng.uniform(0.0, ref["seconds_to_first_row"])
     proc = subprocess.Popen(command(scenario, workdir), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    try:
-        proc.wait(timeout=delay)
-        killed = False
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        killed = True
+    killed = kill_at(proc, os.path.join(metric_dirs(scenario, workdir)[0], "metrics.jsonl"), rows, jitter, start_up)
+    delay = f"start-up +{start_up:.2f} s" if rows == 0 else f"row {rows} +{jitter:.3f} s"
     ckpt_dir = checkpoint_dir(scenario, workdir)
     in_save = os.path.isdir(ckpt_dir) and any("tmp" in name for name in os.listdir(ckpt_dir))
     steps = saved_steps(ckpt_dir)
@@ -130,7 +159,7 @@ def trial(number: int, scenario: str, ref: dict, root: str, env: dict, rng: rand
                                                                  load_step(checkpoint_dir(scenario, ref["workdir"]),
                                                                            steps[-1]))
     again = subprocess.run(command(scenario, workdir), cwd=ROOT, env=env, capture_output=True, text=True)
-    result = {"trial": number, "scenario": scenario, "kill_after_s": round(delay, 2), "killed": killed,
+    result = {"trial": number, "scenario": scenario, "killed_at": delay, "killed": killed,
               "during_save": in_save, "resumed_from": steps[-1] if steps else None, "exit": again.returncode,
               "checkpoint_equal": restored_ok}
     if again.returncode != 0:
