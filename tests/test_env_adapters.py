@@ -8,6 +8,9 @@ import pytest
 import envs
 from envs.adapters import DictAgents, FromJaxMARL
 
+# The jaxmarl tests import jaxmarl through the adapter: the `dev` extra installs it, so a missing jaxmarl is a
+# failure, not a skip (imported there, not here: it takes seconds, which every test worker would pay).
+
 
 def test_dict_view_of_smax():
     env = DictAgents(envs.make("smax", scenario="3m"), world_state=True)
@@ -30,7 +33,6 @@ def test_dict_view_needs_one_name_per_agent():
 
 
 def test_jaxmarl_mpe_in_the_array_first_api():
-    pytest.importorskip("jaxmarl", reason="jaxmarl (dev/bench extra) is not installed")
     base = envs.make("jaxmarl", env_id="MPE_simple_spread_v3")
     assert isinstance(base, FromJaxMARL)
     assert (base.num_agents, base.obs_dim, base.num_actions) == (3, 18, 5)
@@ -59,7 +61,6 @@ def test_jaxmarl_mpe_in_the_array_first_api():
 
 
 def test_jaxmarl_smax_through_the_adapter_has_masks_and_wins():
-    pytest.importorskip("jaxmarl", reason="jaxmarl (dev/bench extra) is not installed")
     from envs.smax.parity import reference_env
     env = reference_env("3m")
     ours = envs.make("smax", scenario="3m")
@@ -75,7 +76,6 @@ def test_jaxmarl_smax_through_the_adapter_has_masks_and_wins():
 def test_mappo_trains_on_a_jaxmarl_mpe_task_through_the_adapter(tmp_path):
     """Any env of the array-first multi-agent API trains: here jaxmarl's MPE simple spread (no action
     masks, a time limit, global state through the adapter), with a centralised critic."""
-    pytest.importorskip("jaxmarl", reason="jaxmarl (dev/bench extra) is not installed")
     from jaxrl import algos, train
 
     config = algos.default_config("ppo")

@@ -1,4 +1,4 @@
-"""SMAX parity with the reference, jaxmarl's SMAX (optional dev/bench dependency).
+"""SMAX parity with the reference, jaxmarl's SMAX (installed by the dev extra).
 
 Fast tests compare sizes, unit stats, observations, global states, masks, heuristic decisions and
 one-step dynamics on identical states. Slow tests compare episode statistics over thousands of
@@ -27,10 +27,8 @@ PUBLISHED = {"3m": (17.7, 0.177), "2s3z": (53.0, 0.203), "5m_vs_6m": (18.1, 0.13
 
 
 def _jaxmarl_smax():
-    try:
-        from jaxmarl.environments.smax import HeuristicEnemySMAX, map_name_to_scenario
-    except ImportError:
-        pytest.skip("jaxmarl (dev/bench extra) is not installed: it is the parity reference")
+    # The `dev` extra installs jaxmarl, the parity reference: a missing reference is a failure, not a skip.
+    from jaxmarl.environments.smax import HeuristicEnemySMAX, map_name_to_scenario
     return HeuristicEnemySMAX, map_name_to_scenario
 
 
