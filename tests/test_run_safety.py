@@ -129,6 +129,18 @@ def test_metrics_without_a_checkpoint_are_refused_and_overwrite_starts_again(sav
     assert [r["update"] for r in rows] == [2, 4] and rows[0]["wall_time"] < rows[1]["wall_time"]
 
 
+def test_a_run_killed_before_its_first_complete_checkpoint_starts_again(saved, tmp_path):
+    run_dir = _copy(saved, "run", tmp_path)
+    assert files.read_json(os.path.join(run_dir, "run_info.json"))["checkpointed"] is True
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"))
+    info = files.read_json(os.path.join(run_dir, "run_info.json"))
+    files.write_json(os.path.join(run_dir, "run_info.json"), {**info, "checkpointed": False})  # as a kill leaves it
+    result = train.run(_small(), run_dir)
+    assert [r["update"] for r in result.metrics] == [2, 4]
+    assert [r["episode_return"] for r in result.metrics] == [
+        r["episode_return"] for r in metrics_lib.read(os.path.join(saved["run"], "metrics.jsonl"))]
+
+
 def test_a_sweep_setting_with_metrics_but_no_program_checkpoint_is_refused(saved, tmp_path):
     sweep_dir = _copy(saved, "sweep", tmp_path)
     shutil.rmtree(os.path.join(sweep_dir, "checkpoints"))

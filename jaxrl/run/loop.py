@@ -225,11 +225,14 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
         loggers = [opened.enter_context(contextlib.closing(loggers_lib.open_loggers(
             s.config, s.workdir, update, update * batch))) for s in settings] if main else []
         stop = opened.enter_context(_StopRequests())
-        def mark_once_complete():  # after the checkpointer's close (callbacks run last first): its last save is done
+
+        def record_complete_checkpoint():  # from then on, metrics without a checkpoint mean its checkpoints were lost
+            nonlocal marked
             if main and checkpointer.completed and not marked:
                 for setting in settings:
                     workdir_lib.mark_checkpointed(setting.workdir)
-        opened.callback(mark_once_complete)
+                marked = True
+        opened.callback(record_complete_checkpoint)  # after the checkpointer's close (callbacks run last first)
         opened.callback(checkpointer.close)
         bar = _progress_bar(num_updates * batch, update * batch, config.experiment) if show_progress else None
         if bar is not None:
@@ -300,10 +303,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                 checkpointer.save(update, state, metrics_lib.eval_score(chunk_metrics) if evaluated else None)
                 if main:
                     guard.save()
-                    if checkpointer.completed and not marked:  # (a save completes while the next one starts)
-                        for setting in settings:
-                            workdir_lib.mark_checkpointed(setting.workdir)
-                        marked = True
+                record_complete_checkpoint()  # (the previous save completed before this one started)
             if (diverged and not done) or interrupted:
                 break
         all_rows = [metrics_lib.read(path) for path in metric_paths]
