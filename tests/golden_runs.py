@@ -355,9 +355,13 @@ def set_up_process() -> None:
     os.environ[CHEAP_COMPILES] = "1"
     os.environ["XLA_FLAGS"] = with_flag(os.environ.get("XLA_FLAGS", ""), OLDER_FUSION_EMITTERS)
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+        import atexit
+        import shutil
         import tempfile
 
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="golden-runs-xla-cache-")
+        cache = tempfile.mkdtemp(prefix="golden-runs-xla-cache-")
+        atexit.register(shutil.rmtree, cache, ignore_errors=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = cache
         os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 
