@@ -48,6 +48,8 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(max_to_keep=None, create=True)
         self._manager = ocp.CheckpointManager(self.directory, options=options)
         self._unrecorded: list[int] = []  # steps this process saved whose manifest is not written yet
+        # {step: score}: every process holds the same (its scores are the program's), so all agree on what to keep
+        self._scores = files.read_json(os.path.join(self.directory, SCORES), {})
         self.completed = False  # whether a save of this Checkpointer is complete (and recorded)
 
     def steps(self) -> list[int]:
@@ -63,20 +65,20 @@ class Checkpointer:
         if step in self._manager.all_steps():
             return
         self.wait()  # the previous save is complete: record it before starting the next
-        if score is not None and jax.process_index() == 0:
-            scores = self._scores()
-            scores[str(step)] = float(score)
-            files.write_json(os.path.join(self.directory, SCORES), scores)
+        if score is not None:
+            self._scores[str(step)] = float(score)
+            self._write_scores()
         self._manager.save(step, args=ocp.args.StandardSave(state))
         self._unrecorded.append(step)
 
     def wait(self) -> None:
         """Block until the saves started are on disk, then record their manifests and apply retention."""
         self._manager.wait_until_finished()
-        if self._unrecorded and jax.process_index() == 0:
-            for step in self._unrecorded:
-                write_manifest(self._step_dir(step), self._manifest_path(step))
-            self._retain()
+        if self._unrecorded:
+            if jax.process_index() == 0:
+                for step in self._unrecorded:
+                    write_manifest(self._step_dir(step), self._manifest_path(step))
+            self._retain()  # every process: orbax's delete waits for all of them
         self.completed |= bool(self._unrecorded)
         self._unrecorded = []
 
@@ -147,26 +149,25 @@ class Checkpointer:
             multihost_utils.sync_global_devices(f"jaxrl checkpoint {step} moved aside")
         self._manager.reload()
 
-    def _scores(self) -> dict[str, float]:
-        return files.read_json(os.path.join(self.directory, SCORES), {})
+    def _write_scores(self) -> None:
+        if jax.process_index() == 0:
+            files.write_json(os.path.join(self.directory, SCORES), self._scores)
 
     def _retain(self) -> None:
         """Delete the steps that are neither among the newest `keep` nor the `keep_best` best scored."""
         steps = self.steps()
         kept = set(steps[-self.keep:])
         if self.keep_best:
-            scores = self._scores()
-            scored = sorted((s for s in steps if str(s) in scores), key=lambda s: (-scores[str(s)], -s))
+            scored = sorted((s for s in steps if str(s) in self._scores), key=lambda s: (-self._scores[str(s)], -s))
             kept |= set(scored[:self.keep_best])
         dropped = [step for step in steps if step not in kept]
         for step in dropped:
             self._manager.delete(step)
-            if os.path.exists(self._manifest_path(step)):
+            if jax.process_index() == 0 and os.path.exists(self._manifest_path(step)):
                 os.remove(self._manifest_path(step))
-        scores = self._scores()
-        if any(str(step) in scores for step in dropped):
-            files.write_json(os.path.join(self.directory, SCORES),
-                             {s: v for s, v in scores.items() if int(s) not in dropped})
+        if any(str(step) in self._scores for step in dropped):
+            self._scores = {s: v for s, v in self._scores.items() if int(s) not in dropped}
+            self._write_scores()
 
 
 def _warn(text: str) -> None:
