@@ -33,11 +33,11 @@ def build(config, num_seeds=1):
     return algo, hp, algo.init_seeds(config.seed, num_seeds)
 
 
-def evaluate_until(config, metric: str, bar: float, every_steps: int) -> list[tuple[int, float]]:
-    """Train one seed of `config` (config.seed) in chunks of `every_steps` env steps up to config.total_steps,
-    evaluating after each as the training loop does (`config.eval.num_envs` greedy episodes), and stop once
-    `metric` reaches `bar`: [(env steps, value)] of every evaluation. A learning test then need not train on
-    past the point it checks."""
+def evaluation_curve(config, metric: str, every_steps: int) -> list[tuple[int, float]]:
+    """Train one seed of `config` (config.seed) to config.total_steps in chunks of `every_steps` env steps,
+    evaluating before training and after each chunk as the training loop does (`config.eval.num_envs` greedy
+    episodes): [(env steps, value of `metric`)], the first at 0 steps. A learning test reads its end (the last
+    one or two), the figure a user's run ends on, not the best point on the way."""
     from jaxrl import algos
     from jaxrl.run.loop import evaluation_key
 
@@ -45,13 +45,17 @@ def evaluate_until(config, metric: str, bar: float, every_steps: int) -> list[tu
     algo, hp, state = build(algos.resolve(config))
     batch = algo.settings.batch_size
     updates, per_chunk = algo.settings.num_updates, max(1, every_steps // batch)
-    curve, done = [], 0
-    while done < updates and not (curve and curve[-1][1] >= bar):
+
+    def evaluate(done):
+        return done * batch, float(algo.evaluate(state.params, evaluation_key(config.seed, done),
+                                                 config.eval.num_envs)[metric][0])
+
+    curve, done = [evaluate(0)], 0
+    while done < updates:
         num = min(per_chunk, updates - done)
         state, _ = algo.run_chunk(state, hp, num)
         done += num
-        value = algo.evaluate(state.params, evaluation_key(config.seed, done), config.eval.num_envs)[metric][0]
-        curve.append((done * batch, float(value)))
+        curve.append(evaluate(done))
     return curve
 
 

