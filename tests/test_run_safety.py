@@ -428,8 +428,8 @@ def test_sigterm_stops_a_sweep_with_143_and_its_resume_command(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_during_a_save_and_a_sweep_resumes_exactly():
-    """benchmarks/fault_injection.py (the 50-trial result is in benchmarks/RESULTS.md), two trials."""
+def test_kill_9_during_a_sweeps_save_resumes_exactly():
+    """benchmarks/fault_injection.py (the 50-trial result is in benchmarks/RESULTS.md), one trial of a sweep."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import fault_injection
-    assert fault_injection.main(["--trials", "2", "--scenarios", "saves,sweep", "--seed", "3"]) == 0
+    assert fault_injection.main(["--trials", "1", "--scenarios", "sweep", "--seed", "3"]) == 0
