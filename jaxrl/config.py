@@ -197,8 +197,8 @@ def validate_shared(config: ConfigDict) -> None:
         one_of(name, LOG_BACKENDS, "log.backends")
     one_of(config.log.wandb_mode, WANDB_MODES, "log.wandb_mode")
 
-    for key in ("checkpoint.every_steps", "checkpoint.keep_best", "checkpoint.max_rollbacks", "eval.every_steps", "eval.max_steps", "mesh.num_devices",
-                "mesh.run_devices"):
+    for key in ("checkpoint.every_steps", "checkpoint.keep_best", "checkpoint.max_rollbacks", "eval.every_steps",
+                "eval.max_steps", "mesh.num_devices", "mesh.run_devices"):
         section, name = key.split(".")
         if config[section][name] < 0:
             raise ValueError(f"config.{key} must be >= 0, got {config[section][name]!r}")

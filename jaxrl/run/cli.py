@@ -14,7 +14,8 @@ What counts as bad input (one line, status 2; `--verbose` prints the traceback a
     for memory) and `jaxrl.run.workdir.DirectoryInUse` (another process trains in the directory);
   * an optional package that is not installed (an ImportError while the input is read and checked: an env
     adapter's library, a log backend), named with its pip extra;
-  * ValueError, TypeError and KeyError raised while the input is read and checked, before any training
+  * ValueError, TypeError, KeyError, ImportError and OSError (a file-system problem with a path the command
+    was given) raised while the input is read and checked, before any training
     program runs: inside an `input_phase()` block (a CLI's own reading of its flags), or inside one of the
     INPUT_STAGES, however deep: validating the config, building the algorithm and its environment (an
     unknown SMAX scenario), making the mesh, preparing or loading a run directory, checking what a tuning
