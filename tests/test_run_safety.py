@@ -141,6 +141,17 @@ def test_a_run_killed_before_its_first_complete_checkpoint_starts_again(saved, t
         r["episode_return"] for r in metrics_lib.read(os.path.join(saved["run"], "metrics.jsonl"))]
 
 
+def test_a_resumed_run_from_before_the_record_counts_as_checkpointed(saved, tmp_path):
+    run_dir = _copy(saved, "run", tmp_path)
+    info = files.read_json(os.path.join(run_dir, "run_info.json"))
+    files.write_json(os.path.join(run_dir, "run_info.json"), {k: v for k, v in info.items() if k != "checkpointed"})
+    train.run(_small(total_steps=8 * 16 * 6), run_dir)  # resumed at update 4
+    assert files.read_json(os.path.join(run_dir, "run_info.json"))["checkpointed"] is True
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"))
+    with pytest.raises(ValueError, match="has metrics up to update 6 but no checkpoint"):
+        train.run(_small(total_steps=8 * 16 * 6), run_dir)
+
+
 def test_a_sweep_setting_with_metrics_but_no_program_checkpoint_is_refused(saved, tmp_path):
     sweep_dir = _copy(saved, "sweep", tmp_path)
     shutil.rmtree(os.path.join(sweep_dir, "checkpoints"))

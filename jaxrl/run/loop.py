@@ -200,7 +200,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
             population.start(main)
     if main:
         for setting in settings:
-            workdir_lib.prepare(setting.config, setting.workdir, mesh, kind, update)
+            workdir_lib.prepare(setting.config, setting.workdir, mesh, kind, update, resuming)
             algo.write_files(setting.workdir)  # what else the run needs to be reloaded (e.g. a tokenizer)
     # Worth predicting only for a run of several chunks: a run of one chunk prints its time when done, and
     # timing would cost it one or two updates more.

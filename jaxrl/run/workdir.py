@@ -190,9 +190,11 @@ def _read_info(directory: str) -> dict:
         return {}
 
 
-def record_start(directory: str, kind: str, start_update: int | None, mesh=None, **extra) -> None:
-    """Write `directory`'s run_info.json: its kind, what started it first (kept), and one more entry in its
-    history of the commands, revisions and machines that trained in it."""
+def record_start(directory: str, kind: str, start_update: int | None, mesh=None, resuming: bool = False,
+                 **extra) -> None:
+    """Write `directory`'s run_info.json: its kind, what started it first (kept), one more entry in its history
+    of the commands, revisions and machines that trained in it, and whether it has had a complete checkpoint
+    (kept once true; true when `resuming` from one)."""
     info = _read_info(directory)
     entry = {"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "argv": sys.argv, "git_revision": git_revision(),
              "jax_version": jax.__version__, "devices": [str(d) for d in jax.devices()],
@@ -200,17 +202,19 @@ def record_start(directory: str, kind: str, start_update: int | None, mesh=None,
              "start_update": start_update}
     history = info.get("history") or ([{k: info[k] for k in entry if k in info}] if info else [])
     first = {k: v for k, v in (history[0] if history else entry).items() if k not in ("time", "start_update")}
-    files.write_json(os.path.join(directory, RUN_INFO),
-                     {**first, "kind": kind, **extra, "history": [*history, entry]}, indent=1)
+    files.write_json(os.path.join(directory, RUN_INFO), {**first, "kind": kind, **extra, "history": [*history, entry],
+                                                         "checkpointed": bool(info.get("checkpointed")) or resuming},
+                     indent=1)
 
 
-def prepare(config: ConfigDict, workdir: str, mesh, kind: str = RUN, start_update: int = 0) -> None:
-    """Create the directory, save the config and record this command in run_info.json."""
+def prepare(config: ConfigDict, workdir: str, mesh, kind: str = RUN, start_update: int = 0,
+            resuming: bool = False) -> None:
+    """Create the directory, save the config and record this command in run_info.json (`resuming`: from a
+    checkpoint)."""
     os.makedirs(workdir, exist_ok=True)
     config_lib.save(config, os.path.join(workdir, "config.json"))
     extra = {"sweep": os.path.dirname(os.path.normpath(workdir))} if kind == SETTING else {}
-    record_start(workdir, kind, start_update, mesh, checkpointed=_read_info(workdir).get("checkpointed", False),
-                 **extra)
+    record_start(workdir, kind, start_update, mesh, resuming, **extra)
 
 
 def mark_checkpointed(workdir: str) -> None:
