@@ -106,8 +106,7 @@ def reference(scenario: str, root: str, env: dict) -> dict:
     tick = time.monotonic()
     proc = subprocess.Popen(command(scenario, workdir, keep=100000), cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
-    while proc.poll() is None and not (os.path.exists(rows_path) and open(rows_path).read().count("\n") >= 1):
-        time.sleep(0.005)
+    wait_for_rows(proc, rows_path, 1)
     first_row = time.monotonic() - tick
     _, err = proc.communicate()
     if proc.returncode != 0:
@@ -120,6 +119,12 @@ def reference(scenario: str, root: str, env: dict) -> dict:
             "steps": saved_steps(checkpoint_dir(scenario, workdir))}
 
 
+def wait_for_rows(proc: subprocess.Popen, rows_path: str, rows: int) -> None:
+    """Until `rows_path` holds `rows` whole rows, or `proc` ends."""
+    while proc.poll() is None and not (os.path.exists(rows_path) and open(rows_path).read().count("\n") >= rows):
+        time.sleep(0.005)
+
+
 def kill_at(proc: subprocess.Popen, rows_path: str, rows: int, jitter: float, start_up: float) -> bool:
     """SIGKILL `proc` `jitter` seconds after `rows_path` holds `rows` rows (rows 0: `start_up` seconds after it
     started, before any row); False when it ended first."""
@@ -128,9 +133,7 @@ def kill_at(proc: subprocess.Popen, rows_path: str, rows: int, jitter: float, st
         while time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.01)
     else:
-        while proc.poll() is None and not (os.path.exists(rows_path)
-                                           and open(rows_path).read().count("\n") >= rows):
-            time.sleep(0.005)
+        wait_for_rows(proc, rows_path, rows)
         time.sleep(jitter)
     if proc.poll() is not None:
         return False

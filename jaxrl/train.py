@@ -85,10 +85,8 @@ def config_and_workdir(FLAGS):
                                  "with their jaxrl.sweep command)")
     if FLAGS.resume and FLAGS.overwrite:
         raise cli.InputError("--resume and --overwrite contradict each other: give one")
-    if workdir is not None and os.path.exists(workdir) and not os.path.isdir(workdir):
-        raise cli.InputError(f"--workdir={workdir} is a file, not a directory")
     if config is None:
-        workdir_lib.check_kind(workdir, workdir_lib.RUN)  # (a sweep has no config.json of its own)
+        workdir_lib.check_kind(workdir, workdir_lib.RUN)  # a file, or a sweep (which has no config.json of its own)
         if not os.path.isdir(workdir):
             raise cli.InputError(f"--workdir={workdir} does not exist (pass --config to start a new run there)")
         saved = os.path.join(workdir, "config.json")

@@ -300,7 +300,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
                     population.record(event)
             best_candidate = evaluated and config.checkpoint.keep_best > 0
             if done or diverged or interrupted or best_candidate or chunk_index % checkpoint_every == 0:
-                checkpointer.save(update, state, metrics_lib.eval_score(chunk_metrics) if evaluated else None)
+                checkpointer.save(update, state, metrics_lib.eval_score(chunk_metrics))  # (None: not evaluated)
                 if main:
                     guard.save()
                 record_complete_checkpoint()  # (the previous save completed before this one started)
