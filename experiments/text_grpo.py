@@ -9,7 +9,7 @@ r"""GRPO on tokens from a supervised warm start; the task is the argument.
 
 The model settings must match the warm start's (they are read from this config, the weights and the
 tokenizer from `init_from`). RL may train on harder problems than SFT saw: any task option can be set, e.g.
-`--config.task.kwargs.max_number=50` for Countdown. Rollout strategies (`config.rollout`, see the README's
+`--config.task.kwargs.max_number=50` for Countdown. Rollout strategies (`config.rollout`, see docs/grpo.md's
 table): one registry per stage (generate, filter, control, replay), a config line each.
 """
 

@@ -192,11 +192,11 @@ def test_ppo_only_keys_are_rejected_for_grpo():
         config.returns.gae_lambda = 0.9
 
 
-def test_the_readme_estimator_example_registers_and_trains():
+def test_the_docs_estimator_example_registers_and_trains():
     import re
     from helpers import ROOT
 
-    readme = open(f"{ROOT}/README.md").read()
+    readme = open(f"{ROOT}/docs/grpo.md").read()
     snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "register(" in block)
     try:
         exec(snippet, {})

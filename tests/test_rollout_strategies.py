@@ -175,11 +175,11 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     assert float(metrics["hinted"]) == 0.5
 
 
-def test_the_readme_strategy_example_registers_and_trains():
+def test_the_docs_strategy_example_registers_and_trains():
     import re
     from helpers import ROOT
 
-    readme = open(f"{ROOT}/README.md").read()
+    readme = open(f"{ROOT}/docs/grpo.md").read()
     snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "rollout.register(" in block)
     try:
         exec(snippet, {})
