@@ -50,10 +50,7 @@ def check_flags(FLAGS) -> None:
     if not os.path.isdir(FLAGS.workdir):
         what = "a file" if os.path.exists(FLAGS.workdir) else "no such directory"
         raise cli.InputError(f"--workdir={FLAGS.workdir} is not a run directory ({what})")
-    saved = os.path.join(FLAGS.workdir, "config.json")
-    if not os.path.exists(saved):
-        raise cli.InputError(f"--workdir={FLAGS.workdir} is not a run directory (no config.json); a sweep's runs are "
-                             "its setting directories, <sweep>/<setting>")
+    policies.program_of(FLAGS.workdir)  # a run (or sweep setting) directory with checkpoints
     if FLAGS.episodes is not None and FLAGS.episodes <= 0:
         raise cli.InputError(f"--episodes must be a positive number of episodes per seed, got {FLAGS.episodes}")
     if FLAGS.checkpoint is not None and FLAGS.checkpoint < 0:
@@ -61,7 +58,7 @@ def check_flags(FLAGS) -> None:
     if FLAGS.export:
         if os.path.exists(FLAGS.export) and (not os.path.isdir(FLAGS.export) or os.listdir(FLAGS.export)):
             raise cli.InputError(f"--export={FLAGS.export} exists and is not an empty directory; export into a new one")
-        num_seeds = config_lib.load(saved).num_seeds
+        num_seeds = config_lib.load(os.path.join(FLAGS.workdir, "config.json")).num_seeds
         if not 0 <= FLAGS.seed < num_seeds:
             raise cli.InputError(f"--seed={FLAGS.seed} is not a seed of this run: it trained {num_seeds} "
                                  f"(0 to {num_seeds - 1})")

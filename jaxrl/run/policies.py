@@ -35,11 +35,12 @@ class RestoredRun:
     update: int
 
 
-def _program_of(workdir: str) -> tuple[str, int, int]:
+def program_of(workdir: str) -> tuple[str, int, int]:
     """(checkpoint directory, number of settings in its program, this setting's position) of a run or sweep
     setting directory; ValueError naming the directory when it holds no run."""
     if not os.path.exists(os.path.join(workdir, "config.json")):
-        raise ValueError(f"{workdir} is not a run directory (no config.json)")
+        raise ValueError(f"{workdir} is not a run directory (no config.json); a sweep's runs are its setting "
+                         "directories, <sweep>/<setting>")
     own = os.path.join(workdir, "checkpoints")
     if os.path.isdir(own):
         return own, 1, 0
@@ -56,7 +57,7 @@ def _program_of(workdir: str) -> tuple[str, int, int]:
 
 def restore_run(workdir: str, checkpoint_step: int | None = None) -> RestoredRun:
     """The run in `workdir` at its newest checkpoint, or at update `checkpoint_step`."""
-    checkpoint_dir, num_settings, position = _program_of(workdir)
+    checkpoint_dir, num_settings, position = program_of(workdir)
     config = config_lib.load(os.path.join(workdir, "config.json"))
     num_runs = num_settings * config.num_seeds
     algo, _ = algos.build(config, loop.make_mesh(config, num_runs), run_dir=workdir)
