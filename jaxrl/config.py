@@ -13,7 +13,8 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-from jaxrl import files
+from jaxrl import files, knobs
+from jaxrl.knobs import Knob
 
 # What the training loop does with a run whose state or metrics turn non-finite (`jaxrl.run.divergence`).
 ON_NONFINITE = ("freeze", "rollback", "stop")
@@ -22,42 +23,59 @@ LOG_BACKENDS = ("jsonl", "tensorboard", "wandb")
 WANDB_MODES = ("offline", "online")
 
 
+# The keys every run has. An algorithm's `default_config` (`jaxrl.algos.default_config`) adds its own; sizes and
+# choices are static, the knobs declared `traced` are hyperparameters a sweep varies inside one program.
+SCHEDULES = ("constant", "linear", "cosine")
+GRAD_CLIPS = ("joint", "per_network")  # "per_network": each top-level network clipped apart, as two optimisers would
+SHARED_KNOBS = (
+    Knob("experiment", "experiment", "the run's name: runs/<experiment>-<time> unless --workdir says otherwise"),
+    Knob("algorithm", "", "a name registered in jaxrl.algos (`jaxrl.algos.ALGORITHMS`)"),
+    Knob("seed", 0, "the random seed; num_seeds runs draw their keys from it"),
+    Knob("num_seeds", 1, "seeds trained at once in one program (vmapped)", minimum=1),
+    Knob("total_steps", 100_000, "environment steps (or samples, for text) per seed", minimum=1),
+    Knob("xla_options", "", "XLA compile options of the training programs, 'name=value,...', or 'auto' (a speed knob)"),
+    Knob("optim.learning_rate", 2.5e-4, "the peak learning rate, when a schedule warms up or decays", traced=True,
+         above=0.0),
+    Knob("optim.schedule", "linear", "the learning rate over the run: constant, or linear or cosine decay to zero",
+         choices=SCHEDULES),
+    Knob("optim.warmup_updates", 0, "linear warm-up from 1 / warmup_updates of the peak; 0: none", minimum=0),
+    Knob("optim.max_grad_norm", 0.5, "gradients are clipped to this global norm", traced=True, above=0.0),
+    Knob("optim.grad_clip", "joint", "max_grad_norm over all parameters, or per_network (each network apart)",
+         choices=GRAD_CLIPS),
+    Knob("optim.adam_eps", 1e-5, "Adam's epsilon", above=0.0),
+    Knob("optim.weight_decay", 0.0, "decoupled weight decay (AdamW); 0 leaves it out of the optimiser", traced=True,
+         minimum=0.0),
+    Knob("mesh.num_devices", 0, "devices the run uses; 0: every device of every process", minimum=0),
+    Knob("mesh.run_devices", 0, "devices along the mesh's runs axis (seeds and sweep settings split over them); "
+         "0: as many as divide both the devices and the runs", minimum=0),
+    Knob("log.every_steps", 25_000, "environment steps between metrics rows", minimum=1),
+    Knob("log.progress_bar", True, "a progress bar on the terminal"),
+    Knob("log.backends", "jsonl", "where metrics go besides metrics.jsonl (always written)", choices=LOG_BACKENDS,
+         each_of=True),
+    Knob("log.wandb_project", "jaxrl", "the W&B project (log.backends wandb)"),
+    Knob("log.wandb_mode", "offline", "offline only writes <workdir>/wandb (`wandb sync` later); online uploads",
+         choices=WANDB_MODES),
+    Knob("checkpoint.every_steps", 0, "environment steps between checkpoints; 0: at every log interval", minimum=0),
+    Knob("checkpoint.keep", 3, "the newest checkpoints kept", minimum=1),
+    Knob("checkpoint.keep_best", 0, "also keep this many with the best evaluation, saving one at every "
+         "evaluation; 0: none", minimum=0),
+    Knob("checkpoint.on_nonfinite", "freeze", "a run whose state turns NaN/inf: freeze it, roll back its chunk with "
+         "a new key, or stop the program", choices=ON_NONFINITE),
+    Knob("checkpoint.max_rollbacks", 3, "rollbacks of one run before it is frozen", minimum=0),
+    Knob("eval.every_steps", 0, "environment steps between greedy evaluations; 0: only at the end", minimum=0),
+    Knob("eval.num_envs", 32, "episodes (or prompts) per evaluation", minimum=1),
+    Knob("eval.max_steps", 0, "the step cap of an evaluation episode; 0: the environment's own", minimum=0),
+)
+
+
 def base_config() -> ConfigDict:
-    """The keys every run has, with defaults. An algorithm's `default_config` (`jaxrl.algos.default_config`)
-    adds its own sections; sizes and choices are static, the numbers its recipe names are traced."""
-    return ConfigDict({
-        "experiment": "experiment",
-        "algorithm": "",  # a name registered in jaxrl.algos
-        "seed": 0,
-        "num_seeds": 1,  # seeds trained at once, vmapped
-        "total_steps": 100_000,  # environment steps (or samples, for text) per seed
-        # XLA compile options for the training programs: "name=value,name=value", or "auto" (XLA_AUTO) (a speed knob)
-        "xla_options": "",
-        "optim": {
-            "learning_rate": 2.5e-4,  # the peak, when a schedule warms up or decays
-            "schedule": "linear",  # over the run: "constant", "linear" (to zero) or "cosine" (to zero)
-            "warmup_updates": 0,  # linear warm-up from 1 / warmup_updates of the peak; 0: none
-            "max_grad_norm": 0.5,
-            "grad_clip": "joint",  # max_grad_norm over all parameters, or "per_network" (e.g. actor, critic apart)
-            "adam_eps": 1e-5,
-            "weight_decay": 0.0,  # decoupled (AdamW)
-        },
-        # num_devices 0: every device (of every process). run_devices: devices along the mesh's `runs` axis
-        # (seeds and sweep settings split over them); 0: as many as divide both the devices and the runs.
-        "mesh": {"num_devices": 0, "run_devices": 0},
-        # backends: comma-separated LOG_BACKENDS. wandb_mode "offline" only writes <workdir>/wandb (`wandb sync`).
-        "log": {"every_steps": 25_000, "progress_bar": True, "backends": "jsonl", "wandb_project": "jaxrl",
-                "wandb_mode": "offline"},
-        # every_steps 0: at every log interval. on_nonfinite (ON_NONFINITE): what happens to a run (seed)
-        # whose state or metrics turn NaN/inf: "freeze" keeps its last finite state while the others go on,
-        # "rollback" restarts its chunk with a new random key (at most max_rollbacks times, then freezes it);
-        # both keep each chunk's input state until it is checked. "stop" ends the program at the chunk (saved
-        # checkpoints stay) and in return holds the training state once, not twice: for a state near memory's size.
-        # keep: the newest checkpoints kept; keep_best: also keep that many with the best evaluation (eval_win_rate,
-        # eval_accuracy or eval_return, mean over runs), and save one at every evaluation; 0: none.
-        "checkpoint": {"every_steps": 0, "keep": 3, "keep_best": 0, "on_nonfinite": "freeze", "max_rollbacks": 3},
-        "eval": {"every_steps": 0, "num_envs": 32, "max_steps": 0},  # every_steps 0: only at the end
-    })
+    """The keys every run has, with defaults (`SHARED_KNOBS`). What a run does with a seed whose state or
+    metrics turn NaN/inf (`checkpoint.on_nonfinite`, `jaxrl.run.divergence`): "freeze" keeps its last finite
+    state while the others go on, "rollback" restarts its chunk with a new random key (at most max_rollbacks
+    times, then freezes it); both keep each chunk's input state until it is checked. "stop" ends the program
+    at the chunk (saved checkpoints stay) and in return holds the training state once, not twice: for a state
+    near memory's size."""
+    return knobs.defaults(*SHARED_KNOBS)
 
 
 def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
@@ -188,20 +206,9 @@ def _check_xla_options(config: ConfigDict) -> None:
 
 
 def validate_shared(config: ConfigDict) -> None:
-    """Check the keys every run has but `optim` (`jaxrl.algos.validate` adds the optimiser's and the
-    algorithm's own checks)."""
+    """Check the keys every run has (`SHARED_KNOBS`); `jaxrl.algos.validate` adds the algorithm's own checks."""
+    knobs.check(config, *SHARED_KNOBS)
     _check_xla_options(config)
-    positive(config, "num_seeds", "total_steps", "log.every_steps", "eval.num_envs", "checkpoint.keep")
-    one_of(config.checkpoint.on_nonfinite, ON_NONFINITE, "checkpoint.on_nonfinite")
-    for name in log_backends(config):
-        one_of(name, LOG_BACKENDS, "log.backends")
-    one_of(config.log.wandb_mode, WANDB_MODES, "log.wandb_mode")
-
-    for key in ("checkpoint.every_steps", "checkpoint.keep_best", "checkpoint.max_rollbacks", "eval.every_steps",
-                "eval.max_steps", "mesh.num_devices", "mesh.run_devices"):
-        section, name = key.split(".")
-        if config[section][name] < 0:
-            raise ValueError(f"config.{key} must be >= 0, got {config[section][name]!r}")
 
 
 def unit_interval(value: float, key: str) -> None:

@@ -15,7 +15,6 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib
-from jaxrl.engine import check_optim_config
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +63,6 @@ def validate(config: ConfigDict) -> None:
     """Check everything that can be checked without compiling; raise ValueError naming the key."""
     algorithm = recipe(config.algorithm)
     config_lib.validate_shared(config)
-    check_optim_config(config)
     algorithm.check(config)
 
 

@@ -9,12 +9,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
-from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib
-
-GRAD_CLIPS = ("joint", "per_network")  # "per_network": each top-level network clipped apart, as two optimisers would
-SCHEDULES = ("constant", "linear", "cosine")
+from jaxrl.config import GRAD_CLIPS, SCHEDULES  # declared with their config keys
 
 
 def make_optimizer(learning_rate: jax.Array, max_grad_norm: jax.Array, adam_eps: float, grad_clip: str = "joint",
@@ -62,15 +58,3 @@ def scheduled_learning_rate(peak: jax.Array, step: jax.Array, schedule: str, war
         progress = jnp.clip(step / max(num_updates, 1), 0.0, 1.0)
         learning_rate = learning_rate * 0.5 * (1.0 + jnp.cos(jnp.pi * progress))
     return learning_rate
-
-
-def check_optim_config(config: ConfigDict) -> None:
-    """The `optim` keys every algorithm shares."""
-    config_lib.one_of(config.optim.schedule, SCHEDULES, "optim.schedule")
-    config_lib.one_of(config.optim.grad_clip, GRAD_CLIPS, "optim.grad_clip")
-    for key in ("learning_rate", "max_grad_norm", "adam_eps"):
-        if not config.optim[key] > 0:
-            raise ValueError(f"config.optim.{key} must be > 0, got {config.optim[key]!r}")
-    for key in ("warmup_updates", "weight_decay"):
-        if config.optim[key] < 0:
-            raise ValueError(f"config.optim.{key} must be >= 0, got {config.optim[key]!r}")

@@ -1,0 +1,193 @@
+"""A config key declared once: its dotted key, default, one line of help, whether a sweep may trace it, and
+the values it accepts. Everything else is read from the declaration:
+
+    class ReplaySettings:
+        buffer_size: int = knob("replay.buffer_size", 50_000, "env steps kept per run, over all its envs",
+                                minimum=1)
+
+- `defaults(*declarations)`: the config section with every declared key at its default;
+- `read(cls, config, **derived)`: a settings (or hyperparameters) object, each field from its key;
+- `check(config, *declarations)`: every declared key's bounds and choices, one ValueError naming the key,
+  before anything compiles;
+- `traced_keys(cls)`: the keys a sweep varies inside one compiled program (the hyperparameters');
+- `describe(key)`: the declaration of a key, for `docs/config.md` (`python -m jaxrl.knobs`).
+
+A declaration is a `Knob` (a value: module-level when several classes read the same key) or the dataclass field
+that `knob(...)` / `Knob.field()` makes. One key, one declaration: declaring a key twice with different
+defaults, help or bounds is an error at import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Iterable
+
+from ml_collections import ConfigDict
+
+FIELD_METADATA = "jaxrl_knob"
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One config key. `minimum`/`maximum` are inclusive bounds, `above` an exclusive lower bound; `choices` the
+    accepted values (for a comma-separated list: `each_of`); `convert` turns the config value into the field's
+    (e.g. a weight decay > 0 into the static choice to decay)."""
+
+    key: str
+    default: Any
+    help: str
+    traced: bool = False
+    choices: tuple = ()
+    each_of: bool = False  # the value is a comma-separated list of `choices`
+    minimum: float | None = None
+    maximum: float | None = None
+    above: float | None = None
+    convert: Callable[[Any], Any] | None = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self):
+        if not self.help or "\n" in self.help:
+            raise ValueError(f"knob {self.key!r}: help must be one line")
+        _register(self)
+
+    def field(self, convert: Callable[[Any], Any] | None = None):
+        """A dataclass field that reads this knob (with `convert` when this class holds it otherwise)."""
+        return _field(dataclasses.replace(self, convert=convert) if convert else self)
+
+    def value_of(self, config: ConfigDict) -> Any:
+        """The config's value of this key, as a settings field holds it."""
+        value = get_value(config, self.key)
+        return self.convert(value) if self.convert else value
+
+    def check(self, value: Any) -> None:
+        """Raise ValueError naming the key unless `value` is one this knob accepts."""
+        if self.choices:
+            for item in ([v.strip() for v in value.split(",")] if self.each_of else [value]):
+                if item not in self.choices:
+                    raise ValueError(f"unknown config.{self.key} {item!r}; known: "
+                                     f"{', '.join(map(str, self.choices))}")
+        if _is_int(self.default) and not _is_int(value):
+            raise ValueError(f"config.{self.key} must be an integer, got {value!r}")
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if math.isnan(value) or not self._in_bounds(value):
+                raise ValueError(f"config.{self.key} must be {self.bounds()}, got {value!r}")
+
+    def _in_bounds(self, value: float) -> bool:
+        return ((self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
+                and (self.above is None or value > self.above))
+
+    def bounds(self) -> str:
+        """The accepted values in words, e.g. "in [0, 1]" or "> 0"; "" when any value of the type is."""
+        if self.choices:
+            return ("a comma-separated list of " if self.each_of else "one of ") + ", ".join(map(str, self.choices))
+        if _is_int(self.default) and self.minimum == 1 and self.maximum is None:
+            return "a positive integer"
+        low = self.minimum if self.minimum is not None else self.above
+        if low is not None and self.maximum is not None:
+            return f"in {'[' if self.above is None else '('}{low:g}, {self.maximum:g}]"
+        if self.above is not None:
+            return f"> {self.above:g}"
+        if self.minimum is not None:
+            return f">= {self.minimum:g}"
+        if self.maximum is not None:
+            return f"<= {self.maximum:g}"
+        return ""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+DECLARED: dict[str, Knob] = {}
+
+
+def _identity(declared: Knob) -> tuple:
+    """What two declarations of one key must share: everything but how a class converts the value."""
+    return tuple(getattr(declared, f.name) for f in dataclasses.fields(declared) if f.name != "convert")
+
+
+def _register(declared: Knob) -> None:
+    known = DECLARED.get(declared.key)
+    if known is not None and _identity(known) != _identity(declared):
+        raise ValueError(f"config key {declared.key!r} is declared twice, differently: {known} and {declared}")
+    DECLARED.setdefault(declared.key, declared)
+
+
+def _field(declared: Knob):
+    default = declared.default
+    if isinstance(default, (list, dict, set)):
+        raise TypeError(f"knob {declared.key!r}: a mutable default; use a tuple")
+    if declared.convert is not None:
+        default = declared.convert(default)
+    return dataclasses.field(default=default, metadata={FIELD_METADATA: declared})
+
+
+def knob(key: str, default: Any, help: str, **accepts) -> Any:
+    """Declare config key `key` as a dataclass field (see `Knob` for `accepts`: traced, choices, minimum,
+    maximum, above, convert)."""
+    return _field(Knob(key, default, help, **accepts))
+
+
+Declarations = Iterable["Knob | type"]
+
+
+def knobs_of(*declarations: Knob | type) -> dict[str, Knob]:
+    """key -> Knob for knobs and for every knob field of dataclasses (settings, hyperparameters), in order."""
+    found: dict[str, Knob] = {}
+    for item in declarations:
+        if isinstance(item, Knob):
+            found[item.key] = item
+            continue
+        for f in dataclasses.fields(item):
+            if FIELD_METADATA in f.metadata:
+                found.setdefault(f.metadata[FIELD_METADATA].key, f.metadata[FIELD_METADATA])
+    return found
+
+
+def fields_of(cls: type) -> dict[str, Knob]:
+    """field name -> the Knob it reads, for a dataclass's knob fields."""
+    return {f.name: f.metadata[FIELD_METADATA] for f in dataclasses.fields(cls) if FIELD_METADATA in f.metadata}
+
+
+def get_value(config: ConfigDict, key: str) -> Any:
+    for part in key.split("."):
+        config = config[part]
+    return config
+
+
+def defaults(*declarations: Knob | type) -> ConfigDict:
+    """A config holding every declared key at its default (nested by the dots of the keys)."""
+    config = ConfigDict()
+    for key, declared in knobs_of(*declarations).items():
+        section = config
+        *parents, name = key.split(".")
+        for parent in parents:
+            if parent not in section:
+                section[parent] = ConfigDict()
+            section = section[parent]
+        section[name] = declared.default
+    return config
+
+
+def read(cls: type, config: ConfigDict, **derived):
+    """`cls(...)` with each knob field read from `config` (converted as declared) and the other fields from
+    `derived` (or their defaults)."""
+    values = {name: declared.value_of(config) for name, declared in fields_of(cls).items()}
+    return cls(**values, **derived)
+
+
+def check(config: ConfigDict, *declarations: Knob | type) -> None:
+    """Every declared key's value accepted (`Knob.check`), in declaration order; ValueError naming the first
+    that is not."""
+    for key, declared in knobs_of(*declarations).items():
+        declared.check(get_value(config, key))
+
+
+def traced_keys(cls: type) -> dict[str, str]:
+    """field name -> config key of a hyperparameter class's traced knobs (a sweep varies them in one program)."""
+    return {name: declared.key for name, declared in fields_of(cls).items() if declared.traced}
+
+
+def describe(key: str) -> Knob | None:
+    """The declaration of `key`, or None when nothing declares it."""
+    return DECLARED.get(key)
