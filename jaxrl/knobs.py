@@ -188,6 +188,13 @@ def traced_keys(cls: type) -> dict[str, str]:
     return {name: declared.key for name, declared in fields_of(cls).items() if declared.traced}
 
 
+def declared(key: str) -> Knob:
+    """The declaration of `key` (to read it into a field of another class: `declared(key).field()`)."""
+    if key not in DECLARED:
+        raise KeyError(f"config key {key!r} is not declared (jaxrl.knobs)")
+    return DECLARED[key]
+
+
 def describe(key: str) -> Knob | None:
     """The declaration of `key`, or None when nothing declares it."""
     return DECLARED.get(key)

@@ -20,10 +20,11 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, mesh as mesh_lib, replay
+from jaxrl import config as config_lib, knobs, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, PolicyStep
 from jaxrl.algos.env_setup import EnvSettings
 from jaxrl.engine import ChunkRunner
+from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
 
@@ -108,28 +109,34 @@ class OffPolicyLearner(ActsThroughPolicy, ChunkRunner):
 # Learning from a replay buffer
 
 
-@dataclasses.dataclass(frozen=True)
-class ReplaySettings(EnvSettings):
-    """Static sizes and choices of a replay learner (EnvSettings' num_epochs / num_minibatches are unused)."""
-
-    buffer_size: int = 50_000  # env steps a run keeps, over all its envs
-    replay_batch: int = 128  # sequences per gradient step, over all envs
-    gradient_steps: int = 1  # per update
-    learning_starts: int = 1_000  # env steps per run before the first gradient step
-    sequence_length: int = 1  # steps per sampled sequence
-    prioritised: bool = False
-    target_every: int = 1  # gradient steps between target-network updates
-    store_dtype: str = "float32"  # of the stored observations and global states (STORED_OBSERVATIONS)
-
-    @property
-    def buffer_steps_per_env(self) -> int:
-        return self.buffer_size // self.num_envs
-
-
 # The stored leaves that hold observations (and global states): `store_dtype` keeps the floating-point ones, which
 # come back as float32 when sampled.
 STORED_OBSERVATIONS = ("obs", "next_obs", "state", "next_state")
 STORE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySettings(EnvSettings):
+    """Static sizes and choices of a replay learner (EnvSettings' num_epochs / num_minibatches are unused)."""
+
+    buffer_size: int = knob("replay.buffer_size", 50_000, "env steps kept per run, over all its envs", minimum=1)
+    replay_batch: int = knob("replay.batch_size", 128, "sequences per gradient step, over all envs (a multiple of "
+                             "num_envs)", minimum=1)
+    gradient_steps: int = knob("replay.gradient_steps", 1, "gradient steps per update (num_steps x num_envs env "
+                               "steps)", minimum=1)
+    learning_starts: int = knob("replay.learning_starts", 1_000, "env steps per run before training starts",
+                                minimum=0)
+    sequence_length: int = 1  # steps per sampled sequence
+    prioritised: bool = knob("replay.prioritised", False, "sample by priority (proportional, Schaul et al. 2016) "
+                             "rather than uniformly")
+    target_every: int = knob("target.every", 1, "gradient steps between target-network updates", minimum=1)
+    # float16 halves the buffer's memory (SMAX's observations lie in [-1, 1]: errors below 2.5e-4)
+    store_dtype: str = knob("replay.store_dtype", "float32", "what observations and global states are stored as",
+                            choices=STORE_DTYPES)
+
+    @property
+    def buffer_steps_per_env(self) -> int:
+        return self.buffer_size // self.num_envs
 
 
 def cast_observations(items: dict, dtype: str) -> dict:
@@ -251,6 +258,18 @@ class ReplayLearner(OffPolicyLearner):
 # From a config
 
 
+GAMMA = Knob("returns.gamma", 0.99, "the discount factor", traced=True, minimum=0.0, maximum=1.0)
+REWARD_SCALE = Knob("returns.reward_scale", 1.0, "rewards are learned multiplied by this", traced=True)
+TAU = Knob("target.tau", 0.005, "target <- tau * online + (1 - tau) * target at each target update; 1: a copy",
+           traced=True, minimum=0.0, maximum=1.0)
+PRIORITY_ALPHA = Knob("replay.priority_alpha", 0.6, "prioritised replay: P proportional to priority^alpha",
+                      traced=True, minimum=0.0)
+PRIORITY_BETA = Knob("replay.priority_beta", 0.4, "prioritised replay: importance weights (N P)^-beta",
+                     traced=True, minimum=0.0, maximum=1.0)
+
+RETURN_KEYS = {"gamma": GAMMA.key, "reward_scale": REWARD_SCALE.key}  # hyperparameter field -> key (Q-learners')
+
+
 def off_policy_config(name: str) -> ConfigDict:
     """The keys every off-policy learner reads (envs, gamma); the learner adds its network and its own."""
     config = config_lib.base_config()
@@ -259,12 +278,9 @@ def off_policy_config(name: str) -> ConfigDict:
         "num_envs": 4,  # parallel environments per seed, split over devices
         "num_steps": 4,  # env steps per env per update
         "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
-        "returns": {"gamma": 0.99, "reward_scale": 1.0},  # rewards are stored multiplied by reward_scale
     }))
+    config.update(knobs.defaults(GAMMA, REWARD_SCALE))
     return config
-
-
-RETURN_KEYS = {"gamma": "returns.gamma", "reward_scale": "returns.reward_scale"}  # hyperparameters: config keys
 
 
 def off_policy_settings(config: ConfigDict) -> dict:
@@ -284,35 +300,22 @@ def check_off_policy_config(config: ConfigDict) -> None:
     batch = config.num_envs * config.num_steps
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
-    config_lib.unit_interval(config.returns.gamma, "returns.gamma")
+    knobs.check(config, GAMMA, REWARD_SCALE)
 
 
 def replay_config() -> ConfigDict:
-    """config.replay: the buffer and how much is learned from it."""
-    return ConfigDict({
-        "buffer_size": 50_000,  # env steps kept per run, over all its envs
-        "batch_size": 128,  # sequences per gradient step, over all envs (a multiple of num_envs)
-        "gradient_steps": 1,  # per update (num_steps x num_envs env steps)
-        "learning_starts": 1_000,  # env steps per run before training starts
-        "prioritised": False,
-        "priority_alpha": 0.6,
-        "priority_beta": 0.4,
-        # What observations and global states are stored as (STORE_DTYPES): float16 halves the buffer's memory
-        # (SMAX's observations lie in [-1, 1]: errors below 2.5e-4), at the stored values' precision.
-        "store_dtype": "float32",
-    })
+    """config.replay: the buffer and how much is learned from it (`ReplaySettings`, the priorities' exponents)."""
+    return knobs.defaults(ReplaySettings, PRIORITY_ALPHA, PRIORITY_BETA).replay
 
 
 def replay_settings(config: ConfigDict, sequence_length: int = 1) -> dict:
-    """ReplaySettings fields from config.replay, config.target.every and the other off-policy keys."""
-    r = config.replay
-    return dict(**off_policy_settings(config), buffer_size=r.buffer_size, replay_batch=r.batch_size,
-                gradient_steps=r.gradient_steps, learning_starts=r.learning_starts, sequence_length=sequence_length,
-                prioritised=r.prioritised, target_every=config.target.every, store_dtype=r.store_dtype)
+    """ReplaySettings fields from their keys and the other off-policy keys."""
+    declared = {name: k.value_of(config) for name, k in knobs.fields_of(ReplaySettings).items()}
+    return dict(**off_policy_settings(config), **declared, sequence_length=sequence_length)
 
 
 def check_replay_config(config: ConfigDict, sequence_length: int = 1, sequence_key: str = "returns.n_step") -> None:
-    config_lib.positive(config, "replay.buffer_size", "replay.batch_size", "replay.gradient_steps", "target.every")
+    knobs.check(config, ReplaySettings, PRIORITY_ALPHA, PRIORITY_BETA, TAU)
     r = config.replay
     if r.batch_size % config.num_envs:
         raise ValueError(f"config.replay.batch_size = {r.batch_size} must be a multiple of num_envs = "
@@ -320,10 +323,3 @@ def check_replay_config(config: ConfigDict, sequence_length: int = 1, sequence_k
     if r.buffer_size % config.num_envs or r.buffer_size // config.num_envs < max(config.num_steps, sequence_length):
         raise ValueError(f"config.replay.buffer_size = {r.buffer_size} must be a multiple of num_envs = "
                          f"{config.num_envs} holding at least num_steps and {sequence_key} steps per env")
-    config_lib.one_of(r.store_dtype, STORE_DTYPES, "replay.store_dtype")
-    if r.learning_starts < 0:
-        raise ValueError(f"config.replay.learning_starts must be >= 0, got {r.learning_starts!r}")
-    for key in ("target.tau", "replay.priority_beta"):
-        config_lib.unit_interval(config_lib.get_value(config, key), key)
-    if r.priority_alpha < 0:
-        raise ValueError(f"config.replay.priority_alpha must be >= 0, got {r.priority_alpha!r}")

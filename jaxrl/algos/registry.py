@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib
+from jaxrl import config as config_lib, knobs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,9 +23,10 @@ class Recipe:
 
     build: Callable  # (config, mesh) -> an object following `jaxrl.engine.Algorithm`
     hyperparams: type  # the traced hyperparameters' pytree class
-    keys: dict  # hyperparameter field -> the config key it is read from
-    check: Callable[[ConfigDict], None]  # the algorithm's own config checks (ValueError naming the key)
-    defaults: Callable[[], ConfigDict]  # every key the algorithm reads, with defaults (`default_config`)
+    # hyperparameter field -> the config key it is read from; None: the class's traced knobs (`jaxrl.knobs`)
+    keys: dict | None = None
+    check: Callable[[ConfigDict], None] = lambda config: None  # the algorithm's own checks (ValueError naming the key)
+    defaults: Callable[[], ConfigDict] = ConfigDict  # every key the algorithm reads, with defaults (`default_config`)
     # Static choices that a hyperparameter's value also makes (e.g. critic_weight > 0 adds a value head):
     # two settings that differ in these cannot share a compiled program.
     static_of: Callable[[ConfigDict], tuple] = lambda config: ()
@@ -35,6 +36,10 @@ class Recipe:
     # config -> the config as it trains, with derived keys filled in (e.g. PPO's `scale.num_envs`); must
     # return a config it maps to itself, since a saved run's config goes through it again on resuming
     resolve: Callable[[ConfigDict], ConfigDict] = lambda config: config
+
+    def __post_init__(self):
+        if self.keys is None:
+            object.__setattr__(self, "keys", knobs.traced_keys(self.hyperparams))
 
 
 ALGORITHMS: dict[str, Recipe] = {}

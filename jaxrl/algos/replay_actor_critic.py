@@ -36,13 +36,15 @@ import optax
 from flax import struct
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib, mesh as mesh_lib, replay
+from jaxrl import config as config_lib, knobs, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import PolicyStep
 from jaxrl.algos.env_setup import make_env
-from jaxrl.algos.off_policy import (RETURN_KEYS, ReplayLearner, ReplaySettings, ReplayState, check_off_policy_config,
-                                    check_replay_config, off_policy_config, replay_config, replay_settings)
+from jaxrl.algos.off_policy import (GAMMA, REWARD_SCALE, TAU, ReplayLearner, ReplaySettings, ReplayState,
+                                    check_off_policy_config, check_replay_config, off_policy_config,
+                                    off_policy_settings, replay_config)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step, make_optimizer, scheduled_learning_rate
+from jaxrl.knobs import knob
 from jaxrl.networks import ActorAndCritics
 
 POLICIES = ("stochastic", "deterministic")
@@ -53,29 +55,44 @@ ACTOR_VALUES = ("min", "first", "mean")
 class ReplayActorCriticHyperparams:
     """Traced numbers: one compiled program serves a sweep over them."""
 
-    actor_learning_rate: float = 3e-4
-    critic_learning_rate: float = 1e-3
-    temperature_learning_rate: float = 1e-3
-    gamma: float = 0.99
-    reward_scale: float = 1.0  # rewards are stored (and learned) multiplied by this
-    tau: float = 0.005  # target <- tau * online + (1 - tau) * target
-    max_grad_norm: float = float("inf")
-    target_entropy_scale: float = 1.0  # target entropy: -scale * D (continuous) or scale * log K (discrete)
-    explore_noise: float = 0.1  # deterministic policies: std of the exploration noise, in [-1, 1] units
-    target_noise: float = 0.2  # ... std of the target-action smoothing noise
-    target_noise_clip: float = 0.5  # ... clipped to +-this
+    actor_learning_rate: float = knobs.declared("optim.learning_rate").field()
+    critic_learning_rate: float = knob("optim.critic_learning_rate", 1e-3, "the critics' learning rate "
+                                       "(optim.learning_rate is the actor's)", traced=True, above=0.0)
+    temperature_learning_rate: float = knob("temperature.learning_rate", 1e-3, "the entropy temperature's learning "
+                                            "rate", traced=True, above=0.0)
+    gamma: float = GAMMA.field()
+    reward_scale: float = REWARD_SCALE.field()
+    tau: float = TAU.field()
+    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    target_entropy_scale: float = knob("temperature.target_scale", 1.0, "target entropy: -scale x D (continuous) "
+                                       "or scale x log K (discrete actions)", traced=True, above=0.0)
+    explore_noise: float = knob("policy.explore_noise", 0.1, "deterministic policies: std of the exploration noise, "
+                                "in [-1, 1] units", traced=True, minimum=0.0)
+    target_noise: float = knob("policy.target_noise", 0.2, "deterministic policies: std of the target-action "
+                               "smoothing noise", traced=True, minimum=0.0)
+    target_noise_clip: float = knob("policy.target_noise_clip", 0.5, "deterministic policies: the smoothing noise "
+                                    "is clipped to +-this", traced=True, minimum=0.0, maximum=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplayActorCriticSettings(ReplaySettings):
-    policy: str = "stochastic"
-    learn_temperature: bool = True
-    init_temperature: float = 1.0  # alpha at the start (the fixed alpha when it is not learned)
-    policy_delay: int = 1  # gradient steps per actor (and temperature) step
-    num_critics: int = 2
-    num_quantiles: int = 1
-    drop_per_critic: int = 0  # quantile critics: atoms per critic dropped from the pooled target
-    actor_value: str = "min"
+    policy: str = knob("policy.kind", "stochastic", "a tanh-squashed Gaussian (softmax for discrete actions) with "
+                       "an entropy bonus (SAC, TQC), or deterministic with noise (TD3)", choices=POLICIES)
+    learn_temperature: bool = knob("temperature.learn", True, "learn the entropy temperature towards the target "
+                                   "entropy, or keep it at temperature.init")
+    init_temperature: float = knob("temperature.init", 1.0, "the entropy temperature alpha at the start", above=0.0)
+    policy_delay: int = knob("policy.delay", 1, "critic steps per actor (and temperature) step", minimum=1)
+    num_critics: int = knob("network.num_critics", 2, "critics E (clipped double Q: the minimum over them)",
+                            minimum=1)
+    num_quantiles: int = knob("network.num_quantiles", 1, "atoms N per critic; N > 1: quantile critics (TQC)",
+                              minimum=1)
+    drop_per_critic: int = knob("network.drop_per_critic", 0, "quantile critics: atoms per critic dropped from the "
+                                "pooled target", minimum=0)
+    actor_value: str = knob("policy.actor_value", "min", "what the actor maximises: the min over the critics (SAC), "
+                            "the first critic (TD3), the mean of all atoms (TQC)", choices=ACTOR_VALUES)
+    hidden_sizes: tuple = knob("network.hidden_sizes", (256, 256), "units of each hidden layer")
+    activation: str = knob("network.activation", "relu", "the hidden layers' activation")
+    layer_norm: bool = knob("network.layer_norm", False, "LayerNorm before each hidden activation of the critics")
 
 
 # Where each trained part of the parameters lives (it has an optimiser of its own): the critics and the actor are
@@ -349,29 +366,16 @@ class ReplayActorCritic(ReplayLearner):
 
 
 def replay_actor_critic_config(name: str) -> ConfigDict:
-    """Every key SAC, TD3 and TQC read, with SAC's defaults; `sac_config`, `td3_config`, `tqc_config` set the
-    rest."""
+    """Every key SAC, TD3 and TQC read, at SAC's defaults (the declared ones but where set here); `td3_config`
+    and `tqc_config` set the rest."""
     config = off_policy_config(name)
-    config.update(ConfigDict({
-        "num_envs": 1,
-        "num_steps": 1,
-        # critics: num_critics E, each num_quantiles N atoms; drop_per_critic: quantile critics' truncation.
-        # layer_norm: LayerNorm before each hidden activation of the critics
-        "network": {"hidden_sizes": (256, 256), "activation": "relu", "num_critics": 2, "num_quantiles": 1,
-                    "drop_per_critic": 0, "layer_norm": False},
-        "policy": {"kind": "stochastic", "actor_value": "min", "delay": 1, "explore_noise": 0.1,
-                   "target_noise": 0.2, "target_noise_clip": 0.5},
-        # the entropy temperature alpha: learned from `init` towards a target entropy of target_scale x (-D for
-        # D continuous action dimensions, log K for K discrete actions), or fixed at `init`
-        "temperature": {"learn": True, "init": 1.0, "target_scale": 1.0, "learning_rate": 1e-3},
-        "replay": replay_config(),
-        "target": {"every": 1, "tau": 0.005},
-    }))
+    config.update(knobs.defaults(ReplayActorCriticHyperparams, ReplayActorCriticSettings))
+    config.update({"num_envs": 1, "num_steps": 1})
+    config.replay = replay_config()
     config.env.update({"name": "gymnax", "kwargs": ConfigDict({"env_id": "Pendulum-v1"})})
     config.replay.update({"buffer_size": 1_000_000, "batch_size": 256, "learning_starts": 5_000})
-    # optim.learning_rate is the actor's; the critics' and the temperature's have their own keys
-    config.optim.update({"learning_rate": 3e-4, "critic_learning_rate": 1e-3, "max_grad_norm": float("inf"),
-                         "adam_eps": 1e-8, "schedule": "constant"})
+    config.optim.update({"learning_rate": 3e-4, "max_grad_norm": float("inf"), "adam_eps": 1e-8,
+                         "schedule": "constant"})
     return config
 
 
@@ -406,33 +410,27 @@ def tqc_config() -> ConfigDict:
 
 def build_replay_actor_critic(config: ConfigDict, mesh) -> ReplayActorCritic:
     env, eval_max_steps = make_env(config)
-    n, p = config.network, config.policy
     space = env.action_space()
     discrete = hasattr(space, "n")
+    settings = knobs.read(ReplayActorCriticSettings, config, **off_policy_settings(config), squash=not discrete)
     num_outputs = int(space.n) if discrete else 2 * int(space.shape[0])
-    network = ActorAndCritics(num_outputs, int(space.n) if discrete else None, tuple(n.hidden_sizes), n.activation,
-                              n.num_critics, n.num_quantiles, n.layer_norm)
-    settings = ReplayActorCriticSettings(
-        **replay_settings(config), squash=not discrete, policy=p.kind, learn_temperature=config.temperature.learn,
-        init_temperature=config.temperature.init, policy_delay=p.delay, num_critics=n.num_critics, num_quantiles=n.num_quantiles,
-        drop_per_critic=n.drop_per_critic, actor_value=p.actor_value)
-    if discrete and p.kind == "stochastic" and not 0 < config.temperature.target_scale < 1:
+    network = ActorAndCritics(num_outputs, int(space.n) if discrete else None, tuple(settings.hidden_sizes),
+                              settings.activation, settings.num_critics, settings.num_quantiles, settings.layer_norm)
+    if discrete and settings.policy == "stochastic" and not 0 < config.temperature.target_scale < 1:
         raise ValueError(f"temperature.target_scale = {config.temperature.target_scale}: with discrete actions the "
                          "target entropy is target_scale x log K, which must lie below the uniform policy's log K "
                          "(e.g. 0.3 to 0.9)")
-    if discrete and n.num_quantiles > 1:
-        raise ValueError(f"network.num_quantiles = {n.num_quantiles}: quantile critics take continuous actions; "
-                         f"{config.env.name!r} has {space!r}")
+    if discrete and settings.num_quantiles > 1:
+        raise ValueError(f"network.num_quantiles = {settings.num_quantiles}: quantile critics take continuous "
+                         f"actions; {config.env.name!r} has {space!r}")
     return ReplayActorCritic(env, network, settings, mesh, eval_max_steps)
 
 
 def check_replay_actor_critic_config(config: ConfigDict) -> None:
     check_off_policy_config(config)
     check_replay_config(config)
+    knobs.check(config, ReplayActorCriticHyperparams, ReplayActorCriticSettings)
     n, p = config.network, config.policy
-    config_lib.positive(config, "network.num_critics", "network.num_quantiles", "policy.delay")
-    config_lib.one_of(p.kind, POLICIES, "policy.kind")
-    config_lib.one_of(p.actor_value, ACTOR_VALUES, "policy.actor_value")
     if config.replay.gradient_steps % p.delay:
         raise ValueError(f"config.replay.gradient_steps = {config.replay.gradient_steps} must be a multiple of "
                          f"policy.delay = {p.delay}: an update's gradient steps come in rounds of policy.delay critic "
@@ -445,23 +443,13 @@ def check_replay_actor_critic_config(config: ConfigDict) -> None:
     if n.num_quantiles > 1 and p.actor_value != "mean":
         raise ValueError(f"policy.actor_value = {p.actor_value!r}: with quantile critics (network.num_quantiles = "
                          f"{n.num_quantiles}) the actor maximises the mean of all atoms ('mean')")
-    if not 0 <= n.drop_per_critic < n.num_quantiles and n.num_quantiles > 1:
+    if not n.drop_per_critic < n.num_quantiles and n.num_quantiles > 1:
         raise ValueError(f"network.drop_per_critic = {n.drop_per_critic} must lie in [0, num_quantiles = "
                          f"{n.num_quantiles})")
     if n.num_quantiles == 1 and n.drop_per_critic:
         raise ValueError("network.drop_per_critic applies to quantile critics (network.num_quantiles > 1)")
-    if not config.temperature.init > 0:
-        raise ValueError(f"temperature.init must be > 0, got {config.temperature.init!r}")
-    for key in ("target.tau", "policy.target_noise_clip"):
-        config_lib.unit_interval(config_lib.get_value(config, key), key)
 
-
-HYPERPARAM_KEYS = {
-    "actor_learning_rate": "optim.learning_rate", "critic_learning_rate": "optim.critic_learning_rate",
-    "temperature_learning_rate": "temperature.learning_rate", **RETURN_KEYS, "tau": "target.tau",
-    "max_grad_norm": "optim.max_grad_norm", "target_entropy_scale": "temperature.target_scale", "explore_noise": "policy.explore_noise",
-    "target_noise": "policy.target_noise", "target_noise_clip": "policy.target_noise_clip"}
 
 for _name, _defaults in (("sac", sac_config), ("td3", td3_config), ("tqc", tqc_config)):
-    register(_name, Recipe(build_replay_actor_critic, ReplayActorCriticHyperparams, HYPERPARAM_KEYS,
-                           check_replay_actor_critic_config, defaults=_defaults))
+    register(_name, Recipe(build_replay_actor_critic, ReplayActorCriticHyperparams, check=check_replay_actor_critic_config,
+                           defaults=_defaults))
