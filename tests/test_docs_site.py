@@ -27,7 +27,7 @@ def build_site(root, site_dir):
 def test_the_docs_site_builds_strict_with_every_page(tmp_path):
     result = build_site(ROOT, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    pages = ["index.html", "runs/index.html", "benchmarks/index.html", "benchmarks/RESULTS/index.html"]
+    pages = ["index.html", "runs/index.html", "config/index.html", "benchmarks/index.html", "benchmarks/RESULTS/index.html"]
     assert [page for page in pages if not (tmp_path / page).is_file()] == []
     api_html = "".join(page.read_text() for page in (tmp_path / "api").glob("*/index.html"))
     assert [module for module in API_MODULES if f'id="{module}"' not in api_html] == []
