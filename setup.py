@@ -24,7 +24,9 @@ EXTRAS = {
     # libraries the adapters and parity checks use (gymnax's CartPole and suites, jaxmarl's SMAX and MPE).
     "dev": ["pytest>=8", "pytest-xdist>=3.5", "nbclient>=0.10", "nbformat>=5.10", "ipykernel>=6.29",
             "import-linter>=2.1", "gymnax>=1.0", "six", "brax>=0.12", "craftax>=1.4", "xminigrid>=0.9", "jaxmarl==0.2.0",
-            "tensorboardX>=2.6", "tensorboard", "wandb"],  # the log backends; tensorboard reads their events back
+            "tensorboardX>=2.6", "tensorboard", "wandb",  # the log backends; tensorboard reads their events back
+            # the docs site (mkdocs.yml), built with --strict by tests/test_docs_site.py
+            "mkdocs>=1.6.1", "mkdocs-material>=9.8.2", "mkdocstrings[python]>=1.0.8"],
     # Environment libraries, each reached through envs.make (envs/adapters).
     "gymnax": ["gymnax>=1.0", "six"],  # 1.x reports terminated and truncated apart; it imports six undeclared
     "brax": ["brax>=0.12"],
