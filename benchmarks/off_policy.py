@@ -102,7 +102,7 @@ def jaxrl_config(case: str, seeds: int) -> ConfigDict:
         config.loss.td = "squared"  # rejax: optax.l2_loss
     if algorithm in ("sac", "td3", "tqc"):
         config.optim.critic_learning_rate = recipe["learning_rate"]
-        config.temperature.learning_rate = recipe["learning_rate"]
+        config.optim.temperature_learning_rate = recipe["learning_rate"]
         config.target.tau = recipe["tau"]
     if algorithm == "td3":
         config.policy.delay = config.num_steps = config.replay.gradient_steps = config.target.every = \

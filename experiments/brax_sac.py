@@ -29,7 +29,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.replay.update({"buffer_size": 1_048_576, "batch_size": 256, "gradient_steps": 32,
                           "learning_starts": 10_240})
     config.optim.update({"learning_rate": 3e-4, "critic_learning_rate": 3e-4})
-    config.temperature.learning_rate = 3e-4
+    config.optim.temperature_learning_rate = 3e-4
     config.log.every_steps = 100_032
     config.eval.every_steps = 1_000_064
     config.eval.num_envs = 16

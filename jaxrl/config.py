@@ -231,10 +231,44 @@ def save(config: ConfigDict, path) -> None:
     files.write_atomic(path, config.to_json(indent=2, sort_keys=True))
 
 
+# Keys that moved, old -> new, in the order they moved: a saved config is read with its old keys under their new
+# names (`load`), so that every saved run still resumes and evaluates. A key is never reused for another meaning.
+RENAMED_KEYS = {
+    "temperature.learning_rate": "optim.temperature_learning_rate",  # 2026-11-29: every learning rate in optim
+}
+
+
+def migrate(saved: dict, renamed: dict[str, str] = RENAMED_KEYS) -> dict:
+    """A saved config (a plain dict) with its old keys under their new names (`RENAMED_KEYS`); a section left
+    empty by a move goes. ValueError when a config holds a key under both names."""
+    out = json.loads(json.dumps(saved))
+    for old, new in renamed.items():
+        *old_parents, old_name = old.split(".")
+        section = out
+        for parent in old_parents:
+            section = section.get(parent) if isinstance(section, dict) else None
+        if not isinstance(section, dict) or old_name not in section:
+            continue
+        value = section.pop(old_name)
+        *new_parents, new_name = new.split(".")
+        target = out
+        for parent in new_parents:
+            target = target.setdefault(parent, {})
+        if new_name in target:
+            raise ValueError(f"the saved config holds both {old} and {new} (which replaced it)")
+        target[new_name] = value
+        if old_parents and not section:
+            holder = out
+            for parent in old_parents[:-1]:
+                holder = holder[parent]
+            del holder[old_parents[-1]]
+    return out
+
+
 def load(path) -> ConfigDict:
-    """The config a run saved, locked like a fresh one."""
+    """The config a run saved, its old keys renamed (`migrate`), locked like a fresh one."""
     with open(path) as f:
-        config = ConfigDict(json.load(f))
+        config = ConfigDict(migrate(json.load(f)))
     config.lock()
     return config
 

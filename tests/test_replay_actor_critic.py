@@ -126,7 +126,7 @@ def _short_pendulum(name: str, total_steps: int):
                  "log.every_steps": 1_000, "log.progress_bar": False, "eval.every_steps": 0, "eval.num_envs": 16,
                  "checkpoint.every_steps": total_steps}
     if name != "td3":  # (a deterministic policy has no temperature)
-        overrides["temperature.learning_rate"] = 1e-3
+        overrides["optim.temperature_learning_rate"] = 1e-3
     return set_keys(load_experiment(f"pendulum_{name}"), overrides)
 
 

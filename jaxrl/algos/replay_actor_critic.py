@@ -58,8 +58,8 @@ class ReplayActorCriticHyperparams:
     actor_learning_rate: float = knobs.declared("optim.learning_rate").field()
     critic_learning_rate: float = knob("optim.critic_learning_rate", 1e-3, "the critics' learning rate "
                                        "(optim.learning_rate is the actor's)", traced=True, above=0.0)
-    temperature_learning_rate: float = knob("temperature.learning_rate", 1e-3, "the entropy temperature's learning "
-                                            "rate", traced=True, above=0.0)
+    temperature_learning_rate: float = knob("optim.temperature_learning_rate", 1e-3, "the entropy "
+                                            "temperature's learning rate", traced=True, above=0.0)
     gamma: float = GAMMA.field()
     reward_scale: float = REWARD_SCALE.field()
     tau: float = TAU.field()
@@ -399,7 +399,7 @@ def tqc_config() -> ConfigDict:
     config.network.update({"num_critics": 2, "num_quantiles": 25, "drop_per_critic": 2})
     config.policy.actor_value = "mean"
     config.optim.critic_learning_rate = 3e-4
-    config.temperature.learning_rate = 3e-4
+    config.optim.temperature_learning_rate = 3e-4
     # The quantile loss's [critics, batch, atoms, kept atoms] pairs and their sums ran slower as XLA:CPU's
     # YNNPACK fusions than as XLA's own kernels: 1 seed of Pendulum, 2 cores (Intel Xeon, 2026-11-27), 3.7-4.1
     # against 4.3-4.9 ms per step at 64-64, 8.1-8.8 against 9.1-9.9 at 256-256. (SAC's products are faster
