@@ -99,7 +99,7 @@ def run_brax(args, config) -> dict:
             discounting=config.returns.gamma, gae_lambda=config.returns.gae_lambda,
             unroll_length=args.num_steps, batch_size=args.num_envs // args.num_minibatches,
             num_minibatches=args.num_minibatches, num_updates_per_batch=args.num_epochs,
-            normalize_observations=True, reward_scaling=config.normalize.reward_scale,
+            normalize_observations=True, reward_scaling=config.returns.reward_scale,
             clipping_epsilon=config.loss.clip_low, clipping_epsilon_value=config.loss.value_clip or None,
             max_grad_norm=config.optim.max_grad_norm,
             vf_loss_coefficient=config.loss.vf_coef, network_factory=networks, seed=seed, num_evals=2,

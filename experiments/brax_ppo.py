@@ -14,8 +14,8 @@ from ml_collections import ConfigDict
 from jaxrl import algos, config as config_lib
 
 TUNED = {
-    "halfcheetah": {"total_steps": 50_000_000, "returns.gamma": 0.95, "normalize.reward_scale": 1.0},
-    "ant": {"total_steps": 50_000_000, "returns.gamma": 0.97, "loss.ent_coef": 1e-2, "normalize.reward_scale": 10.0,
+    "halfcheetah": {"total_steps": 50_000_000, "returns.gamma": 0.95, "returns.reward_scale": 1.0},
+    "ant": {"total_steps": 50_000_000, "returns.gamma": 0.97, "loss.ent_coef": 1e-2, "returns.reward_scale": 10.0,
             "env.kwargs.backend": "positional"},
 }
 

@@ -235,6 +235,7 @@ def save(config: ConfigDict, path) -> None:
 # names (`load`), so that every saved run still resumes and evaluates. A key is never reused for another meaning.
 RENAMED_KEYS = {
     "temperature.learning_rate": "optim.temperature_learning_rate",  # 2026-11-29: every learning rate in optim
+    "normalize.reward_scale": "returns.reward_scale",  # 2026-11-29: one name for every family
 }
 
 

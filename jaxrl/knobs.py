@@ -5,7 +5,8 @@ the values it accepts. Everything else is read from the declaration:
         buffer_size: int = knob("replay.buffer_size", 50_000, "env steps kept per run, over all its envs",
                                 minimum=1)
 
-- `defaults(*declarations)`: the config section with every declared key at its default;
+- `defaults(*declarations)`: the config section with every declared key at its default (`fill`: the keys a
+  config lacks);
 - `read(cls, config, **derived)`: a settings (or hyperparameters) object, each field from its key;
 - `check(config, *declarations)`: every declared key's bounds and choices, one ValueError naming the key,
   before anything compiles;
@@ -31,8 +32,8 @@ FIELD_METADATA = "jaxrl_knob"
 @dataclasses.dataclass(frozen=True)
 class Knob:
     """One config key. `minimum`/`maximum` are inclusive bounds, `above` an exclusive lower bound; `choices` the
-    accepted values (for a comma-separated list: `each_of`); `convert` turns the config value into the field's
-    (e.g. a weight decay > 0 into the static choice to decay)."""
+    accepted values (for a comma-separated list: `each_of`); `accepts` any other check, `rule` its words;
+    `convert` turns the config value into the field's (e.g. a weight decay > 0 into the static choice to decay)."""
 
     key: str
     default: Any
@@ -43,11 +44,15 @@ class Knob:
     minimum: float | None = None
     maximum: float | None = None
     above: float | None = None
+    rule: str = ""  # what `accepts` checks, in words ("positive integers, e.g. (64, 64)")
+    accepts: Callable[[Any], bool] | None = dataclasses.field(default=None, compare=False)
     convert: Callable[[Any], Any] | None = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self):
         if not self.help or "\n" in self.help:
             raise ValueError(f"knob {self.key!r}: help must be one line")
+        if (self.accepts is None) != (not self.rule):
+            raise ValueError(f"knob {self.key!r}: a rule needs both its check (accepts) and its words (rule)")
         _register(self)
 
     def field(self, convert: Callable[[Any], Any] | None = None):
@@ -70,7 +75,11 @@ class Knob:
             raise ValueError(f"config.{self.key} must be an integer, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if math.isnan(value) or not self._in_bounds(value):
-                raise ValueError(f"config.{self.key} must be {self.bounds()}, got {value!r}")
+                bounds = self.bounds()
+                verb = "lie" if bounds.startswith("in ") else "be"
+                raise ValueError(f"config.{self.key} must {verb} {bounds}, got {value!r}")
+        if self.accepts is not None and not self.accepts(value):
+            raise ValueError(f"config.{self.key} must be {self.rule}, got {value!r}")
 
     def _in_bounds(self, value: float) -> bool:
         return ((self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
@@ -78,6 +87,8 @@ class Knob:
 
     def bounds(self) -> str:
         """The accepted values in words, e.g. "in [0, 1]" or "> 0"; "" when any value of the type is."""
+        if self.rule:
+            return self.rule
         if self.choices:
             return ("a comma-separated list of " if self.each_of else "one of ") + ", ".join(map(str, self.choices))
         if _is_int(self.default) and self.minimum == 1 and self.maximum is None:
@@ -165,7 +176,27 @@ def defaults(*declarations: Knob | type) -> ConfigDict:
             if parent not in section:
                 section[parent] = ConfigDict()
             section = section[parent]
-        section[name] = declared.default
+        section[name] = _config_value(declared.default)
+    return config
+
+
+def _config_value(default: Any) -> Any:
+    return ConfigDict(default) if isinstance(default, dict) else default
+
+
+def fill(config: ConfigDict, *declarations: Knob | type) -> ConfigDict:
+    """Add every declared key that `config` lacks, at its default; the keys it has keep their values (a family's
+    own defaults, set before). Returns `config`."""
+    with config.unlocked():
+        for key, declared in knobs_of(*declarations).items():
+            section = config
+            *parents, name = key.split(".")
+            for parent in parents:
+                if parent not in section:
+                    section[parent] = ConfigDict()
+                section = section[parent]
+            if name not in section:
+                section[name] = _config_value(declared.default)
     return config
 
 
@@ -181,6 +212,14 @@ def check(config: ConfigDict, *declarations: Knob | type) -> None:
     that is not."""
     for key, declared in knobs_of(*declarations).items():
         declared.check(get_value(config, key))
+
+
+def check_fields(obj) -> None:
+    """A settings object made in Python (not read from a config): each knob field's value accepted, as the config
+    key's would be (fields that convert their key's value are the builder's)."""
+    for name, declared in fields_of(type(obj)).items():
+        if declared.convert is None:
+            declared.check(getattr(obj, name))
 
 
 def traced_keys(cls: type) -> dict[str, str]:

@@ -31,8 +31,8 @@ def test_defaults_nest_by_the_dots_and_read_converts():
 
 @pytest.mark.parametrize("key,value,message", [
     ("size", 0, "config.test_knobs.example.size must be a positive integer, got 0"),
-    ("rate", 1.5, "config.test_knobs.example.rate must be in [0, 1], got 1.5"),
-    ("rate", float("nan"), "config.test_knobs.example.rate must be in [0, 1], got nan"),
+    ("rate", 1.5, "config.test_knobs.example.rate must lie in [0, 1], got 1.5"),
+    ("rate", float("nan"), "config.test_knobs.example.rate must lie in [0, 1], got nan"),
     ("mode", "c", "unknown config.test_knobs.example.mode 'c'; known: a, b"),
 ])
 def test_check_names_the_key_and_what_it_accepts(key, value, message):

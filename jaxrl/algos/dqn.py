@@ -28,15 +28,17 @@ import optax
 from flax import struct
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib, replay
+from jaxrl import knobs, replay
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import env_optimizer, make_env
-from jaxrl.algos.off_policy import (ReplayLearner, ReplaySettings, ReplayState, check_replay_config, replay_config,
-                                    replay_settings)
-from jaxrl.algos.q_learning import (Q_LEARNING_KEYS, QLearner, bootstrap_values, check_q_config, q_config,
-                                    q_network, sequence_targets)
+from jaxrl.algos.off_policy import (GAMMA, PRIORITY_ALPHA, PRIORITY_BETA, REWARD_SCALE, TAU, ReplayLearner,
+                                    ReplaySettings, ReplayState, check_replay_config, off_policy_settings,
+                                    replay_config)
+from jaxrl.algos.q_learning import (EPSILON_END, EPSILON_FRACTION, EPSILON_START, QLearner, bootstrap_values,
+                                    check_q_config, q_config, q_network, sequence_targets)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step
+from jaxrl.knobs import knob
 
 TD_LOSSES = ("huber", "squared")
 
@@ -50,23 +52,26 @@ def per_sequence(x: jax.Array) -> jax.Array:
 class DQNHyperparams:
     """Traced numbers: one compiled program serves a sweep over them."""
 
-    learning_rate: float = 2.5e-4
-    gamma: float = 0.99
-    reward_scale: float = 1.0  # rewards are stored (and learned) multiplied by this
-    max_grad_norm: float = 10.0
-    weight_decay: float = 0.0
-    tau: float = 1.0  # target <- tau * online + (1 - tau) * target, every `target_every` gradient steps
-    epsilon_start: float = 1.0  # exploration: epsilon falls linearly from start to end ...
-    epsilon_end: float = 0.05
-    epsilon_fraction: float = 0.5  # ... over this fraction of the run
-    priority_alpha: float = 0.6  # prioritised replay: P proportional to priority^alpha
-    priority_beta: float = 0.4  # importance weights (N P)^-beta
+    learning_rate: float = knobs.declared("optim.learning_rate").field()
+    gamma: float = GAMMA.field()
+    reward_scale: float = REWARD_SCALE.field()
+    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
+    tau: float = TAU.field()  # every `target_every` gradient steps
+    epsilon_start: float = EPSILON_START.field()
+    epsilon_end: float = EPSILON_END.field()
+    epsilon_fraction: float = EPSILON_FRACTION.field()
+    priority_alpha: float = PRIORITY_ALPHA.field()
+    priority_beta: float = PRIORITY_BETA.field()
 
 
 @dataclasses.dataclass(frozen=True)
 class DQNSettings(ReplaySettings):
-    double: bool = True
-    td_loss: str = "huber"
+    sequence_length: int = knob("returns.n_step", 1, "n-step returns: the target sums n rewards before it "
+                                "bootstraps", minimum=1)
+    double: bool = knob("loss.double", True, "double Q-learning: the target network values the online "
+                        "network's greedy action")
+    td_loss: str = knob("loss.td", "huber", "the TD error's loss", choices=TD_LOSSES)
 
 
 class DQN(QLearner, ReplayLearner):
@@ -131,28 +136,23 @@ class DQN(QLearner, ReplayLearner):
 
 def dqn_config() -> ConfigDict:
     config = q_config("dqn")
-    config.returns.n_step = 1
     config.replay = replay_config()
-    config.target = ConfigDict({"every": 250, "tau": 1.0})  # gradient steps between target updates; 1.0: a copy
-    config.loss = ConfigDict({"double": True, "td": "huber"})
+    config.target = ConfigDict({"every": 250, "tau": 1.0})  # 1.0: a copy
+    knobs.fill(config, DQNHyperparams, DQNSettings)
     config.optim.learning_rate = 2.5e-4
     return config
 
 
 def build_dqn(config: ConfigDict, mesh) -> DQN:
     env, eval_max_steps = make_env(config)
-    settings = DQNSettings(**replay_settings(config, config.returns.n_step), double=config.loss.double,
-                           td_loss=config.loss.td)
+    settings = knobs.read(DQNSettings, config, **off_policy_settings(config))
     return DQN(env, q_network(config, env), settings, mesh, eval_max_steps)
 
 
 def check_dqn_config(config: ConfigDict) -> None:
     check_q_config(config)
-    config_lib.positive(config, "returns.n_step")
+    knobs.check(config, DQNHyperparams, DQNSettings)
     check_replay_config(config, config.returns.n_step)
-    config_lib.one_of(config.loss.td, TD_LOSSES, "loss.td")
 
 
-HYPERPARAM_KEYS = {**Q_LEARNING_KEYS, "tau": "target.tau", "priority_alpha": "replay.priority_alpha",
-                   "priority_beta": "replay.priority_beta"}
-register("dqn", Recipe(build_dqn, DQNHyperparams, HYPERPARAM_KEYS, check_dqn_config, defaults=dqn_config))
+register("dqn", Recipe(build_dqn, DQNHyperparams, check=check_dqn_config, defaults=dqn_config))

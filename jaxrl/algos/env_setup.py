@@ -9,16 +9,61 @@ import jax
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, distributions
+from jaxrl import config as config_lib, distributions, knobs
 from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learning_rate
 from jax.sharding import PartitionSpec as P
 
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS
-from jaxrl.networks import KERNEL_INITS, LOG_STDS, ActorCritic, RecurrentActorCritic
+from jaxrl.knobs import Knob
+from jaxrl.networks import ACTIVATIONS, KERNEL_INITS, LOG_STDS, ActorCritic, RecurrentActorCritic
 
 NETWORKS = ("mlp", "gru")
 CRITIC_INPUTS = ("obs", "global_state")  # the critic sees each agent's view (IPPO) or the env's global state (MAPPO)
 AGENT_ID_INPUTS = ("both", "critic", "actor", "none")  # which networks see each agent's one-hot index
+
+
+def _positive_ints(sizes) -> bool:
+    return bool(sizes) and all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes)
+
+
+# The keys of the algorithms that learn on environments (each family may set its own defaults)
+NUM_ENVS = Knob("num_envs", 4, "parallel environments per seed, split over devices", minimum=1)
+NUM_STEPS = Knob("num_steps", 128, "env steps per env per update", minimum=1)
+ROLLOUT_UNROLL = Knob("rollout_unroll", 1, "lax.scan unroll of the rollout loop (a speed knob)", minimum=1)
+ENV_NAME = Knob("env.name", "CartPole-v1", "a registered environment (envs.registered())")
+ENV_KWARGS = Knob("env.kwargs", {}, "the environment's own arguments, e.g. {scenario: 3m}")
+RESET_RATIO = Knob("env.reset_ratio", 1, "training envs compute one restart per reset_ratio envs per step, shared "
+                   "when more end at once (for envs whose reset costs much more than a step: Craftax)", minimum=1)
+NUM_EPOCHS = Knob("optim.num_epochs", 4, "passes over an update's batch", minimum=1)
+NUM_MINIBATCHES = Knob("optim.num_minibatches", 4, "minibatches per epoch", minimum=1)
+GAMMA = Knob("returns.gamma", 0.99, "the discount factor", traced=True, minimum=0.0, maximum=1.0)
+REWARD_SCALE = Knob("returns.reward_scale", 1.0, "rewards are learned multiplied by this (Brax's reward_scaling)",
+                    traced=True)
+VF_COEF = Knob("loss.vf_coef", 0.5, "the value loss's weight", traced=True, minimum=0.0)
+ENT_COEF = Knob("loss.ent_coef", 0.01, "the entropy bonus's weight", traced=True, minimum=0.0)
+NETWORK_KIND = Knob("network.kind", "mlp", "feed-forward (mlp) or recurrent (gru) actor and critic",
+                    choices=NETWORKS)
+HIDDEN_SIZES = Knob("network.hidden_sizes", (64, 64), "units of each hidden layer (mlp networks)",
+                    rule="positive integers, e.g. (64, 64)", accepts=_positive_ints)
+FC_SIZE = Knob("network.fc_size", 128, "gru networks: the dense layer before and after the GRU", minimum=1)
+RNN_SIZE = Knob("network.rnn_size", 128, "gru networks: the hidden state's size", minimum=1)
+ACTIVATION = Knob("network.activation", "tanh", "the hidden layers' activation", choices=tuple(sorted(ACTIVATIONS)))
+LAYER_NORM = Knob("network.layer_norm", False, "LayerNorm before each hidden activation")
+CRITIC_INPUT = Knob("network.critic_input", "obs", "what the critic sees: each agent's own view (obs, IPPO) or the "
+                    "env's global state (global_state, MAPPO)", choices=CRITIC_INPUTS)
+AGENT_ID = Knob("network.agent_id", "both", "multi-agent: which networks see each agent's one-hot index",
+                choices=AGENT_ID_INPUTS)
+LOG_STD = Knob("network.log_std", "param", "continuous actions: log-stds learned per dimension (param) or computed "
+               "by the actor (state)", choices=LOG_STDS)
+INIT_LOG_STD = Knob("network.init_log_std", 0.0, "continuous actions: the log-stds' initial value")
+STD_TRANSFORM = Knob("network.std_transform", "exp", "continuous actions: exp (log-stds) or softplus (std = "
+                     "softplus(x) + 0.001, as Brax's policies)", choices=distributions.STD_TRANSFORMS)
+SQUASH = Knob("network.squash", False, "continuous actions: tanh-squash the Gaussian to the bounds")
+KERNEL_INIT = Knob("network.kernel_init", "orthogonal", "mlp networks: orthogonal (gain sqrt(2), the heads' own: "
+                   "the PPO convention) or lecun_uniform (every layer, as Brax's)", choices=KERNEL_INITS)
+ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RATIO, NETWORK_KIND, HIDDEN_SIZES,
+             FC_SIZE, RNN_SIZE, ACTIVATION, CRITIC_INPUT, AGENT_ID, LOG_STD, INIT_LOG_STD, STD_TRANSFORM, SQUASH,
+             KERNEL_INIT, GAMMA, VF_COEF, ENT_COEF, NUM_EPOCHS, NUM_MINIBATCHES)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,41 +119,8 @@ def check_minibatch_split(settings: EnvSettings, num_agents: int, sequences: boo
 
 
 def env_config() -> ConfigDict:
-    """`config.base_config()` plus the keys every env algorithm reads."""
-    config = config_lib.base_config()
-    config.update(ConfigDict({
-        "num_envs": 4,  # parallel environments per seed, split over devices
-        "num_steps": 128,  # rollout length per update
-        "rollout_unroll": 1,  # lax.scan unroll of the rollout loop (a speed knob)
-        # reset_ratio k > 1: the training envs of a device compute one restart per k envs per step, shared when
-        # more end at once (`envs.AutoReset`); for envs whose reset costs much more than a step (Craftax)
-        "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
-        "network": {
-            "kind": "mlp",  # "mlp" (feed-forward) or "gru" (recurrent actor and critic)
-            "hidden_sizes": (64, 64),  # mlp
-            "fc_size": 128,  # gru: dense layer before and after the GRU
-            "rnn_size": 128,  # gru: hidden state size
-            "activation": "tanh",
-            "critic_input": "obs",  # "obs": each agent's own view (IPPO); "global_state": centralised (MAPPO)
-            # multi-agent: which networks see each agent's one-hot index: "both", "critic", "actor", "none"
-            "agent_id": "both",
-            # continuous actions (a Gaussian policy): where the log-stds come from ("param": learned, the same
-            # for every state; "state": computed by the actor), their initial value, how they become stds
-            # ("exp": they are log-stds; "softplus": std = softplus(x) + 0.001, as Brax's policies), tanh
-            # squashing to the bounds
-            "log_std": "param",
-            "init_log_std": 0.0,
-            "std_transform": "exp",
-            "squash": False,
-            # mlp: how the weights start, "orthogonal" (gain sqrt(2), the heads' own gains: the PPO convention)
-            # or "lecun_uniform" (every layer, as Brax's networks)
-            "kernel_init": "orthogonal",
-        },
-        "returns": {"gamma": 0.99},
-        "loss": {"vf_coef": 0.5, "ent_coef": 0.01},
-    }))
-    config.optim.update({"num_epochs": 4, "num_minibatches": 4})
-    return config
+    """`config.base_config()` plus the keys every env algorithm reads (`ENV_KNOBS`)."""
+    return knobs.fill(config_lib.base_config(), *ENV_KNOBS)
 
 
 def sample_trajectory(rollout, state, state_specs, mesh, check_vma: bool = True):
@@ -159,26 +171,14 @@ def env_settings(config: ConfigDict) -> dict:
 
 def check_env_config(config: ConfigDict) -> None:
     """The keys every env algorithm reads."""
-    one_of = config_lib.one_of
-    one_of(config.network.critic_input, CRITIC_INPUTS, "network.critic_input")
-    one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
-    one_of(config.network.kind, NETWORKS, "network.kind")
-    one_of(config.network.log_std, LOG_STDS, "network.log_std")
-    one_of(config.network.std_transform, distributions.STD_TRANSFORMS, "network.std_transform")
-    one_of(config.network.kernel_init, KERNEL_INITS, "network.kernel_init")
+    knobs.check(config, *ENV_KNOBS)
     if config.network.kind != "mlp" and config.network.kernel_init != "orthogonal":
         raise ValueError(f"config.network.kernel_init={config.network.kernel_init!r} applies to mlp networks; "
                          f"network.kind={config.network.kind!r} starts orthogonal")
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
-    config_lib.positive(config, "num_envs", "num_steps", "rollout_unroll", "env.reset_ratio", "optim.num_epochs",
-                        "optim.num_minibatches", "network.fc_size", "network.rnn_size")
-    sizes = config.network.hidden_sizes
-    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
-        raise ValueError(f"config.network.hidden_sizes must be positive integers, e.g. (64, 64); got {sizes!r}")
     batch = config.num_envs * config.num_steps
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update "
                          f"(num_envs * num_steps = {batch})")
-    config_lib.unit_interval(config.returns.gamma, "returns.gamma")

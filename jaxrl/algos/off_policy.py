@@ -22,7 +22,8 @@ from ml_collections import ConfigDict
 import envs
 from jaxrl import config as config_lib, knobs, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, PolicyStep
-from jaxrl.algos.env_setup import EnvSettings
+from jaxrl.algos.env_setup import (ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE,
+                                   EnvSettings)
 from jaxrl.engine import ChunkRunner
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
@@ -258,8 +259,6 @@ class ReplayLearner(OffPolicyLearner):
 # From a config
 
 
-GAMMA = Knob("returns.gamma", 0.99, "the discount factor", traced=True, minimum=0.0, maximum=1.0)
-REWARD_SCALE = Knob("returns.reward_scale", 1.0, "rewards are learned multiplied by this", traced=True)
 TAU = Knob("target.tau", 0.005, "target <- tau * online + (1 - tau) * target at each target update; 1: a copy",
            traced=True, minimum=0.0, maximum=1.0)
 PRIORITY_ALPHA = Knob("replay.priority_alpha", 0.6, "prioritised replay: P proportional to priority^alpha",
@@ -267,20 +266,15 @@ PRIORITY_ALPHA = Knob("replay.priority_alpha", 0.6, "prioritised replay: P propo
 PRIORITY_BETA = Knob("replay.priority_beta", 0.4, "prioritised replay: importance weights (N P)^-beta",
                      traced=True, minimum=0.0, maximum=1.0)
 
-RETURN_KEYS = {"gamma": GAMMA.key, "reward_scale": REWARD_SCALE.key}  # hyperparameter field -> key (Q-learners')
+OFF_POLICY_KNOBS = (NUM_ENVS, NUM_STEPS, ENV_NAME, ENV_KWARGS, RESET_RATIO, GAMMA, REWARD_SCALE)
 
 
 def off_policy_config(name: str) -> ConfigDict:
     """The keys every off-policy learner reads (envs, gamma); the learner adds its network and its own."""
     config = config_lib.base_config()
     config.algorithm = name
-    config.update(ConfigDict({
-        "num_envs": 4,  # parallel environments per seed, split over devices
-        "num_steps": 4,  # env steps per env per update
-        "env": {"name": "CartPole-v1", "kwargs": ConfigDict(), "reset_ratio": 1},
-    }))
-    config.update(knobs.defaults(GAMMA, REWARD_SCALE))
-    return config
+    config.num_steps = 4
+    return knobs.fill(config, *OFF_POLICY_KNOBS)
 
 
 def off_policy_settings(config: ConfigDict) -> dict:
@@ -296,22 +290,15 @@ def check_off_policy_config(config: ConfigDict) -> None:
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
-    config_lib.positive(config, "num_envs", "num_steps", "env.reset_ratio")
+    knobs.check(config, *OFF_POLICY_KNOBS)
     batch = config.num_envs * config.num_steps
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
-    knobs.check(config, GAMMA, REWARD_SCALE)
 
 
 def replay_config() -> ConfigDict:
     """config.replay: the buffer and how much is learned from it (`ReplaySettings`, the priorities' exponents)."""
     return knobs.defaults(ReplaySettings, PRIORITY_ALPHA, PRIORITY_BETA).replay
-
-
-def replay_settings(config: ConfigDict, sequence_length: int = 1) -> dict:
-    """ReplaySettings fields from their keys and the other off-policy keys."""
-    declared = {name: k.value_of(config) for name, k in knobs.fields_of(ReplaySettings).items()}
-    return dict(**off_policy_settings(config), **declared, sequence_length=sequence_length)
 
 
 def check_replay_config(config: ConfigDict, sequence_length: int = 1, sequence_key: str = "returns.n_step") -> None:

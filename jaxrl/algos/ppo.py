@@ -28,47 +28,16 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, losses, mesh as mesh_lib, normalization
+from jaxrl import config as config_lib, knobs, losses, mesh as mesh_lib, normalization
 from jaxrl.advantages import CRITIC_ESTIMATORS
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units, trainable
-from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
-                                   env_settings, make_env, make_network, sample_trajectory)
+from jaxrl.algos.env_setup import (ENT_COEF, GAMMA, REWARD_SCALE, VF_COEF, EnvSettings, check_env_config,
+                                   check_minibatch_split, env_config, env_optimizer, env_settings, make_env,
+                                   make_network, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import GRAD_CLIPS, ChunkRunner, normalize, optimise
+from jaxrl.engine import ChunkRunner, normalize, optimise
+from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
-
-
-@struct.dataclass
-class PPOHyperparams:
-    """Dynamic numbers: traced, so one compiled program serves a whole sweep over them."""
-
-    learning_rate: float = 2.5e-4
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    clip_low: float = 0.2  # the policy ratio is clipped to [1 - clip_low, 1 + clip_high]
-    clip_high: float = 0.2
-    value_clip: float = 0.2  # values move at most this far from the rollout's (when settings.clip_value)
-    vf_coef: float = 0.5
-    ent_coef: float = 0.01
-    max_grad_norm: float = 0.5
-    weight_decay: float = 0.0
-    reward_scale: float = 1.0  # rewards are multiplied by this before the returns (Brax's reward_scaling)
-
-
-@dataclasses.dataclass(frozen=True)
-class PPOSettings(EnvSettings):
-    """The env algorithms' static settings plus PPO's own choices."""
-
-    normalize_advantages: bool = True
-    clip_value: bool = True  # config.loss.value_clip > 0
-    bootstrap_truncation: bool = True
-    returns_until: str = "episode"  # an agent's returns run to the end of the episode, or stop when it is done
-    normalize_obs: bool = False  # the policy sees observations (and global state) normalised by running statistics
-    obs_clip: float = 10.0  # normalised observations are clipped to [-obs_clip, obs_clip]
-    obs_stats: str = "rollout"  # OBS_STATS: the statistics the update normalises the rollout's observations with
-    normalize_reward: bool = False  # rewards divided by the running std of the discounted return
-    gae_values: str = "rollout"  # GAE_VALUES: the critic values GAE starts from
-    advantage: str = "gae"  # advantages.CRITIC_ESTIMATORS: the policy's advantages (value targets: lambda-returns)
 
 
 # "episode": an agent's advantages and value targets take in every team reward up to the end of the episode,
@@ -85,6 +54,56 @@ OBS_STATS = ("rollout", "updated")
 # PPO; Andrychowicz et al. 2021 found recomputing advantages helps); minibatches then hold whole env sequences,
 # and the value of an episode cut by a time limit is the rollout's.
 GAE_VALUES = ("rollout", "current")
+
+VALUE_CLIP = Knob("loss.value_clip", 0.2, "values move at most this far from the rollout's; 0: an unclipped value "
+                  "loss", traced=True, minimum=0.0)
+SCALE_NUM_ENVS = Knob("scale.num_envs", 0, "train with this many envs per seed, the other keys co-scaled from the "
+                      "tuned num_envs (Beukman et al. 2026); 0: off", minimum=0)
+
+
+@struct.dataclass
+class PPOHyperparams:
+    """Dynamic numbers: traced, so one compiled program serves a whole sweep over them."""
+
+    learning_rate: float = knobs.declared("optim.learning_rate").field()
+    gamma: float = GAMMA.field()
+    gae_lambda: float = knob("returns.gae_lambda", 0.95, "GAE's lambda (and the value targets' lambda-returns)",
+                             traced=True, minimum=0.0, maximum=1.0)
+    clip_low: float = knob("loss.clip_low", 0.2, "the policy ratio is clipped to [1 - clip_low, 1 + clip_high]",
+                           traced=True, above=0.0)
+    clip_high: float = knob("loss.clip_high", 0.2, "the ratio's upper clip, 1 + clip_high (DAPO's clip-higher)",
+                            traced=True, above=0.0)
+    value_clip: float = VALUE_CLIP.field()  # (when settings.clip_value)
+    vf_coef: float = VF_COEF.field()
+    ent_coef: float = ENT_COEF.field()
+    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
+    reward_scale: float = REWARD_SCALE.field()
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOSettings(EnvSettings):
+    """The env algorithms' static settings plus PPO's own choices."""
+
+    normalize_advantages: bool = knob("loss.normalize_advantages", True, "advantages standardised per minibatch")
+    clip_value: bool = VALUE_CLIP.field(convert=lambda value_clip: value_clip > 0)
+    bootstrap_truncation: bool = knob("returns.bootstrap_truncation", True, "bootstrap from V(final obs) when a "
+                                      "time limit cuts an episode")
+    returns_until: str = knob("returns.until", "episode", "multi-agent: an agent's returns run to the episode's "
+                              "end, or stop at its own done flag", choices=RETURNS_UNTIL)
+    normalize_obs: bool = knob("normalize.obs", False, "the policy sees observations (and global state) "
+                               "normalised by running statistics")
+    obs_clip: float = knob("normalize.obs_clip", 10.0, "normalised observations are clipped to [-obs_clip, "
+                           "obs_clip]", above=0.0)
+    obs_stats: str = knob("normalize.obs_stats", "rollout", "the statistics the update normalises the rollout's "
+                          "observations with: the ones it acted with, or updated with them (Brax's)",
+                          choices=OBS_STATS)
+    normalize_reward: bool = knob("normalize.reward", False, "rewards divided by the running std of the "
+                                  "discounted return (SB3's VecNormalize)")
+    gae_values: str = knob("returns.gae_values", "rollout", "the critic values GAE starts from: the rollout's, or "
+                           "the current critic's at every minibatch (Brax's)", choices=GAE_VALUES)
+    advantage: str = knob("returns.advantage", "gae", "the policy's advantages (the value targets are "
+                          "lambda-returns either way)", choices=tuple(CRITIC_ESTIMATORS))
 
 
 @struct.dataclass
@@ -148,10 +167,7 @@ class PPO(ActsThroughPolicy, ChunkRunner):
 
     def __init__(self, env: envs.Environment, network, settings: PPOSettings, mesh=None,
                  eval_max_steps: int = 1000):
-        for name, known in (("returns_until", RETURNS_UNTIL), ("grad_clip", GRAD_CLIPS), ("gae_values", GAE_VALUES),
-                            ("advantage", tuple(CRITIC_ESTIMATORS))):
-            if getattr(settings, name) not in known:
-                raise ValueError(f"unknown {name} {getattr(settings, name)!r}; known: {', '.join(known)}")
+        knobs.check_fields(settings)
         self.attach(EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps, settings.squash,
                               settings.normalize_obs, settings.obs_clip, settings.std_transform), settings, mesh)
         check_minibatch_split(settings, self.num_agents, self.sequence_minibatches, self.mesh)
@@ -386,41 +402,10 @@ class PPO(ActsThroughPolicy, ChunkRunner):
 
 
 def ppo_config() -> ConfigDict:
-    """The env algorithms' keys plus PPO's: GAE, the clipped surrogate, value clipping."""
+    """The env algorithms' keys plus PPO's: GAE, the clipped surrogate, value clipping, normalisation."""
     config = env_config()
     config.algorithm = "ppo"
-    config.returns.update({
-        "gae_lambda": 0.95,
-        "bootstrap_truncation": True,  # bootstrap from V(final obs) when a time limit cuts an episode
-        # multi-agent: "episode": an agent's returns take in the team's rewards to the episode's end, also
-        # after the agent died; "agent_done": they stop at the agent's own done flag
-        "until": "episode",
-    })
-    config.loss.update({
-        "clip_low": 0.2,  # the policy ratio is clipped to [1 - clip_low, 1 + clip_high]
-        "clip_high": 0.2,
-        "value_clip": 0.2,  # values move at most this far from the rollout's; 0: unclipped value loss
-        "normalize_advantages": True,  # per minibatch
-    })
-    # "rollout": advantages from the rollout's values, once per update; "current": every minibatch recomputes
-    # them with the critic as it is then (Brax's PPO), minibatches holding whole env sequences
-    config.returns.gae_values = "rollout"
-    # the policy's advantages: "gae", or "vtrace" (r_t + gamma v_{t+1} - V(s_t) on the next state's lambda-return
-    # v_{t+1}: IMPALA's, and Brax's PPO's); the value targets are lambda-returns either way
-    config.returns.advantage = "gae"
-    config.normalize = ConfigDict({
-        "obs": False,  # the policy sees observations (and global state) normalised by running statistics
-        "obs_clip": 10.0,  # ... clipped to [-obs_clip, obs_clip]
-        # the statistics the update normalises the rollout's observations with: "rollout" (the ones it acted
-        # with) or "updated" (with the rollout's observations added, as the next rollout sees them: Brax's)
-        "obs_stats": "rollout",
-        "reward": False,  # rewards divided by the running std of the discounted return (SB3's VecNormalize)
-        "reward_scale": 1.0,  # rewards multiplied by this first (Brax's reward_scaling); traced, sweepable
-    })
-    # num_envs > 0: train with this many envs per seed, the other keys co-scaled from the tuned num_envs
-    # (`co_scaled`); 0: off
-    config.scale = ConfigDict({"num_envs": 0})
-    return config
+    return knobs.fill(config, PPOHyperparams, PPOSettings, SCALE_NUM_ENVS)
 
 
 def co_scaled(config: ConfigDict) -> ConfigDict:
@@ -447,22 +432,14 @@ def co_scaled(config: ConfigDict) -> ConfigDict:
 
 def build_ppo(config: ConfigDict, mesh) -> PPO:
     env, eval_max_steps = make_env(config)
-    settings = PPOSettings(**env_settings(config), normalize_advantages=config.loss.normalize_advantages,
-                           clip_value=config.loss.value_clip > 0,
-                           bootstrap_truncation=config.returns.bootstrap_truncation,
-                           returns_until=config.returns.until, gae_values=config.returns.gae_values,
-                           advantage=config.returns.advantage,
-                           normalize_obs=config.normalize.obs,
-                           obs_clip=config.normalize.obs_clip, obs_stats=config.normalize.obs_stats,
-                           normalize_reward=config.normalize.reward)
+    settings = knobs.read(PPOSettings, config, **env_settings(config))
     return PPO(env, make_network(config, env), settings, mesh, eval_max_steps=eval_max_steps)
 
 
 def check_ppo_config(config: ConfigDict) -> None:
     check_env_config(config)
+    knobs.check(config, PPOHyperparams, PPOSettings, SCALE_NUM_ENVS)
     target, minibatches = config.scale.num_envs, config.optim.num_minibatches
-    if target < 0:
-        raise ValueError(f"config.scale.num_envs must be >= 0 (0: off), got {target!r}")
     if target and (minibatches * target) % config.num_envs:
         step = config.num_envs // math.gcd(minibatches, config.num_envs)
         raise ValueError(f"config.scale.num_envs={target}: the co-scaled optim.num_minibatches (num_minibatches * "
@@ -475,24 +452,7 @@ def check_ppo_config(config: ConfigDict) -> None:
     if steps_dealt and batch % config.optim.num_minibatches:
         raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
                          f"divisible by optim.num_minibatches = {config.optim.num_minibatches}")
-    for key in ("clip_low", "clip_high"):
-        if not config.loss[key] > 0:
-            raise ValueError(f"config.loss.{key} must be > 0, got {config.loss[key]!r}")
-    if config.loss.value_clip < 0:
-        raise ValueError(f"config.loss.value_clip must be >= 0 (0: off), got {config.loss.value_clip!r}")
-    config_lib.unit_interval(config.returns.gae_lambda, "returns.gae_lambda")
-    config_lib.one_of(config.returns.until, RETURNS_UNTIL, "returns.until")
-    config_lib.one_of(config.returns.gae_values, GAE_VALUES, "returns.gae_values")
-    config_lib.one_of(config.returns.advantage, tuple(CRITIC_ESTIMATORS), "returns.advantage")
-    config_lib.one_of(config.normalize.obs_stats, OBS_STATS, "normalize.obs_stats")
-    if not config.normalize.obs_clip > 0:
-        raise ValueError(f"config.normalize.obs_clip must be > 0, got {config.normalize.obs_clip!r}")
 
 
-register("ppo", Recipe(build_ppo, PPOHyperparams, {
-    "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "gae_lambda": "returns.gae_lambda",
-    "clip_low": "loss.clip_low", "clip_high": "loss.clip_high", "value_clip": "loss.value_clip",
-    "vf_coef": "loss.vf_coef", "ent_coef": "loss.ent_coef", "max_grad_norm": "optim.max_grad_norm",
-    "weight_decay": "optim.weight_decay", "reward_scale": "normalize.reward_scale"}, check_ppo_config,
-    defaults=ppo_config, resolve=co_scaled,
-    static_of=lambda config: (config.loss.value_clip > 0,)))
+register("ppo", Recipe(build_ppo, PPOHyperparams, check=check_ppo_config, defaults=ppo_config, resolve=co_scaled,
+                       static_of=lambda config: (config.loss.value_clip > 0,)))

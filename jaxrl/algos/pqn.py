@@ -31,9 +31,11 @@ from ml_collections import ConfigDict
 from jaxrl import config as config_lib
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import EnvSettings, check_minibatch_split, env_optimizer, make_env
-from jaxrl.algos.off_policy import Acting, off_policy_settings
-from jaxrl.algos.q_learning import (Q_LEARNING_KEYS, QLearner, bootstrap_values, check_q_config, q_config,
-                                    q_network, sequence_targets, team_reward, team_values)
+from jaxrl import knobs
+from jaxrl.algos.off_policy import GAMMA, REWARD_SCALE, Acting, off_policy_settings
+from jaxrl.algos.q_learning import (EPSILON_END, EPSILON_FRACTION, EPSILON_START, Q_LAMBDA, QLearner,
+                                    bootstrap_values, check_q_config, q_config, q_network, sequence_targets,
+                                    team_reward, team_values)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import optimise
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
@@ -43,15 +45,15 @@ from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 class PQNHyperparams:
     """Traced numbers: one compiled program serves a sweep over them."""
 
-    learning_rate: float = 1e-4
-    gamma: float = 0.99
-    reward_scale: float = 1.0  # rewards are stored (and learned) multiplied by this
-    q_lambda: float = 0.65  # 0: one-step targets; 1: the rollout's returns
-    max_grad_norm: float = 10.0
-    weight_decay: float = 0.0
-    epsilon_start: float = 1.0
-    epsilon_end: float = 0.05
-    epsilon_fraction: float = 0.2
+    learning_rate: float = knobs.declared("optim.learning_rate").field()
+    gamma: float = GAMMA.field()
+    reward_scale: float = REWARD_SCALE.field()
+    q_lambda: float = Q_LAMBDA.field()
+    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
+    epsilon_start: float = EPSILON_START.field()
+    epsilon_end: float = EPSILON_END.field()
+    epsilon_fraction: float = EPSILON_FRACTION.field()
 
 
 @struct.dataclass
@@ -146,15 +148,14 @@ def build_pqn(config: ConfigDict, mesh) -> PQN:
 
 def check_pqn_config(config: ConfigDict) -> None:
     check_q_config(config)
+    knobs.check(config, PQNHyperparams)
     config_lib.positive(config, "optim.num_epochs", "optim.num_minibatches")
-    config_lib.unit_interval(config.returns.q_lambda, "returns.q_lambda")
     batch = config.num_envs * config.num_steps
     if batch % config.optim.num_minibatches:
         raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "
                          f"divisible by optim.num_minibatches = {config.optim.num_minibatches}")
 
 
-HYPERPARAM_KEYS = {**Q_LEARNING_KEYS, "q_lambda": "returns.q_lambda"}
 for _name in MIXERS:
-    register(_name, Recipe(build_pqn, PQNHyperparams, HYPERPARAM_KEYS, check_pqn_config,
+    register(_name, Recipe(build_pqn, PQNHyperparams, check=check_pqn_config,
                            defaults=functools.partial(pqn_config, _name)))

@@ -15,12 +15,24 @@ import jax.numpy as jnp
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib
+from jaxrl import config as config_lib, knobs
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import PolicyStep
-from jaxrl.algos.env_setup import EnvSettings
-from jaxrl.algos.off_policy import RETURN_KEYS, OffPolicyLearner, check_off_policy_config, off_policy_config
+from jaxrl.algos.env_setup import ACTIVATION, HIDDEN_SIZES, LAYER_NORM, EnvSettings
+from jaxrl.algos.off_policy import OffPolicyLearner, check_off_policy_config, off_policy_config
+from jaxrl.knobs import Knob
 from jaxrl.networks import QNetwork
+
+# Exploration: epsilon falls linearly from epsilon_start to epsilon_end over `fraction` of the run's updates
+EPSILON_START = Knob("explore.epsilon_start", 1.0, "the exploration rate at the start", traced=True, minimum=0.0,
+                     maximum=1.0)
+EPSILON_END = Knob("explore.epsilon_end", 0.05, "the exploration rate after explore.fraction of the run",
+                   traced=True, minimum=0.0, maximum=1.0)
+EPSILON_FRACTION = Knob("explore.fraction", 0.5, "the fraction of the run's updates over which epsilon falls",
+                        traced=True, minimum=0.0, maximum=1.0)
+DUELING = Knob("network.dueling", False, "dueling heads: Q = V + A - mean(A)")
+Q_LAMBDA = Knob("returns.q_lambda", 0.65, "Q(lambda) targets: 0 one-step, 1 the rest of the sequence's return",
+                traced=True, minimum=0.0, maximum=1.0)
 
 
 def bootstrap_values(target_q: jax.Array, online_q: jax.Array | None = None) -> jax.Array:
@@ -95,12 +107,9 @@ class QLearner(OffPolicyLearner):
 def q_config(name: str) -> ConfigDict:
     """The keys every Q-learner reads: env, network, gamma, exploration; the learner adds its own."""
     config = off_policy_config(name)
-    config.update(ConfigDict({
-        # dueling: Q = V + A - mean(A); layer_norm: LayerNorm before each hidden activation
-        "network": {"hidden_sizes": (64, 64), "activation": "relu", "dueling": False, "layer_norm": False},
-        # epsilon falls linearly from epsilon_start to epsilon_end over `fraction` of the run's updates
-        "explore": {"epsilon_start": 1.0, "epsilon_end": 0.05, "fraction": 0.5},
-    }))
+    config.update(knobs.defaults(HIDDEN_SIZES, ACTIVATION, DUELING, LAYER_NORM, EPSILON_START, EPSILON_END,
+                                 EPSILON_FRACTION))
+    config.network.activation = "relu"
     config.optim.update({"max_grad_norm": 10.0, "schedule": "constant"})
     # XLA:CPU runs the layer norms' gradient sums as single-threaded YNNPACK fusions (about 0.4 ms each for
     # [8 runs, 128, 64] -> [8, 64]); XLA's own kernels: PQN 1.45x, DQN 1.34x faster on CartPole (2026-11-25).
@@ -120,12 +129,4 @@ def q_network(config: ConfigDict, env: envs.Environment) -> QNetwork:
 
 def check_q_config(config: ConfigDict) -> None:
     check_off_policy_config(config)
-    for key in ("explore.epsilon_start", "explore.epsilon_end", "explore.fraction"):
-        config_lib.unit_interval(config_lib.get_value(config, key), key)
-
-
-EXPLORE_KEYS = {"epsilon_start": "explore.epsilon_start", "epsilon_end": "explore.epsilon_end",
-                "epsilon_fraction": "explore.fraction"}
-# The hyperparameters every Q-learner traces (DQN, PQN, the value-decomposition learners), with their config keys
-Q_LEARNING_KEYS = {"learning_rate": "optim.learning_rate", **RETURN_KEYS, "max_grad_norm": "optim.max_grad_norm",
-                   "weight_decay": "optim.weight_decay", **EXPLORE_KEYS}
+    knobs.check(config, HIDDEN_SIZES, ACTIVATION, EPSILON_START, EPSILON_END, EPSILON_FRACTION)

@@ -38,7 +38,7 @@ from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, knobs, mesh as mesh_lib, replay
 from jaxrl.algos.env_policy import PolicyStep
-from jaxrl.algos.env_setup import make_env
+from jaxrl.algos.env_setup import ACTIVATION, HIDDEN_SIZES, LAYER_NORM, make_env
 from jaxrl.algos.off_policy import (GAMMA, REWARD_SCALE, TAU, ReplayLearner, ReplaySettings, ReplayState,
                                     check_off_policy_config, check_replay_config, off_policy_config,
                                     off_policy_settings, replay_config)
@@ -90,9 +90,9 @@ class ReplayActorCriticSettings(ReplaySettings):
                                 "pooled target", minimum=0)
     actor_value: str = knob("policy.actor_value", "min", "what the actor maximises: the min over the critics (SAC), "
                             "the first critic (TD3), the mean of all atoms (TQC)", choices=ACTOR_VALUES)
-    hidden_sizes: tuple = knob("network.hidden_sizes", (256, 256), "units of each hidden layer")
-    activation: str = knob("network.activation", "relu", "the hidden layers' activation")
-    layer_norm: bool = knob("network.layer_norm", False, "LayerNorm before each hidden activation of the critics")
+    hidden_sizes: tuple = HIDDEN_SIZES.field()
+    activation: str = ACTIVATION.field()
+    layer_norm: bool = LAYER_NORM.field()  # (the critics')
 
 
 # Where each trained part of the parameters lives (it has an optimiser of its own): the critics and the actor are
@@ -369,9 +369,10 @@ def replay_actor_critic_config(name: str) -> ConfigDict:
     """Every key SAC, TD3 and TQC read, at SAC's defaults (the declared ones but where set here); `td3_config`
     and `tqc_config` set the rest."""
     config = off_policy_config(name)
-    config.update(knobs.defaults(ReplayActorCriticHyperparams, ReplayActorCriticSettings))
     config.update({"num_envs": 1, "num_steps": 1})
+    config.network = ConfigDict({"hidden_sizes": (256, 256), "activation": "relu"})
     config.replay = replay_config()
+    knobs.fill(config, ReplayActorCriticHyperparams, ReplayActorCriticSettings)
     config.env.update({"name": "gymnax", "kwargs": ConfigDict({"env_id": "Pendulum-v1"})})
     config.replay.update({"buffer_size": 1_000_000, "batch_size": 256, "learning_starts": 5_000})
     config.optim.update({"learning_rate": 3e-4, "max_grad_norm": float("inf"), "adam_eps": 1e-8,

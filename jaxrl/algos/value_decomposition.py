@@ -33,28 +33,38 @@ import jax.numpy as jnp
 from flax import struct
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib, mesh as mesh_lib
-from jaxrl.algos.dqn import HYPERPARAM_KEYS as DQN_KEYS, TD_LOSSES, DQN, DQNHyperparams, DQNSettings, dqn_config
+from jaxrl import config as config_lib, knobs, mesh as mesh_lib
+from jaxrl.knobs import Knob, knob
+from jaxrl.algos.dqn import DQN, DQNHyperparams, DQNSettings, dqn_config
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import AGENT_ID_INPUTS, env_optimizer, make_env
-from jaxrl.algos.off_policy import check_replay_config, replay_settings
-from jaxrl.algos.q_learning import bootstrap_values, check_q_config, sequence_targets, team_reward, team_values
+from jaxrl.algos.off_policy import check_replay_config, off_policy_settings
+from jaxrl.algos.q_learning import (Q_LAMBDA, bootstrap_values, check_q_config, sequence_targets, team_reward,
+                                    team_values)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.networks import QMixer, QNetwork, RecurrentQNetwork
 
 MIXERS = {"iql": "none", "vdn": "sum", "qmix": "qmix"}  # algorithm name -> how agents' values make the team's
+# QMIX's mixing network: an embedding, hypernetworks of one hidden layer, every layer's initial weights orthogonal
+MIXER_KNOBS = (Knob("mixer.embed_size", 32, "QMIX: the mixing network's embedding size", minimum=1),
+               Knob("mixer.hypernet_size", 64, "QMIX: the hypernetworks' hidden layer size", minimum=1),
+               Knob("mixer.init_scale", 0.001, "QMIX: the gain of every mixing layer's initial orthogonal weights",
+                    above=0.0))
 NETWORKS = ("gru", "mlp")
 
 
 @struct.dataclass
 class ValueDecompositionHyperparams(DQNHyperparams):
-    q_lambda: float = 0.0  # 0: one-step targets; 1: the rest of the sequence's return
+    q_lambda: float = Q_LAMBDA.field()
 
 
 @dataclasses.dataclass(frozen=True)
 class ValueDecompositionSettings(DQNSettings):
-    mixer: str = "qmix"
-    burn_in: int = 0  # steps at each sequence's start that only warm the hidden state up
+    sequence_length: int = knob("replay.sequence_length", 64, "steps per sampled sequence (the recurrent "
+                                "network unrolls over it)", minimum=1)
+    mixer: str = "qmix"  # MIXERS: how the agents' values make the team's
+    burn_in: int = knob("replay.burn_in", 0, "steps at each sequence's start that only warm the hidden state up",
+                        minimum=0)
 
 
 class ValueDecomposition(DQN):
@@ -132,9 +142,7 @@ def value_decomposition_config(name: str) -> ConfigDict:
     # ids appended to their observations ("actor") or not ("none")
     config.network = ConfigDict({"kind": "gru", "fc_size": 64, "rnn_size": 64, "hidden_sizes": (64, 64),
                                  "activation": "relu", "agent_id": "actor", "layer_norm": False})
-    # QMIX's mixing network: an embedding of embed_size, hypernetworks of one hidden layer of hypernet_size, every
-    # layer's initial weights orthogonal of gain init_scale
-    config.mixer = ConfigDict({"embed_size": 32, "hypernet_size": 64, "init_scale": 0.001})
+    knobs.fill(config, *MIXER_KNOBS)
     config.replay.update({"buffer_size": 327_680, "batch_size": 32, "gradient_steps": 8, "learning_starts": 10_240,
                           "sequence_length": 64, "burn_in": 0})
     config.returns.update({"q_lambda": 0.0, "reward_scale": 10.0})
@@ -149,7 +157,7 @@ def value_decomposition_config(name: str) -> ConfigDict:
 
 def build_value_decomposition(config: ConfigDict, mesh) -> ValueDecomposition:
     env, eval_max_steps = make_env(config)
-    n, r, space = config.network, config.replay, env.action_space()
+    n, space = config.network, env.action_space()
     if n.kind == "gru":
         network = RecurrentQNetwork(space.n, n.fc_size, n.rnn_size, n.activation)
     else:
@@ -157,27 +165,23 @@ def build_value_decomposition(config: ConfigDict, mesh) -> ValueDecomposition:
     kind = MIXERS[config.algorithm]
     m = config.mixer
     mixer = QMixer(m.embed_size, m.hypernet_size, m.init_scale) if kind == "qmix" else None
-    settings = ValueDecompositionSettings(**replay_settings(config, r.sequence_length), double=config.loss.double,
-                                          td_loss=config.loss.td, mixer=kind, burn_in=r.burn_in)
+    settings = knobs.read(ValueDecompositionSettings, config, **off_policy_settings(config), mixer=kind)
     return ValueDecomposition(env, network, mixer, settings, mesh, eval_max_steps, agent_id=n.agent_id)
 
 
 def check_value_decomposition_config(config: ConfigDict) -> None:
     check_q_config(config)
+    knobs.check(config, ValueDecompositionHyperparams, ValueDecompositionSettings, *MIXER_KNOBS)
     check_replay_config(config, config.replay.sequence_length, "replay.sequence_length")
-    config_lib.one_of(config.loss.td, TD_LOSSES, "loss.td")
     config_lib.one_of(config.network.kind, NETWORKS, "network.kind")
     config_lib.one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
-    config_lib.positive(config, "replay.sequence_length", "mixer.embed_size", "mixer.hypernet_size")
     r = config.replay
     if not 0 <= r.burn_in < r.sequence_length:
         raise ValueError(f"config.replay.burn_in = {r.burn_in} must lie in [0, replay.sequence_length = "
                          f"{r.sequence_length}): the loss needs at least one step")
-    config_lib.unit_interval(config.returns.q_lambda, "returns.q_lambda")
 
 
-HYPERPARAM_KEYS = {**DQN_KEYS, "q_lambda": "returns.q_lambda"}
 for _name in MIXERS:
-    register(_name, Recipe(build_value_decomposition, ValueDecompositionHyperparams, HYPERPARAM_KEYS,
-                           check_value_decomposition_config,
+    register(_name, Recipe(build_value_decomposition, ValueDecompositionHyperparams,
+                           check=check_value_decomposition_config,
                            defaults=functools.partial(value_decomposition_config, _name)))

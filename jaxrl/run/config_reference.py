@@ -53,7 +53,8 @@ def experiment_configs(root: str = ROOT) -> dict[str, dict]:
 
 def key_table(defaults_by_algorithm: dict[str, dict]) -> list[str]:
     """One row per key: its declared default, what it accepts, traced or not, its help, the algorithms with it."""
-    keys = sorted({key for defaults in defaults_by_algorithm.values() for key in defaults},
+    # (an env's or task's own arguments, under *.kwargs, are listed by the experiments that set them)
+    keys = sorted({key for defaults in defaults_by_algorithm.values() for key in defaults if ".kwargs." not in key},
                   key=lambda k: (k.count("."), k))
     lines = ["| key | default | accepts | sweep | help | algorithms |", "|---|---|---|---|---|---|"]
     for key in keys:
