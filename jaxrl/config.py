@@ -68,6 +68,11 @@ SHARED_KNOBS = (
 )
 
 
+# The minibatch loop's keys, of the algorithms that take epochs over an update's batch
+NUM_EPOCHS = Knob("optim.num_epochs", 4, "passes over an update's batch", minimum=1)
+NUM_MINIBATCHES = Knob("optim.num_minibatches", 4, "minibatches per epoch", minimum=1)
+
+
 def base_config() -> ConfigDict:
     """The keys every run has, with defaults (`SHARED_KNOBS`). What a run does with a seed whose state or
     metrics turn NaN/inf (`checkpoint.on_nonfinite`, `jaxrl.run.divergence`): "freeze" keeps its last finite

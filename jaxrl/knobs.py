@@ -39,7 +39,7 @@ class Knob:
     default: Any
     help: str
     traced: bool = False
-    choices: tuple = ()
+    choices: tuple | Callable[[], Iterable] = ()  # a callable: a registry's names as they are when checked
     each_of: bool = False  # the value is a comma-separated list of `choices`
     minimum: float | None = None
     maximum: float | None = None
@@ -66,11 +66,11 @@ class Knob:
 
     def check(self, value: Any) -> None:
         """Raise ValueError naming the key unless `value` is one this knob accepts."""
-        if self.choices:
+        known = self.known()
+        if known:
             for item in ([v.strip() for v in value.split(",")] if self.each_of else [value]):
-                if item not in self.choices:
-                    raise ValueError(f"unknown config.{self.key} {item!r}; known: "
-                                     f"{', '.join(map(str, self.choices))}")
+                if item not in known:
+                    raise ValueError(f"unknown config.{self.key} {item!r}; known: {', '.join(map(str, known))}")
         if _is_int(self.default) and not _is_int(value):
             raise ValueError(f"config.{self.key} must be an integer, got {value!r}")
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -81,6 +81,10 @@ class Knob:
         if self.accepts is not None and not self.accepts(value):
             raise ValueError(f"config.{self.key} must be {self.rule}, got {value!r}")
 
+    def known(self) -> tuple:
+        """The accepted values (of a registry, as it is now), or () when any value of the type is."""
+        return tuple(self.choices() if callable(self.choices) else self.choices)
+
     def _in_bounds(self, value: float) -> bool:
         return ((self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
                 and (self.above is None or value > self.above))
@@ -89,8 +93,8 @@ class Knob:
         """The accepted values in words, e.g. "in [0, 1]" or "> 0"; "" when any value of the type is."""
         if self.rule:
             return self.rule
-        if self.choices:
-            return ("a comma-separated list of " if self.each_of else "one of ") + ", ".join(map(str, self.choices))
+        if self.known():
+            return ("a comma-separated list of " if self.each_of else "one of ") + ", ".join(map(str, self.known()))
         if _is_int(self.default) and self.minimum == 1 and self.maximum is None:
             return "a positive integer"
         low = self.minimum if self.minimum is not None else self.above

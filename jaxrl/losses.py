@@ -14,6 +14,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxrl.knobs import Knob
+
 
 def _check(name: str, known, key: str) -> str:
     if name not in known:
@@ -188,3 +190,17 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
         metrics["entropy"] = agg(clean(entropy))
         loss = loss - ent_coef * metrics["entropy"]
     return loss, metrics
+
+
+# The policy and value loss's config keys, read by PPO and the GRPO family alike (each may set its own defaults)
+CLIP_LOW = Knob("loss.clip_low", 0.2, "the policy ratio is clipped to [1 - clip_low, 1 + clip_high]", traced=True,
+                above=0.0)
+CLIP_HIGH = Knob("loss.clip_high", 0.2, "the ratio's upper clip, 1 + clip_high (> clip_low: DAPO's clip-higher)",
+                 traced=True, above=0.0)
+DUAL_CLIP = Knob("loss.dual_clip", 0.0, "> 1: the loss of negative advantages capped at -dual_clip * A (dual-clip "
+                 "PPO); 0: off", rule="0 (off) or > 1", accepts=lambda c: c == 0 or c > 1)
+RATIO = Knob("loss.ratio", "token", "the importance ratio per token, or per sequence (GSPO)", choices=RATIO_LEVELS)
+AGGREGATE = Knob("loss.aggregate", "token", "how per-token losses are averaged: over tokens, per sequence, or by a "
+                 "constant length (Dr. GRPO)", choices=tuple(AGGREGATIONS))
+VF_COEF = Knob("loss.vf_coef", 0.5, "the value loss's weight", traced=True, minimum=0.0)
+ENT_COEF = Knob("loss.ent_coef", 0.01, "the entropy bonus's weight", traced=True, minimum=0.0)

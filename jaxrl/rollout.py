@@ -50,6 +50,8 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from jaxrl.knobs import Knob
+
 
 STAGES = ("generate", "filter", "control", "replay")
 DOMAINS = ("tokens", "env")  # token-level GRPO, GRPO on environments
@@ -81,10 +83,29 @@ class Strategy:
 STRATEGIES: dict[str, dict[str, dict[str, Strategy]]] = {d: {stage: {} for stage in STAGES} for d in DOMAINS}
 
 
+# The stages' config keys: strategy names, comma-separated, run in that order (a domain's registry says which exist)
+STAGE_KNOBS = (
+    Knob("rollout.generate", "independent", "the Generate strategy: how a group's members are drawn"),
+    Knob("rollout.filter", "", "Filter strategies: what is scored or predicted before training, e.g. rank_ties"),
+    Knob("rollout.control", "dynamic_sampling", "Control strategies: which candidates are trained, e.g. partial"),
+    Knob("rollout.replay", "", "Replay strategies: what is kept and brought back, e.g. correct,hints "
+         "(need pool_size > 0)"),
+    Knob("rollout.pool_size", 0, "> 0: a fixed pool of training problems (memory per problem); 0: fresh ones",
+         minimum=0),
+)
+
+
+def declare_option(strategy: str, key: str, default, help: str, **accepts):
+    """Declare config key rollout.options.<strategy>.<key> (`jaxrl.knobs`); returns its default."""
+    return Knob(f"rollout.options.{strategy}.{key}", default, help, **accepts).default
+
+
 def register(stage: str, name: str, *, domain: str = "tokens", options: dict | None = None, needs_pool: bool = False,
              selects: bool = False, requires: tuple[str, ...] = (), draws: bool = False, stops_early: bool = False,
              **hooks) -> Strategy:
-    """Add a strategy to its domain's and stage's registry; `hooks` are the functions of the module docstring."""
+    """Add a strategy to its domain's and stage's registry; `hooks` are the functions of the module docstring.
+    `options`: {key: (default, one line of help, and `jaxrl.knobs.Knob`'s bounds as a dict)}, each declared as
+    config key rollout.options.<name>.<key>."""
     if domain not in DOMAINS:
         raise ValueError(f"unknown rollout domain {domain!r}; domains: {', '.join(DOMAINS)}")
     if stage not in STAGES:
@@ -98,7 +119,9 @@ def register(stage: str, name: str, *, domain: str = "tokens", options: dict | N
     if ("generate" in hooks or "members" in hooks) != (stage == "generate"):
         raise ValueError(f"rollout strategy {name!r}: Generate strategies, and only they, have a `generate` "
                          f"(tokens) or `members` (env) hook")
-    strategy = Strategy(stage, name, domain, options=tuple((options or {}).items()),
+    options = {key: declare_option(name, key, default, help, **accepts)
+               for key, (default, help, accepts) in (options or {}).items()}
+    strategy = Strategy(stage, name, domain, options=tuple(options.items()),
                         needs_pool=needs_pool, selects=selects, requires=tuple(requires), draws=draws,
                         stops_early=stops_early, **hooks)
     STRATEGIES[domain][stage][name] = strategy

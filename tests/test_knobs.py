@@ -79,3 +79,4 @@ def test_the_config_reference_lists_every_key_of_every_experiment():
         for key in config:  # (an env's or task's own kwargs are listed by the experiments that set them)
             assert f"- `{key}` = " in text if ".kwargs." in key else f"| `{key}` |" in text, (name, key)
     assert "| `optim.learning_rate` | `0.00025` (" in text and "| traced | the peak learning rate" in text
+    assert config_reference.UNDECLARED not in text  # every key has its declaration: a default and a line of help

@@ -14,7 +14,9 @@ from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learnin
 from jax.sharding import PartitionSpec as P
 
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS
+from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.knobs import Knob
+from jaxrl.losses import ENT_COEF, VF_COEF
 from jaxrl.networks import ACTIVATIONS, KERNEL_INITS, LOG_STDS, ActorCritic, RecurrentActorCritic
 
 NETWORKS = ("mlp", "gru")
@@ -34,13 +36,9 @@ ENV_NAME = Knob("env.name", "CartPole-v1", "a registered environment (envs.regis
 ENV_KWARGS = Knob("env.kwargs", {}, "the environment's own arguments, e.g. {scenario: 3m}")
 RESET_RATIO = Knob("env.reset_ratio", 1, "training envs compute one restart per reset_ratio envs per step, shared "
                    "when more end at once (for envs whose reset costs much more than a step: Craftax)", minimum=1)
-NUM_EPOCHS = Knob("optim.num_epochs", 4, "passes over an update's batch", minimum=1)
-NUM_MINIBATCHES = Knob("optim.num_minibatches", 4, "minibatches per epoch", minimum=1)
 GAMMA = Knob("returns.gamma", 0.99, "the discount factor", traced=True, minimum=0.0, maximum=1.0)
 REWARD_SCALE = Knob("returns.reward_scale", 1.0, "rewards are learned multiplied by this (Brax's reward_scaling)",
                     traced=True)
-VF_COEF = Knob("loss.vf_coef", 0.5, "the value loss's weight", traced=True, minimum=0.0)
-ENT_COEF = Knob("loss.ent_coef", 0.01, "the entropy bonus's weight", traced=True, minimum=0.0)
 NETWORK_KIND = Knob("network.kind", "mlp", "feed-forward (mlp) or recurrent (gru) actor and critic",
                     choices=NETWORKS)
 HIDDEN_SIZES = Knob("network.hidden_sizes", (64, 64), "units of each hidden layer (mlp networks)",

@@ -39,11 +39,13 @@ from ml_collections import ConfigDict
 
 import envs
 from envs.wrappers import select
-from jaxrl import advantages as advantages_lib, config as config_lib, losses, mesh as mesh_lib, rollout
+from jaxrl import advantages as advantages_lib, config as config_lib, knobs, losses, mesh as mesh_lib, rollout
+from jaxrl.knobs import knob
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units
-from jaxrl.algos.env_setup import (EnvSettings, check_env_config, check_minibatch_split, env_config, env_optimizer,
-                                   env_settings, make_env, make_network, sample_trajectory)
-from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
+from jaxrl.algos.env_setup import (GAMMA, EnvSettings, check_env_config, check_minibatch_split, env_config,
+                                   env_optimizer, env_settings, make_env, make_network, sample_trajectory)
+from jaxrl.algos.group import (ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_config,
+                               group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import ChunkRunner, global_mean, optimise, standardise
 from jaxrl.loops import call_trimmed, scan_until, trim_lengths
@@ -57,15 +59,15 @@ class GRPOHyperparams:
     """Traced numbers: the clip bounds of the policy ratio, the weight of the learned value baseline
     (0: critic-free) and of its loss, the entropy bonus, the optimiser's learning rate and clipping norm."""
 
-    learning_rate: float = 2.5e-4
-    gamma: float = 0.99
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    vf_coef: float = 0.5
-    ent_coef: float = 0.0
-    max_grad_norm: float = 0.5
-    critic_weight: float = 0.0
-    weight_decay: float = 0.0
+    learning_rate: float = knobs.declared("optim.learning_rate").field()
+    gamma: float = GAMMA.field()
+    clip_low: float = losses.CLIP_LOW.field()
+    clip_high: float = losses.CLIP_HIGH.field()
+    vf_coef: float = losses.VF_COEF.field()
+    ent_coef: float = losses.ENT_COEF.field()
+    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    critic_weight: float = CRITIC_WEIGHT.field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
 
 
 @struct.dataclass
@@ -83,14 +85,16 @@ class GRPOSettings(EnvSettings):
     """The env algorithms' static settings (num_envs = B * G envs, num_steps = the episode cap T) plus the
     group choices."""
 
-    group_size: int = 8
-    advantage: str = "grpo"  # an estimator of jaxrl.advantages
+    group_size: int = GROUP_SIZE.field()
+    advantage: str = ADVANTAGE.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()  # its keyword options, as (name, value) pairs
-    returns: str = "episode"  # "episode" or "to_go"
-    ratio: str = "token"  # "token" or "sequence" (GSPO)
-    aggregate: str = "token"  # "token", "sequence" or "constant" (Dr. GRPO)
-    constant_length: int | None = None  # for aggregate="constant"; None: T
-    dual_clip: float | None = None  # dual-clip PPO's bound for negative advantages; None: off
+    returns: str = knob("group.returns", "episode", "one advantage per episode, or a group baseline per step over "
+                        "returns-to-go (to_go)", choices=RETURNS)
+    ratio: str = losses.RATIO.field()
+    aggregate: str = losses.AGGREGATE.field()
+    constant_length: int | None = knob("loss.constant_length", 0, "aggregate constant: the length divided by; 0: "
+                                       "num_steps", minimum=0, convert=lambda length: length or None)
+    dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
     generate: str = "independent"  # a Generate strategy of jaxrl.rollout's "env" domain
     rollout_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (strategy, ((key, value), ...))
 
@@ -364,7 +368,8 @@ def counterfactual(algo, key):
 
 
 rollout.register("generate", "independent", domain="env", members=independent)
-rollout.register("generate", "vine", domain="env", members=vine, options={"max_branch_step": 10})
+rollout.register("generate", "vine", domain="env", members=vine, options={"max_branch_step": (10, "vine groups branch at a step drawn from 0..max_branch_step",
+                                                     {"minimum": 0})})
 rollout.register("generate", "counterfactual", domain="env", members=counterfactual)
 
 
@@ -378,10 +383,7 @@ def grpo_config() -> ConfigDict:
     config.algorithm = "grpo"
     config.update(group_relative_keys())
     config.returns.gamma = 1.0  # discount of returns-to-go (group.returns="to_go")
-    # group.size: G episodes per start state (num_envs = groups * size). group.returns: "episode" gives one
-    # advantage per episode, "to_go" a group baseline per step over returns-to-go.
-    config.group.returns = "episode"
-    config.loss.constant_length = 0  # aggregate="constant": the length divided by; 0: num_steps
+    knobs.fill(config, GRPOSettings)
     # rollout.generate: independent, vine (shared prefix, then G continuations) or counterfactual (one agent
     # per group acts on its own noise); options per strategy
     config.rollout = ConfigDict({"generate": "independent", "options": rollout.option_keys("env")})
@@ -390,9 +392,9 @@ def grpo_config() -> ConfigDict:
 
 def build_grpo(config: ConfigDict, mesh) -> GRPO:
     env, eval_max_steps = make_env(config)
-    settings = GRPOSettings(**env_settings(config), **group_settings(config), returns=config.group.returns,
-                            constant_length=config.loss.constant_length or None, generate=config.rollout.generate,
-                            rollout_options=rollout.configured_options(config.rollout.options))
+    settings = knobs.read(GRPOSettings, config, **env_settings(config), advantage_options=advantage_options(config),
+                          generate=config.rollout.generate,
+                          rollout_options=rollout.configured_options(config.rollout.options))
     network = make_network(config, env, critic=config.critic_weight > 0)
     return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
 
@@ -400,7 +402,7 @@ def build_grpo(config: ConfigDict, mesh) -> GRPO:
 def check_grpo_config(config: ConfigDict) -> None:
     check_env_config(config)
     check_group_config(config)
-    config_lib.one_of(config.group.returns, RETURNS, "group.returns")
+    knobs.check(config, GRPOHyperparams, GRPOSettings)
     config_lib.one_of(config.rollout.generate, sorted(rollout.STRATEGIES["env"]["generate"]), "rollout.generate")
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
@@ -410,7 +412,5 @@ def check_grpo_config(config: ConfigDict) -> None:
                          "from fresh starts and never auto-reset; reset_ratio applies to PPO's envs (leave it 1)")
 
 
-register("grpo", Recipe(build_grpo, GRPOHyperparams, {
-    "learning_rate": "optim.learning_rate", "gamma": "returns.gamma", "vf_coef": "loss.vf_coef",
-    "max_grad_norm": "optim.max_grad_norm", "weight_decay": "optim.weight_decay", **GROUP_LOSS_KEYS},
-    check_grpo_config, defaults=grpo_config, static_of=lambda config: (config.critic_weight > 0,)))
+register("grpo", Recipe(build_grpo, GRPOHyperparams, check=check_grpo_config, defaults=grpo_config,
+                        static_of=lambda config: (config.critic_weight > 0,)))

@@ -28,12 +28,12 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, knobs, losses, mesh as mesh_lib, normalization
+from jaxrl import knobs, losses, mesh as mesh_lib, normalization
 from jaxrl.advantages import CRITIC_ESTIMATORS
 from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units, trainable
-from jaxrl.algos.env_setup import (ENT_COEF, GAMMA, REWARD_SCALE, VF_COEF, EnvSettings, check_env_config,
-                                   check_minibatch_split, env_config, env_optimizer, env_settings, make_env,
-                                   make_network, sample_trajectory)
+from jaxrl.algos.env_setup import (GAMMA, REWARD_SCALE, EnvSettings, check_env_config, check_minibatch_split,
+                                   env_config, env_optimizer, env_settings, make_env, make_network,
+                                   sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import ChunkRunner, normalize, optimise
 from jaxrl.knobs import Knob, knob
@@ -69,13 +69,11 @@ class PPOHyperparams:
     gamma: float = GAMMA.field()
     gae_lambda: float = knob("returns.gae_lambda", 0.95, "GAE's lambda (and the value targets' lambda-returns)",
                              traced=True, minimum=0.0, maximum=1.0)
-    clip_low: float = knob("loss.clip_low", 0.2, "the policy ratio is clipped to [1 - clip_low, 1 + clip_high]",
-                           traced=True, above=0.0)
-    clip_high: float = knob("loss.clip_high", 0.2, "the ratio's upper clip, 1 + clip_high (DAPO's clip-higher)",
-                            traced=True, above=0.0)
+    clip_low: float = losses.CLIP_LOW.field()
+    clip_high: float = losses.CLIP_HIGH.field()
     value_clip: float = VALUE_CLIP.field()  # (when settings.clip_value)
-    vf_coef: float = VF_COEF.field()
-    ent_coef: float = ENT_COEF.field()
+    vf_coef: float = losses.VF_COEF.field()
+    ent_coef: float = losses.ENT_COEF.field()
     max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
     weight_decay: float = knobs.declared("optim.weight_decay").field()
     reward_scale: float = REWARD_SCALE.field()

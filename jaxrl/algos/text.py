@@ -28,24 +28,40 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from envs import text
-from jaxrl import config as config_lib, files, losses, mesh as mesh_lib, rollout, sampling
+from jaxrl import config as config_lib, files, knobs, losses, mesh as mesh_lib, rollout, sampling
 from jaxrl.algos import text_rollout  # noqa: F401  (registers the built-in rollout strategies)
-from jaxrl.algos.group import GROUP_LOSS_KEYS, check_group_config, group_relative_keys, group_settings
+from jaxrl.algos.group import (ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_config,
+                               group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
+from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import (ChunkRunner, global_mean, gradient_step, make_optimizer, optimise,
                           scheduled_learning_rate, seed_keys, standardise)
 from jaxrl.jitting import jit_method
+from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.transformer import TransformerConfig, TransformerLM
+
+
+TASK_NAME = Knob("task.name", "addition", "a verifiable text task (envs.text.TASKS)", choices=lambda: sorted(text.TASKS))
+TASK_KWARGS = Knob("task.kwargs", {}, "the task's own arguments, e.g. {max_digits: 3}")
+MODEL_KNOBS = (
+    Knob("model.num_layers", 2, "the transformer's layers", minimum=1),
+    Knob("model.d_model", 128, "the transformer's width (a multiple of num_heads)", minimum=1),
+    Knob("model.num_heads", 4, "attention heads", minimum=1),
+    Knob("model.d_ff", 0, "the MLP's hidden size; 0: 4 * d_model", minimum=0),
+    Knob("model.max_len", 48, "positions: prompt and answer tokens (RL on longer problems needs room)", minimum=1),
+)
+INIT_FROM = Knob("init_from", "", "a text_sft run directory to start from (its newest checkpoint and tokenizer.json); "
+                 "'': from scratch")
 
 
 @struct.dataclass
 class TextHyperparams:
     """Traced numbers (a sweep may vary them)."""
 
-    learning_rate: float = 1e-3
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
+    learning_rate: float = knobs.declared("optim.learning_rate").field()
+    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +70,7 @@ class TextSettings:
 
     task: str = "addition"
     task_kwargs: tuple[tuple[str, Any], ...] = ()
-    num_prompts: int = 64  # B, over all devices
+    num_prompts: int = knob("num_prompts", 64, "prompts per update (B), split over devices", minimum=1)
     num_updates: int = 1  # over the run, for the learning-rate schedule
     schedule: str = "cosine"  # engine.SCHEDULES
     warmup_updates: int = 0
@@ -64,7 +80,8 @@ class TextSettings:
     model_kwargs: tuple[tuple[str, Any], ...] = ()  # TransformerConfig fields (the vocabulary comes from the tokenizer)
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
     tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
-    pass_k: int = 8  # held-out samples per problem for eval_pass@k; 0 = greedy evaluation only
+    pass_k: int = knob("eval.pass_k", 8, "held-out samples per problem for eval_pass@k; 0: greedy evaluation only",
+                       minimum=0)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training programs' XLA options, or "auto"
 
     @property
@@ -290,42 +307,52 @@ class TextSFT(_TextAlgorithm):
 # GRPO on tokens
 
 
+KL_COEF = Knob("loss.kl_coef", 0.0, "> 0: a KL penalty to the frozen starting policy, of this weight", traced=True,
+               minimum=0.0)
+
+
 @struct.dataclass
 class TextGRPOHyperparams(TextHyperparams):
     """Traced numbers of the RL update (a sweep may vary them)."""
 
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    kl_coef: float = 0.0
-    ent_coef: float = 0.0
-    vf_coef: float = 0.5
-    critic_weight: float = 0.0  # advantages = (1 - w) * group + w * standardised (reward - value)
-    temperature: float = 1.0
-    top_p: float = 1.0
+    clip_low: float = losses.CLIP_LOW.field()
+    clip_high: float = losses.CLIP_HIGH.field()
+    kl_coef: float = KL_COEF.field()
+    ent_coef: float = losses.ENT_COEF.field()
+    vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
+    critic_weight: float = CRITIC_WEIGHT.field()  # advantages = (1 - w) * group + w * standardised (reward - value)
+    temperature: float = knob("sampling.temperature", 1.0, "the sampling temperature (0: greedy)", traced=True,
+                              minimum=0.0)
+    top_p: float = knob("sampling.top_p", 1.0, "nucleus sampling: the smallest set of tokens holding this much "
+                        "probability", traced=True, above=0.0, maximum=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class TextGRPOSettings(TextSettings):
     """TextSettings plus the group, estimator and loss choices (static)."""
 
-    group_size: int = 8  # G completions per prompt
-    oversample: int = 1  # candidate prompts per slot, of which a selecting Control strategy keeps one
+    group_size: int = GROUP_SIZE.field()
+    oversample: int = knob("group.oversample", 1, "candidate prompts per slot, of which a selecting Control "
+                           "strategy keeps one", minimum=1)
     # Rollout strategies per stage, in the order they run: ((stage, (name, ...)), ...) (jaxrl.rollout)
     rollout: tuple[tuple[str, tuple[str, ...]], ...] = (("generate", ("independent",)),
                                                         ("control", ("dynamic_sampling",)))
     rollout_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (strategy, ((key, value), ...))
     pool_size: int = 0  # > 0: train on a fixed pool of this many problems (memory per problem); 0: fresh ones
-    top_k: int = 0
-    advantage: str = "grpo"
+    top_k: int = knob("sampling.top_k", 0, "sample among the k most likely tokens; 0: all", minimum=0)
+    advantage: str = ADVANTAGE.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()
-    reward_weights: tuple[float, ...] = (1.0, 0.1)  # per reward component (correct, well_formed)
-    ratio: str = "token"
-    aggregate: str = "token"
-    dual_clip: float | None = None
-    kl: str = "k3"
-    use_kl: bool = False  # kl_coef > 0: keep a frozen reference copy of the starting policy
-    num_epochs: int = 1
-    num_minibatches: int = 1
+    reward_weights: tuple[float, ...] = knob("reward_weights", (1.0, 0.1), "the weight of each reward component "
+                                             "(correct, well_formed)", rule="two weights (correct, well_formed)",
+                                             accepts=lambda weights: len(weights) == 2, convert=tuple)
+    ratio: str = losses.RATIO.field()
+    aggregate: str = losses.AGGREGATE.field()
+    dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
+    kl: str = knob("loss.kl", "k3", "the KL estimator of the penalty to the starting policy",
+                   choices=tuple(losses.KL_ESTIMATORS))
+    use_kl: bool = KL_COEF.field(convert=lambda kl_coef: kl_coef > 0)  # keep a frozen copy of the starting policy
+    num_epochs: int = NUM_EPOCHS.field()
+    num_minibatches: int = NUM_MINIBATCHES.field()
 
     @property
     def batch_size(self) -> int:
@@ -539,17 +566,12 @@ def text_config() -> ConfigDict:
         "experiment": "text",
         "algorithm": "text_sft",
         "total_steps": 200_000,  # samples (prompt and completion pairs) per seed
-        "task": {"name": "addition", "kwargs": ConfigDict()},
-        "num_prompts": 64,  # per update, split over devices
-        "model": {"num_layers": 2, "d_model": 128, "num_heads": 4, "d_ff": 0,  # d_ff 0: 4 * d_model
-                  "max_len": 48},  # positions: prompt + answer tokens (RL on longer problems needs room)
         "log": {"every_steps": 6_400},
-        # num_envs: held-out problems; pass_k: samples per problem for eval_pass@k (0: greedy only)
-        "eval": {"num_envs": 512, "pass_k": 8},
+        "eval": {"num_envs": 512},  # held-out problems
     }))
     config.optim.update({"learning_rate": 1e-3, "schedule": "cosine", "warmup_updates": 50, "max_grad_norm": 1.0,
                          "adam_eps": 1e-8})
-    return config
+    return knobs.fill(config, TASK_NAME, TASK_KWARGS, TextSettings, *MODEL_KNOBS)
 
 
 def text_grpo_config() -> ConfigDict:
@@ -557,31 +579,17 @@ def text_grpo_config() -> ConfigDict:
     config = text_config()
     config.algorithm = "text_grpo"
     config.update(group_relative_keys())
-    config.group.oversample = 1  # candidate prompts per slot; a selecting Control strategy keeps one
     config.rollout = rollout_keys()
-    config.loss.kl = "k3"
-    config.loss.kl_coef = 0.0  # > 0: KL to the frozen starting policy
-    config.loss.vf_coef = 0.5  # weight of the value head's loss when critic_weight > 0
-    config.update(ConfigDict({
-        "init_from": "",  # a text_sft run directory (its newest checkpoint and tokenizer.json); "": from scratch
-        "reward_weights": (1.0, 0.1),  # correct, well_formed
-        "sampling": {"temperature": 1.0, "top_k": 0, "top_p": 1.0},
-    }))
     config.optim.update({"num_epochs": 1, "num_minibatches": 1})
-    return config
+    return knobs.fill(config, TextGRPOHyperparams, TextGRPOSettings, INIT_FROM)
 
 
 def rollout_keys() -> ConfigDict:
-    """The rollout strategies per stage (comma-separated names of `jaxrl.rollout`'s registries, run in that
-    order), the training pool, and every registered strategy's options."""
-    return ConfigDict({
-        "generate": "independent",
-        "filter": "",  # e.g. "rank_ties"
-        "control": "dynamic_sampling",  # with group.oversample > 1 it keeps one candidate per slot
-        "replay": "",  # e.g. "correct,hints" (need pool_size > 0)
-        "pool_size": 0,  # > 0: a fixed pool of training problems (memory per problem); 0: a fresh one each time
-        "options": rollout.option_keys("tokens"),
-    })
+    """The rollout strategies per stage (`rollout.STAGE_KNOBS`), the training pool, and every registered strategy's
+    options."""
+    config = knobs.defaults(*rollout.STAGE_KNOBS).rollout
+    config.options = rollout.option_keys("tokens")
+    return config
 
 
 def rollout_settings(config: ConfigDict) -> dict:
@@ -606,8 +614,9 @@ def check_rollout_config(config: ConfigDict) -> None:
             raise ValueError(f"config.rollout.{stage} names a strategy twice: {r[stage]!r}")
     if len(chosen["generate"]) != 1:
         raise ValueError(f"config.rollout.generate must name exactly one strategy, got {r.generate!r}")
-    if r.pool_size < 0:
-        raise ValueError(f"config.rollout.pool_size must be >= 0 (0: no pool), got {r.pool_size}")
+    knobs.check(config, *rollout.STAGE_KNOBS[1:])  # (rollout.generate: one strategy of this domain, below)
+    knobs.check(config, *(knobs.describe(f"rollout.options.{name}.{key}") for name, options in r.options.items()
+                          for key in options if knobs.describe(f"rollout.options.{name}.{key}")))
     strategies = [rollout.get(stage, name) for stage, names in chosen.items() for name in names]
     for strategy in strategies:
         missing = [name for name in strategy.requires if not any(name in names for names in chosen.values())]
@@ -651,16 +660,16 @@ def check_rollout_config(config: ConfigDict) -> None:
 
 
 def text_settings(config: ConfigDict, settings_cls, value_head: bool = False, **extra):
+    """`settings_cls` with its knob fields read from `config` (`jaxrl.knobs`), the rest derived here or `extra`."""
     o = config.optim
     model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None, value_head=value_head)
-    return settings_cls(
-        task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
-        num_prompts=config.num_prompts,
-        num_updates=config.total_steps // (config.num_prompts * extra.get("group_size", 1)),
+    samples_per_prompt = config.group.size if "group_size" in knobs.fields_of(settings_cls) else 1
+    return knobs.read(
+        settings_cls, config, task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
+        num_updates=config.total_steps // (config.num_prompts * samples_per_prompt),
         schedule=o.schedule, warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, weight_decay=o.weight_decay > 0,
-        grad_clip=o.grad_clip,
-        model_kwargs=tuple(sorted(model.items())), pass_k=config.eval.pass_k,
-        xla_options=config_lib.xla_options(config), **extra)
+        grad_clip=o.grad_clip, model_kwargs=tuple(sorted(model.items())), xla_options=config_lib.xla_options(config),
+        **extra)
 
 
 def build_text_sft(config: ConfigDict, mesh, run_dir: str | None = None) -> TextSFT:
@@ -672,53 +681,36 @@ def build_text_sft(config: ConfigDict, mesh, run_dir: str | None = None) -> Text
 def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> TextGRPO:
     """The GRPO algorithm, warm-started from `config.init_from`; with `run_dir`, that saved run's (its
     tokenizer.json, and no warm start: its checkpoints hold the parameters)."""
-    o, loss = config.optim, config.loss
     start = run_dir or config.init_from
     tokenizer = os.path.join(start, "tokenizer.json") if start else None
-    settings = text_settings(
-        config, TextGRPOSettings, value_head=config.critic_weight > 0, **group_settings(config),
-        tokenizer_path=tokenizer, oversample=config.group.oversample, top_k=config.sampling.top_k,
-        **rollout_settings(config),
-        reward_weights=tuple(config.reward_weights), kl=loss.kl, use_kl=loss.kl_coef > 0,
-        num_epochs=o.num_epochs, num_minibatches=o.num_minibatches)
+    settings = text_settings(config, TextGRPOSettings, value_head=config.critic_weight > 0,
+                             advantage_options=advantage_options(config), tokenizer_path=tokenizer,
+                             **rollout_settings(config))
     init_params = restore_text_params(config.init_from, settings, mesh) if config.init_from and not run_dir else None
     return TextGRPO(settings, mesh, init_params)
 
 
 def check_text_config(config: ConfigDict) -> None:
-    config_lib.one_of(config.task.name, sorted(text.TASKS), "task.name")
-    config_lib.positive(config, "num_prompts", "model.num_layers", "model.d_model", "model.num_heads")
+    knobs.check(config, TASK_NAME, TASK_KWARGS, *MODEL_KNOBS, TextHyperparams, TextSettings)
     if config.model.d_model % config.model.num_heads:
         raise ValueError(f"config.model.d_model = {config.model.d_model} is not divisible by "
                          f"config.model.num_heads = {config.model.num_heads}")
     if config.total_steps < config.num_prompts:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_prompts = "
                          f"{config.num_prompts})")
-    if config.eval.pass_k < 0:
-        raise ValueError(f"config.eval.pass_k must be >= 0 (0: greedy evaluation only), got {config.eval.pass_k!r}")
 
 
 def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
     check_group_config(config)
+    knobs.check(config, TextGRPOHyperparams, TextGRPOSettings, INIT_FROM)
     check_rollout_config(config)
-    config_lib.one_of(config.loss.kl, tuple(losses.KL_ESTIMATORS), "loss.kl")
-    config_lib.positive(config, "group.oversample", "optim.num_epochs", "optim.num_minibatches")
-    if len(config.reward_weights) != 2:
-        raise ValueError(f"config.reward_weights needs one weight per reward component (correct, well_formed), "
-                         f"got {config.reward_weights!r}")
     if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")
-    if not config.sampling.temperature >= 0:
-        raise ValueError(f"config.sampling.temperature must be >= 0, got {config.sampling.temperature!r}")
 
 
-_OPTIM_KEYS = {"learning_rate": "optim.learning_rate", "max_grad_norm": "optim.max_grad_norm",
-               "weight_decay": "optim.weight_decay"}
-register("text_sft", Recipe(build_text_sft, TextHyperparams, _OPTIM_KEYS, check_text_config, defaults=text_config,
+register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_config, defaults=text_config,
                             rebuild=build_text_sft))
-register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, {
-    **_OPTIM_KEYS, **GROUP_LOSS_KEYS, "kl_coef": "loss.kl_coef", "vf_coef": "loss.vf_coef",
-    "temperature": "sampling.temperature", "top_p": "sampling.top_p"},
-    check_text_grpo_config, defaults=text_grpo_config,
-    static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0), rebuild=build_text_grpo))
+register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, check=check_text_grpo_config,
+                             defaults=text_grpo_config, rebuild=build_text_grpo,
+                             static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0)))

@@ -110,7 +110,10 @@ def tree_token_advantages(algo, groups: Groups, rewards: jax.Array):
 
 
 rollout.register("generate", "tree", generate=tree, advantages=tree_token_advantages,
-                 options={"branches": 2, "depth": 4, "min_entropy": 0.0})
+                 options={"branches": (2, "branches per group, of G / branches members each", {"minimum": 1}),
+                          "depth": (4, "tokens a branch's members share (at most)", {"minimum": 0}),
+                          "min_entropy": (0.0, "> 0: a branch splits at its first token whose next-token entropy "
+                                          "reaches this (at most depth)", {"minimum": 0.0})})
 
 
 # --- Filter -----------------------------------------------------------------------------------------
@@ -128,7 +131,8 @@ def rank_ties(algo, memory, groups: Groups, params, key):
     return groups.replace(bonus=algo.strategy_options("rank_ties")["scale"] * rollout.tie_ranks(score)), {}
 
 
-rollout.register("filter", "rank_ties", after=rank_ties, options={"scale": 0.1})
+rollout.register("filter", "rank_ties", after=rank_ties, options={"scale": (0.1, "the tie-breaking bonus: scale x the centred confidence rank",
+                                                    {"minimum": 0.0})})
 
 
 def _prompt_features(algo, prompts: jax.Array) -> jax.Array:
@@ -184,7 +188,8 @@ def train_predictor(algo, memory, groups: Groups, params):
 
 
 rollout.register("filter", "success_predictor", init=predictor_memory, before=predict_pass_rate,
-                 observe=train_predictor, options={"hidden": 64, "learning_rate": 3e-3})
+                 observe=train_predictor, options={"hidden": (64, "the predictor's hidden units", {"minimum": 1}),
+                          "learning_rate": (3e-3, "the predictor's Adam learning rate", {"above": 0.0})})
 
 
 # --- Control ----------------------------------------------------------------------------------------
@@ -221,7 +226,7 @@ def variance_budget(algo, memory, plan: Plan, key):
 
 
 rollout.register("control", "variance_budget", before=variance_budget, selects=True,
-                 requires=("success_predictor",), options={"max_groups": 2})
+                 requires=("success_predictor",), options={"max_groups": (2, "the most groups one uncertain prompt gets", {"minimum": 1})})
 
 
 def carried_memory(algo, key):
@@ -304,7 +309,8 @@ def train_finished(algo, memory, groups: Groups, params, key):
 
 
 rollout.register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished,
-                 after=train_finished, selects=True, stops_early=True, options={"cap": 1.0, "max_age": 4})
+                 after=train_finished, selects=True, stops_early=True, options={"cap": (1.0, "a resumed group's tokens are weighted by min(pi / mu, cap)", {"above": 0.0}),
+                          "max_age": (4, "updates a carried group may wait before it is dropped", {"minimum": 0})})
 
 
 def prune_memory(algo, key):
@@ -327,7 +333,9 @@ def count_pruned(algo, memory, groups: Groups, params):
 
 
 rollout.register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned,
-                 options={"at": 4, "below": 0.05, "warmup": 20})
+                 options={"at": (4, "the column where members may be pruned", {"minimum": 0}),
+                          "below": (0.05, "members whose predicted value there is below this stop", {}),
+                          "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
 
 
 # --- Replay: past correct completions -----------------------------------------------------------------
@@ -384,7 +392,8 @@ def replay_correct(algo, memory, groups: Groups, params, key):
 
 
 rollout.register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct,
-                 options={"cap": 1.0}, needs_pool=True)
+                 options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)",
+                                  {"above": 0.0})}, needs_pool=True)
 
 
 # --- Replay: scaffolded hints -------------------------------------------------------------------------
@@ -421,7 +430,11 @@ def track_hints(algo, memory, groups: Groups, params):
 
 
 rollout.register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints,
-                 options={"patience": 2, "tiers": 3, "recover": 0.5}, needs_pool=True)
+                 options={"patience": (2, "observations in a row without a solve before a problem's hint grows", {"minimum": 1}),
+                          "tiers": (3, "hint tiers: tier k forces k / (tiers + 1) of the reference answer",
+                                    {"minimum": 1}),
+                          "recover": (0.5, "a pass rate at which a problem's hint shrinks a tier",
+                                      {"minimum": 0.0, "maximum": 1.0})}, needs_pool=True)
 
 
 # --- Replay: a curriculum -----------------------------------------------------------------------------
@@ -471,4 +484,10 @@ def probe_curriculum(algo, memory, groups: Groups, params):
 
 rollout.register("replay", "curriculum", init=curriculum_memory, before=curriculum_problems, observe=probe_curriculum,
                  draws=True,
-                 options={"start": 0.0, "step": 0.25, "raise_at": 0.5, "probe": 64, "every": 5, "probe_seed": 7})
+                 options={"start": (0.0, "the difficulty level at the start, in [0, 1]", {"minimum": 0.0, "maximum": 1.0}),
+                          "step": (0.25, "how far the level rises after a passed probe", {"above": 0.0}),
+                          "raise_at": (0.5, "the probe's held-out accuracy at which the level rises",
+                                       {"minimum": 0.0, "maximum": 1.0}),
+                          "probe": (64, "held-out problems per probe", {"minimum": 1}),
+                          "every": (5, "updates between probes", {"minimum": 1}),
+                          "probe_seed": (7, "the probes' problems are drawn from this seed", {})})
