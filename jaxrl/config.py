@@ -14,7 +14,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from jaxrl import files, knobs
-from jaxrl.knobs import Knob
+from jaxrl.knobs import Knob, get_value  # noqa: F401  (config.get_value: a dotted key's value)
 
 # What the training loop does with a run whose state or metrics turn non-finite (`jaxrl.run.divergence`).
 ON_NONFINITE = ("freeze", "rollback", "stop")
@@ -88,13 +88,6 @@ def finalize(config: ConfigDict, arg: str | None = None) -> ConfigDict:
     if arg:
         raise ValueError(f"experiment {config.experiment!r} takes no config argument, got {arg!r}")
     config.lock()
-    return config
-
-
-def get_value(config: ConfigDict, key: str):
-    """The value of a dotted key, e.g. get_value(config, "optim.learning_rate")."""
-    for part in key.split("."):
-        config = config[part]
     return config
 
 

@@ -165,6 +165,7 @@ def fields_of(cls: type) -> dict[str, Knob]:
 
 
 def get_value(config: ConfigDict, key: str) -> Any:
+    """The value of a dotted key, e.g. get_value(config, "optim.learning_rate")."""
     for part in key.split("."):
         config = config[part]
     return config
@@ -172,16 +173,7 @@ def get_value(config: ConfigDict, key: str) -> Any:
 
 def defaults(*declarations: Knob | type) -> ConfigDict:
     """A config holding every declared key at its default (nested by the dots of the keys)."""
-    config = ConfigDict()
-    for key, declared in knobs_of(*declarations).items():
-        section = config
-        *parents, name = key.split(".")
-        for parent in parents:
-            if parent not in section:
-                section[parent] = ConfigDict()
-            section = section[parent]
-        section[name] = _config_value(declared.default)
-    return config
+    return fill(ConfigDict(), *declarations)
 
 
 def _config_value(default: Any) -> Any:
