@@ -131,8 +131,9 @@ def rank_ties(algo, memory, groups: Groups, params, key):
     return groups.replace(bonus=algo.strategy_options("rank_ties")["scale"] * rollout.tie_ranks(score)), {}
 
 
-rollout.register("filter", "rank_ties", after=rank_ties, options={"scale": (0.1, "the tie-breaking bonus: scale x the centred confidence rank",
-                                                    {"minimum": 0.0})})
+rollout.register("filter", "rank_ties", after=rank_ties,
+                 options={"scale": (0.1, "the tie-breaking bonus: scale x the centred confidence rank",
+                                    {"minimum": 0.0})})
 
 
 def _prompt_features(algo, prompts: jax.Array) -> jax.Array:
