@@ -368,8 +368,9 @@ def counterfactual(algo, key):
 
 
 rollout.register("generate", "independent", domain="env", members=independent)
-rollout.register("generate", "vine", domain="env", members=vine, options={"max_branch_step": (10, "vine groups branch at a step drawn from 0..max_branch_step",
-                                                     {"minimum": 0})})
+rollout.register("generate", "vine", domain="env", members=vine,
+                 options={"max_branch_step": (10, "vine groups branch at a step drawn from 0..max_branch_step",
+                                              {"minimum": 0})})
 rollout.register("generate", "counterfactual", domain="env", members=counterfactual)
 
 

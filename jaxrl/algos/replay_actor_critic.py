@@ -452,5 +452,5 @@ def check_replay_actor_critic_config(config: ConfigDict) -> None:
 
 
 for _name, _defaults in (("sac", sac_config), ("td3", td3_config), ("tqc", tqc_config)):
-    register(_name, Recipe(build_replay_actor_critic, ReplayActorCriticHyperparams, check=check_replay_actor_critic_config,
-                           defaults=_defaults))
+    register(_name, Recipe(build_replay_actor_critic, ReplayActorCriticHyperparams,
+                           check=check_replay_actor_critic_config, defaults=_defaults))
