@@ -204,14 +204,10 @@ def _check_xla_options(config: ConfigDict) -> None:
 
 
 def validate_shared(config: ConfigDict) -> None:
-    """Check the keys every run has (`SHARED_KNOBS`); `jaxrl.algos.validate` adds the algorithm's own checks."""
-    knobs.check(config, *SHARED_KNOBS)
+    """Check every declared key the config holds (`knobs.check_config`: the shared ones and the algorithm's)
+    and the XLA options; `jaxrl.algos.validate` adds the algorithm's checks that span keys."""
+    knobs.check_config(config)
     _check_xla_options(config)
-
-
-def unit_interval(value: float, key: str) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"config.{key} must lie in [0, 1], got {value!r}")
 
 
 def one_of(value: str, known, key: str) -> None:
@@ -237,31 +233,39 @@ RENAMED_KEYS = {
 }
 
 
+def flat_keys(tree: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of a nested dict's leaves (an empty section, such as kwargs, is a leaf)."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def nested(flat: dict) -> dict:
+    """The nested dict of {dotted key: value} (`flat_keys`'s inverse)."""
+    out: dict = {}
+    for key, value in flat.items():
+        *parents, name = key.split(".")
+        section = out
+        for parent in parents:
+            section = section.setdefault(parent, {})
+        section[name] = value
+    return out
+
+
 def migrate(saved: dict, renamed: dict[str, str] = RENAMED_KEYS) -> dict:
     """A saved config (a plain dict) with its old keys under their new names (`RENAMED_KEYS`); a section left
     empty by a move goes. ValueError when a config holds a key under both names."""
-    out = json.loads(json.dumps(saved))
+    flat = flat_keys(saved)
     for old, new in renamed.items():
-        *old_parents, old_name = old.split(".")
-        section = out
-        for parent in old_parents:
-            section = section.get(parent) if isinstance(section, dict) else None
-        if not isinstance(section, dict) or old_name not in section:
-            continue
-        value = section.pop(old_name)
-        *new_parents, new_name = new.split(".")
-        target = out
-        for parent in new_parents:
-            target = target.setdefault(parent, {})
-        if new_name in target:
-            raise ValueError(f"the saved config holds both {old} and {new} (which replaced it)")
-        target[new_name] = value
-        if old_parents and not section:
-            holder = out
-            for parent in old_parents[:-1]:
-                holder = holder[parent]
-            del holder[old_parents[-1]]
-    return out
+        if old in flat:
+            if new in flat:
+                raise ValueError(f"the saved config holds both {old} and {new} (which replaced it)")
+            flat[new] = flat.pop(old)
+    return nested(flat)
 
 
 def load(path) -> ConfigDict:

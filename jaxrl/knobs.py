@@ -8,10 +8,10 @@ the values it accepts. Everything else is read from the declaration:
 - `defaults(*declarations)`: the config section with every declared key at its default (`fill`: the keys a
   config lacks);
 - `read(cls, config, **derived)`: a settings (or hyperparameters) object, each field from its key;
-- `check(config, *declarations)`: every declared key's bounds and choices, one ValueError naming the key,
-  before anything compiles;
+- `check_config(config)`: every declared key the config holds, its bounds and choices: one ValueError naming
+  the key, before anything compiles (`jaxrl.algos.validate`; `check(config, *declarations)` for some only);
 - `traced_keys(cls)`: the keys a sweep varies inside one compiled program (the hyperparameters');
-- `describe(key)`: the declaration of a key, for `docs/config.md` (`python -m jaxrl.knobs`).
+- `DECLARED`: key -> its declaration, for `docs/config.md` (`python -m jaxrl.run.config_reference`).
 
 A declaration is a `Knob` (a value: module-level when several classes read the same key) or the dataclass field
 that `knob(...)` / `Knob.field()` makes. One key, one declaration: declaring a key twice with different
@@ -143,19 +143,12 @@ def knob(key: str, default: Any, help: str, **accepts) -> Any:
     return _field(Knob(key, default, help, **accepts))
 
 
-Declarations = Iterable["Knob | type"]
-
-
 def knobs_of(*declarations: Knob | type) -> dict[str, Knob]:
     """key -> Knob for knobs and for every knob field of dataclasses (settings, hyperparameters), in order."""
     found: dict[str, Knob] = {}
     for item in declarations:
-        if isinstance(item, Knob):
-            found[item.key] = item
-            continue
-        for f in dataclasses.fields(item):
-            if FIELD_METADATA in f.metadata:
-                found.setdefault(f.metadata[FIELD_METADATA].key, f.metadata[FIELD_METADATA])
+        for declared in [item] if isinstance(item, Knob) else fields_of(item).values():
+            found.setdefault(declared.key, declared)
     return found
 
 
@@ -176,6 +169,18 @@ def defaults(*declarations: Knob | type) -> ConfigDict:
     return fill(ConfigDict(), *declarations)
 
 
+def _holder(config: ConfigDict, key: str, create: bool = False) -> tuple[ConfigDict | None, str]:
+    """(the section that holds `key`'s last part, that part); the section is None where the config lacks one
+    (`create`: made, empty)."""
+    *parents, name = key.split(".")
+    section = config
+    for parent in parents:
+        if create and parent not in section:
+            section[parent] = ConfigDict()
+        section = section.get(parent) if isinstance(section, ConfigDict) else None
+    return (section if isinstance(section, ConfigDict) else None), name
+
+
 def _config_value(default: Any) -> Any:
     return ConfigDict(default) if isinstance(default, dict) else default
 
@@ -185,12 +190,7 @@ def fill(config: ConfigDict, *declarations: Knob | type) -> ConfigDict:
     own defaults, set before). Returns `config`."""
     with config.unlocked():
         for key, declared in knobs_of(*declarations).items():
-            section = config
-            *parents, name = key.split(".")
-            for parent in parents:
-                if parent not in section:
-                    section[parent] = ConfigDict()
-                section = section[parent]
+            section, name = _holder(config, key, create=True)
             if name not in section:
                 section[name] = _config_value(declared.default)
     return config
@@ -208,6 +208,15 @@ def check(config: ConfigDict, *declarations: Knob | type) -> None:
     that is not."""
     for key, declared in knobs_of(*declarations).items():
         declared.check(get_value(config, key))
+
+
+def check_config(config: ConfigDict) -> None:
+    """Every declared key that `config` holds accepted (`Knob.check`); ValueError naming the first that is not.
+    A key has one declaration, so whichever family's config holds it, the same rule applies."""
+    for key, declared in DECLARED.items():
+        section, name = _holder(config, key)
+        if section is not None and name in section:
+            declared.check(section[name])
 
 
 def check_fields(obj) -> None:
@@ -228,8 +237,3 @@ def declared(key: str) -> Knob:
     if key not in DECLARED:
         raise KeyError(f"config key {key!r} is not declared (jaxrl.knobs)")
     return DECLARED[key]
-
-
-def describe(key: str) -> Knob | None:
-    """The declaration of `key`, or None when nothing declares it."""
-    return DECLARED.get(key)

@@ -95,11 +95,6 @@ STAGE_KNOBS = (
 )
 
 
-def declare_option(strategy: str, key: str, default, help: str, **accepts):
-    """Declare config key rollout.options.<strategy>.<key> (`jaxrl.knobs`); returns its default."""
-    return Knob(f"rollout.options.{strategy}.{key}", default, help, **accepts).default
-
-
 def register(stage: str, name: str, *, domain: str = "tokens", options: dict | None = None, needs_pool: bool = False,
              selects: bool = False, requires: tuple[str, ...] = (), draws: bool = False, stops_early: bool = False,
              **hooks) -> Strategy:
@@ -119,7 +114,7 @@ def register(stage: str, name: str, *, domain: str = "tokens", options: dict | N
     if ("generate" in hooks or "members" in hooks) != (stage == "generate"):
         raise ValueError(f"rollout strategy {name!r}: Generate strategies, and only they, have a `generate` "
                          f"(tokens) or `members` (env) hook")
-    options = {key: declare_option(name, key, default, help, **accepts)
+    options = {key: Knob(f"rollout.options.{name}.{key}", default, help, **accepts).default  # (declared)
                for key, (default, help, accepts) in (options or {}).items()}
     strategy = Strategy(stage, name, domain, options=tuple(options.items()),
                         needs_pool=needs_pool, selects=selects, requires=tuple(requires), draws=draws,

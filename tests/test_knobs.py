@@ -57,7 +57,7 @@ def test_a_key_declared_twice_differently_is_refused():
 def test_every_shared_key_is_declared_and_checked_before_compiling():
     config = algos.default_config("ppo")
     for declared in config_lib.SHARED_KNOBS:
-        assert knobs.describe(declared.key) is declared
+        assert knobs.DECLARED[declared.key] is declared
     with config.unlocked():
         config.log.backends = "jsonl,tensorbord"
     with pytest.raises(ValueError, match="unknown config.log.backends 'tensorbord'; known: jsonl, tensorboard, wandb"):

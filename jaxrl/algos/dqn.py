@@ -32,10 +32,10 @@ from jaxrl import knobs, replay
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import env_optimizer, make_env
 from jaxrl.algos.off_policy import (GAMMA, PRIORITY_ALPHA, PRIORITY_BETA, REWARD_SCALE, TAU, ReplayLearner,
-                                    ReplaySettings, ReplayState, check_replay_config, off_policy_settings,
-                                    replay_config)
+                                    ReplaySettings, ReplayState, check_off_policy_config, check_replay_config,
+                                    off_policy_settings, replay_config)
 from jaxrl.algos.q_learning import (EPSILON_END, EPSILON_FRACTION, EPSILON_START, QLearner, bootstrap_values,
-                                    check_q_config, q_config, q_network, sequence_targets)
+                                    q_config, q_network, sequence_targets)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import gradient_step
 from jaxrl.knobs import knob
@@ -150,8 +150,7 @@ def build_dqn(config: ConfigDict, mesh) -> DQN:
 
 
 def check_dqn_config(config: ConfigDict) -> None:
-    check_q_config(config)
-    knobs.check(config, DQNHyperparams, DQNSettings)
+    check_off_policy_config(config)
     check_replay_config(config, config.returns.n_step)
 
 

@@ -169,7 +169,6 @@ def env_settings(config: ConfigDict) -> dict:
 
 def check_env_config(config: ConfigDict) -> None:
     """The keys every env algorithm reads."""
-    knobs.check(config, *ENV_KNOBS)
     if config.network.kind != "mlp" and config.network.kernel_init != "orthogonal":
         raise ValueError(f"config.network.kernel_init={config.network.kernel_init!r} applies to mlp networks; "
                          f"network.kind={config.network.kind!r} starts orthogonal")

@@ -1,5 +1,5 @@
 """What env and text GRPO share: the group size, the advantage estimator with its options and the policy-loss
-parts, declared once (`jaxrl.knobs`) and checked the same way."""
+parts, declared once (`jaxrl.knobs`: `jaxrl.algos.validate` checks them for both)."""
 
 from __future__ import annotations
 
@@ -40,12 +40,3 @@ def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
     o = config.advantage_options
     return (("scale", o.scale or None), ("eps", o.eps), ("clip", o.clip or None), ("max_reward", o.max_reward),
             ("renormalize", o.renormalize))
-
-
-def check_group_config(config: ConfigDict) -> None:
-    knobs.check(config, *GROUP_KNOBS)
-
-
-# Traced hyperparameters both read from the same keys.
-GROUP_LOSS_KEYS = {"clip_low": losses.CLIP_LOW.key, "clip_high": losses.CLIP_HIGH.key,
-                   "ent_coef": losses.ENT_COEF.key, "critic_weight": CRITIC_WEIGHT.key}

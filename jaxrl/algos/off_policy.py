@@ -290,7 +290,6 @@ def check_off_policy_config(config: ConfigDict) -> None:
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")
-    knobs.check(config, *OFF_POLICY_KNOBS)
     batch = config.num_envs * config.num_steps
     if config.total_steps < batch:
         raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
@@ -302,7 +301,6 @@ def replay_config() -> ConfigDict:
 
 
 def check_replay_config(config: ConfigDict, sequence_length: int = 1, sequence_key: str = "returns.n_step") -> None:
-    knobs.check(config, ReplaySettings, PRIORITY_ALPHA, PRIORITY_BETA, TAU)
     r = config.replay
     if r.batch_size % config.num_envs:
         raise ValueError(f"config.replay.batch_size = {r.batch_size} must be a multiple of num_envs = "

@@ -436,7 +436,6 @@ def build_ppo(config: ConfigDict, mesh) -> PPO:
 
 def check_ppo_config(config: ConfigDict) -> None:
     check_env_config(config)
-    knobs.check(config, PPOHyperparams, PPOSettings, SCALE_NUM_ENVS)
     target, minibatches = config.scale.num_envs, config.optim.num_minibatches
     if target and (minibatches * target) % config.num_envs:
         step = config.num_envs // math.gcd(minibatches, config.num_envs)

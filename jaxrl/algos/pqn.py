@@ -28,13 +28,12 @@ from flax import struct
 from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib
 from jaxrl.algos.env_policy import trainable
 from jaxrl.algos.env_setup import EnvSettings, check_minibatch_split, env_optimizer, make_env
 from jaxrl import knobs
-from jaxrl.algos.off_policy import GAMMA, REWARD_SCALE, Acting, off_policy_settings
+from jaxrl.algos.off_policy import GAMMA, REWARD_SCALE, Acting, check_off_policy_config, off_policy_settings
 from jaxrl.algos.q_learning import (EPSILON_END, EPSILON_FRACTION, EPSILON_START, Q_LAMBDA, QLearner,
-                                    bootstrap_values, check_q_config, q_config, q_network, sequence_targets,
+                                    bootstrap_values, q_config, q_network, sequence_targets,
                                     team_reward, team_values)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import optimise
@@ -147,9 +146,7 @@ def build_pqn(config: ConfigDict, mesh) -> PQN:
 
 
 def check_pqn_config(config: ConfigDict) -> None:
-    check_q_config(config)
-    knobs.check(config, PQNHyperparams)
-    config_lib.positive(config, "optim.num_epochs", "optim.num_minibatches")
+    check_off_policy_config(config)
     batch = config.num_envs * config.num_steps
     if batch % config.optim.num_minibatches:
         raise ValueError(f"num_envs * num_steps = {config.num_envs} * {config.num_steps} = {batch} is not "

@@ -19,7 +19,7 @@ from jaxrl import config as config_lib, knobs
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import PolicyStep
 from jaxrl.algos.env_setup import ACTIVATION, HIDDEN_SIZES, LAYER_NORM, EnvSettings
-from jaxrl.algos.off_policy import OffPolicyLearner, check_off_policy_config, off_policy_config
+from jaxrl.algos.off_policy import OffPolicyLearner, off_policy_config
 from jaxrl.knobs import Knob
 from jaxrl.networks import QNetwork
 
@@ -127,6 +127,3 @@ def q_network(config: ConfigDict, env: envs.Environment) -> QNetwork:
     return QNetwork(space.n, tuple(n.hidden_sizes), n.activation, n.dueling, n.layer_norm)
 
 
-def check_q_config(config: ConfigDict) -> None:
-    check_off_policy_config(config)
-    knobs.check(config, HIDDEN_SIZES, ACTIVATION, EPSILON_START, EPSILON_END, EPSILON_FRACTION)

@@ -430,7 +430,6 @@ def build_replay_actor_critic(config: ConfigDict, mesh) -> ReplayActorCritic:
 def check_replay_actor_critic_config(config: ConfigDict) -> None:
     check_off_policy_config(config)
     check_replay_config(config)
-    knobs.check(config, ReplayActorCriticHyperparams, ReplayActorCriticSettings)
     n, p = config.network, config.policy
     if config.replay.gradient_steps % p.delay:
         raise ValueError(f"config.replay.gradient_steps = {config.replay.gradient_steps} must be a multiple of "

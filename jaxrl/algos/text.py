@@ -30,7 +30,7 @@ from ml_collections import ConfigDict
 from envs import text
 from jaxrl import config as config_lib, files, knobs, losses, mesh as mesh_lib, rollout, sampling
 from jaxrl.algos import text_rollout  # noqa: F401  (registers the built-in rollout strategies)
-from jaxrl.algos.group import (ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_config,
+from jaxrl.algos.group import (ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options,
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
@@ -614,9 +614,6 @@ def check_rollout_config(config: ConfigDict) -> None:
             raise ValueError(f"config.rollout.{stage} names a strategy twice: {r[stage]!r}")
     if len(chosen["generate"]) != 1:
         raise ValueError(f"config.rollout.generate must name exactly one strategy, got {r.generate!r}")
-    knobs.check(config, *rollout.STAGE_KNOBS[1:])  # (rollout.generate: one strategy of this domain, below)
-    knobs.check(config, *(knobs.describe(f"rollout.options.{name}.{key}") for name, options in r.options.items()
-                          for key in options if knobs.describe(f"rollout.options.{name}.{key}")))
     strategies = [rollout.get(stage, name) for stage, names in chosen.items() for name in names]
     for strategy in strategies:
         missing = [name for name in strategy.requires if not any(name in names for names in chosen.values())]
@@ -691,7 +688,6 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> Tex
 
 
 def check_text_config(config: ConfigDict) -> None:
-    knobs.check(config, TASK_NAME, TASK_KWARGS, *MODEL_KNOBS, TextHyperparams, TextSettings)
     if config.model.d_model % config.model.num_heads:
         raise ValueError(f"config.model.d_model = {config.model.d_model} is not divisible by "
                          f"config.model.num_heads = {config.model.num_heads}")
@@ -702,8 +698,6 @@ def check_text_config(config: ConfigDict) -> None:
 
 def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
-    check_group_config(config)
-    knobs.check(config, TextGRPOHyperparams, TextGRPOSettings, INIT_FROM)
     check_rollout_config(config)
     if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")

@@ -33,13 +33,13 @@ import jax.numpy as jnp
 from flax import struct
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib, knobs, mesh as mesh_lib
+from jaxrl import knobs, mesh as mesh_lib
 from jaxrl.knobs import Knob, knob
 from jaxrl.algos.dqn import DQN, DQNHyperparams, DQNSettings, dqn_config
 from jaxrl.algos.env_policy import trainable
-from jaxrl.algos.env_setup import AGENT_ID_INPUTS, env_optimizer, make_env
-from jaxrl.algos.off_policy import check_replay_config, off_policy_settings
-from jaxrl.algos.q_learning import (Q_LAMBDA, bootstrap_values, check_q_config, sequence_targets, team_reward,
+from jaxrl.algos.env_setup import env_optimizer, make_env
+from jaxrl.algos.off_policy import check_off_policy_config, check_replay_config, off_policy_settings
+from jaxrl.algos.q_learning import (Q_LAMBDA, bootstrap_values, sequence_targets, team_reward,
                                     team_values)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.networks import QMixer, QNetwork, RecurrentQNetwork
@@ -50,7 +50,6 @@ MIXER_KNOBS = (Knob("mixer.embed_size", 32, "QMIX: the mixing network's embeddin
                Knob("mixer.hypernet_size", 64, "QMIX: the hypernetworks' hidden layer size", minimum=1),
                Knob("mixer.init_scale", 0.001, "QMIX: the gain of every mixing layer's initial orthogonal weights",
                     above=0.0))
-NETWORKS = ("gru", "mlp")
 
 
 @struct.dataclass
@@ -170,11 +169,8 @@ def build_value_decomposition(config: ConfigDict, mesh) -> ValueDecomposition:
 
 
 def check_value_decomposition_config(config: ConfigDict) -> None:
-    check_q_config(config)
-    knobs.check(config, ValueDecompositionHyperparams, ValueDecompositionSettings, *MIXER_KNOBS)
+    check_off_policy_config(config)
     check_replay_config(config, config.replay.sequence_length, "replay.sequence_length")
-    config_lib.one_of(config.network.kind, NETWORKS, "network.kind")
-    config_lib.one_of(config.network.agent_id, AGENT_ID_INPUTS, "network.agent_id")
     r = config.replay
     if not 0 <= r.burn_in < r.sequence_length:
         raise ValueError(f"config.replay.burn_in = {r.burn_in} must lie in [0, replay.sequence_length = "

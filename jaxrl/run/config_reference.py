@@ -23,17 +23,8 @@ UNDECLARED = "(not declared yet)"
 
 
 def flat(config) -> dict:
-    """{dotted key: value} of a config's leaves (an empty section is a leaf: kwargs)."""
-    out = {}
-
-    def walk(node, prefix):
-        for key, value in node.items():
-            if isinstance(value, dict) and value:
-                walk(value, f"{prefix}{key}.")
-            else:
-                out[f"{prefix}{key}"] = value
-    walk(config_lib.to_dict(config), "")
-    return out
+    """{dotted key: value} of a config's leaves."""
+    return config_lib.flat_keys(config_lib.to_dict(config))
 
 
 def shown(value) -> str:
@@ -58,7 +49,7 @@ def key_table(defaults_by_algorithm: dict[str, dict]) -> list[str]:
                   key=lambda k: (k.count("."), k))
     lines = ["| key | default | accepts | sweep | help | algorithms |", "|---|---|---|---|---|---|"]
     for key in keys:
-        declared = knobs.describe(key)
+        declared = knobs.DECLARED.get(key)
         having = [name for name, defaults in defaults_by_algorithm.items() if key in defaults]
         default = default_column(declared, {name: defaults_by_algorithm[name][key] for name in having})
         accepts = declared.bounds() if declared else ""
