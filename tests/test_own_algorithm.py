@@ -2,6 +2,7 @@
 a policy gradient on a K-armed Gaussian bandit, on the engine's optimiser, gradient step and chunk compiler."""
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -11,7 +12,7 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from jaxrl import algos, config as config_lib, engine, mesh as mesh_lib, train
-from jaxrl.mesh import DATA_AXIS, RUNS
+from jaxrl.mesh import DATA_AXIS
 
 ARM_MEANS = (0.1, 0.9, 0.4)
 
@@ -40,59 +41,35 @@ class BanditSettings:
         return self.num_pulls
 
 
-class BanditGradient:
+def bandit_optimizer(hp):
+    return engine.make_optimizer(hp.learning_rate, hp.max_grad_norm, 1e-8)
+
+
+def bandit_init(key):
+    params = {"logits": jnp.zeros(len(ARM_MEANS))}
+    return BanditState(params, bandit_optimizer(BanditHyperparams()).init(params), key, jnp.int32(0))
+
+
+def bandit_update(settings: BanditSettings, mesh, state, hp):
     """REINFORCE with the mean reward as baseline; pulls split over the mesh's data axis."""
+    key, pull_key, noise_key = jax.random.split(state.key, 3)
+    local = settings.num_pulls // mesh.shape[DATA_AXIS]
+    arms = jax.random.categorical(pull_key, state.params["logits"], shape=(local,))
+    rewards = jnp.asarray(ARM_MEANS)[arms] + 0.1 * jax.random.normal(noise_key, (local,))
 
-    def __init__(self, settings: BanditSettings, mesh):
-        self.settings, self.mesh = settings, mesh
-        self.compile_seconds = 0.0
-        self._chunk_fn = None
+    def loss(params, batch, hp):
+        log_probs = jax.nn.log_softmax(params["logits"])[batch["arms"]]
+        advantages = batch["rewards"] - engine.global_mean(batch["rewards"])
+        return -jnp.mean(log_probs * advantages), {"reward": jnp.mean(batch["rewards"])}
 
-    def _optimizer(self, hp):
-        return engine.make_optimizer(hp.learning_rate, hp.max_grad_norm, 1e-8)
+    params, opt_state, aux = engine.gradient_step(loss, bandit_optimizer(hp), state.params, state.opt_state,
+                                                  {"arms": arms, "rewards": rewards}, hp)
+    best = jax.nn.softmax(params["logits"])[jnp.argmax(jnp.asarray(ARM_MEANS))]
+    return BanditState(params, opt_state, key, state.update_step + 1), {**aux, "best_arm_probability": best}
 
-    def init_seeds(self, seed, num_seeds, num_settings=1):
-        def init(key):
-            params = {"logits": jnp.zeros(len(ARM_MEANS))}
-            return BanditState(params, self._optimizer(BanditHyperparams()).init(params), key, jnp.int32(0))
-        state = jax.vmap(init)(engine.seed_keys(seed, num_seeds, num_settings))
-        return jax.device_put(state, self.state_shardings(state))
 
-    def state_shardings(self, state):
-        return jax.tree.map(lambda _: mesh_lib.per_run(self.mesh), state)
-
-    def _update(self, state, hp):
-        key, pull_key, noise_key = jax.random.split(state.key, 3)
-        local = self.settings.num_pulls // self.mesh.shape[DATA_AXIS]
-        arms = jax.random.categorical(pull_key, state.params["logits"], shape=(local,))
-        rewards = jnp.asarray(ARM_MEANS)[arms] + 0.1 * jax.random.normal(noise_key, (local,))
-
-        def loss(params, batch, hp):
-            log_probs = jax.nn.log_softmax(params["logits"])[batch["arms"]]
-            advantages = batch["rewards"] - engine.global_mean(batch["rewards"])
-            return -jnp.mean(log_probs * advantages), {"reward": jnp.mean(batch["rewards"])}
-
-        params, opt_state, aux = engine.gradient_step(loss, self._optimizer(hp), state.params, state.opt_state,
-                                                      {"arms": arms, "rewards": rewards}, hp)
-        best = jax.nn.softmax(params["logits"])[jnp.argmax(jnp.asarray(ARM_MEANS))]
-        return BanditState(params, opt_state, key, state.update_step + 1), {**aux, "best_arm_probability": best}
-
-    def run_chunk(self, state, hp, num_updates):
-        num_updates = jnp.int32(num_updates)
-        hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
-        if self._chunk_fn is None:
-            self._chunk_fn, self.compile_seconds = engine.compile_chunk(
-                self._update, state, hp, num_updates, self.mesh, jax.tree.map(lambda _: RUNS, state))
-        return self._chunk_fn(state, hp, num_updates)
-
-    def evaluate(self, params, key, num):
-        return {"eval_return": jnp.asarray(ARM_MEANS)[jnp.argmax(params["logits"], axis=-1)]}
-
-    def write_files(self, workdir):
-        pass
-
-    def write_artifacts(self, workdir, params, seed):
-        return []
+def bandit_evaluate(params, key, num):
+    return {"eval_return": jnp.asarray(ARM_MEANS)[jnp.argmax(params["logits"], axis=-1)]}
 
 
 def bandit_config() -> ConfigDict:
@@ -107,8 +84,9 @@ def check_bandit_config(config):
 
 
 def build_bandit(config, mesh):
-    num_updates = config.total_steps // config.num_pulls
-    return BanditGradient(BanditSettings(config.num_pulls, num_updates), mesh)
+    settings = BanditSettings(config.num_pulls, config.total_steps // config.num_pulls)
+    return engine.Algorithm(settings, mesh, init=bandit_init, update=functools.partial(bandit_update, settings, mesh),
+                            evaluate=bandit_evaluate, actor=lambda params: params)
 
 
 @pytest.fixture

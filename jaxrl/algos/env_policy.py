@@ -10,6 +10,7 @@ A agents, P policy outputs (K logits, or 2D for D-dimensional continuous actions
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 from typing import Any, NamedTuple
@@ -226,6 +227,30 @@ class EnvPolicy:
         states = self.episode_states(jax.tree.map(lambda x: x[0], params), jax.random.PRNGKey(seed), sample)
         return [rendering.save_gif(rendering.render_frames(self.agent_env, states),
                                    os.path.join(workdir, "eval_episode.gif"))]
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvOnMesh:
+    """A policy's env as an algorithm trains in it: auto-resetting (by `reset_ratio`) with episode
+    statistics, its `num_envs` split over the mesh's data axis (`local_envs` on each device)."""
+
+    env: envs.Environment
+    mesh: jax.sharding.Mesh
+    local_envs: int
+
+    @classmethod
+    def of(cls, policy: EnvPolicy, num_envs: int, reset_ratio: float, mesh=None) -> "EnvOnMesh":
+        mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+        mesh_lib.check_divisible("num_envs", num_envs, mesh)
+        return cls(envs.EpisodeStatistics(envs.AutoReset(policy.agent_env, reset_ratio)), mesh,
+                   num_envs // mesh.shape[DATA_AXIS])
+
+
+def policy_functions(policy: EnvPolicy) -> dict:
+    """The `engine.Algorithm` fields every env algorithm takes from its policy: greedy evaluation, a loaded
+    actor, the episode GIF, shard_map's varying-axes checks as the env supports them."""
+    return {"evaluate": policy.evaluate, "actor": functools.partial(EnvActor, policy),
+            "write_artifacts": policy.write_artifacts, "vma_checks": policy.agent_env.supports_vma_checks}
 
 
 class ActsThroughPolicy:

@@ -1,4 +1,4 @@
-"""The engine every algorithm stands on: the Algorithm protocol, the one chunk compiler, seeding, the
+"""The engine every algorithm stands on: the Algorithm record (an algorithm as a value), the one chunk compiler, seeding, the
 optimiser and its schedules, minibatch gradient steps, and statistics over the global batch.
 
     config -> algorithm (algos/) -> compile_per_run(repeat_updates(update)) -> run_chunk -> jaxrl.train
@@ -8,12 +8,12 @@ Leaf modules (advantages, losses, networks, distributions, transformer, sampling
 engine; algorithms above it; the host loop (`jaxrl.train`, `jaxrl.sweep`) on top.
 """
 
+from jaxrl.engine.algorithm import Algorithm
 from jaxrl.engine.chunks import (ChunkRunner, chunk_metrics, compile_chunk, compile_per_run, describe_xla_choice,
                                  repeat_updates, seed_keys)
 from jaxrl.engine.minibatches import deal_minibatches, gradient_step, minibatch_block_size, optimise
 from jaxrl.engine.optim import (GRAD_CLIPS, SCHEDULES, clip_each_network, make_optimizer,
                                 scheduled_learning_rate)
-from jaxrl.engine.protocol import Algorithm
 from jaxrl.engine.stats import global_mean, normalize, standardise
 
 __all__ = ["Algorithm", "ChunkRunner", "GRAD_CLIPS", "SCHEDULES", "chunk_metrics",
