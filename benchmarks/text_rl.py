@@ -13,7 +13,7 @@ for two advantage estimators over several seeds.
 
 Prints a markdown table (base accuracy, accuracy after RL at fractions of the budget, gain, the wall
 time at which each seed first gained 20 points) and saves a plot; with --update-results both replace the
-section between the text_rl markers in benchmarks/RESULTS.md.
+section between the text_rl markers in benchmarks/results/text_rl.md.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def main(argv=None):
                         help="RL completions per seed, a multiple of 8 log intervals (8 x 2560)")
     parser.add_argument("--estimators", default="grpo,dr_grpo")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "text_rl.png"))
-    parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/text_rl.md")
     args = parser.parse_args(argv)
 
     from jaxrl import advantages, train
