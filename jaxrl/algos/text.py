@@ -378,7 +378,7 @@ class TextGRPOState:
 class TextGRPO:
     """GRPO and its variants on a text task: the update of one seed on this device's share of the B prompt
     slots, and what the rollout strategies read (`settings`, `task`, `vocab`, `model`, `pool`,
-    `strategy_options`). No base class; `text_grpo` makes its `engine.Algorithm`.
+    `strategy_options`). No base class; `text_grpo` makes its `engine.Algorithm` (whose `parts` it is).
 
       B x oversample candidate problems (fresh ones, or from a fixed pool with `pool_size`)
       -> the rollout strategies' stages (`jaxrl.rollout`): hints, G completions each with rewards [.., G, K]
@@ -393,7 +393,7 @@ class TextGRPO:
     """
 
     def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy):
-        self.settings, self.policy = settings, policy
+        self.settings, self.mesh, self.policy = settings, mesh, policy
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.model
         self.estimator = advantages.get(settings.advantage)
         self.pipeline = rollout.Pipeline.of(settings.rollout, settings.rollout_options)
