@@ -15,10 +15,9 @@ from helpers import set_keys, tiny_grpo_config, tiny_sft_config
 
 
 @pytest.fixture(scope="module")
-def sft_run(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("sft") / "run")
-    train.run(tiny_sft_config(total_steps=4_800), workdir)
-    return workdir
+def sft_run(tiny_sft_run):
+    """The warm start: conftest.py's tiny SFT run (shared with tests/test_text_sft.py)."""
+    return tiny_sft_run[0]
 
 
 def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):

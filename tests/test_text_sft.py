@@ -8,27 +8,20 @@ import numpy as np
 import pytest
 
 from envs import text
-from jaxrl import algos, config as config_lib, mesh as mesh_lib, sampling, train
+from jaxrl import algos, mesh as mesh_lib, sampling
 from helpers import tiny_sft_config
 
 
-def test_sft_run_saves_its_tokenizer_learns_and_resumes(tmp_path):
-    config = tiny_sft_config()
-    workdir = str(tmp_path / "run")
-    result = train.run(config, workdir)
-    rows = result.metrics
+def test_sft_run_saves_its_tokenizer_learns_and_resumes(tiny_sft_run):
+    workdir, rows, resumed = tiny_sft_run  # (conftest.py: shared with the text GRPO tests)
     assert rows[-1]["loss"] < rows[0]["loss"], rows
     # Well-formed answers (digits, then EOS) to the held-out problems; at this size hardly any is right (0 of 64
     # measured): tests/test_text_grpo.py checks accuracy rising, test_pass_at_k_... how it is counted.
     assert rows[-1]["eval_well_formed"] > 0.5, rows[-1]
     tok = text.load_tokenizer(os.path.join(workdir, "tokenizer.json"))
     assert text.decode(tok, text.encode(tok, ["12+345="], 10))[0] == "12+345="
-    # Resume: extending total_steps continues from the checkpoint, not from scratch.
-    config = config_lib.load(os.path.join(workdir, "config.json"))
-    with config.unlocked():
-        config.total_steps = 4_800
-    rows = train.run(config, workdir).metrics
-    assert [r["update"] for r in rows] == [50, 100, 150]
+    # Resume: extending total_steps to 4,800 continues from the checkpoint, not from scratch.
+    assert [r["update"] for r in resumed] == [50, 100, 150]
 
 
 def test_text_config_errors_name_the_key():

@@ -3,9 +3,8 @@
 
 Both act through one `TextPolicy`: the task, its tokenizer and vocabulary, the model, evaluation on held-out
 problems, the actor and the run directory's files (`tokenizer.json`: a run reloads from its directory alone).
-`python -m jaxrl.train --config=experiments/text_sft.py:addition` runs SFT with the same logging, checkpoints,
-resume and seeds as the RL algorithms. One SFT update, per seed, under `shard_map` over the `data` axis (prompts
-split over devices, parameters replicated, gradients averaged):
+One SFT update, per seed, under `shard_map` over the `data` axis (prompts split over devices, parameters
+replicated, gradients averaged):
 
     sample B training problems -> prompts [B, P], answers [B, A] -> -mean log p(answer token) -> Adam
 
@@ -220,16 +219,15 @@ def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, star
     """A text algorithm's record: `init(key, params=None)` and `update` with `policy`'s evaluation, actor and
     files. With `start_params` [S', ...] (a warm start) run r starts from seed (r mod num_seeds) mod S' of them."""
     mesh_lib.check_divisible("num_prompts", policy.settings.num_prompts, mesh)
-    init_runs = None
-    if start_params is not None:
-        available, warm = jax.tree.leaves(start_params)[0].shape[0], jax.jit(jax.vmap(init))
+    warm = jax.jit(jax.vmap(init))
 
-        def init_runs(keys: jax.Array, num_seeds: int):
-            runs = jnp.arange(keys.shape[0]) % num_seeds % available
-            return warm(keys, jax.tree.map(lambda x: x[runs], start_params))
+    def warm_runs(keys: jax.Array, num_seeds: int):
+        available = jax.tree.leaves(start_params)[0].shape[0]
+        runs = jnp.arange(keys.shape[0]) % num_seeds % available
+        return warm(keys, jax.tree.map(lambda x: x[runs], start_params))
     return engine.Algorithm(settings, mesh, init=init, update=update, evaluate=policy.evaluate, actor=policy.actor,
                             write_files=policy.write_files, write_artifacts=policy.write_artifacts,
-                            init_runs=init_runs, parts=parts)
+                            init_runs=None if start_params is None else warm_runs, parts=parts)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -354,13 +352,8 @@ class TextGRPOSettings:
         """Completions per update, over all devices (B prompts x G)."""
         return self.text.num_prompts * self.group_size
 
-    @property
-    def num_updates(self) -> int:
-        return self.text.num_updates
-
-    @property
-    def xla_options(self):
-        return self.text.xla_options
+    num_updates = property(lambda self: self.text.num_updates)  # (what the engine and the loop read of `text`)
+    xla_options = property(lambda self: self.text.xla_options)
 
 
 @struct.dataclass
@@ -378,7 +371,7 @@ class TextGRPOState:
 class TextGRPO:
     """GRPO and its variants on a text task: the update of one seed on this device's share of the B prompt
     slots, and what the rollout strategies read (`settings`, `task`, `vocab`, `model`, `pool`,
-    `strategy_options`). No base class; `text_grpo` makes its `engine.Algorithm` (whose `parts` it is).
+    `strategy_options`). No base class; `build_text_grpo` makes its `engine.Algorithm` (whose `parts` it is).
 
       B x oversample candidate problems (fresh ones, or from a fixed pool with `pool_size`)
       -> the rollout strategies' stages (`jaxrl.rollout`): hints, G completions each with rewards [.., G, K]
@@ -395,17 +388,15 @@ class TextGRPO:
     def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy):
         self.settings, self.mesh, self.policy = settings, mesh, policy
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.model
+        self.use_critic = self.model.config.value_head
         self.estimator = advantages.get(settings.advantage)
         self.pipeline = rollout.Pipeline.of(settings.rollout, settings.rollout_options)
-        # Any plan change may set hint lengths: the generator then forces reference-answer prefixes.
-        self.forces_hints = self.pipeline.any("before")
+        self.strategy_options = self.pipeline.options_of  # name -> a chosen strategy's options (the hooks read)
         # Slots of candidates whose decoding stops once each holds a finished group (0: never stop early).
         self.stop_slots = settings.oversample if self.pipeline.any("stops_early") else 0
-        # Filters' bonuses (Groups.bonus) reach the advantages of groups whose verifier rewards tie.
-        self.uses_bonus = any(s.stage == "filter" and s.after for s in self.pipeline.strategies)
-        # The training pool: problem i is the same for every seed and device (a dataset, drawn once).
-        self.pool = (jax.jit(lambda key: self.task.sample(key, settings.pool_size, "train"))(jax.random.key(0))
-                     if settings.pool_size else None)
+        # The training pool: problem i is the same for every seed and device (a dataset, drawn once; the task's
+        # jitted sampler compiles once per task and size, not per algorithm built).
+        self.pool = self.task.sample(jax.random.key(0), settings.pool_size, "train") if settings.pool_size else None
         # Minibatches deal whole groups (the loss scores a group's prompt once): each device's prompts must
         # split evenly.
         local_prompts = settings.text.num_prompts // mesh.shape[DATA_AXIS]
@@ -413,10 +404,6 @@ class TextGRPO:
             raise ValueError(f"the {local_prompts} prompts (groups) on each device cannot be split into "
                              f"num_minibatches={settings.num_minibatches} equal minibatches: prompts per device "
                              f"must be a multiple of {settings.num_minibatches}")
-
-    @property
-    def use_critic(self) -> bool:
-        return self.model.config.value_head
 
     def init(self, key: jax.Array, params=None) -> TextGRPOState:
         """A fresh state for one seed, from `params` when given (a warm start; a fresh value head if it has one)."""
@@ -427,31 +414,13 @@ class TextGRPO:
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
         return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
 
-    def strategy_options(self, name: str) -> dict:
-        """The options of rollout strategy `name` (its registered defaults, overridden by the config)."""
-        return self.pipeline.options_of(name)
-
     # ----------------------------------------------------------------------------------------------
-
-    def _plan(self, key: jax.Array) -> rollout.Plan:
-        """This device's share of the B x oversample candidate problems, from the pool when there is one.
-        Drawn from their global index, so every device count plans the same problems."""
-        s = self.settings
-        num = s.text.num_prompts * s.oversample
-        if s.pool_size:
-            ids = mesh_lib.local_share(jax.random.randint(key, (num,), 0, s.pool_size))
-            problems = self.pool[ids]
-        else:
-            problems = jax.tree.map(mesh_lib.local_share, self.task.sample(key, num, "train"))
-            ids = jnp.full(problems.target.shape, -1, jnp.int32)
-        return rollout.Plan(ids, problems, jnp.zeros(ids.shape, jnp.int32), jnp.full(ids.shape, -1.0),
-                            jnp.zeros(ids.shape, jnp.int32))
 
     def _rollout(self, state: TextGRPOState, hp: TextGRPOHyperparams, key: jax.Array):
         """The stages of `jaxrl.rollout` for one seed on this device: (memory, Groups [b, G, ...], metrics)."""
         plan_key, sample_key = jax.random.split(key)
-        memory, groups, metrics = self.pipeline.run(self, state.params, hp, state.memory, self._plan(plan_key),
-                                                    sample_key)
+        plan = rollout.plan_candidates(self, plan_key)
+        memory, groups, metrics = self.pipeline.run(self, state.params, hp, state.memory, plan, sample_key)
         local_prompts = self.settings.text.num_prompts // jax.lax.axis_size(DATA_AXIS)
         if groups.tokens.shape[0] != local_prompts:
             raise ValueError(f"the rollout strategies {[s.name for s in self.pipeline.strategies]} left "
@@ -489,7 +458,7 @@ class TextGRPO:
         s = self.settings
         rewards, weights = groups.rewards, s.reward_weights
         tied = jnp.all(rewards == rewards[:, :1], axis=(1, 2))
-        if self.uses_bonus:
+        if self.pipeline.uses_bonus:
             rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
             weights = (*weights, 1.0)
         generator = self.pipeline.generator
@@ -506,7 +475,7 @@ class TextGRPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
         advantages, weight, tied = self._group_advantages(groups)
-        if self.uses_bonus:
+        if self.pipeline.uses_bonus:
             metrics["ranked"] = global_mean(tied.astype(jnp.float32))
         b, G, N = groups.tokens.shape
         units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
@@ -548,13 +517,6 @@ class TextGRPO:
         return state, {**sample_metrics, **learn_metrics}
 
 
-def text_grpo(settings: TextGRPOSettings, mesh, start_params=None) -> engine.Algorithm:
-    """Token GRPO's record, from `start_params` [S', ...] (an SFT run's) when given; `parts`: its `TextGRPO`."""
-    policy = TextPolicy(settings.text)
-    grpo = TextGRPO(settings, mesh, policy)
-    return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, start_params)
-
-
 # -------------------------------------------------------------------------------------------------
 # From a config
 
@@ -563,13 +525,9 @@ def text_config() -> ConfigDict:
     """`config.base_config()` plus the keys of a token-level run: a transformer policy on a verifiable text task
     (envs/text), trained by supervised fine-tuning on the task's reference answers."""
     config = config_lib.base_config()
-    config.update(ConfigDict({
-        "experiment": "text",
-        "algorithm": "text_sft",
-        "total_steps": 200_000,  # samples (prompt and completion pairs) per seed
-        "log": {"every_steps": 6_400},
-        "eval": {"num_envs": 512},  # held-out problems
-    }))
+    config.update(ConfigDict({"experiment": "text", "algorithm": "text_sft",
+                              "total_steps": 200_000,  # samples (prompt and completion pairs) per seed
+                              "log": {"every_steps": 6_400}, "eval": {"num_envs": 512}}))  # 512 held-out problems
     config.optim.update({"learning_rate": 1e-3, "schedule": "cosine", "warmup_updates": 50, "max_grad_norm": 1.0,
                          "adam_eps": 1e-8})
     return knobs.fill(config, TASK_NAME, TASK_KWARGS, TextSettings, *MODEL_KNOBS)
@@ -603,15 +561,17 @@ def build_text_sft(config: ConfigDict, mesh, run_dir: str | None = None) -> engi
 
 
 def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
-    """The GRPO algorithm, warm-started from `config.init_from`; with `run_dir`, that saved run's (its
-    tokenizer.json, and no warm start: its checkpoints hold the parameters)."""
+    """The GRPO algorithm (`parts`: its `TextGRPO`), warm-started from `config.init_from`; with `run_dir`, that
+    saved run's (its tokenizer.json, and no warm start: its checkpoints hold the parameters)."""
     start = run_dir or config.init_from
     base = text_settings(config, config.group.size, value_head=config.critic_weight > 0,
                          tokenizer_path=os.path.join(start, "tokenizer.json") if start else None)
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config))
     start_params = restore_text_params(config.init_from, base, mesh) if config.init_from and not run_dir else None
-    return text_grpo(settings, mesh, start_params)
+    policy = TextPolicy(base)
+    grpo = TextGRPO(settings, mesh, policy)
+    return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, start_params)
 
 
 def check_text_config(config: ConfigDict) -> None:

@@ -161,8 +161,6 @@ def take(tree, index: jax.Array):
     return jax.tree.map(lambda x: x[index], tree)
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Pipeline:
     """The strategies a run chose (`settings_of`), in the order they run, with their configured options."""
@@ -183,6 +181,16 @@ class Pipeline:
     def any(self, flag: str) -> bool:
         """Whether any chosen strategy has `flag` (a Strategy field: a hook or a flag)."""
         return any(getattr(s, flag) for s in self.strategies)
+
+    @property
+    def forces_hints(self) -> bool:
+        """Any plan change may set hint lengths: the generator then forces reference-answer prefixes."""
+        return self.any("before")
+
+    @property
+    def uses_bonus(self) -> bool:
+        """Filters' bonuses (`Groups.bonus`) reach the advantages of groups whose verifier rewards tie."""
+        return any(s.stage == "filter" and s.after for s in self.strategies)
 
     def options_of(self, name: str) -> dict:
         """The options of chosen strategy `name` (its registered defaults, overridden by the config)."""
@@ -260,8 +268,8 @@ def check_config(config: ConfigDict) -> None:
                              f"{sorted(k for k, _ in strategy.options)}")
     drawing = [s.name for s in strategies if s.draws]
     if len(drawing) > 1:
-        raise ValueError(f"config.rollout names {len(drawing)} strategies that redraw the problems ({', '.join(drawing)}); "
-                         f"at most one")
+        raise ValueError(f"config.rollout names {len(drawing)} strategies that redraw the problems "
+                         f"({', '.join(drawing)}); at most one")
     for strategy in strategies:
         if strategy.check:
             strategy.check(config, chosen)

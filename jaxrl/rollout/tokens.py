@@ -57,6 +57,21 @@ def _answer_lengths(algo, answers: jax.Array) -> jax.Array:
     return jnp.sum((answers != vocab.pad_id) & (answers != vocab.eos_id), axis=-1).astype(jnp.int32)
 
 
+def plan_candidates(algo, key: jax.Array) -> Plan:
+    """This device's share of the B x oversample candidate problems (the plan the stages start from), from the
+    pool when there is one. Drawn from their global index, so every device count plans the same problems."""
+    s = algo.settings
+    num = s.text.num_prompts * s.oversample
+    if s.pool_size:
+        ids = mesh_lib.local_share(jax.random.randint(key, (num,), 0, s.pool_size))
+        problems = algo.pool[ids]
+    else:
+        problems = jax.tree.map(mesh_lib.local_share, algo.task.sample(key, num, "train"))
+        ids = jnp.full(problems.target.shape, -1, jnp.int32)
+    zeros = jnp.zeros(ids.shape, jnp.int32)
+    return Plan(ids, problems, zeros, jnp.full(ids.shape, -1.0), zeros)
+
+
 # --- Generate ---------------------------------------------------------------------------------------
 
 def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
@@ -68,7 +83,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     prompts = task.prompts(plan.problems, vocab)
     keys = mesh_lib.per_item_keys(key, prompts.shape[0])
     hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
-        if algo.forces_hints else {}
+        if algo.pipeline.forces_hints else {}
     resume = None
     if plan.resume is not None:
         # A slot's first O - 1 candidates may resume its carried groups; its last is always fresh.
@@ -143,10 +158,10 @@ def check_tree(config, chosen: dict) -> None:
 
 
 register("generate", "tree", generate=tree, advantages=tree_token_advantages, check=check_tree,
-                 options={"branches": (2, "branches per group, of G / branches members each", {"minimum": 1}),
-                          "depth": (4, "tokens a branch's members share (at most)", {"minimum": 0}),
-                          "min_entropy": (0.0, "> 0: a branch splits at its first token whose next-token entropy "
-                                          "reaches this (at most depth)", {"minimum": 0.0})})
+         options={"branches": (2, "branches per group, of G / branches members each", {"minimum": 1}),
+                  "depth": (4, "tokens a branch's members share (at most)", {"minimum": 0}),
+                  "min_entropy": (0.0, "> 0: a branch splits at its first token whose next-token entropy reaches "
+                                  "this (at most depth)", {"minimum": 0.0})})
 
 
 # --- Filter -----------------------------------------------------------------------------------------
@@ -165,8 +180,7 @@ def rank_ties(algo, memory, groups: Groups, params, key):
 
 
 register("filter", "rank_ties", after=rank_ties,
-                 options={"scale": (0.1, "the tie-breaking bonus: scale x the centred confidence rank",
-                                    {"minimum": 0.0})})
+         options={"scale": (0.1, "the tie-breaking bonus: scale x the centred confidence rank", {"minimum": 0.0})})
 
 
 def _prompt_features(algo, prompts: jax.Array) -> jax.Array:
@@ -221,9 +235,9 @@ def train_predictor(algo, memory, groups: Groups, params):
             {"predictor_loss": value, "predictor_error": error})
 
 
-register("filter", "success_predictor", init=predictor_memory, before=predict_pass_rate,
-                 observe=train_predictor, options={"hidden": (64, "the predictor's hidden units", {"minimum": 1}),
-                          "learning_rate": (3e-3, "the predictor's Adam learning rate", {"above": 0.0})})
+register("filter", "success_predictor", init=predictor_memory, before=predict_pass_rate, observe=train_predictor,
+         options={"hidden": (64, "the predictor's hidden units", {"minimum": 1}),
+                  "learning_rate": (3e-3, "the predictor's Adam learning rate", {"above": 0.0})})
 
 
 # --- Control ----------------------------------------------------------------------------------------
@@ -259,8 +273,8 @@ def variance_budget(algo, memory, plan: Plan, key):
         "budget_most_groups": jnp.max(counts).astype(jnp.float32)}
 
 
-register("control", "variance_budget", before=variance_budget, selects=True,
-                 requires=("success_predictor",), options={"max_groups": (2, "the most groups one uncertain prompt gets", {"minimum": 1})})
+register("control", "variance_budget", before=variance_budget, selects=True, requires=("success_predictor",),
+         options={"max_groups": (2, "the most groups one uncertain prompt gets", {"minimum": 1})})
 
 
 def carried_memory(algo, key):
@@ -343,8 +357,9 @@ def train_finished(algo, memory, groups: Groups, params, key):
 
 
 register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished,
-                 after=train_finished, selects=True, stops_early=True, options={"cap": (1.0, "a resumed group's tokens are weighted by min(pi / mu, cap)", {"above": 0.0}),
-                          "max_age": (4, "updates a carried group may wait before it is dropped", {"minimum": 0})})
+         after=train_finished, selects=True, stops_early=True,
+         options={"cap": (1.0, "a resumed group's tokens are weighted by min(pi / mu, cap)", {"above": 0.0}),
+                  "max_age": (4, "updates a carried group may wait before it is dropped", {"minimum": 0})})
 
 
 def prune_memory(algo, key):
@@ -373,9 +388,9 @@ def check_prune(config, chosen: dict) -> None:
 
 
 register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned, check=check_prune,
-                 options={"at": (4, "the column where members may be pruned", {"minimum": 0}),
-                          "below": (0.05, "members whose predicted value there is below this stop", {}),
-                          "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
+         options={"at": (4, "the column where members may be pruned", {"minimum": 0}),
+                  "below": (0.05, "members whose predicted value there is below this stop", {}),
+                  "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
 
 
 # --- Replay: past correct completions -----------------------------------------------------------------
@@ -431,9 +446,8 @@ def replay_correct(algo, memory, groups: Groups, params, key):
                     / jnp.maximum(replayed_tokens, 1.0)}
 
 
-register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct,
-                 options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)",
-                                  {"above": 0.0})}, needs_pool=True)
+register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct, needs_pool=True,
+         options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
 
 
 # --- Replay: scaffolded hints -------------------------------------------------------------------------
@@ -469,12 +483,12 @@ def track_hints(algo, memory, groups: Groups, params):
     return memory, {"hint_tier": jnp.mean(memory["tier"].astype(jnp.float32))}
 
 
-register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints,
-                 options={"patience": (2, "observations in a row without a solve before a problem's hint grows", {"minimum": 1}),
-                          "tiers": (3, "hint tiers: tier k forces k / (tiers + 1) of the reference answer",
-                                    {"minimum": 1}),
-                          "recover": (0.5, "a pass rate at which a problem's hint shrinks a tier",
-                                      {"minimum": 0.0, "maximum": 1.0})}, needs_pool=True)
+register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints, needs_pool=True,
+         options={"patience": (2, "observations in a row without a solve before a problem's hint grows",
+                               {"minimum": 1}),
+                  "tiers": (3, "hint tiers: tier k forces k / (tiers + 1) of the reference answer", {"minimum": 1}),
+                  "recover": (0.5, "a pass rate at which a problem's hint shrinks a tier",
+                              {"minimum": 0.0, "maximum": 1.0})})
 
 
 # --- Replay: a curriculum -----------------------------------------------------------------------------
@@ -523,11 +537,11 @@ def probe_curriculum(algo, memory, groups: Groups, params):
 
 
 register("replay", "curriculum", init=curriculum_memory, before=curriculum_problems, observe=probe_curriculum,
-                 draws=True,
-                 options={"start": (0.0, "the difficulty level at the start, in [0, 1]", {"minimum": 0.0, "maximum": 1.0}),
-                          "step": (0.25, "how far the level rises after a passed probe", {"above": 0.0}),
-                          "raise_at": (0.5, "the probe's held-out accuracy at which the level rises",
-                                       {"minimum": 0.0, "maximum": 1.0}),
-                          "probe": (64, "held-out problems per probe", {"minimum": 1}),
-                          "every": (5, "updates between probes", {"minimum": 1}),
-                          "probe_seed": (7, "the probes' problems are drawn from this seed", {})})
+         draws=True,
+         options={"start": (0.0, "the difficulty level at the start, in [0, 1]", {"minimum": 0.0, "maximum": 1.0}),
+                  "step": (0.25, "how far the level rises after a passed probe", {"above": 0.0}),
+                  "raise_at": (0.5, "the probe's held-out accuracy at which the level rises",
+                               {"minimum": 0.0, "maximum": 1.0}),
+                  "probe": (64, "held-out problems per probe", {"minimum": 1}),
+                  "every": (5, "updates between probes", {"minimum": 1}),
+                  "probe_seed": (7, "the probes' problems are drawn from this seed", {})})
