@@ -174,7 +174,7 @@ def update_speed(args, sft_dir: str, rows: list[str], updates: int) -> str:
             times.append((time.perf_counter() - tick) / updates)
             tokens.append(float(metrics["sampled_tokens"].mean()))
             steps.append(float(metrics["decode_steps"].mean()) if "decode_steps" in metrics
-                         else float(algo.task.answer_length))
+                         else float(algo.parts.task.answer_length))
         seconds[name] = statistics.median(times)
         table.append([name, f"{seconds[name]:.3f}", f"{statistics.mean(tokens):,.0f}",
                       f"{statistics.mean(tokens) * args.seeds / seconds[name]:,.0f}", f"{statistics.mean(steps):.1f}"])

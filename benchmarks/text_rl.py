@@ -103,7 +103,7 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
     batch = json.load(open(os.path.join(sft_dir, "config.json")))["num_prompts"]
     out = []
     for step in steps:
-        params = restore_text_params(sft_dir, algo.settings, algo.mesh, step)
+        params = restore_text_params(sft_dir, algo.settings.text, algo.mesh, step)
         accuracy = algo.evaluate(params, jax.random.PRNGKey(0), config.eval.num_envs)["eval_accuracy"]
         out.append((step * batch, float(np.mean(accuracy))))
     return out

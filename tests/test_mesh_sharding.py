@@ -158,8 +158,9 @@ config.rollout.options.hints.patience = 1
 
 def prepare(algo, state):
     import jax, jax.numpy as jnp
-    answers = algo.task.reference_answers(algo.pool, algo.vocab)
-    mask = (answers != algo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
+    grpo = algo.parts
+    answers = grpo.task.reference_answers(grpo.pool, grpo.vocab)
+    mask = (answers != grpo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
     full = {"tokens": answers, "log_probs": jnp.log(0.5) * mask, "mask": mask,
             "rewards": jnp.ones((8, 2)), "stored": jnp.ones(8, bool)}
     memory = dict(state.memory, correct={k: jnp.broadcast_to(v, state.memory["correct"][k].shape)
