@@ -44,14 +44,14 @@ def jaxrl_gradient(algo, hp, state):
     """The next update's rollout, statistics and first gradient (one epoch of one minibatch), for seed 0."""
     def one_seed(st, hp):
         _, rollout_key, epoch_key = jax.random.split(st.key, 3)
-        after, traj, _ = algo._rollout(st.params, st, rollout_key)
-        units, (obs_norm, _) = algo._units(st, hp, after, traj)
+        after, traj, _ = algo.parts.rollout(st, rollout_key)
+        units, (obs_norm, _) = algo.parts.units(st, hp, after, traj)
         batch = jax.tree.map(lambda x: x[0], deal_minibatches(epoch_key, units, 1))
-        (loss, aux), grads = jax.value_and_grad(algo._loss, has_aux=True)(trainable(st.params), batch, hp)
+        (loss, aux), grads = jax.value_and_grad(algo.parts.loss, has_aux=True)(trainable(st.params), batch, hp)
         return loss, aux, grads, traj, after[1], obs_norm
 
     fn = jax.shard_map(jax.vmap(one_seed, in_axes=(0, None)), mesh=algo.mesh,
-                       in_specs=(algo.chunk_specs(state), P()), out_specs=P(RUN_AXIS), check_vma=False)
+                       in_specs=(algo.state_specs(state), P()), out_specs=P(RUN_AXIS), check_vma=False)
     return jax.tree.map(lambda x: x[0], jax.jit(fn)(state, hp))
 
 

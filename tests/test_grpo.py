@@ -15,7 +15,7 @@ from helpers import build, small_grpo_config
 @pytest.mark.parametrize("name,arg", [("cartpole_grpo", None), ("smax_grpo", "3m")])
 def test_group_members_start_identically_and_then_diverge(name, arg):
     algo, _, state = build(small_grpo_config(name, arg, num_steps=48))
-    traj = jax.device_get(algo.sample_trajectory(state))  # leaves [S, T, N, A, ...]
+    traj = jax.device_get(algo.parts.sample_trajectory(state))  # leaves [S, T, N, A, ...]
     G, N = algo.settings.group_size, algo.settings.num_envs
     obs = traj.actor_in[0]  # [T, N, A, d]
     groups = obs.reshape(obs.shape[0], N // G, G, *obs.shape[2:])
@@ -23,7 +23,7 @@ def test_group_members_start_identically_and_then_diverge(name, arg):
     np.testing.assert_array_equal(groups[0], np.broadcast_to(groups[0][:, :1], groups[0].shape))
     assert not np.allclose(groups[0][0], groups[0][1])
     # Different action noise: the members' actions and later observations differ.
-    actions = traj.action[0].reshape(-1, N // G, G, algo.num_agents)
+    actions = traj.action[0].reshape(-1, N // G, G, algo.parts.num_agents)
     assert (actions != actions[:, :, :1]).any()
     t = int(traj.running[0, :, :, 0].sum(0).min()) - 1  # the last step every episode takes
     assert t > 0 and not np.allclose(groups[t][:, :1], groups[t])
@@ -31,7 +31,7 @@ def test_group_members_start_identically_and_then_diverge(name, arg):
 
 def test_steps_after_an_episode_ends_are_masked():
     algo, _, state = build(small_grpo_config(num_steps=200))
-    traj = jax.device_get(algo.sample_trajectory(state))
+    traj = jax.device_get(algo.parts.sample_trajectory(state))
     running, reward, acting = traj.running[0, :, :, 0], traj.reward[0, :, :, 0], traj.acting[0, :, :, 0]
     lengths = running.sum(0)
     assert (lengths < 200).all(), "an untrained CartPole policy ends its episodes within 200 steps"
@@ -48,7 +48,7 @@ def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(m
     200 steps."""
     config = small_grpo_config(num_steps=200)
     algo, hp, state = build(config)
-    traj = jax.device_get(algo.sample_trajectory(state))
+    traj = jax.device_get(algo.parts.sample_trajectory(state))
     last = int(traj.running[0, :, :, 0].sum(0).max())  # steps of the longest episode
     assert last < 200 - 2 * CHUNK
     assert not np.asarray(traj.actor_in[0, last + CHUNK:]).any()  # no step taken past its chunk
@@ -58,7 +58,7 @@ def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(m
     full_scan = lambda step, carry, xs, finished, unroll=1: jax.lax.scan(step, carry, xs, unroll=unroll)  # noqa: E731
     monkeypatch.setattr(grpo, "scan_until", full_scan)
     algo, hp, state = build(config)
-    full_traj = jax.device_get(algo.sample_trajectory(state))
+    full_traj = jax.device_get(algo.parts.sample_trajectory(state))
     assert np.asarray(full_traj.actor_in[0, -1]).any()  # (every step computed)
     full, _ = algo.run_chunk(state, hp, 2)
     # Two programs: XLA may sum the same gradients in another order (the bias gradients are products, ones @ dy,
@@ -74,7 +74,7 @@ def test_learning_covers_the_longest_episode_only_and_equals_learning_over_every
     longest episode are masked out of every loss term), and the metrics say which length ran."""
     config = small_grpo_config(num_steps=200, **{"loss.aggregate": "constant"})  # divides by 200 either way
     algo, hp, state = build(config)
-    traj = jax.device_get(algo.sample_trajectory(state))
+    traj = jax.device_get(algo.parts.sample_trajectory(state))
     longest = int(traj.running[0, :, :, 0].sum(0).max())
     trimmed, metrics = algo.run_chunk(state, hp, 1)
     learned = int(metrics["learned_steps"][0])
@@ -90,7 +90,7 @@ def test_learning_covers_the_longest_episode_only_and_equals_learning_over_every
 
 def test_smax_agents_stop_acting_when_they_die():
     algo, _, state = build(small_grpo_config("smax_grpo", "3m", num_steps=100))
-    traj = jax.device_get(algo.sample_trajectory(state))
+    traj = jax.device_get(algo.parts.sample_trajectory(state))
     running, acting = traj.running[0], traj.acting[0]  # [T, N, A]
     assert (acting <= running).all()
     assert ((running - acting).sum(0) > 0).any(), "some agent should die before its battle ends"
@@ -104,9 +104,9 @@ def test_smax_agents_stop_acting_when_they_die():
 @pytest.mark.parametrize("returns", ["episode", "to_go"])
 def test_advantages_follow_the_estimator(returns):
     algo, hp, state = build(small_grpo_config(num_steps=200, **{"group.returns": returns}))
-    traj = algo.sample_trajectory(state)
+    traj = algo.parts.sample_trajectory(state)
     one_seed = jax.tree.map(lambda x: x[0], traj)
-    fn = jax.shard_map(lambda t: algo._advantages(t, hp),
+    fn = jax.shard_map(lambda t: algo.parts.advantages(t, hp),
                        mesh=algo.mesh, in_specs=jax.sharding.PartitionSpec(None, "data"),
                        out_specs=jax.sharding.PartitionSpec(), check_vma=False)
     adv, weight, returns_to_go, _ = jax.device_get(fn(one_seed))

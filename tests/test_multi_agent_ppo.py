@@ -16,9 +16,9 @@ from jaxrl.networks import ResetGRU
 def test_sampled_actions_are_always_legal(kind):
     algo, hp, state = build(small_smax_config("2s3z", kind=kind, num_steps=64))
     for _ in range(2):  # untrained, then after an update (logits no longer near uniform)
-        traj = jax.device_get(algo.sample_trajectory(state))
+        traj = jax.device_get(algo.parts.sample_trajectory(state))
         legal = np.take_along_axis(traj.mask, traj.action[..., None], axis=-1)[..., 0]
-        assert traj.mask.shape[-2:] == (5, algo.agent_env.num_actions)
+        assert traj.mask.shape[-2:] == (5, algo.parts.policy.agent_env.num_actions)
         assert legal.all(), f"{(~legal).sum()} illegal actions sampled"
         # Some actions really are forbidden, and stepping resets the episode often enough to matter.
         assert not traj.mask.all() and traj.first[:, 1:].any()
@@ -97,18 +97,18 @@ def test_recurrent_rollout_is_replayed_exactly_by_the_loss():
     restarting it at episode starts: the rollout's log-probabilities and values are reproduced."""
     algo, hp, state = build(small_smax_config("3m", num_steps=48))
     state, _ = algo.run_chunk(state, hp, 2)  # start mid-episode, with non-zero hidden states
-    traj = algo.sample_trajectory(state)
+    traj = algo.parts.sample_trajectory(state)
     assert bool(traj.first[0, 1:].any())  # episodes end inside the window
     seed0 = jax.tree.map(lambda x: x[0], (state.params, state.carry, traj))
     params, carry, traj = seed0
     first = jnp.broadcast_to(traj.first[..., None], traj.action.shape)
-    _, logits, values = algo.network.apply(params, carry, traj.actor_in, traj.critic_in, first)
+    _, logits, values = algo.parts.policy.network.apply(params, carry, traj.actor_in, traj.critic_in, first)
     from jaxrl import distributions
     log_prob = distributions.log_prob(distributions.masked_logits(logits, traj.mask), traj.action)
     np.testing.assert_allclose(log_prob, traj.log_prob, atol=2e-4)
     np.testing.assert_allclose(values, traj.value, atol=2e-4)
     # Without the restarts the replay would differ: the resets matter.
-    _, logits_no_reset, _ = algo.network.apply(params, carry, traj.actor_in, traj.critic_in, jnp.zeros_like(first))
+    _, logits_no_reset, _ = algo.parts.policy.network.apply(params, carry, traj.actor_in, traj.critic_in, jnp.zeros_like(first))
     assert not np.allclose(logits_no_reset, logits, atol=1e-3)
 
 
@@ -117,7 +117,7 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
     obs, env_state = env.reset(jax.random.PRNGKey(0))
     g = env.global_state(env_state)
     mappo, _, _ = build(small_smax_config(critic_input="global_state"))
-    actor_in, critic_in = mappo.policy.inputs(obs[None], g[None])
+    actor_in, critic_in = mappo.parts.policy.inputs(obs[None], g[None])
     A = env.num_agents
     assert critic_in.shape == (1, A, env.state_dim + A)
     for a in range(A):
@@ -126,16 +126,16 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
         np.testing.assert_array_equal(actor_in[0, a], obs[a])  # the experiment gives agent ids to the critic only
     # The value moves with the global state, the policy does not.
     state = mappo.init(jax.random.PRNGKey(0))
-    carry = mappo.network.initial_carry((1, A))
+    carry = mappo.parts.policy.network.initial_carry((1, A))
     first = jnp.ones((1, 1, A), bool)
     changed = critic_in.at[..., 0].add(1.0)
-    _, l1, v1 = mappo.network.apply(state.params, carry, actor_in[None], critic_in[None], first)
-    _, l2, v2 = mappo.network.apply(state.params, carry, actor_in[None], changed[None], first)
+    _, l1, v1 = mappo.parts.policy.network.apply(state.params, carry, actor_in[None], critic_in[None], first)
+    _, l2, v2 = mappo.parts.policy.network.apply(state.params, carry, actor_in[None], changed[None], first)
     np.testing.assert_array_equal(l1, l2)
     assert not np.allclose(v1, v2)
 
     ippo, _, _ = build(small_smax_config(critic_input="obs"))
-    actor_in, critic_in = ippo.policy.inputs(obs[None], None)  # IPPO's critic: the agent's own obs and its id
+    actor_in, critic_in = ippo.parts.policy.inputs(obs[None], None)  # IPPO's critic: the agent's own obs and its id
     np.testing.assert_array_equal(critic_in[..., :env.obs_dim], actor_in)
     np.testing.assert_array_equal(critic_in[0, :, env.obs_dim:], np.eye(A))
 
@@ -144,9 +144,9 @@ def test_agent_id_can_be_turned_off():
     config = small_smax_config()
     config.network.agent_id = "none"
     algo, _, _ = build(config)
-    env = algo.agent_env
+    env = algo.parts.policy.agent_env
     obs, env_state = env.reset(jax.random.PRNGKey(0))
-    actor_in, critic_in = algo.policy.inputs(obs[None], env.global_state(env_state)[None])
+    actor_in, critic_in = algo.parts.policy.inputs(obs[None], env.global_state(env_state)[None])
     assert actor_in.shape[-1] == env.obs_dim and critic_in.shape[-1] == env.state_dim
 
 
@@ -188,11 +188,11 @@ def test_config_errors_name_the_problem():
 def test_episode_states_end_with_the_episode():
     algo, _, state = build(small_smax_config())
     params = jax.tree.map(lambda x: x[0], state.params)
-    states = algo.episode_states(params, jax.random.PRNGKey(3))
-    assert 2 <= len(states) <= algo.policy.eval_max_steps + 1
+    states = algo.parts.policy.episode_states(params, jax.random.PRNGKey(3))
+    assert 2 <= len(states) <= algo.parts.policy.eval_max_steps + 1
     assert int(states[-1].time) == len(states) - 1
     from envs import rendering
-    frames = rendering.render_frames(algo.agent_env, states[:3])
+    frames = rendering.render_frames(algo.parts.policy.agent_env, states[:3])
     assert len(frames) == 3 and frames[0].size[0] > 100
 
 
@@ -204,7 +204,7 @@ def test_evaluation_stops_with_the_last_episode_and_reports_what_the_full_one_do
     def evaluation():  # (the env time of each step of one episode's trace [T], figures of 16 episodes)
         algo, _, state = build(small_smax_config())
         one_seed = jax.tree.map(lambda x: x[0], state.params)
-        _, states, running = jax.device_get(algo.policy._episode_trace(one_seed, key, False))
+        _, states, running = jax.device_get(algo.parts.policy._episode_trace(one_seed, key, False))
         return np.asarray(states.time[:, 0]), int(running.sum()), jax.device_get(algo.evaluate(state.params, key, 16))
 
     time, length, early = evaluation()
