@@ -124,13 +124,14 @@ def test_recurrent_rollout_is_replayed_exactly_by_the_loss(recurrent):
     seed0 = jax.tree.map(lambda x: x[0], (state.params, state.carry, traj))
     params, carry, traj = seed0
     first = jnp.broadcast_to(traj.first[..., None], traj.action.shape)
-    _, logits, values = algo.parts.policy.network.apply(params, carry, traj.actor_in, traj.critic_in, first)
+    network = algo.parts.policy.network
+    _, logits, values = network.apply(params, carry, traj.actor_in, traj.critic_in, first)
     from jaxrl import distributions
     log_prob = distributions.log_prob(distributions.masked_logits(logits, traj.mask), traj.action)
     np.testing.assert_allclose(log_prob, traj.log_prob, atol=2e-4)
     np.testing.assert_allclose(values, traj.value, atol=2e-4)
     # Without the restarts the replay would differ: the resets matter.
-    _, logits_no_reset, _ = algo.parts.policy.network.apply(params, carry, traj.actor_in, traj.critic_in, jnp.zeros_like(first))
+    _, logits_no_reset, _ = network.apply(params, carry, traj.actor_in, traj.critic_in, jnp.zeros_like(first))
     assert not np.allclose(logits_no_reset, logits, atol=1e-3)
 
 

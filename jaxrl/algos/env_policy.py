@@ -127,13 +127,18 @@ class EnvPolicy:
             return None
         return jax.vmap(env.global_state)(env_states)
 
-    def step(self, params, env, env_state, obs, carry, first) -> PolicyStep:
-        """The networks on n envs' current observations, one time step (rollouts, bootstrap values and
-        evaluation all go through here). obs [n, A, d], first [n]; `env` is the env whose states these are."""
+    def step_inputs(self, params, env, env_state, obs, first):
+        """What the networks see of n envs' current step (obs [n, A, d], first [n]; `env` is the env whose states
+        these are): (actor_in [n, A, d'], critic_in [n, A, d''], first [n, A], global state [n, G] or None)."""
         global_state = self.global_state(env, env_state)
         actor_in, critic_in = self.inputs(obs, global_state, params.get("obs_norm"))
+        return actor_in, critic_in, jnp.broadcast_to(first[:, None], actor_in.shape[:2]), global_state
+
+    def step(self, params, env, env_state, obs, carry, first) -> PolicyStep:
+        """The networks on n envs' current observations, one time step (rollouts, bootstrap values and
+        evaluation all go through here)."""
+        actor_in, critic_in, first, global_state = self.step_inputs(params, env, env_state, obs, first)
         mask = jax.vmap(env.avail_actions)(env_state) if env.has_action_masks else None
-        first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
         carry, out, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
         return PolicyStep(carry, actor_in, critic_in, self.dist.with_mask(out[0], mask), value[0], mask,
                           global_state)

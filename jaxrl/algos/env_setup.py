@@ -58,10 +58,7 @@ STD_TRANSFORM = Knob("network.std_transform", "exp", "continuous actions: exp (l
 SQUASH = Knob("network.squash", False, "continuous actions: tanh-squash the Gaussian to the bounds")
 KERNEL_INIT = Knob("network.kernel_init", "orthogonal", "mlp networks: orthogonal (gain sqrt(2), the heads' own: "
                    "the PPO convention) or lecun_uniform (every layer, as Brax's)", choices=KERNEL_INITS)
-# The env optimiser's static choices (`env_optimizer`), declared in jaxrl.config
-SCHEDULE, WARMUP_UPDATES, ADAM_EPS, GRAD_CLIP = (declared(f"optim.{name}") for name in
-                                                 ("schedule", "warmup_updates", "adam_eps", "grad_clip"))
-WEIGHT_DECAY = declared("optim.weight_decay")  # a static choice (decay or not) and a traced rate
+WEIGHT_DECAY = declared("optim.weight_decay")  # (jaxrl.config's) a static choice, to decay or not, and a traced rate
 ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RATIO, NETWORK_KIND, HIDDEN_SIZES,
              FC_SIZE, RNN_SIZE, ACTIVATION, CRITIC_INPUT, AGENT_ID, LOG_STD, INIT_LOG_STD, STD_TRANSFORM, SQUASH,
              KERNEL_INIT, GAMMA, VF_COEF, ENT_COEF, NUM_EPOCHS, NUM_MINIBATCHES)
@@ -103,6 +100,22 @@ def env_optimizer(settings, hp, update_step: jax.Array):
                                             settings.warmup_updates, settings.num_updates)
     return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
                           hp.weight_decay if settings.weight_decay else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvOptimizer:
+    """The env optimiser as PPO and env GRPO hold it, its static choices read from the config (`run_sizes`):
+    `optimizer(hp, update_step)` is update `update_step`'s optax optimiser (`env_optimizer`)."""
+
+    num_updates: int = 1  # over the run: the schedule's length
+    schedule: str = declared("optim.schedule").field()
+    warmup_updates: int = declared("optim.warmup_updates").field()
+    adam_eps: float = declared("optim.adam_eps").field()
+    grad_clip: str = declared("optim.grad_clip").field()
+    weight_decay: bool = WEIGHT_DECAY.field(convert=lambda decay: decay > 0)  # (by the traced hp.weight_decay)
+
+    def __call__(self, hp, update_step: jax.Array):
+        return env_optimizer(self, hp, update_step)
 
 
 def check_minibatch_split(settings, num_agents: int, sequences: bool, mesh) -> None:
@@ -167,9 +180,11 @@ def make_policy(config: ConfigDict, critic: bool = True, **normalize) -> EnvPoli
 
 
 def run_sizes(config: ConfigDict) -> dict:
-    """The settings fields a config gives by arithmetic: the run's updates, and its XLA options parsed."""
-    return dict(num_updates=config.total_steps // (config.num_envs * config.num_steps),
-                xla_options=config_lib.xla_options(config))
+    """The settings fields a config gives other than key by key: the run's updates, its XLA options parsed and
+    the optimiser."""
+    num_updates = config.total_steps // (config.num_envs * config.num_steps)
+    return dict(num_updates=num_updates, xla_options=config_lib.xla_options(config),
+                optimizer=knobs.read(EnvOptimizer, config, num_updates=num_updates))
 
 
 def check_env_config(config: ConfigDict) -> None:

@@ -43,9 +43,9 @@ from envs.wrappers import select
 from jaxrl import advantages as advantages_lib, config as config_lib, engine, knobs, losses, mesh as mesh_lib, rollout
 from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvPolicy, distinct_critic_in, init_run, policy_functions,
                                     sequence_units, step_randomness)
-from jaxrl.algos.env_setup import (ADAM_EPS, GAMMA, GRAD_CLIP, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL,
-                                   SCHEDULE, WARMUP_UPDATES, WEIGHT_DECAY, check_env_config, check_minibatch_split,
-                                   env_config, env_optimizer, make_policy, run_sizes, sample_trajectory)
+from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL, WEIGHT_DECAY,
+                                   EnvOptimizer, check_env_config, check_minibatch_split, env_config, make_policy,
+                                   run_sizes, sample_trajectory)
 from jaxrl.algos.group import ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options, group_relative_keys
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
@@ -91,19 +91,15 @@ class GroupState:
 class GRPOSettings:
     """Env GRPO's static sizes and choices (num_envs = B * G envs, num_steps = the episode cap T)."""
 
-    num_envs: int = NUM_ENVS.field()
-    num_steps: int = NUM_STEPS.field()
+    num_envs: int = NUM_ENVS.field()  # B * G
+    group_size: int = GROUP_SIZE.field()
+    num_steps: int = NUM_STEPS.field()  # the episode cap T
+    rollout_unroll: int = ROLLOUT_UNROLL.field()
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
-    rollout_unroll: int = ROLLOUT_UNROLL.field()
-    schedule: str = SCHEDULE.field()
-    warmup_updates: int = WARMUP_UPDATES.field()
-    adam_eps: float = ADAM_EPS.field()
-    grad_clip: str = GRAD_CLIP.field()
-    weight_decay: bool = WEIGHT_DECAY.field(convert=lambda decay: decay > 0)  # (by the traced hp.weight_decay)
-    num_updates: int = 1  # over the run, for the learning-rate schedule (`run_sizes`)
+    optimizer: EnvOptimizer = EnvOptimizer()
+    num_updates: int = 1  # over the run (`run_sizes`)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
-    group_size: int = GROUP_SIZE.field()
     advantage: str = ADVANTAGE.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()  # its keyword options, as (name, value) pairs
     returns: str = knob("group.returns", "episode", "one advantage per episode, or a group baseline per step over "
@@ -167,7 +163,7 @@ class GRPO:
     def init(self, key: jax.Array) -> GroupState:
         """A fresh state for one seed (no seed axis), from the same parameters as PPO's for the same seed."""
         params, _, _, state_key = init_run(self.policy, self.policy.agent_env, key, self.settings.num_envs)
-        optimizer = env_optimizer(self.settings, GRPOHyperparams(), jnp.int32(0))
+        optimizer = self.settings.optimizer(GRPOHyperparams(), jnp.int32(0))
         return GroupState(params, optimizer.init(params), state_key, jnp.int32(0))
 
     # ----------------------------------------------------------------------------------------------
@@ -306,7 +302,7 @@ class GRPO:
             samples.update(returns=returns_to_go, acting=traj.acting)
         start_carry = mesh_lib.varying(self.policy.network.initial_carry((n, A)))
         s = self.settings
-        optimizer = env_optimizer(s, hp, state.update_step)
+        optimizer = s.optimizer(hp, state.update_step)
 
         def learn(samples):
             return optimise(self.loss, optimizer, state.params, state.opt_state,

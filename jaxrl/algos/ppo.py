@@ -32,10 +32,9 @@ from jaxrl import engine, knobs, losses, normalization
 from jaxrl.advantages import CRITIC_ESTIMATORS
 from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvOnMesh, EnvPolicy, distinct_critic_in, init_run,
                                     policy_functions, sequence_units, step_randomness, step_units, trainable)
-from jaxrl.algos.env_setup import (ADAM_EPS, GAMMA, GRAD_CLIP, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE,
-                                   ROLLOUT_UNROLL, SCHEDULE, WARMUP_UPDATES, WEIGHT_DECAY, check_env_config,
-                                   check_minibatch_split, env_config, env_optimizer, make_policy, run_sizes,
-                                   sample_trajectory)
+from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE, ROLLOUT_UNROLL,
+                                   WEIGHT_DECAY, EnvOptimizer, check_env_config, check_minibatch_split, env_config,
+                                   make_policy, run_sizes, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import normalize, optimise
@@ -88,16 +87,12 @@ class PPOSettings:
 
     num_envs: int = NUM_ENVS.field()
     num_steps: int = NUM_STEPS.field()
+    rollout_unroll: int = ROLLOUT_UNROLL.field()
+    reset_ratio: int = RESET_RATIO.field()  # training envs: one restart per reset_ratio envs per step
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
-    rollout_unroll: int = ROLLOUT_UNROLL.field()
-    reset_ratio: int = RESET_RATIO.field()
-    schedule: str = SCHEDULE.field()
-    warmup_updates: int = WARMUP_UPDATES.field()
-    adam_eps: float = ADAM_EPS.field()
-    grad_clip: str = GRAD_CLIP.field()
-    weight_decay: bool = WEIGHT_DECAY.field(convert=lambda decay: decay > 0)  # (by the traced hp.weight_decay)
-    num_updates: int = 1  # over the run, for the learning-rate schedule (`run_sizes`)
+    optimizer: EnvOptimizer = EnvOptimizer()
+    num_updates: int = 1  # over the run (`run_sizes`)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     normalize_advantages: bool = knob("loss.normalize_advantages", True, "advantages standardised per minibatch")
     clip_value: bool = VALUE_CLIP.field(convert=lambda value_clip: value_clip > 0)
@@ -191,7 +186,7 @@ class PPO:
         """A fresh TrainState for one seed (no seed axis)."""
         s, A = self.settings, self.policy.num_agents
         params, obs, env_state, state_key = init_run(self.policy, self.env, key, s.num_envs)
-        optimizer = env_optimizer(s, PPOHyperparams(), jnp.int32(0))
+        optimizer = s.optimizer(PPOHyperparams(), jnp.int32(0))
         reward_norm = RewardNorm(normalization.init((1,)), jnp.zeros((s.num_envs, A))) if s.normalize_reward else None
         return TrainState(params, optimizer.init(trainable(params)), env_state, obs,
                           self.policy.network.initial_carry((s.num_envs, A)), jnp.ones((s.num_envs,), bool),
@@ -256,9 +251,9 @@ class PPO:
         actor_in, first = batch["actor_in"], batch["first"]
         critic_in = actor_in if batch["critic_in"] is None else batch["critic_in"]
         if after is not None:  # one more step: the inputs after the sequence, for its bootstrap value
+            after_critic_in = after["actor_in"] if after["critic_in"] is None else after["critic_in"]
             actor_in, critic_in, first = (jnp.concatenate([x, y[None]]) for x, y in zip(
-                (actor_in, critic_in, first), (after["actor_in"], after.get("critic_in", after["actor_in"]),
-                                               after["first"])))
+                (actor_in, critic_in, first), (after["actor_in"], after_critic_in, after["first"])))
         dist = self.policy.dist
         _, out, values = self.policy.network.apply(params, carry, actor_in, critic_in, first)
         if after is not None:
@@ -311,19 +306,11 @@ class PPO:
         if not self.sequence_minibatches:
             return step_units(samples), (obs_norm, reward_norm)
         units = sequence_units(samples, state.carry)
-        if s.gae_values == "current":
-            units["after"] = self.inputs_after(normalizing_params, env_state, obs, first)
+        if s.gae_values == "current":  # the inputs after each (env, agent) sequence: leaves [n, A, ...]
+            actor_in, critic_in, first, _ = self.policy.step_inputs(normalizing_params, self.env, env_state, obs, first)
+            units["after"] = {"actor_in": actor_in, "critic_in": distinct_critic_in(actor_in, critic_in),
+                              "first": first}
         return units, (obs_norm, reward_norm)
-
-    def inputs_after(self, params, env_state, obs, first) -> dict:
-        """The networks' inputs on the observations after the rollout, per (env, agent) sequence: leaves
-        [n, A, ...] ({actor_in, critic_in (when the critic sees other inputs), first})."""
-        global_state = self.policy.global_state(self.env, env_state)
-        actor_in, critic_in = self.policy.inputs(obs, global_state, params.get("obs_norm"))
-        after = {"actor_in": actor_in, "first": jnp.broadcast_to(first[:, None], actor_in.shape[:2])}
-        if critic_in is not actor_in:
-            after["critic_in"] = critic_in
-        return after
 
     def updated_obs_norm(self, params, traj: Transition) -> dict | None:
         """The observation statistics in `params` with the rollout's raw observations [T, n, A, d] (and global
@@ -360,7 +347,7 @@ class PPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         after, traj, episode = self.rollout(state, rollout_key)
         units, (obs_norm, reward_norm) = self.units(state, hp, after, traj)
-        optimizer = env_optimizer(s, hp, state.update_step)
+        optimizer = s.optimizer(hp, state.update_step)
         trained, opt_state, aux = optimise(self.loss, optimizer, trainable(state.params), state.opt_state, units,
                                            hp, epoch_key, s.num_epochs, s.num_minibatches)
         params = {**state.params, **trained}
