@@ -228,7 +228,7 @@ def env_rollout(config, seed: int = 0):
     """One group rollout of `config`'s GRPO for seed 0 on one device: (traj, metrics, trained [T, N, A])."""
     algo, _ = algos.build(config, mesh_lib.make_mesh(1))
     params = jax.tree.map(lambda x: x[0], algo.init_seeds(seed, 1).params)
-    fn = jax.shard_map(lambda p, k: algo._rollout(p, k), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+    fn = jax.shard_map(lambda p, k: algo.parts.rollout(p, k), mesh=algo.mesh, in_specs=P(), out_specs=P(),
                        check_vma=False)
     traj, metrics, trained = jax.jit(fn)(params, jax.random.key(seed + 5))
     return algo, traj, metrics, np.asarray(trained)
