@@ -10,8 +10,10 @@ from typing import Any
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, knobs
+from jaxrl import config as config_lib, engine, knobs
+from jaxrl.algos.env_policy import policy_functions
 from jaxrl.algos.env_setup import ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE
+from jaxrl.engine import acting
 from jaxrl.knobs import Knob, knob
 
 TAU = Knob("target.tau", 0.005, "target <- tau * online + (1 - tau) * target at each target update; 1: a copy",
@@ -65,6 +67,14 @@ class OffPolicySettings:
     def batch_size(self) -> int:
         """Environment steps per update, over all devices."""
         return self.num_envs * self.num_steps
+
+
+def off_policy_algorithm(learner, state_specs=acting.replay_specs) -> engine.Algorithm:
+    """The `engine.Algorithm` of an off-policy learner (`engine.acting`'s, with its `init(key)` and `update(state,
+    hp)`); evaluation, a loaded actor and the episode GIF are its policy's."""
+    return engine.Algorithm(learner.settings, learner.envs.mesh, init=learner.init, update=learner.update,
+                            state_specs=state_specs, sized_by=acting.SIZED_BY, parts=learner,
+                            **policy_functions(learner.policy))
 
 
 def off_policy_config(name: str) -> ConfigDict:

@@ -1,34 +1,26 @@
-"""Q-learning: DQN, PQN, IQL, VDN, QMIX and PQN-VDN as one learner whose differences are parameters (`VARIANTS`,
-picked by the algorithm's name), on a Q-network acting epsilon-greedily, for a device mesh and many seeds at once.
+"""Q-learning on a Q-network acting epsilon-greedily: DQN, PQN, IQL, VDN, QMIX and PQN-VDN as one learner whose
+differences are parameters (`VARIANTS`, by the algorithm's name), for a device mesh and many seeds at once.
 
-    replay   a replay buffer (`engine.acting.replay_update`; DQN, IQL, VDN, QMIX), or none: PQN learns from each
-             rollout as it comes, with many envs and a layer-normalised network in place of a buffer and a target
-             network (Gallici et al., 2024, "Simplifying Deep Temporal Difference Learning")
-    targets  "n_step": each replayed sequence's first step learns its n-step return (DQN; Mnih et al., 2015: with
-             double Q-learning, dueling heads and prioritised replay as options); "lambda": every step of a
-             replayed sequence past its burn-in, or of the rollout (PQN), learns its Q(lambda) return
-    mixer    how the agents' values make the learned one: "none", each agent's own (independent Q-learners sharing
-             one network); "sum", the team's is their sum (VDN; Sunehag et al., 2018); "qmix", a monotonic mix with
-             weights from hypernetworks on the global state (Rashid et al., 2018; `networks.QMixer`). The team
-             learns from the team reward, the agents' mean (SMAX pays every agent the team's)
+    replay   a replay buffer (DQN, IQL, VDN, QMIX), or none: PQN learns from each rollout, with many envs and a
+             layer-normalised network in place of a buffer and a target network (Gallici et al., 2024)
+    targets  "n_step": each replayed sequence's first step learns its n-step return (DQN; Mnih et al., 2015);
+             "lambda": every step of a replayed sequence past its burn-in, or of the rollout, its Q(lambda) return
+    mixer    "none": each agent learns its own Q (independent Q-learners sharing one network); "sum": the team's
+             value is the sum of the agents' (VDN; Sunehag et al., 2018); "qmix": a monotonic mix with weights from
+             hypernetworks on the global state (Rashid et al., 2018). A team learns from the agents' mean reward
 
-One update, for one run on this device's n envs (inside `engine.compile_chunk`):
+One update, for one run on this device's n envs: T steps of every env, epsilon-greedy (`engine.acting.rollout`);
+then with replay (`engine.acting.replay_update`) G gradient steps, each on batch_size / num_envs sequences of L
+steps per env: the online and target networks over each sequence (a recurrent one from a zero hidden state that
+restarts at episode starts; the next observation's values continue from the hidden state its step left),
+double-Q next values, targets `advantages.lambda_targets` (lam 1 over n steps: n-step returns), a Huber or
+squared TD loss weighted by the importance weights, new priorities |TD|, the target network moved every
+`target.every` steps by `target.tau` (1: a copy); or, PQN, Q(lambda) targets over the rollout from the network as
+it was, then epochs x minibatches of the squared error (`engine.optimise`).
 
-    rollout: T steps of every env, epsilon-greedy on the online network (`engine.acting.rollout`), then
-    with replay: `replay.add`, then G gradient steps, each on batch_size / num_envs sequences of L steps per env
-        (`replay.sample`): the online and target networks over each sequence (a recurrent one from a zero hidden
-        state, restarting at episode starts; the next observation's values continue from the hidden state its
-        step left), double-Q next values, targets `advantages.lambda_targets` (lam 1 over n steps: n-step,
-        truncated at episode ends, bootstrapped at time limits), a Huber or squared TD loss weighted by the
-        importance weights, new priorities |TD|; the target network moves towards the online one every
-        `target.every` gradient steps by `target.tau` (1: a copy). Before `learning_starts` env steps nothing
-        changes.
-    PQN: Q(lambda) targets over the rollout from the network as it was, then epochs x minibatches of the squared
-        error between Q(obs, action) and them (`engine.optimise`).
-
-Envs are seen with an agent axis (`envs.AgentAxis`): one Q-network serves every agent (masks restrict actions).
-The network has the actor-critic calling convention, so `EnvPolicy` serves it (greedy evaluation is argmax Q).
-Shapes: n envs, A agents, K actions, T steps per update, B sequences of L steps, S global state size.
+Envs are seen with an agent axis: one Q-network acts for every agent (masks restrict actions). It has the
+actor-critic calling convention, so `EnvPolicy` serves it (greedy evaluation is argmax Q). Shapes: n envs, A
+agents, K actions, T steps per update, B sequences of L steps, S global state size.
 """
 
 from __future__ import annotations
@@ -46,15 +38,15 @@ from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, engine, knobs, mesh as mesh_lib
 from jaxrl.advantages import lambda_targets
-from jaxrl.algos.env_policy import EnvOnMesh, EnvPolicy, PolicyStep, policy_functions, trainable
+from jaxrl.algos.env_policy import EnvOnMesh, EnvPolicy, PolicyStep, trainable
 from jaxrl.algos.env_setup import (ACTIVATION, HIDDEN_SIZES, LAYER_NORM, EnvSettings, check_minibatch_split,
                                    env_optimizer, make_env)
 from jaxrl.algos.off_policy import (GAMMA, PRIORITY_ALPHA, PRIORITY_BETA, REWARD_SCALE, TAU, OffPolicySettings,
-                                    check_off_policy_config, off_policy_config, off_policy_settings, replay_config)
+                                    check_off_policy_config, off_policy_algorithm, off_policy_config,
+                                    off_policy_settings, replay_config)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import acting as acting_lib
-from jaxrl.engine.acting import Acting, ReplayState
 from jaxrl.knobs import Knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 from jaxrl.networks import QMixer, QNetwork, RecurrentQNetwork
@@ -126,7 +118,7 @@ class PQNState:
 
     params: Any
     opt_state: Any
-    acting: Acting  # [R, N, ...]
+    acting: acting_lib.Acting  # [R, N, ...]
     key: jax.Array  # [R, 2]
     update_step: jax.Array  # [R] int32
 
@@ -147,12 +139,6 @@ def sequence_targets(reward: jax.Array, next_values: jax.Array, terminated: jax.
                                            next_values.shape)
     time_major = (jnp.swapaxes(x, 0, 1) for x in (reward, next_values, per_value(terminated), per_value(done)))
     return jnp.swapaxes(lambda_targets(*time_major, gamma, lam), 0, 1)
-
-
-def team_values(agent_values: jax.Array, mixer: str) -> jax.Array:
-    """[..., A] -> what a learner without a mixing network learns: the agents' own values (mixer "none") or the
-    team's, their sum [...] ("sum", VDN)."""
-    return agent_values.sum(-1) if mixer == "sum" else agent_values
 
 
 def team_reward(reward: jax.Array, mixer: str) -> jax.Array:
@@ -195,10 +181,6 @@ class QLearner:
         action = jnp.where(explore, random_action, jnp.argmax(q, axis=-1)).astype(jnp.int32)
         return action, action
 
-    def rollout(self, params, acting: Acting, hp: QHyperparams, key: jax.Array, update_step: jax.Array):
-        return acting_lib.rollout(self.policy, self.envs, self.settings, self.act, params, acting, hp, key,
-                                  update_step)
-
     # ----------------------------------------------------------------------------------------------
     # The networks
 
@@ -221,11 +203,11 @@ class QLearner:
                 dist.with_mask(jnp.swapaxes(next_q, 0, 1), seq.get("next_mask")))
 
     def mix(self, params, agent_values: jax.Array, state: jax.Array | None) -> jax.Array:
-        """The team's value [B, L] of the agents' values [B, L, A] (on the global state [B, L, S]); the agents'
-        own without a mixer."""
+        """The agents' values [..., A] -> the learned ones: their own (mixer "none"), or the team's [...], their
+        sum ("sum", VDN) or QMIX's mix of them on the global state [..., S]."""
         if self.rules.mixer == "qmix":
             return self.mixer.apply({"params": params["mixer"]}, agent_values, state)
-        return team_values(agent_values, self.rules.mixer)
+        return agent_values.sum(-1) if self.rules.mixer == "sum" else agent_values
 
     def init_params(self, key: jax.Array, obs: jax.Array, env_state) -> dict:
         """A new run's parameters, from the observations [n, A, d] and states of its n envs. The learners of
@@ -240,7 +222,7 @@ class QLearner:
             params = {**params, "mixer": self.mixer.init(mixer_key, jnp.zeros(obs.shape[:2]), state)["params"]}
         return params
 
-    def init(self, key: jax.Array) -> ReplayState | PQNState:
+    def init(self, key: jax.Array) -> acting_lib.ReplayState | PQNState:
         optimizer = env_optimizer(self.settings, QHyperparams(), jnp.int32(0))
 
         def learned(key, obs, env_state):
@@ -248,13 +230,13 @@ class QLearner:
             return params, params, optimizer.init(trainable(params))
 
         if self.settings.replay is not None:
-            return acting_lib.init_replay(self.policy, self.envs, self.settings, learned, key)
+            return acting_lib.init_replay(self, learned, key)
         param_key, env_key, state_key = jax.random.split(key, 3)
-        acting = acting_lib.start(self.policy, self.envs, self.settings.num_envs, env_key)
+        acting = acting_lib.start(self, env_key)
         params, _, opt_state = learned(param_key, acting.obs, acting.env_state)
         return PQNState(params, opt_state, acting, state_key, jnp.int32(0))
 
-    def state_specs(self, state: ReplayState | PQNState):
+    def state_specs(self, state: acting_lib.ReplayState | PQNState):
         if self.settings.replay is not None:
             return acting_lib.replay_specs(state)
         return PQNState(params=RUNS, opt_state=RUNS, acting=P(RUN_AXIS, DATA_AXIS), key=RUNS, update_step=RUNS)
@@ -295,7 +277,7 @@ class QLearner:
         loss = jnp.mean(batch["weights"] * per_sample)
         return loss, {"td_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(targets - q))}
 
-    def train(self, state: ReplayState, buffer, hp: QHyperparams, key: jax.Array):
+    def train(self, state: acting_lib.ReplayState, buffer, hp: QHyperparams, key: jax.Array):
         """The update's G gradient steps: ((params, target_params, opt_state), buffer with new priorities,
         metrics averaged over the steps)."""
         s = self.settings
@@ -326,17 +308,17 @@ class QLearner:
     def rollout_loss(self, params, batch: dict, hp: QHyperparams):
         """Squared error of Q(obs, action) [B, A] (the team's [B] with a mixer) against the lambda-targets."""
         q = jnp.take_along_axis(self.q_values(params, batch["obs"]), batch["action"][..., None], axis=-1)[..., 0]
-        q = team_values(q, self.rules.mixer)
+        q = self.mix(params, q, None)
         loss = 0.5 * jnp.mean(jnp.square(q - batch["targets"]))
         return loss, {"td_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(q - batch["targets"]))}
 
     def rollout_update(self, state: PQNState, hp: QHyperparams):
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        acting, steps, episode = self.rollout(state.params, state.acting, hp, rollout_key, state.update_step)
-        mixer = self.rules.mixer  # steps [n, T, ...]
-        next_values = team_values(bootstrap_values(self.q_values(state.params, steps["next_obs"],
-                                                                 steps.get("next_mask"))), mixer)  # [n, T(, A)]
-        targets = sequence_targets(team_reward(steps["reward"], mixer), next_values, steps["terminated"],
+        acting, steps, episode = acting_lib.rollout(self, state.params, state.acting, hp, rollout_key,
+                                                    state.update_step)
+        next_q = self.q_values(state.params, steps["next_obs"], steps.get("next_mask"))  # steps [n, T, ...]
+        next_values = self.mix(state.params, bootstrap_values(next_q), None)  # [n, T(, A)]
+        targets = sequence_targets(team_reward(steps["reward"], self.rules.mixer), next_values, steps["terminated"],
                                    steps["done"], hp.gamma, hp.q_lambda)  # [n, T(, A)]
         units = {"obs": steps["obs"], "action": steps["action"], "targets": targets}  # [n, T, ...]: a step per unit
         optimizer = env_optimizer(self.settings, hp, state.update_step)
@@ -346,13 +328,13 @@ class QLearner:
         metrics = {**jax.tree.map(jnp.mean, aux), "epsilon": self.epsilon(hp, state.update_step), **episode}
         return PQNState({**state.params, **params}, opt_state, acting, key, state.update_step + 1), metrics
 
-    def update(self, state: ReplayState | PQNState, hp: QHyperparams):
+    def update(self, state: acting_lib.ReplayState | PQNState, hp: QHyperparams):
         if self.settings.replay is None:
             return self.rollout_update(state, hp)
         r = self.settings.replay  # a gradient step learns from each sequence's first step, or all past the burn-in
         learned_steps = 1 if self.rules.targets == "n_step" else r.sequence_length - self.rules.burn_in
-        return acting_lib.replay_update(self.settings, self.rollout, self.train, state, hp, learned_steps,
-                                        {"epsilon": self.epsilon(hp, state.update_step)})
+        epsilon = {"epsilon": self.epsilon(hp, state.update_step)}
+        return acting_lib.replay_update(self, state, hp, learned_steps, epsilon)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -429,13 +411,11 @@ def build_q_learning(config: ConfigDict, mesh) -> engine.Algorithm:
     m = config.get("mixer")
     mixing = QMixer(m.embed_size, m.hypernet_size, m.init_scale) if mixer == "qmix" else None
     learner = QLearner(policy, on_mesh, mixing, settings)
-    return engine.Algorithm(settings, on_mesh.mesh, init=learner.init, update=learner.update,
-                            state_specs=learner.state_specs, sized_by=acting_lib.SIZED_BY, parts=learner,
-                            **policy_functions(policy))
+    return off_policy_algorithm(learner, learner.state_specs)
 
 
 def check_q_config(config: ConfigDict) -> None:
-    _, targets, sequence_key = VARIANTS[config.algorithm]
+    sequence_key = VARIANTS[config.algorithm][2]
     check_off_policy_config(config, sequence_key)
     batch = config.num_envs * config.num_steps
     if sequence_key is None and batch % config.optim.num_minibatches:

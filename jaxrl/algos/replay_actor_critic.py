@@ -28,7 +28,7 @@ transitions in a batch (this device's share).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -37,14 +37,13 @@ from flax import struct
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, engine, knobs, mesh as mesh_lib, replay
-from jaxrl.algos.env_policy import EnvOnMesh, EnvPolicy, PolicyStep, policy_functions
+from jaxrl.algos.env_policy import EnvOnMesh, EnvPolicy, PolicyStep
 from jaxrl.algos.env_setup import ACTIVATION, HIDDEN_SIZES, LAYER_NORM, make_env
 from jaxrl.algos.off_policy import (GAMMA, PRIORITY_ALPHA, PRIORITY_BETA, REWARD_SCALE, TAU, OffPolicySettings,
-                                    ReplaySettings, check_off_policy_config, off_policy_config, off_policy_settings,
-                                    replay_config)
+                                    ReplaySettings, check_off_policy_config, off_policy_algorithm, off_policy_config,
+                                    off_policy_settings, replay_config)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.engine import acting as acting_lib
-from jaxrl.engine.acting import Acting, ReplayState
 from jaxrl.knobs import knob
 from jaxrl.networks import ActorAndCritics
 
@@ -213,10 +212,6 @@ class ReplayActorCritic:
         action = jnp.where(warm_up, uniform, squashed)
         return action, dist.from_unit_box(action)
 
-    def rollout(self, params, acting: Acting, hp, key: jax.Array, update_step: jax.Array):
-        return acting_lib.rollout(self.policy, self.envs, self.settings, self.act, params, acting, hp, key,
-                                  update_step)
-
     # ----------------------------------------------------------------------------------------------
     # Learning
 
@@ -320,7 +315,7 @@ class ReplayActorCritic:
         return {"critic": o(hp.critic_learning_rate, decay), "actor": o(hp.actor_learning_rate, decay),
                 "temperature": o(hp.temperature_learning_rate)}
 
-    def init(self, key: jax.Array) -> ReplayState:
+    def init(self, key: jax.Array) -> acting_lib.ReplayState:
         def learned(key, obs, env_state):
             params = self.policy.init_params(key, self.envs.env, obs, env_state)
             # a collection of its own (flax reads only "params"), so that evaluation and loaded actors ignore it
@@ -328,7 +323,7 @@ class ReplayActorCritic:
             optimizers = self.optimizers(ReplayActorCriticHyperparams(), jnp.int32(0))
             return params, params, {part: optimizers[part].init(part_of(params, part)) for part in PARTS}
 
-        return acting_lib.init_replay(self.policy, self.envs, self.settings, learned, key)
+        return acting_lib.init_replay(self, learned, key)
 
     def _part_step(self, part: str, loss_fn, params, opt_state, batch: dict, hp, optimizers: dict):
         """One gradient step of `loss_fn` on one part of the parameters (PARTS), the rest held fixed. Returns
@@ -365,7 +360,7 @@ class ReplayActorCritic:
             aux["temperature_loss"] = temperature_aux["temperature_loss"]
         return params, opt_state, aux
 
-    def train(self, state: ReplayState, buffer: replay.Buffer, hp, key: jax.Array):
+    def train(self, state: acting_lib.ReplayState, buffer: replay.Buffer, hp, key: jax.Array):
         """G gradient steps in G / policy_delay rounds: in each, policy_delay critic steps, each on its own
         batch, then one policy step on the last batch; the targets move after each step that `target.every`
         picks (after the round's policy step for its last)."""
@@ -400,8 +395,8 @@ class ReplayActorCritic:
             metrics["temperature"] = self.temperature(learned[0])
         return tuple(learned), buffer, metrics
 
-    def update(self, state: ReplayState, hp):
-        return acting_lib.replay_update(self.settings, self.rollout, self.train, state, hp)
+    def update(self, state: acting_lib.ReplayState, hp):
+        return acting_lib.replay_update(self, state, hp)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -421,10 +416,6 @@ def replay_actor_critic_config(name: str) -> ConfigDict:
     config.optim.update({"learning_rate": 3e-4, "max_grad_norm": float("inf"), "adam_eps": 1e-8,
                          "schedule": "constant"})
     return config
-
-
-def sac_config() -> ConfigDict:
-    return replay_actor_critic_config("sac")
 
 
 def td3_config() -> ConfigDict:
@@ -472,10 +463,7 @@ def build_replay_actor_critic(config: ConfigDict, mesh) -> engine.Algorithm:
                               rules.activation, rules.num_critics, rules.num_quantiles, rules.layer_norm)
     policy = EnvPolicy(env, network, eval_max_steps=eval_max_steps, squash=not discrete)
     on_mesh = EnvOnMesh.of(policy, config.num_envs, config.env.reset_ratio, mesh)
-    learner = ReplayActorCritic(policy, on_mesh, off_policy_settings(config, rules))
-    return engine.Algorithm(learner.settings, on_mesh.mesh, init=learner.init, update=learner.update,
-                            state_specs=acting_lib.replay_specs, sized_by=acting_lib.SIZED_BY, parts=learner,
-                            **policy_functions(policy))
+    return off_policy_algorithm(ReplayActorCritic(policy, on_mesh, off_policy_settings(config, rules)))
 
 
 def check_replay_actor_critic_config(config: ConfigDict) -> None:
@@ -495,6 +483,7 @@ def check_replay_actor_critic_config(config: ConfigDict) -> None:
         raise ValueError("network.drop_per_critic applies to quantile critics (network.num_quantiles > 1)")
 
 
-for _name, _defaults in (("sac", sac_config), ("td3", td3_config), ("tqc", tqc_config)):
+for _name, _defaults in (("sac", functools.partial(replay_actor_critic_config, "sac")), ("td3", td3_config),
+                         ("tqc", tqc_config)):
     register(_name, Recipe(build_replay_actor_critic, ReplayActorCriticHyperparams,
                            check=check_replay_actor_critic_config, defaults=_defaults))

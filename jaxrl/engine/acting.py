@@ -1,14 +1,15 @@
 """Acting in auto-resetting envs and learning from a replay buffer, as functions the off-policy learners share
-(`jaxrl.algos.q_learning`, `jaxrl.algos.replay_actor_critic`). They take the learner's `policy` (an `EnvPolicy`:
-what an agent sees, one step of its network), `envs` (its `EnvOnMesh`: the auto-resetting env, this device's
-share of the envs), `settings` (`algos.off_policy.OffPolicySettings`) and its own `act`, `train` functions.
+(`jaxrl.algos.q_learning`, `jaxrl.algos.replay_actor_critic`). They take the family's `learner`, a plain object
+with `policy` (an `EnvPolicy`: what an agent sees, one step of its network), `envs` (its `EnvOnMesh`: the
+auto-resetting env, this device's share of the envs), `settings` (`algos.off_policy.OffPolicySettings`),
+`act(key, one env's PolicyStep, hp, update_step) -> (action stored, action the env is given)` and, learning from
+a buffer, `train(state, buffer, hp, key) -> ((params, target_params, opt_state), buffer, metrics)`.
 
 One replay update, for one run on this device's n envs (`replay_update`):
 
-    rollout: T steps of every env, `act` on the networks' outputs -> steps [n, T, ...]
-      -> `replay.add` (observations stored as settings.replay.store_dtype)
-      -> `train`: the learner's gradient steps on batches from `sample_batch`; they leave the learned state
-         unchanged until `learning_starts` env steps have been taken and every row holds a sequence
+    `rollout`: T steps of every env -> `replay.add` (observations as replay.store_dtype) -> `train`, the learner's
+    gradient steps on batches from `sample_batch`, kept once `learning_starts` env steps have been taken and
+    every row holds a sequence
 
 Envs are seen with an agent axis: in a multi-agent env every agent acts with the shared network. Shapes: n envs on
 this device, A agents, T steps per update, d observation size, B sequences of L steps in a batch.
@@ -46,11 +47,11 @@ class Acting:
     first: jax.Array  # [N] bool: obs is the first of its episode (the hidden state restarts there)
 
 
-def start(policy, envs, num_envs: int, key: jax.Array) -> Acting:
-    """One run's `num_envs` envs, reset, and the network's initial hidden state."""
-    obs, env_state = jax.vmap(envs.env.reset)(jax.random.split(key, num_envs))
-    return Acting(env_state, obs, policy.network.initial_carry((num_envs, policy.num_agents)),
-                  jnp.ones((num_envs,), bool))
+def start(learner, key: jax.Array) -> Acting:
+    """One run's envs (settings.num_envs of them), reset, and the network's initial hidden state."""
+    n, policy = learner.settings.num_envs, learner.policy
+    obs, env_state = jax.vmap(learner.envs.env.reset)(jax.random.split(key, n))
+    return Acting(env_state, obs, policy.network.initial_carry((n, policy.num_agents)), jnp.ones((n,), bool))
 
 
 def stores_global_state(policy) -> bool:
@@ -58,23 +59,22 @@ def stores_global_state(policy) -> bool:
     return policy.critic_input == "global_state"
 
 
-def rollout(policy, envs, settings, act, params, acting: Acting, hp: Any, key: jax.Array, update_step: jax.Array):
-    """T = settings.num_steps steps of this device's n envs from `acting`, each env's action from
-    `act(key, one env's PolicyStep [A, ...], hp, update_step) -> (action stored [A, ...], action the env is given)`.
-
-    Returns (acting after, steps [n, T, ...] to store, episode sums over the run's envs on every device). A step
-    stores obs, action, reward (times hp.reward_scale), next_obs (the final one where an episode ended),
-    terminated, done and first; legal actions (mask, next_mask) where the env has them; the global state
-    (state, next_state) when `stores_global_state`."""
+def rollout(learner, params, acting: Acting, hp: Any, key: jax.Array, update_step: jax.Array):
+    """T = settings.num_steps steps of this device's n envs from `acting`, acting by `learner.act` (actions
+    [A, ...] per env). Returns (acting after, steps [n, T, ...] to store, episode sums over the run's envs on
+    every device). A step stores obs, action, reward (times hp.reward_scale), next_obs (the final one where an
+    episode ended), terminated, done and first; legal actions (mask, next_mask) where the env has them; the
+    global state (state, next_state) when `stores_global_state`."""
+    policy, envs, s = learner.policy, learner.envs, learner.settings
     agent_env, env = policy.agent_env, envs.env
-    step_keys = jax.random.split(key, settings.num_steps)
-    env_keys = mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, settings.num_envs))(step_keys), axis=1)
+    step_keys = jax.random.split(key, s.num_steps)
+    env_keys = mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys), axis=1)
     act_keys = jax.vmap(lambda k: mesh_lib.per_item_keys(jax.random.fold_in(k, 1), envs.local_envs))(step_keys)
 
     def step(acting: Acting, xs):
         env_key, act_key = xs
         out = policy.step(params, env, acting.env_state, acting.obs, acting.carry, acting.first)
-        action, env_action = jax.vmap(act, (0, 0, None, None))(act_key, out, hp, update_step)
+        action, env_action = jax.vmap(learner.act, (0, 0, None, None))(act_key, out, hp, update_step)
         next_obs, env_state, reward, done, info = env.batch_step(env_key, acting.env_state, env_action)
         ended = info["returned_episode"]
         stored = {"obs": acting.obs, "action": action, "reward": reward * hp.reward_scale,
@@ -122,8 +122,9 @@ def cast_observations(items: dict, dtype: str) -> dict:
     return {k: v.astype(dtype) if cast(k, v) else v for k, v in items.items()}
 
 
-def stored_step(policy, envs, acting: Acting, store_dtype: str) -> dict:
+def stored_step(learner, acting: Acting) -> dict:
     """One env's stored step (zeros shaped like `rollout`'s) from the envs of `acting`."""
+    policy = learner.policy
     A, dist, obs = policy.num_agents, policy.dist, acting.obs
     if hasattr(dist, "num_actions"):  # discrete actions
         action = jnp.zeros((A,), jnp.int32)
@@ -134,17 +135,17 @@ def stored_step(policy, envs, acting: Acting, store_dtype: str) -> dict:
     if policy.agent_env.has_action_masks:
         step["mask"] = step["next_mask"] = jnp.zeros((A, dist.num_actions), bool)
     if stores_global_state(policy):
-        step["state"] = step["next_state"] = policy.global_state(envs.env, acting.env_state)[0]
-    return cast_observations(step, store_dtype)
+        step["state"] = step["next_state"] = policy.global_state(learner.envs.env, acting.env_state)[0]
+    return cast_observations(step, learner.settings.replay.store_dtype)
 
 
-def init_replay(policy, envs, settings, init_learned, key: jax.Array) -> ReplayState:
+def init_replay(learner, init_learned, key: jax.Array) -> ReplayState:
     """A new run's state: its envs reset, an empty buffer, and `init_learned(key, obs [n, A, d], env states)`'s
     (params, target_params, opt_state)."""
     param_key, env_key, state_key = jax.random.split(key, 3)
-    n, r = settings.num_envs, settings.replay
-    acting = start(policy, envs, n, env_key)
-    buffer = replay.init(stored_step(policy, envs, acting, r.store_dtype), n, r.buffer_size // n, r.prioritised)
+    n, r = learner.settings.num_envs, learner.settings.replay
+    acting = start(learner, env_key)
+    buffer = replay.init(stored_step(learner, acting), n, r.buffer_size // n, r.prioritised)
     return ReplayState(*init_learned(param_key, acting.obs, acting.env_state), buffer, acting, state_key, jnp.int32(0))
 
 
@@ -192,17 +193,14 @@ def moved_target(settings, params, target_params, tau, count: jax.Array):
     return optax.incremental_update(params, target_params, jnp.where(due, tau, 0.0))
 
 
-def replay_update(settings, rollout, train, state: ReplayState, hp: Any, learned_steps: int = 1,
-                  exploration: dict | None = None):
-    """One update: `rollout(params, acting, hp, key, update_step) -> (acting, steps, episode)`, its steps added
-    to the buffer, then `train(state, buffer, hp, key) -> ((params, target_params, opt_state), buffer, metrics)`,
-    kept once learning has started. `learned_steps`: the steps of a sampled sequence a gradient step learns from
-    (the replay ratio counts them); `exploration`: metrics of the acting (e.g. epsilon)."""
-    s, r = settings, settings.replay
+def replay_update(learner, state: ReplayState, hp: Any, learned_steps: int = 1, exploration: dict | None = None):
+    """One update (see the module's docstring). `learned_steps`: the steps of a sampled sequence a gradient step
+    learns from (the replay ratio counts them); `exploration`: metrics of the acting (e.g. epsilon)."""
+    s, r = learner.settings, learner.settings.replay
     key, rollout_key, train_key = jax.random.split(state.key, 3)
-    acting, steps, episode = rollout(state.params, state.acting, hp, rollout_key, state.update_step)
+    acting, steps, episode = rollout(learner, state.params, state.acting, hp, rollout_key, state.update_step)
     buffer = replay.add(state.buffer, cast_observations(steps, r.store_dtype))
-    learned, trained_buffer, aux = train(state, buffer, hp, train_key)
+    learned, trained_buffer, aux = learner.train(state, buffer, hp, train_key)
     env_steps = (state.update_step + 1) * s.num_steps * s.num_envs
     ready = (env_steps >= r.learning_starts) & (replay.num_starts(buffer, r.sequence_length) > 0)
     keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ready, a, b), new, old)  # noqa: E731
