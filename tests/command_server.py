@@ -12,9 +12,9 @@ import sys
 
 import jaxrl.algos  # noqa: F401
 import jaxrl.run.cli  # noqa: F401
-import jaxrl.run.loop  # noqa: F401
+import jaxrl.run.program  # noqa: F401
 import jaxrl.run.policies  # noqa: F401
-import jaxrl.run.sweeps  # noqa: F401
+import jaxrl.run.sweep_programs  # noqa: F401
 
 
 def run_as_main(module: str, args: list[str], stdout: str, stderr: str) -> None:

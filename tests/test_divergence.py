@@ -19,7 +19,7 @@ import pytest
 
 from helpers import small_cartpole
 from jaxrl import algos, checkpoint, train
-from jaxrl.run.loop import make_mesh
+from jaxrl.run.plan import make_mesh
 
 POISONED_SEED, POISONED_AT = 2, 3
 UPDATES, PER_CHUNK = 8, 2

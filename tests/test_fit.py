@@ -8,7 +8,7 @@ import pytest
 
 from helpers import load_experiment, set_keys
 from jaxrl import algos, train
-from jaxrl.run import fit, loop
+from jaxrl.run import fit, plan, program
 
 
 def _dqn(**overrides):
@@ -17,7 +17,7 @@ def _dqn(**overrides):
 
 
 def _fit(config, donate: bool):
-    algo, hp = algos.build(config, loop.make_mesh(config, config.num_seeds))
+    algo, hp = algos.build(config, plan.make_mesh(config, config.num_seeds))
     return fit.check(algo, fit.abstract_state(algo, config, 1), config, hp, donate)
 
 
@@ -113,9 +113,9 @@ def test_every_process_times_the_same_number_of_updates(monkeypatch, first_secon
             clock[0] += next(durations)
             return state
 
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(program.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", lambda x: first_seconds_of_process_0)
-    seconds = loop._time_one_update(Algo(), {}, {})
+    seconds = program._time_one_update(Algo(), {}, {})
     assert Algo.calls == calls
     assert seconds == pytest.approx(0.1 if calls == 2 else first_seconds_of_process_0)

@@ -19,7 +19,7 @@ import pytest
 
 from helpers import ROOT, small_cartpole
 from jaxrl import checkpoint, files, metrics as metrics_lib, train
-from jaxrl.run import sweeps, workdir as workdir_lib
+from jaxrl.run import sweep_programs, workdir as workdir_lib
 
 CARTPOLE = "--config=experiments/cartpole_ppo.py"
 # small_cartpole() on the command line, with a checkpoint at every log interval (updates 2 and 4)
@@ -38,7 +38,7 @@ def saved(tmp_path_factory):
     run_dir = str(root / "run")
     train.run(_small(), run_dir)
     sweep_dir = str(root / "sweep")
-    sweeps.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
+    sweep_programs.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
     return {"run": run_dir, "sweep": sweep_dir}
 
 
@@ -157,7 +157,7 @@ def test_a_sweep_setting_with_metrics_but_no_program_checkpoint_is_refused(saved
     shutil.rmtree(os.path.join(sweep_dir, "checkpoints"))
     before = _snapshot(sweep_dir)
     with pytest.raises(ValueError, match="has metrics up to update 4 but no checkpoint"):
-        sweeps.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
+        sweep_programs.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
     assert _snapshot(sweep_dir) == before
 
 

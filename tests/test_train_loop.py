@@ -13,8 +13,7 @@ import pytest
 
 from helpers import ROOT
 from experiments import cartpole_ppo
-from jaxrl import config as config_lib, train
-from jaxrl.engine import ChunkRunner
+from jaxrl import algos, config as config_lib, train
 
 BATCH = 4 * 32
 
@@ -97,14 +96,20 @@ def test_resume_after_kill_gives_the_same_parameters(tmp_path, monkeypatch):
 
     # The checkpoint is restored into the state's shapes: no fresh state is allocated beside it (for a replay
     # buffer near memory's size, two copies would not fit).
-    allocated, init_seeds = [], ChunkRunner.init_seeds
+    allocated, build = [], algos.build
 
-    def counting_init_seeds(self, *args, **kwargs):
-        state = init_seeds(self, *args, **kwargs)
-        allocated.extend(x for x in jax.tree.leaves(state) if not isinstance(x, jax.core.Tracer))
-        return state
+    def counting_build(*args, **kwargs):  # an algorithm whose init_seeds records the arrays it allocates
+        algo, hp = build(*args, **kwargs)
+        init_seeds = algo.init_seeds
 
-    monkeypatch.setattr(ChunkRunner, "init_seeds", counting_init_seeds)
+        def counting_init_seeds(*args, **kwargs):
+            state = init_seeds(*args, **kwargs)
+            allocated.extend(x for x in jax.tree.leaves(state) if not isinstance(x, jax.core.Tracer))
+            return state
+        algo.init_seeds = counting_init_seeds
+        return algo, hp
+
+    monkeypatch.setattr(algos, "build", counting_build)
     resumed = train.run(config, workdir)
     assert not allocated
     _assert_same_params(straight.state.params, resumed.state.params)
