@@ -10,6 +10,10 @@ import os
 import runpy
 import sys
 
+# As `python -m` from the repository root would: this checkout's jaxrl, not one installed elsewhere (an editable
+# install of another checkout would otherwise serve every command).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import jaxrl.algos  # noqa: F401
 import jaxrl.run.cli  # noqa: F401
 import jaxrl.run.program  # noqa: F401
