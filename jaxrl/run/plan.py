@@ -4,7 +4,8 @@
     mesh = plan.make_mesh(settings[0].config, num_runs)  # the (runs, data) mesh
     program = plan.make(settings, algo.settings, checkpoint_dir)  # frozen: chunk length, when to log, ...
 
-`jaxrl.run.program` trains a plan (start, step, finish) and reads no config key itself.
+`jaxrl.run.program` trains a plan (start, step, finish): it reads no config key itself, and hands the settings'
+configs on where they are written or checked (the run directories, the loggers, the memory check).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class Plan:
     progress_bar: bool
     tuning: population_lib.Options | None  # PBT or successive halving between chunks (None: a plain program)
     tuned: tuple[population_lib.Tuned, ...] = ()  # the hyperparameters it tunes
+    tuned_values: dict = dataclasses.field(default_factory=dict)  # {key: each setting's value} of the tuned
 
     @property
     def config(self) -> ConfigDict:
@@ -93,7 +95,7 @@ def make(settings: list[Setting], algo_settings, checkpoint_dir: str, *, kind: s
     batch, num_updates = algo_settings.batch_size, algo_settings.num_updates
     chunk = max(1, config.log.every_steps // batch)
     checkpoint_every = every(config.checkpoint.every_steps, chunk * batch) if config.checkpoint.every_steps else 1
-    tuned = tuning is not None and tuning[0].method != "grid"
+    options, tuned = tuning if tuning is not None and tuning[0].method != "grid" else (None, ())
     return Plan(
         settings=tuple(settings), checkpoint_dir=checkpoint_dir, kind=kind,
         resuming=checkpoint.has_checkpoints(checkpoint_dir) and not overwrite, overwrite=overwrite,
@@ -104,7 +106,8 @@ def make(settings: list[Setting], algo_settings, checkpoint_dir: str, *, kind: s
         eval_num_envs=config.eval.num_envs, keep=config.checkpoint.keep, keep_best=config.checkpoint.keep_best,
         on_nonfinite=config.checkpoint.on_nonfinite, max_rollbacks=config.checkpoint.max_rollbacks,
         progress_bar=config.log.progress_bar if progress is None else progress,
-        tuning=tuning[0] if tuned else None, tuned=tuple(tuning[1]) if tuned else ())
+        tuning=options, tuned=tuple(tuned),
+        tuned_values={t.key: [config_lib.get_value(s.config, t.key) for s in settings] for t in tuned})
 
 
 def as_trained(settings: list[Setting]) -> list[Setting]:

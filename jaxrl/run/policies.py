@@ -113,11 +113,11 @@ def load_policy(path: str, checkpoint_step: int | None = None, seed: int = 0):
 def export_policy(workdir: str, out_dir: str, checkpoint_step: int | None = None, seed: int = 0) -> str:
     """Write one seed's parameters alone (orbax), with the config (and the tokenizer for text) that rebuild
     its network, to `out_dir`; `load_policy(out_dir)` loads it. Returns out_dir."""
+    if os.path.exists(out_dir) and os.listdir(out_dir):  # (before anything is restored)
+        raise ValueError(f"{out_dir} exists and is not empty; export into a new directory")
     run = restore_run(workdir, checkpoint_step)
     if not 0 <= seed < run.config.num_seeds:
         raise ValueError(f"seed {seed} is not in this run (it trained {run.config.num_seeds} seeds)")
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise ValueError(f"{out_dir} exists and is not empty; export into a new directory")
     os.makedirs(out_dir, exist_ok=True)
     params = jax.tree.map(lambda x: x[seed], program.fetch(run.state.params))
     with ocp.StandardCheckpointer() as saver:

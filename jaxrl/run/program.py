@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 import numpy as np
 from ml_collections import ConfigDict
 
-from jaxrl import algos, checkpoint, config as config_lib, distributed, mesh as mesh_lib, metrics as metrics_lib
+from jaxrl import algos, checkpoint, distributed, mesh as mesh_lib, metrics as metrics_lib
 from jaxrl.engine import describe_xla_choice
 from jaxrl.run import divergence, fit as fit_lib, loggers as loggers_lib, plan as plan_lib
 from jaxrl.run import population as population_lib, workdir as workdir_lib
@@ -133,11 +133,7 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
     directories."""
     main = distributed.is_main_process()
     hyperparams = _hyperparams(plan, mesh)
-    loggers_lib.check_backends(plan.config)  # a log library that is not installed: before compiling
-    if not plan.overwrite:  # a directory whose run this would mislabel or lose is an input error: before compiling
-        for setting in plan.settings:
-            workdir_lib.check_saved(setting.config, setting.workdir,
-                                    resuming=plan.resuming or start_state is not None)
+    _check_input(plan, forking=start_state is not None)
     guard = divergence.Guard(plan.on_nonfinite, plan.max_rollbacks, plan.num_seeds, plan.num_settings,
                              plan.checkpoint_dir, fetch)
     # Chunks reuse their input's memory (donate) unless the guard may replay them from their start.
@@ -151,10 +147,7 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
     if plan.resuming:  # restored into the abstract state: one copy ever allocated
         _resume(plan, t, abstract)
     else:
-        t.update, t.state = start_state(algo, abstract) if start_state else (0, algo.init_seeds(
-            plan.seed, plan.num_seeds, plan.num_settings))
-        if t.population is not None:
-            t.population.start(main)
+        _begin(plan, t, abstract, start_state)
     if main:
         for setting in plan.settings:
             workdir_lib.prepare(setting.config, setting.workdir, mesh, plan.kind, t.update, plan.resuming)
@@ -164,6 +157,15 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
     t.wall_offset, t.marked, t.chunk_index = _wall_offset(plan, t.update), plan.resuming, t.update // plan.chunk
     t.started = time.perf_counter()
     return t
+
+
+def _check_input(plan: Plan, forking: bool) -> None:
+    """Before compiling: a log library that is not installed, and a directory whose run this program would
+    mislabel or lose (`forking`: it starts from another run's checkpoint) are input errors."""
+    loggers_lib.check_backends(plan.config)
+    if not plan.overwrite:
+        for setting in plan.settings:
+            workdir_lib.check_saved(setting.config, setting.workdir, resuming=plan.resuming or forking)
 
 
 def _hyperparams(plan: Plan, mesh):
@@ -193,9 +195,16 @@ def _population(plan: Plan) -> population_lib.Population | None:
     """The tuning of a PBT or halving program (None for any other)."""
     if plan.tuning is None:
         return None
-    values = {t.key: [config_lib.get_value(s.config, t.key) for s in plan.settings] for t in plan.tuned}
-    return population_lib.Population(plan.tuning, list(plan.tuned), values, plan.num_seeds, plan.num_updates,
-                                     plan.chunk, plan.batch, plan.seed, plan.checkpoint_dir)
+    return population_lib.Population(plan.tuning, list(plan.tuned), plan.tuned_values, plan.num_seeds,
+                                     plan.num_updates, plan.chunk, plan.batch, plan.seed, plan.checkpoint_dir)
+
+
+def _begin(plan: Plan, t: Training, abstract, start_state: Callable | None) -> None:
+    """The state a program without checkpoints starts from: `start_state`'s (a fork), else `init_seeds`."""
+    t.update, t.state = start_state(t.algo, abstract) if start_state else (0, t.algo.init_seeds(
+        plan.seed, plan.num_seeds, plan.num_settings))
+    if t.population is not None:
+        t.population.start(t.main)
 
 
 def _resume(plan: Plan, t: Training, abstract) -> None:
@@ -370,7 +379,7 @@ def finish(plan: Plan, t: Training) -> ProgramResult:
     if t.main:
         for setting, rows in zip(plan.settings, all_rows):
             metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),
-                                            title=setting.config.experiment)
+                                            title=plan.experiment)
         if first_params is not None:
             for path in t.algo.write_artifacts(plan.settings[0].workdir, first_params, plan.seed):
                 if path.endswith(".gif"):
