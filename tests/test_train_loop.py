@@ -223,7 +223,8 @@ def test_resuming_with_a_different_config_is_refused(eight_updates, tmp_path):
 def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):
     """Hidden states and episode-start flags are part of the checkpoint: a run resumed from a checkpoint (its
     last one lost) ends where a straight run does, every leaf of its state bit for bit."""
-    from helpers import assert_same_state, small_smax_config, straight_and_resumed
+    from conftest import assert_same_state, straight_and_resumed
+    from helpers import small_smax_config
 
     config = small_smax_config(num_envs=8, num_steps=16)
     batch = 8 * 16
