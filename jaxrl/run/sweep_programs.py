@@ -1,5 +1,7 @@
-"""Sweeps: every combination of settings x seeds, in as few compiled programs as the settings allow; tuned
-inside one program (PBT, successive halving: `jaxrl.run.population`); forks of a saved run."""
+"""A sweep as compiled programs: every combination of the swept values (a setting) x seeds, grouped into as few
+programs as the settings allow (`expand_sweep`) and trained one program after another (`run_sweep`, through
+`jaxrl.run.program`); tuned inside one program (PBT, successive halving: `jaxrl.run.population`); forks of a
+saved run. `python -m jaxrl.sweep` is its command line."""
 
 from __future__ import annotations
 
