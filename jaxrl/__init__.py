@@ -6,7 +6,7 @@
       -> advantages (advantages.py: GAE, group estimators)
       -> loss (losses.py)
       -> sharded update (engine: gradient steps over the mesh, one compiled chunk of updates)
-      -> metrics and checkpoints (run/loop.py; `python -m jaxrl.train`)
+      -> metrics and checkpoints (run/program.py; `python -m jaxrl.train`)
 """
 
 __version__ = "0.1.0"

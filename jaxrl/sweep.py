@@ -58,8 +58,8 @@ from ml_collections import ConfigDict
 from jaxrl import distributed, train
 from jaxrl.run import cli, population as population_lib, workdir as workdir_lib
 from jaxrl.run.summary import confidence_interval, format_summary  # noqa: F401  (the API)
-from jaxrl.run.sweeps import (Fork, Interrupted, Range, draw_ranges, expand, group_programs,  # noqa: F401
-                              lineage_path, parse_range, parse_values, resolve_key, run_sweep)
+from jaxrl.run.sweep_programs import (Fork, Interrupted, Range, draw_ranges, expand,  # noqa: F401
+                                      group_programs, lineage_path, parse_range, parse_values, resolve_key, run_sweep)
 
 
 def _floats(text: str) -> tuple[float, ...]:

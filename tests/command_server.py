@@ -10,11 +10,15 @@ import os
 import runpy
 import sys
 
+# As `python -m` from the repository root would: this checkout's jaxrl, not one installed elsewhere (an editable
+# install of another checkout would otherwise serve every command).
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 import jaxrl.algos  # noqa: F401
 import jaxrl.run.cli  # noqa: F401
-import jaxrl.run.loop  # noqa: F401
+import jaxrl.run.program  # noqa: F401
 import jaxrl.run.policies  # noqa: F401
-import jaxrl.run.sweeps  # noqa: F401
+import jaxrl.run.sweep_programs  # noqa: F401
 
 
 def run_as_main(module: str, args: list[str], stdout: str, stderr: str) -> None:

@@ -247,7 +247,7 @@ def run_family(name: str, variant: str | None = None, overrides: dict | None = N
     |value|). `variant`: None, or one of VARIANTS: "up"/"down" nudge the initial parameters one ulp, "kernels"
     compiles with the other choice of XLA:CPU kernels (`other_kernels`). `overrides`: config keys set on top."""
     from jaxrl import algos, metrics as metrics_lib
-    from jaxrl.run import loop
+    from jaxrl.run import plan, program
 
     spec, small = RUNS[name]
     config = experiment_config(spec, {**small, **(overrides or {})})
@@ -259,7 +259,7 @@ def run_family(name: str, variant: str | None = None, overrides: dict | None = N
     algos.validate(config)
     config = algos.resolve(config)
     algos.validate(config)
-    algo, hp = algos.build(config, loop.make_mesh(config, num_runs=config.num_seeds))
+    algo, hp = algos.build(config, plan.make_mesh(config, num_runs=config.num_seeds))
     state = algo.init_seeds(config.seed, config.num_seeds)
     if variant in ("up", "down"):
         state = state.replace(params=nudged(state.params, variant))
@@ -270,10 +270,10 @@ def run_family(name: str, variant: str | None = None, overrides: dict | None = N
         state, metrics = algo.run_chunk(state, hp, 1)
         if update == 1:
             summaries["first_update"] = _summary(initial, _leaves(state.params), metrics_lib.summarize(
-                loop.fetch(metrics)), sums=False)
-    metrics = loop.fetch(metrics)
+                program.fetch(metrics)), sums=False)
+    metrics = program.fetch(metrics)
     if name not in NOT_EVALUATED:
-        metrics.update(loop.fetch(algo.evaluate(state.params, loop.evaluation_key(config.seed, num_updates),
+        metrics.update(program.fetch(algo.evaluate(state.params, program.evaluation_key(config.seed, num_updates),
                                                 config.eval.num_envs)))
     row = {"update": num_updates, "env_steps": num_updates * algo.settings.batch_size,
            **metrics_lib.summarize(metrics)}

@@ -39,7 +39,7 @@ def evaluation_curve(config, metric: str, every_steps: int) -> list[tuple[int, f
     episodes): [(env steps, value of `metric`)], the first at 0 steps. A learning test reads its end (the last
     one or two), the figure a user's run ends on, not the best point on the way."""
     from jaxrl import algos
-    from jaxrl.run.loop import evaluation_key
+    from jaxrl.run.program import evaluation_key
 
     algos.validate(config)
     algo, hp, state = build(algos.resolve(config))

@@ -19,7 +19,6 @@ import pytest
 
 from helpers import small_cartpole
 from jaxrl import algos, checkpoint, train
-from jaxrl.run.loop import make_mesh
 
 POISONED_SEED, POISONED_AT = 2, 3
 UPDATES, PER_CHUNK = 8, 2
@@ -53,10 +52,27 @@ def _config(num_seeds=4, **overrides):
         **overrides})
 
 
-def _run(config, workdir, poisoned: bool, monkeypatch):
-    if poisoned:
-        recipe = algos.recipe("ppo")
-        monkeypatch.setitem(algos.ALGORITHMS, "ppo", dataclasses.replace(recipe, build=poisoning(recipe.build)))
+def recording(build, given: list):
+    """A builder whose algorithm's chunks append (donate, the parameter leaves they were given) to `given`."""
+    def recording_build(config, mesh):
+        algo = build(config, mesh)
+        run_chunk = algo.run_chunk
+
+        def recording_run_chunk(state, hp, num_updates, donate=False):
+            out = run_chunk(state, hp, num_updates, donate=donate)
+            given.append((donate, jax.tree.leaves(state.params)))
+            return out
+        algo.run_chunk = recording_run_chunk
+        return algo
+    return recording_build
+
+
+def _run(config, workdir, poisoned: bool, monkeypatch, given: list | None = None):
+    recipe = algos.recipe("ppo")
+    build = poisoning(recipe.build) if poisoned else recipe.build
+    if given is not None:
+        build = recording(build, given)
+    monkeypatch.setitem(algos.ALGORITHMS, "ppo", dataclasses.replace(recipe, build=build))
     try:
         return train.run(config, str(workdir), progress=False)
     finally:
@@ -78,8 +94,11 @@ def _saved_states(result):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    return _run(_config(), tmp_path_factory.mktemp("clean"), False, mp)
+    """The clean 4-seed run; `given`: what its chunks were given (`recording`)."""
+    given = []
+    result = _run(_config(), tmp_path_factory.mktemp("clean"), False, pytest.MonkeyPatch(), given)
+    result.given = given
+    return result
 
 
 def _assert_same(a, b):
@@ -187,19 +206,16 @@ def test_stop_ends_the_program_and_keeps_the_finite_checkpoints(tmp_path, monkey
 
 
 def test_stop_reuses_the_state_memory_and_trains_the_same(reference, tmp_path, monkeypatch):
-    """Donated chunks compute what kept ones do; the state a chunk was given is gone after it."""
-    result = _run(_config(**{"checkpoint.on_nonfinite": "stop"}), tmp_path, False, monkeypatch)
+    """Donated chunks compute what kept ones do; the state a chunk was given is gone after it (and, without
+    "stop", kept: the reference run's)."""
+    given = []
+    result = _run(_config(**{"checkpoint.on_nonfinite": "stop"}), tmp_path, False, monkeypatch, given)
     assert not result.diverged
     _assert_same(result.state.params, reference.state.params)
-    config = algos.resolve(_config())
-    algo, _ = algos.build(config, make_mesh(config, config.num_seeds))
-    state = algo.init_seeds(config.seed, config.num_seeds)
-    hp = algos.hyperparams(config)
-    kept, _ = algo.run_chunk(state, hp, 1)
-    assert not any(leaf.is_deleted() for leaf in jax.tree.leaves(state))
-    donated, _ = algo.run_chunk(state, hp, 1, donate=True)
-    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(state.params))
-    _assert_same(kept, donated)
+    assert [donate for donate, _ in given] == [True] * (UPDATES // PER_CHUNK)  # every chunk, nothing else
+    assert all(leaf.is_deleted() for _, leaves in given for leaf in leaves)
+    assert [donate for donate, _ in reference.given if donate] == []
+    assert not any(leaf.is_deleted() for _, leaves in reference.given for leaf in leaves)
 
 
 def test_the_policy_names_are_checked():

@@ -22,6 +22,12 @@ def cartpole_run(tmp_path_factory):
     return train.run(small_cartpole(num_seeds=2, **{"normalize.obs": True}), workdir, progress=False)
 
 
+@pytest.fixture(scope="module")
+def seed_one(cartpole_run):
+    """Seed 1's policy, loaded from the run."""
+    return jaxrl.load_policy(cartpole_run.workdir, seed=1)
+
+
 def _final_eval(result, keys):
     last = result.metrics[-1]
     return {k: last[k] for k in keys}, {k: last.get(f"{k}_per_seed") for k in keys}
@@ -78,9 +84,9 @@ def test_evaluate_reproduces_the_runs_final_evaluation_text_grpo(tmp_path):
     assert len(actor.complete(texts)) == 4
 
 
-def test_the_loaded_policy_plays_as_the_evaluation_does(cartpole_run):
+def test_the_loaded_policy_plays_as_the_evaluation_does(seed_one):
     """A hand-written loop of `actor(obs)` on CartPole, with the evaluation's keys, gets the same returns."""
-    actor = jaxrl.load_policy(cartpole_run.workdir, seed=1)
+    actor = seed_one
     key, num_envs = jax.random.PRNGKey(7), 4
     reset_key, step_key = jax.random.split(key)
     obs, state = jax.vmap(actor.env.reset)(jax.random.split(reset_key, num_envs))
@@ -95,10 +101,10 @@ def test_the_loaded_policy_plays_as_the_evaluation_does(cartpole_run):
     assert played["eval_return"] == pytest.approx(returns.mean(), rel=1e-6)
 
 
-def test_an_exported_policy_loads_alone_and_acts_the_same(cartpole_run, tmp_path):
+def test_an_exported_policy_loads_alone_and_acts_the_same(cartpole_run, seed_one, tmp_path):
     out = policies.export_policy(cartpole_run.workdir, str(tmp_path / "policy"), seed=1)
     assert sorted(os.listdir(out)) == ["config.json", "exported_policy.json", "params"]
-    exported, original = jaxrl.load_policy(out), jaxrl.load_policy(cartpole_run.workdir, seed=1)
+    exported, original = jaxrl.load_policy(out), seed_one
     statistics = exported.params["obs_norm"]["obs"]
     assert float(statistics.count) == 8 * 16 * 4  # every observation of seed 1's run
     np.testing.assert_array_equal(statistics.mean, original.params["obs_norm"]["obs"].mean)

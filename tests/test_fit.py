@@ -8,7 +8,7 @@ import pytest
 
 from helpers import load_experiment, set_keys
 from jaxrl import algos, train
-from jaxrl.run import fit, loop
+from jaxrl.run import fit, plan, program
 
 
 def _dqn(**overrides):
@@ -17,16 +17,23 @@ def _dqn(**overrides):
 
 
 def _fit(config, donate: bool):
-    algo, hp = algos.build(config, loop.make_mesh(config, config.num_seeds))
+    algo, hp = algos.build(config, plan.make_mesh(config, config.num_seeds))
     return fit.check(algo, fit.abstract_state(algo, config, 1), config, hp, donate)
 
 
-def test_the_state_is_counted_once_when_donated_and_twice_when_kept():
-    config = _dqn(**{"replay.buffer_size": 400_000})
+@pytest.fixture(scope="module")
+def big_buffer():
+    """cartpole_dqn with a replay buffer of 400,000 steps per seed, 2 seeds, 2,000 env steps: its config and the
+    fits of its chunk program as the loop keeps and as it donates its input state."""
+    config = _dqn(**{"replay.buffer_size": 400_000, "total_steps": 2_000})
+    return config, _fit(config, False), _fit(config, True)
+
+
+def test_the_state_is_counted_once_when_donated_and_twice_when_kept(big_buffer):
+    _, kept, donated = big_buffer
     # the buffer: per seed, 400,000 steps x (obs and next_obs of 4 float32, reward float32, action int32,
     # terminated, done and first bools) = 400,000 x 43 bytes
     buffer = 2 * 400_000 * (2 * 4 * 4 + 4 + 4 + 3)
-    kept, donated = _fit(config, False), _fit(config, True)
     assert buffer + 1e5 <= kept.state == donated.state <= buffer + 1e6  # (+ networks, optimiser, envs)
     assert kept.largest[0] == "buffer" and buffer <= kept.largest[1] <= buffer + 64  # (+ its write position)
     assert kept.held_twice and not donated.held_twice
@@ -42,11 +49,10 @@ def test_the_state_is_counted_once_when_donated_and_twice_when_kept():
     assert f"state {kept.state / 1e6:.0f} MB, held twice" in kept.describe()
 
 
-def test_a_program_that_cannot_fit_fails_before_anything_is_written(tmp_path, monkeypatch):
+def test_a_program_that_cannot_fit_fails_before_anything_is_written(big_buffer, tmp_path, monkeypatch):
     monkeypatch.setattr(fit, "memory_available", lambda device: 50e6)
-    config = _dqn(**{"replay.buffer_size": 400_000})
     with pytest.raises(fit.DoesNotFit) as raised:
-        train.run(config, str(tmp_path / "run"), progress=False)
+        train.run(big_buffer[0], str(tmp_path / "run"), progress=False)
     message = str(raised.value)
     assert "does not fit in memory" in message and "50 MB free" in message
     assert "its largest part is buffer" in message and "lower replay.buffer_size" in message
@@ -57,8 +63,12 @@ def test_a_program_that_cannot_fit_fails_before_anything_is_written(tmp_path, mo
 
 def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypatch, capsys):
     config = _dqn(total_steps=2_000, **{"log.every_steps": 1_000})  # two chunks: one alone is not timed
-    needed = _fit(config, False).needed
-    monkeypatch.setattr(fit, "memory_available", lambda device: needed / 0.85)  # 85% of the free memory
+    measure = fit.measure
+
+    def at_85_percent(*args, **kwargs):  # the program takes 85% of the free memory
+        measured = measure(*args, **kwargs)
+        return dataclasses.replace(measured, available=int(measured.needed / 0.85))
+    monkeypatch.setattr(fit, "measure", at_85_percent)
     train.run(config, str(tmp_path / "run"), progress=False)
     err = capsys.readouterr().err
     assert "memory: " in err and "GFLOP per update" in err
@@ -73,11 +83,11 @@ def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypa
     assert "resuming from" in err and "expected:" not in err
 
 
-def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(tmp_path, capsys):
+def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(big_buffer, tmp_path, capsys):
     """orbax restores into host memory before placing the arrays: a resumed run needs the state twice for a
     moment, though its chunks hold it once."""
-    config = _dqn(**{"replay.buffer_size": 400_000, "total_steps": 2_000, "checkpoint.on_nonfinite": "stop"})
-    donated = _fit(config, True)
+    config, _, donated = big_buffer
+    config = set_keys(config.copy_and_resolve_references(), {"checkpoint.on_nonfinite": "stop"})
     assert donated.needed < 2 * donated.state
     restoring = dataclasses.replace(donated, restoring=True)
     assert restoring.needed == 2 * donated.state
@@ -113,9 +123,9 @@ def test_every_process_times_the_same_number_of_updates(monkeypatch, first_secon
             clock[0] += next(durations)
             return state
 
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(program.time, "perf_counter", lambda: clock[0])
     monkeypatch.setattr(jax, "process_count", lambda: 2)
     monkeypatch.setattr(multihost_utils, "broadcast_one_to_all", lambda x: first_seconds_of_process_0)
-    seconds = loop._time_one_update(Algo(), {}, {})
+    seconds = program._time_one_update(Algo(), {}, {})
     assert Algo.calls == calls
     assert seconds == pytest.approx(0.1 if calls == 2 else first_seconds_of_process_0)

@@ -49,9 +49,9 @@ def two_processes_and_one(module, args, tmp_path):
     workers = [launch_cli(module, [*args, f"--workdir={multi_dir}", f"--coordinator_address=localhost:{port}",
                                    "--num_processes=2", f"--process_id={i}"], 1, str(tmp_path), f"p{i}")
                for i in range(2)]
+    alone = launch_cli(module, [*args, f"--workdir={single_dir}"], 2, str(tmp_path), "single")  # meanwhile
     outs = [finished(w) for w in workers]
-    single = finished(launch_cli(module, [*args, f"--workdir={single_dir}"], 2, str(tmp_path), "single"))
-    return outs, single, multi_dir, single_dir
+    return outs, finished(alone), multi_dir, single_dir
 
 
 def assert_same_rows(multi_path, single_path):

@@ -19,7 +19,7 @@ import pytest
 
 from helpers import ROOT, small_cartpole
 from jaxrl import checkpoint, files, metrics as metrics_lib, train
-from jaxrl.run import sweeps, workdir as workdir_lib
+from jaxrl.run import sweep_programs, workdir as workdir_lib
 
 CARTPOLE = "--config=experiments/cartpole_ppo.py"
 # small_cartpole() on the command line, with a checkpoint at every log interval (updates 2 and 4)
@@ -38,7 +38,7 @@ def saved(tmp_path_factory):
     run_dir = str(root / "run")
     train.run(_small(), run_dir)
     sweep_dir = str(root / "sweep")
-    sweeps.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
+    sweep_programs.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
     return {"run": run_dir, "sweep": sweep_dir}
 
 
@@ -141,11 +141,22 @@ def test_a_run_killed_before_its_first_complete_checkpoint_starts_again(saved, t
         r["episode_return"] for r in metrics_lib.read(os.path.join(saved["run"], "metrics.jsonl"))]
 
 
-def test_a_resumed_run_from_before_the_record_counts_as_checkpointed(saved, tmp_path):
-    run_dir = _copy(saved, "run", tmp_path)
+@pytest.fixture(scope="module")
+def extended(saved, tmp_path_factory):
+    """A copy of the saved run as an older jaxrl and a kill leave it, extended by one log interval (to update 6):
+    its run_info.json predates the "checkpointed" record, and its metrics.jsonl ends in a row cut by a kill."""
+    run_dir = str(tmp_path_factory.mktemp("extended") / "run")
+    shutil.copytree(saved["run"], run_dir)
     info = files.read_json(os.path.join(run_dir, "run_info.json"))
     files.write_json(os.path.join(run_dir, "run_info.json"), {k: v for k, v in info.items() if k != "checkpointed"})
-    train.run(_small(total_steps=8 * 16 * 6), run_dir)  # resumed at update 4
+    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+        f.write('{"update": 6, "env_steps"')  # killed while writing the next row
+    result = train.run(_small(total_steps=8 * 16 * 6), run_dir)  # resumed at update 4
+    return run_dir, result
+
+
+def test_a_resumed_run_from_before_the_record_counts_as_checkpointed(extended, tmp_path):
+    run_dir = _copy({"run": extended[0]}, "run", tmp_path)
     assert files.read_json(os.path.join(run_dir, "run_info.json"))["checkpointed"] is True
     shutil.rmtree(os.path.join(run_dir, "checkpoints"))
     with pytest.raises(ValueError, match="has metrics up to update 6 but no checkpoint"):
@@ -157,7 +168,7 @@ def test_a_sweep_setting_with_metrics_but_no_program_checkpoint_is_refused(saved
     shutil.rmtree(os.path.join(sweep_dir, "checkpoints"))
     before = _snapshot(sweep_dir)
     with pytest.raises(ValueError, match="has metrics up to update 4 but no checkpoint"):
-        sweeps.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
+        sweep_programs.run_sweep(_small(), {"optim.learning_rate": [1e-3, 3e-3]}, sweep_dir)
     assert _snapshot(sweep_dir) == before
 
 
@@ -190,12 +201,10 @@ def test_a_second_process_is_refused_while_one_trains(saved, tmp_path, run_comma
         pass
 
 
-def test_run_info_keeps_every_command_that_trained_in_the_run(saved, tmp_path):
-    run_dir = _copy(saved, "run", tmp_path)
-    first = files.read_json(os.path.join(run_dir, "run_info.json"))
+def test_run_info_keeps_every_command_that_trained_in_the_run(saved, extended):
+    first = files.read_json(os.path.join(saved["run"], "run_info.json"))
     assert first["kind"] == "run" and [h["start_update"] for h in first["history"]] == [0]
-    train.run(_small(total_steps=8 * 16 * 6), run_dir)  # extended by one log interval
-    info = files.read_json(os.path.join(run_dir, "run_info.json"))
+    info = files.read_json(os.path.join(extended[0], "run_info.json"))  # extended by one log interval
     assert [h["start_update"] for h in info["history"]] == [0, 4]
     assert info["argv"] == first["argv"] and info["history"][0] == first["history"][0]
     assert {"argv", "git_revision", "jax_version", "devices", "processes", "mesh", "time"} <= set(info["history"][1])
@@ -347,15 +356,16 @@ def test_no_module_writes_a_file_in_place():
     assert offenders == []
 
 
-def test_a_metrics_row_cut_by_a_kill_is_dropped_and_relogged(saved, tmp_path):
+def test_a_metrics_row_cut_by_a_kill_is_dropped_and_relogged(saved, extended, tmp_path):
     run_dir = _copy(saved, "run", tmp_path)
     path = os.path.join(run_dir, "metrics.jsonl")
     rows = metrics_lib.read(path)
     with open(path, "a") as f:
         f.write('{"update": 6, "env_steps"')  # killed while writing the next row
     assert metrics_lib.read(path) == rows
-    result = train.run(_small(total_steps=8 * 16 * 6), run_dir)
+    _, result = extended  # the same cut row, resumed
     assert [r["update"] for r in result.metrics] == [2, 4, 6]
+    assert metrics_lib.read(os.path.join(extended[0], "metrics.jsonl"))[:2] == rows
 
 
 # --- one line for every mistake -----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import pytest
 
 from jaxrl import algos, metrics as metrics_lib, mesh as mesh_lib, sweep, train
 from jaxrl.run import summary as summary_lib
+from conftest import run_python
 from helpers import set_keys, small_cartpole
 
 
@@ -20,16 +21,22 @@ def leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_settings_and_seeds_in_one_program_equal_separate_runs():
-    config = small_cartpole()
-    algo, hp = algos.build(config, mesh_lib.make_mesh())
+@pytest.fixture(scope="module")
+def cartpole_algo():
+    """small_cartpole's algorithm on one device, and its hyperparameters."""
+    return algos.build(small_cartpole(), mesh_lib.make_mesh())
+
+
+def test_settings_and_seeds_in_one_program_equal_separate_runs(cartpole_algo):
+    algo, hp = cartpole_algo
     learning_rates = (1e-3, 3e-3)
     # 2 settings x 2 seeds, settings-major; each run its own learning rate
     swept = hp.replace(learning_rate=jnp.repeat(jnp.array(learning_rates, jnp.float32), 2))
     state, metrics = algo.run_chunk(algo.init_seeds(0, 2, num_settings=2), swept, 3)
     assert metrics["policy_loss"].shape == (4,)
+    # each setting alone: a program of its 2 seeds (the learning rate is traced: one program serves both)
+    alone, _ = algos.build(small_cartpole(), mesh_lib.make_mesh())
     for i, lr in enumerate(learning_rates):
-        alone, _ = algos.build(set_keys(small_cartpole(), {"optim.learning_rate": lr}), mesh_lib.make_mesh())
         single, _ = alone.run_chunk(alone.init_seeds(0, 2), hp.replace(learning_rate=jnp.float32(lr)), 3)
         for got, want in zip(leaves(state.params), leaves(single.params)):
             np.testing.assert_allclose(got[2 * i:2 * i + 2], want, rtol=2e-5, atol=2e-6)
@@ -39,18 +46,20 @@ def test_settings_and_seeds_in_one_program_equal_separate_runs():
         np.testing.assert_array_equal(x[:2], x[2:])
 
 
-def test_a_hyperparameter_of_the_wrong_length_is_refused():
-    algo, hp = algos.build(small_cartpole(), mesh_lib.make_mesh())
+def test_a_hyperparameter_of_the_wrong_length_is_refused(cartpole_algo):
+    algo, hp = cartpole_algo
     state = algo.init_seeds(0, 2)
     with pytest.raises(ValueError, match=r"expected a scalar or one value per run \(2,\)"):
         algo.run_chunk(state, hp.replace(learning_rate=jnp.ones(3)), 1)
 
 
-RUN_AXIS_CODE = r"""
+# In one interpreter with 8 host devices: the same runs on meshes that split the run axis differently, and runs
+# that do not divide over the run axis.
+EIGHT_DEVICES_CODE = r"""
 import json, jax, jax.numpy as jnp, numpy as np
 import sys; sys.path.insert(0, "tests")
 from helpers import small_cartpole
-from jaxrl import algos, mesh as mesh_lib
+from jaxrl import algos, mesh as mesh_lib, train
 out = {}
 for devices, run_devices in ((1, 1), (8, 4), (8, 8), (8, 2)):
     algo, hp = algos.build(small_cartpole(), mesh_lib.make_mesh(devices, run_devices))
@@ -60,14 +69,26 @@ for devices, run_devices in ((1, 1), (8, 4), (8, 8), (8, 2)):
     shard = state.obs.sharding.shard_shape(state.obs.shape)
     out[f"{devices}x{run_devices}"] = {"shard": list(shard[:2]), "episodes": np.asarray(metrics["episodes"]).tolist(),
                                        "params": [np.asarray(x).tolist() for x in jax.tree.leaves(state.params)]}
+config = small_cartpole(num_seeds=3)
+out["auto"] = dict(train.make_mesh(config, num_runs=6).shape)  # 6 runs: 2 along runs, 4 along data
+algo, _ = algos.build(config, mesh_lib.make_mesh(8, 2))
+try:
+    algo.init_seeds(0, 3)
+except ValueError as e:
+    out["indivisible"] = str(e)
 print(json.dumps(out))
 """
 
 
-def test_the_run_axis_splits_over_devices_and_gives_the_same_runs(python_subprocess):
-    out = python_subprocess(RUN_AXIS_CODE, devices=8)
+@pytest.fixture(scope="module")
+def eight_devices():
+    out = run_python(EIGHT_DEVICES_CODE, devices=8)
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_run_axis_splits_over_devices_and_gives_the_same_runs(eight_devices):
+    result = eight_devices
     # [runs, envs] per device: 8 runs over the runs axis, 8 envs over the data axis
     assert result["1x1"]["shard"] == [8, 8]
     assert result["8x4"]["shard"] == [2, 4] and result["8x8"]["shard"] == [1, 8] and result["8x2"]["shard"] == [4, 2]
@@ -139,23 +160,10 @@ def test_bad_sweeps_fail_before_compiling():
         sweep.resolve_key(grpo, "gamma")
 
 
-def test_runs_that_do_not_divide_over_the_runs_axis_fail_before_compiling(python_subprocess):
-    code = r"""
-import sys; sys.path.insert(0, "tests")
-from helpers import small_cartpole
-from jaxrl import algos, mesh as mesh_lib, train
-config = small_cartpole(num_seeds=3)
-print("auto", dict(train.make_mesh(config, num_runs=6).shape))  # 6 runs: 2 along runs, 4 along data
-algo, _ = algos.build(config, mesh_lib.make_mesh(8, 2))
-try:
-    algo.init_seeds(0, 3)
-except ValueError as e:
-    print("ERROR", e)
-"""
-    out = python_subprocess(code, devices=8)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "auto {'runs': 2, 'data': 4}" in out.stdout
-    assert "ERROR 3 runs (seeds x settings) do not divide over the 2 devices of the runs axis" in out.stdout
+def test_runs_that_do_not_divide_over_the_runs_axis_fail_before_compiling(eight_devices):
+    assert eight_devices["auto"] == {"runs": 2, "data": 4}
+    assert eight_devices["indivisible"].startswith(
+        "3 runs (seeds x settings) do not divide over the 2 devices of the runs axis")
 
 
 def test_confidence_interval_matches_student_t():

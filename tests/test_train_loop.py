@@ -1,11 +1,14 @@
 """The outer loop: run directory contents, exact resume after a kill, SIGTERM checkpoints, corrupt checkpoints."""
 
+import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import jax
 import numpy as np
@@ -13,8 +16,7 @@ import pytest
 
 from helpers import ROOT
 from experiments import cartpole_ppo
-from jaxrl import config as config_lib, train
-from jaxrl.engine import ChunkRunner
+from jaxrl import algos, config as config_lib, train
 
 BATCH = 4 * 32
 
@@ -66,8 +68,20 @@ def _assert_same_params(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-def test_run_directory_holds_config_metrics_checkpoints_and_curve(tmp_path):
-    result = train.run(small_config(8), str(tmp_path / "run"))
+@pytest.fixture(scope="module")
+def eight_updates(tmp_path_factory):
+    """small_config(8): chunks of 2 updates, checkpoints at updates 4 and 8; tests that change it copy it."""
+    return train.run(small_config(8), str(tmp_path_factory.mktemp("eight") / "run"))
+
+
+def _copy(result, tmp_path) -> str:
+    workdir = str(tmp_path / "run")
+    shutil.copytree(result.workdir, workdir)
+    return workdir
+
+
+def test_run_directory_holds_config_metrics_checkpoints_and_curve(eight_updates):
+    result = eight_updates
     files = set(os.listdir(result.workdir))
     assert {"config.json", "run_info.json", "metrics.jsonl", "checkpoints", "learning_curve.png"} <= files
     rows = result.metrics
@@ -81,6 +95,22 @@ def test_run_directory_holds_config_metrics_checkpoints_and_curve(tmp_path):
     assert saved["num_steps"] == 32 and saved["total_steps"] == 8 * BATCH
     assert _checkpoint_steps(result.workdir)[-1] == 8
     assert not result.interrupted
+
+
+def test_the_plan_reads_the_config_once():
+    """Chunks, evaluations and checkpoints in whole chunks, from the config's env steps."""
+    from jaxrl.run import plan as plan_lib
+
+    config = small_config(24, **{"eval.every_steps": 5 * BATCH})
+    settings = plan_lib.as_trained([plan_lib.Setting(config, "unused")])
+    algo_settings = types.SimpleNamespace(batch_size=BATCH, num_updates=24)
+    plan = plan_lib.make(settings, algo_settings, "/nonexistent/checkpoints")
+    assert (plan.chunk, plan.checkpoint_every, plan.eval_every) == (2, 2, 2)  # 5 updates: 2.5 chunks, rounded
+    assert (plan.num_runs, plan.resuming, plan.tuning, plan.progress_bar) == (1, False, None, False)
+    assert [c for c in range(1, 13) if plan.evaluates_after(c, done=c == 12)] == [2, 4, 6, 8, 10, 12]
+    assert [c for c in range(1, 7) if plan.saves_after(c, evaluated=False)] == [2, 4, 6]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.chunk = 3
 
 
 def test_resume_after_kill_gives_the_same_parameters(tmp_path, monkeypatch):
@@ -97,14 +127,20 @@ def test_resume_after_kill_gives_the_same_parameters(tmp_path, monkeypatch):
 
     # The checkpoint is restored into the state's shapes: no fresh state is allocated beside it (for a replay
     # buffer near memory's size, two copies would not fit).
-    allocated, init_seeds = [], ChunkRunner.init_seeds
+    allocated, build = [], algos.build
 
-    def counting_init_seeds(self, *args, **kwargs):
-        state = init_seeds(self, *args, **kwargs)
-        allocated.extend(x for x in jax.tree.leaves(state) if not isinstance(x, jax.core.Tracer))
-        return state
+    def counting_build(*args, **kwargs):  # an algorithm whose init_seeds records the arrays it allocates
+        algo, hp = build(*args, **kwargs)
+        init_seeds = algo.init_seeds
 
-    monkeypatch.setattr(ChunkRunner, "init_seeds", counting_init_seeds)
+        def counting_init_seeds(*args, **kwargs):
+            state = init_seeds(*args, **kwargs)
+            allocated.extend(x for x in jax.tree.leaves(state) if not isinstance(x, jax.core.Tracer))
+            return state
+        algo.init_seeds = counting_init_seeds
+        return algo, hp
+
+    monkeypatch.setattr(algos, "build", counting_build)
     resumed = train.run(config, workdir)
     assert not allocated
     _assert_same_params(straight.state.params, resumed.state.params)
@@ -150,10 +186,8 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
         train.run(small_config(logged[-1] + 2, **{"checkpoint.every_steps": total * BATCH}), workdir)
 
 
-def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys):
-    config = small_config(8)
-    workdir = str(tmp_path / "run")
-    train.run(config, workdir)
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(eight_updates, tmp_path, capsys):
+    workdir = _copy(eight_updates, tmp_path)
     steps = _checkpoint_steps(workdir)
     assert steps[-2:] == [4, 8]
     latest = os.path.join(workdir, "checkpoints", "8")
@@ -161,8 +195,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
         for name in files:
             with open(os.path.join(root, name), "wb") as f:
                 f.write(b"garbage")
-    config.total_steps = 8 * BATCH
-    result = train.run(config, workdir)
+    result = train.run(small_config(8), workdir)
     err = capsys.readouterr().err
     assert "is damaged" in err and "resuming" in err and "at update 4" in err
     assert os.path.isdir(latest + ".corrupt"), "the damaged checkpoint is kept aside, not deleted"
@@ -170,44 +203,37 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, caps
     assert result.metrics[-1]["update"] == 8
 
 
-def test_resuming_with_a_different_config_is_refused(tmp_path):
-    workdir = str(tmp_path / "run")
-    train.run(small_config(2), workdir)
+def test_resuming_with_a_different_config_is_refused(eight_updates, tmp_path):
+    workdir = _copy(eight_updates, tmp_path)
     with pytest.raises(ValueError, match="different config.*optim.learning_rate"):
-        train.run(small_config(2, **{"optim.learning_rate": 1e-3}), workdir)
-    # Extending the run is allowed, and so is evaluating and checkpointing at other intervals.
-    result = train.run(small_config(8, **{"eval.every_steps": 2 * BATCH, "checkpoint.every_steps": 2 * BATCH}),
-                       workdir)
-    assert [r["update"] for r in result.metrics if any(k.startswith("eval_") for k in r)] == [2, 4, 6, 8]
-    assert _checkpoint_steps(workdir)[-3:] == [4, 6, 8]
-    # So is resuming after jaxrl added a config key (the saved config lacks it): the run goes on.
+        train.run(small_config(8, **{"optim.learning_rate": 1e-3}), workdir)
+    # Extending the run is allowed, and so is evaluating and checkpointing at other intervals (it evaluated at
+    # its end and saved every 4 updates); and so is resuming after jaxrl added a config key (the saved config
+    # lacks it).
     saved = config_lib.load(os.path.join(workdir, "config.json"))
     saved.unlock()
     del saved.log["every_steps"]
     config_lib.save(saved, os.path.join(workdir, "config.json"))
-    result = train.run(small_config(10), workdir)
-    assert result.metrics[-1]["update"] == 10
+    result = train.run(small_config(12, **{"eval.every_steps": 2 * BATCH, "checkpoint.every_steps": 2 * BATCH}),
+                       workdir)
+    assert [r["update"] for r in result.metrics if any(k.startswith("eval_") for k in r)] == [8, 10, 12]
+    assert _checkpoint_steps(workdir)[-3:] == [8, 10, 12]
 
 
 def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):
-    """Hidden states and episode-start flags are part of the checkpoint: a run extended from its last
-    checkpoint ends where a straight run does."""
+    """Hidden states and episode-start flags are part of the checkpoint: a run resumed from a checkpoint (its
+    last one lost) ends where a straight run does, every leaf of its state bit for bit."""
+    from conftest import assert_same_state, straight_and_resumed
     from helpers import small_smax_config
 
     config = small_smax_config(num_envs=8, num_steps=16)
     batch = 8 * 16
-    config.optim.schedule = "constant"  # the schedule depends on total_steps, which the extension changes
     config.total_steps, config.log.every_steps, config.log.progress_bar = 6 * batch, 2 * batch, False
     config.eval.num_envs, config.checkpoint.every_steps = 2, 2 * batch
-    straight = train.run(config, str(tmp_path / "straight"))
-    config.total_steps = 4 * batch
-    train.run(config, str(tmp_path / "extended"))
-    config.total_steps = 6 * batch
-    extended = train.run(config, str(tmp_path / "extended"))
-    assert [r["update"] for r in extended.metrics] == [2, 4, 6]
-    _assert_same_params(straight.state.params, extended.state.params)
-    _assert_same_params(straight.state.carry, extended.state.carry)
-    _assert_same_params(straight.state.env_state, extended.state.env_state)
+    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=6)
+    assert [r["update"] for r in resumed.metrics] == [2, 4, 6]
+    assert hasattr(resumed.state, "carry") and hasattr(resumed.state, "env_state")
+    assert_same_state(straight.state, resumed.state)
 
 
 def test_a_dropped_algorithm_is_released_with_its_compiled_programs():

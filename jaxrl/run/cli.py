@@ -40,7 +40,7 @@ from typing import Callable, NoReturn
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib
-from jaxrl.run import fit, loggers, loop, sweeps, workdir as workdir_lib
+from jaxrl.run import fit, loggers, plan, sweep_programs, workdir as workdir_lib
 
 EXIT_INPUT_ERROR = 2  # as argparse exits on a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -51,11 +51,12 @@ INPUT_TYPES = (ValueError, TypeError, KeyError, ImportError, OSError)
 
 # Functions that only read and check the input, before any training program runs: an INPUT_TYPES exception
 # raised inside one of them (however deep) is an input error. `input_stage` adds one.
-INPUT_STAGES: list[Callable] = [algos.validate, algos.build, loop.make_mesh, workdir_lib.check_kind,
+INPUT_STAGES: list[Callable] = [algos.validate, algos.build, plan.make_mesh, workdir_lib.check_kind,
                                 workdir_lib.open_directory,
                                 workdir_lib.check_saved, workdir_lib.prepare, config_lib.load,
-                                loggers.check_backends, sweeps.tuned_hyperparams, sweeps.check_one_program,
-                                sweeps.check_same_sweep, sweeps.Fork.check, sweeps.Fork.config]
+                                loggers.check_backends, sweep_programs.tuned_hyperparams,
+                                sweep_programs.check_one_program, sweep_programs.check_same_sweep,
+                                sweep_programs.Fork.check, sweep_programs.Fork.config]
 
 _MARK = "_jaxrl_input_error"
 

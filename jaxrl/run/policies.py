@@ -20,7 +20,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from jaxrl import algos, checkpoint, config as config_lib, files, metrics as metrics_lib
-from jaxrl.run import loop
+from jaxrl.run import plan, program
 
 EXPORT_MARKER = "exported_policy.json"
 
@@ -60,7 +60,7 @@ def restore_run(workdir: str, checkpoint_step: int | None = None) -> RestoredRun
     checkpoint_dir, num_settings, position = program_of(workdir)
     config = config_lib.load(os.path.join(workdir, "config.json"))
     num_runs = num_settings * config.num_seeds
-    algo, _ = algos.build(config, loop.make_mesh(config, num_runs), run_dir=workdir)
+    algo, _ = algos.build(config, plan.make_mesh(config, num_runs), run_dir=workdir)
     abstract = jax.eval_shape(lambda: algo.init_seeds(config.seed, config.num_seeds, num_settings))
     update, state = checkpoint.restore_from(checkpoint_dir, checkpoint.abstract_state(
         abstract, algo.state_shardings(abstract)), checkpoint_step)
@@ -85,11 +85,11 @@ def evaluate_run(workdir: str, checkpoint_step: int | None = None, episodes: int
     num = config.eval.num_envs if episodes is None else episodes
     if num <= 0:
         raise ValueError(f"--episodes must be positive, got {num}")
-    key = loop.evaluation_key(config.seed, run.update)
-    per_seed = loop.fetch(algo.evaluate(run.state.params, key, num, sample))
+    key = program.evaluation_key(config.seed, run.update)
+    per_seed = program.fetch(algo.evaluate(run.state.params, key, num, sample))
     out_dir = out_dir or os.path.join(workdir, f"eval-{run.update}")
     os.makedirs(out_dir, exist_ok=True)
-    written = algo.write_artifacts(out_dir, loop.fetch(jax.tree.map(lambda x: x[:1], run.state.params)),
+    written = algo.write_artifacts(out_dir, program.fetch(jax.tree.map(lambda x: x[:1], run.state.params)),
                                  config.seed, sample)
     summary = {"workdir": workdir, "update": run.update, "env_steps": run.update * algo.settings.batch_size,
                "episodes": num, "sample": sample, "num_seeds": config.num_seeds,
@@ -107,19 +107,19 @@ def load_policy(path: str, checkpoint_step: int | None = None, seed: int = 0):
     run = restore_run(path, checkpoint_step)
     if not 0 <= seed < run.config.num_seeds:
         raise ValueError(f"seed {seed} is not in this run (it trained {run.config.num_seeds} seeds)")
-    return run.algorithm.actor(jax.tree.map(lambda x: x[seed], loop.fetch(run.state.params)))
+    return run.algorithm.actor(jax.tree.map(lambda x: x[seed], program.fetch(run.state.params)))
 
 
 def export_policy(workdir: str, out_dir: str, checkpoint_step: int | None = None, seed: int = 0) -> str:
     """Write one seed's parameters alone (orbax), with the config (and the tokenizer for text) that rebuild
     its network, to `out_dir`; `load_policy(out_dir)` loads it. Returns out_dir."""
+    if os.path.exists(out_dir) and os.listdir(out_dir):  # (before anything is restored)
+        raise ValueError(f"{out_dir} exists and is not empty; export into a new directory")
     run = restore_run(workdir, checkpoint_step)
     if not 0 <= seed < run.config.num_seeds:
         raise ValueError(f"seed {seed} is not in this run (it trained {run.config.num_seeds} seeds)")
-    if os.path.exists(out_dir) and os.listdir(out_dir):
-        raise ValueError(f"{out_dir} exists and is not empty; export into a new directory")
     os.makedirs(out_dir, exist_ok=True)
-    params = jax.tree.map(lambda x: x[seed], loop.fetch(run.state.params))
+    params = jax.tree.map(lambda x: x[seed], program.fetch(run.state.params))
     with ocp.StandardCheckpointer() as saver:
         saver.save(os.path.abspath(os.path.join(out_dir, "params")), params)
     config_lib.save(run.config, os.path.join(out_dir, "config.json"))
@@ -131,7 +131,7 @@ def export_policy(workdir: str, out_dir: str, checkpoint_step: int | None = None
 
 def _load_exported(path: str):
     config = config_lib.load(os.path.join(path, "config.json"))
-    algo, _ = algos.build(config, loop.make_mesh(config, 1), run_dir=path)
+    algo, _ = algos.build(config, plan.make_mesh(config, 1), run_dir=path)
     abstract = jax.eval_shape(lambda: algo.init_seeds(config.seed, 1))
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), abstract.params)
     with ocp.StandardCheckpointer() as loader:

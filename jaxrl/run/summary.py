@@ -163,20 +163,7 @@ def plot_lineage(lineage: list[dict], keys: list[str], path: str, title: str = "
     colors = plt.get_cmap("viridis")(np.linspace(0, 1, num_runs))
     fig, axes = plt.subplots(len(keys) + 1, 1, figsize=(7, 2.6 * (len(keys) + 1)), dpi=100, sharex=True)
     for ax, key in zip(axes, keys):
-        for i, event in enumerate(lineage):
-            x0, x1 = steps[i], steps[i + 1] if i + 1 < len(steps) else end
-            values = event["values"][key]
-            for run in range(num_runs):
-                bold = best_path[i] == run
-                ax.plot([x0, x1], [values[run]] * 2, color="k" if bold else colors[run], lw=2.5 if bold else 1,
-                        zorder=3 if bold else 2)
-                parent = event["parents"][run]
-                if i and parent != run:
-                    ax.plot([x0, x0], [lineage[i - 1]["values"][key][parent], values[run]], ":",
-                            color="k" if bold else colors[run], lw=1.5)
-        if all(v > 0 for e in lineage for v in e["values"][key]):
-            ax.set_yscale("log")
-        ax.set_ylabel(key.rsplit(".", 1)[-1])
+        _plot_values(ax, lineage, key, [*steps, end], best_path, colors)
     for event in ranked:
         axes[-1].scatter([event["env_steps"]] * num_runs, [np.nan if s is None else s for s in event["scores"]],
                          c=colors, s=12)
@@ -185,3 +172,22 @@ def plot_lineage(lineage: list[dict], keys: list[str], path: str, title: str = "
     axes[0].set_title(f"{title}\nbold: the ancestry of run {best}, the best at the last decision; dotted: copies",
                       fontsize=10)
     return metrics_lib.save_figure(fig, path)
+
+
+def _plot_values(ax, lineage: list[dict], key: str, bounds: list[int], best_path: list[int], colors) -> None:
+    """Hyperparameter `key` of every run between decisions (`bounds`: the decisions' env steps and the end),
+    the best run's ancestry in bold, a dotted jump where a run copied another."""
+    for i, event in enumerate(lineage):
+        x0, x1 = bounds[i], bounds[i + 1]
+        values = event["values"][key]
+        for run in range(len(values)):
+            bold = best_path[i] == run
+            ax.plot([x0, x1], [values[run]] * 2, color="k" if bold else colors[run], lw=2.5 if bold else 1,
+                    zorder=3 if bold else 2)
+            parent = event["parents"][run]
+            if i and parent != run:
+                ax.plot([x0, x0], [lineage[i - 1]["values"][key][parent], values[run]], ":",
+                        color="k" if bold else colors[run], lw=1.5)
+    if all(v > 0 for e in lineage for v in e["values"][key]):
+        ax.set_yscale("log")
+    ax.set_ylabel(key.rsplit(".", 1)[-1])

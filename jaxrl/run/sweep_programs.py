@@ -1,5 +1,7 @@
-"""Sweeps: every combination of settings x seeds, in as few compiled programs as the settings allow; tuned
-inside one program (PBT, successive halving: `jaxrl.run.population`); forks of a saved run."""
+"""A sweep as compiled programs: every combination of the swept values (a setting) x seeds, grouped into as few
+programs as the settings allow (`expand_sweep`) and trained one program after another (`run_sweep`, through
+`jaxrl.run.program`); tuned inside one program (PBT, successive halving: `jaxrl.run.population`); forks of a
+saved run. `python -m jaxrl.sweep` is its command line."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl import algos, checkpoint, config as config_lib, distributed, files, metrics as metrics_lib
-from jaxrl.run import loop, population as population_lib, workdir as workdir_lib
+from jaxrl.run import population as population_lib, program, workdir as workdir_lib
+from jaxrl.run.plan import Setting
 from jaxrl.run.summary import plot_lineage, plot_sweep, summarize_population, summarize_sweep, write_summary
 
 ALIASES = {"lr": "learning_rate", "seeds": "num_seeds"}
@@ -198,13 +201,28 @@ def run_sweep(config: ConfigDict, sweep: dict[str, list | Range], workdir: str, 
         return _run_sweep(config, sweep, workdir, progress, options, population, fork, overwrite)
 
 
-def _run_sweep(config, sweep, workdir, progress, options, population, fork, overwrite) -> list[dict]:
+@dataclasses.dataclass(frozen=True)
+class Expanded:
+    """A sweep's settings and programs, checked: what `run_sweep` trains."""
+
+    points: list[tuple[dict, ConfigDict]]  # per setting: (overrides {key: value}, its config)
+    names: list[str]  # per setting: its directory's name (`setting_name`)
+    programs: list[list[int]]  # the settings of each compiled program (`group_programs`)
+    tuned: list[population_lib.Tuned]  # what PBT or halving tunes (empty for a grid)
+    forked_update: int | None = None  # the parent's update a fork starts from
+
+
+def expand_sweep(config: ConfigDict, sweep: dict[str, list | Range], options: population_lib.Options,
+                 population: int, fork: Fork | None) -> Expanded:
+    """Every setting of `sweep` (`expand`), grouped into programs; ValueError when the method, the ranges or
+    the fork cannot train them."""
     tuning = options.method != "grid"
     ranges = [k for k, v in sweep.items() if isinstance(v, Range)]
     if ranges and options.method != "pbt":
         raise ValueError(f"--sweep.{ranges[0]}: a range low:high is for --sweep.method=pbt; give values a,b,c")
     tuned = tuned_hyperparams(config, sweep, f"--sweep.method={options.method}") if tuning else []
     points = expand(config, sweep, draw_ranges(sweep, population, config.seed))
+    forked_update = None
     if fork is not None:
         tuned_hyperparams(config, sweep, "a fork")
         forked_update = fork.check([point for _, point in points])
@@ -213,52 +231,76 @@ def _run_sweep(config, sweep, workdir, progress, options, population, fork, over
     names = [setting_name(overrides, short) for overrides, _ in points]
     if tuning:
         check_one_program(programs, names, options.method)
-    main = distributed.is_main_process()
-    described = describe(config, sweep, options, fork, [[names[i] for i in p] for p in programs])
+    return Expanded(points, names, programs, tuned, forked_update)
+
+
+def _run_sweep(config, sweep, workdir, progress, options, population, fork, overwrite) -> list[dict]:
+    expanded = expand_sweep(config, sweep, options, population, fork)
+    described = describe(config, sweep, options, fork, [[expanded.names[i] for i in p] for p in expanded.programs])
     if not overwrite:  # read only, every program's settings before anything of the sweep is written
         check_same_sweep(workdir, described)
-        for number, program in enumerate(programs):
-            resuming = checkpoint.has_checkpoints(program_dir(workdir, number)) or fork is not None
-            for i in program:
-                workdir_lib.check_saved(algos.resolve(points[i][1]), os.path.join(workdir, names[i]),
-                                        resuming=resuming)
+        _check_saved_settings(workdir, expanded, fork)
+    main = distributed.is_main_process()
     if main:
         if overwrite:
             workdir_lib.clear(workdir)
         os.makedirs(workdir, exist_ok=True)
         files.write_json(os.path.join(workdir, workdir_lib.SWEEP_FILE), described, indent=2)
         workdir_lib.record_start(workdir, workdir_lib.SWEEP, None)
-        print(f"sweep: {len(points)} settings x {config.num_seeds} seeds in {len(programs)} compiled "
-              f"program(s), {options.method}{' from a fork' if fork else ''}, under {workdir}", file=sys.stderr)
+        print(f"sweep: {len(expanded.points)} settings x {config.num_seeds} seeds in {len(expanded.programs)} "
+              f"compiled program(s), {options.method}{' from a fork' if fork else ''}, under {workdir}",
+              file=sys.stderr)
+    tuning = (options, expanded.tuned) if options.method != "grid" else None
+    rows = _train_programs(expanded, workdir, progress, tuning, fork)
+    summary = summarize_sweep([overrides for overrides, _ in expanded.points], expanded.names, rows,
+                              config.num_seeds)
+    if main:
+        _write_results(config, workdir, expanded, rows, summary, tuning)
+    return summary
+
+
+def _check_saved_settings(workdir: str, expanded: Expanded, fork: Fork | None) -> None:
+    """ValueError (read only) when a setting's directory holds a run this sweep would mislabel or lose."""
+    for number, members in enumerate(expanded.programs):
+        resuming = checkpoint.has_checkpoints(program_dir(workdir, number)) or fork is not None
+        for i in members:
+            workdir_lib.check_saved(algos.resolve(expanded.points[i][1]), os.path.join(workdir, expanded.names[i]),
+                                    resuming=resuming)
+
+
+def _train_programs(expanded: Expanded, workdir: str, progress, tuning, fork: Fork | None) -> list[list[dict]]:
+    """Train each program in turn (`program.run_settings`): every setting's metric rows, in the settings'
+    order. Interrupted when a signal stopped one (after it saved a checkpoint)."""
     rows_by_setting: dict[int, list[dict]] = {}
-    for number, program in enumerate(programs):
-        settings = [loop.Setting(points[i][1], os.path.join(workdir, names[i])) for i in program]
+    for number, members in enumerate(expanded.programs):
+        settings = [Setting(expanded.points[i][1], os.path.join(workdir, expanded.names[i])) for i in members]
         checkpoint_dir = program_dir(workdir, number)
         start_state = None
         if fork is not None and not checkpoint.has_checkpoints(checkpoint_dir):
-            start_state = fork.start(forked_update, len(settings))
-            if main:
+            start_state = fork.start(expanded.forked_update, len(settings))
+            if distributed.is_main_process():
                 for setting in settings:
-                    fork.copy_metrics(forked_update, setting.workdir)
-        result = loop.run_settings(settings, checkpoint_dir, progress=progress,
-                                   tuning=(options, tuned) if tuning else None, start_state=start_state,
-                                   kind=workdir_lib.SETTING)
-        rows = result.rows  # a program whose every run diverged stopped early: its rows end there
+                    fork.copy_metrics(expanded.forked_update, setting.workdir)
+        result = program.run_settings(settings, checkpoint_dir, progress=progress, tuning=tuning,
+                                      start_state=start_state, kind=workdir_lib.SETTING)
         if result.interrupted:
             raise Interrupted(workdir, number)
-        rows_by_setting.update(zip(program, rows))
-    rows = [rows_by_setting[i] for i in range(len(points))]
-    summary = summarize_sweep([overrides for overrides, _ in points], names, rows, config.num_seeds)
-    if main:
-        write_summary(summary, os.path.join(workdir, "summary.csv"))
-        plot_sweep(names, rows, config.num_seeds, os.path.join(workdir, "sweep.png"), title=config.experiment)
-        if tuning:
-            lineage = population_lib.read_lineage(lineage_path(workdir))
-            write_summary(summarize_population(lineage, names, rows, config.num_seeds),
-                          os.path.join(workdir, "population.csv"))
-            plot_lineage(lineage, [t.key for t in tuned], os.path.join(workdir, "lineage.png"),
-                         title=f"{config.experiment}: {options.method}")
-    return summary
+        rows_by_setting.update(zip(members, result.rows))  # (a program whose every run diverged ends early)
+    return [rows_by_setting[i] for i in range(len(expanded.points))]
+
+
+def _write_results(config: ConfigDict, workdir: str, expanded: Expanded, rows: list[list[dict]],
+                   summary: list[dict], tuning) -> None:
+    """summary.csv and sweep.png; for PBT and halving, population.csv and lineage.png too (process 0)."""
+    write_summary(summary, os.path.join(workdir, "summary.csv"))
+    plot_sweep(expanded.names, rows, config.num_seeds, os.path.join(workdir, "sweep.png"), title=config.experiment)
+    if tuning is not None:
+        options, tuned = tuning
+        lineage = population_lib.read_lineage(lineage_path(workdir))
+        write_summary(summarize_population(lineage, expanded.names, rows, config.num_seeds),
+                      os.path.join(workdir, "population.csv"))
+        plot_lineage(lineage, [t.key for t in tuned], os.path.join(workdir, "lineage.png"),
+                     title=f"{config.experiment}: {options.method}")
 
 
 # What identifies a sweep: a directory holding another is not resumed as this one (its states would be labelled
@@ -344,7 +386,7 @@ class Fork:
         return self.update if self.update is not None else max(steps)
 
     def start(self, update: int, num_settings: int):
-        """The `start_state` of `loop.run_settings`: (algo, abstract state of the program) -> (`update`, the
+        """The `start_state` of `program.run_settings`: (algo, abstract state of the program) -> (`update`, the
         parent's state of every seed at that update, repeated for each of the `num_settings` settings, on the
         program's mesh)."""
         def start(algo, abstract):
