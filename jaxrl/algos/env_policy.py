@@ -262,20 +262,6 @@ def policy_functions(policy: EnvPolicy) -> dict:
             "write_artifacts": policy.write_artifacts, "vma_checks": policy.agent_env.supports_vma_checks}
 
 
-class ActsThroughPolicy:
-    """The off-policy learners' base until they are `engine.Algorithm` records (PPO and env GRPO take
-    `EnvOnMesh` and `policy_functions` instead): a learner's policy, env and mesh as attributes."""
-
-    def attach(self, policy: EnvPolicy, settings, mesh) -> None:
-        on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
-        self.policy, self.settings, self.env, self.mesh = policy, settings, on_mesh.env, on_mesh.mesh
-        self.agent_env, self.network, self.num_agents = policy.agent_env, policy.network, policy.num_agents
-        self.num_local_envs = on_mesh.local_envs
-        for name, value in policy_functions(policy).items():
-            setattr(self, name, value)
-        self.episode_states, self.write_files = policy.episode_states, lambda workdir: None
-
-
 class EnvActor:
     """One trained policy, ready to act: `actor(obs, carry, first=..., mask=..., key=...)` is jitted.
 

@@ -227,7 +227,8 @@ def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, star
         return warm(keys, jax.tree.map(lambda x: x[runs], start_params))
     return engine.Algorithm(settings, mesh, init=init, update=update, evaluate=policy.evaluate, actor=policy.actor,
                             write_files=policy.write_files, write_artifacts=policy.write_artifacts,
-                            init_runs=None if start_params is None else warm_runs, parts=parts)
+                            init_runs=None if start_params is None else warm_runs, parts=parts,
+                            sized_by={"params": "config.model's sizes", "opt_state": "config.model's sizes"})
 
 
 # ---------------------------------------------------------------------------------------------------
