@@ -48,7 +48,7 @@ def jaxrl_config(args):
         "num_envs": args.num_envs, "num_steps": args.num_steps, "optim.num_epochs": args.num_epochs,
         "optim.num_minibatches": args.num_minibatches, "log.progress_bar": False,
         "log.every_steps": args.total_steps // args.evals, "eval.every_steps": args.total_steps,
-        "eval.num_envs": EVAL_EPISODES, "checkpoint.every_steps": args.total_steps})
+        "eval.episodes": EVAL_EPISODES, "checkpoint.every_steps": args.total_steps})
 
 
 def run_jaxrl(args, workdir: str) -> dict:

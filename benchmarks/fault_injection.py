@@ -37,7 +37,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARTPOLE = ["--config=experiments/cartpole_ppo.py", "--config.num_envs=8", "--config.num_steps=16",
-            "--config.log.every_steps=256", "--config.eval.num_envs=4", "--config.eval.max_steps=50",
+            "--config.log.every_steps=256", "--config.eval.episodes=4", "--config.eval.max_steps=50",
             "--config.log.progress_bar=false"]
 SCENARIOS = {  # name -> (module, flags)
     "train": ("jaxrl.train", [*CARTPOLE, "--config.total_steps=12800", "--config.checkpoint.every_steps=1024"]),

@@ -15,7 +15,7 @@ steps as one compiled program through `jaxrl.sweep.run_sweep`, so the compute is
   runs continue the survivors'.
 
 Each repeat uses another `config.seed`. The figure is the best run's final greedy return (`eval_return`, over
-`eval.num_envs` episodes at the end) among the runs that trained the whole budget, and the wall time,
+`eval.episodes` episodes at the end) among the runs that trained the whole budget, and the wall time,
 compilation included. The first repeat's PBT lineage is saved as benchmarks/population_lineage.png.
 """
 

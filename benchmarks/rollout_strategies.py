@@ -55,8 +55,8 @@ ROWS = {
     "partial+replay+hints": {"group.oversample": 2, "rollout.control": "partial", "rollout.replay": "correct,hints"},
     # Pruning needs a value head: against the same learner without pruning. The value predicts correct + 0.1 x
     # well_formed, so 0.12 prunes members predicted (nearly) never right.
-    "critic": {"group.oversample": 1, "critic_weight": 0.25},
-    "critic+prune": {"group.oversample": 1, "critic_weight": 0.25, "rollout.control": "dynamic_sampling,prune",
+    "critic": {"group.oversample": 1, "loss.critic_weight": 0.25},
+    "critic+prune": {"group.oversample": 1, "loss.critic_weight": 0.25, "rollout.control": "dynamic_sampling,prune",
                      "rollout.options.prune.below": 0.12},
 }
 
@@ -86,7 +86,7 @@ def start_point(config) -> tuple[float, float]:
     from jaxrl import algos, mesh as mesh_lib
 
     algo, _ = algos.build(config, mesh_lib.make_mesh())
-    out = algo.evaluate(algo.init_seeds(config.seed, 1).params, jax.random.PRNGKey(0), config.eval.num_envs)
+    out = algo.evaluate(algo.init_seeds(config.seed, 1).params, jax.random.PRNGKey(0), config.eval.episodes)
     return float(out["eval_accuracy"][0]), float(out[f"eval_pass@{config.eval.pass_k}"][0])
 
 

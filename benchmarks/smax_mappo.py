@@ -219,7 +219,7 @@ def default_config_runs(scenario: str, num_seeds: int) -> str:
     (alone,) = run_ours(config)
     hit = first_reaching(alone, 0.9, "eval_win_rate")
     lines = [f"Default config `experiments/smax_mappo.py:{scenario}` ({config.num_envs} envs x {config.num_steps} "
-             f"steps, {config.total_steps:,} env steps, greedy evaluation of {config.eval.num_envs} battles every "
+             f"steps, {config.total_steps:,} env steps, greedy evaluation of {config.eval.episodes} battles every "
              "131k steps)."]
     lines.append(f"- seed 0 alone: {alone['env_steps'] / alone['wall']:,.0f} env steps/s over the whole run "
                  f"(compile and evaluations included), {alone['wall']:.0f} s; greedy win rate >= 0.9 first at "

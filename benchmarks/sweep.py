@@ -81,7 +81,7 @@ def run_compiled_once(config, num_seeds: int, learning_rates: list[float]):
         for seed in range(num_seeds):
             state = algo.init_seeds(seed, 1)
             state, _ = algo.run_chunk(state, hp.replace(learning_rate=jnp.float32(lr)), updates)
-            evaluation = algo.evaluate(state.params, jax.random.PRNGKey(seed), config.eval.num_envs)
+            evaluation = algo.evaluate(state.params, jax.random.PRNGKey(seed), config.eval.episodes)
             returns[lr].append(float(evaluation["eval_return"][0]))
     return time.perf_counter() - tick, algo.compile_seconds, returns
 

@@ -104,7 +104,7 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
     out = []
     for step in steps:
         params = restore_text_params(sft_dir, algo.settings.text, algo.mesh, step)
-        accuracy = algo.evaluate(params, jax.random.PRNGKey(0), config.eval.num_envs)["eval_accuracy"]
+        accuracy = algo.evaluate(params, jax.random.PRNGKey(0), config.eval.episodes)["eval_accuracy"]
         out.append((step * batch, float(np.mean(accuracy))))
     return out
 

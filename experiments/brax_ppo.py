@@ -52,6 +52,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.network.log_std = "state"
     config.log.every_steps = 1_000_000
     config.eval.every_steps = 5_000_000
-    config.eval.num_envs = 64
+    config.eval.episodes = 64
     config.checkpoint.every_steps = 5_000_000
     return config_lib.finalize(config_lib.set_values(config, TUNED.get(env_name, {})))

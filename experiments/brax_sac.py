@@ -32,6 +32,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.optim.temperature_learning_rate = 3e-4
     config.log.every_steps = 100_032
     config.eval.every_steps = 1_000_064
-    config.eval.num_envs = 16
+    config.eval.episodes = 16
     config.checkpoint.every_steps = 1_000_064
     return config_lib.finalize(config, arg=None)

@@ -38,6 +38,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     config.log.every_steps = 128_000
     config.eval.every_steps = 512_000
-    config.eval.num_envs = 32
+    config.eval.episodes = 32
     config.checkpoint.every_steps = 1_024_000
     return config_lib.finalize(config, arg)

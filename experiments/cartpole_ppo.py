@@ -39,5 +39,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.log.every_steps = 25_000
     config.eval.every_steps = 100_000
     config.checkpoint.every_steps = 100_000
-    config.eval.num_envs = 32
+    config.eval.episodes = 32
     return config_lib.finalize(config, arg)

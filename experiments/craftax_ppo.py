@@ -40,6 +40,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.network.activation = "tanh"
     config.log.every_steps = 1_048_576
     config.eval.every_steps = 0  # Craftax episodes run to 10,000 (classic) or 100,000 steps: use training curves
-    config.eval.num_envs = 32
+    config.eval.episodes = 32
     config.checkpoint.every_steps = 10_485_760
     return config_lib.finalize(config)

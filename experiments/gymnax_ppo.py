@@ -46,5 +46,5 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.log.every_steps = 50_000
     config.eval.every_steps = 250_000
     config.checkpoint.every_steps = 250_000
-    config.eval.num_envs = 32
+    config.eval.episodes = 32
     return config_lib.finalize(config_lib.set_values(config, TUNED.get(env_id, {})))

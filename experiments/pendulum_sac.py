@@ -23,7 +23,7 @@ def pendulum_config(algorithm: str) -> ConfigDict:
     config.replay.buffer_size = 50_000
     config.log.every_steps = 5_000
     config.eval.every_steps = 10_000
-    config.eval.num_envs = 16
+    config.eval.episodes = 16
     config.checkpoint.every_steps = 25_000
     return config
 

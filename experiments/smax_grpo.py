@@ -47,6 +47,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     config.log.every_steps = 102_400
     config.eval.every_steps = 409_600
-    config.eval.num_envs = 128
+    config.eval.episodes = 128
     config.checkpoint.every_steps = 1_024_000
     return config_lib.finalize(config)

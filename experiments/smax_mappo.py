@@ -54,7 +54,7 @@ def smax_config(scenario: str, critic_input: str, experiment: str) -> ConfigDict
 
     config.log.every_steps = 65_536
     config.eval.every_steps = 262_144
-    config.eval.num_envs = 64
+    config.eval.episodes = 64
     config.checkpoint.every_steps = 1_048_576
     return config
 

@@ -29,6 +29,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
                          "num_minibatches": 16})
     config.log.every_steps = 65_536
     config.eval.every_steps = 262_144
-    config.eval.num_envs = 64
+    config.eval.episodes = 64
     config.checkpoint.every_steps = 1_048_576
     return config_lib.finalize(config)

@@ -46,7 +46,7 @@ def smax_value_config(algorithm: str, scenario: str) -> ConfigDict:
     config.total_steps = BUDGETS.get(scenario, DEFAULT_STEPS)
     config.log.every_steps = 65_536
     config.eval.every_steps = 262_144
-    config.eval.num_envs = 64
+    config.eval.episodes = 64
     config.checkpoint.every_steps = 1_048_576
     config.replay.store_dtype = "float16"
     config.replay.buffer_size = BUFFER_SIZES.get(scenario, config.replay.buffer_size)

@@ -34,6 +34,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.optim.warmup_updates = 100
     config.log.every_steps = 12_800
     config.eval.every_steps = 64_000
-    config.eval.num_envs = 512
+    config.eval.episodes = 512
     config.checkpoint.every_steps = 64_000
     return config_lib.finalize(config)

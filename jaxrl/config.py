@@ -63,7 +63,7 @@ SHARED_KNOBS = (
          "a new key, or stop the program", choices=ON_NONFINITE),
     Knob("checkpoint.max_rollbacks", 3, "rollbacks of one run before it is frozen", minimum=0),
     Knob("eval.every_steps", 0, "environment steps between greedy evaluations; 0: only at the end", minimum=0),
-    Knob("eval.num_envs", 32, "episodes (or prompts) per evaluation", minimum=1),
+    Knob("eval.episodes", 32, "episodes (or prompts) per evaluation", minimum=1),
     Knob("eval.max_steps", 0, "the step cap of an evaluation episode; 0: the environment's own", minimum=0),
 )
 
@@ -230,6 +230,8 @@ def save(config: ConfigDict, path) -> None:
 RENAMED_KEYS = {
     "temperature.learning_rate": "optim.temperature_learning_rate",  # 2026-11-29: every learning rate in optim
     "normalize.reward_scale": "returns.reward_scale",  # 2026-11-29: one name for every family
+    "eval.num_envs": "eval.episodes",  # 2026-11-29: episodes or held-out problems, whatever runs them
+    "critic_weight": "loss.critic_weight",  # 2026-11-29: every loss weight in loss
 }
 
 

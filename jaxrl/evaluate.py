@@ -5,7 +5,7 @@
     python -m jaxrl.evaluate --workdir=RUN --export=policies/smax_3m --seed=2
 
 Restores the run's newest checkpoint (or `--checkpoint`, an update number), plays `--episodes` episodes per
-seed (held-out problems for text; default: the run's eval.num_envs) greedily, or sampling from the policy
+seed (held-out problems for text; default: the run's eval.episodes) greedily, or sampling from the policy
 with `--sample`, and prints a JSON summary: return, episode length and win rate, or held-out accuracy and
 pass@k, as means over seeds with per-seed lists. With the defaults the figures are the ones the run's own
 evaluation logged at that update. Writes evaluation.json, an episode GIF for envs that draw themselves and
@@ -74,7 +74,7 @@ def define_flags():
     flags.DEFINE_string("workdir", None, "the run directory (of jaxrl.train, or one setting of jaxrl.sweep)")
     flags.DEFINE_integer("checkpoint", None, "the update of the checkpoint to load (default: the newest)")
     flags.DEFINE_integer("episodes", None, "episodes (or held-out problems) per seed; default: the run's "
-                         "eval.num_envs")
+                         "eval.episodes")
     flags.DEFINE_bool("sample", False, "sample actions (tokens) from the policy instead of taking the most likely")
     flags.DEFINE_string("out", None, "where evaluation.json, the GIF or the sample completions go "
                         "(default <workdir>/eval-<update>)")

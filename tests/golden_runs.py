@@ -87,14 +87,14 @@ EPS32 = 2.0 ** -23  # float32's machine epsilon
 VARIANTS = ("up", "down", "kernels")  # the perturbations whose drift sets the tolerances (`run_family`)
 SECTIONS = ("first_update", "short_run")
 
-_SMALL = {"num_seeds": 2, "eval.every_steps": 0, "eval.num_envs": 4, "checkpoint.every_steps": 0,
+_SMALL = {"num_seeds": 2, "eval.every_steps": 0, "eval.episodes": 4, "checkpoint.every_steps": 0,
           "log.progress_bar": False}
 # 8 envs x 16 steps, 4 updates (a metrics row logged after each)
 _SMALL_ENV_RUN = {**_SMALL, "eval.max_steps": 40, "num_envs": 8, "num_steps": 16, "total_steps": 4 * 8 * 16,
                   "log.every_steps": 8 * 16}
 _SMALL_GROUP_RUN = {**_SMALL_ENV_RUN, "num_steps": 40, "total_steps": 4 * 8 * 40, "log.every_steps": 8 * 40,
                     "group.size": 4, "optim.num_minibatches": 2}
-_SMALL_TEXT_RUN = {**_SMALL, "num_prompts": 8, "total_steps": 4 * 8, "log.every_steps": 8, "eval.num_envs": 8,
+_SMALL_TEXT_RUN = {**_SMALL, "num_prompts": 8, "total_steps": 4 * 8, "log.every_steps": 8, "eval.episodes": 8,
                    "eval.pass_k": 2, "model.d_model": 32, "model.num_heads": 2, "model.num_layers": 1}
 # The off-policy learners: 8 updates, learning from the first (learning_starts = one update's env steps), a
 # buffer of 32 or 64 steps per env
@@ -274,7 +274,7 @@ def run_family(name: str, variant: str | None = None, overrides: dict | None = N
     metrics = program.fetch(metrics)
     if name not in NOT_EVALUATED:
         metrics.update(program.fetch(algo.evaluate(state.params, program.evaluation_key(config.seed, num_updates),
-                                                config.eval.num_envs)))
+                                                config.eval.episodes)))
     row = {"update": num_updates, "env_steps": num_updates * algo.settings.batch_size,
            **metrics_lib.summarize(metrics)}
     summaries["short_run"] = _summary(initial, _leaves(state.params), row, sums=True)

@@ -35,7 +35,7 @@ def build(config, num_seeds=1):
 
 def evaluation_curve(config, metric: str, every_steps: int) -> list[tuple[int, float]]:
     """Train one seed of `config` (config.seed) to config.total_steps in chunks of `every_steps` env steps,
-    evaluating before training and after each chunk as the training loop does (`config.eval.num_envs` greedy
+    evaluating before training and after each chunk as the training loop does (`config.eval.episodes` greedy
     episodes): [(env steps, value of `metric`)], the first at 0 steps. A learning test reads its end (the last
     one or two), the figure a user's run ends on, not the best point on the way."""
     from jaxrl import algos
@@ -48,7 +48,7 @@ def evaluation_curve(config, metric: str, every_steps: int) -> list[tuple[int, f
 
     def evaluate(done):
         return done * batch, float(algo.evaluate(state.params, evaluation_key(config.seed, done),
-                                                 config.eval.num_envs)[metric][0])
+                                                 config.eval.episodes)[metric][0])
 
     curve, done = [evaluate(0)], 0
     while done < updates:
@@ -63,7 +63,7 @@ def small_cartpole(**overrides):
     """experiments/cartpole_ppo.py at 8 envs x 16 steps, 4 updates, logging every 2."""
     config = load_experiment("cartpole_ppo")
     return set_keys(config, {"num_envs": 8, "num_steps": 16, "total_steps": 8 * 16 * 4, "log.progress_bar": False,
-                             "log.every_steps": 8 * 16 * 2, "eval.num_envs": 4, **overrides})
+                             "log.every_steps": 8 * 16 * 2, "eval.episodes": 4, **overrides})
 
 
 def small_smax_config(scenario="3m", critic_input="global_state", kind="gru", num_envs=8, num_steps=32):
@@ -93,7 +93,7 @@ def tiny_sft_config(task="addition", total_steps=3_200):
     config.total_steps, config.num_prompts = total_steps, 32
     config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
     config.optim.warmup_updates = 10
-    config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 1_600, 1_600, 64
+    config.log.every_steps, config.eval.every_steps, config.eval.episodes = 1_600, 1_600, 64
     config.checkpoint.every_steps = 1_600
     config.log.progress_bar = False
     return config
@@ -107,7 +107,7 @@ def tiny_grpo_config(init_from, **overrides):
     config.num_prompts, config.group.size = 8, 4
     config.total_steps = 8 * 4 * 4
     config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2  # as tiny_sft_config
-    config.log.every_steps, config.eval.every_steps, config.eval.num_envs = 64, 128, 32
+    config.log.every_steps, config.eval.every_steps, config.eval.episodes = 64, 128, 32
     config.checkpoint.every_steps = 128
     config.log.progress_bar = False
     return set_keys(config, overrides)

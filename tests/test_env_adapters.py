@@ -88,7 +88,7 @@ def test_mappo_trains_on_a_jaxmarl_mpe_task_through_the_adapter(tmp_path):
     config.network.hidden_sizes = (64, 64)
     config.log.every_steps, config.log.progress_bar = 20 * 16 * 128, False
     config.checkpoint.every_steps = config.total_steps
-    config.eval.num_envs = 8
+    config.eval.episodes = 8
     config.lock()
     rows = train.run(config, str(tmp_path / "run")).metrics
     first, last = rows[0], rows[-1]

@@ -47,7 +47,7 @@ def test_evaluate_reproduces_the_runs_final_evaluation_ppo_cartpole(cartpole_run
 
 def test_evaluate_reproduces_the_runs_final_evaluation_mappo_smax(tmp_path):
     config = small_smax_config()
-    config.num_seeds, config.eval.num_envs, config.log.progress_bar = 2, 8, False
+    config.num_seeds, config.eval.episodes, config.log.progress_bar = 2, 8, False
     result = train.run(config, str(tmp_path / "run"), progress=False)
     summary = policies.evaluate_run(result.workdir, out_dir=str(tmp_path / "eval"))
     means, per_seed = _final_eval(result, ["eval_return", "eval_win_rate"])

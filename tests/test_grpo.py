@@ -155,7 +155,7 @@ ESTIMATOR_AND_LOSS_CHOICES = [
     (CARTPOLE, {"advantage": "grpo", "loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4}),
     (CARTPOLE, {"advantage": "grpo", "loss.clip_high": 0.28, "loss.dual_clip": 3.0,
                 "advantage_options.scale": "batch"}),
-    (CARTPOLE, {"advantage": "grpo", "group.returns": "to_go", "critic_weight": 0.5}),
+    (CARTPOLE, {"advantage": "grpo", "group.returns": "to_go", "loss.critic_weight": 0.5}),
 ]
 
 
@@ -171,7 +171,7 @@ def test_every_estimator_and_loss_part_trains_from_one_config_line(experiment, c
     metrics = jax.device_get(metrics)
     for key, value in metrics.items():
         assert np.isfinite(value).all(), (key, value)
-    assert "value_loss" in metrics if config.critic_weight else "value_loss" not in metrics
+    assert "value_loss" in metrics if config.loss.critic_weight else "value_loss" not in metrics
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
 
 
@@ -179,7 +179,7 @@ def test_critic_free_network_has_no_value_parameters():
     def params(config):  # (their shapes: nothing compiled)
         return jax.eval_shape(algos.build(config, mesh_lib.make_mesh())[0].init, jax.random.PRNGKey(0)).params
     assert "critic" not in params(small_grpo_config())["params"]
-    assert "critic" in params(small_grpo_config(critic_weight=0.3))["params"]
+    assert "critic" in params(small_grpo_config(**{"loss.critic_weight": 0.3}))["params"]
 
 
 @pytest.mark.parametrize("overrides,message", [
@@ -189,7 +189,7 @@ def test_critic_free_network_has_no_value_parameters():
     ({"loss.aggregate": "per_batch"}, "loss.aggregate"),
     ({"loss.ratio": "per_word"}, "loss.ratio"),
     ({"loss.dual_clip": 0.5}, "loss.dual_clip"),
-    ({"critic_weight": 1.5}, "critic_weight"),
+    ({"loss.critic_weight": 1.5}, "critic_weight"),
     ({"advantage_options.scale": "global"}, "advantage_options.scale"),
 ])
 def test_config_errors_name_the_key(overrides, message):

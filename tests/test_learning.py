@@ -39,7 +39,7 @@ def test_short_3m_training_improves_the_win_rate(tmp_path, experiment, updates):
     config.eval.every_steps = 0
     # Greedy play this early wins 6-20% of battles depending on which battles are drawn: 128 of them,
     # and a bar that tells learning (random agents almost never win) from noise.
-    config.eval.num_envs = 128
+    config.eval.episodes = 128
     result = train.run(config, str(tmp_path / "run"))
     rows = result.metrics
     assert rows[0]["win_rate"] < 0.05, rows[0]  # random agents (almost) never win 3m

@@ -29,7 +29,7 @@ SMAX_GRPO = """
 import sys; sys.path.insert(0, "tests")
 from helpers import small_grpo_config
 config = small_grpo_config("smax_grpo", "3m", num_envs=16, num_steps=16, group_size=2,
-                      **{"loss.ratio": "sequence", "group.returns": "to_go", "critic_weight": 0.5})
+                      **{"loss.ratio": "sequence", "group.returns": "to_go", "loss.critic_weight": 0.5})
 num_seeds = 1  # (see SMAX_MAPPO)
 """
 
@@ -174,7 +174,7 @@ def prepare(algo, state):
 TEXT_GRPO_PARTIAL = TEXT_GRPO + """
 config.rollout.control, config.rollout.replay, config.rollout.pool_size = "partial,prune", "hints", 8
 config.rollout.options.hints.patience = 1
-config.critic_weight, config.rollout.options.prune.warmup, config.rollout.options.prune.below = 0.5, 1, 0.0
+config.loss.critic_weight, config.rollout.options.prune.warmup, config.rollout.options.prune.below = 0.5, 1, 0.0
 """
 
 

@@ -22,7 +22,7 @@ def free_port() -> int:
 
 
 CLI_FLAGS = ["--config=experiments/cartpole_ppo.py", "--config.num_envs=8", "--config.num_steps=16",
-             "--config.total_steps=512", "--config.log.every_steps=256", "--config.eval.num_envs=4",
+             "--config.total_steps=512", "--config.log.every_steps=256", "--config.eval.episodes=4",
              "--config.log.progress_bar=false"]
 
 

@@ -22,7 +22,7 @@ def _small(total_steps, **overrides):
     return set_keys(load_experiment("cartpole_dqn"), {
         "total_steps": total_steps, "num_envs": 4, "num_steps": 4, "replay.batch_size": 32,
         "replay.buffer_size": 4 * 200, "replay.learning_starts": 64, "target.every": 20,
-        "log.every_steps": 160, "log.progress_bar": False, "checkpoint.every_steps": 320, "eval.num_envs": 4,
+        "log.every_steps": 160, "log.progress_bar": False, "checkpoint.every_steps": 320, "eval.episodes": 4,
         "eval.max_steps": 50, **overrides})
 
 

@@ -57,7 +57,7 @@ def _small(name, total_steps, **overrides):
     return set_keys(load_experiment(name), {
         "total_steps": total_steps, "num_envs": 4, "num_steps": 2, "replay.batch_size": 32,
         "replay.buffer_size": 4 * 100, "replay.learning_starts": 48, "network.hidden_sizes": (32, 32),
-        "log.every_steps": 64, "log.progress_bar": False, "checkpoint.every_steps": 128, "eval.num_envs": 2,
+        "log.every_steps": 64, "log.progress_bar": False, "checkpoint.every_steps": 128, "eval.episodes": 2,
         "eval.max_steps": 20, **overrides})
 
 
@@ -125,7 +125,7 @@ def _short_pendulum(name: str, total_steps: int):
     evaluated greedily (16 episodes) at the end only."""
     overrides = {"total_steps": total_steps, "replay.buffer_size": total_steps, "network.hidden_sizes": (64, 64),
                  "optim.learning_rate": 1e-3, "optim.critic_learning_rate": 1e-3, "replay.learning_starts": 1_000,
-                 "log.every_steps": 1_000, "log.progress_bar": False, "eval.every_steps": 0, "eval.num_envs": 16,
+                 "log.every_steps": 1_000, "log.progress_bar": False, "eval.every_steps": 0, "eval.episodes": 16,
                  "checkpoint.every_steps": total_steps}
     if name != "td3":  # (a deterministic policy has no temperature)
         overrides["optim.temperature_learning_rate"] = 1e-3

@@ -88,7 +88,7 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.generate": "tree", "rollout.control": "partial", "group.oversample": 2},
          "rollout.generate=tree with rollout.control=partial"),
         ({"rollout.control": "dynamic_sampling,prune"}, "control/prune stops members by the value head's prediction: "
-                                                         "set config.critic_weight > 0"),
+                                                         "set config.loss.critic_weight > 0"),
     ]:
         config = tiny_grpo_config("")
         config.unlock()  # (an unknown option key needs an unlocked config, as in a notebook)
@@ -197,7 +197,7 @@ def trained_strategies():
             "rollout.filter": "shortest_first", "rollout.replay": "curriculum", "rollout.pool_size": 64,
             "rollout.options.curriculum.every": 1, "rollout.options.curriculum.raise_at": 0.0,
             "rollout.options.curriculum.step": 0.5, "task.kwargs.max_digits": 3,
-            "rollout.control": "dynamic_sampling,prune", "critic_weight": 0.5, "rollout.options.prune.at": 0,
+            "rollout.control": "dynamic_sampling,prune", "loss.critic_weight": 0.5, "rollout.options.prune.at": 0,
             "rollout.options.prune.below": 1e9, "rollout.options.prune.warmup": 2})
         algos.validate(config)
         algo, hp = algos.build(config, mesh_lib.make_mesh(1))

@@ -28,9 +28,10 @@ def test_a_saved_config_is_read_with_its_keys_under_their_new_names(saved_sac):
     assert saved["temperature"]["learning_rate"] == 1e-3 and "temperature_learning_rate" not in saved["optim"]
     config = config_lib.load(os.path.join(saved_sac, "config.json"))
     assert config.optim.temperature_learning_rate == 1e-3 and "learning_rate" not in config.temperature
+    assert saved["eval"]["num_envs"] == config.eval.episodes == 2 and "num_envs" not in config.eval
     algos.validate(config)
     assert config_lib.differences(config, algos.default_config("sac"), added=False) == [  # the run's own settings
-        "checkpoint.every_steps", "eval.every_steps", "eval.max_steps", "eval.num_envs", "experiment", "log.every_steps",
+        "checkpoint.every_steps", "eval.episodes", "eval.every_steps", "eval.max_steps", "experiment", "log.every_steps",
         "log.progress_bar", "network.hidden_sizes", "replay.batch_size", "replay.buffer_size", "replay.learning_starts",
         "total_steps"]
 

@@ -109,7 +109,7 @@ def test_the_suite_resumes_skips_finished_cells_and_extends_them(tmp_path, monke
 
     def small_cell(*args, **kwargs):  # the experiment's config with 8 envs (64 in the suite) and 8 battles
         config = cell_config(*args, **kwargs)
-        config.num_envs = config.eval.num_envs = 8
+        config.num_envs = config.eval.episodes = 8
         return config
 
     monkeypatch.setattr(smax_suite, "cell_config", small_cell)

@@ -79,7 +79,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
      "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3},
     {"advantage": "gdpo", "advantage_options.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
-     "loss.clip_high": 4e-4, "critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
+     "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
     {"advantage": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2},
@@ -95,7 +95,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     for key, value in metrics.items():
         assert np.isfinite(value).all(), (key, value)
     assert ("kl" in metrics) == (config.loss.kl_coef > 0)
-    assert ("value_loss" in metrics) == (config.critic_weight > 0)
+    assert ("value_loss" in metrics) == (config.loss.critic_weight > 0)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
@@ -104,7 +104,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
 
 
 def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(sft_run):
-    algo, hp = algos.build(tiny_grpo_config(sft_run, critic_weight=1.0), mesh_lib.make_mesh())
+    algo, hp = algos.build(tiny_grpo_config(sft_run, **{"loss.critic_weight": 1.0}), mesh_lib.make_mesh())
     sft_params = restore_text_params(sft_run, algo.settings.text, algo.mesh)
     state = algo.init_seeds(0, 1)
     value_head = state.params["params"].pop("value")

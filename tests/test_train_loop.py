@@ -28,7 +28,7 @@ def small_config(total_updates=24, **overrides):
     config.log.every_steps = 2 * BATCH  # a chunk is 2 updates
     config.log.progress_bar = False
     config.checkpoint.every_steps = 4 * BATCH  # a checkpoint every 2 chunks
-    config.eval.num_envs = 4
+    config.eval.episodes = 4
     config.eval.max_steps = 50
     for key, value in overrides.items():
         section, _, name = key.rpartition(".")
@@ -40,7 +40,7 @@ def _cli_args(config, workdir):
     return [sys.executable, "-m", "jaxrl.train", "--config=experiments/cartpole_ppo.py",
             f"--workdir={workdir}", "--config.num_steps=32", f"--config.total_steps={config.total_steps}",
             f"--config.log.every_steps={config.log.every_steps}", "--config.log.progress_bar=False",
-            f"--config.checkpoint.every_steps={config.checkpoint.every_steps}", "--config.eval.num_envs=4",
+            f"--config.checkpoint.every_steps={config.checkpoint.every_steps}", "--config.eval.episodes=4",
             "--config.eval.max_steps=50"]
 
 
@@ -229,7 +229,7 @@ def test_recurrent_multi_agent_run_resumes_exactly(tmp_path):
     config = small_smax_config(num_envs=8, num_steps=16)
     batch = 8 * 16
     config.total_steps, config.log.every_steps, config.log.progress_bar = 6 * batch, 2 * batch, False
-    config.eval.num_envs, config.checkpoint.every_steps = 2, 2 * batch
+    config.eval.episodes, config.checkpoint.every_steps = 2, 2 * batch
     straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=6)
     assert [r["update"] for r in resumed.metrics] == [2, 4, 6]
     assert hasattr(resumed.state, "carry") and hasattr(resumed.state, "env_state")

@@ -19,7 +19,7 @@ SMALL = {"total_steps": 4 * 16 * 12, "num_envs": 4, "num_steps": 16, "replay.bat
          "replay.buffer_size": 4 * 100, "replay.learning_starts": 128, "replay.sequence_length": 8,
          "replay.gradient_steps": 2, "target.every": 4, "network.fc_size": 16, "network.rnn_size": 16,
          "mixer.embed_size": 8, "mixer.hypernet_size": 16, "log.every_steps": 64, "log.progress_bar": False,
-         "eval.num_envs": 4, "eval.max_steps": 60, "eval.every_steps": 0}
+         "eval.episodes": 4, "eval.max_steps": 60, "eval.every_steps": 0}
 
 
 def _small(experiment: str, **overrides):

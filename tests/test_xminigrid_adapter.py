@@ -57,6 +57,6 @@ def test_ppo_solves_the_small_empty_room(tmp_path):
     config = config_lib.from_file(os.path.join(ROOT, "experiments", "gymnax_ppo.py:CartPole-v1"))
     config_lib.set_values(config, {"env.name": "xminigrid", "env.kwargs": {"env_id": "MiniGrid-Empty-5x5"},
                                    "total_steps": 65536, "log.every_steps": 32768, "log.progress_bar": False,
-                                   "checkpoint.every_steps": 65536, "eval.num_envs": 8})
+                                   "checkpoint.every_steps": 65536, "eval.episodes": 8})
     result = train.run(config, str(tmp_path / "run"))
     assert result.metrics[-1]["eval_return"] >= 0.9, result.metrics[-1]

@@ -21,7 +21,7 @@ ADVANTAGE_OPTIONS = (
     Knob("advantage_options.max_reward", 1.0, "calibrated estimators: the virtual best sample's reward"),
     Knob("advantage_options.renormalize", False, "gdpo: renormalise the combined advantages over the batch"),
 )
-CRITIC_WEIGHT = Knob("critic_weight", 0.0, "> 0 mixes in a learned value baseline (1: critic-based, 0: "
+CRITIC_WEIGHT = Knob("loss.critic_weight", 0.0, "> 0 mixes in a learned value baseline (1: critic-based, 0: "
                      "critic-free)", traced=True, minimum=0.0, maximum=1.0)
 GROUP_KNOBS = (ADVANTAGE, *ADVANTAGE_OPTIONS, GROUP_SIZE, CRITIC_WEIGHT, losses.CLIP_LOW, losses.CLIP_HIGH,
                losses.DUAL_CLIP, losses.RATIO, losses.AGGREGATE, losses.ENT_COEF)

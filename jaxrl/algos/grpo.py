@@ -395,7 +395,7 @@ def grpo_config() -> ConfigDict:
 def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
     settings = knobs.read(GRPOSettings, config, **run_sizes(config), advantage_options=advantage_options(config),
                           rollout_options=rollout.configured_options(config.rollout.options))
-    policy = make_policy(config, critic=config.critic_weight > 0)
+    policy = make_policy(config, critic=config.loss.critic_weight > 0)
     mesh = mesh if mesh is not None else mesh_lib.make_mesh()
     mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, mesh)
     mesh_lib.check_divisible("num_envs", settings.num_envs, mesh)
@@ -415,4 +415,4 @@ def check_grpo_config(config: ConfigDict) -> None:
 
 
 register("grpo", Recipe(build_grpo, GRPOHyperparams, check=check_grpo_config, defaults=grpo_config,
-                        static_of=lambda config: (config.critic_weight > 0,)))
+                        static_of=lambda config: (config.loss.critic_weight > 0,)))

@@ -528,7 +528,7 @@ def text_config() -> ConfigDict:
     config = config_lib.base_config()
     config.update(ConfigDict({"experiment": "text", "algorithm": "text_sft",
                               "total_steps": 200_000,  # samples (prompt and completion pairs) per seed
-                              "log": {"every_steps": 6_400}, "eval": {"num_envs": 512}}))  # 512 held-out problems
+                              "log": {"every_steps": 6_400}, "eval": {"episodes": 512}}))  # 512 held-out problems
     config.optim.update({"learning_rate": 1e-3, "schedule": "cosine", "warmup_updates": 50, "max_grad_norm": 1.0,
                          "adam_eps": 1e-8})
     return knobs.fill(config, TASK_NAME, TASK_KWARGS, TextSettings, *MODEL_KNOBS)
@@ -565,7 +565,7 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     """The GRPO algorithm (`parts`: its `TextGRPO`), warm-started from `config.init_from`; with `run_dir`, that
     saved run's (its tokenizer.json, and no warm start: its checkpoints hold the parameters)."""
     start = run_dir or config.init_from
-    base = text_settings(config, config.group.size, value_head=config.critic_weight > 0,
+    base = text_settings(config, config.group.size, value_head=config.loss.critic_weight > 0,
                          tokenizer_path=os.path.join(start, "tokenizer.json") if start else None)
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config))
@@ -595,4 +595,4 @@ register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_co
                             rebuild=build_text_sft))
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, check=check_text_grpo_config,
                              defaults=text_grpo_config, rebuild=build_text_grpo,
-                             static_of=lambda config: (config.critic_weight > 0, config.loss.kl_coef > 0)))
+                             static_of=lambda config: (config.loss.critic_weight > 0, config.loss.kl_coef > 0)))

@@ -382,9 +382,9 @@ def count_pruned(algo, memory, groups: Groups, params):
 
 
 def check_prune(config, chosen: dict) -> None:
-    if not config.critic_weight > 0:
+    if not config.loss.critic_weight > 0:
         raise ValueError("rollout strategy control/prune stops members by the value head's prediction: set "
-                         f"config.critic_weight > 0 (a value head), got {config.critic_weight}")
+                         f"config.loss.critic_weight > 0 (a value head), got {config.loss.critic_weight}")
 
 
 register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned, check=check_prune,

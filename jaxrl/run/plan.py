@@ -49,7 +49,7 @@ class Plan:
     chunk: int  # updates per chunk: log.every_steps
     checkpoint_every: int  # chunks between checkpoints
     eval_every: int | None  # chunks between evaluations (None: at the end only)
-    eval_num_envs: int
+    eval_episodes: int
     keep: int  # newest checkpoints kept
     keep_best: int  # best-scored checkpoints kept beside them
     on_nonfinite: str  # `divergence.Guard`'s policy: freeze, rollback or stop
@@ -103,7 +103,7 @@ def make(settings: list[Setting], algo_settings, checkpoint_dir: str, *, kind: s
         batch=batch, num_updates=num_updates, chunk=chunk,
         checkpoint_every=checkpoint_every,
         eval_every=every(config.eval.every_steps, chunk * batch) if config.eval.every_steps else None,
-        eval_num_envs=config.eval.num_envs, keep=config.checkpoint.keep, keep_best=config.checkpoint.keep_best,
+        eval_episodes=config.eval.episodes, keep=config.checkpoint.keep, keep_best=config.checkpoint.keep_best,
         on_nonfinite=config.checkpoint.on_nonfinite, max_rollbacks=config.checkpoint.max_rollbacks,
         progress_bar=config.log.progress_bar if progress is None else progress,
         tuning=options, tuned=tuple(tuned),

@@ -75,14 +75,14 @@ def evaluate_run(workdir: str, checkpoint_step: int | None = None, episodes: int
     """Evaluate every seed of a run and write what the env or task can show (an episode GIF, sample
     completions) to `out_dir` (default <workdir>/eval-<update>/).
 
-    With the defaults (greedy, config.eval.num_envs episodes or problems) the figures are those the run's
+    With the defaults (greedy, config.eval.episodes episodes or problems) the figures are those the run's
     own evaluation logged at that update: the same programs, on the same key. Returns the summary (means
     over seeds, per-seed lists, `out_dir` and the files written there), which is also written as
     `out_dir`/evaluation.json.
     """
     run = restore_run(workdir, checkpoint_step)
     config, algo = run.config, run.algorithm
-    num = config.eval.num_envs if episodes is None else episodes
+    num = config.eval.episodes if episodes is None else episodes
     if num <= 0:
         raise ValueError(f"--episodes must be positive, got {num}")
     key = program.evaluation_key(config.seed, run.update)

@@ -287,7 +287,7 @@ def step(plan: Plan, training: Training) -> bool:
     evaluated = plan.evaluates_after(t.chunk_index, done)
     if evaluated:
         key = evaluation_key(plan.seed, t.update)
-        metrics.update(fetch(t.algo.evaluate(t.state.params, key, plan.eval_num_envs)))
+        metrics.update(fetch(t.algo.evaluate(t.state.params, key, plan.eval_episodes)))
     _log(plan, t, num, shared, metrics)
     t.diverged = t.guard.all_frozen
     t.interrupted = t.stop.signum is not None and not done
