@@ -111,7 +111,9 @@ def _prioritised_offsets(key, priorities, oldest, valid, per_env: int, alpha, be
     offsets = jnp.minimum(jnp.searchsorted(cumulative, targets, side="right"), valid - 1)
     smallest = jnp.min(jnp.where(mass > 0, mass, jnp.inf))
     weights = (mass[offsets] / smallest) ** -beta  # = (V P)^-beta / (V P_min)^-beta
-    return offsets.astype(jnp.int32), weights
+    # A row without a valid start (before it holds `length` steps) weighs its samples 0, not infinitely: a learner
+    # discards that update's gradient steps, but their metrics must stay finite.
+    return offsets.astype(jnp.int32), jnp.where(valid > 0, weights, 0.0)
 
 
 def update_priorities(buffer: Buffer, columns: jax.Array, td_errors: jax.Array) -> Buffer:

@@ -177,9 +177,20 @@ def run_command(_command_server, tmp_path_factory):
 
 
 def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates: int, state_fields=("params",),
-                                       rtol: float = 1e-5, atol: float = 1e-6):
+                                       rtol: float = 1e-5, atol: float = 1e-6, one_device=None, tmp_path=None):
     """Train experiments/<experiment>.py with `overrides` for `updates` updates of 2 seeds on a mesh of 1 device
-    and of 8 (a fresh interpreter with 8 host devices); the state's `state_fields` (dotted attributes) must agree."""
+    and of 8 (a fresh interpreter with 8 host devices); the state's `state_fields` (dotted attributes) must agree.
+    `one_device`: the state of that 1-device run, trained already by the caller (a run its test file shares; saved
+    in `tmp_path`), so that the fresh interpreter trains on 8 devices only."""
+    from operator import attrgetter
+
+    saved = ""
+    if one_device is not None:
+        import jax
+        import numpy as np
+
+        saved = str(tmp_path / "one_device.npz")
+        np.savez(saved, *jax.tree.leaves(jax.device_get(attrgetter(*state_fields)(one_device))))
     code = textwrap.dedent(f"""
         from operator import attrgetter
         import jax, numpy as np
@@ -188,11 +199,14 @@ def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates
         config = set_keys(load_experiment({experiment!r}), {overrides!r})
         algos.validate(config)
         trained = []
-        for devices in (1, 8):
+        if {saved!r}:
+            with np.load({saved!r}) as f:
+                trained.append([f[f"arr_{{i}}"] for i in range(len(f.files))])
+        for devices in (8,) if trained else (1, 8):
             algo, hp = algos.build(config, mesh_lib.make_mesh(devices))
             state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, {updates})
             trained.append(jax.device_get(attrgetter(*{tuple(state_fields)!r})(state)))
-        for a, b in zip(jax.tree.leaves(trained[0]), jax.tree.leaves(trained[1])):
+        for a, b in zip(jax.tree.leaves(trained[0]), jax.tree.leaves(trained[1]), strict=True):
             assert np.isfinite(a).all() and np.isfinite(b).all(), "not finite"  # (NaNs would compare equal)
             np.testing.assert_allclose(a, b, rtol={rtol}, atol={atol})
         print("equal")
@@ -200,6 +214,32 @@ def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates
     result = run_python(code, devices=8, env={"PYTHONPATH": "tests"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["equal"]
+
+
+@pytest.fixture(scope="module")
+def builds_shared():
+    """For the rest of the test module, `algos.build` returns the algorithm it built before for an equal config and
+    mesh, with its compiled programs: a module's fixture run and the two runs of `straight_and_resumed` of one
+    config then trace and compile once (compiling is most of such a test's time; a resumed run's state depends on
+    the checkpoint it restores, not on which object of equal settings trains it)."""
+    import dataclasses
+
+    from jaxrl.algos import registry
+
+    built = {}
+
+    def sharing(build):
+        def shared(config, mesh):
+            key = (config.to_json(sort_keys=True), repr(mesh))
+            if key not in built:
+                built[key] = build(config, mesh)
+            return built[key]
+        return shared
+
+    with pytest.MonkeyPatch.context() as patch:
+        for name, recipe in list(registry.ALGORITHMS.items()):
+            patch.setitem(registry.ALGORITHMS, name, dataclasses.replace(recipe, build=sharing(recipe.build)))
+        yield
 
 
 def straight_and_resumed(config, tmp_path, last_checkpoint: int):

@@ -18,29 +18,34 @@ def test_bootstrap_values_take_the_max_or_the_target_value_of_the_online_argmax(
     np.testing.assert_array_equal(bootstrap_values(target_q, online_q), [1.0, 4.0])
 
 
-def _small(total_steps, **overrides):
-    return set_keys(load_experiment("cartpole_dqn"), {
-        "total_steps": total_steps, "num_envs": 4, "num_steps": 4, "replay.batch_size": 32,
-        "replay.buffer_size": 4 * 200, "replay.learning_starts": 64, "target.every": 20,
-        "log.every_steps": 160, "log.progress_bar": False, "checkpoint.every_steps": 320, "eval.episodes": 4,
-        "eval.max_steps": 50, **overrides})
+# 40 updates of 8 envs x 2 steps, 2 seeds (8 envs, as 8 devices need), checkpoints after 20 and 40; prioritised
+# replay, 3-step returns, dueling heads; the buffer (200 steps per env) partly filled throughout
+RESUMED = {"total_steps": 8 * 2 * 40, "num_envs": 8, "num_steps": 2, "num_seeds": 2, "replay.batch_size": 64,
+           "replay.buffer_size": 8 * 200, "replay.learning_starts": 64, "target.every": 20,
+           "replay.prioritised": True, "returns.n_step": 3, "network.dueling": True, "log.every_steps": 160,
+           "log.progress_bar": False, "checkpoint.every_steps": 320, "eval.episodes": 4, "eval.max_steps": 50}
 
 
-def test_resume_with_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_path):
-    # 40 updates of 16 steps with checkpoints after 20 and 40; the buffer (200 steps per env) is partly filled
-    # at the first. Losing the second (a kill just before it) and resuming must give the same run.
-    config = _small(640, **{"replay.prioritised": True, "returns.n_step": 3, "network.dueling": True})
-    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=40)
+@pytest.fixture(scope="module")
+def dqn_runs(tmp_path_factory, builds_shared):
+    """experiments/cartpole_dqn.py at RESUMED sizes trained straight, and resumed from its first checkpoint (its
+    second lost, as a kill just before it would): (straight, resumed) results, one algorithm built for both."""
+    return straight_and_resumed(set_keys(load_experiment("cartpole_dqn"), RESUMED), tmp_path_factory.mktemp("dqn"),
+                                last_checkpoint=40)
+
+
+def test_resume_with_a_partly_filled_buffer_is_the_run_that_never_stopped(dqn_runs):
+    straight, resumed = dqn_runs
     assert resumed.metrics[-1]["env_steps"] == 640 and resumed.metrics[-1]["learning"] == 1.0
-    assert 0 < int(resumed.state.buffer.size[0]) == 160 < 200  # 40 updates x 4 steps per env: partly filled
+    assert 0 < int(resumed.state.buffer.size[0]) == 80 < 200  # 40 updates x 2 steps per env: partly filled
     assert_same_state(straight.state, resumed.state)
 
 
-def test_one_and_eight_devices_train_the_same_parameters():
-    assert_one_and_eight_devices_agree("cartpole_dqn", {
-        "total_steps": 8 * 2 * 30, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
-        "replay.buffer_size": 8 * 100, "replay.learning_starts": 64, "target.every": 10,
-        "replay.prioritised": True, "returns.n_step": 2}, updates=30, state_fields=("params", "buffer.priorities"))
+def test_one_and_eight_devices_train_the_same_parameters(dqn_runs, tmp_path):
+    # the straight run is the 1-device run
+    assert_one_and_eight_devices_agree("cartpole_dqn", RESUMED, updates=40,
+                                       state_fields=("params", "buffer.priorities"), one_device=dqn_runs[0].state,
+                                       tmp_path=tmp_path)
 
 
 def test_pqn_minibatches_must_divide_the_rollout_and_lambda_lies_in_the_unit_interval():

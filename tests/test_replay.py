@@ -68,6 +68,8 @@ def test_prioritised_rows_give_new_steps_their_highest_priority_and_skip_unwritt
     np.testing.assert_allclose(buffer.priorities[:, 2], [4.0, 1.0], atol=1e-5)  # each row's own maximum
     columns = replay.sample(buffer, jax.random.PRNGKey(0), per_env=500).columns
     assert int(columns.max()) <= 2  # columns 3..5 hold nothing yet
+    # rows without a sequence of 4 steps yet (before a learner's first update with one): finite weights, 0
+    np.testing.assert_array_equal(replay.sample(buffer, jax.random.PRNGKey(0), per_env=3, length=4).weights, 0.0)
 
 
 def test_a_batch_is_the_same_on_one_device_and_on_eight():

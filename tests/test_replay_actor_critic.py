@@ -53,36 +53,39 @@ def test_quantile_huber_loss_against_the_formula():
         assert quantile_huber_loss(best, grid) < quantile_huber_loss(shifted, grid)
 
 
-def _small(name, total_steps, **overrides):
-    return set_keys(load_experiment(name), {
-        "total_steps": total_steps, "num_envs": 4, "num_steps": 2, "replay.batch_size": 32,
-        "replay.buffer_size": 4 * 100, "replay.learning_starts": 48, "network.hidden_sizes": (32, 32),
-        "log.every_steps": 64, "log.progress_bar": False, "checkpoint.every_steps": 128, "eval.episodes": 2,
-        "eval.max_steps": 20, **overrides})
+# 32 updates of 8 envs x 1 step, 2 seeds (8 envs, as 8 devices need), checkpoints after 16 and 32: quantile
+# critics, the learned temperature, rounds of two critic steps and a policy step, prioritised replay, weight decay
+RESUMED = {"total_steps": 8 * 32, "num_envs": 8, "num_steps": 1, "num_seeds": 2, "replay.batch_size": 32,
+           "replay.buffer_size": 8 * 50, "replay.learning_starts": 48, "network.hidden_sizes": (32, 32),
+           "policy.delay": 2, "replay.gradient_steps": 2, "replay.prioritised": True, "optim.weight_decay": 1e-4,
+           "log.every_steps": 64, "log.progress_bar": False, "checkpoint.every_steps": 128, "eval.episodes": 2,
+           "eval.max_steps": 20}
 
 
-def test_resume_is_the_run_that_never_stopped(tmp_path):
-    # 32 updates of 8 steps, checkpoints after 16 and 32; losing the second and resuming gives the same run
-    # (quantile critics, the learned temperature, rounds of two critic steps and a policy step, prioritised
-    # replay, weight decay).
-    config = _small("pendulum_tqc", 256, **{"policy.delay": 2, "replay.gradient_steps": 2,
-                                            "replay.prioritised": True, "optim.weight_decay": 1e-4})
-    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=32)
+@pytest.fixture(scope="module")
+def tqc_runs(tmp_path_factory, builds_shared):
+    """experiments/pendulum_tqc.py at RESUMED sizes trained straight, and resumed from its first checkpoint (its
+    second lost, as a kill just before it would): (straight, resumed) results, one algorithm built for both."""
+    return straight_and_resumed(set_keys(load_experiment("pendulum_tqc"), RESUMED), tmp_path_factory.mktemp("tqc"),
+                                last_checkpoint=32)
+
+
+def test_resume_is_the_run_that_never_stopped(tqc_runs):
+    straight, resumed = tqc_runs
     assert resumed.metrics[-1]["learning"] == 1.0
     priorities = np.asarray(resumed.state.buffer.priorities)  # the critics' |TD| of the sampled steps
     assert np.isfinite(priorities).all() and len(np.unique(priorities)) > 10
     assert_same_state(straight.state, resumed.state)
 
 
-@pytest.mark.optimized
-def test_one_and_eight_devices_train_the_same_parameters():
-    # SAC's noise (next actions, the actor's samples) is drawn per env from its global index. Optimised, as users
-    # compile: with jax_disable_most_optimizations this run's actor gradient turns NaN after 5-7 updates on 1
-    # device and on 8 (2026-11-27; finite once a debug print is added, and with full optimisations): not explained.
-    assert_one_and_eight_devices_agree("pendulum_sac", {
-        "total_steps": 8 * 2 * 20, "num_envs": 8, "num_steps": 2, "replay.batch_size": 64,
-        "replay.buffer_size": 8 * 50, "replay.learning_starts": 64, "network.hidden_sizes": (16, 16)},
-        updates=20, rtol=1e-4, atol=1e-5)
+def test_one_and_eight_devices_train_the_same_parameters(tqc_runs, tmp_path):
+    # The straight run is the 1-device run. The policy's noise (next actions, the actor's samples) is drawn per env
+    # from its global index; prioritised sampling is per env row. (This test ran SAC before, compiled with full
+    # optimisations: SAC at 8 envs x 2 steps, 16-16 networks, compiled cheaply (jax_disable_most_optimizations),
+    # turned its actor gradient NaN after 5-8 updates, on 1 device or on 8; unexplained, 2026-11-27 and -12-01.)
+    assert_one_and_eight_devices_agree("pendulum_tqc", RESUMED, updates=32,
+                                       state_fields=("params", "buffer.priorities"), rtol=1e-4, atol=1e-5,
+                                       one_device=tqc_runs[0].state, tmp_path=tmp_path)
 
 
 def test_config_errors_name_the_key():

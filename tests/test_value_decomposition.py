@@ -1,6 +1,7 @@
 """IQL, VDN and QMIX: the recurrent agents' next values, the team targets against a step-by-step computation,
 exact resume with a partly filled buffer and hidden states carried across updates, 1 vs 8 devices, config
-errors, learning SMAX 3m (QMIX, and PQN-VDN)."""
+errors, learning SMAX 3m (QMIX, and PQN-VDN). One small QMIX run (`qmix_run`) serves the tests that read a
+trained state: compiling is most of a test's time."""
 
 import jax
 import jax.numpy as jnp
@@ -11,19 +12,36 @@ from conftest import assert_one_and_eight_devices_agree, assert_same_state, stra
 from helpers import build, evaluation_curve, load_experiment, set_keys
 from jax.sharding import PartitionSpec as P
 
-from jaxrl import algos
+from jaxrl import algos, mesh as mesh_lib
 from jaxrl.engine.acting import cast_observations, sample_batch
 from jaxrl.networks import RecurrentQNetwork
 
-SMALL = {"total_steps": 4 * 16 * 12, "num_envs": 4, "num_steps": 16, "replay.batch_size": 8,
-         "replay.buffer_size": 4 * 100, "replay.learning_starts": 128, "replay.sequence_length": 8,
+# 8 envs (as 8 devices need) of 16 steps per update, 2 seeds; learning from the second update
+SMALL = {"total_steps": 8 * 16 * 12, "num_envs": 8, "num_steps": 16, "num_seeds": 2, "replay.batch_size": 16,
+         "replay.buffer_size": 8 * 100, "replay.learning_starts": 256, "replay.sequence_length": 8,
          "replay.gradient_steps": 2, "target.every": 4, "network.fc_size": 16, "network.rnn_size": 16,
-         "mixer.embed_size": 8, "mixer.hypernet_size": 16, "log.every_steps": 64, "log.progress_bar": False,
+         "mixer.embed_size": 8, "mixer.hypernet_size": 16, "log.every_steps": 128, "log.progress_bar": False,
          "eval.episodes": 4, "eval.max_steps": 60, "eval.every_steps": 0}
+# The resume test's run, and `qmix_run`'s (the same program)
+RESUMED = {"checkpoint.every_steps": 768, "replay.burn_in": 2}
 
 
 def _small(experiment: str, **overrides):
     return set_keys(load_experiment(experiment, "3m"), {**SMALL, **overrides})
+
+
+@pytest.fixture(scope="module")
+def qmix_run(builds_shared):
+    """experiments/smax_qmix.py:3m at SMALL sizes (its float16 buffer), 2 seeds on one device: (algorithm, hp, the
+    buffer after 2 updates, whose acting came before any learning, the state after 6 and the metrics of updates
+    3-6, which learn). Its chunks donate their input state, as the experiment's checkpoint.on_nonfinite=stop makes
+    the training loop do, so that the resume test's runs compile the same program (the session's compilation
+    cache)."""
+    algo, hp, state = build(_small("smax_qmix", **RESUMED), num_seeds=2)
+    state, _ = algo.run_chunk(state, hp, 2, donate=True)
+    early = jax.device_get(state.buffer)
+    state, metrics = algo.run_chunk(state, hp, 4, donate=True)
+    return algo, hp, early, state, metrics
 
 
 def test_next_values_continue_each_steps_hidden_state():
@@ -44,27 +62,23 @@ def test_next_values_continue_each_steps_hidden_state():
         np.testing.assert_allclose(stepped[t + 1], next_q[t], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("experiment", ["smax_vdn", "smax_iql"])
-def test_targets_match_a_step_by_step_computation(experiment):
-    algo, hp, state = build(_small(experiment, **{"replay.burn_in": 2, "returns.q_lambda": 0.0}))
-    state, _ = algo.run_chunk(state, hp, 6)  # a buffer with episode ends in it
+def test_targets_match_a_step_by_step_computation(qmix_run):
+    # VDN's and IQL's TD targets on the QMIX run's buffer (episode ends in it) and agents' parameters (its mixer's
+    # collection unread), against one step-by-step computation of the agents' values
     one = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731  the first run
+    state = qmix_run[3]
     params = one(state.params)
     target_params = jax.tree.map(lambda x: x + 0.01, params)  # a target network that differs
-    items = one(state.buffer.items)  # [N, C, ...]
-    seq = jax.tree.map(lambda x: x[:, 40:48], items)  # [B=4, L=8, ...]
-    # (inside shard_map, as in training: a one-device mesh here)
-    td = jax.shard_map(lambda *args: algo.parts.td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
-                       check_vma=False)
-    q, targets = td(params, target_params, seq)
+    seq = jax.tree.map(lambda x: x[:, 40:48], one(state.buffer.items))  # [B=8, L=8, ...]
+    assert bool(jnp.any(seq["done"])), "the window should hold an episode end"
 
-    policy = algo.parts.policy
+    policy = qmix_run[0].parts.policy  # (the agents see what VDN's and IQL's see)
     dist, network = policy.dist, policy.network
     per_step = []  # (Q of obs_t, online and target Q of next_obs_t) [B, A, K], one step at a time
-    apply, no_restart = jax.jit(network.apply), jnp.zeros((1, 4, 3), bool)
-    carry = target_carry = network.initial_carry((4, 3))
+    apply, no_restart = jax.jit(network.apply), jnp.zeros((1, 8, 3), bool)
+    carry = target_carry = network.initial_carry((8, 3))
     for t in range(8):
-        first = jnp.broadcast_to(seq["first"][:, t, None], (1, 4, 3))
+        first = jnp.broadcast_to(seq["first"][:, t, None], (1, 8, 3))
         obs_in, next_in = policy.actor_inputs(seq["obs"][:, t])[None], policy.actor_inputs(seq["next_obs"][:, t])[None]
         carry, q_t, _ = apply(params, carry, obs_in, None, first)
         target_carry = apply(target_params, target_carry, obs_in, None, first)[0]
@@ -73,58 +87,66 @@ def test_targets_match_a_step_by_step_computation(experiment):
         per_step.append((dist.with_mask(q_t[0], seq["mask"][:, t]),
                          dist.with_mask(online_next[0], seq["next_mask"][:, t]),
                          dist.with_mask(target_next[0], seq["next_mask"][:, t])))
-    expected_q, expected_targets = [], []
-    for t, (q_t, online_next, target_next) in enumerate(per_step):
-        chosen = jnp.take_along_axis(q_t, seq["action"][:, t, :, None], -1)[..., 0]  # [B, A]
-        next_value = jnp.take_along_axis(target_next, jnp.argmax(online_next, -1)[..., None], -1)[..., 0]
-        reward, keep = seq["reward"][:, t], 1.0 - seq["terminated"][:, t]
-        if experiment == "smax_vdn":  # the team: summed values, the agents' mean reward
-            chosen, next_value, reward = chosen.sum(-1), next_value.sum(-1), reward.mean(-1)
-        else:
-            keep = keep[:, None]
-        expected_q.append(chosen)
-        expected_targets.append(reward + hp.gamma * keep * next_value)
-    assert bool(jnp.any(seq["done"])), "the window should hold an episode end"
-    np.testing.assert_allclose(q, jnp.stack(expected_q, 1)[:, 2:], rtol=1e-4, atol=1e-5)  # past the burn-in
-    np.testing.assert_allclose(targets, jnp.stack(expected_targets, 1)[:, 2:], rtol=1e-4, atol=1e-5)
+
+    for experiment in ("smax_vdn", "smax_iql"):
+        algo, hp = algos.build(_small(experiment, **{"replay.burn_in": 2, "returns.q_lambda": 0.0}),
+                               mesh_lib.make_mesh())
+        # (inside shard_map, as in training: a one-device mesh here)
+        td = jax.shard_map(lambda *args: algo.parts.td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+                           check_vma=False)
+        q, targets = td(params, target_params, seq)
+        expected_q, expected_targets = [], []
+        for t, (q_t, online_next, target_next) in enumerate(per_step):
+            chosen = jnp.take_along_axis(q_t, seq["action"][:, t, :, None], -1)[..., 0]  # [B, A]
+            next_value = jnp.take_along_axis(target_next, jnp.argmax(online_next, -1)[..., None], -1)[..., 0]
+            reward, keep = seq["reward"][:, t], 1.0 - seq["terminated"][:, t]
+            if experiment == "smax_vdn":  # the team: summed values, the agents' mean reward
+                chosen, next_value, reward = chosen.sum(-1), next_value.sum(-1), reward.mean(-1)
+            else:
+                keep = keep[:, None]
+            expected_q.append(chosen)
+            expected_targets.append(reward + hp.gamma * keep * next_value)
+        np.testing.assert_allclose(q, jnp.stack(expected_q, 1)[:, 2:], rtol=1e-4, atol=1e-5)  # past the burn-in
+        np.testing.assert_allclose(targets, jnp.stack(expected_targets, 1)[:, 2:], rtol=1e-4, atol=1e-5)
 
 
-def test_resume_with_hidden_states_and_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_path):
-    # 12 updates of 64 steps, checkpoints after 6 and 12; the buffer (100 steps per env) is partly filled at
+def test_resume_with_hidden_states_and_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_path, qmix_run):
+    # 12 updates of 128 steps, checkpoints after 6 and 12; the buffer (100 steps per env) is partly filled at
     # the first. Losing the second and resuming must give the same run, hidden states and buffer included.
-    config = _small("smax_qmix", **{"checkpoint.every_steps": 384, "replay.burn_in": 2})
+    # (After `qmix_run`, which compiled its program.)
+    config = _small("smax_qmix", **RESUMED)
     straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=12)
     assert resumed.metrics[-1]["learning"] == 1.0
     assert float(jnp.abs(resumed.state.acting.carry).max()) > 0  # recurrent agents mid-episode
     assert_same_state(straight.state, resumed.state)
 
 
-def test_buffer_holds_the_global_state_for_qmix_only():
-    qmix = build(_small("smax_qmix"))[2].buffer.items
-    vdn = build(_small("smax_vdn"))[2].buffer.items
+def test_buffer_holds_the_global_state_for_qmix_only(qmix_run):
+    qmix = qmix_run[2].items
+    vdn_algo, _ = algos.build(_small("smax_vdn"), mesh_lib.make_mesh())
+    vdn = jax.eval_shape(jax.vmap(vdn_algo.init), jax.random.split(jax.random.PRNGKey(0), 1)).buffer.items
     assert qmix["state"].shape[-1] == qmix["next_state"].shape[-1] == 72  # SMAX 3m's global state
     assert "state" not in vdn and {"first", "mask", "next_mask"} <= set(vdn)
-    assert vdn["obs"].shape[:3] == (1, 4, 100)  # [runs, envs, steps per env]
+    assert vdn["obs"].shape[:3] == (1, 8, 100)  # [runs, envs, steps per env]
 
 
-def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samples():
-    f16 = {"replay.store_dtype": "float16"}  # the SMAX experiments' own; jaxrl's default is float32
-    # The first two updates (16 steps per env each) come before learning starts: both runs act alike, so their
-    # stored steps differ only by float16's rounding.
-    algo, hp, state = build(_small("smax_qmix", **{"replay.store_dtype": "float32"}))
+def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samples(qmix_run):
+    # The first two updates (16 steps per env each) come before learning starts: a float32 run of `qmix_run`'s
+    # config acts alike, so their stored steps differ only by float16's rounding (the SMAX experiments' own dtype;
+    # jaxrl's default is float32).
+    algo, hp, state = build(_small("smax_qmix", **RESUMED, **{"replay.store_dtype": "float32"}), num_seeds=2)
     exact = algo.run_chunk(state, hp, 2)[0].buffer.items
-    algo, hp, state = build(_small("smax_qmix", **f16))
-    state, _ = algo.run_chunk(state, hp, 2)
+    algo, _, early, _, metrics = qmix_run
     acted_alike = lambda x: x[:, :, :32]  # noqa: E731  [runs, envs, steps per env, ...]
     for key in ("obs", "next_obs", "state", "next_state"):
-        stored = state.buffer.items[key]
+        stored = early.items[key]
         assert exact[key].dtype == jnp.float32 and stored.dtype == jnp.float16
         np.testing.assert_allclose(acted_alike(stored).astype(jnp.float32), acted_alike(exact[key]),
                                    rtol=1e-3, atol=3e-4)
-    assert state.buffer.items["reward"].dtype == jnp.float32
-    batch, _ = sample_batch(algo.settings, jax.tree.map(lambda x: x[0], state.buffer), jax.random.key(0))
+    assert early.items["reward"].dtype == jnp.float32
+    batch, _ = sample_batch(algo.settings, jax.tree.map(lambda x: x[0], early), jax.random.key(0))
     assert batch["items"]["obs"].dtype == batch["items"]["next_state"].dtype == jnp.float32
-    state, metrics = algo.run_chunk(state, hp, 4)  # learning from float32 samples of the float16 buffer
+    # updates 3-6 learned from float32 samples of the float16 buffer
     assert float(metrics["learning"][0]) == 1.0 and np.isfinite(metrics["td_loss"]).all()
     with pytest.raises(ValueError, match="replay.store_dtype"):
         algos.validate(_small("smax_qmix", **{"replay.store_dtype": "int8"}))
@@ -132,10 +154,10 @@ def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samp
     assert pixels["obs"].dtype == jnp.uint8 and pixels["reward"].dtype == jnp.float32  # only float observations
 
 
-def test_one_and_eight_devices_train_the_same_parameters():
-    overrides = {**SMALL, "num_envs": 8, "replay.batch_size": 16, "replay.buffer_size": 8 * 64,
-                 "replay.learning_starts": 256, "total_steps": 8 * 16 * 4}
-    assert_one_and_eight_devices_agree("smax_qmix", overrides, updates=4, rtol=1e-4, atol=1e-5)
+def test_one_and_eight_devices_train_the_same_parameters(qmix_run, tmp_path):
+    # `qmix_run` trained the 1-device run: 6 updates, 4 of them learning
+    assert_one_and_eight_devices_agree("smax_qmix", {**SMALL, **RESUMED}, updates=6, rtol=1e-4, atol=1e-5,
+                                       one_device=qmix_run[3], tmp_path=tmp_path)
 
 
 def test_config_errors_name_the_key():

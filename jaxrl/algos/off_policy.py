@@ -50,18 +50,19 @@ class ReplaySettings:
 class OffPolicySettings:
     """Static sizes and choices of an off-policy learner: changing one compiles a new program."""
 
-    num_envs: int
-    num_steps: int
-    num_updates: int  # over the run: the length of the learning-rate schedule (and of exploration's)
-    schedule: str  # engine.SCHEDULES
-    warmup_updates: int
-    adam_eps: float
-    weight_decay: bool  # the optimisers decay weights (by the traced hp.weight_decay)
-    grad_clip: str  # engine.GRAD_CLIPS
-    xla_options: tuple[tuple[str, str | bool], ...] | str  # the training program's XLA options, or "auto"
-    reset_ratio: int  # training envs: one restart computed per reset_ratio envs per step (`envs.AutoReset`)
-    replay: ReplaySettings | None  # None: no buffer, each rollout learned from as it comes (PQN)
-    learner: Any  # the family's own static choices (`q_learning.QRules`, `replay_actor_critic.ActorCriticRules`)
+    num_envs: int = NUM_ENVS.field()
+    num_steps: int = NUM_STEPS.field()
+    schedule: str = knobs.declared("optim.schedule").field()
+    warmup_updates: int = knobs.declared("optim.warmup_updates").field()
+    adam_eps: float = knobs.declared("optim.adam_eps").field()
+    # the optimisers decay weights (by the traced hp.weight_decay)
+    weight_decay: bool = knobs.declared("optim.weight_decay").field(convert=lambda decay: decay > 0)
+    grad_clip: str = knobs.declared("optim.grad_clip").field()
+    reset_ratio: int = RESET_RATIO.field()  # training envs: one restart per reset_ratio envs per step
+    num_updates: int = 1  # over the run: the length of the learning-rate schedule (and of exploration's)
+    xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
+    replay: ReplaySettings | None = None  # None: no buffer, each rollout learned from as it comes (PQN)
+    learner: Any = None  # the family's own static choices (`q_learning.QRules`, `replay_actor_critic.ActorCriticRules`)
 
     @property
     def batch_size(self) -> int:
@@ -93,16 +94,15 @@ def replay_config() -> ConfigDict:
 def off_policy_settings(config: ConfigDict, learner, sequence_key: str | None = None) -> OffPolicySettings:
     """The settings of `config`, with a replay buffer when it has config.replay, sampling sequences as long as
     the key `sequence_key` says (else single steps)."""
-    o = config.optim
     replay = None
     if "replay" in config:
-        length = knobs.get_value(config, sequence_key) if sequence_key else 1
-        replay = knobs.read(ReplaySettings, config, sequence_length=length)
-    return OffPolicySettings(
-        num_envs=config.num_envs, num_steps=config.num_steps,
-        num_updates=config.total_steps // (config.num_envs * config.num_steps), schedule=o.schedule,
-        warmup_updates=o.warmup_updates, adam_eps=o.adam_eps, weight_decay=o.weight_decay > 0, grad_clip=o.grad_clip,
-        xla_options=config_lib.xla_options(config), reset_ratio=config.env.reset_ratio, replay=replay, learner=learner)
+        replay = knobs.read(ReplaySettings, config, sequence_length=sequence_length(config, sequence_key))
+    return knobs.read(OffPolicySettings, config, num_updates=config.total_steps // (config.num_envs * config.num_steps),
+                      xla_options=config_lib.xla_options(config), replay=replay, learner=learner)
+
+
+def sequence_length(config: ConfigDict, sequence_key: str | None) -> int:
+    return knobs.get_value(config, sequence_key) if sequence_key else 1
 
 
 def check_off_policy_config(config: ConfigDict, sequence_key: str | None = None) -> None:
@@ -115,7 +115,7 @@ def check_off_policy_config(config: ConfigDict, sequence_key: str | None = None)
         raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
     if "replay" not in config:
         return
-    r, length = config.replay, knobs.get_value(config, sequence_key) if sequence_key else 1
+    r, length = config.replay, sequence_length(config, sequence_key)
     holding = f"num_steps and {sequence_key}" if sequence_key else "num_steps"
     if r.batch_size % config.num_envs:
         raise ValueError(f"config.replay.batch_size = {r.batch_size} must be a multiple of num_envs = "

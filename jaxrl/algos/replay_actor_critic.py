@@ -12,13 +12,10 @@
     actor_value what the actor maximises: "min" over the critics (SAC), the "first" critic (TD3), the "mean" of
                 all atoms (TQC)
 
-One update, for one run on this device's n envs (inside `engine.compile_chunk`):
-
-    rollout: T steps of every env (`OffPolicyLearner.rollout`; uniform random actions before learning_starts)
-      -> `replay.add`
-      -> G gradient steps, each on replay_batch transitions: the critics towards
-         r + gamma (1 - terminated) (Z_target(s', a') - alpha log pi(a'|s')), then (when due) the actor, the
-         temperature and the target networks (Polyak, `target.tau`)
+One update, for one run on this device's n envs (`engine.acting.replay_update`): T steps of every env (uniform
+random actions before learning_starts) into the buffer, then G gradient steps, each on replay_batch transitions:
+the critics towards r + gamma (1 - terminated) (Z_target(s', a') - alpha log pi(a'|s')) (prioritised: weighted,
+new priorities |TD|), then (when due) the actor, the temperature and the target networks (Polyak, `target.tau`).
 
 Continuous actions are stored as the squashed action a in [-1, 1]^D that the critics see; the env gets a
 rescaled to its bounds. Shapes: n envs, A agents, D action dimensions (K actions), E critics, N atoms, B
