@@ -10,7 +10,8 @@ Three variants of one task's tuned PPO config, each with `--seeds` seeds as one 
   2026, "Preventing Learning Stagnation in PPO by Scaling to 1 Million Parallel Environments");
 - naive: `num_envs=N` alone: the same minibatch count, so minibatches N / num_envs times larger and that
   many fewer gradient steps per env step.
-All three in the same run of the script. Table and curves: RESULTS.md, `co_scaling.png`, `co_scaling.json`.
+All three in the same run of the script. Table and curves: benchmarks/results/co_scaling.md, `co_scaling.png`,
+`co_scaling.json`.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ G continuations) and per-agent counterfactual groups (one agent per group acts o
 The x axis is env steps taken, counted as `benchmarks/grpo_vs_ppo.py` counts them (the steps of every
 member's episode; a vine group's shared prefix is computed by each member, so it counts G times). Prints a
 table of greedy and training win rates at fractions of the budget (mean +- std over seeds) and saves a plot;
-with --update-results they replace the section between the env_rollout_strategies markers in RESULTS.md.
+with --update-results they replace the section between the env_rollout_strategies markers in
+benchmarks/results/env_rollout_strategies.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--strategies", default="independent,vine,counterfactual")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "env_rollout_strategies.png"))
-    parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update its page in benchmarks/results/")
     parser.add_argument("--from-json", default="", help="comma-separated curves that earlier runs saved (their "
                         "--plot path with .json), e.g. strategies run on two cores at once: no training")
     args = parser.parse_args(argv)

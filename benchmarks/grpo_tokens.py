@@ -13,7 +13,7 @@ the median of `--repeats` timed repetitions of `--steps` calls each:
   prompt ids repeated G times ([B*G, P], as GRPOTrainer feeds it). Tokens are counted up to and
   including EOS (nothing after it), on both sides.
 - s per GRPO step: sample B prompts -> G completions each -> rewards -> group advantages -> one pass
-  of the clipped policy loss -> one optimiser step. jaxrl: `TextGRPO.run_chunk(state, hp, 1)`, the config of
+  of the clipped policy loss -> one optimiser step. jaxrl: text GRPO's `run_chunk(state, hp, 1)`, the config of
   experiments/text_grpo.py with the sizes below and `init_from=""` (random init), each call timed with
   `jax.block_until_ready`. TRL: `trainer.train()` for warm-up + steps x repeats steps, a callback timing
   each step (end to end: data loading, generation, reward, loss, backward, optimiser).
@@ -107,11 +107,12 @@ def jaxrl_config(args):
 def jaxrl_bench(args, config):
     """(tokens/s samples, s/step samples, algo, the generation row's prompts [B, P]) for jaxrl."""
     algo, hp = algos.build(config, mesh_lib.make_mesh())
-    task, vocab, model = algo.task, algo.vocab, algo.model
+    policy = algo.parts.policy
+    task, vocab, model = policy.task, policy.vocab, policy.model
     B, G, N = args.prompts, args.group_size, args.new_tokens
 
     # Generation only: the jitted sampler on a fixed batch of prompts, a fresh key per call.
-    params = algo.init_params(jax.random.PRNGKey(0))
+    params = policy.init_params(jax.random.PRNGKey(0))
     prompts = task.prompts(task.sample(jax.random.key(1), B, "train"), vocab)
 
     keys = list(jax.random.split(jax.random.PRNGKey(2), 2 + args.repeats * args.steps))  # made before the clock runs
@@ -218,11 +219,11 @@ def trl_bench(args, algo, prompts: jax.Array):
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # deprecation notices inside transformers / trl
 
-    task, vocab = algo.task, algo.vocab
+    task, vocab = algo.parts.task, algo.parts.vocab
     B, G, N = args.prompts, args.group_size, args.new_tokens
-    tokenizer = hf_tokenizer(algo.tokenizer)
+    tokenizer = hf_tokenizer(algo.parts.policy.tokenizer)
     on_gpu = torch.cuda.is_available() and jax.default_backend() == "gpu"  # both sides on one kind of device
-    model = gpt2(args, vocab.size, algo.model.config.max_len)
+    model = gpt2(args, vocab.size, algo.parts.model.config.max_len)
 
     # Prompts: the same task and split, as text ("<bos>12+345="); the sum rides along for the reward.
     total_steps = args.warmup + args.steps * args.repeats

@@ -9,7 +9,7 @@ step of its rollouts, for GRPO the steps of its episodes (a group rollout comput
 env and masks the ones after a battle ended; those are not counted here, but they cost time, so wall
 seconds are reported too). Prints a markdown table of win rates (training, and greedy evaluation) at
 fractions of the budget, mean +- std over seeds, and saves a plot; with --update-results the table and
-plot link replace the section between the grpo_vs_ppo markers in benchmarks/RESULTS.md.
+plot link replace the section between the grpo_vs_ppo markers in benchmarks/results/grpo_vs_ppo.md.
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def main(argv=None):
                         help="GRPO advantage estimators, comma-separated (median runs groups of 9)")
     parser.add_argument("--no-mappo", action="store_true")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "grpo_vs_ppo.png"))
-    parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/grpo_vs_ppo.md")
     parser.add_argument("--from-json", default="", help="re-render the table and plot from the raw curves a "
                         "previous run saved (its --plot path with .json), without training")
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@
     python benchmarks/off_policy.py --cases rejax:sac,sbx:sac --seeds 2 --update-results
 
 With --update-results the cases run replace their figures in `off_policy.json` (beside this file) and the
-others stay; RESULTS.md's section shows them all, each row pointing at the note of the run it came from.
+others stay; benchmarks/results/off_policy.md shows them all, each row pointing at the note of the run it came from.
 
 Each case runs one recipe (RECIPES below) in both libraries, on the same environment object where both are JAX
 (gymnax 1.x's CartPole-v1 and Pendulum-v1), and on gymnasium's Pendulum-v1 for sbx (same dynamics and 200-step
@@ -319,7 +319,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=1, help="timed runs per library in the rejax cases")
     parser.add_argument("--target", type=float, default=-200.0, help="training return the sbx cases time")
     parser.add_argument("--total-steps", type=int, help="env steps per seed for every case (default: each recipe's)")
-    parser.add_argument("--update-results", action="store_true", help="write the section into RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/off_policy.md")
     args = parser.parse_args()
     cases = args.cases.split(",")
     unknown = [c for c in cases if c not in RECIPES]
@@ -363,7 +363,7 @@ def load_results() -> dict:
 
 
 def section(results: dict) -> str:
-    """The RESULTS.md block: the rejax table, the sbx table, each row pointing at its run's note."""
+    """The results page's block: the rejax table, the sbx table, each row pointing at its run's note."""
     notes = list(dict.fromkeys(r["note"] for r in results.values()))
     tables = {"rejax": [], "sbx": []}
     for case in (c for c in RECIPES if c in results):

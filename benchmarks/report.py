@@ -6,16 +6,34 @@ from jaxrl.metrics import markdown_table, per_seed, save_figure  # noqa: F401  (
 
 
 def replace_section(path: str, markers: tuple[str, str], section: str, title: str) -> None:
-    """Put `section` between the two marker lines of the markdown file at `path`, replacing what was there;
-    without the markers, append it under a new `## title` heading."""
-    with open(path) as f:
-        text = f.read()
+    """Put `section` between the two marker lines of the markdown page at `path`, replacing what was there;
+    without the markers, append it under a new `## title` heading; without the page, create it under `# title`.
+    A script writes its section as from benchmarks/ (a plot is `![...](name.png)`): each relative link is
+    rewritten to hold from the page's folder (`../name.png` from benchmarks/results/)."""
+    import os
+    import re
+
+    here, benchmarks = os.path.dirname(os.path.abspath(path)), os.path.dirname(os.path.abspath(__file__))
+
+    def relink(match):
+        target = match.group(2)
+        if target.startswith(("#", "/")) or re.match(r"[a-z][a-z0-9+.-]*:", target):
+            return match.group(0)
+        return match.group(1) + os.path.relpath(os.path.join(benchmarks, target), here).replace(os.sep, "/") + ")"
+
+    section = re.sub(r"(\]\()([^)\s]+)\)", relink, section)
     block = f"{markers[0]}\n{section}\n{markers[1]}"
-    if markers[0] in text and markers[1] in text:
-        start, end = text.index(markers[0]), text.index(markers[1]) + len(markers[1])
-        text = text[:start] + block + text[end:]
+    if not os.path.exists(path):
+        os.makedirs(here, exist_ok=True)
+        text = f"# {title}\n\n{block}\n"
     else:
-        text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
+        with open(path) as f:
+            text = f.read()
+        if markers[0] in text and markers[1] in text:
+            start, end = text.index(markers[0]), text.index(markers[1]) + len(markers[1])
+            text = text[:start] + block + text[end:]
+        else:
+            text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(text)
 
@@ -95,10 +113,12 @@ def seed_band(ax, x, y, label: str) -> None:
 
 
 def publish(section: str, update_results: bool, markers: tuple[str, str], title: str) -> None:
-    """Print a benchmark's section; with `update_results`, also put it into benchmarks/RESULTS.md."""
+    """Print a benchmark's section; with `update_results`, also put it into its results page,
+    benchmarks/results/NAME.md for the markers `<!-- NAME:start -->` (created under `# title` when absent)."""
     import os
 
     print(section)
     if update_results:
-        replace_section(os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md"), markers, section,
-                        title)
+        name = markers[0].removeprefix("<!--").strip().split(":")[0]
+        page = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.md")
+        replace_section(page, markers, section, title)

@@ -174,7 +174,7 @@ def update_speed(args, sft_dir: str, rows: list[str], updates: int) -> str:
             times.append((time.perf_counter() - tick) / updates)
             tokens.append(float(metrics["sampled_tokens"].mean()))
             steps.append(float(metrics["decode_steps"].mean()) if "decode_steps" in metrics
-                         else float(algo.task.answer_length))
+                         else float(algo.parts.task.answer_length))
         seconds[name] = statistics.median(times)
         table.append([name, f"{seconds[name]:.3f}", f"{statistics.mean(tokens):,.0f}",
                       f"{statistics.mean(tokens) * args.seeds / seconds[name]:,.0f}", f"{statistics.mean(steps):.1f}"])
@@ -195,7 +195,7 @@ def main(argv=None):
     parser.add_argument("--pool", type=int, default=512, help="training problems (rollout.pool_size), every row")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "rollout_strategies.png"))
-    parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/rollout_strategies.md")
     parser.add_argument("--speed", type=int, default=0, metavar="UPDATES",
                         help="only time UPDATES updates of each row from the warm start (needs --sft-dir), no training")
     args = parser.parse_args(argv)

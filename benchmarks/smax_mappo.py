@@ -194,7 +194,7 @@ def plot(results: dict, path: str) -> str:
 
 
 def render(results: dict, meta: dict) -> str:
-    """The RESULTS.md section: per scenario, how and when it was measured, then its tables."""
+    """The section of benchmarks/results/smax_mappo.md: per scenario, how and when it was measured, then its tables."""
     sections = []
     for scenario, runs in results.items():
         m = meta[scenario]
@@ -244,7 +244,7 @@ def main(argv=None):
     parser.add_argument("--from-json", help="re-render the tables and plot from saved curves")
     parser.add_argument("--default-seeds", type=int, default=0,
                         help="run only our default config (first scenario) with this many seeds")
-    parser.add_argument("--update-results", action="store_true", help="write the section into RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/smax_mappo.md")
     args = parser.parse_args(argv)
 
     from report import publish

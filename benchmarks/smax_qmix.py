@@ -106,8 +106,8 @@ def main(argv=None):
     parser.add_argument("--scenario", default="3m")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--total-steps", type=int, default=204_800)
-    parser.add_argument("--machine", default=None, help="how RESULTS.md names the machine (default: what it finds)")
-    parser.add_argument("--update-results", action="store_true", help="write the section of benchmarks/RESULTS.md")
+    parser.add_argument("--machine", default=None, help="how the results page names the machine (default: found)")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/smax_qmix.md")
     args = parser.parse_args(argv)
     problem = check_reference(args.jaxmarl_repo, "qmix")
     if problem:
@@ -130,7 +130,7 @@ def main(argv=None):
     with open(JSON_PATH, "w") as f:
         json.dump({"results": results, "meta": meta}, f)
     if args.update_results:
-        report.replace_section(os.path.join(ROOT, "benchmarks", "RESULTS.md"), MARKERS, text,
+        report.replace_section(os.path.join(ROOT, "benchmarks", "results", "smax_qmix.md"), MARKERS, text,
                                "QMIX on SMAX vs JaxMARL's qmix_rnn.py (benchmarks/smax_qmix.py)")
 
 

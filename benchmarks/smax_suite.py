@@ -348,7 +348,7 @@ def plot(cells: dict, references: dict, learners: list[str], path: str) -> str:
 
 
 def render(saved: dict, learners: list[str]) -> str:
-    """The RESULTS.md section."""
+    """The section of benchmarks/results/smax_suite.md."""
     cells = saved["cells"]
     references = all_references(saved)
     records = [r for by_learner in cells.values() for r in by_learner.values() if "error" not in r]
@@ -422,7 +422,7 @@ def main(argv=None):
     parser.add_argument("--reference-repo", help="a JaxMARL checkout: also run its scripts of the learners chosen")
     parser.add_argument("--reference-seeds", type=int, default=3)
     parser.add_argument("--report", action="store_true", help="only print (and write) the report from the JSON")
-    parser.add_argument("--update-results", action="store_true", help="write the section into RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/smax_suite.md")
     args = parser.parse_args(argv)
     scenarios = parse_names(args.scenarios, SCENARIOS, "scenario")
     learners = parse_names(args.learners, LEARNERS, "learner")

@@ -92,7 +92,7 @@ def main():
     parser.add_argument("--learning-rates", default="1e-4,3e-4,1e-3")
     parser.add_argument("--total-steps", type=int, default=500_000)
     parser.add_argument("--skip-sequential", action="store_true", help="time only the sweep")
-    parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/sweep.md")
     args = parser.parse_args()
     learning_rates = [float(x) for x in args.learning_rates.split(",")]
     config = base_config(args.total_steps)

@@ -13,7 +13,7 @@ for two advantage estimators over several seeds.
 
 Prints a markdown table (base accuracy, accuracy after RL at fractions of the budget, gain, the wall
 time at which each seed first gained 20 points) and saves a plot; with --update-results both replace the
-section between the text_rl markers in benchmarks/RESULTS.md.
+section between the text_rl markers in benchmarks/results/text_rl.md.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
     batch = json.load(open(os.path.join(sft_dir, "config.json")))["num_prompts"]
     out = []
     for step in steps:
-        params = restore_text_params(sft_dir, algo.settings, algo.mesh, step)
+        params = restore_text_params(sft_dir, algo.settings.text, algo.mesh, step)
         accuracy = algo.evaluate(params, jax.random.PRNGKey(0), config.eval.num_envs)["eval_accuracy"]
         out.append((step * batch, float(np.mean(accuracy))))
     return out
@@ -158,7 +158,7 @@ def main(argv=None):
                         help="RL completions per seed, a multiple of 8 log intervals (8 x 2560)")
     parser.add_argument("--estimators", default="grpo,dr_grpo")
     parser.add_argument("--plot", default=os.path.join(ROOT, "benchmarks", "text_rl.png"))
-    parser.add_argument("--update-results", action="store_true", help="write the table into benchmarks/RESULTS.md")
+    parser.add_argument("--update-results", action="store_true", help="update benchmarks/results/text_rl.md")
     args = parser.parse_args(argv)
 
     from jaxrl import advantages, train

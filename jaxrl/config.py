@@ -140,7 +140,7 @@ def positive(config: ConfigDict, *keys: str) -> None:
 # multi-threaded kernels). Which programs gain is measured per algorithm or experiment, where it is set.
 WITHOUT_YNNPACK = "xla_cpu_experimental_ynn_fusion_type="
 # config.xla_options "auto": on the CPU, the training program is compiled with each of XLA_AUTO_CHOICES and the run
-# keeps the faster, timed on its first state, when the states they reach are bitwise equal (`engine.ChunkRunner`):
+# keeps the faster, timed on its first state, when the states they reach are bitwise equal (`engine.Algorithm`):
 # for settings that help on one machine and hurt on another (YNNPACK's fusions made benchmarks/grpo_tokens.py's
 # step 1.45x faster on a 2-core AMD EPYC and 1.15x slower on a 2-core Intel Xeon, with equal states). Not a
 # default: it costs a compile, and the programs of experiments/text_grpo.py and text_sft.py reach different

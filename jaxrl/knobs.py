@@ -59,6 +59,10 @@ class Knob:
         """A dataclass field that reads this knob (with `convert` when this class holds it otherwise)."""
         return _field(dataclasses.replace(self, convert=convert) if convert else self)
 
+    def only(self, value: Any, why: str) -> "Only":
+        """A family's narrower rule on this shared key: it takes `value` alone, for the reason `why`."""
+        return Only(self, value, why)
+
     def value_of(self, config: ConfigDict) -> Any:
         """The config's value of this key, as a settings field holds it."""
         value = get_value(config, self.key)
@@ -237,3 +241,18 @@ def declared(key: str) -> Knob:
     if key not in DECLARED:
         raise KeyError(f"config key {key!r} is not declared (jaxrl.knobs)")
     return DECLARED[key]
+
+
+@dataclasses.dataclass(frozen=True)
+class Only:
+    """A shared key that one family takes at one value alone (`Knob.only`: env GRPO's groups never auto-reset,
+    so its env.reset_ratio stays 1), declared beside the family's keys; the family's check applies it."""
+
+    knob: Knob
+    value: Any
+    why: str
+
+    def check(self, config: ConfigDict) -> None:
+        value = get_value(config, self.knob.key)
+        if value != self.value:
+            raise ValueError(f"config.{self.knob.key} = {value!r}: {self.why} (leave it {self.value!r})")

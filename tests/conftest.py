@@ -226,3 +226,19 @@ def assert_same_state(a, b):
         x, y = np.asarray(x), np.asarray(y)
         assert not np.issubdtype(x.dtype, np.floating) or np.isfinite(x).all(), "not finite"
         np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="session")
+def tiny_sft_run(tmp_path_factory):
+    """A `tiny_sft_config` run of 3,200 samples, then resumed with total_steps 4,800: tests/test_text_sft.py checks
+    it, and the text GRPO tests start from it (one SFT run for both, its compiles their largest part).
+    Returns (workdir, the first run's metric rows, the resumed run's)."""
+    from jaxrl import config as config_lib, train
+    from helpers import tiny_sft_config
+
+    workdir = str(tmp_path_factory.mktemp("sft") / "run")
+    first = train.run(tiny_sft_config(), workdir).metrics
+    config = config_lib.load(os.path.join(workdir, "config.json"))
+    with config.unlocked():
+        config.total_steps = 4_800
+    return workdir, first, train.run(config, workdir).metrics

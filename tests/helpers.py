@@ -139,12 +139,12 @@ def auto_reset_parity(ours, ref_reset, ref_step, num_envs: int = 8, num_steps: i
     space = ours.action_space()
     flat = jax.vmap(lambda x: jnp.ravel(jnp.asarray(x)).astype(jnp.float32))
     keys = jax.random.split(jax.random.PRNGKey(seed), num_envs)
-    obs, _ = jax.vmap(wrapped.reset)(keys)
-    ref_obs, state = jax.vmap(ref_reset)(keys)
-    np.testing.assert_allclose(obs, flat(ref_obs), rtol=1e-6, atol=1e-6)
 
-    @jax.jit
-    def both(state, key):
+    @jax.jit  # (the resets too: run op by op, a large env's reset costs more than compiling it)
+    def both(keys, key):
+        obs, _ = jax.vmap(wrapped.reset)(keys)
+        ref_obs, state = jax.vmap(ref_reset)(keys)
+
         def step(state, key):
             action_key, step_key = jax.random.split(key)
             actions = jax.vmap(space.sample)(jax.random.split(action_key, num_envs))
@@ -159,9 +159,11 @@ def auto_reset_parity(ours, ref_reset, ref_step, num_envs: int = 8, num_steps: i
             ours = {"obs": obs, "reward": reward, "done": done, "terminated": info["terminated"],
                     "truncated": info["truncated"], "final_obs": info["final_obs"], "state": our_state}
             return ref_state, ({k: ours[k] for k in theirs}, theirs, (info["terminated"], info["truncated"]))
-        return jax.lax.scan(step, state, jax.random.split(key, num_steps))[1]
+        return obs, flat(ref_obs), jax.lax.scan(step, state, jax.random.split(key, num_steps))[1]
 
-    ours_out, theirs_out, (terminated, truncated) = jax.device_get(both(state, jax.random.PRNGKey(seed + 1)))
+    obs, ref_obs, (ours_out, theirs_out, (terminated, truncated)) = jax.device_get(
+        both(keys, jax.random.PRNGKey(seed + 1)))
+    np.testing.assert_allclose(obs, ref_obs, rtol=1e-6, atol=1e-6)
     for name in theirs_out:
         for x, y in zip(jax.tree.leaves(ours_out[name]), jax.tree.leaves(theirs_out[name])):
             x, y = np.asarray(x), np.asarray(y)

@@ -44,14 +44,14 @@ def jaxrl_gradient(algo, hp, state):
     """The next update's rollout, statistics and first gradient (one epoch of one minibatch), for seed 0."""
     def one_seed(st, hp):
         _, rollout_key, epoch_key = jax.random.split(st.key, 3)
-        after, traj, _ = algo._rollout(st.params, st, rollout_key)
-        units, (obs_norm, _) = algo._units(st, hp, after, traj)
+        after, traj, _ = algo.parts.rollout(st, rollout_key)
+        units, (obs_norm, _) = algo.parts.units(st, hp, after, traj)
         batch = jax.tree.map(lambda x: x[0], deal_minibatches(epoch_key, units, 1))
-        (loss, aux), grads = jax.value_and_grad(algo._loss, has_aux=True)(trainable(st.params), batch, hp)
+        (loss, aux), grads = jax.value_and_grad(algo.parts.loss, has_aux=True)(trainable(st.params), batch, hp)
         return loss, aux, grads, traj, after[1], obs_norm
 
     fn = jax.shard_map(jax.vmap(one_seed, in_axes=(0, None)), mesh=algo.mesh,
-                       in_specs=(algo.chunk_specs(state), P()), out_specs=P(RUN_AXIS), check_vma=False)
+                       in_specs=(algo.state_specs(state), P()), out_specs=P(RUN_AXIS), check_vma=False)
     return jax.tree.map(lambda x: x[0], jax.jit(fn)(state, hp))
 
 
@@ -83,12 +83,16 @@ def test_ppo_loss_and_gradient_equal_brax_s_on_the_same_rollout():
     # acting: the rollout's log-probabilities and values are those of Brax's networks with the statistics
     # the rollout acted with
     acted_with = brax_statistics(params["obs_norm"]["obs"])
-    logits = net.policy_network.apply(acted_with, brax_params.policy, observation)
-    dist = net.parametric_action_distribution
-    np.testing.assert_allclose(dist.log_prob(logits, batch_major(traj.action)), batch_major(traj.log_prob),
-                               rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(net.value_network.apply(acted_with, brax_params.value, observation),
-                               batch_major(traj.value), rtol=1e-4, atol=1e-4)
+
+    @jax.jit  # (Brax's side in one program: run op by op, it costs more than compiling)
+    def brax_acting(brax_params, observation, action):
+        logits = net.policy_network.apply(acted_with, brax_params.policy, observation)
+        log_prob = net.parametric_action_distribution.log_prob(logits, action)
+        return logits, log_prob, net.value_network.apply(acted_with, brax_params.value, observation)
+
+    logits, log_prob, value = brax_acting(brax_params, observation, batch_major(traj.action))
+    np.testing.assert_allclose(log_prob, batch_major(traj.log_prob), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(value, batch_major(traj.value), rtol=1e-4, atol=1e-4)
 
     # the update: loss and gradient on the same data, with the statistics that include the rollout
     next_obs = jnp.concatenate([traj.obs[1:], obs_after[None]], 0)
@@ -108,7 +112,7 @@ def test_ppo_loss_and_gradient_equal_brax_s_on_the_same_rollout():
                                        vf_coefficient=config.loss.vf_coef,
                                        clipping_epsilon_value=config.loss.value_clip)
 
-    (brax_total, brax_aux), brax_grads = jax.value_and_grad(brax_loss, has_aux=True)(brax_params)
+    (brax_total, brax_aux), brax_grads = jax.jit(jax.value_and_grad(brax_loss, has_aux=True))(brax_params)
     assert float(aux["approx_kl"]) > 0  # the updated statistics move the policy: the ratios are not all one
     np.testing.assert_allclose(loss, brax_total, rtol=1e-5)
     np.testing.assert_allclose(aux["policy_loss"], brax_aux["policy_loss"], rtol=1e-4, atol=1e-7)

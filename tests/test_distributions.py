@@ -134,9 +134,9 @@ def test_ppo_with_a_squashed_state_dependent_gaussian_acts_within_the_bounds():
     set_keys(config, {"num_envs": 4, "num_steps": 16, "total_steps": 4 * 16 * 2, "optim.num_minibatches": 2,
                       "network.squash": True, "network.log_std": "state", "network.init_log_std": 1.0})
     algo, hp, state = build(config)
-    traj = algo.sample_trajectory(state)
+    traj = algo.parts.sample_trajectory(state)
     assert traj.action.shape == (1, 16, 4, 1, 1)  # [seeds, T, envs, agents, D]
-    env_actions = algo.policy.dist.to_env(traj.action)
+    env_actions = algo.parts.policy.dist.to_env(traj.action)
     assert float(jnp.max(jnp.abs(env_actions))) <= 2.0 and float(jnp.max(jnp.abs(traj.action))) > 2.0
     state, metrics = algo.run_chunk(state, hp, 2)
     assert np.isfinite(np.asarray(metrics["entropy"])).all() and np.isfinite(np.asarray(metrics["approx_kl"])).all()

@@ -27,7 +27,8 @@ def build_site(root, site_dir):
 def test_the_docs_site_builds_strict_with_every_page(tmp_path):
     result = build_site(ROOT, tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
-    pages = ["index.html", "runs/index.html", "config/index.html", "benchmarks/index.html", "benchmarks/RESULTS/index.html"]
+    pages = ["index.html", "runs/index.html", "config/index.html", "benchmarks/index.html",
+             "benchmarks/results/smax_mappo/index.html", "investigations/index.html"]
     assert [page for page in pages if not (tmp_path / page).is_file()] == []
     api_html = "".join(page.read_text() for page in (tmp_path / "api").glob("*/index.html"))
     assert [module for module in API_MODULES if f'id="{module}"' not in api_html] == []
@@ -35,8 +36,8 @@ def test_the_docs_site_builds_strict_with_every_page(tmp_path):
 
 @pytest.mark.parametrize("page, link, named_in_the_warning", [
     ("runs.md", "[a page that is not there](no-such-page.md)", "no-such-page.md"),
-    # benchmarks/README.md links into RESULTS.md's headings: renaming one must fail the build too
-    ("index.md", "[a section that is not there](benchmarks/RESULTS.md#no-such-section)", "no-such-section"),
+    # a link into a results page's headings: renaming one must fail the build too
+    ("index.md", "[a section that is not there](benchmarks/results/smax_mappo.md#no-such-section)", "no-such-section"),
 ], ids=["page", "anchor"])
 def test_a_broken_link_fails_the_strict_build(tmp_path, page, link, named_in_the_warning):
     copy = tmp_path / "repo"

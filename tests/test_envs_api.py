@@ -126,8 +126,8 @@ def test_ppo_rollouts_follow_env_reset_ratio():
         config = set_keys(load_experiment("cartpole_ppo"), {
             "num_envs": 64, "num_steps": 64, "total_steps": 64 * 64, "env.reset_ratio": ratio})
         algo, _, state = build(config)
-        assert algo.env.env.reset_ratio == ratio
-        return jax.device_get(algo.sample_trajectory(state))
+        assert algo.parts.env.env.reset_ratio == ratio
+        return jax.device_get(algo.parts.sample_trajectory(state))
 
     exact, shared = trajectory(1), trajectory(64)
     ended_per_step = exact.first[0, 1:].sum(-1)  # [T - 1]: envs whose episode ended on step t

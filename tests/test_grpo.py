@@ -1,21 +1,39 @@
 """GRPO on environments: group rollouts from identical starts, masks after episode ends, advantages per
 episode or per step, estimator and loss parts switched from the config."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl import advantages, algos
+from jaxrl import advantages, algos, mesh as mesh_lib
 from jaxrl.algos import grpo
 from jaxrl.loops import CHUNK, trim_lengths
 from helpers import build, small_grpo_config
 
 
-@pytest.mark.parametrize("name,arg", [("cartpole_grpo", None), ("smax_grpo", "3m")])
-def test_group_members_start_identically_and_then_diverge(name, arg):
-    algo, _, state = build(small_grpo_config(name, arg, num_steps=48))
-    traj = jax.device_get(algo.sample_trajectory(state))  # leaves [S, T, N, A, ...]
+# Built (and compiled) once for the tests that read them: (algorithm, hyperparameters, initial state, the
+# trajectory of the first update [S, T, N, A, ...])
+def built_with_trajectory(config):
+    algo, hp, state = build(config)
+    return algo, hp, state, jax.device_get(algo.parts.sample_trajectory(state))
+
+
+@pytest.fixture(scope="module")
+def cartpole():  # a 200-step cap: untrained CartPole episodes all end far sooner
+    return built_with_trajectory(small_grpo_config(num_steps=200))
+
+
+@pytest.fixture(scope="module")
+def smax():
+    return built_with_trajectory(small_grpo_config("smax_grpo", "3m", num_steps=100))
+
+
+@pytest.mark.parametrize("env", ["cartpole", "smax"])
+def test_group_members_start_identically_and_then_diverge(env, request):
+    algo, _, _, traj = request.getfixturevalue(env)  # leaves [S, T, N, A, ...]
     G, N = algo.settings.group_size, algo.settings.num_envs
     obs = traj.actor_in[0]  # [T, N, A, d]
     groups = obs.reshape(obs.shape[0], N // G, G, *obs.shape[2:])
@@ -23,15 +41,14 @@ def test_group_members_start_identically_and_then_diverge(name, arg):
     np.testing.assert_array_equal(groups[0], np.broadcast_to(groups[0][:, :1], groups[0].shape))
     assert not np.allclose(groups[0][0], groups[0][1])
     # Different action noise: the members' actions and later observations differ.
-    actions = traj.action[0].reshape(-1, N // G, G, algo.num_agents)
+    actions = traj.action[0].reshape(-1, N // G, G, algo.parts.num_agents)
     assert (actions != actions[:, :, :1]).any()
     t = int(traj.running[0, :, :, 0].sum(0).min()) - 1  # the last step every episode takes
     assert t > 0 and not np.allclose(groups[t][:, :1], groups[t])
 
 
-def test_steps_after_an_episode_ends_are_masked():
-    algo, _, state = build(small_grpo_config(num_steps=200))
-    traj = jax.device_get(algo.sample_trajectory(state))
+def test_steps_after_an_episode_ends_are_masked(cartpole):
+    traj = cartpole[3]
     running, reward, acting = traj.running[0, :, :, 0], traj.reward[0, :, :, 0], traj.acting[0, :, :, 0]
     lengths = running.sum(0)
     assert (lengths < 200).all(), "an untrained CartPole policy ends its episodes within 200 steps"
@@ -42,13 +59,11 @@ def test_steps_after_an_episode_ends_are_masked():
     np.testing.assert_array_equal(acting, running)
 
 
-def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(monkeypatch):
+def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(cartpole, monkeypatch):
     """With a 200-step cap, untrained CartPole episodes all end far sooner: the steps after the chunk in which
     the last one ended are not computed (zeros), and the updates equal those of a rollout that computes all
     200 steps."""
-    config = small_grpo_config(num_steps=200)
-    algo, hp, state = build(config)
-    traj = jax.device_get(algo.sample_trajectory(state))
+    algo, hp, state, traj = cartpole
     last = int(traj.running[0, :, :, 0].sum(0).max())  # steps of the longest episode
     assert last < 200 - 2 * CHUNK
     assert not np.asarray(traj.actor_in[0, last + CHUNK:]).any()  # no step taken past its chunk
@@ -57,8 +72,8 @@ def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(m
 
     full_scan = lambda step, carry, xs, finished, unroll=1: jax.lax.scan(step, carry, xs, unroll=unroll)  # noqa: E731
     monkeypatch.setattr(grpo, "scan_until", full_scan)
-    algo, hp, state = build(config)
-    full_traj = jax.device_get(algo.sample_trajectory(state))
+    algo, hp, state = build(small_grpo_config(num_steps=200))
+    full_traj = jax.device_get(algo.parts.sample_trajectory(state))
     assert np.asarray(full_traj.actor_in[0, -1]).any()  # (every step computed)
     full, _ = algo.run_chunk(state, hp, 2)
     # Two programs: XLA may sum the same gradients in another order (the bias gradients are products, ones @ dy,
@@ -68,13 +83,13 @@ def test_the_rollout_stops_once_every_episode_ended_and_trains_as_the_full_one(m
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_learning_covers_the_longest_episode_only_and_equals_learning_over_every_step(monkeypatch):
+def test_learning_covers_the_longest_episode_only_and_equals_learning_over_every_step(cartpole, monkeypatch):
     """With a 200-step cap and untrained CartPole episodes far shorter, the update learns from the first 56 or
     104 steps (`trim_lengths(200)`): the parameters equal those of an update over all 200 (the steps past the
     longest episode are masked out of every loss term), and the metrics say which length ran."""
     config = small_grpo_config(num_steps=200, **{"loss.aggregate": "constant"})  # divides by 200 either way
     algo, hp, state = build(config)
-    traj = jax.device_get(algo.sample_trajectory(state))
+    traj = cartpole[3]  # (the same first rollout: the loss's aggregation changes neither the start nor the rollout)
     longest = int(traj.running[0, :, :, 0].sum(0).max())
     trimmed, metrics = algo.run_chunk(state, hp, 1)
     learned = int(metrics["learned_steps"][0])
@@ -88,9 +103,8 @@ def test_learning_covers_the_longest_episode_only_and_equals_learning_over_every
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
 
-def test_smax_agents_stop_acting_when_they_die():
-    algo, _, state = build(small_grpo_config("smax_grpo", "3m", num_steps=100))
-    traj = jax.device_get(algo.sample_trajectory(state))
+def test_smax_agents_stop_acting_when_they_die(smax):
+    traj = smax[3]
     running, acting = traj.running[0], traj.acting[0]  # [T, N, A]
     assert (acting <= running).all()
     assert ((running - acting).sum(0) > 0).any(), "some agent should die before its battle ends"
@@ -102,11 +116,11 @@ def test_smax_agents_stop_acting_when_they_die():
 
 
 @pytest.mark.parametrize("returns", ["episode", "to_go"])
-def test_advantages_follow_the_estimator(returns):
-    algo, hp, state = build(small_grpo_config(num_steps=200, **{"group.returns": returns}))
-    traj = algo.sample_trajectory(state)
+def test_advantages_follow_the_estimator(returns, cartpole):
+    algo, hp, _, traj = cartpole  # (group.returns changes what is made of the rollout, not the rollout)
+    parts = dataclasses.replace(algo.parts, settings=dataclasses.replace(algo.parts.settings, returns=returns))
     one_seed = jax.tree.map(lambda x: x[0], traj)
-    fn = jax.shard_map(lambda t: algo._advantages(t, hp),
+    fn = jax.shard_map(lambda t: parts.advantages(t, hp),
                        mesh=algo.mesh, in_specs=jax.sharding.PartitionSpec(None, "data"),
                        out_specs=jax.sharding.PartitionSpec(), check_vma=False)
     adv, weight, returns_to_go, _ = jax.device_get(fn(one_seed))
@@ -162,10 +176,10 @@ def test_every_estimator_and_loss_part_trains_from_one_config_line(experiment, c
 
 
 def test_critic_free_network_has_no_value_parameters():
-    algo, _, state = build(small_grpo_config())
-    assert "critic" not in state.params["params"]
-    algo, _, state = build(small_grpo_config(critic_weight=0.3))
-    assert "critic" in state.params["params"]
+    def params(config):  # (their shapes: nothing compiled)
+        return jax.eval_shape(algos.build(config, mesh_lib.make_mesh())[0].init, jax.random.PRNGKey(0)).params
+    assert "critic" not in params(small_grpo_config())["params"]
+    assert "critic" in params(small_grpo_config(critic_weight=0.3))["params"]
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -20,7 +20,16 @@ NOT_COMPARED = {
 IGNORED_STATE = {"DeepSea-bsuite": ("total_bad_episodes", "denoised_return")}
 
 
-@pytest.mark.parametrize("env_id", [e for e in gymnax.registered_envs if e not in NOT_COMPARED])
+# Every id goes through the same adapter code (`GymnaxStyle`): the whole-episode parity runs on one env of each
+# kind the adapter tells apart (vector, image or index observations; discrete, 1-D or 2-D continuous actions;
+# gymnax's own info entries; termination, time limits, state kept across episodes), the others are checked for
+# what the adapter makes of them (spaces, flattened observations, step outputs) without compiling their games.
+PARITY = ["CartPole-v1", "Acrobot-v1", "Pendulum-v1", "MountainCarContinuous-v0", "SpaceInvaders-MinAtar",
+          "Catch-bsuite", "DeepSea-bsuite", "SimpleBandit-bsuite", "Reacher-misc", "FrozenLake-misc"]
+SHAPES_ONLY = [e for e in gymnax.registered_envs if e not in NOT_COMPARED and e not in PARITY]
+
+
+@pytest.mark.parametrize("env_id", PARITY)
 def test_same_episodes_as_gymnax(env_id):
     """Whole episodes with auto-reset, a time limit of 30 steps so that truncation happens everywhere."""
     ref, ref_params = gymnax.make(env_id)
@@ -30,6 +39,28 @@ def test_same_episodes_as_gymnax(env_id):
                            ignore_state_fields=IGNORED_STATE.get(env_id, ()))
     # Episodes ended and restarted: each of the 8 envs ends one at least every 30 steps, so twice in 75.
     assert counts["terminated"] + counts["truncated"] >= 8 * 2, counts
+
+
+def test_every_other_environment_goes_through_the_adapter():
+    """The other ids: gymnax's spaces converted, and a step's outputs (traced, nothing compiled) those of gymnax's
+    step, flattened to float32."""
+    assert len(SHAPES_ONLY) + len(PARITY) + len(NOT_COMPARED) == len(gymnax.registered_envs)
+    for env_id in SHAPES_ONLY:
+        ref, _ = gymnax.make(env_id)
+        ours = envs.make("gymnax", env_id=env_id, params={"max_steps_in_episode": 30})
+        params = ours.default_params
+        assert ours.max_episode_steps == 30 and ours.name == f"gymnax-{env_id}"
+        ref_space, space = ref.action_space(params), ours.action_space()
+        assert (space.n == ref_space.n) if hasattr(ref_space, "n") else (space.shape == ref_space.shape), env_id
+
+        def both(key):
+            _, state = ours.reset(key)
+            action = space.sample(key)
+            return ours.step(key, state, action), ref.step_env(key, state, action, params)
+
+        (obs, _, reward, done, info), (ref_obs, _, ref_reward, _, _) = jax.eval_shape(both, jax.random.PRNGKey(0))
+        assert obs.shape == (ours.obs_dim,) == (np.prod(ref_obs.shape, dtype=int),) and obs.dtype == jnp.float32
+        assert reward.shape == ref_reward.shape == done.shape == () and {"terminated", "truncated"} <= set(info)
 
 
 def test_spaces_are_converted():

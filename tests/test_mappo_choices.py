@@ -18,7 +18,7 @@ def _sample(returns_until: str):
     config = small_smax_config("3m", num_envs=16, num_steps=64)
     config.returns.until = returns_until
     algo, _, state = build(config)
-    return jax.device_get(jax.tree.map(lambda x: x[0], algo.sample_trajectory(state)))  # [T, N, ...]
+    return jax.device_get(jax.tree.map(lambda x: x[0], algo.parts.sample_trajectory(state)))  # [T, N, ...]
 
 
 def _dead_before_the_end(traj) -> np.ndarray:
@@ -62,9 +62,9 @@ def test_agent_id_goes_to_the_chosen_networks(agent_id, in_actor, in_critic, cri
     config.network.agent_id = agent_id
     algos.validate(config)
     algo, _ = algos.build(config, mesh_lib.make_mesh())  # nothing compiled: _inputs is all this test reads
-    env = algo.agent_env
+    env = algo.parts.policy.agent_env
     obs, env_state = env.reset(jax.random.PRNGKey(0))
-    actor_in, critic_in = algo.policy.inputs(obs[None], env.global_state(env_state)[None])
+    actor_in, critic_in = algo.parts.policy.inputs(obs[None], env.global_state(env_state)[None])
     A = env.num_agents
     critic_base = env.state_dim if critic_input == "global_state" else env.obs_dim
     assert actor_in.shape == (1, A, env.obs_dim + A * in_actor)

@@ -5,20 +5,42 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import envs
 from helpers import build, load_experiment, small_smax_config
-from jaxrl.algos import env_policy
+from jaxrl import algos, mesh as mesh_lib
+from jaxrl.algos import env_policy, env_setup
 from jaxrl.loops import CHUNK
 from jaxrl.networks import ResetGRU
 
 
-@pytest.mark.parametrize("kind", ["gru", "mlp"])
-def test_sampled_actions_are_always_legal(kind):
-    algo, hp, state = build(small_smax_config("2s3z", kind=kind, num_steps=64))
+def recurrent_config():
+    """SMAX 2s3z, MAPPO with recurrent networks (the critic on the global state), 64 steps per update."""
+    return small_smax_config("2s3z", kind="gru", num_steps=64)
+
+
+# Built (and compiled) once for the tests that read them: (algorithm, hyperparameters, initial state)
+@pytest.fixture(scope="module")
+def recurrent():
+    return build(recurrent_config())
+
+
+@pytest.fixture(scope="module")
+def feed_forward():  # the same with feed-forward networks, two seeds
+    return build(small_smax_config("2s3z", kind="mlp", num_steps=64), num_seeds=2)
+
+
+def built(config):
+    """The algorithm of a validated config, nothing compiled (for what its policy sees)."""
+    algos.validate(config)
+    return algos.build(config, mesh_lib.make_mesh())[0]
+
+
+@pytest.mark.parametrize("kind", ["recurrent", "feed_forward"])
+def test_sampled_actions_are_always_legal(kind, request):
+    algo, hp, state = request.getfixturevalue(kind)
     for _ in range(2):  # untrained, then after an update (logits no longer near uniform)
-        traj = jax.device_get(algo.sample_trajectory(state))
+        traj = jax.device_get(algo.parts.sample_trajectory(state))
         legal = np.take_along_axis(traj.mask, traj.action[..., None], axis=-1)[..., 0]
-        assert traj.mask.shape[-2:] == (5, algo.agent_env.num_actions)
+        assert traj.mask.shape[-2:] == (5, algo.parts.policy.agent_env.num_actions)
         assert legal.all(), f"{(~legal).sum()} illegal actions sampled"
         # Some actions really are forbidden, and stepping resets the episode often enough to matter.
         assert not traj.mask.all() and traj.first[:, 1:].any()
@@ -92,32 +114,33 @@ def test_gru_gradients_match_autodiff_of_the_textbook_cell():
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5), ours, expected)
 
 
-def test_recurrent_rollout_is_replayed_exactly_by_the_loss():
+def test_recurrent_rollout_is_replayed_exactly_by_the_loss(recurrent):
     """The update replays each (env, agent) sequence from the hidden state the rollout started with,
     restarting it at episode starts: the rollout's log-probabilities and values are reproduced."""
-    algo, hp, state = build(small_smax_config("3m", num_steps=48))
+    algo, hp, state = recurrent
     state, _ = algo.run_chunk(state, hp, 2)  # start mid-episode, with non-zero hidden states
-    traj = algo.sample_trajectory(state)
+    traj = algo.parts.sample_trajectory(state)
     assert bool(traj.first[0, 1:].any())  # episodes end inside the window
     seed0 = jax.tree.map(lambda x: x[0], (state.params, state.carry, traj))
     params, carry, traj = seed0
     first = jnp.broadcast_to(traj.first[..., None], traj.action.shape)
-    _, logits, values = algo.network.apply(params, carry, traj.actor_in, traj.critic_in, first)
+    network = algo.parts.policy.network
+    _, logits, values = network.apply(params, carry, traj.actor_in, traj.critic_in, first)
     from jaxrl import distributions
     log_prob = distributions.log_prob(distributions.masked_logits(logits, traj.mask), traj.action)
     np.testing.assert_allclose(log_prob, traj.log_prob, atol=2e-4)
     np.testing.assert_allclose(values, traj.value, atol=2e-4)
     # Without the restarts the replay would differ: the resets matter.
-    _, logits_no_reset, _ = algo.network.apply(params, carry, traj.actor_in, traj.critic_in, jnp.zeros_like(first))
+    _, logits_no_reset, _ = network.apply(params, carry, traj.actor_in, traj.critic_in, jnp.zeros_like(first))
     assert not np.allclose(logits_no_reset, logits, atol=1e-3)
 
 
-def test_centralised_critic_sees_the_global_state_and_agent_id():
-    env = envs.make("smax", scenario="3m")
-    obs, env_state = env.reset(jax.random.PRNGKey(0))
+def test_centralised_critic_sees_the_global_state_and_agent_id(recurrent):
+    mappo, _, state = recurrent
+    env = mappo.parts.policy.agent_env
+    obs, env_state = jax.jit(env.reset)(jax.random.PRNGKey(0))
     g = env.global_state(env_state)
-    mappo, _, _ = build(small_smax_config(critic_input="global_state"))
-    actor_in, critic_in = mappo.policy.inputs(obs[None], g[None])
+    actor_in, critic_in = mappo.parts.policy.inputs(obs[None], g[None])
     A = env.num_agents
     assert critic_in.shape == (1, A, env.state_dim + A)
     for a in range(A):
@@ -125,17 +148,18 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
         np.testing.assert_array_equal(critic_in[0, a, env.state_dim:], np.eye(A)[a])
         np.testing.assert_array_equal(actor_in[0, a], obs[a])  # the experiment gives agent ids to the critic only
     # The value moves with the global state, the policy does not.
-    state = mappo.init(jax.random.PRNGKey(0))
-    carry = mappo.network.initial_carry((1, A))
+    params = jax.tree.map(lambda x: x[0], state.params)
+    carry = mappo.parts.policy.network.initial_carry((1, A))
     first = jnp.ones((1, 1, A), bool)
     changed = critic_in.at[..., 0].add(1.0)
-    _, l1, v1 = mappo.network.apply(state.params, carry, actor_in[None], critic_in[None], first)
-    _, l2, v2 = mappo.network.apply(state.params, carry, actor_in[None], changed[None], first)
+    apply = jax.jit(mappo.parts.policy.network.apply)
+    _, l1, v1 = apply(params, carry, actor_in[None], critic_in[None], first)
+    _, l2, v2 = apply(params, carry, actor_in[None], changed[None], first)
     np.testing.assert_array_equal(l1, l2)
     assert not np.allclose(v1, v2)
 
-    ippo, _, _ = build(small_smax_config(critic_input="obs"))
-    actor_in, critic_in = ippo.policy.inputs(obs[None], None)  # IPPO's critic: the agent's own obs and its id
+    ippo = built(small_smax_config("2s3z", critic_input="obs"))
+    actor_in, critic_in = ippo.parts.policy.inputs(obs[None], None)  # IPPO's critic: the agent's own obs and its id
     np.testing.assert_array_equal(critic_in[..., :env.obs_dim], actor_in)
     np.testing.assert_array_equal(critic_in[0, :, env.obs_dim:], np.eye(A))
 
@@ -143,27 +167,30 @@ def test_centralised_critic_sees_the_global_state_and_agent_id():
 def test_agent_id_can_be_turned_off():
     config = small_smax_config()
     config.network.agent_id = "none"
-    algo, _, _ = build(config)
-    env = algo.agent_env
-    obs, env_state = env.reset(jax.random.PRNGKey(0))
-    actor_in, critic_in = algo.policy.inputs(obs[None], env.global_state(env_state)[None])
+    algo = built(config)
+    env = algo.parts.policy.agent_env
+    obs, env_state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    actor_in, critic_in = algo.parts.policy.inputs(obs[None], env.global_state(env_state)[None])
     assert actor_in.shape[-1] == env.obs_dim and critic_in.shape[-1] == env.state_dim
 
 
-def test_one_update_runs_on_every_critic_choice_with_a_feed_forward_network():
+@pytest.mark.parametrize("critic_input", ["obs", "global_state"])
+def test_one_update_runs_on_every_critic_choice_with_a_feed_forward_network(critic_input, feed_forward):
     # (the recurrent network with either critic input runs in tests/test_golden_runs.py: smax_mappo, smax_ippo)
-    for critic_input in ("obs", "global_state"):
-        algo, hp, state = build(small_smax_config(critic_input=critic_input, kind="mlp"), num_seeds=2)
-        state, metrics = algo.run_chunk(state, hp, 2)
-        metrics = jax.device_get(metrics)
-        for name in ("policy_loss", "value_loss", "entropy", "approx_kl"):
-            assert np.isfinite(metrics[name]).all(), (critic_input, name)
-        assert (metrics["episodes"] > 0).all() and "win_rate_sum" in metrics
-        result = jax.device_get(algo.evaluate(state.params, jax.random.PRNGKey(0), 8))
-        assert set(result) == {"eval_return", "eval_length", "eval_win_rate"}
-        assert result["eval_win_rate"].shape == (2,)
-        won = result["eval_win_rate"] * 8  # battles won of the 8 played: a whole number from 0 to 8 per seed
-        np.testing.assert_allclose(won, np.clip(np.round(won), 0, 8), atol=1e-5)
+    if critic_input == "global_state":
+        algo, hp, state = feed_forward
+    else:
+        algo, hp, state = build(small_smax_config("2s3z", critic_input="obs", kind="mlp", num_steps=64), num_seeds=2)
+    state, metrics = algo.run_chunk(state, hp, 2)
+    metrics = jax.device_get(metrics)
+    for name in ("policy_loss", "value_loss", "entropy", "approx_kl"):
+        assert np.isfinite(metrics[name]).all(), (critic_input, name)
+    assert (metrics["episodes"] > 0).all() and "win_rate_sum" in metrics
+    result = jax.device_get(algo.evaluate(state.params, jax.random.PRNGKey(0), 8))
+    assert set(result) == {"eval_return", "eval_length", "eval_win_rate"}
+    assert result["eval_win_rate"].shape == (2,)
+    won = result["eval_win_rate"] * 8  # battles won of the 8 played: a whole number from 0 to 8 per seed
+    np.testing.assert_allclose(won, np.clip(np.round(won), 0, 8), atol=1e-5)
 
 
 def test_config_errors_name_the_problem():
@@ -185,31 +212,31 @@ def test_config_errors_name_the_problem():
         build(config)
 
 
-def test_episode_states_end_with_the_episode():
-    algo, _, state = build(small_smax_config())
+def test_episode_states_end_with_the_episode(recurrent):
+    algo, _, state = recurrent
     params = jax.tree.map(lambda x: x[0], state.params)
-    states = algo.episode_states(params, jax.random.PRNGKey(3))
-    assert 2 <= len(states) <= algo.policy.eval_max_steps + 1
+    states = algo.parts.policy.episode_states(params, jax.random.PRNGKey(3))
+    assert 2 <= len(states) <= algo.parts.policy.eval_max_steps + 1
     assert int(states[-1].time) == len(states) - 1
     from envs import rendering
-    frames = rendering.render_frames(algo.agent_env, states[:3])
+    frames = rendering.render_frames(algo.parts.policy.agent_env, states[:3])
     assert len(frames) == 3 and frames[0].size[0] > 100
 
 
-def test_evaluation_stops_with_the_last_episode_and_reports_what_the_full_one_does(monkeypatch):
+def test_evaluation_stops_with_the_last_episode_and_reports_what_the_full_one_does(recurrent, monkeypatch):
     """Greedy evaluation computes no steps once every episode has ended (`scan_until`: the trace's steps not
     taken are zeros); its figures are those of evaluating all `eval_max_steps` steps."""
     key = jax.random.PRNGKey(5)
+    algo, _, state = recurrent
 
-    def evaluation():  # (the env time of each step of one episode's trace [T], figures of 16 episodes)
-        algo, _, state = build(small_smax_config())
+    def evaluation(policy):  # (the env time of each step of one episode's trace [T], figures of 16 episodes)
         one_seed = jax.tree.map(lambda x: x[0], state.params)
-        _, states, running = jax.device_get(algo.policy._episode_trace(one_seed, key, False))
-        return np.asarray(states.time[:, 0]), int(running.sum()), jax.device_get(algo.evaluate(state.params, key, 16))
+        _, states, running = jax.device_get(policy._episode_trace(one_seed, key, False))
+        return np.asarray(states.time[:, 0]), int(running.sum()), jax.device_get(policy.evaluate(state.params, key, 16))
 
-    time, length, early = evaluation()
+    time, length, early = evaluation(algo.parts.policy)
     monkeypatch.setattr(env_policy, "scan_until", lambda step, carry, xs, finished: jax.lax.scan(step, carry, xs))
-    full_time, full_length, full = evaluation()
+    full_time, full_length, full = evaluation(env_setup.make_policy(recurrent_config()))  # a new policy traces anew
     assert length == full_length and length + 2 * CHUNK < len(time)
     np.testing.assert_array_equal(time[:length], full_time[:length])
     assert not time[length + CHUNK:].any() and full_time[length + CHUNK:].all()

@@ -50,10 +50,15 @@ def pendulum(**overrides):
     return config
 
 
-def test_ppo_state_counts_every_observation_and_return_and_checkpoints_them(tmp_path):
-    config = pendulum()
-    algo, hp, state = build(config, num_seeds=2)
-    state, _ = algo.run_chunk(state, hp, 3)
+@pytest.fixture(scope="module")
+def trained():
+    """PPO on Pendulum with both normalisations, 2 seeds after 3 updates: (algorithm, hyperparameters, state)."""
+    algo, hp, state = build(pendulum(), num_seeds=2)
+    return algo, hp, algo.run_chunk(state, hp, 3)[0]
+
+
+def test_ppo_state_counts_every_observation_and_return_and_checkpoints_them(trained, tmp_path):
+    algo, hp, state = trained
     stats = state.params["obs_norm"]["obs"]
     np.testing.assert_array_equal(stats.count, [3 * 32 * 4] * 2)  # [seeds]: T x N x agents per update
     np.testing.assert_array_equal(state.reward_norm.moments.count, [3 * 32 * 4] * 2)
@@ -76,10 +81,9 @@ def test_ppo_state_counts_every_observation_and_return_and_checkpoints_them(tmp_
         np.testing.assert_array_equal(a, b)
 
 
-def test_greedy_evaluation_sees_the_normalised_observations():
+def test_greedy_evaluation_sees_the_normalised_observations(trained):
     """The statistics travel with the parameters: a policy evaluated with them zeroed acts differently."""
-    algo, hp, state = build(pendulum(), num_seeds=1)
-    state, _ = algo.run_chunk(state, hp, 3)
+    algo, _, state = trained
     key = jax.random.PRNGKey(0)
     with_stats = algo.evaluate(state.params, key, 4)["eval_return"]
     params = dict(state.params, obs_norm=jax.tree.map(jnp.zeros_like, state.params["obs_norm"]))

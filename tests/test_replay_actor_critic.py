@@ -63,10 +63,14 @@ def _small(name, total_steps, **overrides):
 
 def test_resume_is_the_run_that_never_stopped(tmp_path):
     # 32 updates of 8 steps, checkpoints after 16 and 32; losing the second and resuming gives the same run
-    # (quantile critics, the learned temperature, rounds of two critic steps and a policy step).
-    config = _small("pendulum_tqc", 256, **{"policy.delay": 2, "replay.gradient_steps": 2})
+    # (quantile critics, the learned temperature, rounds of two critic steps and a policy step, prioritised
+    # replay, weight decay).
+    config = _small("pendulum_tqc", 256, **{"policy.delay": 2, "replay.gradient_steps": 2,
+                                            "replay.prioritised": True, "optim.weight_decay": 1e-4})
     straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=32)
     assert resumed.metrics[-1]["learning"] == 1.0
+    priorities = np.asarray(resumed.state.buffer.priorities)  # the critics' |TD| of the sampled steps
+    assert np.isfinite(priorities).all() and len(np.unique(priorities)) > 10
     assert_same_state(straight.state, resumed.state)
 
 
@@ -89,8 +93,6 @@ def test_config_errors_name_the_key():
         algos.validate(set_keys(load_experiment("pendulum_tqc"), {"network.drop_per_critic": 25}))
     with pytest.raises(ValueError, match="policy.kind"):
         algos.validate(set_keys(load_experiment("pendulum_sac"), {"policy.kind": "greedy"}))
-    with pytest.raises(ValueError, match="replay.prioritised"):
-        algos.validate(set_keys(load_experiment("pendulum_sac"), {"replay.prioritised": True}))
     with pytest.raises(ValueError, match="temperature.init must be > 0"):
         algos.validate(set_keys(load_experiment("pendulum_sac"), {"temperature.init": 0.0}))
     cartpole_td3 = set_keys(load_experiment("pendulum_td3"), {"env.kwargs": {"env_id": "CartPole-v1"}})

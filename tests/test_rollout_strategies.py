@@ -1,5 +1,6 @@
 """Rollout strategies (jaxrl.rollout): the pure pieces against formulas, the hooks on hand-made groups."""
 
+import functools
 import re
 
 import jax
@@ -9,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxrl import algos, config as config_lib, mesh as mesh_lib, rollout, sampling
-from jaxrl.algos import text_rollout
+from jaxrl.rollout import tokens as strategies
 from jaxrl.algos.text import TextGRPOHyperparams
 from helpers import tiny_grpo_config
 
@@ -101,12 +102,19 @@ def replay_algo():
     config = tiny_grpo_config("", **{"rollout.replay": "correct,hints", "rollout.pool_size": 6,
                                      "rollout.options.correct.cap": 1.5, "group.size": 3})
     algo, _ = algos.build(config, mesh_lib.make_mesh(1))
-    return algo
+    return algo.parts  # the TextGRPO the strategies' hooks read
 
 
-def on_mesh(algo, fn, *args):
-    """`fn(*args)` under shard_map on the algorithm's mesh (the hooks' collectives need its data axis)."""
-    return jax.jit(jax.shard_map(fn, mesh=algo.mesh, in_specs=P(), out_specs=P(), check_vma=False))(*args)
+@functools.lru_cache(maxsize=None)
+def _on_mesh_program(algo, hook):
+    return jax.jit(jax.shard_map(functools.partial(hook, algo), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+                                 check_vma=False))
+
+
+def on_mesh(algo, hook, *args):
+    """`hook(algo, *args)` under shard_map on the algorithm's mesh (the hooks' collectives need its data axis),
+    compiled once per algorithm and hook: the tests call a hook again on arguments of the same shapes."""
+    return _on_mesh_program(algo, hook)(*args)
 
 
 def hand_made_groups(algo, params, key):
@@ -114,7 +122,7 @@ def hand_made_groups(algo, params, key):
     (its completion the reference answer)."""
     ids = jnp.asarray([4, 1])
     plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0), jnp.zeros(2, jnp.int32))
-    groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl, key), params, plan)
+    groups = on_mesh(algo, strategies.independent, params, TextGRPOHyperparams(), plan, key)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     mask = (answers != algo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
     tokens = groups.tokens.at[1, 1].set(answers[1])
@@ -134,13 +142,12 @@ def test_replay_stores_correct_completions_and_injects_them_with_importance_weig
               "mask": memory["mask"].at[4].set(mask[0]), "rewards": memory["rewards"].at[4].set(jnp.asarray([1.0, 1.0])),
               "stored": memory["stored"].at[4].set(True)}
 
-    memory, _ = on_mesh(algo, lambda m, g: text_rollout.store_correct(algo, m, g, None), memory, groups)
+    memory, _ = on_mesh(algo, strategies.store_correct, memory, groups, None)
     assert bool(memory["stored"][1]) and int(memory["stored"].sum()) == 2
     np.testing.assert_array_equal(memory["tokens"][1], answers[1])  # group 1's correct member
     np.testing.assert_allclose(memory["log_probs"][1], groups.log_probs[1, 1] * groups.mask[1, 1])
 
-    out, metrics = on_mesh(algo, lambda m, g, p: text_rollout.replay_correct(algo, m, g, p, None), memory, groups,
-                           params)
+    out, metrics = on_mesh(algo, strategies.replay_correct, memory, groups, params, None)
     np.testing.assert_array_equal(out.replayed, [[False, False, True], [False, False, False]])
     np.testing.assert_array_equal(out.tokens[0, 2], answers[0])
     np.testing.assert_array_equal(out.rewards[0, 2], [1.0, 1.0])
@@ -161,13 +168,12 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
     ids = jnp.asarray([2, 0])
     plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0), jnp.zeros(2, jnp.int32))
-    plan, metrics = on_mesh(algo, lambda m, p: text_rollout.add_hints(algo, m, p, None), memory, plan)
+    plan, metrics = on_mesh(algo, strategies.add_hints, memory, plan, None)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
-    length = int(text_rollout._answer_lengths(algo, answers)[0])
+    length = int(strategies._answer_lengths(algo, answers)[0])
     hint = 2 * length // 4  # tier 2 of 3
     np.testing.assert_array_equal(plan.hint_len, [hint, 0])
-    groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl,
-                                                                  jax.random.key(3)), state.params, plan)
+    groups = on_mesh(algo, strategies.independent, state.params, TextGRPOHyperparams(), plan, jax.random.key(3))
     np.testing.assert_array_equal(groups.tokens[0, :, :hint], np.broadcast_to(answers[0, :hint], (3, hint)))
     assert float(groups.weight[0, :, :hint].sum()) == 0 and float(groups.generated[0, :, :hint].sum()) == 0
     np.testing.assert_array_equal(groups.weight[0, :, hint:], groups.mask[0, :, hint:])
@@ -175,27 +181,45 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     assert float(metrics["hinted"]) == 0.5
 
 
-def test_the_docs_strategy_example_registers_and_trains():
-    import re
+@pytest.fixture(scope="module")
+def trained_strategies():
+    """One program for the tests that train strategies (its compile is most of their time): the docs' example
+    filter (registered from docs/grpo.md until the module ends), a curriculum that every probe raises by 0.5 on
+    a pool of 64 problems of up to 3 digits, and pruning by a value head of every member at column 0 (below is
+    above any reward) from the third update. Three updates, one chunk each: (algorithm, metric rows, state)."""
     from helpers import ROOT
 
     readme = open(f"{ROOT}/docs/grpo.md").read()
     snippet = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "rollout.register(" in block)
     try:
         exec(snippet, {})
-        strategy = rollout.get("filter", "shortest_first")
-        groups = rollout.Groups(*([None] * 7), lengths=jnp.asarray([[3, 1, 2]]), values=None, rewards=None,
-                                weight=None, bonus=None, replayed=None)
-        out, _ = strategy.after(None, None, groups, None, None)
-        np.testing.assert_allclose(out.bonus, [[-0.025, 0.025, 0.0]], atol=1e-7)
-        config = tiny_grpo_config("", **{"rollout.filter": "shortest_first"})
+        config = tiny_grpo_config("", **{
+            "rollout.filter": "shortest_first", "rollout.replay": "curriculum", "rollout.pool_size": 64,
+            "rollout.options.curriculum.every": 1, "rollout.options.curriculum.raise_at": 0.0,
+            "rollout.options.curriculum.step": 0.5, "task.kwargs.max_digits": 3,
+            "rollout.control": "dynamic_sampling,prune", "critic_weight": 0.5, "rollout.options.prune.at": 0,
+            "rollout.options.prune.below": 1e9, "rollout.options.prune.warmup": 2})
         algos.validate(config)
         algo, hp = algos.build(config, mesh_lib.make_mesh(1))
-        assert algo.uses_bonus  # a filter's bonus reaches the advantages of tied groups
-        state, metrics = algo.run_chunk(algo.init_seeds(0, 1), hp, 1)
-        assert np.isfinite(jax.device_get(metrics["policy_loss"])).all() and "ranked" in metrics
+        state, rows = algo.init_seeds(0, 1), []
+        for _ in range(3):
+            state, metrics = algo.run_chunk(state, hp, 1)
+            rows.append({k: float(np.asarray(v)[0]) for k, v in metrics.items()})
+        yield algo, rows, state
     finally:
         rollout.STRATEGIES["tokens"]["filter"].pop("shortest_first", None)
+
+
+def test_the_docs_strategy_example_registers_and_trains(trained_strategies):
+    algo, rows, _ = trained_strategies
+    strategy = rollout.get("filter", "shortest_first")
+    groups = rollout.Groups(*([None] * 7), lengths=jnp.asarray([[3, 1, 2]]), values=None, rewards=None,
+                            weight=None, bonus=None, replayed=None)
+    out, _ = strategy.after(None, None, groups, None, None)
+    np.testing.assert_allclose(out.bonus, [[-0.025, 0.025, 0.0]], atol=1e-7)
+    assert algo.parts.pipeline.uses_bonus  # a filter's bonus reaches the advantages of tied groups
+    for row in rows:
+        assert np.isfinite(row["policy_loss"]) and "ranked" in row
 
 
 # --- Generate strategies for environments ------------------------------------------------------------
@@ -204,7 +228,7 @@ def env_rollout(config, seed: int = 0):
     """One group rollout of `config`'s GRPO for seed 0 on one device: (traj, metrics, trained [T, N, A])."""
     algo, _ = algos.build(config, mesh_lib.make_mesh(1))
     params = jax.tree.map(lambda x: x[0], algo.init_seeds(seed, 1).params)
-    fn = jax.shard_map(lambda p, k: algo._rollout(p, k), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+    fn = jax.shard_map(lambda p, k: algo.parts.rollout(p, k), mesh=algo.mesh, in_specs=P(), out_specs=P(),
                        check_vma=False)
     traj, metrics, trained = jax.jit(fn)(params, jax.random.key(seed + 5))
     return algo, traj, metrics, np.asarray(trained)
@@ -312,31 +336,26 @@ def test_the_difficulty_knob_bounds_every_problem_drawn(task, options):
         assert not np.asarray(t.is_heldout(problems)).any()
 
 
-def test_the_curriculum_redraws_at_its_level_and_rises_when_the_probe_passes(replay_algo):
-    config = tiny_grpo_config("", **{"rollout.replay": "curriculum", "rollout.pool_size": 64,
-                                     "rollout.options.curriculum.every": 1, "rollout.options.curriculum.raise_at": 0.0,
-                                     "rollout.options.curriculum.step": 0.5, "task.kwargs.max_digits": 3})
-    algos.validate(config)
-    algo, hp = algos.build(config, mesh_lib.make_mesh(1))
+def test_the_curriculum_redraws_at_its_level_and_rises_when_the_probe_passes(trained_strategies):
+    record, _, state = trained_strategies
+    algo = record.parts
     difficulty = np.asarray(algo.task.difficulty(algo.pool))
     memory = {"level": jnp.float32(0.0), "probe_accuracy": jnp.float32(0.0), "updates": jnp.int32(0)}
     plan = rollout.Plan(jnp.zeros(8, jnp.int32), algo.pool[:8], jnp.zeros(8, jnp.int32),
                         jnp.full(8, -1.0), jnp.zeros(8, jnp.int32))
     for level in (0.0, 0.5):
-        drawn, _ = on_mesh(algo, lambda m, p: text_rollout.curriculum_problems(algo, m, p, jax.random.key(2)),
-                           {**memory, "level": jnp.float32(level)}, plan)
+        drawn, _ = on_mesh(algo, strategies.curriculum_problems, {**memory, "level": jnp.float32(level)}, plan,
+                           jax.random.key(2))
         assert (difficulty[np.asarray(drawn.ids)] <= level + 1e-6).all()
         np.testing.assert_array_equal(drawn.problems.target, algo.pool.target[np.asarray(drawn.ids)])
     # raise_at 0: every probe passes, so each update raises the level by 0.5 up to 1.
-    state = algo.init_seeds(0, 1)
-    state, metrics = algo.run_chunk(state, hp, 3)
     assert float(state.memory["curriculum"]["level"][0]) == 1.0
     assert int(state.memory["curriculum"]["updates"][0]) == 3
 
 
 def test_a_filter_bonus_gives_tied_groups_advantages_and_leaves_the_others_alone(replay_algo):
     config = tiny_grpo_config("", **{"rollout.filter": "rank_ties", "group.size": 3})
-    algo, _ = algos.build(config, mesh_lib.make_mesh(1))
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
     rewards = jnp.asarray([[[0.0, 1.0]] * 3, [[1.0, 1.0], [0.0, 1.0], [0.0, 1.0]]])  # group 0 tied, group 1 not
     bonus = jnp.asarray([[-0.05, 0.05, 0.0], [0.05, -0.05, 0.0]])
     groups = rollout.Groups(*([None] * 4), tokens=jnp.zeros((2, 3, 5), jnp.int32), log_probs=None, mask=None,
@@ -345,7 +364,8 @@ def test_a_filter_bonus_gives_tied_groups_advantages_and_leaves_the_others_alone
     np.testing.assert_array_equal(tied, [True, False])
     # Group 0: GRPO on the bonus alone (-0.05, 0.05, 0) -> (-1.22, 1.22, 0); group 1 as without a filter.
     np.testing.assert_allclose(advantages[0, :, 0], [-np.sqrt(1.5), np.sqrt(1.5), 0.0], rtol=1e-4, atol=1e-5)
-    plain, _, _ = algos.build(tiny_grpo_config("", **{"group.size": 3}), mesh_lib.make_mesh(1))[0]._group_advantages(groups)
+    plain_algo = algos.build(tiny_grpo_config("", **{"group.size": 3}), mesh_lib.make_mesh(1))[0].parts
+    plain, _, _ = plain_algo._group_advantages(groups)
     np.testing.assert_allclose(advantages[1], plain[1], rtol=1e-6)
     np.testing.assert_allclose(plain[0], 0.0)
 
@@ -358,16 +378,15 @@ def test_partial_rollouts_train_finished_groups_and_resume_the_rest_with_importa
                                      "rollout.pool_size": 6, "rollout.options.partial.cap": 1.5,
                                      "rollout.options.partial.max_age": 2})
     algos.validate(config)
-    algo, _ = algos.build(config, mesh_lib.make_mesh(1))
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
     assert algo.stop_slots == 2
     state = algo.init(jax.random.key(0))
     params, memory = state.params, state.memory["partial"]
-    plan = on_mesh(algo, algo._plan, jax.random.key(1))  # 8 slots x 2 candidates
-    same, _ = on_mesh(algo, lambda m, p: text_rollout.resume_carried(algo, m, p, None), memory, plan)
+    plan = on_mesh(algo, rollout.plan_candidates, jax.random.key(1))  # 8 slots x 2 candidates
+    same, _ = on_mesh(algo, strategies.resume_carried, memory, plan, None)
     np.testing.assert_array_equal(same.ids, plan.ids)  # nothing carried yet
     assert int(same.start.sum()) == 0 and float(same.resume["mask"].sum()) == 0
-    groups = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl,
-                                                                  jax.random.key(2)), params, same)
+    groups = on_mesh(algo, strategies.independent, params, TextGRPOHyperparams(), same, jax.random.key(2))
     N = groups.tokens.shape[-1]
     # As if decoding had stopped at column 2: slot 0 finished only its second candidate, the others their first.
     finished = jnp.ones(16, bool).at[0].set(False).at[3].set(False)
@@ -378,9 +397,9 @@ def test_partial_rollouts_train_finished_groups_and_resume_the_rest_with_importa
                             mask=cut(groups.mask, 0.0), log_probs=cut(groups.log_probs, 0.0),
                             behaviour=cut(groups.behaviour, 0.0) - 0.5 * cut(groups.mask, 0.0))  # mu = pi e^-0.5
 
-    kept, _ = on_mesh(algo, lambda m, g: text_rollout.train_finished(algo, m, g, None, None), memory, groups)
+    kept, _ = on_mesh(algo, strategies.train_finished, memory, groups, None, None)
     np.testing.assert_array_equal(kept.ids, groups.ids[np.asarray([1, 2, 4, 6, 8, 10, 12, 14])])
-    carried, metrics = on_mesh(algo, lambda m, g: text_rollout.carry_unfinished(algo, m, g, None), memory, groups)
+    carried, metrics = on_mesh(algo, strategies.carry_unfinished, memory, groups, None)
     rest = np.asarray([0, 3, 5, 7, 9, 11, 13, 15])
     np.testing.assert_array_equal(carried["ids"], groups.ids[rest])
     np.testing.assert_array_equal(carried["tokens"], groups.tokens[rest])
@@ -390,14 +409,13 @@ def test_partial_rollouts_train_finished_groups_and_resume_the_rest_with_importa
     assert carried["valid"].all() and float(metrics["carried_finished"]) == 6 / 8
 
     # Next update: each slot's first candidate resumes its carried group at column 2, the second is fresh.
-    fresh = on_mesh(algo, algo._plan, jax.random.key(3))
-    plan, metrics = on_mesh(algo, lambda m, p: text_rollout.resume_carried(algo, m, p, None), carried, fresh)
+    fresh = on_mesh(algo, rollout.plan_candidates, jax.random.key(3))
+    plan, metrics = on_mesh(algo, strategies.resume_carried, carried, fresh, None)
     np.testing.assert_array_equal(plan.ids[0::2], carried["ids"])
     np.testing.assert_array_equal(plan.ids[1::2], fresh.ids[1::2])
     np.testing.assert_array_equal(plan.start, [2, 0] * 8)
     assert float(metrics["resumed_candidates"]) == 0.5
-    resumed = on_mesh(algo, lambda p, pl: text_rollout.independent(algo, p, TextGRPOHyperparams(), pl,
-                                                                   jax.random.key(4)), params, plan)
+    resumed = on_mesh(algo, strategies.independent, params, TextGRPOHyperparams(), plan, jax.random.key(4))
     np.testing.assert_array_equal(resumed.tokens[0::2, :, :2], carried["tokens"][:, :, :2])
     # The earlier columns are scored by the current policy (the loss's ratio starts at 1) and weighted by the
     # truncated ratio to the behaviour policy: min(e^0.5, 1.5) = 1.5 wherever a token is real.
@@ -411,26 +429,18 @@ def test_partial_rollouts_train_finished_groups_and_resume_the_rest_with_importa
 
     # Carried again and again: older than max_age = 2, a group is dropped and its slot draws afresh.
     unfinished = resumed.replace(finished=jnp.asarray([False, True] * 8))
-    again, _ = on_mesh(algo, lambda m, g: text_rollout.carry_unfinished(algo, m, g, None), carried, unfinished)
+    again, _ = on_mesh(algo, strategies.carry_unfinished, carried, unfinished, None)
     np.testing.assert_array_equal(again["age"], [2] * 8)
     assert again["valid"].all()
-    last, _ = on_mesh(algo, lambda m, g: text_rollout.carry_unfinished(algo, m, g, None), again, unfinished)
+    last, _ = on_mesh(algo, strategies.carry_unfinished, again, unfinished, None)
     assert not last["valid"].any()
 
 
-def test_pruning_stops_members_once_the_value_head_has_warmed_up():
+def test_pruning_stops_members_once_the_value_head_has_warmed_up(trained_strategies):
     """control/prune: no member is pruned during `warmup` updates; after it, members predicted below `below` at
     column `at` stop there (here every one, at column 0: below is above any reward), and the value head trains on
     none of them."""
-    config = tiny_grpo_config("", **{"rollout.control": "dynamic_sampling,prune", "critic_weight": 0.5,
-                                     "rollout.options.prune.at": 0, "rollout.options.prune.below": 1e9,
-                                     "rollout.options.prune.warmup": 2})
-    algos.validate(config)
-    algo, hp = algos.build(config, mesh_lib.make_mesh(1))
-    state, rows = algo.init_seeds(0, 1), []
-    for _ in range(3):
-        state, metrics = algo.run_chunk(state, hp, 1)
-        rows.append({k: float(np.asarray(v)[0]) for k, v in metrics.items()})
+    _, rows, state = trained_strategies
     assert [r["pruned"] for r in rows] == [0.0, 0.0, 1.0]
     assert rows[2]["completion_length"] == 0.0 < min(r["completion_length"] for r in rows[:2])
     assert rows[2]["value_loss"] == 0.0 < rows[1]["value_loss"]  # no pruned member is a value target

@@ -450,7 +450,7 @@ def test_sigterm_stops_a_sweep_with_143_and_its_resume_command(tmp_path):
 
 @pytest.mark.slow
 def test_kill_9_during_a_sweeps_save_resumes_exactly():
-    """benchmarks/fault_injection.py (the 50-trial result is in benchmarks/RESULTS.md), one trial of a sweep."""
+    """benchmarks/fault_injection.py (its 50-trial result: benchmarks/results/fault_injection.md), one sweep trial."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import fault_injection
     assert fault_injection.main(["--trials", "1", "--scenarios", "sweep", "--seed", "3"]) == 0

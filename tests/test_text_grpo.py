@@ -10,21 +10,20 @@ import pytest
 from envs import text
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.algos.text import restore_text_params
-from jaxrl.algos.text_rollout import select_varied
+from jaxrl.rollout.tokens import select_varied
 from helpers import set_keys, tiny_grpo_config, tiny_sft_config
 
 
 @pytest.fixture(scope="module")
-def sft_run(tmp_path_factory):
-    workdir = str(tmp_path_factory.mktemp("sft") / "run")
-    train.run(tiny_sft_config(total_steps=4_800), workdir)
-    return workdir
+def sft_run(tiny_sft_run):
+    """The warm start: conftest.py's tiny SFT run (shared with tests/test_text_sft.py)."""
+    return tiny_sft_run[0]
 
 
 def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
     config = tiny_grpo_config(sft_run)
     algo, hp = algos.build(config, mesh_lib.make_mesh())
-    sft_params = restore_text_params(sft_run, algo.settings, algo.mesh)
+    sft_params = restore_text_params(sft_run, algo.settings.text, algo.mesh)
     state = algo.init_seeds(0, 1)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(sft_params)):
         np.testing.assert_array_equal(a, b)
@@ -74,18 +73,17 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     assert after >= before + 0.08, (before, after)
 
 
+# Every estimator and loss part by name, several to a program (its compile is most of a case's time): the
+# choices of one case are separate branches of the update, and each case checks that all of them ran.
 @pytest.mark.parametrize("overrides", [
-    {"advantage": "dr_grpo", "loss.aggregate": "constant"},
-    {"advantage": "gdpo", "advantage_options.renormalize": True},
-    {"advantage": "median", "group.size": 5},
-    {"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4},
-    {"loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3},
-    {"critic_weight": 0.5, "optim.num_minibatches": 2},
-    {"rollout.filter": "rank_ties", "rollout.replay": "correct,hints", "rollout.pool_size": 8,
-     "rollout.options.hints.patience": 1, "critic_weight": 0.5},
-    {"rollout.filter": "success_predictor", "rollout.control": "variance_budget", "group.oversample": 2},
-    {"rollout.generate": "tree", "rollout.options.tree.depth": 2, "advantage": "dr_grpo"},
-], ids=lambda o: "-".join(str(v) for v in o.values()))
+    {"advantage": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
+     "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3},
+    {"advantage": "gdpo", "advantage_options.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
+     "loss.clip_high": 4e-4, "critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
+     "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
+    {"advantage": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
+     "group.oversample": 2},
+], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -97,12 +95,17 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     for key, value in metrics.items():
         assert np.isfinite(value).all(), (key, value)
     assert ("kl" in metrics) == (config.loss.kl_coef > 0)
+    assert ("value_loss" in metrics) == (config.critic_weight > 0)
+    parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
+             "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate"}
+    for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
+        assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
 
 
 def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(sft_run):
     algo, hp = algos.build(tiny_grpo_config(sft_run, critic_weight=1.0), mesh_lib.make_mesh())
-    sft_params = restore_text_params(sft_run, algo.settings, algo.mesh)
+    sft_params = restore_text_params(sft_run, algo.settings.text, algo.mesh)
     state = algo.init_seeds(0, 1)
     value_head = state.params["params"].pop("value")
     sft_leaves = jax.tree_util.tree_leaves_with_path(sft_params)
@@ -121,17 +124,17 @@ def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(s
 def test_warm_start_from_a_named_sft_checkpoint(sft_run):
     algo, _ = algos.build(tiny_grpo_config(sft_run), mesh_lib.make_mesh())
     steps = checkpoint.Checkpointer(os.path.join(sft_run, "checkpoints")).steps()
-    earlier = restore_text_params(sft_run, algo.settings, algo.mesh, steps[0])
-    latest = restore_text_params(sft_run, algo.settings, algo.mesh)
+    earlier = restore_text_params(sft_run, algo.settings.text, algo.mesh, steps[0])
+    latest = restore_text_params(sft_run, algo.settings.text, algo.mesh)
     assert not np.allclose(jax.tree.leaves(earlier)[0], jax.tree.leaves(latest)[0])
     with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint 7 .*saved steps"):
-        restore_text_params(sft_run, algo.settings, algo.mesh, 7)
+        restore_text_params(sft_run, algo.settings.text, algo.mesh, 7)
 
 
 def test_task_options_are_config_keys(sft_run):
     config = tiny_grpo_config(sft_run, **{"task.kwargs.max_digits": 4})
     algo, _ = algos.build(config, mesh_lib.make_mesh())
-    assert algo.task.max_digits == 4 and algo.task.prompt_length == 1 + 2 * 4 + 2
+    assert algo.parts.task.max_digits == 4 and algo.parts.task.prompt_length == 1 + 2 * 4 + 2
     with pytest.raises(AttributeError, match="max_number"):  # addition has no such option
         config.task.kwargs.max_number = 50
 

@@ -8,27 +8,20 @@ import numpy as np
 import pytest
 
 from envs import text
-from jaxrl import algos, config as config_lib, mesh as mesh_lib, sampling, train
+from jaxrl import algos, mesh as mesh_lib, sampling
 from helpers import tiny_sft_config
 
 
-def test_sft_run_saves_its_tokenizer_learns_and_resumes(tmp_path):
-    config = tiny_sft_config()
-    workdir = str(tmp_path / "run")
-    result = train.run(config, workdir)
-    rows = result.metrics
+def test_sft_run_saves_its_tokenizer_learns_and_resumes(tiny_sft_run):
+    workdir, rows, resumed = tiny_sft_run  # (conftest.py: shared with the text GRPO tests)
     assert rows[-1]["loss"] < rows[0]["loss"], rows
     # Well-formed answers (digits, then EOS) to the held-out problems; at this size hardly any is right (0 of 64
     # measured): tests/test_text_grpo.py checks accuracy rising, test_pass_at_k_... how it is counted.
     assert rows[-1]["eval_well_formed"] > 0.5, rows[-1]
     tok = text.load_tokenizer(os.path.join(workdir, "tokenizer.json"))
     assert text.decode(tok, text.encode(tok, ["12+345="], 10))[0] == "12+345="
-    # Resume: extending total_steps continues from the checkpoint, not from scratch.
-    config = config_lib.load(os.path.join(workdir, "config.json"))
-    with config.unlocked():
-        config.total_steps = 4_800
-    rows = train.run(config, workdir).metrics
-    assert [r["update"] for r in rows] == [50, 100, 150]
+    # Resume: extending total_steps to 4,800 continues from the checkpoint, not from scratch.
+    assert [r["update"] for r in resumed] == [50, 100, 150]
 
 
 def test_text_config_errors_name_the_key():
@@ -50,23 +43,23 @@ def test_pass_at_k_counts_problems_solved_by_any_of_k_samples():
     config = tiny_sft_config()
     config.eval.pass_k = 4
     algo, _ = algos.build(config, mesh_lib.make_mesh())
-    state = algo.init_seeds(0, 2)
+    state, policy = algo.init_seeds(0, 2), algo.parts
 
     def parity_rewards(problems, completions, vocab):  # "correct" iff the first token id is even: about half
         correct = (completions[..., 0] % 2 == 0).astype(jnp.float32)
         return jnp.stack([correct, jnp.ones_like(correct)], axis=-1)
 
-    algo.task.jax_rewards = parity_rewards  # read when evaluation is traced
+    policy.task.jax_rewards = parity_rewards  # read when evaluation is traced
     key = jax.random.PRNGKey(3)
     out = algo.evaluate(state.params, key, 16)
-    problems = algo.task.heldout(16, seed=algo.eval_seed)
-    prompts = algo.task.prompts(problems, algo.vocab)
-    decoding = dict(max_new_tokens=algo.task.answer_length, eos_id=algo.vocab.eos_id, pad_id=algo.vocab.pad_id)
+    problems = policy.task.heldout(16, seed=policy.eval_seed)
+    prompts = policy.task.prompts(problems, policy.vocab)
+    decoding = dict(max_new_tokens=policy.task.answer_length, eos_id=policy.vocab.eos_id, pad_id=policy.vocab.pad_id)
     for seed in range(2):
         params = jax.tree.map(lambda x: x[seed], state.params)
-        samples = sampling.sample_groups(algo.model, params, prompts, key, group_size=4, temperature=1.0, **decoding)
+        samples = sampling.sample_groups(policy.model, params, prompts, key, group_size=4, temperature=1.0, **decoding)
         correct = np.asarray(samples.tokens[..., 0] % 2 == 0)  # [16, 4]
         assert 0 < correct.mean() < 1
         np.testing.assert_allclose(out["eval_pass@4"][seed], correct.any(1).mean())
-        greedy = sampling.sample(algo.model, params, prompts, key, temperature=0.0, **decoding)
+        greedy = sampling.sample(policy.model, params, prompts, key, temperature=0.0, **decoding)
         np.testing.assert_allclose(out["eval_accuracy"][seed], np.mean(np.asarray(greedy.tokens[:, 0]) % 2 == 0))

@@ -12,7 +12,7 @@ from helpers import build, evaluation_curve, load_experiment, set_keys
 from jax.sharding import PartitionSpec as P
 
 from jaxrl import algos
-from jaxrl.algos.off_policy import cast_observations
+from jaxrl.engine.acting import cast_observations, sample_batch
 from jaxrl.networks import RecurrentQNetwork
 
 SMALL = {"total_steps": 4 * 16 * 12, "num_envs": 4, "num_steps": 16, "replay.batch_size": 8,
@@ -54,14 +54,15 @@ def test_targets_match_a_step_by_step_computation(experiment):
     items = one(state.buffer.items)  # [N, C, ...]
     seq = jax.tree.map(lambda x: x[:, 40:48], items)  # [B=4, L=8, ...]
     # (inside shard_map, as in training: a one-device mesh here)
-    td = jax.shard_map(lambda *args: algo._td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+    td = jax.shard_map(lambda *args: algo.parts.td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
                        check_vma=False)
     q, targets = td(params, target_params, seq)
 
-    dist, policy = algo.policy.dist, algo.policy
+    policy = algo.parts.policy
+    dist, network = policy.dist, policy.network
     per_step = []  # (Q of obs_t, online and target Q of next_obs_t) [B, A, K], one step at a time
-    apply, no_restart = jax.jit(algo.network.apply), jnp.zeros((1, 4, 3), bool)
-    carry = target_carry = algo.network.initial_carry((4, 3))
+    apply, no_restart = jax.jit(network.apply), jnp.zeros((1, 4, 3), bool)
+    carry = target_carry = network.initial_carry((4, 3))
     for t in range(8):
         first = jnp.broadcast_to(seq["first"][:, t, None], (1, 4, 3))
         obs_in, next_in = policy.actor_inputs(seq["obs"][:, t])[None], policy.actor_inputs(seq["next_obs"][:, t])[None]
@@ -121,7 +122,7 @@ def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samp
         np.testing.assert_allclose(acted_alike(stored).astype(jnp.float32), acted_alike(exact[key]),
                                    rtol=1e-3, atol=3e-4)
     assert state.buffer.items["reward"].dtype == jnp.float32
-    batch, _ = algo.sample_batch(jax.tree.map(lambda x: x[0], state.buffer), jax.random.key(0))
+    batch, _ = sample_batch(algo.settings, jax.tree.map(lambda x: x[0], state.buffer), jax.random.key(0))
     assert batch["items"]["obs"].dtype == batch["items"]["next_state"].dtype == jnp.float32
     state, metrics = algo.run_chunk(state, hp, 4)  # learning from float32 samples of the float16 buffer
     assert float(metrics["learning"][0]) == 1.0 and np.isfinite(metrics["td_loss"]).all()

@@ -9,7 +9,7 @@ own with `algos.register(name, algos.Recipe(...))`.
 """
 
 # importing the algorithm modules registers them
-from jaxrl.algos import dqn, grpo, ppo, pqn, replay_actor_critic, text, value_decomposition  # noqa: F401
+from jaxrl.algos import grpo, ppo, q_learning, replay_actor_critic, text  # noqa: F401
 from jaxrl.algos.env_setup import NETWORKS, make_network
 from jaxrl.algos.grpo import GRPO, GRPOHyperparams, GRPOSettings
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState

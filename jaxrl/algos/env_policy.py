@@ -20,10 +20,14 @@ import jax.numpy as jnp
 
 import envs
 from jaxrl import distributions, mesh as mesh_lib, normalization
-from jaxrl.algos.env_setup import AGENT_ID_INPUTS, CRITIC_INPUTS
 from jaxrl.jitting import RUNS_ONCE, jit_method
 from jaxrl.loops import scan_until
 from jaxrl.mesh import DATA_AXIS
+
+CRITIC_INPUTS = ("obs", "global_state")  # the critic sees each agent's view (IPPO) or the env's global state (MAPPO)
+AGENT_ID_INPUTS = ("both", "critic", "actor", "none")  # which networks see each agent's one-hot index
+# Memory advice (`engine.Algorithm.sized_by`): what sizes the state fields every env algorithm has
+NETWORK_SIZED = {"params": "the network's sizes", "opt_state": "the network's sizes"}
 
 
 class PolicyStep(NamedTuple):
@@ -123,13 +127,18 @@ class EnvPolicy:
             return None
         return jax.vmap(env.global_state)(env_states)
 
-    def step(self, params, env, env_state, obs, carry, first) -> PolicyStep:
-        """The networks on n envs' current observations, one time step (rollouts, bootstrap values and
-        evaluation all go through here). obs [n, A, d], first [n]; `env` is the env whose states these are."""
+    def step_inputs(self, params, env, env_state, obs, first):
+        """What the networks see of n envs' current step (obs [n, A, d], first [n]; `env` is the env whose states
+        these are): (actor_in [n, A, d'], critic_in [n, A, d''], first [n, A], global state [n, G] or None)."""
         global_state = self.global_state(env, env_state)
         actor_in, critic_in = self.inputs(obs, global_state, params.get("obs_norm"))
+        return actor_in, critic_in, jnp.broadcast_to(first[:, None], actor_in.shape[:2]), global_state
+
+    def step(self, params, env, env_state, obs, carry, first) -> PolicyStep:
+        """The networks on n envs' current observations, one time step (rollouts, bootstrap values and
+        evaluation all go through here)."""
+        actor_in, critic_in, first, global_state = self.step_inputs(params, env, env_state, obs, first)
         mask = jax.vmap(env.avail_actions)(env_state) if env.has_action_masks else None
-        first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
         carry, out, value = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
         return PolicyStep(carry, actor_in, critic_in, self.dist.with_mask(out[0], mask), value[0], mask,
                           global_state)
@@ -253,41 +262,6 @@ def policy_functions(policy: EnvPolicy) -> dict:
             "write_artifacts": policy.write_artifacts, "vma_checks": policy.agent_env.supports_vma_checks}
 
 
-class ActsThroughPolicy:
-    """What an env algorithm (PPO, env GRPO) offers around training, all through its `self.policy`
-    (an EnvPolicy): evaluation, a loaded actor, episodes to draw, and the files of a run."""
-
-    policy: EnvPolicy
-
-    def attach(self, policy: EnvPolicy, settings, mesh) -> None:
-        """Take `policy` and its env (auto-resetting by `settings.reset_ratio`, with episode statistics) on
-        `mesh` (None: every device), this device's share of `settings.num_envs` in `num_local_envs`."""
-        self.policy, self.settings = policy, settings
-        self.agent_env, self.network, self.num_agents = policy.agent_env, policy.network, policy.num_agents
-        self.env = envs.EpisodeStatistics(envs.AutoReset(self.agent_env, settings.reset_ratio))
-        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
-        self.num_local_envs = settings.num_envs // self.mesh.shape[DATA_AXIS]
-        self.vma_checks = self.agent_env.supports_vma_checks
-
-    def evaluate(self, params, key: jax.Array, num_envs: int, sample: bool = False):
-        """Greedy (or sampled) actions, one episode per env, for every seed (`EnvPolicy.evaluate`)."""
-        return self.policy.evaluate(params, key, num_envs, sample)
-
-    def actor(self, params) -> "EnvActor":
-        """One run's policy as a jitted function of observations (`EnvActor`)."""
-        return EnvActor(self.policy, params)
-
-    def episode_states(self, params, key: jax.Array, sample: bool = False) -> list:
-        return self.policy.episode_states(params, key, sample)
-
-    def write_files(self, workdir: str) -> None:
-        """Nothing beside the config and checkpoints is needed to reload a run."""
-
-    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False) -> list[str]:
-        return self.policy.write_artifacts(workdir, params, seed, sample)
-
-
 class EnvActor:
     """One trained policy, ready to act: `actor(obs, carry, first=..., mask=..., key=...)` is jitted.
 
@@ -362,3 +336,28 @@ def step_units(samples: dict) -> dict:
     """Time-major samples [T, n, A, ...] -> per-env units [n, T * A, ...] (single agent-steps)."""
     T, n, A = jax.tree.leaves(samples)[0].shape[:3]
     return jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1).reshape(n, T * A, *x.shape[3:]), samples)
+
+
+def distinct_critic_in(actor_in: jax.Array, critic_in: jax.Array) -> jax.Array | None:
+    """The critic's inputs as a rollout stores them: None where they are the actor's (`EnvPolicy.inputs` returns
+    the same array twice), so that they are kept once."""
+    return None if critic_in is actor_in else critic_in
+
+
+def init_run(policy: EnvPolicy, env, key: jax.Array, num_envs: int):
+    """One run's start, its keys drawn as PPO and env GRPO both draw them (the same parameters for the same
+    seed): (params, obs [N, A, d] and states of `num_envs` fresh envs of `env`, the state's own key)."""
+    param_key, env_key, state_key = jax.random.split(key, 3)
+    obs, env_state = jax.vmap(env.reset)(jax.random.split(env_key, num_envs))
+    return policy.init_params(param_key, env, obs, env_state), obs, env_state, state_key
+
+
+def step_randomness(key: jax.Array, dist, num_steps: int, num_env_keys: int, num_envs: int, num_agents: int):
+    """All randomness of a rollout drawn up front in a few batched ops rather than T small ones: for every step,
+    `num_env_keys` env keys [T, ·, 2] (one per env, or per group) and the action noise of every env and agent
+    [T, N, A, ...] (Gumbel per action, or normal per action dimension), drawn for all envs and sliced to this
+    device's share, so that each env gets the same numbers on any mesh."""
+    step_keys = jax.random.split(key, num_steps)
+    env_keys = jax.vmap(lambda k: jax.random.split(k, num_env_keys))(step_keys)
+    action_noise = jax.vmap(lambda k: dist.noise(jax.random.fold_in(k, 1), (num_envs, num_agents)))(step_keys)
+    return tuple(mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))

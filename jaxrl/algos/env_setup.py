@@ -1,5 +1,5 @@
-"""What the algorithms that learn on environments share: the env and network a config names, the settings
-read from the same keys, and their checks."""
+"""What the algorithms that learn on environments share: the env, network and policy a config names, the keys
+they read (declared once here), the env optimiser, and their checks."""
 
 from __future__ import annotations
 
@@ -9,19 +9,18 @@ import jax
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import config as config_lib, distributions, knobs
-from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learning_rate
 from jax.sharding import PartitionSpec as P
 
-from jaxrl.mesh import DATA_AXIS, RUN_AXIS
+from jaxrl import config as config_lib, distributions, knobs
+from jaxrl.algos.env_policy import AGENT_ID_INPUTS, CRITIC_INPUTS, EnvPolicy
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.knobs import Knob
+from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learning_rate
+from jaxrl.knobs import Knob, declared
 from jaxrl.losses import ENT_COEF, VF_COEF
+from jaxrl.mesh import DATA_AXIS, RUN_AXIS
 from jaxrl.networks import ACTIVATIONS, KERNEL_INITS, LOG_STDS, ActorCritic, RecurrentActorCritic
 
 NETWORKS = ("mlp", "gru")
-CRITIC_INPUTS = ("obs", "global_state")  # the critic sees each agent's view (IPPO) or the env's global state (MAPPO)
-AGENT_ID_INPUTS = ("both", "critic", "actor", "none")  # which networks see each agent's one-hot index
 
 
 def _positive_ints(sizes) -> bool:
@@ -59,6 +58,7 @@ STD_TRANSFORM = Knob("network.std_transform", "exp", "continuous actions: exp (l
 SQUASH = Knob("network.squash", False, "continuous actions: tanh-squash the Gaussian to the bounds")
 KERNEL_INIT = Knob("network.kernel_init", "orthogonal", "mlp networks: orthogonal (gain sqrt(2), the heads' own: "
                    "the PPO convention) or lecun_uniform (every layer, as Brax's)", choices=KERNEL_INITS)
+WEIGHT_DECAY = declared("optim.weight_decay")  # (jaxrl.config's) a static choice, to decay or not, and a traced rate
 ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RATIO, NETWORK_KIND, HIDDEN_SIZES,
              FC_SIZE, RNN_SIZE, ACTIVATION, CRITIC_INPUT, AGENT_ID, LOG_STD, INIT_LOG_STD, STD_TRANSFORM, SQUASH,
              KERNEL_INIT, GAMMA, VF_COEF, ENT_COEF, NUM_EPOCHS, NUM_MINIBATCHES)
@@ -66,7 +66,7 @@ ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RA
 
 @dataclasses.dataclass(frozen=True)
 class EnvSettings:
-    """Static sizes and choices every env algorithm has: changing one compiles a new program."""
+    """The off-policy learners' static sizes and choices (PPO and env GRPO have flat settings of their own)."""
 
     num_envs: int = 4
     num_steps: int = 128
@@ -92,16 +92,33 @@ class EnvSettings:
         return self.num_envs * self.num_steps
 
 
-def env_optimizer(settings: EnvSettings, hp, update_step: jax.Array):
+def env_optimizer(settings, hp, update_step: jax.Array):
     """The optimiser of update `update_step`: Adam with `hp.max_grad_norm` clipping (`settings.grad_clip`),
-    optional weight decay, the learning rate on `settings.schedule`."""
+    optional weight decay, the learning rate on `settings.schedule` (settings: any with the fields of
+    `EnvSettings`' optimiser part: schedule, warmup_updates, num_updates, adam_eps, grad_clip, weight_decay)."""
     learning_rate = scheduled_learning_rate(hp.learning_rate, update_step, settings.schedule,
                                             settings.warmup_updates, settings.num_updates)
     return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
                           hp.weight_decay if settings.weight_decay else None)
 
 
-def check_minibatch_split(settings: EnvSettings, num_agents: int, sequences: bool, mesh) -> None:
+@dataclasses.dataclass(frozen=True)
+class EnvOptimizer:
+    """The env optimiser as PPO and env GRPO hold it, its static choices read from the config (`run_sizes`):
+    `optimizer(hp, update_step)` is update `update_step`'s optax optimiser (`env_optimizer`)."""
+
+    num_updates: int = 1  # over the run: the schedule's length
+    schedule: str = declared("optim.schedule").field()
+    warmup_updates: int = declared("optim.warmup_updates").field()
+    adam_eps: float = declared("optim.adam_eps").field()
+    grad_clip: str = declared("optim.grad_clip").field()
+    weight_decay: bool = WEIGHT_DECAY.field(convert=lambda decay: decay > 0)  # (by the traced hp.weight_decay)
+
+    def __call__(self, hp, update_step: jax.Array):
+        return env_optimizer(self, hp, update_step)
+
+
+def check_minibatch_split(settings, num_agents: int, sequences: bool, mesh) -> None:
     """Raise unless an update's units (whole (env, agent) sequences, or single agent-steps) split into
     `num_minibatches` equal minibatches on every device with whole blocks of envs (`deal_minibatches`)."""
     num_local_envs = settings.num_envs // mesh.shape[DATA_AXIS]
@@ -153,18 +170,21 @@ def make_env(config: ConfigDict):
     return env, config.eval.max_steps or env.max_episode_steps or 1000
 
 
-def env_settings(config: ConfigDict) -> dict:
-    """Settings fields that every env algorithm reads from the same keys."""
-    o = config.optim
-    return dict(num_envs=config.num_envs, num_steps=config.num_steps, num_epochs=o.num_epochs,
-                num_minibatches=o.num_minibatches,
-                num_updates=config.total_steps // (config.num_envs * config.num_steps),
-                schedule=o.schedule, warmup_updates=o.warmup_updates, adam_eps=o.adam_eps,
-                weight_decay=o.weight_decay > 0, rollout_unroll=config.rollout_unroll,
-                critic_input=config.network.critic_input, agent_id=config.network.agent_id, grad_clip=o.grad_clip,
-                squash=config.network.squash, std_transform=config.network.std_transform,
-                reset_ratio=config.env.reset_ratio,
-                xla_options=config_lib.xla_options(config))
+def make_policy(config: ConfigDict, critic: bool = True, **normalize) -> EnvPolicy:
+    """The env a config names, seen through the actor-critic it names (`normalize`: `EnvPolicy`'s
+    normalize_obs and obs_clip)."""
+    env, eval_max_steps = make_env(config)
+    n = config.network
+    return EnvPolicy(env, make_network(config, env, critic), n.agent_id, n.critic_input, eval_max_steps, n.squash,
+                     std_transform=n.std_transform, **normalize)
+
+
+def run_sizes(config: ConfigDict) -> dict:
+    """The settings fields a config gives other than key by key: the run's updates, its XLA options parsed and
+    the optimiser."""
+    num_updates = config.total_steps // (config.num_envs * config.num_steps)
+    return dict(num_updates=num_updates, xla_options=config_lib.xla_options(config),
+                optimizer=knobs.read(EnvOptimizer, config, num_updates=num_updates))
 
 
 def check_env_config(config: ConfigDict) -> None:

@@ -20,8 +20,9 @@ with a separate group baseline at every time step (`returns="to_go"`). A learned
 mixed in (`critic_weight` w > 0): advantages = (1 - w) * group advantages + w * standardised
 (returns-to-go - V), so critic-free and critic-based training share one code path.
 
-The networks and what they see (parameter sharing, agent ids, action masks, greedy evaluation) are
-`EnvPolicy`'s, shared with PPO; the optimiser, minibatch dealing and the chunk program are the engine's.
+`build_grpo` makes an `engine.Algorithm` of `GRPO`'s `init` and `update`. The networks and what they see
+(parameter sharing, agent ids, action masks, greedy evaluation) are `EnvPolicy`'s, shared with PPO; the
+optimiser, minibatch dealing and the chunk program are the engine's.
 Shapes: B groups (b on one device), G group size, N = B * G envs (n on one device, group-major), T steps
 (the episode cap), A agents, K actions.
 """
@@ -39,19 +40,25 @@ from ml_collections import ConfigDict
 
 import envs
 from envs.wrappers import select
-from jaxrl import advantages as advantages_lib, config as config_lib, knobs, losses, mesh as mesh_lib, rollout
-from jaxrl.knobs import knob
-from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units
-from jaxrl.algos.env_setup import (GAMMA, EnvSettings, check_env_config, check_minibatch_split, env_config,
-                                   env_optimizer, env_settings, make_env, make_network, sample_trajectory)
-from jaxrl.algos.group import (ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options,
-                               group_relative_keys)
+from jaxrl import advantages as advantages_lib, config as config_lib, engine, knobs, losses, mesh as mesh_lib, rollout
+from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvPolicy, distinct_critic_in, init_run, policy_functions,
+                                    sequence_units, step_randomness)
+from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL, WEIGHT_DECAY,
+                                   EnvOptimizer, check_env_config, check_minibatch_split, env_config, make_policy,
+                                   run_sizes, sample_trajectory)
+from jaxrl.algos.group import ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options, group_relative_keys
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import ChunkRunner, global_mean, optimise, standardise
+from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
+from jaxrl.engine import global_mean, optimise, standardise
+from jaxrl.engine.algorithm import every_leaf_over_runs
+from jaxrl.knobs import knob
 from jaxrl.loops import call_trimmed, scan_until, trim_lengths
-from jaxrl.mesh import DATA_AXIS, RUNS
+from jaxrl.mesh import DATA_AXIS
 
 RETURNS = ("episode", "to_go")
+# Groups roll out whole episodes from fresh starts and never auto-reset
+ONE_RESET = RESET_RATIO.only(1, "GRPO's groups roll out whole episodes from fresh starts and never auto-reset; "
+                             "reset_ratio applies to PPO's envs")
 
 
 @struct.dataclass
@@ -67,7 +74,7 @@ class GRPOHyperparams:
     ent_coef: float = losses.ENT_COEF.field()
     max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
     critic_weight: float = CRITIC_WEIGHT.field()
-    weight_decay: float = knobs.declared("optim.weight_decay").field()
+    weight_decay: float = WEIGHT_DECAY.field()
 
 
 @struct.dataclass
@@ -81,11 +88,18 @@ class GroupState:
 
 
 @dataclasses.dataclass(frozen=True)
-class GRPOSettings(EnvSettings):
-    """The env algorithms' static settings (num_envs = B * G envs, num_steps = the episode cap T) plus the
-    group choices."""
+class GRPOSettings:
+    """Env GRPO's static sizes and choices (num_envs = B * G envs, num_steps = the episode cap T)."""
 
+    num_envs: int = NUM_ENVS.field()  # B * G
     group_size: int = GROUP_SIZE.field()
+    num_steps: int = NUM_STEPS.field()  # the episode cap T
+    rollout_unroll: int = ROLLOUT_UNROLL.field()
+    num_epochs: int = NUM_EPOCHS.field()
+    num_minibatches: int = NUM_MINIBATCHES.field()
+    optimizer: EnvOptimizer = EnvOptimizer()
+    num_updates: int = 1  # over the run (`run_sizes`)
+    xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     advantage: str = ADVANTAGE.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()  # its keyword options, as (name, value) pairs
     returns: str = knob("group.returns", "episode", "one advantage per episode, or a group baseline per step over "
@@ -95,12 +109,17 @@ class GRPOSettings(EnvSettings):
     constant_length: int | None = knob("loss.constant_length", 0, "aggregate constant: the length divided by; 0: "
                                        "num_steps", minimum=0, convert=lambda length: length or None)
     dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
-    generate: str = "independent"  # a Generate strategy of jaxrl.rollout's "env" domain
+    generate: str = knobs.declared("rollout.generate").field()  # a Generate strategy of jaxrl.rollout's "env" domain
     rollout_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (strategy, ((key, value), ...))
 
     @property
     def num_groups(self) -> int:
         return self.num_envs // self.group_size
+
+    @property
+    def batch_size(self) -> int:
+        """Environment steps per update (at most: episodes may end sooner), over all devices."""
+        return self.num_envs * self.num_steps
 
 
 @struct.dataclass
@@ -118,52 +137,39 @@ class GroupStep:
     acting: jax.Array  # [n, A] float: running, and the agent is alive (its action counts)
 
 
-class GRPO(ActsThroughPolicy, ChunkRunner):
-    """Group-relative policy optimisation for single- and multi-agent envs (see the module docstring)."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class GRPO:
+    """Env GRPO's computations, bound to what is static (see the module docstring): the record's `init` and
+    `update` are its methods; the Generate strategy's hooks read it as their `algo`."""
 
-    def __init__(self, env: envs.Environment, network, settings: GRPOSettings, mesh=None,
-                 eval_max_steps: int = 1000):
-        if settings.returns not in RETURNS:
-            raise ValueError(f"unknown returns {settings.returns!r}; known: {', '.join(RETURNS)}")
-        advantages_lib.get(settings.advantage)  # an unknown name fails here, naming the known ones
-        if settings.group_size < 2 or settings.num_envs % settings.group_size:
-            raise ValueError(f"num_envs={settings.num_envs} must be a multiple of group_size="
-                             f"{settings.group_size} (>= 2): each group is group_size envs")
-        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, self.mesh)
-        mesh_lib.check_divisible("num_envs", settings.num_envs, self.mesh)
-        self.policy = EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps,
-                                settings.squash, std_transform=settings.std_transform)
-        self.agent_env, self.network, self.num_agents = self.policy.agent_env, network, self.policy.num_agents
-        self.settings = settings
-        # Sequence-level ratios and aggregation need whole episodes in a minibatch.
-        check_minibatch_split(settings, self.num_agents, True, self.mesh)
-        self.use_critic = bool(getattr(network, "critic", True))
-        self._estimator_options = dict(settings.advantage_options)
-        self.vma_checks = self.agent_env.supports_vma_checks
-        self.generate = rollout.get("generate", settings.generate, "env")
+    settings: GRPOSettings
+    policy: EnvPolicy
+    mesh: jax.sharding.Mesh
+    generate: rollout.Strategy  # `settings.generate`, of the "env" domain
+
+    @property
+    def num_agents(self) -> int:
+        return self.policy.num_agents
+
+    @property
+    def use_critic(self) -> bool:
+        """A learned value baseline is mixed in (critic_weight > 0 gave the network a value head)."""
+        return bool(getattr(self.policy.network, "critic", True))
 
     def strategy_options(self, name: str) -> dict:
         """The options of the Generate strategy `name` (registered defaults, overridden by the config)."""
         return rollout.options_of(rollout.get("generate", name, "env"), self.settings.rollout_options)
 
-    # ----------------------------------------------------------------------------------------------
-    # State
-
     def init(self, key: jax.Array) -> GroupState:
-        """A fresh state for one seed (no seed axis). Keys are drawn as PPO draws them, so that the two start
-        from the same parameters for the same seed."""
-        param_key, env_key, state_key = jax.random.split(key, 3)
-        N = self.settings.num_envs
-        obs, env_state = jax.vmap(self.agent_env.reset)(jax.random.split(env_key, N))
-        params = self.policy.init_params(param_key, self.agent_env, obs, env_state)
-        optimizer = env_optimizer(self.settings, GRPOHyperparams(), jnp.int32(0))
+        """A fresh state for one seed (no seed axis), from the same parameters as PPO's for the same seed."""
+        params, _, _, state_key = init_run(self.policy, self.policy.agent_env, key, self.settings.num_envs)
+        optimizer = self.settings.optimizer(GRPOHyperparams(), jnp.int32(0))
         return GroupState(params, optimizer.init(params), state_key, jnp.int32(0))
 
     # ----------------------------------------------------------------------------------------------
     # Group rollout
 
-    def _rollout(self, params, key):
+    def rollout(self, params, key):
         """G episodes from each of the b local groups' start states, T steps, no auto-reset.
 
         Returns (trajectory GroupStep [T, n, A, ...], episode sums and the Generate strategy's metrics, trained
@@ -173,15 +179,12 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
         no more steps are computed. The Generate strategy (`settings.generate`)
         may make members draw their group leader's action noise (shared prefixes, counterfactual agents).
         """
-        s, env, A, dist = self.settings, self.agent_env, self.num_agents, self.policy.dist
-        G, B, N = s.group_size, s.num_groups, s.num_envs
+        s, env, A, dist = self.settings, self.policy.agent_env, self.num_agents, self.policy.dist
+        G, B = s.group_size, s.num_groups
         reset_key, step_key = jax.random.split(key)
         # Drawn for all B groups and N envs, then sliced, so that each env sees the same numbers on any mesh.
         group_keys = mesh_lib.local_share(jax.random.split(reset_key, B))  # [b, 2]
-        step_keys = jax.random.split(step_key, s.num_steps)
-        env_keys = jax.vmap(lambda k: jax.random.split(k, B))(step_keys)  # [T, B, 2], one per group
-        action_noise = jax.vmap(lambda k: dist.noise(jax.random.fold_in(k, 1), (N, A)))(step_keys)
-        env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
+        env_keys, action_noise = step_randomness(step_key, dist, s.num_steps, B, s.num_envs, A)  # a key per group
         plan = self.generate.members(self, jax.random.fold_in(key, 7))
         trained, strategy_metrics = 1.0, {}
         if plan is not None:  # members draw their leader's noise where `shared`
@@ -205,7 +208,7 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
             ended = running & envs.episode_over(done, info)
             record = GroupStep(
                 actor_in=policy.actor_in,
-                critic_in=None if policy.critic_in is policy.actor_in else policy.critic_in,
+                critic_in=distinct_critic_in(policy.actor_in, policy.critic_in),
                 action=action, log_prob=dist.log_prob(policy.policy_out, action), value=policy.value,
                 mask=policy.mask, reward=reward * running[:, None],
                 running=jnp.broadcast_to(running[:, None], (n, A)).astype(jnp.float32),
@@ -215,7 +218,7 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
             env_state, obs = jax.vmap(select)(still, (next_state, next_obs), (env_state, obs))
             return (env_state, obs, policy.carry, jnp.zeros_like(first), still, alive & ~done), (record, won)
 
-        init = mesh_lib.varying((env_state, obs, self.network.initial_carry((n, A)), jnp.ones(n, bool),
+        init = mesh_lib.varying((env_state, obs, self.policy.network.initial_carry((n, A)), jnp.ones(n, bool),
                                  jnp.ones(n, bool), jnp.ones((n, A), bool)))
         # Steps stop once every local episode has ended (`scan_until`): the steps not taken record zeros, which
         # every use of the trajectory masks out as it masks a finished episode's steps.
@@ -231,7 +234,7 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
     # ----------------------------------------------------------------------------------------------
     # Advantages
 
-    def _advantages(self, traj: GroupStep, hp: GRPOHyperparams):
+    def advantages(self, traj: GroupStep, hp: GRPOHyperparams):
         """Returns (advantages [T, n, A], loss weights [T, n, A], returns-to-go [T, n, A] or None when
         neither the baseline nor a critic needs them, metrics)."""
         s, G = self.settings, self.settings.group_size
@@ -240,13 +243,13 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
             returns_to_go = advantages_lib.returns_to_go(traj.reward, traj.running, hp.gamma)
         if s.returns == "episode":  # the episode's undiscounted return, the same advantage at every step
             episode_return = einops.rearrange(traj.reward.sum(0), "(b g) a -> b g a", g=G)
-            group = advantages_lib.group_advantages(s.advantage, episode_return, None, **self._estimator_options)
+            group = advantages_lib.group_advantages(s.advantage, episode_return, None, **dict(s.advantage_options))
             advantages, weight = (jnp.broadcast_to(einops.rearrange(x, "b g a -> (b g) a"), traj.reward.shape)
                                   for x in (group.advantages, group.weight))
         else:  # a group baseline at every step over the members still running then
             to_groups = lambda x: einops.rearrange(x, "t (b g) a -> b g t a", g=G)
             group = advantages_lib.stepwise_group_advantages(
-                s.advantage, to_groups(returns_to_go), to_groups(traj.running) > 0, **self._estimator_options)
+                s.advantage, to_groups(returns_to_go), to_groups(traj.running) > 0, **dict(s.advantage_options))
             advantages, weight = (einops.rearrange(x, "b g t a -> t (b g) a")
                                   for x in (group.advantages, group.weight))
         if self.use_critic:
@@ -259,14 +262,14 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
     # ----------------------------------------------------------------------------------------------
     # Loss and update
 
-    def _loss(self, params, batch, hp: GRPOHyperparams):
+    def loss(self, params, batch, hp: GRPOHyperparams):
         """batch: whole sequences, leaves [M, T, ...] (M = (env, agent) pairs) plus the start carry."""
         s = self.settings
         time_major = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
                                   {k: batch[k] for k in ("actor_in", "critic_in", "first", "action", "mask")})
         critic_in = time_major["actor_in"] if time_major["critic_in"] is None else time_major["critic_in"]
         dist = self.policy.dist
-        _, out, values = self.network.apply(params, batch["carry"], time_major["actor_in"], critic_in,
+        _, out, values = self.policy.network.apply(params, batch["carry"], time_major["actor_in"], critic_in,
                                             time_major["first"])
         out = dist.with_mask(out, time_major["mask"])
         log_prob = jnp.swapaxes(dist.log_prob(out, time_major["action"]), 0, 1)  # [M, T]
@@ -284,11 +287,11 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
             aux = dict(aux, value_loss=value_loss)
         return total, aux
 
-    def _update(self, state: GroupState, hp: GRPOHyperparams):
+    def update(self, state: GroupState, hp: GRPOHyperparams):
         """One GRPO update for one seed on this device's groups: returns (state, metrics)."""
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        traj, episode, trained = self._rollout(state.params, rollout_key)
-        advantages, weight, returns_to_go, metrics = self._advantages(traj, hp)
+        traj, episode, trained = self.rollout(state.params, rollout_key)
+        advantages, weight, returns_to_go, metrics = self.advantages(traj, hp)
         weight = weight * trained
         T, n, A = traj.log_prob.shape
         first = jnp.broadcast_to((jnp.arange(T) == 0)[:, None, None], (T, n, A))
@@ -297,12 +300,12 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
                    "advantages": advantages, "weight": weight}
         if self.use_critic:  # what the value loss reads
             samples.update(returns=returns_to_go, acting=traj.acting)
-        start_carry = mesh_lib.varying(self.network.initial_carry((n, A)))
+        start_carry = mesh_lib.varying(self.policy.network.initial_carry((n, A)))
         s = self.settings
-        optimizer = env_optimizer(s, hp, state.update_step)
+        optimizer = s.optimizer(hp, state.update_step)
 
         def learn(samples):
-            return optimise(self._loss, optimizer, state.params, state.opt_state,
+            return optimise(self.loss, optimizer, state.params, state.opt_state,
                             sequence_units(samples, start_carry), hp, epoch_key, s.num_epochs, s.num_minibatches)
 
         # Learn from the steps of the longest episode only (of every run and device that must agree), cut to
@@ -317,8 +320,8 @@ class GRPO(ActsThroughPolicy, ChunkRunner):
 
     def sample_trajectory(self, state: GroupState) -> GroupStep:
         """The group rollout the next update will train on, nothing updated: leaves [S, T, N, A, ...]."""
-        return sample_trajectory(lambda st, key: self._rollout(st.params, key)[0], state,
-                                 jax.tree.map(lambda _: RUNS, state), self.mesh, self.agent_env.supports_vma_checks)
+        return sample_trajectory(lambda st, key: self.rollout(st.params, key)[0], state, every_leaf_over_runs(state),
+                                 self.mesh, self.policy.agent_env.supports_vma_checks)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -384,20 +387,22 @@ def grpo_config() -> ConfigDict:
     config.algorithm = "grpo"
     config.update(group_relative_keys())
     config.returns.gamma = 1.0  # discount of returns-to-go (group.returns="to_go")
-    knobs.fill(config, GRPOSettings)
-    # rollout.generate: independent, vine (shared prefix, then G continuations) or counterfactual (one agent
-    # per group acts on its own noise); options per strategy
-    config.rollout = ConfigDict({"generate": "independent", "options": rollout.option_keys("env")})
+    knobs.fill(config, GRPOSettings)  # (rollout.generate: how a group's members act; options per strategy)
+    config.rollout.options = rollout.option_keys("env")
     return config
 
 
-def build_grpo(config: ConfigDict, mesh) -> GRPO:
-    env, eval_max_steps = make_env(config)
-    settings = knobs.read(GRPOSettings, config, **env_settings(config), advantage_options=advantage_options(config),
-                          generate=config.rollout.generate,
+def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
+    settings = knobs.read(GRPOSettings, config, **run_sizes(config), advantage_options=advantage_options(config),
                           rollout_options=rollout.configured_options(config.rollout.options))
-    network = make_network(config, env, critic=config.critic_weight > 0)
-    return GRPO(env, network, settings, mesh, eval_max_steps=eval_max_steps)
+    policy = make_policy(config, critic=config.critic_weight > 0)
+    mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+    mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, mesh)
+    mesh_lib.check_divisible("num_envs", settings.num_envs, mesh)
+    check_minibatch_split(settings, policy.num_agents, True, mesh)  # (whole episodes: sequence ratios, aggregates)
+    grpo = GRPO(settings, policy, mesh, rollout.get("generate", settings.generate, "env"))
+    return engine.Algorithm(settings, mesh, init=grpo.init, update=grpo.update, sized_by=NETWORK_SIZED, parts=grpo,
+                            **policy_functions(policy))
 
 
 def check_grpo_config(config: ConfigDict) -> None:
@@ -406,9 +411,7 @@ def check_grpo_config(config: ConfigDict) -> None:
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
                          f"{config.group.size}: every group is group.size envs from one start state")
-    if config.env.reset_ratio != 1:
-        raise ValueError(f"config.env.reset_ratio = {config.env.reset_ratio}: GRPO's groups roll out whole episodes "
-                         "from fresh starts and never auto-reset; reset_ratio applies to PPO's envs (leave it 1)")
+    ONE_RESET.check(config)
 
 
 register("grpo", Recipe(build_grpo, GRPOHyperparams, check=check_grpo_config, defaults=grpo_config,

@@ -1,7 +1,7 @@
 """Proximal policy optimisation, written for a device mesh and for many seeds at once.
 
-One call of `PPO.run_chunk` runs K updates (K traced: one program for every K), compiled by
-`engine.compile_chunk`:
+`build_ppo` makes an `engine.Algorithm` of `PPO`'s `init` and `update`; one call of its `run_chunk` runs K
+updates (K traced: one program for every K), compiled by `engine.compile_chunk`:
 
     shard_map over the (runs, data) mesh (seeds split over `runs`, environments over `data`, parameters
     replicated along `data`)
@@ -28,14 +28,16 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jaxrl import knobs, losses, mesh as mesh_lib, normalization
+from jaxrl import engine, knobs, losses, normalization
 from jaxrl.advantages import CRITIC_ESTIMATORS
-from jaxrl.algos.env_policy import ActsThroughPolicy, EnvPolicy, sequence_units, step_units, trainable
-from jaxrl.algos.env_setup import (GAMMA, REWARD_SCALE, EnvSettings, check_env_config, check_minibatch_split,
-                                   env_config, env_optimizer, env_settings, make_env, make_network,
-                                   sample_trajectory)
+from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvOnMesh, EnvPolicy, distinct_critic_in, init_run,
+                                    policy_functions, sequence_units, step_randomness, step_units, trainable)
+from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE, ROLLOUT_UNROLL,
+                                   WEIGHT_DECAY, EnvOptimizer, check_env_config, check_minibatch_split, env_config,
+                                   make_policy, run_sizes, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import ChunkRunner, normalize, optimise
+from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
+from jaxrl.engine import normalize, optimise
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
@@ -75,14 +77,23 @@ class PPOHyperparams:
     vf_coef: float = losses.VF_COEF.field()
     ent_coef: float = losses.ENT_COEF.field()
     max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
-    weight_decay: float = knobs.declared("optim.weight_decay").field()
+    weight_decay: float = WEIGHT_DECAY.field()
     reward_scale: float = REWARD_SCALE.field()
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOSettings(EnvSettings):
-    """The env algorithms' static settings plus PPO's own choices."""
+class PPOSettings:
+    """PPO's static sizes and choices: changing one compiles a new program."""
 
+    num_envs: int = NUM_ENVS.field()
+    num_steps: int = NUM_STEPS.field()
+    rollout_unroll: int = ROLLOUT_UNROLL.field()
+    reset_ratio: int = RESET_RATIO.field()  # training envs: one restart per reset_ratio envs per step
+    num_epochs: int = NUM_EPOCHS.field()
+    num_minibatches: int = NUM_MINIBATCHES.field()
+    optimizer: EnvOptimizer = EnvOptimizer()
+    num_updates: int = 1  # over the run (`run_sizes`)
+    xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     normalize_advantages: bool = knob("loss.normalize_advantages", True, "advantages standardised per minibatch")
     clip_value: bool = VALUE_CLIP.field(convert=lambda value_clip: value_clip > 0)
     bootstrap_truncation: bool = knob("returns.bootstrap_truncation", True, "bootstrap from V(final obs) when a "
@@ -102,6 +113,11 @@ class PPOSettings(EnvSettings):
                            "the current critic's at every minibatch (Brax's)", choices=GAE_VALUES)
     advantage: str = knob("returns.advantage", "gae", "the policy's advantages (the value targets are "
                           "lambda-returns either way)", choices=tuple(CRITIC_ESTIMATORS))
+
+    @property
+    def batch_size(self) -> int:
+        """Environment steps per update, over all devices."""
+        return self.num_envs * self.num_steps
 
 
 @struct.dataclass
@@ -147,28 +163,18 @@ class Transition:
     global_state: jax.Array | None = None  # [n, G] likewise, when the critic sees it
 
 
-def distinct_critic_in(actor_in: jax.Array, critic_in: jax.Array) -> jax.Array | None:
-    """The critic's inputs as a rollout stores them: None where they are the actor's (`EnvPolicy.inputs` returns
-    the same array twice), so that they are kept once."""
-    return None if critic_in is actor_in else critic_in
+@dataclasses.dataclass(frozen=True, eq=False)
+class PPO:
+    """PPO's computations, bound to what is static: the record's `init` and `update` are its methods.
 
-
-class PPO(ActsThroughPolicy, ChunkRunner):
-    """PPO for single- and multi-agent envs, with feed-forward or recurrent actor-critics.
-
-    Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array below reads
-    [..., A, ...]. Agents share parameters; `settings.agent_id` tells them apart. The critic sees each
-    agent's own inputs (IPPO) or the env's global state (MAPPO, `critic_input="global_state"`).
-    Recurrent networks train on whole rollouts per (env, agent), starting from the hidden state the
-    rollout started with and restarting it at episode starts; feed-forward ones on shuffled steps.
+    Recurrent networks train on whole rollouts per (env, agent), starting from the hidden state the rollout
+    started with and restarting it at episode starts; feed-forward ones on shuffled steps.
     """
 
-    def __init__(self, env: envs.Environment, network, settings: PPOSettings, mesh=None,
-                 eval_max_steps: int = 1000):
-        knobs.check_fields(settings)
-        self.attach(EnvPolicy(env, network, settings.agent_id, settings.critic_input, eval_max_steps, settings.squash,
-                              settings.normalize_obs, settings.obs_clip, settings.std_transform), settings, mesh)
-        check_minibatch_split(settings, self.num_agents, self.sequence_minibatches, self.mesh)
+    settings: PPOSettings
+    policy: EnvPolicy
+    env: envs.Environment  # the policy's env, auto-resetting with episode statistics (`EnvOnMesh`)
+    mesh: jax.sharding.Mesh
 
     @property
     def sequence_minibatches(self) -> bool:
@@ -176,22 +182,17 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         critic) rather than single agent-steps."""
         return self.policy.recurrent or self.settings.gae_values == "current"
 
-    # ----------------------------------------------------------------------------------------------
-    # Initial state
-
     def init(self, key: jax.Array) -> TrainState:
         """A fresh TrainState for one seed (no seed axis)."""
-        param_key, env_key, state_key = jax.random.split(key, 3)
-        N, A = self.settings.num_envs, self.num_agents
-        obs, env_state = jax.vmap(self.env.reset)(jax.random.split(env_key, N))
-        params = self.policy.init_params(param_key, self.env, obs, env_state)
-        optimizer = env_optimizer(self.settings, PPOHyperparams(), jnp.int32(0))
-        reward_norm = RewardNorm(normalization.init((1,)), jnp.zeros((N, A))) if self.settings.normalize_reward else None
+        s, A = self.settings, self.policy.num_agents
+        params, obs, env_state, state_key = init_run(self.policy, self.env, key, s.num_envs)
+        optimizer = s.optimizer(PPOHyperparams(), jnp.int32(0))
+        reward_norm = RewardNorm(normalization.init((1,)), jnp.zeros((s.num_envs, A))) if s.normalize_reward else None
         return TrainState(params, optimizer.init(trainable(params)), env_state, obs,
-                          self.network.initial_carry((N, A)), jnp.ones((N,), bool), state_key, jnp.int32(0),
-                          reward_norm)
+                          self.policy.network.initial_carry((s.num_envs, A)), jnp.ones((s.num_envs,), bool),
+                          state_key, jnp.int32(0), reward_norm)
 
-    def chunk_specs(self, state: TrainState) -> TrainState:
+    def state_specs(self, state: TrainState) -> TrainState:
         split = P(RUN_AXIS, DATA_AXIS)  # [S, N, ...]: seeds over the runs axis, envs over the data axis
         reward_norm = None if state.reward_norm is None else RewardNorm(RUNS, split)
         return TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
@@ -201,17 +202,11 @@ class PPO(ActsThroughPolicy, ChunkRunner):
     # ----------------------------------------------------------------------------------------------
     # One update on this device's share of the envs (inside shard_map, one seed)
 
-    def _rollout(self, params, state: TrainState, key):
-        """T steps of n local envs. Returns ((env_state, obs, carry, first) after, trajectory, episode sums)."""
-        s, A, dist = self.settings, self.num_agents, self.policy.dist
-        # All randomness of the rollout drawn up front in a few batched ops rather than T small ones:
-        # for every step, a key per env and the action noise per env and agent (Gumbel per action, or normal
-        # per action dimension), drawn for all N envs and sliced to this device's share, so that each env gets
-        # the same numbers on any mesh.
-        step_keys = jax.random.split(key, s.num_steps)
-        env_keys = jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys)  # [T, N, 2]
-        action_noise = jax.vmap(lambda k: dist.noise(jax.random.fold_in(k, 1), (s.num_envs, A)))(step_keys)
-        env_keys, action_noise = (mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
+    def rollout(self, state: TrainState, key):
+        """T steps of n local envs from `state`. Returns ((env_state, obs, carry, first) after, trajectory,
+        episode sums)."""
+        s, params, dist = self.settings, state.params, self.policy.dist
+        env_keys, action_noise = step_randomness(key, dist, s.num_steps, s.num_envs, s.num_envs, self.policy.num_agents)
 
         def step(carry, xs):
             env_state, obs, net_carry, first = carry
@@ -221,7 +216,7 @@ class PPO(ActsThroughPolicy, ChunkRunner):
             next_obs, env_state, reward, done, info = self.env.batch_step(env_key, env_state, dist.to_env(action))
             final_value = None
             if s.bootstrap_truncation:  # the critic's value of the obs a time limit cut off
-                final_value = self.policy.step(params, self.agent_env, info["final_state"], info["final_obs"],
+                final_value = self.policy.step(params, self.policy.agent_env, info["final_state"], info["final_obs"],
                                                policy.carry, jnp.zeros_like(first)).value
             ended = info["returned_episode"]
             if s.returns_until == "episode":
@@ -247,7 +242,7 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         after, (traj, episode) = jax.lax.scan(step, init, (env_keys, action_noise), unroll=s.rollout_unroll)
         return after, traj, jax.tree.map(jnp.sum, episode)
 
-    def _loss(self, params, batch, hp: PPOHyperparams):
+    def loss(self, params, batch, hp: PPOHyperparams):
         carry, after = (), None
         if self.sequence_minibatches:  # batch leaves [B, T, ...] -> time-major, from the carry each sequence began with
             carry, after = batch["carry"], batch.get("after")
@@ -256,11 +251,11 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         actor_in, first = batch["actor_in"], batch["first"]
         critic_in = actor_in if batch["critic_in"] is None else batch["critic_in"]
         if after is not None:  # one more step: the inputs after the sequence, for its bootstrap value
+            after_critic_in = after["actor_in"] if after["critic_in"] is None else after["critic_in"]
             actor_in, critic_in, first = (jnp.concatenate([x, y[None]]) for x, y in zip(
-                (actor_in, critic_in, first), (after["actor_in"], after.get("critic_in", after["actor_in"]),
-                                               after["first"])))
+                (actor_in, critic_in, first), (after["actor_in"], after_critic_in, after["first"])))
         dist = self.policy.dist
-        _, out, values = self.network.apply(params, carry, actor_in, critic_in, first)
+        _, out, values = self.policy.network.apply(params, carry, actor_in, critic_in, first)
         if after is not None:
             current = jax.lax.stop_gradient(values)
             advantages, targets = CRITIC_ESTIMATORS[self.settings.advantage](
@@ -282,27 +277,19 @@ class PPO(ActsThroughPolicy, ChunkRunner):
                "clip_fraction": jnp.mean(losses.clip_fraction(log_ratio, hp.clip_low, hp.clip_high))}
         return total, aux
 
-    def _collect(self, state: TrainState, hp: PPOHyperparams, rollout_key: jax.Array):
-        """Rollout and advantages for one seed on this device's envs: ((env_state, obs, carry, first) after the
-        rollout, episode sums, minibatch units [n, U, ...] for `_optimise`, the running statistics with this
-        rollout added (obs_norm, reward_norm; None where off))."""
-        after, traj, episode = self._rollout(state.params, state, rollout_key)
-        units, statistics = self._units(state, hp, after, traj)
-        return after, episode, units, statistics
-
-    def _units(self, state: TrainState, hp: PPOHyperparams, after, traj: Transition):
+    def units(self, state: TrainState, hp: PPOHyperparams, after, traj: Transition):
         """The update's minibatch units [n, U, ...] from the rollout `traj` that left the envs at `after`
         ((env_state, obs, carry, first)), and the running statistics with it added: (units, (obs_norm,
         reward_norm))."""
         s = self.settings
         env_state, obs, carry, first = after
-        obs_norm = self._updated_obs_norm(state.params, traj)
+        obs_norm = self.updated_obs_norm(state.params, traj)
         actor_in, critic_in, normalizing_params = traj.actor_in, traj.critic_in, state.params
         if obs_norm is not None and s.obs_stats == "updated":
             actor_in, critic_in = self.policy.inputs(traj.obs, traj.global_state, obs_norm)
             critic_in = distinct_critic_in(actor_in, critic_in)
             normalizing_params = {**state.params, "obs_norm": obs_norm}
-        reward, reward_norm = self._scaled_reward(traj.reward * hp.reward_scale, traj.first, state.reward_norm,
+        reward, reward_norm = self.scaled_reward(traj.reward * hp.reward_scale, traj.first, state.reward_norm,
                                                   hp.gamma)
         if s.bootstrap_truncation:  # a time limit is not a terminal state: add the value it cut off
             reward = reward + hp.gamma * traj.final_value * traj.truncated[..., None]
@@ -319,21 +306,13 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         if not self.sequence_minibatches:
             return step_units(samples), (obs_norm, reward_norm)
         units = sequence_units(samples, state.carry)
-        if s.gae_values == "current":
-            units["after"] = self._inputs_after(normalizing_params, env_state, obs, first)
+        if s.gae_values == "current":  # the inputs after each (env, agent) sequence: leaves [n, A, ...]
+            actor_in, critic_in, first, _ = self.policy.step_inputs(normalizing_params, self.env, env_state, obs, first)
+            units["after"] = {"actor_in": actor_in, "critic_in": distinct_critic_in(actor_in, critic_in),
+                              "first": first}
         return units, (obs_norm, reward_norm)
 
-    def _inputs_after(self, params, env_state, obs, first) -> dict:
-        """The networks' inputs on the observations after the rollout, per (env, agent) sequence: leaves
-        [n, A, ...] ({actor_in, critic_in (when the critic sees other inputs), first})."""
-        global_state = self.policy.global_state(self.env, env_state)
-        actor_in, critic_in = self.policy.inputs(obs, global_state, params.get("obs_norm"))
-        after = {"actor_in": actor_in, "first": jnp.broadcast_to(first[:, None], actor_in.shape[:2])}
-        if critic_in is not actor_in:
-            after["critic_in"] = critic_in
-        return after
-
-    def _updated_obs_norm(self, params, traj: Transition) -> dict | None:
+    def updated_obs_norm(self, params, traj: Transition) -> dict | None:
         """The observation statistics in `params` with the rollout's raw observations [T, n, A, d] (and global
         states [T, n, G]) added over every device's envs; None without `normalize_obs`."""
         if not self.settings.normalize_obs:
@@ -344,7 +323,7 @@ class PPO(ActsThroughPolicy, ChunkRunner):
             updated["global_state"] = normalization.update(stats["global_state"], traj.global_state, DATA_AXIS)
         return updated
 
-    def _scaled_reward(self, reward: jax.Array, first: jax.Array, reward_norm: RewardNorm | None, gamma):
+    def scaled_reward(self, reward: jax.Array, first: jax.Array, reward_norm: RewardNorm | None, gamma):
         """Without `normalize_reward`: (reward, None). With it: each env and agent's discounted return runs on
         through the rollout (restarting where `first` [T, n] starts an episode), its moments take in the T
         returns of every env and agent, and the rewards [T, n, A] are divided by the updated std (SB3's
@@ -361,26 +340,22 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         moments = normalization.update(reward_norm.moments, returns[..., None], DATA_AXIS)
         return normalization.scale(moments, reward), RewardNorm(moments, running)
 
-    def _update(self, state: TrainState, hp: PPOHyperparams):
-        """One PPO update for one seed on this device's envs: returns (state, metrics)."""
+    def update(self, state: TrainState, hp: PPOHyperparams):
+        """One PPO update for one seed on this device's envs: rollout, advantages, then epochs x minibatches of
+        `loss` (gradients averaged over devices). Returns (state, metrics)."""
+        s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
-        (env_state, obs, carry, first), episode, units, (obs_norm, reward_norm) = self._collect(state, hp, rollout_key)
-        params, opt_state, aux = self._optimise(state, units, hp, epoch_key)
+        after, traj, episode = self.rollout(state, rollout_key)
+        units, (obs_norm, reward_norm) = self.units(state, hp, after, traj)
+        optimizer = s.optimizer(hp, state.update_step)
+        trained, opt_state, aux = optimise(self.loss, optimizer, trainable(state.params), state.opt_state, units,
+                                           hp, epoch_key, s.num_epochs, s.num_minibatches)
+        params = {**state.params, **trained}
         if obs_norm is not None:
             params = {**params, "obs_norm": obs_norm}
         metrics = jax.tree.map(jnp.mean, aux)
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
-        state = TrainState(params, opt_state, env_state, obs, carry, first, key, state.update_step + 1, reward_norm)
-        return state, metrics
-
-    def _optimise(self, state: TrainState, units: dict, hp: PPOHyperparams, key: jax.Array):
-        """Epochs x minibatches of `self._loss` on this device's units [n, U, ...], gradients averaged over
-        devices. Returns (the parameters with the trained ones updated, opt_state, aux [epochs, minibatches])."""
-        s = self.settings
-        optimizer = env_optimizer(s, hp, state.update_step)
-        params, opt_state, aux = optimise(self._loss, optimizer, trainable(state.params), state.opt_state, units, hp,
-                                          key, s.num_epochs, s.num_minibatches)
-        return {**state.params, **params}, opt_state, aux
+        return TrainState(params, opt_state, *after, key, state.update_step + 1, reward_norm), metrics
 
     # ----------------------------------------------------------------------------------------------
     # Inspection
@@ -391,8 +366,8 @@ class PPO(ActsThroughPolicy, ChunkRunner):
         Returns the Transition with leaves [S, T, N, ...]; the rollout starts from `state`'s env states
         and hidden states with its key, exactly as the next update's rollout will.
         """
-        return sample_trajectory(lambda st, key: self._rollout(st.params, st, key)[1], state, self.chunk_specs(state),
-                                 self.mesh, self.agent_env.supports_vma_checks)
+        return sample_trajectory(lambda st, key: self.rollout(st, key)[1], state, self.state_specs(state), self.mesh,
+                                 self.policy.agent_env.supports_vma_checks)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -428,10 +403,15 @@ def co_scaled(config: ConfigDict) -> ConfigDict:
     return scaled
 
 
-def build_ppo(config: ConfigDict, mesh) -> PPO:
-    env, eval_max_steps = make_env(config)
-    settings = knobs.read(PPOSettings, config, **env_settings(config))
-    return PPO(env, make_network(config, env), settings, mesh, eval_max_steps=eval_max_steps)
+def build_ppo(config: ConfigDict, mesh) -> engine.Algorithm:
+    settings = knobs.read(PPOSettings, config, **run_sizes(config))
+    policy = make_policy(config, normalize_obs=settings.normalize_obs, obs_clip=settings.obs_clip)
+    on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
+    ppo = PPO(settings, policy, on_mesh.env, on_mesh.mesh)
+    check_minibatch_split(settings, policy.num_agents, ppo.sequence_minibatches, on_mesh.mesh)
+    return engine.Algorithm(settings, on_mesh.mesh, init=ppo.init, update=ppo.update, state_specs=ppo.state_specs,
+                            sized_by={**NETWORK_SIZED, "env_state": "num_envs", "obs": "num_envs", "carry": "num_envs"},
+                            parts=ppo, **policy_functions(policy))
 
 
 def check_ppo_config(config: ConfigDict) -> None:

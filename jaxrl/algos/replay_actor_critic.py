@@ -28,7 +28,7 @@ transitions in a batch (this device's share).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -36,14 +36,14 @@ import optax
 from flax import struct
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib, knobs, mesh as mesh_lib, replay
-from jaxrl.algos.env_policy import PolicyStep
+from jaxrl import config as config_lib, engine, knobs, mesh as mesh_lib, replay
+from jaxrl.algos.env_policy import EnvOnMesh, EnvPolicy, PolicyStep
 from jaxrl.algos.env_setup import ACTIVATION, HIDDEN_SIZES, LAYER_NORM, make_env
-from jaxrl.algos.off_policy import (GAMMA, REWARD_SCALE, TAU, ReplayLearner, ReplaySettings, ReplayState,
-                                    check_off_policy_config, check_replay_config, off_policy_config,
+from jaxrl.algos.off_policy import (GAMMA, PRIORITY_ALPHA, PRIORITY_BETA, REWARD_SCALE, TAU, OffPolicySettings,
+                                    ReplaySettings, check_off_policy_config, off_policy_algorithm, off_policy_config,
                                     off_policy_settings, replay_config)
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.engine import gradient_step, make_optimizer, scheduled_learning_rate
+from jaxrl.engine import acting as acting_lib
 from jaxrl.knobs import knob
 from jaxrl.networks import ActorAndCritics
 
@@ -64,6 +64,9 @@ class ReplayActorCriticHyperparams:
     reward_scale: float = REWARD_SCALE.field()
     tau: float = TAU.field()
     max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()  # the actor's and the critics'
+    priority_alpha: float = PRIORITY_ALPHA.field()
+    priority_beta: float = PRIORITY_BETA.field()
     target_entropy_scale: float = knob("temperature.target_scale", 1.0, "target entropy: -scale x D (continuous) "
                                        "or scale x log K (discrete actions)", traced=True, above=0.0)
     explore_noise: float = knob("policy.explore_noise", 0.1, "deterministic policies: std of the exploration noise, "
@@ -75,7 +78,9 @@ class ReplayActorCriticHyperparams:
 
 
 @dataclasses.dataclass(frozen=True)
-class ReplayActorCriticSettings(ReplaySettings):
+class ActorCriticRules:
+    """The static choices that make SAC, TD3 or TQC (see the module's docstring)."""
+
     policy: str = knob("policy.kind", "stochastic", "a tanh-squashed Gaussian (softmax for discrete actions) with "
                        "an entropy bonus (SAC, TQC), or deterministic with noise (TD3)", choices=POLICIES)
     learn_temperature: bool = knob("temperature.learn", True, "learn the entropy temperature towards the target "
@@ -114,14 +119,16 @@ def with_part(params: dict, part: str, value) -> dict:
     return put(params, PARTS[part])
 
 
-def quantile_huber_loss(atoms: jax.Array, targets: jax.Array) -> jax.Array:
+def quantile_huber_loss(atoms: jax.Array, targets: jax.Array, weights: jax.Array | None = None) -> jax.Array:
     """Quantile regression with the Huber loss (kappa 1; Dabney et al., 2018): atoms [..., N] at quantile
-    levels (i + 1/2) / N fit target samples [..., M]; the mean over every pair and leading axis."""
+    levels (i + 1/2) / N fit target samples [..., M]; the mean over every pair and leading axis, each pair's loss
+    times `weights` (broadcast to [..., 1, 1]: importance weights) when given."""
     N = atoms.shape[-1]
     levels = (jnp.arange(N, dtype=atoms.dtype) + 0.5) / N
     delta = targets[..., None, :] - atoms[..., :, None]  # [..., N, M]
     weight = jnp.abs(levels[:, None] - (delta < 0).astype(atoms.dtype))
-    return jnp.mean(weight * optax.huber_loss(delta))
+    losses = weight * optax.huber_loss(delta)
+    return jnp.mean(losses if weights is None else losses * weights)
 
 
 def truncated_atoms(atoms: jax.Array, drop: int) -> jax.Array:
@@ -132,17 +139,24 @@ def truncated_atoms(atoms: jax.Array, drop: int) -> jax.Array:
     return -jax.lax.top_k(-pooled, pooled.shape[-1] - drop)[0]
 
 
-class ReplayActorCritic(ReplayLearner):
-    """SAC, TD3 and TQC (see the module's docstring), single- or multi-agent (agents share the networks)."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class ReplayActorCritic:
+    """SAC, TD3 or TQC (see the module's docstring), single- or multi-agent (agents share the networks): the static
+    parts (the policy on the env, the envs on the mesh, the settings) and the computations;
+    `build_replay_actor_critic` makes its `engine.Algorithm`."""
 
-    settings: ReplayActorCriticSettings
+    policy: EnvPolicy  # its network: `networks.ActorAndCritics`
+    envs: EnvOnMesh
+    settings: OffPolicySettings
 
-    def __init__(self, env, network: ActorAndCritics, settings: ReplayActorCriticSettings, mesh=None,
-                 eval_max_steps: int = 1000):
-        super().__init__(env, network, settings, mesh, eval_max_steps)
-        if self.discrete and settings.policy == "deterministic":
-            raise ValueError(f"policy.kind = 'deterministic': a deterministic policy needs continuous actions; "
-                             f"{env!r} has {env.action_space()!r}")
+    @property
+    def rules(self) -> ActorCriticRules:
+        return self.settings.learner
+
+    @property
+    def discrete(self) -> bool:
+        """Whether the env's actions are discrete (a softmax policy) rather than continuous."""
+        return hasattr(self.policy.dist, "num_actions")
 
     # ----------------------------------------------------------------------------------------------
     # The networks
@@ -150,12 +164,12 @@ class ReplayActorCritic(ReplayLearner):
     def _policy_out(self, params, obs: jax.Array, mask: jax.Array | None = None) -> jax.Array:
         """Policy outputs [..., A, P] of observations [..., A, d] (illegal actions masked)."""
         actor_in = self.policy.actor_inputs(obs)
-        return self.policy.dist.with_mask(self.network.apply(params, (), actor_in)[1], mask)
+        return self.policy.dist.with_mask(self.policy.network.apply(params, (), actor_in)[1], mask)
 
     def _critics(self, params, obs: jax.Array, action: jax.Array | None) -> jax.Array:
         """[E, ..., A, N] for continuous actions [..., A, D]; [E, ..., A, K, N] for discrete ones (action None)."""
         actor_in = self.policy.actor_inputs(obs)
-        return self.network.apply(params, actor_in, action, method="critics")
+        return self.policy.network.apply(params, actor_in, action, method="critics")
 
     def temperature(self, params) -> jax.Array:
         return jnp.exp(params["temperature"]["log_alpha"])
@@ -169,7 +183,7 @@ class ReplayActorCritic(ReplayLearner):
     def _noise(self, key: jax.Array, batch: int, shape: tuple[int, ...]) -> jax.Array:
         """N(0, 1) noise [batch, *shape] for a batch of this device's n envs' samples (env-major): drawn per env
         from its global index, so a batch gets the same noise on one device or on eight."""
-        n = self.num_local_envs
+        n = self.envs.local_envs
         keys = replay.env_keys(key, n)
         return jax.vmap(lambda k: jax.random.normal(k, (batch // n, *shape)))(keys).reshape(batch, *shape)
 
@@ -177,8 +191,11 @@ class ReplayActorCritic(ReplayLearner):
     # Acting
 
     def act(self, key: jax.Array, policy: PolicyStep, hp, update_step: jax.Array):
+        """One env's exploring action from the networks' outputs on it ([A, P]): uniform before learning_starts,
+        then the policy's, sampled (stochastic) or with Gaussian noise (deterministic). Returns (the action
+        stored for learning [A, ...], in [-1, 1]^D when continuous; the action the env is given [A, ...])."""
         s, dist = self.settings, self.policy.dist
-        warm_up = update_step * s.num_steps * s.num_envs < s.learning_starts
+        warm_up = update_step * s.num_steps * s.num_envs < s.replay.learning_starts
         random_key, noise_key = jax.random.split(key)
         out = policy.policy_out  # [A, P]
         if self.discrete:
@@ -187,7 +204,7 @@ class ReplayActorCritic(ReplayLearner):
             action = jnp.where(warm_up, uniform, dist.sample(noise_key, out))
             return action, action
         uniform = jax.random.uniform(random_key, (*out.shape[:-1], dist.action_dim), minval=-1.0, maxval=1.0)
-        if s.policy == "stochastic":
+        if self.rules.policy == "stochastic":
             squashed = jnp.tanh(dist.sample(noise_key, out))
         else:
             noise = hp.explore_noise * jax.random.normal(noise_key, uniform.shape)
@@ -200,7 +217,7 @@ class ReplayActorCritic(ReplayLearner):
 
     def _next_value(self, params, target_params, items: dict, hp, key: jax.Array) -> jax.Array:
         """Target atoms [B, A, M] of the next observations: Z_target(s', a') - alpha log pi(a'|s')."""
-        s, dist = self.settings, self.policy.dist
+        r, dist = self.rules, self.policy.dist
         next_obs, alpha = items["next_obs"], self.temperature(params)
         if self.discrete:  # the expectation over the policy's actions, exactly
             log_pi = jax.nn.log_softmax(self._policy_out(params, next_obs, items.get("next_mask")))  # [B, A, K]
@@ -208,7 +225,7 @@ class ReplayActorCritic(ReplayLearner):
             return jnp.sum(jnp.exp(log_pi) * (q - alpha * log_pi), axis=-1)[..., None]
         B, A = next_obs.shape[:2]
         noise = self._noise(key, B, (A, dist.action_dim))
-        if s.policy == "stochastic":
+        if r.policy == "stochastic":
             out = self._policy_out(params, next_obs)
             u = dist.sample_with_noise(out, noise)
             action, entropy_bonus = jnp.tanh(u), -alpha * dist.log_prob(out, u)  # [B, A, D], [B, A]
@@ -217,35 +234,43 @@ class ReplayActorCritic(ReplayLearner):
             action = jnp.clip(jnp.tanh(dist.mode(self._policy_out(target_params, next_obs))) + smoothing, -1.0, 1.0)
             entropy_bonus = jnp.zeros((B, A))
         atoms = self._critics(target_params, next_obs, action)  # [E, B, A, N]
-        if s.num_quantiles == 1:
+        if r.num_quantiles == 1:
             kept = jnp.min(atoms, axis=0)  # [B, A, 1]
         else:
-            kept = truncated_atoms(atoms, s.drop_per_critic * s.num_critics)
+            kept = truncated_atoms(atoms, r.drop_per_critic * r.num_critics)
         return kept + entropy_bonus[..., None]
 
-    def _critic_loss(self, critic_params, batch: dict, hp):
-        items = batch["items"]  # (the other parameters: fixed here, but per device like the loss)
-        params = with_part(mesh_lib.varying(batch["params"]), "critic", critic_params)
+    def _critic_atoms(self, params, batch: dict, hp) -> tuple[jax.Array, jax.Array]:
+        """(the critics' atoms of the stored actions [E, B, A, N], their targets [B, A, M])."""
+        items = batch["items"]
         reward, terminated = items["reward"], items["terminated"]  # [B, A], [B]
         targets = jax.lax.stop_gradient(reward[..., None] + hp.gamma * (1.0 - terminated[:, None, None])
                                         * batch["next_value"])  # [B, A, M]
         if self.discrete:
             atoms = self._critics(params, items["obs"], None)  # [E, B, A, K, N]
             index = jnp.broadcast_to(items["action"][None, ..., None, None], (*atoms.shape[:-2], 1, atoms.shape[-1]))
-            atoms = jnp.take_along_axis(atoms, index, axis=-2)[..., 0, :]
+            return jnp.take_along_axis(atoms, index, axis=-2)[..., 0, :], targets
+        return self._critics(params, items["obs"], items["action"]), targets  # [E, B, A, N]
+
+    def _critic_loss(self, critic_params, batch: dict, hp):
+        """The critics' loss, each sample weighted by its importance weight when prioritised (`batch["weights"]`)."""
+        # (the other parameters: fixed here, but per device like the loss)
+        params = with_part(mesh_lib.varying(batch["params"]), "critic", critic_params)
+        atoms, targets = self._critic_atoms(params, batch, hp)
+        weights = batch.get("weights")  # [B]
+        if self.rules.num_quantiles == 1:
+            squares = jnp.square(atoms[..., 0] - targets[..., 0])  # [E, B, A]
+            loss = jnp.sum(jnp.mean(squares if weights is None else squares * weights[:, None], axis=(1, 2)))
         else:
-            atoms = self._critics(params, items["obs"], items["action"])  # [E, B, A, N]
-        if self.settings.num_quantiles == 1:
-            loss = jnp.sum(jnp.mean(jnp.square(atoms[..., 0] - targets[..., 0]), axis=(1, 2)))
-        else:
-            loss = quantile_huber_loss(atoms, jnp.broadcast_to(targets, (atoms.shape[0], *targets.shape)))
+            loss = quantile_huber_loss(atoms, jnp.broadcast_to(targets, (atoms.shape[0], *targets.shape)),
+                                       None if weights is None else weights[:, None, None, None])
         q = atoms.mean(-1)
         return loss, {"critic_loss": loss, "q_mean": jnp.mean(q), "td_error": jnp.mean(jnp.abs(targets.mean(-1) - q))}
 
     def _actor_value(self, params, obs: jax.Array, action: jax.Array | None) -> jax.Array:
         """What the actor maximises, [B, A] (continuous) or [B, A, K] (discrete, per action)."""
         atoms = self._critics(params, obs, action)
-        rule = self.settings.actor_value
+        rule = self.rules.actor_value
         if rule == "first":
             return atoms[0].mean(-1)
         if rule == "min":
@@ -261,7 +286,7 @@ class ReplayActorCritic(ReplayLearner):
             pi = jnp.exp(log_pi)
             loss = jnp.mean(jnp.sum(pi * (alpha * log_pi - self._actor_value(params, obs, None)), axis=-1))
             entropy = -jnp.sum(pi * log_pi, axis=-1)
-        elif self.settings.policy == "stochastic":
+        elif self.rules.policy == "stochastic":
             out = self._policy_out(params, obs)
             u = dist.sample_with_noise(out, batch["noise"])
             log_p = dist.log_prob(out, u)
@@ -280,35 +305,46 @@ class ReplayActorCritic(ReplayLearner):
         return loss, {"temperature_loss": loss}
 
     def optimizers(self, hp, update_step: jax.Array) -> dict:
-        """Adam for the critics, the actor and the temperature, each at its learning rate on `optim.schedule`."""
+        """Adam for the critics, the actor and the temperature, each at its learning rate on `optim.schedule`; with
+        optim.weight_decay the critics' and the actor's decay their weights."""
         s = self.settings
-        o = lambda peak: make_optimizer(  # noqa: E731
-            scheduled_learning_rate(peak, update_step, s.schedule, s.warmup_updates, s.num_updates), hp.max_grad_norm,
-            s.adam_eps)
-        return {"critic": o(hp.critic_learning_rate), "actor": o(hp.actor_learning_rate),
+        decay = hp.weight_decay if s.weight_decay else None
+        o = lambda peak, weight_decay=None: engine.make_optimizer(  # noqa: E731
+            engine.scheduled_learning_rate(peak, update_step, s.schedule, s.warmup_updates, s.num_updates),
+            hp.max_grad_norm, s.adam_eps, weight_decay=weight_decay)
+        return {"critic": o(hp.critic_learning_rate, decay), "actor": o(hp.actor_learning_rate, decay),
                 "temperature": o(hp.temperature_learning_rate)}
 
-    def init_learned(self, key: jax.Array, obs: jax.Array, env_state: Any) -> tuple:
-        params = self.policy.init_params(key, self.env, obs, env_state)
-        # a collection of its own (flax reads only "params"), so that evaluation and loaded actors ignore it
-        params = {**params, "temperature": {"log_alpha": jnp.log(jnp.float32(self.settings.init_temperature))}}
-        optimizers = self.optimizers(ReplayActorCriticHyperparams(), jnp.int32(0))
-        opt_state = {part: optimizers[part].init(part_of(params, part)) for part in PARTS}
-        return params, params, opt_state
+    def init(self, key: jax.Array) -> acting_lib.ReplayState:
+        def learned(key, obs, env_state):
+            params = self.policy.init_params(key, self.envs.env, obs, env_state)
+            # a collection of its own (flax reads only "params"), so that evaluation and loaded actors ignore it
+            params = {**params, "temperature": {"log_alpha": jnp.log(jnp.float32(self.rules.init_temperature))}}
+            optimizers = self.optimizers(ReplayActorCriticHyperparams(), jnp.int32(0))
+            return params, params, {part: optimizers[part].init(part_of(params, part)) for part in PARTS}
+
+        return acting_lib.init_replay(self, learned, key)
 
     def _part_step(self, part: str, loss_fn, params, opt_state, batch: dict, hp, optimizers: dict):
         """One gradient step of `loss_fn` on one part of the parameters (PARTS), the rest held fixed. Returns
         (params, opt_state, metrics with the gradient norm as `<part>_grad_norm`)."""
-        trained, part_opt, aux = gradient_step(loss_fn, optimizers[part], part_of(params, part), opt_state[part],
-                                               batch, hp)
+        trained, part_opt, aux = engine.gradient_step(loss_fn, optimizers[part], part_of(params, part),
+                                                      opt_state[part], batch, hp)
         aux[f"{part}_grad_norm"] = aux.pop("grad_norm")
         return with_part(params, part, trained), {**opt_state, part: part_opt}, aux
 
-    def _critic_step(self, params, target_params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
-        """One gradient step of the critics on transitions [B, ...]. Returns (params, opt_state, metrics)."""
-        batch = {"items": items, "params": params,
-                 "next_value": self._next_value(params, target_params, items, hp, key)}
-        return self._part_step("critic", self._critic_loss, params, opt_state, batch, hp, optimizers)
+    def _critic_step(self, params, target_params, opt_state, buffer, batch: dict, sample, hp, key: jax.Array,
+                     optimizers: dict):
+        """One gradient step of the critics on transitions [B, ...] (`batch["items"]`; prioritised: new
+        priorities from this device's |TD| before it). Returns (params, opt_state, buffer, metrics)."""
+        batch = {**batch, "params": params,
+                 "next_value": self._next_value(params, target_params, batch["items"], hp, key)}
+        if self.settings.replay.prioritised:
+            atoms, targets = self._critic_atoms(params, batch, hp)
+            buffer = acting_lib.reprioritised(buffer, sample, jnp.abs(targets.mean(-1) - atoms.mean(-1)).mean(0))
+        else:
+            del batch["weights"]  # (ones)
+        return *self._part_step("critic", self._critic_loss, params, opt_state, batch, hp, optimizers), buffer
 
     def _policy_step(self, params, opt_state, items: dict, hp, key: jax.Array, optimizers: dict):
         """One gradient step of the actor, then of the temperature (when learned), on observations [B, A, d].
@@ -318,47 +354,49 @@ class ReplayActorCritic(ReplayLearner):
             B, A = items["obs"].shape[:2]
             batch["noise"] = self._noise(key, B, (A, self.policy.dist.action_dim))
         params, opt_state, aux = self._part_step("actor", self._actor_loss, params, opt_state, batch, hp, optimizers)
-        if self.settings.learn_temperature and self.settings.policy == "stochastic":
+        if self.rules.learn_temperature and self.rules.policy == "stochastic":
             params, opt_state, temperature_aux = self._part_step("temperature", self._temperature_loss, params,
                                                                  opt_state, {"entropy": aux["entropy"]}, hp, optimizers)
             aux["temperature_loss"] = temperature_aux["temperature_loss"]
         return params, opt_state, aux
 
-    def _train(self, state: ReplayState, buffer: replay.Buffer, hp, key: jax.Array):
+    def train(self, state: acting_lib.ReplayState, buffer: replay.Buffer, hp, key: jax.Array):
         """G gradient steps in G / policy_delay rounds: in each, policy_delay critic steps, each on its own
-        batch, then one policy step on the last batch; the targets move after each step that `target_due`
+        batch, then one policy step on the last batch; the targets move after each step that `target.every`
         picks (after the round's policy step for its last)."""
-        s = self.settings
-        rounds = s.gradient_steps // s.policy_delay
+        s, delay = self.settings, self.rules.policy_delay
+        rounds = s.replay.gradient_steps // delay
         optimizers = self.optimizers(hp, state.update_step)
 
         def round_of_steps(carry, xs):
-            params, target_params, opt_state = carry
+            params, target_params, opt_state, buffer = carry
             keys, counts = xs  # [policy_delay, 2], [policy_delay]
             critic_aux = []
-            for i in range(s.policy_delay):
+            for i in range(delay):
                 sample_key, next_key, actor_key = jax.random.split(keys[i], 3)
-                batch, _ = self.sample_batch(buffer, sample_key)
-                items = jax.tree.map(lambda x: x[:, 0], batch["items"])  # sequences of one step: [B, ...]
-                params, opt_state, aux = self._critic_step(params, target_params, opt_state, items, hp, next_key,
-                                                           optimizers)
+                batch, sample = acting_lib.sample_batch(s, buffer, sample_key, hp.priority_alpha, hp.priority_beta)
+                batch["items"] = jax.tree.map(lambda x: x[:, 0], batch["items"])  # sequences of one step: [B, ...]
+                params, opt_state, aux, buffer = self._critic_step(params, target_params, opt_state, buffer, batch,
+                                                                   sample, hp, next_key, optimizers)
                 critic_aux.append(aux)
-                if i == s.policy_delay - 1:
-                    params, opt_state, policy_aux = self._policy_step(params, opt_state, items, hp, actor_key,
+                if i == delay - 1:
+                    params, opt_state, policy_aux = self._policy_step(params, opt_state, batch["items"], hp, actor_key,
                                                                       optimizers)
-                tau = jnp.where(self.target_due(counts[i]), hp.tau, 0.0)
-                target_params = optax.incremental_update(params, target_params, tau)
+                target_params = acting_lib.moved_target(s, params, target_params, hp.tau, counts[i])
             critic_aux = jax.tree.map(lambda *steps: sum(steps) / len(steps), *critic_aux)
-            return (params, target_params, opt_state), {**critic_aux, **policy_aux}
+            return (params, target_params, opt_state, buffer), {**critic_aux, **policy_aux}
 
-        keys = jax.random.split(key, s.gradient_steps).reshape(rounds, s.policy_delay, -1)
-        counts = self.gradient_counts(state.update_step).reshape(rounds, s.policy_delay)
-        carry = (state.params, state.target_params, state.opt_state)
-        learned, aux = jax.lax.scan(round_of_steps, carry, (keys, counts))
+        keys = jax.random.split(key, s.replay.gradient_steps).reshape(rounds, delay, -1)
+        counts = acting_lib.gradient_counts(s, state.update_step).reshape(rounds, delay)
+        carry = (state.params, state.target_params, state.opt_state, buffer)
+        (*learned, buffer), aux = jax.lax.scan(round_of_steps, carry, (keys, counts))
         metrics = jax.tree.map(jnp.mean, aux)
-        if s.policy == "stochastic":
+        if self.rules.policy == "stochastic":
             metrics["temperature"] = self.temperature(learned[0])
-        return learned, buffer, metrics
+        return tuple(learned), buffer, metrics
+
+    def update(self, state: acting_lib.ReplayState, hp):
+        return acting_lib.replay_update(self, state, hp)
 
 
 # -------------------------------------------------------------------------------------------------
@@ -372,16 +410,12 @@ def replay_actor_critic_config(name: str) -> ConfigDict:
     config.update({"num_envs": 1, "num_steps": 1})
     config.network = ConfigDict({"hidden_sizes": (256, 256), "activation": "relu"})
     config.replay = replay_config()
-    knobs.fill(config, ReplayActorCriticHyperparams, ReplayActorCriticSettings)
+    knobs.fill(config, ReplayActorCriticHyperparams, ActorCriticRules, ReplaySettings)
     config.env.update({"name": "gymnax", "kwargs": ConfigDict({"env_id": "Pendulum-v1"})})
     config.replay.update({"buffer_size": 1_000_000, "batch_size": 256, "learning_starts": 5_000})
     config.optim.update({"learning_rate": 3e-4, "max_grad_norm": float("inf"), "adam_eps": 1e-8,
                          "schedule": "constant"})
     return config
-
-
-def sac_config() -> ConfigDict:
-    return replay_actor_critic_config("sac")
 
 
 def td3_config() -> ConfigDict:
@@ -409,37 +443,36 @@ def tqc_config() -> ConfigDict:
     return config
 
 
-def build_replay_actor_critic(config: ConfigDict, mesh) -> ReplayActorCritic:
+def build_replay_actor_critic(config: ConfigDict, mesh) -> engine.Algorithm:
     env, eval_max_steps = make_env(config)
     space = env.action_space()
     discrete = hasattr(space, "n")
-    settings = knobs.read(ReplayActorCriticSettings, config, **off_policy_settings(config), squash=not discrete)
-    num_outputs = int(space.n) if discrete else 2 * int(space.shape[0])
-    network = ActorAndCritics(num_outputs, int(space.n) if discrete else None, tuple(settings.hidden_sizes),
-                              settings.activation, settings.num_critics, settings.num_quantiles, settings.layer_norm)
-    if discrete and settings.policy == "stochastic" and not 0 < config.temperature.target_scale < 1:
+    rules = knobs.read(ActorCriticRules, config)
+    if discrete and rules.policy == "deterministic":
+        raise ValueError(f"policy.kind = 'deterministic': a deterministic policy needs continuous actions; "
+                         f"{env!r} has {space!r}")
+    if discrete and rules.policy == "stochastic" and not 0 < config.temperature.target_scale < 1:
         raise ValueError(f"temperature.target_scale = {config.temperature.target_scale}: with discrete actions the "
                          "target entropy is target_scale x log K, which must lie below the uniform policy's log K "
                          "(e.g. 0.3 to 0.9)")
-    if discrete and settings.num_quantiles > 1:
-        raise ValueError(f"network.num_quantiles = {settings.num_quantiles}: quantile critics take continuous "
+    if discrete and rules.num_quantiles > 1:
+        raise ValueError(f"network.num_quantiles = {rules.num_quantiles}: quantile critics take continuous "
                          f"actions; {config.env.name!r} has {space!r}")
-    return ReplayActorCritic(env, network, settings, mesh, eval_max_steps)
+    num_outputs = int(space.n) if discrete else 2 * int(space.shape[0])
+    network = ActorAndCritics(num_outputs, int(space.n) if discrete else None, tuple(rules.hidden_sizes),
+                              rules.activation, rules.num_critics, rules.num_quantiles, rules.layer_norm)
+    policy = EnvPolicy(env, network, eval_max_steps=eval_max_steps, squash=not discrete)
+    on_mesh = EnvOnMesh.of(policy, config.num_envs, config.env.reset_ratio, mesh)
+    return off_policy_algorithm(ReplayActorCritic(policy, on_mesh, off_policy_settings(config, rules)))
 
 
 def check_replay_actor_critic_config(config: ConfigDict) -> None:
     check_off_policy_config(config)
-    check_replay_config(config)
     n, p = config.network, config.policy
     if config.replay.gradient_steps % p.delay:
         raise ValueError(f"config.replay.gradient_steps = {config.replay.gradient_steps} must be a multiple of "
                          f"policy.delay = {p.delay}: an update's gradient steps come in rounds of policy.delay critic "
                          "steps and one policy step")
-    if config.optim.weight_decay:
-        raise ValueError(f"optim.weight_decay = {config.optim.weight_decay}: the actor-critics' Adam has no weight "
-                         "decay (set it to 0)")
-    if config.replay.prioritised:
-        raise ValueError("config.replay.prioritised: the actor-critics sample uniformly (prioritised replay is DQN's)")
     if n.num_quantiles > 1 and p.actor_value != "mean":
         raise ValueError(f"policy.actor_value = {p.actor_value!r}: with quantile critics (network.num_quantiles = "
                          f"{n.num_quantiles}) the actor maximises the mean of all atoms ('mean')")
@@ -450,6 +483,7 @@ def check_replay_actor_critic_config(config: ConfigDict) -> None:
         raise ValueError("network.drop_per_critic applies to quantile critics (network.num_quantiles > 1)")
 
 
-for _name, _defaults in (("sac", sac_config), ("td3", td3_config), ("tqc", tqc_config)):
+for _name, _defaults in (("sac", functools.partial(replay_actor_critic_config, "sac")), ("td3", td3_config),
+                         ("tqc", tqc_config)):
     register(_name, Recipe(build_replay_actor_critic, ReplayActorCriticHyperparams,
                            check=check_replay_actor_critic_config, defaults=_defaults))

@@ -56,6 +56,9 @@ class Algorithm:
     write_artifacts: Callable[..., list[str]] = lambda workdir, params, seed: []
     # memory advice (`jaxrl.run.fit`): state field -> the config key that sizes it
     sized_by: dict = dataclasses.field(default_factory=dict)
+    # (keys [R, 2], num_seeds) -> the runs' states, for runs that start from more than their keys (text GRPO's
+    # warm start from a saved run's parameters); None: `init` of each key
+    init_runs: Callable | None = None
     vma_checks: bool = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
     parts: Any = None  # the family's own objects (env policy, model, task, ...): for tests and notebooks
     # What the engine keeps: seconds spent compiling so far (the loop reports a chunk's compile time apart);
@@ -81,7 +84,7 @@ class Algorithm:
         """The state of R = num_settings * num_seeds runs (leading run axis; see `seed_keys`), on the mesh."""
         keys = seed_keys(seed, num_seeds, num_settings)
         mesh_lib.check_runs(len(keys), self.mesh)
-        state = self._init_runs(keys)
+        state = self.init_runs(keys, num_seeds) if self.init_runs else self._init_runs(keys)
         return jax.device_put(state, self.state_shardings(state))
 
     @jit_method

@@ -29,6 +29,17 @@ def make_optimizer(learning_rate: jax.Array, max_grad_norm: jax.Array, adam_eps:
     return optax.chain(clip, optax.scale_by_adam(eps=adam_eps), *decay, optax.scale(-learning_rate))
 
 
+def scheduled_optimizer(settings, hp, update_step: jax.Array) -> optax.GradientTransformation:
+    """The optimiser of update `update_step` (0-based): `make_optimizer` with `hp.max_grad_norm` clipping
+    (`settings.grad_clip`), decoupled weight decay `hp.weight_decay` where `settings.weight_decay`, and the
+    learning rate `hp.learning_rate` on `settings.schedule` (`scheduled_learning_rate`: `settings.warmup_updates`
+    of `settings.num_updates`). `settings`: any object with those fields (a family's settings)."""
+    learning_rate = scheduled_learning_rate(hp.learning_rate, update_step, settings.schedule,
+                                            settings.warmup_updates, settings.num_updates)
+    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
+                          hp.weight_decay if settings.weight_decay else None)
+
+
 def clip_each_network(max_norm) -> optax.GradientTransformation:
     """Clip the gradient of every top-level module of a flax params tree ({"params": {name: tree}}) to
     global norm `max_norm` on its own."""

@@ -18,11 +18,6 @@ import jax
 
 from jaxrl import checkpoint
 
-# The config key that sizes each part of a state (its top-level field), for the advice of a program too big:
-# the algorithm's own `sized_by` (`engine.Algorithm`); this table serves the families not yet records.
-# transition: removed at merge
-SIZED_BY = {"buffer": "replay.buffer_size", "env_state": "num_envs", "acting": "num_envs", "obs": "num_envs",
-            "params": "the network's sizes", "opt_state": "the network's sizes"}
 # Of the free memory: above FAIL_ABOVE a program does not start, above WARN_ABOVE it starts with a warning.
 # Evaluation, checkpoint writes and the host need memory beside the chunk program: QMIX on SMAX 10m_vs_11m
 # (a 12 GB state) rose from 13.3 to 17.2 GB resident while evaluating and saving.
@@ -166,7 +161,7 @@ def check(algo, abstract, config, hyperparams, donate: bool, restoring: bool = F
     compiled = algo.chunk_program(abstract, hyperparams, donate=donate)
     fit = measure(compiled, abstract, algo.mesh, held_twice=not donate, restoring=restoring,
                   float32_buffer="replay" in config and config.replay.get("store_dtype") == "float32",
-                  sized_by=getattr(algo, "sized_by", None) or SIZED_BY)  # transition: removed at merge
+                  sized_by=algo.sized_by)
     if not fit.fits:
         raise DoesNotFit(f"this config does not fit in memory: it needs {fit.need()}, and a run may take "
                          f"{FAIL_ABOVE:.0%} of the {format_bytes(fit.available)} free; {fit.advice()}", fit)

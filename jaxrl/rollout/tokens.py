@@ -1,19 +1,13 @@
-"""The built-in rollout strategies of token-level GRPO, one per entry of `jaxrl.rollout`'s registries.
+"""The built-in token strategies, one per entry of `jaxrl.rollout`'s registries (docs/grpo.md tabulates them):
 
-    generate/independent      G independent completions per prompt (the default)
-    generate/tree             G completions as `branches` branches sharing a prefix, per-branch baselines
-    filter/rank_ties          rank the members of all-equal groups by their surprisal
-    filter/success_predictor  a small model of a prompt's pass rate from the prompt alone, trained online
-    control/dynamic_sampling  per slot, the first of `group.oversample` candidates whose rewards vary (DAPO)
-    control/variance_budget   B groups spread over the candidates by predicted uncertainty (none to the sure)
-    control/partial           stop decoding when every slot has a finished group; resume the rest next update
-    control/prune             stop members whose predicted value at column `at` is below `below` (value head)
-    replay/correct            give an all-wrong group a correct completion of the same prompt from memory
-    replay/hints              force a growing prefix of the reference answer on prompts stuck at zero
-    replay/curriculum         raise the task's difficulty as the held-out pass rate at the current level rises
+    generate  independent (the default), tree
+    filter    rank_ties, success_predictor
+    control   dynamic_sampling (the default), variance_budget, partial, prune
+    replay    correct, hints, curriculum
 
-Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K reward components, pool the
-number of training problems (`rollout.pool_size`).
+and the token domain's config keys (`STAGE_KNOBS`, `config_keys`). `algo` is token GRPO's learner
+(`jaxrl.algos.text.TextGRPO`). Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K
+reward components, pool the number of training problems (`rollout.pool_size`).
 """
 
 from __future__ import annotations
@@ -21,11 +15,35 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
+from ml_collections import ConfigDict
 
-from jaxrl import mesh as mesh_lib, rollout, sampling
+from jaxrl import knobs, mesh as mesh_lib, sampling
 from jaxrl.engine import global_mean
 from jaxrl.mesh import DATA_AXIS
-from jaxrl.rollout import Groups, Plan
+from jaxrl.knobs import Knob
+from jaxrl.rollout.pieces import (allocate_groups, first_per_slot, hint_lengths, hint_update, importance_weights,
+                                  last_occurrence, tie_ranks, tree_advantages)
+from jaxrl.rollout.stages import Groups, Plan, option_keys, register, take
+
+
+# The stages' config keys: strategy names, comma-separated, run in that order (the registry says which exist)
+STAGE_KNOBS = (
+    Knob("rollout.generate", "independent", "the Generate strategy: how a group's members are drawn"),
+    Knob("rollout.filter", "", "Filter strategies: what is scored or predicted before training, e.g. rank_ties"),
+    Knob("rollout.control", "dynamic_sampling", "Control strategies: which candidates are trained, e.g. partial"),
+    Knob("rollout.replay", "", "Replay strategies: what is kept and brought back, e.g. correct,hints "
+         "(need pool_size > 0)"),
+    Knob("rollout.pool_size", 0, "> 0: a fixed pool of training problems (memory per problem); 0: fresh ones",
+         minimum=0),
+)
+
+
+def config_keys() -> ConfigDict:
+    """config.rollout of token GRPO: the strategies per stage (`STAGE_KNOBS`), the training pool, and every
+    registered token strategy's options."""
+    config = knobs.defaults(*STAGE_KNOBS).rollout
+    config.options = option_keys("tokens")
+    return config
 
 
 def _correct(algo, groups: Groups) -> jax.Array:
@@ -39,6 +57,21 @@ def _answer_lengths(algo, answers: jax.Array) -> jax.Array:
     return jnp.sum((answers != vocab.pad_id) & (answers != vocab.eos_id), axis=-1).astype(jnp.int32)
 
 
+def plan_candidates(algo, key: jax.Array) -> Plan:
+    """This device's share of the B x oversample candidate problems (the plan the stages start from), from the
+    pool when there is one. Drawn from their global index, so every device count plans the same problems."""
+    s = algo.settings
+    num = s.text.num_prompts * s.oversample
+    if s.pool_size:
+        ids = mesh_lib.local_share(jax.random.randint(key, (num,), 0, s.pool_size))
+        problems = algo.pool[ids]
+    else:
+        problems = jax.tree.map(mesh_lib.local_share, algo.task.sample(key, num, "train"))
+        ids = jnp.full(problems.target.shape, -1, jnp.int32)
+    zeros = jnp.zeros(ids.shape, jnp.int32)
+    return Plan(ids, problems, zeros, jnp.full(ids.shape, -1.0), zeros)
+
+
 # --- Generate ---------------------------------------------------------------------------------------
 
 def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
@@ -50,7 +83,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     prompts = task.prompts(plan.problems, vocab)
     keys = mesh_lib.per_item_keys(key, prompts.shape[0])
     hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
-        if algo.forces_hints else {}
+        if algo.pipeline.forces_hints else {}
     resume = None
     if plan.resume is not None:
         # A slot's first O - 1 candidates may resume its carried groups; its last is always fresh.
@@ -72,7 +105,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     if resume is not None:
         earlier = columns < plan.start[:, None, None]
         behaviour = jnp.where(earlier, plan.resume["behaviour"], samples.log_probs)
-        importance = rollout.importance_weights(samples.log_probs, behaviour, samples.mask,
+        importance = importance_weights(samples.log_probs, behaviour, samples.mask,
                                                 plan.resume["cap"][:, None, None])
         weight = jnp.where(earlier, weight * importance, weight)
     decided = jnp.full((n,), N, jnp.int32) if samples.decided is None else samples.decided
@@ -85,14 +118,14 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
                   finished=ended.all(axis=1), pruned=samples.pruned, branched_at=samples.branched_at)
 
 
-rollout.register("generate", "independent", generate=independent)
+register("generate", "independent", generate=independent)
 
 
 def tree(algo, params, hp, plan: Plan, key: jax.Array) -> Groups:
     """Tree rollouts: each group's G members form `branches` branches of G / branches members sharing their
     first `depth` tokens (lookahead-tree / BranchGRPO style), or with `min_entropy` > 0 their tokens up to the
     branch's first column whose next-token entropy reaches it (at most `depth`). Advantages respect the tree
-    (`rollout.tree_advantages`): a shared prefix is scored by its branch's mean against the group's, what
+    (`tree_advantages`): a shared prefix is scored by its branch's mean against the group's, what
     follows by each member against its branch."""
     o = algo.strategy_options("tree")
     by_entropy = dict(branch_entropy=o["min_entropy"]) if o["min_entropy"] > 0 else {}
@@ -105,15 +138,30 @@ def tree_token_advantages(algo, groups: Groups, rewards: jax.Array):
     o, s = algo.strategy_options("tree"), algo.settings
     scale = dict(s.advantage_options).get("scale") or ("none" if s.advantage == "dr_grpo" else "group")
     depth = o["depth"] if groups.branched_at is None else groups.branched_at
-    return rollout.tree_advantages(rewards, ~groups.replayed, o["branches"], depth, groups.tokens.shape[-1],
+    return tree_advantages(rewards, ~groups.replayed, o["branches"], depth, groups.tokens.shape[-1],
                                    scale=scale == "group", eps=dict(s.advantage_options).get("eps", 1e-6))
 
 
-rollout.register("generate", "tree", generate=tree, advantages=tree_token_advantages,
-                 options={"branches": (2, "branches per group, of G / branches members each", {"minimum": 1}),
-                          "depth": (4, "tokens a branch's members share (at most)", {"minimum": 0}),
-                          "min_entropy": (0.0, "> 0: a branch splits at its first token whose next-token entropy "
-                                          "reaches this (at most depth)", {"minimum": 0.0})})
+def check_tree(config, chosen: dict) -> None:
+    """Branches of two or more members each; a resumed group (control/partial) keeps no branch points; the
+    per-branch baselines scale as grpo or dr_grpo do."""
+    branches = config.rollout.options.tree.branches
+    if branches < 1 or config.group.size % branches or config.group.size == branches:
+        raise ValueError(f"config.rollout.options.tree.branches = {branches} must divide config.group.size = "
+                         f"{config.group.size} into branches of two or more members")
+    if "partial" in chosen["control"]:
+        raise ValueError("rollout.generate=tree with rollout.control=partial: a resumed group does not keep its "
+                         "branch points; use generate=independent with partial")
+    if config.advantage not in ("grpo", "dr_grpo"):
+        raise ValueError(f"rollout.generate=tree scores tokens with per-branch baselines (grpo or dr_grpo "
+                         f"scaling); config.advantage={config.advantage!r} is not one of them")
+
+
+register("generate", "tree", generate=tree, advantages=tree_token_advantages, check=check_tree,
+         options={"branches": (2, "branches per group, of G / branches members each", {"minimum": 1}),
+                  "depth": (4, "tokens a branch's members share (at most)", {"minimum": 0}),
+                  "min_entropy": (0.0, "> 0: a branch splits at its first token whose next-token entropy reaches "
+                                  "this (at most depth)", {"minimum": 0.0})})
 
 
 # --- Filter -----------------------------------------------------------------------------------------
@@ -128,12 +176,11 @@ def rank_ties(algo, memory, groups: Groups, params, key):
     surprisal = -jnp.sum(groups.log_probs * generated, -1) / jnp.maximum(generated.sum(-1), 1.0)  # [n, G]
     solved = _correct(algo, groups).all(axis=1, keepdims=True)
     score = jnp.where(solved, -surprisal, surprisal)
-    return groups.replace(bonus=algo.strategy_options("rank_ties")["scale"] * rollout.tie_ranks(score)), {}
+    return groups.replace(bonus=algo.strategy_options("rank_ties")["scale"] * tie_ranks(score)), {}
 
 
-rollout.register("filter", "rank_ties", after=rank_ties,
-                 options={"scale": (0.1, "the tie-breaking bonus: scale x the centred confidence rank",
-                                    {"minimum": 0.0})})
+register("filter", "rank_ties", after=rank_ties,
+         options={"scale": (0.1, "the tie-breaking bonus: scale x the centred confidence rank", {"minimum": 0.0})})
 
 
 def _prompt_features(algo, prompts: jax.Array) -> jax.Array:
@@ -188,9 +235,9 @@ def train_predictor(algo, memory, groups: Groups, params):
             {"predictor_loss": value, "predictor_error": error})
 
 
-rollout.register("filter", "success_predictor", init=predictor_memory, before=predict_pass_rate,
-                 observe=train_predictor, options={"hidden": (64, "the predictor's hidden units", {"minimum": 1}),
-                          "learning_rate": (3e-3, "the predictor's Adam learning rate", {"above": 0.0})})
+register("filter", "success_predictor", init=predictor_memory, before=predict_pass_rate, observe=train_predictor,
+         options={"hidden": (64, "the predictor's hidden units", {"minimum": 1}),
+                  "learning_rate": (3e-3, "the predictor's Adam learning rate", {"above": 0.0})})
 
 
 # --- Control ----------------------------------------------------------------------------------------
@@ -199,42 +246,42 @@ def dynamic_sampling(algo, memory, groups: Groups, params, key):
     """DAPO's dynamic sampling: per slot, the first of its `group.oversample` candidates whose G rewards are
     not all equal (else the last). Logs `fill_rate`, the fraction of slots that found one."""
     choice, filled = select_varied(groups.rewards, algo.settings.oversample)
-    return rollout.take(groups, choice), {"fill_rate": global_mean(filled.astype(jnp.float32))}
+    return take(groups, choice), {"fill_rate": global_mean(filled.astype(jnp.float32))}
 
 
 def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
     """rewards [b*O, G, K], O candidates per slot (slot-major) -> (index [b] of the chosen candidate per
     slot, filled [b]: its rewards vary)."""
-    return rollout.first_per_slot(jnp.any(rewards != rewards[:, :1], axis=(1, 2)), oversample)
+    return first_per_slot(jnp.any(rewards != rewards[:, :1], axis=(1, 2)), oversample)
 
 
-rollout.register("control", "dynamic_sampling", after=dynamic_sampling, selects=True)
+register("control", "dynamic_sampling", after=dynamic_sampling, selects=True)
 
 
 def variance_budget(algo, memory, plan: Plan, key):
     """Variance-aware sampling under a fixed budget: the B groups of an update (B x G samples) go to the
     B x oversample candidates by their predicted pass rate's standard deviation sqrt(p (1 - p))
-    (`rollout.allocate_groups`): uncertain prompts get up to `max_groups` groups, prompts predicted always
+    (`allocate_groups`): uncertain prompts get up to `max_groups` groups, prompts predicted always
     right or always wrong none. Chosen over all devices' candidates at once (the same on any device count)."""
     every = mesh_lib.gather_shares(plan)
     p = jnp.where(every.predicted >= 0, every.predicted, 0.5)
-    chosen = rollout.allocate_groups(jnp.sqrt(jnp.clip(p * (1 - p), 0.0)), algo.settings.num_prompts,
+    chosen = allocate_groups(jnp.sqrt(jnp.clip(p * (1 - p), 0.0)), algo.settings.text.num_prompts,
                                      algo.strategy_options("variance_budget")["max_groups"])
     counts = jnp.zeros(p.shape[0], jnp.int32).at[chosen].add(1)
-    return rollout.take(every, mesh_lib.local_share(chosen)), {
+    return take(every, mesh_lib.local_share(chosen)), {
         "budget_skipped": jnp.mean((counts == 0).astype(jnp.float32)),
         "budget_most_groups": jnp.max(counts).astype(jnp.float32)}
 
 
-rollout.register("control", "variance_budget", before=variance_budget, selects=True,
-                 requires=("success_predictor",), options={"max_groups": (2, "the most groups one uncertain prompt gets", {"minimum": 1})})
+register("control", "variance_budget", before=variance_budget, selects=True, requires=("success_predictor",),
+         options={"max_groups": (2, "the most groups one uncertain prompt gets", {"minimum": 1})})
 
 
 def carried_memory(algo, key):
     """Per slot, its `group.oversample` - 1 candidates that were not trained: the problem, the tokens drawn so
     far with their behaviour log-probabilities, the column to resume at, and how many updates it has waited."""
     s, task = algo.settings, algo.task
-    E, G, N = s.num_prompts * (s.oversample - 1), s.group_size, task.answer_length
+    E, G, N = s.text.num_prompts * (s.oversample - 1), s.group_size, task.answer_length
     return {"ids": jnp.full(E, -1, jnp.int32), "problems": task.sample(key, E, "train"),
             "hint_len": jnp.zeros(E, jnp.int32), "tokens": jnp.full((E, G, N), algo.vocab.pad_id, jnp.int32),
             "behaviour": jnp.zeros((E, G, N)), "mask": jnp.zeros((E, G, N)), "stopped": jnp.zeros((E, G), bool),
@@ -288,7 +335,7 @@ def carry_unfinished(algo, memory, groups: Groups, params):
                                         tokens=groups.tokens, behaviour=groups.behaviour, mask=groups.mask,
                                         stopped=stopped, decided=groups.decided, finished=groups.finished))
     C = every["ids"].shape[0]
-    chosen, _ = rollout.first_per_slot(every["finished"], O)  # as `train_finished` chooses, on every device
+    chosen, _ = first_per_slot(every["finished"], O)  # as `train_finished` chooses, on every device
     entry, was_carried = _carried_entries(C, O, memory["valid"])
     age = jnp.where(was_carried, memory["age"][entry] + 1, 1)
     rest = _rows_except(C, O, chosen % O)  # [B (O - 1)]
@@ -303,15 +350,16 @@ def carry_unfinished(algo, memory, groups: Groups, params):
 def train_finished(algo, memory, groups: Groups, params, key):
     """Trains, per slot, its first finished candidate (a resumed one before a fresh one). Logs the decoding
     steps this update ran (`decode_steps`; N without a stop) and the share of trained groups that were resumed."""
-    choice, _ = rollout.first_per_slot(groups.finished, algo.settings.oversample)
-    kept = rollout.take(groups, choice)
+    choice, _ = first_per_slot(groups.finished, algo.settings.oversample)
+    kept = take(groups, choice)
     return kept, {"resumed": global_mean((kept.start > 0).astype(jnp.float32)),
                   "decode_steps": global_mean(jnp.max(groups.decided - groups.start).astype(jnp.float32))}
 
 
-rollout.register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished,
-                 after=train_finished, selects=True, stops_early=True, options={"cap": (1.0, "a resumed group's tokens are weighted by min(pi / mu, cap)", {"above": 0.0}),
-                          "max_age": (4, "updates a carried group may wait before it is dropped", {"minimum": 0})})
+register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished,
+         after=train_finished, selects=True, stops_early=True,
+         options={"cap": (1.0, "a resumed group's tokens are weighted by min(pi / mu, cap)", {"above": 0.0}),
+                  "max_age": (4, "updates a carried group may wait before it is dropped", {"minimum": 0})})
 
 
 def prune_memory(algo, key):
@@ -333,10 +381,16 @@ def count_pruned(algo, memory, groups: Groups, params):
     return {"updates": memory["updates"] + 1}, {"pruned": global_mean(pruned.astype(jnp.float32))}
 
 
-rollout.register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned,
-                 options={"at": (4, "the column where members may be pruned", {"minimum": 0}),
-                          "below": (0.05, "members whose predicted value there is below this stop", {}),
-                          "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
+def check_prune(config, chosen: dict) -> None:
+    if not config.critic_weight > 0:
+        raise ValueError("rollout strategy control/prune stops members by the value head's prediction: set "
+                         f"config.critic_weight > 0 (a value head), got {config.critic_weight}")
+
+
+register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned, check=check_prune,
+         options={"at": (4, "the column where members may be pruned", {"minimum": 0}),
+                  "below": (0.05, "members whose predicted value there is below this stop", {}),
+                  "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
 
 
 # --- Replay: past correct completions -----------------------------------------------------------------
@@ -358,7 +412,7 @@ def store_correct(algo, memory, groups: Groups, params):
     entry = {"tokens": pick(groups.tokens), "log_probs": pick(jnp.where(drawn, groups.log_probs, 0.0)),
              "mask": pick(groups.mask), "rewards": pick(groups.rewards)}
     ids, has, entry = mesh_lib.gather_shares((groups.ids, groups.finished_only(correct.any(axis=1)), entry))
-    rows = jnp.where(rollout.last_occurrence(ids, has), ids, algo.settings.pool_size)  # out of range: dropped
+    rows = jnp.where(last_occurrence(ids, has), ids, algo.settings.pool_size)  # out of range: dropped
     memory = {**{k: memory[k].at[rows].set(v, mode="drop") for k, v in entry.items()},
               "stored": memory["stored"].at[rows].set(True, mode="drop")}
     return memory, {"replay_stored": jnp.mean(memory["stored"].astype(jnp.float32))}
@@ -372,7 +426,7 @@ def replay_correct(algo, memory, groups: Groups, params, key):
     entry = {k: v[groups.ids] for k, v in memory.items()}
     log_probs, _, values = sampling.score_groups(algo.model, params, groups.prompts, entry["tokens"][:, None],
                                                  entry["mask"][:, None], algo.vocab.pad_id)  # [n, 1, N]
-    weight = rollout.importance_weights(log_probs[:, 0], entry["log_probs"], entry["mask"],
+    weight = importance_weights(log_probs[:, 0], entry["log_probs"], entry["mask"],
                                         algo.strategy_options("correct")["cap"])
     last = (jnp.arange(groups.tokens.shape[1]) == groups.tokens.shape[1] - 1)[None, :] & need[:, None]  # [n, G]
 
@@ -392,9 +446,8 @@ def replay_correct(algo, memory, groups: Groups, params, key):
                     / jnp.maximum(replayed_tokens, 1.0)}
 
 
-rollout.register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct,
-                 options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)",
-                                  {"above": 0.0})}, needs_pool=True)
+register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct, needs_pool=True,
+         options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
 
 
 # --- Replay: scaffolded hints -------------------------------------------------------------------------
@@ -411,31 +464,31 @@ def add_hints(algo, memory, plan: Plan, key):
     o = algo.strategy_options("hints")
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     tier = memory["tier"][plan.ids]
-    hint_len = jnp.maximum(plan.hint_len, rollout.hint_lengths(tier, _answer_lengths(algo, answers), o["tiers"]))
+    hint_len = jnp.maximum(plan.hint_len, hint_lengths(tier, _answer_lengths(algo, answers), o["tiers"]))
     hint_len = jnp.where(plan.start > 0, plan.hint_len, hint_len)  # a resumed group keeps the hint it began with
     return plan.replace(hint_len=hint_len), {"hinted": global_mean((hint_len > 0).astype(jnp.float32)),
                                              "hint_tokens": global_mean(hint_len.astype(jnp.float32))}
 
 
 def track_hints(algo, memory, groups: Groups, params):
-    """Moves each observed problem's tier by `rollout.hint_update` from its group's pass rate."""
+    """Moves each observed problem's tier by `hint_update` from its group's pass rate."""
     o = algo.strategy_options("hints")
     ids, pass_rate, finished = mesh_lib.gather_shares((groups.ids, _correct(algo, groups).mean(axis=1),
                                                        groups.finished_only(jnp.ones_like(groups.ids, bool))))
-    tier, streak = rollout.hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
+    tier, streak = hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
                                        patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
-    rows = jnp.where(rollout.last_occurrence(ids, finished), ids, algo.settings.pool_size)
+    rows = jnp.where(last_occurrence(ids, finished), ids, algo.settings.pool_size)
     memory = {"tier": memory["tier"].at[rows].set(tier, mode="drop"),
               "streak": memory["streak"].at[rows].set(streak, mode="drop")}
     return memory, {"hint_tier": jnp.mean(memory["tier"].astype(jnp.float32))}
 
 
-rollout.register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints,
-                 options={"patience": (2, "observations in a row without a solve before a problem's hint grows", {"minimum": 1}),
-                          "tiers": (3, "hint tiers: tier k forces k / (tiers + 1) of the reference answer",
-                                    {"minimum": 1}),
-                          "recover": (0.5, "a pass rate at which a problem's hint shrinks a tier",
-                                      {"minimum": 0.0, "maximum": 1.0})}, needs_pool=True)
+register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints, needs_pool=True,
+         options={"patience": (2, "observations in a row without a solve before a problem's hint grows",
+                               {"minimum": 1}),
+                  "tiers": (3, "hint tiers: tier k forces k / (tiers + 1) of the reference answer", {"minimum": 1}),
+                  "recover": (0.5, "a pass rate at which a problem's hint shrinks a tier",
+                              {"minimum": 0.0, "maximum": 1.0})})
 
 
 # --- Replay: a curriculum -----------------------------------------------------------------------------
@@ -451,7 +504,7 @@ def curriculum_problems(algo, memory, plan: Plan, key):
     <= level (the easiest ones if none is that easy); without a pool, fresh problems at that level. Drawn for
     every device at once and shared out (the same problems on any device count)."""
     s, level = algo.settings, memory["level"]
-    num = s.num_prompts * s.oversample
+    num = s.text.num_prompts * s.oversample
     if s.pool_size:
         difficulty = algo.task.difficulty(algo.pool)
         allowed = difficulty <= jnp.maximum(level, difficulty.min()) + 1e-6
@@ -483,12 +536,12 @@ def probe_curriculum(algo, memory, groups: Groups, params):
     return {**memory, "updates": memory["updates"] + 1}, {"probe_accuracy": memory["probe_accuracy"]}
 
 
-rollout.register("replay", "curriculum", init=curriculum_memory, before=curriculum_problems, observe=probe_curriculum,
-                 draws=True,
-                 options={"start": (0.0, "the difficulty level at the start, in [0, 1]", {"minimum": 0.0, "maximum": 1.0}),
-                          "step": (0.25, "how far the level rises after a passed probe", {"above": 0.0}),
-                          "raise_at": (0.5, "the probe's held-out accuracy at which the level rises",
-                                       {"minimum": 0.0, "maximum": 1.0}),
-                          "probe": (64, "held-out problems per probe", {"minimum": 1}),
-                          "every": (5, "updates between probes", {"minimum": 1}),
-                          "probe_seed": (7, "the probes' problems are drawn from this seed", {})})
+register("replay", "curriculum", init=curriculum_memory, before=curriculum_problems, observe=probe_curriculum,
+         draws=True,
+         options={"start": (0.0, "the difficulty level at the start, in [0, 1]", {"minimum": 0.0, "maximum": 1.0}),
+                  "step": (0.25, "how far the level rises after a passed probe", {"above": 0.0}),
+                  "raise_at": (0.5, "the probe's held-out accuracy at which the level rises",
+                               {"minimum": 0.0, "maximum": 1.0}),
+                  "probe": (64, "held-out problems per probe", {"minimum": 1}),
+                  "every": (5, "updates between probes", {"minimum": 1}),
+                  "probe_seed": (7, "the probes' problems are drawn from this seed", {})})

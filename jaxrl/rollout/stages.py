@@ -1,0 +1,284 @@
+"""The rollout registries (one per domain and stage), what flows between the stages (`Plan`, `Groups`), a run's
+chosen strategies (`Pipeline`) and the config keys and checks of `config.rollout`. See `jaxrl.rollout`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+from ml_collections import ConfigDict
+
+from jaxrl.knobs import Knob
+from jaxrl.mesh import DATA_AXIS
+
+
+STAGES = ("generate", "filter", "control", "replay")
+DOMAINS = ("tokens", "env")  # token-level GRPO, GRPO on environments
+HOOKS = {"tokens": ("init", "before", "generate", "observe", "after", "advantages"), "env": ("members",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """One registered rollout strategy: its stage, hooks (see `jaxrl.rollout`), option defaults and check."""
+
+    stage: str
+    name: str
+    domain: str = "tokens"
+    init: Callable | None = None
+    before: Callable | None = None
+    generate: Callable | None = None
+    advantages: Callable | None = None  # (algo, groups, rewards [n, G]) -> (advantages, weights) [n, G, N]
+    members: Callable | None = None
+    observe: Callable | None = None
+    after: Callable | None = None
+    check: Callable | None = None  # (config, chosen {stage: names}) -> None, or a ValueError naming the key
+    options: tuple[tuple[str, Any], ...] = ()  # (name, default): config keys rollout.options.<name>.<key>
+    needs_pool: bool = False  # keeps memory per training problem: needs a finite pool (rollout.pool_size > 0)
+    selects: bool = False  # a Control strategy that keeps B groups of B x oversample candidates
+    requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
+    draws: bool = False  # its `before` hook redraws the candidate problems: it runs before every other one
+    stops_early: bool = False  # generation stops once every slot of `oversample` candidates has a finished group
+
+
+STRATEGIES: dict[str, dict[str, dict[str, Strategy]]] = {d: {stage: {} for stage in STAGES} for d in DOMAINS}
+
+
+def register(stage: str, name: str, *, domain: str = "tokens", options: dict | None = None, **fields) -> Strategy:
+    """Add a strategy to its domain's and stage's registry; `fields`: its hooks (see `jaxrl.rollout`), `check`
+    and flags (`Strategy`). `options`: {key: (default, one line of help, and `jaxrl.knobs.Knob`'s bounds as a
+    dict)}, each declared as config key rollout.options.<name>.<key>."""
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown rollout domain {domain!r}; domains: {', '.join(DOMAINS)}")
+    if stage not in STAGES:
+        raise ValueError(f"unknown rollout stage {stage!r}; stages: {', '.join(STAGES)}")
+    if name in STRATEGIES[domain][stage]:
+        raise ValueError(f"rollout strategy {stage}/{name} ({domain}) is already registered")
+    hooks = set(fields) & {hook for domain_hooks in HOOKS.values() for hook in domain_hooks}
+    if hooks - set(HOOKS[domain]) or not hooks:
+        raise ValueError(f"rollout strategy {name!r}: the hooks of domain {domain} are {', '.join(HOOKS[domain])}; "
+                         f"got {sorted(hooks)}")
+    if ("generate" in hooks or "members" in hooks) != (stage == "generate"):
+        raise ValueError(f"rollout strategy {name!r}: Generate strategies, and only they, have a `generate` "
+                         f"(tokens) or `members` (env) hook")
+    options = {key: Knob(f"rollout.options.{name}.{key}", default, help, **accepts).default  # (declared)
+               for key, (default, help, accepts) in (options or {}).items()}
+    strategy = Strategy(stage, name, domain, options=tuple(options.items()), **fields)
+    STRATEGIES[domain][stage][name] = strategy
+    return strategy
+
+
+def names(spec: str) -> tuple[str, ...]:
+    """"a,b" -> ("a", "b"): a stage's config value lists its strategies in the order they run."""
+    return tuple(n.strip() for n in spec.split(",") if n.strip())
+
+
+def get(stage: str, name: str, domain: str = "tokens") -> Strategy:
+    registry = STRATEGIES[domain].get(stage, {})
+    if name not in registry:
+        raise ValueError(f"unknown {stage} strategy {name!r}; known: {', '.join(sorted(registry)) or 'none'}")
+    return registry[name]
+
+
+def options_of(strategy: Strategy, configured: tuple) -> dict:
+    """A strategy's options: its registered defaults, overridden by `configured` ((name, ((key, value), ...)),
+    ...) from a settings object)."""
+    return {**dict(strategy.options), **dict(dict(configured).get(strategy.name, ()))}
+
+
+def configured_options(options) -> tuple:
+    """config.rollout.options (a ConfigDict per strategy) as a settings field: ((name, ((key, value), ...)), ...)."""
+    return tuple((name, tuple(sorted(o.to_dict().items()))) for name, o in sorted(options.items()))
+
+
+def option_keys(domain: str) -> dict:
+    """{strategy name: {option: default}} of every registered strategy of `domain` that has options (the
+    config's rollout.options)."""
+    return {name: dict(strategy.options) for stage in STAGES
+            for name, strategy in STRATEGIES[domain][stage].items() if strategy.options}
+
+
+# ---------------------------------------------------------------------------------------------------
+# What flows between the stages
+
+
+@struct.dataclass
+class Plan:
+    """The candidate prompts of one update on this device, before generation. Leaves [C, ...]."""
+
+    ids: jax.Array  # int32 [C]: index in the training pool; -1 for a fresh problem (no pool)
+    problems: Any  # envs.text.Problems [C]
+    hint_len: jax.Array  # int32 [C]: reference-answer tokens forced at the start of every member (0: none)
+    predicted: jax.Array  # float32 [C]: a Filter's predicted pass rate (-1: no prediction)
+    start: jax.Array  # int32 [C]: completion columns generated in earlier updates (0: a fresh group)
+    # Groups to continue, or None: {"tokens", "behaviour", "mask"} [C, G, N], "stopped" [C, G], and "cap" [C] (the
+    # truncation of the importance weights of their earlier tokens).
+    resume: Any = None
+    prune_at: jax.Array | None = None  # int32 [C]: the column where members may be pruned (control/prune)
+    prune_below: jax.Array | None = None  # float32 [C]: members predicted below it there are stopped
+
+
+@struct.dataclass
+class Groups:
+    """Generated groups on this device: n prompts, G members each, N completion tokens."""
+
+    ids: jax.Array  # int32 [n]
+    problems: Any  # [n]
+    prompts: jax.Array  # int32 [n, P]
+    hint_len: jax.Array  # int32 [n]
+    tokens: jax.Array  # int32 [n, G, N]
+    log_probs: jax.Array  # float32 [n, G, N]: the policy that the loss's ratio starts from (behaviour)
+    mask: jax.Array  # float32 [n, G, N]: real tokens (hints included: later tokens attend to them)
+    lengths: jax.Array  # int32 [n, G]
+    values: jax.Array | None  # float32 [n, G, N] with a value head, else None
+    rewards: jax.Array  # float32 [n, G, K]: the verifier's components
+    weight: jax.Array  # float32 [n, G, N]: loss weight per token (0 on hints; importance weights on replays)
+    bonus: jax.Array  # float32 [n, G]: added to the reward where a group's verifier rewards are all equal
+    replayed: jax.Array  # bool [n, G]: the member comes from memory, not from this update's policy
+    start: jax.Array | None = None  # int32 [n]: columns drawn in earlier updates (a resumed group)
+    decided: jax.Array | None = None  # int32 [n]: columns final so far (N unless decoding stopped early)
+    behaviour: jax.Array | None = None  # float32 [n, G, N]: log-probabilities under the policies that drew
+    finished: jax.Array | None = None  # bool [n]: every member has ended (None: all have), an outcome to learn from
+    pruned: jax.Array | None = None  # bool [n, G]: members stopped early by their predicted value
+    branched_at: jax.Array | None = None  # int32 [n, G]: column where a tree member left its branch's leader
+
+    @property
+    def generated(self) -> jax.Array:
+        """float32 [n, G, N]: tokens this update's policy drew (hints, replays and resumed columns excluded)."""
+        first = self.hint_len if self.start is None else jnp.maximum(self.hint_len, self.start)
+        drawn = jnp.arange(self.tokens.shape[-1]) >= first[:, None, None]
+        return self.mask * drawn * ~self.replayed[..., None]
+
+    def finished_only(self, mask: jax.Array) -> jax.Array:
+        """mask bool [n] where the group is finished (memories learn from finished groups only)."""
+        return mask if self.finished is None else mask & self.finished
+
+
+def take(tree, index: jax.Array):
+    """A `Plan` or `Groups` (any tree of leaves [C, ...]) at the rows `index` [m]: leaves [m, ...]."""
+    return jax.tree.map(lambda x: x[index], tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """The strategies a run chose (`settings_of`), in the order they run, with their configured options."""
+
+    strategies: tuple[Strategy, ...]
+    options: tuple = ()  # ((name, ((key, value), ...)), ...): `configured_options`
+
+    @classmethod
+    def of(cls, chosen: tuple, options: tuple = (), domain: str = "tokens") -> "Pipeline":
+        """chosen: ((stage, (name, ...)), ...) as `settings_of` gives it."""
+        return cls(tuple(get(stage, name, domain) for stage, chosen_names in chosen for name in chosen_names), options)
+
+    @property
+    def generator(self) -> Strategy:
+        generator, = (s for s in self.strategies if s.stage == "generate")
+        return generator
+
+    def any(self, flag: str) -> bool:
+        """Whether any chosen strategy has `flag` (a Strategy field: a hook or a flag)."""
+        return any(getattr(s, flag) for s in self.strategies)
+
+    @property
+    def forces_hints(self) -> bool:
+        """Any plan change may set hint lengths: the generator then forces reference-answer prefixes."""
+        return self.any("before")
+
+    @property
+    def uses_bonus(self) -> bool:
+        """Filters' bonuses (`Groups.bonus`) reach the advantages of groups whose verifier rewards tie."""
+        return any(s.stage == "filter" and s.after for s in self.strategies)
+
+    def options_of(self, name: str) -> dict:
+        """The options of chosen strategy `name` (its registered defaults, overridden by the config)."""
+        strategy, = (s for s in self.strategies if s.name == name)
+        return options_of(strategy, self.options)
+
+    def init(self, algo, key: jax.Array) -> dict:
+        """{strategy name: its memory} of the strategies that keep one."""
+        return {s.name: s.init(algo, key) for s in self.strategies if s.init}
+
+    def run(self, algo, params, hp, memory: dict, plan: Plan, key: jax.Array) -> tuple[dict, Groups, dict]:
+        """The stages for one seed on this device, from the candidates `plan`: before (a strategy that redraws
+        the problems first), generate, observe, after. Returns (memory, Groups, metrics)."""
+        memory, metrics = dict(memory), {}
+        hook_key = lambda i: jax.random.fold_in(key, i + 1)
+        for i, strategy in sorted(enumerate(self.strategies), key=lambda item: not item[1].draws):
+            if strategy.before:
+                plan, m = strategy.before(algo, memory.get(strategy.name), plan, hook_key(i))
+                metrics.update(m)
+        groups = self.generator.generate(algo, params, hp, plan, key)
+        metrics["sampled_tokens"] = jax.lax.psum(jnp.sum(groups.generated), DATA_AXIS)  # every candidate's
+        for strategy in self.strategies:
+            if strategy.observe:
+                memory[strategy.name], m = strategy.observe(algo, memory[strategy.name], groups, params)
+                metrics.update(m)
+        for i, strategy in enumerate(self.strategies):
+            if strategy.after:
+                groups, m = strategy.after(algo, memory.get(strategy.name), groups, params, hook_key(i))
+                metrics.update(m)
+        return memory, groups, metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+# config.rollout
+
+
+def _chosen(config: ConfigDict) -> dict[str, tuple[str, ...]]:
+    return {stage: names(config.rollout[stage]) for stage in STAGES}
+
+
+def settings_of(config: ConfigDict) -> dict:
+    """The settings fields of config.rollout's strategies: `rollout` ((stage, (name, ...)), ...) for the stages
+    that name some, and `rollout_options` (`configured_options`)."""
+    return dict(rollout=tuple((stage, chosen) for stage, chosen in _chosen(config).items() if chosen),
+                rollout_options=configured_options(config.rollout.options))
+
+
+def check_config(config: ConfigDict) -> None:
+    """Names each unknown strategy, a stage without its one Generate strategy, what a strategy needs (other
+    strategies, a pool, options it knows, `group.oversample`) and what its own `check` refuses."""
+    r, chosen = config.rollout, _chosen(config)
+    for stage, chosen_names in chosen.items():
+        for name in chosen_names:
+            try:
+                get(stage, name)
+            except ValueError as error:
+                raise ValueError(f"config.rollout.{stage}: {error}") from None
+        if len(set(chosen_names)) != len(chosen_names):
+            raise ValueError(f"config.rollout.{stage} names a strategy twice: {r[stage]!r}")
+    if len(chosen["generate"]) != 1:
+        raise ValueError(f"config.rollout.generate must name exactly one strategy, got {r.generate!r}")
+    strategies = Pipeline.of(tuple(chosen.items())).strategies
+    for strategy in strategies:
+        missing = [name for name in strategy.requires if not any(name in names for names in chosen.values())]
+        if missing:
+            raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} needs {', '.join(missing)} in "
+                             f"config.rollout too")
+        if strategy.needs_pool and not r.pool_size:
+            raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} keeps memory per training problem: "
+                             f"set config.rollout.pool_size > 0")
+        given = r.options.get(strategy.name, ConfigDict()).to_dict()
+        unknown = set(given) - {k for k, _ in strategy.options}
+        if unknown:
+            raise ValueError(f"config.rollout.options.{strategy.name} has unknown keys {sorted(unknown)}; known: "
+                             f"{sorted(k for k, _ in strategy.options)}")
+    drawing = [s.name for s in strategies if s.draws]
+    if len(drawing) > 1:
+        raise ValueError(f"config.rollout names {len(drawing)} strategies that redraw the problems "
+                         f"({', '.join(drawing)}); at most one")
+    for strategy in strategies:
+        if strategy.check:
+            strategy.check(config, chosen)
+    stopping = [s.name for s in strategies if s.stops_early]
+    if stopping and config.group.oversample < 2:
+        raise ValueError(f"rollout strategy {stopping[0]} starts more groups than it trains: set "
+                         f"config.group.oversample >= 2 (candidates per slot), got {config.group.oversample}")
+    selecting = [s.name for s in strategies if s.selects]
+    if config.group.oversample > 1 and len(selecting) != 1:
+        known = ", ".join(name for name, s in STRATEGIES["tokens"]["control"].items() if s.selects)
+        raise ValueError(f"config.group.oversample = {config.group.oversample} needs exactly one selecting Control "
+                         f"strategy in config.rollout.control ({known}), got {selecting or 'none'}")
