@@ -2,7 +2,10 @@
 against formulas for the state; a program too big fails before anything is allocated or written."""
 
 import dataclasses
+import io
 import re
+import shutil
+import sys
 
 import pytest
 
@@ -61,42 +64,52 @@ def test_a_program_that_cannot_fit_fails_before_anything_is_written(big_buffer, 
     assert not (tmp_path / "run").exists()
 
 
-def test_a_run_prints_its_memory_and_warns_close_to_the_limit(tmp_path, monkeypatch, capsys):
-    config = _dqn(total_steps=2_000, **{"log.every_steps": 1_000})  # two chunks: one alone is not timed
-    measure = fit.measure
+@pytest.fixture(scope="module")
+def close_to_the_limit(tmp_path_factory):
+    """cartpole_dqn trained for two chunks (a run of one chunk is not timed) with its program at 85% of the free
+    memory: (config, workdir, what it printed on stderr)."""
+    config = _dqn(total_steps=2_000, **{"log.every_steps": 1_000})
+    workdir = str(tmp_path_factory.mktemp("close") / "run")
+    measure, printed = fit.measure, io.StringIO()
 
-    def at_85_percent(*args, **kwargs):  # the program takes 85% of the free memory
+    def at_85_percent(*args, **kwargs):
         measured = measure(*args, **kwargs)
         return dataclasses.replace(measured, available=int(measured.needed / 0.85))
-    monkeypatch.setattr(fit, "measure", at_85_percent)
-    train.run(config, str(tmp_path / "run"), progress=False)
-    err = capsys.readouterr().err
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fit, "measure", at_85_percent)
+        patch.setattr(sys, "stderr", printed)
+        train.run(config, workdir, progress=False)
+    return config, workdir, printed.getvalue()
+
+
+def test_a_run_prints_its_memory_and_warns_close_to_the_limit(close_to_the_limit, tmp_path, capsys):
+    config, workdir, err = close_to_the_limit
     assert "memory: " in err and "GFLOP per update" in err
     assert "close to the limit: its largest part is buffer" in err
     # and the time it expects, from one update timed on the initial state before training
     # (in s, min or h: a busy machine can make one timed update of this small run look long)
     duration = r"[0-9.e-]+ (s|min|h)"
     assert re.search(rf"expected: {duration} per chunk of \d+ updates, {duration} for the \d+ updates left", err)
-    config.total_steps = 3_000  # resumed with one chunk left: timing it would cost as much again; not timed
+    # resumed with one chunk left: timing it would cost as much again; not timed
+    config = set_keys(config.copy_and_resolve_references(), {"total_steps": 3_000})
+    shutil.copytree(workdir, tmp_path / "run")
     train.run(config, str(tmp_path / "run"), progress=False)
     err = capsys.readouterr().err
     assert "resuming from" in err and "expected:" not in err
 
 
-def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(big_buffer, tmp_path, capsys):
+def test_restoring_a_checkpoint_counts_the_state_twice_on_the_cpu(big_buffer, close_to_the_limit, tmp_path, capsys):
     """orbax restores into host memory before placing the arrays: a resumed run needs the state twice for a
     moment, though its chunks hold it once."""
-    config, _, donated = big_buffer
-    config = set_keys(config.copy_and_resolve_references(), {"checkpoint.on_nonfinite": "stop"})
+    _, _, donated = big_buffer
     assert donated.needed < 2 * donated.state
     restoring = dataclasses.replace(donated, restoring=True)
     assert restoring.needed == 2 * donated.state
     assert "held once, twice while its checkpoint is restored" in restoring.describe()
-    workdir = str(tmp_path / "run")
-    train.run(config, workdir, progress=False)
-    capsys.readouterr()
-    config.total_steps = 4_000
-    train.run(config, workdir, progress=False)  # resumes
+    config, workdir, _ = close_to_the_limit
+    config = set_keys(config.copy_and_resolve_references(), {"total_steps": 4_000, "checkpoint.on_nonfinite": "stop"})
+    shutil.copytree(workdir, tmp_path / "run")
+    train.run(config, str(tmp_path / "run"), progress=False)  # resumes, its chunks holding the state once
     assert "twice while its checkpoint is restored" in capsys.readouterr().err
 
 
