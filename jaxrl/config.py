@@ -230,8 +230,8 @@ def save(config: ConfigDict, path) -> None:
 RENAMED_KEYS = {
     "temperature.learning_rate": "optim.temperature_learning_rate",  # 2026-11-29: every learning rate in optim
     "normalize.reward_scale": "returns.reward_scale",  # 2026-11-29: one name for every family
-    "eval.episodes": "eval.episodes",  # 2026-11-29: episodes or held-out problems, whatever runs them
-    "loss.critic_weight": "loss.critic_weight",  # 2026-11-29: every loss weight in loss
+    "eval.num_envs": "eval.episodes",  # 2026-11-29: episodes or held-out problems, whatever runs them
+    "critic_weight": "loss.critic_weight",  # 2026-11-29: every loss weight in loss
 }
 
 
