@@ -169,7 +169,7 @@ def main(argv=None):
         print(f"  MAPPO done in {results[-1]['wall']:.0f} s", flush=True)
     for variant in variants:
         config = experiment_config("smax_grpo", args.scenario)
-        config.advantage, config.num_seeds = variant, args.seeds
+        config.advantage.estimator, config.num_seeds = variant, args.seeds
         if variant == "median":  # MC-GRPO: one extra sample per group, the median pivot carries no gradient
             config.group.size += 1
             config.num_envs = config.num_envs // (config.group.size - 1) * config.group.size

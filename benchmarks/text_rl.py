@@ -78,7 +78,7 @@ def rl_config(args, sft_dir: str, estimator: str, total_steps: int, evals: int =
     """experiments/text_grpo.py:<task> from the SFT run, with the RL task's options, `total_steps` completions
     per seed and `evals` held-out evaluations."""
     config = experiment_config("text_grpo", args.task)
-    config.init_from, config.advantage, config.num_seeds = sft_dir, estimator, args.seeds
+    config.init_from, config.advantage.estimator, config.num_seeds = sft_dir, estimator, args.seeds
     for key, value in parse_options(args.rl_task).items():
         config.task.kwargs[key] = value
     config.total_steps = total_steps

@@ -1,7 +1,7 @@
 """Critic-free GRPO on CartPole-v1: groups of 8 episodes from one start state, 500 steps each.
 
     python -m jaxrl.train --config=experiments/cartpole_grpo.py
-    python -m jaxrl.train --config=experiments/cartpole_grpo.py --config.advantage=median --config.loss.clip_high=0.28
+    python -m jaxrl.train --config=experiments/cartpole_grpo.py --config.advantage.estimator=median --config.loss.clip_high=0.28
 
 `env_steps` counts groups x size x 500 steps per update, including the masked steps after an episode ended
 (computed until every episode on the device has ended); `acting_fraction` in metrics.jsonl says how many trained.
@@ -22,7 +22,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     config.group.size = 8
     config.group.returns = "to_go"
-    config.advantage = "grpo"
+    config.advantage.estimator = "grpo"
     config.returns.gamma = 1.0
     config.optim.num_epochs = 4
     config.optim.num_minibatches = 4

@@ -1,7 +1,7 @@
 """Critic-free GRPO on SMAX: groups of 8 battles from one start state, the scenario is the argument.
 
     python -m jaxrl.train --config=experiments/smax_grpo.py:3m
-    python -m jaxrl.train --config=experiments/smax_grpo.py:3m --config.advantage=rloo
+    python -m jaxrl.train --config=experiments/smax_grpo.py:3m --config.advantage.estimator=rloo
 
 The same recurrent actor as experiments/smax_mappo.py (GRU 128, FC 128, relu, shared by the agents, with
 agent ids), without the critic. Each battle runs to its end or the 100-step limit; `env_steps` counts 100 steps
@@ -33,7 +33,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # about 15): reached a 0.87 training win rate on 3m where one advantage per episode levelled off at 0.76.
     config.group.returns = "to_go"
     config.returns.gamma = 0.95
-    config.advantage = "grpo"
+    config.advantage.estimator = "grpo"
     config.optim.num_epochs = 4
     config.optim.num_minibatches = 4
     config.optim.learning_rate = 2e-3

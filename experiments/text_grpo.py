@@ -3,7 +3,7 @@ r"""GRPO on tokens from a supervised warm start; the task is the argument.
     python -m jaxrl.train --config=experiments/text_sft.py:addition --workdir=runs/sft_addition
     python -m jaxrl.train --config=experiments/text_grpo.py:addition --config.init_from=runs/sft_addition
     python -m jaxrl.train --config=experiments/text_grpo.py:addition --config.init_from=runs/sft_addition \
-        --config.advantage=dr_grpo --config.loss.aggregate=constant --config.group.oversample=2
+        --config.advantage.estimator=dr_grpo --config.loss.aggregate=constant --config.group.oversample=2
     python -m jaxrl.train --config=experiments/text_grpo.py:countdown --config.init_from=runs/sft_countdown \
         --config.rollout.pool_size=512 --config.rollout.replay=correct,hints --config.rollout.generate=tree
 

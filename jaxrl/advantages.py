@@ -9,6 +9,8 @@ import einops
 import jax
 import jax.numpy as jnp
 
+from jaxrl.knobs import Knob
+
 
 def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array,
         gamma: float, gae_lambda: float) -> tuple[jax.Array, jax.Array]:
@@ -45,10 +47,6 @@ def vtrace(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: 
     return rewards + gamma * (1.0 - dones.astype(values.dtype)) * next_targets - values, targets
 
 
-# The advantage estimators over time with a critic (PPO's; the group estimators are `ESTIMATORS`):
-# name -> fn(rewards, values, dones, last_value, gamma, gae_lambda) -> (advantages,
-# value targets), every one with GAE's lambda-returns as the value targets.
-CRITIC_ESTIMATORS = {"gae": gae, "vtrace": vtrace}
 
 
 def lambda_targets(rewards: jax.Array, next_values: jax.Array, terminated: jax.Array, dones: jax.Array,
@@ -117,15 +115,38 @@ Core = Callable[[jax.Array, jax.Array, GroupOptions], "jax.Array | tuple[jax.Arr
 
 @dataclasses.dataclass(frozen=True)
 class Estimator:
-    core: Core
+    """An entry of `ESTIMATORS`. With `needs_critic` (PPO's), `core` is fn(rewards, values, dones, last_value,
+    gamma, gae_lambda) -> (advantages, value targets) over time, the targets GAE's lambda-returns; without
+    (the GRPO family's), a group core as `Core` describes, called through `get`."""
+
+    core: Callable
     default_scale: str = "group"
     combine: bool = True  # receive sum_k w_k r_k rather than the K raw components
+    needs_critic: bool = False
 
     def __call__(self, rewards, valid, opts):
         return self.core(rewards, valid, opts)
 
 
-ESTIMATORS: dict[str, Estimator] = {}
+# Every advantage estimator by name, the critic's (gae, vtrace) and the groups' (grpo, rloo, ...): the values of
+# config.advantage.estimator (`ESTIMATOR`), each family taking the kind it computes (`check_estimator`).
+ESTIMATORS: dict[str, Estimator] = {"gae": Estimator(gae, needs_critic=True),
+                                    "vtrace": Estimator(vtrace, needs_critic=True)}
+ESTIMATOR = Knob("advantage.estimator", "grpo", "the advantage estimator (jaxrl.advantages): with a critic (gae, "
+                 "vtrace: PPO) or over a group's samples (grpo, dr_grpo, rloo, ...: the GRPO family)",
+                 choices=lambda: sorted(ESTIMATORS))
+
+
+def names(needs_critic: bool) -> list[str]:
+    """The estimators that need a critic (PPO's), or the group estimators."""
+    return sorted(name for name, est in ESTIMATORS.items() if est.needs_critic == needs_critic)
+
+
+def check_estimator(name: str, needs_critic: bool, family: str) -> None:
+    """ValueError naming config.advantage.estimator unless `name` is of the kind `family` computes."""
+    if name in ESTIMATORS and ESTIMATORS[name].needs_critic != needs_critic:
+        raise ValueError(f"config.advantage.estimator {name!r} is not one {family} takes; known: "
+                         f"{', '.join(names(needs_critic))}")
 
 
 def register(name: str, *, default_scale: str = "group", combine: bool = True):
@@ -290,8 +311,8 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
     all options are static Python values, so it can be jitted.
     """
-    if name not in ESTIMATORS:
-        raise ValueError(f"unknown group advantage estimator {name!r}; known: {', '.join(sorted(ESTIMATORS))}")
+    if name not in names(needs_critic=False):
+        raise ValueError(f"unknown group advantage estimator {name!r}; known: {', '.join(names(False))}")
     est = ESTIMATORS[name]
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,

@@ -232,6 +232,10 @@ RENAMED_KEYS = {
     "normalize.reward_scale": "returns.reward_scale",  # 2026-11-29: one name for every family
     "eval.num_envs": "eval.episodes",  # 2026-11-29: episodes or held-out problems, whatever runs them
     "critic_weight": "loss.critic_weight",  # 2026-11-29: every loss weight in loss
+    # 2026-11-29: one estimator key and registry for PPO and the GRPO family, its options beside it
+    "returns.advantage": "advantage.estimator", "advantage": "advantage.estimator",
+    **{f"advantage_options.{option}": f"advantage.{option}"
+       for option in ("scale", "eps", "clip", "max_reward", "renormalize")},
 }
 
 

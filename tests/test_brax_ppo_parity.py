@@ -1,7 +1,7 @@
 """jaxrl's PPO, set to Brax's rules, against Brax's own PPO loss (`brax.training.agents.ppo.losses`) on one rollout.
 
 Brax's rules as jaxrl settings: advantages from the current critic (`returns.gae_values=current`) by V-trace's
-form (`returns.advantage=vtrace`), the update on observations normalised by statistics that include the rollout
+form (`advantage.estimator=vtrace`), the update on observations normalised by statistics that include the rollout
 (`normalize.obs_stats=updated`, no clipping), softplus stds, lecun-uniform layers, and a time limit that ends
 returns (no truncation bootstrap; a 20-step rollout meets none). The network parameters are mapped leaf for
 leaf into Brax's `make_ppo_networks` layout; the running statistics into Brax's `RunningStatisticsState`.
@@ -33,7 +33,7 @@ def brax_rules_config():
     return set_keys(config, {
         "env.kwargs.backend": "spring", "num_envs": NUM_ENVS, "num_steps": NUM_STEPS,
         "total_steps": NUM_ENVS * NUM_STEPS * 4, "optim.num_epochs": 1, "optim.num_minibatches": 1,
-        "network.hidden_sizes": HIDDEN, "returns.gae_values": "current", "returns.advantage": "vtrace",
+        "network.hidden_sizes": HIDDEN, "returns.gae_values": "current", "advantage.estimator": "vtrace",
         "normalize.obs_stats": "updated", "normalize.obs_clip": 1e6, "network.kernel_init": "lecun_uniform",
         # std = softplus(head output) + 0.001 with the head's std outputs starting at 0, as Brax's policy starts
         "network.std_transform": "softplus", "network.init_log_std": math.log(math.log(2.0) + 0.001),

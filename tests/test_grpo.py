@@ -146,16 +146,16 @@ def test_advantages_follow_the_estimator(returns, cartpole):
 # 3m's three agents.
 CARTPOLE, SMAX_3M = ("cartpole_grpo", None), ("smax_grpo", "3m")
 ESTIMATOR_AND_LOSS_CHOICES = [
-    (CARTPOLE, {"advantage": "grpo"}),
-    (CARTPOLE, {"advantage": "dr_grpo", "loss.aggregate": "constant"}),
-    (CARTPOLE, {"advantage": "rloo", "loss.aggregate": "sequence"}),
-    (CARTPOLE, {"advantage": "median", "group.size": 5, "num_envs": 10}),
-    (CARTPOLE, {"advantage": "calibrated", "advantage_options.max_reward": 2.0}),
-    (SMAX_3M, {"advantage": "per_agent"}),
-    (CARTPOLE, {"advantage": "grpo", "loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4}),
-    (CARTPOLE, {"advantage": "grpo", "loss.clip_high": 0.28, "loss.dual_clip": 3.0,
-                "advantage_options.scale": "batch"}),
-    (CARTPOLE, {"advantage": "grpo", "group.returns": "to_go", "loss.critic_weight": 0.5}),
+    (CARTPOLE, {"advantage.estimator": "grpo"}),
+    (CARTPOLE, {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant"}),
+    (CARTPOLE, {"advantage.estimator": "rloo", "loss.aggregate": "sequence"}),
+    (CARTPOLE, {"advantage.estimator": "median", "group.size": 5, "num_envs": 10}),
+    (CARTPOLE, {"advantage.estimator": "calibrated", "advantage.max_reward": 2.0}),
+    (SMAX_3M, {"advantage.estimator": "per_agent"}),
+    (CARTPOLE, {"advantage.estimator": "grpo", "loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4}),
+    (CARTPOLE, {"advantage.estimator": "grpo", "loss.clip_high": 0.28, "loss.dual_clip": 3.0,
+                "advantage.scale": "batch"}),
+    (CARTPOLE, {"advantage.estimator": "grpo", "group.returns": "to_go", "loss.critic_weight": 0.5}),
 ]
 
 
@@ -183,14 +183,14 @@ def test_critic_free_network_has_no_value_parameters():
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"advantage": "mean_of_means"}, "config.advantage"),
+    ({"advantage.estimator": "mean_of_means"}, "config.advantage.estimator"),
     ({"group.size": 3}, "group.size"),
     ({"group.returns": "discounted"}, "group.returns"),
     ({"loss.aggregate": "per_batch"}, "loss.aggregate"),
     ({"loss.ratio": "per_word"}, "loss.ratio"),
     ({"loss.dual_clip": 0.5}, "loss.dual_clip"),
     ({"loss.critic_weight": 1.5}, "critic_weight"),
-    ({"advantage_options.scale": "global"}, "advantage_options.scale"),
+    ({"advantage.scale": "global"}, "advantage.scale"),
 ])
 def test_config_errors_name_the_key(overrides, message):
     config = small_grpo_config(**overrides)
@@ -217,7 +217,7 @@ def test_the_docs_estimator_example_registers_and_trains():
         result = advantages.get("max_baseline")(jnp.array([[1.0, 3.0, 2.0, 5.0]]),
                                                 jnp.array([[True, True, True, False]]))
         np.testing.assert_allclose(result.advantages, [[-2.0, 0.0, -1.0, 0.0]])
-        algo, hp, state = build(small_grpo_config(advantage="max_baseline"))
+        algo, hp, state = build(small_grpo_config(**{"advantage.estimator": "max_baseline"}))
         state, metrics = algo.run_chunk(state, hp, 1)
         assert np.isfinite(jax.device_get(metrics["policy_loss"])).all()
     finally:

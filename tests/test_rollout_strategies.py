@@ -79,7 +79,7 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.control": "variance_budget"}, "control/variance_budget needs success_predictor in config.rollout"),
         ({"rollout.generate": "tree", "rollout.options.tree.branches": 4},
          "config.rollout.options.tree.branches = 4 must divide config.group.size = 4 into branches of two or more"),
-        ({"rollout.generate": "tree", "advantage": "rloo"}, "config.advantage='rloo' is not one of them"),
+        ({"rollout.generate": "tree", "advantage.estimator": "rloo"}, "config.advantage.estimator='rloo' is not one of them"),
         ({"rollout.options.hints.wait": 3, "rollout.replay": "hints", "rollout.pool_size": 4},
          "config.rollout.options.hints has unknown keys ['wait']"),
         ({"rollout.control": "partial", "group.oversample": 1},

@@ -76,12 +76,12 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 # Every estimator and loss part by name, several to a program (its compile is most of a case's time): the
 # choices of one case are separate branches of the update, and each case checks that all of them ran.
 @pytest.mark.parametrize("overrides", [
-    {"advantage": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
+    {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
      "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3},
-    {"advantage": "gdpo", "advantage_options.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
+    {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
-    {"advantage": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
+    {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2},
 ], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
@@ -163,7 +163,7 @@ def test_init_from_a_differently_shaped_run_is_an_error_and_moves_nothing(sft_ru
 
 
 def test_text_grpo_config_errors_name_the_key(sft_run, tmp_path):
-    for overrides, key in [({"advantage": "best_of"}, "config.advantage"), ({"loss.kl": "k4"}, "config.loss.kl"),
+    for overrides, key in [({"advantage.estimator": "best_of"}, "config.advantage.estimator"), ({"loss.kl": "k4"}, "config.loss.kl"),
                            ({"group.size": 1}, "config.group.size"),
                            ({}, "config.init_from")]:
         config = tiny_grpo_config(sft_run if overrides else str(tmp_path), **overrides)

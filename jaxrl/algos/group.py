@@ -11,19 +11,17 @@ from jaxrl.knobs import Knob
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
 GROUP_SIZE = Knob("group.size", 8, "G: episodes (or completions) per start state (or prompt)", minimum=2)
-ADVANTAGE = Knob("advantage", "grpo", "the group advantage estimator (jaxrl.advantages: grpo, dr_grpo, rloo, ...)",
-                 choices=lambda: sorted(advantages.ESTIMATORS))
 ADVANTAGE_OPTIONS = (
-    Knob("advantage_options.scale", "", "how advantages are scaled: by the group's std, the batch's, or not; "
+    Knob("advantage.scale", "", "how advantages are scaled: by the group's std, the batch's, or not; "
          "'': the estimator's default", choices=("", *ADVANTAGE_SCALES)),
-    Knob("advantage_options.eps", 1e-6, "added to the std that advantages are divided by", minimum=0.0),
-    Knob("advantage_options.clip", 0.0, "advantages clipped to [-clip, clip]; 0: off", minimum=0.0),
-    Knob("advantage_options.max_reward", 1.0, "calibrated estimators: the virtual best sample's reward"),
-    Knob("advantage_options.renormalize", False, "gdpo: renormalise the combined advantages over the batch"),
+    Knob("advantage.eps", 1e-6, "added to the std that advantages are divided by", minimum=0.0),
+    Knob("advantage.clip", 0.0, "advantages clipped to [-clip, clip]; 0: off", minimum=0.0),
+    Knob("advantage.max_reward", 1.0, "calibrated estimators: the virtual best sample's reward"),
+    Knob("advantage.renormalize", False, "gdpo: renormalise the combined advantages over the batch"),
 )
 CRITIC_WEIGHT = Knob("loss.critic_weight", 0.0, "> 0 mixes in a learned value baseline (1: critic-based, 0: "
                      "critic-free)", traced=True, minimum=0.0, maximum=1.0)
-GROUP_KNOBS = (ADVANTAGE, *ADVANTAGE_OPTIONS, GROUP_SIZE, CRITIC_WEIGHT, losses.CLIP_LOW, losses.CLIP_HIGH,
+GROUP_KNOBS = (advantages.ESTIMATOR, *ADVANTAGE_OPTIONS, GROUP_SIZE, CRITIC_WEIGHT, losses.CLIP_LOW, losses.CLIP_HIGH,
                losses.DUAL_CLIP, losses.RATIO, losses.AGGREGATE, losses.ENT_COEF)
 
 
@@ -36,7 +34,12 @@ def group_relative_keys() -> ConfigDict:
 
 
 def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
-    """config.advantage_options as keyword options of the estimator ("" and 0 mean the default / off)."""
-    o = config.advantage_options
+    """config.advantage's options as keyword options of the estimator ("" and 0 mean the default / off)."""
+    o = config.advantage
     return (("scale", o.scale or None), ("eps", o.eps), ("clip", o.clip or None), ("max_reward", o.max_reward),
             ("renormalize", o.renormalize))
+
+
+def check_group_estimator(config: ConfigDict) -> None:
+    """config.advantage.estimator must be a group estimator (not one that needs a critic)."""
+    advantages.check_estimator(config.advantage.estimator, needs_critic=False, family="the GRPO family")

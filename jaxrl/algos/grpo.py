@@ -46,7 +46,8 @@ from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvPolicy, distinct_critic_in
 from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL, WEIGHT_DECAY,
                                    EnvOptimizer, check_env_config, check_minibatch_split, env_config, make_policy,
                                    run_sizes, sample_trajectory)
-from jaxrl.algos.group import ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options, group_relative_keys
+from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
+                               group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import global_mean, optimise, standardise
@@ -100,7 +101,7 @@ class GRPOSettings:
     optimizer: EnvOptimizer = EnvOptimizer()
     num_updates: int = 1  # over the run (`run_sizes`)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
-    advantage: str = ADVANTAGE.field()
+    advantage: str = advantages_lib.ESTIMATOR.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()  # its keyword options, as (name, value) pairs
     returns: str = knob("group.returns", "episode", "one advantage per episode, or a group baseline per step over "
                         "returns-to-go (to_go)", choices=RETURNS)
@@ -407,6 +408,7 @@ def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
 
 def check_grpo_config(config: ConfigDict) -> None:
     check_env_config(config)
+    check_group_estimator(config)
     config_lib.one_of(config.rollout.generate, sorted(rollout.STRATEGIES["env"]["generate"]), "rollout.generate")
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "

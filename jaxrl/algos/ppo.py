@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 
 import envs
 from jaxrl import engine, knobs, losses, normalization
-from jaxrl.advantages import CRITIC_ESTIMATORS
+from jaxrl import advantages as advantages_lib
 from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvOnMesh, EnvPolicy, distinct_critic_in, init_run,
                                     policy_functions, sequence_units, step_randomness, step_units, trainable)
 from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE, ROLLOUT_UNROLL,
@@ -111,8 +111,7 @@ class PPOSettings:
                                   "discounted return (SB3's VecNormalize)")
     gae_values: str = knob("returns.gae_values", "rollout", "the critic values GAE starts from: the rollout's, or "
                            "the current critic's at every minibatch (Brax's)", choices=GAE_VALUES)
-    advantage: str = knob("returns.advantage", "gae", "the policy's advantages (the value targets are "
-                          "lambda-returns either way)", choices=tuple(CRITIC_ESTIMATORS))
+    advantage: str = advantages_lib.ESTIMATOR.field()  # gae or vtrace (the value targets: lambda-returns either way)
 
     @property
     def batch_size(self) -> int:
@@ -258,7 +257,7 @@ class PPO:
         _, out, values = self.policy.network.apply(params, carry, actor_in, critic_in, first)
         if after is not None:
             current = jax.lax.stop_gradient(values)
-            advantages, targets = CRITIC_ESTIMATORS[self.settings.advantage](
+            advantages, targets = advantages_lib.ESTIMATORS[self.settings.advantage].core(
                 batch["reward"], current[:-1], batch["done"], current[-1], hp.gamma, hp.gae_lambda)
             out, values = out[:-1], values[:-1]
         else:
@@ -300,7 +299,7 @@ class PPO:
             samples.update(reward=reward, done=traj.done)
         else:
             last_value = self.policy.step(state.params, self.env, env_state, obs, carry, first).value
-            estimate = CRITIC_ESTIMATORS[s.advantage](reward, traj.value, traj.done, last_value, hp.gamma,
+            estimate = advantages_lib.ESTIMATORS[s.advantage].core(reward, traj.value, traj.done, last_value, hp.gamma,
                                                       hp.gae_lambda)
             samples.update(zip(("advantages", "targets"), estimate))
         if not self.sequence_minibatches:
@@ -378,7 +377,9 @@ def ppo_config() -> ConfigDict:
     """The env algorithms' keys plus PPO's: GAE, the clipped surrogate, value clipping, normalisation."""
     config = env_config()
     config.algorithm = "ppo"
-    return knobs.fill(config, PPOHyperparams, PPOSettings, SCALE_NUM_ENVS)
+    config = knobs.fill(config, PPOHyperparams, PPOSettings, SCALE_NUM_ENVS)
+    config.advantage.estimator = "gae"
+    return config
 
 
 def co_scaled(config: ConfigDict) -> ConfigDict:
@@ -416,6 +417,7 @@ def build_ppo(config: ConfigDict, mesh) -> engine.Algorithm:
 
 def check_ppo_config(config: ConfigDict) -> None:
     check_env_config(config)
+    advantages_lib.check_estimator(config.advantage.estimator, needs_critic=True, family="PPO")
     target, minibatches = config.scale.num_envs, config.optim.num_minibatches
     if target and (minibatches * target) % config.num_envs:
         step = config.num_envs // math.gcd(minibatches, config.num_envs)

@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 from envs import text
 from jaxrl import (advantages, config as config_lib, engine, files, knobs, losses, mesh as mesh_lib, rollout,
                    sampling)
-from jaxrl.algos.group import (ADVANTAGE, CRITIC_WEIGHT, GROUP_SIZE, advantage_options,
+from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
@@ -334,7 +334,7 @@ class TextGRPOSettings:
     oversample: int = knob("group.oversample", 1, "candidate prompts per slot, of which a selecting Control "
                            "strategy keeps one", minimum=1)
     top_k: int = knob("sampling.top_k", 0, "sample among the k most likely tokens; 0: all", minimum=0)
-    advantage: str = ADVANTAGE.field()
+    advantage: str = advantages.ESTIMATOR.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()
     reward_weights: tuple[float, ...] = knob("reward_weights", (1.0, 0.1), "the weight of each reward component "
                                              "(correct, well_formed)", rule="two weights (correct, well_formed)",
@@ -586,6 +586,7 @@ def check_text_config(config: ConfigDict) -> None:
 
 def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
+    check_group_estimator(config)
     rollout.check_config(config)
     if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")

@@ -152,9 +152,9 @@ def check_tree(config, chosen: dict) -> None:
     if "partial" in chosen["control"]:
         raise ValueError("rollout.generate=tree with rollout.control=partial: a resumed group does not keep its "
                          "branch points; use generate=independent with partial")
-    if config.advantage not in ("grpo", "dr_grpo"):
+    if config.advantage.estimator not in ("grpo", "dr_grpo"):
         raise ValueError(f"rollout.generate=tree scores tokens with per-branch baselines (grpo or dr_grpo "
-                         f"scaling); config.advantage={config.advantage!r} is not one of them")
+                         f"scaling); config.advantage.estimator={config.advantage.estimator!r} is not one of them")
 
 
 register("generate", "tree", generate=tree, advantages=tree_token_advantages, check=check_tree,
