@@ -242,6 +242,18 @@ def builds_shared():
         yield
 
 
+def resumed_runs_fixture(experiment: str, overrides: dict, last_checkpoint: int):
+    """A module-scoped fixture: experiments/<experiment>.py with `overrides` run by `straight_and_resumed`, one
+    algorithm built for both runs (`builds_shared`): (straight result, resumed result)."""
+    @pytest.fixture(scope="module")
+    def runs(tmp_path_factory, builds_shared):
+        from helpers import load_experiment, set_keys
+
+        config = set_keys(load_experiment(experiment), overrides)
+        return straight_and_resumed(config, tmp_path_factory.mktemp(experiment), last_checkpoint)
+    return runs
+
+
 def straight_and_resumed(config, tmp_path, last_checkpoint: int):
     """Train `config` straight through in tmp_path/straight, then resume a copy of that run whose last
     checkpoint (`last_checkpoint`, its update count) is lost, as a kill just before it would: (straight result,

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
+from conftest import assert_one_and_eight_devices_agree, assert_same_state, resumed_runs_fixture
 from helpers import evaluation_curve, load_experiment, set_keys
 from jaxrl.algos.q_learning import bootstrap_values
 
@@ -26,12 +26,8 @@ RESUMED = {"total_steps": 8 * 2 * 40, "num_envs": 8, "num_steps": 2, "num_seeds"
            "log.progress_bar": False, "checkpoint.every_steps": 320, "eval.episodes": 4, "eval.max_steps": 50}
 
 
-@pytest.fixture(scope="module")
-def dqn_runs(tmp_path_factory, builds_shared):
-    """experiments/cartpole_dqn.py at RESUMED sizes trained straight, and resumed from its first checkpoint (its
-    second lost, as a kill just before it would): (straight, resumed) results, one algorithm built for both."""
-    return straight_and_resumed(set_keys(load_experiment("cartpole_dqn"), RESUMED), tmp_path_factory.mktemp("dqn"),
-                                last_checkpoint=40)
+# trained straight, and resumed from its first checkpoint (its second lost, as a kill just before it would)
+dqn_runs = resumed_runs_fixture("cartpole_dqn", RESUMED, last_checkpoint=40)
 
 
 def test_resume_with_a_partly_filled_buffer_is_the_run_that_never_stopped(dqn_runs):

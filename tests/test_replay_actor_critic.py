@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from conftest import assert_one_and_eight_devices_agree, assert_same_state, straight_and_resumed
+from conftest import assert_one_and_eight_devices_agree, assert_same_state, resumed_runs_fixture
 from helpers import evaluation_curve, load_experiment, set_keys
 from jaxrl import algos, distributions
 from jaxrl.algos.replay_actor_critic import quantile_huber_loss, truncated_atoms
@@ -62,12 +62,8 @@ RESUMED = {"total_steps": 8 * 32, "num_envs": 8, "num_steps": 1, "num_seeds": 2,
            "eval.max_steps": 20}
 
 
-@pytest.fixture(scope="module")
-def tqc_runs(tmp_path_factory, builds_shared):
-    """experiments/pendulum_tqc.py at RESUMED sizes trained straight, and resumed from its first checkpoint (its
-    second lost, as a kill just before it would): (straight, resumed) results, one algorithm built for both."""
-    return straight_and_resumed(set_keys(load_experiment("pendulum_tqc"), RESUMED), tmp_path_factory.mktemp("tqc"),
-                                last_checkpoint=32)
+# trained straight, and resumed from its first checkpoint (its second lost, as a kill just before it would)
+tqc_runs = resumed_runs_fixture("pendulum_tqc", RESUMED, last_checkpoint=32)
 
 
 def test_resume_is_the_run_that_never_stopped(tqc_runs):

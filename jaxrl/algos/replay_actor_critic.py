@@ -104,9 +104,7 @@ PARTS = {"critic": ("params", "ensemble"), "actor": ("params", "actor"), "temper
 
 def part_of(params: dict, part: str):
     """The subtree of `params` that `part` (PARTS) names."""
-    for key in PARTS[part]:
-        params = params[key]
-    return params
+    return functools.reduce(lambda tree, key: tree[key], PARTS[part], params)
 
 
 def with_part(params: dict, part: str, value) -> dict:
