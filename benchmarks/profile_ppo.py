@@ -5,11 +5,11 @@
     python benchmarks/profile_ppo.py --set network.kind=mlp --set optim.num_epochs=2
 
 Every phase runs for one seed under the same `shard_map` over the mesh and `vmap` over runs as
-`PPO.run_chunk`, is compiled once, and is timed as the median of `--repeats` calls of `--updates`
+`run_chunk`, is compiled once, and is timed as the median of `--repeats` calls of `--updates`
 repetitions each (a `lax.fori_loop` inside the program, so dispatch is not what is measured):
 
     rollout            T steps of the env and the networks (with the bootstrap values at time limits)
-    rollout + GAE      ... plus the last value, GAE and laying the samples out for minibatches (`PPO._collect`)
+    rollout + GAE      ... plus the last value, GAE and laying the samples out for minibatches (`PPO.units`)
     one gradient step  the loss, its gradient and the optimiser on one minibatch (x epochs x minibatches)
     whole update       what `run_chunk` runs per update
     host per chunk     `jaxrl.train`'s work between chunks (metrics to host, logging), from two short runs
@@ -56,7 +56,7 @@ def phase_programs(algo, hp):
     from jaxrl import mesh as mesh_lib
     from jaxrl import engine
 
-    s = algo.settings
+    s, ppo = algo.settings, algo.parts  # (the record's PPO: its rollout, units, loss and update)
 
     def repeated(body):
         """body(state, hp) -> array; run `reps` times, each time on a key that depends on the last result."""
@@ -68,30 +68,31 @@ def phase_programs(algo, hp):
         return run
 
     def rollout(state, hp):
-        _, traj, _ = algo._rollout(state.params, state, state.key)
+        _, traj, _ = ppo.rollout(state, state.key)
         return jnp.sum(traj.log_prob)
 
     def rollout_and_gae(state, hp):
-        units = algo._collect(state, hp, state.key)[2]
+        units = ppo.units(state, hp, *ppo.rollout(state, state.key)[:2])[0]
         batches = engine.deal_minibatches(state.key, units, s.num_minibatches)
         return jnp.sum(batches["advantages"])
 
     def gradient_steps(state, hp):
         """epochs x minibatches gradient steps on one fixed minibatch (its contents do not change the cost)."""
-        units = algo._collect(state, hp, state.key)[2]
+        units = ppo.units(state, hp, *ppo.rollout(state, state.key)[:2])[0]
         batch = jax.tree.map(lambda x: x[0], engine.deal_minibatches(state.key, units, s.num_minibatches))
-        optimizer = engine.make_optimizer(hp.learning_rate, hp.max_grad_norm, s.adam_eps, s.grad_clip)
+        optimizer = engine.make_optimizer(hp.learning_rate, hp.max_grad_norm, s.optimizer.adam_eps,
+                                          s.optimizer.grad_clip)
 
         def step(carry, _):
             params, opt_state = carry
-            params, opt_state, aux = engine.gradient_step(algo._loss, optimizer, params, opt_state, batch, hp)
+            params, opt_state, aux = engine.gradient_step(ppo.loss, optimizer, params, opt_state, batch, hp)
             return (params, opt_state), aux["grad_norm"]
 
         _, norms = jax.lax.scan(step, (state.params, state.opt_state), None, s.num_epochs * s.num_minibatches)
         return jnp.sum(norms)
 
     def whole_update(state, hp):
-        state, metrics = algo._update(state, hp)
+        state, metrics = ppo.update(state, hp)
         return jnp.sum(metrics["policy_loss"]) + jnp.sum(state.update_step)
 
     phases = {"rollout": rollout, "rollout + GAE + dealing": rollout_and_gae,
@@ -113,9 +114,9 @@ def time_program(algo, fn, state, hp, reps: int, repeats: int) -> tuple[float, f
     from jaxrl import mesh as mesh_lib
     from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
-    specs = algo._state_specs(state)
+    specs = algo.state_specs(state)
     sharded = jax.shard_map(fn, mesh=algo.mesh, in_specs=(specs, RUNS, P()), out_specs=P(RUN_AXIS, DATA_AXIS),
-                            check_vma=algo.agent_env.supports_vma_checks)
+                            check_vma=algo.vma_checks)
     hp = mesh_lib.runs_of(hp, state.update_step.shape[0], algo.mesh)
     tick = time.perf_counter()
     compiled = jax.jit(sharded).lower(state, hp, reps).compile(dict(algo.settings.xla_options) or None)
@@ -163,7 +164,7 @@ def main(argv=None):
     algo, hp = algos.build(config, mesh_lib.make_mesh())
     state = algo.init_seeds(config.seed, 1)
     s = algo.settings
-    print(f"{args.config} {' '.join(args.set)}: {s.num_envs} envs x {s.num_steps} steps, {algo.num_agents} agents, "
+    print(f"{args.config} {' '.join(args.set)}: {s.num_envs} envs x {s.num_steps} steps, {algo.parts.policy.num_agents} agents, "
           f"{s.num_epochs} epochs x {s.num_minibatches} minibatches, network {config.network.kind}; "
           f"machine: {machine()}")
     rows = []
