@@ -20,9 +20,16 @@ def sft_run(tiny_sft_run):
     return tiny_sft_run[0]
 
 
-def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, tmp_path):
-    config = tiny_grpo_config(sft_run)
-    algo, hp = algos.build(config, mesh_lib.make_mesh())
+@pytest.fixture(scope="module")
+def default_grpo(sft_run):
+    """(config, algorithm) of tiny_grpo_config warm-started from `sft_run`, built once for the tests that read it;
+    evaluated on the SFT run's 64 held-out problems (the same evaluation program: compiled once, then cached)."""
+    config = tiny_grpo_config(sft_run, **{"eval.num_envs": 64})
+    return config, algos.build(config, mesh_lib.make_mesh())[0]
+
+
+def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, default_grpo, tmp_path):
+    config, algo = default_grpo
     sft_params = restore_text_params(sft_run, algo.settings.text, algo.mesh)
     state = algo.init_seeds(0, 1)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(sft_params)):
@@ -121,8 +128,8 @@ def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(s
     assert losses[-1] < losses[0], losses  # the fresh head regresses onto the rewards
 
 
-def test_warm_start_from_a_named_sft_checkpoint(sft_run):
-    algo, _ = algos.build(tiny_grpo_config(sft_run), mesh_lib.make_mesh())
+def test_warm_start_from_a_named_sft_checkpoint(sft_run, default_grpo):
+    _, algo = default_grpo
     steps = checkpoint.Checkpointer(os.path.join(sft_run, "checkpoints")).steps()
     earlier = restore_text_params(sft_run, algo.settings.text, algo.mesh, steps[0])
     latest = restore_text_params(sft_run, algo.settings.text, algo.mesh)

@@ -116,7 +116,7 @@ class Plan:
     # Groups to continue, or None: {"tokens", "behaviour", "mask"} [C, G, N], "stopped" [C, G], and "cap" [C] (the
     # truncation of the importance weights of their earlier tokens).
     resume: Any = None
-    prune_at: jax.Array | None = None  # int32 [C]: the column where members may be pruned (control/prune)
+    prune_at: jax.Array | None = None  # int32 [C]: the column where members may be pruned (a pruning strategy)
     prune_below: jax.Array | None = None  # float32 [C]: members predicted below it there are stopped
 
 

@@ -106,7 +106,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
         earlier = columns < plan.start[:, None, None]
         behaviour = jnp.where(earlier, plan.resume["behaviour"], samples.log_probs)
         importance = importance_weights(samples.log_probs, behaviour, samples.mask,
-                                                plan.resume["cap"][:, None, None])
+                                        plan.resume["cap"][:, None, None])
         weight = jnp.where(earlier, weight * importance, weight)
     decided = jnp.full((n,), N, jnp.int32) if samples.decided is None else samples.decided
     ended = ((samples.tokens == vocab.eos_id) & (samples.mask > 0)).any(axis=-1) | (decided >= N)[:, None]
@@ -139,7 +139,7 @@ def tree_token_advantages(algo, groups: Groups, rewards: jax.Array):
     scale = dict(s.advantage_options).get("scale") or ("none" if s.advantage == "dr_grpo" else "group")
     depth = o["depth"] if groups.branched_at is None else groups.branched_at
     return tree_advantages(rewards, ~groups.replayed, o["branches"], depth, groups.tokens.shape[-1],
-                                   scale=scale == "group", eps=dict(s.advantage_options).get("eps", 1e-6))
+                           scale=scale == "group", eps=dict(s.advantage_options).get("eps", 1e-6))
 
 
 def check_tree(config, chosen: dict) -> None:
@@ -266,7 +266,7 @@ def variance_budget(algo, memory, plan: Plan, key):
     every = mesh_lib.gather_shares(plan)
     p = jnp.where(every.predicted >= 0, every.predicted, 0.5)
     chosen = allocate_groups(jnp.sqrt(jnp.clip(p * (1 - p), 0.0)), algo.settings.text.num_prompts,
-                                     algo.strategy_options("variance_budget")["max_groups"])
+                             algo.strategy_options("variance_budget")["max_groups"])
     counts = jnp.zeros(p.shape[0], jnp.int32).at[chosen].add(1)
     return take(every, mesh_lib.local_share(chosen)), {
         "budget_skipped": jnp.mean((counts == 0).astype(jnp.float32)),
@@ -427,7 +427,7 @@ def replay_correct(algo, memory, groups: Groups, params, key):
     log_probs, _, values = sampling.score_groups(algo.model, params, groups.prompts, entry["tokens"][:, None],
                                                  entry["mask"][:, None], algo.vocab.pad_id)  # [n, 1, N]
     weight = importance_weights(log_probs[:, 0], entry["log_probs"], entry["mask"],
-                                        algo.strategy_options("correct")["cap"])
+                                algo.strategy_options("correct")["cap"])
     last = (jnp.arange(groups.tokens.shape[1]) == groups.tokens.shape[1] - 1)[None, :] & need[:, None]  # [n, G]
 
     def put(x, row):  # x [n, G, ...], row [n, ...] -> row as member G-1 where needed
@@ -476,7 +476,7 @@ def track_hints(algo, memory, groups: Groups, params):
     ids, pass_rate, finished = mesh_lib.gather_shares((groups.ids, _correct(algo, groups).mean(axis=1),
                                                        groups.finished_only(jnp.ones_like(groups.ids, bool))))
     tier, streak = hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
-                                       patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
+                               patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
     rows = jnp.where(last_occurrence(ids, finished), ids, algo.settings.pool_size)
     memory = {"tier": memory["tier"].at[rows].set(tier, mode="drop"),
               "streak": memory["streak"].at[rows].set(streak, mode="drop")}
