@@ -24,7 +24,7 @@ def sft_run(tiny_sft_run):
 def default_grpo(sft_run):
     """(config, algorithm) of tiny_grpo_config warm-started from `sft_run`, built once for the tests that read it;
     evaluated on the SFT run's 64 held-out problems (the same evaluation program: compiled once, then cached)."""
-    config = tiny_grpo_config(sft_run, **{"eval.num_envs": 64})
+    config = tiny_grpo_config(sft_run, **{"eval.episodes": 64})
     return config, algos.build(config, mesh_lib.make_mesh())[0]
 
 
