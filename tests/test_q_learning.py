@@ -78,11 +78,18 @@ def test_qmix_mixer_is_monotonic_in_every_agents_value():
     from jaxrl.networks import QMixer
 
     mixer = QMixer(embed_size=8, hypernet_size=16)
-    q_key, s_key, p_key = jax.random.split(jax.random.PRNGKey(0), 3)
-    agent_q = 3.0 * jax.random.normal(q_key, (64, 5))
-    state = jax.random.normal(s_key, (64, 12))
-    params = mixer.init(p_key, agent_q, state)
-    assert mixer.apply(params, agent_q, state).shape == (64,)
-    grads = jax.vmap(jax.grad(lambda q, s: mixer.apply(params, q, s)))(agent_q, state)
+
+    @jax.jit  # (one compile rather than an op-by-op dispatch of every layer)
+    def mixed(key):
+        q_key, s_key, p_key = jax.random.split(key, 3)
+        agent_q = 3.0 * jax.random.normal(q_key, (64, 5))
+        state = jax.random.normal(s_key, (64, 12))
+        params = mixer.init(p_key, agent_q, state)
+        grads = jax.vmap(jax.grad(lambda q, s: mixer.apply(params, q, s)))(agent_q, state)
+        other_state = mixer.apply(params, agent_q[:1], state[1:2])  # the first values in the second state
+        return mixer.apply(params, agent_q, state), grads, other_state
+
+    q_tot, grads, other_state = mixed(jax.random.PRNGKey(0))
+    assert q_tot.shape == (64,)
     assert grads.shape == (64, 5) and bool((grads >= 0).all()) and bool((grads > 0).any())
-    assert not np.allclose(mixer.apply(params, agent_q[:1], state[:1]), mixer.apply(params, agent_q[:1], state[1:2]))
+    assert not np.allclose(q_tot[:1], other_state)

@@ -54,17 +54,12 @@ def start(learner, key: jax.Array) -> Acting:
     return Acting(env_state, obs, policy.network.initial_carry((n, policy.num_agents)), jnp.ones((n,), bool))
 
 
-def stores_global_state(policy) -> bool:
-    """Whether stored steps carry the env's global state (for a mixing network or a centralised critic)."""
-    return policy.critic_input == "global_state"
-
-
 def rollout(learner, params, acting: Acting, hp: Any, key: jax.Array, update_step: jax.Array):
     """T = settings.num_steps steps of this device's n envs from `acting`, acting by `learner.act` (actions
     [A, ...] per env). Returns (acting after, steps [n, T, ...] to store, episode sums over the run's envs on
     every device). A step stores obs, action, reward (times hp.reward_scale), next_obs (the final one where an
     episode ended), terminated, done and first; legal actions (mask, next_mask) where the env has them; the
-    global state (state, next_state) when `stores_global_state`."""
+    global state (state, next_state) when the policy's critic reads it (a mixing network or a centralised critic)."""
     policy, envs, s = learner.policy, learner.envs, learner.settings
     agent_env, env = policy.agent_env, envs.env
     step_keys = jax.random.split(key, s.num_steps)
@@ -83,7 +78,7 @@ def rollout(learner, params, acting: Acting, hp: Any, key: jax.Array, update_ste
         if agent_env.has_action_masks:  # legal actions where the step was taken and in the next obs
             stored["mask"] = out.mask
             stored["next_mask"] = jax.vmap(agent_env.avail_actions)(info["final_state"])
-        if stores_global_state(policy):
+        if policy.critic_input == "global_state":
             stored["state"] = out.global_state
             stored["next_state"] = jax.vmap(agent_env.global_state)(info["final_state"])
         episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
@@ -134,7 +129,7 @@ def stored_step(learner, acting: Acting) -> dict:
             "terminated": jnp.zeros((), bool), "done": jnp.zeros((), bool), "first": jnp.zeros((), bool)}
     if policy.agent_env.has_action_masks:
         step["mask"] = step["next_mask"] = jnp.zeros((A, dist.num_actions), bool)
-    if stores_global_state(policy):
+    if policy.critic_input == "global_state":
         step["state"] = step["next_state"] = policy.global_state(learner.envs.env, acting.env_state)[0]
     return cast_observations(step, learner.settings.replay.store_dtype)
 
