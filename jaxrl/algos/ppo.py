@@ -356,15 +356,9 @@ class PPO:
         metrics.update(jax.lax.psum(episode, DATA_AXIS))
         return TrainState(params, opt_state, *after, key, state.update_step + 1, reward_norm), metrics
 
-    # ----------------------------------------------------------------------------------------------
-    # Inspection
-
     def sample_trajectory(self, state: TrainState) -> Transition:
-        """One rollout with the current parameters, nothing updated (for inspection and tests).
-
-        Returns the Transition with leaves [S, T, N, ...]; the rollout starts from `state`'s env states
-        and hidden states with its key, exactly as the next update's rollout will.
-        """
+        """The rollout the next update will train on, nothing updated (for inspection and tests): leaves
+        [S, T, N, ...]."""
         return sample_trajectory(lambda st, key: self.rollout(st, key)[1], state, self.state_specs(state), self.mesh,
                                  self.policy.agent_env.supports_vma_checks)
 
