@@ -6,11 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 import envs
-from jax.sharding import PartitionSpec as P
-
 from jaxrl import config as config_lib, distributions, knobs
 from jaxrl.algos.env_policy import AGENT_ID_INPUTS, CRITIC_INPUTS, EnvPolicy
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
