@@ -60,10 +60,13 @@ def evaluation_curve(config, metric: str, every_steps: int) -> list[tuple[int, f
 
 
 def small_cartpole(**overrides):
-    """experiments/cartpole_ppo.py at 8 envs x 16 steps, 4 updates, logging every 2."""
+    """experiments/cartpole_ppo.py at 8 envs x 16 steps, 4 updates, logging every 2, at a constant learning rate:
+    its compiled programs do not depend on total_steps, so that runs of other lengths take them from the test
+    session's compilation cache (a linear schedule is a constant of the program)."""
     config = load_experiment("cartpole_ppo")
     return set_keys(config, {"num_envs": 8, "num_steps": 16, "total_steps": 8 * 16 * 4, "log.progress_bar": False,
-                             "log.every_steps": 8 * 16 * 2, "eval.episodes": 4, **overrides})
+                             "log.every_steps": 8 * 16 * 2, "eval.episodes": 4, "optim.schedule": "constant",
+                             **overrides})
 
 
 def small_smax_config(scenario="3m", critic_input="global_state", kind="gru", num_envs=8, num_steps=32):

@@ -24,7 +24,8 @@ from jaxrl.run import sweep_programs, workdir as workdir_lib
 CARTPOLE = "--config=experiments/cartpole_ppo.py"
 # small_cartpole() on the command line, with a checkpoint at every log interval (updates 2 and 4)
 SMALL = ["--config.num_envs=8", "--config.num_steps=16", "--config.total_steps=512", "--config.log.every_steps=256",
-         "--config.eval.episodes=4", "--config.log.progress_bar=False", "--config.checkpoint.every_steps=256"]
+         "--config.eval.episodes=4", "--config.log.progress_bar=False", "--config.optim.schedule=constant",
+         "--config.checkpoint.every_steps=256"]
 
 
 def _small(**overrides):

@@ -22,8 +22,11 @@ BATCH = 4 * 32
 
 
 def small_config(total_updates=24, **overrides):
+    """CartPole PPO at 4 envs x 32 steps, at a constant learning rate: runs of any length compile one program
+    (the test session's compilation cache serves the others)."""
     config = cartpole_ppo.get_config()
     config.num_steps = 32
+    config.optim.schedule = "constant"
     config.total_steps = total_updates * BATCH
     config.log.every_steps = 2 * BATCH  # a chunk is 2 updates
     config.log.progress_bar = False
@@ -38,7 +41,8 @@ def small_config(total_updates=24, **overrides):
 
 def _cli_args(config, workdir):
     return [sys.executable, "-m", "jaxrl.train", "--config=experiments/cartpole_ppo.py",
-            f"--workdir={workdir}", "--config.num_steps=32", f"--config.total_steps={config.total_steps}",
+            f"--workdir={workdir}", "--config.num_steps=32", "--config.optim.schedule=constant",
+            f"--config.total_steps={config.total_steps}",
             f"--config.log.every_steps={config.log.every_steps}", "--config.log.progress_bar=False",
             f"--config.checkpoint.every_steps={config.checkpoint.every_steps}", "--config.eval.episodes=4",
             "--config.eval.max_steps=50"]
@@ -245,7 +249,7 @@ def test_a_dropped_algorithm_is_released_with_its_compiled_programs():
     from jaxrl import algos, mesh as mesh_lib
 
     algo, hp = algos.build(small_config(), mesh_lib.make_mesh())
-    state, _ = algo.run_chunk(algo.init_seeds(0, 2), hp, 1)
+    state, _ = algo.run_chunk(algo.init_seeds(0, 1), hp, 1)
     jax.block_until_ready(algo.evaluate(state.params, jax.random.PRNGKey(0), 4))
     released = weakref.ref(algo)
     del algo, state
