@@ -13,7 +13,7 @@ import envs
 from jaxrl import config as config_lib, distributions, knobs
 from jaxrl.algos.env_policy import AGENT_ID_INPUTS, CRITIC_INPUTS, EnvPolicy
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import make_optimizer, minibatch_block_size, scheduled_learning_rate
+from jaxrl.engine import minibatch_block_size, scheduled_optimizer
 from jaxrl.knobs import Knob, declared
 from jaxrl.losses import ENT_COEF, VF_COEF
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS
@@ -64,47 +64,9 @@ ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RA
 
 
 @dataclasses.dataclass(frozen=True)
-class EnvSettings:
-    """The off-policy learners' static sizes and choices (PPO and env GRPO have flat settings of their own)."""
-
-    num_envs: int = 4
-    num_steps: int = 128
-    num_epochs: int = 4
-    num_minibatches: int = 4
-    num_updates: int = 1  # total over the run, for the learning-rate schedule
-    schedule: str = "linear"  # engine.SCHEDULES
-    warmup_updates: int = 0
-    adam_eps: float = 1e-5
-    weight_decay: bool = False  # the optimiser decays weights (by the traced hp.weight_decay)
-    rollout_unroll: int = 1
-    critic_input: str = "obs"  # "obs": a value per agent from its own view (IPPO); "global_state" (MAPPO)
-    agent_id: str = "both"  # which networks see each agent's one-hot index (parameters are shared): AGENT_ID_INPUTS
-    grad_clip: str = "joint"  # max_grad_norm clips all parameters' gradient together, or each network's alone
-    xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
-    squash: bool = False  # continuous actions: a tanh-squashed Gaussian (`distributions.DiagGaussian`)
-    std_transform: str = "exp"  # continuous actions: how the std outputs become stds (`distributions.STD_TRANSFORMS`)
-    reset_ratio: int = 1  # training envs: one restart computed per reset_ratio envs per step (`envs.AutoReset`)
-
-    @property
-    def batch_size(self) -> int:
-        """Environment steps per update, over all devices."""
-        return self.num_envs * self.num_steps
-
-
-def env_optimizer(settings, hp, update_step: jax.Array):
-    """The optimiser of update `update_step`: Adam with `hp.max_grad_norm` clipping (`settings.grad_clip`),
-    optional weight decay, the learning rate on `settings.schedule` (settings: any with the fields of
-    `EnvSettings`' optimiser part: schedule, warmup_updates, num_updates, adam_eps, grad_clip, weight_decay)."""
-    learning_rate = scheduled_learning_rate(hp.learning_rate, update_step, settings.schedule,
-                                            settings.warmup_updates, settings.num_updates)
-    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
-                          hp.weight_decay if settings.weight_decay else None)
-
-
-@dataclasses.dataclass(frozen=True)
 class EnvOptimizer:
     """The env optimiser as PPO and env GRPO hold it, its static choices read from the config (`run_sizes`):
-    `optimizer(hp, update_step)` is update `update_step`'s optax optimiser (`env_optimizer`)."""
+    `optimizer(hp, update_step)` is update `update_step`'s optax optimiser (`engine.scheduled_optimizer`)."""
 
     num_updates: int = 1  # over the run: the schedule's length
     schedule: str = declared("optim.schedule").field()
@@ -114,20 +76,21 @@ class EnvOptimizer:
     weight_decay: bool = WEIGHT_DECAY.field(convert=lambda decay: decay > 0)  # (by the traced hp.weight_decay)
 
     def __call__(self, hp, update_step: jax.Array):
-        return env_optimizer(self, hp, update_step)
+        return scheduled_optimizer(self, hp, update_step)
 
 
-def check_minibatch_split(settings, num_agents: int, sequences: bool, mesh) -> None:
+def check_minibatch_split(num_envs: int, num_steps: int, num_minibatches: int, num_agents: int, sequences: bool,
+                          mesh) -> None:
     """Raise unless an update's units (whole (env, agent) sequences, or single agent-steps) split into
     `num_minibatches` equal minibatches on every device with whole blocks of envs (`deal_minibatches`)."""
-    num_local_envs = settings.num_envs // mesh.shape[DATA_AXIS]
-    units_per_env = num_agents * (1 if sequences else settings.num_steps)
-    block = minibatch_block_size(units_per_env, settings.num_minibatches)
+    num_local_envs = num_envs // mesh.shape[DATA_AXIS]
+    units_per_env = num_agents * (1 if sequences else num_steps)
+    block = minibatch_block_size(units_per_env, num_minibatches)
     if num_local_envs % block:
         unit = "sequences (envs x agents)" if sequences else "samples (envs x steps x agents)"
         raise ValueError(
-            f"the {settings.num_envs * units_per_env} {unit} of an update cannot be split into "
-            f"num_minibatches={settings.num_minibatches} equal minibatches on each of "
+            f"the {num_envs * units_per_env} {unit} of an update cannot be split into "
+            f"num_minibatches={num_minibatches} equal minibatches on each of "
             f"{mesh.shape[DATA_AXIS]} devices: the envs on one device ({num_local_envs}) must "
             f"be a multiple of {block}")
 

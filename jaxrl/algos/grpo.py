@@ -400,7 +400,8 @@ def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
     mesh = mesh if mesh is not None else mesh_lib.make_mesh()
     mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, mesh)
     mesh_lib.check_divisible("num_envs", settings.num_envs, mesh)
-    check_minibatch_split(settings, policy.num_agents, True, mesh)  # (whole episodes: sequence ratios, aggregates)
+    check_minibatch_split(settings.num_envs, settings.num_steps, settings.num_minibatches, policy.num_agents, True,
+                          mesh)  # (whole episodes: sequence ratios, aggregates)
     grpo = GRPO(settings, policy, mesh, rollout.get("generate", settings.generate, "env"))
     return engine.Algorithm(settings, mesh, init=grpo.init, update=grpo.update, sized_by=NETWORK_SIZED, parts=grpo,
                             **policy_functions(policy))

@@ -403,7 +403,8 @@ def build_ppo(config: ConfigDict, mesh) -> engine.Algorithm:
     policy = make_policy(config, normalize_obs=settings.normalize_obs, obs_clip=settings.obs_clip)
     on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
     ppo = PPO(settings, policy, on_mesh.env, on_mesh.mesh)
-    check_minibatch_split(settings, policy.num_agents, ppo.sequence_minibatches, on_mesh.mesh)
+    check_minibatch_split(settings.num_envs, settings.num_steps, settings.num_minibatches, policy.num_agents,
+                          ppo.sequence_minibatches, on_mesh.mesh)
     return engine.Algorithm(settings, on_mesh.mesh, init=ppo.init, update=ppo.update, state_specs=ppo.state_specs,
                             sized_by={**NETWORK_SIZED, "env_state": "num_envs", "obs": "num_envs", "carry": "num_envs"},
                             parts=ppo, **policy_functions(policy))

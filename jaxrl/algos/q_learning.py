@@ -39,14 +39,13 @@ from ml_collections import ConfigDict
 from jaxrl import config as config_lib, engine, knobs, mesh as mesh_lib
 from jaxrl.advantages import lambda_targets
 from jaxrl.algos.env_policy import EnvOnMesh, EnvPolicy, PolicyStep, trainable
-from jaxrl.algos.env_setup import (ACTIVATION, HIDDEN_SIZES, LAYER_NORM, EnvSettings, check_minibatch_split,
-                                   env_optimizer, make_env)
+from jaxrl.algos.env_setup import (ACTIVATION, HIDDEN_SIZES, LAYER_NORM, check_minibatch_split, make_env)
 from jaxrl.algos.off_policy import (GAMMA, PRIORITY_ALPHA, PRIORITY_BETA, REWARD_SCALE, TAU, OffPolicySettings,
                                     check_off_policy_config, off_policy_algorithm, off_policy_config,
                                     off_policy_settings, replay_config)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import acting as acting_lib
+from jaxrl.engine import acting as acting_lib, scheduled_optimizer
 from jaxrl.knobs import Knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 from jaxrl.networks import QMixer, QNetwork, RecurrentQNetwork
@@ -223,7 +222,7 @@ class QLearner:
         return params
 
     def init(self, key: jax.Array) -> acting_lib.ReplayState | PQNState:
-        optimizer = env_optimizer(self.settings, QHyperparams(), jnp.int32(0))
+        optimizer = scheduled_optimizer(self.settings, QHyperparams(), jnp.int32(0))
 
         def learned(key, obs, env_state):
             params = self.init_params(key, obs, env_state)
@@ -281,7 +280,7 @@ class QLearner:
         """The update's G gradient steps: ((params, target_params, opt_state), buffer with new priorities,
         metrics averaged over the steps)."""
         s = self.settings
-        optimizer = env_optimizer(s, hp, state.update_step)
+        optimizer = scheduled_optimizer(s, hp, state.update_step)
 
         def gradient(carry, xs):
             params, target_params, opt_state, buffer = carry
@@ -321,7 +320,7 @@ class QLearner:
         targets = sequence_targets(team_reward(steps["reward"], self.rules.mixer), next_values, steps["terminated"],
                                    steps["done"], hp.gamma, hp.q_lambda)  # [n, T(, A)]
         units = {"obs": steps["obs"], "action": steps["action"], "targets": targets}  # [n, T, ...]: a step per unit
-        optimizer = env_optimizer(self.settings, hp, state.update_step)
+        optimizer = scheduled_optimizer(self.settings, hp, state.update_step)
         params, opt_state, aux = engine.optimise(self.rollout_loss, optimizer, trainable(state.params),
                                                  state.opt_state, units, hp, epoch_key, self.rules.num_epochs,
                                                  self.rules.num_minibatches)
@@ -406,8 +405,7 @@ def build_q_learning(config: ConfigDict, mesh) -> engine.Algorithm:
     rules = knobs.read(QRules, knobs.fill(config.copy_and_resolve_references(), QRules), mixer=mixer, targets=targets)
     settings = off_policy_settings(config, rules, sequence_key)
     if settings.replay is None:
-        check_minibatch_split(EnvSettings(num_envs=settings.num_envs, num_steps=settings.num_steps,
-                                          num_minibatches=rules.num_minibatches), 1, False, on_mesh.mesh)
+        check_minibatch_split(settings.num_envs, settings.num_steps, rules.num_minibatches, 1, False, on_mesh.mesh)
     m = config.get("mixer")
     mixing = QMixer(m.embed_size, m.hypernet_size, m.init_scale) if mixer == "qmix" else None
     learner = QLearner(policy, on_mesh, mixing, settings)

@@ -15,11 +15,9 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxrl import config as config_lib, mesh as mesh_lib
-from jaxrl.jitting import jit_method
+from jaxrl import mesh as mesh_lib
 from jaxrl.mesh import RUN_AXIS
 
 
