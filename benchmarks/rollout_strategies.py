@@ -84,9 +84,11 @@ def start_point(config) -> tuple[float, float]:
     import jax
 
     from jaxrl import algos, mesh as mesh_lib
+    from jaxrl.run.saved import start_params
 
     algo, _ = algos.build(config, mesh_lib.make_mesh())
-    out = algo.evaluate(algo.init_seeds(config.seed, 1).params, jax.random.PRNGKey(0), config.eval.episodes)
+    out = algo.evaluate(algo.init_seeds(config.seed, 1, start_params=start_params(algo.starts_from)).params,
+                        jax.random.PRNGKey(0), config.eval.episodes)
     return float(out["eval_accuracy"][0]), float(out[f"eval_pass@{config.eval.pass_k}"][0])
 
 
@@ -158,6 +160,7 @@ def update_speed(args, sft_dir: str, rows: list[str], updates: int) -> str:
     import jax
 
     from jaxrl import algos, mesh as mesh_lib
+    from jaxrl.run.saved import start_params
 
     header = ["row", "s per update", "generated tokens per update (per seed)", "generated tokens/s",
               "decoding steps per update", "speed-up over grpo"]
@@ -165,7 +168,7 @@ def update_speed(args, sft_dir: str, rows: list[str], updates: int) -> str:
     for name in rows:
         config = row_config(args, sft_dir, ROWS[name])
         algo, hp = algos.build(config, mesh_lib.make_mesh())
-        state = algo.init_seeds(config.seed, args.seeds)
+        state = algo.init_seeds(config.seed, args.seeds, start_params=start_params(algo.starts_from))
         state, _ = jax.block_until_ready(algo.run_chunk(state, hp, 1))
         times, tokens, steps = [], [], []
         for _ in range(3):

@@ -92,7 +92,7 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
     import jax
 
     from jaxrl import algos, checkpoint, mesh as mesh_lib
-    from jaxrl.algos.text import restore_text_params
+    from jaxrl.run.saved import start_params
 
     config = rl_config(args, sft_dir, "grpo", args.rl_steps)
     config.num_seeds = 1
@@ -103,7 +103,7 @@ def sft_checkpoints_on_rl_task(args, sft_dir: str) -> list[tuple[int, float]]:
     batch = json.load(open(os.path.join(sft_dir, "config.json")))["num_prompts"]
     out = []
     for step in steps:
-        params = restore_text_params(sft_dir, algo.settings.text, algo.mesh, step)
+        params = start_params(sft_dir, step)
         accuracy = algo.evaluate(params, jax.random.PRNGKey(0), config.eval.episodes)["eval_accuracy"]
         out.append((step * batch, float(np.mean(accuracy))))
     return out

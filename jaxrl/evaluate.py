@@ -20,9 +20,9 @@ import os
 import sys
 
 from jaxrl import config as config_lib, host
-from jaxrl.run import cli, policies
+from jaxrl.run import cli, policies, saved
 
-cli.input_stage(policies.restore_run)  # reading the run directory is input; evaluating it is not
+cli.input_stage(saved.restore_run)  # reading the run directory is input; evaluating it is not
 
 
 def main(argv) -> int:
@@ -50,7 +50,7 @@ def check_flags(FLAGS) -> None:
     if not os.path.isdir(FLAGS.workdir):
         what = "a file" if os.path.exists(FLAGS.workdir) else "no such directory"
         raise cli.InputError(f"--workdir={FLAGS.workdir} is not a run directory ({what})")
-    policies.program_of(FLAGS.workdir)  # a run (or sweep setting) directory with checkpoints
+    saved.program_of(FLAGS.workdir)  # a run (or sweep setting) directory with checkpoints
     if FLAGS.episodes is not None and FLAGS.episodes <= 0:
         raise cli.InputError(f"--episodes must be a positive number of episodes per seed, got {FLAGS.episodes}")
     if FLAGS.checkpoint is not None and FLAGS.checkpoint < 0:

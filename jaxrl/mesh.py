@@ -38,6 +38,17 @@ def make_mesh(num_devices: int = 0, run_devices: int = 1) -> Mesh:
     return Mesh(devices, (RUN_AXIS, DATA_AXIS))
 
 
+def mesh_for_runs(options, num_runs: int) -> Mesh:
+    """The (runs, data) mesh a config's `mesh` options (num_devices, run_devices) give `num_runs` runs;
+    run_devices 0 gives the runs axis as many devices as divide both the mesh and the runs (runs need no
+    communication)."""
+    num_devices = options.num_devices or jax.device_count()
+    run_devices = options.run_devices or auto_run_devices(num_devices, num_runs)
+    mesh = make_mesh(options.num_devices, run_devices)
+    check_runs(num_runs, mesh)
+    return mesh
+
+
 def auto_run_devices(num_devices: int, num_runs: int) -> int:
     """The most devices the `runs` axis can take: the largest divisor of `num_devices` that divides
     `num_runs`. Splitting runs needs no communication, so it is preferred to splitting each run's batch."""

@@ -29,8 +29,7 @@ import jax
 
 from jaxrl import config as config_lib, distributed, host, metrics as metrics_lib
 from jaxrl.run import cli
-from jaxrl.run.plan import Setting, make_mesh  # noqa: F401  (the API)
-from jaxrl.run.program import RunResult, fetch, run, run_settings  # noqa: F401  (the API)
+from jaxrl.run.program import run  # noqa: F401  (the API: jaxrl.train.run(config, workdir))
 from jaxrl.run import workdir as workdir_lib
 from jaxrl.run.workdir import latest_workdir
 

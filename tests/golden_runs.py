@@ -246,8 +246,8 @@ def run_family(name: str, variant: str | None = None, overrides: dict | None = N
     parameters' bytes, "values": {key: float}, "scales": {key: float}} (`_changes`; metrics with scale
     |value|). `variant`: None, or one of VARIANTS: "up"/"down" nudge the initial parameters one ulp, "kernels"
     compiles with the other choice of XLA:CPU kernels (`other_kernels`). `overrides`: config keys set on top."""
-    from jaxrl import algos, metrics as metrics_lib
-    from jaxrl.run import plan, program
+    from jaxrl import algos, mesh as mesh_lib, metrics as metrics_lib
+    from jaxrl.run import program
 
     spec, small = RUNS[name]
     config = experiment_config(spec, {**small, **(overrides or {})})
@@ -259,7 +259,7 @@ def run_family(name: str, variant: str | None = None, overrides: dict | None = N
     algos.validate(config)
     config = algos.resolve(config)
     algos.validate(config)
-    algo, hp = algos.build(config, plan.make_mesh(config, num_runs=config.num_seeds))
+    algo, hp = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, num_runs=config.num_seeds))
     state = algo.init_seeds(config.seed, config.num_seeds)
     if variant in ("up", "down"):
         state = state.replace(params=nudged(state.params, variant))

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from helpers import load_experiment, set_keys
-from jaxrl import algos, train
-from jaxrl.run import fit, plan, program
+from jaxrl import algos, mesh as mesh_lib, train
+from jaxrl.run import fit, program
 
 
 def _dqn(**overrides):
@@ -21,8 +21,8 @@ def _dqn(**overrides):
 
 
 def _fit(config, donate: bool):
-    algo, hp = algos.build(config, plan.make_mesh(config, config.num_seeds))
-    return fit.check(algo, fit.abstract_state(algo, config, 1), config, hp, donate)
+    algo, hp = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, config.num_seeds))
+    return fit.check(algo, algo.abstract_seeds(config.seed, config.num_seeds), config, hp, donate)
 
 
 @pytest.fixture(scope="module")

@@ -73,8 +73,8 @@ def test_train_command_line_in_two_processes(tmp_path):
     saved = [name for name in os.listdir(os.path.join(multi_dir, "checkpoints")) if name.isdigit()]
     assert saved == ["4"]  # the last update, saved once by all processes
     # the two processes trained the same parameters as one process holding both devices
-    from jaxrl.run import policies
-    multi, single = policies.restore_run(multi_dir).state, policies.restore_run(single_dir).state
+    from jaxrl.run.saved import restore_run
+    multi, single = restore_run(multi_dir).state, restore_run(single_dir).state
     for a, b in zip(jax.tree.leaves(multi.params), jax.tree.leaves(single.params)):
         a, b = np.asarray(a), np.asarray(b)
         assert np.abs(a - b).max() <= 1e-5 * max(1.0, np.abs(b).max())

@@ -13,7 +13,7 @@ import pytest
 from jax._src import dispatch
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, metrics as metrics_lib, sweep, train
-from jaxrl.run import fit as fit_lib, population as population_lib
+from jaxrl.run import population as population_lib
 from helpers import small_cartpole
 
 CHUNK_STEPS = 8 * 16  # small_cartpole: 8 envs x 16 steps per update
@@ -169,9 +169,9 @@ def test_fork_children_equal_separately_resumed_runs(tmp_path):
 
     algo, hp = algos.build(config, mesh_lib.make_mesh())
     children = checkpoint.restore_from(os.path.join(workdir, "checkpoints", "0"),
-                                       fit_lib.abstract_state(algo, config, 2))[1]
+                                       algo.abstract_seeds(config.seed, config.num_seeds, 2))[1]
     _, start = checkpoint.restore_from(os.path.join(parent.workdir, "checkpoints"),
-                                       fit_lib.abstract_state(algo, config, 1), step=2)
+                                       algo.abstract_seeds(config.seed, config.num_seeds, 1), step=2)
     for i, lr in enumerate((1e-3, 1e-2)):
         alone, _ = algo.run_chunk(start, hp.replace(learning_rate=jnp.float32(lr)), 2)
         for got, want in zip(leaves(children.params), leaves(alone.params)):

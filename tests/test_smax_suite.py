@@ -27,14 +27,13 @@ def test_every_learner_has_a_valid_config_on_every_scenario(learner):
 
 def test_three_seeds_of_qmix_fit_a_24_gb_machine_on_every_scenario():
     """The replay buffer grows with agents x units; the big scenarios' configs cap it (experiments/smax_qmix.py)."""
-    from jaxrl import algos
-    from jaxrl.run import plan
+    from jaxrl import algos, mesh as mesh_lib
 
     sizes = {}
     for scenario in smax_suite.SCENARIOS:
         config = smax_suite.cell_config("qmix", scenario, seeds=3, total_steps=None, eval_every=262_144)
-        algo, _ = algos.build(config, plan.make_mesh(config, 3))
-        sizes[scenario] = fit.per_device_bytes(fit.abstract_state(algo, config, 1))
+        algo, _ = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, 3))
+        sizes[scenario] = fit.per_device_bytes(algo.abstract_seeds(config.seed, config.num_seeds))
     assert max(sizes.values()) <= 14e9, {s: fit.format_bytes(b) for s, b in sizes.items()}
     assert sizes["3s5z"] > 7e9  # the default capacity where it fits: 327,680 steps per seed
 

@@ -70,7 +70,7 @@ for devices, run_devices in ((1, 1), (8, 4), (8, 8), (8, 2)):
     out[f"{devices}x{run_devices}"] = {"shard": list(shard[:2]), "episodes": np.asarray(metrics["episodes"]).tolist(),
                                        "params": [np.asarray(x).tolist() for x in jax.tree.leaves(state.params)]}
 config = small_cartpole(num_seeds=3)
-out["auto"] = dict(train.make_mesh(config, num_runs=6).shape)  # 6 runs: 2 along runs, 4 along data
+out["auto"] = dict(mesh_lib.mesh_for_runs(config.mesh, num_runs=6).shape)  # 6 runs: 2 along runs, 4 along data
 algo, _ = algos.build(config, mesh_lib.make_mesh(8, 2))
 try:
     algo.init_seeds(0, 3)

@@ -9,7 +9,7 @@ import pytest
 
 from envs import text
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
-from jaxrl.algos.text import restore_text_params
+from jaxrl.run.saved import start_params
 from jaxrl.rollout.tokens import select_varied
 from helpers import set_keys, tiny_grpo_config, tiny_sft_config
 
@@ -30,8 +30,8 @@ def default_grpo(sft_run):
 
 def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, default_grpo, tmp_path):
     config, algo = default_grpo
-    sft_params = restore_text_params(sft_run, algo.settings.text, algo.mesh)
-    state = algo.init_seeds(0, 1)
+    sft_params = start_params(sft_run)
+    state = algo.init_seeds(0, 1, start_params=sft_params)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(sft_params)):
         np.testing.assert_array_equal(a, b)
     # The warm start answers the held-out problems exactly as the SFT run's last evaluation did.
@@ -71,7 +71,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
         "optim.schedule": "constant", "sampling.temperature": 0.3, "reward_weights": (1.0, 0.0)})
     algos.validate(config)
     algo, hp = algos.build(config, mesh_lib.make_mesh())
-    state = algo.init_seeds(0, 1)
+    state = algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run))
     key = jax.random.PRNGKey(0)
     before = float(algo.evaluate(state.params, key, 256)["eval_accuracy"][0])
     state, _ = algo.run_chunk(state, hp, 60)
@@ -95,7 +95,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
     algo, hp = algos.build(config, mesh_lib.make_mesh())
-    state = algo.init_seeds(0, 1)
+    state = algo.init_seeds(0, 1, start_params=start_params(sft_run))
     before = jax.tree.leaves(state.params)[0].copy()
     state, metrics = algo.run_chunk(state, hp, 2)
     metrics = jax.device_get(metrics)
@@ -112,14 +112,14 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
 
 def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(sft_run):
     algo, hp = algos.build(tiny_grpo_config(sft_run, **{"loss.critic_weight": 1.0}), mesh_lib.make_mesh())
-    sft_params = restore_text_params(sft_run, algo.settings.text, algo.mesh)
-    state = algo.init_seeds(0, 1)
+    sft_params = start_params(sft_run)
+    state = algo.init_seeds(0, 1, start_params=sft_params)
     value_head = state.params["params"].pop("value")
     sft_leaves = jax.tree_util.tree_leaves_with_path(sft_params)
     assert jax.tree.structure(state.params) == jax.tree.structure(sft_params)  # all else is the SFT model's
     for (path, a), b in zip(sft_leaves, jax.tree.leaves(state.params)):
         np.testing.assert_array_equal(a, b, err_msg=str(path))
-    state = algo.init_seeds(0, 1)
+    state = algo.init_seeds(0, 1, start_params=sft_params)
     losses = []
     for _ in range(3):
         state, metrics = algo.run_chunk(state, hp, 4)
@@ -131,11 +131,10 @@ def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(s
 def test_warm_start_from_a_named_sft_checkpoint(sft_run, default_grpo):
     _, algo = default_grpo
     steps = checkpoint.Checkpointer(os.path.join(sft_run, "checkpoints")).steps()
-    earlier = restore_text_params(sft_run, algo.settings.text, algo.mesh, steps[0])
-    latest = restore_text_params(sft_run, algo.settings.text, algo.mesh)
+    earlier, latest = start_params(sft_run, steps[0]), start_params(sft_run)
     assert not np.allclose(jax.tree.leaves(earlier)[0], jax.tree.leaves(latest)[0])
     with pytest.raises(checkpoint.CheckpointError, match=r"no checkpoint 7 .*saved steps"):
-        restore_text_params(sft_run, algo.settings.text, algo.mesh, 7)
+        start_params(sft_run, 7)
 
 
 def test_task_options_are_config_keys(sft_run):
@@ -160,13 +159,17 @@ def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candida
     assert varies[np.asarray(filled)].all(), "a filled slot never holds a zero-variance group"
 
 
-def test_init_from_a_differently_shaped_run_is_an_error_and_moves_nothing(sft_run):
-    config = tiny_grpo_config(sft_run)
-    config.model.d_model = 96  # the SFT run used 64
+def test_init_from_a_differently_shaped_run_is_an_error_and_moves_nothing(sft_run, tmp_path):
     before = sorted(os.listdir(os.path.join(sft_run, "checkpoints")))
-    with pytest.raises(checkpoint.CheckpointError, match="does not match"):
-        algos.build(config, mesh_lib.make_mesh())
+    for key, value, message in [("model.d_model", 96, r"the saved run's params/.* is \[.*64.*\], this config's model has \[.*96"),
+                                ("model.num_layers", 3, "the saved run has no parameters params/block_1")]:
+        config = tiny_grpo_config(sft_run, **{key: value})
+        with pytest.raises(ValueError, match="config.init_from: " + message):
+            train.run(config, str(tmp_path / key))
+        assert not os.path.exists(tmp_path / key / "checkpoints"), "refused before anything was written"
     assert sorted(os.listdir(os.path.join(sft_run, "checkpoints"))) == before
+    with pytest.raises(ValueError, match="start from the parameters of"):  # never a silent fresh start
+        algos.build(tiny_grpo_config(sft_run), mesh_lib.make_mesh())[0].init_seeds(0, 1)
 
 
 def test_text_grpo_config_errors_name_the_key(sft_run, tmp_path):

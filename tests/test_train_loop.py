@@ -184,8 +184,8 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     assert logged == list(range(2, logged[-1] + 1, 2)) and logged[-1] < total  # chunks of 2 updates, cut short
     assert _checkpoint_steps(workdir) == [logged[-1]], "one checkpoint, at the last logged update"
     # The checkpoint restores at that update; the run may be extended but not shortened on resume.
-    from jaxrl.run import policies
-    assert policies.restore_run(workdir).update == logged[-1]
+    from jaxrl.run.saved import restore_run
+    assert restore_run(workdir).update == logged[-1]
     with pytest.raises(ValueError, match=f"total_steps={(logged[-1] + 2) * BATCH} is below"):
         train.run(small_config(logged[-1] + 2, **{"checkpoint.every_steps": total * BATCH}), workdir)
 

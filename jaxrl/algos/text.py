@@ -49,8 +49,9 @@ MODEL_KNOBS = (
     Knob("model.d_ff", 0, "the MLP's hidden size; 0: 4 * d_model", minimum=0),
     Knob("model.max_len", 48, "positions: prompt and answer tokens (RL on longer problems needs room)", minimum=1),
 )
-INIT_FROM = Knob("init_from", "", "a text_sft run directory to start from (its newest checkpoint and tokenizer.json); "
-                 "'': from scratch")
+INIT_FROM = Knob("init_from", "", "a text run directory (text_sft or text_grpo: its newest checkpoint, every seed) "
+                 "or an exported text policy whose parameters and tokenizer.json the runs start from; '': from "
+                 "scratch")
 
 
 @struct.dataclass
@@ -215,19 +216,14 @@ class TextActor:
         return text.decode(self.tokenizer, self(jnp.asarray(prompts), key))
 
 
-def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, start_params=None) -> engine.Algorithm:
-    """A text algorithm's record: `init(key, params=None)` and `update` with `policy`'s evaluation, actor and
-    files. With `start_params` [S', ...] (a warm start) run r starts from seed (r mod num_seeds) mod S' of them."""
+def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, init_from_params=None,
+                   starts_from: str = "") -> engine.Algorithm:
+    """A text algorithm's record: `init(key)` and `update` with `policy`'s evaluation, actor and files; with
+    `init_from_params(key, params)`, runs may start from a saved run's parameters (those of `starts_from`)."""
     mesh_lib.check_divisible("num_prompts", policy.settings.num_prompts, mesh)
-    warm = jax.jit(jax.vmap(init))
-
-    def warm_runs(keys: jax.Array, num_seeds: int):
-        available = jax.tree.leaves(start_params)[0].shape[0]
-        runs = jnp.arange(keys.shape[0]) % num_seeds % available
-        return warm(keys, jax.tree.map(lambda x: x[runs], start_params))
     return engine.Algorithm(settings, mesh, init=init, update=update, evaluate=policy.evaluate, actor=policy.actor,
                             write_files=policy.write_files, write_artifacts=policy.write_artifacts,
-                            init_runs=None if start_params is None else warm_runs, parts=parts,
+                            init_from_params=init_from_params, starts_from=starts_from, parts=parts,
                             sized_by={"params": "config.model's sizes", "opt_state": "config.model's sizes"})
 
 
@@ -269,27 +265,22 @@ def text_sft(settings: TextSettings, mesh) -> engine.Algorithm:
     return text_algorithm(settings, mesh, policy, policy.init, functools.partial(sft_update, policy), policy)
 
 
-def restore_text_params(workdir: str, settings: TextSettings, mesh, step: int | None = None):
-    """Parameters [S', ...] of the text run in `workdir` (an SFT run to start from), from its newest
-    checkpoint or the one saved at update `step`; `settings` must describe the same model. A differently
-    shaped model is a CheckpointError."""
-    from jaxrl import checkpoint
-
-    saved = config_lib.load(os.path.join(workdir, "config.json"))
-    model_kwargs = tuple((k, False if k == "value_head" else v) for k, v in settings.model_kwargs)  # SFT has none
-    sft = text_sft(dataclasses.replace(settings, tokenizer_path=os.path.join(workdir, "tokenizer.json"),
-                                       model_kwargs=model_kwargs), mesh)
-    abstract = jax.eval_shape(lambda: sft.init_seeds(saved.seed, saved.num_seeds))
-    _, state = checkpoint.restore_from(os.path.join(workdir, "checkpoints"),
-                                       checkpoint.abstract_state(abstract, mesh_lib.replicated(sft.mesh)), step)
-    return state.params
-
-
-def _overlay(fresh, loaded):
-    """`fresh` parameters (nested dicts) with every leaf that `loaded` also has replaced by its value."""
+def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
+    """`fresh` parameters (nested dicts) with every leaf taken from `loaded` (a warm start's, whose leaves
+    `fresh` lacks are dropped), which must hold each at the same shape, except under the paths `fresh_ok` ("a/b")
+    that may be missing and stay fresh (a new value head). Shapes are static: a mismatch raises while tracing,
+    before anything is compiled."""
     if not isinstance(fresh, dict):
+        if fresh.shape != loaded.shape:
+            raise ValueError(f"config.{INIT_FROM.key}: the saved run's {path} is {list(loaded.shape)}, this "
+                             f"config's model has {list(fresh.shape)}: config.model must match the saved run's")
         return loaded
-    return {k: _overlay(v, loaded[k]) if k in loaded else v for k, v in fresh.items()}
+    missing = [f"{path}/{k}".lstrip("/") for k in fresh if k not in loaded]
+    if any(m not in fresh_ok for m in missing):
+        raise ValueError(f"config.{INIT_FROM.key}: the saved run has no parameters "
+                         f"{[m for m in missing if m not in fresh_ok][0]}; config.model must match the saved run's")
+    return {k: _overlay(v, loaded[k], fresh_ok, f"{path}/{k}".lstrip("/")) if k in loaded else v
+            for k, v in fresh.items()}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -408,8 +399,11 @@ class TextGRPO:
 
     def init(self, key: jax.Array, params=None) -> TextGRPOState:
         """A fresh state for one seed, from `params` when given (a warm start; a fresh value head if it has one)."""
-        if params is not None and self.use_critic:  # a warm start without a value head: a fresh one
-            params = _overlay(self.policy.init_params(jax.random.fold_in(key, 1)), params)
+        if params is not None:  # a warm start: a fresh value head where the saved run has none
+            fresh_key = jax.random.fold_in(key, 1)
+            fresh = (self.policy.init_params(fresh_key) if self.use_critic
+                     else jax.eval_shape(self.policy.init_params, fresh_key))  # (only its shapes are read)
+            params = _overlay(fresh, params, fresh_ok=("params/value",))
         state = self.policy.init(key, params)
         ref = state.params if self.settings.use_kl else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
@@ -562,17 +556,18 @@ def build_text_sft(config: ConfigDict, mesh, run_dir: str | None = None) -> engi
 
 
 def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
-    """The GRPO algorithm (`parts`: its `TextGRPO`), warm-started from `config.init_from`; with `run_dir`, that
-    saved run's (its tokenizer.json, and no warm start: its checkpoints hold the parameters)."""
+    """The GRPO algorithm (`parts`: its `TextGRPO`), starting from the parameters of `config.init_from` (which
+    the run layer reads); with `run_dir`, that saved run's (its tokenizer.json, and no warm start: its
+    checkpoints hold the parameters)."""
     start = run_dir or config.init_from
     base = text_settings(config, config.group.size, value_head=config.loss.critic_weight > 0,
                          tokenizer_path=os.path.join(start, "tokenizer.json") if start else None)
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config))
-    start_params = restore_text_params(config.init_from, base, mesh) if config.init_from and not run_dir else None
     policy = TextPolicy(base)
     grpo = TextGRPO(settings, mesh, policy)
-    return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, start_params)
+    return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
+                          starts_from="" if run_dir else config.init_from)
 
 
 def check_text_config(config: ConfigDict) -> None:

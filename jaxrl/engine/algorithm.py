@@ -24,7 +24,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from jaxrl import config as config_lib, mesh as mesh_lib
+from jaxrl import checkpoint, config as config_lib, mesh as mesh_lib
 from jaxrl.engine.chunks import bitwise_equal, compile_chunk, fastest_if_equal, seed_keys
 from jaxrl.jitting import jit_method
 from jaxrl.mesh import RUN_AXIS
@@ -56,9 +56,12 @@ class Algorithm:
     write_artifacts: Callable[..., list[str]] = lambda workdir, params, seed: []
     # memory advice (`jaxrl.run.fit`): state field -> the config key that sizes it
     sized_by: dict = dataclasses.field(default_factory=dict)
-    # (keys [R, 2], num_seeds) -> the runs' states, for runs that start from more than their keys (text GRPO's
-    # warm start from a saved run's parameters); None: `init` of each key
-    init_runs: Callable | None = None
+    # (key [2], one run's params) -> one run's state starting from those parameters (a warm start: text GRPO
+    # from an SFT run); None: the algorithm cannot start from parameters
+    init_from_params: Callable | None = None
+    # a saved run (or exported policy) whose parameters the runs start from: the run layer reads them
+    # (`jaxrl.run.saved.warm_start`) and passes them to `init_seeds`; "" for none
+    starts_from: str = ""
     vma_checks: bool = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
     parts: Any = None  # the family's own objects (env policy, model, task, ...): for tests and notebooks
     # What the engine keeps: seconds spent compiling so far (the loop reports a chunk's compile time apart);
@@ -80,12 +83,40 @@ class Algorithm:
         return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self.state_specs(state), state,
                             is_leaf=lambda x: isinstance(x, P))
 
-    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1):
-        """The state of R = num_settings * num_seeds runs (leading run axis; see `seed_keys`), on the mesh."""
+    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1, start_params=None):
+        """The state of R = num_settings * num_seeds runs (leading run axis; see `seed_keys`), on the mesh.
+        With `start_params` (leaves [S', ...], the seeds of a saved run: a warm start) run r starts from those
+        of seed (r mod num_seeds) mod S'."""
+        keys = self._keys(seed, num_seeds, num_settings)
+        if start_params is None and self.starts_from:
+            raise ValueError(f"these runs start from the parameters of {self.starts_from}: pass them as "
+                             "start_params (`jaxrl.run.saved.start_params`), or train with `jaxrl.train.run`")
+        if start_params is None:
+            return self._placed(self._init_runs(keys))
+        if self.init_from_params is None:
+            raise ValueError("this algorithm cannot start from another run's parameters")
+        available = jax.tree.leaves(start_params)[0].shape[0]
+        chosen = jnp.arange(len(keys)) % num_seeds % available
+        return self._placed(self._warm_runs(keys, jax.tree.map(lambda x: x[chosen], start_params)))
+
+    def abstract_seeds(self, seed: int, num_seeds: int, num_settings: int = 1):
+        """`init_seeds`' state (a warm start's too: the same shapes) as ShapeDtypeStructs with their shardings,
+        nothing allocated or read: what the fit check compiles for and what a checkpoint is restored into."""
+        abstract = jax.eval_shape(lambda: self._init_runs(self._keys(seed, num_seeds, num_settings)))
+        return checkpoint.abstract_state(abstract, self.state_shardings(abstract))
+
+    def _keys(self, seed: int, num_seeds: int, num_settings: int) -> jax.Array:
         keys = seed_keys(seed, num_seeds, num_settings)
         mesh_lib.check_runs(len(keys), self.mesh)
-        state = self.init_runs(keys, num_seeds) if self.init_runs else self._init_runs(keys)
+        return keys
+
+    def _placed(self, state):
         return jax.device_put(state, self.state_shardings(state))
+
+    @jit_method
+    def _warm_runs(self, keys: jax.Array, params):
+        """One state per key [R, 2] from params [R, ...] (`init_from_params`)."""
+        return jax.vmap(self.init_from_params)(keys, params)
 
     @jit_method
     def _init_runs(self, keys: jax.Array):

@@ -39,8 +39,8 @@ from typing import Callable, NoReturn
 
 from ml_collections import ConfigDict
 
-from jaxrl import algos, checkpoint, config as config_lib
-from jaxrl.run import fit, loggers, plan, sweep_programs, workdir as workdir_lib
+from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib
+from jaxrl.run import fit, loggers, sweep_programs, workdir as workdir_lib
 
 EXIT_INPUT_ERROR = 2  # as argparse exits on a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -51,7 +51,7 @@ INPUT_TYPES = (ValueError, TypeError, KeyError, ImportError, OSError)
 
 # Functions that only read and check the input, before any training program runs: an INPUT_TYPES exception
 # raised inside one of them (however deep) is an input error. `input_stage` adds one.
-INPUT_STAGES: list[Callable] = [algos.validate, algos.build, plan.make_mesh, workdir_lib.check_kind,
+INPUT_STAGES: list[Callable] = [algos.validate, algos.build, mesh_lib.mesh_for_runs, workdir_lib.check_kind,
                                 workdir_lib.open_directory,
                                 workdir_lib.check_saved, workdir_lib.prepare, config_lib.load,
                                 loggers.check_backends, sweep_programs.tuned_hyperparams,

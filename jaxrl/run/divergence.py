@@ -60,7 +60,7 @@ def _finite_per_leaf(state) -> jax.Array:
 def first_nonfinite(state, metrics: dict, fetch=jax.device_get) -> list[str | None]:
     """Per run [R]: the first non-finite quantity (metrics first, in their order, then state leaves), or
     None when the run is finite. `metrics`: host arrays with leaves [R] (scalars are shared by all runs);
-    `fetch`: device arrays -> host arrays (the loop's, for multi-process runs)."""
+    `fetch`: device arrays -> host arrays (`program.fetch` for multi-process runs)."""
     num_runs = jax.tree.leaves(state)[0].shape[0]
     names: list[str | None] = [None] * num_runs
     for key, value in metrics.items():

@@ -16,7 +16,6 @@ import math
 
 import jax
 
-from jaxrl import checkpoint
 
 # Of the free memory: above FAIL_ABOVE a program does not start, above WARN_ABOVE it starts with a warning.
 # Evaluation, checkpoint writes and the host need memory beside the chunk program: QMIX on SMAX 10m_vs_11m
@@ -147,15 +146,8 @@ def measure(compiled, abstract_state, mesh, held_twice: bool, restoring: bool = 
                       dict(sized_by or {}))
 
 
-def abstract_state(algo, config, num_settings: int):
-    """The state `config` trains, as ShapeDtypeStructs with their shardings (nothing allocated): what the
-    fit check compiles for and what a checkpoint is restored into."""
-    abstract = jax.eval_shape(lambda: algo.init_seeds(config.seed, config.num_seeds, num_settings))
-    return checkpoint.abstract_state(abstract, algo.state_shardings(abstract))
-
-
 def check(algo, abstract, config, hyperparams, donate: bool, restoring: bool = False) -> ProgramFit:
-    """Compile `algo`'s chunk program for states shaped like `abstract` (`abstract_state`) and return its
+    """Compile `algo`'s chunk program for states shaped like `abstract` (`Algorithm.abstract_seeds`) and return its
     fit; raise DoesNotFit, naming the key to change, when it cannot fit. `restoring`: the run resumes from a
     checkpoint."""
     compiled = algo.chunk_program(abstract, hyperparams, donate=donate)

@@ -1,8 +1,7 @@
 """A program's plan: its settings' configs read once, into what trains and when the host acts between chunks.
 
     settings = plan.as_trained(settings)                 # validated, derived keys filled in, one program
-    mesh = plan.make_mesh(settings[0].config, num_runs)  # the (runs, data) mesh
-    program = plan.make(settings, algo.settings, checkpoint_dir)  # frozen: chunk length, when to log, ...
+    plan = plan.make(settings, algo.settings, checkpoint_dir)     # frozen: chunk length, when to log, ...
 
 `jaxrl.run.program` trains a plan (start, step, finish): it reads no config key itself, and hands the settings'
 configs on where they are written or checked (the run directories, the loggers, the memory check).
@@ -13,10 +12,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-import jax
 from ml_collections import ConfigDict
 
-from jaxrl import algos, checkpoint, config as config_lib, distributed, mesh as mesh_lib
+from jaxrl import algos, checkpoint, config as config_lib, distributed
 from jaxrl.run import population as population_lib, workdir as workdir_lib
 
 
@@ -135,13 +133,3 @@ def _print_derived(given: ConfigDict, trained: ConfigDict) -> None:
         print("config as it trains: " + ", ".join(
             f"{k} {config_lib.get_value(given, k)} -> {config_lib.get_value(trained, k)}" for k in derived),
             file=sys.stderr)
-
-
-def make_mesh(config: ConfigDict, num_runs: int):
-    """The (runs, data) mesh of `config.mesh` for `num_runs` runs; run_devices 0 gives the runs axis as many
-    devices as divide both the mesh and the runs (runs need no communication)."""
-    num_devices = config.mesh.num_devices or jax.device_count()
-    run_devices = config.mesh.run_devices or mesh_lib.auto_run_devices(num_devices, num_runs)
-    mesh = mesh_lib.make_mesh(config.mesh.num_devices, run_devices)
-    mesh_lib.check_runs(num_runs, mesh)
-    return mesh

@@ -29,7 +29,7 @@ from ml_collections import ConfigDict
 from jaxrl import algos, checkpoint, distributed, mesh as mesh_lib, metrics as metrics_lib
 from jaxrl.engine import describe_xla_choice
 from jaxrl.run import divergence, fit as fit_lib, loggers as loggers_lib, plan as plan_lib
-from jaxrl.run import population as population_lib, workdir as workdir_lib
+from jaxrl.run import population as population_lib, saved, workdir as workdir_lib
 from jaxrl.run.plan import Plan, Setting
 
 
@@ -83,13 +83,14 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
 
     `tuning`: (options, swept hyperparameters) of a PBT or successive-halving program
     (`jaxrl.run.population`), which decides between chunks. `start_state`: (algo, abstract state) -> (update,
-    state), where a program without checkpoints begins (a fork of a saved run) instead of `init_seeds`.
+    state), where a program without checkpoints begins (a fork of a saved run) instead of `init_seeds` (or
+    the warm start of an algorithm that starts from a saved run's parameters: `saved.warm_start`).
     `kind`: what each setting's directory is (`workdir_lib.KINDS`: a single run, or a sweep's setting).
     `overwrite`: delete what the settings' directories and `checkpoint_dir` hold, once the input is checked.
     """
     settings = plan_lib.as_trained(settings)
     config = settings[0].config
-    mesh = plan_lib.make_mesh(config, num_runs=len(settings) * config.num_seeds)
+    mesh = mesh_lib.mesh_for_runs(config.mesh, num_runs=len(settings) * config.num_seeds)
     algo, _ = algos.build(config, mesh)
     plan = plan_lib.make(settings, algo.settings, checkpoint_dir, kind=kind, progress=progress, tuning=tuning,
                          overwrite=overwrite)
@@ -134,10 +135,11 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
     main = distributed.is_main_process()
     hyperparams = _hyperparams(plan, mesh)
     _check_input(plan, forking=start_state is not None)
+    start_state = start_state or saved.warm_start(algo, plan)  # (reads the saved parameters before compiling)
     guard = divergence.Guard(plan.on_nonfinite, plan.max_rollbacks, plan.num_seeds, plan.num_settings,
                              plan.checkpoint_dir, fetch)
     # Chunks reuse their input's memory (donate) unless the guard may replay them from their start.
-    abstract = fit_lib.abstract_state(algo, plan.config, plan.num_settings)
+    abstract = algo.abstract_seeds(plan.seed, plan.num_seeds, plan.num_settings)
     fit = fit_lib.check(algo, abstract, plan.config, hyperparams, donate=not guard.replays_chunks,
                         restoring=plan.resuming)
     if main:
