@@ -279,7 +279,7 @@ def test_counterfactual_groups_vary_one_agent_and_train_only_it():
 def test_an_unknown_env_generate_strategy_is_a_config_error():
     from helpers import small_grpo_config
 
-    with pytest.raises(ValueError, match="unknown config.rollout.generate 'tree'; known: counterfactual, independent, vine"):
+    with pytest.raises(ValueError, match="config.rollout.generate: unknown generate strategy 'tree'; known: counterfactual, independent, vine"):
         algos.validate(small_grpo_config("cartpole_grpo", **{"rollout.generate": "tree"}))
 
 

@@ -40,7 +40,7 @@ from ml_collections import ConfigDict
 
 import envs
 from envs.wrappers import select
-from jaxrl import advantages as advantages_lib, config as config_lib, engine, knobs, losses, mesh as mesh_lib, rollout
+from jaxrl import advantages as advantages_lib, engine, knobs, losses, mesh as mesh_lib, rollout
 from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvPolicy, distinct_critic_in, init_run, policy_functions,
                                     sequence_units, step_randomness)
 from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL, WEIGHT_DECAY,
@@ -110,7 +110,8 @@ class GRPOSettings:
     constant_length: int | None = knob("loss.constant_length", 0, "aggregate constant: the length divided by; 0: "
                                        "num_steps", minimum=0, convert=lambda length: length or None)
     dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
-    generate: str = knobs.declared("rollout.generate").field()  # a Generate strategy of jaxrl.rollout's "env" domain
+    # The Generate strategy of jaxrl.rollout's "env" domain: (("generate", (name,)),) (`rollout.settings_of`)
+    rollout: tuple[tuple[str, tuple[str, ...]], ...] = ()
     rollout_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (strategy, ((key, value), ...))
 
     @property
@@ -146,7 +147,7 @@ class GRPO:
     settings: GRPOSettings
     policy: EnvPolicy
     mesh: jax.sharding.Mesh
-    generate: rollout.Strategy  # `settings.generate`, of the "env" domain
+    pipeline: rollout.Pipeline  # `settings.rollout`: the Generate strategy, of the "env" domain
 
     @property
     def num_agents(self) -> int:
@@ -159,7 +160,7 @@ class GRPO:
 
     def strategy_options(self, name: str) -> dict:
         """The options of the Generate strategy `name` (registered defaults, overridden by the config)."""
-        return rollout.options_of(rollout.get("generate", name, "env"), self.settings.rollout_options)
+        return self.pipeline.options_of(name)
 
     def init(self, key: jax.Array) -> GroupState:
         """A fresh state for one seed (no seed axis), from the same parameters as PPO's for the same seed."""
@@ -177,7 +178,7 @@ class GRPO:
         [T, n, A] float: the steps the loss learns from). Once an episode ends, its env stays at the state
         before its last step: later steps are still computed (static shapes) but discarded and masked out by
         `running`, and no step ever starts from a terminal state; once every episode on this device has ended,
-        no more steps are computed. The Generate strategy (`settings.generate`)
+        no more steps are computed. The Generate strategy (`settings.rollout`)
         may make members draw their group leader's action noise (shared prefixes, counterfactual agents).
         """
         s, env, A, dist = self.settings, self.policy.agent_env, self.num_agents, self.policy.dist
@@ -186,17 +187,17 @@ class GRPO:
         # Drawn for all B groups and N envs, then sliced, so that each env sees the same numbers on any mesh.
         group_keys = mesh_lib.local_share(jax.random.split(reset_key, B))  # [b, 2]
         env_keys, action_noise = step_randomness(step_key, dist, s.num_steps, B, s.num_envs, A)  # a key per group
-        plan = self.generate.members(self, jax.random.fold_in(key, 7))
-        trained, strategy_metrics = 1.0, {}
-        if plan is not None:  # members draw their leader's noise where `shared`
-            shared, trained, strategy_metrics = plan
-            action_noise = share_leader_noise(action_noise, shared, G)
+        sharing = self.pipeline.generator.members(self, jax.random.fold_in(key, 7))
+        trained, strategy_metrics = 1.0, {}  # (1.0: every step trained)
+        if sharing is not None:  # members draw their leader's noise where `shared`
+            shared, trained, strategy_metrics = sharing
+            action_noise = rollout.share_leader_noise(action_noise, shared, G)
             trained = trained.astype(jnp.float32)
 
-        def members(x):  # [b, ...] -> [n, ...]: every group member gets its group's value
+        def per_member(x):  # [b, ...] -> [n, ...]: every group member gets its group's value
             return jnp.repeat(x, G, axis=0)
 
-        obs, env_state = jax.vmap(env.reset)(members(group_keys))
+        obs, env_state = jax.vmap(env.reset)(per_member(group_keys))
         n = obs.shape[0]
 
         def step(carry, xs):
@@ -204,7 +205,7 @@ class GRPO:
             env_key, noise = xs
             policy = self.policy.step(params, env, env_state, obs, net_carry, first)
             action = dist.sample_with_noise(policy.policy_out, noise)
-            next_obs, next_state, reward, done, info = jax.vmap(env.step)(members(env_key), env_state,
+            next_obs, next_state, reward, done, info = jax.vmap(env.step)(per_member(env_key), env_state,
                                                                           dist.to_env(action))
             ended = running & envs.episode_over(done, info)
             record = GroupStep(
@@ -326,59 +327,6 @@ class GRPO:
 
 
 # -------------------------------------------------------------------------------------------------
-# Generate strategies for environments (jaxrl.rollout, domain "env")
-
-
-def share_leader_noise(noise: jax.Array, shared: jax.Array, group_size: int) -> jax.Array:
-    """noise [T, n, A, ...] with member g of each group drawing member 0's where shared [T, n, A]."""
-    T, n = noise.shape[:2]
-    grouped = noise.reshape(T, n // group_size, group_size, *noise.shape[2:])
-    leader = jnp.broadcast_to(grouped[:, :, :1], grouped.shape).reshape(noise.shape)
-    return jnp.where(shared.reshape(shared.shape + (1,) * (noise.ndim - shared.ndim)), leader, noise)
-
-
-def _per_member(algo, per_group: jax.Array) -> jax.Array:
-    """A value per group, drawn for all B groups [B, ...], as this device's members' values [n, ...]."""
-    return jnp.repeat(mesh_lib.local_share(per_group), algo.settings.group_size, axis=0)
-
-
-def independent(algo, key):
-    """G independent episodes per start state (nothing shared, every step trained)."""
-    return None
-
-
-def vine(algo, key):
-    """Vine groups: a group's members act alike (their leader's action noise) until a branch step drawn per
-    group uniformly from 0..max_branch_step, then each on its own: G continuations of one mid-episode state.
-    Only the steps from the branch on are trained (before it the members' actions are equal, and their
-    advantages would cancel). Logs `branch_step_sum`."""
-    s = algo.settings
-    branch = jax.random.randint(key, (s.num_groups,), 0, algo.strategy_options("vine")["max_branch_step"] + 1)
-    branch = _per_member(algo, branch)  # [n]
-    shared = jnp.arange(s.num_steps)[:, None] < branch[None, :]  # [T, n]
-    shared = jnp.broadcast_to(shared[..., None], (*shared.shape, algo.num_agents))
-    return shared, ~shared, {"branch_step_sum": jnp.sum(branch)}  # per member: the host divides by episodes
-
-
-def counterfactual(algo, key):
-    """Per-agent counterfactual groups: in each group one agent, drawn per group, acts on its own action noise
-    while every other agent draws the leader's, so the spread of the group's returns comes from that agent's
-    choices (and what the others do in answer to them). Only that agent's steps are trained."""
-    s = algo.settings
-    focus = _per_member(algo, jax.random.randint(key, (s.num_groups,), 0, algo.num_agents))  # [n]
-    own = jnp.arange(algo.num_agents)[None, :] == focus[:, None]  # [n, A]
-    own = jnp.broadcast_to(own[None], (s.num_steps, *own.shape))
-    return ~own, own, {}
-
-
-rollout.register("generate", "independent", domain="env", members=independent)
-rollout.register("generate", "vine", domain="env", members=vine,
-                 options={"max_branch_step": (10, "vine groups branch at a step drawn from 0..max_branch_step",
-                                              {"minimum": 0})})
-rollout.register("generate", "counterfactual", domain="env", members=counterfactual)
-
-
-# -------------------------------------------------------------------------------------------------
 # From a config
 
 
@@ -388,21 +336,20 @@ def grpo_config() -> ConfigDict:
     config.algorithm = "grpo"
     config.update(group_relative_keys())
     config.returns.gamma = 1.0  # discount of returns-to-go (group.returns="to_go")
-    knobs.fill(config, GRPOSettings)  # (rollout.generate: how a group's members act; options per strategy)
-    config.rollout.options = rollout.option_keys("env")
+    knobs.fill(config, GRPOSettings)
+    config.rollout = rollout.config_keys("env")  # (rollout.generate: how a group's members act; its options)
     return config
 
 
 def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
     settings = knobs.read(GRPOSettings, config, **run_sizes(config), advantage_options=advantage_options(config),
-                          rollout_options=rollout.configured_options(config.rollout.options))
+                          **rollout.settings_of(config, "env"))
     policy = make_policy(config, critic=config.loss.critic_weight > 0)
     mesh = mesh if mesh is not None else mesh_lib.make_mesh()
     mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, mesh)
-    mesh_lib.check_divisible("num_envs", settings.num_envs, mesh)
     check_minibatch_split(settings.num_envs, settings.num_steps, settings.num_minibatches, policy.num_agents, True,
                           mesh)  # (whole episodes: sequence ratios, aggregates)
-    grpo = GRPO(settings, policy, mesh, rollout.get("generate", settings.generate, "env"))
+    grpo = GRPO(settings, policy, mesh, rollout.Pipeline.of(settings.rollout, settings.rollout_options, "env"))
     return engine.Algorithm(settings, mesh, init=grpo.init, update=grpo.update, sized_by=NETWORK_SIZED, parts=grpo,
                             **policy_functions(policy))
 
@@ -410,7 +357,7 @@ def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
 def check_grpo_config(config: ConfigDict) -> None:
     check_env_config(config)
     check_group_estimator(config)
-    config_lib.one_of(config.rollout.generate, sorted(rollout.STRATEGIES["env"]["generate"]), "rollout.generate")
+    rollout.check_config(config, "env")
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
                          f"{config.group.size}: every group is group.size envs from one start state")

@@ -533,7 +533,7 @@ def text_grpo_config() -> ConfigDict:
     config = text_config()
     config.algorithm = "text_grpo"
     config.update(group_relative_keys())
-    config.rollout = rollout.config_keys()
+    config.rollout = rollout.config_keys("tokens")
     config.optim.update({"num_epochs": 1, "num_minibatches": 1})
     return knobs.fill(config, TextGRPOHyperparams, TextGRPOSettings, INIT_FROM)
 
@@ -563,7 +563,7 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     base = text_settings(config, config.group.size, value_head=config.loss.critic_weight > 0,
                          tokenizer_path=os.path.join(start, "tokenizer.json") if start else None)
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
-                          **rollout.settings_of(config))
+                          **rollout.settings_of(config, "tokens"))
     policy = TextPolicy(base)
     grpo = TextGRPO(settings, mesh, policy)
     return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
@@ -582,7 +582,7 @@ def check_text_config(config: ConfigDict) -> None:
 def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
     check_group_estimator(config)
-    rollout.check_config(config)
+    rollout.check_config(config, "tokens")
     if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")
 

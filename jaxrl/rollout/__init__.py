@@ -16,7 +16,8 @@ updates, `Plan.prune_below` stops members predicted to fail, and a strategy regi
 decoding once every slot of `oversample` candidates holds a finished group (`Groups.finished`).
 
 A strategy is a named `Strategy` of one stage with any of these hooks (all optional but one), and its own config
-check, `check(config, chosen {stage: names})`, run with the registry's (`check_config`) before anything compiles:
+check, `check(config, chosen {stage: names})`, run with the registry's (`check_config(config, domain)`) before
+anything compiles:
 
     init(algo, key) -> memory                                  one seed's memory, kept in the training state
     before(algo, memory, plan, key) -> (plan, metrics)
@@ -35,18 +36,21 @@ where `shared` says which (step, env, agent) draws its group leader's action noi
 group's members then act alike there: a shared prefix, or all agents but one) and `trained` which steps the
 loss learns from.
 
-`algo` is the learner (its settings, model, vocab, task, pipeline and `strategy_options(name)`). Hooks run per
+`algo` is the learner: its settings and `strategy_options(name)`, and for tokens its model, vocab, task and
+pipeline, for environments its policy. Hooks run per
 seed on this device's share of the prompts under `shard_map`; memory is the same on every device, so a hook that
 writes it first gathers the whole batch (`mesh.gather_shares`) and writes deterministically (`last_occurrence`).
 Register a new one with `register`, then name it in the config: `--config.rollout.filter=my_filter`.
 
 Modules: `stages` (the registries, what flows between the stages, the config checks), `pieces` (pure functions
-the token strategies share), `tokens` (the built-in token strategies, registered on import, and their keys).
+the token strategies share), `tokens` (the built-in token strategies, registered on import, and their keys),
+`environments` (the env Generate strategies, registered on import, and their check).
 """
 
-from jaxrl.rollout.pieces import (allocate_groups, first_per_slot, hint_lengths, hint_update,  # noqa: F401
-                                  importance_weights, last_occurrence, tie_ranks, tree_advantages)
-from jaxrl.rollout.stages import (DOMAINS, HOOKS, STAGES, STRATEGIES, Groups, Pipeline, Plan, Strategy,  # noqa: F401
-                                  check_config, configured_options, get, names, option_keys, options_of, register,
-                                  settings_of, take)
-from jaxrl.rollout.tokens import STAGE_KNOBS, config_keys, plan_candidates  # noqa: F401  (registers the strategies)
+from jaxrl.rollout.pieces import (allocate_groups, hint_lengths, hint_update, importance_weights,  # noqa: F401
+                                  last_occurrence, tie_ranks, tree_advantages)
+from jaxrl.rollout.stages import (STRATEGIES, Groups, Pipeline, Plan, Strategy, check_config,  # noqa: F401
+                                  config_keys, configured_options, get, option_keys, options_of, register,
+                                  settings_of)
+from jaxrl.rollout.tokens import plan_candidates  # noqa: F401  (registers the token strategies)
+from jaxrl.rollout.environments import share_leader_noise  # noqa: F401  (registers the env strategies)

@@ -11,12 +11,13 @@ import jax.numpy as jnp
 from flax import struct
 from ml_collections import ConfigDict
 
+from jaxrl import knobs
 from jaxrl.knobs import Knob
 from jaxrl.mesh import DATA_AXIS
 
 
 STAGES = ("generate", "filter", "control", "replay")
-DOMAINS = ("tokens", "env")  # token-level GRPO, GRPO on environments
+DOMAINS = {"tokens": STAGES, "env": ("generate",)}  # token-level GRPO, GRPO on environments: their stages
 HOOKS = {"tokens": ("init", "before", "generate", "observe", "after", "advantages"), "env": ("members",)}
 
 
@@ -52,8 +53,9 @@ def register(stage: str, name: str, *, domain: str = "tokens", options: dict | N
     dict)}, each declared as config key rollout.options.<name>.<key>."""
     if domain not in DOMAINS:
         raise ValueError(f"unknown rollout domain {domain!r}; domains: {', '.join(DOMAINS)}")
-    if stage not in STAGES:
-        raise ValueError(f"unknown rollout stage {stage!r}; stages: {', '.join(STAGES)}")
+    if stage not in DOMAINS[domain]:
+        raise ValueError(f"unknown rollout stage {stage!r} of domain {domain}; its stages: "
+                         f"{', '.join(DOMAINS[domain])}")
     if name in STRATEGIES[domain][stage]:
         raise ValueError(f"rollout strategy {stage}/{name} ({domain}) is already registered")
     hooks = set(fields) & {hook for domain_hooks in HOOKS.values() for hook in domain_hooks}
@@ -227,38 +229,62 @@ class Pipeline:
 # config.rollout
 
 
-def _chosen(config: ConfigDict) -> dict[str, tuple[str, ...]]:
-    return {stage: names(config.rollout[stage]) for stage in STAGES}
+# The stages' config keys: strategy names, comma-separated, run in that order (the registry says which exist)
+STAGE_KNOBS = {
+    "generate": Knob("rollout.generate", "independent", "the Generate strategy: how a group's members are drawn"),
+    "filter": Knob("rollout.filter", "", "Filter strategies: what is scored or predicted before training, e.g. "
+                   "rank_ties"),
+    "control": Knob("rollout.control", "dynamic_sampling", "Control strategies: which candidates are trained, e.g. "
+                    "partial"),
+    "replay": Knob("rollout.replay", "", "Replay strategies: what is kept and brought back, e.g. correct,hints "
+                   "(need pool_size > 0)"),
+}
+POOL_SIZE = Knob("rollout.pool_size", 0, "> 0: a fixed pool of training problems (memory per problem); 0: fresh "
+                 "ones", minimum=0)
 
 
-def settings_of(config: ConfigDict) -> dict:
+def config_keys(domain: str) -> ConfigDict:
+    """config.rollout of `domain`: the strategies of each of its stages (`STAGE_KNOBS`), the pool of training
+    problems where it replays, and every registered strategy's options."""
+    stages = DOMAINS[domain]
+    config = knobs.defaults(*(STAGE_KNOBS[stage] for stage in stages),
+                            *((POOL_SIZE,) if "replay" in stages else ())).rollout
+    config.options = option_keys(domain)
+    return config
+
+
+def _chosen(config: ConfigDict, domain: str) -> dict[str, tuple[str, ...]]:
+    return {stage: names(config.rollout[stage]) for stage in DOMAINS[domain]}
+
+
+def settings_of(config: ConfigDict, domain: str) -> dict:
     """The settings fields of config.rollout's strategies: `rollout` ((stage, (name, ...)), ...) for the stages
     that name some, and `rollout_options` (`configured_options`)."""
-    return dict(rollout=tuple((stage, chosen) for stage, chosen in _chosen(config).items() if chosen),
+    return dict(rollout=tuple((stage, chosen) for stage, chosen in _chosen(config, domain).items() if chosen),
                 rollout_options=configured_options(config.rollout.options))
 
 
-def check_config(config: ConfigDict) -> None:
+def check_config(config: ConfigDict, domain: str) -> None:
     """Names each unknown strategy, a stage without its one Generate strategy, what a strategy needs (other
     strategies, a pool, options it knows, `group.oversample`) and what its own `check` refuses."""
-    r, chosen = config.rollout, _chosen(config)
+    r, chosen = config.rollout, _chosen(config, domain)
     for stage, chosen_names in chosen.items():
         for name in chosen_names:
             try:
-                get(stage, name)
+                get(stage, name, domain)
             except ValueError as error:
                 raise ValueError(f"config.rollout.{stage}: {error}") from None
         if len(set(chosen_names)) != len(chosen_names):
             raise ValueError(f"config.rollout.{stage} names a strategy twice: {r[stage]!r}")
     if len(chosen["generate"]) != 1:
         raise ValueError(f"config.rollout.generate must name exactly one strategy, got {r.generate!r}")
-    strategies = Pipeline.of(tuple(chosen.items())).strategies
+    strategies = Pipeline.of(tuple(chosen.items()), domain=domain).strategies
     for strategy in strategies:
         missing = [name for name in strategy.requires if not any(name in names for names in chosen.values())]
         if missing:
             raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} needs {', '.join(missing)} in "
                              f"config.rollout too")
-        if strategy.needs_pool and not r.pool_size:
+        if strategy.needs_pool and not r.get("pool_size"):
             raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} keeps memory per training problem: "
                              f"set config.rollout.pool_size > 0")
         given = r.options.get(strategy.name, ConfigDict()).to_dict()
@@ -274,11 +300,12 @@ def check_config(config: ConfigDict) -> None:
         if strategy.check:
             strategy.check(config, chosen)
     stopping = [s.name for s in strategies if s.stops_early]
-    if stopping and config.group.oversample < 2:
+    oversample = config.group.get("oversample", 1)  # (candidates per slot: the token domain's)
+    if stopping and oversample < 2:
         raise ValueError(f"rollout strategy {stopping[0]} starts more groups than it trains: set "
                          f"config.group.oversample >= 2 (candidates per slot), got {config.group.oversample}")
     selecting = [s.name for s in strategies if s.selects]
-    if config.group.oversample > 1 and len(selecting) != 1:
-        known = ", ".join(name for name, s in STRATEGIES["tokens"]["control"].items() if s.selects)
+    if oversample > 1 and len(selecting) != 1:
+        known = ", ".join(name for name, s in STRATEGIES[domain]["control"].items() if s.selects)
         raise ValueError(f"config.group.oversample = {config.group.oversample} needs exactly one selecting Control "
                          f"strategy in config.rollout.control ({known}), got {selecting or 'none'}")

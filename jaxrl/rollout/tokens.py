@@ -5,7 +5,7 @@
     control   dynamic_sampling (the default), variance_budget, partial, prune
     replay    correct, hints, curriculum
 
-and the token domain's config keys (`STAGE_KNOBS`, `config_keys`). `algo` is token GRPO's learner
+`algo` is token GRPO's learner
 (`jaxrl.algos.text.TextGRPO`). Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K
 reward components, pool the number of training problems (`rollout.pool_size`).
 """
@@ -15,35 +15,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import optax
-from ml_collections import ConfigDict
 
-from jaxrl import knobs, mesh as mesh_lib, sampling
+from jaxrl import advantages, mesh as mesh_lib, sampling
 from jaxrl.engine import global_mean
 from jaxrl.mesh import DATA_AXIS
-from jaxrl.knobs import Knob
 from jaxrl.rollout.pieces import (allocate_groups, first_per_slot, hint_lengths, hint_update, importance_weights,
                                   last_occurrence, tie_ranks, tree_advantages)
-from jaxrl.rollout.stages import Groups, Plan, option_keys, register, take
-
-
-# The stages' config keys: strategy names, comma-separated, run in that order (the registry says which exist)
-STAGE_KNOBS = (
-    Knob("rollout.generate", "independent", "the Generate strategy: how a group's members are drawn"),
-    Knob("rollout.filter", "", "Filter strategies: what is scored or predicted before training, e.g. rank_ties"),
-    Knob("rollout.control", "dynamic_sampling", "Control strategies: which candidates are trained, e.g. partial"),
-    Knob("rollout.replay", "", "Replay strategies: what is kept and brought back, e.g. correct,hints "
-         "(need pool_size > 0)"),
-    Knob("rollout.pool_size", 0, "> 0: a fixed pool of training problems (memory per problem); 0: fresh ones",
-         minimum=0),
-)
-
-
-def config_keys() -> ConfigDict:
-    """config.rollout of token GRPO: the strategies per stage (`STAGE_KNOBS`), the training pool, and every
-    registered token strategy's options."""
-    config = knobs.defaults(*STAGE_KNOBS).rollout
-    config.options = option_keys("tokens")
-    return config
+from jaxrl.rollout.stages import Groups, Plan, register, take
 
 
 def _correct(algo, groups: Groups) -> jax.Array:
@@ -136,10 +114,11 @@ def tree_token_advantages(algo, groups: Groups, rewards: jax.Array):
     """The tree's per-token advantages from the members' weighted rewards [n, G] (scaled by the group's std
     unless the estimator's scale is "none")."""
     o, s = algo.strategy_options("tree"), algo.settings
-    scale = dict(s.advantage_options).get("scale") or ("none" if s.advantage == "dr_grpo" else "group")
+    options = dict(s.advantage_options)
+    scale = options["scale"] or advantages.ESTIMATORS[s.advantage].default_scale
     depth = o["depth"] if groups.branched_at is None else groups.branched_at
     return tree_advantages(rewards, ~groups.replayed, o["branches"], depth, groups.tokens.shape[-1],
-                           scale=scale == "group", eps=dict(s.advantage_options).get("eps", 1e-6))
+                           scale=scale == "group", eps=options["eps"])
 
 
 def check_tree(config, chosen: dict) -> None:
@@ -155,6 +134,9 @@ def check_tree(config, chosen: dict) -> None:
     if config.advantage.estimator not in ("grpo", "dr_grpo"):
         raise ValueError(f"rollout.generate=tree scores tokens with per-branch baselines (grpo or dr_grpo "
                          f"scaling); config.advantage.estimator={config.advantage.estimator!r} is not one of them")
+    if config.advantage.scale == "batch":
+        raise ValueError("rollout.generate=tree scales each group's advantages by its own std or not at all: "
+                         "config.advantage.scale=batch is not available with it")
 
 
 register("generate", "tree", generate=tree, advantages=tree_token_advantages, check=check_tree,
