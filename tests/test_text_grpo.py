@@ -9,6 +9,7 @@ import pytest
 
 from envs import text
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
+from jaxrl.run import cli
 from jaxrl.run.saved import start_params
 from jaxrl.rollout.tokens import select_varied
 from helpers import set_keys, tiny_grpo_config, tiny_sft_config
@@ -164,9 +165,12 @@ def test_init_from_a_differently_shaped_run_is_an_error_and_moves_nothing(sft_ru
     for key, value, message in [("model.d_model", 96, r"the saved run's params/.* is \[.*64.*\], this config's model has \[.*96"),
                                 ("model.num_layers", 3, "the saved run has no parameters params/block_1")]:
         config = tiny_grpo_config(sft_run, **{key: value})
-        with pytest.raises(ValueError, match="config.init_from: " + message):
+        with pytest.raises(ValueError, match="config.init_from: " + message) as raised:
             train.run(config, str(tmp_path / key))
         assert not os.path.exists(tmp_path / key / "checkpoints"), "refused before anything was written"
+        # on the command line: one line naming the key, not a traceback (nor jax's note on its frames)
+        assert cli.is_input_error(raised.value) and cli.message(raised.value).startswith("config.init_from: ")
+        assert "\n" not in cli.message(raised.value) and "JAX" not in cli.message(raised.value)
     assert sorted(os.listdir(os.path.join(sft_run, "checkpoints"))) == before
     with pytest.raises(ValueError, match="start from the parameters of"):  # never a silent fresh start
         algos.build(tiny_grpo_config(sft_run), mesh_lib.make_mesh())[0].init_seeds(0, 1)

@@ -40,7 +40,7 @@ from typing import Callable, NoReturn
 from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib
-from jaxrl.run import fit, loggers, sweep_programs, workdir as workdir_lib
+from jaxrl.run import fit, loggers, saved, sweep_programs, workdir as workdir_lib
 
 EXIT_INPUT_ERROR = 2  # as argparse exits on a usage error
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports Ctrl-C
@@ -56,7 +56,7 @@ INPUT_STAGES: list[Callable] = [algos.validate, algos.build, mesh_lib.mesh_for_r
                                 workdir_lib.check_saved, workdir_lib.prepare, config_lib.load,
                                 loggers.check_backends, sweep_programs.tuned_hyperparams,
                                 sweep_programs.check_one_program, sweep_programs.check_same_sweep,
-                                sweep_programs.Fork.check, sweep_programs.Fork.config]
+                                sweep_programs.Fork.check, sweep_programs.Fork.config, saved.warm_start]
 
 _MARK = "_jaxrl_input_error"
 
@@ -102,6 +102,9 @@ def is_input_error(error: BaseException) -> bool:
     return False
 
 
+_JAX_FILTERING_NOTE = "\n--------------------\nFor simplicity, JAX has removed"
+
+
 def message(error: BaseException) -> str:
     """The error's message on one line."""
     if isinstance(error, SystemExit):
@@ -110,6 +113,7 @@ def message(error: BaseException) -> str:
         text = str(error.args[0])
     else:
         text = str(error)
+    text = text.split(_JAX_FILTERING_NOTE)[0]  # (an error raised while tracing: jax appends a note on frames)
     text = " ".join(line.strip() for line in text.splitlines() if line.strip())
     return text or type(error).__name__
 
