@@ -149,15 +149,17 @@ def check_estimator(name: str, needs_critic: bool, family: str) -> None:
                          f"{', '.join(names(needs_critic))}")
 
 
-def register(name: str, *, default_scale: str = "group", combine: bool = True):
-    """Decorator adding a core function to ESTIMATORS under `name`; returns the function unchanged."""
+def register(name: str, *, default_scale: str = "group", combine: bool = True, needs_critic: bool = False):
+    """Decorator adding a core function to ESTIMATORS under `name`; returns the function unchanged. A group
+    estimator's core is a `Core`; with `needs_critic` (an estimator PPO takes, as gae) it is fn(rewards, values,
+    dones, last_value, gamma, gae_lambda) -> (advantages, value targets)."""
     if default_scale not in SCALES:
         raise ValueError(f"default_scale must be one of {SCALES}, got {default_scale!r}")
 
     def decorate(core: Core) -> Core:
         if name in ESTIMATORS:
-            raise ValueError(f"group advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(core, default_scale, combine)
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic)
         return core
 
     return decorate
