@@ -65,8 +65,9 @@ ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RA
 
 @dataclasses.dataclass(frozen=True)
 class EnvOptimizer:
-    """The env optimiser as PPO and env GRPO hold it, its static choices read from the config (`run_sizes`):
-    `optimizer(hp, update_step)` is update `update_step`'s optax optimiser (`engine.scheduled_optimizer`)."""
+    """The env optimiser as PPO, env GRPO and the off-policy learners hold it, its static choices read from the
+    config (`run_sizes`): `optimizer(hp, update_step)` is update `update_step`'s optax optimiser
+    (`engine.scheduled_optimizer`)."""
 
     num_updates: int = 1  # over the run: the schedule's length
     schedule: str = declared("optim.schedule").field()

@@ -12,7 +12,8 @@ from ml_collections import ConfigDict
 import envs
 from jaxrl import config as config_lib, engine, knobs
 from jaxrl.algos.env_policy import policy_functions
-from jaxrl.algos.env_setup import ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE
+from jaxrl.algos.env_setup import (ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE,
+                                   EnvOptimizer, run_sizes)
 from jaxrl.engine import acting
 from jaxrl.knobs import Knob, knob
 
@@ -52,14 +53,9 @@ class OffPolicySettings:
 
     num_envs: int = NUM_ENVS.field()
     num_steps: int = NUM_STEPS.field()
-    schedule: str = knobs.declared("optim.schedule").field()
-    warmup_updates: int = knobs.declared("optim.warmup_updates").field()
-    adam_eps: float = knobs.declared("optim.adam_eps").field()
-    # the optimisers decay weights (by the traced hp.weight_decay)
-    weight_decay: bool = knobs.declared("optim.weight_decay").field(convert=lambda decay: decay > 0)
-    grad_clip: str = knobs.declared("optim.grad_clip").field()
     reset_ratio: int = RESET_RATIO.field()  # training envs: one restart per reset_ratio envs per step
-    num_updates: int = 1  # over the run: the length of the learning-rate schedule (and of exploration's)
+    optimizer: EnvOptimizer = EnvOptimizer()
+    num_updates: int = 1  # over the run (`run_sizes`): the learning-rate schedule's length (and exploration's)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     replay: ReplaySettings | None = None  # None: no buffer, each rollout learned from as it comes (PQN)
     learner: Any = None  # the family's own static choices (`q_learning.QRules`, `replay_actor_critic.ActorCriticRules`)
@@ -97,8 +93,7 @@ def off_policy_settings(config: ConfigDict, learner, sequence_key: str | None = 
     replay = None
     if "replay" in config:
         replay = knobs.read(ReplaySettings, config, sequence_length=sequence_length(config, sequence_key))
-    return knobs.read(OffPolicySettings, config, num_updates=config.total_steps // (config.num_envs * config.num_steps),
-                      xla_options=config_lib.xla_options(config), replay=replay, learner=learner)
+    return knobs.read(OffPolicySettings, config, **run_sizes(config), replay=replay, learner=learner)
 
 
 def sequence_length(config: ConfigDict, sequence_key: str | None) -> int:

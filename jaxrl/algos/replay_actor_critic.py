@@ -302,7 +302,7 @@ class ReplayActorCritic:
     def optimizers(self, hp, update_step: jax.Array) -> dict:
         """Adam for the critics, the actor and the temperature, each at its learning rate on `optim.schedule`; with
         optim.weight_decay the critics' and the actor's decay their weights."""
-        s = self.settings
+        s = self.settings.optimizer
         decay = hp.weight_decay if s.weight_decay else None
         o = lambda peak, weight_decay=None: engine.make_optimizer(  # noqa: E731
             engine.scheduled_learning_rate(peak, update_step, s.schedule, s.warmup_updates, s.num_updates),
