@@ -155,6 +155,12 @@ def check_env_config(config: ConfigDict) -> None:
     if config.network.kind != "mlp" and config.network.kernel_init != "orthogonal":
         raise ValueError(f"config.network.kernel_init={config.network.kernel_init!r} applies to mlp networks; "
                          f"network.kind={config.network.kind!r} starts orthogonal")
+    check_env_and_length(config)
+
+
+def check_env_and_length(config: ConfigDict) -> None:
+    """The env is a registered one and the run at least one update long (every algorithm that learns on envs,
+    off-policy ones too)."""
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")

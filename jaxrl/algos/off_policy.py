@@ -9,11 +9,10 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-import envs
 from jaxrl import config as config_lib, engine, knobs
 from jaxrl.algos.env_policy import policy_functions
 from jaxrl.algos.env_setup import (ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE,
-                                   EnvOptimizer, run_sizes)
+                                   EnvOptimizer, check_env_and_length, run_sizes)
 from jaxrl.engine import acting
 from jaxrl.knobs import Knob, knob
 
@@ -102,12 +101,7 @@ def sequence_length(config: ConfigDict, sequence_key: str | None) -> int:
 
 def check_off_policy_config(config: ConfigDict, sequence_key: str | None = None) -> None:
     """The env, the run's length and, with config.replay, the buffer (holding `sequence_key`'s steps per env)."""
-    if config.env.name not in envs.registered():
-        raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
-                         f"{', '.join(envs.registered())}")
-    batch = config.num_envs * config.num_steps
-    if config.total_steps < batch:
-        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
+    check_env_and_length(config)
     if "replay" not in config:
         return
     r, length = config.replay, sequence_length(config, sequence_key)
