@@ -400,10 +400,10 @@ def build_q_learning(config: ConfigDict, mesh) -> engine.Algorithm:
     # (the global state is stored with every step when the mixer reads it)
     policy = EnvPolicy(env, q_network(config, env), config.network.get("agent_id", "both"),
                        "global_state" if mixer == "qmix" else "obs", eval_max_steps)
-    on_mesh = EnvOnMesh.of(policy, config.num_envs, config.env.reset_ratio, mesh)
     # (the keys a variant's config lacks read as their defaults)
     rules = knobs.read(QRules, knobs.fill(config.copy_and_resolve_references(), QRules), mixer=mixer, targets=targets)
     settings = off_policy_settings(config, rules, sequence_key)
+    on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
     if settings.replay is None:
         check_minibatch_split(settings.num_envs, settings.num_steps, rules.num_minibatches, 1, False, on_mesh.mesh)
     m = config.get("mixer")

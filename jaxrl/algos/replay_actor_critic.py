@@ -458,8 +458,9 @@ def build_replay_actor_critic(config: ConfigDict, mesh) -> engine.Algorithm:
     network = ActorAndCritics(num_outputs, int(space.n) if discrete else None, tuple(rules.hidden_sizes),
                               rules.activation, rules.num_critics, rules.num_quantiles, rules.layer_norm)
     policy = EnvPolicy(env, network, eval_max_steps=eval_max_steps, squash=not discrete)
-    on_mesh = EnvOnMesh.of(policy, config.num_envs, config.env.reset_ratio, mesh)
-    return off_policy_algorithm(ReplayActorCritic(policy, on_mesh, off_policy_settings(config, rules)))
+    settings = off_policy_settings(config, rules)
+    on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
+    return off_policy_algorithm(ReplayActorCritic(policy, on_mesh, settings))
 
 
 def check_replay_actor_critic_config(config: ConfigDict) -> None:
