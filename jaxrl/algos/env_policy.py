@@ -160,6 +160,19 @@ class EnvPolicy:
             params = {**params, "obs_norm": stats}
         return params
 
+    def episode_sums(self, ended: jax.Array, info: dict) -> dict:
+        """What one step of n auto-resetting envs (`EnvOnMesh.env`'s `info`) adds to the training episode
+        statistics, to be summed over steps and envs: the return (the agents' mean), length and count of the
+        episodes that ended at it (`ended` [n]), their wins where the env reports them, and the env's own
+        episode info (`episode_info_keys`, e.g. Craftax's achievements) as `<name>_sum`."""
+        episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
+                   "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
+        if self.reports_wins:
+            episode["win_rate_sum"] = ended & info["won"]
+        for name in self.agent_env.episode_info_keys:
+            episode[f"{name}_sum"] = jnp.where(ended, info[name], 0.0)
+        return episode
+
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation
 

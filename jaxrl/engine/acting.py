@@ -81,11 +81,7 @@ def rollout(learner, params, acting: Acting, hp: Any, key: jax.Array, update_ste
         if policy.critic_input == "global_state":
             stored["state"] = out.global_state
             stored["next_state"] = jax.vmap(agent_env.global_state)(info["final_state"])
-        episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
-                   "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
-        if policy.reports_wins:
-            episode["win_rate_sum"] = ended & info["won"]
-        return Acting(env_state, next_obs, out.carry, ended), (stored, episode)
+        return Acting(env_state, next_obs, out.carry, ended), (stored, policy.episode_sums(ended, info))
 
     acting, (steps, episode) = jax.lax.scan(step, acting, (env_keys, act_keys))
     episode = jax.lax.psum(jax.tree.map(jnp.sum, episode), DATA_AXIS)
