@@ -10,7 +10,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, engine, knobs
-from jaxrl.algos.env_policy import policy_functions
+from jaxrl.algos.env_policy import NETWORK_SIZED, policy_functions
 from jaxrl.algos.env_setup import (ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE,
                                    EnvOptimizer, check_env_and_length, run_sizes)
 from jaxrl.engine import acting
@@ -24,6 +24,9 @@ PRIORITY_BETA = Knob("replay.priority_beta", 0.4, "prioritised replay: importanc
                      traced=True, minimum=0.0, maximum=1.0)
 STORE_DTYPES = ("float32", "bfloat16", "float16")
 OFF_POLICY_KNOBS = (NUM_ENVS, NUM_STEPS, ENV_NAME, ENV_KWARGS, RESET_RATIO, GAMMA, REWARD_SCALE)
+# Memory advice (`engine.Algorithm.sized_by`): what sizes each part of an off-policy learner's state
+SIZED_BY = {**NETWORK_SIZED, "target_params": NETWORK_SIZED["params"], "buffer": "replay.buffer_size",
+            "acting": "num_envs"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +72,7 @@ def off_policy_algorithm(learner, state_specs=acting.replay_specs) -> engine.Alg
     """The `engine.Algorithm` of an off-policy learner (`engine.acting`'s, with its `init(key)` and `update(state,
     hp)`); evaluation, a loaded actor and the episode GIF are its policy's."""
     return engine.Algorithm(learner.settings, learner.envs.mesh, init=learner.init, update=learner.update,
-                            state_specs=state_specs, sized_by=acting.SIZED_BY, parts=learner,
+                            state_specs=state_specs, sized_by=SIZED_BY, parts=learner,
                             **policy_functions(learner.policy))
 
 

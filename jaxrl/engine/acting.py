@@ -28,10 +28,6 @@ from jax.sharding import PartitionSpec as P
 from jaxrl import mesh as mesh_lib, replay
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
-NETWORK_SIZES = "the network's sizes"
-# Memory advice (`engine.Algorithm.sized_by`): what sizes each part of an off-policy learner's state
-SIZED_BY = {"buffer": "replay.buffer_size", "acting": "num_envs", "params": NETWORK_SIZES,
-            "target_params": NETWORK_SIZES, "opt_state": NETWORK_SIZES}
 # The stored leaves that hold observations (and global states): `store_dtype` keeps the floating-point ones, which
 # come back as float32 when sampled.
 STORED_OBSERVATIONS = ("obs", "next_obs", "state", "next_state")
@@ -149,10 +145,10 @@ def replay_specs(state: ReplayState) -> ReplayState:
                        update_step=RUNS)
 
 
-def sample_batch(settings, buffer: replay.Buffer, key: jax.Array, alpha=0.6, beta=0.4) -> tuple[dict, replay.Sample]:
+def sample_batch(settings, buffer: replay.Buffer, key: jax.Array, alpha, beta) -> tuple[dict, replay.Sample]:
     """This device's share of a batch: ({"items": leaves [B, L, ...], "weights": [B]}, the sample), B =
     replay.batch_size / num_envs per env of this device, L = replay.sequence_length. `alpha`, `beta`: prioritised
-    replay's."""
+    replay's exponents (hp.priority_alpha, hp.priority_beta; a uniform buffer ignores them)."""
     r = settings.replay
     sample = replay.sample(buffer, key, r.replay_batch // settings.num_envs, r.sequence_length, alpha, beta)
     flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [n, k, ...] -> [n k, ...]
