@@ -24,9 +24,6 @@ PRIORITY_BETA = Knob("replay.priority_beta", 0.4, "prioritised replay: importanc
                      traced=True, minimum=0.0, maximum=1.0)
 STORE_DTYPES = ("float32", "bfloat16", "float16")
 OFF_POLICY_KNOBS = (NUM_ENVS, NUM_STEPS, ENV_NAME, ENV_KWARGS, RESET_RATIO, GAMMA, REWARD_SCALE)
-# Memory advice (`engine.Algorithm.sized_by`): what sizes each part of an off-policy learner's state
-SIZED_BY = {**NETWORK_SIZED, "target_params": NETWORK_SIZED["params"], "buffer": "replay.buffer_size",
-            "acting": "num_envs"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +65,23 @@ class OffPolicySettings:
         return self.num_envs * self.num_steps
 
 
+def sized_by(settings: OffPolicySettings) -> dict:
+    """Memory advice (`engine.Algorithm.sized_by`): what sizes each part of an off-policy learner's state, and for
+    a buffer of float32 observations, that float16 halves them."""
+    sized = {**NETWORK_SIZED, "acting": "num_envs"}
+    if settings.replay is not None:
+        buffer = "replay.buffer_size"
+        if settings.replay.store_dtype == "float32":
+            buffer += ", or set replay.store_dtype=float16 (halves its observations)"
+        sized.update(target_params=NETWORK_SIZED["params"], buffer=buffer)
+    return sized
+
+
 def off_policy_algorithm(learner, state_specs=acting.replay_specs) -> engine.Algorithm:
     """The `engine.Algorithm` of an off-policy learner (`engine.acting`'s, with its `init(key)` and `update(state,
     hp)`); evaluation, a loaded actor and the episode GIF are its policy's."""
     return engine.Algorithm(learner.settings, learner.envs.mesh, init=learner.init, update=learner.update,
-                            state_specs=state_specs, sized_by=SIZED_BY, parts=learner,
+                            state_specs=state_specs, sized_by=sized_by(learner.settings), parts=learner,
                             **policy_functions(learner.policy))
 
 
