@@ -57,7 +57,7 @@ class OffPolicySettings:
     num_updates: int = 1  # over the run (`run_sizes`): the learning-rate schedule's length (and exploration's)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     replay: ReplaySettings | None = None  # None: no buffer, each rollout learned from as it comes (PQN)
-    learner: Any = None  # the family's own static choices (`q_learning.QRules`, `replay_actor_critic.ActorCriticRules`)
+    rules: Any = None  # the family's own static choices (`q_learning.QRules`, `replay_actor_critic.ActorCriticRules`)
 
     @property
     def batch_size(self) -> int:
@@ -98,13 +98,13 @@ def replay_config() -> ConfigDict:
     return knobs.defaults(ReplaySettings, PRIORITY_ALPHA, PRIORITY_BETA).replay
 
 
-def off_policy_settings(config: ConfigDict, learner, sequence_key: str | None = None) -> OffPolicySettings:
-    """The settings of `config`, with a replay buffer when it has config.replay, sampling sequences as long as
-    the key `sequence_key` says (else single steps)."""
+def off_policy_settings(config: ConfigDict, rules, sequence_key: str | None = None) -> OffPolicySettings:
+    """The settings of `config` with the family's `rules`, and a replay buffer when it has config.replay, sampling
+    sequences as long as the key `sequence_key` says (else single steps)."""
     replay = None
     if "replay" in config:
         replay = knobs.read(ReplaySettings, config, sequence_length=sequence_length(config, sequence_key))
-    return knobs.read(OffPolicySettings, config, **run_sizes(config), replay=replay, learner=learner)
+    return knobs.read(OffPolicySettings, config, **run_sizes(config), replay=replay, rules=rules)
 
 
 def sequence_length(config: ConfigDict, sequence_key: str | None) -> int:

@@ -157,7 +157,8 @@ class QLearner:
 
     @property
     def rules(self) -> QRules:
-        return self.settings.learner
+        """`settings.rules` (shorthand: the computations read them throughout)."""
+        return self.settings.rules
 
     # ----------------------------------------------------------------------------------------------
     # Acting

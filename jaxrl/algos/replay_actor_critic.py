@@ -150,7 +150,8 @@ class ReplayActorCritic:
 
     @property
     def rules(self) -> ActorCriticRules:
-        return self.settings.learner
+        """`settings.rules` (shorthand: the computations read them throughout)."""
+        return self.settings.rules
 
     @property
     def discrete(self) -> bool:
