@@ -1,5 +1,9 @@
-"""The actor-critic on an environment, as PPO and env GRPO both use it: what the networks see, one step of
-the networks, the initial parameters, greedy evaluation and the episode GIF.
+"""A network acting on an environment, as every algorithm that learns on envs uses it: PPO, env GRPO, the
+Q-learners (a Q-network in the actor-critic calling convention) and SAC/TD3/TQC. `EnvPolicy`: what the networks
+see, one step of them, the initial parameters, the training episode statistics, greedy evaluation and the
+episode GIF; `EnvOnMesh`: the env as training steps it (auto-resetting, with episode statistics, its envs split
+over the mesh); `policy_functions`: the `engine.Algorithm` fields a policy gives (evaluation, a loaded actor
+`EnvActor`, the GIF); and the rollout helpers PPO and env GRPO share.
 
 Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array reads [..., A, ...].
 Agents share parameters; `agent_id` tells them apart. The critic sees each agent's own inputs (IPPO) or the

@@ -1,9 +1,18 @@
-"""Acting in auto-resetting envs and learning from a replay buffer, as functions the off-policy learners share
-(`jaxrl.algos.q_learning`, `jaxrl.algos.replay_actor_critic`). They take the family's `learner`, a plain object
-with `policy` (an `EnvPolicy`: what an agent sees, one step of its network), `envs` (its `EnvOnMesh`: the
-auto-resetting env, this device's share of the envs), `settings` (`algos.off_policy.OffPolicySettings`),
-`act(key, one env's PolicyStep, hp, update_step) -> (action stored, action the env is given)` and, learning from
-a buffer, `train(state, buffer, hp, key) -> ((params, target_params, opt_state), buffer, metrics)`.
+"""Acting in auto-resetting envs and learning from a replay buffer, as functions the off-policy learners share.
+They take the family's `learner`, any object with:
+
+    policy    what an agent sees and one step of its network: `step(params, env, env_state, obs, carry, first)`
+              -> a step with `policy_out`, `carry`, `mask`, `global_state`; `network` (`initial_carry`),
+              `num_agents`, `dist`, `agent_env`, `critic_input`, `global_state(env, env_states)` and
+              `episode_sums(ended, info)` (the training episode statistics of a step)
+    envs      `env` (auto-resetting, with episode statistics: `reset`, `batch_step`) and `local_envs`, this
+              device's share of the envs
+    settings  `num_envs`, `num_steps` and, learning from a buffer, `replay` (`buffer_size`, `replay_batch`,
+              `gradient_steps`, `learning_starts`, `prioritised`, `target_every`, `store_dtype`,
+              `sequence_length`)
+    act       (key, one env's policy step, hp, update_step) -> (action stored, action the env is given)
+    train     learning from a buffer: (state, buffer, hp, key) -> ((params, target_params, opt_state), buffer,
+              metrics)
 
 One replay update, for one run on this device's n envs (`replay_update`):
 
