@@ -47,8 +47,6 @@ def vtrace(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: 
     return rewards + gamma * (1.0 - dones.astype(values.dtype)) * next_targets - values, targets
 
 
-
-
 def lambda_targets(rewards: jax.Array, next_values: jax.Array, terminated: jax.Array, dones: jax.Array,
                    gamma, lam) -> jax.Array:
     """Bootstrapped value targets over a time window: lambda-returns, and n-step returns as lam = 1.

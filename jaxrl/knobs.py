@@ -223,14 +223,6 @@ def check_config(config: ConfigDict) -> None:
             declared.check(section[name])
 
 
-def check_fields(obj) -> None:
-    """A settings object made in Python (not read from a config): each knob field's value accepted, as the config
-    key's would be (fields that convert their key's value are the builder's)."""
-    for name, declared in fields_of(type(obj)).items():
-        if declared.convert is None:
-            declared.check(getattr(obj, name))
-
-
 def traced_keys(cls: type) -> dict[str, str]:
     """field name -> config key of a hyperparameter class's traced knobs (a sweep varies them in one program)."""
     return {name: declared.key for name, declared in fields_of(cls).items() if declared.traced}

@@ -92,6 +92,26 @@ def test_ppo_logs_the_achievements_of_craftax_episodes():
     np.testing.assert_allclose(shares, np.clip(np.round(shares), 0, row["episodes"]), atol=1e-4)
 
 
+def test_off_policy_learners_log_the_achievements_of_craftax_episodes():
+    """`engine.acting`'s rollout (PQN here; DQN, QMIX and SAC act through it too) sums the episode statistics as
+    PPO's does (`EnvPolicy.episode_sums`), the env's achievements included."""
+    from helpers import build, load_experiment, set_keys
+    from jaxrl import metrics
+
+    config = load_experiment("cartpole_pqn")
+    config.unlock()
+    set_keys(config, {"env.name": "craftax", "env.kwargs": {"env_id": "Craftax-Classic-Symbolic-v1",
+                                                            "params": {"max_timesteps": 8}},
+                      "num_envs": 4, "num_steps": 16, "total_steps": 4 * 16 * 2, "optim.num_minibatches": 2,
+                      "network.hidden_sizes": (32,)})
+    algo, hp, state = build(config)
+    _, chunk_metrics = algo.run_chunk(state, hp, 2)
+    row = metrics.summarize(jax.device_get(chunk_metrics))
+    assert row["episodes"] == 4 * 16 * 2 / 8  # every episode cut at 8 steps
+    achievements = [k for k in row if k.startswith("Achievements/")]
+    assert len(achievements) == 22 and "score" in row
+
+
 def test_ppo_trains_on_a_brax_env_with_normalised_observations():
     """experiments/brax_ppo.py at a tiny size: Brax's pipeline under the training program (vmapped, in
     shard_map), a tanh-squashed Gaussian, observation statistics; the greedy policy stays up for a while."""

@@ -22,7 +22,7 @@ def _dqn(**overrides):
 
 def _fit(config, donate: bool):
     algo, hp = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, config.num_seeds))
-    return fit.check(algo, algo.abstract_seeds(config.seed, config.num_seeds), config, hp, donate)
+    return fit.check(algo, algo.abstract_seeds(config.seed, config.num_seeds), hp, donate)
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,19 @@ def test_a_program_that_cannot_fit_fails_before_anything_is_written(big_buffer, 
     message = str(raised.value)
     assert "does not fit in memory" in message and "50 MB free" in message
     assert "its largest part is buffer" in message and "lower replay.buffer_size" in message
+    assert "replay.store_dtype=float16 (halves its observations)" in message  # its observations are float32
     assert "set checkpoint.on_nonfinite=stop (holds the state once)" in message
     assert raised.value.fit.needed > 0.9 * 50e6
     assert not (tmp_path / "run").exists()
+
+
+def test_the_buffer_advice_offers_float16_only_to_a_float32_buffer():
+    # the algorithm's own advice (`sized_by`, from its settings), which the message above gives for its largest part
+    for dtype, float16_offered in (("float32", True), ("float16", False)):
+        config = _dqn(**{"replay.store_dtype": dtype})
+        advice = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, config.num_seeds))[0].sized_by["buffer"]
+        assert advice.startswith("replay.buffer_size")
+        assert ("replay.store_dtype=float16" in advice) == float16_offered, (dtype, advice)
 
 
 @pytest.fixture(scope="module")

@@ -94,6 +94,8 @@ def test_config_errors_name_the_key():
         algos.validate(set_keys(load_experiment("pendulum_sac"), {"policy.kind": "greedy"}))
     with pytest.raises(ValueError, match="temperature.init must be > 0"):
         algos.validate(set_keys(load_experiment("pendulum_sac"), {"temperature.init": 0.0}))
+    with pytest.raises(ValueError, match="config.optim.grad_clip = 'per_network': SAC, TD3 and TQC give the critics"):
+        algos.validate(set_keys(load_experiment("pendulum_td3"), {"optim.grad_clip": "per_network"}))
     cartpole_td3 = set_keys(load_experiment("pendulum_td3"), {"env.kwargs": {"env_id": "CartPole-v1"}})
     algos.validate(cartpole_td3)
     with pytest.raises(ValueError, match="a deterministic policy needs continuous actions"):

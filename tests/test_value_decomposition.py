@@ -13,6 +13,7 @@ from helpers import build, evaluation_curve, load_experiment, set_keys
 from jax.sharding import PartitionSpec as P
 
 from jaxrl import algos, mesh as mesh_lib
+from jaxrl.algos.off_policy import PRIORITY_ALPHA, PRIORITY_BETA
 from jaxrl.engine.acting import cast_observations, sample_batch
 from jaxrl.networks import RecurrentQNetwork
 
@@ -144,7 +145,8 @@ def test_a_float16_buffer_holds_the_same_observations_and_trains_on_float32_samp
         np.testing.assert_allclose(acted_alike(stored).astype(jnp.float32), acted_alike(exact[key]),
                                    rtol=1e-3, atol=3e-4)
     assert early.items["reward"].dtype == jnp.float32
-    batch, _ = sample_batch(algo.settings, jax.tree.map(lambda x: x[0], early), jax.random.key(0))
+    batch, _ = sample_batch(algo.settings, jax.tree.map(lambda x: x[0], early), jax.random.key(0),
+                            PRIORITY_ALPHA.default, PRIORITY_BETA.default)
     assert batch["items"]["obs"].dtype == batch["items"]["next_state"].dtype == jnp.float32
     # updates 3-6 learned from float32 samples of the float16 buffer
     assert float(metrics["learning"][0]) == 1.0 and np.isfinite(metrics["td_loss"]).all()

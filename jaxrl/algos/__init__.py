@@ -4,8 +4,9 @@
     algos.validate(config)                 # every check that needs no compiling (ValueError naming the key)
     algo, hyperparams = algos.build(config, mesh)
 
-An algorithm object follows `jaxrl.engine.Algorithm`. An experiment file can register an algorithm of its
-own with `algos.register(name, algos.Recipe(...))`.
+`build` returns an `engine.Algorithm` record (an algorithm as a value: its settings, mesh and functions) and
+the traced hyperparameters. An experiment file can register an algorithm of its own with
+`algos.register(name, algos.Recipe(...))`.
 """
 
 # importing the algorithm modules registers them

@@ -1,5 +1,9 @@
-"""The actor-critic on an environment, as PPO and env GRPO both use it: what the networks see, one step of
-the networks, the initial parameters, greedy evaluation and the episode GIF.
+"""A network acting on an environment, as every algorithm that learns on envs uses it: PPO, env GRPO, the
+Q-learners (a Q-network in the actor-critic calling convention) and SAC/TD3/TQC. `EnvPolicy`: what the networks
+see, one step of them, the initial parameters, the training episode statistics, greedy evaluation and the
+episode GIF; `EnvOnMesh`: the env as training steps it (auto-resetting, with episode statistics, its envs split
+over the mesh); `policy_functions`: the `engine.Algorithm` fields a policy gives (evaluation, a loaded actor
+`EnvActor`, the GIF); and the rollout helpers PPO and env GRPO share.
 
 Single-agent envs are seen with an agent axis of one (`envs.AgentAxis`), so every array reads [..., A, ...].
 Agents share parameters; `agent_id` tells them apart. The critic sees each agent's own inputs (IPPO) or the
@@ -159,6 +163,19 @@ class EnvPolicy:
                 stats["global_state"] = normalization.init(global_state.shape[-1:])
             params = {**params, "obs_norm": stats}
         return params
+
+    def episode_sums(self, ended: jax.Array, info: dict) -> dict:
+        """What one step of n auto-resetting envs (`EnvOnMesh.env`'s `info`) adds to the training episode
+        statistics, to be summed over steps and envs: the return (the agents' mean), length and count of the
+        episodes that ended at it (`ended` [n]), their wins where the env reports them, and the env's own
+        episode info (`episode_info_keys`, e.g. Craftax's achievements) as `<name>_sum`."""
+        episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
+                   "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
+        if self.reports_wins:
+            episode["win_rate_sum"] = ended & info["won"]
+        for name in self.agent_env.episode_info_keys:
+            episode[f"{name}_sum"] = jnp.where(ended, info[name], 0.0)
+        return episode
 
     # ----------------------------------------------------------------------------------------------
     # Greedy evaluation

@@ -65,8 +65,9 @@ ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RA
 
 @dataclasses.dataclass(frozen=True)
 class EnvOptimizer:
-    """The env optimiser as PPO and env GRPO hold it, its static choices read from the config (`run_sizes`):
-    `optimizer(hp, update_step)` is update `update_step`'s optax optimiser (`engine.scheduled_optimizer`)."""
+    """The env optimiser as PPO, env GRPO and the off-policy learners hold it, its static choices read from the
+    config (`run_sizes`): `optimizer(hp, update_step)` is update `update_step`'s optax optimiser
+    (`engine.scheduled_optimizer`; `peak`, `decays`: a part's own learning rate, and whether its weights decay)."""
 
     num_updates: int = 1  # over the run: the schedule's length
     schedule: str = declared("optim.schedule").field()
@@ -75,8 +76,8 @@ class EnvOptimizer:
     grad_clip: str = declared("optim.grad_clip").field()
     weight_decay: bool = WEIGHT_DECAY.field(convert=lambda decay: decay > 0)  # (by the traced hp.weight_decay)
 
-    def __call__(self, hp, update_step: jax.Array):
-        return scheduled_optimizer(self, hp, update_step)
+    def __call__(self, hp, update_step: jax.Array, peak: jax.Array | None = None, decays: bool = True):
+        return scheduled_optimizer(self, hp, update_step, peak, decays)
 
 
 def check_minibatch_split(num_envs: int, num_steps: int, num_minibatches: int, num_agents: int, sequences: bool,
@@ -154,6 +155,12 @@ def check_env_config(config: ConfigDict) -> None:
     if config.network.kind != "mlp" and config.network.kernel_init != "orthogonal":
         raise ValueError(f"config.network.kernel_init={config.network.kernel_init!r} applies to mlp networks; "
                          f"network.kind={config.network.kind!r} starts orthogonal")
+    check_env_and_length(config)
+
+
+def check_env_and_length(config: ConfigDict) -> None:
+    """The env is a registered one and the run at least one update long (every algorithm that learns on envs,
+    off-policy ones too)."""
     if config.env.name not in envs.registered():
         raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
                          f"{', '.join(envs.registered())}")

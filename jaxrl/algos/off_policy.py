@@ -9,10 +9,10 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
-import envs
 from jaxrl import config as config_lib, engine, knobs
-from jaxrl.algos.env_policy import policy_functions
-from jaxrl.algos.env_setup import ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE
+from jaxrl.algos.env_policy import NETWORK_SIZED, policy_functions
+from jaxrl.algos.env_setup import (ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE,
+                                   EnvOptimizer, check_env_and_length, run_sizes)
 from jaxrl.engine import acting
 from jaxrl.knobs import Knob, knob
 
@@ -52,17 +52,12 @@ class OffPolicySettings:
 
     num_envs: int = NUM_ENVS.field()
     num_steps: int = NUM_STEPS.field()
-    schedule: str = knobs.declared("optim.schedule").field()
-    warmup_updates: int = knobs.declared("optim.warmup_updates").field()
-    adam_eps: float = knobs.declared("optim.adam_eps").field()
-    # the optimisers decay weights (by the traced hp.weight_decay)
-    weight_decay: bool = knobs.declared("optim.weight_decay").field(convert=lambda decay: decay > 0)
-    grad_clip: str = knobs.declared("optim.grad_clip").field()
     reset_ratio: int = RESET_RATIO.field()  # training envs: one restart per reset_ratio envs per step
-    num_updates: int = 1  # over the run: the length of the learning-rate schedule (and of exploration's)
+    optimizer: EnvOptimizer = EnvOptimizer()
+    num_updates: int = 1  # over the run (`run_sizes`): the learning-rate schedule's length (and exploration's)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     replay: ReplaySettings | None = None  # None: no buffer, each rollout learned from as it comes (PQN)
-    learner: Any = None  # the family's own static choices (`q_learning.QRules`, `replay_actor_critic.ActorCriticRules`)
+    rules: Any = None  # the family's own static choices (`q_learning.QRules`, `replay_actor_critic.ActorCriticRules`)
 
     @property
     def batch_size(self) -> int:
@@ -70,11 +65,23 @@ class OffPolicySettings:
         return self.num_envs * self.num_steps
 
 
+def sized_by(settings: OffPolicySettings) -> dict:
+    """Memory advice (`engine.Algorithm.sized_by`): what sizes each part of an off-policy learner's state, and for
+    a buffer of float32 observations, that float16 halves them."""
+    sized = {**NETWORK_SIZED, "acting": "num_envs"}
+    if settings.replay is not None:
+        buffer = "replay.buffer_size"
+        if settings.replay.store_dtype == "float32":
+            buffer += ", or set replay.store_dtype=float16 (halves its observations)"
+        sized.update(target_params=NETWORK_SIZED["params"], buffer=buffer)
+    return sized
+
+
 def off_policy_algorithm(learner, state_specs=acting.replay_specs) -> engine.Algorithm:
     """The `engine.Algorithm` of an off-policy learner (`engine.acting`'s, with its `init(key)` and `update(state,
     hp)`); evaluation, a loaded actor and the episode GIF are its policy's."""
     return engine.Algorithm(learner.settings, learner.envs.mesh, init=learner.init, update=learner.update,
-                            state_specs=state_specs, sized_by=acting.SIZED_BY, parts=learner,
+                            state_specs=state_specs, sized_by=sized_by(learner.settings), parts=learner,
                             **policy_functions(learner.policy))
 
 
@@ -91,14 +98,13 @@ def replay_config() -> ConfigDict:
     return knobs.defaults(ReplaySettings, PRIORITY_ALPHA, PRIORITY_BETA).replay
 
 
-def off_policy_settings(config: ConfigDict, learner, sequence_key: str | None = None) -> OffPolicySettings:
-    """The settings of `config`, with a replay buffer when it has config.replay, sampling sequences as long as
-    the key `sequence_key` says (else single steps)."""
+def off_policy_settings(config: ConfigDict, rules, sequence_key: str | None = None) -> OffPolicySettings:
+    """The settings of `config` with the family's `rules`, and a replay buffer when it has config.replay, sampling
+    sequences as long as the key `sequence_key` says (else single steps)."""
     replay = None
     if "replay" in config:
         replay = knobs.read(ReplaySettings, config, sequence_length=sequence_length(config, sequence_key))
-    return knobs.read(OffPolicySettings, config, num_updates=config.total_steps // (config.num_envs * config.num_steps),
-                      xla_options=config_lib.xla_options(config), replay=replay, learner=learner)
+    return knobs.read(OffPolicySettings, config, **run_sizes(config), replay=replay, rules=rules)
 
 
 def sequence_length(config: ConfigDict, sequence_key: str | None) -> int:
@@ -107,12 +113,7 @@ def sequence_length(config: ConfigDict, sequence_key: str | None) -> int:
 
 def check_off_policy_config(config: ConfigDict, sequence_key: str | None = None) -> None:
     """The env, the run's length and, with config.replay, the buffer (holding `sequence_key`'s steps per env)."""
-    if config.env.name not in envs.registered():
-        raise ValueError(f"unknown config.env.name {config.env.name!r}; known environments: "
-                         f"{', '.join(envs.registered())}")
-    batch = config.num_envs * config.num_steps
-    if config.total_steps < batch:
-        raise ValueError(f"total_steps = {config.total_steps} is less than one update (num_envs * num_steps = {batch})")
+    check_env_and_length(config)
     if "replay" not in config:
         return
     r, length = config.replay, sequence_length(config, sequence_key)

@@ -228,13 +228,7 @@ class PPO:
                 truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value,
                 obs=obs if s.normalize_obs else None,
                 global_state=policy.global_state if s.normalize_obs else None)
-            episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
-                       "episode_length_sum": jnp.where(ended, info["episode_length"], 0),
-                       "episodes": ended}
-            if self.policy.reports_wins:
-                episode["win_rate_sum"] = ended & info["won"]
-            for name in self.env.episode_info_keys:  # e.g. Craftax's achievements of the episodes that ended
-                episode[f"{name}_sum"] = jnp.where(ended, info[name], 0.0)
+            episode = self.policy.episode_sums(ended, info)
             return (env_state, next_obs, policy.carry, ended), (transition, episode)
 
         init = (state.env_state, state.obs, state.carry, state.first)

@@ -45,7 +45,7 @@ from jaxrl.algos.off_policy import (GAMMA, PRIORITY_ALPHA, PRIORITY_BETA, REWARD
                                     off_policy_settings, replay_config)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import acting as acting_lib, scheduled_optimizer
+from jaxrl.engine import acting as acting_lib
 from jaxrl.knobs import Knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 from jaxrl.networks import QMixer, QNetwork, RecurrentQNetwork
@@ -157,7 +157,8 @@ class QLearner:
 
     @property
     def rules(self) -> QRules:
-        return self.settings.learner
+        """`settings.rules` (shorthand: the computations read them throughout)."""
+        return self.settings.rules
 
     # ----------------------------------------------------------------------------------------------
     # Acting
@@ -222,7 +223,7 @@ class QLearner:
         return params
 
     def init(self, key: jax.Array) -> acting_lib.ReplayState | PQNState:
-        optimizer = scheduled_optimizer(self.settings, QHyperparams(), jnp.int32(0))
+        optimizer = self.settings.optimizer(QHyperparams(), jnp.int32(0))
 
         def learned(key, obs, env_state):
             params = self.init_params(key, obs, env_state)
@@ -280,7 +281,7 @@ class QLearner:
         """The update's G gradient steps: ((params, target_params, opt_state), buffer with new priorities,
         metrics averaged over the steps)."""
         s = self.settings
-        optimizer = scheduled_optimizer(s, hp, state.update_step)
+        optimizer = s.optimizer(hp, state.update_step)
 
         def gradient(carry, xs):
             params, target_params, opt_state, buffer = carry
@@ -320,7 +321,7 @@ class QLearner:
         targets = sequence_targets(team_reward(steps["reward"], self.rules.mixer), next_values, steps["terminated"],
                                    steps["done"], hp.gamma, hp.q_lambda)  # [n, T(, A)]
         units = {"obs": steps["obs"], "action": steps["action"], "targets": targets}  # [n, T, ...]: a step per unit
-        optimizer = scheduled_optimizer(self.settings, hp, state.update_step)
+        optimizer = self.settings.optimizer(hp, state.update_step)
         params, opt_state, aux = engine.optimise(self.rollout_loss, optimizer, trainable(state.params),
                                                  state.opt_state, units, hp, epoch_key, self.rules.num_epochs,
                                                  self.rules.num_minibatches)
@@ -400,10 +401,10 @@ def build_q_learning(config: ConfigDict, mesh) -> engine.Algorithm:
     # (the global state is stored with every step when the mixer reads it)
     policy = EnvPolicy(env, q_network(config, env), config.network.get("agent_id", "both"),
                        "global_state" if mixer == "qmix" else "obs", eval_max_steps)
-    on_mesh = EnvOnMesh.of(policy, config.num_envs, config.env.reset_ratio, mesh)
     # (the keys a variant's config lacks read as their defaults)
     rules = knobs.read(QRules, knobs.fill(config.copy_and_resolve_references(), QRules), mixer=mixer, targets=targets)
     settings = off_policy_settings(config, rules, sequence_key)
+    on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
     if settings.replay is None:
         check_minibatch_split(settings.num_envs, settings.num_steps, rules.num_minibatches, 1, False, on_mesh.mesh)
     m = config.get("mixer")

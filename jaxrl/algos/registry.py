@@ -21,7 +21,7 @@ from jaxrl import config as config_lib, knobs
 class Recipe:
     """How a config becomes an algorithm."""
 
-    build: Callable  # (config, mesh) -> an object following `jaxrl.engine.Algorithm`
+    build: Callable  # (config, mesh) -> the `jaxrl.engine.Algorithm` record
     hyperparams: type  # the traced hyperparameters' pytree class
     # hyperparameter field -> the config key it is read from; None: the class's traced knobs (`jaxrl.knobs`)
     keys: dict | None = None
@@ -101,8 +101,8 @@ def static_signature(config: ConfigDict) -> str:
 
 
 def build(config: ConfigDict, mesh, run_dir: str | None = None):
-    """(algorithm, hyperparams) for `config.algorithm`; with `run_dir`, the algorithm of the run saved there
-    (`Recipe.rebuild`)."""
+    """(the `engine.Algorithm`, hyperparams) for `config.algorithm`; with `run_dir`, the algorithm of the run
+    saved there (`Recipe.rebuild`)."""
     chosen = recipe(config.algorithm)
     if run_dir is not None and chosen.rebuild is not None:
         return chosen.rebuild(config, mesh, run_dir), hyperparams(config)

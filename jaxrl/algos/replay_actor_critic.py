@@ -46,6 +46,10 @@ from jaxrl.networks import ActorAndCritics
 
 POLICIES = ("stochastic", "deterministic")
 ACTOR_VALUES = ("min", "first", "mean")
+# Each part (PARTS) has an optimiser of its own, which clips that part's gradient norm by itself
+ONE_CLIP = knobs.declared("optim.grad_clip").only("joint", "SAC, TD3 and TQC give the critics, the actor and the "
+                                                  "temperature an optimiser each, each clipping its own gradients "
+                                                  "to optim.max_grad_norm")
 
 
 @struct.dataclass
@@ -146,7 +150,8 @@ class ReplayActorCritic:
 
     @property
     def rules(self) -> ActorCriticRules:
-        return self.settings.learner
+        """`settings.rules` (shorthand: the computations read them throughout)."""
+        return self.settings.rules
 
     @property
     def discrete(self) -> bool:
@@ -300,15 +305,12 @@ class ReplayActorCritic:
         return loss, {"temperature_loss": loss}
 
     def optimizers(self, hp, update_step: jax.Array) -> dict:
-        """Adam for the critics, the actor and the temperature, each at its learning rate on `optim.schedule`; with
-        optim.weight_decay the critics' and the actor's decay their weights."""
-        s = self.settings
-        decay = hp.weight_decay if s.weight_decay else None
-        o = lambda peak, weight_decay=None: engine.make_optimizer(  # noqa: E731
-            engine.scheduled_learning_rate(peak, update_step, s.schedule, s.warmup_updates, s.num_updates),
-            hp.max_grad_norm, s.adam_eps, weight_decay=weight_decay)
-        return {"critic": o(hp.critic_learning_rate, decay), "actor": o(hp.actor_learning_rate, decay),
-                "temperature": o(hp.temperature_learning_rate)}
+        """The env optimiser (`settings.optimizer`) for the critics, the actor and the temperature, each at its
+        own learning rate and clipping its own gradients (optim.grad_clip stays "joint", `ONE_CLIP`); with
+        optim.weight_decay the critics' and the actor's decay their weights, the temperature's does not."""
+        optimizer = functools.partial(self.settings.optimizer, hp, update_step)
+        return {"critic": optimizer(hp.critic_learning_rate), "actor": optimizer(hp.actor_learning_rate),
+                "temperature": optimizer(hp.temperature_learning_rate, decays=False)}
 
     def init(self, key: jax.Array) -> acting_lib.ReplayState:
         def learned(key, obs, env_state):
@@ -457,12 +459,14 @@ def build_replay_actor_critic(config: ConfigDict, mesh) -> engine.Algorithm:
     network = ActorAndCritics(num_outputs, int(space.n) if discrete else None, tuple(rules.hidden_sizes),
                               rules.activation, rules.num_critics, rules.num_quantiles, rules.layer_norm)
     policy = EnvPolicy(env, network, eval_max_steps=eval_max_steps, squash=not discrete)
-    on_mesh = EnvOnMesh.of(policy, config.num_envs, config.env.reset_ratio, mesh)
-    return off_policy_algorithm(ReplayActorCritic(policy, on_mesh, off_policy_settings(config, rules)))
+    settings = off_policy_settings(config, rules)
+    on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
+    return off_policy_algorithm(ReplayActorCritic(policy, on_mesh, settings))
 
 
 def check_replay_actor_critic_config(config: ConfigDict) -> None:
     check_off_policy_config(config)
+    ONE_CLIP.check(config)
     n, p = config.network, config.policy
     if config.replay.gradient_steps % p.delay:
         raise ValueError(f"config.replay.gradient_steps = {config.replay.gradient_steps} must be a multiple of "

@@ -1,5 +1,6 @@
 """The engine every algorithm stands on: the Algorithm record (an algorithm as a value), the one chunk compiler, seeding, the
-optimiser and its schedules, minibatch gradient steps, and statistics over the global batch.
+optimiser and its schedules, minibatch gradient steps, statistics over the global batch, and (`engine.acting`, imported
+by its users) acting in auto-resetting envs and learning from a replay buffer, as the off-policy learners share them.
 
     config -> algorithm (algos/) -> compile_per_run(repeat_updates(update)) -> run_chunk -> jaxrl.train
                                     update = rollout -> advantages -> loss -> optimise (gradient_step)

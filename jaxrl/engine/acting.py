@@ -1,9 +1,18 @@
-"""Acting in auto-resetting envs and learning from a replay buffer, as functions the off-policy learners share
-(`jaxrl.algos.q_learning`, `jaxrl.algos.replay_actor_critic`). They take the family's `learner`, a plain object
-with `policy` (an `EnvPolicy`: what an agent sees, one step of its network), `envs` (its `EnvOnMesh`: the
-auto-resetting env, this device's share of the envs), `settings` (`algos.off_policy.OffPolicySettings`),
-`act(key, one env's PolicyStep, hp, update_step) -> (action stored, action the env is given)` and, learning from
-a buffer, `train(state, buffer, hp, key) -> ((params, target_params, opt_state), buffer, metrics)`.
+"""Acting in auto-resetting envs and learning from a replay buffer, as functions the off-policy learners share.
+They take the family's `learner`, any object with:
+
+    policy    what an agent sees and one step of its network: `step(params, env, env_state, obs, carry, first)`
+              -> a step with `policy_out`, `carry`, `mask`, `global_state`; `network` (`initial_carry`),
+              `num_agents`, `dist`, `agent_env`, `critic_input`, `global_state(env, env_states)` and
+              `episode_sums(ended, info)` (the training episode statistics of a step)
+    envs      `env` (auto-resetting, with episode statistics: `reset`, `batch_step`) and `local_envs`, this
+              device's share of the envs
+    settings  `num_envs`, `num_steps` and, learning from a buffer, `replay` (`buffer_size`, `replay_batch`,
+              `gradient_steps`, `learning_starts`, `prioritised`, `target_every`, `store_dtype`,
+              `sequence_length`)
+    act       (key, one env's policy step, hp, update_step) -> (action stored, action the env is given)
+    train     learning from a buffer: (state, buffer, hp, key) -> ((params, target_params, opt_state), buffer,
+              metrics)
 
 One replay update, for one run on this device's n envs (`replay_update`):
 
@@ -28,10 +37,6 @@ from jax.sharding import PartitionSpec as P
 from jaxrl import mesh as mesh_lib, replay
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
-NETWORK_SIZES = "the network's sizes"
-# Memory advice (`engine.Algorithm.sized_by`): what sizes each part of an off-policy learner's state
-SIZED_BY = {"buffer": "replay.buffer_size", "acting": "num_envs", "params": NETWORK_SIZES,
-            "target_params": NETWORK_SIZES, "opt_state": NETWORK_SIZES}
 # The stored leaves that hold observations (and global states): `store_dtype` keeps the floating-point ones, which
 # come back as float32 when sampled.
 STORED_OBSERVATIONS = ("obs", "next_obs", "state", "next_state")
@@ -81,11 +86,7 @@ def rollout(learner, params, acting: Acting, hp: Any, key: jax.Array, update_ste
         if policy.critic_input == "global_state":
             stored["state"] = out.global_state
             stored["next_state"] = jax.vmap(agent_env.global_state)(info["final_state"])
-        episode = {"episode_return_sum": jnp.where(ended, info["episode_return"].mean(-1), 0.0),
-                   "episode_length_sum": jnp.where(ended, info["episode_length"], 0), "episodes": ended}
-        if policy.reports_wins:
-            episode["win_rate_sum"] = ended & info["won"]
-        return Acting(env_state, next_obs, out.carry, ended), (stored, episode)
+        return Acting(env_state, next_obs, out.carry, ended), (stored, policy.episode_sums(ended, info))
 
     acting, (steps, episode) = jax.lax.scan(step, acting, (env_keys, act_keys))
     episode = jax.lax.psum(jax.tree.map(jnp.sum, episode), DATA_AXIS)
@@ -153,10 +154,10 @@ def replay_specs(state: ReplayState) -> ReplayState:
                        update_step=RUNS)
 
 
-def sample_batch(settings, buffer: replay.Buffer, key: jax.Array, alpha=0.6, beta=0.4) -> tuple[dict, replay.Sample]:
+def sample_batch(settings, buffer: replay.Buffer, key: jax.Array, alpha, beta) -> tuple[dict, replay.Sample]:
     """This device's share of a batch: ({"items": leaves [B, L, ...], "weights": [B]}, the sample), B =
     replay.batch_size / num_envs per env of this device, L = replay.sequence_length. `alpha`, `beta`: prioritised
-    replay's."""
+    replay's exponents (hp.priority_alpha, hp.priority_beta; a uniform buffer ignores them)."""
     r = settings.replay
     sample = replay.sample(buffer, key, r.replay_batch // settings.num_envs, r.sequence_length, alpha, beta)
     flat = lambda x: x.reshape(-1, *x.shape[2:])  # noqa: E731  [n, k, ...] -> [n k, ...]

@@ -29,15 +29,19 @@ def make_optimizer(learning_rate: jax.Array, max_grad_norm: jax.Array, adam_eps:
     return optax.chain(clip, optax.scale_by_adam(eps=adam_eps), *decay, optax.scale(-learning_rate))
 
 
-def scheduled_optimizer(settings, hp, update_step: jax.Array) -> optax.GradientTransformation:
+def scheduled_optimizer(settings, hp, update_step: jax.Array, peak: jax.Array | None = None,
+                        decays: bool = True) -> optax.GradientTransformation:
     """The optimiser of update `update_step` (0-based): `make_optimizer` with `hp.max_grad_norm` clipping
-    (`settings.grad_clip`), decoupled weight decay `hp.weight_decay` where `settings.weight_decay`, and the
-    learning rate `hp.learning_rate` on `settings.schedule` (`scheduled_learning_rate`: `settings.warmup_updates`
-    of `settings.num_updates`). `settings`: any object with those fields (a family's settings)."""
-    learning_rate = scheduled_learning_rate(hp.learning_rate, update_step, settings.schedule,
-                                            settings.warmup_updates, settings.num_updates)
+    (`settings.grad_clip`), decoupled weight decay `hp.weight_decay` where `settings.weight_decay` and `decays`,
+    and the learning rate `peak` (default `hp.learning_rate`) on `settings.schedule` (`scheduled_learning_rate`:
+    `settings.warmup_updates` of `settings.num_updates`). `settings`: any object with those fields (the env
+    optimiser, `algos.env_setup.EnvOptimizer`; the text families' settings). A learner with an optimiser per
+    part of its parameters (SAC's critics, actor and temperature) gives each its own `peak`, and `decays=False`
+    where none decays."""
+    learning_rate = scheduled_learning_rate(hp.learning_rate if peak is None else peak, update_step,
+                                            settings.schedule, settings.warmup_updates, settings.num_updates)
     return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
-                          hp.weight_decay if settings.weight_decay else None)
+                          hp.weight_decay if settings.weight_decay and decays else None)
 
 
 def clip_each_network(max_norm) -> optax.GradientTransformation:

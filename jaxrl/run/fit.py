@@ -42,11 +42,11 @@ class ProgramFit:
     available: int | None  # bytes free in that pool (None: unknown)
     flops: float | None  # per update, XLA's cost analysis of the loop body (None: not reported)
     largest: tuple[str, int]  # the state's largest part: (top-level field, bytes per device)
-    float32_buffer: bool = False  # a replay buffer that could store its observations in 16 bits
     # a checkpoint is restored into host memory the devices share: for a moment it is held twice (measured:
     # a 6.3 GB state restored by orbax on XLA:CPU was killed for memory at 11.8 GB resident)
     restoring: bool = False
-    # the config key that sizes each part of the state (top-level field -> key: the algorithm's `sized_by`)
+    # the config key that sizes each part of the state, and how else to shrink it (top-level field -> advice:
+    # the algorithm's `sized_by`)
     sized_by: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -80,8 +80,6 @@ class ProgramFit:
         """What to change: the key that sizes the state's largest part, and the settings that hold less."""
         field, size = self.largest
         ways = [f"lower {self.sized_by.get(field, 'its size')}"]
-        if field == "buffer" and self.float32_buffer:
-            ways.append("set replay.store_dtype=float16 (halves its observations)")
         if self.held_twice:
             ways.append("set checkpoint.on_nonfinite=stop (holds the state once)")
         ways.append("train fewer runs per program (num_seeds, sweep settings) or on more devices")
@@ -127,7 +125,7 @@ def memory_available(device) -> int | None:
 
 
 def measure(compiled, abstract_state, mesh, held_twice: bool, restoring: bool = False,
-            float32_buffer: bool = False, sized_by: dict | None = None) -> ProgramFit:
+            sized_by: dict | None = None) -> ProgramFit:
     """The fit of a compiled chunk program (`engine.compile_chunk`) for states shaped like `abstract_state`
     (ShapeDtypeStructs with shardings) on `mesh`. `restoring`: the run resumes from a checkpoint (which counts
     where the devices share the host's memory); `sized_by`: the algorithm's state field -> config key."""
@@ -142,18 +140,15 @@ def measure(compiled, abstract_state, mesh, held_twice: bool, restoring: bool = 
     cost = cost[0] if isinstance(cost, (list, tuple)) and cost else cost
     flops = float(cost["flops"]) if isinstance(cost, dict) and cost.get("flops", 0) > 0 else None
     return ProgramFit(int(peak), state, held_twice, len(local) if host_memory else 1, memory_available(local[0]),
-                      flops, largest_part(abstract_state), float32_buffer, restoring and host_memory,
-                      dict(sized_by or {}))
+                      flops, largest_part(abstract_state), restoring and host_memory, dict(sized_by or {}))
 
 
-def check(algo, abstract, config, hyperparams, donate: bool, restoring: bool = False) -> ProgramFit:
-    """Compile `algo`'s chunk program for states shaped like `abstract` (`Algorithm.abstract_seeds`) and return its
-    fit; raise DoesNotFit, naming the key to change, when it cannot fit. `restoring`: the run resumes from a
-    checkpoint."""
+def check(algo, abstract, hyperparams, donate: bool, restoring: bool = False) -> ProgramFit:
+    """Compile `algo`'s chunk program for states shaped like `abstract` (`Algorithm.abstract_seeds`) and return
+    its fit; raise DoesNotFit, naming the key to change (the algorithm's `sized_by`), when it cannot fit.
+    `restoring`: the run resumes from a checkpoint."""
     compiled = algo.chunk_program(abstract, hyperparams, donate=donate)
-    fit = measure(compiled, abstract, algo.mesh, held_twice=not donate, restoring=restoring,
-                  float32_buffer="replay" in config and config.replay.get("store_dtype") == "float32",
-                  sized_by=algo.sized_by)
+    fit = measure(compiled, abstract, algo.mesh, held_twice=not donate, restoring=restoring, sized_by=algo.sized_by)
     if not fit.fits:
         raise DoesNotFit(f"this config does not fit in memory: it needs {fit.need()}, and a run may take "
                          f"{FAIL_ABOVE:.0%} of the {format_bytes(fit.available)} free; {fit.advice()}", fit)

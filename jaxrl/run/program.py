@@ -140,8 +140,7 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
                              plan.checkpoint_dir, fetch)
     # Chunks reuse their input's memory (donate) unless the guard may replay them from their start.
     abstract = algo.abstract_seeds(plan.seed, plan.num_seeds, plan.num_settings)
-    fit = fit_lib.check(algo, abstract, plan.config, hyperparams, donate=not guard.replays_chunks,
-                        restoring=plan.resuming)
+    fit = fit_lib.check(algo, abstract, hyperparams, donate=not guard.replays_chunks, restoring=plan.resuming)
     if main:
         _before_writing(plan, fit)
     t = Training(algo, mesh, hyperparams, guard, _population(plan), checkpoint.Checkpointer(
