@@ -76,7 +76,12 @@ class MetricsWriter:
     def truncate_after(self, update: int) -> None:
         """Drop rows logged after `update` (a resumed run will log them again), and a last row that a kill cut
         short; the file is replaced atomically."""
-        files.write_lines(self.path, [r for r in read(self.path) if r.get("update", 0) <= update])
+        files.write_lines(self.path, rows_through(self.path, update))
+
+
+def rows_through(path: str, update: int) -> list[dict]:
+    """The rows of a metrics.jsonl logged at updates up to `update` (`read`)."""
+    return [r for r in read(path) if r.get("update", 0) <= update]
 
 
 def read(path: str) -> list[dict]:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 
 import envs
 from jaxrl import distributions, mesh as mesh_lib, normalization
+from jaxrl.engine import acting
 from jaxrl.jitting import RUNS_ONCE, jit_method
 from jaxrl.loops import scan_until
 from jaxrl.mesh import DATA_AXIS
@@ -375,6 +376,5 @@ def step_randomness(key: jax.Array, dist, num_steps: int, num_env_keys: int, num
     [T, N, A, ...] (Gumbel per action, or normal per action dimension), drawn for all envs and sliced to this
     device's share, so that each env gets the same numbers on any mesh."""
     step_keys = jax.random.split(key, num_steps)
-    env_keys = jax.vmap(lambda k: jax.random.split(k, num_env_keys))(step_keys)
     action_noise = jax.vmap(lambda k: dist.noise(jax.random.fold_in(k, 1), (num_envs, num_agents)))(step_keys)
-    return tuple(mesh_lib.local_share(x, axis=1) for x in (env_keys, action_noise))
+    return acting.step_env_keys(step_keys, num_env_keys), mesh_lib.local_share(action_noise, axis=1)

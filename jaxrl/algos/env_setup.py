@@ -1,9 +1,8 @@
 """What the algorithms that learn on environments share: the env, network and policy a config names, the keys
-they read (declared once here), the env optimiser, and their checks."""
+they read (declared once here), their run sizes and optimiser (`run_sizes`), and their checks."""
 
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 from jax.sharding import PartitionSpec as P
@@ -13,8 +12,8 @@ import envs
 from jaxrl import config as config_lib, distributions, knobs
 from jaxrl.algos.env_policy import AGENT_ID_INPUTS, CRITIC_INPUTS, EnvPolicy
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import minibatch_block_size, scheduled_optimizer
-from jaxrl.knobs import Knob, declared
+from jaxrl.engine import OptimizerSettings, minibatch_block_size
+from jaxrl.knobs import Knob
 from jaxrl.losses import ENT_COEF, VF_COEF
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS
 from jaxrl.networks import ACTIVATIONS, KERNEL_INITS, LOG_STDS, ActorCritic, RecurrentActorCritic
@@ -57,27 +56,9 @@ STD_TRANSFORM = Knob("network.std_transform", "exp", "continuous actions: exp (l
 SQUASH = Knob("network.squash", False, "continuous actions: tanh-squash the Gaussian to the bounds")
 KERNEL_INIT = Knob("network.kernel_init", "orthogonal", "mlp networks: orthogonal (gain sqrt(2), the heads' own: "
                    "the PPO convention) or lecun_uniform (every layer, as Brax's)", choices=KERNEL_INITS)
-WEIGHT_DECAY = declared("optim.weight_decay")  # (jaxrl.config's) a static choice, to decay or not, and a traced rate
 ENV_KNOBS = (NUM_ENVS, NUM_STEPS, ROLLOUT_UNROLL, ENV_NAME, ENV_KWARGS, RESET_RATIO, NETWORK_KIND, HIDDEN_SIZES,
              FC_SIZE, RNN_SIZE, ACTIVATION, CRITIC_INPUT, AGENT_ID, LOG_STD, INIT_LOG_STD, STD_TRANSFORM, SQUASH,
              KERNEL_INIT, GAMMA, VF_COEF, ENT_COEF, NUM_EPOCHS, NUM_MINIBATCHES)
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvOptimizer:
-    """The env optimiser as PPO, env GRPO and the off-policy learners hold it, its static choices read from the
-    config (`run_sizes`): `optimizer(hp, update_step)` is update `update_step`'s optax optimiser
-    (`engine.scheduled_optimizer`; `peak`, `decays`: a part's own learning rate, and whether its weights decay)."""
-
-    num_updates: int = 1  # over the run: the schedule's length
-    schedule: str = declared("optim.schedule").field()
-    warmup_updates: int = declared("optim.warmup_updates").field()
-    adam_eps: float = declared("optim.adam_eps").field()
-    grad_clip: str = declared("optim.grad_clip").field()
-    weight_decay: bool = WEIGHT_DECAY.field(convert=lambda decay: decay > 0)  # (by the traced hp.weight_decay)
-
-    def __call__(self, hp, update_step: jax.Array, peak: jax.Array | None = None, decays: bool = True):
-        return scheduled_optimizer(self, hp, update_step, peak, decays)
 
 
 def check_minibatch_split(num_envs: int, num_steps: int, num_minibatches: int, num_agents: int, sequences: bool,
@@ -147,7 +128,7 @@ def run_sizes(config: ConfigDict) -> dict:
     the optimiser."""
     num_updates = config.total_steps // (config.num_envs * config.num_steps)
     return dict(num_updates=num_updates, xla_options=config_lib.xla_options(config),
-                optimizer=knobs.read(EnvOptimizer, config, num_updates=num_updates))
+                optimizer=knobs.read(OptimizerSettings, config, num_updates=num_updates))
 
 
 def check_env_config(config: ConfigDict) -> None:

@@ -43,14 +43,14 @@ from envs.wrappers import select
 from jaxrl import advantages as advantages_lib, engine, knobs, losses, mesh as mesh_lib, rollout
 from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvPolicy, distinct_critic_in, init_run, policy_functions,
                                     sequence_units, step_randomness)
-from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL, WEIGHT_DECAY,
-                                   EnvOptimizer, check_env_config, check_minibatch_split, env_config, make_policy,
+from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL,
+                                   check_env_config, check_minibatch_split, env_config, make_policy,
                                    run_sizes, sample_trajectory)
 from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import global_mean, optimise, standardise
+from jaxrl.engine import OptimizerSettings, global_mean, optimise, standardise
 from jaxrl.engine.algorithm import every_leaf_over_runs
 from jaxrl.knobs import knob
 from jaxrl.loops import call_trimmed, scan_until, trim_lengths
@@ -75,7 +75,7 @@ class GRPOHyperparams:
     ent_coef: float = losses.ENT_COEF.field()
     max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
     critic_weight: float = CRITIC_WEIGHT.field()
-    weight_decay: float = WEIGHT_DECAY.field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
 
 
 @struct.dataclass
@@ -98,7 +98,7 @@ class GRPOSettings:
     rollout_unroll: int = ROLLOUT_UNROLL.field()
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
-    optimizer: EnvOptimizer = EnvOptimizer()
+    optimizer: OptimizerSettings = OptimizerSettings()
     num_updates: int = 1  # over the run (`run_sizes`)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     advantage: str = advantages_lib.ESTIMATOR.field()

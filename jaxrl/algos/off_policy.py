@@ -12,8 +12,8 @@ from ml_collections import ConfigDict
 from jaxrl import config as config_lib, engine, knobs
 from jaxrl.algos.env_policy import NETWORK_SIZED, policy_functions
 from jaxrl.algos.env_setup import (ENV_KWARGS, ENV_NAME, GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE,
-                                   EnvOptimizer, check_env_and_length, run_sizes)
-from jaxrl.engine import acting
+                                   check_env_and_length, run_sizes)
+from jaxrl.engine import OptimizerSettings, acting
 from jaxrl.knobs import Knob, knob
 
 TAU = Knob("target.tau", 0.005, "target <- tau * online + (1 - tau) * target at each target update; 1: a copy",
@@ -53,7 +53,7 @@ class OffPolicySettings:
     num_envs: int = NUM_ENVS.field()
     num_steps: int = NUM_STEPS.field()
     reset_ratio: int = RESET_RATIO.field()  # training envs: one restart per reset_ratio envs per step
-    optimizer: EnvOptimizer = EnvOptimizer()
+    optimizer: OptimizerSettings = OptimizerSettings()
     num_updates: int = 1  # over the run (`run_sizes`): the learning-rate schedule's length (and exploration's)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     replay: ReplaySettings | None = None  # None: no buffer, each rollout learned from as it comes (PQN)

@@ -33,11 +33,11 @@ from jaxrl import advantages as advantages_lib
 from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvOnMesh, EnvPolicy, distinct_critic_in, init_run,
                                     policy_functions, sequence_units, step_randomness, step_units, trainable)
 from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE, ROLLOUT_UNROLL,
-                                   WEIGHT_DECAY, EnvOptimizer, check_env_config, check_minibatch_split, env_config,
+                                   check_env_config, check_minibatch_split, env_config,
                                    make_policy, run_sizes, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import normalize, optimise
+from jaxrl.engine import OptimizerSettings, normalize, optimise
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
@@ -77,7 +77,7 @@ class PPOHyperparams:
     vf_coef: float = losses.VF_COEF.field()
     ent_coef: float = losses.ENT_COEF.field()
     max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
-    weight_decay: float = WEIGHT_DECAY.field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
     reward_scale: float = REWARD_SCALE.field()
 
 
@@ -91,7 +91,7 @@ class PPOSettings:
     reset_ratio: int = RESET_RATIO.field()  # training envs: one restart per reset_ratio envs per step
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
-    optimizer: EnvOptimizer = EnvOptimizer()
+    optimizer: OptimizerSettings = OptimizerSettings()
     num_updates: int = 1  # over the run (`run_sizes`)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training program's XLA options, or "auto"
     normalize_advantages: bool = knob("loss.normalize_advantages", True, "advantages standardised per minibatch")
@@ -241,12 +241,12 @@ class PPO:
             carry, after = batch["carry"], batch.get("after")
             batch = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1),
                                  {k: v for k, v in batch.items() if k not in ("carry", "after")})
-        actor_in, first = batch["actor_in"], batch["first"]
-        critic_in = actor_in if batch["critic_in"] is None else batch["critic_in"]
+        def inputs(part):  # (actor_in, critic_in, first); the critic reads the actor's input unless it has its own
+            return part["actor_in"], part["actor_in"] if part["critic_in"] is None else part["critic_in"], part["first"]
+        actor_in, critic_in, first = inputs(batch)
         if after is not None:  # one more step: the inputs after the sequence, for its bootstrap value
-            after_critic_in = after["actor_in"] if after["critic_in"] is None else after["critic_in"]
             actor_in, critic_in, first = (jnp.concatenate([x, y[None]]) for x, y in zip(
-                (actor_in, critic_in, first), (after["actor_in"], after_critic_in, after["first"])))
+                (actor_in, critic_in, first), inputs(after)))
         dist = self.policy.dist
         _, out, values = self.policy.network.apply(params, carry, actor_in, critic_in, first)
         if after is not None:

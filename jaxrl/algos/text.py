@@ -33,7 +33,7 @@ from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, che
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import global_mean, gradient_step, optimise, scheduled_optimizer, standardise
+from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise, standardise
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS
@@ -70,13 +70,8 @@ class TextSettings:
     task: str = "addition"
     task_kwargs: tuple[tuple[str, Any], ...] = ()
     num_prompts: int = knob("num_prompts", 64, "prompts per update (B), split over devices", minimum=1)
-    num_updates: int = 1  # over the run, for the learning-rate schedule
-    schedule: str = knobs.declared("optim.schedule").field()  # engine.SCHEDULES
-    warmup_updates: int = knobs.declared("optim.warmup_updates").field()
-    adam_eps: float = knobs.declared("optim.adam_eps").field()
-    # the optimiser decays weights (by the traced hp.weight_decay)
-    weight_decay: bool = knobs.declared("optim.weight_decay").field(convert=lambda decay: decay > 0)
-    grad_clip: str = knobs.declared("optim.grad_clip").field()  # engine.GRAD_CLIPS
+    num_updates: int = 1  # over the run
+    optimizer: OptimizerSettings = OptimizerSettings()
     model_kwargs: tuple[tuple[str, Any], ...] = ()  # TransformerConfig fields (the vocabulary comes from the tokenizer)
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
     tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
@@ -150,7 +145,7 @@ class TextPolicy:
         """A fresh state for one seed, from `params` when given (a warm start) else a new initialisation."""
         param_key, state_key = jax.random.split(key)
         params = self.init_params(param_key) if params is None else params
-        optimizer = scheduled_optimizer(self.settings, TextHyperparams(), jnp.int32(0))
+        optimizer = self.settings.optimizer(TextHyperparams(), jnp.int32(0))
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
     @jit_method(static_argnums=(3, 4))
@@ -253,7 +248,7 @@ def sft_loss(policy: TextPolicy, params, batch, hp: TextHyperparams):
 def sft_update(policy: TextPolicy, state: TextState, hp: TextHyperparams):
     """One SFT update for one seed on this device: one gradient step on a fresh batch."""
     key, batch_key = jax.random.split(state.key)
-    optimizer = scheduled_optimizer(policy.settings, hp, state.update_step)
+    optimizer = policy.settings.optimizer(hp, state.update_step)
     params, opt_state, metrics = gradient_step(functools.partial(sft_loss, policy), optimizer, state.params,
                                                state.opt_state, sft_batch(policy, batch_key), hp)
     return TextState(params, opt_state, key, state.update_step + 1), metrics
@@ -498,7 +493,7 @@ class TextGRPO:
             ref, _, _ = sampling.score_groups(self.model, state.ref_params, units["prompts"], units["tokens"],
                                               units["mask"], self.vocab.pad_id)
             units = dict(units, ref_log_probs=ref)
-        optimizer = scheduled_optimizer(s.text, hp, state.update_step)
+        optimizer = s.text.optimizer(hp, state.update_step)
         groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)
@@ -542,9 +537,10 @@ def text_settings(config: ConfigDict, samples_per_prompt: int = 1, value_head: b
                   tokenizer_path: str | None = None) -> TextSettings:
     """TextSettings with its knob fields read from `config` (`jaxrl.knobs`), the rest derived here."""
     model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None, value_head=value_head)
+    num_updates = config.total_steps // (config.num_prompts * samples_per_prompt)
     return knobs.read(
         TextSettings, config, task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
-        num_updates=config.total_steps // (config.num_prompts * samples_per_prompt),
+        num_updates=num_updates, optimizer=knobs.read(OptimizerSettings, config, num_updates=num_updates),
         model_kwargs=tuple(sorted(model.items())), tokenizer_path=tokenizer_path,
         xla_options=config_lib.xla_options(config))
 

@@ -59,6 +59,12 @@ def start(learner, key: jax.Array) -> Acting:
     return Acting(env_state, obs, policy.network.initial_carry((n, policy.num_agents)), jnp.ones((n,), bool))
 
 
+def step_env_keys(step_keys: jax.Array, num_env_keys: int) -> jax.Array:
+    """This device's share [T, n, 2] of `num_env_keys` env keys (one per env, or per group) per step key [T, 2],
+    drawn for every env and sliced, so that each env gets the same keys on any mesh."""
+    return mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, num_env_keys))(step_keys), axis=1)
+
+
 def rollout(learner, params, acting: Acting, hp: Any, key: jax.Array, update_step: jax.Array):
     """T = settings.num_steps steps of this device's n envs from `acting`, acting by `learner.act` (actions
     [A, ...] per env). Returns (acting after, steps [n, T, ...] to store, episode sums over the run's envs on
@@ -68,7 +74,7 @@ def rollout(learner, params, acting: Acting, hp: Any, key: jax.Array, update_ste
     policy, envs, s = learner.policy, learner.envs, learner.settings
     agent_env, env = policy.agent_env, envs.env
     step_keys = jax.random.split(key, s.num_steps)
-    env_keys = mesh_lib.local_share(jax.vmap(lambda k: jax.random.split(k, s.num_envs))(step_keys), axis=1)
+    env_keys = step_env_keys(step_keys, s.num_envs)
     act_keys = jax.vmap(lambda k: mesh_lib.per_item_keys(jax.random.fold_in(k, 1), envs.local_envs))(step_keys)
 
     def step(acting: Acting, xs):

@@ -6,11 +6,14 @@ one compiled program serves a whole sweep over them.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from jaxrl.config import GRAD_CLIPS, SCHEDULES  # declared with their config keys
+from jaxrl.knobs import declared
 
 
 def make_optimizer(learning_rate: jax.Array, max_grad_norm: jax.Array, adam_eps: float, grad_clip: str = "joint",
@@ -29,19 +32,29 @@ def make_optimizer(learning_rate: jax.Array, max_grad_norm: jax.Array, adam_eps:
     return optax.chain(clip, optax.scale_by_adam(eps=adam_eps), *decay, optax.scale(-learning_rate))
 
 
-def scheduled_optimizer(settings, hp, update_step: jax.Array, peak: jax.Array | None = None,
-                        decays: bool = True) -> optax.GradientTransformation:
-    """The optimiser of update `update_step` (0-based): `make_optimizer` with `hp.max_grad_norm` clipping
-    (`settings.grad_clip`), decoupled weight decay `hp.weight_decay` where `settings.weight_decay` and `decays`,
-    and the learning rate `peak` (default `hp.learning_rate`) on `settings.schedule` (`scheduled_learning_rate`:
-    `settings.warmup_updates` of `settings.num_updates`). `settings`: any object with those fields (the env
-    optimiser, `algos.env_setup.EnvOptimizer`; the text families' settings). A learner with an optimiser per
-    part of its parameters (SAC's critics, actor and temperature) gives each its own `peak`, and `decays=False`
-    where none decays."""
-    learning_rate = scheduled_learning_rate(hp.learning_rate if peak is None else peak, update_step,
-                                            settings.schedule, settings.warmup_updates, settings.num_updates)
-    return make_optimizer(learning_rate, hp.max_grad_norm, settings.adam_eps, settings.grad_clip,
-                          hp.weight_decay if settings.weight_decay and decays else None)
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """An algorithm's optimiser, its static choices read from the config's `optim` keys (every family holds
+    one): `optimizer(hp, update_step)` is update `update_step`'s (0-based) optax optimiser, `make_optimizer`
+    with `hp.max_grad_norm` clipping (`grad_clip`), decoupled weight decay `hp.weight_decay` where
+    `weight_decay`, and the learning rate `hp.learning_rate` on `schedule` (`scheduled_learning_rate`:
+    `warmup_updates` of `num_updates`)."""
+
+    num_updates: int = 1  # over the run: the schedule's length
+    schedule: str = declared("optim.schedule").field()
+    warmup_updates: int = declared("optim.warmup_updates").field()
+    adam_eps: float = declared("optim.adam_eps").field()
+    grad_clip: str = declared("optim.grad_clip").field()
+    weight_decay: bool = declared("optim.weight_decay").field(convert=lambda decay: decay > 0)  # (hp's the rate)
+
+    def __call__(self, hp, update_step: jax.Array, peak: jax.Array | None = None,
+                 decays: bool = True) -> optax.GradientTransformation:
+        """A learner with an optimiser per part of its parameters (SAC's critics, actor and temperature) gives
+        each its own `peak` learning rate, and `decays=False` where none decays."""
+        learning_rate = scheduled_learning_rate(hp.learning_rate if peak is None else peak, update_step,
+                                                self.schedule, self.warmup_updates, self.num_updates)
+        return make_optimizer(learning_rate, hp.max_grad_norm, self.adam_eps, self.grad_clip,
+                              hp.weight_decay if self.weight_decay and decays else None)
 
 
 def clip_each_network(max_norm) -> optax.GradientTransformation:

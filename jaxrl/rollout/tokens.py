@@ -35,16 +35,24 @@ def _answer_lengths(algo, answers: jax.Array) -> jax.Array:
     return jnp.sum((answers != vocab.pad_id) & (answers != vocab.eos_id), axis=-1).astype(jnp.int32)
 
 
-def plan_candidates(algo, key: jax.Array) -> Plan:
+def plan_candidates(algo, key: jax.Array, level: jax.Array | None = None) -> Plan:
     """This device's share of the B x oversample candidate problems (the plan the stages start from), from the
-    pool when there is one. Drawn from their global index, so every device count plans the same problems."""
+    pool when there is one: uniformly, or with a curriculum `level` uniformly among the pool's problems of
+    difficulty <= level (the easiest ones if none is that easy); without a pool, fresh problems (at `level`).
+    Drawn for every device at once and shared out, so every device count plans the same problems."""
     s = algo.settings
     num = s.text.num_prompts * s.oversample
-    if s.pool_size:
+    if s.pool_size and level is None:
         ids = mesh_lib.local_share(jax.random.randint(key, (num,), 0, s.pool_size))
+    elif s.pool_size:
+        difficulty = algo.task.difficulty(algo.pool)
+        allowed = difficulty <= jnp.maximum(level, difficulty.min()) + 1e-6
+        ids = mesh_lib.local_share(jax.random.categorical(key, jnp.where(allowed, 0.0, -jnp.inf), shape=(num,)))
+    if s.pool_size:
+        ids = ids.astype(jnp.int32)
         problems = algo.pool[ids]
     else:
-        problems = jax.tree.map(mesh_lib.local_share, algo.task.sample(key, num, "train"))
+        problems = jax.tree.map(mesh_lib.local_share, algo.task.sample(key, num, "train", level))
         ids = jnp.full(problems.target.shape, -1, jnp.int32)
     zeros = jnp.zeros(ids.shape, jnp.int32)
     return Plan(ids, problems, zeros, jnp.full(ids.shape, -1.0), zeros)
@@ -482,19 +490,9 @@ def curriculum_memory(algo, key):
 
 
 def curriculum_problems(algo, memory, plan: Plan, key):
-    """Redraws the candidates at the current level: from the pool, uniformly among its problems of difficulty
-    <= level (the easiest ones if none is that easy); without a pool, fresh problems at that level. Drawn for
-    every device at once and shared out (the same problems on any device count)."""
-    s, level = algo.settings, memory["level"]
-    num = s.text.num_prompts * s.oversample
-    if s.pool_size:
-        difficulty = algo.task.difficulty(algo.pool)
-        allowed = difficulty <= jnp.maximum(level, difficulty.min()) + 1e-6
-        ids = mesh_lib.local_share(jax.random.categorical(key, jnp.where(allowed, 0.0, -jnp.inf), shape=(num,)))
-        plan = plan.replace(ids=ids.astype(jnp.int32), problems=algo.pool[ids])
-    else:
-        plan = plan.replace(problems=jax.tree.map(mesh_lib.local_share, algo.task.sample(key, num, "train", level)))
-    return plan, {"curriculum_level": level}
+    """Redraws the candidates at the current level (`plan_candidates`); it runs before every other strategy's
+    `before`, so the plan it replaces is the fresh one."""
+    return plan_candidates(algo, key, memory["level"]), {"curriculum_level": memory["level"]}
 
 
 def probe_curriculum(algo, memory, groups: Groups, params):

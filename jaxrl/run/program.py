@@ -3,9 +3,10 @@
     result = run(config, workdir)                 # a single run: one setting
     result = run_settings(settings, checkpoint_dir)  # every setting x seed of a sweep's program
 
-`run_settings` reads the configs once into a `plan.Plan`; `start` builds or restores the state and opens
-the run directories, `step` runs one chunk of updates and does what the plan says after it (check for
-divergence, evaluate, log, tune, save), `finish` writes the curves and artifacts. SIGTERM or Ctrl-C
+`run_settings` reads the configs once into a `plan.Plan`; `start` builds or restores the state and opens the
+run directories; then, inside `opened` (the loggers, signal handlers, checkpointer), `step` runs one chunk of
+updates and does what the plan says after it (check for divergence, evaluate, log, tune, save), and `finish`
+writes the curves and artifacts. SIGTERM or Ctrl-C
 finishes the current chunk, saves a checkpoint and returns.
 """
 
@@ -95,7 +96,7 @@ def run_settings(settings: list[Setting], checkpoint_dir: str, *, progress: bool
     plan = plan_lib.make(settings, algo.settings, checkpoint_dir, kind=kind, progress=progress, tuning=tuning,
                          overwrite=overwrite)
     training = start(plan, algo, mesh, start_state)
-    with _opened(plan, training):
+    with opened(plan, training):
         while training.update < plan.num_updates and step(plan, training):
             pass
         return finish(plan, training)
@@ -236,13 +237,13 @@ def _predict_time(plan: Plan, t: Training) -> None:
 def _wall_offset(plan: Plan, update: int) -> float:
     """The wall time the rows up to `update` ended at (later rows are redone)."""
     path = os.path.join(plan.settings[0].workdir, "metrics.jsonl")
-    previous = [r for r in metrics_lib.read(path) if r["update"] <= update]
+    previous = metrics_lib.rows_through(path, update)
     return previous[-1]["wall_time"] if previous else 0.0
 
 
 @contextlib.contextmanager
-def _opened(plan: Plan, training: Training):
-    """Everything open while the program trains, closed however it ends: the loggers (metrics.jsonl, and
+def opened(plan: Plan, training: Training):
+    """Everything open while the program trains (`step` runs inside it), closed however it ends: the loggers (metrics.jsonl, and
     TensorBoard and W&B when log.backends names them; process 0 only), the signal handlers, the checkpointer,
     the progress bar."""
     with contextlib.ExitStack() as opened:

@@ -400,7 +400,7 @@ class Fork:
 
     def copy_metrics(self, update: int, child_dir: str) -> None:
         """Start a child's metrics.jsonl with the parent's rows up to `update` (its curve continues them)."""
-        rows = [r for r in metrics_lib.read(os.path.join(self.run_dir, "metrics.jsonl")) if r["update"] <= update]
+        rows = metrics_lib.rows_through(os.path.join(self.run_dir, "metrics.jsonl"), update)
         os.makedirs(child_dir, exist_ok=True)
         files.write_lines(os.path.join(child_dir, "metrics.jsonl"), rows)
 
