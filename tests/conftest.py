@@ -67,18 +67,26 @@ def without_flag(flags: str, flag: str) -> str:
 
 def _name_the_fusion_emitters_in_every_compile() -> None:
     """Every compile in this process takes the older fusion emitters when cheap and XLA's default ones when
-    optimised, whatever XLA_FLAGS says (XLA reads it once per process). Through jax's compile-options hook, a
-    private one: jax has no public setting for every program; should it move, this fails loudly."""
+    optimised, whatever XLA_FLAGS said when the process started (XLA reads it once per process). Through jax's
+    compile-options hook, a private one: jax has no public setting for every program; should it move, this
+    fails loudly. The option is named only where it differs from what the process's XLA_FLAGS give: the
+    compile options are part of the compilation cache's key, so a cheap program compiled here and the same
+    program compiled by a subprocess (whose XLA_FLAGS name the older emitters) share one cache entry."""
     from jax._src import compiler
 
     if getattr(compiler.get_compile_options, "names_fusion_emitters", False):
         return
+    import jax
+
     original = compiler.get_compile_options
+    started_with_older = OLDER_FUSION_EMITTERS in os.environ.get("XLA_FLAGS", "").split()
+    jax.devices()  # XLA reads XLA_FLAGS now, as `started_with_older` saw them (not later, inside a test)
 
     def get_compile_options(*args, **kwargs):
         options = original(*args, **kwargs)
-        cheap = compiler._DISABLE_MOST_OPTIMIZATIONS.value
-        options.env_option_overrides = [*options.env_option_overrides, ("xla_cpu_use_fusion_emitters", not cheap)]
+        older = compiler._DISABLE_MOST_OPTIMIZATIONS.value
+        if older != started_with_older:
+            options.env_option_overrides = [*options.env_option_overrides, ("xla_cpu_use_fusion_emitters", not older)]
         return options
 
     get_compile_options.names_fusion_emitters = True
