@@ -124,9 +124,9 @@ def test_advantages_follow_the_estimator(returns, cartpole):
     algo, hp, _, traj = cartpole  # (group.returns changes what is made of the rollout, not the rollout)
     parts = dataclasses.replace(algo.parts, settings=dataclasses.replace(algo.parts.settings, returns=returns))
     one_seed = jax.tree.map(lambda x: x[0], traj)
-    fn = jax.shard_map(lambda t: parts.advantages(t, hp),
-                       mesh=algo.mesh, in_specs=jax.sharding.PartitionSpec(None, "data"),
-                       out_specs=jax.sharding.PartitionSpec(), check_vma=False)
+    fn = jax.jit(jax.shard_map(lambda t: parts.advantages(t, hp),
+                               mesh=algo.mesh, in_specs=jax.sharding.PartitionSpec(None, "data"),
+                               out_specs=jax.sharding.PartitionSpec(), check_vma=False))
     adv, weight, returns_to_go, _ = jax.device_get(fn(one_seed))
     running = np.asarray(one_seed.running)[..., 0]  # [T, N]
     G = algo.settings.group_size

@@ -93,8 +93,8 @@ def test_targets_match_a_step_by_step_computation(qmix_run):
         algo, hp = algos.build(_small(experiment, **{"replay.burn_in": 2, "returns.q_lambda": 0.0}),
                                mesh_lib.make_mesh())
         # (inside shard_map, as in training: a one-device mesh here)
-        td = jax.shard_map(lambda *args: algo.parts.td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
-                           check_vma=False)
+        td = jax.jit(jax.shard_map(lambda *args: algo.parts.td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
+                                   check_vma=False))
         q, targets = td(params, target_params, seq)
         expected_q, expected_targets = [], []
         for t, (q_t, online_next, target_next) in enumerate(per_step):
