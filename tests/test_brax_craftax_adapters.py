@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import envs
 from helpers import auto_reset_parity
@@ -73,14 +74,25 @@ def test_craftax_death_is_terminal_and_the_time_limit_is_not():
     assert bool(done) and bool(info["terminated"]) and not bool(info["truncated"])
 
 
-def test_ppo_logs_the_achievements_of_craftax_episodes():
+# Craftax-Classic through PPO's rollout and through `engine.acting`'s (PQN here; DQN, QMIX and SAC act through it
+# too): both sum the episode statistics with `EnvPolicy.episode_sums`, the env's achievements included.
+CRAFTAX_LEARNERS = {
+    "ppo": ("craftax_ppo", "classic", {"env.kwargs.params": {"max_timesteps": 8}}),
+    "pqn": ("cartpole_pqn", None, {"env.name": "craftax", "env.kwargs": {"env_id": "Craftax-Classic-Symbolic-v1",
+                                                                         "params": {"max_timesteps": 8}}}),
+}
+
+
+@pytest.mark.parametrize("learner", sorted(CRAFTAX_LEARNERS))
+def test_learners_log_the_achievements_of_craftax_episodes(learner):
     from helpers import build, load_experiment, set_keys
     from jaxrl import metrics
 
-    config = load_experiment("craftax_ppo", "classic")
+    experiment, arg, env_keys = CRAFTAX_LEARNERS[learner]
+    config = load_experiment(experiment, arg)
     config.unlock()
-    set_keys(config, {"num_envs": 4, "num_steps": 16, "total_steps": 4 * 16 * 2, "optim.num_minibatches": 2,
-                      "network.hidden_sizes": (32,), "env.kwargs.params": {"max_timesteps": 8}})
+    set_keys(config, {**env_keys, "num_envs": 4, "num_steps": 16, "total_steps": 4 * 16 * 2,
+                      "optim.num_minibatches": 2, "network.hidden_sizes": (32,)})
     algo, hp, state = build(config)
     _, chunk_metrics = algo.run_chunk(state, hp, 2)
     row = metrics.summarize(jax.device_get(chunk_metrics))
@@ -90,26 +102,6 @@ def test_ppo_logs_the_achievements_of_craftax_episodes():
     # Each achievement: the percentage of the 8 episodes that unlocked it (a multiple of 12.5 in [0, 100])
     shares = np.array([row[k] for k in achievements]) * row["episodes"] / 100
     np.testing.assert_allclose(shares, np.clip(np.round(shares), 0, row["episodes"]), atol=1e-4)
-
-
-def test_off_policy_learners_log_the_achievements_of_craftax_episodes():
-    """`engine.acting`'s rollout (PQN here; DQN, QMIX and SAC act through it too) sums the episode statistics as
-    PPO's does (`EnvPolicy.episode_sums`), the env's achievements included."""
-    from helpers import build, load_experiment, set_keys
-    from jaxrl import metrics
-
-    config = load_experiment("cartpole_pqn")
-    config.unlock()
-    set_keys(config, {"env.name": "craftax", "env.kwargs": {"env_id": "Craftax-Classic-Symbolic-v1",
-                                                            "params": {"max_timesteps": 8}},
-                      "num_envs": 4, "num_steps": 16, "total_steps": 4 * 16 * 2, "optim.num_minibatches": 2,
-                      "network.hidden_sizes": (32,)})
-    algo, hp, state = build(config)
-    _, chunk_metrics = algo.run_chunk(state, hp, 2)
-    row = metrics.summarize(jax.device_get(chunk_metrics))
-    assert row["episodes"] == 4 * 16 * 2 / 8  # every episode cut at 8 steps
-    achievements = [k for k in row if k.startswith("Achievements/")]
-    assert len(achievements) == 22 and "score" in row
 
 
 def test_ppo_trains_on_a_brax_env_with_normalised_observations():
