@@ -6,7 +6,7 @@
 Many envs, a replay ratio below one: 64 envs step together, and each update of 64 env steps takes 32 gradient
 steps on batches of 256 (Brax's own SAC trains the same way, with more envs and gradient steps per step);
 256-unit critics and actor, Adam at 3e-4, gamma 0.99, 10,000 random steps first, episodes of 1000 steps. These
-settings are a starting point and have not been measured on Brax yet (see benchmarks/README.md). For TD3 or
+settings are a starting point and have not been measured on Brax yet (see benchmarks/RESULTS.md). For TD3 or
 TQC on Brax, start from `experiments/pendulum_td3.py` / `pendulum_tqc.py` with `--config.env.name=brax
 --config.env.kwargs=...`, or copy this file: an algorithm's own keys come with its default config. Needs
 brax: pip install -e ".[brax]".
