@@ -32,6 +32,12 @@ def dot_general(x, w, dimension_numbers, precision=None, preferred_element_type=
     return _contract(x, w, c)
 
 
+def contract(x: jax.Array, w: jax.Array, num_contracted: int = 1) -> jax.Array:
+    """x [..., *C] . w [*C, *F] -> [..., *F], contracting the last `num_contracted` axes of x with the first of w,
+    with the weight gradient XLA:CPU computes fast (see the module docstring)."""
+    return _contract(x, w, num_contracted)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _contract(x, w, num_contracted: int):
     """x [..., *C] . w [*C, *F] -> [..., *F], contracting the C axes (the last of x, the first of w)."""

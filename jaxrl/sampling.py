@@ -1,4 +1,5 @@
-"""Jitted autoregressive sampling from `TransformerLM` with a KV cache, and teacher-forced scoring.
+"""Jitted autoregressive sampling from a language model with a KV cache (`jaxrl.transformer.TransformerLM` or
+`jaxrl.models.Decoder`: the same four methods), and teacher-forced scoring.
 
 Conventions shared by `sample` and `score`:
 - prompts int32 [B, P] are LEFT-padded with `pad_id`: every prompt ends at column P-1, and a row's real
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl.loops import scan_until
-from jaxrl.transformer import TransformerLM, init_own_cache
+from jaxrl.transformer import TransformerLM
 
 
 class Samples(NamedTuple):
@@ -212,25 +213,28 @@ def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resu
     prompt's, [B, G, ...]. Only the rows of `resume.rows` are computed; the others start afresh."""
     B = logits.shape[0]
     E, G, N = resume.tokens.shape
+    axis = model.cache_batch_axis
     rows = jnp.arange(B) if resume.rows is None else resume.rows
     start = resume.start[rows]
     columns = jnp.arange(N)
     kept = (resume.mask > 0) & (columns < start[:, None, None])  # [E, G, N]
     fed_positions = jnp.broadcast_to(prompt_len[rows, None, None] + columns, (E, G, N))
     fed_logits, fed_values, cache = model.apply(
-        params, resume.tokens, fed_positions, kept, jax.tree.map(lambda x: x[rows], prefix), real[rows],
-        init_own_cache(model.config, E, G, N), 0, method=TransformerLM.extend)
+        params, resume.tokens, fed_positions, kept, jax.tree.map(lambda x: jnp.take(x, rows, axis), prefix),
+        real[rows], model.init_own_cache(E, G, N), 0, method="extend")
     # Column c is predicted by the prompt (c = 0) or by column c - 1; the next draw by column start - 1.
     predicting = jnp.concatenate([logits[rows, :, None], fed_logits], axis=2)  # [E, G, N + 1, V]
     log_probs = _token_log_prob(predicting[:, :, :N], resume.tokens) * kept
     at_start = lambda x: jnp.take_along_axis(x, start[:, None, None, *([None] * (x.ndim - 3))], axis=2)[:, :, 0]
     scatter = lambda full, part: full.at[rows].set(part)  # the E rows into the B
+    scatter_cache = lambda c: jnp.moveaxis(  # noqa: E731
+        scatter(jnp.zeros((B, *jnp.moveaxis(c, axis, 0).shape[1:]), c.dtype), jnp.moveaxis(c, axis, 0)), 0, axis)
     blank = lambda shape, dtype: jnp.zeros((B, *shape), dtype)
     out_kept = scatter(blank((G, N), bool), kept)
     stopped = scatter(blank((G,), bool), jnp.zeros((E, G), bool) if resume.stopped is None else resume.stopped)
     tokens = scatter(blank((G, N), jnp.int32), resume.tokens)
     log_probs = scatter(blank((G, N), log_probs.dtype), log_probs)
-    own_cache = jax.tree.map(lambda c: scatter(jnp.zeros((B, *c.shape[1:]), c.dtype), c), cache)
+    own_cache = jax.tree.map(scatter_cache, cache)
     logits = scatter(logits, at_start(predicting))
     if value is None:
         return out_kept, stopped, tokens, log_probs, None, own_cache, logits, None
@@ -262,7 +266,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         raise ValueError("pruning members by their predicted value needs a model with a value head")
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
     # Left padding puts every prompt's last token at column P-1: its logits predict token 0.
-    logits, value, prefix = model.apply(params, prompts, positions, real, method=TransformerLM.prefill)
+    logits, value, prefix = model.apply(params, prompts, positions, real, method="prefill")
     logits = jnp.broadcast_to(logits[:, None], (B, G, logits.shape[-1]))
     value = None if value is None else jnp.broadcast_to(value[:, None], (B, G))
     split = lambda k: jax.random.split(k, N)
@@ -290,12 +294,14 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
     def forward(cache, own_mask, token, column, slot):  # the model on each member's newest token
         logits, values, cache = model.apply(params, token[..., None], (prompt_len + column)[:, None, None]
                                             + jnp.zeros_like(token[..., None]), own_mask, prefix, real, cache, slot,
-                                            method=TransformerLM.extend)
+                                            method="extend")
         return cache, logits[:, :, 0], None if values is None else values[..., 0]
 
     # The carry's zeros derive from the prompts so that under shard_map they vary over devices like the rest.
     no = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1] False
-    varying_zeros = lambda x: x + jnp.zeros_like(prefix[0].k[:, None, :1, :1, :1])
+    batch_axis = model.cache_batch_axis  # caches are [B, ...] or [layers, B, ...]
+    varying_zeros = lambda x: x + jnp.expand_dims(jnp.zeros_like(real[:, 0], x.dtype),  # noqa: E731
+                                                  [a for a in range(x.ndim) if a != batch_axis])
     if resume is None and not stop_slots and not pruning and not by_entropy:
         def step(carry, xs):
             cache, own_mask, logits, value, done = carry
@@ -314,7 +320,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         shared = depth if branches and 0 < depth < N - 1 else 0
         drawing = leader[::per_branch] if shared else jnp.arange(G)  # the members decoded from column 0
         width = drawing.shape[0]
-        own_cache = jax.tree.map(varying_zeros, init_own_cache(model.config, B, width, N - 1))
+        own_cache = jax.tree.map(varying_zeros, model.init_own_cache(B, width, N - 1))
         carry = (own_cache, no & jnp.zeros((B, width, N - 1), bool), logits[:, drawing],
                  None if value is None else value[:, drawing], no[..., 0] & jnp.zeros((B, width), bool))
         first = shared or N - 1  # the steps decoded before any member takes its leader's state
@@ -323,8 +329,8 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         all_done = lambda carry: carry[4].all()  # noqa: E731
         carry, outs = scan_until(step, carry, (jnp.arange(first), uniforms[:first, :, drawing]), all_done)
         if shared:  # every member takes its leader's state: [B, branches, ...] -> [B, G, ...]
-            copy = lambda x: None if x is None else jnp.repeat(x, per_branch, axis=1)
-            carry = (jax.tree.map(copy, carry[0]), *map(copy, carry[1:]))
+            copy = lambda x, axis=1: None if x is None else jnp.repeat(x, per_branch, axis=axis)
+            carry = (jax.tree.map(lambda x: copy(x, batch_axis + 1), carry[0]), *map(copy, carry[1:]))
             carry, rest = scan_until(step, carry, (jnp.arange(shared, N - 1), uniforms[shared:-1]), all_done)
             outs = jax.tree.map(lambda a, b: jnp.concatenate([jnp.repeat(a, per_branch, axis=2), b]), outs, rest)
         tokens, log_probs, live, vals = outs
@@ -347,7 +353,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         tokens = jnp.where(kept, 0, jnp.asarray(pad_id, jnp.int32))
         log_probs = kept * 0.0
         values = None if value is None else kept * 0.0
-        own_cache = jax.tree.map(varying_zeros, init_own_cache(model.config, B, G, N))
+        own_cache = jax.tree.map(varying_zeros, model.init_own_cache(B, G, N))
         ended = kept.any(axis=-1)
     else:
         start, resumed_slots = resume.start, N
@@ -453,7 +459,7 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
     """
     B, G, N = completions.shape
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
-    logits, values, prefix = model.apply(params, prompts, positions, real, method=TransformerLM.prefill)
+    logits, values, prefix = model.apply(params, prompts, positions, real, method="prefill")
     # The prompt's last column predicts every member's token 0.
     logits = jnp.broadcast_to(logits[:, None, None], (B, G, 1, logits.shape[-1]))
     values = None if values is None else jnp.broadcast_to(values[:, None, None], (B, G, 1))
@@ -461,7 +467,7 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
     if N > 1:  # the last completion token predicts nothing we score, so it is not fed
         fed_positions = jnp.broadcast_to(prompt_len[:, None, None] + jnp.arange(N - 1, dtype=jnp.int32), (B, G, N - 1))
         rest_logits, rest_values, _ = model.apply(params, completions[..., :-1], fed_positions,
-                                                  completion_real[..., :-1], prefix, real, method=TransformerLM.extend)
+                                                  completion_real[..., :-1], prefix, real, method="extend")
         logits = jnp.concatenate([logits, rest_logits], axis=2)
         values = None if values is None else jnp.concatenate([values, rest_values], axis=2)
     return _completion_scores(logits, values, completions, completion_real)  # column t predicts token t

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -197,6 +197,7 @@ class TransformerLM(nn.Module):
     """Decoder-only causal LM with an optional per-token value head (the PPO critic on tokens)."""
 
     config: TransformerConfig
+    cache_batch_axis: ClassVar[int] = 0  # caches are tuples of per-layer [B, ...]
 
     def setup(self):
         c = self.config
@@ -282,3 +283,7 @@ class TransformerLM(nn.Module):
     def init_cache(self, batch: int, max_len: int) -> Cache:
         """Zero cache (needs no parameters; callable on an unbound module)."""
         return init_cache(self.config, batch, max_len)
+
+    def init_own_cache(self, batch: int, group: int, max_len: int) -> Cache:
+        """Zero per-member cache for `extend` (needs no parameters)."""
+        return init_own_cache(self.config, batch, group, max_len)

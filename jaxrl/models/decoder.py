@@ -1,0 +1,295 @@
+"""`Decoder`: one decoder-only transformer for the Llama, Qwen2, Qwen3 and Gemma 2 families (Flax linen), with the
+functional KV cache, the prefix-sharing group decode and the value head of `jaxrl.transformer.TransformerLM`.
+
+The same four ways through the parameters as `TransformerLM` (so `jaxrl.sampling` drives either):
+
+    logits, values = model.apply(params, tokens, positions, attn_mask)                          # full forward
+    logits, values, cache = model.apply(params, tokens, positions, attn_mask, cache, index, method="decode")
+    last_logits, last_values, prefix = model.apply(params, tokens, positions, attn_mask, method="prefill")
+    logits, values, own = model.apply(params, tokens, positions, attn_mask, prefix, prefix_mask, own_cache,
+                                      index, method="extend")                # G continuations of B prefixes
+
+Shapes as there: tokens/positions int32 [B, T] (the caller's positions, so left padding shifts nothing),
+attn_mask bool (True = real token), logits float32 [B, T, V], values float32 [B, T] or None. The layers are
+one `lax.scan` over parameters stacked on a leading layer axis (compile time does not grow with depth), and a
+cache is one `LayerCache` whose k and v are [L, B, T, K, Dh] (the batch on axis `cache_batch_axis`).
+
+Parameters (all stacked over L under "layers"): embed [V, D]; attn_norm, mlp_norm [L, D]; q [L, D, N, Dh],
+k and v [L, D, K, Dh], o [L, N, Dh, D]; gate and up [L, D, F], down [L, F, D]; optional q_bias/k_bias/v_bias
+[L, N or K, Dh] (Qwen2), q_norm/k_norm [L, Dh] (Qwen3), attn_out_norm/mlp_out_norm [L, D] (Gemma 2),
+gate_bias/up_bias [L, F] and down_bias [L, D]; final_norm [D]; lm_head [D, V] when not tied; value_head.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxrl.dot import contract
+from jaxrl.models.config import ModelConfig, rope_frequencies
+from jaxrl.transformer import LayerCache, visible
+
+# Masked attention logits: a large finite negative, so a query with no visible key (a left-padding column)
+# averages uniformly instead of giving NaN.
+MASKED = -1e30
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float, offset: float) -> jax.Array:
+    """x [..., D] normalised by its root mean square in float32, scaled by (offset + weight [D])."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * (offset + weight.astype(jnp.float32))).astype(x.dtype)
+
+
+def rope_tables(positions: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """positions int [..., S], inv_freq [Dh / 2] -> (cos, sin), each float32 [..., S, 1, Dh] (a head axis to
+    broadcast over)."""
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    angles = jnp.concatenate([angles, angles], axis=-1)[..., None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def rotate(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotary embedding of x [..., S, H, Dh], halves convention (the first half pairs with the second)."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def attention(q, k, v, mask, scale: float, softcap: float | None) -> jax.Array:
+    """Grouped-query attention: q [B, S, N, Dh] over k, v [B, L, K, Dh] (each key head serves N / K query
+    heads), mask bool [B, S, L] (query s may see key l) -> [B, S, N, Dh]. Logits and softmax in float32."""
+    B, S, N, Dh = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, S, K, N // K, Dh)
+    logits = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32) * scale
+    if softcap:
+        logits = softcap * jnp.tanh(logits / softcap)
+    logits = jnp.where(mask[:, None, None], logits, MASKED)
+    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgsl,blkd->bskgd", weights, v).reshape(B, S, N, Dh)
+
+
+def within_window(mask: jax.Array, distance: jax.Array | None, window) -> jax.Array:
+    """mask bool [..., S, L] restricted to keys fewer than `window` columns back (distance [S, L] = query
+    column - key column); window 0 (may be traced, per layer) keeps the mask as it is."""
+    if distance is None:
+        return mask
+    return mask & ((window == 0) | (distance < window))
+
+
+def _project(x, p, name: str, dtype, bias: bool):
+    """x [..., D] @ p[name] [D, *F] (+ p[name + "_bias"]) in `dtype`."""
+    w = p[name].astype(dtype)
+    y = contract(x, w, 1)
+    return y + p[f"{name}_bias"].astype(dtype) if bias else y
+
+
+def block(c: ModelConfig, p: dict, x: jax.Array, cos, sin, attend: Callable) -> tuple[jax.Array, object]:
+    """One layer: x [..., S, D] -> ([..., S, D], the layer's new cache). p: this layer's parameters; cos, sin:
+    rotary tables for the S new tokens; attend(q [..., S, N, Dh], k, v [..., S, K, Dh]) -> (y [..., S, N, Dh],
+    new cache) does the attention (and cache writing) of the calling mode."""
+    norm = lambda h, w: rms_norm(h, w, c.norm_eps, c.norm_offset)  # noqa: E731
+    h = norm(x, p["attn_norm"])
+    q, k, v = (_project(h, p, name, c.dtype, c.attention_bias) for name in ("q", "k", "v"))
+    if c.qk_norm:
+        q, k = norm(q, p["q_norm"]), norm(k, p["k_norm"])
+    y, cache = attend(rotate(q, cos, sin), rotate(k, cos, sin), v)
+    h = contract(y, p["o"].astype(c.dtype), 2)
+    if c.sandwich_norms:
+        h = norm(h, p["attn_out_norm"])
+    x = x + h
+    h = norm(x, p["mlp_norm"])
+    act = jax.nn.silu if c.activation == "silu" else lambda z: jax.nn.gelu(z, approximate=True)
+    h = act(_project(h, p, "gate", c.dtype, c.mlp_bias)) * _project(h, p, "up", c.dtype, c.mlp_bias)
+    h = _project(h, p, "down", c.dtype, c.mlp_bias)
+    if c.sandwich_norms:
+        h = norm(h, p["mlp_out_norm"])
+    return x + h, cache
+
+
+def layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of each stacked layer parameter this config has."""
+    L, D, N, K, Dh, F = c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size
+    shapes = {"attn_norm": (L, D), "q": (L, D, N, Dh), "k": (L, D, K, Dh), "v": (L, D, K, Dh), "o": (L, N, Dh, D),
+              "mlp_norm": (L, D), "gate": (L, D, F), "up": (L, D, F), "down": (L, F, D)}
+    if c.attention_bias:
+        shapes.update(q_bias=(L, N, Dh), k_bias=(L, K, Dh), v_bias=(L, K, Dh))
+    if c.qk_norm:
+        shapes.update(q_norm=(L, Dh), k_norm=(L, Dh))
+    if c.sandwich_norms:
+        shapes.update(attn_out_norm=(L, D), mlp_out_norm=(L, D))
+    if c.mlp_bias:
+        shapes.update(gate_bias=(L, F), up_bias=(L, F), down_bias=(L, D))
+    return shapes
+
+
+def is_norm(name: str) -> bool:
+    return name.endswith("norm")
+
+
+def init_layers(c: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
+    """Fresh stacked layer parameters: weights normal(0.02), biases 0, norms the identity."""
+    shapes = layer_shapes(c)
+    keys = dict(zip(shapes, jax.random.split(key, len(shapes))))
+
+    def init(name, shape):
+        if is_norm(name):
+            return jnp.full(shape, 1.0 - c.norm_offset, c.param_dtype)
+        if name.endswith("_bias"):
+            return jnp.zeros(shape, c.param_dtype)
+        return (0.02 * jax.random.normal(keys[name], shape)).astype(c.param_dtype)
+
+    return {name: init(name, shape) for name, shape in shapes.items()}
+
+
+class Decoder(nn.Module):
+    """Decoder-only causal LM of any supported family, with an optional per-token value head."""
+
+    config: ModelConfig
+    cache_batch_axis: ClassVar[int] = 1  # caches are [L, B, ...]
+
+    def setup(self):
+        c = self.config
+        init = nn.initializers.normal(0.02)
+        self.embed = self.param("embed", init, (c.vocab_size, c.hidden_size), c.param_dtype)
+        self.layers = self.param("layers", lambda key: init_layers(c, key))
+        self.final_norm = self.param("final_norm", nn.initializers.constant(1.0 - c.norm_offset), (c.hidden_size,),
+                                     c.param_dtype)
+        if not c.tie_embeddings:
+            self.lm_head = self.param("lm_head", init, (c.hidden_size, c.vocab_size), c.param_dtype)
+        if c.value_head:
+            self.value_head = nn.Dense(1, kernel_init=nn.initializers.normal(0.01), name="value_head")
+
+    def _embed(self, tokens):
+        c = self.config
+        x = jnp.take(self.embed, tokens, axis=0).astype(c.dtype)
+        return x * jnp.asarray(c.hidden_size ** 0.5, c.dtype) if c.scale_embeddings else x
+
+    def _layers(self, x, positions, caches, attend):
+        """Every layer over x [..., S, D]: attend(q, k, v, layer_caches, window) -> (y, new layer cache);
+        caches: a pytree whose leaves are stacked over layers (or None). -> (x, new caches stacked)."""
+        c = self.config
+        cos, sin = rope_tables(positions, rope_frequencies(c))
+
+        def layer(x, per_layer):
+            p, layer_caches, window = per_layer
+            return block(c, p, x, cos, sin, lambda q, k, v: attend(q, k, v, layer_caches, window))
+
+        if c.remat:
+            layer = jax.checkpoint(layer, prevent_cse=False)
+        windows = jnp.asarray(c.layer_windows(), jnp.int32)
+        return jax.lax.scan(layer, x, (self.layers, caches, windows))
+
+    def _heads(self, x):
+        """Final hidden [..., D] -> (logits float32 [..., V], values float32 [...] or None)."""
+        c = self.config
+        h = rms_norm(x, self.final_norm, c.norm_eps, c.norm_offset).astype(jnp.float32)
+        head = self.embed.T if c.tie_embeddings else self.lm_head
+        logits = contract(h, head.astype(jnp.float32), 1)
+        if c.final_softcap:
+            logits = c.final_softcap * jnp.tanh(logits / c.final_softcap)
+        return logits, self.value_head(h)[..., 0] if c.value_head else None
+
+    def _distance(self, query_columns, key_columns):
+        """Query column - key column [S, L] when some layer slides (else None)."""
+        if not self.config.sliding_window:
+            return None
+        return query_columns[:, None] - key_columns[None, :]
+
+    def _attend(self, mask, distance):
+        c = self.config
+        return lambda q, k, v, window: attention(q, k, v, within_window(mask, distance, window), c.scale,
+                                                 c.attn_softcap)
+
+    def __call__(self, tokens, positions, attn_mask):
+        """Full causal forward: tokens, positions int32 [B, T], attn_mask bool [B, T] -> (logits float32
+        [B, T, V], values float32 [B, T] or None). Query t sees key s iff s <= t and attn_mask[:, s]."""
+        T = tokens.shape[1]
+        attend = self._attend(visible(T, attn_mask), self._distance(jnp.arange(T), jnp.arange(T)))
+        x, _ = self._layers(self._embed(tokens), positions, None, lambda q, k, v, _, w: (attend(q, k, v, w), None))
+        return self._heads(x)
+
+    def decode(self, tokens, positions, attn_mask, cache: LayerCache, index):
+        """Cached step: write S new tokens' K/V at cache slots [index, index + S) and score them.
+
+        tokens, positions int32 [B, S]; attn_mask bool [B, L]: the cache slots holding real tokens, INCLUDING
+        the S being written; cache from `init_cache(B, L)`; index int (may be traced).
+        -> (logits float32 [B, S, V], values [B, S] or None, new cache)."""
+        S, L = tokens.shape[1], attn_mask.shape[1]
+        attend = self._attend(visible(S, attn_mask, index), self._distance(index + jnp.arange(S), jnp.arange(L)))
+
+        def write_and_attend(q, k, v, layer_cache, window):
+            write = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), index, 1)
+            k, v = write(layer_cache.k, k), write(layer_cache.v, v)
+            return attend(q, k, v, window), LayerCache(k, v)
+
+        x, cache = self._layers(self._embed(tokens), positions, cache, write_and_attend)
+        return (*self._heads(x), cache)
+
+    def prefill(self, tokens, positions, attn_mask):
+        """The prompts' KV cache and what their last column predicts: tokens, positions int32 [B, P],
+        attn_mask bool [B, P] -> (logits float32 [B, V], values [B] or None, cache: k, v [L, B, P, K, Dh])."""
+        P = tokens.shape[1]
+        attend = self._attend(visible(P, attn_mask), self._distance(jnp.arange(P), jnp.arange(P)))
+        dtype = self.config.dtype
+
+        def keep_and_attend(q, k, v, _, window):
+            return attend(q, k, v, window), LayerCache(k.astype(dtype), v.astype(dtype))
+
+        x, cache = self._layers(self._embed(tokens), positions, None, keep_and_attend)
+        logits, values = self._heads(x[:, -1])
+        return logits, values, cache
+
+    def extend(self, tokens, positions, attn_mask, prefix: LayerCache, prefix_mask, own_cache: LayerCache | None = None,
+               index=0):
+        """G continuations of each of B prefixes whose keys and values are cached once per prefix.
+
+        tokens, positions int32 [B, G, S]; prefix: k, v [L, B, P, K, Dh] (from `prefill`), prefix_mask bool
+        [B, P]. Without `own_cache` the S tokens are the continuations and attn_mask bool [B, G, S] marks the
+        real ones; with one (from `init_own_cache(B, G, T)`) their K/V are written at own slots
+        [index, index + S) and attn_mask [B, G, T] marks the own slots holding real tokens, INCLUDING the S being
+        written. -> (logits float32 [B, G, S, V], values [B, G, S] or None, new own cache or None)."""
+        B, G, S = tokens.shape
+        P = prefix_mask.shape[1]
+        T = S if own_cache is None else attn_mask.shape[2]
+        own_mask = visible(S, attn_mask, index)  # [B, G, S, T]
+        same_member = jnp.eye(G, dtype=bool)[:, None, :, None]  # [G, 1, G, 1]
+        own = (same_member & own_mask[:, :, :, None, :]).reshape(B, G * S, G * T)
+        mask = jnp.concatenate([jnp.broadcast_to(prefix_mask[:, None, :], (B, G * S, P)), own], axis=-1)
+        query_columns = jnp.tile(P + index + jnp.arange(S), G)
+        key_columns = jnp.concatenate([jnp.arange(P), jnp.tile(P + jnp.arange(T), G)])
+        attend = self._attend(mask, self._distance(query_columns, key_columns))
+
+        def grouped(q, k, v, layer_caches, window):
+            layer_prefix, layer_own = layer_caches
+            if layer_own is not None:
+                write = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), index, 2)
+                k, v = write(layer_own.k, k), write(layer_own.v, v)
+                layer_own = LayerCache(k, v)
+            # One attention per prompt of its G * S queries over the shared prefix and every member's own keys
+            # (the block-diagonal mask keeps members apart): the prefix is never repeated G times.
+            keys = jnp.concatenate([layer_prefix.k.astype(k.dtype), k.reshape(B, G * T, *k.shape[3:])], axis=1)
+            values = jnp.concatenate([layer_prefix.v.astype(v.dtype), v.reshape(B, G * T, *v.shape[3:])], axis=1)
+            y = attend(q.reshape(B, G * S, *q.shape[3:]), keys, values, window)
+            return y.reshape(q.shape), layer_own
+
+        x, new_own = self._layers(self._embed(tokens), positions, (prefix, own_cache), grouped)
+        return (*self._heads(x), None if own_cache is None else new_own)
+
+    def init_cache(self, batch: int, max_len: int) -> LayerCache:
+        """Zero cache for `batch` sequences of at most `max_len` columns: k, v [L, B, max_len, K, Dh]."""
+        return zero_cache(self.config, batch, max_len)
+
+    def init_own_cache(self, batch: int, group: int, max_len: int) -> LayerCache:
+        """Zero per-member cache for `extend`: k, v [L, B, G, max_len, K, Dh]."""
+        return zero_cache(self.config, batch, group, max_len)
+
+
+def zero_cache(c: ModelConfig, *lead: int) -> LayerCache:
+    shape = (c.num_layers, *lead, c.num_kv_heads, c.head_dim)
+    return LayerCache(jnp.zeros(shape, c.dtype), jnp.zeros(shape, c.dtype))
