@@ -39,6 +39,12 @@ class Samples(NamedTuple):
     branched_at: jax.Array | None = None  # int32 [B, G]: column where a member left its leader (`branch_entropy`)
 
 
+def is_eos(tokens: jax.Array, eos_id) -> jax.Array:
+    """tokens int [...] -> bool [...]: the token is eos_id (an id, or any of the ids [E])."""
+    eos = jnp.asarray(eos_id)
+    return tokens == eos if eos.ndim == 0 else jnp.any(tokens[..., None] == eos, axis=-1)
+
+
 def prompt_layout(prompts: jax.Array, pad_id) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Left-padded prompts [B, P] -> (real bool [B, P], positions int32 [B, P], lengths int32 [B])."""
     real = jnp.cumsum(prompts != pad_id, axis=1) > 0
@@ -116,7 +122,8 @@ def sample(model: TransformerLM, params, prompts: jax.Array, key: jax.Array, *, 
 
     One prefill call writes the whole prompt into the KV cache, then `lax.scan` runs single-token
     steps. Step t draws row b's token with `jax.random.uniform(jax.random.split(key, N)[t], (B, 1))[b]`.
-    Static: model, max_new_tokens, top_k; temperature, top_p, eos_id and pad_id may be traced. Each step
+    Static: model, max_new_tokens, top_k; temperature, top_p, eos_id (one id, or several [E]: any ends a
+    sample) and pad_id may be traced. Each step
     attends over the P prompt columns and the tokens generated so far. Pure: `vmap` over keys or prompts works.
     """
     out = _sample_members(model, params, prompts, key[None], max_new_tokens=max_new_tokens, eos_id=eos_id,
@@ -289,7 +296,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         log_p = _token_log_prob(logits, token)
         live = ~done
         token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))
-        return token, jnp.where(live, log_p, 0.0), live, done | (live & (token == eos_id))
+        return token, jnp.where(live, log_p, 0.0), live, done | (live & is_eos(token, eos_id))
 
     def forward(cache, own_mask, token, column, slot):  # the model on each member's newest token
         logits, values, cache = model.apply(params, token[..., None], (prompt_len + column)[:, None, None]
@@ -359,7 +366,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         start, resumed_slots = resume.start, N
         kept, ended, tokens, log_probs, values, resumed_cache, logits, value = _resumed_prefix(
             model, params, prefix, real, prompt_len, logits, value, resume)
-        ended = ended | (kept & (tokens == eos_id)).any(axis=-1)
+        ended = ended | (kept & is_eos(tokens, eos_id)).any(axis=-1)
         tokens = jnp.where(kept, tokens, jnp.asarray(pad_id, jnp.int32))
         # Slots [0, N): the resumed columns; [N, 2N): the new tokens.
         own_cache = jax.tree.map(lambda c: varying_zeros(jnp.concatenate([c, jnp.zeros_like(c)], axis=2)),
