@@ -18,7 +18,7 @@ import transformers
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMMON = dict(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+              num_key_value_heads=2, max_position_embeddings=128, initializer_range=0.3, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 CONFIGS = {
     "llama": transformers.LlamaConfig(**COMMON, tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=500000.0,
                                       rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -47,21 +47,25 @@ def reference(model) -> dict[str, np.ndarray]:
             "greedy": greedy[:, ids.shape[1]:].numpy().astype(np.int32)}
 
 
+def write(family: str, out: str) -> None:
+    """The family's tiny random checkpoint and transformers' reference outputs into `out`."""
+    torch.manual_seed(0)
+    config = CONFIGS[family]
+    model = MODELS[family](config).eval()
+    with torch.no_grad():  # norms away from their initial value, so a wrong norm convention shows
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            if name.endswith("bias"):
+                p.copy_(0.1 * torch.randn_like(p))
+    model.save_pretrained(out, safe_serialization=True)
+    np.savez(os.path.join(out, "reference.npz"), **reference(model))
+
+
 def main(families):
     for family in families:
-        torch.manual_seed(0)
-        config = CONFIGS[family]
-        model = MODELS[family](config).eval()
-        with torch.no_grad():  # norms away from their initial value, so a wrong norm convention shows
-            for name, p in model.named_parameters():
-                if "norm" in name:
-                    p.add_(0.1 * torch.randn_like(p))
-                if name.endswith("bias"):
-                    p.copy_(0.1 * torch.randn_like(p))
-        out = os.path.join(HERE, family)
-        model.save_pretrained(out, safe_serialization=True)
-        np.savez(os.path.join(out, "reference.npz"), **reference(model))
-        print(family, "->", out)
+        write(family, os.path.join(HERE, family))
+        print(family, "->", os.path.join(HERE, family))
 
 
 if __name__ == "__main__":
