@@ -184,12 +184,16 @@ def test_smollm2_logits_tokens_and_greedy_text_match_transformers(smollm2, smoll
     batch, left-padded)."""
     ref, chats = smollm2_reference
     prompts = chats["prompts"]
+    batch = smollm2.encode_batch(prompts)  # left-padded
+    real = prompt_layout(batch, smollm2.pad_id)[0]
+    logits = np.asarray(smollm2.logits(batch, real))
     for i, text in enumerate(prompts):
-        assert smollm2.tokenizer.encode(text).ids == ref[f"ids_{i}"].tolist()
-        logits = np.asarray(smollm2.logits(jnp.asarray([ref[f"ids_{i}"]])))[0]
-        np.testing.assert_allclose(np.take_along_axis(logits, ref[f"columns_{i}"], axis=-1), ref[f"logits_{i}"],
+        ids = ref[f"ids_{i}"]
+        assert smollm2.tokenizer.encode(text).ids == ids.tolist()
+        np.testing.assert_array_equal(np.asarray(batch[i, -len(ids):]), ids)
+        mine = logits[i, -len(ids):]
+        np.testing.assert_allclose(np.take_along_axis(mine, ref[f"columns_{i}"], axis=-1), ref[f"logits_{i}"],
                                    atol=1e-3, rtol=0)
-    batch = smollm2.encode_batch(prompts)
     greedy = sample(smollm2.module, smollm2.params, batch, jax.random.key(0), max_new_tokens=64, eos_id=-1,
                     pad_id=smollm2.pad_id, temperature=0.0).tokens
     for i in range(len(prompts)):

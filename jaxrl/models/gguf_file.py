@@ -119,6 +119,12 @@ class Tensors(Mapping):
             w = w - 1.0
         return w
 
+    def __contains__(self, name) -> bool:  # (Mapping's default would dequantise the tensor)
+        return name in self.sources
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        return tuple(reversed([int(n) for n in self.sources[name].shape]))
+
     def __iter__(self):
         return iter(self.sources)
 

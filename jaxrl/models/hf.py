@@ -130,11 +130,13 @@ def place(builders: dict, dtype, shardings=None) -> dict:
     return jax.tree.map(make, builders, shardings, is_leaf=is_builder)
 
 
-def check_vocab(c: ModelConfig, tensors: dict[str, np.ndarray]) -> None:
-    embed = tensors.get("model.embed_tokens.weight")
-    if embed is not None and embed.shape != (c.vocab_size, c.hidden_size):
-        raise ValueError(f"the checkpoint's embedding is {list(embed.shape)}, config.json says "
-                         f"[{c.vocab_size}, {c.hidden_size}]")
+def check_vocab(c: ModelConfig, tensors) -> None:
+    name = "model.embed_tokens.weight"
+    if name in tensors:
+        shape = tensors.shape_of(name) if hasattr(tensors, "shape_of") else tensors[name].shape
+        if tuple(shape) != (c.vocab_size, c.hidden_size):
+            raise ValueError(f"the checkpoint's embedding is {list(shape)}, its config says "
+                             f"[{c.vocab_size}, {c.hidden_size}]")
 
 
 def load_params(directory: str, c: ModelConfig, shardings=None) -> dict:

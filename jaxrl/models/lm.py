@@ -125,9 +125,10 @@ def from_pretrained(name_or_path: str, *, dtype=None, param_dtype=None, value_he
         tensors = hf.open_checkpoint(path)
     elif path.endswith(".gguf") and os.path.isfile(path):
         reader = gguf_file.open_reader(path)
-        config = from_hf_config(gguf_file.hf_config(reader), **overrides)
+        hf_config = gguf_file.hf_config(reader)
+        config = from_hf_config(hf_config, **overrides)
         files = from_gguf(reader)
-        tensors = gguf_file.Tensors(reader, gguf_file.hf_config(reader))
+        tensors = gguf_file.Tensors(reader, hf_config)
     elif not os.path.exists(path):
         raise ValueError(f"model {name_or_path!r} is neither a known name ({', '.join(installed.INSTALLED)}) nor an "
                          "existing path")
