@@ -9,6 +9,7 @@
 See `envs.text.tasks` for the prompt formats, the held-out split and the verifiers.
 """
 
+from envs.text.chat import ChatTask, DatasetTask, ModelVocab
 from envs.text.tasks import (SPLITS, TASKS, Arithmetic, Countdown, Problems, Task, addition, corpus,
                              make_task, multiplication, split_hash, task_options)
 from envs.text.tokenizer import (ALPHABET, SPECIALS, Vocab, decode, encode, load_tokenizer, save_tokenizer,
@@ -16,7 +17,7 @@ from envs.text.tokenizer import (ALPHABET, SPECIALS, Vocab, decode, encode, load
 from envs.text.verify import ExpressionError, check_countdown, parse_expression
 
 __all__ = [
-    "ALPHABET", "SPECIALS", "SPLITS", "TASKS", "Arithmetic", "Countdown", "ExpressionError", "Problems",
+    "ALPHABET", "SPECIALS", "SPLITS", "TASKS", "Arithmetic", "ChatTask", "DatasetTask", "ModelVocab", "Countdown", "ExpressionError", "Problems",
     "Task", "Vocab", "addition", "check_countdown", "corpus", "decode", "encode", "load_tokenizer",
     "make_task", "multiplication", "parse_expression", "save_tokenizer", "split_hash", "task_options", "train_tokenizer",
 ]

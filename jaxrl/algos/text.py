@@ -37,11 +37,16 @@ from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS
+from jaxrl.models import hf as hf_files
+from jaxrl.models.decoder import Decoder
+from jaxrl.models.lm import read_spec
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 
 TASK_NAME = Knob("task.name", "addition", "a verifiable text task (envs.text.TASKS)", choices=lambda: sorted(text.TASKS))
 TASK_KWARGS = Knob("task.kwargs", {}, "the task's own arguments, e.g. {max_digits: 3}")
+PRETRAINED_NAME = Knob("model.name", "", "a pretrained model by name (smollm2-135m-instruct) or path (a Hugging Face "
+                       "directory, a .gguf file); '': the small transformer of model.num_layers etc., from scratch")
 MODEL_KNOBS = (
     Knob("model.num_layers", 2, "the transformer's layers", minimum=1),
     Knob("model.d_model", 128, "the transformer's width (a multiple of num_heads)", minimum=1),
@@ -78,6 +83,23 @@ class TextSettings:
     pass_k: int = knob("eval.pass_k", 8, "held-out samples per problem for eval_pass@k; 0: greedy evaluation only",
                        minimum=0)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training programs' XLA options, or "auto"
+    # A pretrained model (`jaxrl.models`): its name or path ('' for the small transformer), and how it computes
+    pretrained: str = ""
+    compute_dtype: str = knob("model.dtype", "float32", "a pretrained model's compute dtype",
+                              choices=("float32", "bfloat16"))
+    param_dtype: str = knob("model.param_dtype", "float32", "a pretrained model's parameter dtype (its optimiser "
+                            "state stays float32 when bfloat16)", choices=("float32", "bfloat16"))
+    remat: bool = knob("model.remat", False, "recompute each layer's activations in the backward pass instead of "
+                       "keeping them (less memory, about a third more compute)")
+    # How a task is posed to a pretrained chat model (envs.text.chat)
+    system_prompt: str = knob("task.system_prompt", "", "pretrained models: the system message before each "
+                              "question ('': none)")
+    instruction: str = knob("task.instruction", "", "pretrained models: the line after each question ('': ask for "
+                            "the final answer after task.answer_marker)")
+    answer_marker: str = knob("task.answer_marker", "Answer:", "pretrained models: the final answer is what "
+                              "follows the last occurrence of this in the reply")
+    reply_length: int = knob("task.reply_length", 64, "pretrained models: the most tokens a reply may take (EOS "
+                             "included)", minimum=1)
 
     @property
     def batch_size(self) -> int:
@@ -101,19 +123,64 @@ class TextPolicy:
 
     def __init__(self, settings: TextSettings, eval_seed: int = 1234):
         self.settings, self.eval_seed = settings, eval_seed
-        self.task = text.make_task(settings.task, **dict(settings.task_kwargs))
-        self.tokenizer = (text.load_tokenizer(settings.tokenizer_path) if settings.tokenizer_path else
-                          text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus)))
-        self.vocab = text.Vocab.from_tokenizer(self.tokenizer)
-        self.model = TransformerLM(TransformerConfig(vocab_size=self.vocab.size, **dict(settings.model_kwargs)))
+        if settings.pretrained:
+            self._pretrained(settings)
+        else:
+            if settings.task == "dataset":
+                raise ValueError("task.name=dataset poses a file's questions in words: it needs a pretrained model "
+                                 f"(config.{PRETRAINED_NAME.key})")
+            self.task = text.make_task(settings.task, **dict(settings.task_kwargs))
+            self.tokenizer = (text.load_tokenizer(settings.tokenizer_path) if settings.tokenizer_path else
+                              text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus)))
+            self.vocab = text.Vocab.from_tokenizer(self.tokenizer)
+            self.model = TransformerLM(TransformerConfig(vocab_size=self.vocab.size, **dict(settings.model_kwargs)))
         needed = self.task.prompt_length + self.task.answer_length
         if self.model.config.max_len < needed:
             raise ValueError(f"model.max_len={self.model.config.max_len} cannot hold this task's prompt and "
                              f"answer ({self.task.prompt_length} + {self.task.answer_length} tokens)")
 
+    def _pretrained(self, settings: TextSettings) -> None:
+        """The task posed through a pretrained model's chat template, its tokenizer and architecture."""
+        model_kwargs = dict(settings.model_kwargs)
+        config, self.tokenizer_files = read_spec(
+            settings.pretrained, dtype=jnp.dtype(settings.compute_dtype), param_dtype=jnp.dtype(settings.param_dtype),
+            remat=settings.remat, value_head=bool(model_kwargs.get("value_head")))
+        tokens = self.tokenizer_files
+        self.tokenizer = tokens.tokenizer
+        eos = tokens.token_id(tokens.eos_token)
+        eos = eos if eos is not None else (config.eos_ids or (None,))[0]
+        pad = next((i for i in (tokens.token_id(tokens.pad_token), config.pad_id, eos) if i is not None), None)
+        if eos is None or pad is None:
+            raise ValueError(f"{settings.pretrained}: the tokenizer names no end-of-sequence token")
+        self.vocab = text.ModelVocab(config.vocab_size, int(pad), int(eos))
+        base = (text.DatasetTask(**dict(settings.task_kwargs)) if settings.task == "dataset"
+                else text.make_task(settings.task, **dict(settings.task_kwargs)))
+        self.task = text.ChatTask(base, tokens.encode, tokens.decode, tokens.render_chat, pad_id=self.vocab.pad_id,
+                                  eos_id=self.vocab.eos_id, answer_length=settings.reply_length,
+                                  system_prompt=settings.system_prompt, instruction=settings.instruction,
+                                  marker=settings.answer_marker)
+        self.model = Decoder(config)
+
     def write_files(self, workdir: str) -> None:
-        """The tokenizer beside the checkpoints: a run is reloadable from its directory alone."""
+        """The tokenizer beside the checkpoints (a pretrained model's architecture and tokenizer in `model/`): a run
+        is reloadable from its directory alone."""
+        if self.settings.pretrained:
+            hf_files.write_spec(self.model.config, os.path.join(workdir, MODEL_DIR), self.tokenizer_files.files())
+            return
         files.write_atomic(os.path.join(workdir, "tokenizer.json"), self.tokenizer.to_str())
+
+    def decode(self, completions) -> list[str]:
+        """Completions [B, N] -> their text, up to the end-of-sequence token."""
+        if self.settings.pretrained:
+            return [self.task.reply(row) for row in np.asarray(completions)]
+        return text.decode(self.tokenizer, completions)
+
+    def encode_prompts(self, texts: list[str]) -> np.ndarray:
+        """Prompt strings -> int32 [B, P] laid out as the task's prompts (a pretrained model's: each string is the
+        question of a chat prompt)."""
+        if self.settings.pretrained:
+            return self.task.question_prompts(texts)
+        return text.encode(self.tokenizer, texts, self.task.prompt_length)
 
     def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 16) -> list[str]:
         """`sample_completions.txt`: the first run's answers (params leaves [R, ...]) to `num` held-out
@@ -126,7 +193,7 @@ class TextPolicy:
         lines = [f"# {num} held-out problems, {'sampled at temperature 1' if sample else 'greedy'}; rewards: "
                  + ", ".join(self.task.reward_names)]
         for (prompt, answer), completion, reward in zip(self.task.texts(problems),
-                                                        text.decode(self.tokenizer, completions), rewards):
+                                                        self.decode(completions), rewards):
             lines.append(f"{prompt!r} -> {completion!r} (reference {answer!r}; rewards "
                          + ", ".join(f"{r:g}" for r in reward) + ")")
         path = os.path.join(workdir, "sample_completions.txt")
@@ -142,9 +209,16 @@ class TextPolicy:
         return self.model.init(key, tokens, jnp.zeros_like(tokens), jnp.ones_like(tokens, bool))
 
     def init(self, key: jax.Array, params=None) -> TextState:
-        """A fresh state for one seed, from `params` when given (a warm start) else a new initialisation."""
+        """A fresh state for one seed, from `params` when given (a warm start or pretrained weights: in this
+        model's dtypes, with a fresh value head where they have none) else a new initialisation."""
         param_key, state_key = jax.random.split(key)
-        params = self.init_params(param_key) if params is None else params
+        if params is None:
+            params = self.init_params(param_key)
+        else:
+            value_head = dict(self.settings.model_kwargs).get("value_head")
+            fresh = (self.init_params(param_key) if value_head  # (only the value head is taken from it)
+                     else jax.eval_shape(self.init_params, param_key))
+            params = _overlay(fresh, params, fresh_ok=("params/value",))
         optimizer = self.settings.optimizer(TextHyperparams(), jnp.int32(0))
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
@@ -191,10 +265,11 @@ class TextActor:
 
         actor = jaxrl.load_policy("runs/text_grpo-addition-...")
         actor.complete(["12+30="])                                  # ['42']
+        actor.complete(["What is 12 + 30?"])                        # a pretrained model's run: questions in words
     """
 
     def __init__(self, policy: TextPolicy, params):
-        self.params, self.task, self.tokenizer = params, policy.task, policy.tokenizer
+        self.params, self.task, self.tokenizer, self.policy = params, policy.task, policy.tokenizer, policy
         vocab = policy.vocab
         decoding = dict(max_new_tokens=self.task.answer_length, eos_id=vocab.eos_id, pad_id=vocab.pad_id)
         self._greedy = jax.jit(lambda params, prompts: sampling.sample(
@@ -206,9 +281,9 @@ class TextActor:
         return self._greedy(self.params, prompts) if key is None else self._sampled(self.params, prompts, key)
 
     def complete(self, texts: list[str], key: jax.Array | None = None) -> list[str]:
-        """The answers to prompt strings (laid out as the task's prompts: BOS, text, padded on the left)."""
-        prompts = text.encode(self.tokenizer, texts, self.task.prompt_length)
-        return text.decode(self.tokenizer, self(jnp.asarray(prompts), key))
+        """The answers to prompt strings (laid out as the task's prompts: BOS, text, padded on the left; for a
+        pretrained model each string is a question, posed through its chat template)."""
+        return self.policy.decode(self(jnp.asarray(self.policy.encode_prompts(texts)), key))
 
 
 def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, init_from_params=None,
@@ -254,10 +329,12 @@ def sft_update(policy: TextPolicy, state: TextState, hp: TextHyperparams):
     return TextState(params, opt_state, key, state.update_step + 1), metrics
 
 
-def text_sft(settings: TextSettings, mesh) -> engine.Algorithm:
-    """Supervised warm start of a `TransformerLM` on a text task (see the module docstring); `parts`: its policy."""
+def text_sft(settings: TextSettings, mesh, starts_from: str = "") -> engine.Algorithm:
+    """Supervised fine-tuning of the small transformer (from scratch) or of a pretrained model (from its parameters,
+    those of `starts_from`) on a text task (see the module docstring); `parts`: its policy."""
     policy = TextPolicy(settings)
-    return text_algorithm(settings, mesh, policy, policy.init, functools.partial(sft_update, policy), policy)
+    return text_algorithm(settings, mesh, policy, policy.init, functools.partial(sft_update, policy), policy,
+                          init_from_params=policy.init, starts_from=starts_from)
 
 
 def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
@@ -269,7 +346,7 @@ def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
         if fresh.shape != loaded.shape:
             raise ValueError(f"config.{INIT_FROM.key}: the saved run's {path} is {list(loaded.shape)}, this "
                              f"config's model has {list(fresh.shape)}: config.model must match the saved run's")
-        return loaded
+        return loaded.astype(fresh.dtype)
     missing = [f"{path}/{k}".lstrip("/") for k in fresh if k not in loaded]
     if any(m not in fresh_ok for m in missing):
         raise ValueError(f"config.{INIT_FROM.key}: the saved run has no parameters "
@@ -394,11 +471,6 @@ class TextGRPO:
 
     def init(self, key: jax.Array, params=None) -> TextGRPOState:
         """A fresh state for one seed, from `params` when given (a warm start; a fresh value head if it has one)."""
-        if params is not None:  # a warm start: a fresh value head where the saved run has none
-            fresh_key = jax.random.fold_in(key, 1)
-            fresh = (self.policy.init_params(fresh_key) if self.use_critic
-                     else jax.eval_shape(self.policy.init_params, fresh_key))  # (only its shapes are read)
-            params = _overlay(fresh, params, fresh_ok=("params/value",))
         state = self.policy.init(key, params)
         ref = state.params if self.settings.use_kl else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
@@ -520,7 +592,7 @@ def text_config() -> ConfigDict:
                               "log": {"every_steps": 6_400}, "eval": {"episodes": 512}}))  # 512 held-out problems
     config.optim.update({"learning_rate": 1e-3, "schedule": "cosine", "warmup_updates": 50, "max_grad_norm": 1.0,
                          "adam_eps": 1e-8})
-    return knobs.fill(config, TASK_NAME, TASK_KWARGS, TextSettings, *MODEL_KNOBS)
+    return knobs.fill(config, TASK_NAME, TASK_KWARGS, TextSettings, PRETRAINED_NAME, *MODEL_KNOBS)
 
 
 def text_grpo_config() -> ConfigDict:
@@ -533,37 +605,55 @@ def text_grpo_config() -> ConfigDict:
     return knobs.fill(config, TextGRPOHyperparams, TextGRPOSettings, INIT_FROM)
 
 
+MODEL_DIR = "model"  # a pretrained model's run directory keeps its architecture and tokenizer here
+
+
+def model_source(config: ConfigDict, start: str | None) -> str:
+    """Where a run's pretrained model's architecture and tokenizer come from: the `model/` directory of the saved
+    run it resumes or starts from, else config.model.name; '' for the small transformer."""
+    saved = bool(start) and os.path.isdir(os.path.join(start, MODEL_DIR))
+    if start and config.model.name and not saved:
+        raise ValueError(f"{start} is a run of the small transformer, not of the pretrained model "
+                         f"config.{PRETRAINED_NAME.key}={config.model.name!r}")
+    return os.path.join(start, MODEL_DIR) if saved else config.model.name
+
+
 def text_settings(config: ConfigDict, samples_per_prompt: int = 1, value_head: bool = False,
-                  tokenizer_path: str | None = None) -> TextSettings:
-    """TextSettings with its knob fields read from `config` (`jaxrl.knobs`), the rest derived here."""
-    model = dict(config.model.to_dict(), d_ff=config.model.d_ff or None, value_head=value_head)
+                  start: str | None = None) -> TextSettings:
+    """TextSettings with its knob fields read from `config` (`jaxrl.knobs`), the rest derived here; `start`: the
+    saved run (directory) it resumes or starts from, whose tokenizer (or pretrained model files) it takes."""
+    pretrained = model_source(config, start)
+    small = {knob.key.split(".", 1)[1] for knob in MODEL_KNOBS}
+    model = dict({k: v for k, v in config.model.to_dict().items() if k in small}, d_ff=config.model.d_ff or None,
+                 value_head=value_head)
+    tokenizer_path = os.path.join(start, "tokenizer.json") if start and not pretrained else None
     num_updates = config.total_steps // (config.num_prompts * samples_per_prompt)
     return knobs.read(
         TextSettings, config, task=config.task.name, task_kwargs=tuple(sorted(config.task.kwargs.to_dict().items())),
         num_updates=num_updates, optimizer=knobs.read(OptimizerSettings, config, num_updates=num_updates),
-        model_kwargs=tuple(sorted(model.items())), tokenizer_path=tokenizer_path,
+        model_kwargs=tuple(sorted(model.items())), tokenizer_path=tokenizer_path, pretrained=pretrained,
         xla_options=config_lib.xla_options(config))
 
 
 def build_text_sft(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
-    """The SFT algorithm; with `run_dir`, that saved run's (its tokenizer.json)."""
-    return text_sft(text_settings(config, tokenizer_path=os.path.join(run_dir, "tokenizer.json") if run_dir else None),
-                    mesh)
+    """The SFT algorithm, starting from config.model.name's pretrained parameters when it names a model (which the
+    run layer reads); with `run_dir`, that saved run's (its tokenizer, and no warm start)."""
+    settings = text_settings(config, start=run_dir)
+    return text_sft(settings, mesh, starts_from="" if run_dir else settings.pretrained)
 
 
 def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
     """The GRPO algorithm (`parts`: its `TextGRPO`), starting from the parameters of `config.init_from` (which
     the run layer reads); with `run_dir`, that saved run's (its tokenizer.json, and no warm start: its
     checkpoints hold the parameters)."""
-    start = run_dir or config.init_from
     base = text_settings(config, config.group.size, value_head=config.loss.critic_weight > 0,
-                         tokenizer_path=os.path.join(start, "tokenizer.json") if start else None)
+                         start=run_dir or config.init_from)
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config, "tokens"))
     policy = TextPolicy(base)
     grpo = TextGRPO(settings, mesh, policy)
     return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
-                          starts_from="" if run_dir else config.init_from)
+                          starts_from="" if run_dir else config.init_from or base.pretrained)
 
 
 def check_text_config(config: ConfigDict) -> None:
@@ -579,8 +669,10 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
     check_group_estimator(config)
     rollout.check_config(config, "tokens")
-    if config.init_from and not os.path.exists(os.path.join(config.init_from, "tokenizer.json")):
-        raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json)")
+    saved_run = lambda path: any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", MODEL_DIR))  # noqa: E731
+    if config.init_from and not saved_run(config.init_from):
+        raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json "
+                         f"nor {MODEL_DIR}/)")
 
 
 register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_config, defaults=text_config,

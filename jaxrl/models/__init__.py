@@ -10,7 +10,7 @@ family differences are `ModelConfig` fields; pretrained ones read from Hugging F
 from jaxrl.models.config import FAMILIES, ModelConfig, from_hf_config, to_hf_config
 from jaxrl.models.decoder import Decoder
 from jaxrl.models.installed import INSTALLED
-from jaxrl.models.lm import LanguageModel, from_pretrained, save_pretrained
+from jaxrl.models.lm import LanguageModel, from_pretrained, is_pretrained, read_params, read_spec, save_pretrained
 
 __all__ = ["FAMILIES", "INSTALLED", "Decoder", "LanguageModel", "ModelConfig", "from_hf_config", "from_pretrained",
-           "save_pretrained", "to_hf_config"]
+           "is_pretrained", "read_params", "read_spec", "save_pretrained", "to_hf_config"]

@@ -17,7 +17,7 @@ cache is one `LayerCache` whose k and v are [L, B, T, K, Dh] (the batch on axis 
 Parameters (all stacked over L under "layers"): embed [V, D]; attn_norm, mlp_norm [L, D]; q [L, D, N, Dh],
 k and v [L, D, K, Dh], o [L, N, Dh, D]; gate and up [L, D, F], down [L, F, D]; optional q_bias/k_bias/v_bias
 [L, N or K, Dh] (Qwen2), q_norm/k_norm [L, Dh] (Qwen3), attn_out_norm/mlp_out_norm [L, D] (Gemma 2),
-gate_bias/up_bias [L, F] and down_bias [L, D]; final_norm [D]; lm_head [D, V] when not tied; value_head.
+gate_bias/up_bias [L, F] and down_bias [L, D]; final_norm [D]; lm_head [D, V] when not tied; value (the value head).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ import jax.numpy as jnp
 from jaxrl.dot import contract
 from jaxrl.models.config import ModelConfig, rope_frequencies
 from jaxrl.transformer import LayerCache, visible
+
+VALUE_HEAD = "value"  # the value head's parameters (the name TransformerLM uses too)
 
 # Masked attention logits: a large finite negative, so a query with no visible key (a left-padding column)
 # averages uniformly instead of giving NaN.
@@ -163,7 +165,7 @@ class Decoder(nn.Module):
         if not c.tie_embeddings:
             self.lm_head = self.param("lm_head", init, (c.hidden_size, c.vocab_size), c.param_dtype)
         if c.value_head:
-            self.value_head = nn.Dense(1, kernel_init=nn.initializers.normal(0.01), name="value_head")
+            self.value_head = nn.Dense(1, kernel_init=nn.initializers.normal(0.01), name=VALUE_HEAD)
 
     def _embed(self, tokens):
         c = self.config

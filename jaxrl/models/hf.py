@@ -162,6 +162,18 @@ def hf_tensors(c: ModelConfig, params: dict, dtype=None) -> dict[str, np.ndarray
     return out
 
 
+def write_spec(c: ModelConfig, directory: str, extra_files: dict[str, str] | None = None) -> None:
+    """config.json, generation_config.json and `extra_files` (the tokenizer's): a model directory without its
+    weights, which `jaxrl.models.read_spec` reads (a run directory keeps its model's this way)."""
+    os.makedirs(directory, exist_ok=True)
+    write_text(os.path.join(directory, CONFIG), json.dumps(to_hf_config(c), indent=2))
+    generation = {"bos_token_id": c.bos_id, "eos_token_id": list(c.eos_ids) or None, "pad_token_id": c.pad_id}
+    write_text(os.path.join(directory, GENERATION_CONFIG),
+               json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2))
+    for name, text in (extra_files or {}).items():
+        write_text(os.path.join(directory, name), text)
+
+
 def save_directory(c: ModelConfig, params: dict, directory: str, *, extra_files: dict[str, str] | None = None,
                    dtype=None, max_shard_bytes: int = 4 << 30) -> None:
     """Write a Hugging Face directory transformers (and vLLM) load: config.json, generation_config.json,
@@ -191,12 +203,9 @@ def save_directory(c: ModelConfig, params: dict, directory: str, *, extra_files:
         total = sum(a.nbytes for a in tensors.values())
         write_text(os.path.join(directory, INDEX), json.dumps({"metadata": {"total_size": total},
                                                                 "weight_map": weight_map}, indent=2))
-    write_text(os.path.join(directory, CONFIG), json.dumps(hf, indent=2))
-    generation = {"bos_token_id": c.bos_id, "eos_token_id": list(c.eos_ids) or None, "pad_token_id": c.pad_id}
-    write_text(os.path.join(directory, GENERATION_CONFIG),
-               json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2))
-    for name, text in (extra_files or {}).items():
-        write_text(os.path.join(directory, name), text)
+    write_spec(c, directory, extra_files)
+    if dtype is not None:  # the weights' dtype, which transformers reads from config.json
+        write_text(os.path.join(directory, CONFIG), json.dumps(hf, indent=2))
 
 
 def write_text(path: str, text: str) -> None:

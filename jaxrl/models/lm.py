@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 from typing import Any, Sequence
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from jaxrl.models import gguf_file, hf, installed
 from jaxrl.models.config import ModelConfig, from_hf_config
-from jaxrl.models.decoder import Decoder
+from jaxrl.models.decoder import VALUE_HEAD, Decoder
 from jaxrl.models.tokenizer import TokenizerFiles, from_directory, from_gguf
 
 
@@ -109,39 +110,81 @@ def _forward(module, params, tokens, positions, real):
     return module.apply(params, tokens, positions, real)
 
 
+def is_pretrained(path: str) -> bool:
+    """Whether `path` names a pretrained model: an installed name, a .gguf file or a Hugging Face directory."""
+    if path in installed.INSTALLED or (path.endswith(".gguf") and os.path.isfile(path)):
+        return True
+    config = os.path.join(path, hf.CONFIG)  # (a run directory has a config.json too: jaxrl's, without model_type)
+    if not os.path.isfile(config):
+        return False
+    try:
+        return "model_type" in json.load(open(config))
+    except ValueError:
+        return False
+
+
+def source_path(name_or_path: str, download: bool = True) -> str:
+    """An installed model's file (fetched when absent), or the path itself once it is checked to be a model."""
+    if name_or_path in installed.INSTALLED:
+        return installed.resolve(name_or_path, download=download)
+    if os.path.isdir(name_or_path) or (name_or_path.endswith(".gguf") and os.path.isfile(name_or_path)):
+        return name_or_path
+    if not os.path.exists(name_or_path):
+        raise ValueError(f"model {name_or_path!r} is neither a known name ({', '.join(installed.INSTALLED)}) nor an "
+                         "existing path")
+    raise ValueError(f"{name_or_path} is neither a Hugging Face model directory nor a .gguf file")
+
+
+@functools.lru_cache(maxsize=2)
+def _gguf(path: str, modified: float):
+    """(reader, Hugging Face config) of a GGUF file, read once per file version (parsing its metadata takes seconds)."""
+    reader = gguf_file.open_reader(path)
+    return reader, gguf_file.hf_config(reader)
+
+
+def read_spec(name_or_path: str, *, download: bool = True, **overrides) -> tuple[ModelConfig, TokenizerFiles]:
+    """A pretrained model's architecture and tokenizer, without its weights. overrides: ModelConfig fields (dtype,
+    param_dtype, remat, value_head)."""
+    path = source_path(name_or_path, download)
+    if os.path.isdir(path):
+        config, files = hf.read_config(path, **overrides), from_directory(path)
+    else:
+        reader, hf_config = _gguf(path, os.path.getmtime(path))
+        config, files = from_hf_config(hf_config, **overrides), from_gguf(reader)
+    check_tokenizer(config, files)
+    return config, files
+
+
+def read_params(name_or_path: str, config: ModelConfig, shardings=None) -> dict:
+    """A pretrained model's weights as `Decoder(config)` parameters ({"params": ...}, without a value head), each
+    device given only its shard when `shardings` (a tree of `jax.sharding.Sharding`) is."""
+    path = source_path(name_or_path)
+    if os.path.isdir(path):
+        tensors = hf.open_checkpoint(path)
+    else:
+        reader, hf_config = _gguf(path, os.path.getmtime(path))
+        tensors = gguf_file.Tensors(reader, hf_config)
+    hf.check_vocab(config, tensors)
+    return {"params": hf.place(hf.param_builders(config, tensors), config.param_dtype,
+                               None if shardings is None else shardings["params"])}
+
+
 def from_pretrained(name_or_path: str, *, dtype=None, param_dtype=None, value_head: bool = False,
                     remat: bool = False, shardings=None, download: bool = True) -> LanguageModel:
     """A pretrained model: an installed name (`smollm2-135m-instruct`), a Hugging Face directory or a .gguf file.
 
     dtype: compute dtype (default float32); param_dtype: the parameters' (default float32); value_head: add a
-    fresh per-token value head; shardings: a tree of `jax.sharding.Sharding` matching the parameters (see
-    `jaxrl.models.sharding`), each device then receives only its shard."""
+    per-token value head (zero-initialised: it predicts 0 until trained); shardings: a tree of
+    `jax.sharding.Sharding` matching the parameters (`jaxrl.models.sharding.param_shardings`), each device then
+    receives only its shard."""
     overrides = {k: v for k, v in dict(dtype=dtype, param_dtype=param_dtype, value_head=value_head,
                                        remat=remat).items() if v is not None}
-    path = installed.resolve(name_or_path, download=download) if name_or_path in installed.INSTALLED else name_or_path
-    if os.path.isdir(path):
-        config = hf.read_config(path, **overrides)
-        files = from_directory(path)
-        tensors = hf.open_checkpoint(path)
-    elif path.endswith(".gguf") and os.path.isfile(path):
-        reader = gguf_file.open_reader(path)
-        hf_config = gguf_file.hf_config(reader)
-        config = from_hf_config(hf_config, **overrides)
-        files = from_gguf(reader)
-        tensors = gguf_file.Tensors(reader, hf_config)
-    elif not os.path.exists(path):
-        raise ValueError(f"model {name_or_path!r} is neither a known name ({', '.join(installed.INSTALLED)}) nor an "
-                         "existing path")
-    else:
-        raise ValueError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
-    check_tokenizer(config, files)
-    hf.check_vocab(config, tensors)
-    params = {"params": hf.place(hf.param_builders(config, tensors), config.param_dtype,
-                                 None if shardings is None else shardings["params"])}
+    config, files = read_spec(name_or_path, download=download, **overrides)
+    params = read_params(name_or_path, config, shardings)
     if value_head:
-        params["params"]["value_head"] = {"kernel": jnp.zeros((config.hidden_size, 1), jnp.float32),
-                                          "bias": jnp.zeros((1,), jnp.float32)}
-    return LanguageModel(config, params, files, path)
+        params["params"][VALUE_HEAD] = {"kernel": jnp.zeros((config.hidden_size, 1), jnp.float32),
+                                        "bias": jnp.zeros((1,), jnp.float32)}
+    return LanguageModel(config, params, files, source_path(name_or_path, download))
 
 
 def check_tokenizer(config: ModelConfig, files: TokenizerFiles) -> None:
@@ -154,6 +197,6 @@ def save_pretrained(model: LanguageModel, directory: str, *, params=None, dtype=
     """Write `model` (with `params` in place of its own when given: a trained run's) as a Hugging Face directory:
     config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json."""
     params = model.params if params is None else params
-    params = {"params": {k: v for k, v in params["params"].items() if k != "value_head"}}
+    params = {"params": {k: v for k, v in params["params"].items() if k != VALUE_HEAD}}
     hf.save_directory(model.config, params, directory, extra_files=model.tokenizer_files.files(), dtype=dtype)
     return directory

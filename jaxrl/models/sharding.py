@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.models.config import ModelConfig
-from jaxrl.models.decoder import layer_shapes
+from jaxrl.models.decoder import VALUE_HEAD, layer_shapes
 
 MODEL_AXIS = "model"
 
@@ -53,7 +53,7 @@ def param_specs(config: ModelConfig, mesh: Mesh) -> dict:
     if not c.tie_embeddings:
         tree["lm_head"] = spec_for("lm_head", (c.hidden_size, c.vocab_size), sizes)
     if c.value_head:
-        tree["value_head"] = {"kernel": P(), "bias": P()}
+        tree[VALUE_HEAD] = {"kernel": P(), "bias": P()}
     return {"params": tree}
 
 

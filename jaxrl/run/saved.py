@@ -17,7 +17,7 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib
+from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, models
 from jaxrl.run.plan import Plan
 
 EXPORT_MARKER = "exported_policy.json"
@@ -81,9 +81,12 @@ def restore_exported(path: str):
 def start_params(path: str, checkpoint_step: int | None = None):
     """The parameters a run warm-started from `path` begins with, leaves [S', ...]: every seed's of a run (or
     sweep setting) directory, at its newest checkpoint or at update `checkpoint_step`; an exported policy's
-    one, [1, ...]."""
+    one, [1, ...]; a pretrained model's (`jaxrl.models`: a name, a Hugging Face directory, a .gguf file), [1, ...]."""
     if os.path.exists(os.path.join(path, EXPORT_MARKER)):
         return jax.tree.map(lambda x: x[None], restore_exported(path)[2])
+    if models.is_pretrained(path):
+        params = models.read_params(path, models.read_spec(path)[0])
+        return jax.tree.map(lambda x: x[None], params)
     return restore_run(path, checkpoint_step).state.params
 
 
