@@ -3,6 +3,7 @@
     python -m jaxrl.evaluate --workdir=runs/smax_mappo-3m-20261124-101500
     python -m jaxrl.evaluate --workdir=RUN --checkpoint=240 --episodes=256 --sample
     python -m jaxrl.evaluate --workdir=RUN --export=policies/smax_3m --seed=2
+    python -m jaxrl.evaluate --workdir=runs/lm_grpo-... --export=out/ --format=hf   # for transformers / vLLM
 
 Restores the run's newest checkpoint (or `--checkpoint`, an update number), plays `--episodes` episodes per
 seed (held-out problems for text; default: the run's eval.episodes) greedily, or sampling from the policy
@@ -35,8 +36,8 @@ def main(argv) -> int:
     with cli.input_phase():
         check_flags(FLAGS)
     if FLAGS.export:
-        out = policies.export_policy(FLAGS.workdir, FLAGS.export, FLAGS.checkpoint, FLAGS.seed)
-        print(json.dumps({"exported": out, "workdir": FLAGS.workdir, "seed": FLAGS.seed}))
+        out = policies.export_policy(FLAGS.workdir, FLAGS.export, FLAGS.checkpoint, FLAGS.seed, FLAGS.format)
+        print(json.dumps({"exported": out, "workdir": FLAGS.workdir, "seed": FLAGS.seed, "format": FLAGS.format}))
         return 0
     summary = policies.evaluate_run(FLAGS.workdir, FLAGS.checkpoint, FLAGS.episodes, FLAGS.sample, FLAGS.out)
     print(json.dumps(summary))
@@ -62,8 +63,11 @@ def check_flags(FLAGS) -> None:
         if not 0 <= FLAGS.seed < num_seeds:
             raise cli.InputError(f"--seed={FLAGS.seed} is not a seed of this run: it trained {num_seeds} "
                                  f"(0 to {num_seeds - 1})")
-    elif FLAGS["seed"].present:
-        raise cli.InputError("--seed chooses the seed --export writes; evaluation covers every seed")
+        if FLAGS.format == "hf" and not os.path.isdir(os.path.join(FLAGS.workdir, "model")):
+            raise cli.InputError(f"--format=hf: {FLAGS.workdir} did not train a pretrained language model (no "
+                                 "model/); only those export to Hugging Face format")
+    elif FLAGS["seed"].present or FLAGS["format"].present:
+        raise cli.InputError("--seed and --format choose what --export writes; evaluation covers every seed")
     if FLAGS.out and os.path.exists(FLAGS.out) and not os.path.isdir(FLAGS.out):
         raise cli.InputError(f"--out={FLAGS.out} is a file, not a directory")
 
@@ -81,6 +85,8 @@ def define_flags():
     flags.DEFINE_string("export", None, "write one seed's parameters (orbax) and config to this new directory "
                         "instead of evaluating")
     flags.DEFINE_integer("seed", 0, "with --export: which seed of the run")
+    flags.DEFINE_enum("format", "orbax", policies.EXPORT_FORMATS, "with --export: orbax (for jaxrl.load_policy) or hf "
+                      "(a pretrained model's run as a Hugging Face directory for transformers and vLLM)")
 
 
 if __name__ == "__main__":

@@ -11,9 +11,10 @@ model's token ids:
 Rendering, tokenising and verifying run on the host (`jax.pure_callback`): they are string work. The problems
 themselves are drawn in JAX as before, so sampling, held-out splits and pools are the wrapped task's.
 
-An answer is the text after the last `marker` ("Answer:" by default) on its line; a numeric answer is correct
-when it equals the target (commas, a trailing period and surrounding `$` or `**` allowed), a Countdown answer
-when its expression is (`verify.check_countdown`). well_formed: the marker is there and what follows it parses.
+An answer is the text after the last `marker` ("Answer:" by default) on its line, or with marker '' the reply's
+last number; a numeric answer is correct when it equals the target (commas, a trailing period and surrounding `$`
+or `**` allowed), a Countdown answer when its expression is (`verify.check_countdown`). well_formed: there is an
+answer and it parses.
 """
 
 from __future__ import annotations
@@ -57,14 +58,21 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
-def final_answer(reply: str, marker: str = DEFAULT_MARKER) -> str | None:
-    """The text after the last `marker` in the reply, up to the end of its line, stripped of markdown and a final
-    period; None without the marker."""
+def final_answer(reply: str, marker: str = DEFAULT_MARKER, numeric: bool = True) -> str | None:
+    """The reply's final answer: the text after the last `marker`, up to the end of its line, stripped of markdown
+    and a final period; without a marker ('') the reply's last number (numeric answers) or the left side of its
+    last line's '=' (expressions). None when there is none."""
+    if not marker:
+        if numeric:
+            numbers = NUMBER.findall(reply)
+            return numbers[-1] if numbers else None
+        lines = [line for line in reply.strip().split("\n") if line.strip()]
+        return lines[-1].split("=")[0].strip() or None if lines else None
     at = reply.lower().rfind(marker.lower())
     if at < 0:
         return None
     answer = reply[at + len(marker):].strip().split("\n")[0].strip()
-    return answer.strip("*$ ").rstrip(".").strip() or None
+    return answer.rstrip(".").strip("*$ ").rstrip(".").strip() or None
 
 
 class DatasetTask:
@@ -72,8 +80,9 @@ class DatasetTask:
 
         {"question": "Natalia sold clips to 48 ...", "answer": "... #### 72"}
 
-    The answer is the number after "####" when there is one, else the answer field as a number. A row whose
-    `split` field says "test" is held out; without that field, a fixed 10% of rows (by a hash of the row index) is.
+    The answer is the number after "####" when there is one, else the answer field as a number. When rows have a
+    `split` field, those saying "test" are held out; in a file without one, a fixed 10% of rows (by a hash of the
+    row index) is.
     A problem is the row's index (`Problems.numbers[..., 0]`)."""
 
     host_verifier = True
@@ -85,6 +94,7 @@ class DatasetTask:
         if not rows:
             raise ValueError(f"task.kwargs.path={path}: the file has no rows")
         self.questions, self.answers, heldout = [], [], []
+        marked = any("split" in row for row in rows)
         for i, row in enumerate(rows):
             for key in (question_key, answer_key):
                 if key not in row:
@@ -96,7 +106,7 @@ class DatasetTask:
                 raise ValueError(f"task.kwargs.path={path}: row {i}'s answer {gold[-40:]!r} has no number")
             self.questions.append(str(row[question_key]))
             self.answers.append(value)
-            held = row["split"] == "test" if "split" in row else (_row_hash(i, split_seed) % 1000) < 100
+            held = row.get("split") == "test" if marked else (_row_hash(i, split_seed) % 1000) < 100
             heldout.append(held)
         self.test_rows = np.flatnonzero(heldout).astype(np.int32)
         self.train_rows = np.flatnonzero(~np.asarray(heldout)).astype(np.int32)
@@ -166,7 +176,7 @@ def check(task, numbers: np.ndarray, target: int, answer: str | None) -> tuple[b
     if answer is None:
         return False, False
     if isinstance(task, Countdown):
-        return check_countdown(answer, [int(n) for n in numbers], int(target))
+        return check_countdown(answer.replace(" ", ""), [int(n) for n in numbers], int(target))
     value = parse_number(answer)
     if value is None:
         return False, False
@@ -194,7 +204,8 @@ class ChatTask:
         self.task, self.encode, self.decode, self.render = task, encode, decode, render
         self.pad_id, self.eos_id, self.answer_length = pad_id, eos_id, answer_length
         self.name, self.marker, self.system_prompt = task.name, marker, system_prompt
-        self.instruction = instruction or f"Give your final answer as '{marker} <{answer_format(task)}>'."
+        self.instruction = instruction or (f"Give your final answer as '{marker} <{answer_format(task)}>'." if marker
+                                           else f"Give the final answer as {answer_format(task)}.")
         self.alphabet = Vocab.from_alphabet()
         self.prompt_length = prompt_length or self._measured_prompt_length(probe)
 
@@ -258,7 +269,8 @@ class ChatTask:
         target = np.broadcast_to(target.reshape(*target.shape, *extra), lead).reshape(-1)
         out = np.zeros((numbers.shape[0], 2), np.float32)
         for row, (n, t, ids) in enumerate(zip(numbers, target, completions.reshape(-1, completions.shape[-1]))):
-            out[row] = check(self.task, n, t, final_answer(self.reply(ids), self.marker))
+            answer = final_answer(self.reply(ids), self.marker, numeric=not isinstance(self.task, Countdown))
+            out[row] = check(self.task, n, t, answer)
         return out.reshape(*lead, 2)
 
     def reply(self, ids: Sequence[int]) -> str:

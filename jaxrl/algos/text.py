@@ -43,7 +43,8 @@ from jaxrl.models.lm import read_spec
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 
-TASK_NAME = Knob("task.name", "addition", "a verifiable text task (envs.text.TASKS)", choices=lambda: sorted(text.TASKS))
+TASK_NAME = Knob("task.name", "addition", "a verifiable text task (envs.text.TASKS), or dataset: a file's questions "
+                 "and numeric answers (task.kwargs.path; pretrained models)", choices=lambda: sorted([*text.TASKS, "dataset"]))
 TASK_KWARGS = Knob("task.kwargs", {}, "the task's own arguments, e.g. {max_digits: 3}")
 PRETRAINED_NAME = Knob("model.name", "", "a pretrained model by name (smollm2-135m-instruct) or path (a Hugging Face "
                        "directory, a .gguf file); '': the small transformer of model.num_layers etc., from scratch")
@@ -80,6 +81,7 @@ class TextSettings:
     model_kwargs: tuple[tuple[str, Any], ...] = ()  # TransformerConfig fields (the vocabulary comes from the tokenizer)
     tokenizer_corpus: int = 2000  # problems per split the tokenizer is trained on
     tokenizer_path: str | None = None  # load this tokenizer.json instead of training one (RL from an SFT run)
+    eval_problems: int = knobs.declared("eval.episodes").field()
     pass_k: int = knob("eval.pass_k", 8, "held-out samples per problem for eval_pass@k; 0: greedy evaluation only",
                        minimum=0)
     xla_options: tuple[tuple[str, str | bool], ...] | str = ()  # the training programs' XLA options, or "auto"
@@ -97,7 +99,7 @@ class TextSettings:
     instruction: str = knob("task.instruction", "", "pretrained models: the line after each question ('': ask for "
                             "the final answer after task.answer_marker)")
     answer_marker: str = knob("task.answer_marker", "Answer:", "pretrained models: the final answer is what "
-                              "follows the last occurrence of this in the reply")
+                              "follows the last occurrence of this in the reply ('': the reply's last number)")
     reply_length: int = knob("task.reply_length", 64, "pretrained models: the most tokens a reply may take (EOS "
                              "included)", minimum=1)
 
@@ -155,6 +157,10 @@ class TextPolicy:
         self.vocab = text.ModelVocab(config.vocab_size, int(pad), int(eos))
         base = (text.DatasetTask(**dict(settings.task_kwargs)) if settings.task == "dataset"
                 else text.make_task(settings.task, **dict(settings.task_kwargs)))
+        available = len(base.test_rows) if isinstance(base, text.DatasetTask) else settings.eval_problems
+        if settings.eval_problems > available:
+            raise ValueError(f"eval.episodes={settings.eval_problems} held-out problems, but {base.path} holds "
+                             f"{available}: set eval.episodes to at most that")
         self.task = text.ChatTask(base, tokens.encode, tokens.decode, tokens.render_chat, pad_id=self.vocab.pad_id,
                                   eos_id=self.vocab.eos_id, answer_length=settings.reply_length,
                                   system_prompt=settings.system_prompt, instruction=settings.instruction,
@@ -185,7 +191,7 @@ class TextPolicy:
     def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 16) -> list[str]:
         """`sample_completions.txt`: the first run's answers (params leaves [R, ...]) to `num` held-out
         problems, greedy or sampled at temperature 1, each with the reference answer and its rewards."""
-        problems = self.task.heldout(num, seed=self.eval_seed)
+        problems = self.task.heldout(min(num, self.settings.eval_problems), seed=self.eval_seed)
         actor = self.actor(jax.tree.map(lambda x: x[0], params))
         key = jax.random.PRNGKey(seed) if sample else None
         completions = actor(self.task.prompts(problems, self.vocab), key)

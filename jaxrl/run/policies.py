@@ -3,6 +3,7 @@
     jaxrl.load_policy("runs/cartpole_ppo-...")          # a jitted actor (EnvActor or TextActor)
     evaluate_run("runs/smax_mappo-3m-...", episodes=64)  # the JSON summary `python -m jaxrl.evaluate` prints
     export_policy("runs/...", "policies/cartpole")       # the parameters alone (orbax), for deployment
+    export_policy("runs/lm_grpo-...", "out/", format="hf")  # a pretrained model's run, as a Hugging Face directory
 
 A run directory is a `jaxrl.train` workdir (config.json, checkpoints/) or one setting of a `jaxrl.sweep`
 (config.json, its program's checkpoints in ../checkpoints/<program>/, found through ../sweep.json). An
@@ -59,16 +60,33 @@ def load_policy(path: str, checkpoint_step: int | None = None, seed: int = 0):
     return run.algorithm.actor(jax.tree.map(lambda x: x[seed], program.fetch(run.state.params)))
 
 
-def export_policy(workdir: str, out_dir: str, checkpoint_step: int | None = None, seed: int = 0) -> str:
-    """Write one seed's parameters alone (orbax), with the config (and the tokenizer for text) that rebuild
-    its network, to `out_dir`; `load_policy(out_dir)` loads it. Returns out_dir."""
+EXPORT_FORMATS = ("orbax", "hf")
+
+
+def export_policy(workdir: str, out_dir: str, checkpoint_step: int | None = None, seed: int = 0,
+                  format: str = "orbax") -> str:
+    """Write one seed's parameters alone to `out_dir` and return it. "orbax": the parameters with the config (and
+    the tokenizer for text) that rebuild its network, which `load_policy(out_dir)` loads; "hf" (a pretrained
+    model's text run): a Hugging Face directory (safetensors, config.json, tokenizer) that transformers, vLLM and
+    `jaxrl.models.from_pretrained` load."""
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"export format {format!r} is not one of {EXPORT_FORMATS}")
     if os.path.exists(out_dir) and os.listdir(out_dir):  # (before anything is restored)
         raise ValueError(f"{out_dir} exists and is not empty; export into a new directory")
+    model_dir = os.path.join(workdir, "model")
+    if format == "hf" and not os.path.isdir(model_dir):
+        raise ValueError(f"{workdir} did not train a pretrained language model (no model/): only those export to "
+                         "Hugging Face format")
     run = saved.restore_run(workdir, checkpoint_step)
     if not 0 <= seed < run.config.num_seeds:
         raise ValueError(f"seed {seed} is not in this run (it trained {run.config.num_seeds} seeds)")
     os.makedirs(out_dir, exist_ok=True)
     params = jax.tree.map(lambda x: x[seed], program.fetch(run.state.params))
+    if format == "hf":
+        from jaxrl import models
+
+        config, tokenizer = models.read_spec(model_dir)
+        return models.save_pretrained(models.LanguageModel(config, params, tokenizer), out_dir)
     with ocp.StandardCheckpointer() as saver:
         saver.save(os.path.abspath(os.path.join(out_dir, "params")), params)
     config_lib.save(run.config, os.path.join(out_dir, "config.json"))

@@ -1,0 +1,179 @@
+"""Text SFT and GRPO on a pretrained-format model (jaxrl.models): tasks posed through the chat template, replies
+verified on the host, a user's dataset file, the run directory's model files, evaluation, loading and export to
+Hugging Face format. The model here is a tiny random Llama with SmolLM2's tokenizer and chat template, written
+as a Hugging Face directory (what a user brings); learning on the real SmolLM2 is benchmarks' and the docs'."""
+
+from __future__ import annotations
+
+import json
+import os
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from envs import text
+from envs.text.chat import ChatTask, DatasetTask, check, final_answer
+from jaxrl import models, train
+from jaxrl.models import hf
+from jaxrl.models.decoder import Decoder
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A Hugging Face directory: a 2-layer Llama (random weights) with SmolLM2-135M-Instruct's tokenizer."""
+    _, tokenizer = models.read_spec("smollm2-135m-instruct")
+    config = models.ModelConfig(family="llama", vocab_size=49152, hidden_size=64, num_layers=2, num_heads=4,
+                                num_kv_heads=2, head_dim=16, intermediate_size=128, max_len=512, eos_ids=(2,),
+                                pad_id=2, bos_id=1, norm_eps=1e-5)
+    tokens = jnp.zeros((1, 4), jnp.int32)
+    params = Decoder(config).init(jax.random.key(0), tokens, tokens, jnp.ones((1, 4), bool))
+    directory = str(tmp_path_factory.mktemp("tiny_llama"))
+    hf.save_directory(config, params, directory, extra_files=tokenizer.files())
+    return directory
+
+
+def lm_config(model: str, algorithm: str = "text_sft", **overrides):
+    from jaxrl import algos, config as config_lib
+
+    config = algos.default_config(algorithm)
+    config.model.name = model
+    config.task.name, config.task.kwargs = "addition", {"min_digits": 1, "max_digits": 1}
+    config.task.reply_length = 12
+    config.num_prompts = 4
+    config.eval.episodes, config.eval.pass_k = 8, 0
+    config.log.progress_bar = False
+    config.optim.learning_rate, config.optim.warmup_updates = 3e-3, 0
+    config.total_steps = 4 * 12
+    config.log.every_steps = 4
+    config.eval.every_steps = config.checkpoint.every_steps = config.total_steps
+    for key, value in overrides.items():
+        node = config
+        *parents, last = key.split(".")
+        for parent in parents:
+            node = node[parent]
+        node[last] = value
+    return config_lib.finalize(config)
+
+
+def test_the_answer_is_read_from_free_text():
+    assert final_answer("So 7 * 8 is 56.\nAnswer: **56**.") == "56"
+    assert final_answer("no marker here, 56") is None
+    assert final_answer("49 + 56 = 105", marker="") == "105"
+    assert final_answer("(3 + 5) * 3 = 24", marker="", numeric=False) == "(3 + 5) * 3"
+    task = text.make_task("addition")
+    assert check(task, np.array([12, 30]), 42, "42") == (True, True)
+    assert check(task, np.array([12, 30]), 42, "1,042") == (False, True)
+    assert check(task, np.array([12, 30]), 42, "forty-two") == (False, False)
+    countdown = text.make_task("countdown")
+    assert check(countdown, np.array([3, 5, 7, 1]), 24, "3 * (7 + 1)") == (True, True)
+    assert check(countdown, np.array([3, 5, 7, 1]), 24, "(3 + 5) * (7 - 1) / 2") == (False, True)  # 2 not given
+
+
+def test_a_chat_task_poses_questions_through_the_template_and_scores_replies(tiny_model):
+    config, tokenizer = models.read_spec(tiny_model)
+    task = ChatTask(text.make_task("addition", max_digits=2), tokenizer.encode, tokenizer.decode, tokenizer.render_chat,
+                    pad_id=2, eos_id=2, answer_length=16, system_prompt="Be brief.")
+    problems = task.heldout(3)
+    prompts = np.asarray(jax.jit(task.prompts)(problems))
+    assert prompts.shape == (3, task.prompt_length)
+    numbers, target = np.asarray(problems.numbers), np.asarray(problems.target)
+    real = np.cumsum(prompts[0] != 2) > 0  # left padding (pad = <|im_end|>, which the prompt also holds)
+    first = tokenizer.decode(prompts[0][real], skip_special_tokens=False)
+    assert first.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+    assert f"What is {numbers[0, 0]} + {numbers[0, 1]}?" in first and first.endswith("<|im_start|>assistant\n")
+    replies = [f"Answer: {target[0]}", f"I think {target[1]}", f"Answer: {target[2] + 1}"]
+    completions = np.full((3, 16), 2, np.int32)
+    for row, reply in enumerate(replies):
+        ids = [*tokenizer.encode(reply), 2]
+        completions[row, :len(ids)] = ids
+    rewards = np.asarray(jax.jit(task.jax_rewards)(problems, jnp.asarray(completions)))
+    np.testing.assert_array_equal(rewards, [[1, 1], [0, 0], [0, 1]])
+    # Groups: completions [B, G, N] of problems [B] (each member scored against its own problem).
+    grouped = np.asarray(task.jax_rewards(problems, jnp.asarray(np.stack([completions, completions[::-1]], 1))))
+    np.testing.assert_array_equal(grouped[:, 0], rewards)
+    np.testing.assert_array_equal(grouped[1, 1], [0, 0])  # problem 1 scored on problem 1's target
+    answers = np.asarray(task.reference_answers(problems))
+    assert tokenizer.decode([i for i in answers[0] if i != 2]) == f"Answer: {target[0]}"
+
+
+def test_sft_learns_the_reference_replies_of_a_pretrained_format_model(tiny_model, tmp_path):
+    """The loss on "Answer: <n><|im_end|>" falls (the model learns the task's reply format), the run directory
+    keeps model/ (architecture, tokenizer, chat template), and jaxrl.evaluate reproduces the run's evaluation."""
+    config = lm_config(tiny_model, total_steps=4 * 40)
+    result = train.run(config, str(tmp_path / "sft"))
+    rows = [r for r in result.metrics if "loss" in r]
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], (rows[0]["loss"], rows[-1]["loss"])
+    model_dir = tmp_path / "sft" / "model"
+    assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(model_dir))
+    from jaxrl.run import policies
+
+    summary = policies.evaluate_run(str(tmp_path / "sft"))
+    assert summary["eval_accuracy"] == pytest.approx(result.metrics[-1]["eval_accuracy"])
+    assert summary["eval_length"] == pytest.approx(result.metrics[-1]["eval_length"])
+
+
+def test_grpo_from_the_sft_run_trains_loads_and_exports_to_hugging_face_format(tiny_model, tmp_path):
+    sft = lm_config(tiny_model, total_steps=4 * 20)
+    train.run(sft, str(tmp_path / "sft"))
+    config = lm_config(tiny_model, "text_grpo", **{"init_from": str(tmp_path / "sft"), "group.size": 2,
+                                                    "total_steps": 4 * 2 * 2, "log.every_steps": 8})
+    result = train.run(config, str(tmp_path / "grpo"))
+    last = result.metrics[-1]
+    for key in ("reward_correct", "reward_well_formed", "completion_length", "policy_loss", "eval_accuracy"):
+        assert key in last, key
+    actor = jaxrl_load_policy(str(tmp_path / "grpo"))
+    replies = actor.complete(["What is 2 + 3?", "What is 4 + 4?"])
+    assert len(replies) == 2 and all(isinstance(r, str) for r in replies)
+    from jaxrl.run import policies
+
+    out = policies.export_policy(str(tmp_path / "grpo"), str(tmp_path / "hf"), format="hf")
+    lm = models.from_pretrained(out)
+    params = jax.tree.map(lambda x: x[0], train_params(str(tmp_path / "grpo")))
+    ids = jnp.asarray([lm.tokenizer.encode("What is 2 + 3?").ids])
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1]), ids.shape)
+    expected, _ = Decoder(lm.config).apply(params, ids, positions, jnp.ones(ids.shape, bool))
+    np.testing.assert_allclose(np.asarray(lm.logits(ids)), np.asarray(expected), atol=1e-5)
+    assert lm.render_chat([{"role": "user", "content": "hi"}]).startswith("<|im_start|>system")
+
+
+def jaxrl_load_policy(path):
+    import jaxrl
+
+    return jaxrl.load_policy(path)
+
+
+def train_params(workdir):
+    from jaxrl.run import saved
+
+    return saved.restore_run(workdir).state.params
+
+
+def test_a_dataset_file_of_questions_and_answers_trains(tiny_model, tmp_path):
+    """A GSM8K-style jsonl file (answers after ####, one row marked test): rows become problems, prompts hold the
+    questions, a reply with the right number is correct."""
+    rows = [{"question": f"Tom has {i} apples and buys {i + 3} more. How many apples does he have?",
+             "answer": f"He has {i} + {i + 3} = {2 * i + 3} apples.\n#### {2 * i + 3}"} for i in range(40)]
+    for row in rows[-8:]:
+        row["split"] = "test"
+    path = tmp_path / "apples.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    task = DatasetTask(str(path))
+    assert len(task.test_rows) == 8 and len(task.train_rows) == 32 and task.answers[5] == Fraction(13)
+    assert check(task, np.array([5]), 0, "13") == (True, True)
+    config = lm_config(tiny_model, **{"task.name": "dataset", "task.kwargs": {"path": str(path)}})
+    with pytest.raises(ValueError, match="eval.episodes=9 held-out problems, but .*apples.jsonl holds 8"):
+        train.run(lm_config(tiny_model, **{"task.name": "dataset", "task.kwargs": {"path": str(path)},
+                                           "eval.episodes": 9}), str(tmp_path / "too_many"))
+    result = train.run(config, str(tmp_path / "run"))
+    assert "eval_accuracy" in result.metrics[-1]
+    completions = open(tmp_path / "run" / "sample_completions.txt").read()
+    assert "Tom has 32 apples" in completions  # the held-out rows' questions
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": "no number"}))
+    with pytest.raises(ValueError, match="has no number"):
+        DatasetTask(str(bad))
+    with pytest.raises(ValueError, match="row 0 has no 'prompt' field"):
+        DatasetTask(str(path), question_key="prompt")
