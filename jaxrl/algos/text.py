@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 from flax import struct
 from ml_collections import ConfigDict
 
@@ -37,8 +38,9 @@ from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS
-from jaxrl.models import hf as hf_files
-from jaxrl.models.decoder import Decoder
+from jaxrl.models import hf as hf_files, lora
+from jaxrl.models.config import LORA_TARGETS
+from jaxrl.models.decoder import Decoder, is_adapter
 from jaxrl.models.lm import read_spec
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -93,6 +95,13 @@ class TextSettings:
                             "state stays float32 when bfloat16)", choices=("float32", "bfloat16"))
     remat: bool = knob("model.remat", False, "recompute each layer's activations in the backward pass instead of "
                        "keeping them (less memory, about a third more compute)")
+    lora_rank: int = knob("model.lora_rank", 0, "a pretrained model's low-rank adapters: > 0 trains only adapters "
+                          "of this rank (and a value head), the base frozen; 0: every weight trains", minimum=0)
+    lora_alpha: float = knob("model.lora_alpha", 16.0, "the adapters' output is scaled by lora_alpha / lora_rank",
+                             above=0.0)
+    lora_targets: tuple[str, ...] = knob("model.lora_targets", ",".join(LORA_TARGETS), "the projections that get "
+                                         "adapters", choices=LORA_TARGETS, each_of=True,
+                                         convert=lambda names: tuple(n.strip() for n in names.split(",")))
     # How a task is posed to a pretrained chat model (envs.text.chat)
     system_prompt: str = knob("task.system_prompt", "", "pretrained models: the system message before each "
                               "question ('': none)")
@@ -146,7 +155,8 @@ class TextPolicy:
         model_kwargs = dict(settings.model_kwargs)
         config, self.tokenizer_files = read_spec(
             settings.pretrained, dtype=jnp.dtype(settings.compute_dtype), param_dtype=jnp.dtype(settings.param_dtype),
-            remat=settings.remat, value_head=bool(model_kwargs.get("value_head")))
+            remat=settings.remat, value_head=bool(model_kwargs.get("value_head")), lora_rank=settings.lora_rank,
+            lora_alpha=settings.lora_alpha, lora_targets=settings.lora_targets)
         tokens = self.tokenizer_files
         self.tokenizer = tokens.tokenizer
         eos = tokens.token_id(tokens.eos_token)
@@ -166,6 +176,19 @@ class TextPolicy:
                                   system_prompt=settings.system_prompt, instruction=settings.instruction,
                                   marker=settings.answer_marker)
         self.model = Decoder(config)
+
+    @property
+    def adapters(self) -> bool:
+        """Whether only low-rank adapters train (LoRA on a pretrained model)."""
+        return bool(self.settings.pretrained and self.settings.lora_rank)
+
+    def optimizer(self, hp, update_step):
+        """The settings' optimiser; under LoRA applied to the adapters (and value head) only, keeping no state for
+        the frozen base."""
+        optimizer = self.settings.optimizer(hp, update_step)
+        if not self.adapters:
+            return optimizer
+        return optax.multi_transform({True: optimizer, False: optax.set_to_zero()}, lora.trainable)
 
     def write_files(self, workdir: str) -> None:
         """The tokenizer beside the checkpoints (a pretrained model's architecture and tokenizer in `model/`): a run
@@ -221,11 +244,12 @@ class TextPolicy:
         if params is None:
             params = self.init_params(param_key)
         else:
-            value_head = dict(self.settings.model_kwargs).get("value_head")
-            fresh = (self.init_params(param_key) if value_head  # (only the value head is taken from it)
-                     else jax.eval_shape(self.init_params, param_key))
-            params = _overlay(fresh, params, fresh_ok=("params/value",))
-        optimizer = self.settings.optimizer(TextHyperparams(), jnp.int32(0))
+            # Fresh parameters for what `params` lacks (a value head, adapters); otherwise only their shapes
+            fresh_parts = dict(self.settings.model_kwargs).get("value_head") or self.adapters
+            fresh = self.init_params(param_key) if fresh_parts else jax.eval_shape(self.init_params, param_key)
+            adapters = [f"params/layers/{name}" for name in fresh["params"].get("layers", {}) if is_adapter(name)]
+            params = _overlay(fresh, params, fresh_ok=("params/value", *adapters))
+        optimizer = self.optimizer(TextHyperparams(), jnp.int32(0))
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
     @jit_method(static_argnums=(3, 4))
@@ -329,7 +353,7 @@ def sft_loss(policy: TextPolicy, params, batch, hp: TextHyperparams):
 def sft_update(policy: TextPolicy, state: TextState, hp: TextHyperparams):
     """One SFT update for one seed on this device: one gradient step on a fresh batch."""
     key, batch_key = jax.random.split(state.key)
-    optimizer = policy.settings.optimizer(hp, state.update_step)
+    optimizer = policy.optimizer(hp, state.update_step)
     params, opt_state, metrics = gradient_step(functools.partial(sft_loss, policy), optimizer, state.params,
                                                state.opt_state, sft_batch(policy, batch_key), hp)
     return TextState(params, opt_state, key, state.update_step + 1), metrics
@@ -478,7 +502,7 @@ class TextGRPO:
     def init(self, key: jax.Array, params=None) -> TextGRPOState:
         """A fresh state for one seed, from `params` when given (a warm start; a fresh value head if it has one)."""
         state = self.policy.init(key, params)
-        ref = state.params if self.settings.use_kl else None
+        ref = state.params if self.settings.use_kl and not self.policy.adapters else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
         return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
 
@@ -568,10 +592,12 @@ class TextGRPO:
         s = self.settings
         units, epoch_key = batch
         if s.use_kl:
-            ref, _, _ = sampling.score_groups(self.model, state.ref_params, units["prompts"], units["tokens"],
+            # (under LoRA the reference is the frozen base: the same arrays with the adapters off, no copy)
+            reference = lora.base_only(state.params) if self.policy.adapters else state.ref_params
+            ref, _, _ = sampling.score_groups(self.model, reference, units["prompts"], units["tokens"],
                                               units["mask"], self.vocab.pad_id)
             units = dict(units, ref_log_probs=ref)
-        optimizer = s.text.optimizer(hp, state.update_step)
+        optimizer = self.policy.optimizer(hp, state.update_step)
         groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 FAMILIES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma2": "gemma2"}
 ACTIVATIONS = ("silu", "gelu_tanh")
 ROPE_TYPES = ("default", "linear", "llama3")
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # the projections an adapter may sit on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +69,9 @@ class ModelConfig:
     dtype: Any = jnp.float32  # compute and KV-cache dtype
     param_dtype: Any = jnp.float32
     remat: bool = False  # recompute each layer's activations in the backward pass instead of keeping them
+    lora_rank: int = 0  # > 0: low-rank adapters on `lora_targets`, the only weights that train (with a value head)
+    lora_alpha: float = 16.0  # adapters' output scaled by lora_alpha / lora_rank
+    lora_targets: tuple[str, ...] = LORA_TARGETS
     pad_id: int | None = None  # the tokenizer's padding token, when the checkpoint names one
     eos_ids: tuple[int, ...] = ()  # tokens that end a generation (generation_config.json)
     bos_id: int | None = None
@@ -84,6 +88,9 @@ class ModelConfig:
             problems.append(f"head_dim={self.head_dim} is odd (rotary positions rotate pairs)")
         if self.sliding_layers is not None and len(self.sliding_layers) != self.num_layers:
             problems.append(f"sliding_layers has {len(self.sliding_layers)} entries for {self.num_layers} layers")
+        if set(self.lora_targets) - set(LORA_TARGETS):
+            problems.append(f"lora_targets {sorted(set(self.lora_targets) - set(LORA_TARGETS))} are not among "
+                            f"{', '.join(LORA_TARGETS)}")
         if problems:
             raise ValueError("model config: " + "; ".join(problems))
 

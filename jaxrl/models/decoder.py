@@ -22,6 +22,7 @@ gate_bias/up_bias [L, F] and down_bias [L, D]; final_norm [D]; lm_head [D, V] wh
 
 from __future__ import annotations
 
+import math
 from typing import Callable, ClassVar
 
 import flax.linen as nn
@@ -84,11 +85,16 @@ def within_window(mask: jax.Array, distance: jax.Array | None, window) -> jax.Ar
     return mask & ((window == 0) | (distance < window))
 
 
-def _project(x, p, name: str, dtype, bias: bool):
-    """x [..., D] @ p[name] [D, *F] (+ p[name + "_bias"]) in `dtype`."""
-    w = p[name].astype(dtype)
-    y = contract(x, w, 1)
-    return y + p[f"{name}_bias"].astype(dtype) if bias else y
+def _project(x, p, name: str, c: ModelConfig, bias: bool, contracted: int = 1):
+    """x [..., *C] @ p[name] [*C, *F] (+ p[name + "_bias"]) in c.dtype, plus the low-rank adapter
+    (x @ p[name + "_lora_a"]) @ p[name + "_lora_b"] scaled by lora_alpha / lora_rank when the layer has one."""
+    y = contract(x, p[name].astype(c.dtype), contracted)
+    if bias:
+        y = y + p[f"{name}_bias"].astype(c.dtype)
+    if f"{name}_lora_a" in p:
+        low = contract(x, p[f"{name}_lora_a"].astype(c.dtype), contracted)
+        y = y + (c.lora_alpha / c.lora_rank) * contract(low, p[f"{name}_lora_b"].astype(c.dtype), 1)
+    return y
 
 
 def block(c: ModelConfig, p: dict, x: jax.Array, cos, sin, attend: Callable) -> tuple[jax.Array, object]:
@@ -97,18 +103,18 @@ def block(c: ModelConfig, p: dict, x: jax.Array, cos, sin, attend: Callable) -> 
     new cache) does the attention (and cache writing) of the calling mode."""
     norm = lambda h, w: rms_norm(h, w, c.norm_eps, c.norm_offset)  # noqa: E731
     h = norm(x, p["attn_norm"])
-    q, k, v = (_project(h, p, name, c.dtype, c.attention_bias) for name in ("q", "k", "v"))
+    q, k, v = (_project(h, p, name, c, c.attention_bias) for name in ("q", "k", "v"))
     if c.qk_norm:
         q, k = norm(q, p["q_norm"]), norm(k, p["k_norm"])
     y, cache = attend(rotate(q, cos, sin), rotate(k, cos, sin), v)
-    h = contract(y, p["o"].astype(c.dtype), 2)
+    h = _project(y, p, "o", c, False, contracted=2)
     if c.sandwich_norms:
         h = norm(h, p["attn_out_norm"])
     x = x + h
     h = norm(x, p["mlp_norm"])
     act = jax.nn.silu if c.activation == "silu" else lambda z: jax.nn.gelu(z, approximate=True)
-    h = act(_project(h, p, "gate", c.dtype, c.mlp_bias)) * _project(h, p, "up", c.dtype, c.mlp_bias)
-    h = _project(h, p, "down", c.dtype, c.mlp_bias)
+    h = act(_project(h, p, "gate", c, c.mlp_bias)) * _project(h, p, "up", c, c.mlp_bias)
+    h = _project(h, p, "down", c, c.mlp_bias)
     if c.sandwich_norms:
         h = norm(h, p["mlp_out_norm"])
     return x + h, cache
@@ -127,7 +133,17 @@ def layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes.update(attn_out_norm=(L, D), mlp_out_norm=(L, D))
     if c.mlp_bias:
         shapes.update(gate_bias=(L, F), up_bias=(L, F), down_bias=(L, D))
+    if c.lora_rank:  # adapters: [L, *in, r] and [L, r, *out] beside each target [L, *in, *out]
+        for name in c.lora_targets:
+            contracted = 2 if name == "o" else 1
+            shape = shapes[name]
+            shapes[f"{name}_lora_a"] = (L, *shape[1:1 + contracted], c.lora_rank)
+            shapes[f"{name}_lora_b"] = (L, c.lora_rank, *shape[1 + contracted:])
     return shapes
+
+
+def is_adapter(name: str) -> bool:
+    return "_lora_" in name
 
 
 def is_norm(name: str) -> bool:
@@ -142,8 +158,11 @@ def init_layers(c: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
     def init(name, shape):
         if is_norm(name):
             return jnp.full(shape, 1.0 - c.norm_offset, c.param_dtype)
-        if name.endswith("_bias"):
+        if name.endswith(("_bias", "_lora_b")):  # (an adapter starts as the identity: B = 0)
             return jnp.zeros(shape, c.param_dtype)
+        if name.endswith("_lora_a"):
+            fan_in = math.prod(shape[1:-1])
+            return (jax.random.normal(keys[name], shape) / math.sqrt(fan_in)).astype(c.param_dtype)
         return (0.02 * jax.random.normal(keys[name], shape)).astype(c.param_dtype)
 
     return {name: init(name, shape) for name, shape in shapes.items()}
@@ -167,9 +186,13 @@ class Decoder(nn.Module):
         if c.value_head:
             self.value_head = nn.Dense(1, kernel_init=nn.initializers.normal(0.01), name=VALUE_HEAD)
 
+    def _base(self, x):
+        """A pretrained weight as the computation sees it: frozen (no gradient computed for it) under LoRA."""
+        return jax.lax.stop_gradient(x) if self.config.lora_rank else x
+
     def _embed(self, tokens):
         c = self.config
-        x = jnp.take(self.embed, tokens, axis=0).astype(c.dtype)
+        x = jnp.take(self._base(self.embed), tokens, axis=0).astype(c.dtype)
         return x * jnp.asarray(c.hidden_size ** 0.5, c.dtype) if c.scale_embeddings else x
 
     def _layers(self, x, positions, caches, attend):
@@ -185,13 +208,14 @@ class Decoder(nn.Module):
         if c.remat:
             layer = jax.checkpoint(layer, prevent_cse=False)
         windows = jnp.asarray(c.layer_windows(), jnp.int32)
-        return jax.lax.scan(layer, x, (self.layers, caches, windows))
+        layers = {k: v if is_adapter(k) else self._base(v) for k, v in self.layers.items()}
+        return jax.lax.scan(layer, x, (layers, caches, windows))
 
     def _heads(self, x):
         """Final hidden [..., D] -> (logits float32 [..., V], values float32 [...] or None)."""
         c = self.config
-        h = rms_norm(x, self.final_norm, c.norm_eps, c.norm_offset).astype(jnp.float32)
-        head = self.embed.T if c.tie_embeddings else self.lm_head
+        h = rms_norm(x, self._base(self.final_norm), c.norm_eps, c.norm_offset).astype(jnp.float32)
+        head = self._base(self.embed.T if c.tie_embeddings else self.lm_head)
         logits = contract(h, head.astype(jnp.float32), 1)
         if c.final_softcap:
             logits = c.final_softcap * jnp.tanh(logits / c.final_softcap)

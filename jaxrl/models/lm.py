@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl.models import gguf_file, hf, installed
+from jaxrl.models import gguf_file, hf, installed, lora
 from jaxrl.models.config import ModelConfig, from_hf_config
 from jaxrl.models.decoder import VALUE_HEAD, Decoder
 from jaxrl.models.tokenizer import TokenizerFiles, from_directory, from_gguf
@@ -159,6 +159,7 @@ def read_params(name_or_path: str, config: ModelConfig, shardings=None) -> dict:
     """A pretrained model's weights as `Decoder(config)` parameters ({"params": ...}, without a value head), each
     device given only its shard when `shardings` (a tree of `jax.sharding.Sharding`) is."""
     path = source_path(name_or_path)
+    config = dataclasses.replace(config, lora_rank=0)  # (a checkpoint holds the base weights only)
     if os.path.isdir(path):
         tensors = hf.open_checkpoint(path)
     else:
@@ -196,7 +197,8 @@ def check_tokenizer(config: ModelConfig, files: TokenizerFiles) -> None:
 def save_pretrained(model: LanguageModel, directory: str, *, params=None, dtype=None) -> str:
     """Write `model` (with `params` in place of its own when given: a trained run's) as a Hugging Face directory:
     config.json, generation_config.json, model.safetensors, tokenizer.json, tokenizer_config.json."""
-    params = model.params if params is None else params
+    params = lora.merge(model.config, model.params if params is None else params)  # adapters folded in
     params = {"params": {k: v for k, v in params["params"].items() if k != VALUE_HEAD}}
-    hf.save_directory(model.config, params, directory, extra_files=model.tokenizer_files.files(), dtype=dtype)
+    config = dataclasses.replace(model.config, lora_rank=0, value_head=False)
+    hf.save_directory(config, params, directory, extra_files=model.tokenizer_files.files(), dtype=dtype)
     return directory

@@ -85,7 +85,8 @@ def export_policy(workdir: str, out_dir: str, checkpoint_step: int | None = None
     if format == "hf":
         from jaxrl import models
 
-        config, tokenizer = models.read_spec(model_dir)
+        tokenizer = models.read_spec(model_dir)[1]
+        config = run.algorithm.parts.model.config  # the trained model's (with its adapters, which export merges)
         return models.save_pretrained(models.LanguageModel(config, params, tokenizer), out_dir)
     with ocp.StandardCheckpointer() as saver:
         saver.save(os.path.abspath(os.path.join(out_dir, "params")), params)
