@@ -1,0 +1,141 @@
+"""Group sampling on a pretrained model: jaxrl against transformers' `generate` and against llama.cpp, same machine,
+same run, at RL batch sizes (B prompts x G completions of N tokens).
+
+    python benchmarks/lm_generate.py                                   # SmolLM2-135M-Instruct, 16 x 8 x 64
+    python benchmarks/lm_generate.py --prompts 8 --group-size 8 --new-tokens 128
+    python benchmarks/lm_generate.py --llama-batched-bench /path/to/llama.cpp/build/bin/llama-batched-bench
+
+Every engine generates exactly N tokens per completion at temperature 1 (no early stop at EOS, so every side
+counts the same tokens), from the same B chat prompts (the addition task's questions through the model's chat
+template, left-padded to the longest):
+
+- jaxrl: the jitted `sampling.sample_groups` (one prefill per prompt, shared by its group through the KV cache),
+  float32 weights dequantised from the GGUF file; timed after compilation, each call until the output is ready.
+- transformers: `model.generate` on the prompt ids repeated G times ([B*G, P]), the model from its own GGUF loading
+  of the same file (float32), `do_sample=True`, top-k and top-p off, `min_new_tokens = max_new_tokens = N`.
+- llama.cpp (when `--llama-batched-bench` names its binary, built from a checkout of llama.cpp): its own batched
+  benchmark on the same file with B*G parallel sequences sharing one prompt of P tokens (`-pps`), N tokens each,
+  2 threads; its text-generation rate `S_TG`. It computes with the Q4_1 weights as stored (4-bit matmuls).
+
+Prints tokens/s per engine (the median of `--repeats`) and jaxrl's ratio to each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from envs import text  # noqa: E402
+from jaxrl import models, sampling  # noqa: E402
+from jaxrl.models import installed  # noqa: E402
+from report import machine  # noqa: E402
+
+
+def chat_prompts(lm, num: int) -> np.ndarray:
+    """int32 [B, P]: `num` held-out addition questions through the model's chat template, left-padded."""
+    files = lm.tokenizer_files
+    task = text.ChatTask(text.make_task("addition", max_digits=2), files.encode, files.decode, files.render_chat,
+                         pad_id=lm.pad_id, eos_id=lm.eos_ids[0], answer_length=8)
+    questions = [q.split("user\n")[-1].split("\n")[0] for q, _ in task.texts(task.heldout(num))]
+    return task.question_prompts(questions)
+
+
+def timed(call, repeats: int, tokens: int) -> list[float]:
+    rates = []
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        call()
+        rates.append(tokens / (time.perf_counter() - tick))
+    return rates
+
+
+def jaxrl_rates(lm, prompts, args) -> list[float]:
+    keys = iter(jax.random.split(jax.random.key(0), args.repeats + 2))
+
+    def call():
+        out = sampling.sample_groups(lm.module, lm.params, jnp.asarray(prompts), next(keys), group_size=args.group_size,
+                                     max_new_tokens=args.new_tokens, eos_id=-1, pad_id=lm.pad_id, temperature=1.0)
+        return jax.block_until_ready(out.tokens)
+
+    call()  # compile
+    return timed(call, args.repeats, prompts.shape[0] * args.group_size * args.new_tokens)
+
+
+def transformers_rates(path: str, prompts, pad_id: int, args) -> list[float]:
+    import torch
+    import transformers
+
+    folder, file = os.path.split(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32).eval()
+    ids = torch.from_numpy(np.asarray(prompts, np.int64)).repeat_interleave(args.group_size, dim=0)
+    mask = (torch.cumsum((ids != pad_id).long(), dim=1) > 0).long()
+
+    def call():
+        with torch.no_grad():
+            return model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                  top_p=1.0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                  pad_token_id=pad_id)
+
+    call()  # warm-up
+    return timed(call, args.repeats, ids.shape[0] * args.new_tokens)
+
+
+def llama_cpp_rate(binary: str, path: str, prompt_len: int, args) -> list[float]:
+    sequences = args.prompts * args.group_size
+    context = prompt_len + sequences * args.new_tokens + 16
+    command = [binary, "-m", path, "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt_len),
+               "-ntg", str(args.new_tokens), "-npl", str(sequences), "-pps", "-t", "2"]
+    rates = []
+    for _ in range(args.repeats):
+        out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+        # the table row: | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+        row = [line for line in out.splitlines() if re.match(r"\|\s*\d+\s*\|", line)][-1]
+        rates.append(float([c.strip() for c in row.strip("|").split("|")][7]))
+    return rates
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=16, help="B")
+    parser.add_argument("--group-size", type=int, default=8, help="G")
+    parser.add_argument("--new-tokens", type=int, default=64, help="N")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-transformers", action="store_true")
+    parser.add_argument("--llama-batched-bench", default=None, help="llama.cpp's llama-batched-bench binary")
+    args = parser.parse_args()
+
+    path = installed.resolve(args.model) if args.model in installed.INSTALLED else args.model
+    lm = models.from_pretrained(path)
+    prompts = chat_prompts(lm, args.prompts)
+    B, P = prompts.shape
+    print(f"{args.model}: {B} prompts x {args.group_size} completions x {args.new_tokens} tokens, prompts of "
+          f"{P} tokens; {machine()}, {datetime.date.today()}", flush=True)
+    rates = {"jaxrl": jaxrl_rates(lm, prompts, args)}
+    if not args.no_transformers:
+        rates["transformers"] = transformers_rates(path, prompts, lm.pad_id, args)
+    if args.llama_batched_bench:
+        rates["llama.cpp"] = llama_cpp_rate(args.llama_batched_bench, path, P, args)
+    ours = statistics.median(rates["jaxrl"])
+    for name, samples in rates.items():
+        median = statistics.median(samples)
+        ratio = "" if name == "jaxrl" else f"   jaxrl / {name}: {ours / median:.2f}x"
+        print(f"{name:>13}: {median:8.1f} tokens/s  ({', '.join(f'{r:.1f}' for r in samples)}){ratio}")
+
+
+if __name__ == "__main__":
+    main()

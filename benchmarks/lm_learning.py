@@ -1,0 +1,94 @@
+"""GRPO on a pretrained model (SmolLM2-135M-Instruct): held-out greedy accuracy before and after a time budget.
+
+    python benchmarks/lm_learning.py                         # trains runs/lm_learning-full, then reports
+    python benchmarks/lm_learning.py --lora                  # LoRA (rank 16) instead of every weight
+    python benchmarks/lm_learning.py --report runs/lm_learning-full   # report a finished (or running) run
+
+The run is experiments/lm_grpo.py:addition with the settings below (1-2 digit addition, 48-token replies, the
+reply's last number as the answer, 8 prompts x 8 completions per update, 2 minibatches, rematerialised layers),
+passed on the command line of `python -m jaxrl.train` so that the run directory records them. The report gives:
+
+- the held-out greedy accuracy at the start (the pretrained model: the run's own evaluation, on the same 128
+  held-out problems, computed here from the starting parameters), and at every evaluation of the run, with
+  wall-clock minutes;
+- the greedy replies to the first held-out problems before and after;
+- benchmarks/lm_learning.json and lm_learning.png (the curve).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+FLAGS = ["--config.task.kwargs.min_digits=1", "--config.task.kwargs.max_digits=2", "--config.task.answer_marker=",
+         "--config.task.reply_length=48", "--config.num_prompts=8", "--config.group.size=8",
+         "--config.optim.num_minibatches=2", "--config.log.every_steps=64", "--config.eval.every_steps=704",
+         "--config.eval.episodes=128", "--config.checkpoint.every_steps=704"]
+FULL = ["--config.optim.learning_rate=5e-6", "--config.total_steps=2816"]  # 44 updates: about 55 min on 2 cores
+LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=2816"]
+
+
+def train(workdir: str, lora: bool) -> None:
+    command = [sys.executable, "-m", "jaxrl.train", "--config=experiments/lm_grpo.py:addition",
+               f"--workdir={workdir}", *FLAGS, *(LORA if lora else FULL)]
+    print(" ".join(command), flush=True)
+    subprocess.run(command, cwd=ROOT, check=True)
+
+
+def start_evaluation(workdir: str, show: int = 6) -> tuple[float, list[str]]:
+    """The run's evaluation of its starting parameters: (greedy held-out accuracy, the first replies)."""
+    import jax
+
+    from jaxrl import algos, config as config_lib, mesh as mesh_lib
+    from jaxrl.run import saved
+    from jaxrl.run.program import evaluation_key
+
+    config = config_lib.load(os.path.join(workdir, "config.json"))
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    params = saved.start_params(algo.starts_from)
+    state = algo.init_seeds(config.seed, 1, start_params=params)
+    accuracy = float(algo.evaluate(state.params, evaluation_key(config.seed, 0), config.eval.episodes)
+                     ["eval_accuracy"][0])
+    policy = algo.parts.policy
+    problems = policy.task.heldout(show, seed=policy.eval_seed)
+    replies = policy.decode(policy.actor(jax.tree.map(lambda x: x[0], state.params))(policy.task.prompts(problems)))
+    questions = [q for q, _ in policy.task.texts(problems)]
+    return accuracy, [f"{q.split('user')[-1].strip().splitlines()[0]} -> {r!r}" for q, r in zip(questions, replies)]
+
+
+def report(workdir: str) -> dict:
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+    evaluated = [(r["update"], r["wall_time"] / 60, r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    start, before = start_evaluation(workdir)
+    after = open(os.path.join(workdir, "sample_completions.txt")).read().splitlines()[1:7]
+    result = {"workdir": workdir, "start_accuracy": start,
+              "curve": [{"update": u, "minutes": round(m, 1), "eval_accuracy": a} for u, m, a in evaluated],
+              "replies_before": before, "replies_after": after}
+    print(json.dumps(result, indent=1))
+    return result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lora", action="store_true", help="train LoRA adapters (rank 16) instead of every weight")
+    parser.add_argument("--report", default=None, help="report this run directory instead of training one")
+    args = parser.parse_args()
+    workdir = args.report or os.path.join(ROOT, "runs", "lm_learning-lora" if args.lora else "lm_learning-full")
+    if not args.report:
+        train(workdir, args.lora)
+    result = report(workdir)
+    out = os.path.join(ROOT, "benchmarks", "lm_learning.json")
+    results = json.load(open(out)) if os.path.exists(out) else {}
+    results["lora" if "lora" in workdir else "full"] = result
+    with open(out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
