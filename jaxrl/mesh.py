@@ -171,6 +171,26 @@ def per_item_keys(key: jax.Array, num_local: int) -> jax.Array:
     return jax.vmap(jax.random.fold_in, (None, 0))(key, local_indices(num_local))
 
 
+def split_over_data(x) -> bool:
+    """Whether `x` (inside `shard_map`) holds a different part on each device of the `data` axis: a parameter
+    stored sharded (fully sharded data parallel), as opposed to one replicated along it."""
+    return DATA_AXIS in jax.typeof(x).mat.varying
+
+
+def global_norm(tree) -> jax.Array:
+    """The L2 norm of every leaf of `tree` together, where leaves split over `data` (inside `shard_map`) count
+    every device's part once and the other leaves are the same on every device."""
+    import optax
+
+    leaves = jax.tree.leaves(tree)
+    split = [x for x in leaves if split_over_data(x)]
+    if not split:
+        return optax.tree.norm(tree)  # (exactly optax's, where nothing is split)
+    whole = [x for x in leaves if not split_over_data(x)]
+    squares = jax.lax.psum(optax.tree.norm(split, squared=True), DATA_AXIS)
+    return jnp.sqrt(squares + optax.tree.norm(whole, squared=True))
+
+
 def varying(tree):
     """Mark the leaves of `tree` as varying over both mesh axes where they are not yet (inside `shard_map`).
 

@@ -218,3 +218,52 @@ def test_lora_trains_only_the_adapters_and_exports_them_merged(tiny_model, tmp_p
                                         jnp.ones(ids.shape, bool))
     np.testing.assert_allclose(np.asarray(lm.logits(ids)), np.asarray(expected), atol=1e-4)
     assert not np.allclose(np.asarray(lm.logits(ids)), np.asarray(models.from_pretrained(tiny_model).logits(ids)))
+
+
+SHARDED_RUN = """
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, "tests")
+from test_lm_training import lm_config
+from jaxrl import train
+from jaxrl.models import sharding
+from jaxrl.run import saved
+
+out = {}
+for name, devices, shard in (("one", 1, True), ("replicated", 8, False), ("sharded", 8, True)):
+    config = lm_config(MODEL, "text_grpo", **{"group.size": 2, "num_prompts": 8, "total_steps": 8 * 2 * 2,
+                                              "mesh.num_devices": devices, "model.shard_params": shard,
+                                              "log.every_steps": 16})
+    workdir = f"{TMP}/{name}"
+    result = train.run(config, workdir)
+    state = saved.restore_run(workdir).state
+    out[name] = {"loss": [r["policy_loss"] for r in result.metrics if "policy_loss" in r],
+                 "params": {k: np.asarray(v).tolist() for k, v in [
+                     ("embed", state.params["params"]["embed"][0, :3, :5]),
+                     ("q", state.params["params"]["layers"]["q"][0, 1, :4, 0, :3]),
+                     ("down", state.params["params"]["layers"]["down"][0, 0, :4, :4])]}}
+    if name == "sharded":
+        held = sharding.bytes_per_device(state.params)
+        out[name]["held"] = max(held.values())
+        out[name]["whole"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
+        out[name]["embed_spec"] = str(state.params["params"]["embed"].sharding.spec)
+        out[name]["adam_spec"] = str(jax.tree.leaves(state.opt_state)[1].sharding.spec)
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_pretrained_model_trains_fully_sharded_over_eight_devices(tiny_model, tmp_path, python_subprocess):
+    """model.shard_params on 8 devices: each device stores an eighth of the parameters (and of their Adam moments),
+    gathers each layer as it runs, and the run trains the same parameters as on one device and as with the
+    parameters replicated (float summation order aside)."""
+    code = f"MODEL, TMP = {tiny_model!r}, {str(tmp_path)!r}\n" + SHARDED_RUN
+    done = python_subprocess(code, devices=8)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads([line for line in done.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
+    sharded = result["sharded"]
+    assert sharded["held"] <= sharded["whole"] / 8 + 4096, (sharded["held"], sharded["whole"])
+    assert "data" in sharded["embed_spec"]
+    for name in ("replicated", "sharded"):
+        np.testing.assert_allclose(result[name]["loss"], result["one"]["loss"], rtol=1e-4, atol=1e-6)
+        for key, value in result["one"]["params"].items():
+            np.testing.assert_allclose(result[name]["params"][key], value, rtol=1e-4, atol=1e-6, err_msg=(name, key))

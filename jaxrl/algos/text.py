@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
+from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 from envs import text
@@ -37,10 +38,10 @@ from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise, standardise
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob, knob
-from jaxrl.mesh import DATA_AXIS
-from jaxrl.models import hf as hf_files, lora
+from jaxrl.mesh import DATA_AXIS, RUN_AXIS
+from jaxrl.models import hf as hf_files, lora, sharding as model_sharding
 from jaxrl.models.config import LORA_TARGETS
-from jaxrl.models.decoder import Decoder, is_adapter
+from jaxrl.models.decoder import Decoder, is_adapter, layer_shapes
 from jaxrl.models.lm import read_spec
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -95,6 +96,9 @@ class TextSettings:
                             "state stays float32 when bfloat16)", choices=("float32", "bfloat16"))
     remat: bool = knob("model.remat", False, "recompute each layer's activations in the backward pass instead of "
                        "keeping them (less memory, about a third more compute)")
+    shard_params: bool = knob("model.shard_params", True, "a pretrained model's parameters and optimiser state "
+                              "stored split over the mesh's data axis, each layer gathered as it runs (fully sharded "
+                              "data parallel); False: replicated on every device")
     lora_rank: int = knob("model.lora_rank", 0, "a pretrained model's low-rank adapters: > 0 trains only adapters "
                           "of this rank (and a value head), the base frozen; 0: every weight trains", minimum=0)
     lora_alpha: float = knob("model.lora_alpha", 16.0, "the adapters' output is scaled by lora_alpha / lora_rank",
@@ -132,10 +136,11 @@ class TextPolicy:
     """What the text algorithms share, built from their `TextSettings`: the task, its tokenizer and vocabulary,
     the model and its fresh state; held-out evaluation, the actor and the run directory's files."""
 
-    def __init__(self, settings: TextSettings, eval_seed: int = 1234):
+    def __init__(self, settings: TextSettings, mesh=None, eval_seed: int = 1234):
         self.settings, self.eval_seed = settings, eval_seed
+        self.param_dims: dict[str, int] = {}  # parameter -> its dimension split over `data` (FSDP)
         if settings.pretrained:
-            self._pretrained(settings)
+            self._pretrained(settings, mesh)
         else:
             if settings.task == "dataset":
                 raise ValueError("task.name=dataset poses a file's questions in words: it needs a pretrained model "
@@ -145,12 +150,13 @@ class TextPolicy:
                               text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus)))
             self.vocab = text.Vocab.from_tokenizer(self.tokenizer)
             self.model = TransformerLM(TransformerConfig(vocab_size=self.vocab.size, **dict(settings.model_kwargs)))
+            self.update_model = self.model
         needed = self.task.prompt_length + self.task.answer_length
         if self.model.config.max_len < needed:
             raise ValueError(f"model.max_len={self.model.config.max_len} cannot hold this task's prompt and "
                              f"answer ({self.task.prompt_length} + {self.task.answer_length} tokens)")
 
-    def _pretrained(self, settings: TextSettings) -> None:
+    def _pretrained(self, settings: TextSettings, mesh) -> None:
         """The task posed through a pretrained model's chat template, its tokenizer and architecture."""
         model_kwargs = dict(settings.model_kwargs)
         config, self.tokenizer_files = read_spec(
@@ -175,7 +181,30 @@ class TextPolicy:
                                   eos_id=self.vocab.eos_id, answer_length=settings.reply_length,
                                   system_prompt=settings.system_prompt, instruction=settings.instruction,
                                   marker=settings.answer_marker)
-        self.model = Decoder(config)
+        # `model` computes on whole parameters (evaluation, the actor, initialisation); `update_model`, inside the
+        # training programs, on each device's part of them when they are stored sharded.
+        self.model = self.update_model = Decoder(config)
+        data_size = 1 if mesh is None else mesh.shape[DATA_AXIS]
+        if settings.shard_params and data_size > 1:
+            self.param_dims = model_sharding.data_dims(config, data_size)
+            self.update_model = Decoder(model_sharding.fully_sharded(config, data_size))
+
+    def state_specs(self, state):
+        """PartitionSpecs of a state [R, ...]: parameters (and their optimiser moments and reference copy) split
+        over `data` along `param_dims`, everything else over runs only."""
+        def spec(path, leaf):
+            name = str(getattr(path[-1], "key", "")) if path else ""
+            dim = self.param_dims.get(name) if any(getattr(k, "key", None) == "params" for k in path) else None
+            if dim is None or leaf.ndim != len(self._param_shape(name)) + 1:
+                return P(RUN_AXIS)
+            return P(RUN_AXIS, *[DATA_AXIS if d == dim else None for d in range(leaf.ndim - 1)])
+        return jax.tree_util.tree_map_with_path(spec, state)
+
+    def _param_shape(self, name: str) -> tuple[int, ...]:
+        c = self.model.config
+        shapes = {"embed": (c.vocab_size, c.hidden_size), "lm_head": (c.hidden_size, c.vocab_size),
+                  **layer_shapes(c)}
+        return shapes[name]
 
     @property
     def adapters(self) -> bool:
@@ -321,7 +350,8 @@ def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, init
     """A text algorithm's record: `init(key)` and `update` with `policy`'s evaluation, actor and files; with
     `init_from_params(key, params)`, runs may start from a saved run's parameters (those of `starts_from`)."""
     mesh_lib.check_divisible("num_prompts", policy.settings.num_prompts, mesh)
-    return engine.Algorithm(settings, mesh, init=init, update=update, evaluate=policy.evaluate, actor=policy.actor,
+    return engine.Algorithm(settings, mesh, init=init, update=update, state_specs=policy.state_specs,
+                            evaluate=policy.evaluate, actor=policy.actor,
                             write_files=policy.write_files, write_artifacts=policy.write_artifacts,
                             init_from_params=init_from_params, starts_from=starts_from, parts=parts,
                             sized_by={"params": "config.model's sizes", "opt_state": "config.model's sizes"})
@@ -342,7 +372,7 @@ def sft_loss(policy: TextPolicy, params, batch, hp: TextHyperparams):
     """-mean log p(answer token) over this batch's answers (averaged over devices); metrics beside it."""
     prompts, answers = batch
     mask = (answers != policy.vocab.pad_id).astype(jnp.float32)
-    log_probs, _, _ = sampling.score(policy.model, params, prompts, answers, mask, policy.vocab.pad_id)
+    log_probs, _, _ = sampling.score(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id)
     nll = losses.aggregate(-log_probs, mask, "token", axis_name=DATA_AXIS)
     # p > 1/2 makes the reference token the argmax: a cheap lower bound on teacher-forced accuracy
     correct = (log_probs > np.log(0.5)) | (mask == 0)
@@ -362,7 +392,7 @@ def sft_update(policy: TextPolicy, state: TextState, hp: TextHyperparams):
 def text_sft(settings: TextSettings, mesh, starts_from: str = "") -> engine.Algorithm:
     """Supervised fine-tuning of the small transformer (from scratch) or of a pretrained model (from its parameters,
     those of `starts_from`) on a text task (see the module docstring); `parts`: its policy."""
-    policy = TextPolicy(settings)
+    policy = TextPolicy(settings, mesh)
     return text_algorithm(settings, mesh, policy, policy.init, functools.partial(sft_update, policy), policy,
                           init_from_params=policy.init, starts_from=starts_from)
 
@@ -481,7 +511,7 @@ class TextGRPO:
 
     def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy):
         self.settings, self.mesh, self.policy = settings, mesh, policy
-        self.task, self.vocab, self.model = policy.task, policy.vocab, policy.model
+        self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         self.use_critic = self.model.config.value_head
         self.estimator = advantages.get(settings.advantage)
         self.pipeline = rollout.Pipeline.of(settings.rollout, settings.rollout_options)
@@ -682,7 +712,7 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
                          start=run_dir or config.init_from)
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config, "tokens"))
-    policy = TextPolicy(base)
+    policy = TextPolicy(base, mesh)
     grpo = TextGRPO(settings, mesh, policy)
     return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
                           starts_from="" if run_dir else config.init_from or base.pretrained)

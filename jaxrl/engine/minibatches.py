@@ -51,10 +51,14 @@ def gradient_step(loss_fn, optimizer, params, opt_state, batch, hp):
     `grad_norm` before clipping).
     """
     # Differentiate per device, then average: without the cast, shard_map would already sum the
-    # gradients of the replicated parameters over devices (the transpose of broadcasting them).
+    # gradients of the replicated parameters over devices (the transpose of broadcasting them). A parameter
+    # stored sharded over `data` (gathered where it is used) gets its part of the sum of every device's gradient
+    # (the transpose of the gather): divided by the devices, it is the same average.
+    sharded = jax.tree.map(mesh_lib.split_over_data, params)
     grads, aux = jax.grad(loss_fn, has_aux=True)(mesh_lib.varying(params), batch, hp)
-    grads, aux = jax.lax.pmean((grads, aux), DATA_AXIS)
-    aux = dict(aux, grad_norm=optax.tree.norm(grads))
+    devices = jax.lax.axis_size(DATA_AXIS)
+    grads = jax.tree.map(lambda g, split: g / devices if split else jax.lax.pmean(g, DATA_AXIS), grads, sharded)
+    aux = dict(jax.lax.pmean(aux, DATA_AXIS), grad_norm=mesh_lib.global_norm(grads))
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return optax.apply_updates(params, updates), opt_state, aux
 

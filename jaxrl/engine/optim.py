@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxrl import mesh as mesh_lib
 from jaxrl.config import GRAD_CLIPS, SCHEDULES  # declared with their config keys
 from jaxrl.knobs import declared
 
@@ -27,7 +28,7 @@ def make_optimizer(learning_rate: jax.Array, max_grad_norm: jax.Array, adam_eps:
     """
     if grad_clip not in GRAD_CLIPS:
         raise ValueError(f"unknown grad_clip {grad_clip!r}; known: {', '.join(GRAD_CLIPS)}")
-    clip = optax.clip_by_global_norm(max_grad_norm) if grad_clip == "joint" else clip_each_network(max_grad_norm)
+    clip = clip_by_global_norm(max_grad_norm) if grad_clip == "joint" else clip_each_network(max_grad_norm)
     decay = () if weight_decay is None else (optax.add_decayed_weights(weight_decay),)
     return optax.chain(clip, optax.scale_by_adam(eps=adam_eps), *decay, optax.scale(-learning_rate))
 
@@ -57,10 +58,22 @@ class OptimizerSettings:
                               hp.weight_decay if self.weight_decay and decays else None)
 
 
+def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
+    """optax.clip_by_global_norm with the norm of `jaxrl.mesh.global_norm`: gradients of parameters stored sharded
+    over `data` count each device's part once (the same clipping as with every parameter replicated)."""
+    def update(updates, state, params=None):
+        del params
+        norm = mesh_lib.global_norm(updates)
+        within = norm < max_norm  # (optax's arithmetic, so that unsharded runs clip bit for bit as before)
+        return jax.tree.map(lambda g: jax.lax.select(within, g, (g / norm.astype(g.dtype)) * max_norm), updates), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
 def clip_each_network(max_norm) -> optax.GradientTransformation:
     """Clip the gradient of every top-level module of a flax params tree ({"params": {name: tree}}) to
     global norm `max_norm` on its own."""
-    clip = optax.clip_by_global_norm(max_norm)
+    clip = clip_by_global_norm(max_norm)
 
     def update(updates, state, params=None):
         del params

@@ -72,6 +72,10 @@ class ModelConfig:
     lora_rank: int = 0  # > 0: low-rank adapters on `lora_targets`, the only weights that train (with a value head)
     lora_alpha: float = 16.0  # adapters' output scaled by lora_alpha / lora_rank
     lora_targets: tuple[str, ...] = LORA_TARGETS
+    # Fully sharded data parallel inside `shard_map`: (parameter name, the dimension of its stored shape split over
+    # the mesh's `data` axis); each layer's weights are gathered whole as the layer runs (`jaxrl.models.sharding`)
+    fsdp_dims: tuple[tuple[str, int], ...] = ()
+    fsdp_size: int = 1  # the devices of that axis: each holds 1 / fsdp_size of those dimensions
     pad_id: int | None = None  # the tokenizer's padding token, when the checkpoint names one
     eos_ids: tuple[int, ...] = ()  # tokens that end a generation (generation_config.json)
     bos_id: int | None = None

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl.dot import contract
+from jaxrl.mesh import DATA_AXIS
 from jaxrl.models.config import ModelConfig, rope_frequencies
 from jaxrl.transformer import LayerCache, visible
 
@@ -142,6 +143,12 @@ def layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def stored_shape(c: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A parameter's shape as one device stores it: its `fsdp_dims` dimension divided over `fsdp_size` devices."""
+    dim = dict(c.fsdp_dims).get(name)
+    return shape if dim is None else (*shape[:dim], shape[dim] // c.fsdp_size, *shape[dim + 1:])
+
+
 def is_adapter(name: str) -> bool:
     return "_lora_" in name
 
@@ -165,7 +172,7 @@ def init_layers(c: ModelConfig, key: jax.Array) -> dict[str, jax.Array]:
             return (jax.random.normal(keys[name], shape) / math.sqrt(fan_in)).astype(c.param_dtype)
         return (0.02 * jax.random.normal(keys[name], shape)).astype(c.param_dtype)
 
-    return {name: init(name, shape) for name, shape in shapes.items()}
+    return {name: init(name, stored_shape(c, name, shape)) for name, shape in shapes.items()}
 
 
 class Decoder(nn.Module):
@@ -177,14 +184,23 @@ class Decoder(nn.Module):
     def setup(self):
         c = self.config
         init = nn.initializers.normal(0.02)
-        self.embed = self.param("embed", init, (c.vocab_size, c.hidden_size), c.param_dtype)
+        self.embed = self.param("embed", init, stored_shape(c, "embed", (c.vocab_size, c.hidden_size)), c.param_dtype)
         self.layers = self.param("layers", lambda key: init_layers(c, key))
         self.final_norm = self.param("final_norm", nn.initializers.constant(1.0 - c.norm_offset), (c.hidden_size,),
                                      c.param_dtype)
         if not c.tie_embeddings:
-            self.lm_head = self.param("lm_head", init, (c.hidden_size, c.vocab_size), c.param_dtype)
+            self.lm_head = self.param("lm_head", init, stored_shape(c, "lm_head", (c.hidden_size, c.vocab_size)),
+                                      c.param_dtype)
         if c.value_head:
             self.value_head = nn.Dense(1, kernel_init=nn.initializers.normal(0.01), name=VALUE_HEAD)
+
+    def _whole(self, name: str, x, in_layer: bool = False):
+        """A parameter as the computation needs it: gathered whole over the `data` axis when it is stored sharded
+        (`ModelConfig.fsdp_dims`; inside `shard_map`), else as it is. in_layer: x is one layer's slice."""
+        dims = dict(self.config.fsdp_dims)
+        if name not in dims:
+            return x
+        return jax.lax.all_gather(x, DATA_AXIS, axis=dims[name] - int(in_layer), tiled=True)
 
     def _base(self, x):
         """A pretrained weight as the computation sees it: frozen (no gradient computed for it) under LoRA."""
@@ -192,7 +208,7 @@ class Decoder(nn.Module):
 
     def _embed(self, tokens):
         c = self.config
-        x = jnp.take(self._base(self.embed), tokens, axis=0).astype(c.dtype)
+        x = jnp.take(self._base(self._whole("embed", self.embed)), tokens, axis=0).astype(c.dtype)
         return x * jnp.asarray(c.hidden_size ** 0.5, c.dtype) if c.scale_embeddings else x
 
     def _layers(self, x, positions, caches, attend):
@@ -203,6 +219,7 @@ class Decoder(nn.Module):
 
         def layer(x, per_layer):
             p, layer_caches, window = per_layer
+            p = {name: self._whole(name, value, in_layer=True) for name, value in p.items()}
             return block(c, p, x, cos, sin, lambda q, k, v: attend(q, k, v, layer_caches, window))
 
         if c.remat:
@@ -215,7 +232,8 @@ class Decoder(nn.Module):
         """Final hidden [..., D] -> (logits float32 [..., V], values float32 [...] or None)."""
         c = self.config
         h = rms_norm(x, self._base(self.final_norm), c.norm_eps, c.norm_offset).astype(jnp.float32)
-        head = self._base(self.embed.T if c.tie_embeddings else self.lm_head)
+        head = self._base(self._whole("embed", self.embed).T if c.tie_embeddings
+                          else self._whole("lm_head", self.lm_head))
         logits = contract(h, head.astype(jnp.float32), 1)
         if c.final_softcap:
             logits = c.final_softcap * jnp.tanh(logits / c.final_softcap)

@@ -11,6 +11,8 @@ A dimension is split only when the mesh axis divides it; `param_specs` says whic
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -61,6 +63,26 @@ def param_shardings(config: ModelConfig, mesh: Mesh) -> dict:
     """`param_specs` as NamedShardings on `mesh`."""
     return jax.tree.map(lambda spec: NamedSharding(mesh, spec), param_specs(config, mesh),
                         is_leaf=lambda x: isinstance(x, P))
+
+
+def data_dims(config: ModelConfig, data_size: int) -> dict[str, int]:
+    """Parameter name -> the dimension of its stored shape that FSDP splits over a `data` axis of `data_size`
+    devices (those SPLITS names and the size divides)."""
+    shapes = {"embed": (config.vocab_size, config.hidden_size), **layer_shapes(config)}
+    if not config.tie_embeddings:
+        shapes["lm_head"] = (config.hidden_size, config.vocab_size)
+    dims = {}
+    for name, shape in shapes.items():
+        dim = SPLITS.get(name, {}).get(DATA_AXIS)
+        if data_size > 1 and dim is not None and shape[dim] % data_size == 0:
+            dims[name] = dim
+    return dims
+
+
+def fully_sharded(config: ModelConfig, data_size: int) -> ModelConfig:
+    """`config` whose Decoder gathers each parameter that `data_dims` splits as it is used (inside `shard_map`)."""
+    return dataclasses.replace(config, fsdp_dims=tuple(sorted(data_dims(config, data_size).items())),
+                               fsdp_size=data_size)
 
 
 def bytes_per_device(tree) -> dict:
