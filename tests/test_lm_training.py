@@ -267,3 +267,31 @@ def test_a_pretrained_model_trains_fully_sharded_over_eight_devices(tiny_model, 
         np.testing.assert_allclose(result[name]["loss"], result["one"]["loss"], rtol=1e-4, atol=1e-6)
         for key, value in result["one"]["params"].items():
             np.testing.assert_allclose(result[name]["params"][key], value, rtol=1e-4, atol=1e-6, err_msg=(name, key))
+
+
+def test_bfloat16_parameters_keep_their_fine_tuning_steps_in_float32_master_copies():
+    """Adam at 1e-5 on bfloat16 weights near 0.05: each step (1e-5) is far below bfloat16's spacing there (2.4e-4),
+    so plain optax leaves the weights exactly as they were; with `float32_master` the steps accumulate in the
+    master copy and the weights move by the master's rounding (20 steps: 2e-4, one or two bfloat16 spacings)."""
+    import optax
+
+    from jaxrl.engine import float32_master
+
+    params = {"w": jnp.full((4,), 0.05, jnp.bfloat16)}
+    grads = {"w": jnp.ones((4,), jnp.bfloat16)}
+
+    def run(optimizer, steps=20):
+        p, state = params, optimizer.init(params)
+        for _ in range(steps):
+            updates, state = optimizer.update(grads, state, p)
+            p = optax.apply_updates(p, updates)
+        return p, state
+
+    plain, _ = run(optax.adam(1e-5))
+    np.testing.assert_array_equal(np.asarray(plain["w"], np.float32), np.asarray(params["w"], np.float32))
+    mastered, state = run(float32_master(optax.adam(1e-5)))
+    assert mastered["w"].dtype == jnp.bfloat16 and state.master["w"].dtype == jnp.float32
+    np.testing.assert_allclose(np.asarray(state.master["w"]), np.float32(np.asarray(params["w"], np.float32)) - 2e-4,
+                               rtol=1e-6)
+    np.testing.assert_array_equal(np.asarray(mastered["w"]), np.asarray(state.master["w"].astype(jnp.bfloat16)))
+    assert float(mastered["w"][0]) < float(params["w"][0])

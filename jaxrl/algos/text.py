@@ -92,8 +92,8 @@ class TextSettings:
     pretrained: str = ""
     compute_dtype: str = knob("model.dtype", "float32", "a pretrained model's compute dtype",
                               choices=("float32", "bfloat16"))
-    param_dtype: str = knob("model.param_dtype", "float32", "a pretrained model's parameter dtype (its optimiser "
-                            "state stays float32 when bfloat16)", choices=("float32", "bfloat16"))
+    param_dtype: str = knob("model.param_dtype", "float32", "a pretrained model's parameter dtype (bfloat16: the "
+                            "optimiser keeps float32 master copies and moments)", choices=("float32", "bfloat16"))
     remat: bool = knob("model.remat", False, "recompute each layer's activations in the backward pass instead of "
                        "keeping them (less memory, about a third more compute)")
     shard_params: bool = knob("model.shard_params", True, "a pretrained model's parameters and optimiser state "
@@ -215,6 +215,8 @@ class TextPolicy:
         """The settings' optimiser; under LoRA applied to the adapters (and value head) only, keeping no state for
         the frozen base."""
         optimizer = self.settings.optimizer(hp, update_step)
+        if self.settings.pretrained and self.settings.param_dtype != "float32":
+            optimizer = engine.float32_master(optimizer)  # (bfloat16 alone would round fine-tuning steps away)
         if not self.adapters:
             return optimizer
         return optax.multi_transform({True: optimizer, False: optax.set_to_zero()}, lora.trainable)

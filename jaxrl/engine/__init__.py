@@ -13,11 +13,11 @@ from jaxrl.engine.algorithm import Algorithm
 from jaxrl.engine.chunks import (chunk_metrics, compile_chunk, compile_per_run, describe_xla_choice,
                                  repeat_updates, seed_keys)
 from jaxrl.engine.minibatches import deal_minibatches, gradient_step, minibatch_block_size, optimise
-from jaxrl.engine.optim import (GRAD_CLIPS, SCHEDULES, clip_each_network, make_optimizer,
+from jaxrl.engine.optim import (GRAD_CLIPS, SCHEDULES, clip_each_network, float32_master, make_optimizer,
                                 scheduled_learning_rate, OptimizerSettings)
 from jaxrl.engine.stats import global_mean, normalize, standardise
 
 __all__ = ["Algorithm", "GRAD_CLIPS", "SCHEDULES", "chunk_metrics",
            "clip_each_network", "compile_chunk", "compile_per_run", "deal_minibatches", "describe_xla_choice",
-           "global_mean", "gradient_step", "make_optimizer", "minibatch_block_size", "normalize", "optimise",
+           "float32_master", "global_mean", "gradient_step", "make_optimizer", "minibatch_block_size", "normalize", "optimise",
            "repeat_updates", "scheduled_learning_rate", "OptimizerSettings", "seed_keys", "standardise"]

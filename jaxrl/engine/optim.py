@@ -7,6 +7,7 @@ one compiled program serves a whole sweep over them.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,30 @@ def clip_by_global_norm(max_norm) -> optax.GradientTransformation:
         return jax.tree.map(lambda g: jax.lax.select(within, g, (g / norm.astype(g.dtype)) * max_norm), updates), state
 
     return optax.GradientTransformation(lambda params: optax.EmptyState(), update)
+
+
+class MasterState(NamedTuple):
+    master: Any  # float32 copies of the parameters
+    inner: Any  # the wrapped optimiser's state (its moments float32 too)
+
+
+def float32_master(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """`inner` on float32 master copies of low-precision (bfloat16) parameters: the moments and the accumulated
+    parameters stay float32, and each update moves the parameters to the master's rounding. Without it, a
+    fine-tuning step (a learning rate of 1e-6 on weights near 0.05) is below bfloat16's spacing there (2e-4) and
+    is lost."""
+    def init(params):
+        master = jax.tree.map(lambda p: p.astype(jnp.float32), params)
+        return MasterState(master, inner.init(master))
+
+    def update(updates, state, params=None):
+        grads = jax.tree.map(lambda g: g.astype(jnp.float32), updates)
+        steps, inner_state = inner.update(grads, state.inner, state.master)
+        master = optax.apply_updates(state.master, steps)
+        moves = jax.tree.map(lambda m, p: (m.astype(p.dtype) - p).astype(p.dtype), master, params)
+        return moves, MasterState(master, inner_state)
+
+    return optax.GradientTransformation(init, update)
 
 
 def clip_each_network(max_norm) -> optax.GradientTransformation:
