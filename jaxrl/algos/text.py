@@ -41,7 +41,7 @@ from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS
 from jaxrl.models import hf as hf_files, lora, sharding as model_sharding
 from jaxrl.models.config import LORA_TARGETS
-from jaxrl.models.decoder import Decoder, is_adapter, layer_shapes
+from jaxrl.models.decoder import Decoder, is_adapter, param_shapes
 from jaxrl.models.lm import read_spec
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -195,16 +195,10 @@ class TextPolicy:
         def spec(path, leaf):
             name = str(getattr(path[-1], "key", "")) if path else ""
             dim = self.param_dims.get(name) if any(getattr(k, "key", None) == "params" for k in path) else None
-            if dim is None or leaf.ndim != len(self._param_shape(name)) + 1:
+            if dim is None or leaf.ndim != len(param_shapes(self.model.config)[name]) + 1:
                 return P(RUN_AXIS)
             return P(RUN_AXIS, *[DATA_AXIS if d == dim else None for d in range(leaf.ndim - 1)])
         return jax.tree_util.tree_map_with_path(spec, state)
-
-    def _param_shape(self, name: str) -> tuple[int, ...]:
-        c = self.model.config
-        shapes = {"embed": (c.vocab_size, c.hidden_size), "lm_head": (c.hidden_size, c.vocab_size),
-                  **layer_shapes(c)}
-        return shapes[name]
 
     @property
     def adapters(self) -> bool:

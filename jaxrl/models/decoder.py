@@ -143,6 +143,15 @@ def layer_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def param_shapes(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> whole shape of every sharding-relevant parameter: the embedding, the untied output head and the
+    stacked layer parameters."""
+    shapes = {"embed": (c.vocab_size, c.hidden_size), **layer_shapes(c)}
+    if not c.tie_embeddings:
+        shapes["lm_head"] = (c.hidden_size, c.vocab_size)
+    return shapes
+
+
 def stored_shape(c: ModelConfig, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
     """A parameter's shape as one device stores it: its `fsdp_dims` dimension divided over `fsdp_size` devices."""
     dim = dict(c.fsdp_dims).get(name)

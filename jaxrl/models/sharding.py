@@ -19,7 +19,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.models.config import ModelConfig
-from jaxrl.models.decoder import VALUE_HEAD, layer_shapes
+from jaxrl.models.decoder import VALUE_HEAD, layer_shapes, param_shapes
 
 MODEL_AXIS = "model"
 
@@ -68,11 +68,8 @@ def param_shardings(config: ModelConfig, mesh: Mesh) -> dict:
 def data_dims(config: ModelConfig, data_size: int) -> dict[str, int]:
     """Parameter name -> the dimension of its stored shape that FSDP splits over a `data` axis of `data_size`
     devices (those SPLITS names and the size divides)."""
-    shapes = {"embed": (config.vocab_size, config.hidden_size), **layer_shapes(config)}
-    if not config.tie_embeddings:
-        shapes["lm_head"] = (config.hidden_size, config.vocab_size)
     dims = {}
-    for name, shape in shapes.items():
+    for name, shape in param_shapes(config).items():
         dim = SPLITS.get(name, {}).get(DATA_AXIS)
         if data_size > 1 and dim is not None and shape[dim] % data_size == 0:
             dims[name] = dim
