@@ -45,18 +45,18 @@ def start_evaluation(workdir: str, show: int = 6) -> tuple[float, list[str]]:
     """The run's evaluation of its starting parameters: (greedy held-out accuracy, the first replies)."""
     import jax
 
-    from jaxrl import algos, config as config_lib, mesh as mesh_lib
+    from jaxrl import algos, mesh as mesh_lib
     from jaxrl.run import saved
     from jaxrl.run.program import evaluation_key
 
-    config = config_lib.load(os.path.join(workdir, "config.json"))
+    config = saved.saved_config(os.path.join(workdir, "config.json"))
     algo, _ = algos.build(config, mesh_lib.make_mesh())
     params = saved.start_params(algo.starts_from)
     state = algo.init_seeds(config.seed, 1, start_params=params)
     accuracy = float(algo.evaluate(state.params, evaluation_key(config.seed, 0), config.eval.episodes)
                      ["eval_accuracy"][0])
     policy = algo.parts.policy
-    problems = policy.task.heldout(show, seed=policy.eval_seed)
+    problems = policy.task.heldout(min(16, config.eval.episodes), seed=policy.eval_seed)[:show]  # (the artifacts')
     replies = policy.decode(policy.actor(jax.tree.map(lambda x: x[0], state.params))(policy.task.prompts(problems)))
     questions = [q for q, _ in policy.task.texts(problems)]
     return accuracy, [f"{q.split('user')[-1].strip().splitlines()[0]} -> {r!r}" for q, r in zip(questions, replies)]
@@ -66,7 +66,10 @@ def report(workdir: str) -> dict:
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     evaluated = [(r["update"], r["wall_time"] / 60, r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
     start, before = start_evaluation(workdir)
-    after = open(os.path.join(workdir, "sample_completions.txt")).read().splitlines()[1:7]
+    from jaxrl.run import policies
+
+    final = policies.evaluate_run(workdir)  # the newest checkpoint: the run's own evaluation, and its replies
+    after = open(final["files"][0]).read().splitlines()[1:7]
     result = {"workdir": workdir, "start_accuracy": start,
               "curve": [{"update": u, "minutes": round(m, 1), "eval_accuracy": a} for u, m, a in evaluated],
               "replies_before": before, "replies_after": after}

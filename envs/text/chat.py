@@ -249,8 +249,10 @@ class ChatTask:
     def reference_text(self, numbers, target, reference_chars) -> str:
         if isinstance(self.task, DatasetTask):
             gold = self.task.answers[int(numbers[0])]
-            return f"{self.marker} {gold.numerator if gold.denominator == 1 else float(gold)}"
-        return f"{self.marker} {self.alphabet.text(reference_chars)}"
+            answer = str(gold.numerator if gold.denominator == 1 else float(gold))
+        else:
+            answer = self.alphabet.text(reference_chars)
+        return f"{self.marker} {answer}" if self.marker else answer
 
     def _host_answers(self, numbers, target, reference_chars):
         flat = numbers.reshape(-1, numbers.shape[-1]), target.reshape(-1), reference_chars.reshape(

@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
+from ml_collections import ConfigDict
 
 from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, models
 from jaxrl.run.plan import Plan
@@ -53,10 +54,29 @@ def program_of(workdir: str) -> tuple[str, int, int]:
     raise ValueError(f"{workdir} has no checkpoints (checkpoints/ is missing)")
 
 
+def saved_config(path: str):
+    """A saved run's (or exported policy's) config.json, with every key its algorithm declares today that it lacks
+    (added since it was saved) at its default: the behaviour the run had, as the key did not exist."""
+    config = config_lib.load(path)
+
+    def fill(saved: dict, defaults: dict) -> dict:
+        out = dict(saved)
+        for key, value in defaults.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(out[key], dict):
+                out[key] = fill(out[key], value)
+        return out
+
+    filled = ConfigDict(fill(config.to_dict(), algos.default_config(config.algorithm).to_dict()))
+    filled.lock()
+    return filled
+
+
 def restore_run(workdir: str, checkpoint_step: int | None = None) -> RestoredRun:
     """The run in `workdir` at its newest checkpoint, or at update `checkpoint_step`."""
     checkpoint_dir, num_settings, position = program_of(workdir)
-    config = config_lib.load(os.path.join(workdir, "config.json"))
+    config = saved_config(os.path.join(workdir, "config.json"))
     num_runs = num_settings * config.num_seeds
     algo, _ = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, num_runs), run_dir=workdir)
     update, state = checkpoint.restore_from(checkpoint_dir, algo.abstract_seeds(config.seed, config.num_seeds,
@@ -69,7 +89,7 @@ def restore_run(workdir: str, checkpoint_step: int | None = None) -> RestoredRun
 
 def restore_exported(path: str):
     """(config, algorithm, one seed's parameters, no seed axis) of an exported policy directory (`export_policy`)."""
-    config = config_lib.load(os.path.join(path, "config.json"))
+    config = saved_config(os.path.join(path, "config.json"))
     algo, _ = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, 1), run_dir=path)
     abstract = algo.abstract_seeds(config.seed, 1)
     target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), abstract.params)
