@@ -31,7 +31,7 @@ FLAGS = ["--config.task.kwargs.min_digits=1", "--config.task.kwargs.max_digits=2
          "--config.optim.num_minibatches=2", "--config.log.every_steps=64", "--config.eval.every_steps=704",
          "--config.eval.episodes=128", "--config.checkpoint.every_steps=704"]
 FULL = ["--config.optim.learning_rate=5e-6", "--config.total_steps=2816"]  # 44 updates: about 55 min on 2 cores
-LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=2816"]
+LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=1408"]  # 22 updates
 
 
 def train(workdir: str, lora: bool) -> None:
