@@ -210,14 +210,12 @@ class ChatTask:
         self.prompt_length = prompt_length or self._measured_prompt_length(probe)
 
     def _measured_prompt_length(self, probe: int) -> int:
-        """The longest prompt among `probe` training problems and the held-out ones' first `probe`, plus slack,
-        rounded up to a multiple of 8."""
-        problems = [self.task.sample(jax.random.key(0), probe, "train")]
-        if not isinstance(self.task, DatasetTask):
-            problems.append(self.task.heldout(probe))
+        """The longest prompt, plus slack, rounded up to a multiple of 8: among every row of a dataset file, else
+        among `probe` training problems and the first `probe` held-out ones."""
+        if isinstance(self.task, DatasetTask):
+            problems = [self.task._problems(jnp.arange(len(self.task.questions)))]
         else:
-            problems.append(self.task.heldout(min(probe, len(self.task.test_rows))))
-            problems.append(self.task._problems(jnp.arange(len(self.task.questions))))
+            problems = [self.task.sample(jax.random.key(0), probe, "train"), self.task.heldout(probe)]
         longest = max(len(ids) for p in problems for ids in self._prompt_ids(jax.device_get(p)))
         return -(-(longest + 8) // 8) * 8
 

@@ -162,11 +162,16 @@ def hf_tensors(c: ModelConfig, params: dict, dtype=None) -> dict[str, np.ndarray
     return out
 
 
-def write_spec(c: ModelConfig, directory: str, extra_files: dict[str, str] | None = None) -> None:
+def write_spec(c: ModelConfig, directory: str, extra_files: dict[str, str] | None = None,
+               weights_dtype: str | None = None) -> None:
     """config.json, generation_config.json and `extra_files` (the tokenizer's): a model directory without its
-    weights, which `jaxrl.models.read_spec` reads (a run directory keeps its model's this way)."""
+    weights, which `jaxrl.models.read_spec` reads (a run directory keeps its model's this way). weights_dtype:
+    the safetensors' dtype when it differs from the parameters' (config.json's torch_dtype)."""
     os.makedirs(directory, exist_ok=True)
-    write_text(os.path.join(directory, CONFIG), json.dumps(to_hf_config(c), indent=2))
+    hf = to_hf_config(c)
+    if weights_dtype is not None:
+        hf["torch_dtype"] = weights_dtype
+    write_text(os.path.join(directory, CONFIG), json.dumps(hf, indent=2))
     generation = {"bos_token_id": c.bos_id, "eos_token_id": list(c.eos_ids) or None, "pad_token_id": c.pad_id}
     write_text(os.path.join(directory, GENERATION_CONFIG),
                json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2))
@@ -181,10 +186,6 @@ def save_directory(c: ModelConfig, params: dict, directory: str, *, extra_files:
     tokenizer's files)."""
     os.makedirs(directory, exist_ok=True)
     tensors = hf_tensors(c, params, dtype)
-    hf = to_hf_config(c)
-    if dtype is not None:
-        hf["torch_dtype"] = {np.dtype(np.float32): "float32", np.dtype(ml_dtypes.bfloat16): "bfloat16",
-                             np.dtype(np.float16): "float16"}[np.dtype(dtype)]
     shards, size = [[]], 0
     for name, a in tensors.items():
         if shards[-1] and size + a.nbytes > max_shard_bytes:
@@ -203,9 +204,9 @@ def save_directory(c: ModelConfig, params: dict, directory: str, *, extra_files:
         total = sum(a.nbytes for a in tensors.values())
         write_text(os.path.join(directory, INDEX), json.dumps({"metadata": {"total_size": total},
                                                                 "weight_map": weight_map}, indent=2))
-    write_spec(c, directory, extra_files)
-    if dtype is not None:  # the weights' dtype, which transformers reads from config.json
-        write_text(os.path.join(directory, CONFIG), json.dumps(hf, indent=2))
+    weights_dtype = None if dtype is None else {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+                                                np.dtype(ml_dtypes.bfloat16): "bfloat16"}[np.dtype(dtype)]
+    write_spec(c, directory, extra_files, weights_dtype)
 
 
 def write_text(path: str, text: str) -> None:
