@@ -190,7 +190,7 @@ class Tensors(Mapping):
         except NotImplementedError:
             raise ValueError(f"GGUF tensor {t.name} is stored as {t.tensor_type.name}, which the gguf package cannot "
                              "dequantise") from None
-        w = w.reshape(tuple(reversed([int(n) for n in t.shape])))
+        w = w.reshape(self.shape_of(name))
         if self.family == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
             w = unpermute_rotary(w, self.heads[name.split(".")[-2][0]])
         if self.family == "gemma2" and name.endswith("norm.weight"):
