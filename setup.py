@@ -26,7 +26,10 @@ EXTRAS = {
             "import-linter>=2.1", "gymnax>=1.0", "six", "brax>=0.12", "craftax>=1.4", "xminigrid>=0.9", "jaxmarl==0.2.0",
             "tensorboardX>=2.6", "tensorboard", "wandb",  # the log backends; tensorboard reads their events back
             # the docs site (mkdocs.yml), built with --strict by tests/test_docs_site.py
-            "mkdocs>=1.6.1", "mkdocs-material>=9.8.2", "mkdocstrings[python]>=1.0.8"],
+            "mkdocs>=1.6.1", "mkdocs-material>=9.8.2", "mkdocstrings[python]>=1.0.8",
+            "gguf>=0.10"],  # the pretrained model the language-model tests load (the models extra)
+    # Pretrained language models from GGUF files (jaxrl.models; Hugging Face directories need nothing more).
+    "models": ["gguf>=0.10"],
     # Environment libraries, each reached through envs.make (envs/adapters).
     "gymnax": ["gymnax>=1.0", "six"],  # 1.x reports terminated and truncated apart; it imports six undeclared
     "brax": ["brax>=0.12"],
@@ -41,7 +44,8 @@ EXTRAS = {
     # rejax, sbx-rl, gymnasium: benchmarks/off_policy.py (rejax gets gymnax 1.x's envs through a five-value-step
     # shim there; sbx is SB3's JAX port, on gymnasium's Pendulum).
     "bench": ["jaxmarl==0.2.0", "torch>=2.6", "trl==1.16.0", "distrax", "flashbax==0.1.3", "hydra-core>=1.3",
-              "omegaconf>=2.3", "wandb", "rejax==0.1.3", "sbx-rl>=0.20", "gymnasium>=1.0"],
+              "omegaconf>=2.3", "wandb", "rejax==0.1.3", "sbx-rl>=0.20", "gymnasium>=1.0",
+              "accelerate", "gguf>=0.10"],
     # benchmarks/cartpole_ppo.py runs rejax 0.1.3 on gymnax < 1.0 (its five-value step), which the gymnax adapter
     # cannot use: install it in an environment of its own (python -m venv .venv-rejax; pip install -e
     # ".[bench-rejax]"). jaxrl itself never imports gymnax for its own CartPole, so it runs there unchanged.

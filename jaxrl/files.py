@@ -7,19 +7,22 @@ directory, is flushed to disk, and replaces the old file in one rename.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-from typing import Any
+from typing import IO, Any, Iterator
 
 
-def write_atomic(path: str, text: str) -> None:
-    """Replace `path` with `text` in one step (a temporary file beside it, fsync, rename)."""
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "w", newline: str | None = None) -> Iterator[IO]:
+    """A file opened for writing that replaces `path` only when the block ends without an error (a temporary file
+    beside it, fsync, rename); `mode` is "w" or "wb", `newline` as open()'s."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, mode, newline=newline) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -27,6 +30,12 @@ def write_atomic(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
+
+
+def write_atomic(path: str, text: str) -> None:
+    """Replace `path` with `text` in one step."""
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def write_json(path: str, value: Any, indent: int | None = 1) -> None:

@@ -2,6 +2,7 @@
 saved file as it was and one line on stderr (status 2), and the run directory, its checkpoints and its small
 files keep what they hold through kills, damaged disks and read-only use."""
 
+import ast
 import errno
 import hashlib
 import json
@@ -344,16 +345,26 @@ def test_an_atomic_write_interrupted_midway_leaves_the_old_file(tmp_path, monkey
     assert files.read_json(path) == {"total_steps": 1} and os.listdir(tmp_path) == ["config.json"]
 
 
+def _writing_opens(source: str) -> list[int]:
+    """Lines of `source` that call the builtin open() with a mode that writes or truncates ("w", "wb", "w+", ...)."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "open":
+            mode = node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"),
+                                                                 None)
+            if isinstance(mode, ast.Constant) and "w" in str(mode.value):
+                lines.append(node.lineno)
+    return lines
+
+
 def test_no_module_writes_a_file_in_place():
     """Every file jaxrl writes beside a run goes through jaxrl.files (or orbax); metrics rows are appended whole."""
+    assert _writing_opens('open(p, "w")\nopen(p, mode="wb")\nopen(p)\nopen(p, "a")\nf.open(p, "w")') == [1, 2]
     offenders = []
     for root, _, names in os.walk(os.path.join(ROOT, "jaxrl")):
         for name in names:
             if name.endswith(".py") and name != "files.py":
-                text = open(os.path.join(root, name)).read()
-                for mode in ('"w")', '"wb")', "'w')"):
-                    if mode in text:
-                        offenders.append(f"{name}: open(..., {mode}")
+                offenders += [f"{name}:{line}" for line in _writing_opens(open(os.path.join(root, name)).read())]
     assert offenders == []
 
 
@@ -392,6 +403,15 @@ def test_a_missing_optional_env_package_names_its_extra(tmp_path):
     assert not workdir.exists()
 
 
+def test_a_missing_gguf_package_names_its_extra(tmp_path):
+    from jaxrl.models import installed
+
+    model = installed.installed_path("smollm2-135m-instruct") or installed.resolve("smollm2-135m-instruct")
+    result = _python(["-m", "jaxrl.generate", f"--model={model}", "--prompt=Hi", "--max_new_tokens=2"], tmp_path,
+                     _stub_package(tmp_path, "gguf"))
+    _one_line(result, "gguf", 'pip install -e ".[models]"')
+
+
 def test_a_missing_log_backend_is_refused_before_compiling(tmp_path):
     workdir = tmp_path / "run"
     result = _python(["-m", "jaxrl.train", CARTPOLE, *SMALL, "--config.log.backends=jsonl,tensorboard",
@@ -405,8 +425,10 @@ def test_a_missing_log_backend_is_refused_before_compiling(tmp_path):
     (["--episodes=0"], "--episodes must be a positive"),
     (["--export={export}", "--seed=5"], "--seed=5 is not a seed of this run: it trained 1"),
     (["--export={occupied}"], "is not an empty directory"),
-    (["--seed=1"], "--seed chooses the seed --export writes"),
-], ids=["negative episodes", "zero episodes", "seed not in the run", "export into a full dir", "seed without export"])
+    (["--seed=1"], "--seed and --format choose what --export writes"),
+    (["--format=hf"], "--seed and --format choose what --export writes"),
+], ids=["negative episodes", "zero episodes", "seed not in the run", "export into a full dir", "seed without export",
+         "format without export"])
 def test_evaluate_flag_mistakes_are_one_line_before_restoring(saved, args, expected, tmp_path, run_command):
     occupied = tmp_path / "occupied"
     occupied.mkdir()

@@ -56,9 +56,19 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
+def gguf_package():
+    """The gguf package (its quantisation types and dequantisation), which reading a GGUF file needs."""
+    try:
+        import gguf
+    except ImportError as e:
+        raise ImportError(f'reading a GGUF file needs the gguf package: pip install -e ".[models]" ({e})') from None
+    return gguf
+
+
 def open_reader(path: str) -> GGUFFile:
     """A GGUF file's metadata and tensors (memory-mapped). Read here rather than with gguf.GGUFReader, which parses
     every entry of a 49,152-token vocabulary into numpy views (7.5 s on 2 cores)."""
+    gguf_package()
     try:
         return _read(path)
     except Exception as e:  # noqa: BLE001 (whatever fails to parse, the file is not a GGUF we can read)
@@ -66,8 +76,7 @@ def open_reader(path: str) -> GGUFFile:
 
 
 def _read(path: str) -> GGUFFile:
-    import gguf
-
+    gguf = gguf_package()
     data = np.memmap(path, dtype=np.uint8, mode="r")
     buffer = memoryview(data)
     if bytes(buffer[:4]) != b"GGUF":
@@ -182,7 +191,7 @@ class Tensors(Mapping):
                 self.sources[name] = t
 
     def __getitem__(self, name: str) -> np.ndarray:
-        import gguf
+        gguf = gguf_package()
 
         t = self.sources[name]
         try:

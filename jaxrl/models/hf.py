@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from jaxrl import files
 from jaxrl.models import safetensors_io
 from jaxrl.models.config import ModelConfig, from_hf_config, to_hf_config
 from jaxrl.models.decoder import layer_shapes
@@ -171,12 +172,12 @@ def write_spec(c: ModelConfig, directory: str, extra_files: dict[str, str] | Non
     hf = to_hf_config(c)
     if weights_dtype is not None:
         hf["torch_dtype"] = weights_dtype
-    write_text(os.path.join(directory, CONFIG), json.dumps(hf, indent=2))
+    files.write_atomic(os.path.join(directory, CONFIG), json.dumps(hf, indent=2))
     generation = {"bos_token_id": c.bos_id, "eos_token_id": list(c.eos_ids) or None, "pad_token_id": c.pad_id}
-    write_text(os.path.join(directory, GENERATION_CONFIG),
+    files.write_atomic(os.path.join(directory, GENERATION_CONFIG),
                json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2))
     for name, text in (extra_files or {}).items():
-        write_text(os.path.join(directory, name), text)
+        files.write_atomic(os.path.join(directory, name), text)
 
 
 def save_directory(c: ModelConfig, params: dict, directory: str, *, extra_files: dict[str, str] | None = None,
@@ -202,16 +203,9 @@ def save_directory(c: ModelConfig, params: dict, directory: str, *, extra_files:
             safetensors_io.save({n: tensors[n] for n in names}, os.path.join(directory, file), {"format": "pt"})
             weight_map.update(dict.fromkeys(names, file))
         total = sum(a.nbytes for a in tensors.values())
-        write_text(os.path.join(directory, INDEX), json.dumps({"metadata": {"total_size": total},
+        files.write_atomic(os.path.join(directory, INDEX), json.dumps({"metadata": {"total_size": total},
                                                                 "weight_map": weight_map}, indent=2))
     weights_dtype = None if dtype is None else {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
                                                 np.dtype(ml_dtypes.bfloat16): "bfloat16"}[np.dtype(dtype)]
     write_spec(c, directory, extra_files, weights_dtype)
-
-
-def write_text(path: str, text: str) -> None:
-    """Written whole, then renamed into place."""
-    with open(path + ".partial", "w") as f:
-        f.write(text)
-    os.replace(path + ".partial", path)
 

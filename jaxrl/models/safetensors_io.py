@@ -9,11 +9,12 @@ and a tensor is a view into `np.memmap` of the file: nothing is read until a sli
 from __future__ import annotations
 
 import json
-import os
 import struct
 
 import ml_dtypes
 import numpy as np
+
+from jaxrl import files
 
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "I64": np.int64,
           "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
@@ -55,10 +56,8 @@ def save(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | N
         header["__metadata__"] = metadata
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    partial = path + ".partial"
-    with open(partial, "wb") as f:
+    with files.atomic_file(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for a in arrays.values():
             f.write(a.tobytes())
-    os.replace(partial, path)

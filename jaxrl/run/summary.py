@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from jaxrl import metrics as metrics_lib
+from jaxrl import files, metrics as metrics_lib
 
 def confidence_interval(values, level: float = 0.95) -> tuple[float, float, float]:
     """(mean, low, high): the mean over seeds and its two-sided Student-t interval (NaN bounds for one
@@ -45,7 +45,7 @@ def summarize_sweep(overrides: list[dict], names: list[str], rows: list[list[dic
 
 def write_summary(summary: list[dict], path: str) -> str:
     columns = list(dict.fromkeys(k for row in summary for k in row))
-    with open(path, "w", newline="") as f:
+    with files.atomic_file(path, newline="") as f:
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
         for row in summary:
