@@ -233,11 +233,12 @@ out = {}
 for name, devices, shard in (("one", 1, True), ("replicated", 8, False), ("sharded", 8, True)):
     config = lm_config(MODEL, "text_grpo", **{"group.size": 2, "num_prompts": 8, "total_steps": 8 * 2 * 2,
                                               "mesh.num_devices": devices, "model.shard_params": shard,
-                                              "log.every_steps": 16})
+                                              "log.every_steps": 16, "loss.ent_coef": 0.01})
     workdir = f"{TMP}/{name}"
     result = train.run(config, workdir)
     state = saved.restore_run(workdir).state
     out[name] = {"loss": [r["policy_loss"] for r in result.metrics if "policy_loss" in r],
+                 "grad_norm": [r["grad_norm"] for r in result.metrics if "grad_norm" in r],
                  "params": {k: np.asarray(v).tolist() for k, v in [
                      ("embed", state.params["params"]["embed"][0, :3, :5]),
                      ("q", state.params["params"]["layers"]["q"][0, 1, :4, 0, :3]),
@@ -255,7 +256,8 @@ print("RESULT " + json.dumps(out))
 def test_a_pretrained_model_trains_fully_sharded_over_eight_devices(tiny_model, tmp_path, python_subprocess):
     """model.shard_params on 8 devices: each device stores an eighth of the parameters (and of their Adam moments),
     gathers each layer as it runs, and the run trains the same parameters as on one device and as with the
-    parameters replicated (float summation order aside)."""
+    parameters replicated (float summation order aside). The random model's rewards are all zero, so the entropy
+    bonus is what moves the parameters."""
     code = f"MODEL, TMP = {tiny_model!r}, {str(tmp_path)!r}\n" + SHARDED_RUN
     done = python_subprocess(code, devices=8)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -263,8 +265,10 @@ def test_a_pretrained_model_trains_fully_sharded_over_eight_devices(tiny_model, 
     sharded = result["sharded"]
     assert sharded["held"] <= sharded["whole"] / 8 + 4096, (sharded["held"], sharded["whole"])
     assert "data" in sharded["embed_spec"]
+    assert len(result["one"]["grad_norm"]) == 2 and min(result["one"]["grad_norm"]) > 0
     for name in ("replicated", "sharded"):
         np.testing.assert_allclose(result[name]["loss"], result["one"]["loss"], rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(result[name]["grad_norm"], result["one"]["grad_norm"], rtol=1e-4)
         for key, value in result["one"]["params"].items():
             np.testing.assert_allclose(result[name]["params"][key], value, rtol=1e-4, atol=1e-6, err_msg=(name, key))
 

@@ -23,6 +23,7 @@ gate_bias/up_bias [L, F] and down_bias [L, D]; final_norm [D]; lm_head [D, V] wh
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Callable, ClassVar
 
 import flax.linen as nn
@@ -209,7 +210,7 @@ class Decoder(nn.Module):
         dims = dict(self.config.fsdp_dims)
         if name not in dims:
             return x
-        return jax.lax.all_gather(x, DATA_AXIS, axis=dims[name] - int(in_layer), tiled=True)
+        return gather_whole(x, dims[name] - int(in_layer))
 
     def _base(self, x):
         """A pretrained weight as the computation sees it: frozen (no gradient computed for it) under LoRA."""
@@ -341,6 +342,35 @@ class Decoder(nn.Module):
     def init_own_cache(self, batch: int, group: int, max_len: int) -> LayerCache:
         """Zero per-member cache for `extend`: k, v [L, B, G, max_len, K, Dh]."""
         return zero_cache(self.config, batch, group, max_len)
+
+
+def gather_whole(x: jax.Array, axis: int) -> jax.Array:
+    """x's parts on every device of the `data` axis (inside shard_map) joined along `axis`; its gradient is the sum
+    over devices of the whole's gradient, this device's part of it (all_gather's transpose, a reduce-scatter)."""
+    if jax.default_backend() != "cpu":
+        return jax.lax.all_gather(x, DATA_AXIS, axis=axis, tiled=True)
+    return _gather_whole_on_cpu(x, axis)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _gather_whole_on_cpu(x, axis):
+    return jax.lax.all_gather(x, DATA_AXIS, axis=axis, tiled=True)
+
+
+def _gather_forward(x, axis):
+    return _gather_whole_on_cpu(x, axis), None
+
+
+def _gather_backward(axis, _, cotangent):
+    # XLA:CPU's in-process reduce-scatter inside a loop (the layer scan's backward pass) crashes now and then
+    # (jaxlib 0.10.2, 8 host devices: a segfault in ReduceScatter<F32>); an all-reduce, then this device's slice of
+    # it, is the same sum.
+    size = cotangent.shape[axis] // jax.lax.axis_size(DATA_AXIS)
+    whole = jax.lax.psum(cotangent, DATA_AXIS)
+    return (jax.lax.dynamic_slice_in_dim(whole, jax.lax.axis_index(DATA_AXIS) * size, size, axis),)
+
+
+_gather_whole_on_cpu.defvjp(_gather_forward, _gather_backward)
 
 
 def zero_cache(c: ModelConfig, *lead: int) -> LayerCache:
