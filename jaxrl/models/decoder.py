@@ -221,22 +221,35 @@ class Decoder(nn.Module):
         x = jnp.take(self._base(self._whole("embed", self.embed)), tokens, axis=0).astype(c.dtype)
         return x * jnp.asarray(c.hidden_size ** 0.5, c.dtype) if c.scale_embeddings else x
 
-    def _layers(self, x, positions, caches, attend):
-        """Every layer over x [..., S, D]: attend(q, k, v, layer_caches, window) -> (y, new layer cache);
-        caches: a pytree whose leaves are stacked over layers (or None). -> (x, new caches stacked)."""
+    def _layers(self, x, positions, caches, attend, state=None):
+        """Every layer over x [..., S, D] -> (x, the layers' outputs stacked, or the final `state`).
+
+        attend(q, k, v, layer_caches, state, layer, window) -> (y, out) does one layer's attention: layer_caches
+        is this layer's slice of `caches` (read-only inputs stacked over layers, or None); `state` (a cache
+        stacked over layers, or None) is carried through the layers and `out` is its new value, updated in place
+        at index `layer` (only the new tokens' slots are written: no copy of the whole cache per step); without a
+        state, `out` is the layer's output, stacked over layers."""
         c = self.config
         cos, sin = rope_tables(positions, rope_frequencies(c))
 
-        def layer(x, per_layer):
-            p, layer_caches, window = per_layer
+        def layer(carry, per_layer):
+            x, state = carry
+            p, layer_caches, window, index = per_layer
             p = {name: self._whole(name, value, in_layer=True) for name, value in p.items()}
-            return block(c, p, x, cos, sin, lambda q, k, v: attend(q, k, v, layer_caches, window))
+            x, out = block(c, p, x, cos, sin, lambda q, k, v: attend(q, k, v, layer_caches, state, index, window))
+            return (x, out), None if state is not None else out
 
         if c.remat:
             layer = jax.checkpoint(layer, prevent_cse=False)
         windows = jnp.asarray(c.layer_windows(), jnp.int32)
         layers = {k: v if is_adapter(k) else self._base(v) for k, v in self.layers.items()}
-        return jax.lax.scan(layer, x, (layers, caches, windows))
+        if state is None:  # (the carry's second part then stays None: `block` returns the layer's output there)
+            def layer_without_state(x, per_layer):
+                (x, _), out = layer((x, None), per_layer)
+                return x, out
+            return jax.lax.scan(layer_without_state, x, (layers, caches, windows, jnp.arange(c.num_layers)))
+        (x, state), _ = jax.lax.scan(layer, (x, state), (layers, caches, windows, jnp.arange(c.num_layers)))
+        return x, state
 
     def _heads(self, x):
         """Final hidden [..., D] -> (logits float32 [..., V], values float32 [...] or None)."""
@@ -265,7 +278,8 @@ class Decoder(nn.Module):
         [B, T, V], values float32 [B, T] or None). Query t sees key s iff s <= t and attn_mask[:, s]."""
         T = tokens.shape[1]
         attend = self._attend(visible(T, attn_mask), self._distance(jnp.arange(T), jnp.arange(T)))
-        x, _ = self._layers(self._embed(tokens), positions, None, lambda q, k, v, _, w: (attend(q, k, v, w), None))
+        x, _ = self._layers(self._embed(tokens), positions, None,
+                            lambda q, k, v, _, state, layer, window: (attend(q, k, v, window), None))
         return self._heads(x)
 
     def decode(self, tokens, positions, attn_mask, cache: LayerCache, index):
@@ -277,12 +291,12 @@ class Decoder(nn.Module):
         S, L = tokens.shape[1], attn_mask.shape[1]
         attend = self._attend(visible(S, attn_mask, index), self._distance(index + jnp.arange(S), jnp.arange(L)))
 
-        def write_and_attend(q, k, v, layer_cache, window):
-            write = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), index, 1)
-            k, v = write(layer_cache.k, k), write(layer_cache.v, v)
-            return attend(q, k, v, window), LayerCache(k, v)
+        def write_and_attend(q, k, v, _, cache, layer, window):
+            cache = LayerCache(*(write_layer(old, new, layer, index, 1) for old, new in ((cache.k, k), (cache.v, v))))
+            keys, values = (read_layer(x, layer) for x in cache)
+            return attend(q, keys, values, window), cache
 
-        x, cache = self._layers(self._embed(tokens), positions, cache, write_and_attend)
+        x, cache = self._layers(self._embed(tokens), positions, None, write_and_attend, state=cache)
         return (*self._heads(x), cache)
 
     def prefill(self, tokens, positions, attn_mask):
@@ -292,7 +306,7 @@ class Decoder(nn.Module):
         attend = self._attend(visible(P, attn_mask), self._distance(jnp.arange(P), jnp.arange(P)))
         dtype = self.config.dtype
 
-        def keep_and_attend(q, k, v, _, window):
+        def keep_and_attend(q, k, v, _, state, layer, window):
             return attend(q, k, v, window), LayerCache(k.astype(dtype), v.astype(dtype))
 
         x, cache = self._layers(self._embed(tokens), positions, None, keep_and_attend)
@@ -319,21 +333,19 @@ class Decoder(nn.Module):
         key_columns = jnp.concatenate([jnp.arange(P), jnp.tile(P + jnp.arange(T), G)])
         attend = self._attend(mask, self._distance(query_columns, key_columns))
 
-        def grouped(q, k, v, layer_caches, window):
-            layer_prefix, layer_own = layer_caches
-            if layer_own is not None:
-                write = lambda old, new: jax.lax.dynamic_update_slice_in_dim(old, new.astype(old.dtype), index, 2)
-                k, v = write(layer_own.k, k), write(layer_own.v, v)
-                layer_own = LayerCache(k, v)
+        def grouped(q, k, v, layer_prefix, own, layer, window):
+            if own is not None:
+                own = LayerCache(*(write_layer(old, new, layer, index, 2) for old, new in ((own.k, k), (own.v, v))))
+                k, v = (read_layer(x, layer) for x in own)
             # One attention per prompt of its G * S queries over the shared prefix and every member's own keys
             # (the block-diagonal mask keeps members apart): the prefix is never repeated G times.
             keys = jnp.concatenate([layer_prefix.k.astype(k.dtype), k.reshape(B, G * T, *k.shape[3:])], axis=1)
             values = jnp.concatenate([layer_prefix.v.astype(v.dtype), v.reshape(B, G * T, *v.shape[3:])], axis=1)
             y = attend(q.reshape(B, G * S, *q.shape[3:]), keys, values, window)
-            return y.reshape(q.shape), layer_own
+            return y.reshape(q.shape), own
 
-        x, new_own = self._layers(self._embed(tokens), positions, (prefix, own_cache), grouped)
-        return (*self._heads(x), None if own_cache is None else new_own)
+        x, own = self._layers(self._embed(tokens), positions, prefix, grouped, state=own_cache)
+        return (*self._heads(x), own if own_cache is not None else None)
 
     def init_cache(self, batch: int, max_len: int) -> LayerCache:
         """Zero cache for `batch` sequences of at most `max_len` columns: k, v [L, B, max_len, K, Dh]."""
@@ -371,6 +383,18 @@ def _gather_backward(axis, _, cotangent):
 
 
 _gather_whole_on_cpu.defvjp(_gather_forward, _gather_backward)
+
+
+def write_layer(stacked: jax.Array, new: jax.Array, layer, index, axis: int) -> jax.Array:
+    """`new` [..., S, ...] written into layer `layer` of `stacked` [L, ...] at slots [index, index + S) of the
+    layer's axis `axis`: an in-place update of the carried cache."""
+    start = [0] * stacked.ndim
+    start[0], start[axis + 1] = layer, index
+    return jax.lax.dynamic_update_slice(stacked, new.astype(stacked.dtype)[None], start)
+
+
+def read_layer(stacked: jax.Array, layer) -> jax.Array:
+    return jax.lax.dynamic_index_in_dim(stacked, layer, axis=0, keepdims=False)
 
 
 def zero_cache(c: ModelConfig, *lead: int) -> LayerCache:
