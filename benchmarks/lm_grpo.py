@@ -1,18 +1,33 @@
-"""One GRPO step on a pretrained model (SmolLM2-135M-Instruct): jaxrl against TRL's GRPOTrainer, same machine, same
-run, same batch and lengths, each side in a process of its own (so that its peak memory is its own).
+"""One GRPO step on a pretrained model (SmolLM2-135M-Instruct): jaxrl against TRL's GRPOTrainer and Tunix's GRPO
+learner, same machine, same run, same batch and lengths, each side in a process of its own (so that its peak memory
+is its own).
 
     python benchmarks/lm_grpo.py                           # 8 prompts x 8 completions of at most 48 tokens
     python benchmarks/lm_grpo.py --prompts 16 --steps 2
+    python benchmarks/lm_grpo.py --tunix-python PATH       # Tunix too, run by PATH: a Python with google-tunix
 
-Same on both sides: the weights (jaxrl's float32 export of the GGUF file, which TRL loads as a Hugging Face
+Same on every side: the weights (jaxrl's float32 export of the GGUF file, which TRL and Tunix load as a Hugging Face
 directory), the prompts (1-2 digit addition questions through the chat template, as text), the reward (1 when the
 reply's last number is the sum), B prompts x G completions at temperature 1 (no top-k / top-p) of at most N tokens
-(both stop once every completion has ended), group-normalised advantages, one optimisation pass of the clipped
-(0.2) token-level loss (TRL's "dapo") over the whole batch, no KL, AdamW at 5e-6 without weight decay, gradient
-clipping at 1.0, float32, no rematerialisation (TRL's gradient checkpointing off), no vLLM.
+(all stop once every completion has ended), group-normalised advantages, one optimisation pass of the clipped
+(0.2) token-level loss (TRL's "dapo", Tunix's "token-mean") over the whole batch, no KL, AdamW at 5e-6 without
+weight decay, gradient clipping at 1.0, float32, no rematerialisation (TRL's gradient checkpointing off), no vLLM.
 
-Each side times `--steps` steps after `--warmup` untimed ones (jaxrl: compilation) and reports the median s/step
-and its process's peak resident memory. Tunix's GRPO learner is not run here yet (see benchmarks/RESULTS.md).
+Each side times `--steps` steps after `--warmup` untimed ones (jaxrl, Tunix: compilation) and reports the median
+s/step and its process's peak resident memory.
+
+The Tunix side runs without jaxrl (google-tunix pins its own jax, flax and safetensors, so it lives in an environment
+of its own): this process first writes it the export and a JSON file of the prompts and targets. It builds
+tunix.models.llama3 with the export's config.json, loads the safetensors with Tunix's loader and trains with
+tunix.rl.grpo's GRPOLearner on an RLCluster (vanilla rollout engine; actor and rollout on one CPU mesh share the
+weights), timing each of the learner's global steps. Where Tunix differs:
+- the EOS token: its sampler cuts a completion before it, so the loss leaves it out (TRL's includes it);
+- padding: Tunix masks every pad token and SmolLM2 pads with <|im_end|>, which the prompts hold, so this side pads
+  with <|endoftext|>; prompts are left-padded to one length for all steps (the longest + 1, TRL's to each batch's);
+- RoPE: Tunix 0.1.7's Llama 3 ignores the config's rope_theta (uses 1e6), so this side binds SmolLM2's 1e5 (its
+  greedy replies then match transformers');
+- sampling: the vanilla rollout draws with the same key (PRNGKey(0)) at every step;
+- advantages: divided by the group's std + 1e-6 (TRL: + 1e-4), not settable.
 """
 
 from __future__ import annotations
@@ -72,6 +87,28 @@ def jaxrl_side(args) -> dict:
     return {"seconds": times, "tokens": float(metrics["sampled_tokens"][0])}
 
 
+def export_model(directory: str | None = None) -> str:
+    """jaxrl's float32 Hugging Face export of MODEL (into `directory`, else a new temporary one): the weights TRL
+    and Tunix load."""
+    from jaxrl import models
+
+    return models.save_pretrained(models.from_pretrained(MODEL), directory or tempfile.mkdtemp(prefix="lm_grpo_"))
+
+
+def questions(args) -> tuple[list[str], list[int]]:
+    """(prompts, targets) for warmup + timed steps of args.prompts each: the questions jaxrl's task poses, the
+    prompts rendered by the chat template as text."""
+    import jax
+    import numpy as np
+
+    from jaxrl import algos, mesh as mesh_lib
+
+    algo, _ = algos.build(jaxrl_config(args), mesh_lib.make_mesh())
+    task = algo.parts.policy.task
+    problems = task.sample(jax.random.key(3), args.prompts * (args.warmup + args.steps), "train")
+    return [prompt for prompt, _ in task.texts(problems)], [int(t) for t in np.asarray(problems.target)]
+
+
 def trl_side(args) -> dict:
     import dataclasses
     import warnings
@@ -82,25 +119,13 @@ def trl_side(args) -> dict:
     from grpo_tokens import StepTimer
     from trl import GRPOConfig, GRPOTrainer
 
-    from jaxrl import models
-
     warnings.filterwarnings("ignore", category=FutureWarning)
-    export = models.save_pretrained(models.from_pretrained(MODEL), tempfile.mkdtemp(prefix="lm_grpo_"))
+    export = export_model()
     model = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(export, padding_side="left")
-    config = jaxrl_config(args)
-    # The same questions as jaxrl's task poses, rendered by the chat template as text.
-    from jaxrl import algos, mesh as mesh_lib
-
-    algo, _ = algos.build(config, mesh_lib.make_mesh())
-    task = algo.parts.policy.task
-    import jax
-    import numpy as np
-
     steps = args.warmup + args.steps
-    problems = task.sample(jax.random.key(3), args.prompts * steps, "train")
-    dataset = datasets.Dataset.from_dict({"prompt": [prompt for prompt, _ in task.texts(problems)],
-                                          "target": [int(t) for t in np.asarray(problems.target)]})
+    prompts, targets = questions(args)
+    dataset = datasets.Dataset.from_dict({"prompt": prompts, "target": targets})
     from envs.text.chat import final_answer
 
     def correct(completions, target, **_):
@@ -123,6 +148,128 @@ def trl_side(args) -> dict:
     return {"seconds": timer.times[args.warmup:]}
 
 
+def prepare_tunix_inputs(args, directory: str) -> str:
+    """directory/inputs.json: what the Tunix side needs from jaxrl, which its environment cannot import: the model's
+    export (written to directory/model) and the prompts and targets the TRL side trains on."""
+    prompts, targets = questions(args)
+    path = os.path.join(directory, "inputs.json")
+    with open(path, "w") as f:
+        json.dump({"model": export_model(os.path.join(directory, "model")), "prompts": prompts, "targets": targets}, f)
+    return path
+
+
+def tunix_model(export: str):
+    """(Tunix's Llama 3 with the shapes of the export's config.json and its float32 weights, its one-device mesh)."""
+    import functools
+
+    import jax.numpy as jnp
+    from tunix.models.llama3 import model as llama3, params
+    from tunix.utils import mesh as tunix_mesh
+
+    with open(os.path.join(export, "config.json")) as f:
+        hf = json.load(f)
+    rope_theta = hf.get("rope_theta") or hf["rope_parameters"]["rope_theta"]  # transformers 5 nests it
+    config = llama3.ModelConfig(
+        num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"], embed_dim=hf["hidden_size"],
+        hidden_dim=hf["intermediate_size"], num_heads=hf["num_attention_heads"],
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
+        num_kv_heads=hf["num_key_value_heads"], rope_theta=rope_theta, norm_eps=hf["rms_norm_eps"],
+        weight_tying=hf["tie_word_embeddings"])
+    # Tunix 0.1.7's attention calls apply_rope without the config's theta (so 1e6, its default): bind the model's.
+    llama3.apply_rope = functools.partial(llama3.apply_rope, rope_theta=config.rope_theta)
+    mesh = tunix_mesh.create_mesh((1, 1), ("fsdp", "tp"))  # its axis names; one CPU device
+    return params.create_model_from_safe_tensors(export, config, mesh, dtype=jnp.float32), mesh
+
+
+def last_number_reward(prompts, completions, target, **_) -> list[float]:
+    """1.0 when the completion's last number is the target: envs.text.chat.final_answer(text, "") with its NUMBER
+    pattern, restated since the Tunix side cannot import jaxrl's packages."""
+    import re
+
+    def last(text):
+        numbers = re.findall(r"-?\d[\d,]*(?:\.\d+)?", text)
+        return numbers[-1] if numbers else None
+
+    return [float(last(c) == str(t)) for c, t in zip(completions, target)]
+
+
+def tunix_cluster(args, export: str, prompts: list[str]):
+    """Tunix's RLCluster for the export: actor and vanilla rollout on one CPU mesh (one copy of the weights)."""
+    import jax.numpy as jnp
+    import optax
+    import transformers
+    from tunix.rl import rl_cluster as rl_cluster_lib
+    from tunix.rl.rollout import base_rollout
+
+    model, mesh = tunix_model(export)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+    # Tunix takes every pad token for padding (masked from attention and the loss); SmolLM2 pads with <|im_end|>,
+    # which the chat-rendered prompts hold, so pad with a token they do not.
+    tokenizer.pad_token = "<|endoftext|>"
+    # One prompt length for every batch, so that the sampler compiles once; +1 for the BOS its tokenize() prepends
+    # to a text that does not start with one.
+    prompt_length = 1 + max(len(tokenizer.encode(p)) for p in prompts)
+    rollout = base_rollout.RolloutConfig(
+        max_tokens_to_generate=args.new_tokens, max_prompt_length=prompt_length,
+        kv_cache_size=prompt_length + args.new_tokens, temperature=1.0, top_p=1.0, top_k=None, data_type=jnp.float32,
+        seed=None)  # PRNGKey(0) at every step: the rollout reuses its seed (a key given here is donated, then deleted)
+    steps = args.warmup + args.steps
+    training = rl_cluster_lib.RLTrainingConfig(
+        actor_optimizer=optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(5e-6, weight_decay=0.0)),
+        max_steps=steps, eval_every_n_steps=steps + 1)  # no evaluation
+    return rl_cluster_lib.RLCluster(actor=model, tokenizer=tokenizer, cluster_config=rl_cluster_lib.ClusterConfig(
+        role_to_mesh={rl_cluster_lib.Role.ACTOR: mesh, rl_cluster_lib.Role.ROLLOUT: mesh}, rollout_engine="vanilla",
+        offload_to_cpu=False, training_config=training, rollout_config=rollout))
+
+
+def tunix_side(args) -> dict:
+    import jax
+    import numpy as np
+    from flax import nnx
+    from tunix.rl.grpo import grpo_learner
+
+    with open(args.inputs) as f:
+        inputs = json.load(f)
+    times = []
+
+    class TimedLearner(grpo_learner.GRPOLearner):
+        """Wall clock per global step (rollout, reward, advantages, update), to the update's end on the device:
+        Tunix has no public hook spanning the rollout (its TrainingHooks see the update only, a step late)."""
+
+        def _run_global_step(self, *a, **k):
+            tick = time.perf_counter()
+            super()._run_global_step(*a, **k)
+            jax.block_until_ready(nnx.state(self.rl_cluster.actor_trainer.model))
+            times.append(time.perf_counter() - tick)
+
+    # Its sampler cuts each completion before the EOS, so the loss leaves that token out (TRL's includes it); the
+    # advantages' std gets + 1e-6 (TRL's + 1e-4), not settable.
+    grpo = grpo_learner.GRPOConfig(num_generations=args.group_size, num_iterations=1, beta=0.0, epsilon=0.2,
+                                   loss_agg_mode="token-mean")
+    learner = TimedLearner(rl_cluster=tunix_cluster(args, inputs["model"], inputs["prompts"]), algo_config=grpo,
+                           reward_fns=[last_number_reward])
+    # The learner repeats each prompt (and its target) G times.
+    learner.train([{"prompts": np.array(inputs["prompts"][i:i + args.prompts]),
+                    "target": np.array(inputs["targets"][i:i + args.prompts])}
+                   for i in range(0, len(inputs["prompts"]), args.prompts)])
+    return {"seconds": times[args.warmup:]}
+
+
+SIDES = {"jaxrl": jaxrl_side, "trl": trl_side, "tunix": tunix_side}
+RIVALS = {"trl": "TRL", "tunix": "Tunix"}
+
+
+def run_side(side: str, python: str, args, *extra: str) -> dict:
+    """One side's RESULT, run by `python` in a process of its own."""
+    command = [python, __file__, f"--side={side}", f"--prompts={args.prompts}", f"--group-size={args.group_size}",
+               f"--new-tokens={args.new_tokens}", f"--steps={args.steps}", f"--warmup={args.warmup}", *extra]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"the {side} side failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--prompts", type=int, default=8, help="B")
@@ -130,11 +277,14 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=48, help="N: the most tokens a completion may take")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--side", choices=("jaxrl", "trl"), default=None, help="(internal) run one side")
+    parser.add_argument("--side", choices=tuple(SIDES), default=None, help="(internal) run one side")
+    parser.add_argument("--inputs", default=None, help="(internal) the Tunix side's inputs file")
     parser.add_argument("--no-trl", action="store_true")
+    parser.add_argument("--tunix-python", default=None, metavar="PATH",
+                        help="a Python with google-tunix installed: runs the Tunix side with it")
     args = parser.parse_args()
     if args.side:
-        out = (jaxrl_side if args.side == "jaxrl" else trl_side)(args)
+        out = SIDES[args.side](args)
         out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
         print("RESULT " + json.dumps(out), flush=True)
         return
@@ -142,22 +292,19 @@ def main():
 
     print(f"{MODEL}: one GRPO step, {args.prompts} prompts x {args.group_size} completions of at most "
           f"{args.new_tokens} tokens; {machine()}, {datetime.date.today()}", flush=True)
+    runs = [("jaxrl", sys.executable)] + ([] if args.no_trl else [("trl", sys.executable)])
+    runs += [("tunix", args.tunix_python)] if args.tunix_python else []
     results = {}
-    for side in ("jaxrl",) + (() if args.no_trl else ("trl",)):
-        command = [sys.executable, __file__, f"--side={side}", f"--prompts={args.prompts}",
-                   f"--group-size={args.group_size}", f"--new-tokens={args.new_tokens}", f"--steps={args.steps}",
-                   f"--warmup={args.warmup}"]
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-        lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-        if done.returncode or not lines:
-            raise RuntimeError(f"the {side} side failed:\n{done.stderr[-3000:]}")
-        results[side] = json.loads(lines[-1][len("RESULT "):])
-        r = results[side]
+    for side, python in runs:
+        with tempfile.TemporaryDirectory(prefix="lm_grpo_") as scratch:  # the Tunix side's inputs, then gone
+            extra = [f"--inputs={prepare_tunix_inputs(args, scratch)}"] if side == "tunix" else []
+            r = results[side] = run_side(side, python, args, *extra)
         print(f"{side:>6}: {statistics.median(r['seconds']):7.1f} s/step ({', '.join(f'{s:.1f}' for s in r['seconds'])}), "
               f"peak memory {r['peak_rss_gb']:.1f} GB", flush=True)
-    if "trl" in results:
-        ratio = statistics.median(results["trl"]["seconds"]) / statistics.median(results["jaxrl"]["seconds"])
-        print(f"jaxrl is {ratio:.2f}x TRL's speed per step")
+    for side, name in RIVALS.items():
+        if side in results:
+            ratio = statistics.median(results[side]["seconds"]) / statistics.median(results["jaxrl"]["seconds"])
+            print(f"jaxrl is {ratio:.2f}x {name}'s speed per step")
 
 
 if __name__ == "__main__":
