@@ -1,7 +1,8 @@
 """Text SFT and GRPO on a pretrained-format model (jaxrl.models): tasks posed through the chat template, replies
 verified on the host, a user's dataset file, the run directory's model files, evaluation, loading and export to
-Hugging Face format. The model here is a tiny random Llama with SmolLM2's tokenizer and chat template, written
-as a Hugging Face directory (what a user brings); learning on the real SmolLM2 is benchmarks' and the docs'."""
+Hugging Face format. The model here is a tiny random Llama with SmolLM2's chat template and special tokens over a
+small vocabulary, written as a Hugging Face directory (what a user brings); learning on the real SmolLM2 is
+benchmarks' and the docs'."""
 
 from __future__ import annotations
 
@@ -21,13 +22,39 @@ from jaxrl.models import hf
 from jaxrl.models.decoder import Decoder
 
 
+def small_tokenizer(files):
+    """`files` (SmolLM2's tokenizer, chat template and special tokens) with a byte-level BPE of 384 tokens trained
+    here on the tests' own kind of text in place of its 49,152: the same ids for <|endoftext|>, <|im_start|> and
+    <|im_end|> (0, 1, 2), so prompts render as SmolLM2's do, at a vocabulary whose logits and sampling cost little."""
+    import dataclasses
+
+    import tokenizers
+    from tokenizers import decoders, models as bpe, pre_tokenizers, trainers
+
+    words = ("You are a helpful AI assistant named SmolLM trained by Hugging Face. Be brief. What is the answer? "
+             "Answer: I think so. Tom has apples and buys more. How many apples does he have?")
+    corpus = [f"What is {a} + {b}? {a} + {b} = {a + b}." for a in range(0, 100, 7) for b in range(0, 100, 3)]
+    tokenizer = tokenizers.Tokenizer(bpe.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    specials = [tokenizers.AddedToken(t, special=True, normalized=False)
+                for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")]
+    tokenizer.train_from_iterator(corpus + [words] * 20, trainers.BpeTrainer(
+        vocab_size=384, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False))
+    assert [tokenizer.token_to_id(t.content) for t in specials] == [0, 1, 2]
+    return dataclasses.replace(files, tokenizer=tokenizer)
+
+
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    """A Hugging Face directory: a 2-layer Llama (random weights) with SmolLM2-135M-Instruct's tokenizer."""
-    _, tokenizer = models.read_spec("smollm2-135m-instruct")
-    config = models.ModelConfig(family="llama", vocab_size=49152, hidden_size=64, num_layers=2, num_heads=4,
-                                num_kv_heads=2, head_dim=16, intermediate_size=128, max_len=512, eos_ids=(2,),
-                                pad_id=2, bos_id=1, norm_eps=1e-5)
+    """A Hugging Face directory: a 2-layer Llama (random weights) with SmolLM2-135M-Instruct's chat template and
+    special tokens over a small vocabulary (small_tokenizer)."""
+    _, smollm2 = models.read_spec("smollm2-135m-instruct")
+    tokenizer = small_tokenizer(smollm2)
+    config = models.ModelConfig(family="llama", vocab_size=tokenizer.tokenizer.get_vocab_size(), hidden_size=64,
+                                num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=128,
+                                max_len=512, eos_ids=(2,), pad_id=2, bos_id=1, norm_eps=1e-5)
     tokens = jnp.zeros((1, 4), jnp.int32)
     params = Decoder(config).init(jax.random.key(0), tokens, tokens, jnp.ones((1, 4), bool))
     directory = str(tmp_path_factory.mktemp("tiny_llama"))
@@ -189,7 +216,7 @@ def test_lora_trains_only_the_adapters_and_exports_them_merged(tiny_model, tmp_p
     result = train.run(sft, str(tmp_path / "sft"))
     rows = [r for r in result.metrics if "loss" in r]
     # (the frozen random base, its output embedding included, leaves the adapters less room than full
-    # fine-tuning: 10.96 -> 9.77 measured; a run that learned nothing stays at ln(49152) = 10.8 and above)
+    # fine-tuning; a run that learned nothing stays near ln(384) = 5.95, the uniform guess, and above)
     assert rows[-1]["loss"] < 0.92 * rows[0]["loss"], (rows[0]["loss"], rows[-1]["loss"])
     run = saved.restore_run(str(tmp_path / "sft"))
     pretrained = models.read_params(tiny_model, models.read_spec(tiny_model)[0])["params"]
