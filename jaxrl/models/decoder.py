@@ -232,24 +232,21 @@ class Decoder(nn.Module):
         c = self.config
         cos, sin = rope_tables(positions, rope_frequencies(c))
 
+        carried = state is not None
+
         def layer(carry, per_layer):
             x, state = carry
             p, layer_caches, window, index = per_layer
             p = {name: self._whole(name, value, in_layer=True) for name, value in p.items()}
             x, out = block(c, p, x, cos, sin, lambda q, k, v: attend(q, k, v, layer_caches, state, index, window))
-            return (x, out), None if state is not None else out
+            return ((x, out), None) if carried else ((x, None), out)  # the new state, or the layer's output
 
         if c.remat:
             layer = jax.checkpoint(layer, prevent_cse=False)
         windows = jnp.asarray(c.layer_windows(), jnp.int32)
         layers = {k: v if is_adapter(k) else self._base(v) for k, v in self.layers.items()}
-        if state is None:  # (the carry's second part then stays None: `block` returns the layer's output there)
-            def layer_without_state(x, per_layer):
-                (x, _), out = layer((x, None), per_layer)
-                return x, out
-            return jax.lax.scan(layer_without_state, x, (layers, caches, windows, jnp.arange(c.num_layers)))
-        (x, state), _ = jax.lax.scan(layer, (x, state), (layers, caches, windows, jnp.arange(c.num_layers)))
-        return x, state
+        (x, state), outs = jax.lax.scan(layer, (x, state), (layers, caches, windows, jnp.arange(c.num_layers)))
+        return x, state if carried else outs
 
     def _heads(self, x):
         """Final hidden [..., D] -> (logits float32 [..., V], values float32 [...] or None)."""
@@ -292,8 +289,7 @@ class Decoder(nn.Module):
         attend = self._attend(visible(S, attn_mask, index), self._distance(index + jnp.arange(S), jnp.arange(L)))
 
         def write_and_attend(q, k, v, _, cache, layer, window):
-            cache = LayerCache(*(write_layer(old, new, layer, index, 1) for old, new in ((cache.k, k), (cache.v, v))))
-            keys, values = (read_layer(x, layer) for x in cache)
+            cache, keys, values = write_layer(cache, k, v, layer, index, 1)
             return attend(q, keys, values, window), cache
 
         x, cache = self._layers(self._embed(tokens), positions, None, write_and_attend, state=cache)
@@ -335,8 +331,7 @@ class Decoder(nn.Module):
 
         def grouped(q, k, v, layer_prefix, own, layer, window):
             if own is not None:
-                own = LayerCache(*(write_layer(old, new, layer, index, 2) for old, new in ((own.k, k), (own.v, v))))
-                k, v = (read_layer(x, layer) for x in own)
+                own, k, v = write_layer(own, k, v, layer, index, 2)
             # One attention per prompt of its G * S queries over the shared prefix and every member's own keys
             # (the block-diagonal mask keeps members apart): the prefix is never repeated G times.
             keys = jnp.concatenate([layer_prefix.k.astype(k.dtype), k.reshape(B, G * T, *k.shape[3:])], axis=1)
@@ -385,16 +380,17 @@ def _gather_backward(axis, _, cotangent):
 _gather_whole_on_cpu.defvjp(_gather_forward, _gather_backward)
 
 
-def write_layer(stacked: jax.Array, new: jax.Array, layer, index, axis: int) -> jax.Array:
-    """`new` [..., S, ...] written into layer `layer` of `stacked` [L, ...] at slots [index, index + S) of the
-    layer's axis `axis`: an in-place update of the carried cache."""
-    start = [0] * stacked.ndim
-    start[0], start[axis + 1] = layer, index
-    return jax.lax.dynamic_update_slice(stacked, new.astype(stacked.dtype)[None], start)
+def write_layer(cache: LayerCache, k: jax.Array, v: jax.Array, layer, index, axis: int):
+    """The new tokens' keys and values [..., S, ...] written into layer `layer` of the layer-stacked `cache` (k, v
+    [L, ...]) at slots [index, index + S) of the layer's axis `axis`, in place. -> (cache, the layer's keys, its
+    values)."""
+    def write(stacked, new):
+        start = [0] * stacked.ndim
+        start[0], start[axis + 1] = layer, index
+        return jax.lax.dynamic_update_slice(stacked, new.astype(stacked.dtype)[None], start)
 
-
-def read_layer(stacked: jax.Array, layer) -> jax.Array:
-    return jax.lax.dynamic_index_in_dim(stacked, layer, axis=0, keepdims=False)
+    cache = LayerCache(write(cache.k, k), write(cache.v, v))
+    return (cache, *(jax.lax.dynamic_index_in_dim(x, layer, axis=0, keepdims=False) for x in cache))
 
 
 def zero_cache(c: ModelConfig, *lead: int) -> LayerCache:

@@ -68,15 +68,14 @@ def gguf_package():
 def open_reader(path: str) -> GGUFFile:
     """A GGUF file's metadata and tensors (memory-mapped). Read here rather than with gguf.GGUFReader, which parses
     every entry of a 49,152-token vocabulary into numpy views (7.5 s on 2 cores)."""
-    gguf_package()
+    gguf = gguf_package()  # (outside the try: a missing package is not a bad file)
     try:
-        return _read(path)
+        return _read(path, gguf)
     except Exception as e:  # noqa: BLE001 (whatever fails to parse, the file is not a GGUF we can read)
         raise ValueError(f"{path} is not a readable GGUF file ({type(e).__name__}: {e})") from None
 
 
-def _read(path: str) -> GGUFFile:
-    gguf = gguf_package()
+def _read(path: str, gguf) -> GGUFFile:
     data = np.memmap(path, dtype=np.uint8, mode="r")
     buffer = memoryview(data)
     if bytes(buffer[:4]) != b"GGUF":

@@ -13,7 +13,6 @@ import json
 import os
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
 from jaxrl import files
@@ -76,13 +75,13 @@ def open_checkpoint(directory: str) -> dict[str, np.ndarray]:
     """Tensor name -> memory-mapped array, over every safetensors file of the directory."""
     index = os.path.join(directory, INDEX)
     if os.path.exists(index):
-        files = sorted(set(json.load(open(index))["weight_map"].values()))
+        shards = sorted(set(json.load(open(index))["weight_map"].values()))
     elif os.path.exists(os.path.join(directory, WEIGHTS)):
-        files = [WEIGHTS]
+        shards = [WEIGHTS]
     else:
         raise ValueError(f"{directory} has no {WEIGHTS} nor {INDEX}")
     tensors = {}
-    for file in files:
+    for file in shards:
         tensors.update(safetensors_io.open_tensors(os.path.join(directory, file)))
     return tensors
 
@@ -175,7 +174,7 @@ def write_spec(c: ModelConfig, directory: str, extra_files: dict[str, str] | Non
     files.write_atomic(os.path.join(directory, CONFIG), json.dumps(hf, indent=2))
     generation = {"bos_token_id": c.bos_id, "eos_token_id": list(c.eos_ids) or None, "pad_token_id": c.pad_id}
     files.write_atomic(os.path.join(directory, GENERATION_CONFIG),
-               json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2))
+                       json.dumps({k: v for k, v in generation.items() if v is not None}, indent=2))
     for name, text in (extra_files or {}).items():
         files.write_atomic(os.path.join(directory, name), text)
 
@@ -203,9 +202,7 @@ def save_directory(c: ModelConfig, params: dict, directory: str, *, extra_files:
             safetensors_io.save({n: tensors[n] for n in names}, os.path.join(directory, file), {"format": "pt"})
             weight_map.update(dict.fromkeys(names, file))
         total = sum(a.nbytes for a in tensors.values())
-        files.write_atomic(os.path.join(directory, INDEX), json.dumps({"metadata": {"total_size": total},
-                                                                "weight_map": weight_map}, indent=2))
-    weights_dtype = None if dtype is None else {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
-                                                np.dtype(ml_dtypes.bfloat16): "bfloat16"}[np.dtype(dtype)]
-    write_spec(c, directory, extra_files, weights_dtype)
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        files.write_atomic(os.path.join(directory, INDEX), json.dumps(index, indent=2))
+    write_spec(c, directory, extra_files, None if dtype is None else np.dtype(dtype).name)
 
