@@ -252,19 +252,18 @@ def _close(ours, theirs, rel=0.05, win_abs=0.05):
 
 @pytest.mark.slow
 @pytest.mark.optimized  # long programs: optimised, they run in half the time, which more than repays the compile
-@pytest.mark.parametrize("name,policy", [("3m", "random"), ("3m", "attack_or_advance"), ("2s3z", "attack_or_advance"),
-                                         ("5m_vs_6m", "random")])
-def test_episode_statistics_match_the_reference(name, policy):
+@pytest.mark.parametrize("name", ["3m", "2s3z"])
+def test_episode_statistics_match_the_reference(name):
+    """Allies that attack or advance (the reference runs in the same test). Random legal allies are compared with
+    the reference's published figures below, which need no second compile of the reference."""
     _jaxmarl_smax()
     from envs.smax.parity import reference_env
-    key = jax.random.PRNGKey(0)
+    key, policy = jax.random.PRNGKey(0), POLICIES["attack_or_advance"]
     # 512 envs x 200 steps: 1,900 (2s3z) to 5,800 (3m) episodes a side, a 5% bar at several standard errors
-    ours = episode_statistics(envs.make("smax", scenario=name), POLICIES[policy], key, num_envs=512, num_steps=200)
-    theirs = episode_statistics(reference_env(name), POLICIES[policy], key, num_envs=512, num_steps=200)
-    print(f"{name} {policy}: ours {ours} reference {theirs}")
+    ours = episode_statistics(envs.make("smax", scenario=name), policy, key, num_envs=512, num_steps=200)
+    theirs = episode_statistics(reference_env(name), policy, key, num_envs=512, num_steps=200)
+    print(f"{name} attack_or_advance: ours {ours} reference {theirs}")
     _close(ours, theirs)
-    if policy == "random":
-        assert ours["win_rate"] == 0.0
 
 
 @pytest.mark.slow
@@ -275,3 +274,4 @@ def test_episode_statistics_match_the_published_reference_figures(name):
     ours = episode_statistics(envs.make("smax", scenario=name), POLICIES["random"], jax.random.PRNGKey(0))
     length, ret = PUBLISHED[name]
     _close(ours, {"length": length, "return": ret, "win_rate": 0.0})
+    assert ours["win_rate"] == 0.0  # random allies never win these battles, in the reference or here
