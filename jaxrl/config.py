@@ -48,6 +48,8 @@ SHARED_KNOBS = (
     Knob("mesh.num_devices", 0, "devices the run uses; 0: every device of every process", minimum=0),
     Knob("mesh.run_devices", 0, "devices along the mesh's runs axis (seeds and sweep settings split over them); "
          "0: as many as divide both the devices and the runs", minimum=0),
+    Knob("mesh.model_devices", 1, "devices along a `model` axis that splits a pretrained language model's attention "
+         "heads, MLP units and vocabulary within each data group (tensor parallel); 1: none", minimum=1),
     Knob("log.every_steps", 25_000, "environment steps between metrics rows", minimum=1),
     Knob("log.progress_bar", True, "a progress bar on the terminal"),
     Knob("log.backends", "jsonl", "where metrics go besides metrics.jsonl (always written)", choices=LOG_BACKENDS,

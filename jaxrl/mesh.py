@@ -1,9 +1,12 @@
-"""The device mesh, two axes: `runs` x `data`.
+"""The device mesh: `runs` x `data`, and `model` when a language model is split over devices.
 
 - `runs` splits independent runs (seeds, sweep settings; the leading axis of every state leaf and of the
   hyperparameters) over devices. Runs never talk to each other, so this axis costs no communication.
 - `data` splits one run's batch (environments, prompts) over devices; parameters are replicated along
-  it and gradients are averaged over it.
+  it (or, for a pretrained language model, stored split over it: FSDP) and gradients are averaged over it.
+- `model` (only when `mesh.model_devices` > 1) splits a pretrained language model's attention heads, MLP units
+  and vocabulary over the devices of each data group (tensor parallel). The training programs handle `runs` and
+  `data` themselves (`shard_map`); along `model` XLA partitions them from the parameters' shardings.
 
 Randomness that belongs to one environment is derived from its *global* index, so a run gives the same
 numbers on 1 device or on 8, whichever way they are split (up to float summation order).
@@ -18,15 +21,17 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 RUN_AXIS = "runs"
 DATA_AXIS = "data"
+MODEL_AXIS = "model"
 RUNS = P(RUN_AXIS)  # leaves [R, ...]: runs split over the `runs` axis, whole along `data`
 
 
-def make_mesh(num_devices: int = 0, run_devices: int = 1) -> Mesh:
+def make_mesh(num_devices: int = 0, run_devices: int = 1, model_devices: int = 1) -> Mesh:
     """A (runs, data) mesh over the first `num_devices` devices of every process (0 means all of them),
-    `run_devices` along `runs` and the rest along `data`.
+    `run_devices` along `runs` and the rest along `data`; with `model_devices` > 1 a (runs, data, model) mesh,
+    `model` the innermost axis.
 
-    Devices are taken in `jax.devices()` order, process by process, with `data` the inner axis: a run's
-    gradient average stays inside a host whenever its data axis fits on one.
+    Devices are taken in `jax.devices()` order, process by process, with `data` (then `model`) the inner axes:
+    a run's gradient average stays inside a host whenever its data axis fits on one.
     """
     available = jax.devices()
     if num_devices < 0 or num_devices > len(available):
@@ -34,19 +39,52 @@ def make_mesh(num_devices: int = 0, run_devices: int = 1) -> Mesh:
     n = num_devices or len(available)
     if run_devices < 1 or n % run_devices:
         raise ValueError(f"mesh.run_devices={run_devices} does not divide the {n} devices of the mesh")
-    devices = np.array(available[:n]).reshape(run_devices, n // run_devices)
-    return Mesh(devices, (RUN_AXIS, DATA_AXIS))
+    if model_devices < 1 or (n // run_devices) % model_devices:
+        raise ValueError(f"mesh.model_devices={model_devices} does not divide the {n // run_devices} devices left "
+                         f"for each run's data groups (mesh.num_devices / mesh.run_devices)")
+    if model_devices == 1:
+        return Mesh(np.array(available[:n]).reshape(run_devices, n // run_devices), (RUN_AXIS, DATA_AXIS))
+    devices = np.array(available[:n]).reshape(run_devices, n // run_devices // model_devices, model_devices)
+    return Mesh(devices, (RUN_AXIS, DATA_AXIS, MODEL_AXIS))
 
 
 def mesh_for_runs(options, num_runs: int) -> Mesh:
-    """The (runs, data) mesh a config's `mesh` options (num_devices, run_devices) give `num_runs` runs;
+    """The mesh a config's `mesh` options (num_devices, run_devices, model_devices) give `num_runs` runs;
     run_devices 0 gives the runs axis as many devices as divide both the mesh and the runs (runs need no
     communication)."""
     num_devices = options.num_devices or jax.device_count()
-    run_devices = options.run_devices or auto_run_devices(num_devices, num_runs)
-    mesh = make_mesh(options.num_devices, run_devices)
+    model_devices = options.get("model_devices", 1)
+    run_devices = options.run_devices or auto_run_devices(num_devices // max(model_devices, 1), num_runs)
+    mesh = make_mesh(options.num_devices, run_devices, model_devices)
     check_runs(num_runs, mesh)
     return mesh
+
+
+def model_size(mesh: Mesh) -> int:
+    """Devices along the `model` axis (1 when the mesh has none)."""
+    return mesh.shape.get(MODEL_AXIS, 1)
+
+
+def check_no_model_axis(mesh: Mesh, what: str) -> None:
+    """Raise before compiling when the mesh splits a model over devices for a run whose model is not split."""
+    if model_size(mesh) > 1:
+        raise ValueError(f"mesh.model_devices={model_size(mesh)} splits a pretrained language model's layers over "
+                         f"devices; {what}: leave it at 1")
+
+
+def manual_axes(mesh: Mesh) -> frozenset:
+    """The axes the training programs split by hand under `shard_map` (all but `model`, which XLA partitions)."""
+    return frozenset(name for name in mesh.axis_names if name != MODEL_AXIS)
+
+
+def manual_spec(spec: P) -> P:
+    """`spec` without `model`: what `shard_map` is told of a leaf whose `model` split XLA handles."""
+    def keep(entry):
+        if isinstance(entry, tuple):
+            kept = tuple(a for a in entry if a != MODEL_AXIS)
+            return kept or None
+        return None if entry == MODEL_AXIS else entry
+    return P(*[keep(entry) for entry in spec])
 
 
 def auto_run_devices(num_devices: int, num_runs: int) -> int:

@@ -257,9 +257,9 @@ from jaxrl.models import sharding
 from jaxrl.run import saved
 
 out = {}
-for name, devices, shard in (("one", 1, True), ("replicated", 8, False), ("sharded", 8, True)):
+for name, devices, model_devices in (("one", 1, 1), ("sharded", 8, 1), ("tensor", 8, 2)):
     config = lm_config(MODEL, "text_grpo", **{"group.size": 2, "num_prompts": 8, "total_steps": 8 * 2 * 2,
-                                              "mesh.num_devices": devices, "model.shard_params": shard,
+                                              "mesh.num_devices": devices, "mesh.model_devices": model_devices,
                                               "log.every_steps": 16, "loss.ent_coef": 0.01})
     workdir = f"{TMP}/{name}"
     result = train.run(config, workdir)
@@ -270,7 +270,7 @@ for name, devices, shard in (("one", 1, True), ("replicated", 8, False), ("shard
                      ("embed", state.params["params"]["embed"][0, :3, :5]),
                      ("q", state.params["params"]["layers"]["q"][0, 1, :4, 0, :3]),
                      ("down", state.params["params"]["layers"]["down"][0, 0, :4, :4])]}}
-    if name == "sharded":
+    if devices == 8:
         held = sharding.bytes_per_device(state.params)
         out[name]["held"] = max(held.values())
         out[name]["whole"] = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params))
@@ -281,19 +281,24 @@ print("RESULT " + json.dumps(out))
 
 
 def test_a_pretrained_model_trains_fully_sharded_over_eight_devices(tiny_model, tmp_path, python_subprocess):
-    """model.shard_params on 8 devices: each device stores an eighth of the parameters (and of their Adam moments),
-    gathers each layer as it runs, and the run trains the same parameters as on one device and as with the
-    parameters replicated (float summation order aside). The random model's rewards are all zero, so the entropy
-    bonus is what moves the parameters."""
+    """model.shard_params on 8 devices, as 8 data groups (FSDP) and as 4 data groups of 2 devices that split heads,
+    MLP units and vocabulary (mesh.model_devices=2, tensor parallel): each device stores an eighth of the
+    parameters (and of their Adam moments), and the run trains the same parameters as on one device (float
+    summation order aside). The random model's rewards are all zero, so the entropy bonus is what moves the
+    parameters."""
     code = f"MODEL, TMP = {tiny_model!r}, {str(tmp_path)!r}\n" + SHARDED_RUN
     done = python_subprocess(code, devices=8)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads([line for line in done.stdout.splitlines() if line.startswith("RESULT ")][-1][7:])
-    sharded = result["sharded"]
-    assert sharded["held"] <= sharded["whole"] / 8 + 4096, (sharded["held"], sharded["whole"])
-    assert "data" in sharded["embed_spec"]
+    for name in ("sharded", "tensor"):
+        held, whole = result[name]["held"], result[name]["whole"]
+        assert held <= whole / 8 + 4096, (name, held, whole)
+    assert result["sharded"]["embed_spec"] == "P('runs', None, 'data')"
+    # embed [V, D]: the vocabulary over `model`, the hidden dimension over `data`; Adam's moments alike
+    assert result["tensor"]["embed_spec"] == "P('runs', 'model', 'data')"
+    assert "model" in result["tensor"]["adam_spec"] and "data" in result["tensor"]["adam_spec"]
     assert len(result["one"]["grad_norm"]) == 2 and min(result["one"]["grad_norm"]) > 0
-    for name in ("replicated", "sharded"):
+    for name in ("sharded", "tensor"):
         np.testing.assert_allclose(result[name]["loss"], result["one"]["loss"], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(result[name]["grad_norm"], result["one"]["grad_norm"], rtol=1e-5)
         for key, value in result["one"]["params"].items():

@@ -197,3 +197,35 @@ def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, se
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
         assert max(result["m1"]["resumed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]
         assert 0 < max(result["m1"]["pruned"]) < 1, result["m1"]
+
+
+def test_a_model_axis_is_refused_where_no_model_is_split(python_subprocess):
+    """mesh.model_devices splits a pretrained language model: environment algorithms (PPO, GRPO on envs) and a
+    small text model trained from scratch say so before compiling, and a size that does not divide the devices
+    is named."""
+    code = r"""
+import sys; sys.path.insert(0, "tests")
+from helpers import small_cartpole, small_grpo_config, tiny_sft_config
+from jaxrl import algos, mesh as mesh_lib
+for config in (small_cartpole(), small_grpo_config(), tiny_sft_config()):
+    try:
+        algos.build(config, mesh_lib.make_mesh(4, model_devices=2))
+    except ValueError as e:
+        print("ERROR", e)
+try:
+    mesh_lib.make_mesh(4, model_devices=3)
+except ValueError as e:
+    print("ERROR", e)
+mesh = mesh_lib.make_mesh(4, model_devices=2)
+print("AXES", dict(mesh.shape))
+"""
+    out = python_subprocess(code, devices=4)
+    assert out.returncode == 0, out.stderr
+    errors = [line for line in out.stdout.splitlines() if line.startswith("ERROR")]
+    assert errors[:2] == ["ERROR mesh.model_devices=2 splits a pretrained language model's layers over devices; "
+                          "environment algorithms have none: leave it at 1"] * 2
+    assert errors[2] == ("ERROR mesh.model_devices=2 splits a pretrained language model's layers over devices; "
+                         "this run trains a small model from scratch: leave it at 1")
+    assert errors[3] == ("ERROR mesh.model_devices=3 does not divide the 4 devices left for each run's data groups "
+                         "(mesh.num_devices / mesh.run_devices)")
+    assert "AXES {'runs': 1, 'data': 2, 'model': 2}" in out.stdout

@@ -8,7 +8,7 @@ model's token ids:
     prompts = task.prompts(problems, vocab)                   # int32 [B, P] chat prompts, left-padded
     rewards = task.jax_rewards(problems, completions, vocab)  # float32 [..., 2]: correct, well_formed
 
-Rendering, tokenising and verifying run on the host (`jax.pure_callback`): they are string work. The problems
+Rendering, tokenising and verifying run on the host (`jax.pure_callback`, through `tasks.host_call`): they are string work. The problems
 themselves are drawn in JAX as before, so sampling, held-out splits and pools are the wrapped task's.
 
 An answer is the text after the last `marker` ("Answer:" by default) on its line, or with marker '' the reply's
@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.text.tasks import REWARD_NAMES, Arithmetic, Countdown, Problems, Task
+from envs.text.tasks import REWARD_NAMES, Arithmetic, Countdown, Problems, Task, host_call
 from envs.text.tokenizer import Vocab
 from envs.text.verify import check_countdown
 
@@ -293,8 +293,7 @@ class ChatTask:
     def prompts(self, problems: Problems, vocab=None) -> jax.Array:
         """int32 [B, prompt_length]: each problem's chat prompt, left-padded with pad_id."""
         shape = jax.ShapeDtypeStruct((*problems.target.shape, self.prompt_length), jnp.int32)
-        out = jax.pure_callback(self._host_prompts, shape, problems.numbers, problems.target, problems.recipe,
-                                vmap_method="broadcast_all")
+        out = host_call(self._host_prompts, shape, problems.numbers, problems.target, problems.recipe)
         return out + _varying_zeros(problems.target[..., None], out.dtype)
 
     def reference_answers(self, problems: Problems, vocab=None) -> jax.Array:
@@ -304,15 +303,13 @@ class ChatTask:
         else:
             chars = self.task.reference_answers(problems, self.alphabet)
         shape = jax.ShapeDtypeStruct((*problems.target.shape, self.answer_length), jnp.int32)
-        out = jax.pure_callback(self._host_answers, shape, problems.numbers, problems.target, chars,
-                                vmap_method="broadcast_all")
+        out = host_call(self._host_answers, shape, problems.numbers, problems.target, chars)
         return out + _varying_zeros(problems.target[..., None], out.dtype)
 
     def jax_rewards(self, problems: Problems, completions: jax.Array, vocab=None) -> jax.Array:
         """float32 [..., 2] (correct, well_formed) for completions [..., N] of problems [...] (broadcast)."""
         shape = jax.ShapeDtypeStruct((*completions.shape[:-1], 2), jnp.float32)
-        out = jax.pure_callback(self._host_rewards, shape, problems.numbers, problems.target, completions,
-                                vmap_method="broadcast_all")
+        out = host_call(self._host_rewards, shape, problems.numbers, problems.target, completions)
         return out + _varying_zeros(completions[..., :1], out.dtype)
 
     rewards = jax_rewards

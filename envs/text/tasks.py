@@ -357,8 +357,24 @@ class Countdown(Task):
         device, copies the batch to the host and parses it in Python (tens of microseconds per row), so
         call it once per batch, never per token."""
         shape = jax.ShapeDtypeStruct((*completions.shape[:-1], len(self.reward_names)), jnp.float32)
-        return jax.pure_callback(functools.partial(self.rewards, vocab=vocab), shape, problems, completions,
-                                 vmap_method="broadcast_all")
+        return host_call(functools.partial(self.rewards, vocab=vocab), shape, problems, completions)
+
+
+def host_call(fn: Callable, result: jax.ShapeDtypeStruct, *args):
+    """`fn(*args)` on the host (`jax.pure_callback`, vmapped by broadcasting), from any program: inside a
+    `shard_map` that leaves some mesh axes to XLA (a training program whose model is split over a `model` axis),
+    where XLA cannot place a callback, it runs under a nested `shard_map` over those axes, each of their devices
+    calling it with the same (whole) arguments."""
+    def call(*args):
+        return jax.pure_callback(fn, result, *args, vmap_method="broadcast_all")
+
+    mesh = jax.sharding.get_abstract_mesh()
+    automatic = {name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind != jax.sharding.AxisType.Manual}
+    if mesh.empty or not automatic or len(automatic) == len(mesh.axis_names):
+        return call(*args)
+    whole = jax.sharding.PartitionSpec()
+    return jax.shard_map(call, mesh=mesh, in_specs=whole, out_specs=whole, axis_names=automatic,
+                         check_vma=False)(*args)
 
 
 def _replay(leaves, recipe, combine: Callable):

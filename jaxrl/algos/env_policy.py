@@ -268,6 +268,7 @@ class EnvOnMesh:
     @classmethod
     def of(cls, policy: EnvPolicy, num_envs: int, reset_ratio: float, mesh=None) -> "EnvOnMesh":
         mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+        mesh_lib.check_no_model_axis(mesh, "environment algorithms have none")
         mesh_lib.check_divisible("num_envs", num_envs, mesh)
         return cls(envs.EpisodeStatistics(envs.AutoReset(policy.agent_env, reset_ratio)), mesh,
                    num_envs // mesh.shape[DATA_AXIS])

@@ -346,6 +346,7 @@ def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
                           **rollout.settings_of(config, "env"))
     policy = make_policy(config, critic=config.loss.critic_weight > 0)
     mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+    mesh_lib.check_no_model_axis(mesh, "environment algorithms have none")
     mesh_lib.check_divisible("the number of groups (num_envs / group_size)", settings.num_groups, mesh)
     check_minibatch_split(settings.num_envs, settings.num_steps, settings.num_minibatches, policy.num_agents, True,
                           mesh)  # (whole episodes: sequence ratios, aggregates)

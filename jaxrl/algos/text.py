@@ -38,7 +38,7 @@ from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise, standardise
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob, knob
-from jaxrl.mesh import DATA_AXIS, RUN_AXIS
+from jaxrl.mesh import DATA_AXIS, MODEL_AXIS, RUN_AXIS
 from jaxrl.models import hf as hf_files, lora, sharding as model_sharding
 from jaxrl.models.config import LORA_TARGETS
 from jaxrl.models.decoder import Decoder, is_adapter, param_shapes
@@ -138,7 +138,10 @@ class TextPolicy:
 
     def __init__(self, settings: TextSettings, mesh=None, eval_seed: int = 1234):
         self.settings, self.eval_seed = settings, eval_seed
-        self.param_dims: dict[str, int] = {}  # parameter -> its dimension split over `data` (FSDP)
+        # parameter -> {its dimension: the mesh axis that splits it} (`data`: FSDP; `model`: tensor parallel)
+        self.param_axes: dict[str, dict[int, str]] = {}
+        if mesh is not None and not settings.pretrained:
+            mesh_lib.check_no_model_axis(mesh, "this run trains a small model from scratch")
         if settings.pretrained:
             self._pretrained(settings, mesh)
         else:
@@ -186,18 +189,24 @@ class TextPolicy:
         self.model = self.update_model = Decoder(config)
         data_size = 1 if mesh is None else mesh.shape[DATA_AXIS]
         if settings.shard_params and data_size > 1:
-            self.param_dims = model_sharding.data_dims(config, data_size)
+            self._split(model_sharding.data_dims(config, data_size), DATA_AXIS)
             self.update_model = Decoder(model_sharding.fully_sharded(config, data_size))
+        if mesh is not None and mesh_lib.model_size(mesh) > 1:
+            self._split(model_sharding.split_dims(config, MODEL_AXIS, mesh_lib.model_size(mesh)), MODEL_AXIS)
+
+    def _split(self, dims: dict[str, int], axis: str) -> None:
+        for name, dim in dims.items():
+            self.param_axes.setdefault(name, {})[dim] = axis
 
     def state_specs(self, state):
         """PartitionSpecs of a state [R, ...]: parameters (and their optimiser moments and reference copy) split
-        over `data` along `param_dims`, everything else over runs only."""
+        over the mesh axes of `param_axes`, everything else over runs only."""
         def spec(path, leaf):
             name = str(getattr(path[-1], "key", "")) if path else ""
-            dim = self.param_dims.get(name) if any(getattr(k, "key", None) == "params" for k in path) else None
-            if dim is None or leaf.ndim != len(param_shapes(self.model.config)[name]) + 1:
+            axes = self.param_axes.get(name) if any(getattr(k, "key", None) == "params" for k in path) else None
+            if not axes or leaf.ndim != len(param_shapes(self.model.config)[name]) + 1:
                 return P(RUN_AXIS)
-            return P(RUN_AXIS, *[DATA_AXIS if d == dim else None for d in range(leaf.ndim - 1)])
+            return P(RUN_AXIS, *[axes.get(d) for d in range(leaf.ndim - 1)])
         return jax.tree_util.tree_map_with_path(spec, state)
 
     @property

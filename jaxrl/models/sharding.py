@@ -17,11 +17,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from jaxrl.mesh import DATA_AXIS
+from jaxrl.mesh import DATA_AXIS, MODEL_AXIS
 from jaxrl.models.config import ModelConfig
 from jaxrl.models.decoder import VALUE_HEAD, layer_shapes, param_shapes
-
-MODEL_AXIS = "model"
 
 # Per parameter, the axis (of its shape) each mesh axis splits: `data` the hidden dimension D (FSDP), `model`
 # the heads, MLP units or vocabulary (tensor parallel). Stacked layer parameters count their leading layer axis.
@@ -65,15 +63,20 @@ def param_shardings(config: ModelConfig, mesh: Mesh) -> dict:
                         is_leaf=lambda x: isinstance(x, P))
 
 
-def data_dims(config: ModelConfig, data_size: int) -> dict[str, int]:
-    """Parameter name -> the dimension of its stored shape that FSDP splits over a `data` axis of `data_size`
-    devices (those SPLITS names and the size divides)."""
+def split_dims(config: ModelConfig, axis: str, size: int) -> dict[str, int]:
+    """Parameter name -> the dimension of its stored shape that a mesh `axis` of `size` devices splits (those SPLITS
+    names and the size divides): FSDP's over `data`, tensor parallelism's over `model`."""
     dims = {}
     for name, shape in param_shapes(config).items():
-        dim = SPLITS.get(name, {}).get(DATA_AXIS)
-        if data_size > 1 and dim is not None and shape[dim] % data_size == 0:
+        dim = SPLITS.get(name, {}).get(axis)
+        if size > 1 and dim is not None and shape[dim] % size == 0:
             dims[name] = dim
     return dims
+
+
+def data_dims(config: ModelConfig, data_size: int) -> dict[str, int]:
+    """`split_dims` over a `data` axis of `data_size` devices."""
+    return split_dims(config, DATA_AXIS, data_size)
 
 
 def fully_sharded(config: ModelConfig, data_size: int) -> ModelConfig:
