@@ -84,8 +84,9 @@ def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, o
     for `args`. Returns (compiled program, seconds it took to compile).
 
     in_axes: per argument, 0 (one value per run) or None (shared); in_specs / out_specs: the shard_map
-    PartitionSpecs (any `model` entry in them is left to XLA; `in_shardings` keep it); xla_options: ((name, value), ...) XLA compile options; donate_argnums: the arguments
-    whose memory the program may reuse (they are gone after a call).
+    PartitionSpecs (a `model` entry in them is left to XLA, which reads it from `in_shardings`); xla_options:
+    ((name, value), ...) XLA compile options; donate_argnums: the arguments whose memory the program may reuse
+    (they are gone after a call).
     """
     manual = mesh_lib.manual_axes(mesh)
     if manual != set(mesh.axis_names):  # a `model` axis: XLA partitions along it, from the arguments' shardings
