@@ -207,6 +207,28 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(eight_updates,
     assert result.metrics[-1]["update"] == 8
 
 
+def test_a_finished_run_run_again_reports_without_compiling_its_chunk_program(eight_updates, tmp_path, capsys):
+    """The same command on a finished run restores it and returns its state and rows: no chunk program is compiled
+    (nor its memory line printed), and nothing is trained or rewritten."""
+    workdir = _copy(eight_updates, tmp_path)
+    compiled = []
+
+    def listen(event, seconds, **kwargs):
+        if event.endswith("backend_compile_duration"):
+            compiled.append(seconds)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        result = train.run(small_config(8), workdir)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    err = capsys.readouterr().err
+    assert "resuming from" in err and "at update 8" in err and "memory:" not in err, err
+    assert sum(compiled) < 1.0, compiled  # (restoring compiles a few tiny programs; a chunk program takes seconds)
+    _assert_same_params(result.state.params, eight_updates.state.params)
+    assert result.metrics == eight_updates.metrics
+    assert _checkpoint_steps(workdir) == _checkpoint_steps(eight_updates.workdir)
+
+
 def test_resuming_with_a_different_config_is_refused(eight_updates, tmp_path):
     workdir = _copy(eight_updates, tmp_path)
     with pytest.raises(ValueError, match="different config.*optim.learning_rate"):

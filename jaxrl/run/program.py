@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import signal
 import sys
@@ -139,17 +140,26 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
     start_state = start_state or saved.warm_start(algo, plan)  # (reads the saved parameters before compiling)
     guard = divergence.Guard(plan.on_nonfinite, plan.max_rollbacks, plan.num_seeds, plan.num_settings,
                              plan.checkpoint_dir, fetch)
-    # Chunks reuse their input's memory (donate) unless the guard may replay them from their start.
     abstract = algo.abstract_seeds(plan.seed, plan.num_seeds, plan.num_settings)
-    fit = fit_lib.check(algo, abstract, hyperparams, donate=not guard.replays_chunks, restoring=plan.resuming)
+    # (a new run's checkpoint directory is made after the checks)
+    checkpointer = (checkpoint.Checkpointer(plan.checkpoint_dir, keep=plan.keep, keep_best=plan.keep_best)
+                    if plan.resuming else None)
+    # Chunks reuse their input's memory (donate) unless the guard may replay them from their start.
+    check_fit = functools.partial(fit_lib.check, algo, abstract, hyperparams, restoring=plan.resuming,
+                                  donate=not guard.replays_chunks)
+    # A run whose newest checkpoint is its last update has nothing left to compile: it only reports.
+    finished = checkpointer is not None and (checkpointer.latest_step() or 0) >= plan.num_updates
+    fit = None if finished else check_fit()
     if main:
         _before_writing(plan, fit)
-    t = Training(algo, mesh, hyperparams, guard, _population(plan), checkpoint.Checkpointer(
+    t = Training(algo, mesh, hyperparams, guard, _population(plan), checkpointer or checkpoint.Checkpointer(
         plan.checkpoint_dir, keep=plan.keep, keep_best=plan.keep_best), main)
     if plan.resuming:  # restored into the abstract state: one copy ever allocated
         _resume(plan, t, abstract)
     else:
         _begin(plan, t, abstract, start_state)
+    if fit is None and t.update < plan.num_updates:  # the last checkpoint was damaged and an older one restored
+        check_fit()
     if main:
         for setting in plan.settings:
             workdir_lib.prepare(setting.config, setting.workdir, mesh, plan.kind, t.update, plan.resuming)
@@ -177,11 +187,12 @@ def _hyperparams(plan: Plan, mesh):
     return mesh_lib.runs_of(stacked, plan.num_runs, mesh)
 
 
-def _before_writing(plan: Plan, fit: fit_lib.ProgramFit) -> None:
+def _before_writing(plan: Plan, fit: fit_lib.ProgramFit | None) -> None:
     """Process 0, once the program fits: print its memory, clear what --overwrite deletes, and note a
     total_steps that is not a whole number of updates."""
-    print(fit.describe() + (f"; close to the limit: {fit.advice()}" if fit.close_to_the_limit else ""),
-          file=sys.stderr)
+    if fit is not None:  # (None: a finished run, nothing compiled)
+        print(fit.describe() + (f"; close to the limit: {fit.advice()}" if fit.close_to_the_limit else ""),
+              file=sys.stderr)
     if plan.overwrite:
         for directory in {*(s.workdir for s in plan.settings), plan.checkpoint_dir}:
             workdir_lib.clear(directory)
