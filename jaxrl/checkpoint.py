@@ -238,9 +238,14 @@ def _crc32(path: str) -> int:
     return crc
 
 
+def saved_steps(directory: str) -> list[int]:
+    """The steps `directory` holds, ascending (looked up without creating anything)."""
+    return sorted(int(name) for name in os.listdir(directory) if name.isdigit()) if os.path.isdir(directory) else []
+
+
 def has_checkpoints(directory: str) -> bool:
     """Whether `directory` holds a saved step (looked up without creating anything)."""
-    return os.path.isdir(directory) and any(name.isdigit() for name in os.listdir(directory))
+    return bool(saved_steps(directory))
 
 
 def abstract_state(state: Any, shardings: Any = None) -> Any:

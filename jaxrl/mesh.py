@@ -53,8 +53,8 @@ def mesh_for_runs(options, num_runs: int) -> Mesh:
     run_devices 0 gives the runs axis as many devices as divide both the mesh and the runs (runs need no
     communication)."""
     num_devices = options.num_devices or jax.device_count()
-    model_devices = options.get("model_devices", 1)
-    run_devices = options.run_devices or auto_run_devices(num_devices // max(model_devices, 1), num_runs)
+    model_devices = options.get("model_devices", 1)  # (a run saved before the key existed has none)
+    run_devices = options.run_devices or auto_run_devices(num_devices // model_devices, num_runs)
     mesh = make_mesh(options.num_devices, run_devices, model_devices)
     check_runs(num_runs, mesh)
     return mesh
@@ -79,12 +79,7 @@ def manual_axes(mesh: Mesh) -> frozenset:
 
 def manual_spec(spec: P) -> P:
     """`spec` without `model`: what `shard_map` is told of a leaf whose `model` split XLA handles."""
-    def keep(entry):
-        if isinstance(entry, tuple):
-            kept = tuple(a for a in entry if a != MODEL_AXIS)
-            return kept or None
-        return None if entry == MODEL_AXIS else entry
-    return P(*[keep(entry) for entry in spec])
+    return P(*[None if entry == MODEL_AXIS else entry for entry in spec])
 
 
 def auto_run_devices(num_devices: int, num_runs: int) -> int:

@@ -370,7 +370,7 @@ def host_call(fn: Callable, result: jax.ShapeDtypeStruct, *args):
 
     mesh = jax.sharding.get_abstract_mesh()
     automatic = {name for name, kind in zip(mesh.axis_names, mesh.axis_types) if kind != jax.sharding.AxisType.Manual}
-    if mesh.empty or not automatic or len(automatic) == len(mesh.axis_names):
+    if not automatic or automatic == set(mesh.axis_names):  # (no mesh, or one XLA places the callback in)
         return call(*args)
     whole = jax.sharding.PartitionSpec()
     return jax.shard_map(call, mesh=mesh, in_specs=whole, out_specs=whole, axis_names=automatic,

@@ -41,7 +41,7 @@ from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, MODEL_AXIS, RUN_AXIS
 from jaxrl.models import hf as hf_files, lora, sharding as model_sharding
 from jaxrl.models.config import LORA_TARGETS
-from jaxrl.models.decoder import Decoder, is_adapter, param_shapes
+from jaxrl.models.decoder import Decoder, is_adapter
 from jaxrl.models.lm import read_spec
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
@@ -138,8 +138,8 @@ class TextPolicy:
 
     def __init__(self, settings: TextSettings, mesh=None, eval_seed: int = 1234):
         self.settings, self.eval_seed = settings, eval_seed
-        # parameter -> {its dimension: the mesh axis that splits it} (`data`: FSDP; `model`: tensor parallel)
-        self.param_axes: dict[str, dict[int, str]] = {}
+        # parameter -> its PartitionSpec without the run axis (`data`: FSDP; `model`: tensor parallel)
+        self.param_specs: dict[str, P] = {}
         if mesh is not None and not settings.pretrained:
             mesh_lib.check_no_model_axis(mesh, "this run trains a small model from scratch")
         if settings.pretrained:
@@ -187,26 +187,23 @@ class TextPolicy:
         # `model` computes on whole parameters (evaluation, the actor, initialisation); `update_model`, inside the
         # training programs, on each device's part of them when they are stored sharded.
         self.model = self.update_model = Decoder(config)
-        data_size = 1 if mesh is None else mesh.shape[DATA_AXIS]
-        if settings.shard_params and data_size > 1:
-            self._split(model_sharding.data_dims(config, data_size), DATA_AXIS)
+        if mesh is None:
+            return
+        data_size = mesh.shape[DATA_AXIS] if settings.shard_params else 1
+        if data_size > 1:
             self.update_model = Decoder(model_sharding.fully_sharded(config, data_size))
-        if mesh is not None and mesh_lib.model_size(mesh) > 1:
-            self._split(model_sharding.split_dims(config, MODEL_AXIS, mesh_lib.model_size(mesh)), MODEL_AXIS)
-
-    def _split(self, dims: dict[str, int], axis: str) -> None:
-        for name, dim in dims.items():
-            self.param_axes.setdefault(name, {})[dim] = axis
+        self.param_specs = model_sharding.stored_specs(config, {DATA_AXIS: data_size,
+                                                                MODEL_AXIS: mesh_lib.model_size(mesh)})
 
     def state_specs(self, state):
         """PartitionSpecs of a state [R, ...]: parameters (and their optimiser moments and reference copy) split
-        over the mesh axes of `param_axes`, everything else over runs only."""
+        over the mesh axes of `param_specs`, everything else over runs only."""
         def spec(path, leaf):
             name = str(getattr(path[-1], "key", "")) if path else ""
-            axes = self.param_axes.get(name) if any(getattr(k, "key", None) == "params" for k in path) else None
-            if not axes or leaf.ndim != len(param_shapes(self.model.config)[name]) + 1:
+            split = self.param_specs.get(name) if any(getattr(k, "key", None) == "params" for k in path) else None
+            if split is None or not any(split) or leaf.ndim != len(split) + 1:
                 return P(RUN_AXIS)
-            return P(RUN_AXIS, *[axes.get(d) for d in range(leaf.ndim - 1)])
+            return P(RUN_AXIS, *split)
         return jax.tree_util.tree_map_with_path(spec, state)
 
     @property

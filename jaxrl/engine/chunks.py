@@ -88,12 +88,10 @@ def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, o
     ((name, value), ...) XLA compile options; donate_argnums: the arguments whose memory the program may reuse
     (they are gone after a call).
     """
-    manual = mesh_lib.manual_axes(mesh)
-    if manual != set(mesh.axis_names):  # a `model` axis: XLA partitions along it, from the arguments' shardings
-        in_specs, out_specs = jax.tree.map(mesh_lib.manual_spec, (in_specs, out_specs),
-                                           is_leaf=lambda x: isinstance(x, P))
+    # Along a `model` axis XLA partitions the program from the arguments' shardings: shard_map leaves it alone.
+    in_specs, out_specs = jax.tree.map(mesh_lib.manual_spec, (in_specs, out_specs), is_leaf=lambda x: isinstance(x, P))
     sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=mesh, in_specs=in_specs,
-                            out_specs=out_specs, check_vma=check_vma, axis_names=manual)
+                            out_specs=out_specs, check_vma=check_vma, axis_names=mesh_lib.manual_axes(mesh))
     jit_kwargs = {"donate_argnums": donate_argnums}
     if in_shardings is not None:
         jit_kwargs.update(in_shardings=in_shardings, out_shardings=out_shardings)

@@ -63,20 +63,16 @@ def param_shardings(config: ModelConfig, mesh: Mesh) -> dict:
                         is_leaf=lambda x: isinstance(x, P))
 
 
-def split_dims(config: ModelConfig, axis: str, size: int) -> dict[str, int]:
-    """Parameter name -> the dimension of its stored shape that a mesh `axis` of `size` devices splits (those SPLITS
-    names and the size divides): FSDP's over `data`, tensor parallelism's over `model`."""
-    dims = {}
-    for name, shape in param_shapes(config).items():
-        dim = SPLITS.get(name, {}).get(axis)
-        if size > 1 and dim is not None and shape[dim] % size == 0:
-            dims[name] = dim
-    return dims
+def stored_specs(config: ModelConfig, axis_sizes: dict[str, int]) -> dict[str, P]:
+    """Parameter name -> `spec_for` its stored shape (stacked layers whole) over mesh axes of `axis_sizes`."""
+    return {name: spec_for(name, shape, axis_sizes) for name, shape in param_shapes(config).items()}
 
 
 def data_dims(config: ModelConfig, data_size: int) -> dict[str, int]:
-    """`split_dims` over a `data` axis of `data_size` devices."""
-    return split_dims(config, DATA_AXIS, data_size)
+    """Parameter name -> the dimension of its stored shape that FSDP splits over a `data` axis of `data_size`
+    devices (those SPLITS names and the size divides)."""
+    return {name: tuple(spec).index(DATA_AXIS)
+            for name, spec in stored_specs(config, {DATA_AXIS: data_size}).items() if DATA_AXIS in spec}
 
 
 def fully_sharded(config: ModelConfig, data_size: int) -> ModelConfig:

@@ -141,18 +141,15 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
     guard = divergence.Guard(plan.on_nonfinite, plan.max_rollbacks, plan.num_seeds, plan.num_settings,
                              plan.checkpoint_dir, fetch)
     abstract = algo.abstract_seeds(plan.seed, plan.num_seeds, plan.num_settings)
-    # (a new run's checkpoint directory is made after the checks)
-    checkpointer = (checkpoint.Checkpointer(plan.checkpoint_dir, keep=plan.keep, keep_best=plan.keep_best)
-                    if plan.resuming else None)
     # Chunks reuse their input's memory (donate) unless the guard may replay them from their start.
     check_fit = functools.partial(fit_lib.check, algo, abstract, hyperparams, restoring=plan.resuming,
                                   donate=not guard.replays_chunks)
     # A run whose newest checkpoint is its last update has nothing left to compile: it only reports.
-    finished = checkpointer is not None and (checkpointer.latest_step() or 0) >= plan.num_updates
+    finished = plan.resuming and checkpoint.saved_steps(plan.checkpoint_dir)[-1] >= plan.num_updates
     fit = None if finished else check_fit()
     if main:
         _before_writing(plan, fit)
-    t = Training(algo, mesh, hyperparams, guard, _population(plan), checkpointer or checkpoint.Checkpointer(
+    t = Training(algo, mesh, hyperparams, guard, _population(plan), checkpoint.Checkpointer(
         plan.checkpoint_dir, keep=plan.keep, keep_best=plan.keep_best), main)
     if plan.resuming:  # restored into the abstract state: one copy ever allocated
         _resume(plan, t, abstract)
