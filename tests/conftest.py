@@ -10,7 +10,8 @@ from helpers import ROOT
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes minutes (still run in CI; `-m 'not slow'` leaves it out)")
     config.addinivalue_line("markers", "optimized: compiles with XLA's full optimisations, as a user's run does "
-                            "(learning over many updates, where the optimised program's speed repays its compile)")
+                            "(learning over many updates, a pretrained model's forward passes: where the optimised "
+                            "program's speed repays its compile)")
     # One XLA compilation cache for the whole session, shared by the xdist workers and the subprocesses the
     # tests start (they inherit the environment): many tests compile the same small programs. Set by the
     # controlling process only, before the workers start; a fresh directory each session, so that no test

@@ -480,6 +480,20 @@ def test_render_writes_an_animated_gif_and_a_png(tmp_path):
         main(["--scenario", "3m", "--out", str(tmp_path), "--params", "policy.msgpack"])
 
 
+def test_each_frame_draws_its_own_state_only():
+    """Frames share one figure: each equals its state drawn alone (below the title, which names the step), so
+    nothing of an earlier frame stays; attack lines and dead units' marks appear and go with their states."""
+    from envs.smax.render import episode_states, render_frames
+    env = make("3m")
+    states = episode_states(env, jax.random.PRNGKey(0))[:12]
+    together = render_frames(env, states)
+    title_rows = 40  # (of 480: the axes start at 92% of the height)
+    for t in (1, 6, 11):
+        alone = render_frames(env, states[t:t + 1])[0]
+        np.testing.assert_array_equal(np.asarray(together[t])[title_rows:], np.asarray(alone)[title_rows:])
+    assert not np.array_equal(np.asarray(together[1]), np.asarray(together[11]))
+
+
 def test_observe_gives_what_reset_and_step_return_and_auto_reset_observes_the_kept_state_once():
     """`SMAX.observe(state)` equals the obs that `reset` and `step` return with that state; `envs.AutoReset`
     observes the state it keeps (step's or restart's) and returns exactly what selecting between the two

@@ -62,45 +62,55 @@ def episode_states(env: SMAX, key: jax.Array, policy: RenderPolicy = random_poli
     return [first] + [jax.tree.map(lambda x: x[t], states) for t in range(length)]
 
 
-def draw_state(ax, env: SMAX, state: SMAXState, step: int | None = None, params=None) -> None:
-    """Draw one state on a matplotlib Axes (cleared first)."""
-    from matplotlib.patches import Circle, Rectangle
-
+def _frame_axes(ax, env: SMAX, params=None) -> None:
+    """The map's extent and background, without ticks: what every frame shares."""
     p = env._params(params)
-    width, height = float(p.map_width), float(p.map_height)
-    position = np.asarray(state.position)
-    health = np.asarray(state.health)
-    unit_type = np.asarray(state.unit_type)
-    targets = np.asarray(env.attack_targets(state))
-    alive = health > 0
-    team = (np.arange(env.num_units) >= env.num_allies).astype(int)
-
-    ax.clear()
-    ax.set_xlim(0, width)
-    ax.set_ylim(0, height)
+    ax.set_xlim(0, float(p.map_width))
+    ax.set_ylim(0, float(p.map_height))
     ax.set_aspect("equal")
     ax.set_xticks([])
     ax.set_yticks([])
     ax.set_facecolor("#f4f1ea")
+
+
+def _draw_units(ax, env: SMAX, state: SMAXState, targets: np.ndarray, step: int | None) -> list:
+    """Add one state's units, health bars and attack lines to `ax` (limits fixed already: `add_artist` skips
+    matplotlib's data-limit updates, most of a frame's time); returns the artists added."""
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Circle, Rectangle
+
+    position = np.asarray(state.position)
+    health = np.asarray(state.health)
+    unit_type = np.asarray(state.unit_type)
+    alive = health > 0
+    team = (np.arange(env.num_units) >= env.num_allies).astype(int)
+    artists = []
     for u in np.flatnonzero(alive & (targets >= 0)):
         (x0, y0), (x1, y1) = position[u], position[targets[u]]
-        ax.plot([x0, x1], [y0, y1], color=TEAM_COLOURS[team[u]], lw=1.2, alpha=0.8, zorder=1)
+        artists.append(Line2D([x0, x1], [y0, y1], color=TEAM_COLOURS[team[u]], lw=1.2, alpha=0.8, zorder=1))
     for u in range(env.num_units):
         x, y = position[u]
         kind = UNIT_TYPES[unit_type[u]]
+        colour = TEAM_COLOURS[team[u]]
         if not alive[u]:
-            ax.plot(x, y, marker="x", color=TEAM_COLOURS[team[u]], alpha=0.3, ms=4, zorder=1)
+            artists.append(Line2D([x], [y], marker="x", color=colour, alpha=0.3, ms=4, zorder=1))
             continue
-        ax.add_patch(Circle((x, y), kind.radius, color=TEAM_COLOURS[team[u]], zorder=2))
-        ax.text(x, y, kind.short, ha="center", va="center", fontsize=6, color="white", zorder=3)
         bar_w, bar_y = 1.2, y + kind.radius + 0.25
         frac = float(np.clip(health[u] / kind.health, 0.0, 1.0))
-        ax.add_patch(Rectangle((x - bar_w / 2, bar_y), bar_w, 0.22, color="0.75", zorder=2))
-        ax.add_patch(Rectangle((x - bar_w / 2, bar_y), bar_w * frac, 0.22,
-                               color="tab:green" if frac > 0.3 else "tab:orange", zorder=3))
+        artists += [Circle((x, y), kind.radius, color=colour, zorder=2),
+                    Rectangle((x - bar_w / 2, bar_y), bar_w, 0.22, color="0.75", zorder=2),
+                    Rectangle((x - bar_w / 2, bar_y), bar_w * frac, 0.22,
+                              color="tab:green" if frac > 0.3 else "tab:orange", zorder=3)]
+    for artist in artists:
+        ax.add_artist(artist)
+    for u in np.flatnonzero(alive):
+        x, y = position[u]
+        artists.append(ax.text(x, y, UNIT_TYPES[unit_type[u]].short, ha="center", va="center", fontsize=6,
+                               color="white", zorder=3))
     allies, enemies = int(alive[:env.num_allies].sum()), int(alive[env.num_allies:].sum())
     title = f"{env.scenario_name}   allies {allies}/{env.num_allies}   enemies {enemies}/{env.num_enemies}"
     ax.set_title(title if step is None else f"step {step}   {title}", fontsize=8)
+    return artists
 
 
 def render_frames(env: SMAX, states: Sequence[SMAXState], params=None, size_px: int = 480) -> list:
@@ -109,15 +119,22 @@ def render_frames(env: SMAX, states: Sequence[SMAXState], params=None, size_px: 
     from matplotlib.figure import Figure
     from PIL import Image
 
+    if not states:
+        return []
     dpi = 100
     fig = Figure(figsize=(size_px / dpi, size_px / dpi), dpi=dpi)
     canvas = FigureCanvasAgg(fig)
     ax = fig.add_axes((0.02, 0.02, 0.96, 0.9))
+    _frame_axes(ax, env, params)
+    # every state's attack targets in one call (one dispatch, not one per frame)
+    targets = np.asarray(jax.vmap(env.attack_targets)(jax.tree.map(lambda *x: np.stack(x), *states)))
     frames = []
     for t, state in enumerate(states):
-        draw_state(ax, env, state, t, params)
+        artists = _draw_units(ax, env, state, targets[t], t)
         canvas.draw()
         frames.append(Image.fromarray(np.asarray(canvas.buffer_rgba())[..., :3].copy()))
+        for artist in artists:  # the next frame draws on the same axes
+            artist.remove()
     return frames
 
 
