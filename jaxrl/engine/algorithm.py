@@ -26,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl import checkpoint, config as config_lib, mesh as mesh_lib
 from jaxrl.engine.chunks import bitwise_equal, compile_chunk, fastest_if_equal, seed_keys
-from jaxrl.jitting import jit_method
+from jaxrl.jitting import RUNS_ONCE, jit_method
 from jaxrl.mesh import RUN_AXIS
 
 
@@ -102,7 +102,7 @@ class Algorithm:
     def abstract_seeds(self, seed: int, num_seeds: int, num_settings: int = 1):
         """`init_seeds`' state (a warm start's too: the same shapes) as ShapeDtypeStructs with their shardings,
         nothing allocated or read: what the fit check compiles for and what a checkpoint is restored into."""
-        abstract = jax.eval_shape(lambda: self._init_runs(self._keys(seed, num_seeds, num_settings)))
+        abstract = self._init_runs.eval_shape(self._keys(seed, num_seeds, num_settings))
         return checkpoint.abstract_state(abstract, self.state_shardings(abstract))
 
     def _keys(self, seed: int, num_seeds: int, num_settings: int) -> jax.Array:
@@ -113,12 +113,12 @@ class Algorithm:
     def _placed(self, state):
         return jax.device_put(state, self.state_shardings(state))
 
-    @jit_method
+    @jit_method(compiler_options=RUNS_ONCE)
     def _warm_runs(self, keys: jax.Array, params):
         """One state per key [R, 2] from params [R, ...] (`init_from_params`)."""
         return jax.vmap(self.init_from_params)(keys, params)
 
-    @jit_method
+    @jit_method(compiler_options=RUNS_ONCE)
     def _init_runs(self, keys: jax.Array):
         """One state per key [R, 2], one after another (lax.map, not vmap) on one device, then placed on the
         mesh: a batched QR (flax's orthogonal initialiser under vmap) can deadlock XLA:CPU's LAPACK thread pool
