@@ -115,15 +115,11 @@ def curve_keys(rows: Iterable[dict]) -> tuple[tuple[str, ...], str]:
 def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] | None = None,
                         title: str = "") -> str:
     """Plot each of `keys` (default: `curve_keys(rows)`) against env_steps into a PNG at `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = list(rows)
     default_keys, ylabel = curve_keys(rows)
     keys = default_keys if keys is None else keys
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    fig = new_figure(figsize=(6, 4))
+    ax = fig.subplots()
     for key in keys:
         points = [(r["env_steps"], r[key]) for r in rows if r.get(key) is not None]
         if points:
@@ -135,18 +131,26 @@ def plot_learning_curve(rows: Iterable[dict], path: str, keys: Iterable[str] | N
     return save_figure(fig, path, legend_size=10)
 
 
-def save_figure(fig, path: str, legend_size: float = 8) -> str:
-    """Grid on every axis and a legend where something is labelled, tight layout, write `path`, free the
-    figure; returns `path`."""
-    import matplotlib.pyplot as plt
+def new_figure(figsize: tuple[float, float], dpi: int = 100):
+    """A matplotlib Figure drawn by the Agg canvas, outside pyplot: a run's plots neither switch a notebook's
+    backend nor join pyplot's open figures (and skip importing pyplot)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
+    fig = Figure(figsize=figsize, dpi=dpi)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig, path: str, legend_size: float = 8) -> str:
+    """Grid on every axis and a legend where something is labelled, tight layout, write `path`; returns
+    `path`."""
     for ax in fig.axes:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(path)
-    plt.close(fig)
     return path
 
 

@@ -226,3 +226,23 @@ def test_a_training_run_logs_the_same_values_everywhere(tmp_path):
             if not key.startswith("_"):
                 logged.setdefault(key, []).append((row["_step"], pytest.approx(value)))
     assert logged == expected
+
+
+def test_plots_leave_pyplot_alone(tmp_path):
+    """A run's learning curve and a sweep's plot are drawn outside pyplot: a notebook's backend stays as it was
+    and no figure is left open in it."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from jaxrl.run import summary
+
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")  # (a backend no plot of jaxrl's picks)
+    try:
+        curve = metrics_lib.plot_learning_curve(ROWS, str(tmp_path / "curve.png"))
+        sweep = summary.plot_sweep(["a", "b"], [ROWS, ROWS], 2, str(tmp_path / "sweep.png"))
+        assert matplotlib.get_backend() == "svg" and plt.get_fignums() == []
+    finally:
+        matplotlib.use(before)
+    with Image.open(curve) as a, Image.open(sweep) as b:
+        assert a.size == (600, 400) and b.size == (700, 450)

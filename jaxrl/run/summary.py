@@ -55,13 +55,9 @@ def write_summary(summary: list[dict], path: str) -> str:
 
 def plot_sweep(names: list[str], rows: list[list[dict]], num_seeds: int, path: str, title: str = "") -> str:
     """Mean over seeds and 95% confidence band of the training curve's headline metric, one line per setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     keys, ylabel = metrics_lib.curve_keys(row for setting_rows in rows for row in setting_rows)
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    fig = metrics_lib.new_figure(figsize=(7, 4.5))
+    ax = fig.subplots()
     for name, setting_rows in zip(names, rows):
         key = _curve_key(setting_rows, keys, num_seeds)
         if key is None:
@@ -150,9 +146,6 @@ def plot_lineage(lineage: list[dict], keys: list[str], path: str, title: str = "
     and the score each decision ranked the runs by."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     steps = [event["env_steps"] for event in lineage]
     end = steps[-1] + (steps[-1] - steps[-2] if len(steps) > 1 else 1)
     ranked = [e for e in lineage if any(s is not None for s in e["scores"])]
@@ -160,8 +153,9 @@ def plot_lineage(lineage: list[dict], keys: list[str], path: str, title: str = "
     best = int(np.nanargmax(final_scores)) if final_scores is not None and np.isfinite(final_scores).any() else 0
     best_path = [run for _, run in ancestry(lineage, best)]  # the best run's ancestor in each interval
     num_runs = len(lineage[0]["parents"])
-    colors = plt.get_cmap("viridis")(np.linspace(0, 1, num_runs))
-    fig, axes = plt.subplots(len(keys) + 1, 1, figsize=(7, 2.6 * (len(keys) + 1)), dpi=100, sharex=True)
+    colors = matplotlib.colormaps["viridis"](np.linspace(0, 1, num_runs))
+    fig = metrics_lib.new_figure(figsize=(7, 2.6 * (len(keys) + 1)))
+    axes = fig.subplots(len(keys) + 1, 1, sharex=True)
     for ax, key in zip(axes, keys):
         _plot_values(ax, lineage, key, [*steps, end], best_path, colors)
     for event in ranked:
