@@ -146,7 +146,7 @@ RATIO_LEVELS = ("token", "sequence")
 def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                 clip_low, clip_high=None, dual_clip=None, ratio: str = "token", aggregate: str = "token",
                 constant_length=None, ref_log_prob: jax.Array | None = None, kl: str = "k3", kl_coef=0.0,
-                entropy: jax.Array | None = None, ent_coef=0.0,
+                entropy: jax.Array | None = None, ent_coef=0.0, weight: jax.Array | None = None,
                 axis_name: str | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GRPO-family policy loss from per-step inputs [S, T] -> (scalar loss, metrics of scalars).
 
@@ -154,6 +154,8 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
     last two only when their inputs are given, all with the one aggregation `aggregate` (see `AGGREGATIONS`;
     `constant_length` and `axis_name` as in `aggregate`). `ratio`: "token" clips per-token ratios, "sequence"
     (GSPO) clips each sequence's `sequence_log_ratio`, shared by (and differentiated through) its tokens.
+    `weight` [S, T]: a multiplier of each step's clipped surrogate, outside the aggregation's denominator (an
+    off-policy correction's, `jaxrl.corrections`; `old_log_prob` is then its anchor).
     Metrics: policy_loss, clip_fraction (of the ratio that is clipped), approx_kl (k3 between old and new policy
     on the per-token log ratio), and kl / entropy when given.
     """
@@ -178,7 +180,8 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
     if ratio == "sequence":
         log_ratio = jnp.broadcast_to(sequence_log_ratio(token_log_ratio, mask)[:, None], token_log_ratio.shape)
 
-    clip_term = agg(ppo_clip_loss(log_ratio, advantages, clip_low, clip_high, dual_clip))
+    surrogate = ppo_clip_loss(log_ratio, advantages, clip_low, clip_high, dual_clip)
+    clip_term = agg(surrogate if weight is None else clean(weight) * surrogate)
     metrics = {"policy_loss": clip_term,
                "clip_fraction": agg(clip_fraction(log_ratio, clip_low, clip_high)),
                "approx_kl": agg(KL_ESTIMATORS["k3"](token_log_ratio))}

@@ -111,6 +111,35 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
 
 
+def test_the_decoupled_correction_of_fresh_samples_is_the_plain_update(sft_run, default_grpo):
+    """A synchronous run's samples were drawn by the policy the update starts from: the sampler's log-
+    probabilities equal the learner's rescoring (float32), every weight is about 1, and the decoupled objective's
+    first update is the uncorrected one's."""
+    plain_config, plain = default_grpo
+    config = tiny_grpo_config(sft_run, **{"eval.episodes": 64, "loss.correction": "decoupled"})
+    algos.validate(config)
+    corrected, hp = algos.build(config, mesh_lib.make_mesh())
+    runs = [algo.run_chunk(algo.init_seeds(0, 1, start_params=start_params(sft_run)), h, 1)[1]
+            for algo, h in ((plain, algos.build(plain_config, mesh_lib.make_mesh())[1]), (corrected, hp))]
+    plain_metrics, metrics = jax.device_get(runs)
+    assert float(metrics["logp_mismatch"][0]) < 1e-4, metrics["logp_mismatch"]
+    np.testing.assert_allclose(metrics["correction_weight"], 1.0, atol=1e-4)
+    np.testing.assert_allclose(metrics["correction_ess"], 1.0, atol=1e-6)
+    assert float(metrics["correction_zeroed"][0]) == 0.0
+    for key in ("policy_loss", "grad_norm", "reward_correct"):
+        np.testing.assert_allclose(metrics[key], plain_metrics[key], rtol=1e-4, err_msg=key)
+    assert "correction_ess" not in plain_metrics  # (no correction, no extra metrics: golden runs unchanged)
+
+
+def test_correction_settings_that_cannot_work_are_refused(sft_run):
+    with pytest.raises(ValueError, match="unknown config.loss.correction 'truncated'; known: decoupled"):
+        algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "truncated"}))
+    with pytest.raises(ValueError, match="loss.correction=tis_token and config.rollout.control=partial both"):
+        algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "tis_token", "rollout.control": "partial"}))
+    with pytest.raises(ValueError, match="correction_low=3.0 is above config.loss.correction_high=2.0"):
+        algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "mis_token", "loss.correction_low": 3.0}))
+
+
 def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(sft_run):
     algo, hp = algos.build(tiny_grpo_config(sft_run, **{"loss.critic_weight": 1.0}), mesh_lib.make_mesh())
     sft_params = start_params(sft_run)

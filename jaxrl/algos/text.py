@@ -29,8 +29,8 @@ from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 from envs import text
-from jaxrl import (advantages, config as config_lib, engine, files, knobs, losses, mesh as mesh_lib, rollout,
-                   sampling)
+from jaxrl import (advantages, config as config_lib, corrections, engine, files, knobs, losses, mesh as mesh_lib,
+                   rollout, sampling)
 from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
@@ -438,6 +438,8 @@ class TextGRPOHyperparams:
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
     critic_weight: float = CRITIC_WEIGHT.field()  # advantages = (1 - w) * group + w * standardised (reward - value)
+    correction_low: float = corrections.CORRECTION_LOW.field()
+    correction_high: float = corrections.CORRECTION_HIGH.field()
     temperature: float = knob("sampling.temperature", 1.0, "the sampling temperature (0: greedy)", traced=True,
                               minimum=0.0)
     top_p: float = knob("sampling.top_p", 1.0, "nucleus sampling: the smallest set of tokens holding this much "
@@ -466,6 +468,7 @@ class TextGRPOSettings:
                                              accepts=lambda weights: len(weights) == 2, convert=tuple)
     ratio: str = losses.RATIO.field()
     aggregate: str = losses.AGGREGATE.field()
+    correction: str = corrections.CORRECTION.field()
     dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
     kl: str = knob("loss.kl", "k3", "the KL estimator of the penalty to the starting policy",
                    choices=tuple(losses.KL_ESTIMATORS))
@@ -564,7 +567,7 @@ class TextGRPO:
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=self.task.answer_length,
             ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef, entropy=entropy,
-            ent_coef=hp.ent_coef, axis_name=DATA_AXIS)
+            ent_coef=hp.ent_coef, weight=batch.get("correction"), axis_name=DATA_AXIS)
         if self.use_critic:
             errors = losses.value_loss(values, None, batch["returns"], None)
             value_mask = batch.get("value_mask", batch["mask"])
@@ -604,6 +607,8 @@ class TextGRPO:
         b, G, N = groups.tokens.shape
         units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
                  "log_probs": groups.log_probs, "weight": weight * groups.weight}
+        if s.correction != "none":  # the policies that drew each token, for `_learn`'s correction
+            units["behaviour"] = groups.log_probs if groups.behaviour is None else groups.behaviour
         if self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
             returns = jnp.broadcast_to((groups.rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
             critic = standardise(returns - groups.values, groups.mask)
@@ -623,6 +628,16 @@ class TextGRPO:
         """For one seed on this device: the optimisation of `_sample_batch`'s batch; (state, metrics)."""
         s = self.settings
         units, epoch_key = batch
+        metrics = {}
+        if s.correction != "none":
+            # the proximal policy: these parameters, before the update, score every sample once
+            proximal, _, _ = sampling.score_groups(self.model, state.params, units["prompts"], units["tokens"],
+                                                   units["mask"], self.vocab.pad_id)
+            behaviour = units.pop("behaviour")
+            fixed = corrections.correct(s.correction, behaviour, proximal, units["mask"], hp.correction_low,
+                                        hp.correction_high)
+            metrics = corrections.diagnostics(fixed, behaviour, proximal, units["mask"], axis_name=DATA_AXIS)
+            units = dict(units, log_probs=fixed.anchor, correction=fixed.weight)
         if s.use_kl:
             # (under LoRA the reference is the frozen base: the same arrays with the adapters off, no copy)
             reference = lora.base_only(state.params) if self.policy.adapters else state.ref_params
@@ -634,7 +649,7 @@ class TextGRPO:
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches)
         state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1)
-        return state, jax.tree.map(jnp.mean, aux)
+        return state, {**metrics, **jax.tree.map(jnp.mean, aux)}
 
     def update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
         """One update for one seed on this device: `_sample_batch`, then `_learn` on its batch."""
@@ -733,6 +748,12 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
     check_group_estimator(config)
     rollout.check_config(config, "tokens")
+    if config.loss.correction != "none" and "partial" in rollout.names(config.rollout.control):
+        raise ValueError(f"config.loss.correction={config.loss.correction} and config.rollout.control=partial both "
+                         "reweight the tokens drawn in earlier updates: choose one")
+    if config.loss.correction_low > config.loss.correction_high:
+        raise ValueError(f"config.loss.correction_low={config.loss.correction_low} is above "
+                         f"config.loss.correction_high={config.loss.correction_high}")
     saved_run = lambda path: any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", MODEL_DIR))  # noqa: E731
     if config.init_from and not saved_run(config.init_from):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json "
