@@ -23,6 +23,8 @@ drops the samples whose ratio leaves a trust band instead of bounding them; ARea
 the proximal policy and reweights by rho_t, so that a stale sample's update stays in a trust region of the
 current policy. `register` adds an entry; `loss.correction` names one.
 
+`loss.ess_step` scales each update's step by the weights' effective sample size (VCPO, "Stable Asynchrony":
+the learning rate scaled by ESS), so that a batch a few heavy weights dominate moves the policy less.
 `diagnostics` gives what every asynchronous run should log: the weights' effective sample size (VCPO, "Stable
 Asynchrony": a collapsing ESS predicts the variance that destabilises training), their mean, the fraction
 zeroed, and the mismatch between the log-probabilities the sampler drew with and the learner's.
@@ -174,5 +176,7 @@ CORRECTION = Knob("loss.correction", "none", "how the loss corrects for samples 
                   "(AReaL)", choices=lambda: sorted(CORRECTIONS))
 CORRECTION_LOW = Knob("loss.correction_low", 0.0, "masked importance sampling drops ratios below it",
                       traced=True, minimum=0.0)
+ESS_STEP = Knob("loss.ess_step", False, "scale each update's step by the correction weights' effective sample "
+                "size (VCPO): a batch that few samples dominate moves the policy less")
 CORRECTION_HIGH = Knob("loss.correction_high", 2.0, "truncated importance sampling caps ratios at it; masked "
                        "drops ratios above it", traced=True, above=0.0)

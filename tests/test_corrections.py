@@ -102,3 +102,30 @@ def test_the_policy_loss_multiplies_each_step_by_its_weight_outside_the_denomina
     unweighted, _ = losses.policy_loss(new, old, adv, mask, clip_low=0.2, aggregate=aggregate)
     ones, _ = losses.policy_loss(new, old, adv, mask, clip_low=0.2, weight=np.ones_like(mask), aggregate=aggregate)
     np.testing.assert_allclose(ones, unweighted, rtol=1e-6)
+
+
+def test_a_scaled_step_moves_the_parameters_that_fraction_of_the_way():
+    """`gradient_step`'s step_scale multiplies Adam's update (which a scaled loss would not change): the ESS
+    step of `loss.ess_step`."""
+    import optax
+    from jax.sharding import PartitionSpec as P
+
+    from jaxrl import engine, mesh as mesh_lib
+
+    mesh = mesh_lib.make_mesh(1)
+    params = {"w": jnp.asarray([1.0, -2.0, 0.5])}
+    optimizer = optax.adam(0.1)
+    batch = {"x": jnp.asarray([[0.3, 0.1, -0.2], [1.0, 0.5, 0.25]])}
+
+    def loss(p, b, hp):
+        return jnp.mean(jnp.square(b["x"] @ p["w"] - 1.0)), {}
+
+    def step(scale):
+        def body(p, s):
+            return engine.gradient_step(loss, optimizer, p, s, batch, None, scale)[0]
+        return jax.shard_map(body, mesh=mesh, in_specs=(P(), P()), out_specs=P(), check_vma=False)(
+            params, optimizer.init(params))
+
+    full, half = step(None), step(jnp.float32(0.5))
+    np.testing.assert_allclose(half["w"] - params["w"], 0.5 * (full["w"] - params["w"]), rtol=1e-5, atol=1e-7)
+    assert not np.allclose(full["w"], params["w"])

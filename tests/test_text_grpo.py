@@ -114,9 +114,9 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
 def test_the_decoupled_correction_of_fresh_samples_is_the_plain_update(sft_run, default_grpo):
     """A synchronous run's samples were drawn by the policy the update starts from: the sampler's log-
     probabilities equal the learner's rescoring (float32), every weight is about 1, and the decoupled objective's
-    first update is the uncorrected one's."""
+    first update, its step scaled by the weights' ESS (about 1), is the uncorrected one's."""
     plain_config, plain = default_grpo
-    config = tiny_grpo_config(sft_run, **{"eval.episodes": 64, "loss.correction": "decoupled"})
+    config = tiny_grpo_config(sft_run, **{"eval.episodes": 64, "loss.correction": "decoupled", "loss.ess_step": True})
     algos.validate(config)
     corrected, hp = algos.build(config, mesh_lib.make_mesh())
     runs = [algo.run_chunk(algo.init_seeds(0, 1, start_params=start_params(sft_run)), h, 1)[1]
@@ -136,6 +136,8 @@ def test_correction_settings_that_cannot_work_are_refused(sft_run):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "truncated"}))
     with pytest.raises(ValueError, match="loss.correction=tis_token and config.rollout.control=partial both"):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "tis_token", "rollout.control": "partial"}))
+    with pytest.raises(ValueError, match="loss.ess_step scales the step by the correction weights' effective"):
+        algos.validate(tiny_grpo_config(sft_run, **{"loss.ess_step": True}))
     with pytest.raises(ValueError, match="correction_low=3.0 is above config.loss.correction_high=2.0"):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "mis_token", "loss.correction_low": 3.0}))
 

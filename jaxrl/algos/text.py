@@ -469,6 +469,7 @@ class TextGRPOSettings:
     ratio: str = losses.RATIO.field()
     aggregate: str = losses.AGGREGATE.field()
     correction: str = corrections.CORRECTION.field()
+    ess_step: bool = corrections.ESS_STEP.field()
     dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
     kl: str = knob("loss.kl", "k3", "the KL estimator of the penalty to the starting policy",
                    choices=tuple(losses.KL_ESTIMATORS))
@@ -628,7 +629,7 @@ class TextGRPO:
         """For one seed on this device: the optimisation of `_sample_batch`'s batch; (state, metrics)."""
         s = self.settings
         units, epoch_key = batch
-        metrics = {}
+        metrics, step_scale = {}, None
         if s.correction != "none":
             # the proximal policy: these parameters, before the update, score every sample once
             proximal, _, _ = sampling.score_groups(self.model, state.params, units["prompts"], units["tokens"],
@@ -638,6 +639,7 @@ class TextGRPO:
                                         hp.correction_high)
             metrics = corrections.diagnostics(fixed, behaviour, proximal, units["mask"], axis_name=DATA_AXIS)
             units = dict(units, log_probs=fixed.anchor, correction=fixed.weight)
+            step_scale = metrics["correction_ess"] if s.ess_step else None
         if s.use_kl:
             # (under LoRA the reference is the frozen base: the same arrays with the adapters off, no copy)
             reference = lora.base_only(state.params) if self.policy.adapters else state.ref_params
@@ -647,7 +649,7 @@ class TextGRPO:
         optimizer = self.policy.optimizer(hp, state.update_step)
         groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
-                                          s.num_epochs, s.num_minibatches)
+                                          s.num_epochs, s.num_minibatches, step_scale)
         state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1)
         return state, {**metrics, **jax.tree.map(jnp.mean, aux)}
 
@@ -751,6 +753,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.loss.correction != "none" and "partial" in rollout.names(config.rollout.control):
         raise ValueError(f"config.loss.correction={config.loss.correction} and config.rollout.control=partial both "
                          "reweight the tokens drawn in earlier updates: choose one")
+    if config.loss.ess_step and config.loss.correction == "none":
+        raise ValueError("config.loss.ess_step scales the step by the correction weights' effective sample size: "
+                         "it needs a config.loss.correction")
     if config.loss.correction_low > config.loss.correction_high:
         raise ValueError(f"config.loss.correction_low={config.loss.correction_low} is above "
                          f"config.loss.correction_high={config.loss.correction_high}")

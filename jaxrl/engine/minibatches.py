@@ -44,11 +44,12 @@ def deal_minibatches(key: jax.Array, units: Any, num_minibatches: int) -> Any:
     return jax.tree.map(deal, units)
 
 
-def gradient_step(loss_fn, optimizer, params, opt_state, batch, hp):
+def gradient_step(loss_fn, optimizer, params, opt_state, batch, hp, step_scale=None):
     """One optimiser step on this device's `batch` (inside shard_map), gradients averaged over devices.
 
-    loss_fn(params, batch, hp) -> (loss, aux). Returns (params, opt_state, aux averaged over devices, with
-    `grad_norm` before clipping).
+    loss_fn(params, batch, hp) -> (loss, aux). `step_scale` (a scalar, None: 1) multiplies the optimiser's
+    update, as a learning rate scaled for this step would (Adam's update does not scale with the loss). Returns
+    (params, opt_state, aux averaged over devices, with `grad_norm` before clipping).
     """
     # Differentiate per device, then average: without the cast, shard_map would already sum the
     # gradients of the replicated parameters over devices (the transpose of broadcasting them). A parameter
@@ -60,15 +61,17 @@ def gradient_step(loss_fn, optimizer, params, opt_state, batch, hp):
     grads = jax.tree.map(lambda g, split: g / devices if split else jax.lax.pmean(g, DATA_AXIS), grads, sharded)
     aux = dict(jax.lax.pmean(aux, DATA_AXIS), grad_norm=mesh_lib.global_norm(grads))
     updates, opt_state = optimizer.update(grads, opt_state, params)
+    if step_scale is not None:
+        updates = jax.tree.map(lambda u: (u * step_scale).astype(u.dtype), updates)
     return optax.apply_updates(params, updates), opt_state, aux
 
 
 def optimise(loss_fn, optimizer, params, opt_state, units, hp, key: jax.Array, num_epochs: int,
-             num_minibatches: int):
-    """Epochs x minibatches of `gradient_step` on this device's units [n, U, ...] (dealt by
-    `deal_minibatches`). Returns (params, opt_state, aux [epochs, minibatches])."""
+             num_minibatches: int, step_scale=None):
+    """Epochs x minibatches of `gradient_step` (each step scaled by `step_scale`) on this device's units
+    [n, U, ...] (dealt by `deal_minibatches`). Returns (params, opt_state, aux [epochs, minibatches])."""
     def minibatch_step(carry, batch):
-        params, opt_state, aux = gradient_step(loss_fn, optimizer, *carry, batch, hp)
+        params, opt_state, aux = gradient_step(loss_fn, optimizer, *carry, batch, hp, step_scale)
         return (params, opt_state), aux
 
     def epoch(carry, key):
