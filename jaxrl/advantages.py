@@ -43,8 +43,38 @@ def vtrace(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: 
     r_t + gamma v_{t+1} - V(s_t) (= delta_t + gamma (v_{t+1} - V(s_{t+1})): GAE's with the first lambda of its
     tail left out). Arguments and returns as `gae`."""
     _, targets = gae(rewards, values, dones, last_value, gamma, gae_lambda)
+    return _one_reward_on(targets, rewards, values, dones, last_value, gamma), targets
+
+
+def _one_reward_on(targets, rewards, values, dones, last_value, gamma):
+    """r_t + gamma v_{t+1} - V(s_t) [T, ...]: step t's reward on the next state's target (none after an end)."""
     next_targets = jnp.concatenate([targets[1:], last_value[None]], axis=0)
-    return rewards + gamma * (1.0 - dones.astype(values.dtype)) * next_targets - values, targets
+    return rewards + gamma * (1.0 - dones.astype(values.dtype)) * next_targets - values
+
+
+def impala(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array, gamma: float,
+           gae_lambda: float, log_rhos: jax.Array | None = None, rho_bar: float = 1.0,
+           c_bar: float = 1.0) -> tuple[jax.Array, jax.Array]:
+    """Off-policy V-trace (IMPALA, Espeholt et al. 2018) for steps drawn by a behaviour policy mu and learned by
+    pi, `log_rhos` [T, ...] = log pi(a_t|s_t) - log mu(a_t|s_t) (None: 0, on-policy). With
+    rho_t = min(rho_bar, pi/mu), c_t = lambda min(c_bar, pi/mu) and delta_t = rho_t (r_t + gamma V(s_{t+1}) -
+    V(s_t)), the targets are v_s = V(s) + sum_{t >= s} gamma^{t-s} (prod_{s <= i < t} c_i) delta_t (within the
+    episode) and the advantage rho_s (r_s + gamma v_{s+1} - V(s_s)). On-policy it is `vtrace`. Arguments and
+    returns otherwise as `gae`."""
+    rhos = jnp.ones_like(values) if log_rhos is None else jnp.exp(log_rhos)
+    rho, c = jnp.minimum(rho_bar, rhos), gae_lambda * jnp.minimum(c_bar, rhos)
+    not_done = 1.0 - dones.astype(values.dtype)
+    next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
+    deltas = rho * (rewards + gamma * next_values * not_done - values)
+
+    def backward(carry, x):
+        delta, trace = x
+        correction = delta + gamma * trace * carry
+        return correction, correction
+
+    _, corrections = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, c * not_done), reverse=True)
+    targets = values + corrections
+    return rho * _one_reward_on(targets, rewards, values, dones, last_value, gamma), targets
 
 
 def lambda_targets(rewards: jax.Array, next_values: jax.Array, terminated: jax.Array, dones: jax.Array,
@@ -121,17 +151,19 @@ class Estimator:
     default_scale: str = "group"
     combine: bool = True  # receive sum_k w_k r_k rather than the K raw components
     needs_critic: bool = False
+    off_policy: bool = False  # a critic core that takes log_rhos (log pi - log mu of each step's action)
 
     def __call__(self, rewards, valid, opts):
         return self.core(rewards, valid, opts)
 
 
-# Every advantage estimator by name, the critic's (gae, vtrace) and the groups' (grpo, rloo, ...): the values of
+# Every advantage estimator by name, the critic's (gae, vtrace, impala) and the groups' (grpo, rloo, ...): the values of
 # config.advantage.estimator (`ESTIMATOR`), each family taking the kind it computes (`check_estimator`).
 ESTIMATORS: dict[str, Estimator] = {"gae": Estimator(gae, needs_critic=True),
-                                    "vtrace": Estimator(vtrace, needs_critic=True)}
+                                    "vtrace": Estimator(vtrace, needs_critic=True),
+                                    "impala": Estimator(impala, needs_critic=True, off_policy=True)}
 ESTIMATOR = Knob("advantage.estimator", "grpo", "the advantage estimator (jaxrl.advantages): with a critic (gae, "
-                 "vtrace: PPO) or over a group's samples (grpo, dr_grpo, rloo, ...: the GRPO family)",
+                 "vtrace, impala: PPO) or over a group's samples (grpo, dr_grpo, rloo, ...: the GRPO family)",
                  choices=lambda: sorted(ESTIMATORS))
 
 

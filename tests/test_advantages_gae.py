@@ -2,7 +2,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl.advantages import gae, lambda_targets, vtrace
+from jaxrl.advantages import gae, impala, lambda_targets, vtrace
 
 
 def test_gae_matches_hand_computed_example():
@@ -84,6 +84,53 @@ def test_vtrace_equals_brax_s_ppo_advantages():
                                                 lambda_=0.9, discount=0.95)
     np.testing.assert_allclose(targets, brax_targets, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(adv, brax_adv, rtol=1e-5, atol=1e-5)
+
+
+def test_impala_s_off_policy_targets_on_a_hand_worked_example():
+    """Two steps, no episode end, gamma 0.9, lambda 1, pi/mu = 2 then 0.5 (rho_bar = c_bar = 1): rho = (1, 0.5),
+    c = (1, 0.5). delta_1 = 0.5 (2 + 0.9 * 3 - 1) = 1.85, v_1 = 1 + 1.85 = 2.85; delta_0 = 1 + 0.9 * 1 - 0.5 = 1.4,
+    v_0 = 0.5 + 1.4 + 0.9 * c_0 * 1.85 = 3.565; advantages rho_t (r_t + gamma v_{t+1} - V_t): 1 + 0.9 * 2.85 - 0.5 =
+    3.065 and 0.5 (2 + 0.9 * 3 - 1) = 1.85."""
+    rewards, values, last_value = jnp.array([1.0, 2.0]), jnp.array([0.5, 1.0]), jnp.array(3.0)
+    adv, targets = impala(rewards, values, jnp.array([False, False]), last_value, 0.9, 1.0,
+                          log_rhos=jnp.log(jnp.array([2.0, 0.5])))
+    np.testing.assert_allclose(targets, [3.565, 2.85], rtol=1e-6)
+    np.testing.assert_allclose(adv, [3.065, 1.85], rtol=1e-6)
+
+
+def test_impala_matches_the_papers_sum_and_is_vtrace_on_policy():
+    """v_s = V(x_s) + sum_{t>=s} gamma^(t-s) (prod_{s<=i<t} c_i) rho_t delta_t over each episode (Espeholt et al.
+    2018, eq. 1), written as that sum, on random episodes with truncated ratios on both sides of 1."""
+    rng = np.random.default_rng(5)
+    T, N, gamma, lam, rho_bar, c_bar = 12, 4, 0.95, 0.9, 1.0, 0.8
+    rewards, values = rng.normal(size=(T, N)), rng.normal(size=(T, N))
+    last_value, dones = rng.normal(size=N), rng.random((T, N)) < 0.15
+    log_rhos = rng.normal(scale=0.7, size=(T, N))
+    rho, c = np.minimum(rho_bar, np.exp(log_rhos)), lam * np.minimum(c_bar, np.exp(log_rhos))
+    next_v = np.concatenate([values[1:], last_value[None]])
+    delta = rho * (rewards + gamma * next_v * ~dones - values)
+    want = np.array(values, np.float64)
+    for s in range(T):
+        for n in range(N):
+            trace = 1.0
+            for t in range(s, T):
+                want[s, n] += gamma ** (t - s) * trace * delta[t, n]
+                if dones[t, n]:
+                    break
+                trace *= c[t, n]
+    next_target = np.concatenate([want[1:], last_value[None]])
+    want_adv = rho * (rewards + gamma * ~dones * next_target - values)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
+    adv, targets = impala(f32(rewards), f32(values), jnp.asarray(dones), f32(last_value), gamma, lam,
+                          log_rhos=f32(log_rhos), rho_bar=rho_bar, c_bar=c_bar)
+    np.testing.assert_allclose(targets, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(adv, want_adv, rtol=1e-4, atol=1e-4)
+    on_policy = [impala(f32(rewards), f32(values), jnp.asarray(dones), f32(last_value), gamma, lam, log_rhos=lr)
+                 for lr in (None, jnp.zeros((T, N)))]
+    expected = vtrace(f32(rewards), f32(values), jnp.asarray(dones), f32(last_value), gamma, lam)
+    for got in on_policy:
+        np.testing.assert_allclose(got[0], expected[0], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, atol=1e-6)
 
 
 def test_the_ppo_docs_estimator_example_registers_and_trains():

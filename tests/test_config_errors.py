@@ -113,7 +113,7 @@ def test_unknown_std_transform_gae_values_advantage_and_obs_stats_are_errors():
         algos.validate(_config(**{"network.std_transform": "sofplus"}))
     with pytest.raises(ValueError, match="config.returns.gae_values.*'fresh'.*rollout, current"):
         algos.validate(_config(**{"returns.gae_values": "fresh"}))
-    with pytest.raises(ValueError, match="config.advantage.estimator 'grpo'.*gae, vtrace"):
+    with pytest.raises(ValueError, match="config.advantage.estimator 'grpo'.*gae, impala, vtrace"):
         algos.validate(_config(**{"advantage.estimator": "grpo"}))
     with pytest.raises(ValueError, match="config.normalize.obs_stats 'new'.*rollout, updated"):
         algos.validate(_config(**{"normalize.obs_stats": "new"}))

@@ -90,3 +90,24 @@ def test_advantages_from_the_current_critic_are_the_rollout_s_until_the_critic_m
     recomputed, _ = _trained_params(set_keys(config.copy_and_resolve_references(),
                                              {**several, "returns.gae_values": "current"}))
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(moved, recomputed)) > 1e-4
+
+
+def test_impala_corrects_for_the_policy_moved_within_an_update():
+    """advantage.estimator=impala with returns.gae_values=current weighs each minibatch's V-trace by how far the
+    policy has moved from the rollout's: none in the first minibatch (the update equals vtrace's), some once
+    earlier minibatches have changed it (the update differs from vtrace's)."""
+    from helpers import load_experiment, set_keys
+
+    config = load_experiment("gymnax_ppo", "Pendulum-v1")
+    config.unlock()
+    set_keys(config, {"num_envs": 8, "num_steps": 64, "total_steps": 8 * 64, "returns.gae_values": "current"})
+    runs = {}
+    for estimator in ("vtrace", "impala"):
+        for name, optim in (("single", {"optim.num_epochs": 1, "optim.num_minibatches": 1}),
+                            ("several", {"optim.num_epochs": 2, "optim.num_minibatches": 2})):
+            overrides = {**optim, "advantage.estimator": estimator}
+            runs[estimator, name] = _trained_params(set_keys(config.copy_and_resolve_references(), overrides), 1)[0]
+    for a, b in zip(runs["vtrace", "single"], runs["impala", "single"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert all(np.isfinite(leaf).all() for leaf in runs["impala", "several"])
+    assert max(float(np.max(np.abs(a - b))) for a, b in zip(runs["vtrace", "several"], runs["impala", "several"])) > 1e-6

@@ -250,14 +250,17 @@ class PPO:
         dist = self.policy.dist
         _, out, values = self.policy.network.apply(params, carry, actor_in, critic_in, first)
         if after is not None:
-            current = jax.lax.stop_gradient(values)
-            advantages, targets = advantages_lib.ESTIMATORS[self.settings.advantage].core(
-                batch["reward"], current[:-1], batch["done"], current[-1], hp.gamma, hp.gae_lambda)
-            out, values = out[:-1], values[:-1]
-        else:
-            advantages, targets = batch["advantages"], batch["targets"]
+            out, current, values = out[:-1], jax.lax.stop_gradient(values), values[:-1]
         out = dist.with_mask(out, batch["mask"])
         log_ratio = dist.log_prob(out, batch["action"]) - batch["log_prob"]
+        if after is not None:
+            estimator = advantages_lib.ESTIMATORS[self.settings.advantage]
+            # an off-policy estimator (impala) corrects for how far this epoch's policy has moved from the rollout's
+            off_policy = {"log_rhos": jax.lax.stop_gradient(log_ratio)} if estimator.off_policy else {}
+            advantages, targets = estimator.core(batch["reward"], current[:-1], batch["done"], current[-1],
+                                                 hp.gamma, hp.gae_lambda, **off_policy)
+        else:
+            advantages, targets = batch["advantages"], batch["targets"]
         if self.settings.normalize_advantages:
             advantages = normalize(advantages)
         policy_loss = jnp.mean(losses.ppo_clip_loss(log_ratio, advantages, hp.clip_low, hp.clip_high))
