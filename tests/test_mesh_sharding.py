@@ -178,8 +178,15 @@ config.loss.critic_weight, config.rollout.options.prune.warmup, config.rollout.o
 """
 
 
-@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL],
-                         ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial"])
+# Learning from batches sampled two updates before (their queue split over devices as they were sampled), with
+# AReaL's decoupled objective.
+TEXT_GRPO_STALE = TEXT_GRPO + """
+config.actor.max_staleness, config.loss.correction = 2, "decoupled"
+"""
+
+
+@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL, TEXT_GRPO_STALE],
+                         ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial", "text_grpo_stale"])
 def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.

@@ -131,6 +131,28 @@ def test_the_decoupled_correction_of_fresh_samples_is_the_plain_update(sft_run, 
     assert "correction_ess" not in plain_metrics  # (no correction, no extra metrics: golden runs unchanged)
 
 
+def test_a_staleness_bound_learns_each_batch_the_updates_after_it_was_sampled(sft_run):
+    """actor.max_staleness=1: the first update only samples; each later one learns the batch the update before
+    sampled. Update 2 learns batch 1, drawn by the parameters it starts from (nothing was learned in update 1):
+    the sampler's log-probabilities are the learner's; update 3 learns batch 2, drawn before update 2 moved
+    them. The queue lives in the state: three chunks of one update equal one chunk of three."""
+    config = tiny_grpo_config(sft_run, **{"actor.max_staleness": 1, "loss.correction": "tis_token"})
+    algos.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    start = algo.init_seeds(0, 1, start_params=start_params(sft_run))
+    state, rows = start, []
+    for _ in range(3):
+        state, metrics = algo.run_chunk(state, hp, 1)
+        rows.append({k: float(np.asarray(v).ravel()[0]) for k, v in jax.device_get(metrics).items()})
+    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0]["grad_norm"] == 0.0 and rows[1]["grad_norm"] > 0.0
+    assert rows[1]["logp_mismatch"] < 1e-5 < rows[2]["logp_mismatch"], rows
+    assert int(state.update_step[0]) == 2 and int(state.pending["filled"][0]) == 1
+    at_once, _ = algo.run_chunk(start, hp, 3)
+    for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(jax.device_get(at_once))):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_correction_settings_that_cannot_work_are_refused(sft_run):
     with pytest.raises(ValueError, match="unknown config.loss.correction 'truncated'; known: decoupled"):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "truncated"}))

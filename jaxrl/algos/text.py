@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AbstractMesh, PartitionSpec as P
 from ml_collections import ConfigDict
 
 from envs import text
@@ -348,11 +348,13 @@ class TextActor:
 
 
 def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, init_from_params=None,
-                   starts_from: str = "") -> engine.Algorithm:
-    """A text algorithm's record: `init(key)` and `update` with `policy`'s evaluation, actor and files; with
-    `init_from_params(key, params)`, runs may start from a saved run's parameters (those of `starts_from`)."""
+                   starts_from: str = "", state_specs=None) -> engine.Algorithm:
+    """A text algorithm's record: `init(key)` and `update` with `policy`'s evaluation, actor and files (and its
+    state's PartitionSpecs, unless `state_specs` gives others); with `init_from_params(key, params)`, runs may
+    start from a saved run's parameters (those of `starts_from`)."""
     mesh_lib.check_divisible("num_prompts", policy.settings.num_prompts, mesh)
-    return engine.Algorithm(settings, mesh, init=init, update=update, state_specs=policy.state_specs,
+    return engine.Algorithm(settings, mesh, init=init, update=update,
+                            state_specs=state_specs or policy.state_specs,
                             evaluate=policy.evaluate, actor=policy.actor,
                             write_files=policy.write_files, write_artifacts=policy.write_artifacts,
                             init_from_params=init_from_params, starts_from=starts_from, parts=parts,
@@ -476,6 +478,9 @@ class TextGRPOSettings:
     use_kl: bool = KL_COEF.field(convert=lambda kl_coef: kl_coef > 0)  # keep a frozen copy of the starting policy
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
+    max_staleness: int = knob("actor.max_staleness", 0, "eta: each update learns from the batch sampled eta "
+                              "updates before it, by the policy of then, while it samples the next; 0: from its own",
+                              minimum=0)
 
     @property
     def batch_size(self) -> int:
@@ -496,6 +501,9 @@ class TextGRPOState:
     update_step: jax.Array
     ref_params: Any = None  # the frozen reference policy (None without a KL term)
     memory: Any = None  # {strategy name: its memory} of the rollout strategies that keep one
+    # With actor.max_staleness = eta > 0: the batches sampled and not yet learned from, oldest first
+    # ({"batches": `_sample_batch`'s batch with leaves [eta, ...], "filled": how many hold one}); else None
+    pending: Any = None
 
 
 class TextGRPO:
@@ -540,7 +548,31 @@ class TextGRPO:
         state = self.policy.init(key, params)
         ref = state.params if self.settings.use_kl and not self.policy.adapters else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
-        return TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
+        state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
+        return state.replace(pending=self._empty_queue(state)) if self.settings.max_staleness else state
+
+    def _empty_queue(self, state: TextGRPOState) -> dict:
+        """`actor.max_staleness` batches of zeros, shaped as `_sample_batch`'s for the whole batch (traced for
+        their shapes on one abstract device, whose share is the whole batch), none filled."""
+        hp = TextGRPOHyperparams(*(jax.ShapeDtypeStruct((), jnp.float32)
+                                   for _ in dataclasses.fields(TextGRPOHyperparams)))
+        one_device = AbstractMesh((1, 1), (RUN_AXIS, DATA_AXIS))
+        whole = jax.shard_map(lambda st, h: self._sample_batch(st, h)[1], mesh=one_device, in_specs=P(), out_specs=P(),
+                              check_vma=False)
+        eta = self.settings.max_staleness
+        shapes = jax.eval_shape(whole, state, hp)
+        return {"batches": jax.tree.map(lambda s: jnp.zeros((eta, *s.shape), s.dtype), shapes), "filled": jnp.int32(0)}
+
+    def state_specs(self, state: TextGRPOState):
+        """The policy's PartitionSpecs (`TextPolicy.state_specs`); the queued batches' prompts split over the
+        data axis as the devices sampled them (their epoch keys, the same on every device, over runs only)."""
+        specs = self.policy.state_specs(state)
+        if state.pending is None:
+            return specs
+        units, epoch_key = state.pending["batches"]
+        pending = {"batches": (jax.tree.map(lambda _: P(RUN_AXIS, None, DATA_AXIS), units), P(RUN_AXIS)),
+                   "filled": P(RUN_AXIS)}
+        return specs.replace(pending=pending)
 
     # ----------------------------------------------------------------------------------------------
 
@@ -654,10 +686,29 @@ class TextGRPO:
         return state, {**metrics, **jax.tree.map(jnp.mean, aux)}
 
     def update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
-        """One update for one seed on this device: `_sample_batch`, then `_learn` on its batch."""
+        """One update for one seed on this device: `_sample_batch`, then `_learn` on its batch (with
+        `actor.max_staleness` = eta > 0: on the batch sampled eta updates before; the sampling and the learning
+        then depend on nothing of each other, and XLA may run them at once)."""
         state, batch, sample_metrics = self._sample_batch(state, hp)
-        state, learn_metrics = self._learn(state, batch, hp)
-        return state, {**sample_metrics, **learn_metrics}
+        if state.pending is None:
+            state, learn_metrics = self._learn(state, batch, hp)
+            return state, {**sample_metrics, **learn_metrics}
+        state, oldest, ready = self._queued(state, batch)
+        learned, learn_metrics = self._learn(state, oldest, hp)
+        # the first eta updates only fill the queue: nothing is learned, every learning metric 0
+        state = jax.tree.map(lambda after, before: jnp.where(ready, after, before), learned, state)
+        learn_metrics = jax.tree.map(lambda m: jnp.where(ready, m, 0.0), learn_metrics)
+        staleness = jnp.where(ready, jnp.float32(self.settings.max_staleness), 0.0)
+        return state, {**sample_metrics, **learn_metrics, "staleness": staleness}
+
+    def _queued(self, state: TextGRPOState, batch):
+        """`batch` pushed onto the queue of pending batches, the oldest popped: (state, the oldest batch, whether
+        it was sampled, not one of the zeros the queue starts with)."""
+        eta, queue = self.settings.max_staleness, state.pending
+        oldest = jax.tree.map(lambda q: q[0], queue["batches"])
+        batches = jax.tree.map(lambda q, new: jnp.concatenate([q[1:], new[None]]), queue["batches"], batch)
+        pending = {"batches": batches, "filled": jnp.minimum(queue["filled"] + 1, eta)}
+        return state.replace(pending=pending), oldest, queue["filled"] >= eta
 
 
 # -------------------------------------------------------------------------------------------------
@@ -734,7 +785,8 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     policy = TextPolicy(base, mesh)
     grpo = TextGRPO(settings, mesh, policy)
     return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
-                          starts_from="" if run_dir else config.init_from or base.pretrained)
+                          starts_from="" if run_dir else config.init_from or base.pretrained,
+                          state_specs=grpo.state_specs)
 
 
 def check_text_config(config: ConfigDict) -> None:

@@ -93,17 +93,27 @@ class Algorithm:
                              "start_params (`jaxrl.run.saved.start_params`), or train with `jaxrl.train.run`")
         if start_params is None:
             return self._placed(self._init_runs(keys))
-        if self.init_from_params is None:
-            raise ValueError("this algorithm cannot start from another run's parameters")
+        self._check_warm_start()
         available = jax.tree.leaves(start_params)[0].shape[0]
         chosen = jnp.arange(len(keys)) % num_seeds % available
         return self._placed(self._warm_runs(keys, jax.tree.map(lambda x: x[chosen], start_params)))
 
-    def abstract_seeds(self, seed: int, num_seeds: int, num_settings: int = 1):
-        """`init_seeds`' state (a warm start's too: the same shapes) as ShapeDtypeStructs with their shardings,
-        nothing allocated or read: what the fit check compiles for and what a checkpoint is restored into."""
-        abstract = self._init_runs.eval_shape(self._keys(seed, num_seeds, num_settings))
+    def abstract_seeds(self, seed: int, num_seeds: int, num_settings: int = 1, start_params=None):
+        """`init_seeds`' state as ShapeDtypeStructs with their shardings, nothing allocated or read: what the fit
+        check compiles for and what a checkpoint is restored into. With `start_params`, traced from them (a warm
+        start's shapes are a fresh one's; parameters that do not fit this algorithm's raise here)."""
+        keys = self._keys(seed, num_seeds, num_settings)
+        if start_params is None:
+            abstract = self._init_runs.eval_shape(keys)
+        else:
+            self._check_warm_start()
+            chosen = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(keys), *x.shape[1:]), x.dtype), start_params)
+            abstract = self._warm_runs.eval_shape(keys, chosen)
         return checkpoint.abstract_state(abstract, self.state_shardings(abstract))
+
+    def _check_warm_start(self) -> None:
+        if self.init_from_params is None:
+            raise ValueError("this algorithm cannot start from another run's parameters")
 
     def _keys(self, seed: int, num_seeds: int, num_settings: int) -> jax.Array:
         keys = seed_keys(seed, num_seeds, num_settings)

@@ -118,5 +118,5 @@ def warm_start(algo, program_plan: Plan) -> Callable | None:
         return None
     params = start_params(algo.starts_from)
     runs = (program_plan.seed, program_plan.num_seeds, program_plan.num_settings)
-    jax.eval_shape(lambda: algo.init_seeds(*runs, start_params=params))  # parameters that do not fit raise here
+    algo.abstract_seeds(*runs, start_params=params)  # parameters that do not fit raise here
     return lambda algo, abstract: (0, algo.init_seeds(*runs, start_params=params))
