@@ -23,11 +23,11 @@ drops the samples whose ratio leaves a trust band instead of bounding them; ARea
 the proximal policy and reweights by rho_t, so that a stale sample's update stays in a trust region of the
 current policy. `register` adds an entry; `loss.correction` names one.
 
-`loss.ess_step` scales each update's step by the weights' effective sample size (VCPO, "Stable Asynchrony":
-the learning rate scaled by ESS), so that a batch a few heavy weights dominate moves the policy less.
 `diagnostics` gives what every asynchronous run should log: the weights' effective sample size (VCPO, "Stable
 Asynchrony": a collapsing ESS predicts the variance that destabilises training), their mean, the fraction
 zeroed, and the mismatch between the log-probabilities the sampler drew with and the learner's.
+`loss.ess_step` scales each update's step by that ESS (VCPO's learning rate scaled by ESS), so that a batch a
+few heavy weights dominate moves the policy less.
 """
 
 from __future__ import annotations
@@ -41,8 +41,9 @@ from jaxrl.knobs import Knob
 
 
 class Correction(NamedTuple):
-    """What the policy loss learns against, per step [..., T] (sequences of T steps): `anchor`, the log-probabilities the clipped ratio
-    is taken from, and `weight`, a multiplier of each step's clipped surrogate (0 on padding)."""
+    """What the policy loss learns against, per step [..., T] (sequences of T steps): `anchor`, the log-
+    probabilities the clipped ratio is taken from, and `weight`, a multiplier of each step's clipped surrogate (0
+    on padding)."""
 
     anchor: jax.Array
     weight: jax.Array

@@ -569,7 +569,7 @@ class TextGRPO:
         specs = self.policy.state_specs(state)
         if state.pending is None:
             return specs
-        units, epoch_key = state.pending["batches"]
+        units, _ = state.pending["batches"]  # (and the epoch key)
         pending = {"batches": (jax.tree.map(lambda _: P(RUN_AXIS, None, DATA_AXIS), units), P(RUN_AXIS)),
                    "filled": P(RUN_AXIS)}
         return specs.replace(pending=pending)
