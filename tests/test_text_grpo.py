@@ -153,6 +153,20 @@ def test_a_staleness_bound_learns_each_batch_the_updates_after_it_was_sampled(sf
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_stale_run_resumed_from_its_checkpoint_is_the_run_that_never_stopped(sft_run, tmp_path):
+    """actor.max_staleness=2: a checkpoint holds the two batches sampled and not yet learned from. Killed before
+    its last checkpoint (update 4), the run resumes from update 2's, learns those batches and ends as the run
+    that never stopped: no batch lost, none learned twice."""
+    from conftest import assert_same_state, straight_and_resumed
+
+    config = tiny_grpo_config(sft_run, **{"actor.max_staleness": 2, "loss.correction": "decoupled",
+                                          "checkpoint.every_steps": 64, "eval.every_steps": 0})
+    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=4)
+    assert [r["staleness"] for r in straight.metrics] == [0.0, 2.0]  # (a row per 2 updates: 0, 0 then 2, 2)
+    assert_same_state(straight.state, resumed.state)
+    assert int(straight.state.pending["filled"][0]) == 2 and int(straight.state.update_step[0]) == 2
+
+
 def test_correction_settings_that_cannot_work_are_refused(sft_run):
     with pytest.raises(ValueError, match="unknown config.loss.correction 'truncated'; known: decoupled"):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "truncated"}))
