@@ -131,40 +131,23 @@ def test_the_decoupled_correction_of_fresh_samples_is_the_plain_update(sft_run, 
     assert "correction_ess" not in plain_metrics  # (no correction, no extra metrics: golden runs unchanged)
 
 
-def test_a_staleness_bound_learns_each_batch_the_updates_after_it_was_sampled(sft_run):
-    """actor.max_staleness=1: the first update only samples; each later one learns the batch the update before
-    sampled. Update 2 learns batch 1, drawn by the parameters it starts from (nothing was learned in update 1):
-    the sampler's log-probabilities are the learner's; update 3 learns batch 2, drawn before update 2 moved
-    them. The queue lives in the state: three chunks of one update equal one chunk of three."""
-    config = tiny_grpo_config(sft_run, **{"actor.max_staleness": 1, "loss.correction": "tis_token"})
-    algos.validate(config)
-    algo, hp = algos.build(config, mesh_lib.make_mesh())
-    start = algo.init_seeds(0, 1, start_params=start_params(sft_run))
-    state, rows = start, []
-    for _ in range(3):
-        state, metrics = algo.run_chunk(state, hp, 1)
-        rows.append({k: float(np.asarray(v).ravel()[0]) for k, v in jax.device_get(metrics).items()})
-    assert [r["staleness"] for r in rows] == [0.0, 1.0, 1.0]
-    assert rows[0]["grad_norm"] == 0.0 and rows[1]["grad_norm"] > 0.0
-    assert rows[1]["logp_mismatch"] < 1e-5 < rows[2]["logp_mismatch"], rows
-    assert int(state.update_step[0]) == 2 and int(state.pending["filled"][0]) == 1
-    at_once, _ = algo.run_chunk(start, hp, 3)
-    for a, b in zip(jax.tree.leaves(jax.device_get(state)), jax.tree.leaves(jax.device_get(at_once))):
-        np.testing.assert_array_equal(a, b)
-
-
-def test_a_stale_run_resumed_from_its_checkpoint_is_the_run_that_never_stopped(sft_run, tmp_path):
-    """actor.max_staleness=2: a checkpoint holds the two batches sampled and not yet learned from. Killed before
-    its last checkpoint (update 4), the run resumes from update 2's, learns those batches and ends as the run
-    that never stopped: no batch lost, none learned twice."""
+def test_a_stale_run_learns_each_batch_two_updates_late_and_resumes_with_its_queue(sft_run, tmp_path):
+    """actor.max_staleness=2: updates 1 and 2 only sample; update 3 learns batch 1, drawn by the parameters it
+    starts from (nothing was learned before it): the sampler's log-probabilities are the learner's; update 4
+    learns batch 2, drawn before update 3 moved them. A checkpoint holds the two batches sampled and not yet
+    learned from: killed before its last checkpoint (update 4), the run resumes from update 2's and ends as the
+    run that never stopped, bit for bit: no batch lost, none learned twice."""
     from conftest import assert_same_state, straight_and_resumed
 
     config = tiny_grpo_config(sft_run, **{"actor.max_staleness": 2, "loss.correction": "decoupled",
-                                          "checkpoint.every_steps": 64, "eval.every_steps": 0})
+                                          "checkpoint.every_steps": 64, "log.every_steps": 32, "eval.every_steps": 0})
     straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=4)
-    assert [r["staleness"] for r in straight.metrics] == [0.0, 2.0]  # (a row per 2 updates: 0, 0 then 2, 2)
-    assert_same_state(straight.state, resumed.state)
+    rows = straight.metrics  # one per update
+    assert [r["staleness"] for r in rows] == [0.0, 0.0, 2.0, 2.0]
+    assert rows[1]["grad_norm"] == 0.0 and rows[2]["grad_norm"] > 0.0
+    assert rows[2]["logp_mismatch"] < 1e-5 < rows[3]["logp_mismatch"], rows
     assert int(straight.state.pending["filled"][0]) == 2 and int(straight.state.update_step[0]) == 2
+    assert_same_state(straight.state, resumed.state)
 
 
 def test_correction_settings_that_cannot_work_are_refused(sft_run):
