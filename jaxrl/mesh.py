@@ -42,10 +42,9 @@ def make_mesh(num_devices: int = 0, run_devices: int = 1, model_devices: int = 1
     if model_devices < 1 or (n // run_devices) % model_devices:
         raise ValueError(f"mesh.model_devices={model_devices} does not divide the {n // run_devices} devices left "
                          f"for each run's data groups (mesh.num_devices / mesh.run_devices)")
-    if model_devices == 1:
-        return Mesh(np.array(available[:n]).reshape(run_devices, n // run_devices), (RUN_AXIS, DATA_AXIS))
-    devices = np.array(available[:n]).reshape(run_devices, n // run_devices // model_devices, model_devices)
-    return Mesh(devices, (RUN_AXIS, DATA_AXIS, MODEL_AXIS))
+    split = model_devices > 1  # (a `model` axis only where it splits something)
+    shape = (run_devices, n // run_devices // model_devices, *((model_devices,) if split else ()))
+    return Mesh(np.array(available[:n]).reshape(shape), (RUN_AXIS, DATA_AXIS, *((MODEL_AXIS,) if split else ())))
 
 
 def mesh_for_runs(options, num_runs: int) -> Mesh:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from helpers import load_experiment, set_keys
-from jaxrl import algos, mesh as mesh_lib, train
+from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.run import fit, program
 
 
@@ -103,7 +103,7 @@ def test_a_run_prints_its_memory_and_warns_close_to_the_limit(close_to_the_limit
     assert re.search(rf"expected: {duration} per chunk of \d+ updates, {duration} for the \d+ updates left", err)
     # resumed with one chunk left (its last checkpoint lost): timing it would cost as much again; not timed
     shutil.copytree(workdir, tmp_path / "run")
-    saved = sorted(int(step) for step in os.listdir(tmp_path / "run" / "checkpoints") if step.isdigit())
+    saved = checkpoint.saved_steps(str(tmp_path / "run" / "checkpoints"))
     shutil.rmtree(tmp_path / "run" / "checkpoints" / str(saved[-1]))
     train.run(config, str(tmp_path / "run"), progress=False)
     err = capsys.readouterr().err

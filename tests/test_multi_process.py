@@ -70,8 +70,8 @@ def test_train_command_line_in_two_processes(tmp_path):
     info = json.load(open(os.path.join(multi_dir, "run_info.json")))
     assert info["processes"] == 2 and info["mesh"] == {"runs": 1, "data": 2}  # one run's envs over both
     assert_same_rows(os.path.join(multi_dir, "metrics.jsonl"), os.path.join(single_dir, "metrics.jsonl"))
-    saved = [name for name in os.listdir(os.path.join(multi_dir, "checkpoints")) if name.isdigit()]
-    assert saved == ["4"]  # the last update, saved once by all processes
+    from jaxrl import checkpoint
+    assert checkpoint.saved_steps(os.path.join(multi_dir, "checkpoints")) == [4]  # the last update, saved once by all
     # the two processes trained the same parameters as one process holding both devices
     from jaxrl.run.saved import restore_run
     multi, single = restore_run(multi_dir).state, restore_run(single_dir).state

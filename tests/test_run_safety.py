@@ -273,7 +273,7 @@ def test_an_unreadable_file_is_no_evidence_of_damage(tmp_path, monkeypatch):
         manager.restore_latest(target)
     monkeypatch.undo()
     manager.close()
-    assert sorted(d for d in os.listdir(directory) if d.isdigit()) == ["1", "2", "3"]
+    assert checkpoint.saved_steps(directory) == [1, 2, 3]
 
 
 def test_a_damaged_checkpoint_is_moved_aside_alone_and_the_previous_one_used(tmp_path, capsys):

@@ -8,8 +8,9 @@ model's token ids:
     prompts = task.prompts(problems, vocab)                   # int32 [B, P] chat prompts, left-padded
     rewards = task.jax_rewards(problems, completions, vocab)  # float32 [..., 2]: correct, well_formed
 
-Rendering, tokenising and verifying run on the host (`jax.pure_callback`, through `tasks.host_call`): they are string work. The problems
-themselves are drawn in JAX as before, so sampling, held-out splits and pools are the wrapped task's.
+Rendering, tokenising and verifying run on the host (`jax.pure_callback`, through `tasks.host_call`): they are
+string work. The problems themselves are drawn in JAX as before, so sampling, held-out splits and pools are the
+wrapped task's.
 
 An answer is the text after the last `marker` ("Answer:" by default) on its line, or with marker '' the reply's
 last number; a numeric answer is correct when it equals the target (commas, a trailing period and surrounding `$`
