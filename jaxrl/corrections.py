@@ -141,16 +141,22 @@ def correct(name: str, behaviour: jax.Array, proximal: jax.Array, mask: jax.Arra
     return Correction(anchor, jax.lax.stop_gradient(weight))
 
 
+def _valid_sums(mask: jax.Array, axis_name: str | None, *values: jax.Array) -> jax.Array:
+    """[len(values) + 1]: each of `values` [..., T] summed over the valid steps, then the number of valid steps;
+    summed over the devices of `axis_name` in one psum."""
+    valid = mask > 0
+    sums = jnp.stack([*(jnp.sum(jnp.where(valid, v, 0.0)) for v in values), jnp.sum(valid, dtype=mask.dtype)])
+    return sums if axis_name is None else jax.lax.psum(sums, axis_name)
+
+
+def _ess(total, squares, n):
+    return jnp.where(squares > 0, total * total / jnp.maximum(n * squares, 1e-30), 0.0)
+
+
 def effective_sample_size(weight: jax.Array, mask: jax.Array, axis_name: str | None = None) -> jax.Array:
     """The weights' normalised effective sample size (sum w)^2 / (n sum w^2) over the n valid steps, in (0, 1]:
     1 when every weight is equal, 1/n when one step holds them all (0 when all are 0). [..., T] x2 -> []"""
-    mask = jnp.asarray(mask, weight.dtype)
-    w = jnp.where(mask > 0, weight, 0.0)
-    sums = jnp.stack([jnp.sum(w), jnp.sum(w * w), jnp.sum(mask)])
-    if axis_name is not None:
-        sums = jax.lax.psum(sums, axis_name)
-    total, squares, n = sums
-    return jnp.where(squares > 0, total * total / jnp.maximum(n * squares, 1e-30), 0.0)
+    return _ess(*_valid_sums(jnp.asarray(mask, weight.dtype), axis_name, weight, weight * weight))
 
 
 def diagnostics(correction: Correction, behaviour: jax.Array, proximal: jax.Array, mask: jax.Array,
@@ -159,17 +165,12 @@ def diagnostics(correction: Correction, behaviour: jax.Array, proximal: jax.Arra
     (`effective_sample_size`), correction_weight (the weights' mean), correction_zeroed (the fraction weighted
     0) and logp_mismatch (the mean |log pi_prox - log mu|: the sampler's log-probabilities against the
     learner's)."""
-    mask = jnp.asarray(mask, behaviour.dtype)
-    valid = mask > 0
-    sums = jnp.stack([jnp.sum(jnp.where(valid, correction.weight, 0.0)),
-                      jnp.sum(valid & (correction.weight == 0)),
-                      jnp.sum(jnp.where(valid, jnp.abs(proximal - behaviour), 0.0)),
-                      jnp.sum(mask)])
-    if axis_name is not None:
-        sums = jax.lax.psum(sums, axis_name)
-    weight, zeroed, mismatch, n = sums / jnp.maximum(sums[3], 1.0)
-    return {"correction_ess": effective_sample_size(correction.weight, mask, axis_name),
-            "correction_weight": weight, "correction_zeroed": zeroed, "logp_mismatch": mismatch}
+    w = correction.weight
+    total, squares, zeroed, mismatch, n = _valid_sums(
+        jnp.asarray(mask, w.dtype), axis_name, w, w * w, (w == 0).astype(w.dtype), jnp.abs(proximal - behaviour))
+    per_step = 1.0 / jnp.maximum(n, 1.0)
+    return {"correction_ess": _ess(total, squares, n), "correction_weight": total * per_step,
+            "correction_zeroed": zeroed * per_step, "logp_mismatch": mismatch * per_step}
 
 
 CORRECTION = Knob("loss.correction", "none", "how the loss corrects for samples drawn by another policy than "
@@ -177,7 +178,7 @@ CORRECTION = Knob("loss.correction", "none", "how the loss corrects for samples 
                   "(AReaL)", choices=lambda: sorted(CORRECTIONS))
 CORRECTION_LOW = Knob("loss.correction_low", 0.0, "masked importance sampling drops ratios below it",
                       traced=True, minimum=0.0)
-ESS_STEP = Knob("loss.ess_step", False, "scale each update's step by the correction weights' effective sample "
-                "size (VCPO): a batch that few samples dominate moves the policy less")
 CORRECTION_HIGH = Knob("loss.correction_high", 2.0, "truncated importance sampling caps ratios at it; masked "
                        "drops ratios above it", traced=True, above=0.0)
+ESS_STEP = Knob("loss.ess_step", False, "scale each update's step by the correction weights' effective sample "
+                "size (VCPO): a batch that few samples dominate moves the policy less")
