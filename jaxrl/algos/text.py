@@ -666,7 +666,7 @@ class TextGRPO:
             # the proximal policy: these parameters, before the update, score every sample once
             proximal, _, _ = sampling.score_groups(self.model, state.params, units["prompts"], units["tokens"],
                                                    units["mask"], self.vocab.pad_id)
-            behaviour = units.pop("behaviour")
+            behaviour, units = units["behaviour"], {k: v for k, v in units.items() if k != "behaviour"}
             fixed = corrections.correct(s.correction, behaviour, proximal, units["mask"], hp.correction_low,
                                         hp.correction_high)
             metrics = corrections.diagnostics(fixed, behaviour, proximal, units["mask"], axis_name=DATA_AXIS)
@@ -695,7 +695,8 @@ class TextGRPO:
             return state, {**sample_metrics, **learn_metrics}
         state, oldest, ready = self._queued(state, batch)
         learned, learn_metrics = self._learn(state, oldest, hp)
-        # the first eta updates only fill the queue: nothing is learned, every learning metric 0
+        # the first eta updates only fill the queue: nothing is learned, every learning metric 0 (a select, not a
+        # lax.cond: with several runs on a device the update is vmapped, where a cond computes both branches anyway)
         state = jax.tree.map(lambda after, before: jnp.where(ready, after, before), learned, state)
         learn_metrics = jax.tree.map(lambda m: jnp.where(ready, m, 0.0), learn_metrics)
         staleness = jnp.where(ready, jnp.float32(self.settings.max_staleness), 0.0)
