@@ -23,17 +23,27 @@ def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax
     Returns:
       (advantages [T, ...], value targets = advantages + values [T, ...])
     """
+    deltas, not_done = _td_errors(rewards, values, dones, last_value, gamma)
+    advantages = _discounted_sums(deltas, gamma * gae_lambda * not_done)
+    return advantages, advantages + values
+
+
+def _td_errors(rewards, values, dones, last_value, gamma) -> tuple[jax.Array, jax.Array]:
+    """One-step TD errors r_t + gamma V(s_{t+1}) - V(s_t) (no bootstrap after an episode's end) and 1 - done,
+    [T, ...] each."""
     not_done = 1.0 - dones.astype(values.dtype)
     next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
-    deltas = rewards + gamma * next_values * not_done - values
+    return rewards + gamma * next_values * not_done - values, not_done
 
+
+def _discounted_sums(deltas: jax.Array, discounts: jax.Array) -> jax.Array:
+    """x_t = deltas_t + discounts_t x_{t+1} backwards from x_T = 0. [T, ...] x2 -> [T, ...]"""
     def backward(carry, x):
-        delta, keep = x
-        advantage = delta + gamma * gae_lambda * keep * carry
-        return advantage, advantage
+        delta, discount = x
+        total = delta + discount * carry
+        return total, total
 
-    _, advantages = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, not_done), reverse=True)
-    return advantages, advantages + values
+    return jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, discounts), reverse=True)[1]
 
 
 def vtrace(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array,
@@ -63,17 +73,8 @@ def impala(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: 
     returns otherwise as `gae`."""
     rhos = jnp.ones_like(values) if log_rhos is None else jnp.exp(log_rhos)
     rho, c = jnp.minimum(rho_bar, rhos), gae_lambda * jnp.minimum(c_bar, rhos)
-    not_done = 1.0 - dones.astype(values.dtype)
-    next_values = jnp.concatenate([values[1:], last_value[None]], axis=0)
-    deltas = rho * (rewards + gamma * next_values * not_done - values)
-
-    def backward(carry, x):
-        delta, trace = x
-        correction = delta + gamma * trace * carry
-        return correction, correction
-
-    _, corrections = jax.lax.scan(backward, jnp.zeros_like(last_value), (deltas, c * not_done), reverse=True)
-    targets = values + corrections
+    deltas, not_done = _td_errors(rewards, values, dones, last_value, gamma)
+    targets = values + _discounted_sums(rho * deltas, gamma * (c * not_done))
     return rho * _one_reward_on(targets, rewards, values, dones, last_value, gamma), targets
 
 
