@@ -1,9 +1,13 @@
-"""The device mesh: `runs` x `data`, and `model` when a language model is split over devices.
+"""The device mesh: `runs` x `data`, `role` when actors and learners take separate devices, and `model` when a
+language model is split over devices.
 
 - `runs` splits independent runs (seeds, sweep settings; the leading axis of every state leaf and of the
   hyperparameters) over devices. Runs never talk to each other, so this axis costs no communication.
 - `data` splits one run's batch (environments, prompts) over devices; parameters are replicated along
   it (or, for a pretrained language model, stored split over it: FSDP) and gradients are averaged over it.
+- `role` (only with `mesh.split_actor`, size 2) gives each run two groups of devices: the actors (role 0)
+  sample the next batch while the learners (role 1) learn from an earlier one (`actor.max_staleness` >= 1). State
+  is replicated along it; the update exchanges the sampled batch and the new parameters once per update.
 - `model` (only when `mesh.model_devices` > 1) splits a pretrained language model's attention heads, MLP units
   and vocabulary over the devices of each data group (tensor parallel). The training programs handle `runs` and
   `data` themselves (`shard_map`); along `model` XLA partitions them from the parameters' shardings.
@@ -14,6 +18,8 @@ numbers on 1 device or on 8, whichever way they are split (up to float summation
 
 from __future__ import annotations
 
+from typing import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,13 +28,14 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 RUN_AXIS = "runs"
 DATA_AXIS = "data"
 MODEL_AXIS = "model"
+ROLE_AXIS = "role"
 RUNS = P(RUN_AXIS)  # leaves [R, ...]: runs split over the `runs` axis, whole along `data`
 
 
-def make_mesh(num_devices: int = 0, run_devices: int = 1, model_devices: int = 1) -> Mesh:
+def make_mesh(num_devices: int = 0, run_devices: int = 1, model_devices: int = 1, split_actor: bool = False) -> Mesh:
     """A (runs, data) mesh over the first `num_devices` devices of every process (0 means all of them),
     `run_devices` along `runs` and the rest along `data`; with `model_devices` > 1 a (runs, data, model) mesh,
-    `model` the innermost axis.
+    `model` the innermost axis; with `split_actor` a `role` axis of 2 before `data` (actors, then learners).
 
     Devices are taken in `jax.devices()` order, process by process, with `data` (then `model`) the inner axes:
     a run's gradient average stays inside a host whenever its data axis fits on one.
@@ -42,9 +49,15 @@ def make_mesh(num_devices: int = 0, run_devices: int = 1, model_devices: int = 1
     if model_devices < 1 or (n // run_devices) % model_devices:
         raise ValueError(f"mesh.model_devices={model_devices} does not divide the {n // run_devices} devices left "
                          f"for each run's data groups (mesh.num_devices / mesh.run_devices)")
+    roles = 2 if split_actor else 1
+    if (n // run_devices // model_devices) % roles:
+        raise ValueError(f"mesh.split_actor gives each run's actors and learners half of its "
+                         f"{n // run_devices // model_devices} data devices: that needs an even number")
     split = model_devices > 1  # (a `model` axis only where it splits something)
-    shape = (run_devices, n // run_devices // model_devices, *((model_devices,) if split else ()))
-    return Mesh(np.array(available[:n]).reshape(shape), (RUN_AXIS, DATA_AXIS, *((MODEL_AXIS,) if split else ())))
+    shape = (run_devices, *((roles,) if split_actor else ()), n // run_devices // model_devices // roles,
+             *((model_devices,) if split else ()))
+    names = (RUN_AXIS, *((ROLE_AXIS,) if split_actor else ()), DATA_AXIS, *((MODEL_AXIS,) if split else ()))
+    return Mesh(np.array(available[:n]).reshape(shape), names)
 
 
 def mesh_for_runs(options, num_runs: int) -> Mesh:
@@ -53,10 +66,16 @@ def mesh_for_runs(options, num_runs: int) -> Mesh:
     communication)."""
     num_devices = options.num_devices or jax.device_count()
     model_devices = options.get("model_devices", 1)  # (a run saved before the key existed has none)
-    run_devices = options.run_devices or auto_run_devices(num_devices // model_devices, num_runs)
-    mesh = make_mesh(options.num_devices, run_devices, model_devices)
+    split_actor = options.get("split_actor", False)  # (text GRPO's key only)
+    run_devices = options.run_devices or auto_run_devices(num_devices // model_devices // (1 + split_actor), num_runs)
+    mesh = make_mesh(options.num_devices, run_devices, model_devices, split_actor)
     check_runs(num_runs, mesh)
     return mesh
+
+
+def split_actor(mesh: Mesh) -> bool:
+    """Whether actors and learners have devices of their own (a `role` axis)."""
+    return ROLE_AXIS in mesh.axis_names
 
 
 def model_size(mesh: Mesh) -> int:
@@ -242,3 +261,33 @@ def zeros_like_abstract(shape: jax.ShapeDtypeStruct) -> jax.Array:
     zeros = jnp.zeros(shape.shape, shape.dtype)
     axes = tuple(sorted(shape.manual_axis_type.varying)) if shape.manual_axis_type is not None else ()
     return jax.lax.pcast(zeros, axes, to="varying") if axes else zeros
+
+
+def _summable(x: jax.Array) -> tuple[jax.Array, Callable]:
+    """`x` as a type `psum` takes (PRNG keys as their data, booleans as int32) and the way back."""
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        impl = jax.random.key_impl(x)
+        return jax.random.key_data(x), lambda y: jax.random.wrap_key_data(y, impl=impl)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.int32), lambda y: y.astype(jnp.bool_)
+    return x, lambda y: y
+
+
+def on_role(role: int, fn: Callable, *args):
+    """`fn(*args)` computed on the devices of `role` only and handed to every device of the `role` axis (inside
+    `shard_map` on a mesh with one). The other role's devices skip it (a `lax.cond` whose predicate is the same
+    for every run on a device, so it stays a branch under vmap) and contribute zeros to a sum over `role`:
+    adding zeros is exact, and the sum is typed as the same on every device, as replicated state must be."""
+    way_back = {}
+
+    def summable(*args):
+        leaves, way_back["tree"] = jax.tree.flatten(fn(*args))
+        pairs = [_summable(x) for x in leaves]
+        way_back["leaves"] = [back for _, back in pairs]
+        return [x for x, _ in pairs]
+
+    shapes = jax.eval_shape(summable, *args)
+    mine = jax.lax.axis_index(ROLE_AXIS) == role
+    out = jax.lax.cond(mine, summable, lambda *_: [zeros_like_abstract(s) for s in shapes], *args)
+    summed = [jax.lax.psum(jnp.where(mine, x, jnp.zeros_like(x)), ROLE_AXIS) for x in out]
+    return jax.tree.unflatten(way_back["tree"], [back(x) for back, x in zip(way_back["leaves"], summed)])

@@ -131,22 +131,39 @@ def test_the_decoupled_correction_of_fresh_samples_is_the_plain_update(sft_run, 
     assert "correction_ess" not in plain_metrics  # (no correction, no extra metrics: golden runs unchanged)
 
 
-def test_a_stale_run_learns_each_batch_two_updates_late_and_resumes_with_its_queue(sft_run, tmp_path):
+def test_a_stale_run_learns_each_batch_two_updates_late_and_resumes_with_its_queue(sft_run, tmp_path, monkeypatch):
     """actor.max_staleness=2: updates 1 and 2 only sample; update 3 learns batch 1, drawn by the parameters it
     starts from (nothing was learned before it): the sampler's log-probabilities are the learner's; update 4
-    learns batch 2, drawn before update 3 moved them. A checkpoint holds the two batches sampled and not yet
-    learned from: killed before its last checkpoint (update 4), the run resumes from update 2's and ends as the
-    run that never stopped, bit for bit: no batch lost, none learned twice."""
-    from conftest import assert_same_state, straight_and_resumed
+    learns batch 2, drawn before update 3 moved them. Stopped by SIGTERM after update 1, the run saves its queue
+    (one batch sampled, none learned) and, resumed, ends as the run that never stopped, bit for bit: no batch
+    lost, none learned twice."""
+    import signal
+    from conftest import assert_same_state
+    from jaxrl.run import program
 
     config = tiny_grpo_config(sft_run, **{"actor.max_staleness": 2, "loss.correction": "decoupled",
-                                          "checkpoint.every_steps": 64, "log.every_steps": 32, "eval.every_steps": 0})
-    straight, resumed = straight_and_resumed(config, tmp_path, last_checkpoint=4)
+                                          "checkpoint.every_steps": 128, "log.every_steps": 32, "eval.every_steps": 0})
+    straight = train.run(config, str(tmp_path / "straight"))
     rows = straight.metrics  # one per update
     assert [r["staleness"] for r in rows] == [0.0, 0.0, 2.0, 2.0]
     assert rows[1]["grad_norm"] == 0.0 and rows[2]["grad_norm"] > 0.0
     assert rows[2]["logp_mismatch"] < 1e-5 < rows[3]["logp_mismatch"], rows
     assert int(straight.state.pending["filled"][0]) == 2 and int(straight.state.update_step[0]) == 2
+
+    log = program._log
+
+    def log_then_stop(plan, t, num, shared, metrics):
+        log(plan, t, num, shared, metrics)
+        if t.update == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+    monkeypatch.setattr(program, "_log", log_then_stop)
+    workdir = str(tmp_path / "stopped")
+    stopped = train.run(config, workdir)
+    assert stopped.interrupted and checkpoint.saved_steps(os.path.join(workdir, "checkpoints")) == [1]
+    assert int(stopped.state.pending["filled"][0]) == 1 and int(stopped.state.update_step[0]) == 0
+    monkeypatch.setattr(program, "_log", log)
+    resumed = train.run(config, workdir)
+    assert [r["update"] for r in resumed.metrics] == [1, 2, 3, 4]
     assert_same_state(straight.state, resumed.state)
 
 
@@ -157,6 +174,10 @@ def test_correction_settings_that_cannot_work_are_refused(sft_run):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "tis_token", "rollout.control": "partial"}))
     with pytest.raises(ValueError, match="loss.ess_step scales the step by the correction weights' effective"):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.ess_step": True}))
+    with pytest.raises(ValueError, match="mesh.split_actor samples the next batch while learning from an earlier"):
+        algos.validate(tiny_grpo_config(sft_run, **{"mesh.split_actor": True}))
+    with pytest.raises(ValueError, match="half of its 1 data devices: that needs an even number"):
+        mesh_lib.make_mesh(1, split_actor=True)
     with pytest.raises(ValueError, match="correction_low=3.0 is above config.loss.correction_high=2.0"):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.correction": "mis_token", "loss.correction_low": 3.0}))
 

@@ -481,6 +481,9 @@ class TextGRPOSettings:
     max_staleness: int = knob("actor.max_staleness", 0, "eta: each update learns from the batch sampled eta "
                               "updates before it, by the policy of then, while it samples the next; 0: from its own",
                               minimum=0)
+    split_actor: bool = knob("mesh.split_actor", False, "actors and learners on devices of their own: half of each "
+                             "run's devices sample the next batch while the other half learn (actor.max_staleness "
+                             ">= 1)")
 
     @property
     def batch_size(self) -> int:
@@ -537,6 +540,9 @@ class TextGRPO:
         self.pool = self.task.sample(jax.random.key(0), settings.pool_size, "train") if settings.pool_size else None
         # Minibatches deal whole groups (the loss scores a group's prompt once): each device's prompts must
         # split evenly.
+        if settings.split_actor != mesh_lib.split_actor(mesh):
+            raise ValueError(f"mesh.split_actor={settings.split_actor} but the mesh has axes {mesh.axis_names}: build "
+                             "it with mesh.mesh_for_runs from the same config")
         local_prompts = settings.text.num_prompts // mesh.shape[DATA_AXIS]
         if local_prompts % settings.num_minibatches:
             raise ValueError(f"the {local_prompts} prompts (groups) on each device cannot be split into "
@@ -689,18 +695,47 @@ class TextGRPO:
         """One update for one seed on this device: `_sample_batch`, then `_learn` on its batch (with
         `actor.max_staleness` = eta > 0: on the batch sampled eta updates before; the sampling and the learning
         then depend on nothing of each other, and XLA may run them at once)."""
+        if self.settings.split_actor:
+            return self._split_update(state, hp)
         state, batch, sample_metrics = self._sample_batch(state, hp)
         if state.pending is None:
             state, learn_metrics = self._learn(state, batch, hp)
             return state, {**sample_metrics, **learn_metrics}
         state, oldest, ready = self._queued(state, batch)
-        learned, learn_metrics = self._learn(state, oldest, hp)
-        # the first eta updates only fill the queue: nothing is learned, every learning metric 0 (a select, not a
-        # lax.cond: with several runs on a device the update is vmapped, where a cond computes both branches anyway)
+        state, learn_metrics = self._learn_when(ready, state, oldest, hp)
+        return state, {**sample_metrics, **learn_metrics, **self._staleness(ready)}
+
+    def _split_update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
+        """`update` with `mesh.split_actor`: the actors (role 0) sample the next batch while the learners (role 1)
+        learn from the oldest queued one, each skipping the other's work; each then hands its result to the
+        other (`mesh.on_role`). The same numbers as `update` on the actors' devices alone."""
+        oldest = jax.tree.map(lambda q: q[0], state.pending["batches"])
+        ready = state.pending["filled"] >= self.settings.max_staleness
+
+        def sample(state):
+            sampled, batch, metrics = self._sample_batch(state, hp)
+            return sampled.key, sampled.memory, batch, metrics
+
+        def learn(state):
+            learned, metrics = self._learn_when(ready, state, oldest, hp)
+            return learned.params, learned.opt_state, learned.update_step, metrics
+
+        key, memory, batch, sample_metrics = mesh_lib.on_role(0, sample, state)
+        params, opt_state, update_step, learn_metrics = mesh_lib.on_role(1, learn, state)
+        state = state.replace(key=key, memory=memory, params=params, opt_state=opt_state, update_step=update_step)
+        state, _, _ = self._queued(state, batch)
+        return state, {**sample_metrics, **learn_metrics, **self._staleness(ready)}
+
+    def _learn_when(self, ready: jax.Array, state: TextGRPOState, batch, hp: TextGRPOHyperparams):
+        """`_learn` where `ready`, else the state as it is and every learning metric 0 (the first eta updates only
+        fill the queue). A select, not a lax.cond: with several runs on a device the update is vmapped, where a
+        cond computes both branches anyway."""
+        learned, metrics = self._learn(state, batch, hp)
         state = jax.tree.map(lambda after, before: jnp.where(ready, after, before), learned, state)
-        learn_metrics = jax.tree.map(lambda m: jnp.where(ready, m, 0.0), learn_metrics)
-        staleness = jnp.where(ready, jnp.float32(self.settings.max_staleness), 0.0)
-        return state, {**sample_metrics, **learn_metrics, "staleness": staleness}
+        return state, jax.tree.map(lambda m: jnp.where(ready, m, 0.0), metrics)
+
+    def _staleness(self, ready: jax.Array) -> dict:
+        return {"staleness": jnp.where(ready, jnp.float32(self.settings.max_staleness), 0.0)}
 
     def _queued(self, state: TextGRPOState, batch):
         """`batch` pushed onto the queue of pending batches, the oldest popped: (state, the oldest batch, whether
@@ -809,6 +844,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.loss.ess_step and config.loss.correction == "none":
         raise ValueError("config.loss.ess_step scales the step by the correction weights' effective sample size: "
                          "it needs a config.loss.correction")
+    if config.mesh.split_actor and not config.actor.max_staleness:
+        raise ValueError("config.mesh.split_actor samples the next batch while learning from an earlier one: it needs "
+                         "config.actor.max_staleness >= 1")
     if config.loss.correction_low > config.loss.correction_high:
         raise ValueError(f"config.loss.correction_low={config.loss.correction_low} is above "
                          f"config.loss.correction_high={config.loss.correction_high}")
