@@ -37,7 +37,7 @@ from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWA
                                    make_policy, run_sizes, sample_trajectory)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import OptimizerSettings, normalize, optimise
+from jaxrl.engine import OptimizerSettings, normalize, optimise, staleness
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, RUN_AXIS, RUNS
 
@@ -112,6 +112,8 @@ class PPOSettings:
     gae_values: str = knob("returns.gae_values", "rollout", "the critic values GAE starts from: the rollout's, or "
                            "the current critic's at every minibatch (Brax's)", choices=GAE_VALUES)
     advantage: str = advantages_lib.ESTIMATOR.field()  # gae or vtrace (the value targets: lambda-returns either way)
+    max_staleness: int = staleness.MAX_STALENESS.field()
+    split_actor: bool = staleness.SPLIT_ACTOR.field()
 
     @property
     def batch_size(self) -> int:
@@ -132,6 +134,9 @@ class TrainState:
     key: jax.Array  # [S, 2]
     update_step: jax.Array  # [S] int32
     reward_norm: Any = None  # RewardNorm with `normalize_reward`, else None
+    # With actor.max_staleness = eta > 0: the rollouts sampled and not yet learned from, oldest first
+    # (`jaxrl.engine.staleness`; `PPO.sample`'s batch with leaves [eta, ...]); else None
+    pending: Any = None
 
 
 @struct.dataclass
@@ -187,16 +192,26 @@ class PPO:
         params, obs, env_state, state_key = init_run(self.policy, self.env, key, s.num_envs)
         optimizer = s.optimizer(PPOHyperparams(), jnp.int32(0))
         reward_norm = RewardNorm(normalization.init((1,)), jnp.zeros((s.num_envs, A))) if s.normalize_reward else None
-        return TrainState(params, optimizer.init(trainable(params)), env_state, obs,
-                          self.policy.network.initial_carry((s.num_envs, A)), jnp.ones((s.num_envs,), bool),
-                          state_key, jnp.int32(0), reward_norm)
+        state = TrainState(params, optimizer.init(trainable(params)), env_state, obs,
+                           self.policy.network.initial_carry((s.num_envs, A)), jnp.ones((s.num_envs,), bool),
+                           state_key, jnp.int32(0), reward_norm)
+        if not s.max_staleness:
+            return state
+        return state.replace(pending=staleness.empty_queue(self.sample, state, PPOHyperparams, s.max_staleness))
 
     def state_specs(self, state: TrainState) -> TrainState:
         split = P(RUN_AXIS, DATA_AXIS)  # [S, N, ...]: seeds over the runs axis, envs over the data axis
         reward_norm = None if state.reward_norm is None else RewardNorm(RUNS, split)
+        pending = None
+        if state.pending is not None:  # a rollout's steps [S, T, N, ...], the rest [S, N, ...], the epoch key [S]
+            batch = state.pending["batches"]
+            pending = staleness.queue_specs({
+                "traj": jax.tree.map(lambda _: P(RUN_AXIS, None, DATA_AXIS), batch["traj"]),
+                "after": jax.tree.map(lambda _: split, batch["after"]),
+                "carry": jax.tree.map(lambda _: split, batch["carry"]), "epoch_key": RUNS})
         return TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
                           carry=jax.tree.map(lambda _: split, state.carry), first=split, key=RUNS, update_step=RUNS,
-                          reward_norm=reward_norm)
+                          reward_norm=reward_norm, pending=pending)
 
     # ----------------------------------------------------------------------------------------------
     # One update on this device's share of the envs (inside shard_map, one seed)
@@ -337,21 +352,38 @@ class PPO:
         return normalization.scale(moments, reward), RewardNorm(moments, running)
 
     def update(self, state: TrainState, hp: PPOHyperparams):
-        """One PPO update for one seed on this device's envs: rollout, advantages, then epochs x minibatches of
-        `loss` (gradients averaged over devices). Returns (state, metrics)."""
+        """One PPO update for one seed on this device's envs: `sample` a rollout, then `learn` from it (with
+        `actor.max_staleness` = eta > 0: from the rollout sampled eta updates before, on devices of its own with
+        `mesh.split_actor`; `jaxrl.engine.staleness`). Returns (state, metrics)."""
         s = self.settings
+        return staleness.update(self.sample, self.learn, PPO_ROLES, state, hp, s.max_staleness, s.split_actor)
+
+    def sample(self, state: TrainState, hp: PPOHyperparams):
+        """A rollout of this device's envs with the parameters the update starts from: (state with the envs and
+        the key moved on, batch {"traj", "after": (env_state, obs, carry, first) after it, "carry" it started
+        from, "epoch_key"}, the episodes that ended, summed over devices)."""
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         after, traj, episode = self.rollout(state, rollout_key)
-        units, (obs_norm, reward_norm) = self.units(state, hp, after, traj)
+        batch = {"traj": traj, "after": after, "carry": state.carry, "epoch_key": epoch_key}
+        env_state, obs, carry, first = after
+        state = state.replace(env_state=env_state, obs=obs, carry=carry, first=first, key=key)
+        return state, batch, jax.lax.psum(episode, DATA_AXIS)
+
+    def learn(self, state: TrainState, batch: dict, hp: PPOHyperparams):
+        """Advantages, then epochs x minibatches of `loss` (gradients averaged over devices) on `sample`'s batch:
+        (state with the parameters, optimiser and running statistics moved on, metrics)."""
+        s = self.settings
+        units, (obs_norm, reward_norm) = self.units(state.replace(carry=batch["carry"]), hp, batch["after"],
+                                                    batch["traj"])
         optimizer = s.optimizer(hp, state.update_step)
         trained, opt_state, aux = optimise(self.loss, optimizer, trainable(state.params), state.opt_state, units,
-                                           hp, epoch_key, s.num_epochs, s.num_minibatches)
+                                           hp, batch["epoch_key"], s.num_epochs, s.num_minibatches)
         params = {**state.params, **trained}
         if obs_norm is not None:
             params = {**params, "obs_norm": obs_norm}
-        metrics = jax.tree.map(jnp.mean, aux)
-        metrics.update(jax.lax.psum(episode, DATA_AXIS))
-        return TrainState(params, opt_state, *after, key, state.update_step + 1, reward_norm), metrics
+        state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1,
+                              reward_norm=reward_norm)
+        return state, jax.tree.map(jnp.mean, aux)
 
     def sample_trajectory(self, state: TrainState) -> Transition:
         """The rollout the next update will train on, nothing updated (for inspection and tests): leaves
@@ -362,6 +394,11 @@ class PPO:
 
 # -------------------------------------------------------------------------------------------------
 # From a config
+
+
+# The state fields a rollout moves on, and those learning does (`jaxrl.engine.staleness`).
+PPO_ROLES = staleness.Roles(actor=("env_state", "obs", "carry", "first", "key"),
+                            learner=("params", "opt_state", "update_step", "reward_norm"))
 
 
 def ppo_config() -> ConfigDict:
@@ -399,6 +436,7 @@ def build_ppo(config: ConfigDict, mesh) -> engine.Algorithm:
     settings = knobs.read(PPOSettings, config, **run_sizes(config))
     policy = make_policy(config, normalize_obs=settings.normalize_obs, obs_clip=settings.obs_clip)
     on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
+    staleness.check_layout(settings.split_actor, on_mesh.mesh)
     ppo = PPO(settings, policy, on_mesh.env, on_mesh.mesh)
     check_minibatch_split(settings.num_envs, settings.num_steps, settings.num_minibatches, policy.num_agents,
                           ppo.sequence_minibatches, on_mesh.mesh)
@@ -410,6 +448,7 @@ def build_ppo(config: ConfigDict, mesh) -> engine.Algorithm:
 def check_ppo_config(config: ConfigDict) -> None:
     check_env_config(config)
     advantages_lib.check_estimator(config.advantage.estimator, needs_critic=True, family="PPO")
+    staleness.check_config(config)
     target, minibatches = config.scale.num_envs, config.optim.num_minibatches
     if target and (minibatches * target) % config.num_envs:
         step = config.num_envs // math.gcd(minibatches, config.num_envs)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import struct
-from jax.sharding import AbstractMesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 from ml_collections import ConfigDict
 
 from envs import text
@@ -35,7 +35,7 @@ from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, che
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
-from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise, standardise
+from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise, staleness, standardise
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob, knob
 from jaxrl.mesh import DATA_AXIS, MODEL_AXIS, RUN_AXIS
@@ -478,12 +478,8 @@ class TextGRPOSettings:
     use_kl: bool = KL_COEF.field(convert=lambda kl_coef: kl_coef > 0)  # keep a frozen copy of the starting policy
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
-    max_staleness: int = knob("actor.max_staleness", 0, "eta: each update learns from the batch sampled eta "
-                              "updates before it, by the policy of then, while it samples the next; 0: from its own",
-                              minimum=0)
-    split_actor: bool = knob("mesh.split_actor", False, "actors and learners on devices of their own: half of each "
-                             "run's devices sample the next batch while the other half learn (actor.max_staleness "
-                             ">= 1)")
+    max_staleness: int = staleness.MAX_STALENESS.field()
+    split_actor: bool = staleness.SPLIT_ACTOR.field()
 
     @property
     def batch_size(self) -> int:
@@ -540,9 +536,7 @@ class TextGRPO:
         self.pool = self.task.sample(jax.random.key(0), settings.pool_size, "train") if settings.pool_size else None
         # Minibatches deal whole groups (the loss scores a group's prompt once): each device's prompts must
         # split evenly.
-        if settings.split_actor != mesh_lib.split_actor(mesh):
-            raise ValueError(f"mesh.split_actor={settings.split_actor} but the mesh has axes {mesh.axis_names}: build "
-                             "it with mesh.mesh_for_runs from the same config")
+        staleness.check_layout(settings.split_actor, mesh)
         local_prompts = settings.text.num_prompts // mesh.shape[DATA_AXIS]
         if local_prompts % settings.num_minibatches:
             raise ValueError(f"the {local_prompts} prompts (groups) on each device cannot be split into "
@@ -555,19 +549,10 @@ class TextGRPO:
         ref = state.params if self.settings.use_kl and not self.policy.adapters else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
         state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
-        return state.replace(pending=self._empty_queue(state)) if self.settings.max_staleness else state
-
-    def _empty_queue(self, state: TextGRPOState) -> dict:
-        """`actor.max_staleness` batches of zeros, shaped as `_sample_batch`'s for the whole batch (traced for
-        their shapes on one abstract device, whose share is the whole batch), none filled."""
-        hp = TextGRPOHyperparams(*(jax.ShapeDtypeStruct((), jnp.float32)
-                                   for _ in dataclasses.fields(TextGRPOHyperparams)))
-        one_device = AbstractMesh((1, 1), (RUN_AXIS, DATA_AXIS))
-        whole = jax.shard_map(lambda st, h: self._sample_batch(st, h)[1], mesh=one_device, in_specs=P(), out_specs=P(),
-                              check_vma=False)
-        eta = self.settings.max_staleness
-        shapes = jax.eval_shape(whole, state, hp)
-        return {"batches": jax.tree.map(lambda s: jnp.zeros((eta, *s.shape), s.dtype), shapes), "filled": jnp.int32(0)}
+        if not self.settings.max_staleness:
+            return state
+        return state.replace(pending=staleness.empty_queue(self._sample_batch, state, TextGRPOHyperparams,
+                                                           self.settings.max_staleness))
 
     def state_specs(self, state: TextGRPOState):
         """The policy's PartitionSpecs (`TextPolicy.state_specs`); the queued batches' prompts split over the
@@ -576,9 +561,8 @@ class TextGRPO:
         if state.pending is None:
             return specs
         units, _ = state.pending["batches"]  # (and the epoch key)
-        pending = {"batches": (jax.tree.map(lambda _: P(RUN_AXIS, None, DATA_AXIS), units), P(RUN_AXIS)),
-                   "filled": P(RUN_AXIS)}
-        return specs.replace(pending=pending)
+        return specs.replace(pending=staleness.queue_specs((jax.tree.map(lambda _: P(RUN_AXIS, DATA_AXIS), units),
+                                                            P(RUN_AXIS))))
 
     # ----------------------------------------------------------------------------------------------
 
@@ -693,58 +677,13 @@ class TextGRPO:
 
     def update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
         """One update for one seed on this device: `_sample_batch`, then `_learn` on its batch (with
-        `actor.max_staleness` = eta > 0: on the batch sampled eta updates before; the sampling and the learning
-        then depend on nothing of each other, and XLA may run them at once)."""
-        if self.settings.split_actor:
-            return self._split_update(state, hp)
-        state, batch, sample_metrics = self._sample_batch(state, hp)
-        if state.pending is None:
-            state, learn_metrics = self._learn(state, batch, hp)
-            return state, {**sample_metrics, **learn_metrics}
-        state, oldest, ready = self._queued(state, batch)
-        state, learn_metrics = self._learn_when(ready, state, oldest, hp)
-        return state, {**sample_metrics, **learn_metrics, **self._staleness(ready)}
+        `actor.max_staleness` = eta > 0: on the batch sampled eta updates before, on devices of its own with
+        `mesh.split_actor`; `jaxrl.engine.staleness`)."""
+        s = self.settings
+        return staleness.update(self._sample_batch, self._learn, TEXT_ROLES, state, hp, s.max_staleness, s.split_actor)
 
-    def _split_update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
-        """`update` with `mesh.split_actor`: the actors (role 0) sample the next batch while the learners (role 1)
-        learn from the oldest queued one, each skipping the other's work; each then hands its result to the
-        other (`mesh.on_role`). The same numbers as `update` on the actors' devices alone."""
-        oldest = jax.tree.map(lambda q: q[0], state.pending["batches"])
-        ready = state.pending["filled"] >= self.settings.max_staleness
 
-        def sample(state):
-            sampled, batch, metrics = self._sample_batch(state, hp)
-            return sampled.key, sampled.memory, batch, metrics
-
-        def learn(state):
-            learned, metrics = self._learn_when(ready, state, oldest, hp)
-            return learned.params, learned.opt_state, learned.update_step, metrics
-
-        key, memory, batch, sample_metrics = mesh_lib.on_role(0, sample, state)
-        params, opt_state, update_step, learn_metrics = mesh_lib.on_role(1, learn, state)
-        state = state.replace(key=key, memory=memory, params=params, opt_state=opt_state, update_step=update_step)
-        state, _, _ = self._queued(state, batch)
-        return state, {**sample_metrics, **learn_metrics, **self._staleness(ready)}
-
-    def _learn_when(self, ready: jax.Array, state: TextGRPOState, batch, hp: TextGRPOHyperparams):
-        """`_learn` where `ready`, else the state as it is and every learning metric 0 (the first eta updates only
-        fill the queue). A select, not a lax.cond: with several runs on a device the update is vmapped, where a
-        cond computes both branches anyway."""
-        learned, metrics = self._learn(state, batch, hp)
-        state = jax.tree.map(lambda after, before: jnp.where(ready, after, before), learned, state)
-        return state, jax.tree.map(lambda m: jnp.where(ready, m, 0.0), metrics)
-
-    def _staleness(self, ready: jax.Array) -> dict:
-        return {"staleness": jnp.where(ready, jnp.float32(self.settings.max_staleness), 0.0)}
-
-    def _queued(self, state: TextGRPOState, batch):
-        """`batch` pushed onto the queue of pending batches, the oldest popped: (state, the oldest batch, whether
-        it was sampled, not one of the zeros the queue starts with)."""
-        eta, queue = self.settings.max_staleness, state.pending
-        oldest = jax.tree.map(lambda q: q[0], queue["batches"])
-        batches = jax.tree.map(lambda q, new: jnp.concatenate([q[1:], new[None]]), queue["batches"], batch)
-        pending = {"batches": batches, "filled": jnp.minimum(queue["filled"] + 1, eta)}
-        return state.replace(pending=pending), oldest, queue["filled"] >= eta
+TEXT_ROLES = staleness.Roles(actor=("key", "memory"), learner=("params", "opt_state", "update_step"))
 
 
 # -------------------------------------------------------------------------------------------------
@@ -841,12 +780,10 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.loss.correction != "none" and "partial" in rollout.names(config.rollout.control):
         raise ValueError(f"config.loss.correction={config.loss.correction} and config.rollout.control=partial both "
                          "reweight the tokens drawn in earlier updates: choose one")
+    staleness.check_config(config)
     if config.loss.ess_step and config.loss.correction == "none":
         raise ValueError("config.loss.ess_step scales the step by the correction weights' effective sample size: "
                          "it needs a config.loss.correction")
-    if config.mesh.split_actor and not config.actor.max_staleness:
-        raise ValueError("config.mesh.split_actor samples the next batch while learning from an earlier one: it needs "
-                         "config.actor.max_staleness >= 1")
     if config.loss.correction_low > config.loss.correction_high:
         raise ValueError(f"config.loss.correction_low={config.loss.correction_low} is above "
                          f"config.loss.correction_high={config.loss.correction_high}")
