@@ -27,7 +27,8 @@ EXTRAS = {
             "tensorboardX>=2.6", "tensorboard", "wandb",  # the log backends; tensorboard reads their events back
             # the docs site (mkdocs.yml), built with --strict by tests/test_docs_site.py
             "mkdocs>=1.6.1", "mkdocs-material>=9.8.2", "mkdocstrings[python]>=1.0.8",
-            "gguf>=0.10"],  # the pretrained model the language-model tests load (the models extra)
+            "gguf>=0.10",  # the pretrained model the language-model tests load (the models extra)
+            "gymnasium>=1.0"],  # host environments (the gymnasium extra)
     # Pretrained language models from GGUF files (jaxrl.models; Hugging Face directories need nothing more).
     "models": ["gguf>=0.10"],
     # Environment libraries, each reached through envs.make (envs/adapters).
@@ -35,6 +36,10 @@ EXTRAS = {
     "brax": ["brax>=0.12"],
     "craftax": ["craftax>=1.4"],
     "xminigrid": ["xminigrid>=0.9"],
+    # Environments stepped on the host, inside the compiled programs (envs.adapters.gymnasium); Atari's ROMs
+    # come with ale-py.
+    "gymnasium": ["gymnasium>=1.0"],
+    "atari": ["gymnasium>=1.0", "ale-py>=0.9"],
     # Peer libraries, only for side-by-side benchmarks (never imported by jaxrl itself).
     # torch + trl: benchmarks/grpo_tokens.py (TRL's GRPOTrainer on CPU). Install a CPU build of torch first:
     # on Linux an unconstrained torch from PyPI is the CUDA build (GBs); torch>=2.6 is what transformers 5 needs.

@@ -69,6 +69,11 @@ def _xminigrid(env_id: str = "MiniGrid-Empty-8x8", **kwargs):
     return FromXMiniGrid(env_id, **kwargs)
 
 
+def _gymnasium(env_id: str = "CartPole-v1", **kwargs):
+    from envs.adapters.gymnasium import FromGymnasium
+    return FromGymnasium(env_id, **kwargs)
+
+
 def _jaxmarl_smax(scenario="3m", **kwargs):
     from envs.smax.parity import reference_env
     return reference_env(scenario, **kwargs)
@@ -81,6 +86,7 @@ register("gymnax", _gymnax)  # any gymnax 1.x env: make("gymnax", env_id="Acrobo
 register("brax", _brax)  # make("brax", env_name="halfcheetah", backend="generalized")
 register("craftax", _craftax)  # make("craftax", env_id="Craftax-Classic-Symbolic-v1")
 register("xminigrid", _xminigrid)  # make("xminigrid", env_id="MiniGrid-DoorKey-6x6")
+register("gymnasium", _gymnasium)  # stepped on the host: make("gymnasium", env_id="ALE/Pong-v5", obs_type="ram")
 register("jaxmarl-smax", _jaxmarl_smax)  # jaxmarl's HeuristicEnemySMAX by scenario name (the reference)
 
 def __getattr__(name: str):

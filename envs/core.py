@@ -77,6 +77,9 @@ class Environment:
     # False when `step` fails shard_map's varying-axis type checks (e.g. a lax.cond whose branches mix
     # per-device and replicated values, as in some third-party envs); learners then turn the checks off.
     supports_vma_checks: bool = True
+    # True when the env lives on the host (stepped by callbacks from the program, `envs.adapters.gymnasium`):
+    # runs on a device then go one after another rather than vmapped, and a state is stepped once.
+    host_state: bool = False
 
     @property
     def default_params(self) -> Any:

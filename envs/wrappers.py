@@ -38,6 +38,7 @@ class Wrapper(Environment):
     has_action_masks = _forwarded("has_action_masks")
     multi_agent = _forwarded("multi_agent")
     supports_vma_checks = _forwarded("supports_vma_checks")
+    host_state = _forwarded("host_state")
     max_episode_steps = _forwarded("max_episode_steps")
     episode_info_keys = _forwarded("episode_info_keys")
 

@@ -131,9 +131,11 @@ def per_run(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, RUNS)
 
 
-def over_local_runs(fn, in_axes: tuple):
+def over_local_runs(fn, in_axes: tuple, sequential: bool = False):
     """`jax.vmap(fn, in_axes)` over this device's runs (outputs on axis 0), except that a single run is a
-    plain call of `fn` on the arguments with that axis squeezed out.
+    plain call of `fn` on the arguments with that axis squeezed out; `sequential`: one run after another
+    (`lax.map`), for programs that call the host (envs stepped by callbacks), which vmap cannot batch where a
+    loop or branch depends on the run.
 
     Same results; the reason is speed: XLA:CPU compiles the program with a leading axis of size 1 much
     worse (a GRPO step on tokens at benchmarks/grpo_tokens.py sizes: 24.7 ms squeezed against 25.9 ms
@@ -144,10 +146,18 @@ def over_local_runs(fn, in_axes: tuple):
         raise ValueError(f"in_axes must be 0 or None per argument, got {in_axes}")
     vmapped = jax.vmap(fn, in_axes)
 
+    def one_by_one(*args):
+        mapped = [arg for arg, axis in zip(args, in_axes) if axis == 0]
+
+        def one(per_run):
+            per_run = iter(per_run)
+            return fn(*[next(per_run) if axis == 0 else arg for arg, axis in zip(args, in_axes)])
+        return jax.lax.map(one, mapped)
+
     def run(*args):
         sizes = {leaf.shape[0] for arg, axis in zip(args, in_axes) if axis == 0 for leaf in jax.tree.leaves(arg)}
         if sizes != {1}:
-            return vmapped(*args)
+            return (one_by_one if sequential else vmapped)(*args)
         squeezed = [arg if axis is None else jax.tree.map(lambda x: x[0], arg) for arg, axis in zip(args, in_axes)]
         return jax.tree.map(lambda x: x[None], fn(*squeezed))
 

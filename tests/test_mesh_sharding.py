@@ -64,9 +64,10 @@ for devices in (1, 8):
     state, metrics = algo.run_chunk(state, hp, 3)
     if devices == 8 and hasattr(state, "obs"):  # environments (text algorithms split prompts per update)
         assert len(state.obs.sharding.device_set) == 8, state.obs.sharding
-        assert state.obs.sharding.shard_shape(state.obs.shape)[1] == 2  # 16 envs / 8 devices
+        local = 16 // algo.mesh.shape["data"]  # 16 envs / 8 devices (/ 4 with actor and learner devices)
+        assert state.obs.sharding.shard_shape(state.obs.shape)[1] == local
         for leaf in jax.tree.leaves(state.carry):
-            assert leaf.sharding.shard_shape(leaf.shape)[1] == 2
+            assert leaf.sharding.shard_shape(leaf.shape)[1] == local
     # Running statistics' means are compared in units of their std: their float32 sums over 4,096 vs 8 x 512
     # observations round differently, by ~1e-6 of the data's scale, whatever the mean itself is.
     standardised = jax.tree.map(
@@ -91,6 +92,17 @@ def one_and_eight_devices(python_subprocess, setup: str) -> dict:
     return result
 
 
+# Cleanba's lag-one PPO on gymnasium's CartPole stepped on the host: on 8 devices, 4 actor devices step the envs
+# (host callbacks) while 4 learner devices learn from the rollout before: the same run as on 1 device.
+GYMNASIUM_LAG_ONE = """
+import sys; sys.path.insert(0, "tests")
+from helpers import load_experiment, set_keys
+config = set_keys(load_experiment("gymnasium_ppo", "CartPole-v1"), {"num_envs": 16, "num_steps": 16,
+    "total_steps": 16 * 16 * 6, "optim.num_minibatches": 2, "actor.max_staleness": 1})
+on_eight_devices = {"mesh.split_actor": True}
+num_seeds = 2
+"""
+
 # GRPO's Generate strategies for environments: the leader's noise shared (prefixes, all agents but one).
 CARTPOLE_GRPO_VINE = CARTPOLE_GRPO + """
 config.rollout.generate = "vine"
@@ -102,9 +114,9 @@ config.rollout.generate = "counterfactual"
 
 # CARTPOLE_GRPO's sequence-level aggregation runs within the vine setup, and its independent groups in SMAX_GRPO.
 @pytest.mark.parametrize("setup", [SMAX_MAPPO, SMAX_GRPO, PENDULUM_NORMALIZED, CARTPOLE_GRPO_VINE,
-                                   SMAX_GRPO_COUNTERFACTUAL],
+                                   SMAX_GRPO_COUNTERFACTUAL, GYMNASIUM_LAG_ONE],
                          ids=["smax_mappo_gru", "smax_grpo_gru", "pendulum_normalized", "cartpole_grpo_vine",
-                              "smax_grpo_counterfactual"])
+                              "smax_grpo_counterfactual", "gymnasium_lag_one_split"])
 def test_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # Episode statistics are summed over devices: the same episodes end in both runs.

@@ -230,7 +230,9 @@ class EnvPolicy:
         """Greedy actions (or sampled, with `sample`), one episode per env, for every seed: {eval_return,
         eval_length[, eval_win_rate]} [S]. Every seed plays the same `num_envs` episodes (the same key): runs
         differ only by their policies."""
-        return jax.vmap(lambda p: self.greedy_episodes(p, key, num_envs, sample=sample)[0])(params)
+        one_run = lambda p: self.greedy_episodes(p, key, num_envs, sample=sample)[0]  # noqa: E731
+        # (envs on the host: one run after another, as vmap cannot batch their callbacks in the episode loop)
+        return jax.lax.map(one_run, params) if self.agent_env.host_state else jax.vmap(one_run)(params)
 
     @jit_method(static_argnums=(3,), compiler_options=RUNS_ONCE)
     def _episode_trace(self, params, key: jax.Array, sample: bool):
@@ -278,7 +280,8 @@ def policy_functions(policy: EnvPolicy) -> dict:
     """The `engine.Algorithm` fields every env algorithm takes from its policy: greedy evaluation, a loaded
     actor, the episode GIF, shard_map's varying-axes checks as the env supports them."""
     return {"evaluate": policy.evaluate, "actor": functools.partial(EnvActor, policy),
-            "write_artifacts": policy.write_artifacts, "vma_checks": policy.agent_env.supports_vma_checks}
+            "write_artifacts": policy.write_artifacts, "vma_checks": policy.agent_env.supports_vma_checks,
+            "host_state": policy.agent_env.host_state}
 
 
 class EnvActor:

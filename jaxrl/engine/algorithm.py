@@ -63,6 +63,9 @@ class Algorithm:
     # (`jaxrl.run.saved.warm_start`) and passes them to `init_seeds`; "" for none
     starts_from: str = ""
     vma_checks: bool = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
+    # its envs live on the host (`envs.Environment.host_state`): a device's runs go one after another, and a
+    # state is stepped once (no update timed before training, no XLA options chosen by timing candidates)
+    host_state: bool = False
     parts: Any = None  # the family's own objects (env policy, model, task, ...): for tests and notebooks
     # What the engine keeps: seconds spent compiling so far (the loop reports a chunk's compile time apart);
     # with xla_options "auto", once chosen, {"options", "candidates", "seconds", "equal"} (`choose_xla_options`)
@@ -144,7 +147,7 @@ class Algorithm:
             hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)
             self._programs[key], seconds = compile_chunk(
                 self.update, state, hp, jnp.int32(1), self.mesh, self.state_specs(state), xla_options=key[0],
-                check_vma=self.vma_checks, donate=donate)
+                check_vma=self.vma_checks, donate=donate, sequential_runs=self.host_state)
             self.compile_seconds += seconds
         return self._programs[key]
 
@@ -156,6 +159,9 @@ class Algorithm:
         candidates = self.xla_candidates()
         if self.xla_choice is not None or len(candidates) == 1:
             return
+        if self.host_state:
+            raise ValueError("xla_options 'auto' times candidate programs on one state, which envs on the host "
+                             "cannot give twice: name the options (or leave them at XLA's defaults)")
         tick, compiled_before = time.perf_counter(), self.compile_seconds
         programs = [self.chunk_program(state, hp, xla_options=options) for options in candidates]
         hp = mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh)

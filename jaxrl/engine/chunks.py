@@ -53,7 +53,7 @@ def chunk_metrics(totals: dict, num_updates: jax.Array) -> dict:
 
 
 def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, *, xla_options=(),
-                  check_vma: bool = True, donate: bool = False):
+                  check_vma: bool = True, donate: bool = False, sequential_runs: bool = False):
     """The program that runs `num_updates` (traced) of `update(state, hp) -> (state, metrics)` for every run:
     (state, hp, num_updates) -> (state, metrics [R] per chunk). `state_specs`: the PartitionSpec of each state
     leaf ([R, ...] over `runs`, and any axis the algorithm splits over `data`). Returns (compiled, seconds).
@@ -61,7 +61,8 @@ def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, 
     `donate`: the program takes the input state's memory for its output (the state is then held once, not
     twice: what a replay buffer needs to fit), and the input state is gone after the call. The training loop
     donates only when it need not go back to a chunk's start (`checkpoint.on_nonfinite` "stop"): freezing or
-    rolling back a diverged run replays its chunk from there (`jaxrl.run.divergence`)."""
+    rolling back a diverged run replays its chunk from there (`jaxrl.run.divergence`). `sequential_runs`: a
+    device's runs one after another (`mesh.over_local_runs`)."""
     def run_updates(state, hp, num_updates):
         state, totals = repeat_updates(update, state, hp, num_updates)
         return state, chunk_metrics(totals, num_updates)
@@ -74,12 +75,12 @@ def compile_chunk(update, state, hp, num_updates: jax.Array, mesh, state_specs, 
                            in_specs=(state_specs, runs, P()), out_specs=(state_specs, runs),
                            in_shardings=(shardings, per_run, NamedSharding(mesh, P())),
                            out_shardings=(shardings, per_run), xla_options=xla_options, check_vma=check_vma,
-                           donate_argnums=(0,) if donate else ())
+                           donate_argnums=(0,) if donate else (), sequential_runs=sequential_runs)
 
 
 def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, out_specs,
                     in_shardings=None, out_shardings=None, xla_options=(), check_vma: bool = True,
-                    donate_argnums: tuple = ()):
+                    donate_argnums: tuple = (), sequential_runs: bool = False):
     """`fn` (one run on this device's share) over every run, under shard_map on `mesh`, jitted and compiled
     for `args`. Returns (compiled program, seconds it took to compile).
 
@@ -90,7 +91,7 @@ def compile_per_run(fn, args: tuple, mesh, *, in_axes: tuple, in_specs: tuple, o
     """
     # Along a `model` axis XLA partitions the program from the arguments' shardings: shard_map leaves it alone.
     in_specs, out_specs = jax.tree.map(mesh_lib.manual_spec, (in_specs, out_specs), is_leaf=lambda x: isinstance(x, P))
-    sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes), mesh=mesh, in_specs=in_specs,
+    sharded = jax.shard_map(mesh_lib.over_local_runs(fn, in_axes, sequential_runs), mesh=mesh, in_specs=in_specs,
                             out_specs=out_specs, check_vma=check_vma, axis_names=mesh_lib.manual_axes(mesh))
     jit_kwargs = {"donate_argnums": donate_argnums}
     if in_shardings is not None:

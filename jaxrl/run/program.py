@@ -161,8 +161,8 @@ def start(plan: Plan, algo, mesh, start_state: Callable | None = None) -> Traini
         for setting in plan.settings:
             workdir_lib.prepare(setting.config, setting.workdir, mesh, plan.kind, t.update, plan.resuming)
             algo.write_files(setting.workdir)  # what else the run needs to be reloaded (e.g. a tokenizer)
-    if guard.replays_chunks and plan.num_updates - t.update > plan.chunk:
-        _predict_time(plan, t)
+    if guard.replays_chunks and plan.num_updates - t.update > plan.chunk and not algo.host_state:
+        _predict_time(plan, t)  # (envs on the host cannot take the timed update back)
     t.wall_offset, t.marked, t.chunk_index = _wall_offset(plan, t.update), plan.resuming, t.update // plan.chunk
     t.started = time.perf_counter()
     return t

@@ -1,0 +1,257 @@
+"""Environments that step on the host (gymnasium's, Atari's through ale-py) inside jaxrl's compiled programs.
+
+    env = envs.make("gymnasium", env_id="CartPole-v1")
+    env = envs.make("gymnasium", env_id="ALE/Breakout-v5", obs_type="ram")   # pip install ale-py
+
+jaxrl's learners roll out inside one compiled program. An environment written in Python or C++ joins it through
+a host callback (`jax.experimental.io_callback`): a batch of envs takes one callback per step, whatever vmaps
+batch it (envs, runs), and the program waits for it. Such a step costs real host CPU, which is what the
+actor/learner split (`mesh.split_actor`, `jaxrl.engine.staleness`) overlaps with learning on another device.
+
+The host keeps each env's instance under a *slot*: the key data of the key it was reset with (and a copy index
+when a vmap broadcasts one env to several runs: each copy starts from the reset's own state, deep-copied).
+The program's state holds the slot, the env's step count and the first observation of the episode the host
+started when the last one ended; so:
+
+- episodes restart on the host in the step that ends them (gymnasium's "same step" auto-reset): `step`
+  returns the ended episode's last observation and `restart` the new one's first (`envs.AutoReset` then keeps
+  it), so a time limit can be bootstrapped from the final observation;
+- a run is reproducible: each env is seeded from its slot, so the same seed gives the same episodes, on any
+  number of devices (slots come from each env's global key);
+- the host's state is not in the checkpoint: a resumed run, or a state stepped twice (an update timed and
+  thrown away), finds its envs where they are, not where the state says. The step count catches it: a step
+  from a count the host has left raises, naming the env; a resumed run (no instance yet) starts the env's
+  episodes again from its seed.
+
+Observations are flattened to float32 [obs_dim]; actions are `Discrete(n)` or a `Box` [d] as the env declares.
+`done` = terminated | truncated; `info["truncated"]` is the time limit where the episode did not terminate.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+from jax.experimental import io_callback
+
+from envs.core import Box, Discrete, Environment
+
+
+def _gymnasium():
+    try:
+        import gymnasium
+    except ImportError as e:
+        raise ImportError('host environments need gymnasium: pip install -e ".[gymnasium]" (Atari: ".[atari]")') from e
+    return gymnasium
+
+
+@struct.dataclass
+class HostEnvState:
+    slot: jax.Array  # uint32 [3]: the reset key's data, and the copy index (0 unless a vmap broadcast the env)
+    steps: jax.Array  # int32: steps this env has taken (the host checks it against its own)
+    reset_obs: jax.Array  # float32 [obs_dim]: the first observation of the episode the last step started
+
+
+class HostEnvs:
+    """The host side: gymnasium env instances by slot, reset and stepped in batches (thread-safe: several
+    devices call back at once). Instances no step has used for a while are closed, so that evaluations (which
+    reset fresh slots each time) do not pile them up."""
+
+    def __init__(self, make: Callable[[], Any], obs_dim: int, action_shape: tuple = (), keep: int = 4096):
+        self.make, self.obs_dim, self.action_shape, self.keep = make, obs_dim, action_shape, keep
+        self.envs: collections.OrderedDict = collections.OrderedDict()  # slot -> [env, steps, reset snapshot]
+        self.lock = threading.Lock()
+
+    def _obs(self, obs) -> np.ndarray:
+        return np.asarray(obs, np.float32).reshape(self.obs_dim)
+
+    @staticmethod
+    def _seed(slot: tuple) -> int:
+        return (slot[0] << 32 | slot[1]) % (2 ** 63)
+
+    def _fresh(self, slot: tuple):
+        """A new instance for `slot`, reset from its seed: (entry, first obs)."""
+        env = self.make()
+        obs, _ = env.reset(seed=self._seed(slot))
+        return [env, 0, None], self._obs(obs)
+
+    def _remember(self, slot: tuple, entry: list) -> None:
+        self.envs[slot] = entry
+        self.envs.move_to_end(slot)
+        while len(self.envs) > self.keep:
+            _, (env, *_) = self.envs.popitem(last=False)
+            env.close()
+
+    def reset(self, slots: np.ndarray) -> np.ndarray:
+        """slots uint32 [..., 3] -> first observations float32 [..., obs_dim]."""
+        flat = slots.reshape(-1, 3)
+        out = np.zeros((len(flat), self.obs_dim), np.float32)
+        with self.lock:
+            self.keep = max(self.keep, 4 * len(flat))
+            for i, slot in enumerate(map(tuple, flat.tolist())):
+                entry, out[i] = self._fresh(slot)
+                entry[2] = (copy.deepcopy(entry[0]), out[i].copy())  # (for copies a vmap broadcast makes)
+                self._remember(slot, entry)
+        return out.reshape(*slots.shape[:-1], self.obs_dim)
+
+    def _entry(self, slot: tuple, steps: int) -> list:
+        entry = self.envs.get(slot)
+        # a copy a vmap broadcast makes (first met, or met again at step 0: its base was reset again) starts as the
+        # base env was reset
+        if entry is not None and slot[2] and steps == 0 and entry[1] != 0:  # a copy of an env reset again
+            entry = None
+        if entry is None and slot[2] and self.envs.get((*slot[:2], 0), [None] * 3)[2] is not None:
+            base = self.envs[(*slot[:2], 0)][2]
+            entry = [copy.deepcopy(base[0]), 0, None]
+        if entry is None:  # a resumed run: this process never saw the env, which starts again from its seed
+            entry, _ = self._fresh(slot)
+            entry[1] = steps
+        if entry[1] != steps:
+            raise RuntimeError(f"host env {slot} is at step {entry[1]} but the program steps it from step {steps}: "
+                               "a state whose envs live on the host can be stepped once (not timed, forked or "
+                               "replayed)")
+        return entry
+
+    def step(self, slots: np.ndarray, steps: np.ndarray, actions: np.ndarray):
+        """slots [..., 3], steps [...], actions [..., *action_shape] -> (obs [..., obs_dim], reward [...],
+        terminated [...], truncated [...], reset_obs [..., obs_dim]); an env whose episode ended is reset at
+        once (reset_obs is then its first observation)."""
+        batch = slots.shape[:-1]
+        flat_slots, flat_steps = slots.reshape(-1, 3), steps.reshape(-1)
+        flat_actions = actions.reshape(len(flat_slots), *actions.shape[len(batch):])
+        n = len(flat_slots)
+        obs, reset_obs = np.zeros((n, self.obs_dim), np.float32), np.zeros((n, self.obs_dim), np.float32)
+        reward, terminated, truncated = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
+        with self.lock:
+            for i, slot in enumerate(map(tuple, flat_slots.tolist())):
+                entry = self._entry(slot, int(flat_steps[i]))
+                env = entry[0]
+                action = flat_actions[i].item() if flat_actions[i].ndim == 0 else flat_actions[i].reshape(self.action_shape)
+                o, r, term, trunc, _ = env.step(action)
+                obs[i], reward[i], terminated[i], truncated[i] = self._obs(o), r, term, trunc
+                if term or trunc:
+                    first, _ = env.reset()
+                    reset_obs[i] = self._obs(first)
+                entry[1] += 1
+                self._remember(slot, entry)
+        shape = lambda x: x.reshape(*batch, *x.shape[1:])  # noqa: E731
+        return tuple(map(shape, (obs, reward, terminated, truncated, reset_obs)))
+
+
+def _varying(x) -> frozenset:
+    """The mesh axes `x` varies over inside `shard_map` (none outside it)."""
+    mat = getattr(jax.typeof(x), "mat", None)
+    return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def _typed_as_inputs(outputs, *inputs):
+    """A host callback's outputs typed as varying over the mesh axes its inputs vary over (inside `shard_map` a
+    callback's results are typed as the same on every device, which per-device envs' are not)."""
+    axes = frozenset().union(*map(_varying, inputs))
+
+    def cast(y):
+        missing = tuple(sorted(axes - _varying(y)))
+        return jax.lax.pcast(y, missing, to="varying") if missing else y
+
+    return jax.tree.map(cast, outputs)
+
+
+def _broadcast_call(fn: Callable, num_slot_args: int = 1) -> Callable:
+    """`fn(slot, *args)` (one host callback) that stays one callback under vmap: a batched call passes the whole
+    batch. A slot that the vmap does not batch while other arguments are batched (one env broadcast to several
+    runs) becomes one copy per index: its copy index is `index + 1 + axis_size * previous copy index`."""
+    @jax.custom_batching.custom_vmap
+    def call(slot, *args):
+        return fn(slot, *args)
+
+    @call.def_vmap
+    def rule(axis_size, in_batched, slot, *args):
+        if not in_batched[0]:
+            index = jnp.arange(axis_size, dtype=jnp.uint32)
+            slot = jnp.broadcast_to(slot, (axis_size, *slot.shape))
+            copies = index.reshape(-1, *([1] * (slot.ndim - 2))) + 1 + jnp.uint32(axis_size) * slot[..., 2]
+            slot = slot.at[..., 2].set(copies)
+        args = [a if batched else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, batched in zip(args, in_batched[1:])]
+        out = call(slot, *args)
+        return out, jax.tree.map(lambda _: True, out)
+
+    return call
+
+
+class FromGymnasium(Environment):
+    """A gymnasium environment (`gymnasium.make(env_id, **kwargs)`) stepped on the host. Single-agent."""
+
+    host_state = True
+
+    def __init__(self, env_id: str, **kwargs):
+        gymnasium = _gymnasium()
+        if env_id.startswith("ALE/"):
+            try:
+                import ale_py
+            except ImportError as e:
+                raise ImportError(f"{env_id} needs ale-py: pip install -e \".[atari]\"") from e
+            gymnasium.register_envs(ale_py)
+        try:
+            probe = gymnasium.make(env_id, **kwargs)
+        except gymnasium.error.Error as e:
+            raise ValueError(f"gymnasium cannot make {env_id!r}: {e}") from e
+        self.name, self.env_id, self.kwargs = env_id, env_id, kwargs
+        space = probe.observation_space
+        self.obs_shape = (int(np.prod(space.shape)),)
+        action_space = probe.action_space
+        if isinstance(action_space, gymnasium.spaces.Discrete):
+            self._action_space = Discrete(int(action_space.n))
+        elif isinstance(action_space, gymnasium.spaces.Box):
+            self._action_space = Box(np.asarray(action_space.low, np.float32).reshape(-1),
+                                     np.asarray(action_space.high, np.float32).reshape(-1),
+                                     (int(np.prod(action_space.shape)),))
+        else:
+            raise ValueError(f"{env_id}: only Discrete and Box action spaces are supported, not {action_space}")
+        low = np.asarray(np.broadcast_to(space.low, space.shape), np.float32).reshape(-1)
+        high = np.asarray(np.broadcast_to(space.high, space.shape), np.float32).reshape(-1)
+        self._observation_space = Box(low, high, self.obs_shape)
+        self.max_episode_steps = probe.spec.max_episode_steps if probe.spec is not None else None
+        probe.close()
+        self.host = HostEnvs(lambda: gymnasium.make(env_id, **kwargs), self.obs_shape[0], action_space.shape)
+        self._reset = _broadcast_call(self._reset_callback)
+        self._step = _broadcast_call(self._step_callback)
+
+    def _reset_callback(self, slot):
+        shape = jax.ShapeDtypeStruct((*slot.shape[:-1], *self.obs_shape), jnp.float32)
+        obs = io_callback(lambda s: self.host.reset(np.asarray(s)), shape, slot, ordered=False)
+        return _typed_as_inputs(obs, slot)
+
+    def _step_callback(self, slot, steps, action):
+        batch = slot.shape[:-1]
+        obs = jax.ShapeDtypeStruct((*batch, *self.obs_shape), jnp.float32)
+        flag = jax.ShapeDtypeStruct(batch, jnp.bool_)
+        shapes = (obs, jax.ShapeDtypeStruct(batch, jnp.float32), flag, flag, obs)
+        out = io_callback(lambda *a: self.host.step(*map(np.asarray, a)), shapes, slot, steps, action, ordered=False)
+        return _typed_as_inputs(out, slot, steps, action)
+
+    def reset(self, key: jax.Array, params=None):
+        data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+        slot = jnp.concatenate([data.astype(jnp.uint32), jnp.zeros((1,), jnp.uint32)])
+        obs = self._reset(slot)
+        return obs, HostEnvState(slot, jnp.int32(0), obs)
+
+    def step(self, key: jax.Array, state: HostEnvState, action: jax.Array, params=None):
+        obs, reward, terminated, truncated, reset_obs = self._step(state.slot, state.steps, action)
+        info = {"terminated": terminated, "truncated": truncated & ~terminated}
+        return obs, HostEnvState(state.slot, state.steps + 1, reset_obs), reward, terminated | truncated, info
+
+    def restart(self, key: jax.Array, state: HostEnvState, params=None):
+        """The episode the host started in the step that ended the last one (no host call)."""
+        return state.reset_obs, state
+
+    def observation_space(self, params=None) -> Box:
+        return self._observation_space
+
+    def action_space(self, params=None):
+        return self._action_space

@@ -1,0 +1,90 @@
+"""Environments stepped on the host (gymnasium) inside the compiled programs: exactly gymnasium's own episodes,
+one callback per batch, a state stepped once, and PPO learning on them, with and without a lag of one update."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import envs
+from envs.adapters.gymnasium import HostEnvs
+
+import gymnasium  # (the dev extra installs it: a missing gymnasium is a failure, not a skip)
+
+
+def _reference_run(seeds: list[int], actions: np.ndarray, **kwargs) -> dict:
+    """gymnasium's own CartPole from the same seeds and actions [T, n], reset in the step that ends an episode."""
+    refs = [gymnasium.make("CartPole-v1", **kwargs) for _ in seeds]
+    first = np.stack([ref.reset(seed=seed)[0] for ref, seed in zip(refs, seeds)])
+    out = {k: [] for k in ("obs", "reward", "done", "truncated", "final_obs")}
+    for step_actions in actions:
+        row = {k: [] for k in out}
+        for ref, action in zip(refs, step_actions):
+            obs, reward, terminated, truncated, _ = ref.step(int(action))
+            row["final_obs"].append(obs)
+            if terminated or truncated:
+                obs, _ = ref.reset()
+            row["obs"].append(obs)
+            row["reward"].append(reward)
+            row["done"].append(terminated or truncated)
+            row["truncated"].append(truncated and not terminated)
+        for k in out:
+            out[k].append(np.stack(row[k]))
+    return first, {k: np.stack(v) for k, v in out.items()}
+
+
+def test_host_cartpole_gives_gymnasiums_own_episodes_through_auto_reset():
+    """The same seeds and actions give gymnasium's observations, rewards, flags and final observations, step for
+    step over many episodes (a 30-step time limit truncates some), with one host callback per batched step."""
+    num_envs, num_steps = 4, 200
+    base = envs.make("gymnasium", env_id="CartPole-v1", max_episode_steps=30)
+    env = envs.AutoReset(base)
+    keys = jax.random.split(jax.random.PRNGKey(0), num_envs)
+    actions = np.random.default_rng(0).integers(0, 2, (num_steps, num_envs))
+    obs, state = jax.jit(jax.vmap(env.reset))(keys)
+    seeds = [HostEnvs._seed(tuple(slot)) for slot in np.asarray(state.slot).tolist()]
+    calls = []
+    step = base.host.step
+    base.host.step = lambda *a: (calls.append(a[0].shape), step(*a))[1]
+
+    def body(state, action):
+        obs, state, reward, done, info = jax.vmap(env.step)(jax.random.split(jax.random.PRNGKey(1), num_envs), state,
+                                                            action)
+        return state, {"obs": obs, "reward": reward, "done": done, "truncated": info["truncated"],
+                       "final_obs": info["final_obs"]}
+
+    _, ours = jax.device_get(jax.jit(lambda s, a: jax.lax.scan(body, s, a))(state, jnp.asarray(actions)))
+    first, theirs = _reference_run(seeds, actions, max_episode_steps=30)
+    np.testing.assert_allclose(obs, first, rtol=1e-6)
+    for key in theirs:
+        np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, atol=1e-7, err_msg=key)
+    assert theirs["truncated"].sum() > 0 and (theirs["done"] & ~theirs["truncated"]).sum() > 0
+    assert calls == [(num_envs, 3)] * num_steps  # one callback per step of the whole batch
+
+
+def test_a_state_whose_envs_live_on_the_host_is_stepped_once():
+    env = envs.make("gymnasium", env_id="CartPole-v1")
+    step = jax.jit(jax.vmap(env.step))
+    keys = jax.random.split(jax.random.PRNGKey(0), 2)
+    _, state = jax.jit(jax.vmap(env.reset))(keys)
+    actions = jnp.zeros(2, jnp.int32)
+    jax.block_until_ready(step(keys, state, actions))
+    with pytest.raises(Exception, match="a state whose envs live on the host can be stepped once"):
+        jax.block_until_ready(step(keys, state, actions))
+
+
+def test_ppo_learns_host_cartpole_with_a_lag_of_one_update(tmp_path):
+    """PPO on gymnasium's CartPole stepped on the host, each update learning from the rollout of the update before
+    (Cleanba's lag-one; on one device here, the same numbers as an actor and a learner device): two seeds in one
+    program (one after another on the device) learn, run to run the same, and each update's staleness is 1."""
+    from helpers import load_experiment, set_keys
+    from jaxrl import train
+
+    config = set_keys(load_experiment("gymnasium_ppo", "CartPole-v1"), {
+        "actor.max_staleness": 1, "total_steps": 40_960, "num_seeds": 2, "log.every_steps": 8_192,
+        "eval.every_steps": 40_960, "log.progress_bar": False})
+    first = train.run(config, str(tmp_path / "first")).metrics
+    again = train.run(config, str(tmp_path / "again")).metrics
+    assert [r["episode_return"] for r in first] == [r["episode_return"] for r in again]
+    assert first[0]["episode_return"] < 40 and first[-1]["eval_return"] > 150, first
+    assert first[-1]["staleness"] == 1.0
