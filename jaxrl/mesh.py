@@ -18,6 +18,7 @@ numbers on 1 device or on 8, whichever way they are split (up to float summation
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -283,21 +284,36 @@ def _summable(x: jax.Array) -> tuple[jax.Array, Callable]:
     return x, lambda y: y
 
 
-def on_role(role: int, fn: Callable, *args):
-    """`fn(*args)` computed on the devices of `role` only and handed to every device of the `role` axis (inside
-    `shard_map` on a mesh with one). The other role's devices skip it (a `lax.cond` whose predicate is the same
-    for every run on a device, so it stays a branch under vmap) and contribute zeros to a sum over `role`:
-    adding zeros is exact, and the sum is typed as the same on every device, as replicated state must be."""
+def by_role(fns: tuple[Callable, ...], *args) -> tuple:
+    """(fns[0](*args), fns[1](*args), ...), each computed on the devices of its role only and handed to every device
+    of the `role` axis (inside `shard_map` on a mesh with one). One branch (`lax.switch` on the role, the same for
+    every run on a device, so it stays a branch under vmap) computes a device's own role's function and zeros for
+    the others; one sum over `role` then gives every device every result (adding zeros is exact, and the sum is
+    typed as the same on every device, as replicated state must be). One branch and one sum, so that no device
+    waits for another's result before doing its own work: the roles' work overlaps."""
     way_back = {}
 
-    def summable(*args):
-        leaves, way_back["tree"] = jax.tree.flatten(fn(*args))
+    def summable(fn, *args):
+        leaves, tree = jax.tree.flatten(fn(*args))
         pairs = [_summable(x) for x in leaves]
-        way_back["leaves"] = [back for _, back in pairs]
+        way_back[fn] = tree, [back for _, back in pairs]
         return [x for x, _ in pairs]
 
-    shapes = jax.eval_shape(summable, *args)
-    mine = jax.lax.axis_index(ROLE_AXIS) == role
-    out = jax.lax.cond(mine, summable, lambda *_: [zeros_like_abstract(s) for s in shapes], *args)
-    summed = [jax.lax.psum(jnp.where(mine, x, jnp.zeros_like(x)), ROLE_AXIS) for x in out]
-    return jax.tree.unflatten(way_back["tree"], [back(x) for back, x in zip(way_back["leaves"], summed)])
+    shapes = [jax.eval_shape(functools.partial(summable, fn), *args) for fn in fns]
+
+    def branch(role):
+        def run(*args):
+            return [summable(fn, *args) if r == role else [zeros_like_abstract(s) for s in shapes[r]]
+                    for r, fn in enumerate(fns)]
+        return run
+
+    role = jax.lax.axis_index(ROLE_AXIS)
+    out = jax.lax.switch(role, [branch(r) for r in range(len(fns))], *args)
+    mine = [role == r for r in range(len(fns))]
+    summed = jax.lax.psum([[jnp.where(mine[r], x, jnp.zeros_like(x)) for x in part] for r, part in enumerate(out)],
+                          ROLE_AXIS)
+    results = []
+    for fn, part in zip(fns, summed):
+        tree, backs = way_back[fn]
+        results.append(jax.tree.unflatten(tree, [back(x) for back, x in zip(backs, part)]))
+    return tuple(results)

@@ -59,7 +59,7 @@ def test_host_cartpole_gives_gymnasiums_own_episodes_through_auto_reset():
     for key in theirs:
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, atol=1e-7, err_msg=key)
     assert theirs["truncated"].sum() > 0 and (theirs["done"] & ~theirs["truncated"]).sum() > 0
-    assert calls == [(num_envs, 3)] * num_steps  # one callback per step of the whole batch
+    assert calls == [(num_envs, 4)] * num_steps  # one callback per step of the whole batch
 
 
 def test_a_state_whose_envs_live_on_the_host_is_stepped_once():

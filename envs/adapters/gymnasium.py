@@ -66,6 +66,7 @@ class HostEnvs:
     def __init__(self, make: Callable[[], Any], obs_dim: int, action_shape: tuple = (), keep: int = 4096):
         self.make, self.obs_dim, self.action_shape, self.keep = make, obs_dim, action_shape, keep
         self.envs: collections.OrderedDict = collections.OrderedDict()  # slot -> [env, steps, reset snapshot]
+        self.batches: dict[bytes, list] = {}  # the slots of a batch stepped before -> its entries
         self.lock = threading.Lock()
 
     def _obs(self, obs) -> np.ndarray:
@@ -87,6 +88,7 @@ class HostEnvs:
         while len(self.envs) > self.keep:
             _, (env, *_) = self.envs.popitem(last=False)
             env.close()
+            self.batches.clear()  # (they may hold the closed instance)
 
     def reset(self, slots: np.ndarray) -> np.ndarray:
         """slots uint32 [..., 3] -> first observations float32 [..., obs_dim]."""
@@ -94,6 +96,7 @@ class HostEnvs:
         out = np.zeros((len(flat), self.obs_dim), np.float32)
         with self.lock:
             self.keep = max(self.keep, 4 * len(flat))
+            self.batches.clear()  # (a batch may hold an instance replaced here)
             for i, slot in enumerate(map(tuple, flat.tolist())):
                 entry, out[i] = self._fresh(slot)
                 entry[2] = (copy.deepcopy(entry[0]), out[i].copy())  # (for copies a vmap broadcast makes)
@@ -112,36 +115,40 @@ class HostEnvs:
         if entry is None:  # a resumed run: this process never saw the env, which starts again from its seed
             entry, _ = self._fresh(slot)
             entry[1] = steps
+        if slot not in self.envs:
+            self._remember(slot, entry)
         if entry[1] != steps:
             raise RuntimeError(f"host env {slot} is at step {entry[1]} but the program steps it from step {steps}: "
                                "a state whose envs live on the host can be stepped once (not timed, forked or "
                                "replayed)")
         return entry
 
-    def step(self, slots: np.ndarray, steps: np.ndarray, actions: np.ndarray):
-        """slots [..., 3], steps [...], actions [..., *action_shape] -> (obs [..., obs_dim], reward [...],
-        terminated [...], truncated [...], reset_obs [..., obs_dim]); an env whose episode ended is reset at
-        once (reset_obs is then its first observation)."""
-        batch = slots.shape[:-1]
-        flat_slots, flat_steps = slots.reshape(-1, 3), steps.reshape(-1)
-        flat_actions = actions.reshape(len(flat_slots), *actions.shape[len(batch):])
-        n = len(flat_slots)
-        obs, reset_obs = np.zeros((n, self.obs_dim), np.float32), np.zeros((n, self.obs_dim), np.float32)
-        reward, terminated, truncated = np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool)
+    def step(self, ids: np.ndarray, actions: np.ndarray) -> np.ndarray:
+        """ids uint32 [..., 4] (slot, steps taken), actions [..., *action_shape] -> float32 [..., 2 * obs_dim + 3]:
+        the observation, reward, terminated, truncated and the first observation of the episode the host started
+        where one ended (each env whose episode ends is reset at once). A batch stepped before finds its
+        instances in one lookup; each env's step count is still checked."""
+        batch, flat = ids.shape[:-1], ids.reshape(-1, 4)
+        steps = flat[:, 3].astype(np.int64)
+        flat_actions = actions.reshape(len(flat), *actions.shape[len(batch):])
+        chosen = flat_actions.tolist() if not self.action_shape else [a.reshape(self.action_shape) for a in flat_actions]
+        d = self.obs_dim
+        out = np.zeros((len(flat), 2 * d + 3), np.float32)
+        key = flat[:, :3].tobytes()
         with self.lock:
-            for i, slot in enumerate(map(tuple, flat_slots.tolist())):
-                entry = self._entry(slot, int(flat_steps[i]))
-                env = entry[0]
-                action = flat_actions[i].item() if flat_actions[i].ndim == 0 else flat_actions[i].reshape(self.action_shape)
-                o, r, term, trunc, _ = env.step(action)
-                obs[i], reward[i], terminated[i], truncated[i] = self._obs(o), r, term, trunc
-                if term or trunc:
-                    first, _ = env.reset()
-                    reset_obs[i] = self._obs(first)
+            entries = self.batches.get(key)
+            if entries is None:
+                entries = self.batches[key] = [self._entry(tuple(slot), step) for slot, step in
+                                               zip(flat[:, :3].tolist(), steps.tolist())]
+            for i, (entry, action) in enumerate(zip(entries, chosen)):
+                if entry[1] != steps[i]:
+                    entry = entries[i] = self._entry(tuple(flat[i, :3].tolist()), int(steps[i]))
+                obs, reward, terminated, truncated, _ = entry[0].step(action)
+                out[i, :d], out[i, d:d + 3] = self._obs(obs), (reward, terminated, truncated)
+                if terminated or truncated:
+                    out[i, d + 3:] = self._obs(entry[0].reset()[0])
                 entry[1] += 1
-                self._remember(slot, entry)
-        shape = lambda x: x.reshape(*batch, *x.shape[1:])  # noqa: E731
-        return tuple(map(shape, (obs, reward, terminated, truncated, reset_obs)))
+        return out.reshape(*batch, 2 * d + 3)
 
 
 def _varying(x) -> frozenset:
@@ -162,10 +169,11 @@ def _typed_as_inputs(outputs, *inputs):
     return jax.tree.map(cast, outputs)
 
 
-def _broadcast_call(fn: Callable, num_slot_args: int = 1) -> Callable:
+def _broadcast_call(fn: Callable) -> Callable:
     """`fn(slot, *args)` (one host callback) that stays one callback under vmap: a batched call passes the whole
-    batch. A slot that the vmap does not batch while other arguments are batched (one env broadcast to several
-    runs) becomes one copy per index: its copy index is `index + 1 + axis_size * previous copy index`."""
+    batch. A slot (uint32 [..., >= 3], the copy index third) that the vmap does not batch while other arguments
+    are batched (one env broadcast to several runs) becomes one copy per index: its copy index is
+    `index + 1 + axis_size * previous copy index`."""
     @jax.custom_batching.custom_vmap
     def call(slot, *args):
         return fn(slot, *args)
@@ -227,13 +235,10 @@ class FromGymnasium(Environment):
         obs = io_callback(lambda s: self.host.reset(np.asarray(s)), shape, slot, ordered=False)
         return _typed_as_inputs(obs, slot)
 
-    def _step_callback(self, slot, steps, action):
-        batch = slot.shape[:-1]
-        obs = jax.ShapeDtypeStruct((*batch, *self.obs_shape), jnp.float32)
-        flag = jax.ShapeDtypeStruct(batch, jnp.bool_)
-        shapes = (obs, jax.ShapeDtypeStruct(batch, jnp.float32), flag, flag, obs)
-        out = io_callback(lambda *a: self.host.step(*map(np.asarray, a)), shapes, slot, steps, action, ordered=False)
-        return _typed_as_inputs(out, slot, steps, action)
+    def _step_callback(self, ids, action):
+        shape = jax.ShapeDtypeStruct((*ids.shape[:-1], 2 * self.obs_shape[0] + 3), jnp.float32)
+        out = io_callback(lambda i, a: self.host.step(np.asarray(i), np.asarray(a)), shape, ids, action, ordered=False)
+        return _typed_as_inputs(out, ids, action)
 
     def reset(self, key: jax.Array, params=None):
         data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
@@ -242,7 +247,11 @@ class FromGymnasium(Environment):
         return obs, HostEnvState(slot, jnp.int32(0), obs)
 
     def step(self, key: jax.Array, state: HostEnvState, action: jax.Array, params=None):
-        obs, reward, terminated, truncated, reset_obs = self._step(state.slot, state.steps, action)
+        ids = jnp.concatenate([state.slot, state.steps.astype(jnp.uint32)[None]])
+        out = self._step(ids, action)  # (one array: each output of a host callback costs a conversion)
+        d = self.obs_shape[0]
+        obs, reward, reset_obs = out[:d], out[d], out[d + 3:]
+        terminated, truncated = out[d + 1] > 0, out[d + 2] > 0
         info = {"terminated": terminated, "truncated": truncated & ~terminated}
         return obs, HostEnvState(state.slot, state.steps + 1, reset_obs), reward, terminated | truncated, info
 

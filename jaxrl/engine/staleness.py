@@ -9,7 +9,7 @@ depend on nothing of each other, which is what lets them run at once:
   but the numbers, and stands in for the split's on a machine with one device);
 - with `mesh.split_actor`, on the devices of the mesh's `role` axis: the actors (role 0) sample while the
   learners (role 1) learn, each skipping the other's work, and each hands its result to the other
-  (`mesh.on_role`) once per update. The same numbers as the shared layout on the actors' devices alone.
+  (`mesh.by_role`) once per update. The same numbers as the shared layout on the actors' devices alone.
 
 The queue lives in the state (`pending`: {"batches": leaves [eta, ...], "filled": how many hold a sampled batch}),
 so a checkpoint holds every batch in flight: a resumed run loses none and learns none twice.
@@ -103,8 +103,7 @@ def update(sample: Callable, learn: Callable, roles: Roles, state, hp, eta: int,
             learned, metrics = learn_when(ready, learn, state, oldest, hp)
             return {f: getattr(learned, f) for f in roles.learner}, metrics
 
-        sampled, batch, sample_metrics = mesh_lib.on_role(0, actor, state)
-        learned, learn_metrics = mesh_lib.on_role(1, learner, state)
+        (sampled, batch, sample_metrics), (learned, learn_metrics) = mesh_lib.by_role((actor, learner), state)
         state = state.replace(**sampled, **learned)
     else:
         state, batch, sample_metrics = sample(state, hp)
