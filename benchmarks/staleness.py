@@ -17,9 +17,8 @@ sampling and AReaL's decoupled objective; and how much faster sampling and learn
    eta = 1 on one device, and of eta = 1 with one device sampling while the other learns, all in this process
    on 2 (fake, on a CPU) devices, each timed over N updates after its compiling one (median of 3 chunks).
 
-On a CPU the script gives the process 2 host devices (XLA_FLAGS, before jax starts): the synchronous rows
-use both (data parallel), the stale rows one actor and one learner, so wall seconds compare the layouts each
-eta allows.
+On a CPU the script gives the process 2 host devices (XLA_FLAGS, before jax starts) for the timing; the
+learning rows run on one device (a split run gives the same numbers).
 """
 
 from __future__ import annotations
@@ -54,19 +53,16 @@ def row_name(eta: int, correction: str) -> str:
     return "sync" if eta == 0 else f"eta={eta} {correction}"
 
 
-def row_config(args, sft_dir: str, eta: int, correction: str, split: bool | None = None):
-    """experiments/text_grpo.py:countdown as plain GRPO (one candidate per slot) at staleness `eta`; `split`
-    (default: whenever eta > 0 and two devices are there) puts the actors and the learners on devices of
-    their own."""
-    import jax
-
+def row_config(args, sft_dir: str, eta: int, correction: str, split: bool = False, devices: int = 1):
+    """experiments/text_grpo.py:countdown as plain GRPO (one candidate per slot) at staleness `eta` on `devices`;
+    `split` puts the actors and the learners on devices of their own (the same numbers as one device: the
+    learning rows run on one)."""
     from jaxrl import config as config_lib
 
     config = rl_config(args, sft_dir, "grpo", args.samples, evals=args.evals)
-    split = eta > 0 and jax.device_count() >= 2 if split is None else split
     return config_lib.set_values(config, {
         "group.oversample": 1, "actor.max_staleness": eta, "loss.correction": correction if eta else "none",
-        "mesh.split_actor": split, "mesh.num_devices": 2 if jax.device_count() >= 2 else 1,
+        "mesh.split_actor": split, "mesh.num_devices": devices,
         "log.every_steps": config.num_prompts * config.group.size,  # every update: exact token counts
         "checkpoint.every_steps": config.eval.every_steps})
 
@@ -130,7 +126,7 @@ def speed(args, sft_dir: str, updates: int) -> str:
     one update compiles (untimed), then `updates` updates are timed as one chunk; the median of 3 chunks."""
     import jax
 
-    from jaxrl import algos, config as config_lib, mesh as mesh_lib
+    from jaxrl import algos, mesh as mesh_lib
     from jaxrl.run.saved import start_params
 
     if jax.device_count() < 2:
@@ -138,7 +134,7 @@ def speed(args, sft_dir: str, updates: int) -> str:
     header = ["layout", "s per update", "completions/s", "against sync on the same 2 devices"]
     table, rates = [], {}
     for name, (eta, split, devices) in SPEED_ROWS.items():
-        config = config_lib.set_values(row_config(args, sft_dir, eta, "decoupled", split), {"mesh.num_devices": devices})
+        config = row_config(args, sft_dir, eta, "decoupled", split, devices)
         algos.validate(config)
         algo, hp = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, config.num_seeds))
         state = algo.init_seeds(config.seed, config.num_seeds, start_params=start_params(algo.starts_from))
