@@ -28,7 +28,7 @@ EXTRAS = {
             # the docs site (mkdocs.yml), built with --strict by tests/test_docs_site.py
             "mkdocs>=1.6.1", "mkdocs-material>=9.8.2", "mkdocstrings[python]>=1.0.8",
             "gguf>=0.10",  # the pretrained model the language-model tests load (the models extra)
-            "gymnasium>=1.0"],  # host environments (the gymnasium extra)
+            "gymnasium>=1.0", "ale-py>=0.9"],  # host environments (the gymnasium and atari extras)
     # Pretrained language models from GGUF files (jaxrl.models; Hugging Face directories need nothing more).
     "models": ["gguf>=0.10"],
     # Environment libraries, each reached through envs.make (envs/adapters).

@@ -67,7 +67,7 @@ def mesh_for_runs(options, num_runs: int) -> Mesh:
     communication)."""
     num_devices = options.num_devices or jax.device_count()
     model_devices = options.get("model_devices", 1)  # (a run saved before the key existed has none)
-    split_actor = options.get("split_actor", False)  # (text GRPO's key only)
+    split_actor = options.get("split_actor", False)  # (only the algorithms that can split have the key)
     run_devices = options.run_devices or auto_run_devices(num_devices // model_devices // (1 + split_actor), num_runs)
     mesh = make_mesh(options.num_devices, run_devices, model_devices, split_actor)
     check_runs(num_runs, mesh)
@@ -290,7 +290,7 @@ def by_role(fns: tuple[Callable, ...], *args) -> tuple:
     every run on a device, so it stays a branch under vmap) computes a device's own role's function and zeros for
     the others; one sum over `role` then gives every device every result (adding zeros is exact, and the sum is
     typed as the same on every device, as replicated state must be). One branch and one sum, so that no device
-    waits for another's result before doing its own work: the roles' work overlaps."""
+    waits for another's result before doing its own work."""
     way_back = {}
 
     def summable(fn, *args):

@@ -12,19 +12,19 @@ from envs.adapters.gymnasium import HostEnvs
 import gymnasium  # (the dev extra installs it: a missing gymnasium is a failure, not a skip)
 
 
-def _reference_run(seeds: list[int], actions: np.ndarray, **kwargs) -> dict:
-    """gymnasium's own CartPole from the same seeds and actions [T, n], reset in the step that ends an episode."""
-    refs = [gymnasium.make("CartPole-v1", **kwargs) for _ in seeds]
-    first = np.stack([ref.reset(seed=seed)[0] for ref, seed in zip(refs, seeds)])
+def _reference_run(env_id: str, seeds: list[int], actions: np.ndarray, **kwargs) -> dict:
+    """gymnasium's own env from the same seeds and actions [T, n], reset in the step that ends an episode."""
+    refs = [gymnasium.make(env_id, **kwargs) for _ in seeds]
+    first = np.stack([np.ravel(ref.reset(seed=seed)[0]) for ref, seed in zip(refs, seeds)])
     out = {k: [] for k in ("obs", "reward", "done", "truncated", "final_obs")}
     for step_actions in actions:
         row = {k: [] for k in out}
         for ref, action in zip(refs, step_actions):
             obs, reward, terminated, truncated, _ = ref.step(int(action))
-            row["final_obs"].append(obs)
+            row["final_obs"].append(np.ravel(obs))
             if terminated or truncated:
                 obs, _ = ref.reset()
-            row["obs"].append(obs)
+            row["obs"].append(np.ravel(obs))
             row["reward"].append(reward)
             row["done"].append(terminated or truncated)
             row["truncated"].append(truncated and not terminated)
@@ -33,14 +33,12 @@ def _reference_run(seeds: list[int], actions: np.ndarray, **kwargs) -> dict:
     return first, {k: np.stack(v) for k, v in out.items()}
 
 
-def test_host_cartpole_gives_gymnasiums_own_episodes_through_auto_reset():
-    """The same seeds and actions give gymnasium's observations, rewards, flags and final observations, step for
-    step over many episodes (a 30-step time limit truncates some), with one host callback per batched step."""
-    num_envs, num_steps = 4, 200
-    base = envs.make("gymnasium", env_id="CartPole-v1", max_episode_steps=30)
+def _ours(env_id: str, num_envs: int, actions: np.ndarray, **kwargs):
+    """The adapter's auto-resetting envs from keys 0.., stepped with `actions` [T, n] in one compiled scan: (first
+    observations, per-step outputs, the seeds gymnasium's envs get, the batch shapes the host was called with)."""
+    base = envs.make("gymnasium", env_id=env_id, **kwargs)
     env = envs.AutoReset(base)
     keys = jax.random.split(jax.random.PRNGKey(0), num_envs)
-    actions = np.random.default_rng(0).integers(0, 2, (num_steps, num_envs))
     obs, state = jax.jit(jax.vmap(env.reset))(keys)
     seeds = [HostEnvs._seed(tuple(slot)) for slot in np.asarray(state.slot).tolist()]
     calls = []
@@ -53,13 +51,35 @@ def test_host_cartpole_gives_gymnasiums_own_episodes_through_auto_reset():
         return state, {"obs": obs, "reward": reward, "done": done, "truncated": info["truncated"],
                        "final_obs": info["final_obs"]}
 
-    _, ours = jax.device_get(jax.jit(lambda s, a: jax.lax.scan(body, s, a))(state, jnp.asarray(actions)))
-    first, theirs = _reference_run(seeds, actions, max_episode_steps=30)
+    _, out = jax.device_get(jax.jit(lambda s, a: jax.lax.scan(body, s, a))(state, jnp.asarray(actions)))
+    return obs, out, seeds, calls
+
+
+def test_host_cartpole_gives_gymnasiums_own_episodes_through_auto_reset():
+    """The same seeds and actions give gymnasium's observations, rewards, flags and final observations, step for
+    step over many episodes (a 30-step time limit truncates some), with one host callback per batched step."""
+    num_envs, num_steps = 4, 200
+    actions = np.random.default_rng(0).integers(0, 2, (num_steps, num_envs))
+    obs, ours, seeds, calls = _ours("CartPole-v1", num_envs, actions, max_episode_steps=30)
+    first, theirs = _reference_run("CartPole-v1", seeds, actions, max_episode_steps=30)
     np.testing.assert_allclose(obs, first, rtol=1e-6)
     for key in theirs:
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, atol=1e-7, err_msg=key)
     assert theirs["truncated"].sum() > 0 and (theirs["done"] & ~theirs["truncated"]).sum() > 0
     assert calls == [(num_envs, 4)] * num_steps  # one callback per step of the whole batch
+
+
+def test_atari_through_ale_py_gives_ales_own_frames():
+    """Breakout's RAM observations, rewards and ends, as ale-py's gymnasium env gives them for the same seeds and
+    actions (sticky actions included: they draw from the env's own seeded generator); a 60-step limit truncates."""
+    num_envs, num_steps = 2, 150
+    actions = np.random.default_rng(1).integers(0, 4, (num_steps, num_envs))
+    obs, ours, seeds, _ = _ours("ALE/Breakout-v5", num_envs, actions, obs_type="ram", max_episode_steps=60)
+    first, theirs = _reference_run("ALE/Breakout-v5", seeds, actions, obs_type="ram", max_episode_steps=60)
+    np.testing.assert_array_equal(obs, first)
+    for key in theirs:
+        np.testing.assert_array_equal(ours[key], np.asarray(theirs[key], ours[key].dtype), err_msg=key)
+    assert theirs["truncated"].sum() >= num_envs and theirs["reward"].sum() >= 0
 
 
 def test_a_state_whose_envs_live_on_the_host_is_stepped_once():
