@@ -46,6 +46,7 @@ from rollout_strategies import curves, start_point  # noqa: E402
 from text_rl import add_task_arguments, rl_config, sft_run  # noqa: E402
 
 MARKERS = ("<!-- staleness:start -->", "<!-- staleness:end -->")
+SPEED_MARKERS = ("<!-- staleness:speed:start -->", "<!-- staleness:speed:end -->")  # (the same page)
 CORRECTIONS = ("none", "tis_token", "decoupled")
 
 
@@ -122,8 +123,10 @@ SPEED_ROWS = {  # name -> (eta, split, devices)
 
 
 def speed(args, sft_dir: str, updates: int) -> str:
-    """Seconds per update and completions per second of SPEED_ROWS, all in this process, from the warm start:
-    one update compiles (untimed), then `updates` updates are timed as one chunk; the median of 3 chunks."""
+    """Seconds per update, completions per second and CPU seconds per update (every thread of the process) of
+    SPEED_ROWS, all in this process, from the warm start, no correction (the same work in every row): one update
+    compiles (untimed), then `updates` updates are timed as one chunk; the median of 3 chunks. The least CPU
+    work per update over the cores is what no layout of this machine can beat."""
     import jax
 
     from jaxrl import algos, mesh as mesh_lib
@@ -131,27 +134,36 @@ def speed(args, sft_dir: str, updates: int) -> str:
 
     if jax.device_count() < 2:
         raise SystemExit("--speed compares layouts of 2 devices: this process has 1")
-    header = ["layout", "s per update", "completions/s", "against sync on the same 2 devices"]
-    table, rates = [], {}
+    header = ["layout", "s per update", "completions/s", "CPU s per update", "against sync on the same 2 devices"]
+    table, rates, cpu, per_update = [], {}, {}, {}
     for name, (eta, split, devices) in SPEED_ROWS.items():
-        config = row_config(args, sft_dir, eta, "decoupled", split, devices)
+        config = row_config(args, sft_dir, eta, "none", split, devices)
         algos.validate(config)
         algo, hp = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, config.num_seeds))
         state = algo.init_seeds(config.seed, config.num_seeds, start_params=start_params(algo.starts_from))
         state, _ = jax.block_until_ready(algo.run_chunk(state, hp, 1 + eta))  # (compiles; fills the queue)
-        times = []
+        times, cpu_times = [], []
         for _ in range(3):
-            tick = time.perf_counter()
+            tick, cpu_tick = time.perf_counter(), time.process_time()
             state, _ = jax.block_until_ready(algo.run_chunk(state, hp, updates))
             times.append((time.perf_counter() - tick) / updates)
-        seconds = statistics.median(times)
+            cpu_times.append((time.process_time() - cpu_tick) / updates)
+        seconds, cpu[name] = statistics.median(times), statistics.median(cpu_times)
+        per_update[name] = seconds
         rates[name] = config.num_prompts * config.group.size * config.num_seeds / seconds
-        table.append([name, f"{seconds:.3f}", f"{rates[name]:,.0f}"])
-        print(f"  {name}: {seconds:.3f} s per update, {rates[name]:,.0f} completions/s", flush=True)
+        table.append([name, f"{seconds:.3f}", f"{rates[name]:,.0f}", f"{cpu[name]:.3f}"])
+        print(f"  {name}: {seconds:.3f} s per update, {rates[name]:,.0f} completions/s, {cpu[name]:.3f} CPU s",
+              flush=True)
     sync = rates["sync, 2 devices (data parallel)"]
     for line, name in zip(table, SPEED_ROWS):
         line.append(f"{rates[name] / sync:.2f}x")
-    return markdown_table(header, table)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    least = min(cpu.values())
+    ceiling = per_update["sync, 2 devices (data parallel)"] / (least / cores)
+    return "\n".join([markdown_table(header, table), "",
+                      f"Ceiling on this machine: the least CPU work per update ({least:.3f} s) spread over its {cores} "
+                      f"cores takes {least / cores:.3f} s, {ceiling:.2f}x the synchronous data-parallel run's speed; "
+                      f"the best layout measured: {max(rates.values()) / sync:.2f}x."])
 
 
 def main(argv=None):
@@ -184,26 +196,28 @@ def main(argv=None):
     command = "python benchmarks/staleness.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"{args.task} ({args.rl_task}), {args.samples:,} completions per seed x {args.seeds} seeds per row; "
           f"{machine()}", flush=True)
-    parts = [f"`{command.strip()}` ({datetime.date.today()}; {machine()})."]
+    stamp = f"`{command.strip()}` ({datetime.date.today()}; {machine()})."
+    title = "Stale samples and split devices (issue 61)"
     with tempfile.TemporaryDirectory() as scratch:
         sft_dir = sft_run(args, scratch)
         if not args.speed_only:
             runs, walls = learning(args, sft_dir, args.runs_dir or scratch, rows)
-            title = f"{args.task} ({args.rl_task}): staleness"
-            plot(runs, args.plot, title)
+            plot(runs, args.plot, f"{args.task} ({args.rl_task}): staleness")
             with open(os.path.splitext(args.plot)[0] + ".json", "w") as f:
                 json.dump({name: {k: v.tolist() for k, v in c.items()} for name, c in runs.items()}, f)
-            parts += ["", f"From the SFT run's last checkpoint, plain GRPO (one candidate per slot) on {args.task} with "
-                      f"{args.rl_task}, {args.samples:,} completions drawn per seed, {args.seeds} seeds per row (one "
-                      "program); held-out greedy accuracy after the last update. 'against sync': >= (mean at "
-                      "least the synchronous run's), within (the two 95% intervals overlap the other's mean) or "
-                      "BELOW.", "", learning_table(runs, walls), "",
-                      f"![staleness]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"]
+            publish("\n".join([
+                stamp, "", f"From the SFT run's last checkpoint, plain GRPO (one candidate per slot) on {args.task} with "
+                f"{args.rl_task}, {args.samples:,} completions drawn per seed, {args.seeds} seeds per row (one "
+                "program); held-out greedy accuracy after the last update. 'against sync': >= (mean at least the "
+                "synchronous run's), within (the two 95% intervals overlap the other's mean) or BELOW.", "",
+                learning_table(runs, walls), "",
+                f"![staleness]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"]),
+                args.update_results, MARKERS, title)
         if args.speed:
-            parts += ["", f"Completions per second from the warm start ({args.speed} updates per timed chunk, median "
-                      f"of 3, {args.seeds} seeds in one program, loss.correction=decoupled):", "",
-                      speed(args, sft_dir, args.speed)]
-    publish("\n".join(parts), args.update_results, MARKERS, "Stale samples and split devices (issue 61)")
+            publish("\n".join([
+                stamp, "", f"Completions per second from the warm start ({args.speed} updates per timed chunk, median "
+                f"of 3, {args.seeds} seeds in one program, no correction):", "", speed(args, sft_dir, args.speed)]),
+                args.update_results, SPEED_MARKERS, title)
 
 
 if __name__ == "__main__":
