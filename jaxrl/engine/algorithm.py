@@ -25,6 +25,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from jaxrl import checkpoint, config as config_lib, mesh as mesh_lib
+from jaxrl.engine import staleness
 from jaxrl.engine.chunks import bitwise_equal, compile_chunk, fastest_if_equal, seed_keys
 from jaxrl.jitting import RUNS_ONCE, jit_method
 from jaxrl.mesh import RUN_AXIS
@@ -66,12 +67,16 @@ class Algorithm:
     # its envs live on the host (`envs.Environment.host_state`): a device's runs go one after another, and a
     # state is stepped once (no update timed before training, no XLA options chosen by timing candidates)
     host_state: bool = False
+    # the update as `jaxrl.engine.staleness.update` composes it (sample, learn, roles, eta), when it does: with envs
+    # on the host and a `role` axis, the engine runs the two halves as two programs in two threads
+    stale: Any = None
     parts: Any = None  # the family's own objects (env policy, model, task, ...): for tests and notebooks
     # What the engine keeps: seconds spent compiling so far (the loop reports a chunk's compile time apart);
     # with xla_options "auto", once chosen, {"options", "candidates", "seconds", "equal"} (`choose_xla_options`)
     compile_seconds: float = 0.0
     xla_choice: dict | None = None
     _programs: dict = dataclasses.field(default_factory=dict, repr=False)  # (xla options, donate) -> program
+    _threaded: Any = dataclasses.field(default=None, repr=False)  # `staleness.ThreadedRoles`, once built
 
     def xla_candidates(self) -> tuple:
         """The XLA compile options the chunk program may take (`config.xla_candidates` of
@@ -188,6 +193,18 @@ class Algorithm:
         [R]). `hp` leaves are scalars (shared by every run) or [R] (one value per run: a sweep). `donate`
         (only with `checkpoint.on_nonfinite` "stop"): the program reuses `state`'s memory, which is gone
         after the call."""
+        if self.host_state and self.stale is not None and mesh_lib.split_actor(self.mesh):
+            return self._run_threaded(state, hp, num_updates)
         self.choose_xla_options(state, hp)
         program = self.chunk_program(state, hp, donate)
         return program(state, mesh_lib.runs_of(hp, state.update_step.shape[0], self.mesh), jnp.int32(num_updates))
+
+    def _run_threaded(self, state, hp, num_updates: int):
+        """`run_chunk` for envs on the host with actor and learner devices: `staleness.ThreadedRoles`."""
+        if self._threaded is None:
+            self._threaded = staleness.ThreadedRoles(self.stale, self.mesh, self.state_specs, self.state_shardings,
+                                                     check_vma=self.vma_checks, sequential_runs=self.host_state)
+        before = self._threaded.compile_seconds
+        out = self._threaded.run_chunk(state, hp, num_updates)
+        self.compile_seconds += self._threaded.compile_seconds - before
+        return out

@@ -20,11 +20,13 @@ metrics)`, both for one run on this device inside `shard_map`, and `Roles`: whic
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from jaxrl import mesh as mesh_lib
@@ -113,6 +115,121 @@ def update(sample: Callable, learn: Callable, roles: Roles, state, hp, eta: int,
     return state.replace(pending=pending), {**sample_metrics, **learn_metrics, "staleness": staleness}
 
 
+@dataclasses.dataclass(frozen=True)
+class StaleUpdate:
+    """An update written as `update` above composes it, for the engine to run its two halves apart
+    (`Algorithm.stale`): `sample(state, hp)`, `learn(state, batch, hp)`, which fields each writes, and eta."""
+
+    sample: Callable
+    learn: Callable
+    roles: Roles
+    eta: int
+
+
+def batch_specs(queue: dict):
+    """One batch's PartitionSpecs from the queue's (`queue_specs`' inverse)."""
+    return jax.tree.map(lambda spec: P(spec[0], *spec[2:]), queue["batches"], is_leaf=lambda x: isinstance(x, P))
+
+
+class ThreadedRoles:
+    """`mesh.split_actor` as two programs, for envs that step on the host: the actors' (`sample`, on the role
+    axis's first device group) and the learners' (`learn_when`, on the second), each update run by two threads at
+    once and then exchanged (new parameters to the actors, the sampled batch into the learners' queue).
+
+    Why not one program (`update`): XLA:CPU does not run a device's work while another device of the same program
+    is inside a host callback, so the actors' env steps and the learners' optimisation would take turns; two
+    programs dispatched from two threads run at once. The numbers are `update`'s (the same `sample` and `learn`);
+    the state goes in and comes out as the chunk program's, its queue stacked, so checkpoints and resume are
+    unchanged. One process only (the threads' programs would otherwise have to be dispatched in one order on every
+    process)."""
+
+    def __init__(self, stale: StaleUpdate, mesh, state_specs: Callable, state_shardings: Callable, *, check_vma: bool,
+                 sequential_runs: bool):
+        if jax.process_count() > 1:
+            raise ValueError("envs stepped on the host with mesh.split_actor run in one process")
+        self.stale, self.mesh, self.state_specs, self.state_shardings = stale, mesh, state_specs, state_shardings
+        self.options = {"check_vma": check_vma, "sequential_runs": sequential_runs}
+        roles = mesh.devices.transpose(1, 0, *range(2, mesh.devices.ndim))  # (role, runs, data)
+        self.meshes = [jax.sharding.Mesh(devices, (RUN_AXIS, DATA_AXIS)) for devices in roles]
+        self.programs, self.compile_seconds = None, 0.0
+        self.actor_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxrl-actor")
+
+    def _compile(self, state, hp):
+        """(actor program, learner program) for states shaped like `state` (its queue left out)."""
+        from jaxrl.engine.chunks import compile_per_run
+
+        specs = self.state_specs(state)
+        batch = batch_specs(specs.pending)
+        specs = specs.replace(pending=None)
+        bare = state.replace(pending=None)
+        one_batch = jax.tree.map(lambda q: q[:, 0], state.pending["batches"])
+        ready = state.pending["filled"] >= 0
+        s = self.stale
+
+        def actor(state, hp):
+            return s.sample(state, hp)
+
+        def learner(state, batch, ready, hp):
+            return learn_when(ready, s.learn, state, batch, hp)
+
+        runs = P(RUN_AXIS)
+        actor_program, actor_seconds = compile_per_run(actor, (self._on(bare, 0, specs), self._hp(hp, 0, bare)), self.meshes[0],
+                                           in_axes=(0, 0), in_specs=(specs, runs), out_specs=(specs, batch, runs),
+                                           **self.options)
+        learner_args = (self._on(bare, 1, specs), self._on(one_batch, 1, batch), self._on(ready, 1, runs),
+                        self._hp(hp, 1, bare))
+        learner_program, learner_seconds = compile_per_run(learner, learner_args, self.meshes[1], in_axes=(0, 0, 0, 0),
+                                             in_specs=(specs, batch, runs, runs), out_specs=(specs, runs),
+                                             **self.options)
+        self.compile_seconds += actor_seconds + learner_seconds
+        return actor_program, learner_program
+
+    def _on(self, tree, role: int, specs):
+        """`tree` placed on the devices of `role` as `specs` say."""
+        shardings = jax.tree.map(lambda spec: jax.sharding.NamedSharding(self.meshes[role], spec), specs,
+                                 is_leaf=lambda x: isinstance(x, P))
+        return jax.device_put(tree, shardings)
+
+    def _hp(self, hp, role: int, state):
+        return mesh_lib.runs_of(hp, state.update_step.shape[0], self.meshes[role])
+
+    def run_chunk(self, state, hp, num_updates: int):
+        """`Algorithm.run_chunk`'s result, the updates run as described above."""
+        from jaxrl.engine.chunks import chunk_metrics
+
+        if self.programs is None:
+            self.programs = self._compile(state, hp)
+        actor_program, learner_program = self.programs
+        s, eta = self.stale, self.stale.eta
+        specs = self.state_specs(state)
+        batch_spec, state_spec = batch_specs(specs.pending), specs.replace(pending=None)
+        bare = state.replace(pending=None)
+        acting, learning = self._on(bare, 0, state_spec), self._on(bare, 1, state_spec)
+        hps = self._hp(hp, 0, bare), self._hp(hp, 1, bare)
+        queue = [self._on(jax.tree.map(lambda q: q[:, i], state.pending["batches"]), 1, batch_spec) for i in range(eta)]
+        filled = int(jax.device_get(state.pending["filled"])[0])
+        totals = None
+        for _ in range(num_updates):
+            ready = filled >= eta
+            readies = self._on(jnp.full(bare.update_step.shape, ready), 1, P(RUN_AXIS))
+            sampling = self.actor_thread.submit(lambda st: jax.block_until_ready(actor_program(st, hps[0])), acting)
+            learning, learn_metrics = jax.block_until_ready(learner_program(learning, queue[0], readies, hps[1]))
+            acting, batch, sample_metrics = sampling.result()
+            acting = acting.replace(**{f: self._on(getattr(learning, f), 0, getattr(state_spec, f))
+                                       for f in s.roles.learner})
+            queue = queue[1:] + [self._on(batch, 1, batch_spec)]
+            filled = min(filled + 1, eta)
+            metrics = {**sample_metrics, **learn_metrics,
+                       "staleness": jnp.full(bare.update_step.shape, float(eta) if ready else 0.0)}
+            metrics = jax.device_get(metrics)
+            totals = metrics if totals is None else jax.tree.map(np.add, totals, metrics)
+        learning = learning.replace(**{f: self._on(getattr(acting, f), 1, getattr(state_spec, f)) for f in s.roles.actor})
+        stacked = jax.tree.map(lambda *qs: jnp.stack(qs, axis=1), *queue)
+        pending = {"batches": stacked, "filled": jnp.full(bare.update_step.shape, filled, jnp.int32)}
+        out = learning.replace(pending=pending)
+        return jax.device_put(out, self.state_shardings(out)), chunk_metrics(totals, num_updates)
+
+
 def check_config(config) -> None:
     """Raise before compiling where `config`'s staleness and split cannot work together."""
     if config.mesh.split_actor and not config.actor.max_staleness:
@@ -127,5 +244,5 @@ def check_layout(split: bool, mesh) -> None:
                          "mesh.mesh_for_runs from the same config")
 
 
-__all__ = ["MAX_STALENESS", "ROLE_AXIS", "Roles", "SPLIT_ACTOR", "check_config", "check_layout", "empty_queue", "learn_when",
-           "pushed", "queue_specs", "update"]
+__all__ = ["MAX_STALENESS", "ROLE_AXIS", "Roles", "SPLIT_ACTOR", "StaleUpdate", "ThreadedRoles", "batch_specs",
+           "check_config", "check_layout", "empty_queue", "learn_when", "pushed", "queue_specs", "update"]
