@@ -62,6 +62,7 @@ for devices in (1, 8):
     state = globals().get("prepare", lambda algo, state: state)(algo, state)
     state, metrics = algo.run_chunk(state, hp, 3)
     state, metrics = algo.run_chunk(state, hp, 3)
+    globals().get("after", lambda algo, devices: None)(algo, devices)
     if devices == 8 and hasattr(state, "obs"):  # environments (text algorithms split prompts per update)
         assert len(state.obs.sharding.device_set) == 8, state.obs.sharding
         local = 16 // algo.mesh.shape["data"]  # 16 envs / 8 devices (/ 4 with actor and learner devices)
@@ -101,6 +102,9 @@ config = set_keys(load_experiment("gymnasium_ppo", "CartPole-v1"), {"num_envs": 
     "total_steps": 16 * 16 * 6, "optim.num_minibatches": 2, "actor.max_staleness": 1})
 on_eight_devices = {"mesh.split_actor": True}
 num_seeds = 2
+
+def after(algo, devices):  # (8 devices: the actors' and the learners' programs ran in two threads)
+    assert (algo._threaded is not None) == (devices == 8)
 """
 
 # GRPO's Generate strategies for environments: the leader's noise shared (prefixes, all agents but one).
