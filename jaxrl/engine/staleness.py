@@ -173,14 +173,15 @@ class ThreadedRoles:
             return learn_when(ready, s.learn, state, batch, hp)
 
         runs = P(RUN_AXIS)
-        actor_program, actor_seconds = compile_per_run(actor, (self._on(bare, 0, specs), self._hp(hp, 0, bare)), self.meshes[0],
-                                           in_axes=(0, 0), in_specs=(specs, runs), out_specs=(specs, batch, runs),
-                                           **self.options)
+        actor_args = (self._on(bare, 0, specs), self._hp(hp, 0, bare))
+        actor_program, actor_seconds = compile_per_run(actor, actor_args, self.meshes[0], in_axes=(0, 0),
+                                                       in_specs=(specs, runs), out_specs=(specs, batch, runs),
+                                                       **self.options)
         learner_args = (self._on(bare, 1, specs), self._on(one_batch, 1, batch), self._on(ready, 1, runs),
                         self._hp(hp, 1, bare))
-        learner_program, learner_seconds = compile_per_run(learner, learner_args, self.meshes[1], in_axes=(0, 0, 0, 0),
-                                             in_specs=(specs, batch, runs, runs), out_specs=(specs, runs),
-                                             **self.options)
+        learner_program, learner_seconds = compile_per_run(learner, learner_args, self.meshes[1], in_axes=(0,) * 4,
+                                                           in_specs=(specs, batch, runs, runs),
+                                                           out_specs=(specs, runs), **self.options)
         self.compile_seconds += actor_seconds + learner_seconds
         return actor_program, learner_program
 
@@ -199,35 +200,42 @@ class ThreadedRoles:
 
         if self.programs is None:
             self.programs = self._compile(state, hp)
-        actor_program, learner_program = self.programs
-        s, eta = self.stale, self.stale.eta
         specs = self.state_specs(state)
-        batch_spec, state_spec = batch_specs(specs.pending), specs.replace(pending=None)
+        self.specs = {"state": specs.replace(pending=None), "batch": batch_specs(specs.pending)}
         bare = state.replace(pending=None)
-        acting, learning = self._on(bare, 0, state_spec), self._on(bare, 1, state_spec)
+        acting, learning = self._on(bare, 0, self.specs["state"]), self._on(bare, 1, self.specs["state"])
         hps = self._hp(hp, 0, bare), self._hp(hp, 1, bare)
-        queue = [self._on(jax.tree.map(lambda q: q[:, i], state.pending["batches"]), 1, batch_spec) for i in range(eta)]
+        queue = [self._on(jax.tree.map(lambda q: q[:, i], state.pending["batches"]), 1, self.specs["batch"])
+                 for i in range(self.stale.eta)]
         filled = int(jax.device_get(state.pending["filled"])[0])
         totals = None
         for _ in range(num_updates):
-            ready = filled >= eta
-            readies = self._on(jnp.full(bare.update_step.shape, ready), 1, P(RUN_AXIS))
-            sampling = self.actor_thread.submit(lambda st: jax.block_until_ready(actor_program(st, hps[0])), acting)
-            learning, learn_metrics = jax.block_until_ready(learner_program(learning, queue[0], readies, hps[1]))
-            acting, batch, sample_metrics = sampling.result()
-            acting = acting.replace(**{f: self._on(getattr(learning, f), 0, getattr(state_spec, f))
-                                       for f in s.roles.learner})
-            queue = queue[1:] + [self._on(batch, 1, batch_spec)]
-            filled = min(filled + 1, eta)
-            metrics = {**sample_metrics, **learn_metrics,
-                       "staleness": jnp.full(bare.update_step.shape, float(eta) if ready else 0.0)}
-            metrics = jax.device_get(metrics)
+            acting, learning, queue, filled, metrics = self._update(acting, learning, queue, filled, hps)
             totals = metrics if totals is None else jax.tree.map(np.add, totals, metrics)
-        learning = learning.replace(**{f: self._on(getattr(acting, f), 1, getattr(state_spec, f)) for f in s.roles.actor})
-        stacked = jax.tree.map(lambda *qs: jnp.stack(qs, axis=1), *queue)
-        pending = {"batches": stacked, "filled": jnp.full(bare.update_step.shape, filled, jnp.int32)}
+        learning = learning.replace(**{f: self._on(getattr(acting, f), 1, getattr(self.specs["state"], f))
+                                       for f in self.stale.roles.actor})
+        runs = bare.update_step.shape
+        pending = {"batches": jax.tree.map(lambda *qs: jnp.stack(qs, axis=1), *queue),
+                   "filled": jnp.full(runs, filled, jnp.int32)}
         out = learning.replace(pending=pending)
         return jax.device_put(out, self.state_shardings(out)), chunk_metrics(totals, num_updates)
+
+    def _update(self, acting, learning, queue: list, filled: int, hps):
+        """One update: the actors sample (in the actor thread) while the learners learn from the oldest queued
+        batch; then the new parameters go to the actors and the new batch to the queue. (acting, learning, queue,
+        filled, metrics on the host)."""
+        actor_program, learner_program = self.programs
+        eta, runs = self.stale.eta, acting.update_step.shape
+        ready = filled >= eta
+        sampling = self.actor_thread.submit(lambda: jax.block_until_ready(actor_program(acting, hps[0])))
+        readies = self._on(jnp.full(runs, ready), 1, P(RUN_AXIS))
+        learning, learn_metrics = jax.block_until_ready(learner_program(learning, queue[0], readies, hps[1]))
+        acting, batch, sample_metrics = sampling.result()
+        acting = acting.replace(**{f: self._on(getattr(learning, f), 0, getattr(self.specs["state"], f))
+                                   for f in self.stale.roles.learner})
+        queue = queue[1:] + [self._on(batch, 1, self.specs["batch"])]
+        metrics = {**sample_metrics, **learn_metrics, "staleness": np.full(runs, float(eta) if ready else 0.0)}
+        return acting, learning, queue, min(filled + 1, eta), jax.device_get(metrics)
 
 
 def check_config(config) -> None:
