@@ -190,11 +190,15 @@ def prepare(algo, state):
 
 
 # Partial rollouts with hints (which a resumed group keeps) and pruning by a value head from the second update:
-# decoding stops on every device at once.
+# decoding stops on every device at once. Each update learns from the batch before (actor.max_staleness=1), and on
+# 8 devices 4 actors decode while 4 learners learn: a carried sequence goes on with the newer parameters the
+# actors received (in-flight weight updates), the same on 1 device and on 8.
 TEXT_GRPO_PARTIAL = TEXT_GRPO + """
 config.rollout.control, config.rollout.replay, config.rollout.pool_size = "partial,prune", "hints", 8
 config.rollout.options.hints.patience = 1
 config.loss.critic_weight, config.rollout.options.prune.warmup, config.rollout.options.prune.below = 0.5, 1, 0.0
+config.actor.max_staleness = 1
+on_eight_devices = {"mesh.split_actor": True}
 """
 
 
@@ -207,7 +211,8 @@ on_eight_devices = {"mesh.split_actor": True}
 
 
 @pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL, TEXT_GRPO_STALE],
-                         ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial", "text_grpo_stale_split"])
+                         ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial_stale_split",
+                              "text_grpo_stale_split"])
 def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.
