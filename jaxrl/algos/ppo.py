@@ -440,7 +440,8 @@ def build_ppo(config: ConfigDict, mesh) -> engine.Algorithm:
     ppo = PPO(settings, policy, on_mesh.env, on_mesh.mesh)
     check_minibatch_split(settings.num_envs, settings.num_steps, settings.num_minibatches, policy.num_agents,
                           ppo.sequence_minibatches, on_mesh.mesh)
-    stale = staleness.StaleUpdate(ppo.sample, ppo.learn, PPO_ROLES, settings.max_staleness) if settings.max_staleness else None
+    eta = settings.max_staleness
+    stale = staleness.StaleUpdate(ppo.sample, ppo.learn, PPO_ROLES, eta) if eta else None
     return engine.Algorithm(settings, on_mesh.mesh, init=ppo.init, update=ppo.update, state_specs=ppo.state_specs,
                             stale=stale,
                             sized_by={**NETWORK_SIZED, "env_state": "num_envs", "obs": "num_envs", "carry": "num_envs"},

@@ -534,9 +534,9 @@ class TextGRPO:
         # The training pool: problem i is the same for every seed and device (a dataset, drawn once; the task's
         # jitted sampler compiles once per task and size, not per algorithm built).
         self.pool = self.task.sample(jax.random.key(0), settings.pool_size, "train") if settings.pool_size else None
+        staleness.check_layout(settings.split_actor, mesh)
         # Minibatches deal whole groups (the loss scores a group's prompt once): each device's prompts must
         # split evenly.
-        staleness.check_layout(settings.split_actor, mesh)
         local_prompts = settings.text.num_prompts // mesh.shape[DATA_AXIS]
         if local_prompts % settings.num_minibatches:
             raise ValueError(f"the {local_prompts} prompts (groups) on each device cannot be split into "
