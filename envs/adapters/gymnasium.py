@@ -131,7 +131,8 @@ class HostEnvs:
         batch, flat = ids.shape[:-1], ids.reshape(-1, 4)
         steps = flat[:, 3].astype(np.int64)
         flat_actions = actions.reshape(len(flat), *actions.shape[len(batch):])
-        chosen = flat_actions.tolist() if not self.action_shape else [a.reshape(self.action_shape) for a in flat_actions]
+        chosen = (flat_actions.tolist() if not self.action_shape
+                  else [a.reshape(self.action_shape) for a in flat_actions])
         d = self.obs_dim
         out = np.zeros((len(flat), 2 * d + 3), np.float32)
         key = flat[:, :3].tobytes()
@@ -185,7 +186,8 @@ def _broadcast_call(fn: Callable) -> Callable:
             slot = jnp.broadcast_to(slot, (axis_size, *slot.shape))
             copies = index.reshape(-1, *([1] * (slot.ndim - 2))) + 1 + jnp.uint32(axis_size) * slot[..., 2]
             slot = slot.at[..., 2].set(copies)
-        args = [a if batched else jnp.broadcast_to(a, (axis_size, *a.shape)) for a, batched in zip(args, in_batched[1:])]
+        args = [a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
+                for a, batched in zip(args, in_batched[1:])]
         out = call(slot, *args)
         return out, jax.tree.map(lambda _: True, out)
 
