@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import time
 from typing import Callable
 
 import jax
@@ -223,18 +224,27 @@ class ThreadedRoles:
     def _update(self, acting, learning, queue: list, filled: int, hps):
         """One update: the actors sample (in the actor thread) while the learners learn from the oldest queued
         batch; then the new parameters go to the actors and the new batch to the queue. (acting, learning, queue,
-        filled, metrics on the host)."""
+        filled, metrics on the host, with `actor_seconds` and `learner_seconds`: each side's time)."""
         actor_program, learner_program = self.programs
         eta, runs = self.stale.eta, acting.update_step.shape
         ready = filled >= eta
-        sampling = self.actor_thread.submit(lambda: jax.block_until_ready(actor_program(acting, hps[0])))
+
+        def act():
+            tick = time.perf_counter()
+            return jax.block_until_ready(actor_program(acting, hps[0])), time.perf_counter() - tick
+
+        sampling = self.actor_thread.submit(act)
+        tick = time.perf_counter()
         readies = self._on(jnp.full(runs, ready), 1, P(RUN_AXIS))
         learning, learn_metrics = jax.block_until_ready(learner_program(learning, queue[0], readies, hps[1]))
-        acting, batch, sample_metrics = sampling.result()
+        learner_seconds = time.perf_counter() - tick
+        (acting, batch, sample_metrics), actor_seconds = sampling.result()
         acting = acting.replace(**{f: self._on(getattr(learning, f), 0, getattr(self.specs["state"], f))
                                    for f in self.stale.roles.learner})
         queue = queue[1:] + [self._on(batch, 1, self.specs["batch"])]
-        metrics = {**sample_metrics, **learn_metrics, "staleness": np.full(runs, float(eta) if ready else 0.0)}
+        # (each side's seconds, which say which one the other waits for)
+        metrics = {**sample_metrics, **learn_metrics, "staleness": np.full(runs, float(eta) if ready else 0.0),
+                   "actor_seconds": np.full(runs, actor_seconds), "learner_seconds": np.full(runs, learner_seconds)}
         return acting, learning, queue, min(filled + 1, eta), jax.device_get(metrics)
 
 
