@@ -286,11 +286,11 @@ def _summable(x: jax.Array) -> tuple[jax.Array, Callable]:
 
 def by_role(fns: tuple[Callable, ...], *args) -> tuple:
     """`(fns[0](*args), fns[1](*args), ...)`, each computed on the devices of its role only and handed to every
-    device of the `role` axis (inside `shard_map` on a mesh with one). One branch (`lax.switch` on the role, the same for
-    every run on a device, so it stays a branch under vmap) computes a device's own role's function and zeros for
-    the others; one sum over `role` then gives every device every result (adding zeros is exact, and the sum is
-    typed as the same on every device, as replicated state must be). One branch and one sum, so that no device
-    waits for another's result before doing its own work."""
+    device of the `role` axis (inside `shard_map` on a mesh with one). One branch (`lax.switch` on the role, the
+    same for every run on a device, so it stays a branch under vmap) computes a device's own role's function and
+    zeros for the others; one sum over `role` then gives every device every result (adding zeros is exact, and
+    the sum is typed as the same on every device, as replicated state must be). One branch and one sum, so that
+    no device waits for another's result before doing its own work."""
     way_back = {}
 
     def summable(fn, *args):
