@@ -108,3 +108,17 @@ def test_ppo_learns_host_cartpole_with_a_lag_of_one_update(tmp_path):
     assert [r["episode_return"] for r in first] == [r["episode_return"] for r in again]
     assert first[0]["episode_return"] < 40 and first[-1]["eval_return"] > 150, first
     assert first[-1]["staleness"] == 1.0
+
+
+def test_evaluations_do_not_evict_the_envs_training_steps():
+    """Each evaluation resets fresh slots; past the host's capacity the least recently used instances close, never
+    the ones a training batch steps every update."""
+    host = HostEnvs(lambda: gymnasium.make("CartPole-v1"), 4, keep=4)
+    training = np.array([[1, 1, 0], [1, 2, 0]], np.uint32)
+    host.reset(training)
+    first = host.envs[(1, 1, 0)][0]
+    for update in range(20):
+        host.reset(np.array([[9, update, 0], [9, 100 + update, 0]], np.uint32))  # an evaluation's envs
+        ids = np.concatenate([training, np.full((2, 1), update, np.uint32)], axis=1)
+        host.step(ids, np.zeros(2, np.int64))
+    assert len(host.envs) <= 8 and host.envs[(1, 1, 0)][0] is first and host.envs[(1, 1, 0)][1] == 20

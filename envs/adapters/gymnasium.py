@@ -29,7 +29,6 @@ Observations are flattened to float32 [obs_dim]; actions are `Discrete(n)` or a 
 
 from __future__ import annotations
 
-import collections
 import copy
 import threading
 from typing import Any, Callable
@@ -60,13 +59,14 @@ class HostEnvState:
 
 class HostEnvs:
     """The host side: gymnasium env instances by slot, reset and stepped in batches (thread-safe: several
-    devices call back at once). Instances no step has used for a while are closed, so that evaluations (which
-    reset fresh slots each time) do not pile them up."""
+    devices call back at once). Past `keep` instances, the half least recently used are closed, so that
+    evaluations (which reset fresh slots each time) do not pile them up; a training batch, used every step, stays."""
 
     def __init__(self, make: Callable[[], Any], obs_dim: int, action_shape: tuple = (), keep: int = 4096):
         self.make, self.obs_dim, self.action_shape, self.keep = make, obs_dim, action_shape, keep
-        self.envs: collections.OrderedDict = collections.OrderedDict()  # slot -> [env, steps, reset snapshot]
+        self.envs: dict[tuple, list] = {}  # slot -> [env, steps taken, (env, obs) as reset or None, last used]
         self.batches: dict[bytes, list] = {}  # the slots of a batch stepped before -> its entries
+        self.clock = 0  # host calls so far (an entry's "last used")
         self.lock = threading.Lock()
 
     def _obs(self, obs) -> np.ndarray:
@@ -80,23 +80,27 @@ class HostEnvs:
         """A new instance for `slot`, reset from its seed: (entry, first obs)."""
         env = self.make()
         obs, _ = env.reset(seed=self._seed(slot))
-        return [env, 0, None], self._obs(obs)
+        return [env, 0, None, self.clock], self._obs(obs)
 
     def _remember(self, slot: tuple, entry: list) -> None:
+        old = self.envs.get(slot)
+        if old is not None and old[0] is not entry[0]:
+            old[0].close()
         self.envs[slot] = entry
-        self.envs.move_to_end(slot)
-        while len(self.envs) > self.keep:
-            _, (env, *_) = self.envs.popitem(last=False)
-            env.close()
-            self.batches.clear()  # (they may hold the closed instance)
+        self.batches.clear()  # (a batch may hold the instance replaced, or one closed below)
+        if len(self.envs) > self.keep:
+            by_use = sorted(self.envs, key=lambda s: self.envs[s][3])
+            for stale in by_use[:len(by_use) // 2]:
+                if self.envs[stale][3] < self.clock:  # (never one this call uses)
+                    self.envs.pop(stale)[0].close()
 
     def reset(self, slots: np.ndarray) -> np.ndarray:
         """slots uint32 [..., 3] -> first observations float32 [..., obs_dim]."""
         flat = slots.reshape(-1, 3)
         out = np.zeros((len(flat), self.obs_dim), np.float32)
         with self.lock:
+            self.clock += 1
             self.keep = max(self.keep, 4 * len(flat))
-            self.batches.clear()  # (a batch may hold an instance replaced here)
             for i, slot in enumerate(map(tuple, flat.tolist())):
                 entry, out[i] = self._fresh(slot)
                 entry[2] = (copy.deepcopy(entry[0]), out[i].copy())  # (for copies a vmap broadcast makes)
@@ -104,18 +108,17 @@ class HostEnvs:
         return out.reshape(*slots.shape[:-1], self.obs_dim)
 
     def _entry(self, slot: tuple, steps: int) -> list:
+        """The instance `slot` names, checked to be at `steps`."""
         entry = self.envs.get(slot)
-        # a copy a vmap broadcast makes (first met, or met again at step 0: its base was reset again) starts as the
-        # base env was reset
-        if entry is not None and slot[2] and steps == 0 and entry[1] != 0:  # a copy of an env reset again
-            entry = None
-        if entry is None and slot[2] and self.envs.get((*slot[:2], 0), [None] * 3)[2] is not None:
-            base = self.envs[(*slot[:2], 0)][2]
-            entry = [copy.deepcopy(base[0]), 0, None]
-        if entry is None:  # a resumed run: this process never saw the env, which starts again from its seed
+        base = self.envs.get((*slot[:2], 0)) if slot[2] else None
+        if base is not None and base[2] is not None and (entry is None or (steps == 0 and entry[1] != 0)):
+            # a copy a vmap broadcast makes (first met, or met at step 0 again: its base was reset again) starts as
+            # the base env was reset
+            entry = [copy.deepcopy(base[2][0]), 0, None, self.clock]
+            self._remember(slot, entry)
+        elif entry is None:  # a resumed run: this process never saw the env, which starts again from its seed
             entry, _ = self._fresh(slot)
             entry[1] = steps
-        if slot not in self.envs:
             self._remember(slot, entry)
         if entry[1] != steps:
             raise RuntimeError(f"host env {slot} is at step {entry[1]} but the program steps it from step {steps}: "
@@ -137,6 +140,7 @@ class HostEnvs:
         out = np.zeros((len(flat), 2 * d + 3), np.float32)
         key = flat[:, :3].tobytes()
         with self.lock:
+            self.clock += 1
             entries = self.batches.get(key)
             if entries is None:
                 entries = self.batches[key] = [self._entry(tuple(slot), step) for slot, step in
@@ -148,7 +152,7 @@ class HostEnvs:
                 out[i, :d], out[i, d:d + 3] = self._obs(obs), (reward, terminated, truncated)
                 if terminated or truncated:
                     out[i, d + 3:] = self._obs(entry[0].reset()[0])
-                entry[1] += 1
+                entry[1], entry[3] = entry[1] + 1, self.clock
         return out.reshape(*batch, 2 * d + 3)
 
 
