@@ -5,11 +5,13 @@ With eta > 0 each update samples a batch with the parameters it starts from and 
 updates before (by the parameters of then); the first eta updates only fill the queue. Sampling and learning then
 depend on nothing of each other, which is what lets them run at once:
 
-- on shared devices, in one program, one after the other (XLA does not overlap them; the layout changes nothing
-  but the numbers, and stands in for the split's on a machine with one device);
+- on shared devices, in one program, one after the other (XLA does not overlap them: the layout gives the
+  split's numbers on a machine with one device);
 - with `mesh.split_actor`, on the devices of the mesh's `role` axis: the actors (role 0) sample while the
   learners (role 1) learn, each skipping the other's work, and each hands its result to the other
-  (`mesh.by_role`) once per update. The same numbers as the shared layout on the actors' devices alone.
+  (`mesh.by_role`) once per update. The same numbers as the shared layout on the actors' devices alone;
+- for envs stepped on the host, the same split as two programs run by two threads (`ThreadedRoles`, which the
+  engine uses when the algorithm gives its halves as a `StaleUpdate`).
 
 The queue lives in the state (`pending`: {"batches": leaves [eta, ...], "filled": how many hold a sampled batch}),
 so a checkpoint holds every batch in flight: a resumed run loses none and learns none twice.
