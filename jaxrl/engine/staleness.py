@@ -72,12 +72,15 @@ def queue_specs(batch_specs) -> dict:
     return {"batches": queued, "filled": P(RUN_AXIS)}
 
 
-def pushed(queue: dict, batch, eta: int) -> tuple[dict, object, jax.Array]:
-    """`batch` pushed onto the queue, the oldest popped: (queue, the oldest batch, whether it was sampled, not one
-    of the zeros the queue starts with)."""
-    oldest = jax.tree.map(lambda q: q[0], queue["batches"])
+def oldest_and_ready(queue: dict, eta: int) -> tuple[object, jax.Array]:
+    """The queue's oldest batch, and whether it was sampled (not one of the zeros the queue starts with)."""
+    return jax.tree.map(lambda q: q[0], queue["batches"]), queue["filled"] >= eta
+
+
+def pushed(queue: dict, batch, eta: int) -> dict:
+    """The queue with `batch` pushed on and the oldest popped."""
     batches = jax.tree.map(lambda q, new: jnp.concatenate([q[1:], new[None]]), queue["batches"], batch)
-    return {"batches": batches, "filled": jnp.minimum(queue["filled"] + 1, eta)}, oldest, queue["filled"] >= eta
+    return {"batches": batches, "filled": jnp.minimum(queue["filled"] + 1, eta)}
 
 
 def learn_when(ready: jax.Array, learn: Callable, state, batch, hp):
@@ -97,8 +100,7 @@ def update(sample: Callable, learn: Callable, roles: Roles, state, hp, eta: int,
         state, batch, sample_metrics = sample(state, hp)
         state, learn_metrics = learn(state, batch, hp)
         return state, {**sample_metrics, **learn_metrics}
-    oldest = jax.tree.map(lambda q: q[0], state.pending["batches"])
-    ready = state.pending["filled"] >= eta
+    oldest, ready = oldest_and_ready(state.pending, eta)
     if split:
         def actor(state):
             sampled, batch, metrics = sample(state, hp)
@@ -113,9 +115,9 @@ def update(sample: Callable, learn: Callable, roles: Roles, state, hp, eta: int,
     else:
         state, batch, sample_metrics = sample(state, hp)
         state, learn_metrics = learn_when(ready, learn, state, oldest, hp)
-    pending, _, _ = pushed(state.pending, batch, eta)
     staleness = jnp.where(ready, jnp.float32(eta), 0.0)
-    return state.replace(pending=pending), {**sample_metrics, **learn_metrics, "staleness": staleness}
+    return state.replace(pending=pushed(state.pending, batch, eta)), {**sample_metrics, **learn_metrics,
+                                                                      "staleness": staleness}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,15 +160,15 @@ class ThreadedRoles:
         self.actor_thread = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="jaxrl-actor")
 
     def _compile(self, state, hp):
-        """(actor program, learner program) for states shaped like `state` (its queue left out)."""
+        """(actor program, learner program) for states shaped like `state` (its queue left out); keeps the specs of
+        a state without its queue and of one batch in `self.specs`."""
         from jaxrl.engine.chunks import compile_per_run
 
         specs = self.state_specs(state)
-        batch = batch_specs(specs.pending)
-        specs = specs.replace(pending=None)
+        self.specs = {"state": specs.replace(pending=None), "batch": batch_specs(specs.pending)}
+        specs, batch, runs = self.specs["state"], self.specs["batch"], P(RUN_AXIS)
         bare = state.replace(pending=None)
         one_batch = jax.tree.map(lambda q: q[:, 0], state.pending["batches"])
-        ready = state.pending["filled"] >= 0
         s = self.stale
 
         def actor(state, hp):
@@ -175,13 +177,12 @@ class ThreadedRoles:
         def learner(state, batch, ready, hp):
             return learn_when(ready, s.learn, state, batch, hp)
 
-        runs = P(RUN_AXIS)
         actor_args = (self._on(bare, 0, specs), self._hp(hp, 0, bare))
         actor_program, actor_seconds = compile_per_run(actor, actor_args, self.meshes[0], in_axes=(0, 0),
                                                        in_specs=(specs, runs), out_specs=(specs, batch, runs),
                                                        **self.options)
-        learner_args = (self._on(bare, 1, specs), self._on(one_batch, 1, batch), self._on(ready, 1, runs),
-                        self._hp(hp, 1, bare))
+        learner_args = (self._on(bare, 1, specs), self._on(one_batch, 1, batch),
+                        self._on(state.pending["filled"] >= 0, 1, runs), self._hp(hp, 1, bare))
         learner_program, learner_seconds = compile_per_run(learner, learner_args, self.meshes[1], in_axes=(0,) * 4,
                                                            in_specs=(specs, batch, runs, runs),
                                                            out_specs=(specs, runs), **self.options)
@@ -198,38 +199,45 @@ class ThreadedRoles:
         return mesh_lib.runs_of(hp, state.update_step.shape[0], self.meshes[role])
 
     def run_chunk(self, state, hp, num_updates: int):
-        """`Algorithm.run_chunk`'s result, the updates run as described above."""
+        """`Algorithm.run_chunk`'s result, the updates run as described above. Each side's metrics are summed
+        where they were computed and fetched once, after the chunk."""
         from jaxrl.engine.chunks import chunk_metrics
 
         if self.programs is None:
             self.programs = self._compile(state, hp)
-        specs = self.state_specs(state)
-        self.specs = {"state": specs.replace(pending=None), "batch": batch_specs(specs.pending)}
-        bare = state.replace(pending=None)
+        bare, runs = state.replace(pending=None), state.update_step.shape
         acting, learning = self._on(bare, 0, self.specs["state"]), self._on(bare, 1, self.specs["state"])
         hps = self._hp(hp, 0, bare), self._hp(hp, 1, bare)
+        readies = {ready: self._on(jnp.full(runs, ready), 1, P(RUN_AXIS)) for ready in (False, True)}
         queue = [self._on(jax.tree.map(lambda q: q[:, i], state.pending["batches"]), 1, self.specs["batch"])
                  for i in range(self.stale.eta)]
         filled = int(jax.device_get(state.pending["filled"])[0])
-        totals = None
+        sums = {"sample": None, "learn": None}
+        on_host = {"staleness": 0.0, "actor_seconds": 0.0, "learner_seconds": 0.0}
         for _ in range(num_updates):
-            acting, learning, queue, filled, metrics = self._update(acting, learning, queue, filled, hps)
-            totals = metrics if totals is None else jax.tree.map(np.add, totals, metrics)
+            ready = filled >= self.stale.eta
+            acting, learning, batch, metrics, seconds = self._update(acting, learning, queue[0], readies[ready], hps)
+            queue, filled = queue[1:] + [self._on(batch, 1, self.specs["batch"])], min(filled + 1, self.stale.eta)
+            sums = {side: metrics[side] if sums[side] is None else jax.tree.map(jnp.add, sums[side], metrics[side])
+                    for side in sums}
+            on_host = {"staleness": on_host["staleness"] + (self.stale.eta if ready else 0.0),
+                       "actor_seconds": on_host["actor_seconds"] + seconds[0],
+                       "learner_seconds": on_host["learner_seconds"] + seconds[1]}
         learning = learning.replace(**{f: self._on(getattr(acting, f), 1, getattr(self.specs["state"], f))
                                        for f in self.stale.roles.actor})
-        runs = bare.update_step.shape
         pending = {"batches": jax.tree.map(lambda *qs: jnp.stack(qs, axis=1), *queue),
                    "filled": jnp.full(runs, filled, jnp.int32)}
         out = learning.replace(pending=pending)
+        # (each side's seconds say which one the other waits for)
+        totals = {**jax.device_get(sums["sample"]), **jax.device_get(sums["learn"]),
+                  **{k: np.full(runs, v, np.float32) for k, v in on_host.items()}}
         return jax.device_put(out, self.state_shardings(out)), chunk_metrics(totals, num_updates)
 
-    def _update(self, acting, learning, queue: list, filled: int, hps):
-        """One update: the actors sample (in the actor thread) while the learners learn from the oldest queued
-        batch; then the new parameters go to the actors and the new batch to the queue. (acting, learning, queue,
-        filled, metrics on the host, with `actor_seconds` and `learner_seconds`: each side's time)."""
+    def _update(self, acting, learning, oldest, ready: jax.Array, hps):
+        """One update: the actors sample (in the actor thread) while the learners learn from `oldest`; then the
+        new parameters go to the actors. (acting, learning, the new batch, {"sample", "learn"} metrics on their
+        devices, (actor seconds, learner seconds))."""
         actor_program, learner_program = self.programs
-        eta, runs = self.stale.eta, acting.update_step.shape
-        ready = filled >= eta
 
         def act():
             tick = time.perf_counter()
@@ -237,17 +245,13 @@ class ThreadedRoles:
 
         sampling = self.actor_thread.submit(act)
         tick = time.perf_counter()
-        readies = self._on(jnp.full(runs, ready), 1, P(RUN_AXIS))
-        learning, learn_metrics = jax.block_until_ready(learner_program(learning, queue[0], readies, hps[1]))
+        learning, learn_metrics = jax.block_until_ready(learner_program(learning, oldest, ready, hps[1]))
         learner_seconds = time.perf_counter() - tick
         (acting, batch, sample_metrics), actor_seconds = sampling.result()
         acting = acting.replace(**{f: self._on(getattr(learning, f), 0, getattr(self.specs["state"], f))
                                    for f in self.stale.roles.learner})
-        queue = queue[1:] + [self._on(batch, 1, self.specs["batch"])]
-        # (each side's seconds, which say which one the other waits for)
-        metrics = {**sample_metrics, **learn_metrics, "staleness": np.full(runs, float(eta) if ready else 0.0),
-                   "actor_seconds": np.full(runs, actor_seconds), "learner_seconds": np.full(runs, learner_seconds)}
-        return acting, learning, queue, min(filled + 1, eta), jax.device_get(metrics)
+        return acting, learning, batch, {"sample": sample_metrics, "learn": learn_metrics}, (actor_seconds,
+                                                                                             learner_seconds)
 
 
 def check_config(config) -> None:
@@ -265,4 +269,4 @@ def check_layout(split: bool, mesh) -> None:
 
 
 __all__ = ["MAX_STALENESS", "ROLE_AXIS", "Roles", "SPLIT_ACTOR", "StaleUpdate", "ThreadedRoles", "batch_specs",
-           "check_config", "check_layout", "empty_queue", "learn_when", "pushed", "queue_specs", "update"]
+           "check_config", "check_layout", "empty_queue", "learn_when", "oldest_and_ready", "pushed", "queue_specs", "update"]
