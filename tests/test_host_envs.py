@@ -66,7 +66,7 @@ def test_host_cartpole_gives_gymnasiums_own_episodes_through_auto_reset():
     for key in theirs:
         np.testing.assert_allclose(ours[key], theirs[key], rtol=1e-6, atol=1e-7, err_msg=key)
     assert theirs["truncated"].sum() > 0 and (theirs["done"] & ~theirs["truncated"]).sum() > 0
-    assert calls == [(num_envs, 4)] * num_steps  # one callback per step of the whole batch
+    assert [shape[:-1] for shape in calls] == [(num_envs,)] * num_steps  # one callback per step of the whole batch
 
 
 def test_atari_through_ale_py_gives_ales_own_frames():
@@ -114,11 +114,19 @@ def test_evaluations_do_not_evict_the_envs_training_steps():
     """Each evaluation resets fresh slots; past the host's capacity the least recently used instances close, never
     the ones a training batch steps every update."""
     host = HostEnvs(lambda: gymnasium.make("CartPole-v1"), 4, keep=4)
-    training = np.array([[1, 1, 0], [1, 2, 0]], np.uint32)
+    training = np.array([[1, 1], [1, 2]], np.uint32)
     host.reset(training)
-    first = host.envs[(1, 1, 0)][0]
+    first = host.envs[(1, 1)][0]
     for update in range(20):
-        host.reset(np.array([[9, update, 0], [9, 100 + update, 0]], np.uint32))  # an evaluation's envs
+        host.reset(np.array([[9, update], [9, 100 + update]], np.uint32))  # an evaluation's envs
         ids = np.concatenate([training, np.full((2, 1), update, np.uint32)], axis=1)
         host.step(ids, np.zeros(2, np.int64))
-    assert len(host.envs) <= 8 and host.envs[(1, 1, 0)][0] is first and host.envs[(1, 1, 0)][1] == 20
+    assert len(host.envs) <= 8 and host.envs[(1, 1)][0] is first and host.envs[(1, 1)][1] == 20
+
+
+def test_one_host_env_vmapped_as_several_is_refused():
+    env = envs.make("gymnasium", env_id="CartPole-v1")
+    _, state = jax.jit(env.reset)(jax.random.PRNGKey(0))
+    step = jax.vmap(env.step, in_axes=(0, None, 0))  # one env's state, two actions at once
+    with pytest.raises(ValueError, match="a host env's state is vmapped over as one env several times"):
+        step(jax.random.split(jax.random.PRNGKey(1), 2), state, jnp.zeros(2, jnp.int32))

@@ -8,8 +8,8 @@ a host callback (`jax.experimental.io_callback`): a batch of envs takes one call
 batch it (envs, runs), and the program waits for it. Such a step costs real host CPU, which is what the
 actor/learner split (`mesh.split_actor`, `jaxrl.engine.staleness`) overlaps with learning on another device.
 
-The host keeps each env's instance under a *slot*: the key data of the key it was reset with (and a copy index
-when a vmap broadcasts one env to several runs: each copy starts from the reset's own state, deep-copied).
+The host keeps each env's instance under a *slot*: the key data of the key it was reset with. A vmap that would
+broadcast one env's state to several calls (one env stepped twice at once) is refused.
 The program's state holds the slot, the env's step count and the first observation of the episode the host
 started when the last one ended; so:
 
@@ -29,7 +29,6 @@ Observations are flattened to float32 [obs_dim]; actions are `Discrete(n)` or a 
 
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any, Callable
 
@@ -52,7 +51,7 @@ def _gymnasium():
 
 @struct.dataclass
 class HostEnvState:
-    slot: jax.Array  # uint32 [3]: the reset key's data, and the copy index (0 unless a vmap broadcast the env)
+    slot: jax.Array  # uint32 [2]: the reset key's data
     steps: jax.Array  # int32: steps this env has taken (the host checks it against its own)
     reset_obs: jax.Array  # float32 [obs_dim]: the first observation of the episode the last step started
 
@@ -64,7 +63,7 @@ class HostEnvs:
 
     def __init__(self, make: Callable[[], Any], obs_dim: int, action_shape: tuple = (), keep: int = 4096):
         self.make, self.obs_dim, self.action_shape, self.keep = make, obs_dim, action_shape, keep
-        self.envs: dict[tuple, list] = {}  # slot -> [env, steps taken, (env, obs) as reset or None, last used]
+        self.envs: dict[tuple, list] = {}  # slot -> [env, steps taken, last used]
         self.batches: dict[bytes, list] = {}  # the slots of a batch stepped before -> its entries
         self.clock = 0  # host calls so far (an entry's "last used")
         self.lock = threading.Lock()
@@ -80,7 +79,7 @@ class HostEnvs:
         """A new instance for `slot`, reset from its seed: (entry, first obs)."""
         env = self.make()
         obs, _ = env.reset(seed=self._seed(slot))
-        return [env, 0, None, self.clock], self._obs(obs)
+        return [env, 0, self.clock], self._obs(obs)
 
     def _remember(self, slot: tuple, entry: list) -> None:
         old = self.envs.get(slot)
@@ -89,34 +88,27 @@ class HostEnvs:
         self.envs[slot] = entry
         self.batches.clear()  # (a batch may hold the instance replaced, or one closed below)
         if len(self.envs) > self.keep:
-            by_use = sorted(self.envs, key=lambda s: self.envs[s][3])
+            by_use = sorted(self.envs, key=lambda s: self.envs[s][2])
             for stale in by_use[:len(by_use) // 2]:
-                if self.envs[stale][3] < self.clock:  # (never one this call uses)
+                if self.envs[stale][2] < self.clock:  # (never one this call uses)
                     self.envs.pop(stale)[0].close()
 
     def reset(self, slots: np.ndarray) -> np.ndarray:
-        """slots uint32 [..., 3] -> first observations float32 [..., obs_dim]."""
-        flat = slots.reshape(-1, 3)
+        """slots uint32 [..., 2] -> first observations float32 [..., obs_dim]."""
+        flat = slots.reshape(-1, 2)
         out = np.zeros((len(flat), self.obs_dim), np.float32)
         with self.lock:
             self.clock += 1
             self.keep = max(self.keep, 4 * len(flat))
             for i, slot in enumerate(map(tuple, flat.tolist())):
                 entry, out[i] = self._fresh(slot)
-                entry[2] = (copy.deepcopy(entry[0]), out[i].copy())  # (for copies a vmap broadcast makes)
                 self._remember(slot, entry)
         return out.reshape(*slots.shape[:-1], self.obs_dim)
 
     def _entry(self, slot: tuple, steps: int) -> list:
         """The instance `slot` names, checked to be at `steps`."""
         entry = self.envs.get(slot)
-        base = self.envs.get((*slot[:2], 0)) if slot[2] else None
-        if base is not None and base[2] is not None and (entry is None or (steps == 0 and entry[1] != 0)):
-            # a copy a vmap broadcast makes (first met, or met at step 0 again: its base was reset again) starts as
-            # the base env was reset
-            entry = [copy.deepcopy(base[2][0]), 0, None, self.clock]
-            self._remember(slot, entry)
-        elif entry is None:  # a resumed run: this process never saw the env, which starts again from its seed
+        if entry is None:  # a resumed run: this process never saw the env, which starts again from its seed
             entry, _ = self._fresh(slot)
             entry[1] = steps
             self._remember(slot, entry)
@@ -127,32 +119,32 @@ class HostEnvs:
         return entry
 
     def step(self, ids: np.ndarray, actions: np.ndarray) -> np.ndarray:
-        """ids uint32 [..., 4] (slot, steps taken), actions [..., *action_shape] -> float32 [..., 2 * obs_dim + 3]:
+        """ids uint32 [..., 3] (slot, steps taken), actions [..., *action_shape] -> float32 [..., 2 * obs_dim + 3]:
         the observation, reward, terminated, truncated and the first observation of the episode the host started
         where one ended (each env whose episode ends is reset at once). A batch stepped before finds its
         instances in one lookup; each env's step count is still checked."""
-        batch, flat = ids.shape[:-1], ids.reshape(-1, 4)
-        steps = flat[:, 3].astype(np.int64)
+        batch, flat = ids.shape[:-1], ids.reshape(-1, 3)
+        steps = flat[:, 2].astype(np.int64)
         flat_actions = actions.reshape(len(flat), *actions.shape[len(batch):])
         chosen = (flat_actions.tolist() if not self.action_shape
                   else [a.reshape(self.action_shape) for a in flat_actions])
         d = self.obs_dim
         out = np.zeros((len(flat), 2 * d + 3), np.float32)
-        key = flat[:, :3].tobytes()
+        key = flat[:, :2].tobytes()
         with self.lock:
             self.clock += 1
             entries = self.batches.get(key)
             if entries is None:
                 entries = self.batches[key] = [self._entry(tuple(slot), step) for slot, step in
-                                               zip(flat[:, :3].tolist(), steps.tolist())]
+                                               zip(flat[:, :2].tolist(), steps.tolist())]
             for i, (entry, action) in enumerate(zip(entries, chosen)):
                 if entry[1] != steps[i]:
-                    entry = entries[i] = self._entry(tuple(flat[i, :3].tolist()), int(steps[i]))
+                    entry = entries[i] = self._entry(tuple(flat[i, :2].tolist()), int(steps[i]))
                 obs, reward, terminated, truncated, _ = entry[0].step(action)
                 out[i, :d], out[i, d:d + 3] = self._obs(obs), (reward, terminated, truncated)
                 if terminated or truncated:
                     out[i, d + 3:] = self._obs(entry[0].reset()[0])
-                entry[1], entry[3] = entry[1] + 1, self.clock
+                entry[1], entry[2] = entry[1] + 1, self.clock
         return out.reshape(*batch, 2 * d + 3)
 
 
@@ -174,11 +166,9 @@ def _typed_as_inputs(outputs, *inputs):
     return jax.tree.map(cast, outputs)
 
 
-def _broadcast_call(fn: Callable) -> Callable:
+def _batched_call(fn: Callable) -> Callable:
     """`fn(slot, *args)` (one host callback) that stays one callback under vmap: a batched call passes the whole
-    batch. A slot (uint32 [..., >= 3], the copy index third) that the vmap does not batch while other arguments
-    are batched (one env broadcast to several runs) becomes one copy per index: its copy index is
-    `index + 1 + axis_size * previous copy index`."""
+    batch. An unbatched slot with batched arguments would step one env several times at once: refused."""
     @jax.custom_batching.custom_vmap
     def call(slot, *args):
         return fn(slot, *args)
@@ -186,10 +176,8 @@ def _broadcast_call(fn: Callable) -> Callable:
     @call.def_vmap
     def rule(axis_size, in_batched, slot, *args):
         if not in_batched[0]:
-            index = jnp.arange(axis_size, dtype=jnp.uint32)
-            slot = jnp.broadcast_to(slot, (axis_size, *slot.shape))
-            copies = index.reshape(-1, *([1] * (slot.ndim - 2))) + 1 + jnp.uint32(axis_size) * slot[..., 2]
-            slot = slot.at[..., 2].set(copies)
+            raise ValueError("a host env's state is vmapped over as one env several times at once (its state is "
+                             "not batched where the arguments are): give each call its own env (state)")
         args = [a if batched else jnp.broadcast_to(a, (axis_size, *a.shape))
                 for a, batched in zip(args, in_batched[1:])]
         out = call(slot, *args)
@@ -233,8 +221,8 @@ class FromGymnasium(Environment):
         self.max_episode_steps = probe.spec.max_episode_steps if probe.spec is not None else None
         probe.close()
         self.host = HostEnvs(lambda: gymnasium.make(env_id, **kwargs), self.obs_shape[0], action_space.shape)
-        self._reset = _broadcast_call(self._reset_callback)
-        self._step = _broadcast_call(self._step_callback)
+        self._reset = _batched_call(self._reset_callback)
+        self._step = _batched_call(self._step_callback)
 
     def _reset_callback(self, slot):
         shape = jax.ShapeDtypeStruct((*slot.shape[:-1], *self.obs_shape), jnp.float32)
@@ -248,7 +236,7 @@ class FromGymnasium(Environment):
 
     def reset(self, key: jax.Array, params=None):
         data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-        slot = jnp.concatenate([data.astype(jnp.uint32), jnp.zeros((1,), jnp.uint32)])
+        slot = data.astype(jnp.uint32)
         obs = self._reset(slot)
         return obs, HostEnvState(slot, jnp.int32(0), obs)
 
