@@ -14,26 +14,12 @@ its envs' episodes again.
 
 from ml_collections import ConfigDict
 
-from experiments.cartpole_ppo import purejaxrl_recipe
-from jaxrl import algos, config as config_lib
+from experiments import gymnax_ppo
 
-# Per environment: config keys that differ from the shared defaults below.
-TUNED = {
-    "CartPole-v1": {"total_steps": 200_000, "num_envs": 8},
-    "Acrobot-v1": {"total_steps": 500_000, "num_envs": 16, "num_steps": 32, "optim.learning_rate": 5e-4,
-                   "optim.schedule": "constant", "optim.max_grad_norm": 1.0, "optim.num_epochs": 8},
-}
+# Per environment: config keys that differ from the shared defaults (gymnax_ppo.py's settings for the same envs).
+TUNED = {**gymnax_ppo.TUNED, "CartPole-v1": {"total_steps": 200_000, "num_envs": 8}}
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
-    env_id = arg or "CartPole-v1"
-    config = purejaxrl_recipe(algos.default_config("ppo"))
-    config.experiment = f"gymnasium_ppo-{env_id.replace('/', '_')}"
-    config.env.name = "gymnasium"
-    config.env.kwargs = ConfigDict({"env_id": env_id})
-    config.total_steps = 1_000_000
-    config.log.every_steps = 16_384
-    config.eval.every_steps = 0
-    config.checkpoint.every_steps = 100_000
-    config.eval.episodes = 8
-    return config_lib.finalize(config_lib.set_values(config, TUNED.get(env_id, {})))
+    return gymnax_ppo.library_ppo("gymnasium", arg or "CartPole-v1", TUNED, **{
+        "log.every_steps": 16_384, "eval.every_steps": 0, "checkpoint.every_steps": 100_000, "eval.episodes": 8})

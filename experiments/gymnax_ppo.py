@@ -36,15 +36,18 @@ TUNED = {
 }
 
 
-def get_config(arg: str | None = None) -> ConfigDict:
-    env_id = arg or "CartPole-v1"
+def library_ppo(library: str, env_id: str, tuned: dict, **cadence) -> ConfigDict:
+    """PPO (the shared defaults) on `envs.make(library, env_id=env_id)`, with `tuned`'s keys for that env and
+    `cadence` (dotted keys: logging, evaluation, checkpoints) applied first."""
     config = purejaxrl_recipe(algos.default_config("ppo"))
-    config.experiment = f"gymnax_ppo-{env_id}"
-    config.env.name = "gymnax"
+    config.experiment = f"{library}_ppo-{env_id.replace('/', '_')}"
+    config.env.name = library
     config.env.kwargs = ConfigDict({"env_id": env_id})
     config.total_steps = 1_000_000
-    config.log.every_steps = 50_000
-    config.eval.every_steps = 250_000
-    config.checkpoint.every_steps = 250_000
-    config.eval.episodes = 32
-    return config_lib.finalize(config_lib.set_values(config, TUNED.get(env_id, {})))
+    return config_lib.finalize(config_lib.set_values(config, {**cadence, **tuned.get(env_id, {})}))
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    return library_ppo("gymnax", arg or "CartPole-v1", TUNED, **{
+        "log.every_steps": 50_000, "eval.every_steps": 250_000, "checkpoint.every_steps": 250_000,
+        "eval.episodes": 32})
