@@ -22,16 +22,14 @@ import os
 import statistics
 import sys
 import tempfile
-import time
-
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import machine, markdown_table, publish  # noqa: E402
+from report import fake_host_devices, machine, markdown_table, publish, timed_chunks, usable_cores  # noqa: E402
+
+fake_host_devices(2)
 
 MARKERS = ("<!-- host_envs:start -->", "<!-- host_envs:end -->")
 LAYOUTS = {  # name -> (actor.max_staleness, mesh.split_actor, devices)
@@ -78,14 +76,8 @@ def speed(env_id: str, updates: int, seeds: int) -> str:
         algo, hp = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, seeds))
         state = algo.init_seeds(0, seeds)
         state, _ = jax.block_until_ready(algo.run_chunk(state, hp, 2))
-        times, cpu_times, sides = [], [], []
-        for _ in range(3):
-            tick, cpu_tick = time.perf_counter(), time.process_time()
-            state, metrics = jax.block_until_ready(algo.run_chunk(state, hp, updates))
-            sides.append([float(metrics[k].mean()) * 1e3 for k in ("actor_seconds", "learner_seconds") if k in metrics])
-            times.append((time.perf_counter() - tick) / updates)
-            cpu_times.append((time.process_time() - cpu_tick) / updates)
-        per_update[name], cpu[name] = statistics.median(times), statistics.median(cpu_times)
+        state, per_update[name], cpu[name], chunks = timed_chunks(algo, state, hp, updates)
+        sides = [[float(m[k].mean()) * 1e3 for k in ("actor_seconds", "learner_seconds") if k in m] for m in chunks]
         rates[name] = config.num_envs * config.num_steps * seeds / per_update[name]
         side = " / ".join(f"{statistics.median(s):.0f}" for s in zip(*sides)) or "-"
         rows.append([name, f"{per_update[name] * 1e3:.1f}", f"{rates[name]:,.0f}", f"{cpu[name]:.3f}", side])
@@ -94,7 +86,7 @@ def speed(env_id: str, updates: int, seeds: int) -> str:
     base = rates["sync, 1 device"]
     for row, name in zip(rows, LAYOUTS):
         row.append(f"{rates[name] / base:.2f}x")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     least = min(cpu.values())
     return "\n".join([markdown_table(header, rows), "",
                       f"Bound: the least CPU work per update ({least:.3f} s) over {cores} cores would be "

@@ -81,6 +81,41 @@ def compare_point(ours: list[float], ref: list[float]) -> str:
     return "within" if mean >= ref_low or ref_mean <= high else "BELOW"
 
 
+def fake_host_devices(count: int) -> None:
+    """Give this process `count` host (CPU) devices, unless XLA_FLAGS already sets a count. XLA reads the flag
+    when jax's backend starts (its first device query or computation): call it before that."""
+    import os
+
+    flag = "--xla_force_host_platform_device_count"
+    if flag not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}={count}".strip()
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def timed_chunks(algo, state, hp, updates: int, repeats: int = 3):
+    """`repeats` chunks of `updates` updates of a compiled algorithm: (state after them, median wall seconds per
+    update, median CPU seconds per update of the whole process (every thread), each chunk's metrics)."""
+    import statistics
+    import time
+
+    import jax
+
+    seconds, cpu_seconds, chunks = [], [], []
+    for _ in range(repeats):
+        tick, cpu_tick = time.perf_counter(), time.process_time()
+        state, metrics = jax.block_until_ready(algo.run_chunk(state, hp, updates))
+        seconds.append((time.perf_counter() - tick) / updates)
+        cpu_seconds.append((time.process_time() - cpu_tick) / updates)
+        chunks.append(metrics)
+    return state, statistics.median(seconds), statistics.median(cpu_seconds), chunks
+
+
 def cpu_name() -> str:
     """The CPU's model name (Linux), else what `platform` knows."""
     import platform
@@ -100,7 +135,7 @@ def machine() -> str:
     import jax
 
     device = jax.devices()[0]
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    usable = usable_cores()
     cores = f"{os.cpu_count()} cores" if usable == os.cpu_count() else f"{usable} of {os.cpu_count()} cores (pinned)"
     return (f"{cores} ({cpu_name()}), {platform.system()}, jax {jax.__version__}, "
             f"{device.platform} ({device.device_kind})")

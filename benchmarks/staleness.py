@@ -27,23 +27,20 @@ import argparse
 import datetime
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 
-if "--xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2").strip()
-
-import numpy as np  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import compare_point, fmt_ci, machine, markdown_table, publish, save_figure, seed_band  # noqa: E402
+from report import (compare_point, fake_host_devices, fmt_ci, machine, markdown_table, publish,  # noqa: E402
+                    save_figure, seed_band, timed_chunks, usable_cores)
 from rollout_strategies import curves, start_point  # noqa: E402
 from text_rl import add_task_arguments, rl_config, sft_run  # noqa: E402
+
+fake_host_devices(2)
 
 MARKERS = ("<!-- staleness:start -->", "<!-- staleness:end -->")
 SPEED_MARKERS = ("<!-- staleness:speed:start -->", "<!-- staleness:speed:end -->")  # (the same page)
@@ -142,13 +139,7 @@ def speed(args, sft_dir: str, updates: int) -> str:
         algo, hp = algos.build(config, mesh_lib.mesh_for_runs(config.mesh, config.num_seeds))
         state = algo.init_seeds(config.seed, config.num_seeds, start_params=start_params(algo.starts_from))
         state, _ = jax.block_until_ready(algo.run_chunk(state, hp, 1 + eta))  # (compiles; fills the queue)
-        times, cpu_times = [], []
-        for _ in range(3):
-            tick, cpu_tick = time.perf_counter(), time.process_time()
-            state, _ = jax.block_until_ready(algo.run_chunk(state, hp, updates))
-            times.append((time.perf_counter() - tick) / updates)
-            cpu_times.append((time.process_time() - cpu_tick) / updates)
-        seconds, cpu[name] = statistics.median(times), statistics.median(cpu_times)
+        state, seconds, cpu[name], _ = timed_chunks(algo, state, hp, updates)
         per_update[name] = seconds
         rates[name] = config.num_prompts * config.group.size * config.num_seeds / seconds
         table.append([name, f"{seconds:.3f}", f"{rates[name]:,.0f}", f"{cpu[name]:.3f}"])
@@ -157,7 +148,7 @@ def speed(args, sft_dir: str, updates: int) -> str:
     sync = rates["sync, 2 devices (data parallel)"]
     for line, name in zip(table, SPEED_ROWS):
         line.append(f"{rates[name] / sync:.2f}x")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = usable_cores()
     least = min(cpu.values())
     ceiling = per_update["sync, 2 devices (data parallel)"] / (least / cores)
     return "\n".join([markdown_table(header, table), "",
