@@ -198,8 +198,8 @@ def main(argv=None):
                 json.dump({name: {k: v.tolist() for k, v in c.items()} for name, c in runs.items()}, f)
             publish("\n".join([
                 stamp, "", "From the SFT run's last checkpoint, plain GRPO (one candidate per slot) on "
-                f"{args.task} with {args.rl_task}, {args.samples:,} completions drawn per seed, {args.seeds} seeds per row (one "
-                "program); held-out greedy accuracy after the last update. 'against sync': >= (mean at least the "
+                f"{args.task} with {args.rl_task}, {args.samples:,} completions drawn per seed, {args.seeds} seeds "
+                "per row (one program); held-out greedy accuracy after the last update. 'against sync': >= (mean at least the "
                 "synchronous run's), within (the two 95% intervals overlap the other's mean) or BELOW.", "",
                 learning_table(runs, walls), "",
                 f"![staleness]({os.path.relpath(args.plot, os.path.join(ROOT, 'benchmarks'))})"]),

@@ -269,4 +269,5 @@ def check_layout(split: bool, mesh) -> None:
 
 
 __all__ = ["MAX_STALENESS", "ROLE_AXIS", "Roles", "SPLIT_ACTOR", "StaleUpdate", "ThreadedRoles", "batch_specs",
-           "check_config", "check_layout", "empty_queue", "learn_when", "oldest_and_ready", "pushed", "queue_specs", "update"]
+           "check_config", "check_layout", "empty_queue", "learn_when", "oldest_and_ready", "pushed", "queue_specs",
+           "update"]
