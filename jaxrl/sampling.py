@@ -423,24 +423,41 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def score(model: TransformerLM, params, prompts: jax.Array, completions: jax.Array,
-          completion_mask: jax.Array, pad_id):
+          completion_mask: jax.Array, pad_id, attend: jax.Array | None = None):
     """Teacher-forced log-probs of completions: one full forward over prompt + completion.
 
     prompts int32 [B, P] (left-padded), completions int32 [B, N], completion_mask [B, N] (1 = real)
     -> (log_probs [B, N], entropy [B, N], values [B, N] or None), all at temperature 1 and zero where
     the mask is 0. log_probs match `sample`'s; this is the function the policy loss differentiates.
+    `attend` bool [B, N]: the real tokens when they are more than the scored ones (a multi-turn episode's
+    environment tokens, `jaxrl.multi_turn`); each scored token is then predicted by the last real column before it.
     """
     P = prompts.shape[1]
     real, _, _ = prompt_layout(prompts, pad_id)
     completion_real = completion_mask > 0
+    seen = completion_real if attend is None else attend
     # The last completion token predicts nothing we score, so it is not fed.
     tokens = jnp.concatenate([prompts, completions[:, :-1]], axis=1)
-    attn_mask = jnp.concatenate([real, completion_real[:, :-1]], axis=1)
+    attn_mask = jnp.concatenate([real, seen[:, :-1]], axis=1)
     positions = jnp.maximum(jnp.cumsum(attn_mask, axis=1, dtype=jnp.int32) - 1, 0)
     logits, values = model.apply(params, tokens, positions, attn_mask)
-    # Column P-1+t predicts token t.
-    return _completion_scores(logits[:, P - 1:], None if values is None else values[:, P - 1:], completions,
-                              completion_real)
+    # Column P-1+t predicts token t (with `attend`: the last real column before it).
+    logits, values = logits[:, P - 1:], None if values is None else values[:, P - 1:]
+    if attend is not None:
+        logits, values = _at_predicting_columns(logits, values, attend)
+    return _completion_scores(logits, values, completions, completion_real)
+
+
+def _at_predicting_columns(logits, values, attend):
+    """Logits [..., N, V] and values [..., N] (or None) of the columns after the prompt's last, column t + 1 = after
+    slot t, -> those predicting each slot t: the column after the last real slot before t (the prompt's for
+    none)."""
+    N = attend.shape[-1]
+    real_at = jnp.where(attend, jnp.arange(N), -1)
+    last_real = jax.lax.cummax(real_at, axis=real_at.ndim - 1)
+    predicting = jnp.concatenate([jnp.full_like(last_real[..., :1], -1), last_real[..., :-1]], axis=-1) + 1
+    logits = jnp.take_along_axis(logits, predicting[..., None], axis=-2)
+    return logits, None if values is None else jnp.take_along_axis(values, predicting, axis=-1)
 
 
 def _completion_scores(logits, values, completions, completion_real):
@@ -455,7 +472,7 @@ def _completion_scores(logits, values, completions, completion_real):
 
 @functools.partial(jax.jit, static_argnames=("model",))
 def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: jax.Array,
-                 completion_mask: jax.Array, pad_id):
+                 completion_mask: jax.Array, pad_id, attend: jax.Array | None = None):
     """`score` for a group of G completions per prompt, computing each prompt's forward pass once.
 
     prompts int32 [B, P] (left-padded), completions int32 [B, G, N], completion_mask [B, G, N]
@@ -463,6 +480,7 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
     times. The prompts run once; the members' N-1 fed tokens then run as one block attending to their
     prompt's keys and values, which are shared, never copied G times. That computes B*P + B*G*(N-1)
     positions instead of B*G*(P+N-1) (a GRPO update on short answers spends most of its time on prompts).
+    `attend` bool [B, G, N]: the real tokens, as `score` takes it (multi-turn episodes).
     """
     B, G, N = completions.shape
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
@@ -472,9 +490,16 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
     values = None if values is None else jnp.broadcast_to(values[:, None, None], (B, G, 1))
     completion_real = completion_mask > 0
     if N > 1:  # the last completion token predicts nothing we score, so it is not fed
-        fed_positions = jnp.broadcast_to(prompt_len[:, None, None] + jnp.arange(N - 1, dtype=jnp.int32), (B, G, N - 1))
+        if attend is None:
+            fed_positions = jnp.broadcast_to(prompt_len[:, None, None] + jnp.arange(N - 1, dtype=jnp.int32),
+                                             (B, G, N - 1))
+        else:  # positions count real tokens only
+            fed_positions = prompt_len[:, None, None] + jnp.cumsum(attend[..., :-1], -1, dtype=jnp.int32) - 1
+        seen = completion_real if attend is None else attend
         rest_logits, rest_values, _ = model.apply(params, completions[..., :-1], fed_positions,
-                                                  completion_real[..., :-1], prefix, real, method="extend")
+                                                  seen[..., :-1], prefix, real, method="extend")
         logits = jnp.concatenate([logits, rest_logits], axis=2)
         values = None if values is None else jnp.concatenate([values, rest_values], axis=2)
+    if attend is not None:
+        logits, values = _at_predicting_columns(logits, values, attend)
     return _completion_scores(logits, values, completions, completion_real)  # column t predicts token t

@@ -12,12 +12,13 @@ See `envs.text.tasks` for the prompt formats, the held-out split and the verifie
 from envs.text.chat import ChatTask, DatasetTask, ModelVocab
 from envs.text.tasks import (SPLITS, TASKS, Arithmetic, Countdown, Problems, Task, addition, corpus,
                              make_task, multiplication, split_hash, task_options)
+from envs.text.turns import MULTI_TURN_TASKS, MultiTurnTask, Reply, episode_rewards
 from envs.text.tokenizer import (ALPHABET, SPECIALS, Vocab, decode, encode, load_tokenizer, save_tokenizer,
                                  train_tokenizer)
 from envs.text.verify import ExpressionError, check_countdown, parse_expression
 
 __all__ = [
-    "ALPHABET", "SPECIALS", "SPLITS", "TASKS", "Arithmetic", "ChatTask", "DatasetTask", "ModelVocab", "Countdown", "ExpressionError", "Problems",
+    "ALPHABET", "MULTI_TURN_TASKS", "MultiTurnTask", "Reply", "SPECIALS", "episode_rewards", "SPLITS", "TASKS", "Arithmetic", "ChatTask", "DatasetTask", "ModelVocab", "Countdown", "ExpressionError", "Problems",
     "Task", "Vocab", "addition", "check_countdown", "corpus", "decode", "encode", "load_tokenizer",
     "make_task", "multiplication", "parse_expression", "save_tokenizer", "split_hash", "task_options", "train_tokenizer",
 ]

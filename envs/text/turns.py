@@ -1,0 +1,557 @@
+"""Multi-turn text environments: the policy writes a turn, the environment answers with tokens and a reward,
+until the episode ends or its turns run out. Every environment turn is a pure JAX function of token arrays, so
+a whole conversation runs inside one compiled program (`jaxrl.multi_turn.play`).
+
+    task = text.make_task("guess", high=1024)                # a MultiTurnTask
+    problems = task.sample(key, 64, "train")                 # as any Task
+    prompts = task.prompts(problems, vocab)                  # int32 [64, P]: the first observation
+    state, anchor = task.start(problem)                      # one episode
+    reply = task.respond(problem, state, turn, turn_index, vocab)   # turn int32 [T]: the model's tokens
+
+An episode lays out in fixed slots after its prompt: turn k's model tokens in slots [k (T + O), k (T + O) + T)
+and the environment's answer in the O slots after them (`turn_slots`), both left-packed, with pad (unreal) slots
+after; positions count real tokens only, so the layout equals the packed conversation (the test of the KV cache
+across turns). A model turn ends with EOS (for chat models, their end-of-turn token) or after T tokens.
+
+Episode rewards keep the single-turn tasks' components: `correct` (the task's reward: each turn's summed, e.g.
+success discounted by the turns used) and `well_formed` (the share of turns that parsed). Tool calls (a
+calculator, a lookup into the problem's table) are turns that begin with a tool's mark; a malformed call or a
+failing one gets an error observation (`!`) and the episode goes on.
+
+Tasks: `guess` (the number-guessing game, higher/lower feedback), `countdown_tools` (Countdown with a
+calculator), `lookup` (a question about a table only tools can read), `retry` (arithmetic with "wrong, try
+again" feedback: self-correction), `grid` (a grid world played through tokens). Each has a demonstrator
+(`reference_answers`: a whole demonstration episode in the slot layout) for supervised warm starts.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from envs.text import render, tools
+from envs.text.render import Piece
+from envs.text.tasks import EOS, TASKS, Countdown, Problems, Task, addition, multiplication
+from envs.text.tokenizer import ALPHABET, Vocab
+
+CALCULATOR, LOOKUP, ERROR = "#", "@", "!"  # a turn starting with # or @ calls a tool; ! answers a failed call
+
+
+@struct.dataclass
+class Reply:
+    """The environment's answer to one turn of one episode."""
+
+    state: Any  # the episode's state after the turn
+    observation: jax.Array  # int32 [O]: the answer, left-packed, pad after
+    observation_length: jax.Array  # int32
+    reward: jax.Array  # float32: the task reward this turn earned (summed into the `correct` component)
+    done: jax.Array  # bool: the episode ended
+    well_formed: jax.Array  # bool: the turn parsed (a valid move, answer or tool call)
+    tool_call: jax.Array  # bool: the turn called a tool
+    tool_error: jax.Array  # bool: ... and the call was malformed or failed
+    solved: jax.Array  # bool: the episode ended with the task solved
+    anchor: jax.Array  # int32: the environment's state after the turn as one id (equal ids: the same state)
+
+
+class MultiTurnTask(Task):
+    """A Task played over turns. Subclasses set `turn_length` (T, EOS included), `observation_length` (O),
+    `max_turns` (K) and `alphabet` (every character their texts use), and define `_propose`, `_prompt_pieces`,
+    `start`, `respond` and `demonstrate`."""
+
+    multi_turn = True
+    turn_length: int
+    observation_length: int
+    max_turns: int
+    alphabet: str = ALPHABET
+
+    @property
+    def answer_length(self) -> int:
+        """N = K (T + O): the episode's slots after the prompt."""
+        return self.max_turns * (self.turn_length + self.observation_length)
+
+    @property
+    def turn_span(self) -> int:
+        return self.turn_length + self.observation_length
+
+    def turn_slots(self) -> tuple[np.ndarray, np.ndarray]:
+        """Static (turn index int32 [N], model slot bool [N]): the turn each slot belongs to, and whether it holds
+        the model's tokens (else the environment's)."""
+        slots = np.arange(self.answer_length)
+        return (slots // self.turn_span).astype(np.int32), slots % self.turn_span < self.turn_length
+
+    # --- subclass hooks -------------------------------------------------------------------------------
+    def start(self, problem: Problems) -> tuple[Any, jax.Array]:
+        """One episode's initial state and its anchor id."""
+        raise NotImplementedError
+
+    def respond(self, problem: Problems, state, turn: jax.Array, turn_index, vocab: Vocab) -> Reply:
+        """The environment's answer to the model's turn (int32 [T]: up to and including EOS, pad after)."""
+        raise NotImplementedError
+
+    def demonstrate(self, problem: Problems, state, turn_index, vocab: Vocab) -> Piece:
+        """The demonstrator's next turn (without EOS) in `state`: what `reference_answers` plays."""
+        raise NotImplementedError
+
+    def difficulty(self, problems: Problems) -> jax.Array:
+        return jnp.zeros(problems.target.shape, jnp.float32)
+
+    def _answer_pieces(self, problem, vocab):
+        raise TypeError(f"{self.name}: a multi-turn task's reference is an episode (`reference_answers`)")
+
+    # --- shared machinery -----------------------------------------------------------------------------
+    def _turn(self, piece: Piece, vocab: Vocab) -> jax.Array:
+        """A turn's text as the model writes it: int32 [T], EOS after the text, pad after that."""
+        return render.concat([piece, render.char(EOS, vocab)], self.turn_length, vocab.pad_id)[0]
+
+    def _observe(self, pieces: list[Piece], vocab: Vocab) -> tuple[jax.Array, jax.Array]:
+        return render.concat(pieces, self.observation_length, vocab.pad_id)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def reference_answers(self, problems: Problems, vocab: Vocab) -> jax.Array:
+        """int32 [B, N]: the demonstrator's episode in the slot layout (pad in unreal slots)."""
+        def one(problem):
+            state, _ = self.start(problem)
+
+            def turn(carry, k):
+                state, done = carry
+                tokens = self._turn(self.demonstrate(problem, state, k, vocab), vocab)
+                reply = self.respond(problem, state, tokens, k, vocab)
+                observation = jnp.where(jnp.arange(self.observation_length) < reply.observation_length,
+                                        reply.observation, vocab.pad_id)
+                block = jnp.where(done, vocab.pad_id, jnp.concatenate([tokens, observation]))
+                return (jax.tree.map(lambda a, b: jnp.where(done, a, b), state, reply.state),
+                        done | reply.done), block
+
+            _, blocks = jax.lax.scan(turn, (state, jnp.bool_(False)), jnp.arange(self.max_turns))
+            return blocks.reshape(-1)
+        return jax.vmap(one)(problems)
+
+    @functools.partial(jax.jit, static_argnums=(0, 3))
+    def replay(self, problems: Problems, episodes: jax.Array, vocab: Vocab) -> dict:
+        """Re-play episodes [B, N] (slot layout) against fresh environments: per turn [B, K] `reward`, `taken`,
+        `well_formed`, `tool_call`, `tool_error`, `solved`, and the anchor before each turn."""
+        T, span = self.turn_length, self.turn_span
+
+        def one(problem, episode):
+            state, anchor = self.start(problem)
+
+            def turn(carry, k):
+                state, anchor, done = carry
+                tokens = jax.lax.dynamic_slice_in_dim(episode, k * span, T)
+                reply = self.respond(problem, state, tokens, k, vocab)
+                taken = ~done
+                out = {"reward": reply.reward * taken, "taken": taken, "well_formed": reply.well_formed & taken,
+                       "tool_call": reply.tool_call & taken, "tool_error": reply.tool_error & taken,
+                       "solved": reply.solved & taken, "anchor": anchor}
+                state = jax.tree.map(lambda a, b: jnp.where(done, a, b), state, reply.state)
+                return (state, jnp.where(done, anchor, reply.anchor), done | reply.done), out
+
+            _, out = jax.lax.scan(turn, (state, anchor, jnp.bool_(False)), jnp.arange(self.max_turns))
+            return out
+        return jax.vmap(one)(problems, episodes)
+
+    def rewards(self, problems, completions, vocab):
+        """float32 [B, 2] (correct, well_formed) of whole episodes [B, N], re-played (`replay`)."""
+        return episode_rewards(self.replay(problems, completions, vocab))
+
+    def texts(self, problems: Problems) -> list[tuple[str, str]]:
+        """(prompt, demonstration episode) strings: the episode's real tokens, EOS shown as `|`."""
+        vocab = Vocab.from_alphabet(self.alphabet)
+        prompts = np.asarray(self.prompts(problems, vocab))
+        episodes = np.asarray(self.reference_answers(problems, vocab))
+        show = lambda ids: "".join("|" if i == vocab.eos_id else vocab.tokens[i] for i in ids  # noqa: E731
+                                   if i not in (vocab.pad_id, vocab.bos_id))
+        return [(show(p), show(e)) for p, e in zip(prompts, episodes)]
+
+
+def episode_rewards(turns: dict) -> jax.Array:
+    """float32 [..., 2] (correct, well_formed) from per-turn outcomes [..., K]: the summed task reward, and the
+    share of the turns taken that parsed."""
+    taken = jnp.maximum(turns["taken"].sum(-1), 1)
+    return jnp.stack([turns["reward"].sum(-1), turns["well_formed"].sum(-1) / taken], axis=-1).astype(jnp.float32)
+
+
+def _select(done, a, b):
+    return jax.tree.map(lambda x, y: jnp.where(done, x, y), a, b)
+
+
+def _text_of(turn: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.Array]:
+    """(length of the text before EOS, ended: the turn has an EOS)."""
+    eos = turn == vocab.eos_id
+    return jnp.where(eos.any(), jnp.argmax(eos), turn.shape[0]), eos.any()
+
+
+def _parse_number(turn: jax.Array, start, vocab: Vocab, max_digits: int):
+    """(value, well_formed) of `<digits><EOS>` from column `start` of the turn (no leading zero but "0")."""
+    shifted = jnp.roll(turn, -start)
+    shifted = jnp.where(jnp.arange(turn.shape[0]) < turn.shape[0] - start, shifted, vocab.pad_id)
+    value, length, ok = render.parse_decimal(shifted, vocab, max_digits)
+    first = jnp.take(jnp.asarray(vocab.digit_values), shifted[0], mode="fill", fill_value=-1)
+    return value, ok & (length <= max_digits) & ((first != 0) | (length == 1))
+
+
+def _starts_with(turn: jax.Array, mark: str, vocab: Vocab) -> jax.Array:
+    return turn[0] == vocab.id_of(mark)
+
+
+def _discounted(turn_index, cost: float) -> jax.Array:
+    """A success's reward at turn `turn_index` (0-based): 1 less `cost` per turn before it."""
+    return jnp.maximum(1.0 - cost * turn_index, 0.0).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The number-guessing game
+
+
+class GuessNumber(MultiTurnTask):
+    """Guess a secret number in [low, high] (1..1024 by default, as PipelineRL's game): each turn is a decimal
+    guess; the answer is `>` (the secret is higher), `<` (lower), `=` (found: the episode ends) or `!` (not a
+    number in range). A find at turn k (1-based) earns 1 - turn_cost (k - 1); `max_turns` (13) caps the episode.
+    Binary search needs at most ceil(log2(1024)) + 1 = 11 turns and averages about 9. The prompt is `low-high=`.
+
+    State: the interval the answers so far leave, (lo, hi), which is also the anchor (GiGPO's step groups:
+    different guesses that leave the same interval meet in the same state). The demonstrator bisects it."""
+
+    name = "guess"
+    alphabet = ALPHABET + "<>!"
+
+    def __init__(self, low: int = 1, high: int = 1024, max_turns: int = 13, turn_cost: float = 0.05,
+                 split_seed: int = 0):
+        super().__init__(split_seed)
+        if not 0 <= low < high < 10 ** 6:
+            raise ValueError(f"need 0 <= low < high < 10**6, got low={low}, high={high}")
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.low, self.high, self.max_turns, self.turn_cost = low, high, max_turns, float(turn_cost)
+        self.digits = render.max_digits(high)
+        self.prompt_length = 1 + 2 * self.digits + 2
+        self.turn_length, self.observation_length = self.digits + 1, 1
+
+    def _propose(self, key, n, level=None):
+        secret = jax.random.randint(key, (n,), self.low, self.high + 1)
+        return Problems(secret[:, None], secret, jnp.zeros((n, 0, 3), jnp.int32)), jnp.ones(n, bool)
+
+    def _prompt_pieces(self, problem, vocab):
+        return [render.number(self.low, self.digits, vocab), render.char("-", vocab),
+                render.number(self.high, self.digits, vocab), render.char("=", vocab)]
+
+    def _anchor(self, lo, hi):
+        return (lo * (self.high + 1) + hi).astype(jnp.int32)
+
+    def start(self, problem):
+        lo, hi = jnp.int32(self.low), jnp.int32(self.high)
+        return (lo, hi), self._anchor(lo, hi)
+
+    def respond(self, problem, state, turn, turn_index, vocab):
+        lo, hi = state
+        guess, ok = _parse_number(turn, 0, vocab, self.digits)
+        ok = ok & (guess >= self.low) & (guess <= self.high)
+        secret = problem.target
+        found = ok & (guess == secret)
+        higher = ok & (secret > guess)
+        lo = jnp.where(higher, jnp.maximum(lo, guess + 1), lo)
+        hi = jnp.where(ok & (secret < guess), jnp.minimum(hi, guess - 1), hi)
+        mark = jnp.select([~ok, found, higher], [vocab.id_of(ERROR), vocab.id_of("="), vocab.id_of(">")],
+                          vocab.id_of("<"))
+        observation, length = self._observe([render.token(mark)], vocab)
+        no = jnp.bool_(False)
+        return Reply((lo, hi), observation, length, jnp.where(found, _discounted(turn_index, self.turn_cost), 0.0),
+                     found, ok, no, no, found, self._anchor(lo, hi))
+
+    def demonstrate(self, problem, state, turn_index, vocab):
+        lo, hi = state
+        return render.number((lo + hi) // 2, self.digits, vocab)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Tools: calculator calls and table lookups, then an answer
+
+
+class ToolTask(MultiTurnTask):
+    """A task answered by a final turn, after any number of tool calls: `#<expression>` asks the calculator (the
+    answer is the exact value, `-7/2` or `15`), `@<key>` looks a letter up in the problem's table (its value);
+    anything else is the final answer, which ends the episode. A malformed or failing call is answered `!`.
+    Subclasses give `_check` (is the final answer right) and `_lookup_table`, and choose the tools."""
+
+    calculator = True
+    lookup = False
+
+    def _tool_reply(self, problem, turn, vocab):
+        """(observation, its length, tool_call, tool_error) of a turn that calls a tool."""
+        length, _ = _text_of(turn, vocab)
+        body = jnp.where(jnp.arange(turn.shape[0]) < length - 1, jnp.roll(turn, -1), vocab.pad_id)
+        error_piece = render.char(ERROR, vocab)
+        no = jnp.bool_(False)
+        calc_call = _starts_with(turn, CALCULATOR, vocab) if self.calculator else no
+        calc = tools.calculator(body, length - 1, vocab)
+        calc_piece = tools.render_value(calc, self.observation_length, vocab)
+        lookup_call = _starts_with(turn, LOOKUP, vocab) if self.lookup else no
+        table = self._lookup_table(problem)
+        keys = jnp.asarray(vocab.ids_of(_KEYS[:table.shape[0]])) if self.lookup else jnp.full(table.shape, -1)
+        letter = jnp.sum(jnp.where(body[0] == keys, jnp.arange(table.shape[0]) + 1, 0)) - 1
+        lookup_ok = (letter >= 0) & (length == 2)
+        lookup_piece = render.number(table[jnp.maximum(letter, 0)], self.observation_length, vocab)
+        fits = calc_piece[1] <= self.observation_length  # (a longer value would be cut: an error instead)
+        ok = jnp.where(calc_call, ~calc.error & fits, lookup_ok)
+        piece = jax.tree.map(lambda a, b, e: jnp.where(ok, jnp.where(calc_call, a, b), e),
+                             calc_piece, lookup_piece, (jnp.pad(error_piece[0], (0, self.observation_length - 1),
+                                                                constant_values=vocab.pad_id), error_piece[1]))
+        return piece, calc_call | lookup_call, (calc_call | lookup_call) & ~ok
+
+    def _lookup_table(self, problem) -> jax.Array:
+        return jnp.zeros((1,), jnp.int32)
+
+    def _check(self, problem, turn, vocab) -> tuple[jax.Array, jax.Array]:
+        """(correct, well_formed) of a final answer turn."""
+        raise NotImplementedError
+
+    def start(self, problem):
+        return jnp.int32(0), jnp.int32(0)
+
+    def respond(self, problem, state, turn, turn_index, vocab):
+        (observation, obs_length), call, error = self._tool_reply(problem, turn, vocab)
+        correct, well_formed = self._check(problem, turn, vocab)
+        answered = ~call
+        observation = jnp.where(answered, jnp.full_like(observation, vocab.pad_id).at[0].set(
+            vocab.id_of("=") * correct + vocab.id_of(ERROR) * ~correct), observation)
+        obs_length = jnp.where(answered, 1, obs_length)
+        # the anchor: how many tool calls so far (the state an answer is given in)
+        calls = state + call
+        return Reply(calls, observation, obs_length, (answered & correct).astype(jnp.float32), answered,
+                     jnp.where(call, ~error, well_formed), call, error, answered & correct, calls)
+
+
+_KEYS = "abcdefghij"
+
+
+class CountdownTools(ToolTask):
+    """Countdown (`envs.text.tasks.Countdown`: its problems, prompt and rule) with a calculator: `#3*5+1` is
+    answered `16`; a turn without `#` is the final expression. `calculator=False` leaves only the answer (a call
+    is then an ill-formed answer). The demonstrator checks the reference expression once, then answers it."""
+
+    name = "countdown_tools"
+    alphabet = ALPHABET + CALCULATOR + ERROR
+
+    def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25, min_target: int = 1,
+                 max_target: int = 100, use_all: bool = False, max_turns: int = 4, calculator: bool = True,
+                 split_seed: int = 0):
+        super().__init__(split_seed)
+        self.base = Countdown(num_numbers, min_number, max_number, min_target, max_target, use_all, split_seed)
+        self.max_turns, self.calculator = max_turns, bool(calculator)
+        self.prompt_length = self.base.prompt_length
+        self.turn_length = 1 + self.base.expression_length + 1
+        self.observation_length = tools.value_width(max_number ** num_numbers + 1)
+
+    def _propose(self, key, n, level=None):
+        return self.base._propose(key, n, level)
+
+    def difficulty(self, problems):
+        return self.base.difficulty(problems)
+
+    def _prompt_pieces(self, problem, vocab):
+        return self.base._prompt_pieces(problem, vocab)
+
+    def _check(self, problem, turn, vocab):
+        length, _ = _text_of(turn, vocab)
+        calc = tools.calculator(turn, length, vocab)
+        rule = tools.uses_given_numbers(calc, problem.numbers, self.base.use_all)
+        right = ~calc.error & rule & (calc.denominator == 1) & (calc.numerator == problem.target)
+        return right, ~calc.error
+
+    def demonstrate(self, problem, state, turn_index, vocab):
+        expression = self.base._answer_pieces(problem, vocab)[0]
+        if not self.calculator:
+            return expression
+        call = render.concat([render.char(CALCULATOR, vocab), expression], self.turn_length, vocab.pad_id)
+        return jax.tree.map(lambda a, b: jnp.where(state == 0, a, b), call, _pad_piece(expression, self.turn_length,
+                                                                                      vocab))
+
+
+def _pad_piece(piece: Piece, width: int, vocab: Vocab) -> Piece:
+    ids, length = piece
+    return jnp.pad(ids, (0, width - ids.shape[0]), constant_values=vocab.pad_id), length
+
+
+class Lookup(ToolTask):
+    """A question about a table of `num_keys` letters whose values only the lookup tool reveals: the prompt
+    `a*c=` asks for value(a) * value(c). Tools: `@a` (answered with a's value) and the calculator; the final
+    answer is a number. The demonstrator looks both keys up, computes with the calculator and answers."""
+
+    name = "lookup"
+    lookup = True
+    alphabet = ALPHABET + CALCULATOR + LOOKUP + ERROR + _KEYS
+
+    def __init__(self, num_keys: int = 6, max_value: int = 20, ops: str = "+*", max_turns: int = 6,
+                 split_seed: int = 0):
+        super().__init__(split_seed)
+        if not 2 <= num_keys <= len(_KEYS):
+            raise ValueError(f"num_keys must be in 2..{len(_KEYS)}, got {num_keys}")
+        if not ops or any(op not in "+-*" for op in ops):
+            raise ValueError(f"ops must be some of '+-*', got {ops!r}")
+        self.num_keys, self.max_value, self.ops, self.max_turns = num_keys, max_value, ops, max_turns
+        self.value_digits = render.max_digits(max_value)
+        self.answer_digits = render.max_digits(max_value * max_value)
+        self.prompt_length = 1 + 4
+        self.turn_length = 1 + 2 * self.value_digits + 1 + 1
+        self.turn_length = max(self.turn_length, self.answer_digits + 2)
+        self.observation_length = tools.value_width(max_value * max_value + 1)
+
+    def _propose(self, key, n, level=None):
+        k_values, k_keys, k_op = jax.random.split(key, 3)
+        values = jax.random.randint(k_values, (n, self.num_keys), 0, self.max_value + 1)
+        keys = jax.vmap(lambda k: jax.random.choice(k, self.num_keys, (2,), replace=False))(
+            jax.random.split(k_keys, n))
+        op = jnp.asarray(np.array(["+-*".index(o) for o in self.ops]))[
+            jax.random.randint(k_op, (n,), 0, len(self.ops))]
+        a, b = (jnp.take_along_axis(values, keys[:, i:i + 1], 1)[:, 0] for i in range(2))
+        target = jnp.select([op == 0, op == 1], [a + b, a - b], a * b)
+        recipe = jnp.stack([keys[:, 0], keys[:, 1], op], axis=-1)[:, None]
+        return Problems(values, target, recipe), target >= 0
+
+    def _lookup_table(self, problem):
+        return problem.numbers
+
+    def _prompt_pieces(self, problem, vocab):
+        i, j, op = problem.recipe[0]
+        keys = jnp.asarray(vocab.ids_of(_KEYS))
+        return [render.token(keys[i]), render.token(jnp.asarray(vocab.ids_of("+-*/"))[op]), render.token(keys[j]),
+                render.char("=", vocab)]
+
+    def _check(self, problem, turn, vocab):
+        value, ok = _parse_number(turn, 0, vocab, self.answer_digits)
+        return ok & (value == problem.target), ok
+
+    def demonstrate(self, problem, state, turn_index, vocab):
+        i, j, op = problem.recipe[0]
+        keys = jnp.asarray(vocab.ids_of(_KEYS))
+        width = self.turn_length
+        look = lambda key: render.concat([render.char(LOOKUP, vocab), render.token(key)], width, vocab.pad_id)  # noqa
+        a, b = problem.numbers[i], problem.numbers[j]
+        compute = render.concat([render.char(CALCULATOR, vocab), render.number(a, self.value_digits, vocab),
+                                 render.token(jnp.asarray(vocab.ids_of("+-*/"))[op]),
+                                 render.number(b, self.value_digits, vocab)], width, vocab.pad_id)
+        answer = _pad_piece(render.number(problem.target, self.answer_digits, vocab), width, vocab)
+        choices = [look(keys[i]), look(keys[j]), compute, answer]
+        step = jnp.minimum(state, 3)
+        return jax.tree.map(lambda *xs: jnp.stack(xs)[step], *choices)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Self-correction: arithmetic with "wrong, try again"
+
+
+class Retry(MultiTurnTask):
+    """An arithmetic problem (`addition` or `multiplication`) answered over up to `max_turns` tries: a wrong or
+    ill-formed answer is told `!` and may be corrected; a right one is told `=` and ends the episode, earning
+    1 - turn_cost (k - 1) at try k. The demonstrator answers right at once."""
+
+    name = "retry"
+    alphabet = ALPHABET + ERROR
+
+    def __init__(self, op: str = "+", min_digits: int = 1, max_digits: int = 3, max_turns: int = 3,
+                 turn_cost: float = 0.3, split_seed: int = 0):
+        super().__init__(split_seed)
+        make = {"+": addition, "*": multiplication}
+        if op not in make:
+            raise ValueError(f"op must be '+' or '*', got {op!r}")
+        self.base = make[op](min_digits, max_digits, split_seed)
+        self.op, self.max_turns, self.turn_cost = op, max_turns, float(turn_cost)
+        self.prompt_length = self.base.prompt_length
+        self.turn_length, self.observation_length = self.base.answer_length, 1
+
+    def _propose(self, key, n, level=None):
+        return self.base._propose(key, n, level)
+
+    def difficulty(self, problems):
+        return self.base.difficulty(problems)
+
+    def _prompt_pieces(self, problem, vocab):
+        return self.base._prompt_pieces(problem, vocab)
+
+    def start(self, problem):
+        return jnp.int32(0), jnp.int32(0)
+
+    def respond(self, problem, state, turn, turn_index, vocab):
+        correct, well_formed = self.base.rewards(problem, turn, vocab) > 0
+        mark = jnp.where(correct, vocab.id_of("="), vocab.id_of(ERROR))
+        observation, length = self._observe([render.token(mark)], vocab)
+        no = jnp.bool_(False)
+        return Reply(state + 1, observation, length,
+                     jnp.where(correct, _discounted(turn_index, self.turn_cost), 0.0), correct, well_formed, no, no,
+                     correct, state + 1)
+
+    def demonstrate(self, problem, state, turn_index, vocab):
+        return self.base._answer_pieces(problem, vocab)[0]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A grid world through tokens
+
+
+_MOVES = "udlr"
+_STEPS = np.array([[0, 1], [0, -1], [-1, 0], [1, 0]], np.int32)  # (dx, dy) of u d l r
+
+
+class GridWorld(MultiTurnTask):
+    """A `size` x `size` grid: the prompt `xy>XY=` gives the agent's cell and the goal's (digits); each turn is one
+    move `u`, `d`, `l` or `r` (up is +y); the answer is the agent's new cell `xy` (a move into the border leaves it
+    where it is), or `!` for anything but a move. Reaching the goal at move k earns 1 - turn_cost (k - 1) and
+    ends the episode. State and anchor: the agent's cell. The demonstrator walks along x, then along y."""
+
+    name = "grid"
+    alphabet = ALPHABET + _MOVES + ERROR
+
+    def __init__(self, size: int = 5, max_turns: int = 12, turn_cost: float = 0.05, split_seed: int = 0):
+        super().__init__(split_seed)
+        if not 2 <= size <= 10:
+            raise ValueError(f"size must be in 2..10, got {size}")
+        self.size, self.max_turns, self.turn_cost = size, max_turns, float(turn_cost)
+        self.prompt_length = 1 + 6
+        self.turn_length, self.observation_length = 2, 2
+
+    def _propose(self, key, n, level=None):
+        cells = jax.random.randint(key, (n, 4), 0, self.size)
+        valid = jnp.any(cells[:, :2] != cells[:, 2:], axis=1)
+        return Problems(cells, cells[:, 2] * self.size + cells[:, 3], jnp.zeros((n, 0, 3), jnp.int32)), valid
+
+    def difficulty(self, problems):
+        distance = jnp.abs(problems.numbers[:, :2] - problems.numbers[:, 2:]).sum(-1)
+        return jnp.clip((distance - 1) / max(2 * (self.size - 1) - 1, 1), 0.0, 1.0).astype(jnp.float32)
+
+    def _cell(self, xy, vocab):
+        return [render.token(vocab.digit_ids[xy[0]]), render.token(vocab.digit_ids[xy[1]])]
+
+    def _prompt_pieces(self, problem, vocab):
+        x = problem.numbers
+        return [*self._cell(x[:2], vocab), render.char(">", vocab), *self._cell(x[2:], vocab), render.char("=", vocab)]
+
+    def start(self, problem):
+        xy = problem.numbers[:2]
+        return xy, xy[0] * self.size + xy[1]
+
+    def respond(self, problem, state, turn, turn_index, vocab):
+        move = jnp.argmax(turn[0] == jnp.asarray(vocab.ids_of(_MOVES)))
+        ok = jnp.any(turn[0] == jnp.asarray(vocab.ids_of(_MOVES))) & (turn[1] == vocab.eos_id)
+        xy = jnp.where(ok, jnp.clip(state + jnp.asarray(_STEPS)[move], 0, self.size - 1), state)
+        reached = jnp.all(xy == problem.numbers[2:])
+        cell = render.concat(self._cell(xy, vocab), 2, vocab.pad_id)
+        error = render.concat([render.char(ERROR, vocab)], 2, vocab.pad_id)
+        observation, length = jax.tree.map(lambda a, b: jnp.where(ok, a, b), cell, error)
+        no = jnp.bool_(False)
+        return Reply(xy, observation, length, jnp.where(reached, _discounted(turn_index, self.turn_cost), 0.0),
+                     reached, ok, no, no, reached, xy[0] * self.size + xy[1])
+
+    def demonstrate(self, problem, state, turn_index, vocab):
+        dx, dy = problem.numbers[2] - state[0], problem.numbers[3] - state[1]
+        move = jnp.select([dx > 0, dx < 0, dy > 0], [3, 2, 0], 1)
+        return render.token(jnp.asarray(vocab.ids_of(_MOVES))[move])
+
+
+MULTI_TURN_TASKS = {"guess": GuessNumber, "countdown_tools": CountdownTools, "lookup": Lookup, "retry": Retry,
+                    "grid": GridWorld}
+TASKS.update(MULTI_TURN_TASKS)
