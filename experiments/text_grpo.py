@@ -15,7 +15,7 @@ table): one registry per stage (generate, filter, control, replay), a config lin
 
 from ml_collections import ConfigDict
 
-from experiments.text_sft import task_kwargs
+from experiments.text_sft import model_length, task_kwargs
 from jaxrl import algos, config as config_lib
 
 
@@ -31,6 +31,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.group.oversample = 2  # DAPO dynamic sampling: two candidate prompts per slot
     config.loss.clip_high = 0.28  # DAPO clip-higher: slows the entropy collapse
     config.model.num_layers, config.model.d_model, config.model.num_heads = 2, 128, 4
+    config.model.max_len = model_length(task)
     config.optim.learning_rate = 1e-4
     config.optim.warmup_updates = 10
     config.log.every_steps = 2_560

@@ -153,6 +153,7 @@ class Estimator:
     combine: bool = True  # receive sum_k w_k r_k rather than the K raw components
     needs_critic: bool = False
     off_policy: bool = False  # a critic core that takes log_rhos (log pi - log mu of each step's action)
+    per_turn: bool = False  # scores each turn of multi-turn episodes (`turn_advantages`), not whole samples
 
     def __call__(self, rewards, valid, opts):
         return self.core(rewards, valid, opts)
@@ -168,9 +169,11 @@ ESTIMATOR = Knob("advantage.estimator", "grpo", "the advantage estimator (jaxrl.
                  choices=lambda: sorted(ESTIMATORS))
 
 
-def names(needs_critic: bool) -> list[str]:
-    """The estimators that need a critic (PPO's), or the group estimators."""
-    return sorted(name for name, est in ESTIMATORS.items() if est.needs_critic == needs_critic)
+def names(needs_critic: bool, per_turn: bool = False) -> list[str]:
+    """The estimators that need a critic (PPO's), or the group estimators (those of multi-turn episodes' turns with
+    `per_turn`)."""
+    return sorted(name for name, est in ESTIMATORS.items()
+                  if est.needs_critic == needs_critic and est.per_turn == per_turn)
 
 
 def check_estimator(name: str, needs_critic: bool, family: str) -> None:
@@ -345,7 +348,8 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     all options are static Python values, so it can be jitted.
     """
     if name not in names(needs_critic=False):
-        raise ValueError(f"unknown group advantage estimator {name!r}; known: {', '.join(names(False))}")
+        raise ValueError(f"unknown group advantage estimator {name!r}; known: {', '.join(names(False))}"
+                         + (" (a per-turn estimator: `turn_advantages`)" if name in names(False, per_turn=True) else ""))
     est = ESTIMATORS[name]
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
@@ -422,3 +426,87 @@ def returns_to_go(rewards: jax.Array, alive: jax.Array, gamma: float) -> jax.Arr
 
     _, returns = jax.lax.scan(backward, jnp.zeros_like(rewards[0]), (rewards, alive), reverse=True)
     return returns
+
+
+# --------------------------------------------------------------------------------------------------
+# Turn-level estimators (multi-turn episodes, `jaxrl.multi_turn`): B groups of G episodes of up to K turns, each
+# turn scored against baselines built from the group's turns. Inputs: rewards [B, G, K] (each turn's reward),
+# taken bool [B, G, K] (the turn was played), anchors int32 [B, G, K] (the environment's state before the turn).
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnOptions:
+    gamma: float = 1.0  # discount between turns of the returns-to-go
+    step_weight: float = 1.0  # gigpo: the step-level advantage's weight beside the episode's
+    turn_mix: float = 0.5  # mapo: the turn-level normalisation's share (the batch-level one has the rest)
+    eps: float = 1e-6
+    scale: bool = True  # divide by the std of the group the baseline comes from
+
+
+def register_turns(name: str):
+    """Decorator adding a turn-level core fn(returns [B, G, K], taken, anchors, opts) -> [B, G, K] to ESTIMATORS."""
+    def decorate(core):
+        if name in ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ESTIMATORS[name] = Estimator(core, per_turn=True)
+        return core
+    return decorate
+
+
+def turn_returns(rewards: jax.Array, taken: jax.Array, gamma: float) -> jax.Array:
+    """Returns-to-go over turns: R_k = sum_{j >= k} gamma^(j - k) r_j over the turns taken; [B, G, K]."""
+    rewards = jnp.where(taken, rewards, 0.0)
+    discounts = jnp.full(rewards.shape, gamma, rewards.dtype)
+    to_go = _discounted_sums(jnp.moveaxis(rewards, -1, 0), jnp.moveaxis(discounts, -1, 0))
+    return jnp.where(taken, jnp.moveaxis(to_go, 0, -1), 0.0)
+
+
+def _normalised(x, valid, axes, opts: TurnOptions):
+    mean, std, _ = _moments(x, valid, axes)
+    centred = x - mean
+    return jnp.where(valid, centred / (std + opts.eps) if opts.scale else centred, 0.0)
+
+
+@register_turns("turn_grpo")
+def turn_grpo(returns, taken, anchors, opts: TurnOptions):
+    """Turn-level GRPO: turn k's return-to-go against the group's episodes at their turn k (each turn index its
+    own baseline: `stepwise_group_advantages` over turns)."""
+    return _normalised(returns, taken, (1,), opts)
+
+
+@register_turns("gigpo")
+def gigpo(returns, taken, anchors, opts: TurnOptions):
+    """GiGPO (Feng et al. 2025, group-in-group policy optimisation): the episode's return against its group's
+    (macro, GRPO's, given to every turn) plus `step_weight` x each turn's return-to-go against the turns, across
+    the group's episodes and turns, that start from the same anchor state (micro: its step group; a state met
+    once gets 0)."""
+    first = taken[..., :1]
+    episode = _normalised(returns[..., :1], first, (1, 2), opts)  # R_0 = the episode's return
+    same = (anchors[:, :, :, None, None] == anchors[:, None, None, :, :]) & taken[:, None, None, :, :]  # [B,G,K,G,K]
+    count = same.sum((3, 4))
+    mean = jnp.sum(same * returns[:, None, None], (3, 4)) / jnp.maximum(count, 1)
+    var = jnp.sum(same * (returns[:, None, None] - mean[..., None, None]) ** 2, (3, 4)) / jnp.maximum(count, 1)
+    centred = returns - mean
+    step = jnp.where(taken & (count > 1), centred / (jnp.sqrt(var) + opts.eps) if opts.scale else centred, 0.0)
+    return jnp.where(taken, episode + opts.step_weight * step, 0.0)
+
+
+@register_turns("mapo")
+def mapo(returns, taken, anchors, opts: TurnOptions):
+    """MAPO (mixed advantage policy optimisation): Monte Carlo returns-to-go normalised at the turn level (against
+    the group's episodes at the same turn) and at the batch level (against every turn of the batch), mixed
+    `turn_mix` : 1 - `turn_mix`."""
+    turn = _normalised(returns, taken, (1,), opts)
+    batch = _normalised(returns, taken, (0, 1, 2), opts)
+    return opts.turn_mix * turn + (1.0 - opts.turn_mix) * batch
+
+
+def turn_advantages(name: str, rewards: jax.Array, taken: jax.Array, anchors: jax.Array, **options) -> jax.Array:
+    """A per-turn estimator's advantages [B, G, K] (0 on turns not taken) from each turn's reward [B, G, K];
+    options: `TurnOptions`' fields."""
+    if name not in names(needs_critic=False, per_turn=True):
+        raise ValueError(f"unknown turn-level advantage estimator {name!r}; known: "
+                         f"{', '.join(names(False, per_turn=True))}")
+    opts = TurnOptions(**options)
+    return ESTIMATORS[name].core(turn_returns(rewards, taken, opts.gamma), taken, anchors, opts)

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from envs.text.turns import like_problem
 from jaxrl.loops import scan_until
 from jaxrl.sampling import _draw_token, _token_log_prob, is_eos, prompt_layout
 
@@ -68,11 +69,16 @@ def _play(model, params, task, vocab, problems, prompts, member_keys, temperatur
     uniforms = jnp.moveaxis(uniforms, -1, 0).reshape(K, T, B, G)
     members = lambda fn: jax.vmap(jax.vmap(fn))  # noqa: E731  over [B, G]
     per_member = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (B, G, *x.shape[1:])), problems)
-    state, anchor = members(task.start)(per_member)
+    state, anchor = members(lambda p: like_problem(p, task.start(p)))(per_member)
 
-    varying = jnp.zeros_like(real[:, :1, None])  # [B, 1, 1]: zeros that vary over devices as the prompts do
+    # Zeros that vary over devices and runs as the episodes will (through the parameters, prompts and keys): a
+    # loop's carry must start as it ends (`shard_map`'s varying types).
+    zero = uniforms[0, 0] * 0.0 + logits[..., 0] * 0.0  # [B, G]
+    vary = lambda x: x + zero.reshape(B, G, *[1] * (jnp.ndim(x) - 2)).astype(x.dtype)  # noqa: E731  x [B, G, ...]
+    logits, value = vary(logits), None if value is None else vary(value)
+    state, anchor = jax.tree.map(vary, (state, anchor))
     batch_axis = model.cache_batch_axis
-    own_cache = jax.tree.map(lambda c: c + jnp.expand_dims(jnp.zeros_like(real[:, 0], c.dtype),
+    own_cache = jax.tree.map(lambda c: c + jnp.expand_dims(zero[:, 0].astype(c.dtype),
                                                            [a for a in range(c.ndim) if a != batch_axis]),
                              model.init_own_cache(B, G, N))
 
@@ -134,13 +140,13 @@ def _play(model, params, task, vocab, problems, prompts, member_keys, temperatur
         playing = playing & ~reply.done
         return cache, attend, logits, value, count, playing, state, anchor, buffers
 
-    no = varying & jnp.zeros((B, G, N), bool)
+    no = vary(jnp.zeros((B, G, N), bool))
     buffers = {"tokens": jnp.where(no, 0, jnp.int32(vocab.pad_id)), "log_probs": no * 0.0, "mask": no,
-               "turns": {name: jnp.zeros((B, G, K), jnp.float32 if name == "reward" else
-                                         jnp.int32 if name == "anchor" else bool) for name in TURN_FIELDS}}
+               "turns": {name: vary(jnp.zeros((B, G, K), jnp.float32 if name == "reward" else
+                                              jnp.int32 if name == "anchor" else bool)) for name in TURN_FIELDS}}
     if value is not None:
         buffers["values"] = no * 0.0
-    carry = (own_cache, no, logits, value, jnp.broadcast_to(prompt_len[:, None], (B, G)), ~no[..., 0], state,
+    carry = (own_cache, no, logits, value, vary(jnp.broadcast_to(prompt_len[:, None], (B, G))), ~no[..., 0], state,
              anchor, buffers)
 
     def keep_going(loop):

@@ -115,7 +115,7 @@ class MultiTurnTask(Task):
     def reference_answers(self, problems: Problems, vocab: Vocab) -> jax.Array:
         """int32 [B, N]: the demonstrator's episode in the slot layout (pad in unreal slots)."""
         def one(problem):
-            state, _ = self.start(problem)
+            state, _ = like_problem(problem, self.start(problem))
 
             def turn(carry, k):
                 state, done = carry
@@ -127,7 +127,7 @@ class MultiTurnTask(Task):
                 return (jax.tree.map(lambda a, b: jnp.where(done, a, b), state, reply.state),
                         done | reply.done), block
 
-            _, blocks = jax.lax.scan(turn, (state, jnp.bool_(False)), jnp.arange(self.max_turns))
+            _, blocks = jax.lax.scan(turn, (state, like_problem(problem, jnp.bool_(False))), jnp.arange(self.max_turns))
             return blocks.reshape(-1)
         return jax.vmap(one)(problems)
 
@@ -138,7 +138,7 @@ class MultiTurnTask(Task):
         T, span = self.turn_length, self.turn_span
 
         def one(problem, episode):
-            state, anchor = self.start(problem)
+            state, anchor = like_problem(problem, self.start(problem))
 
             def turn(carry, k):
                 state, anchor, done = carry
@@ -151,7 +151,8 @@ class MultiTurnTask(Task):
                 state = jax.tree.map(lambda a, b: jnp.where(done, a, b), state, reply.state)
                 return (state, jnp.where(done, anchor, reply.anchor), done | reply.done), out
 
-            _, out = jax.lax.scan(turn, (state, anchor, jnp.bool_(False)), jnp.arange(self.max_turns))
+            _, out = jax.lax.scan(turn, (state, anchor, like_problem(problem, jnp.bool_(False))),
+                                  jnp.arange(self.max_turns))
             return out
         return jax.vmap(one)(problems, episodes)
 
@@ -167,6 +168,13 @@ class MultiTurnTask(Task):
         show = lambda ids: "".join("|" if i == vocab.eos_id else vocab.tokens[i] for i in ids  # noqa: E731
                                    if i not in (vocab.pad_id, vocab.bos_id))
         return [(show(p), show(e)) for p, e in zip(prompts, episodes)]
+
+
+def like_problem(problem: Problems, tree):
+    """`tree` plus zeros derived from the problem: inside `shard_map` its leaves then vary over devices as the
+    problem does (what a loop's carry needs, whose outputs depend on the problem)."""
+    return jax.tree.map(lambda x: x + jnp.zeros_like(problem.target, x.dtype).reshape(
+        problem.target.shape + (1,) * (jnp.ndim(x) - problem.target.ndim)), tree)
 
 
 def episode_rewards(turns: dict) -> jax.Array:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from envs.text import MULTI_TURN_TASKS
 from jaxrl import advantages, knobs, losses
 from jaxrl.knobs import Knob
 
@@ -40,6 +41,12 @@ def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
             ("renormalize", o.renormalize))
 
 
-def check_group_estimator(config: ConfigDict) -> None:
-    """config.advantage.estimator must be a group estimator (not one that needs a critic)."""
+def check_group_estimator(config: ConfigDict, multi_turn: bool = False) -> None:
+    """config.advantage.estimator must be a group estimator (not one that needs a critic); a per-turn one only for
+    `multi_turn` episodes."""
     advantages.check_estimator(config.advantage.estimator, needs_critic=False, family="the GRPO family")
+    estimator = advantages.ESTIMATORS.get(config.advantage.estimator)
+    if estimator is not None and estimator.per_turn and not multi_turn:
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} scores the turns of multi-turn "
+                         f"episodes: it needs a multi-turn text task ({', '.join(sorted(MULTI_TURN_TASKS))}); "
+                         f"for whole samples: {', '.join(advantages.names(False))}")

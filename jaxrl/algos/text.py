@@ -30,7 +30,7 @@ from ml_collections import ConfigDict
 
 from envs import text
 from jaxrl import (advantages, config as config_lib, corrections, engine, files, knobs, losses, mesh as mesh_lib,
-                   rollout, sampling)
+                   multi_turn, rollout, sampling)
 from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
@@ -150,7 +150,8 @@ class TextPolicy:
                                  f"(config.{PRETRAINED_NAME.key})")
             self.task = text.make_task(settings.task, **dict(settings.task_kwargs))
             self.tokenizer = (text.load_tokenizer(settings.tokenizer_path) if settings.tokenizer_path else
-                              text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus)))
+                              text.train_tokenizer(text.corpus([self.task], settings.tokenizer_corpus),
+                                                   alphabet=getattr(self.task, "alphabet", text.ALPHABET)))
             self.vocab = text.Vocab.from_tokenizer(self.tokenizer)
             self.model = TransformerLM(TransformerConfig(vocab_size=self.vocab.size, **dict(settings.model_kwargs)))
             self.update_model = self.model
@@ -235,6 +236,12 @@ class TextPolicy:
             return [self.task.reply(row) for row in np.asarray(completions)]
         return text.decode(self.tokenizer, completions)
 
+    def decode_episodes(self, episodes) -> list[str]:
+        """Episodes [B, N] (`envs.text.turns`' slot layout) -> their text, each model turn's EOS shown as `|`."""
+        tokens = self.tokenizer.id_to_token
+        return ["".join("|" if i == self.vocab.eos_id else tokens(int(i)) for i in row if i != self.vocab.pad_id)
+                for row in np.asarray(episodes)]
+
     def encode_prompts(self, texts: list[str]) -> np.ndarray:
         """Prompt strings -> int32 [B, P] laid out as the task's prompts (a pretrained model's: each string is the
         question of a chat prompt)."""
@@ -248,12 +255,13 @@ class TextPolicy:
         problems = self.task.heldout(min(num, self.settings.eval_problems), seed=self.eval_seed)
         actor = self.actor(jax.tree.map(lambda x: x[0], params))
         key = jax.random.PRNGKey(seed) if sample else None
-        completions = actor(self.task.prompts(problems, self.vocab), key)
+        completions = (actor.play(problems, key) if self.multi_turn
+                       else actor(self.task.prompts(problems, self.vocab), key))
         rewards = np.asarray(self.task.jax_rewards(problems, completions, self.vocab))
         lines = [f"# {num} held-out problems, {'sampled at temperature 1' if sample else 'greedy'}; rewards: "
                  + ", ".join(self.task.reward_names)]
-        for (prompt, answer), completion, reward in zip(self.task.texts(problems),
-                                                        self.decode(completions), rewards):
+        texts = self.decode_episodes(completions) if self.multi_turn else self.decode(completions)
+        for (prompt, answer), completion, reward in zip(self.task.texts(problems), texts, rewards):
             lines.append(f"{prompt!r} -> {completion!r} (reference {answer!r}; rewards "
                          + ", ".join(f"{r:g}" for r in reward) + ")")
         path = os.path.join(workdir, "sample_completions.txt")
@@ -305,18 +313,55 @@ class TextPolicy:
 
         return jax.vmap(one_seed)(params)
 
+    @property
+    def multi_turn(self) -> bool:
+        """Whether the task is played over turns (`envs.text.turns`)."""
+        return getattr(self.task, "multi_turn", False)
+
+    @jit_method(static_argnums=(3, 4))
+    def _heldout_episodes(self, params, key: jax.Array, num: int, sample: bool = False):
+        """`_heldout_rewards` of a multi-turn task, played (`jaxrl.multi_turn.play`), with each seed's per-episode
+        `multi_turn.summary` [S, num] of the greedy (or sampled) episodes."""
+        problems = self.task.heldout(num, seed=self.eval_seed)
+        prompts = self.task.prompts(problems, self.vocab)
+        keys = jax.random.split(key, num)
+
+        def one_seed(params):
+            play = functools.partial(multi_turn.play, self.model, params, self.task, self.vocab, problems, prompts,
+                                     keys)
+            first = play(group_size=1, temperature=1.0 if sample else 0.0)
+            rewards, lengths = first.rewards[:, 0], first.mask[:, 0].sum(-1)
+            stats = jax.tree.map(lambda x: x[:, 0], multi_turn.summary(first.turns))
+            if not self.settings.pass_k:
+                return rewards, lengths, jnp.zeros((num, 0, len(self.task.reward_names))), stats
+            return rewards, lengths, play(group_size=self.settings.pass_k, temperature=1.0).rewards, stats
+
+        return jax.vmap(one_seed)(params)
+
     def evaluate(self, params, key: jax.Array, num: int, sample: bool = False) -> dict[str, np.ndarray]:
         """Answers to `num` fixed held-out problems, per seed [S]: greedy decoding (or one sample at
         temperature 1, with `sample`) gives eval_accuracy (pass@1), eval_well_formed and eval_length (tokens
         generated); with settings.pass_k = k > 0, `eval_pass@k` is the fraction of problems that at least one
-        of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k)."""
-        greedy, lengths, sampled = jax.device_get(self._heldout_rewards(params, key, num, sample))
+        of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k). A multi-turn
+        task's episodes add eval_success (solved; eval_accuracy is then the mean task reward), eval_turns, eval_tool_calls, eval_tool_errors (per call) and
+        eval_solved@k, the share solved within k turns, for k = 1..K."""
+        if self.multi_turn:
+            greedy, lengths, sampled, stats = jax.device_get(self._heldout_episodes(params, key, num, sample))
+        else:
+            greedy, lengths, sampled = jax.device_get(self._heldout_rewards(params, key, num, sample))
         correct = self.task.reward_names.index("correct")
         out = {"eval_accuracy": greedy[..., correct].mean(-1),
                "eval_well_formed": greedy[..., self.task.reward_names.index("well_formed")].mean(-1),
                "eval_length": lengths.mean(-1)}
         if self.settings.pass_k:
             out[f"eval_pass@{self.settings.pass_k}"] = sampled[..., correct].max(-1).mean(-1)
+        if self.multi_turn:
+            calls = stats["tool_calls"].sum(-1)
+            out.update(eval_success=stats["solved"].mean(-1), eval_turns=stats["turns"].mean(-1),
+                       eval_tool_calls=stats["tool_calls"].mean(-1),
+                       eval_tool_errors=stats["tool_errors"].sum(-1) / np.maximum(calls, 1))
+            out.update({f"eval_solved@{k}": (stats["solved_at"] <= k).mean(-1)
+                        for k in range(1, self.task.max_turns + 1)})
         return out
 
 
@@ -337,9 +382,23 @@ class TextActor:
             policy.model, params, prompts, jax.random.PRNGKey(0), temperature=0.0, **decoding).tokens)
         self._sampled = jax.jit(lambda params, prompts, key: sampling.sample(
             policy.model, params, prompts, key, temperature=1.0, **decoding).tokens)
+        self._play = jax.jit(lambda params, problems, key, temperature: multi_turn.play(
+            policy.model, params, self.task, vocab, problems, self.task.prompts(problems, vocab),
+            jax.random.split(key, problems.target.shape[0]), group_size=1, temperature=temperature).tokens[:, 0])
 
     def __call__(self, prompts: jax.Array, key: jax.Array | None = None) -> jax.Array:
+        if self.policy.multi_turn:
+            raise ValueError(f"{self.task.name} is played over turns against its environment: "
+                             "actor.play(problems) plays its episodes")
         return self._greedy(self.params, prompts) if key is None else self._sampled(self.params, prompts, key)
+
+    def play(self, problems, key: jax.Array | None = None) -> jax.Array:
+        """A multi-turn task's episodes [B, N] (slot layout) of `problems` [B]: greedy without `key`, else sampled at
+        temperature 1."""
+        if not self.policy.multi_turn:
+            raise ValueError(f"{self.task.name} is answered in one turn: actor(prompts) answers it")
+        temperature = 0.0 if key is None else 1.0
+        return self._play(self.params, problems, jax.random.PRNGKey(0) if key is None else key, temperature)
 
     def complete(self, texts: list[str], key: jax.Array | None = None) -> list[str]:
         """The answers to prompt strings (laid out as the task's prompts: BOS, text, padded on the left; for a
@@ -375,8 +434,14 @@ def sft_batch(policy: TextPolicy, key: jax.Array):
 def sft_loss(policy: TextPolicy, params, batch, hp: TextHyperparams):
     """-mean log p(answer token) over this batch's answers (averaged over devices); metrics beside it."""
     prompts, answers = batch
-    mask = (answers != policy.vocab.pad_id).astype(jnp.float32)
-    log_probs, _, _ = sampling.score(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id)
+    real = answers != policy.vocab.pad_id
+    if policy.multi_turn:  # a demonstration episode: learn the model's turns, attend to the environment's too
+        mask = (real & policy.task.turn_slots()[1]).astype(jnp.float32)
+        log_probs, _, _ = sampling.score(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id,
+                                         attend=real)
+    else:
+        mask = real.astype(jnp.float32)
+        log_probs, _, _ = sampling.score(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id)
     nll = losses.aggregate(-log_probs, mask, "token", axis_name=DATA_AXIS)
     # p > 1/2 makes the reference token the argmax: a cheap lower bound on teacher-forced accuracy
     correct = (log_probs > np.log(0.5)) | (mask == 0)
@@ -480,6 +545,13 @@ class TextGRPOSettings:
     num_minibatches: int = NUM_MINIBATCHES.field()
     max_staleness: int = staleness.MAX_STALENESS.field()
     split_actor: bool = staleness.SPLIT_ACTOR.field()
+    # Multi-turn episodes: the per-turn estimators' options (`advantages.TurnOptions`), and the turn-level critic's
+    turn_gamma: float = knob("advantage.turn_gamma", 1.0, "multi-turn episodes: the discount between turns of the "
+                             "returns-to-go (per-turn estimators, the turn-level critic)", minimum=0.0, maximum=1.0)
+    step_weight: float = knob("advantage.step_weight", 1.0, "gigpo: the weight of the step-level (anchor state) "
+                              "advantage beside the episode's", minimum=0.0)
+    turn_mix: float = knob("advantage.turn_mix", 0.5, "mapo: the turn-level normalisation's share of the mixed "
+                           "advantage (the batch-level one has the rest)", minimum=0.0, maximum=1.0)
 
     @property
     def batch_size(self) -> int:
@@ -526,7 +598,9 @@ class TextGRPO:
         self.settings, self.mesh, self.policy = settings, mesh, policy
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         self.use_critic = self.model.config.value_head
-        self.estimator = advantages.get(settings.advantage)
+        self.per_turn = advantages.ESTIMATORS[settings.advantage].per_turn  # scores turns of multi-turn episodes
+        self.estimator = None if self.per_turn else advantages.get(settings.advantage)
+        self.multi_turn = policy.multi_turn
         self.pipeline = rollout.Pipeline.of(settings.rollout, settings.rollout_options)
         self.strategy_options = self.pipeline.options_of  # name -> a chosen strategy's options (the hooks read)
         # Slots of candidates whose decoding stops once each holds a finished group (0: never stop early).
@@ -581,7 +655,7 @@ class TextGRPO:
         """batch: whole groups, prompts [m, P] and the rest [m, G, ...]."""
         s = self.settings
         scored = sampling.score_groups(self.model, params, batch["prompts"], batch["tokens"], batch["mask"],
-                                       self.vocab.pad_id)
+                                       self.vocab.pad_id, batch.get("attend"))
         # One row per completion [m*G, N] from here on.
         log_probs, entropy, values = (None if x is None else x.reshape(-1, x.shape[-1]) for x in scored)
         batch = {k: v if k == "prompts" else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
@@ -611,12 +685,39 @@ class TextGRPO:
         if self.pipeline.uses_bonus:
             rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
             weights = (*weights, 1.0)
+        if self.per_turn:  # each turn against the group's turns (`advantages.turn_advantages`)
+            per_turn = advantages.turn_advantages(s.advantage, self._turn_rewards(groups), groups.turns["taken"],
+                                                  groups.turns["anchor"], **self._turn_options())
+            return multi_turn.turn_to_tokens(per_turn, self.task), jnp.ones((*per_turn.shape[:2], 1)), tied
         generator = self.pipeline.generator
         if generator.advantages:  # structured samples (trees) score their tokens themselves
-            advantages, weight = generator.advantages(self, groups, rewards @ jnp.asarray(weights))
-            return advantages, weight, tied
+            token_advantages, weight = generator.advantages(self, groups, rewards @ jnp.asarray(weights))
+            return token_advantages, weight, tied
         group = self.estimator(rewards, None, reward_weights=weights, **dict(s.advantage_options))
         return jnp.broadcast_to(group.advantages[..., None], groups.tokens.shape), group.weight[..., None], tied
+
+    def _turn_options(self) -> dict:
+        s, options = self.settings, dict(self.settings.advantage_options)
+        return dict(gamma=s.turn_gamma, step_weight=s.step_weight, turn_mix=s.turn_mix, eps=options["eps"],
+                    scale=(options["scale"] or "group") != "none")
+
+    def _turn_rewards(self, groups: rollout.Groups) -> jax.Array:
+        """float32 [b, G, K]: each turn's share of the episode's weighted reward (`reward_weights` . (correct,
+        well_formed)): its task reward, and its well-formedness over the turns taken; they sum to the episode's."""
+        turns, (w_correct, w_formed) = groups.turns, self.settings.reward_weights
+        taken = jnp.maximum(turns["taken"].sum(-1, keepdims=True), 1)
+        return w_correct * turns["reward"] + w_formed * turns["well_formed"] / taken
+
+    def _turn_critic(self, groups: rollout.Groups, hp):
+        """The turn-level critic of multi-turn episodes: per token [b, G, N] the return-to-go of its turn (the value
+        target), the value at the turn's start (predicted at the end of the environment's last answer) and where the
+        value head learns (each turn's first token)."""
+        to_go = advantages.turn_returns(self._turn_rewards(groups), groups.turns["taken"], self.settings.turn_gamma)
+        starts = multi_turn.first_slots(groups.mask, self.task)
+        start_values = jnp.where(starts, groups.values, 0.0).reshape(*groups.values.shape[:2], self.task.max_turns, -1)
+        start_values = start_values.sum(-1)  # [b, G, K]
+        return (multi_turn.turn_to_tokens(to_go, self.task), multi_turn.turn_to_tokens(start_values, self.task),
+                groups.mask * starts)
 
     def _sample_batch(self, state: TextGRPOState, hp: TextGRPOHyperparams):
         """For one seed on this device: (state with its key and rollout memory advanced, (units: prompts
@@ -630,9 +731,16 @@ class TextGRPO:
         b, G, N = groups.tokens.shape
         units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
                  "log_probs": groups.log_probs, "weight": weight * groups.weight}
+        if groups.attend is not None:  # multi-turn episodes: the environment's tokens are seen, not learned
+            units["attend"] = groups.attend
         if s.correction != "none":  # the policies that drew each token, for `_learn`'s correction
             units["behaviour"] = groups.log_probs if groups.behaviour is None else groups.behaviour
-        if self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
+        if self.use_critic and self.multi_turn:  # a turn-level critic: values at turn starts, returns-to-go
+            returns, values, units["value_mask"] = self._turn_critic(groups, hp)
+            critic = standardise(returns - values, groups.mask)
+            advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
+            units["returns"] = returns
+        elif self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
             returns = jnp.broadcast_to((groups.rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
             critic = standardise(returns - groups.values, groups.mask)
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
@@ -642,6 +750,12 @@ class TextGRPO:
         units["advantages"] = advantages
         metrics.update({f"reward_{name}": global_mean(groups.rewards[..., i])
                         for i, name in enumerate(self.task.reward_names)})
+        if groups.turns is not None:
+            episode = multi_turn.summary(groups.turns)
+            calls = jax.lax.psum(episode["tool_calls"].sum(), DATA_AXIS)
+            metrics.update(turns=global_mean(episode["turns"]), tool_calls=global_mean(episode["tool_calls"]),
+                           tool_error_rate=jax.lax.psum(episode["tool_errors"].sum(), DATA_AXIS) / jnp.maximum(calls, 1),
+                           solved=global_mean(episode["solved"]))
         metrics.update(completion_length=global_mean(groups.lengths),
                        zero_variance_fraction=global_mean(tied.astype(jnp.float32)),
                        tokens=jax.lax.psum(jnp.sum(groups.mask), DATA_AXIS))
@@ -655,7 +769,7 @@ class TextGRPO:
         if s.correction != "none":
             # the proximal policy: these parameters, before the update, score every sample once
             proximal, _, _ = sampling.score_groups(self.model, state.params, units["prompts"], units["tokens"],
-                                                   units["mask"], self.vocab.pad_id)
+                                                   units["mask"], self.vocab.pad_id, units.get("attend"))
             behaviour, units = units["behaviour"], {k: v for k, v in units.items() if k != "behaviour"}
             fixed = corrections.correct(s.correction, behaviour, proximal, units["mask"], hp.correction_low,
                                         hp.correction_high)
@@ -666,7 +780,7 @@ class TextGRPO:
             # (under LoRA the reference is the frozen base: the same arrays with the adapters off, no copy)
             reference = lora.base_only(state.params) if self.policy.adapters else state.ref_params
             ref, _, _ = sampling.score_groups(self.model, reference, units["prompts"], units["tokens"],
-                                              units["mask"], self.vocab.pad_id)
+                                              units["mask"], self.vocab.pad_id, units.get("attend"))
             units = dict(units, ref_log_probs=ref)
         optimizer = self.policy.optimizer(hp, state.update_step)
         groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
@@ -775,8 +889,15 @@ def check_text_config(config: ConfigDict) -> None:
 
 def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
-    check_group_estimator(config)
+    multi_turn_task = config.task.name in text.MULTI_TURN_TASKS
+    check_group_estimator(config, multi_turn=multi_turn_task)
     rollout.check_config(config, "tokens")
+    if multi_turn_task:
+        chosen = [rollout.get(stage, name) for stage in rollout.STAGES for name in rollout.names(config.rollout[stage])]
+        single = [f"rollout.{strategy.stage}={strategy.name}" for strategy in chosen if strategy.single_turn]
+        if single:
+            raise ValueError(f"task.name={config.task.name} is played over turns; {', '.join(single)} works on "
+                             "single-answer completions only")
     if config.loss.correction != "none" and "partial" in rollout.names(config.rollout.control):
         raise ValueError(f"config.loss.correction={config.loss.correction} and config.rollout.control=partial both "
                          "reweight the tokens drawn in earlier updates: choose one")

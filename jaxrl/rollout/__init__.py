@@ -49,7 +49,7 @@ the token strategies share), `tokens` (the built-in token strategies, registered
 
 from jaxrl.rollout.pieces import (allocate_groups, hint_lengths, hint_update, importance_weights,  # noqa: F401
                                   last_occurrence, tie_ranks, tree_advantages)
-from jaxrl.rollout.stages import (STRATEGIES, Groups, Pipeline, Plan, Strategy, check_config,  # noqa: F401
+from jaxrl.rollout.stages import (STAGES, STRATEGIES, Groups, Pipeline, Plan, Strategy, check_config,  # noqa: F401
                                   config_keys, configured_options, get, names, option_keys, options_of,
                                   register, settings_of)
 from jaxrl.rollout.tokens import plan_candidates  # noqa: F401  (registers the token strategies)

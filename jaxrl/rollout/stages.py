@@ -42,6 +42,7 @@ class Strategy:
     requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
     draws: bool = False  # its `before` hook redraws the candidate problems: it runs before every other one
     stops_early: bool = False  # generation stops once every slot of `oversample` candidates has a finished group
+    single_turn: bool = False  # works on single-answer completions only (not on multi-turn episodes)
 
 
 STRATEGIES: dict[str, dict[str, dict[str, Strategy]]] = {d: {stage: {} for stage in STAGES} for d in DOMAINS}
@@ -145,6 +146,10 @@ class Groups:
     finished: jax.Array | None = None  # bool [n]: every member has ended (None: all have), an outcome to learn from
     pruned: jax.Array | None = None  # bool [n, G]: members stopped early by their predicted value
     branched_at: jax.Array | None = None  # int32 [n, G]: column where a tree member left its branch's leader
+    # Multi-turn episodes (`jaxrl.multi_turn`): `mask` holds the model's tokens (the loss's), `attend` bool
+    # [n, G, N] every real token (the environment's too), `turns` the per-turn outcomes {field: [n, G, K]}
+    attend: jax.Array | None = None
+    turns: Any = None
 
     @property
     def generated(self) -> jax.Array:

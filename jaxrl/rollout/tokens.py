@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxrl import advantages, mesh as mesh_lib, sampling
+from jaxrl import advantages, mesh as mesh_lib, multi_turn, sampling
 from jaxrl.engine import global_mean
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.rollout.pieces import (allocate_groups, first_per_slot, hint_lengths, hint_update, importance_weights,
@@ -68,6 +68,8 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     s, task, vocab = algo.settings, algo.task, algo.vocab
     prompts = task.prompts(plan.problems, vocab)
     keys = mesh_lib.per_item_keys(key, prompts.shape[0])
+    if getattr(task, "multi_turn", False):
+        return _episodes(algo, params, hp, plan, prompts, keys)
     hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
         if algo.pipeline.forces_hints else {}
     resume = None
@@ -102,6 +104,19 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
                   samples.lengths, samples.values, rewards, weight=weight, bonus=jnp.zeros((n, G), jnp.float32),
                   replayed=jnp.zeros((n, G), bool), start=plan.start, decided=decided, behaviour=behaviour,
                   finished=ended.all(axis=1), pruned=samples.pruned, branched_at=samples.branched_at)
+
+
+def _episodes(algo, params, hp, plan: Plan, prompts: jax.Array, keys: jax.Array) -> Groups:
+    """G multi-turn episodes per prompt (`jaxrl.multi_turn.play`): the loss weighs the model's tokens only."""
+    s = algo.settings
+    episodes = multi_turn.play(algo.model, params, algo.task, algo.vocab,
+                               plan.problems, prompts, keys, group_size=s.group_size, temperature=hp.temperature,
+                               top_k=s.top_k, top_p=hp.top_p)
+    n, G, _ = episodes.tokens.shape
+    return Groups(plan.ids, plan.problems, prompts, plan.hint_len, episodes.tokens, episodes.log_probs, episodes.mask,
+                  episodes.mask.sum(-1).astype(jnp.int32), episodes.values, episodes.rewards, weight=episodes.mask,
+                  bonus=jnp.zeros((n, G), jnp.float32), replayed=jnp.zeros((n, G), bool), start=plan.start,
+                  attend=episodes.attend, turns=episodes.turns)
 
 
 register("generate", "independent", generate=independent)
@@ -147,7 +162,7 @@ def check_tree(config, chosen: dict) -> None:
                          "config.advantage.scale=batch is not available with it")
 
 
-register("generate", "tree", generate=tree, advantages=tree_token_advantages, check=check_tree,
+register("generate", "tree", generate=tree, advantages=tree_token_advantages, check=check_tree, single_turn=True,
          options={"branches": (2, "branches per group, of G / branches members each", {"minimum": 1}),
                   "depth": (4, "tokens a branch's members share (at most)", {"minimum": 0}),
                   "min_entropy": (0.0, "> 0: a branch splits at its first token whose next-token entropy reaches "
@@ -346,7 +361,7 @@ def train_finished(algo, memory, groups: Groups, params, key):
                   "decode_steps": global_mean(jnp.max(groups.decided - groups.start).astype(jnp.float32))}
 
 
-register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished,
+register("control", "partial", init=carried_memory, before=resume_carried, observe=carry_unfinished, single_turn=True,
          after=train_finished, selects=True, stops_early=True,
          options={"cap": (1.0, "a resumed group's tokens are weighted by min(pi / mu, cap)", {"above": 0.0}),
                   "max_age": (4, "updates a carried group may wait before it is dropped", {"minimum": 0})})
@@ -378,6 +393,7 @@ def check_prune(config, chosen: dict) -> None:
 
 
 register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned, check=check_prune,
+         single_turn=True,
          options={"at": (4, "the column where members may be pruned", {"minimum": 0}),
                   "below": (0.05, "members whose predicted value there is below this stop", {}),
                   "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
@@ -437,6 +453,7 @@ def replay_correct(algo, memory, groups: Groups, params, key):
 
 
 register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct, needs_pool=True,
+         single_turn=True,
          options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
 
 
@@ -473,7 +490,7 @@ def track_hints(algo, memory, groups: Groups, params):
     return memory, {"hint_tier": jnp.mean(memory["tier"].astype(jnp.float32))}
 
 
-register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints, needs_pool=True,
+register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints, needs_pool=True, single_turn=True,
          options={"patience": (2, "observations in a row without a solve before a problem's hint grows",
                                {"minimum": 1}),
                   "tiers": (3, "hint tiers: tier k forces k / (tiers + 1) of the reference answer", {"minimum": 1}),
@@ -517,6 +534,7 @@ def probe_curriculum(algo, memory, groups: Groups, params):
 
 
 register("replay", "curriculum", init=curriculum_memory, before=curriculum_problems, observe=probe_curriculum,
+         single_turn=True,
          draws=True,
          options={"start": (0.0, "the difficulty level at the start, in [0, 1]", {"minimum": 0.0, "maximum": 1.0}),
                   "step": (0.25, "how far the level rises after a passed probe", {"above": 0.0}),
