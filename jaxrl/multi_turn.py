@@ -40,7 +40,7 @@ class Episodes(NamedTuple):
     mask: jax.Array  # float32: 1 on the model's tokens
     attend: jax.Array  # bool: real tokens, the model's and the environment's
     values: jax.Array | None  # float32: the value head before each of the model's tokens; None without one
-    turns: dict  # {field of TURN_FIELDS: [B, G, K]}; anchor: the environment's state id before the turn
+    turns: dict  # {field of TURN_FIELDS: [B, G, K]}; anchor: the environment's state id before the turn (0: not taken)
     rewards: jax.Array  # float32 [B, G, 2]: the episode's (correct, well_formed) (`envs.text.episode_rewards`)
 
 
@@ -125,7 +125,7 @@ def _play(model, params, task, vocab, problems, prompts, member_keys, temperatur
         count = count + shown.sum(-1, dtype=jnp.int32)
         outcome = {"reward": reply.reward * playing, "taken": playing, "well_formed": reply.well_formed & playing,
                    "tool_call": reply.tool_call & playing, "tool_error": reply.tool_error & playing,
-                   "solved": reply.solved & playing, "anchor": anchor}
+                   "solved": reply.solved & playing, "anchor": jnp.where(playing, anchor, 0)}
         state = jax.tree.map(lambda new, old: jnp.where(playing.reshape(*playing.shape, *[1] * (old.ndim - 2)),
                                                         new, old), reply.state, state)
         anchor = jnp.where(playing, reply.anchor, anchor)

@@ -210,9 +210,24 @@ on_eight_devices = {"mesh.split_actor": True}
 """
 
 
-@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL, TEXT_GRPO_STALE],
+# Multi-turn episodes with tools (table lookups, the calculator) and GiGPO's step groups, beside a turn-level critic:
+# episodes split over devices by prompt, each drawn from its prompt's key.
+TEXT_GRPO_TURNS = """
+import sys; sys.path.insert(0, "tests")
+from helpers import load_experiment
+config = load_experiment("text_grpo", "lookup")
+config.num_prompts, config.group.size, config.group.oversample = 16, 4, 2
+config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
+config.optim.num_minibatches, config.total_steps = 2, 16 * 4 * 6
+config.advantage.estimator, config.loss.critic_weight = "gigpo", 0.5
+num_seeds = 2
+"""
+
+
+@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL, TEXT_GRPO_STALE,
+                                   TEXT_GRPO_TURNS],
                          ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial_stale_split",
-                              "text_grpo_stale_split"])
+                              "text_grpo_stale_split", "text_grpo_multi_turn"])
 def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.
@@ -230,6 +245,10 @@ def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, se
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
         assert max(result["m1"]["resumed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]
         assert 0 < max(result["m1"]["pruned"]) < 1, result["m1"]
+    if setup is TEXT_GRPO_TURNS:
+        for key in ("turns", "tool_calls", "tool_error_rate", "solved", "value_loss"):
+            np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
+        assert min(result["m1"]["turns"]) > 1 and max(result["m1"]["tool_calls"]) > 0, result["m1"]
 
 
 def test_a_model_axis_is_refused_where_no_model_is_split(python_subprocess):

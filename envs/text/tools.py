@@ -7,7 +7,7 @@ The calculator reads the grammar of `envs.text.verify` (the host-side Countdown 
 leading zeros, `+ - * /`, parentheses, no unary minus, no spaces. It evaluates exactly, on fractions of int32
 numerators and denominators reduced after every operation, so that `(7-3)/8*6` is 3 as on paper. A text that is
 not an expression, a division by zero, or a value beyond `MAX_MAGNITUDE` is an error (never a crash, never a
-wrong number). One expression is one `lax.fori_loop` over its tokens with two stacks (shunting-yard); it jits
+wrong number). One expression is one `lax.scan` over its tokens with two stacks (shunting-yard); it jits
 and vmaps like any other array function.
 """
 
@@ -82,53 +82,51 @@ def calculator(tokens: jax.Array, length, vocab: Vocab) -> Calculation:
                     "osp": s["osp"] - 1, "error": s["error"] | error | (s["vsp"] < 2)}
         return jax.lax.while_loop(keep_going, apply_top, s)
 
-    def flush(s):
-        """Push the number being read (if any) as a value and a literal."""
-        push = s["reading"]
+    def flush(s, when=True):
+        """Push the number being read (if any, and `when`) as a value and a literal."""
+        push = s["reading"] & when
         return {**s, "num": jnp.where(push, s["num"].at[s["vsp"]].set(s["value"]), s["num"]),
                 "den": jnp.where(push, s["den"].at[s["vsp"]].set(1), s["den"]),
                 "literals": jnp.where(push, s["literals"].at[s["nlit"]].set(s["value"]), s["literals"]),
-                "vsp": s["vsp"] + push, "nlit": s["nlit"] + push, "reading": False}
+                "vsp": s["vsp"] + push, "nlit": s["nlit"] + push, "reading": s["reading"] & ~push}
 
-    def step(i, s):
-        def read(s):
-            d = digit[i]
-            is_digit, op = d >= 0, op_code[i]
-            # a digit starts a number where an operand is due, or extends one that does not start with 0
-            bad_digit = is_digit & ~(s["operand_due"] | (s["reading"] & ~s["leading_zero"]))
-            value = jnp.where(s["reading"], s["value"] * 10 + d, d)
-            s = {**s, "value": jnp.where(is_digit, value, s["value"]),
-                 "leading_zero": jnp.where(is_digit & ~s["reading"], d == 0, s["leading_zero"]),
-                 "error": s["error"] | bad_digit | (is_digit & (value >= MAX_LITERAL))}
-            s = {**s, "operand_due": jnp.where(is_digit, False, s["operand_due"]),
-                 "reading": jnp.where(is_digit, True, s["reading"])}
-            s = jax.lax.cond(is_digit, lambda s: s, flush, s)
-            # "(" where an operand is due; ")" and operators after an operand
-            known = is_digit | is_open[i] | is_close[i] | (op < 4)
-            misplaced = jnp.where(is_open[i], ~s["operand_due"], ~is_digit & s["operand_due"])
-            s = {**s, "error": s["error"] | ~known | (misplaced & known & ~is_digit)}
-            s = jax.lax.cond(is_close[i], lambda s: close(s), lambda s: s, s)
-            s = jax.lax.cond(op < 4, lambda s: operator(s, op), lambda s: s, s)
-            pushed = jnp.where(is_open[i], _OPEN, op)
-            push = (is_open[i] | (op < 4)) & ~s["error"]
-            return {**s, "ops": jnp.where(push, s["ops"].at[s["osp"]].set(pushed), s["ops"]),
-                    "osp": s["osp"] + push, "operand_due": s["operand_due"] | push}
-
-        return jax.lax.cond((i < length) & ~s["error"], read, lambda s: s, s)
-
-    def close(s):
-        s = reduce_top(s, lambda top: top == _OPEN)
-        opened = (s["osp"] > 0) & (s["ops"][jnp.maximum(s["osp"] - 1, 0)] == _OPEN)
-        return {**s, "osp": s["osp"] - opened, "error": s["error"] | ~opened}
-
-    def operator(s, op):
-        return reduce_top(s, lambda top: _PRECEDENCE[top] < _PRECEDENCE[op])
+    def step(s, xs):
+        """One token (selects rather than branches: inside vmap and shard_map both sides run anyway)."""
+        i, d, op, opening, closing = xs
+        is_digit = d >= 0
+        # a digit starts a number where an operand is due, or extends one that does not start with 0
+        bad_digit = is_digit & ~(s["operand_due"] | (s["reading"] & ~s["leading_zero"]))
+        value = jnp.where(s["reading"], s["value"] * 10 + d, d)
+        t = {**s, "value": jnp.where(is_digit, value, s["value"]),
+             "leading_zero": jnp.where(is_digit & ~s["reading"], d == 0, s["leading_zero"]),
+             "error": s["error"] | bad_digit | (is_digit & (value >= MAX_LITERAL)),
+             "operand_due": s["operand_due"] & ~is_digit, "reading": s["reading"] | is_digit}
+        t = flush(t, ~is_digit)
+        # "(" where an operand is due; ")" and operators after an operand
+        known = is_digit | opening | closing | (op < 4)
+        misplaced = jnp.where(opening, ~t["operand_due"], ~is_digit & t["operand_due"])
+        t = {**t, "error": t["error"] | ~known | (misplaced & known & ~is_digit)}
+        # ")" applies the operators back to its "(", an operator those that bind at least as tightly
+        stop = lambda top: jnp.where(closing, top == _OPEN,  # noqa: E731
+                                     jnp.where(op < 4, _PRECEDENCE[top] < _PRECEDENCE[jnp.minimum(op, 3)], True))
+        t = reduce_top(t, stop)
+        opened = (t["osp"] > 0) & (t["ops"][jnp.maximum(t["osp"] - 1, 0)] == _OPEN)
+        t = {**t, "osp": t["osp"] - (closing & opened), "error": t["error"] | (closing & ~opened)}
+        pushed = jnp.where(opening, _OPEN, op)
+        push = (opening | (op < 4)) & ~t["error"]
+        t = {**t, "ops": jnp.where(push, t["ops"].at[t["osp"]].set(pushed), t["ops"]),
+             "osp": t["osp"] + push, "operand_due": t["operand_due"] | push}
+        active = (i < length) & ~s["error"]
+        return jax.tree.map(lambda new, old: jnp.where(active, new, old), t, s), None
 
     zeros = jnp.zeros(W + 1, jnp.int32)
     state = {"num": zeros, "den": zeros + 1, "vsp": jnp.int32(0), "ops": zeros, "osp": jnp.int32(0),
              "value": jnp.int32(0), "reading": jnp.bool_(False), "leading_zero": jnp.bool_(False),
              "operand_due": jnp.bool_(True), "error": jnp.bool_(False), "literals": zeros, "nlit": jnp.int32(0)}
-    state = jax.lax.fori_loop(0, W, step, state)
+    # (derived from the inputs, the loop's state varies over devices as they do inside `shard_map`)
+    zero = jnp.sum(tokens) * 0 + jnp.asarray(length, jnp.int32) * 0
+    state = jax.tree.map(lambda x: x ^ (zero != 0) if x.dtype == bool else x + zero.astype(x.dtype), state)
+    state, _ = jax.lax.scan(step, state, (jnp.arange(W), digit, op_code, is_open, is_close))
     state = flush(state)
     state = {**state, "error": state["error"] | state["operand_due"]}  # empty, or ends on an operator or "("
     state = reduce_top(state, lambda top: top == _OPEN)

@@ -134,7 +134,7 @@ class MultiTurnTask(Task):
     @functools.partial(jax.jit, static_argnums=(0, 3))
     def replay(self, problems: Problems, episodes: jax.Array, vocab: Vocab) -> dict:
         """Re-play episodes [B, N] (slot layout) against fresh environments: per turn [B, K] `reward`, `taken`,
-        `well_formed`, `tool_call`, `tool_error`, `solved`, and the anchor before each turn."""
+        `well_formed`, `tool_call`, `tool_error`, `solved`, and the anchor before each turn (0 for turns not taken)."""
         T, span = self.turn_length, self.turn_span
 
         def one(problem, episode):
@@ -147,7 +147,7 @@ class MultiTurnTask(Task):
                 taken = ~done
                 out = {"reward": reply.reward * taken, "taken": taken, "well_formed": reply.well_formed & taken,
                        "tool_call": reply.tool_call & taken, "tool_error": reply.tool_error & taken,
-                       "solved": reply.solved & taken, "anchor": anchor}
+                       "solved": reply.solved & taken, "anchor": jnp.where(taken, anchor, 0)}
                 state = jax.tree.map(lambda a, b: jnp.where(done, a, b), state, reply.state)
                 return (state, jnp.where(done, anchor, reply.anchor), done | reply.done), out
 

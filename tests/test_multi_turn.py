@@ -1,0 +1,251 @@
+"""Multi-turn text environments, their tools and the compiled conversation loop (`envs.text.turns`, `envs.text.tools`,
+`jaxrl.multi_turn`), and the per-turn advantage estimators."""
+
+import random
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from envs import text
+from envs.text import tools, turns
+from envs.text.verify import ExpressionError, parse_expression
+from jaxrl import advantages, multi_turn, sampling
+from jaxrl.transformer import TransformerConfig, TransformerLM
+
+VOCAB = text.Vocab.from_alphabet(turns.Lookup.alphabet)
+
+
+def _random_expression(rng: random.Random, depth: int = 0) -> str:
+    if depth > 2 or rng.random() < 0.3:
+        return str(rng.choice([0, 1, 2, 3, 7, 12, 25, 100]))
+    left, right = _random_expression(rng, depth + 1), _random_expression(rng, depth + 1)
+    text_ = f"{left}{rng.choice('+-*/')}{right}"
+    return f"({text_})" if rng.random() < 0.3 else text_
+
+
+def _mangle(rng: random.Random, expression: str) -> str:
+    """Malformed variants: a character dropped, doubled or swapped for another of the alphabet (some stay valid)."""
+    i = rng.randrange(len(expression))
+    choice = rng.randrange(3)
+    if choice == 0:
+        return expression[:i] + expression[i + 1:]
+    if choice == 1:
+        return expression[:i] + expression[i] + expression[i:]
+    return expression[:i] + rng.choice("0123456789+-*/()a") + expression[i + 1:]
+
+
+def _python(expression: str):
+    """(value, literals) by the host's exact parser, or None where it is not an expression or divides by zero."""
+    try:
+        value, literals = parse_expression(expression)
+    except ExpressionError:
+        return None
+    return None if value is None else (value, literals)
+
+
+def test_the_calculator_agrees_with_python_on_random_and_malformed_expressions():
+    rng = random.Random(0)
+    expressions = [_random_expression(rng) for _ in range(300)]
+    expressions += [_mangle(rng, e) for e in expressions] + ["", "(", "()", "1+", "+1", "01", "0", "7/0", "(1+2",
+                                                             "1+2)", "2(3)", "(7-3)/8*6", "1/3+1/6", "3-10"]
+    width = max(map(len, expressions))
+    ids = np.full((len(expressions), width), VOCAB.pad_id, np.int32)
+    for row, e in enumerate(expressions):
+        ids[row, :len(e)] = [VOCAB.id_of(c) for c in e]
+    calc = jax.jit(jax.vmap(lambda t, n: tools.calculator(t, n, VOCAB)))(ids, jnp.asarray([len(e) for e in expressions]))
+    errors = 0
+    for row, e in enumerate(expressions):
+        expected = _python(e)
+        if expected is None or abs(expected[0].numerator) >= tools.MAX_MAGNITUDE or expected[0].denominator >= \
+                tools.MAX_MAGNITUDE:
+            assert bool(calc.error[row]), e
+            errors += 1
+            continue
+        assert not bool(calc.error[row]), e
+        assert Fraction(int(calc.numerator[row]), int(calc.denominator[row])) == expected[0], e
+        assert list(np.asarray(calc.literals[row, :int(calc.num_literals[row])])) == expected[1], e
+    assert 50 < errors < len(expressions) - 300  # both kinds were exercised
+
+
+def test_values_render_as_text():
+    calc = tools.Calculation(jnp.int32(-7), jnp.int32(2), jnp.bool_(False), jnp.zeros(1, jnp.int32), jnp.int32(0))
+    ids, length = tools.render_value(calc, tools.value_width(), VOCAB)
+    assert VOCAB.text(list(np.asarray(ids[:length])) + [VOCAB.eos_id]) == "-7/2"
+
+
+def _turn(task, vocab, body: str) -> jax.Array:
+    ids = [vocab.id_of(c) for c in body] + [vocab.eos_id]
+    return jnp.asarray(ids + [vocab.pad_id] * (task.turn_length - len(ids)), jnp.int32)
+
+
+def _observation(reply, vocab) -> str:
+    return "".join(vocab.tokens[int(i)] for i in np.asarray(reply.observation)[:int(reply.observation_length)])
+
+
+def test_tool_calls_and_malformed_calls_answer_without_ending_the_episode():
+    task = text.make_task("lookup")
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    problem = task.sample(jax.random.key(3), 1, "train")[0]
+    state, _ = task.start(problem)
+    respond = lambda body: task.respond(problem, state, _turn(task, vocab, body), 0, vocab)  # noqa: E731
+    keys = "abcdef"
+    value = int(problem.numbers[2])
+    reply = respond("@c")
+    assert _observation(reply, vocab) == str(value) and bool(reply.tool_call) and not bool(reply.tool_error)
+    assert not bool(reply.done) and bool(reply.well_formed)
+    assert _observation(respond("#3*(2+5)"), vocab) == "21"
+    assert _observation(respond("#7/2"), vocab) == "7/2"
+    for malformed in ("#3*+", "#1/0", "#", "@h", "@", "@ab"):
+        reply = respond(malformed)
+        assert _observation(reply, vocab) == "!", malformed
+        assert bool(reply.tool_call) and bool(reply.tool_error) and not bool(reply.done), malformed
+        assert not bool(reply.well_formed), malformed
+    i, j, op = (int(x) for x in problem.recipe[0])
+    right = respond(str(int(problem.target)))
+    assert bool(right.done) and bool(right.solved) and float(right.reward) == 1.0 and not bool(right.tool_call)
+    wrong = respond(str(int(problem.target) + 1))
+    assert bool(wrong.done) and not bool(wrong.solved) and float(wrong.reward) == 0.0
+    assert keys[i] != keys[j] and op in (0, 2)  # the prompt's question: a sum or a product of two keys
+
+
+def test_the_guessing_game_answers_higher_lower_and_errors():
+    task = text.make_task("guess")
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    problem = task.sample(jax.random.key(0), 1, "train")[0]
+    secret = int(problem.target)
+    state, _ = task.start(problem)
+    step = lambda body, k=0: task.respond(problem, state, _turn(task, vocab, body), k, vocab)  # noqa: E731
+    assert _observation(step(str(secret - 1)), vocab) == ">" and _observation(step(str(secret + 1)), vocab) == "<"
+    for malformed in ("<>", "0", "1025", "0012", "", "1-2"):
+        reply = step(malformed)
+        assert _observation(reply, vocab) == "!" and not bool(reply.done) and not bool(reply.well_formed), malformed
+    found = step(str(secret), k=4)  # the fifth turn
+    assert bool(found.done) and float(found.reward) == pytest.approx(1 - 4 * task.turn_cost)
+    lower = step(str(secret + 1)).state
+    assert int(lower[1]) == secret and int(lower[0]) == task.low  # the interval the answers leave
+
+
+@pytest.mark.parametrize("name", sorted(text.MULTI_TURN_TASKS))
+def test_demonstrations_solve_every_task(name):
+    task = text.make_task(name)
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    problems = task.sample(jax.random.key(1), 32, "train")
+    outcome = task.replay(problems, task.reference_answers(problems, vocab), vocab)
+    assert bool(outcome["solved"].any(-1).all()), name
+    assert bool(outcome["well_formed"][outcome["taken"]].all()), name
+    if name == "guess":  # binary search: at most 11 guesses in 1..1024
+        assert int(outcome["taken"].sum(-1).max()) <= 11
+
+
+def _episodes(task_name="lookup", group=3, seed=0):
+    task = text.make_task(task_name)
+    tokenizer = text.train_tokenizer(text.corpus([task], 64), alphabet=task.alphabet)
+    vocab = text.Vocab.from_tokenizer(tokenizer)
+    model = TransformerLM(TransformerConfig(vocab.size, max_len=task.prompt_length + task.answer_length, d_model=32,
+                                            num_heads=2))
+    problems = task.sample(jax.random.key(seed), 4, "train")
+    prompts = task.prompts(problems, vocab)
+    params = model.init(jax.random.key(1), prompts, jnp.zeros_like(prompts), prompts > 0)
+    episodes = multi_turn.play(model, params, task, vocab, problems, prompts, jax.random.split(jax.random.key(2), 4),
+                               group_size=group)
+    return task, vocab, model, params, problems, prompts, episodes
+
+
+def test_the_loss_mask_covers_exactly_the_model_tokens():
+    task, vocab, model, params, problems, prompts, episodes = _episodes()
+    _, model_slot = task.turn_slots()
+    written = episodes.attend & model_slot
+    np.testing.assert_array_equal(episodes.mask > 0, written)
+    # the environment's tokens are real (attended to) but never learned: no log-probability, no loss weight
+    environment = episodes.attend & ~model_slot
+    assert environment.sum() > 0 and float(jnp.abs(episodes.log_probs * environment).max()) == 0.0
+    log_probs, entropy, _ = sampling.score_groups(model, params, prompts, episodes.tokens, episodes.mask, vocab.pad_id,
+                                                  episodes.attend)
+    assert float(jnp.abs(log_probs * environment).max()) == 0.0 and float(jnp.abs(entropy * environment).max()) == 0
+    # each turn's model tokens: from its first slot up to and including EOS (or the turn budget)
+    turns_taken = episodes.turns["taken"]
+    per_turn = (episodes.mask.reshape(*episodes.mask.shape[:2], task.max_turns, -1) > 0).sum(-1)
+    assert bool((per_turn[turns_taken] >= 1).all()) and bool((per_turn[~turns_taken] == 0).all())
+
+
+@pytest.mark.parametrize("task_name", ["lookup", "guess"])
+def test_the_kv_cache_across_turns_gives_the_logits_of_reencoding_the_conversation(task_name):
+    task, vocab, model, params, problems, prompts, episodes = _episodes(task_name)
+    checked = 0
+    for b in range(prompts.shape[0]):
+        for g in range(episodes.tokens.shape[1]):
+            prompt = [int(x) for x in prompts[b] if x != vocab.pad_id]
+            real = np.asarray(episodes.attend[b, g])
+            conversation = prompt + [int(x) for x in np.asarray(episodes.tokens[b, g])[real]]
+            learned = [False] * len(prompt) + list(np.asarray(episodes.mask[b, g])[real] > 0)
+            ids = jnp.asarray(conversation)[None]
+            logits, _ = model.apply(params, ids, jnp.arange(ids.shape[1])[None], jnp.ones_like(ids, bool))
+            log_softmax = jax.nn.log_softmax(logits[0, :-1])
+            reencoded = np.asarray(jnp.take_along_axis(log_softmax, ids[0, 1:, None], 1)[:, 0])[np.array(learned[1:])]
+            cached = np.asarray(episodes.log_probs[b, g])[np.asarray(episodes.mask[b, g]) > 0]
+            np.testing.assert_allclose(cached, reencoded, atol=2e-5)
+            checked += len(cached)
+    assert checked > 20
+    # scoring the slot layout (the loss's forward pass) agrees too
+    scored, _, _ = sampling.score_groups(model, params, prompts, episodes.tokens, episodes.mask, vocab.pad_id,
+                                         episodes.attend)
+    np.testing.assert_allclose(scored, episodes.log_probs, atol=2e-5)
+
+
+def test_rewards_replayed_from_the_tokens_equal_the_loop_s():
+    task, vocab, _, _, problems, _, episodes = _episodes("lookup", group=4)
+    B, G, N = episodes.tokens.shape
+    repeated = jax.tree.map(lambda x: jnp.repeat(x, G, axis=0), problems)
+    np.testing.assert_array_equal(task.rewards(repeated, episodes.tokens.reshape(B * G, N), vocab),
+                                  episodes.rewards.reshape(B * G, 2))
+    outcome = task.replay(repeated, episodes.tokens.reshape(B * G, N), vocab)
+    for name in multi_turn.TURN_FIELDS:
+        np.testing.assert_array_equal(outcome[name], episodes.turns[name].reshape(B * G, -1), err_msg=name)
+
+
+def test_gigpo_on_a_hand_worked_group():
+    # One group of two episodes of up to 3 turns; anchors: both start in state 0, both reach state 5 (episode 0 at
+    # turn 1, episode 1 at turn 2), episode 1 passes state 7 at turn 1.
+    rewards = jnp.array([[[0.0, 1.0, 0.0], [0.0, 0.0, 0.5]]])
+    taken = jnp.array([[[True, True, False], [True, True, True]]])
+    anchors = jnp.array([[[0, 5, 0], [0, 7, 5]]])
+    # returns-to-go: episode 0 (1, 1, 0), episode 1 (0.5, 0.5, 0.5)
+    out = advantages.turn_advantages("gigpo", rewards, taken, anchors, scale=False, step_weight=0.5)
+    # episode-level: 1 - 0.75 = 0.25 and -0.25; step groups: state 0 {1, 0.5} -> +-0.25; state 5 {1 (ep 0, turn 1),
+    # 0.5 (ep 1, turn 2)} -> +-0.25; state 7 alone -> 0
+    expected = [[[0.25 + 0.5 * 0.25, 0.25 + 0.5 * 0.25, 0.0], [-0.25 - 0.5 * 0.25, -0.25, -0.25 - 0.5 * 0.25]]]
+    np.testing.assert_allclose(out, expected, atol=1e-6)
+
+
+def test_turn_grpo_and_mapo_normalise_returns_to_go():
+    rng = np.random.default_rng(0)
+    rewards = jnp.asarray(rng.normal(size=(3, 4, 5)), jnp.float32)
+    taken = jnp.ones((3, 4, 5), bool)
+    anchors = jnp.zeros((3, 4, 5), jnp.int32)
+    gamma = 0.9
+    to_go = np.zeros((3, 4, 5))
+    for k in reversed(range(5)):
+        to_go[..., k] = np.asarray(rewards[..., k]) + (gamma * to_go[..., k + 1] if k < 4 else 0)
+    np.testing.assert_allclose(advantages.turn_returns(rewards, taken, gamma), to_go, rtol=1e-5)
+    turn = (to_go - to_go.mean(1, keepdims=True)) / (to_go.std(1, keepdims=True) + 1e-6)
+    batch = (to_go - to_go.mean()) / (to_go.std() + 1e-6)
+    np.testing.assert_allclose(advantages.turn_advantages("turn_grpo", rewards, taken, anchors, gamma=gamma), turn,
+                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(advantages.turn_advantages("mapo", rewards, taken, anchors, gamma=gamma, turn_mix=0.3),
+                               0.3 * turn + 0.7 * batch, rtol=1e-4, atol=1e-5)
+
+
+def test_config_errors_name_the_multi_turn_mismatch():
+    from jaxrl import algos
+    config = algos.default_config("text_grpo")
+    config.task.name = "guess"
+    config.rollout.generate = "tree"
+    with pytest.raises(ValueError, match="guess is played over turns; rollout.generate=tree works on single-answer"):
+        algos.validate(config)
+    config = algos.default_config("text_grpo")
+    config.advantage.estimator = "gigpo"
+    with pytest.raises(ValueError, match="'gigpo' scores the turns of multi-turn episodes: it needs a multi-turn"):
+        algos.validate(config)
