@@ -165,7 +165,8 @@ ESTIMATORS: dict[str, Estimator] = {"gae": Estimator(gae, needs_critic=True),
                                     "vtrace": Estimator(vtrace, needs_critic=True),
                                     "impala": Estimator(impala, needs_critic=True, off_policy=True)}
 ESTIMATOR = Knob("advantage.estimator", "grpo", "the advantage estimator (jaxrl.advantages): with a critic (gae, "
-                 "vtrace, impala: PPO) or over a group's samples (grpo, dr_grpo, rloo, ...: the GRPO family)",
+                 "vtrace, impala: PPO), over a group's samples (grpo, dr_grpo, rloo, ...: the GRPO family) or over "
+                 "the turns of multi-turn episodes (turn_grpo, gigpo, mapo)",
                  choices=lambda: sorted(ESTIMATORS))
 
 
@@ -348,8 +349,8 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     all options are static Python values, so it can be jitted.
     """
     if name not in names(needs_critic=False):
-        raise ValueError(f"unknown group advantage estimator {name!r}; known: {', '.join(names(False))}"
-                         + (" (a per-turn estimator: `turn_advantages`)" if name in names(False, per_turn=True) else ""))
+        per_turn = " (a per-turn estimator: `turn_advantages`)" if name in names(False, per_turn=True) else ""
+        raise ValueError(f"unknown group advantage estimator {name!r}{per_turn}; known: {', '.join(names(False))}")
     est = ESTIMATORS[name]
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,

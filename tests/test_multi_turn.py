@@ -55,7 +55,8 @@ def test_the_calculator_agrees_with_python_on_random_and_malformed_expressions()
     ids = np.full((len(expressions), width), VOCAB.pad_id, np.int32)
     for row, e in enumerate(expressions):
         ids[row, :len(e)] = [VOCAB.id_of(c) for c in e]
-    calc = jax.jit(jax.vmap(lambda t, n: tools.calculator(t, n, VOCAB)))(ids, jnp.asarray([len(e) for e in expressions]))
+    lengths = jnp.asarray([len(e) for e in expressions])
+    calc = jax.jit(jax.vmap(lambda t, n: tools.calculator(t, n, VOCAB)))(ids, lengths)
     errors = 0
     for row, e in enumerate(expressions):
         expected = _python(e)

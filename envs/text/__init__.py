@@ -18,7 +18,8 @@ from envs.text.tokenizer import (ALPHABET, SPECIALS, Vocab, decode, encode, load
 from envs.text.verify import ExpressionError, check_countdown, parse_expression
 
 __all__ = [
-    "ALPHABET", "MULTI_TURN_TASKS", "MultiTurnTask", "Reply", "SPECIALS", "episode_rewards", "SPLITS", "TASKS", "Arithmetic", "ChatTask", "DatasetTask", "ModelVocab", "Countdown", "ExpressionError", "Problems",
-    "Task", "Vocab", "addition", "check_countdown", "corpus", "decode", "encode", "load_tokenizer",
-    "make_task", "multiplication", "parse_expression", "save_tokenizer", "split_hash", "task_options", "train_tokenizer",
+    "ALPHABET", "MULTI_TURN_TASKS", "SPECIALS", "SPLITS", "TASKS", "Arithmetic", "ChatTask", "Countdown", "DatasetTask",
+    "ExpressionError", "ModelVocab", "MultiTurnTask", "Problems", "Reply", "Task", "Vocab", "addition",
+    "check_countdown", "corpus", "decode", "encode", "episode_rewards", "load_tokenizer", "make_task", "multiplication",
+    "parse_expression", "save_tokenizer", "split_hash", "task_options", "train_tokenizer",
 ]

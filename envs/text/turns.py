@@ -36,7 +36,7 @@ from flax import struct
 
 from envs.text import render, tools
 from envs.text.render import Piece
-from envs.text.tasks import EOS, TASKS, Countdown, Problems, Task, addition, multiplication
+from envs.text.tasks import EOS, TASKS, Countdown, Problems, Task, addition, multiplication, split_hash
 from envs.text.tokenizer import ALPHABET, Vocab
 
 CALCULATOR, LOOKUP, ERROR = "#", "@", "!"  # a turn starting with # or @ calls a tool; ! answers a failed call
@@ -372,12 +372,20 @@ class CountdownTools(ToolTask):
         return right, ~calc.error
 
     def demonstrate(self, problem, state, turn_index, vocab):
+        """Without the calculator, the reference expression. With it, half the problems (by their split hash) first
+        check a wrong expression (the reference with its last operator changed), then every problem checks the
+        reference and answers with it: the demonstrations show a failed check being revised."""
         expression = self.base._answer_pieces(problem, vocab)[0]
         if not self.calculator:
             return expression
-        call = render.concat([render.char(CALCULATOR, vocab), expression], self.turn_length, vocab.pad_id)
-        return jax.tree.map(lambda a, b: jnp.where(state == 0, a, b), call, _pad_piece(expression, self.turn_length,
-                                                                                      vocab))
+        recipe = problem.recipe.at[-1, 2].set((problem.recipe[-1, 2] + 1) % 4)
+        wrong = self.base._answer_pieces(problem.replace(recipe=recipe), vocab)[0]
+        check = lambda piece: render.concat([render.char(CALCULATOR, vocab), piece], self.turn_length,  # noqa: E731
+                                            vocab.pad_id)
+        revises = (split_hash(problem, self.split_seed + 1) % 2 == 1).astype(jnp.int32)
+        step = jnp.where(state >= revises, state - revises + 1, 0)  # 0: the wrong check, 1: the right one, 2: answer
+        choices = [check(wrong), check(expression), _pad_piece(expression, self.turn_length, vocab)]
+        return jax.tree.map(lambda *xs: jnp.stack(xs)[jnp.minimum(step, 2)], *choices)
 
 
 def _pad_piece(piece: Piece, width: int, vocab: Vocab) -> Piece:

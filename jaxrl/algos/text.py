@@ -343,8 +343,8 @@ class TextPolicy:
         temperature 1, with `sample`) gives eval_accuracy (pass@1), eval_well_formed and eval_length (tokens
         generated); with settings.pass_k = k > 0, `eval_pass@k` is the fraction of problems that at least one
         of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k). A multi-turn
-        task's episodes add eval_success (solved; eval_accuracy is then the mean task reward), eval_turns, eval_tool_calls, eval_tool_errors (per call) and
-        eval_solved@k, the share solved within k turns, for k = 1..K."""
+        task's episodes add eval_success (solved; eval_accuracy is then the mean task reward), eval_turns,
+        eval_tool_calls, eval_tool_errors (per call) and eval_solved@k, the share solved within k turns, k = 1..K."""
         if self.multi_turn:
             greedy, lengths, sampled, stats = jax.device_get(self._heldout_episodes(params, key, num, sample))
         else:
@@ -753,9 +753,9 @@ class TextGRPO:
         if groups.turns is not None:
             episode = multi_turn.summary(groups.turns)
             calls = jax.lax.psum(episode["tool_calls"].sum(), DATA_AXIS)
+            errors = jax.lax.psum(episode["tool_errors"].sum(), DATA_AXIS)
             metrics.update(turns=global_mean(episode["turns"]), tool_calls=global_mean(episode["tool_calls"]),
-                           tool_error_rate=jax.lax.psum(episode["tool_errors"].sum(), DATA_AXIS) / jnp.maximum(calls, 1),
-                           solved=global_mean(episode["solved"]))
+                           tool_error_rate=errors / jnp.maximum(calls, 1), solved=global_mean(episode["solved"]))
         metrics.update(completion_length=global_mean(groups.lengths),
                        zero_variance_fraction=global_mean(tied.astype(jnp.float32)),
                        tokens=jax.lax.psum(jnp.sum(groups.mask), DATA_AXIS))
