@@ -166,6 +166,29 @@ def test_grpo_from_the_sft_run_trains_loads_and_exports_to_hugging_face_format(t
     assert lm.render_chat([{"role": "user", "content": "hi"}]).startswith("<|im_start|>system")
 
 
+def test_a_multi_turn_task_is_played_and_trained_through_the_chat_template(tiny_model, tmp_path):
+    """The guessing game posed in words, each answer a user message of the template; SFT on the demonstrations,
+    then GiGPO: episodes of several turns, the same rewards when re-played from the tokens."""
+    sft = lm_config(tiny_model, **{"task.name": "guess", "task.kwargs": {"max_turns": 4}, "total_steps": 4 * 6})
+    train.run(sft, workdir=str(tmp_path / "sft"))
+    config = lm_config(tiny_model, "text_grpo", **{"init_from": str(tmp_path / "sft"), "group.size": 2,
+                                                   "task.name": "guess", "task.kwargs": {"max_turns": 4},
+                                                   "advantage.estimator": "gigpo", "total_steps": 4 * 2 * 2})
+    rows = train.run(config, workdir=str(tmp_path / "grpo")).metrics
+    assert all(np.isfinite(row["policy_loss"]) for row in rows if "policy_loss" in row)
+    assert [1 <= row["turns"] <= 4 for row in rows if "turns" in row] == [True, True]
+    assert 0.0 <= rows[-1]["eval_success"] <= 1.0 and "eval_solved@4" in rows[-1]
+    config_spec, tokenizer = models.read_spec(tiny_model)
+    task = text.ChatTurns(text.make_task("guess", max_turns=4), tokenizer.encode, tokenizer.decode,
+                          tokenizer.render_chat, vocab_size=config_spec.vocab_size, pad_id=2, eos_id=2)
+    problems = task.sample(jax.random.key(0), 3, "train")
+    shown = tokenizer.decode([int(i) for i in task.reference_answers(problems)[0] if i != 2],
+                             skip_special_tokens=False)
+    assert shown.startswith("512\n<|im_start|>user\n") and "<|im_start|>assistant\n" in shown
+    vocab = text.ModelVocab(config_spec.vocab_size, 2, 2)
+    np.testing.assert_allclose(task.rewards(problems, task.reference_answers(problems), vocab)[:, 1], 1.0)
+
+
 def jaxrl_load_policy(path):
     import jaxrl
 

@@ -12,7 +12,8 @@ import pytest
 from envs import text
 from envs.text import tools, turns
 from envs.text.verify import ExpressionError, parse_expression
-from jaxrl import advantages, multi_turn, sampling
+from jaxrl import advantages, models, multi_turn, sampling
+from jaxrl.models.decoder import Decoder
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 VOCAB = text.Vocab.from_alphabet(turns.Lookup.alphabet)
@@ -141,12 +142,17 @@ def test_demonstrations_solve_every_task(name):
         assert int(outcome["taken"].sum(-1).max()) <= 11
 
 
-def _episodes(task_name="lookup", group=3, seed=0):
+def _episodes(task_name="lookup", group=3, seed=0, architecture="small"):
     task = text.make_task(task_name)
     tokenizer = text.train_tokenizer(text.corpus([task], 64), alphabet=task.alphabet)
     vocab = text.Vocab.from_tokenizer(tokenizer)
-    model = TransformerLM(TransformerConfig(vocab.size, max_len=task.prompt_length + task.answer_length, d_model=32,
-                                            num_heads=2))
+    max_len = task.prompt_length + task.answer_length
+    if architecture == "small":
+        model = TransformerLM(TransformerConfig(vocab.size, max_len=max_len, d_model=32, num_heads=2))
+    else:  # a pretrained family's architecture (rotary positions, grouped-query attention, RMSNorm)
+        model = Decoder(models.ModelConfig(family="llama", vocab_size=vocab.size, hidden_size=32, num_layers=2,
+                                           num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
+                                           max_len=max_len, eos_ids=(vocab.eos_id,), pad_id=vocab.pad_id, bos_id=1))
     problems = task.sample(jax.random.key(seed), 4, "train")
     prompts = task.prompts(problems, vocab)
     params = model.init(jax.random.key(1), prompts, jnp.zeros_like(prompts), prompts > 0)
@@ -172,9 +178,9 @@ def test_the_loss_mask_covers_exactly_the_model_tokens():
     assert bool((per_turn[turns_taken] >= 1).all()) and bool((per_turn[~turns_taken] == 0).all())
 
 
-@pytest.mark.parametrize("task_name", ["lookup", "guess"])
-def test_the_kv_cache_across_turns_gives_the_logits_of_reencoding_the_conversation(task_name):
-    task, vocab, model, params, problems, prompts, episodes = _episodes(task_name)
+@pytest.mark.parametrize("task_name, architecture", [("lookup", "small"), ("guess", "small"), ("guess", "llama")])
+def test_the_kv_cache_across_turns_gives_the_logits_of_reencoding_the_conversation(task_name, architecture):
+    task, vocab, model, params, problems, prompts, episodes = _episodes(task_name, architecture=architecture)
     checked = 0
     for b in range(prompts.shape[0]):
         for g in range(episodes.tokens.shape[1]):

@@ -20,6 +20,7 @@ answer and it parses.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -31,8 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from envs.text import render
 from envs.text.tasks import REWARD_NAMES, Arithmetic, Countdown, Problems, Task, host_call
 from envs.text.tokenizer import Vocab
+from envs.text.turns import MultiTurnTask
 from envs.text.verify import check_countdown
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -326,3 +329,174 @@ class ChatTask:
 
     def __repr__(self) -> str:
         return f"ChatTask({self.task!r}, prompt_length={self.prompt_length}, answer_length={self.answer_length})"
+
+
+class ChatTurns(MultiTurnTask):
+    """A multi-turn task (`envs.text.turns`) played by a pretrained chat model: the rules and the first observation
+    posed in words through the chat template, each environment answer wrapped as a `role` message ("user", or
+    "tool" where the template has that role) and followed by the assistant's header, all in the model's token ids.
+
+    Environment turns stay pure JAX: a model turn's tokens map to the wrapped task's characters through a table
+    (each token id's text, spaces and newlines dropped; a token with any other character outside the task's
+    alphabet reads as an invalid character, so the turn is malformed), the wrapped task answers, and its answer's
+    characters map back to the model's single-character tokens between the role's constant header and footer.
+    Only the prompt is rendered on the host. The model's end-of-sequence token ends its turns (SmolLM2's, Qwen's
+    <|im_end|>). Demonstrations (`reference_answers`) are the wrapped task's, mapped the same way."""
+
+    def __init__(self, task: MultiTurnTask, encode: Callable[[str], list[int]], decode: Callable[[list[int]], str],
+                 render: Callable[..., str], *, vocab_size: int, pad_id: int, eos_id: int, system_prompt: str = "",
+                 instruction: str = "", role: str = "user", max_token_chars: int = 8):
+        self.task, self.name, self.max_turns, self.alphabet = task, task.name, task.max_turns, task.alphabet
+        self.pad_id, self.eos_id, self.system_prompt, self.role = pad_id, eos_id, system_prompt, role
+        self.instruction = instruction or task.instructions
+        self.split_seed = task.split_seed
+        self._encode, self._decode, self._render = encode, decode, render
+        self._chars = Vocab.from_alphabet(task.alphabet)
+        self._token_chars = _token_characters(decode, vocab_size, self._chars, (pad_id, eos_id), max_token_chars)
+        self._char_tokens = _character_tokens(encode, self._chars)
+        self._before, self._after = (np.asarray(encode(part), np.int32) for part in _role_wrap(render, role))
+        self.turn_length = task.turn_length + 2  # model tokens: at most one per character, and a space or two
+        self.observation_length = len(self._before) + task.observation_length + len(self._after)
+        problems = task.sample(jax.random.key(0), 64, "train")
+        longest = max(len(self._prompt_ids(p)) for p in np.asarray(task.prompts(problems, self._chars)))
+        self.prompt_length = -(-(longest + 8) // 8) * 8
+
+    # ---- host side ----
+    def _prompt_ids(self, char_prompt) -> list[int]:
+        observation = "".join(self._chars.tokens[int(i)] for i in char_prompt if i > self._chars.eos_id)
+        system = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return self._encode(self._render([*system, {"role": "user", "content": f"{self.instruction}\n{observation}"}]))
+
+    def _host_prompts(self, char_prompts):
+        flat = char_prompts.reshape(-1, char_prompts.shape[-1])
+        out = np.full((flat.shape[0], self.prompt_length), self.pad_id, np.int32)
+        for row, chars in enumerate(flat):
+            ids = self._prompt_ids(chars)
+            if len(ids) > self.prompt_length:
+                raise ValueError(f"a prompt of {len(ids)} tokens exceeds prompt_length {self.prompt_length}")
+            out[row, self.prompt_length - len(ids):] = ids
+        return out.reshape(*char_prompts.shape[:-1], self.prompt_length)
+
+    # ---- JAX side ----
+    def _settings(self) -> tuple:  # (the tables are derived from the tokenizer, whose name the run's config holds)
+        return (type(self), self.task._settings(), self.pad_id, self.eos_id, self.system_prompt, self.instruction,
+                self.role, self._token_chars.shape)
+
+    def sample(self, key, batch: int, split: str, level=None):
+        return self.task.sample(key, batch, split, level)
+
+    def heldout(self, num: int, seed: int = 0):
+        return self.task.heldout(num, seed)
+
+    def difficulty(self, problems):
+        return self.task.difficulty(problems)
+
+    def prompts(self, problems, vocab=None) -> jax.Array:
+        """int32 [B, prompt_length]: the rules and the first observation as a chat prompt, left-padded."""
+        char_prompts = self.task.prompts(problems, self._chars)
+        shape = jax.ShapeDtypeStruct((*problems.target.shape, self.prompt_length), jnp.int32)
+        return host_call(self._host_prompts, shape, char_prompts) + _varying_zeros(problems.target[..., None],
+                                                                                   jnp.int32)
+
+    def start(self, problem):
+        return self.task.start(problem)
+
+    def _characters(self, turn: jax.Array) -> jax.Array:
+        """The model's turn (ids [T], up to its EOS) as the wrapped task's turn: characters then its EOS [T']."""
+        width, chars = self.task.turn_length, self._chars
+        before_eos = jnp.cumsum(turn == self.eos_id) == 0
+        ended = jnp.any(turn == self.eos_id)
+        table = jnp.asarray(self._token_chars)[turn]  # [T, L], -1: no character
+        flat = jnp.where(before_eos[:, None], table, -1).reshape(-1)
+        count = jnp.cumsum(flat >= 0)
+        slots = jnp.where(flat >= 0, count - 1, width)
+        out = jnp.full((width,), chars.pad_id, jnp.int32).at[slots].set(flat, mode="drop")
+        n = count[-1]
+        return jnp.where(ended & (jnp.arange(width) == n), chars.eos_id, out)  # (no room for EOS: malformed)
+
+    def _wrap(self, observation, length) -> tuple[jax.Array, jax.Array]:
+        """The wrapped task's answer (character ids) in the model's tokens, between the role's header and footer."""
+        tokens = jnp.asarray(self._char_tokens)[observation]
+        return render.concat([(jnp.asarray(self._before), len(self._before)), (tokens, length),
+                              (jnp.asarray(self._after), len(self._after))], self.observation_length, self.pad_id)
+
+    def respond(self, problem, state, turn, turn_index, vocab):
+        reply = self.task.respond(problem, state, self._characters(turn), turn_index, self._chars)
+        observation, length = self._wrap(reply.observation, reply.observation_length)
+        return reply.replace(observation=observation, observation_length=length)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def reference_answers(self, problems, vocab=None) -> jax.Array:
+        """The wrapped task's demonstrations in the model's tokens and this layout: int32 [B, N]."""
+        chars, model = self._chars, self
+        episodes = self.task.reference_answers(problems, chars)
+        K, T, O = self.max_turns, self.task.turn_length, self.task.observation_length
+
+        def turn(block):  # [T + O] characters -> [turn_length + observation_length] tokens
+            said, answer = block[:T], block[T:]
+            n = jnp.sum((said != chars.pad_id) & (said != chars.eos_id))
+            played = jnp.any(said == chars.eos_id)
+            written = jnp.where(jnp.arange(T) < n, jnp.asarray(model._char_tokens)[said], model.pad_id)
+            written = jnp.concatenate([written, jnp.full((model.turn_length - T,), model.pad_id)])
+            written = jnp.where(jnp.arange(model.turn_length) == n, model.eos_id, written)
+            shown = jnp.sum(answer != chars.pad_id)
+            wrapped, length = model._wrap(answer, shown)
+            wrapped = jnp.where(jnp.arange(model.observation_length) < length, wrapped, model.pad_id)
+            return jnp.where(played, jnp.concatenate([written, wrapped]), model.pad_id)
+
+        return jax.vmap(lambda e: jax.vmap(turn)(e.reshape(K, T + O)).reshape(-1))(episodes)
+
+    def texts(self, problems) -> list[tuple[str, str]]:
+        """(prompt, demonstration episode) strings, special tokens shown (host)."""
+        show = lambda ids: self._decode([int(i) for i in ids if i != self.pad_id], skip_special_tokens=False)  # noqa
+        return [(show(p), show(e)) for p, e in zip(np.asarray(self.prompts(problems)),
+                                                    np.asarray(self.reference_answers(problems)))]
+
+    def __repr__(self) -> str:
+        return f"ChatTurns({self.task!r}, prompt_length={self.prompt_length}, turn_length={self.turn_length})"
+
+
+def _token_characters(decode, vocab_size: int, chars: Vocab, specials, width: int) -> np.ndarray:
+    """int32 [V, width]: the characters (ids of `chars`) of each token's text, spaces and newlines dropped, -1 after
+    them; a token whose text has another character outside the alphabet (or is longer): one invalid character
+    (`chars.bos_id`, which no task accepts in a turn)."""
+    table = np.full((vocab_size, width), -1, np.int32)
+    known = {c: i for i, c in enumerate(chars.tokens) if len(c) == 1}
+    for token in range(vocab_size):
+        if token in specials:
+            continue
+        text = decode([token]).replace(" ", "").replace("\n", "")
+        if all(c in known for c in text) and len(text) <= width:
+            table[token, :len(text)] = [known[c] for c in text]
+        else:
+            table[token, 0] = chars.bos_id
+    return table
+
+
+def _character_tokens(encode, chars: Vocab) -> np.ndarray:
+    """int32 [size of `chars`]: the model's token of each character of the alphabet (one token each)."""
+    out = np.zeros(chars.size, np.int32)
+    for i, c in enumerate(chars.tokens):
+        if len(c) != 1:
+            continue
+        ids = encode(c)
+        if len(ids) != 1:
+            raise ValueError(f"the model's tokenizer writes {c!r} as {len(ids)} tokens; the task's answers need one "
+                             "token per character")
+        out[i] = ids[0]
+    return out
+
+
+def _role_wrap(render, role: str) -> tuple[str, str]:
+    """The chat template's text between an assistant's end-of-turn token and a `role` message's content (its
+    header: the assistant's EOS is the model's own last token), and after that content up to the next assistant
+    turn's start (its footer and the assistant header)."""
+    marker, answer = "\x00OBSERVATION\x00", "\x00ANSWER\x00"
+    messages = [{"role": "user", "content": "Q"}, {"role": "assistant", "content": answer},
+                {"role": role, "content": marker}]
+    full = render(messages, add_generation_prompt=True)
+    between = full[full.index(answer) + len(answer):full.index(marker)]
+    upto_eos = render(messages[:2], add_generation_prompt=False)
+    end_of_turn = upto_eos[upto_eos.index(answer) + len(answer):]
+    header = between[len(end_of_turn.rstrip("\n")):] if between.startswith(end_of_turn.rstrip("\n")) else between
+    return header, full[full.index(marker) + len(marker):]

@@ -68,6 +68,7 @@ class MultiTurnTask(Task):
     observation_length: int
     max_turns: int
     alphabet: str = ALPHABET
+    instructions: str = ""  # the rules in words, for a pretrained chat model (`envs.text.chat.ChatTurns`)
 
     @property
     def answer_length(self) -> int:
@@ -227,6 +228,9 @@ class GuessNumber(MultiTurnTask):
 
     name = "guess"
     alphabet = ALPHABET + "<>!"
+    instructions = ("Guess my secret number in the range below. Reply with one number per turn and nothing else. I "
+                    "answer > if my number is higher, < if it is lower, = when you have found it, ! if your reply is "
+                    "not a number in the range.")
 
     def __init__(self, low: int = 1, high: int = 1024, max_turns: int = 13, turn_cost: float = 0.05,
                  split_seed: int = 0):
@@ -344,6 +348,9 @@ class CountdownTools(ToolTask):
 
     name = "countdown_tools"
     alphabet = ALPHABET + CALCULATOR + ERROR
+    instructions = ("Reach the target (after >) with the given numbers, each at most once, and + - * / with "
+                    "parentheses. To check an expression, reply # and the expression: I answer its value. Your "
+                    "final reply is the expression alone.")
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25, min_target: int = 1,
                  max_target: int = 100, use_all: bool = False, max_turns: int = 4, calculator: bool = True,
@@ -401,6 +408,8 @@ class Lookup(ToolTask):
     name = "lookup"
     lookup = True
     alphabet = ALPHABET + CALCULATOR + LOOKUP + ERROR + _KEYS
+    instructions = ("Answer the question about a table of letters. Reply @ and a letter to read its value, # and an "
+                    "expression to compute it; your final reply is the number alone.")
 
     def __init__(self, num_keys: int = 6, max_value: int = 20, ops: str = "+*", max_turns: int = 6,
                  split_seed: int = 0):
@@ -468,6 +477,7 @@ class Retry(MultiTurnTask):
 
     name = "retry"
     alphabet = ALPHABET + ERROR
+    instructions = "Reply with the result, a number alone. I answer = if it is right, ! if it is wrong: try again."
 
     def __init__(self, op: str = "+", min_digits: int = 1, max_digits: int = 3, max_turns: int = 3,
                  turn_cost: float = 0.3, split_seed: int = 0):
@@ -521,6 +531,8 @@ class GridWorld(MultiTurnTask):
 
     name = "grid"
     alphabet = ALPHABET + _MOVES + ERROR
+    instructions = ("Walk on a grid from your cell to the goal (x then y digits: yours > the goal's). Reply one move "
+                    "per turn: u (y+1), d (y-1), l (x-1) or r (x+1); I answer your new cell.")
 
     def __init__(self, size: int = 5, max_turns: int = 12, turn_cost: float = 0.05, split_seed: int = 0):
         super().__init__(split_seed)

@@ -181,10 +181,15 @@ class TextPolicy:
         if settings.eval_problems > available:
             raise ValueError(f"eval.episodes={settings.eval_problems} held-out problems, but {base.path} holds "
                              f"{available}: set eval.episodes to at most that")
-        self.task = text.ChatTask(base, tokens.encode, tokens.decode, tokens.render_chat, pad_id=self.vocab.pad_id,
-                                  eos_id=self.vocab.eos_id, answer_length=settings.reply_length,
-                                  system_prompt=settings.system_prompt, instruction=settings.instruction,
-                                  marker=settings.answer_marker)
+        if getattr(base, "multi_turn", False):  # played over turns, each answer a message of the template
+            self.task = text.ChatTurns(base, tokens.encode, tokens.decode, tokens.render_chat,
+                                       vocab_size=config.vocab_size, pad_id=self.vocab.pad_id, eos_id=self.vocab.eos_id,
+                                       system_prompt=settings.system_prompt, instruction=settings.instruction)
+        else:
+            self.task = text.ChatTask(base, tokens.encode, tokens.decode, tokens.render_chat, pad_id=self.vocab.pad_id,
+                                      eos_id=self.vocab.eos_id, answer_length=settings.reply_length,
+                                      system_prompt=settings.system_prompt, instruction=settings.instruction,
+                                      marker=settings.answer_marker)
         # `model` computes on whole parameters (evaluation, the actor, initialisation); `update_model`, inside the
         # training programs, on each device's part of them when they are stored sharded.
         self.model = self.update_model = Decoder(config)
@@ -237,7 +242,11 @@ class TextPolicy:
         return text.decode(self.tokenizer, completions)
 
     def decode_episodes(self, episodes) -> list[str]:
-        """Episodes [B, N] (`envs.text.turns`' slot layout) -> their text, each model turn's EOS shown as `|`."""
+        """Episodes [B, N] (`envs.text.turns`' slot layout) -> their text: the small model's with each turn's EOS shown
+        as `|`, a pretrained model's with its special tokens."""
+        if self.settings.pretrained:
+            return [self.tokenizer_files.decode([int(i) for i in row if i != self.vocab.pad_id],
+                                                skip_special_tokens=False) for row in np.asarray(episodes)]
         tokens = self.tokenizer.id_to_token
         return ["".join("|" if i == self.vocab.eos_id else tokens(int(i)) for i in row if i != self.vocab.pad_id)
                 for row in np.asarray(episodes)]
