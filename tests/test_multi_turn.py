@@ -1,6 +1,7 @@
 """Multi-turn text environments, their tools and the compiled conversation loop (`envs.text.turns`, `envs.text.tools`,
 `jaxrl.multi_turn`), and the per-turn advantage estimators."""
 
+import functools
 import random
 from fractions import Fraction
 
@@ -92,7 +93,8 @@ def test_tool_calls_and_malformed_calls_answer_without_ending_the_episode():
     vocab = text.Vocab.from_alphabet(task.alphabet)
     problem = task.sample(jax.random.key(3), 1, "train")[0]
     state, _ = task.start(problem)
-    respond = lambda body: task.respond(problem, state, _turn(task, vocab, body), 0, vocab)  # noqa: E731
+    reply_to = jax.jit(lambda turn: task.respond(problem, state, turn, 0, vocab))
+    respond = lambda body: reply_to(_turn(task, vocab, body))  # noqa: E731
     keys = "abcdef"
     value = int(problem.numbers[2])
     reply = respond("@c")
@@ -119,7 +121,8 @@ def test_the_guessing_game_answers_higher_lower_and_errors():
     problem = task.sample(jax.random.key(0), 1, "train")[0]
     secret = int(problem.target)
     state, _ = task.start(problem)
-    step = lambda body, k=0: task.respond(problem, state, _turn(task, vocab, body), k, vocab)  # noqa: E731
+    reply_to = jax.jit(lambda turn, k: task.respond(problem, state, turn, k, vocab))
+    step = lambda body, k=0: reply_to(_turn(task, vocab, body), k)  # noqa: E731
     assert _observation(step(str(secret - 1)), vocab) == ">" and _observation(step(str(secret + 1)), vocab) == "<"
     for malformed in ("<>", "0", "1025", "0012", "", "1-2"):
         reply = step(malformed)
@@ -142,6 +145,7 @@ def test_demonstrations_solve_every_task(name):
         assert int(outcome["taken"].sum(-1).max()) <= 11
 
 
+@functools.lru_cache(maxsize=None)  # (the tests share a task's episodes: playing compiles once)
 def _episodes(task_name="lookup", group=3, seed=0, architecture="small"):
     task = text.make_task(task_name)
     tokenizer = text.train_tokenizer(text.corpus([task], 64), alphabet=task.alphabet)
@@ -181,20 +185,27 @@ def test_the_loss_mask_covers_exactly_the_model_tokens():
 @pytest.mark.parametrize("task_name, architecture", [("lookup", "small"), ("guess", "small"), ("guess", "llama")])
 def test_the_kv_cache_across_turns_gives_the_logits_of_reencoding_the_conversation(task_name, architecture):
     task, vocab, model, params, problems, prompts, episodes = _episodes(task_name, architecture=architecture)
-    checked = 0
+    # Each conversation packed (prompt, then its real tokens: no gaps, positions 0, 1, ...), right-padded to one width
+    # (causal attention: the padding after a conversation changes nothing before it), all in one forward pass.
+    conversations, learned = [], []
     for b in range(prompts.shape[0]):
         for g in range(episodes.tokens.shape[1]):
             prompt = [int(x) for x in prompts[b] if x != vocab.pad_id]
             real = np.asarray(episodes.attend[b, g])
-            conversation = prompt + [int(x) for x in np.asarray(episodes.tokens[b, g])[real]]
-            learned = [False] * len(prompt) + list(np.asarray(episodes.mask[b, g])[real] > 0)
-            ids = jnp.asarray(conversation)[None]
-            logits, _ = model.apply(params, ids, jnp.arange(ids.shape[1])[None], jnp.ones_like(ids, bool))
-            log_softmax = jax.nn.log_softmax(logits[0, :-1])
-            reencoded = np.asarray(jnp.take_along_axis(log_softmax, ids[0, 1:, None], 1)[:, 0])[np.array(learned[1:])]
-            cached = np.asarray(episodes.log_probs[b, g])[np.asarray(episodes.mask[b, g]) > 0]
-            np.testing.assert_allclose(cached, reencoded, atol=2e-5)
-            checked += len(cached)
+            conversations.append(prompt + [int(x) for x in np.asarray(episodes.tokens[b, g])[real]])
+            learned.append([False] * len(prompt) + list(np.asarray(episodes.mask[b, g])[real] > 0))
+    width = max(map(len, conversations))
+    ids = jnp.asarray([c + [vocab.pad_id] * (width - len(c)) for c in conversations])
+    logits, _ = model.apply(params, ids, jnp.broadcast_to(jnp.arange(width), ids.shape), jnp.ones_like(ids, bool))
+    log_softmax = jax.nn.log_softmax(logits[:, :-1])
+    reencoded = np.asarray(jnp.take_along_axis(log_softmax, ids[:, 1:, None], -1)[..., 0])
+    cached = np.asarray(episodes.log_probs).reshape(len(conversations), -1)
+    cached_mask = np.asarray(episodes.mask).reshape(len(conversations), -1) > 0
+    checked = 0
+    for row, (conversation, is_learned) in enumerate(zip(conversations, learned)):
+        np.testing.assert_allclose(cached[row][cached_mask[row]],
+                                   reencoded[row, :len(conversation) - 1][np.array(is_learned[1:])], atol=2e-5)
+        checked += int(cached_mask[row].sum())
     assert checked > 20
     # scoring the slot layout (the loss's forward pass) agrees too
     scored, _, _ = sampling.score_groups(model, params, prompts, episodes.tokens, episodes.mask, vocab.pad_id,
@@ -203,7 +214,7 @@ def test_the_kv_cache_across_turns_gives_the_logits_of_reencoding_the_conversati
 
 
 def test_rewards_replayed_from_the_tokens_equal_the_loop_s():
-    task, vocab, _, _, problems, _, episodes = _episodes("lookup", group=4)
+    task, vocab, _, _, problems, _, episodes = _episodes("lookup")
     B, G, N = episodes.tokens.shape
     repeated = jax.tree.map(lambda x: jnp.repeat(x, G, axis=0), problems)
     np.testing.assert_array_equal(task.rewards(repeated, episodes.tokens.reshape(B * G, N), vocab),
