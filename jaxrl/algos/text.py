@@ -717,7 +717,7 @@ class TextGRPO:
         taken = jnp.maximum(turns["taken"].sum(-1, keepdims=True), 1)
         return w_correct * turns["reward"] + w_formed * turns["well_formed"] / taken
 
-    def _turn_critic(self, groups: rollout.Groups, hp):
+    def _turn_critic(self, groups: rollout.Groups):
         """The turn-level critic of multi-turn episodes: per token [b, G, N] the return-to-go of its turn (the value
         target), the value at the turn's start (predicted at the end of the environment's last answer) and where the
         value head learns (each turn's first token)."""
@@ -745,7 +745,7 @@ class TextGRPO:
         if s.correction != "none":  # the policies that drew each token, for `_learn`'s correction
             units["behaviour"] = groups.log_probs if groups.behaviour is None else groups.behaviour
         if self.use_critic and self.multi_turn:  # a turn-level critic: values at turn starts, returns-to-go
-            returns, values, units["value_mask"] = self._turn_critic(groups, hp)
+            returns, values, units["value_mask"] = self._turn_critic(groups)
             critic = standardise(returns - values, groups.mask)
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
             units["returns"] = returns
