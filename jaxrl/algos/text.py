@@ -115,6 +115,9 @@ class TextSettings:
                               "follows the last occurrence of this in the reply ('': the reply's last number)")
     reply_length: int = knob("task.reply_length", 64, "pretrained models: the most tokens a reply may take (EOS "
                              "included)", minimum=1)
+    observation_role: str = knob("task.observation_role", "user", "pretrained models on multi-turn tasks: the chat "
+                                 "role of the environment's answers (tool where the template has that role)",
+                                 choices=("user", "tool"))
 
     @property
     def batch_size(self) -> int:
@@ -184,7 +187,8 @@ class TextPolicy:
         if getattr(base, "multi_turn", False):  # played over turns, each answer a message of the template
             self.task = text.ChatTurns(base, tokens.encode, tokens.decode, tokens.render_chat,
                                        vocab_size=config.vocab_size, pad_id=self.vocab.pad_id, eos_id=self.vocab.eos_id,
-                                       system_prompt=settings.system_prompt, instruction=settings.instruction)
+                                       system_prompt=settings.system_prompt, instruction=settings.instruction,
+                                       role=settings.observation_role)
         else:
             self.task = text.ChatTask(base, tokens.encode, tokens.decode, tokens.render_chat, pad_id=self.vocab.pad_id,
                                       eos_id=self.vocab.eos_id, answer_length=settings.reply_length,
