@@ -13,7 +13,8 @@ stopped. The small transformer of the experiments (2 layers, width 128) througho
    and GiGPO for 15,360 episodes each (no dynamic sampling: the same samples drawn per update).
 3. Countdown (3 numbers): with the calculator (4 turns: checks, then an answer; half the demonstrations revise a
    failed check) and without it (one turn: the answer), each SFT on 64,000 demonstrations, then GRPO for 15,360
-   episodes: equal episodes, so equal environment steps per episode's answer.
+   episodes (equal episodes); and without it for 61,440 episodes (4x: at least the environment turns the
+   calculator arm took).
 """
 
 from __future__ import annotations
@@ -57,6 +58,10 @@ RUNS = {
         "--config.total_steps=15360", "--config.log.every_steps=1280", "--config.eval.every_steps=3840",
         "--config.eval.episodes=512", "--config.group.oversample=1", *flags])
         for arm, flags in (("calc", []), ("nocalc", NO_CALCULATOR))},
+    # without the calculator for 4x the episodes: at least as many environment turns as the calculator arm took
+    "cd_nocalc_x4": ("text_grpo.py:countdown_tools", "sft_cd_nocalc", [
+        "--config.total_steps=61440", "--config.log.every_steps=5120", "--config.eval.every_steps=15360",
+        "--config.eval.episodes=512", "--config.group.oversample=1", *NO_CALCULATOR]),
 }
 
 
@@ -137,9 +142,11 @@ def main():
                                               ["SFT, 3,200 demonstrations", "then GRPO (trajectory), 15,360 episodes",
                                                "then GiGPO, 15,360 episodes"]))
     countdown_rows = []
-    for arm, label in (("calc", "with the calculator (4 turns)"), ("nocalc", "without (1 turn)")):
+    for arm, label in (("calc", "with the calculator (4 turns), 15,360 episodes"),
+                       ("nocalc", "without (1 turn), 15,360 episodes"),
+                       ("nocalc_x4", "without (1 turn), 61,440 episodes")):
         greedy = evaluation(args.runs_dir, f"cd_{arm}", False)
-        sft = evaluation(args.runs_dir, f"sft_cd_{arm}", False)
+        sft = evaluation(args.runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
         steps, errors = curve(metrics(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_error_rate")
         _, calls = curve(metrics(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_calls")
         countdown_rows.append([label, fmt_ci(per_seed(sft, "eval_success"), (0, 1)),
