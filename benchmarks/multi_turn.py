@@ -4,6 +4,7 @@
     python benchmarks/multi_turn.py                    # B = 16 prompts x G = 8 episodes of the guessing game
     python benchmarks/multi_turn.py --prompts 32 --repeats 5
     python benchmarks/multi_turn.py --no-trl           # jaxrl only (needs no torch)
+    python benchmarks/multi_turn.py --prompts 8 --repeats 3 --update-results
 
 The same game on both sides: guess a number in 1..1024, answered higher / lower / found, 13 turns at most; the
 same transformer body (2 layers, width 128, 4 heads, MLP 512, random weights, float32), the same batch (B
@@ -50,9 +51,10 @@ sys.path.insert(0, ROOT)
 from envs import text  # noqa: E402
 from jaxrl import multi_turn  # noqa: E402
 from jaxrl.transformer import TransformerConfig, TransformerLM  # noqa: E402
-from report import machine, markdown_table  # noqa: E402
+from report import machine, markdown_table, publish  # noqa: E402
 
 LOW, HIGH, TURNS = 1, 1024, 13
+MARKERS = ("<!-- multi_turn:start -->", "<!-- multi_turn:end -->")
 
 
 def timed(call, args) -> list[float]:
@@ -252,6 +254,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3, help="timed batches (the median is shown)")
     parser.add_argument("--warmup", type=int, default=1, help="untimed batches first (jaxrl: compiling)")
     parser.add_argument("--no-trl", action="store_true", help="run the jaxrl side only")
+    parser.add_argument("--update-results", action="store_true", help="write benchmarks/results/multi_turn.md")
     args = parser.parse_args()
     episodes = args.prompts * args.group_size
     rows, rates = [], {}
@@ -261,14 +264,15 @@ def main():
         rates[name] = episodes / statistics.median(seconds)
         rows.append([name, f"{rates[name]:.1f}", f"{tokens / statistics.median(seconds):,.0f}",
                      f"{tokens / episodes / TURNS:.1f}", ", ".join(f"{s:.2f}" for s in seconds)])
-    print(f"# multi-turn episodes/s: the guessing game, {TURNS} turns, B={args.prompts} x G={args.group_size}\n")
-    print(f"{datetime.date.today()}, {machine()}; jax {jax.__version__}"
-          + ("" if args.no_trl else f", trl {version('trl')}, transformers {version('transformers')}, "
-                                    f"torch {version('torch')}"))
-    print(f"command: python benchmarks/multi_turn.py {shlex.join(sys.argv[1:])}\n")
-    print(markdown_table(["side", "episodes/s", "model tokens/s", "model tokens per turn", "s per batch"], rows))
+    lines = [f"{datetime.date.today()}, {machine()}; jax {jax.__version__}"
+             + ("" if args.no_trl else f", trl {version('trl')}, transformers {version('transformers')}, "
+                                       f"torch {version('torch')}"),
+             f"command: `python benchmarks/multi_turn.py {shlex.join(sys.argv[1:])}`", "",
+             f"The guessing game, {TURNS} turns, B={args.prompts} prompts x G={args.group_size} episodes.", "",
+             markdown_table(["side", "episodes/s", "model tokens/s", "model tokens per turn", "s per batch"], rows)]
     if "TRL" in rates:
-        print(f"\njaxrl / TRL episodes per second: {rates['jaxrl'] / rates['TRL']:.1f}x")
+        lines += ["", f"jaxrl / TRL episodes per second: **{rates['jaxrl'] / rates['TRL']:.1f}x**"]
+    publish("\n".join(lines), args.update_results, MARKERS, "Multi-turn episodes per second against TRL (issue 62)")
 
 
 if __name__ == "__main__":
