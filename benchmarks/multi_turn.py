@@ -264,8 +264,8 @@ def main():
         rates[name] = episodes / statistics.median(seconds)
         rows.append([name, f"{rates[name]:.1f}", f"{tokens / statistics.median(seconds):,.0f}",
                      f"{tokens / episodes / TURNS:.1f}", ", ".join(f"{s:.2f}" for s in seconds)])
-    lines = [f"{datetime.date.today()}, {machine()}; jax {jax.__version__}"
-             + ("" if args.no_trl else f", trl {version('trl')}, transformers {version('transformers')}, "
+    lines = [f"{datetime.date.today()}, {machine()}"
+             + ("" if args.no_trl else f"; trl {version('trl')}, transformers {version('transformers')}, "
                                        f"torch {version('torch')}"),
              f"command: `python benchmarks/multi_turn.py {shlex.join(sys.argv[1:])}`", "",
              f"The guessing game, {TURNS} turns, B={args.prompts} prompts x G={args.group_size} episodes.", "",
