@@ -133,6 +133,13 @@ def test_the_guessing_game_answers_higher_lower_and_errors():
     assert int(lower[1]) == secret and int(lower[0]) == task.low  # the interval the answers leave
 
 
+def test_every_secret_of_the_guessing_game_is_drawn_in_both_splits():
+    task = text.make_task("guess", high=64)
+    for split in ("train", "test"):
+        secrets = np.asarray(task.sample(jax.random.key(0), 4096, split).target)
+        assert secrets.min() == 1 and secrets.max() == 64 and len(np.unique(secrets)) == 64, split
+
+
 @pytest.mark.parametrize("name", sorted(text.MULTI_TURN_TASKS))
 def test_demonstrations_solve_every_task(name):
     task = text.make_task(name)

@@ -36,7 +36,7 @@ from flax import struct
 
 from envs.text import render, tools
 from envs.text.render import Piece
-from envs.text.tasks import EOS, TASKS, Countdown, Problems, Task, addition, multiplication, split_hash
+from envs.text.tasks import EOS, SPLITS, TASKS, Countdown, Problems, Task, addition, multiplication, split_hash
 from envs.text.tokenizer import ALPHABET, Vocab
 
 CALCULATOR, LOOKUP, ERROR = "#", "@", "!"  # a turn starting with # or @ calls a tool; ! answers a failed call
@@ -247,6 +247,15 @@ class GuessNumber(MultiTurnTask):
     def _propose(self, key, n, level=None):
         secret = jax.random.randint(key, (n,), self.low, self.high + 1)
         return Problems(secret[:, None], secret, jnp.zeros((n, 0, 3), jnp.int32)), jnp.ones(n, bool)
+
+    def sample(self, key, batch: int, split: str, level=None) -> Problems:
+        """`batch` secrets drawn uniformly from [low, high] for either split. The secret is what an episode
+        discovers, never shown to the model, so no secret is an unseen problem: holding some out (as the other
+        tasks hold out their shown problems) would only keep the model from ever writing those numbers as a final
+        guess. A held-out evaluation is episodes on a fixed draw (`heldout`), from keys training never uses."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        return self._propose(jax.random.fold_in(key, SPLITS.index(split)), batch, level)[0]
 
     def _prompt_pieces(self, problem, vocab):
         return [render.number(self.low, self.digits, vocab), render.char("-", vocab),
