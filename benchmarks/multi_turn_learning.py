@@ -12,7 +12,7 @@ stopped. The small transformer of the experiments (2 layers, width 128) througho
 2. The grid world (5 x 5, 12 moves): SFT on 3,200 shortest-path demonstrations (a weak warm start), then GRPO
    and GiGPO for 15,360 episodes each (no dynamic sampling: the same samples drawn per update).
 3. Countdown (3 numbers): with the calculator (4 turns: checks, then an answer; half the demonstrations revise a
-   failed check) and without it (one turn: the answer), each SFT on 64,000 demonstrations, then GRPO for 15,360
+   failed check) and without it (one turn: the answer), each SFT on 32,000 demonstrations, then GRPO for 15,360
    episodes (equal episodes); and without it for 61,440 episodes (4x: at least the environment turns the
    calculator arm took).
 """
@@ -52,7 +52,7 @@ RUNS = {
                                                        "--config.eval.every_steps=5120", "--config.eval.episodes=512",
                                                        "--config.group.oversample=1"]),
     **{f"sft_cd_{arm}": ("text_sft.py:countdown_tools", None, [
-        "--config.total_steps=64000", "--config.log.every_steps=16000", "--config.eval.every_steps=32000",
+        "--config.total_steps=32000", "--config.log.every_steps=8000", "--config.eval.every_steps=16000",
         "--config.eval.episodes=512", *flags]) for arm, flags in (("calc", []), ("nocalc", NO_CALCULATOR))},
     **{f"cd_{arm}": ("text_grpo.py:countdown_tools", f"sft_cd_{arm}", [
         "--config.total_steps=15360", "--config.log.every_steps=1280", "--config.eval.every_steps=3840",
@@ -118,6 +118,9 @@ def curve(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 def result_rows(runs_dir: str, names: list[str], labels: list[str]) -> list[list[str]]:
     rows = []
     for name, label in zip(names, labels):
+        if not finished(os.path.join(runs_dir, name)):
+            rows.append([label, "(not run)", "", "", ""])
+            continue
         greedy, sampled = evaluation(runs_dir, name, False), evaluation(runs_dir, name, True)
         rows.append([label, fmt_ci(per_seed(sampled, "eval_success"), (0, 1)),
                      fmt_ci(per_seed(sampled, "eval_turns")), fmt_ci(per_seed(greedy, "eval_success"), (0, 1)),
@@ -128,12 +131,13 @@ def result_rows(runs_dir: str, names: list[str], labels: list[str]) -> list[list
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--runs-dir", required=True, help="where the runs are kept (and reused)")
-    parser.add_argument("--only", default="", help="comma-separated run names to train (default: all)")
+    parser.add_argument("--only", default=None, help="comma-separated run names to train (default: all; '': none, "
+                        "the tables from the runs already there)")
     parser.add_argument("--update-results", action="store_true")
     args = parser.parse_args()
     os.makedirs(args.runs_dir, exist_ok=True)
     for name in RUNS:
-        if not args.only or name in args.only.split(","):
+        if args.only is None or name in args.only.split(","):
             train(args.runs_dir, name)
     header = ["run", "success (sampled)", "turns (sampled)", "success (greedy)", "turns (greedy)"]
     guess = markdown_table(header, result_rows(args.runs_dir, ["sft_guess", "guess_grpo"],
@@ -145,6 +149,9 @@ def main():
     for arm, label in (("calc", "with the calculator (4 turns), 15,360 episodes"),
                        ("nocalc", "without (1 turn), 15,360 episodes"),
                        ("nocalc_x4", "without (1 turn), 61,440 episodes")):
+        if not finished(os.path.join(args.runs_dir, f"cd_{arm}")):
+            countdown_rows.append([label, "(not run)", "", "", ""])
+            continue
         greedy = evaluation(args.runs_dir, f"cd_{arm}", False)
         sft = evaluation(args.runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
         steps, errors = curve(metrics(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_error_rate")
@@ -179,6 +186,8 @@ def plot(runs_dir: str) -> None:
               ("Countdown", ["cd_calc", "cd_nocalc"], "solved")]
     for ax, (title, names, key) in zip(axes, panels):
         for name in names:
+            if not finished(os.path.join(runs_dir, name)):
+                continue
             steps, values = curve(metrics(os.path.join(runs_dir, name)), key)
             seed_band(ax, steps, values, name)
         ax.set_title(title)
