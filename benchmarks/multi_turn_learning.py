@@ -193,7 +193,8 @@ def plot(runs_dir: str) -> None:
         ax.set_title(title)
         ax.set_xlabel("episodes")
         ax.set_ylabel("solved (training, sampled)")
-        ax.legend()
+        if ax.lines:
+            ax.legend()
     save_figure(fig, os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "multi_turn_learning.png"))
 
 
