@@ -699,8 +699,12 @@ class TextGRPO:
             rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
             weights = (*weights, 1.0)
         if self.per_turn:  # each turn against the group's turns (`advantages.turn_advantages`)
-            per_turn = advantages.turn_advantages(s.advantage, self._turn_rewards(groups), groups.turns["taken"],
-                                                  groups.turns["anchor"], **self._turn_options())
+            taken, turn_rewards = groups.turns["taken"], self._turn_rewards(groups)
+            if self.pipeline.uses_bonus:  # a filter's bonus is earned by the episode's last turn
+                last = taken & (jnp.cumsum(taken, -1) == taken.sum(-1, keepdims=True))
+                turn_rewards = turn_rewards + (groups.bonus * tied[:, None])[..., None] * last
+            per_turn = advantages.turn_advantages(s.advantage, turn_rewards, taken, groups.turns["anchor"],
+                                                  **self._turn_options())
             return multi_turn.turn_to_tokens(per_turn, self.task), jnp.ones((*per_turn.shape[:2], 1)), tied
         generator = self.pipeline.generator
         if generator.advantages:  # structured samples (trees) score their tokens themselves
