@@ -195,7 +195,7 @@ def plot(runs_dir: str) -> None:
         ax.set_ylabel("solved (training, sampled)")
         if ax.lines:
             ax.legend()
-    save_figure(fig, os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "multi_turn_learning.png"))
+    save_figure(fig, os.path.join(os.path.dirname(os.path.abspath(__file__)), "multi_turn_learning.png"))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from envs.text import render
@@ -24,7 +25,8 @@ from envs.text.verify import OPERATORS
 MAX_MAGNITUDE = 2 ** 24  # numerators and denominators stay below this: every product of two fits an int32
 MAX_LITERAL = 10 ** 6  # a number literal of more digits is an error
 _OPEN = 4  # the operator stack's code for "(" (0..3 index OPERATORS)
-_PRECEDENCE = jnp.array([1, 1, 2, 2, 0], jnp.int32)  # + - * / (
+# + - * / ( (numpy: a jax array made at import would start jax's runtime in every process that imports envs)
+_PRECEDENCE = np.array([1, 1, 2, 2, 0], np.int32)
 
 
 @struct.dataclass
@@ -107,8 +109,9 @@ def calculator(tokens: jax.Array, length, vocab: Vocab) -> Calculation:
         misplaced = jnp.where(opening, ~t["operand_due"], ~is_digit & t["operand_due"])
         t = {**t, "error": t["error"] | ~known | (misplaced & known & ~is_digit)}
         # ")" applies the operators back to its "(", an operator those that bind at least as tightly
+        precedence = jnp.asarray(_PRECEDENCE)
         stop = lambda top: jnp.where(closing, top == _OPEN,  # noqa: E731
-                                     jnp.where(op < 4, _PRECEDENCE[top] < _PRECEDENCE[jnp.minimum(op, 3)], True))
+                                     jnp.where(op < 4, precedence[top] < precedence[jnp.minimum(op, 3)], True))
         t = reduce_top(t, stop)
         opened = (t["osp"] > 0) & (t["ops"][jnp.maximum(t["osp"] - 1, 0)] == _OPEN)
         t = {**t, "osp": t["osp"] - (closing & opened), "error": t["error"] | (closing & ~opened)}
