@@ -25,7 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from envs.text.turns import like_problem
+from envs.text.turns import episode_rewards, like_problem
 from jaxrl.loops import scan_until
 from jaxrl.sampling import _draw_token, _token_log_prob, is_eos, prompt_layout
 
@@ -161,9 +161,8 @@ def _play(model, params, task, vocab, problems, prompts, member_keys, temperatur
     attend, buffers = carry[1], carry[8]
     mask = buffers["mask"].astype(jnp.float32)
     turns = buffers["turns"]
-    taken = jnp.maximum(turns["taken"].sum(-1), 1)
-    rewards = jnp.stack([turns["reward"].sum(-1), turns["well_formed"].sum(-1) / taken], -1).astype(jnp.float32)
-    return Episodes(buffers["tokens"], buffers["log_probs"], mask, attend, buffers.get("values"), turns, rewards)
+    return Episodes(buffers["tokens"], buffers["log_probs"], mask, attend, buffers.get("values"), turns,
+                    episode_rewards(turns))
 
 
 def token_turns(task) -> jax.Array:

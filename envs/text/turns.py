@@ -98,8 +98,20 @@ class MultiTurnTask(Task):
         """The demonstrator's next turn (without EOS) in `state`: what `reference_answers` plays."""
         raise NotImplementedError
 
+    # A task played on a single-turn task's problems sets `base` (that Task): its problems, difficulty and prompt
+    # are the base's unless the subclass defines them.
+    base: Task | None = None
+
+    def _propose(self, key, n, level=None):
+        return self.base._propose(key, n, level)
+
     def difficulty(self, problems: Problems) -> jax.Array:
-        return jnp.zeros(problems.target.shape, jnp.float32)
+        if self.base is None:
+            return jnp.zeros(problems.target.shape, jnp.float32)
+        return self.base.difficulty(problems)
+
+    def _prompt_pieces(self, problem, vocab):
+        return self.base._prompt_pieces(problem, vocab)
 
     def _answer_pieces(self, problem, vocab):
         raise TypeError(f"{self.name}: a multi-turn task's reference is an episode (`reference_answers`)")
@@ -371,15 +383,6 @@ class CountdownTools(ToolTask):
         self.turn_length = 1 + self.base.expression_length + 1
         self.observation_length = tools.value_width(max_number ** num_numbers + 1)
 
-    def _propose(self, key, n, level=None):
-        return self.base._propose(key, n, level)
-
-    def difficulty(self, problems):
-        return self.base.difficulty(problems)
-
-    def _prompt_pieces(self, problem, vocab):
-        return self.base._prompt_pieces(problem, vocab)
-
     def _check(self, problem, turn, vocab):
         length, _ = _text_of(turn, vocab)
         calc = tools.calculator(turn, length, vocab)
@@ -498,15 +501,6 @@ class Retry(MultiTurnTask):
         self.op, self.max_turns, self.turn_cost = op, max_turns, float(turn_cost)
         self.prompt_length = self.base.prompt_length
         self.turn_length, self.observation_length = self.base.answer_length, 1
-
-    def _propose(self, key, n, level=None):
-        return self.base._propose(key, n, level)
-
-    def difficulty(self, problems):
-        return self.base.difficulty(problems)
-
-    def _prompt_pieces(self, problem, vocab):
-        return self.base._prompt_pieces(problem, vocab)
 
     def start(self, problem):
         return jnp.int32(0), jnp.int32(0)
