@@ -25,7 +25,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from envs.text.turns import episode_rewards, like_problem
+from envs.text.turns import episode_rewards
 from jaxrl.loops import scan_until
 from jaxrl.sampling import _draw_token, _token_log_prob, is_eos, prompt_layout
 
@@ -69,7 +69,7 @@ def _play(model, params, task, vocab, problems, prompts, member_keys, temperatur
     uniforms = jnp.moveaxis(uniforms, -1, 0).reshape(K, T, B, G)
     members = lambda fn: jax.vmap(jax.vmap(fn))  # noqa: E731  over [B, G]
     per_member = jax.tree.map(lambda x: jnp.broadcast_to(x[:, None], (B, G, *x.shape[1:])), problems)
-    state, anchor = members(lambda p: like_problem(p, task.start(p)))(per_member)
+    state, anchor = members(task.start)(per_member)  # (made varying below, with the rest of the carry)
 
     # Zeros that vary over devices and runs as the episodes will (through the parameters, prompts and keys): a
     # loop's carry must start as it ends (`shard_map`'s varying types).
