@@ -11,10 +11,10 @@ stopped. The small transformer of the experiments (2 layers, width 128) througho
 1. The guessing game (1..1024, 13 turns): SFT on 64,000 bisection demonstrations, then GRPO for 20,480 episodes.
 2. The grid world (5 x 5, 12 moves): SFT on 3,200 shortest-path demonstrations (a weak warm start), then GRPO
    and GiGPO for 15,360 episodes each (no dynamic sampling: the same samples drawn per update).
-3. Countdown (3 numbers): with the calculator (4 turns: checks, then an answer; half the demonstrations revise a
-   failed check) and without it (one turn: the answer), each SFT on 32,000 demonstrations, then GRPO for 15,360
-   episodes (equal episodes); and without it for 61,440 episodes (4x: at least the environment turns the
-   calculator arm took).
+3. Countdown (3 numbers): with the calculator (4 turns: up to three checks, then the answer; the demonstrations
+   search, checking candidate expressions until one hits the target) and without it (one turn: the answer), each
+   SFT on 32,000 demonstrations, then GRPO for 15,360 episodes (equal episodes); and without it for 61,440
+   episodes (4x: at least the environment turns the calculator arm took).
 """
 
 from __future__ import annotations

@@ -365,7 +365,8 @@ _KEYS = "abcdefghij"
 class CountdownTools(ToolTask):
     """Countdown (`envs.text.tasks.Countdown`: its problems, prompt and rule) with a calculator: `#3*5+1` is
     answered `16`; a turn without `#` is the final expression. `calculator=False` leaves only the answer (a call
-    is then an ill-formed answer). The demonstrator checks the reference expression once, then answers it."""
+    is then an ill-formed answer). The demonstrator searches: it checks candidates until one hits the target,
+    then answers it."""
 
     name = "countdown_tools"
     alphabet = ALPHABET + CALCULATOR + ERROR
@@ -387,24 +388,49 @@ class CountdownTools(ToolTask):
         length, _ = _text_of(turn, vocab)
         calc = tools.calculator(turn, length, vocab)
         rule = tools.uses_given_numbers(calc, problem.numbers, self.base.use_all)
-        right = ~calc.error & rule & (calc.denominator == 1) & (calc.numerator == problem.target)
-        return right, ~calc.error
+        return _reaches(calc, problem.target) & rule, ~calc.error
 
     def demonstrate(self, problem, state, turn_index, vocab):
-        """Without the calculator, the reference expression. With it, half the problems (by their split hash) first
-        check a wrong expression (the reference with its last operator changed), then every problem checks the
-        reference and answers with it: the demonstrations show a failed check being revised."""
-        expression = self.base._answer_pieces(problem, vocab)[0]
-        if not self.calculator:
-            return expression
-        recipe = problem.recipe.at[-1, 2].set((problem.recipe[-1, 2] + 1) % 4)
-        wrong = self.base._answer_pieces(problem.replace(recipe=recipe), vocab)[0]
-        check = lambda piece: render.concat([render.char(CALCULATOR, vocab), piece], self.turn_length,  # noqa: E731
-                                            vocab.pad_id)
-        revises = (split_hash(problem, self.split_seed + 1) % 2 == 1).astype(jnp.int32)
-        step = jnp.where(state >= revises, state - revises + 1, 0)  # 0: the wrong check, 1: the right one, 2: answer
-        choices = [check(wrong), check(expression), _pad_piece(expression, self.turn_length, vocab)]
-        return jax.tree.map(lambda *xs: jnp.stack(xs)[jnp.minimum(step, 2)], *choices)
+        """Without the calculator, the reference expression. With it, a search: the demonstration checks candidate
+        expressions until one's value is the target, then answers that one. Candidates are the reference with its
+        operators redrawn (by the problem's hash), and the reference itself at a position drawn uniformly among the
+        max_turns - 1 checks; the rule shown is the one a learner can follow: answer exactly when the check hit."""
+        if not self.calculator or self.max_turns == 1:
+            return self.base._answer_pieces(problem, vocab)[0]
+        candidates = self._candidates(problem, vocab)  # (ids [K, L], lengths [K])
+        calcs = jax.vmap(lambda ids, length: tools.calculator(ids, length, vocab))(*candidates)
+        reference = self.base._answer_pieces(problem, vocab)[0]  # (in place of a candidate that fails: 3/(2-2))
+        candidates = jax.tree.map(lambda c, r: jnp.where(calcs.error.reshape(-1, *[1] * r.ndim), r, c),
+                                  candidates, reference)
+        hits = calcs.error | _reaches(calcs, problem.target)
+        first_hit = jnp.argmax(hits)  # the reference always hits, so some candidate does
+        pick = lambda k: jax.tree.map(lambda a: a[k], candidates)  # noqa: E731
+        check = render.concat([render.char(CALCULATOR, vocab), pick(jnp.minimum(state, first_hit))],
+                              self.turn_length, vocab.pad_id)
+        answer = _pad_piece(pick(first_hit), self.turn_length, vocab)
+        return jax.tree.map(lambda c, a: jnp.where(state <= first_hit, c, a), check, answer)
+
+    def _candidates(self, problem, vocab) -> Piece:
+        """The demonstration's max_turns - 1 candidate expressions (ids [K, expression_length], lengths [K]): the
+        reference at a drawn position, and distinct redrawings of its operators elsewhere (each adds a different
+        nonzero base-4 offset to the operator codes)."""
+        checks, steps = self.max_turns - 1, problem.recipe.shape[0]
+        codes = 4 ** steps - 1  # the nonzero offsets
+        reference_at = split_hash(problem, self.split_seed + 1) % checks
+        first_offset = split_hash(problem, self.split_seed + 2) % codes
+        pieces = []
+        for k in range(checks):
+            offset = 1 + (first_offset + k - (k > reference_at)) % codes
+            digits = (offset >> (2 * jnp.arange(steps, dtype=jnp.uint32))) % 4
+            ops = (problem.recipe[:, 2] + digits.astype(problem.recipe.dtype)) % 4
+            recipe = jnp.where(reference_at == k, problem.recipe, problem.recipe.at[:, 2].set(ops))
+            pieces.append(self.base._answer_pieces(problem.replace(recipe=recipe), vocab)[0])
+        return jax.tree.map(lambda *xs: jnp.stack(xs), *pieces)
+
+
+def _reaches(calc: tools.Calculation, target: jax.Array) -> jax.Array:
+    """The expression is well formed and its value is the integer target."""
+    return ~calc.error & (calc.denominator == 1) & (calc.numerator == target)
 
 
 def _pad_piece(piece: Piece, width: int, vocab: Vocab) -> Piece:
