@@ -102,6 +102,14 @@ def tiny_sft_config(task="addition", total_steps=3_200):
     return config
 
 
+def countdown_2() -> dict:
+    """Two-number Countdown ("a op b" reaching a target up to 100, numbers up to 25), for SFT and GRPO alike: the
+    keys to set."""
+    from envs import text
+
+    return {"task.name": "countdown", "task.kwargs": {**text.task_options("countdown"), "num_numbers": 2}}
+
+
 def tiny_grpo_config(init_from, **overrides):
     """experiments/text_grpo.py:addition warm-started from the SFT run `init_from` (a tiny_sft_config run):
     8 prompts x 4 samples, 4 updates; `overrides` by dotted key."""

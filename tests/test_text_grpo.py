@@ -7,12 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from envs import text
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
 from jaxrl.run import cli
 from jaxrl.run.saved import start_params
 from jaxrl.rollout.tokens import select_varied
-from helpers import set_keys, tiny_grpo_config, tiny_sft_config
+from helpers import countdown_2, tiny_grpo_config
 
 
 @pytest.fixture(scope="module")
@@ -45,21 +44,6 @@ def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, default_grpo, tmp_
     assert os.path.exists(tmp_path / "grpo" / "tokenizer.json")
 
 
-# Two-number Countdown ("a op b" reaching a target up to 100, numbers up to 25), for SFT and GRPO alike
-COUNTDOWN_2 = {"task.name": "countdown", "task.kwargs": {**text.task_options("countdown"), "num_numbers": 2}}
-
-
-@pytest.fixture(scope="module")
-def countdown_sft_run(tmp_path_factory):
-    """tiny_sft_config's model on two-number Countdown, 6,400 samples, evaluated at the end."""
-    workdir = str(tmp_path_factory.mktemp("countdown_sft") / "run")
-    config = set_keys(tiny_sft_config("countdown", total_steps=6_400),
-                      {**COUNTDOWN_2, "eval.every_steps": 6_400, "eval.pass_k": 0})
-    train.run(config, workdir)
-    return workdir
-
-
-@pytest.mark.slow  # about a minute with its warm start
 def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     """60 updates of 16 prompts x 8 completions (dynamic sampling from 2 candidates per slot) at a constant
     learning rate of 3e-4, sampled at temperature 0.3 and rewarded for correct answers alone, from a warm start
@@ -67,7 +51,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     seeds 0, 1, 2 (2026-11-28, 2-core AMD EPYC): 0.324 at the start; 0.418, 0.402, 0.426 after 30 updates,
     0.473, 0.465, 0.434 after 60 (+0.11 to +0.15). With a learning rate of 1e-12 (0 is refused) the accuracy
     stays 0.324 and this test fails (tried by hand)."""
-    config = tiny_grpo_config(countdown_sft_run, **COUNTDOWN_2, **{
+    config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{
         "num_prompts": 16, "group.size": 8, "total_steps": 16 * 8 * 60, "optim.learning_rate": 3e-4,
         "optim.schedule": "constant", "sampling.temperature": 0.3, "reward_weights": (1.0, 0.0)})
     algos.validate(config)

@@ -10,13 +10,13 @@ the traced hyperparameters. An experiment file can register an algorithm of its 
 """
 
 # importing the algorithm modules registers them
-from jaxrl.algos import grpo, ppo, q_learning, replay_actor_critic, text  # noqa: F401
+from jaxrl.algos import grpo, ppo, q_learning, replay_actor_critic, reward_model, text  # noqa: F401
 from jaxrl.algos.env_setup import NETWORKS, make_network
 from jaxrl.algos.grpo import GRPO, GRPOHyperparams, GRPOSettings
 from jaxrl.algos.ppo import PPO, PPOHyperparams, PPOSettings, TrainState
 from jaxrl.algos.registry import (ALGORITHMS, Recipe, build, default_config, hyperparam_keys, hyperparams, recipe,
-                                  register, resolve, static_signature, validate)
+                                  register, resolve, saved_config, static_signature, validate)
 
 __all__ = ["ALGORITHMS", "GRPO", "GRPOHyperparams", "GRPOSettings", "NETWORKS", "PPO", "PPOHyperparams", "PPOSettings",
            "Recipe", "TrainState", "build", "default_config", "hyperparam_keys", "hyperparams", "make_network", "recipe", "register",
-           "resolve", "static_signature", "validate"]
+           "resolve", "saved_config", "static_signature", "validate"]

@@ -64,6 +64,25 @@ def default_config(name: str) -> ConfigDict:
     return config
 
 
+def saved_config(path: str):
+    """A saved run's (or exported policy's) config.json, with every key its algorithm declares today that it lacks
+    (added since it was saved) at its default: the behaviour the run had, as the key did not exist."""
+    config = config_lib.load(path)
+
+    def fill(saved: dict, defaults: dict) -> dict:
+        out = dict(saved)
+        for key, value in defaults.items():
+            if key not in out:
+                out[key] = value
+            elif isinstance(value, dict) and isinstance(out[key], dict):
+                out[key] = fill(out[key], value)
+        return out
+
+    filled = ConfigDict(fill(config.to_dict(), default_config(config.algorithm).to_dict()))
+    filled.lock()
+    return filled
+
+
 def validate(config: ConfigDict) -> None:
     """Check everything that can be checked without compiling; raise ValueError naming the key."""
     algorithm = recipe(config.algorithm)

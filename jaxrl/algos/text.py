@@ -30,9 +30,10 @@ from ml_collections import ConfigDict
 
 from envs import text
 from jaxrl import (advantages, config as config_lib, corrections, engine, files, knobs, losses, mesh as mesh_lib,
-                   multi_turn, rollout, sampling)
+                   multi_turn, reward_models as reward_models_lib, rollout, sampling)
 from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
                                group_relative_keys)
+from jaxrl.algos import registry
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import OptimizerSettings, global_mean, gradient_step, optimise, staleness, standardise
@@ -524,6 +525,9 @@ class TextGRPOHyperparams:
                               minimum=0.0)
     top_p: float = knob("sampling.top_p", 1.0, "nucleus sampling: the smallest set of tokens holding this much "
                         "probability", traced=True, above=0.0, maximum=1.0)
+    reward_model_weight: float = knob("reward.model_weight", 1.0, "with reward.model: the learned reward's share of "
+                                      "the correct reward, the verifier's the rest (1: the model alone)", traced=True,
+                                      minimum=0.0, maximum=1.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -546,6 +550,8 @@ class TextGRPOSettings:
     reward_weights: tuple[float, ...] = knob("reward_weights", (1.0, 0.1), "the weight of each reward component "
                                              "(correct, well_formed)", rule="two weights (correct, well_formed)",
                                              accepts=lambda weights: len(weights) == 2, convert=tuple)
+    reward_model: str = knob("reward.model", "", "a text_reward_model run whose model scores each completion as its "
+                             "correct reward (sigmoid of the score; see reward.model_weight); '': the task's verifier")
     ratio: str = losses.RATIO.field()
     aggregate: str = losses.AGGREGATE.field()
     correction: str = corrections.CORRECTION.field()
@@ -588,6 +594,7 @@ class TextGRPOState:
     # With actor.max_staleness = eta > 0: the batches sampled and not yet learned from, oldest first
     # ({"batches": `_sample_batch`'s batch with leaves [eta, ...], "filled": how many hold one}); else None
     pending: Any = None
+    reward_model: Any = None  # the frozen reward model's variables (with reward.model), else None
 
 
 class TextGRPO:
@@ -607,8 +614,8 @@ class TextGRPO:
     with a learned baseline, no group needed for the baseline).
     """
 
-    def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy):
-        self.settings, self.mesh, self.policy = settings, mesh, policy
+    def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy, reward_policy: TextPolicy | None = None):
+        self.settings, self.mesh, self.policy, self.reward_policy = settings, mesh, policy, reward_policy
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         self.use_critic = self.model.config.value_head
         self.per_turn = advantages.ESTIMATORS[settings.advantage].per_turn  # scores turns of multi-turn episodes
@@ -630,12 +637,18 @@ class TextGRPO:
                              f"num_minibatches={settings.num_minibatches} equal minibatches: prompts per device "
                              f"must be a multiple of {settings.num_minibatches}")
 
-    def init(self, key: jax.Array, params=None) -> TextGRPOState:
-        """A fresh state for one seed, from `params` when given (a warm start; a fresh value head if it has one)."""
+    def init(self, key: jax.Array, params=None, reward_model=None) -> TextGRPOState:
+        """A fresh state for one seed, from `params` when given (a warm start; a fresh value head if it has one), and
+        with reward.model, the reward model run's parameters `reward_model` ({"params", "sampler"}; a fresh model of
+        its shapes when not given: what a checkpoint restores into)."""
         state = self.policy.init(key, params)
         ref = state.params if self.settings.use_kl and not self.policy.adapters else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
-        state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
+        scorer = None
+        if self.reward_policy is not None:
+            scorer = {"params": (reward_model or self.reward_policy.init_params(jax.random.fold_in(key, 3)))["params"]}
+        state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory,
+                              reward_model=scorer)
         if not self.settings.max_staleness:
             return state
         return state.replace(pending=staleness.empty_queue(self._sample_batch, state, TextGRPOHyperparams,
@@ -657,12 +670,25 @@ class TextGRPO:
         """The stages of `jaxrl.rollout` for one seed on this device: (memory, Groups [b, G, ...], metrics)."""
         plan_key, sample_key = jax.random.split(key)
         plan = rollout.plan_candidates(self, plan_key)
-        memory, groups, metrics = self.pipeline.run(self, state.params, hp, state.memory, plan, sample_key)
+        rewarded = None if state.reward_model is None else functools.partial(self._learned_rewards,
+                                                                             state.reward_model, hp)
+        memory, groups, metrics = self.pipeline.run(self, state.params, hp, state.memory, plan, sample_key, rewarded)
         local_prompts = self.settings.text.num_prompts // jax.lax.axis_size(DATA_AXIS)
         if groups.tokens.shape[0] != local_prompts:
             raise ValueError(f"the rollout strategies {[s.name for s in self.pipeline.strategies]} left "
                              f"{groups.tokens.shape[0]} groups on a device that trains {local_prompts}")
         return memory, groups, metrics
+
+    def _learned_rewards(self, reward_model, hp: TextGRPOHyperparams, groups: rollout.Groups) -> rollout.Groups:
+        """`groups` whose correct reward is w sigmoid(reward model's score) + (1 - w) verifier's (w:
+        reward.model_weight), the verifier's components kept in `verified`."""
+        scores = reward_models_lib.completion_scores(
+            sampling.score_groups(self.reward_policy.update_model, reward_model, groups.prompts, groups.tokens,
+                                  groups.mask, self.vocab.pad_id)[2], groups.mask)
+        correct = self.task.reward_names.index("correct")
+        w = hp.reward_model_weight
+        mixed = w * reward_models_lib.learned_reward(scores) + (1.0 - w) * groups.rewards[..., correct]
+        return groups.replace(rewards=groups.rewards.at[..., correct].set(mixed), verified=groups.rewards)
 
     def _loss(self, params, batch, hp: TextGRPOHyperparams):
         """batch: whole groups, prompts [m, P] and the rest [m, G, ...]."""
@@ -767,6 +793,11 @@ class TextGRPO:
         units["advantages"] = advantages
         metrics.update({f"reward_{name}": global_mean(groups.rewards[..., i])
                         for i, name in enumerate(self.task.reward_names)})
+        if groups.verified is not None:  # the learned reward against the true one (reward-hacking diagnostics)
+            correct = self.task.reward_names.index("correct")
+            learned, verified = groups.rewards[..., correct], groups.verified[..., correct]
+            metrics.update(reward_verified=global_mean(verified), reward_gap=global_mean(learned - verified),
+                           reward_model_agreement=global_mean(((learned > 0.5) == (verified > 0)).astype(jnp.float32)))
         if groups.turns is not None:
             episode = multi_turn.summary(groups.turns)
             calls = jax.lax.psum(episode["tool_calls"].sum(), DATA_AXIS)
@@ -889,10 +920,27 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config, "tokens"))
     policy = TextPolicy(base, mesh)
-    grpo = TextGRPO(settings, mesh, policy)
-    return text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
-                          starts_from="" if run_dir else config.init_from or base.pretrained,
-                          state_specs=grpo.state_specs)
+    grpo = TextGRPO(settings, mesh, policy, reward_policy(config, mesh, policy) if settings.reward_model else None)
+    algorithm = text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
+                               starts_from="" if run_dir else config.init_from or base.pretrained,
+                               state_specs=grpo.state_specs)
+    if settings.reward_model and not run_dir:
+        algorithm = dataclasses.replace(algorithm, frozen_from=(("reward_model", settings.reward_model),))
+    return algorithm
+
+
+def reward_policy(config: ConfigDict, mesh, policy: TextPolicy) -> TextPolicy:
+    """The model of config.reward.model's run (a `text_reward_model` run, read from its config.json and files); it
+    must read the policy's tokens."""
+    path = config.reward.model
+    saved = registry.saved_config(os.path.join(path, "config.json"))
+    if saved.algorithm != "text_reward_model":
+        raise ValueError(f"config.reward.model={path!r} is a {saved.algorithm} run, not a text_reward_model run")
+    scorer = TextPolicy(text_settings(saved, saved.group.size, value_head=True, start=path), mesh)
+    if scorer.tokenizer.to_str() != policy.tokenizer.to_str():
+        raise ValueError(f"config.reward.model={path!r} reads another tokenizer than this policy's: train the reward "
+                         "model from the same run (its init_from) as the policy")
+    return scorer
 
 
 def check_text_config(config: ConfigDict) -> None:
@@ -925,6 +973,12 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.loss.correction_low > config.loss.correction_high:
         raise ValueError(f"config.loss.correction_low={config.loss.correction_low} is above "
                          f"config.loss.correction_high={config.loss.correction_high}")
+    if config.reward.model:
+        if not os.path.exists(os.path.join(config.reward.model, "config.json")):
+            raise ValueError(f"config.reward.model={config.reward.model!r} is not a run directory (no config.json)")
+        if multi_turn_task:
+            raise ValueError(f"task.name={config.task.name} is played over turns; config.reward.model scores single "
+                             "completions")
     saved_run = lambda path: any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", MODEL_DIR))  # noqa: E731
     if config.init_from and not saved_run(config.init_from):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json "

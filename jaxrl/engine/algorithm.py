@@ -63,6 +63,9 @@ class Algorithm:
     # a saved run (or exported policy) whose parameters the runs start from: the run layer reads them
     # (`jaxrl.run.saved.warm_start`) and passes them to `init_seeds`; "" for none
     starts_from: str = ""
+    # ((name, saved run), ...): other runs' parameters the state keeps frozen (a reward model), read as `starts_from`
+    # is and passed to `init_from_params` as keyword `name` (leaves without the run axis)
+    frozen_from: tuple[tuple[str, str], ...] = ()
     vma_checks: bool = True  # shard_map's varying-axes checks (off for envs whose code does not pass them)
     # its envs live on the host (`envs.Environment.host_state`): a device's runs go one after another, and a
     # state is stepped once (no update timed before training, no XLA options chosen by timing candidates)
@@ -91,37 +94,43 @@ class Algorithm:
         return jax.tree.map(lambda spec, _: NamedSharding(self.mesh, spec), self.state_specs(state), state,
                             is_leaf=lambda x: isinstance(x, P))
 
-    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1, start_params=None):
+    def init_seeds(self, seed: int, num_seeds: int, num_settings: int = 1, start_params=None, frozen=None):
         """The state of R = num_settings * num_seeds runs (leading run axis; see `seed_keys`), on the mesh.
         With `start_params` (leaves [S', ...], the seeds of a saved run: a warm start) run r starts from those
-        of seed (r mod num_seeds) mod S'."""
+        of seed (r mod num_seeds) mod S'; `frozen` ({name: leaves [S', ...]}, `frozen_from`'s) are chosen alike."""
         keys = self._keys(seed, num_seeds, num_settings)
+        self._check_sources(start_params, frozen)
+        if start_params is None and not frozen:
+            return self._placed(self._init_runs(keys))
+        pick = lambda tree: jax.tree.map(  # noqa: E731
+            lambda x: x[jnp.arange(len(keys)) % num_seeds % x.shape[0]], tree)
+        return self._placed(self._warm_runs(keys, pick(start_params), pick(frozen or {})))
+
+    def abstract_seeds(self, seed: int, num_seeds: int, num_settings: int = 1, start_params=None, frozen=None):
+        """`init_seeds`' state as ShapeDtypeStructs with their shardings, nothing allocated or read: what the fit
+        check compiles for and what a checkpoint is restored into. With `start_params` (and `frozen`), traced from
+        them (a warm start's shapes are a fresh one's; parameters that do not fit this algorithm's raise here)."""
+        keys = self._keys(seed, num_seeds, num_settings)
+        if start_params is None and not frozen:
+            abstract = self._init_runs.eval_shape(keys)
+        else:
+            self._check_sources(start_params, frozen)
+            runs = lambda tree: jax.tree.map(  # noqa: E731
+                lambda x: jax.ShapeDtypeStruct((len(keys), *x.shape[1:]), x.dtype), tree)
+            abstract = self._warm_runs.eval_shape(keys, runs(start_params), runs(frozen or {}))
+        return checkpoint.abstract_state(abstract, self.state_shardings(abstract))
+
+    def _check_sources(self, start_params, frozen) -> None:
+        """The parameters passed are those the algorithm reads from saved runs (`starts_from`, `frozen_from`)."""
+        if (start_params is not None or frozen) and self.init_from_params is None:
+            raise ValueError("this algorithm cannot start from another run's parameters")
         if start_params is None and self.starts_from:
             raise ValueError(f"these runs start from the parameters of {self.starts_from}: pass them as "
                              "start_params (`jaxrl.run.saved.start_params`), or train with `jaxrl.train.run`")
-        if start_params is None:
-            return self._placed(self._init_runs(keys))
-        self._check_warm_start()
-        available = jax.tree.leaves(start_params)[0].shape[0]
-        chosen = jnp.arange(len(keys)) % num_seeds % available
-        return self._placed(self._warm_runs(keys, jax.tree.map(lambda x: x[chosen], start_params)))
-
-    def abstract_seeds(self, seed: int, num_seeds: int, num_settings: int = 1, start_params=None):
-        """`init_seeds`' state as ShapeDtypeStructs with their shardings, nothing allocated or read: what the fit
-        check compiles for and what a checkpoint is restored into. With `start_params`, traced from them (a warm
-        start's shapes are a fresh one's; parameters that do not fit this algorithm's raise here)."""
-        keys = self._keys(seed, num_seeds, num_settings)
-        if start_params is None:
-            abstract = self._init_runs.eval_shape(keys)
-        else:
-            self._check_warm_start()
-            chosen = jax.tree.map(lambda x: jax.ShapeDtypeStruct((len(keys), *x.shape[1:]), x.dtype), start_params)
-            abstract = self._warm_runs.eval_shape(keys, chosen)
-        return checkpoint.abstract_state(abstract, self.state_shardings(abstract))
-
-    def _check_warm_start(self) -> None:
-        if self.init_from_params is None:
-            raise ValueError("this algorithm cannot start from another run's parameters")
+        wanted, given = sorted(name for name, _ in self.frozen_from), sorted(frozen or {})
+        if wanted != given:
+            raise ValueError(f"these runs keep the frozen parameters {wanted} (of {dict(self.frozen_from)}), given "
+                             f"{given}: pass them as frozen (`jaxrl.run.saved.warm_start`)")
 
     def _keys(self, seed: int, num_seeds: int, num_settings: int) -> jax.Array:
         keys = seed_keys(seed, num_seeds, num_settings)
@@ -132,9 +141,9 @@ class Algorithm:
         return jax.device_put(state, self.state_shardings(state))
 
     @jit_method(compiler_options=RUNS_ONCE)
-    def _warm_runs(self, keys: jax.Array, params):
-        """One state per key [R, 2] from params [R, ...] (`init_from_params`)."""
-        return jax.vmap(self.init_from_params)(keys, params)
+    def _warm_runs(self, keys: jax.Array, params, frozen: dict):
+        """One state per key [R, 2] from params [R, ...] or None, and frozen {name: [R, ...]} (`init_from_params`)."""
+        return jax.vmap(lambda key, params, frozen: self.init_from_params(key, params, **frozen))(keys, params, frozen)
 
     @jit_method(compiler_options=RUNS_ONCE)
     def _init_runs(self, keys: jax.Array):

@@ -136,7 +136,7 @@ class Groups:
     mask: jax.Array  # float32 [n, G, N]: real tokens (hints included: later tokens attend to them)
     lengths: jax.Array  # int32 [n, G]
     values: jax.Array | None  # float32 [n, G, N] with a value head, else None
-    rewards: jax.Array  # float32 [n, G, K]: the verifier's components
+    rewards: jax.Array  # float32 [n, G, K]: the reward's components (the verifier's, unless a reward model's)
     weight: jax.Array  # float32 [n, G, N]: loss weight per token (0 on hints; importance weights on replays)
     bonus: jax.Array  # float32 [n, G]: added to the reward where a group's verifier rewards are all equal
     replayed: jax.Array  # bool [n, G]: the member comes from memory, not from this update's policy
@@ -150,6 +150,9 @@ class Groups:
     # [n, G, N] every real token (the environment's too), `turns` the per-turn outcomes {field: [n, G, K]}
     attend: jax.Array | None = None
     turns: Any = None
+    # float32 [n, G, K]: the verifier's components where `rewards` hold a reward model's (`reward.model`): kept
+    # to measure the learned reward against the true one, never trained on
+    verified: jax.Array | None = None
 
     @property
     def generated(self) -> jax.Array:
@@ -208,9 +211,11 @@ class Pipeline:
         """{strategy name: its memory} of the strategies that keep one."""
         return {s.name: s.init(algo, key) for s in self.strategies if s.init}
 
-    def run(self, algo, params, hp, memory: dict, plan: Plan, key: jax.Array) -> tuple[dict, Groups, dict]:
+    def run(self, algo, params, hp, memory: dict, plan: Plan, key: jax.Array,
+            rewarded: Callable[[Groups], Groups] | None = None) -> tuple[dict, Groups, dict]:
         """The stages for one seed on this device, from the candidates `plan`: before (a strategy that redraws
-        the problems first), generate, observe, after. Returns (memory, Groups, metrics)."""
+        the problems first), generate, `rewarded` (a reward model's scores in place of the verifier's, which every
+        later stage then sees), observe, after. Returns (memory, Groups, metrics)."""
         memory, metrics = dict(memory), {}
         hook_key = lambda i: jax.random.fold_in(key, i + 1)
         for i, strategy in sorted(enumerate(self.strategies), key=lambda item: not item[1].draws):
@@ -218,6 +223,8 @@ class Pipeline:
                 plan, m = strategy.before(algo, memory.get(strategy.name), plan, hook_key(i))
                 metrics.update(m)
         groups = self.generator.generate(algo, params, hp, plan, key)
+        if rewarded is not None:
+            groups = rewarded(groups)
         metrics["sampled_tokens"] = jax.lax.psum(jnp.sum(groups.generated), DATA_AXIS)  # every candidate's
         for strategy in self.strategies:
             if strategy.observe:

@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
-from ml_collections import ConfigDict
 
-from jaxrl import algos, checkpoint, config as config_lib, mesh as mesh_lib, models
+from jaxrl import algos, checkpoint, mesh as mesh_lib, models
+from jaxrl.algos.registry import saved_config
 from jaxrl.run.plan import Plan
 
 EXPORT_MARKER = "exported_policy.json"
@@ -52,25 +52,6 @@ def program_of(workdir: str) -> tuple[str, int, int]:
             if name in names:
                 return os.path.join(sweep_dir, "checkpoints", str(number)), len(names), names.index(name)
     raise ValueError(f"{workdir} has no checkpoints (checkpoints/ is missing)")
-
-
-def saved_config(path: str):
-    """A saved run's (or exported policy's) config.json, with every key its algorithm declares today that it lacks
-    (added since it was saved) at its default: the behaviour the run had, as the key did not exist."""
-    config = config_lib.load(path)
-
-    def fill(saved: dict, defaults: dict) -> dict:
-        out = dict(saved)
-        for key, value in defaults.items():
-            if key not in out:
-                out[key] = value
-            elif isinstance(value, dict) and isinstance(out[key], dict):
-                out[key] = fill(out[key], value)
-        return out
-
-    filled = ConfigDict(fill(config.to_dict(), algos.default_config(config.algorithm).to_dict()))
-    filled.lock()
-    return filled
 
 
 def restore_run(workdir: str, checkpoint_step: int | None = None) -> RestoredRun:
@@ -112,11 +93,12 @@ def start_params(path: str, checkpoint_step: int | None = None):
 
 def warm_start(algo, program_plan: Plan) -> Callable | None:
     """`program.start`'s `start_state` for an algorithm that starts from a saved run's parameters
-    (`algo.starts_from`): those parameters, read and checked against the algorithm's here, before anything is
-    compiled. None for any other algorithm, and for a program that resumes from its own checkpoints."""
-    if not algo.starts_from or program_plan.resuming:
+    (`algo.starts_from`) or keeps other runs' frozen (`algo.frozen_from`): those parameters, read and checked against
+    the algorithm's here, before anything is compiled. None for any other algorithm, and for a program that resumes from its own checkpoints."""
+    if not (algo.starts_from or algo.frozen_from) or program_plan.resuming:
         return None
-    params = start_params(algo.starts_from)
+    params = start_params(algo.starts_from) if algo.starts_from else None
+    frozen = {name: start_params(path) for name, path in algo.frozen_from}
     runs = (program_plan.seed, program_plan.num_seeds, program_plan.num_settings)
-    algo.abstract_seeds(*runs, start_params=params)  # parameters that do not fit raise here
-    return lambda algo, abstract: (0, algo.init_seeds(*runs, start_params=params))
+    algo.abstract_seeds(*runs, start_params=params, frozen=frozen)  # parameters that do not fit raise here
+    return lambda algo, abstract: (0, algo.init_seeds(*runs, start_params=params, frozen=frozen))

@@ -1,0 +1,256 @@
+"""Reward models trained from outcome labels (`text_reward_model`), on the small transformer or a pretrained model.
+
+A run starts from a policy's run (`init_from`: an SFT or GRPO run, or a pretrained model) and keeps two copies of
+it: the *sampler*, frozen, which draws G completions per training problem, and the *reward model*, the same
+weights with a fresh value head, which learns to score them (`jaxrl.reward_models`). One update, per seed:
+
+    B training problems -> G completions each from the sampler (at sampling.temperature, in evaluation too)
+    -> labels: 1 where the task's verifier accepts the completion -> scores: the value head at each completion's
+    last slot -> the objective (Bradley-Terry pairs or pointwise cross-entropy) -> Adam on the reward model
+
+Both copies live in the parameters, {"params": reward model, "sampler": sampler}; the optimiser leaves the sampler
+alone. Evaluation draws G completions for each of a fixed set of held-out problems and reports how the scores
+order them: eval_ranking_accuracy (correct above incorrect, pairs of one problem's completions), eval_label_accuracy
+(sigmoid(score) > 1/2 where the verifier accepts), eval_best_of_n (the verifier's verdict on the top-scored
+completion), eval_sampled_accuracy (on a random one) and eval_pass@n (on the best one: the ceiling of reranking).
+A GRPO run uses the trained model as its reward with `reward.model=<this run's directory>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import struct
+from ml_collections import ConfigDict
+
+from envs import text
+from jaxrl import engine, files, knobs, mesh as mesh_lib, reward_models, sampling
+from jaxrl.algos.group import GROUP_SIZE
+from jaxrl.algos.registry import Recipe, register
+from jaxrl.algos.text import (INIT_FROM, TextPolicy, TextSettings, TextState, check_text_config, text_algorithm,
+                              text_config, text_settings)
+from jaxrl.engine import gradient_step
+from jaxrl.jitting import jit_method
+from jaxrl.knobs import Knob
+from jaxrl.mesh import DATA_AXIS
+
+OBJECTIVE = Knob("reward_model.objective", "pairwise", "how the reward model learns from outcome labels: pairwise "
+                 "(Bradley-Terry on each prompt's correct and incorrect completions) or pointwise (cross-entropy)",
+                 choices=reward_models.OBJECTIVES)
+
+
+@struct.dataclass
+class RewardModelHyperparams:
+    """Traced numbers of a reward model's training (a sweep may vary them)."""
+
+    learning_rate: float = knobs.declared("optim.learning_rate").field()
+    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
+    weight_decay: float = knobs.declared("optim.weight_decay").field()
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardModelSettings:
+    """Static choices: the model and optimiser (`text`), completions per problem and the objective."""
+
+    text: TextSettings
+    group_size: int = GROUP_SIZE.field()
+    objective: str = OBJECTIVE.field()
+    temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
+
+    @property
+    def batch_size(self) -> int:
+        """Completions labelled per update, over all devices (B problems x G)."""
+        return self.text.num_prompts * self.group_size
+
+    num_updates = property(lambda self: self.text.num_updates)
+    xla_options = property(lambda self: self.text.xla_options)
+
+
+def scoring(params) -> dict:
+    """The reward model's variables in a run's parameters {"params", "sampler"}."""
+    return {"params": params["params"]}
+
+
+def sampler(params) -> dict:
+    """The frozen sampler's variables in a run's parameters."""
+    return {"params": params["sampler"]}
+
+
+def score_completions(model, variables, prompts: jax.Array, completions: jax.Array, mask: jax.Array,
+                      pad_id) -> jax.Array:
+    """A reward model's scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
+    _, _, values = sampling.score_groups(model, variables, prompts, completions, mask, pad_id)
+    return reward_models.completion_scores(values, mask)
+
+
+class RewardModel:
+    """The update and evaluation of one seed; `build_text_reward_model` makes its `engine.Algorithm`."""
+
+    def __init__(self, settings: RewardModelSettings, mesh, policy: TextPolicy, eval_seed: int = 1234):
+        self.settings, self.mesh, self.policy, self.eval_seed = settings, mesh, policy, eval_seed
+        self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
+        self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
+                             pad_id=self.vocab.pad_id)
+
+    def optimizer(self, hp, update_step):
+        """The policy's optimiser on the reward model; the sampler never moves."""
+        return optax.multi_transform({"train": self.policy.optimizer(hp, update_step), "frozen": optax.set_to_zero()},
+                                     lambda params: {"params": "train", "sampler": "frozen"})
+
+    def init(self, key: jax.Array, params=None) -> TextState:
+        """A fresh state for one seed from a policy's parameters (those of `init_from`: the sampler, and the reward
+        model's body under a fresh value head)."""
+        start = self.policy.init(key, params)
+        both = {"params": start.params["params"], "sampler": start.params["params"]}
+        return TextState(both, self.optimizer(RewardModelHyperparams(), jnp.int32(0)).init(both), start.key,
+                         start.update_step)
+
+    def labels(self, problems, completions: jax.Array) -> jax.Array:
+        """float32 [B, G]: 1 where the task's verifier accepts a completion [B, G, N]."""
+        correct = self.task.reward_names.index("correct")
+        rewards = jax.vmap(lambda c: self.task.jax_rewards(problems, c, self.vocab), in_axes=1, out_axes=1)(completions)
+        return (rewards[..., correct] > 0).astype(jnp.float32)
+
+    def draw(self, params, problems, key: jax.Array, temperature, group_size: int):
+        """The sampler's completions to `problems`: (prompts [B, P], `Samples` [B, G, ...], labels [B, G])."""
+        prompts = self.task.prompts(problems, self.vocab)
+        samples = sampling.sample_groups(self.model, sampler(params), prompts, key, group_size=group_size,
+                                         temperature=temperature, **self.decoding)
+        return prompts, samples, self.labels(problems, samples.tokens)
+
+    def loss(self, params, batch, hp: RewardModelHyperparams):
+        prompts, tokens, mask, labels = batch
+        scores = score_completions(self.model, scoring(params), prompts, tokens, mask, self.vocab.pad_id)
+        loss = reward_models.objective_loss(self.settings.objective, scores, labels, axis_name=DATA_AXIS)
+        accuracy, _ = reward_models.ranking_accuracy(scores, labels, axis_name=DATA_AXIS)
+        return loss, {"loss": loss, "ranking_accuracy": accuracy,
+                      "labelled_correct": engine.global_mean(labels)}
+
+    def update(self, state: TextState, hp: RewardModelHyperparams):
+        """One update for one seed on this device: label the sampler's completions to fresh problems, one step."""
+        key, problem_key, sample_key = jax.random.split(state.key, 3)
+        problems = jax.tree.map(mesh_lib.local_share, self.task.sample(problem_key, self.settings.text.num_prompts,
+                                                                       "train"))
+        prompts, samples, labels = self.draw(state.params, problems, sample_key, self.settings.temperature,
+                                             self.settings.group_size)
+        optimizer = self.optimizer(hp, state.update_step)
+        params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state,
+                                                   (prompts, samples.tokens, samples.mask, labels), hp)
+        return TextState(params, opt_state, key, state.update_step + 1), metrics
+
+    @jit_method(static_argnums=(3,))
+    def _heldout(self, params, key: jax.Array, num: int):
+        """Every seed's scores and labels [S, num, G] of the sampler's G completions to `num` fixed held-out
+        problems (at the sampler's temperature)."""
+        problems = self.task.heldout(num, seed=self.eval_seed)
+
+        def one_seed(params):
+            prompts, samples, labels = self.draw(params, problems, key, self.settings.temperature,
+                                                 self.settings.group_size)
+            return score_completions(self.policy.model, scoring(params), prompts, samples.tokens, samples.mask,
+                                     self.vocab.pad_id), labels
+
+        return jax.vmap(one_seed)(params)
+
+    def evaluate(self, params, key: jax.Array, num: int, sample: bool = False) -> dict[str, np.ndarray]:
+        """How the reward model orders the sampler's completions to `num` held-out problems, per seed [S] (see the
+        module docstring); `sample` is accepted for the loop's signature: the completions are always sampled, at the
+        sampler's temperature."""
+        scores, labels = self._heldout(params, key, num)
+        ranking = jax.vmap(lambda s, y: reward_models.ranking_accuracy(s, y)[0])(scores, labels)
+        best = jax.vmap(reward_models.best_of_n)(scores, labels)
+        agrees = (scores > 0) == (labels > 0)
+        out = {"eval_ranking_accuracy": ranking, "eval_label_accuracy": agrees.mean((-2, -1)),
+               "eval_best_of_n": best.mean(-1), "eval_sampled_accuracy": labels.mean((-2, -1)),
+               f"eval_pass@{self.settings.group_size}": labels.max(-1).mean(-1)}
+        return {k: np.asarray(v) for k, v in out.items()}
+
+    def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 8) -> list[str]:
+        """`scored_completions.txt`: held-out problems, the sampler's completions, their scores and labels."""
+        scores, labels = jax.device_get(self._heldout(params, jax.random.key(seed), num))
+        problems = self.task.heldout(num, seed=self.eval_seed)
+        prompts, samples, _ = self.draw(jax.tree.map(lambda x: x[0], params), problems, jax.random.key(seed),
+                                        self.settings.temperature, self.settings.group_size)
+        lines = [f"# {num} held-out problems, {self.settings.group_size} sampled completions each: score "
+                 "(sigmoid: the model's probability the completion is right), verifier label"]
+        for i, (prompt, reference) in enumerate(self.task.texts(problems)):
+            lines.append(f"{prompt!r} (reference {reference!r})")
+            texts = self.policy.decode(samples.tokens[i])
+            order = np.argsort(-scores[0, i])
+            lines += [f"  {float(jax.nn.sigmoid(scores[0, i, g])):.3f} {int(labels[0, i, g])} {texts[g]!r}"
+                      for g in order]
+        path = f"{workdir}/scored_completions.txt"
+        files.write_atomic(path, "\n".join(lines) + "\n")
+        return [path]
+
+    def actor(self, params) -> "RewardModelScorer":
+        return RewardModelScorer(self, params)
+
+
+class RewardModelScorer:
+    """One trained reward model, ready to score: `scorer.score(prompts, completions) -> float32 [B]` (sigmoid of the
+    score: the model's probability that each completion is right), for strings laid out as the task's prompts."""
+
+    def __init__(self, reward_model: RewardModel, params):
+        self.params, self.policy = params, reward_model.policy
+        self._score = jax.jit(functools.partial(score_completions, reward_model.policy.model, scoring(params),
+                                                pad_id=reward_model.vocab.pad_id))
+
+    def score(self, prompts: list[str], completions: list[str]) -> np.ndarray:
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts and {len(completions)} completions: give one completion each")
+        vocab, width = self.policy.vocab, self.policy.task.answer_length
+        ids = [self.policy.tokenizer.encode(text).ids[:width - 1] + [vocab.eos_id] for text in completions]
+        tokens = np.full((len(ids), 1, width), vocab.pad_id, np.int32)
+        for i, row in enumerate(ids):
+            tokens[i, 0, :len(row)] = row
+        mask = (np.arange(width) < np.asarray([len(r) for r in ids])[:, None])[:, None].astype(np.float32)
+        prompt_ids = jnp.asarray(self.policy.encode_prompts(prompts))
+        return np.asarray(reward_models.learned_reward(self._score(prompt_ids, jnp.asarray(tokens),
+                                                                   jnp.asarray(mask))))[:, 0]
+
+
+# -------------------------------------------------------------------------------------------------
+# From a config
+
+
+def text_reward_model_config() -> ConfigDict:
+    """`text_config()` for a reward model trained on a policy's completions (`init_from`)."""
+    config = text_config()
+    config.algorithm = "text_reward_model"
+    config.total_steps = 64_000  # labelled completions per seed
+    config.eval.episodes = 256
+    return knobs.fill(config, RewardModelHyperparams, RewardModelSettings, INIT_FROM)
+
+
+def build_text_reward_model(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
+    """The reward model algorithm (`parts`: its `RewardModel`), starting from `config.init_from`'s parameters; with
+    `run_dir`, that saved run's (its tokenizer, and no warm start)."""
+    base = text_settings(config, config.group.size, value_head=True, start=run_dir or config.init_from)
+    settings = knobs.read(RewardModelSettings, config, text=base)
+    policy = TextPolicy(base, mesh)
+    model = RewardModel(settings, mesh, policy)
+    algorithm = text_algorithm(settings, mesh, policy, model.init, model.update, model, init_from_params=model.init,
+                               starts_from="" if run_dir else config.init_from or base.pretrained)
+    return dataclasses.replace(algorithm, evaluate=model.evaluate, actor=model.actor,
+                               write_artifacts=model.write_artifacts)
+
+
+def check_text_reward_model_config(config: ConfigDict) -> None:
+    check_text_config(config)
+    if not (config.init_from or config.model.name):
+        raise ValueError("a reward model labels the completions of a policy: set config.init_from to a text run "
+                         "(e.g. an SFT run) or config.model.name to a pretrained model")
+    if config.task.name in text.MULTI_TURN_TASKS:
+        raise ValueError(f"task.name={config.task.name} is played over turns; reward models score single "
+                         "completions")
+
+
+register("text_reward_model", Recipe(build_text_reward_model, RewardModelHyperparams,
+                                     check=check_text_reward_model_config, defaults=text_reward_model_config,
+                                     rebuild=build_text_reward_model))

@@ -1,0 +1,85 @@
+"""Reward models on completions: scores from a value head, their losses, and how well they rank.
+
+A reward model reads a prompt and a completion and gives one score (a logit): the value head's output at the
+completion's last real slot, which has seen every token before it (the EOS that ends a completion adds nothing).
+It learns from outcome labels, 1 for a completion the verifier accepts and 0 otherwise:
+
+    pointwise      binary cross-entropy of sigmoid(score) against the label (an outcome reward model)
+    pairwise       Bradley-Terry: -log sigmoid(s_i - s_j) for every pair (i, j) of one prompt's completions with
+                   label_i > label_j (Bradley and Terry 1952; the reward models of RLHF)
+
+Used as a reward, sigmoid(score) is the model's probability that the completion is right. Shapes: B prompts,
+G completions per prompt, N completion slots. Means are over every device's items when `axis_name` names the
+data axis.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+OBJECTIVES = ("pairwise", "pointwise")
+
+
+def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """values, mask [..., N] (the value head's output predicting each slot, `sampling.score`; 1 = a real slot) ->
+    the score [...] of each completion: the value at its last real slot (0 for an empty completion)."""
+    last = jnp.maximum(jnp.sum(mask > 0, axis=-1) - 1, 0)
+    return jnp.where(jnp.any(mask > 0, axis=-1), jnp.take_along_axis(values, last[..., None], axis=-1)[..., 0], 0.0)
+
+
+def _mean(total: jax.Array, count: jax.Array, axis_name: str | None) -> jax.Array:
+    if axis_name is not None:
+        total, count = jax.lax.psum(total, axis_name), jax.lax.psum(count, axis_name)
+    return total / jnp.maximum(count, 1.0)
+
+
+def ordered_pairs(labels: jax.Array) -> jax.Array:
+    """labels [B, G] -> float32 [B, G, G]: 1 where completion i is labelled above completion j of the same prompt."""
+    return (labels[..., :, None] > labels[..., None, :]).astype(jnp.float32)
+
+
+def pointwise_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> jax.Array:
+    """Binary cross-entropy of sigmoid(scores) against labels in [0, 1] (any shape), averaged over every item."""
+    losses = jnp.logaddexp(0.0, scores) - labels * scores  # -[y log s(x) + (1 - y) log(1 - s(x))]
+    return _mean(jnp.sum(losses), jnp.float32(losses.size), axis_name)
+
+
+def bradley_terry_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> jax.Array:
+    """scores, labels [B, G] -> -mean log sigmoid(s_i - s_j) over the ordered pairs of each prompt's completions
+    (`ordered_pairs`); 0 when no prompt has two completions with different labels."""
+    pairs = ordered_pairs(labels)
+    margins = scores[..., :, None] - scores[..., None, :]
+    return _mean(jnp.sum(pairs * jnp.logaddexp(0.0, -margins)), jnp.sum(pairs), axis_name)
+
+
+def objective_loss(objective: str, scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> jax.Array:
+    """The loss of `objective` (one of `OBJECTIVES`) on scores, labels [B, G]."""
+    if objective == "pairwise":
+        return bradley_terry_loss(scores, labels, axis_name)
+    if objective == "pointwise":
+        return pointwise_loss(scores, labels, axis_name)
+    raise ValueError(f"unknown reward model objective {objective!r}; known: {', '.join(OBJECTIVES)}")
+
+
+def ranking_accuracy(scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> tuple[jax.Array, jax.Array]:
+    """scores, labels [B, G] -> (the share of ordered pairs the scores put in the labels' order, a tie counting
+    one half; the number of such pairs). The accuracy is 0 when there is no pair."""
+    pairs = ordered_pairs(labels)
+    margins = scores[..., :, None] - scores[..., None, :]
+    right = jnp.where(margins > 0, 1.0, jnp.where(margins == 0, 0.5, 0.0))
+    count = jnp.sum(pairs)
+    total = jnp.sum(pairs * right)
+    if axis_name is not None:
+        total, count = jax.lax.psum(total, axis_name), jax.lax.psum(count, axis_name)
+    return total / jnp.maximum(count, 1.0), count
+
+
+def best_of_n(scores: jax.Array, labels: jax.Array) -> jax.Array:
+    """scores, labels [B, G] -> [B]: the label of each prompt's highest-scored completion (the first on a tie)."""
+    return jnp.take_along_axis(labels, jnp.argmax(scores, axis=-1)[..., None], axis=-1)[..., 0]
+
+
+def learned_reward(scores: jax.Array) -> jax.Array:
+    """The reward a model's scores give: sigmoid(score), its probability that the completion is right."""
+    return jax.nn.sigmoid(scores)

@@ -1,0 +1,146 @@
+"""Reward models: the losses and ranking metrics against hand-worked values, a reward model trained on an SFT
+policy's completions, and GRPO with its reward (`reward.model`)."""
+
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl import algos, mesh as mesh_lib, reward_models, rollout, train
+from jaxrl.algos.reward_model import RewardModelScorer, scoring
+from jaxrl.run.saved import start_params
+from helpers import countdown_2, load_experiment, set_keys, tiny_grpo_config
+
+
+def test_bradley_terry_loss_by_hand():
+    # completion 0 is right, 1 and 2 wrong: pairs (0, 1) and (0, 2), margins 2 and 1
+    scores, labels = jnp.array([[2.0, 0.0, 1.0]]), jnp.array([[1.0, 0.0, 0.0]])
+    expected = (math.log(1 + math.exp(-2.0)) + math.log(1 + math.exp(-1.0))) / 2
+    assert float(reward_models.bradley_terry_loss(scores, labels)) == pytest.approx(expected, rel=1e-6)
+    # a second prompt whose completions all tie brings no pair, so the mean is unchanged
+    both = reward_models.bradley_terry_loss(jnp.array([[2.0, 0.0, 1.0], [5.0, -3.0, 0.0]]),
+                                            jnp.array([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]]))
+    assert float(both) == pytest.approx(expected, rel=1e-6)
+    assert float(reward_models.bradley_terry_loss(scores, jnp.zeros((1, 3)))) == 0.0
+
+
+def test_pointwise_loss_by_hand():
+    # -log sigmoid(0) for a right completion scored 0, -log(1 - sigmoid(2)) for a wrong one scored 2
+    loss = reward_models.pointwise_loss(jnp.array([0.0, 2.0]), jnp.array([1.0, 0.0]))
+    assert float(loss) == pytest.approx((math.log(2.0) + math.log(1 + math.exp(2.0))) / 2, rel=1e-6)
+
+
+def test_ranking_accuracy_counts_a_tie_as_half_and_best_of_n_takes_the_top_score():
+    scores, labels = jnp.array([[1.0, 1.0, 0.0]]), jnp.array([[1.0, 0.0, 0.0]])
+    accuracy, pairs = reward_models.ranking_accuracy(scores, labels)
+    assert (float(accuracy), float(pairs)) == (0.75, 2.0)  # (0, 1) tied: 1/2; (0, 2) right: 1
+    assert reward_models.best_of_n(jnp.array([[0.1, 0.9, 0.5], [3.0, 1.0, 2.0]]),
+                                   jnp.array([[0.0, 1.0, 0.0], [0.0, 1.0, 1.0]])).tolist() == [1.0, 0.0]
+
+
+def test_a_completion_is_scored_at_its_last_real_slot():
+    values = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
+    mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], jnp.float32)
+    assert reward_models.completion_scores(values, mask).tolist() == [3.0, 5.0, 0.0]
+
+
+def reward_model_config(init_from: str, total_steps: int):
+    config = set_keys(load_experiment("text_reward_model", "countdown"), countdown_2())
+    config.init_from = init_from
+    config.sampling.temperature = 0.5  # (the tiny policy's samples at temperature 1 are nearly all wrong)
+    config.num_prompts, config.group.size = 16, 8
+    config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2  # tiny_sft_config's
+    config.optim.learning_rate, config.optim.warmup_updates = 1e-3, 5
+    config.total_steps = total_steps
+    config.log.every_steps, config.eval.every_steps, config.eval.episodes = 1_024, total_steps, 64
+    config.checkpoint.every_steps = total_steps
+    config.log.progress_bar = False
+    return config
+
+
+@pytest.fixture(scope="module")
+def reward_model_run(countdown_sft_run, tmp_path_factory):
+    """A reward model of 8,192 labelled completions of conftest.py's two-number Countdown SFT policy."""
+    workdir = str(tmp_path_factory.mktemp("reward_model") / "run")
+    rows = train.run(reward_model_config(countdown_sft_run, 8_192), workdir).metrics
+    return workdir, rows
+
+
+def test_a_reward_model_learns_to_rank_its_sampler_s_completions(reward_model_run):
+    workdir, rows = reward_model_run
+    first, last = rows[0], rows[-1]
+    assert 0.05 < first["labelled_correct"] < 0.95  # the sampler gives both kinds: there are pairs to learn from
+    # Bradley-Terry with every score equal gives log 2 and ranks every pair as a tie (accuracy 1/2); this model
+    # checks `a op b` against the target, which the tiny policy gets right a fifth of the time at this temperature
+    assert max(row["loss"] for row in rows[-3:]) < math.log(2.0)
+    assert last["eval_ranking_accuracy"] > 0.55  # measured 0.63 on the 64 held-out problems' pairs
+    assert last["eval_sampled_accuracy"] <= last["eval_best_of_n"] <= last["eval_pass@8"]
+    assert os.path.exists(os.path.join(workdir, "scored_completions.txt"))
+
+
+def test_the_sampler_stays_the_warm_start_and_the_scorer_reads_strings(countdown_sft_run, reward_model_run):
+    params = start_params(reward_model_run[0])
+    sft = start_params(countdown_sft_run)
+    sampler = {k: v for k, v in params["sampler"].items() if k != "value"}  # (a fresh value head, never used)
+    for a, b in zip(jax.tree.leaves(sampler), jax.tree.leaves(sft["params"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    config = algos.saved_config(os.path.join(reward_model_run[0], "config.json"))
+    algo, _ = algos.build(config, mesh_lib.make_mesh(), run_dir=reward_model_run[0])
+    scorer = algo.actor(jax.tree.map(lambda x: x[0], params))
+    assert isinstance(scorer, RewardModelScorer)
+    probabilities = scorer.score(["12 30>42=", "12 30>42="], ["12+30", "30-12"])
+    assert probabilities.shape == (2,) and ((probabilities > 0) & (probabilities < 1)).all()
+
+
+def test_grpo_takes_its_correct_reward_from_the_reward_model(countdown_sft_run, reward_model_run):
+    rm_dir = reward_model_run[0]
+    # the model's reward mixed half and half with the verifier's: rewards = w sigmoid(score) + (1 - w) verified
+    config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{"reward.model": rm_dir, "reward.model_weight": 0.5})
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    frozen = {"reward_model": start_params(rm_dir)}
+    state = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run),
+                                                         frozen=frozen))
+    for a, b in zip(jax.tree.leaves(state.reward_model), jax.tree.leaves(scoring(frozen["reward_model"])),
+                    strict=True):
+        np.testing.assert_array_equal(a, b[0])
+    grpo = algo.parts
+    problems = grpo.task.sample(jax.random.key(0), 4, "train")
+    prompts = grpo.task.prompts(problems, grpo.vocab)
+    answers = grpo.task.reference_answers(problems, grpo.vocab)
+    tokens = jnp.stack([answers, jnp.roll(answers, 1, axis=0)], axis=1)  # member 1: another problem's answer
+    mask = (tokens != grpo.vocab.pad_id).astype(jnp.float32)
+    verified = jax.vmap(lambda c: grpo.task.jax_rewards(problems, c, grpo.vocab), in_axes=1, out_axes=1)(tokens)
+    zeros = jnp.zeros(tokens.shape[:2])
+    groups = rollout.Groups(jnp.arange(4), problems, prompts, jnp.zeros(4, jnp.int32), tokens, jnp.zeros(tokens.shape),
+                            mask, mask.sum(-1).astype(jnp.int32), None, verified, mask, zeros, zeros > 0)
+    mixed = grpo._learned_rewards(state.reward_model, hp, groups)
+    texts = [grpo.policy.decode(tokens[:, g]) for g in range(2)]
+    prompt_texts = [p for p, _ in grpo.task.texts(problems)]
+    rm_algo = algos.build(algos.saved_config(os.path.join(rm_dir, "config.json")), mesh_lib.make_mesh(),
+                          run_dir=rm_dir)[0]
+    rm_scorer = rm_algo.actor(jax.tree.map(lambda x: x[0], frozen["reward_model"]))
+    learned = np.stack([rm_scorer.score(prompt_texts, texts[g]) for g in range(2)], axis=1)
+    np.testing.assert_allclose(mixed.rewards[..., 0], 0.5 * learned + 0.5 * verified[..., 0], atol=1e-5)
+    np.testing.assert_array_equal(mixed.verified, verified)
+    np.testing.assert_array_equal(mixed.rewards[..., 1], verified[..., 1])  # well_formed stays the verifier's
+
+
+def test_a_grpo_run_with_a_reward_model_logs_the_learned_reward_against_the_verifier(countdown_sft_run,
+                                                                                     reward_model_run, tmp_path):
+    # weight 0: the verifier's reward alone, through the reward model's path (the gap is then exactly 0)
+    config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{
+        "reward.model": reward_model_run[0], "reward.model_weight": 0.0, "total_steps": 64, "eval.every_steps": 64})
+    rows = train.run(config, str(tmp_path / "grpo")).metrics
+    assert rows[0]["reward_correct"] == rows[0]["reward_verified"] and rows[0]["reward_gap"] == 0.0
+    assert 0.0 <= rows[0]["reward_model_agreement"] <= 1.0
+
+
+def test_a_reward_model_that_is_not_one_is_refused_in_one_line(countdown_sft_run):
+    config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{"reward.model": countdown_sft_run})
+    with pytest.raises(ValueError, match="is a text_sft run, not a text_reward_model run"):
+        algos.build(config, mesh_lib.make_mesh())
+    with pytest.raises(ValueError, match="set config.init_from"):
+        algos.validate(set_keys(load_experiment("text_reward_model", "addition"), {}))
