@@ -594,7 +594,14 @@ class TextGRPOState:
     # With actor.max_staleness = eta > 0: the batches sampled and not yet learned from, oldest first
     # ({"batches": `_sample_batch`'s batch with leaves [eta, ...], "filled": how many hold one}); else None
     pending: Any = None
-    reward_model: Any = None  # the frozen reward model's variables (with reward.model), else None
+
+
+@struct.dataclass
+class TextGRPOLearnedRewardState(TextGRPOState):
+    """`TextGRPOState` of a run with reward.model: the frozen reward model's variables beside it (a class of its own,
+    so that the checkpoints of runs without one keep their layout)."""
+
+    reward_model: Any = None
 
 
 class TextGRPO:
@@ -644,11 +651,10 @@ class TextGRPO:
         state = self.policy.init(key, params)
         ref = state.params if self.settings.use_kl and not self.policy.adapters else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
-        scorer = None
+        state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
         if self.reward_policy is not None:
-            scorer = {"params": (reward_model or self.reward_policy.init_params(jax.random.fold_in(key, 3)))["params"]}
-        state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory,
-                              reward_model=scorer)
+            scorer = reward_model or self.reward_policy.init_params(jax.random.fold_in(key, 3))
+            state = TextGRPOLearnedRewardState(**vars(state), reward_model={"params": scorer["params"]})
         if not self.settings.max_staleness:
             return state
         return state.replace(pending=staleness.empty_queue(self._sample_batch, state, TextGRPOHyperparams,
@@ -670,8 +676,8 @@ class TextGRPO:
         """The stages of `jaxrl.rollout` for one seed on this device: (memory, Groups [b, G, ...], metrics)."""
         plan_key, sample_key = jax.random.split(key)
         plan = rollout.plan_candidates(self, plan_key)
-        rewarded = None if state.reward_model is None else functools.partial(self._learned_rewards,
-                                                                             state.reward_model, hp)
+        scorer = getattr(state, "reward_model", None)
+        rewarded = None if scorer is None else functools.partial(self._learned_rewards, scorer, hp)
         memory, groups, metrics = self.pipeline.run(self, state.params, hp, state.memory, plan, sample_key, rewarded)
         local_prompts = self.settings.text.num_prompts // jax.lax.axis_size(DATA_AXIS)
         if groups.tokens.shape[0] != local_prompts:
