@@ -9,8 +9,8 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
                    label_i > label_j (Bradley and Terry 1952; the reward models of RLHF)
 
 Used as a reward, sigmoid(score) is the model's probability that the completion is right. Shapes: B prompts,
-G completions per prompt, N completion slots. Means are over every device's items when `axis_name` names the
-data axis.
+G completions per prompt, N completion slots. With `axis_name` (the data axis, inside shard_map) a mean is this
+device's share, scaled so that the mean over devices (what the update averages) is the mean over every item.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def _mean(total: jax.Array, count: jax.Array, axis_name: str | None) -> jax.Array:
+    """total / count; with `axis_name`, this device's share of the mean over every device's items, scaled so that
+    the mean over devices is that mean (as `losses.aggregate`: gradients averaged over devices stay exact)."""
     if axis_name is not None:
-        total, count = jax.lax.psum(total, axis_name), jax.lax.psum(count, axis_name)
+        count = jax.lax.psum(count, axis_name)
+        total = total * jax.lax.psum(1, axis_name)
     return total / jnp.maximum(count, 1.0)
 
 
@@ -64,15 +67,12 @@ def objective_loss(objective: str, scores: jax.Array, labels: jax.Array, axis_na
 
 def ranking_accuracy(scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> tuple[jax.Array, jax.Array]:
     """scores, labels [B, G] -> (the share of ordered pairs the scores put in the labels' order, a tie counting
-    one half; the number of such pairs). The accuracy is 0 when there is no pair."""
+    one half; this device's number of such pairs). The accuracy is 0 when there is no pair."""
     pairs = ordered_pairs(labels)
     margins = scores[..., :, None] - scores[..., None, :]
     right = jnp.where(margins > 0, 1.0, jnp.where(margins == 0, 0.5, 0.0))
     count = jnp.sum(pairs)
-    total = jnp.sum(pairs * right)
-    if axis_name is not None:
-        total, count = jax.lax.psum(total, axis_name), jax.lax.psum(count, axis_name)
-    return total / jnp.maximum(count, 1.0), count
+    return _mean(jnp.sum(pairs * right), count, axis_name), count
 
 
 def best_of_n(scores: jax.Array, labels: jax.Array) -> jax.Array:

@@ -227,10 +227,23 @@ num_seeds = 2
 """
 
 
+# A reward model: the sampler's completions split over devices by prompt, the pointwise loss averaged over all of
+# them (an untrained sampler's completions are all wrong: pairs would leave nothing to learn).
+TEXT_REWARD_MODEL = """
+import sys; sys.path.insert(0, "tests")
+from helpers import load_experiment
+config = load_experiment("text_reward_model", "addition")
+config.num_prompts, config.group.size, config.reward_model.objective = 16, 4, "pointwise"
+config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
+config.total_steps = 16 * 4 * 6
+num_seeds = 2
+"""
+
+
 @pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL, TEXT_GRPO_STALE,
-                                   TEXT_GRPO_TURNS],
+                                   TEXT_GRPO_TURNS, TEXT_REWARD_MODEL],
                          ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial_stale_split",
-                              "text_grpo_stale_split", "text_grpo_multi_turn"])
+                              "text_grpo_stale_split", "text_grpo_multi_turn", "text_reward_model"])
 def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.

@@ -116,11 +116,12 @@ class RewardModel:
         rewards = jax.vmap(lambda c: self.task.jax_rewards(problems, c, self.vocab), in_axes=1, out_axes=1)(completions)
         return (rewards[..., correct] > 0).astype(jnp.float32)
 
-    def draw(self, params, problems, key: jax.Array, temperature, group_size: int):
-        """The sampler's completions to `problems`: (prompts [B, P], `Samples` [B, G, ...], labels [B, G])."""
+    def draw(self, params, problems, keys: jax.Array, temperature, group_size: int):
+        """The sampler's completions to `problems` [B], problem b's drawn from keys[b] (what it is, not where it is
+        drawn): (prompts [B, P], `Samples` [B, G, ...], labels [B, G])."""
         prompts = self.task.prompts(problems, self.vocab)
-        samples = sampling.sample_groups(self.model, sampler(params), prompts, key, group_size=group_size,
-                                         temperature=temperature, **self.decoding)
+        samples = sampling.sample_groups_per_prompt(self.model, sampler(params), prompts, keys, group_size=group_size,
+                                                    temperature=temperature, **self.decoding)
         return prompts, samples, self.labels(problems, samples.tokens)
 
     def loss(self, params, batch, hp: RewardModelHyperparams):
@@ -136,7 +137,8 @@ class RewardModel:
         key, problem_key, sample_key = jax.random.split(state.key, 3)
         problems = jax.tree.map(mesh_lib.local_share, self.task.sample(problem_key, self.settings.text.num_prompts,
                                                                        "train"))
-        prompts, samples, labels = self.draw(state.params, problems, sample_key, self.settings.temperature,
+        keys = mesh_lib.per_item_keys(sample_key, problems.target.shape[0])
+        prompts, samples, labels = self.draw(state.params, problems, keys, self.settings.temperature,
                                              self.settings.group_size)
         optimizer = self.optimizer(hp, state.update_step)
         params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state,
@@ -150,8 +152,8 @@ class RewardModel:
         problems = self.task.heldout(num, seed=self.eval_seed)
 
         def one_seed(params):
-            prompts, samples, labels = self.draw(params, problems, key, self.settings.temperature,
-                                                 self.settings.group_size)
+            prompts, samples, labels = self.draw(params, problems, jax.random.split(key, num),
+                                                 self.settings.temperature, self.settings.group_size)
             return score_completions(self.policy.model, scoring(params), prompts, samples.tokens, samples.mask,
                                      self.vocab.pad_id), labels
 
@@ -174,8 +176,9 @@ class RewardModel:
         """`scored_completions.txt`: held-out problems, the sampler's completions, their scores and labels."""
         scores, labels = jax.device_get(self._heldout(params, jax.random.key(seed), num))
         problems = self.task.heldout(num, seed=self.eval_seed)
-        prompts, samples, _ = self.draw(jax.tree.map(lambda x: x[0], params), problems, jax.random.key(seed),
-                                        self.settings.temperature, self.settings.group_size)
+        prompts, samples, _ = self.draw(jax.tree.map(lambda x: x[0], params), problems,
+                                        jax.random.split(jax.random.key(seed), num), self.settings.temperature,
+                                        self.settings.group_size)
         lines = [f"# {num} held-out problems, {self.settings.group_size} sampled completions each: score "
                  "(sigmoid: the model's probability the completion is right), verifier label"]
         for i, (prompt, reference) in enumerate(self.task.texts(problems)):
