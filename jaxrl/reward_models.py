@@ -7,6 +7,9 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
     pointwise      binary cross-entropy of sigmoid(score) against the label (an outcome reward model)
     pairwise       Bradley-Terry: -log sigmoid(s_i - s_j) for every pair (i, j) of one prompt's completions with
                    label_i > label_j (Bradley and Terry 1952; the reward models of RLHF)
+    implicit       an implicit process reward model (PRIME, Cui et al. 2025): no value head; the score is
+                   beta * sum_t log(pi(y_t) / pi_ref(y_t)) of the model against a frozen reference, learned by
+                   pointwise cross-entropy on outcome labels; its per-token terms are process rewards for free
 
 Used as a reward, sigmoid(score) is the model's probability that the completion is right. Shapes: B prompts,
 G completions per prompt, N completion slots. With `axis_name` (the data axis, inside shard_map) a mean is this
@@ -15,10 +18,14 @@ device's share, scaled so that the mean over devices (what the update averages) 
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
-OBJECTIVES = ("pairwise", "pointwise")
+from jaxrl import sampling
+
+OBJECTIVES = ("pairwise", "pointwise", "implicit")
 
 
 def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -60,7 +67,7 @@ def objective_loss(objective: str, scores: jax.Array, labels: jax.Array, axis_na
     """The loss of `objective` (one of `OBJECTIVES`) on scores, labels [B, G]."""
     if objective == "pairwise":
         return bradley_terry_loss(scores, labels, axis_name)
-    if objective == "pointwise":
+    if objective in ("pointwise", "implicit"):
         return pointwise_loss(scores, labels, axis_name)
     raise ValueError(f"unknown reward model objective {objective!r}; known: {', '.join(OBJECTIVES)}")
 
@@ -83,3 +90,32 @@ def best_of_n(scores: jax.Array, labels: jax.Array) -> jax.Array:
 def learned_reward(scores: jax.Array) -> jax.Array:
     """The reward a model's scores give: sigmoid(score), its probability that the completion is right."""
     return jax.nn.sigmoid(scores)
+
+
+def implicit_rewards(log_probs: jax.Array, ref_log_probs: jax.Array, mask: jax.Array, beta) -> jax.Array:
+    """PRIME's token-level process rewards [..., N]: beta * (log pi(y_t) - log pi_ref(y_t)), 0 off the mask. Their sum
+    over a completion is its implicit outcome score."""
+    return beta * (log_probs - ref_log_probs) * (mask > 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scorer:
+    """How a trained reward model scores completions: its model (a value head's, or a language model's for
+    `implicit`), its objective and, for `implicit`, beta. Its variables are {"params"} (and {"sampler"}: the
+    reference of an implicit model)."""
+
+    model: object
+    objective: str
+    beta: float = 0.05
+    pad_id: int = 0
+
+    def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
+        """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
+        log_probs, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, completions,
+                                                     mask, self.pad_id)
+        if self.objective != "implicit":
+            return completion_scores(values, mask)
+        ref_log_probs, _, _ = sampling.score_groups(self.model, {"params": variables["sampler"]}, prompts,
+                                                    completions, mask, self.pad_id)
+        ref_log_probs = jax.lax.stop_gradient(ref_log_probs)
+        return jnp.sum(implicit_rewards(log_probs, ref_log_probs, mask, self.beta), axis=-1)

@@ -41,6 +41,39 @@ def test_ranking_accuracy_counts_a_tie_as_half_and_best_of_n_takes_the_top_score
                                    jnp.array([[0.0, 1.0, 0.0], [0.0, 1.0, 1.0]])).tolist() == [1.0, 0.0]
 
 
+def test_implicit_process_rewards_by_hand():
+    # PRIME: beta * (log pi - log pi_ref) per token, nothing off the mask; the outcome score is their sum
+    rewards = reward_models.implicit_rewards(jnp.array([[-1.0, -2.0, -0.5]]), jnp.array([[-1.5, -1.0, -3.0]]),
+                                             jnp.array([[1.0, 1.0, 0.0]]), 0.1)
+    np.testing.assert_allclose(rewards, [[0.05, -0.1, 0.0]], atol=1e-7)
+
+
+def test_an_implicit_reward_model_starts_at_score_zero_and_learns(countdown_sft_run, tmp_path):
+    config = set_keys(reward_model_config(countdown_sft_run, 4_096), {"reward_model.objective": "implicit",
+                                                                      "reward_model.beta": 0.5})
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    model = algo.parts
+    state = algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run))
+    problems = model.task.sample(jax.random.key(0), 8, "train")
+    params = jax.tree.map(lambda x: x[0], state.params)
+    prompts, samples, labels = model.draw(params, problems, jax.random.split(jax.random.key(1), 8), 0.5, 4)
+    scores = model.whole_scorer(scoring(params, "implicit"), prompts, samples.tokens, samples.mask)
+    np.testing.assert_array_equal(scores, 0.0)  # the model is its reference: log-ratio 0, sigmoid 1/2
+    rows = train.run(config, str(tmp_path / "implicit")).metrics
+    assert rows[-1]["loss"] < math.log(2.0) and rows[-1]["eval_ranking_accuracy"] > 0.5  # measured 0.60
+    # As GRPO's reward, the implicit model keeps its reference beside it and scores as it did in training
+    grpo_config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{"reward.model": str(tmp_path / "implicit")})
+    grpo_algo, hp = algos.build(grpo_config, mesh_lib.make_mesh())
+    saved = start_params(str(tmp_path / "implicit"))
+    grpo_state = jax.tree.map(lambda x: x[0], grpo_algo.init_seeds(
+        0, 1, start_params=start_params(countdown_sft_run), frozen={"reward_model": saved}))
+    assert sorted(grpo_state.reward_model) == ["params", "sampler"]
+    trained = jax.tree.map(lambda x: x[0], saved)
+    expected = model.whole_scorer(scoring(trained, "implicit"), prompts, samples.tokens, samples.mask)
+    np.testing.assert_allclose(grpo_algo.parts.learned_reward.scorer(grpo_state.reward_model, prompts, samples.tokens,
+                                                                     samples.mask), expected, atol=1e-5)
+
+
 def test_a_completion_is_scored_at_its_last_real_slot():
     values = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
     mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], jnp.float32)
@@ -103,7 +136,7 @@ def test_grpo_takes_its_correct_reward_from_the_reward_model(countdown_sft_run, 
     frozen = {"reward_model": start_params(rm_dir)}
     state = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run),
                                                          frozen=frozen))
-    for a, b in zip(jax.tree.leaves(state.reward_model), jax.tree.leaves(scoring(frozen["reward_model"])),
+    for a, b in zip(jax.tree.leaves(state.reward_model), jax.tree.leaves(scoring(frozen["reward_model"], "pairwise")),
                     strict=True):
         np.testing.assert_array_equal(a, b[0])
     grpo = algo.parts

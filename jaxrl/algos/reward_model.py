@@ -40,8 +40,10 @@ from jaxrl.knobs import Knob
 from jaxrl.mesh import DATA_AXIS
 
 OBJECTIVE = Knob("reward_model.objective", "pairwise", "how the reward model learns from outcome labels: pairwise "
-                 "(Bradley-Terry on each prompt's correct and incorrect completions) or pointwise (cross-entropy)",
+                 "(Bradley-Terry on each prompt's correct and incorrect completions), pointwise (cross-entropy), or "
+                 "implicit (PRIME: the score is beta * the log-ratio of the model to the sampler; cross-entropy)",
                  choices=reward_models.OBJECTIVES)
+BETA = Knob("reward_model.beta", 0.05, "implicit reward models: the log-ratio's scale", above=0.0)
 
 
 @struct.dataclass
@@ -60,6 +62,7 @@ class RewardModelSettings:
     text: TextSettings
     group_size: int = GROUP_SIZE.field()
     objective: str = OBJECTIVE.field()
+    beta: float = BETA.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -71,21 +74,15 @@ class RewardModelSettings:
     xla_options = property(lambda self: self.text.xla_options)
 
 
-def scoring(params) -> dict:
-    """The reward model's variables in a run's parameters {"params", "sampler"}."""
-    return {"params": params["params"]}
+def scoring(params, objective: str) -> dict:
+    """What scoring reads of a run's parameters {"params", "sampler"}: the reward model's (and the sampler, the
+    reference of an implicit model)."""
+    return params if objective == "implicit" else {"params": params["params"]}
 
 
 def sampler(params) -> dict:
     """The frozen sampler's variables in a run's parameters."""
     return {"params": params["sampler"]}
-
-
-def score_completions(model, variables, prompts: jax.Array, completions: jax.Array, mask: jax.Array,
-                      pad_id) -> jax.Array:
-    """A reward model's scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
-    _, _, values = sampling.score_groups(model, variables, prompts, completions, mask, pad_id)
-    return reward_models.completion_scores(values, mask)
 
 
 class RewardModel:
@@ -96,6 +93,9 @@ class RewardModel:
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                              pad_id=self.vocab.pad_id)
+        # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
+        self.scorer = reward_models.Scorer(self.model, settings.objective, settings.beta, self.vocab.pad_id)
+        self.whole_scorer = dataclasses.replace(self.scorer, model=policy.model)
 
     def optimizer(self, hp, update_step):
         """The policy's optimiser on the reward model; the sampler never moves."""
@@ -126,7 +126,7 @@ class RewardModel:
 
     def loss(self, params, batch, hp: RewardModelHyperparams):
         prompts, tokens, mask, labels = batch
-        scores = score_completions(self.model, scoring(params), prompts, tokens, mask, self.vocab.pad_id)
+        scores = self.scorer(scoring(params, self.settings.objective), prompts, tokens, mask)
         loss = reward_models.objective_loss(self.settings.objective, scores, labels, axis_name=DATA_AXIS)
         accuracy, _ = reward_models.ranking_accuracy(scores, labels, axis_name=DATA_AXIS)
         return loss, {"loss": loss, "ranking_accuracy": accuracy,
@@ -154,8 +154,8 @@ class RewardModel:
         def one_seed(params):
             prompts, samples, labels = self.draw(params, problems, jax.random.split(key, num),
                                                  self.settings.temperature, self.settings.group_size)
-            return score_completions(self.policy.model, scoring(params), prompts, samples.tokens, samples.mask,
-                                     self.vocab.pad_id), labels
+            return self.whole_scorer(scoring(params, self.settings.objective), prompts, samples.tokens,
+                                     samples.mask), labels
 
         return jax.vmap(one_seed)(params)
 
@@ -201,8 +201,8 @@ class RewardModelScorer:
 
     def __init__(self, reward_model: RewardModel, params):
         self.params, self.policy = params, reward_model.policy
-        self._score = jax.jit(functools.partial(score_completions, reward_model.policy.model, scoring(params),
-                                                pad_id=reward_model.vocab.pad_id))
+        self._score = jax.jit(functools.partial(reward_model.whole_scorer,
+                                                scoring(params, reward_model.settings.objective)))
 
     def score(self, prompts: list[str], completions: list[str]) -> np.ndarray:
         if len(prompts) != len(completions):

@@ -621,8 +621,9 @@ class TextGRPO:
     with a learned baseline, no group needed for the baseline).
     """
 
-    def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy, reward_policy: TextPolicy | None = None):
-        self.settings, self.mesh, self.policy, self.reward_policy = settings, mesh, policy, reward_policy
+    def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy,
+                 learned_reward: LearnedReward | None = None):
+        self.settings, self.mesh, self.policy, self.learned_reward = settings, mesh, policy, learned_reward
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         self.use_critic = self.model.config.value_head
         self.per_turn = advantages.ESTIMATORS[settings.advantage].per_turn  # scores turns of multi-turn episodes
@@ -652,9 +653,9 @@ class TextGRPO:
         ref = state.params if self.settings.use_kl and not self.policy.adapters else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
         state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
-        if self.reward_policy is not None:
-            scorer = reward_model or self.reward_policy.init_params(jax.random.fold_in(key, 3))
-            state = TextGRPOLearnedRewardState(**vars(state), reward_model={"params": scorer["params"]})
+        if self.learned_reward is not None:
+            state = TextGRPOLearnedRewardState(**vars(state), reward_model=self.learned_reward.variables(
+                reward_model, jax.random.fold_in(key, 3)))
         if not self.settings.max_staleness:
             return state
         return state.replace(pending=staleness.empty_queue(self._sample_batch, state, TextGRPOHyperparams,
@@ -688,9 +689,7 @@ class TextGRPO:
     def _learned_rewards(self, reward_model, hp: TextGRPOHyperparams, groups: rollout.Groups) -> rollout.Groups:
         """`groups` whose correct reward is w sigmoid(reward model's score) + (1 - w) verifier's (w:
         reward.model_weight), the verifier's components kept in `verified`."""
-        scores = reward_models_lib.completion_scores(
-            sampling.score_groups(self.reward_policy.update_model, reward_model, groups.prompts, groups.tokens,
-                                  groups.mask, self.vocab.pad_id)[2], groups.mask)
+        scores = self.learned_reward.scorer(reward_model, groups.prompts, groups.tokens, groups.mask)
         correct = self.task.reward_names.index("correct")
         w = hp.reward_model_weight
         mixed = w * reward_models_lib.learned_reward(scores) + (1.0 - w) * groups.rewards[..., correct]
@@ -926,7 +925,7 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config, "tokens"))
     policy = TextPolicy(base, mesh)
-    grpo = TextGRPO(settings, mesh, policy, reward_policy(config, mesh, policy) if settings.reward_model else None)
+    grpo = TextGRPO(settings, mesh, policy, learned_reward(config, mesh, policy) if settings.reward_model else None)
     algorithm = text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
                                starts_from="" if run_dir else config.init_from or base.pretrained,
                                state_specs=grpo.state_specs)
@@ -935,18 +934,36 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     return algorithm
 
 
-def reward_policy(config: ConfigDict, mesh, policy: TextPolicy) -> TextPolicy:
-    """The model of config.reward.model's run (a `text_reward_model` run, read from its config.json and files); it
+@dataclasses.dataclass(frozen=True)
+class LearnedReward:
+    """A trained reward model as GRPO's reward (`reward.model`): how it scores, and its policy (model, tokenizer)."""
+
+    scorer: reward_models_lib.Scorer
+    policy: TextPolicy
+
+    def variables(self, saved_params, key: jax.Array) -> dict:
+        """What the scorer reads of the reward model run's parameters {"params", "sampler"}: those given, or a fresh
+        model's of their shapes (what a checkpoint restores into)."""
+        if saved_params is None:
+            fresh = self.policy.init_params(key)["params"]
+            saved_params = {"params": fresh, "sampler": fresh}
+        return {k: v for k, v in saved_params.items() if k == "params" or self.scorer.objective == "implicit"}
+
+
+def learned_reward(config: ConfigDict, mesh, policy: TextPolicy) -> LearnedReward:
+    """config.reward.model's run (a `text_reward_model` run, read from its config.json and files) as a reward; it
     must read the policy's tokens."""
     path = config.reward.model
     saved = registry.saved_config(os.path.join(path, "config.json"))
     if saved.algorithm != "text_reward_model":
         raise ValueError(f"config.reward.model={path!r} is a {saved.algorithm} run, not a text_reward_model run")
-    scorer = TextPolicy(text_settings(saved, saved.group.size, value_head=True, start=path), mesh)
-    if scorer.tokenizer.to_str() != policy.tokenizer.to_str():
+    scorer_policy = TextPolicy(text_settings(saved, saved.group.size, value_head=True, start=path), mesh)
+    if scorer_policy.tokenizer.to_str() != policy.tokenizer.to_str():
         raise ValueError(f"config.reward.model={path!r} reads another tokenizer than this policy's: train the reward "
                          "model from the same run (its init_from) as the policy")
-    return scorer
+    scorer = reward_models_lib.Scorer(scorer_policy.update_model, saved.reward_model.objective,
+                                      saved.reward_model.beta, scorer_policy.vocab.pad_id)
+    return LearnedReward(scorer, scorer_policy)
 
 
 def check_text_config(config: ConfigDict) -> None:
