@@ -313,7 +313,8 @@ def test_countdown_jax_rewards_vmap_through_the_callback(tasks, problems, vocab)
 
 
 def test_make_task_names_and_kwargs():
-    with pytest.raises(ValueError, match="addition, countdown, countdown_tools, grid, guess, lookup, multiplication"):
+    with pytest.raises(ValueError, match="addition, countdown, countdown_steps, countdown_tools, grid, guess, lookup, "
+                                         "multiplication"):
         text.make_task("additon")
     assert text.make_task("addition", max_digits=5).prompt_length == 1 + 5 + 1 + 5 + 1
     assert text.make_task("countdown", num_numbers=3).num_numbers == 3
@@ -325,3 +326,50 @@ def test_tasks_with_equal_settings_are_equal_and_share_compiled_functions():
     a, b = text.make_task("addition", max_digits=3), text.make_task("addition", max_digits=3)
     assert a == b and hash(a) == hash(b)
     assert a != text.make_task("addition", max_digits=4) and a != text.make_task("multiplication")
+
+
+# --- Countdown in steps ----------------------------------------------------------------------------------
+
+
+def test_countdown_steps_references_are_right_step_by_step():
+    task = text.make_task("countdown_steps", num_numbers=4, max_number=50)
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    probs = task.sample(jax.random.key(3), BATCH, "train")
+    answers = task.reference_answers(probs, vocab)
+    np.testing.assert_array_equal(rewards_of(task, probs, answers, vocab), np.ones((BATCH, 2)))
+    for (prompt, answer), numbers, target in zip(task.texts(probs), np.asarray(probs.numbers),
+                                                  np.asarray(probs.target)):
+        pool = list(numbers)
+        for step in answer.split(";"):  # Python's own arithmetic on each written step
+            left, written = step.split("=")
+            op_at = next(k for k in range(1, len(left)) if left[k] in "+-*/")
+            a, b = int(left[:op_at]), int(left[op_at + 1:])
+            pool.remove(a)
+            pool.remove(b)
+            ops = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
+            assert ops[left[op_at]](Fraction(a), Fraction(b)) == int(written), (prompt, answer)
+            pool.append(int(written))
+        assert pool == [target], (prompt, answer)
+
+
+@pytest.mark.parametrize("answer, expected", [
+    ("12+7=19;19*4=76", (True, True, [True, True])),
+    ("12+7=20;20*4=80", (False, True, [False, True])),   # a wrong step, then a right one from its result
+    ("12+7=19;19*5=95", (False, True, [True, False])),   # 5 is not available
+    ("12+7=19;12*4=48", (False, True, [True, False])),   # 12 was used up by the first step
+    ("4-12=-8;-8*7=-56", (False, True, [True, True])),   # right steps, the wrong target
+    ("12+7=19;19*4", (False, False, [True])),             # no result written
+    ("12+7=19;;", (False, False, [True])),
+])
+def test_countdown_steps_verifier_judges_each_step(answer, expected):
+    from envs.text.verify import check_countdown_steps
+
+    assert check_countdown_steps(answer, [12, 7, 4], 76) == expected
+
+
+def test_step_ends_mark_each_step_s_last_token():
+    task = text.make_task("countdown_steps")
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    ids = [vocab.id_of(c) for c in "1+2=3;3*4=12"] + [vocab.eos_id, vocab.pad_id, vocab.id_of("7")]
+    ends = np.asarray(task.step_ends(jnp.asarray([ids]), vocab))[0]
+    assert np.flatnonzero(ends).tolist() == [4, 11]  # the "3" before ";" and the "2" before EOS

@@ -35,8 +35,8 @@ from flax import struct
 from envs.core import unknown_name
 from envs.text import render
 from envs.text.render import Piece
-from envs.text.tokenizer import BOS, EOS, Vocab
-from envs.text.verify import OPERATORS, check_countdown
+from envs.text.tokenizer import ALPHABET, BOS, EOS, Vocab
+from envs.text.verify import OPERATORS, STEP_SEPARATOR, check_countdown, check_countdown_steps
 
 REWARD_NAMES = ("correct", "well_formed")
 SPLITS = ("train", "test")
@@ -88,6 +88,7 @@ class Task:
     answer_length: int  # tokens, EOS included
     reward_names: tuple[str, ...] = REWARD_NAMES
     host_verifier: bool = False
+    alphabet: str = ALPHABET  # every character its prompts and answers use (the tokenizer's base vocabulary)
 
     def __init__(self, split_seed: int = 0):
         self.split_seed = int(split_seed)
@@ -153,7 +154,7 @@ class Task:
 
     def texts(self, problems: Problems) -> list[tuple[str, str]]:
         """Host-side, for humans and tokenizer corpora: (prompt, answer) strings without specials."""
-        vocab = Vocab.from_alphabet()
+        vocab = Vocab.from_alphabet(self.alphabet)
         prompts = np.asarray(self.prompts(problems, vocab))
         answers = np.asarray(self.reference_answers(problems, vocab))
         return [("".join(vocab.tokens[i] for i in p if i > vocab.eos_id), vocab.text(a))
@@ -360,6 +361,59 @@ class Countdown(Task):
         return host_call(functools.partial(self.rewards, vocab=vocab), shape, problems, completions)
 
 
+class CountdownSteps(Countdown):
+    """Countdown answered in steps, one merge each: `12 7 4>76=` -> `12+7=19;19*4=76`. A step combines two available
+    values (the given numbers, and earlier steps' results) and writes its result; the last result must be the
+    target. The steps give process supervision something to hold on to: `step_ends` marks where each ends, and the
+    verifier (`envs.text.verify.check_countdown_steps`) also says which steps are right. The reference performs the
+    problem's recipe, one step per merge."""
+
+    name = "countdown_steps"
+    alphabet = ALPHABET + STEP_SEPARATOR
+
+    def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
+                 max_target: int = 100, use_all: bool = False, split_seed: int = 0):
+        super().__init__(num_numbers, min_number, max_number, min_target, max_target, use_all, split_seed)
+        # A value: a sign and the digits of the largest intermediate (a product of N - 1 numbers, under 2**24).
+        self.value_width = 1 + render.max_digits(min(max_number ** (num_numbers - 1), _MAX_VALUE))
+        self.step_width = 3 * self.value_width + 3  # a op b=v;
+        self.answer_length = (num_numbers - 1) * self.step_width + 1
+
+    def _signed(self, x, vocab: Vocab) -> Piece:
+        return render.concat([render.char("-", vocab, x < 0), render.number(jnp.abs(x), self.value_width - 1, vocab)],
+                             self.value_width, vocab.pad_id)
+
+    def _answer_pieces(self, problem, vocab):
+        values, pieces = problem.numbers, []
+        last = self.num_numbers - 1
+        for step in range(problem.recipe.shape[0]):
+            i, j, op = problem.recipe[step]
+            merged, _ = _combine_values((values[i], True), (values[j], True), op)
+            pieces += [render.char(STEP_SEPARATOR, vocab, step > 0), self._signed(values[i], vocab),
+                       render.token(jnp.asarray(vocab.ids_of(OPERATORS))[op]), self._signed(values[j], vocab),
+                       render.char("=", vocab), self._signed(merged, vocab)]
+            values = values.at[i].set(merged)
+            values = values.at[j].set(values[last - step])  # (as `_replay`: the last live item moves into slot j)
+        return [render.concat(pieces, self.answer_length - 1, vocab.pad_id)]
+
+    def step_ends(self, completions: jax.Array, vocab: Vocab) -> jax.Array:
+        """bool [..., N]: the last token of each step of completions [..., N] (the one before a separator, and the
+        one before the first EOS)."""
+        real = jnp.cumsum(completions == vocab.eos_id, axis=-1) == 0
+        following = jnp.concatenate([completions[..., 1:], jnp.full_like(completions[..., :1], vocab.pad_id)], -1)
+        return real & ((following == vocab.id_of(STEP_SEPARATOR)) | (following == vocab.eos_id))
+
+    def rewards(self, problems, completions, vocab) -> np.ndarray:
+        """float32 [..., 2] (correct, well_formed) on the host (`envs.text.verify.check_countdown_steps`)."""
+        completions = np.asarray(completions)
+        numbers = np.asarray(problems.numbers).reshape(-1, self.num_numbers)
+        targets = np.asarray(problems.target).reshape(-1)
+        rows = completions.reshape(-1, completions.shape[-1])
+        out = [check_countdown_steps(vocab.text(row), nums, int(t), self.use_all)[:2]
+               for row, nums, t in zip(rows, numbers, targets)]
+        return np.asarray(out, np.float32).reshape(*completions.shape[:-1], len(self.reward_names))
+
+
 def host_call(fn: Callable, result: jax.ShapeDtypeStruct, *args):
     """`fn(*args)` on the host (`jax.pure_callback`, vmapped by broadcasting), from any program: inside a
     `shard_map` that leaves some mesh axes to XLA (a training program whose model is split over a `model` axis),
@@ -435,6 +489,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "addition": addition,
     "multiplication": multiplication,
     "countdown": Countdown,
+    "countdown_steps": CountdownSteps,
 }
 
 

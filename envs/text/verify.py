@@ -109,3 +109,50 @@ def check_countdown(text: str | None, numbers: Sequence[int], target: int,
     given, used = Counter(int(n) for n in numbers), Counter(used)
     numbers_ok = used == given if use_all else used <= given
     return bool(numbers_ok and value is not None and value == target), True
+
+
+STEP_SEPARATOR = ";"
+
+
+def _signed(text: str) -> int:
+    """An integer with an optional leading minus (no leading zeros)."""
+    digits = text[1:] if text.startswith("-") else text
+    if not digits or any(c not in "0123456789" for c in digits) or (len(digits) > 1 and digits[0] == "0"):
+        raise ExpressionError(f"not an integer: {text!r}")
+    return int(text)
+
+
+def check_countdown_steps(text: str | None, numbers: Sequence[int], target: int,
+                          use_all: bool = False) -> tuple[bool, bool, list[bool]]:
+    """(correct, well_formed, step_correct) for a Countdown answer written as steps `a op b=v;c op d=w`.
+
+    Each step combines two available values (given numbers and earlier steps' results, each used at most once;
+    operands may be negative) into the written integer v, which becomes available. well_formed: every step has that
+    shape. step_correct[k]: step k's operands were available and v is exactly `a op b` (a step after a wrong one
+    may still be right). correct: well formed, every step right, the last result is `target` (and with `use_all`,
+    every given number used).
+    """
+    if text is None or not text:
+        return False, False, []
+    available = Counter(int(n) for n in numbers)
+    steps, checks = text.split(STEP_SEPARATOR), []
+    result = None
+    for step in steps:
+        left, _, written = step.partition("=")
+        split_at = next((k for k in range(1, len(left)) if left[k] in OPERATORS), None)
+        if not _ or split_at is None:
+            return False, False, checks
+        try:
+            a, b, result = _signed(left[:split_at]), _signed(left[split_at + 1:]), _signed(written)
+        except ExpressionError:
+            return False, False, checks
+        op, operands = left[split_at], Counter([a, b])
+        usable = operands <= available
+        if usable:
+            available -= operands
+        exact = {"+": Fraction(a + b), "-": Fraction(a - b), "*": Fraction(a * b),
+                 "/": Fraction(a, b) if b else None}[op]
+        checks.append(bool(usable and exact is not None and exact == result))
+        available[result] += 1
+    numbers_ok = not use_all or len(steps) == len(numbers) - 1  # (N - 1 right steps use up every number)
+    return bool(all(checks) and result == target and numbers_ok), True, checks
