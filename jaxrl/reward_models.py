@@ -10,6 +10,10 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
     implicit       an implicit process reward model (PRIME, Cui et al. 2025): no value head; the score is
                    beta * sum_t log(pi(y_t) / pi_ref(y_t)) of the model against a frozen reference, learned by
                    pointwise cross-entropy on outcome labels; its per-token terms are process rewards for free
+    process        a process reward model on a task answered in steps: the value head after each step, learned
+                   by cross-entropy against the step's Monte Carlo label (Math-Shepherd, Wang et al. 2024: the
+                   share of K continuations from the prefix through that step that end right; the last step's
+                   label is the outcome); a completion's score is its weakest step's
 
 Used as a reward, sigmoid(score) is the model's probability that the completion is right. Shapes: B prompts,
 G completions per prompt, N completion slots. With `axis_name` (the data axis, inside shard_map) a mean is this
@@ -25,7 +29,7 @@ import jax.numpy as jnp
 
 from jaxrl import sampling
 
-OBJECTIVES = ("pairwise", "pointwise", "implicit")
+OBJECTIVES = ("pairwise", "pointwise", "implicit", "process")
 
 
 def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -49,10 +53,13 @@ def ordered_pairs(labels: jax.Array) -> jax.Array:
     return (labels[..., :, None] > labels[..., None, :]).astype(jnp.float32)
 
 
-def pointwise_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> jax.Array:
-    """Binary cross-entropy of sigmoid(scores) against labels in [0, 1] (any shape), averaged over every item."""
+def pointwise_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None = None,
+                   where: jax.Array | None = None) -> jax.Array:
+    """Binary cross-entropy of sigmoid(scores) against labels in [0, 1] (any shape), averaged over every item (those
+    `where` holds)."""
     losses = jnp.logaddexp(0.0, scores) - labels * scores  # -[y log s(x) + (1 - y) log(1 - s(x))]
-    return _mean(jnp.sum(losses), jnp.float32(losses.size), axis_name)
+    where = jnp.ones_like(losses) if where is None else where.astype(losses.dtype)
+    return _mean(jnp.sum(losses * where), jnp.sum(where), axis_name)
 
 
 def bradley_terry_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> jax.Array:
@@ -92,6 +99,24 @@ def learned_reward(scores: jax.Array) -> jax.Array:
     return jax.nn.sigmoid(scores)
 
 
+def step_slots(step_ends: jax.Array) -> jax.Array:
+    """bool [..., N]: the slot after each step's last token (`step_ends`), whose value has read the whole step: a
+    step's score is the value there (the last step's is the completion's EOS slot)."""
+    after = jnp.concatenate([jnp.zeros_like(step_ends[..., :1]), step_ends[..., :-1]], axis=-1)
+    return after
+
+
+def weakest_step(values: jax.Array, slots: jax.Array) -> jax.Array:
+    """values, slots [..., N] -> [...]: the lowest step score of each completion (0 for one without a step)."""
+    return jnp.where(jnp.any(slots, axis=-1), jnp.min(jnp.where(slots, values, jnp.inf), axis=-1), 0.0)
+
+
+def monte_carlo_labels(continuation_correct: jax.Array) -> jax.Array:
+    """[..., K] verdicts on K continuations from one prefix -> [...]: the share that end right (Math-Shepherd's
+    soft estimate of the prefix's chance of success)."""
+    return jnp.mean(continuation_correct.astype(jnp.float32), axis=-1)
+
+
 def implicit_rewards(log_probs: jax.Array, ref_log_probs: jax.Array, mask: jax.Array, beta) -> jax.Array:
     """PRIME's token-level process rewards [..., N]: beta * (log pi(y_t) - log pi_ref(y_t)), 0 off the mask. Their sum
     over a completion is its implicit outcome score."""
@@ -108,11 +133,14 @@ class Scorer:
     objective: str
     beta: float = 0.05
     pad_id: int = 0
+    step_ends: object = None  # process models: completions [..., N] -> bool [..., N] (the task's `step_ends`)
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
         log_probs, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, completions,
                                                      mask, self.pad_id)
+        if self.objective == "process":
+            return weakest_step(values, step_slots(self.step_ends(completions)))
         if self.objective != "implicit":
             return completion_scores(values, mask)
         ref_log_probs, _, _ = sampling.score_groups(self.model, {"params": variables["sampler"]}, prompts,

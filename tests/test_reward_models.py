@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl import algos, mesh as mesh_lib, reward_models, rollout, train
+from jaxrl import algos, mesh as mesh_lib, reward_models, rollout, sampling, train
 from jaxrl.algos.reward_model import RewardModelScorer, scoring
 from jaxrl.run.saved import start_params
 from helpers import countdown_2, load_experiment, set_keys, tiny_grpo_config
@@ -72,6 +72,16 @@ def test_an_implicit_reward_model_starts_at_score_zero_and_learns(countdown_sft_
     expected = model.whole_scorer(scoring(trained, "implicit"), prompts, samples.tokens, samples.mask)
     np.testing.assert_allclose(grpo_algo.parts.learned_reward.scorer(grpo_state.reward_model, prompts, samples.tokens,
                                                                      samples.mask), expected, atol=1e-5)
+
+
+def test_step_slots_weakest_step_and_monte_carlo_shares_by_hand():
+    ends = jnp.array([[False, True, False, False, True, False]])  # steps end at tokens 1 and 4
+    slots = reward_models.step_slots(ends)
+    assert np.flatnonzero(slots[0]).tolist() == [2, 5]  # the slots that have read each whole step
+    values = jnp.array([[9.0, 9.0, 0.5, 9.0, 9.0, -1.0]])
+    assert reward_models.weakest_step(values, slots).tolist() == [-1.0]
+    assert reward_models.weakest_step(values, jnp.zeros_like(slots)).tolist() == [0.0]
+    assert reward_models.monte_carlo_labels(jnp.array([[1, 0, 1, 1], [0, 0, 0, 0]])).tolist() == [0.75, 0.0]
 
 
 def test_a_completion_is_scored_at_its_last_real_slot():
@@ -177,3 +187,39 @@ def test_a_reward_model_that_is_not_one_is_refused_in_one_line(countdown_sft_run
         algos.build(config, mesh_lib.make_mesh())
     with pytest.raises(ValueError, match="set config.init_from"):
         algos.validate(set_keys(load_experiment("text_reward_model", "addition"), {}))
+
+
+def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
+    """Constructed continuations: the 'sampler' continues any prefix with the reference answer's own tokens. A prefix
+    whose first step is the reference's then ends right (label 1), one whose first step differs does not (label 0);
+    a completion's last step is labelled by its outcome; labels sit at the slot after each step's last token."""
+    config = set_keys(load_experiment("text_reward_model", "countdown_steps"), {
+        "num_prompts": 2, "group.size": 2, "reward_model.objective": "process", "reward_model.continuations": 3,
+        "model.num_layers": 1, "model.d_model": 32, "model.num_heads": 2})
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    model = algo.parts
+    task, vocab = model.task, model.vocab
+    problems = task.sample(jax.random.key(0), 2, "train")
+    reference = task.reference_answers(problems, vocab)  # [2, N]: two steps each
+    first_step = np.asarray(task.step_ends(reference, vocab)).argmax(-1)  # its last token
+    wrong = np.asarray(reference).copy()
+    wrong[:, 0] = np.where(wrong[:, 0] == vocab.id_of("9"), vocab.id_of("8"), vocab.id_of("9"))  # a wrong first step
+    tokens = jnp.stack([reference, jnp.asarray(wrong)], axis=1)  # [2 problems, 2 members, N]
+    labels = jnp.array([[1.0, 0.0], [1.0, 0.0]])
+
+    def continue_with_the_reference(model_, params, prompts, keys, *, group_size, forced, forced_len, **_):
+        rows = jnp.repeat(reference, 2, axis=0)  # (prompts arrive repeated per member: problem b's rows are 2b, 2b+1)
+        kept = jnp.arange(forced.shape[-1]) < forced_len[:, None]
+        return sampling.Samples(jnp.repeat(jnp.where(kept, forced, rows)[:, None], group_size, 1), None, None, None)
+
+    monkeypatch.setattr(sampling, "sample_groups_per_prompt", continue_with_the_reference)
+    state = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1))
+    out, where = model.step_labels(state.params, problems, task.prompts(problems, vocab), tokens, labels,
+                                   jax.random.split(jax.random.key(1), 2))
+    out, where = np.asarray(out), np.asarray(where)
+    for b in range(2):
+        after_first = first_step[b] + 1
+        assert where[b, 0].sum() == 2 and where[b, 1].sum() == 2  # two steps each
+        assert out[b, 0, after_first] == 1.0 and out[b, 1, after_first] == 0.0  # the Monte Carlo shares
+        last = np.flatnonzero(where[b, 0])[-1]
+        assert out[b, 0, last] == 1.0 and out[b, 1, np.flatnonzero(where[b, 1])[-1]] == 0.0  # the outcomes

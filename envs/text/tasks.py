@@ -377,7 +377,8 @@ class CountdownSteps(Countdown):
         # A value: a sign and the digits of the largest intermediate (a product of N - 1 numbers, under 2**24).
         self.value_width = 1 + render.max_digits(min(max_number ** (num_numbers - 1), _MAX_VALUE))
         self.step_width = 3 * self.value_width + 3  # a op b=v;
-        self.answer_length = (num_numbers - 1) * self.step_width + 1
+        self.max_steps = num_numbers - 1  # (a right answer's steps)
+        self.answer_length = self.max_steps * self.step_width + 1
 
     def _signed(self, x, vocab: Vocab) -> Piece:
         return render.concat([render.char("-", vocab, x < 0), render.number(jnp.abs(x), self.value_width - 1, vocab)],

@@ -44,6 +44,8 @@ OBJECTIVE = Knob("reward_model.objective", "pairwise", "how the reward model lea
                  "implicit (PRIME: the score is beta * the log-ratio of the model to the sampler; cross-entropy)",
                  choices=reward_models.OBJECTIVES)
 BETA = Knob("reward_model.beta", 0.05, "implicit reward models: the log-ratio's scale", above=0.0)
+CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
+                     "prefix for its Monte Carlo label", minimum=1)
 
 
 @struct.dataclass
@@ -63,6 +65,7 @@ class RewardModelSettings:
     group_size: int = GROUP_SIZE.field()
     objective: str = OBJECTIVE.field()
     beta: float = BETA.field()
+    continuations: int = CONTINUATIONS.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -94,7 +97,8 @@ class RewardModel:
         self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
-        self.scorer = reward_models.Scorer(self.model, settings.objective, settings.beta, self.vocab.pad_id)
+        step_ends = functools.partial(self.task.step_ends, vocab=self.vocab) if hasattr(self.task, "step_ends") else None
+        self.scorer = reward_models.Scorer(self.model, settings.objective, settings.beta, self.vocab.pad_id, step_ends)
         self.whole_scorer = dataclasses.replace(self.scorer, model=policy.model)
 
     def optimizer(self, hp, update_step):
@@ -125,12 +129,47 @@ class RewardModel:
         return prompts, samples, self.labels(problems, samples.tokens)
 
     def loss(self, params, batch, hp: RewardModelHyperparams):
-        prompts, tokens, mask, labels = batch
-        scores = self.scorer(scoring(params, self.settings.objective), prompts, tokens, mask)
-        loss = reward_models.objective_loss(self.settings.objective, scores, labels, axis_name=DATA_AXIS)
+        prompts, tokens, mask, labels, step_labels, step_slots = batch
+        if self.settings.objective == "process":  # each step's value against its Monte Carlo label
+            _, _, values = sampling.score_groups(self.model, scoring(params, "process"), prompts, tokens, mask,
+                                                 self.vocab.pad_id)
+            loss = reward_models.pointwise_loss(values, step_labels, axis_name=DATA_AXIS, where=step_slots)
+            scores = reward_models.weakest_step(values, step_slots)
+        else:
+            scores = self.scorer(scoring(params, self.settings.objective), prompts, tokens, mask)
+            loss = reward_models.objective_loss(self.settings.objective, scores, labels, axis_name=DATA_AXIS)
         accuracy, _ = reward_models.ranking_accuracy(scores, labels, axis_name=DATA_AXIS)
         return loss, {"loss": loss, "ranking_accuracy": accuracy,
                       "labelled_correct": engine.global_mean(labels)}
+
+    def step_labels(self, params, problems, prompts: jax.Array, tokens: jax.Array, labels: jax.Array,
+                    keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Monte Carlo labels of the steps of completions [b, G, N] (labels [b, G]: their outcomes): (labels
+        float32 [b, G, N], where they are bool [b, G, N]), at each step's slot (`reward_models.step_slots`). A step
+        that ends the completion is labelled by its outcome; each earlier one (the first S - 1, S the task's
+        `max_steps`) by the share of `continuations` samples from the prefix through its separator that end right.
+        Continuation k of step s of completion g of problem b is drawn from keys[b] folded with (g, s, k)."""
+        b, G, N = tokens.shape
+        ends = self.task.step_ends(tokens, self.vocab)
+        following = jnp.concatenate([tokens[..., 1:], jnp.full_like(tokens[..., :1], self.vocab.pad_id)], -1)
+        final_slot = reward_models.step_slots(ends & (following == self.vocab.eos_id))
+        out, where = jnp.where(final_slot, labels[..., None], 0.0), final_slot
+        inner = jnp.sort(jnp.where(ends & ~(following == self.vocab.eos_id), jnp.arange(N), N), axis=-1)
+        flat = lambda x: x.reshape(b * G, *x.shape[2:])  # noqa: E731
+        repeated = jax.tree.map(lambda x: jnp.repeat(x, G, axis=0), problems)
+        member_keys = jax.vmap(lambda key: jax.vmap(functools.partial(jax.random.fold_in, key))(jnp.arange(G)))(keys)
+        for step in range(self.task.max_steps - 1):
+            end = inner[..., step]  # [b, G]; N: no such step
+            forced_len = jnp.where(end < N, jnp.minimum(end + 2, N), 0)  # through the separator
+            continued = sampling.sample_groups_per_prompt(
+                self.model, sampler(params), jnp.repeat(prompts, G, axis=0),
+                jax.vmap(jax.random.fold_in, (0, None))(flat(member_keys), step), group_size=self.settings.continuations,
+                temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len),
+                **self.decoding)
+            share = reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens)).reshape(b, G)
+            at = (jnp.arange(N) == end[..., None] + 1) & (end < N)[..., None]
+            out, where = jnp.where(at, share[..., None], out), where | at
+        return out, where
 
     def update(self, state: TextState, hp: RewardModelHyperparams):
         """One update for one seed on this device: label the sampler's completions to fresh problems, one step."""
@@ -140,9 +179,14 @@ class RewardModel:
         keys = mesh_lib.per_item_keys(sample_key, problems.target.shape[0])
         prompts, samples, labels = self.draw(state.params, problems, keys, self.settings.temperature,
                                              self.settings.group_size)
+        step_labels = step_slots = jnp.zeros(samples.tokens.shape)
+        if self.settings.objective == "process":
+            step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, 1)
+            step_labels, step_slots = self.step_labels(state.params, problems, prompts, samples.tokens, labels,
+                                                       step_keys)
         optimizer = self.optimizer(hp, state.update_step)
-        params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state,
-                                                   (prompts, samples.tokens, samples.mask, labels), hp)
+        batch = (prompts, samples.tokens, samples.mask, labels, step_labels, step_slots)
+        params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state, batch, hp)
         return TextState(params, opt_state, key, state.update_step + 1), metrics
 
     @jit_method(static_argnums=(3,))
@@ -252,6 +296,13 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
     if config.task.name in text.MULTI_TURN_TASKS:
         raise ValueError(f"task.name={config.task.name} is played over turns; reward models score single "
                          "completions")
+    if config.reward_model.objective == "process" and not hasattr(text.TASKS.get(config.task.name), "step_ends"):
+        steps = sorted(name for name, task in text.TASKS.items() if hasattr(task, "step_ends"))
+        raise ValueError(f"reward_model.objective=process labels the steps of answers: task.name="
+                         f"{config.task.name} is answered in one piece; tasks answered in steps: {', '.join(steps)}")
+    if config.reward_model.objective == "process" and config.model.name:
+        raise ValueError("reward_model.objective=process: pretrained models' chat replies are not split into steps "
+                         "yet; train it on the small transformer")
 
 
 register("text_reward_model", Recipe(build_text_reward_model, RewardModelHyperparams,
