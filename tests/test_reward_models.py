@@ -223,3 +223,22 @@ def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
         assert out[b, 0, after_first] == 1.0 and out[b, 1, after_first] == 0.0  # the Monte Carlo shares
         last = np.flatnonzero(where[b, 0])[-1]
         assert out[b, 0, last] == 1.0 and out[b, 1, np.flatnonzero(where[b, 1])[-1]] == 0.0  # the outcomes
+
+
+def test_a_reward_model_of_its_own_size_judges_another_run_s_samples(countdown_sft_run):
+    """reward_model.sampler: the sampler is that run's policy (frozen, as saved), the reward model a fresh one of
+    config.model's sizes, reading the sampler's tokenizer; the two are drawn from and scored apart."""
+    config = set_keys(reward_model_config("", 1_024), {"reward_model.sampler": countdown_sft_run,
+                                                      "model.num_layers": 2, "model.d_model": 32})
+    algos.validate(config)
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    assert algo.frozen_from == (("sampler", countdown_sft_run),) and not algo.starts_from
+    sft = start_params(countdown_sft_run)
+    state = algo.init_seeds(0, 1, frozen={"sampler": sft})
+    for a, b in zip(jax.tree.leaves(state.params["sampler"]), jax.tree.leaves(sft["params"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    reward_model = state.params["params"]
+    assert {"block_0", "block_1", "value"} <= set(reward_model) and "block_2" not in reward_model
+    assert reward_model["embed"]["embedding"].shape[-1] == 32  # config.model's sizes, not the sampler's
+    with pytest.raises(ValueError, match="must be the model it starts from"):
+        algos.validate(set_keys(config, {"reward_model.objective": "implicit"}))

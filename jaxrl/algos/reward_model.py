@@ -2,7 +2,9 @@
 
 A run starts from a policy's run (`init_from`: an SFT or GRPO run, or a pretrained model) and keeps two copies of
 it: the *sampler*, frozen, which draws G completions per training problem, and the *reward model*, the same
-weights with a fresh value head, which learns to score them (`jaxrl.reward_models`). One update, per seed:
+weights with a fresh value head, which learns to score them (`jaxrl.reward_models`). With `reward_model.sampler`,
+the sampler is that run's policy instead, and the reward model starts from `init_from` or, without one, from
+scratch at config.model's sizes (reading the sampler's tokenizer). One update, per seed:
 
     B training problems -> G completions each from the sampler (at sampling.temperature, in evaluation too)
     -> labels: 1 where the task's verifier accepts the completion -> scores: the value head at each completion's
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +33,7 @@ from ml_collections import ConfigDict
 
 from envs import text
 from jaxrl import engine, files, knobs, mesh as mesh_lib, reward_models, sampling
+from jaxrl.algos import registry
 from jaxrl.algos.group import GROUP_SIZE
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.algos.text import (INIT_FROM, TextPolicy, TextSettings, TextState, check_text_config, text_algorithm,
@@ -44,6 +48,8 @@ OBJECTIVE = Knob("reward_model.objective", "pairwise", "how the reward model lea
                  "implicit (PRIME: the score is beta * the log-ratio of the model to the sampler; cross-entropy)",
                  choices=reward_models.OBJECTIVES)
 BETA = Knob("reward_model.beta", 0.05, "implicit reward models: the log-ratio's scale", above=0.0)
+SAMPLER = Knob("reward_model.sampler", "", "the text run (SFT or GRPO) whose completions the reward model learns to "
+               "judge; '': init_from, whose weights the reward model then also starts from")
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -64,6 +70,7 @@ class RewardModelSettings:
     text: TextSettings
     group_size: int = GROUP_SIZE.field()
     objective: str = OBJECTIVE.field()
+    sampler: str = SAMPLER.field()
     beta: float = BETA.field()
     continuations: int = CONTINUATIONS.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
@@ -91,9 +98,12 @@ def sampler(params) -> dict:
 class RewardModel:
     """The update and evaluation of one seed; `build_text_reward_model` makes its `engine.Algorithm`."""
 
-    def __init__(self, settings: RewardModelSettings, mesh, policy: TextPolicy, eval_seed: int = 1234):
+    def __init__(self, settings: RewardModelSettings, mesh, policy: TextPolicy, sampler_policy: TextPolicy | None = None,
+                 eval_seed: int = 1234):
         self.settings, self.mesh, self.policy, self.eval_seed = settings, mesh, policy, eval_seed
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
+        # the sampler's architecture: the reward model's own, or that of reward_model.sampler's run
+        self.sampler_policy = sampler_policy or policy
         self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
@@ -106,11 +116,16 @@ class RewardModel:
         return optax.multi_transform({"train": self.policy.optimizer(hp, update_step), "frozen": optax.set_to_zero()},
                                      lambda params: {"params": "train", "sampler": "frozen"})
 
-    def init(self, key: jax.Array, params=None) -> TextState:
-        """A fresh state for one seed from a policy's parameters (those of `init_from`: the sampler, and the reward
-        model's body under a fresh value head)."""
+    def init(self, key: jax.Array, params=None, sampler=None) -> TextState:
+        """A fresh state for one seed: the reward model from `params` (those of `init_from`, under a fresh value head;
+        None: a fresh model), and the sampler's parameters `sampler` (reward_model.sampler's run), else the same as
+        the reward model's start (a fresh model's of the sampler's shapes when there are none: what a checkpoint
+        restores into)."""
         start = self.policy.init(key, params)
-        both = {"params": start.params["params"], "sampler": start.params["params"]}
+        if sampler is None:
+            sampler = start.params if self.sampler_policy is self.policy else self.sampler_policy.init_params(
+                jax.random.fold_in(key, 1))
+        both = {"params": start.params["params"], "sampler": sampler["params"]}
         return TextState(both, self.optimizer(RewardModelHyperparams(), jnp.int32(0)).init(both), start.key,
                          start.update_step)
 
@@ -124,8 +139,8 @@ class RewardModel:
         """The sampler's completions to `problems` [B], problem b's drawn from keys[b] (what it is, not where it is
         drawn): (prompts [B, P], `Samples` [B, G, ...], labels [B, G])."""
         prompts = self.task.prompts(problems, self.vocab)
-        samples = sampling.sample_groups_per_prompt(self.model, sampler(params), prompts, keys, group_size=group_size,
-                                                    temperature=temperature, **self.decoding)
+        samples = sampling.sample_groups_per_prompt(self.sampler_policy.update_model, sampler(params), prompts, keys,
+                                                    group_size=group_size, temperature=temperature, **self.decoding)
         return prompts, samples, self.labels(problems, samples.tokens)
 
     def loss(self, params, batch, hp: RewardModelHyperparams):
@@ -162,7 +177,7 @@ class RewardModel:
             end = inner[..., step]  # [b, G]; N: no such step
             forced_len = jnp.where(end < N, jnp.minimum(end + 2, N), 0)  # through the separator
             continued = sampling.sample_groups_per_prompt(
-                self.model, sampler(params), jnp.repeat(prompts, G, axis=0),
+                self.sampler_policy.update_model, sampler(params), jnp.repeat(prompts, G, axis=0),
                 jax.vmap(jax.random.fold_in, (0, None))(flat(member_keys), step), group_size=self.settings.continuations,
                 temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len),
                 **self.decoding)
@@ -278,21 +293,39 @@ def text_reward_model_config() -> ConfigDict:
 def build_text_reward_model(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
     """The reward model algorithm (`parts`: its `RewardModel`), starting from `config.init_from`'s parameters; with
     `run_dir`, that saved run's (its tokenizer, and no warm start)."""
-    base = text_settings(config, config.group.size, value_head=True, start=run_dir or config.init_from)
+    sampler_run = config.reward_model.sampler
+    # (a reward model from scratch reads the sampler's tokens: it takes the sampler run's tokenizer)
+    base = text_settings(config, config.group.size, value_head=True,
+                         start=run_dir or config.init_from or sampler_run or None)
     settings = knobs.read(RewardModelSettings, config, text=base)
     policy = TextPolicy(base, mesh)
-    model = RewardModel(settings, mesh, policy)
+    sampler_policy = None
+    if sampler_run:
+        saved = registry.saved_config(os.path.join(sampler_run, "config.json"))
+        sampler_policy = TextPolicy(text_settings(saved, start=sampler_run), mesh)
+        if sampler_policy.tokenizer.to_str() != policy.tokenizer.to_str():
+            raise ValueError(f"config.reward_model.sampler={sampler_run!r} writes other tokens than this reward model "
+                             "reads: start the reward model from that run, from scratch, or from a run of its tokenizer")
+    model = RewardModel(settings, mesh, policy, sampler_policy)
     algorithm = text_algorithm(settings, mesh, policy, model.init, model.update, model, init_from_params=model.init,
                                starts_from="" if run_dir else config.init_from or base.pretrained)
+    frozen = (("sampler", sampler_run),) if sampler_run and not run_dir else ()
     return dataclasses.replace(algorithm, evaluate=model.evaluate, actor=model.actor,
-                               write_artifacts=model.write_artifacts)
+                               write_artifacts=model.write_artifacts, frozen_from=frozen)
 
 
 def check_text_reward_model_config(config: ConfigDict) -> None:
     check_text_config(config)
-    if not (config.init_from or config.model.name):
+    if not (config.init_from or config.model.name or config.reward_model.sampler):
         raise ValueError("a reward model labels the completions of a policy: set config.init_from to a text run "
-                         "(e.g. an SFT run) or config.model.name to a pretrained model")
+                         "(e.g. an SFT run) or config.model.name to a pretrained model, or config.reward_model.sampler "
+                         "to the policy's run (the reward model then trains from scratch)")
+    sampler_run = config.reward_model.sampler
+    if sampler_run and not os.path.exists(os.path.join(sampler_run, "config.json")):
+        raise ValueError(f"config.reward_model.sampler={sampler_run!r} is not a run directory (no config.json)")
+    if sampler_run and config.reward_model.objective == "implicit":
+        raise ValueError("reward_model.objective=implicit scores against the sampler as its reference, which must be "
+                         "the model it starts from: leave reward_model.sampler empty and set init_from")
     if config.task.name in text.MULTI_TURN_TASKS:
         raise ValueError(f"task.name={config.task.name} is played over turns; reward models score single "
                          "completions")
