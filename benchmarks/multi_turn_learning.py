@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -31,7 +29,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import fmt_ci, machine, markdown_table, publish, save_figure, seed_band  # noqa: E402
+from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
+                    save_figure, seed_band, train_run)
 
 MARKERS = ("<!-- multi_turn_learning:start -->", "<!-- multi_turn_learning:end -->")
 SEEDS = 3
@@ -67,41 +66,7 @@ RUNS = {
 
 def train(runs_dir: str, name: str) -> None:
     experiment, init_from, flags = RUNS[name]
-    workdir = os.path.join(runs_dir, name)
-    if finished(workdir):
-        return
-    command = [sys.executable, "-m", "jaxrl.train", f"--config={ROOT}/experiments/{experiment}",
-               f"--workdir={workdir}", *flags, *COMMON]
-    if init_from:
-        command.append(f"--config.init_from={os.path.join(runs_dir, init_from)}")
-    print("running:", " ".join(command), flush=True)
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-
-
-def finished(workdir: str) -> bool:
-    """The run trained its whole budget (its last row is at total_steps, less a partial update)."""
-    if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
-        return False
-    total = json.load(open(os.path.join(workdir, "config.json")))["total_steps"]
-    rows = metrics(workdir)
-    return bool(rows) and rows[-1].get("env_steps", 0) >= 0.99 * total
-
-
-def metrics(workdir: str) -> list[dict]:
-    return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-
-
-def evaluation(runs_dir: str, name: str, sample: bool) -> dict:
-    """`python -m jaxrl.evaluate` on 1,024 held-out problems (cached as eval_{greedy,sample}_NAME.json)."""
-    kind = "sample" if sample else "greedy"
-    path = os.path.join(runs_dir, f"eval_{kind}_{name}.json")
-    if not os.path.exists(path) or not os.path.getsize(path):
-        command = [sys.executable, "-m", "jaxrl.evaluate", f"--workdir={os.path.join(runs_dir, name)}",
-                   "--episodes=1024", f"--out={os.path.join(runs_dir, f'eval_{kind}_{name}')}"] + ["--sample"] * sample
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        with open(path, "w") as f:
-            f.write(out)
-    return json.loads(open(path).read().strip().splitlines()[-1])
+    train_run(runs_dir, name, experiment, init_from, [*flags, *COMMON])
 
 
 def per_seed(summary: dict, key: str) -> list[float]:
@@ -118,10 +83,10 @@ def curve(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 def result_rows(runs_dir: str, names: list[str], labels: list[str]) -> list[list[str]]:
     rows = []
     for name, label in zip(names, labels):
-        if not finished(os.path.join(runs_dir, name)):
+        if not finished_run(os.path.join(runs_dir, name)):
             rows.append([label, "(not run)", "", "", ""])
             continue
-        greedy, sampled = evaluation(runs_dir, name, False), evaluation(runs_dir, name, True)
+        greedy, sampled = evaluated(runs_dir, name, False), evaluated(runs_dir, name, True)
         rows.append([label, fmt_ci(per_seed(sampled, "eval_success"), (0, 1)),
                      fmt_ci(per_seed(sampled, "eval_turns")), fmt_ci(per_seed(greedy, "eval_success"), (0, 1)),
                      fmt_ci(per_seed(greedy, "eval_turns"))])
@@ -149,13 +114,13 @@ def main():
     for arm, label in (("calc", "with the calculator (4 turns), 15,360 episodes"),
                        ("nocalc", "without (1 turn), 15,360 episodes"),
                        ("nocalc_x4", "without (1 turn), 61,440 episodes")):
-        if not finished(os.path.join(args.runs_dir, f"cd_{arm}")):
+        if not finished_run(os.path.join(args.runs_dir, f"cd_{arm}")):
             countdown_rows.append([label, "(not run)", "", "", ""])
             continue
-        greedy = evaluation(args.runs_dir, f"cd_{arm}", False)
-        sft = evaluation(args.runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
-        steps, errors = curve(metrics(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_error_rate")
-        _, calls = curve(metrics(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_calls")
+        greedy = evaluated(args.runs_dir, f"cd_{arm}", False)
+        sft = evaluated(args.runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
+        steps, errors = curve(run_rows(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_error_rate")
+        _, calls = curve(run_rows(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_calls")
         countdown_rows.append([label, fmt_ci(per_seed(sft, "eval_success"), (0, 1)),
                                fmt_ci(per_seed(greedy, "eval_success"), (0, 1)),
                                f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
@@ -186,9 +151,9 @@ def plot(runs_dir: str) -> None:
               ("Countdown", ["cd_calc", "cd_nocalc"], "solved")]
     for ax, (title, names, key) in zip(axes, panels):
         for name in names:
-            if not finished(os.path.join(runs_dir, name)):
+            if not finished_run(os.path.join(runs_dir, name)):
                 continue
-            steps, values = curve(metrics(os.path.join(runs_dir, name)), key)
+            steps, values = curve(run_rows(os.path.join(runs_dir, name)), key)
             seed_band(ax, steps, values, name)
         ax.set_title(title)
         ax.set_xlabel("episodes")

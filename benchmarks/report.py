@@ -157,3 +157,63 @@ def publish(section: str, update_results: bool, markers: tuple[str, str], title:
         name = markers[0].removeprefix("<!--").strip().split(":")[0]
         page = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.md")
         replace_section(page, markers, section, title)
+
+
+# --- runs trained by `python -m jaxrl.train` in a runs directory, reused when there (learning benchmarks) ---------
+
+def train_run(runs_dir: str, name: str, experiment: str, init_from: str | None, flags: list[str]) -> None:
+    """`python -m jaxrl.train --config=experiments/<experiment>` into runs_dir/name with `flags` (and
+    `--config.init_from=runs_dir/<init_from>`), unless that run already trained its whole budget."""
+    import os
+    import subprocess
+    import sys
+
+    workdir = os.path.join(runs_dir, name)
+    if finished_run(workdir):
+        return
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, "-m", "jaxrl.train", f"--config={root}/experiments/{experiment}", f"--workdir={workdir}",
+               *flags]
+    if init_from:
+        command.append(f"--config.init_from={os.path.join(runs_dir, init_from)}")
+    print("running:", " ".join(command), flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def finished_run(workdir: str) -> bool:
+    """The run trained its whole budget (its last row is at total_steps, less a partial update)."""
+    import json
+    import os
+
+    if not os.path.exists(os.path.join(workdir, "metrics.jsonl")):
+        return False
+    total = json.load(open(os.path.join(workdir, "config.json")))["total_steps"]
+    rows = run_rows(workdir)
+    return bool(rows) and rows[-1].get("env_steps", 0) >= 0.99 * total
+
+
+def run_rows(workdir: str) -> list[dict]:
+    """A run's metrics.jsonl rows."""
+    import json
+    import os
+
+    return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+
+
+def evaluated(runs_dir: str, name: str, sample: bool = False, episodes: int = 1024) -> dict:
+    """`python -m jaxrl.evaluate` of runs_dir/name on `episodes` held-out problems (greedy, or sampled at temperature
+    1), cached as runs_dir/eval_{greedy,sample}_NAME.json."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    kind = "sample" if sample else "greedy"
+    path = os.path.join(runs_dir, f"eval_{kind}_{name}.json")
+    if not os.path.exists(path) or not os.path.getsize(path):
+        command = [sys.executable, "-m", "jaxrl.evaluate", f"--workdir={os.path.join(runs_dir, name)}",
+                   f"--episodes={episodes}", f"--out={os.path.join(runs_dir, f'eval_{kind}_{name}')}"]
+        out = subprocess.run(command + ["--sample"] * sample, check=True, capture_output=True, text=True).stdout
+        with open(path, "w") as f:
+            f.write(out)
+    return json.loads(open(path).read().strip().splitlines()[-1])
