@@ -1,0 +1,160 @@
+"""Reward models on Countdown (issue 63's acceptance): how well a reward model trained from outcome labels ranks
+held-out completions, what GRPO gains with it as its only reward against the verifier's, and best-of-16 reranking by
+a process reward model against an outcome one and majority vote.
+
+    python benchmarks/reward_models.py --runs-dir runs/reward_models --update-results
+
+Every run is `python -m jaxrl.train` (runs already in `--runs-dir` are reused, so an interrupted script picks up
+where it stopped); evaluations go through `python -m jaxrl.evaluate` (cached beside the runs). The policies are the
+experiments' small transformer (2 layers, width 128), one SFT run each (the same warm start for every seed after it):
+
+1. Countdown (3 numbers): SFT on 200,000 demonstrations; a reward model of 4 layers and width 256, trained from
+   scratch on 256,000 of the SFT policy's labelled completions (Bradley-Terry, 3 seeds): held-out ranking accuracy.
+2. GRPO from the SFT run for 64,000 completions, 3 seeds, with the verifier's reward and with the reward model's
+   alone (reward.model_weight=1): held-out greedy accuracy gained over the SFT run, and the learned reward against
+   the verifier's during training (the plot).
+3. Countdown in steps: SFT on 200,000 demonstrations; a process reward model (Monte Carlo step labels, 4
+   continuations) and an outcome reward model of the same size on 128,000 labelled completions each; on 512
+   held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
+   (the most common final result), a random pick and pass@16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
+                    save_figure, seed_band, train_run)
+
+MARKERS = ("<!-- reward_models:start -->", "<!-- reward_models:end -->")
+SEEDS = 3
+JUDGE = ["--config.model.num_layers=4", "--config.model.d_model=256", "--config.model.num_heads=4",
+         "--config.optim.learning_rate=3e-4", f"--config.num_seeds={SEEDS}", "--config.eval.episodes=512"]
+GRPO = ["--config.total_steps=64000", "--config.eval.every_steps=16000", "--config.eval.pass_k=0",
+        f"--config.num_seeds={SEEDS}"]
+# name -> (experiment, init_from run or None, flags); in the order they run
+RUNS = {
+    "sft": ("text_sft.py:countdown", None, ["--config.total_steps=200000", "--config.eval.pass_k=0"]),
+    "orm": ("text_reward_model.py:countdown", None, ["--config.total_steps=256000", *JUDGE]),
+    "grpo_verifier": ("text_grpo.py:countdown", "sft", GRPO),
+    "grpo_learned": ("text_grpo.py:countdown", "sft", [*GRPO, "--config.reward.model_weight=1.0"]),
+    "sft_steps": ("text_sft.py:countdown_steps", None, ["--config.total_steps=200000", "--config.eval.pass_k=0"]),
+    "prm_steps": ("text_reward_model.py:countdown_steps", None, [
+        "--config.total_steps=128000", "--config.reward_model.objective=process", *JUDGE]),
+    "orm_steps": ("text_reward_model.py:countdown_steps", None, ["--config.total_steps=128000", *JUDGE]),
+}
+SAMPLER_OF = {"orm": "sft", "prm_steps": "sft_steps", "orm_steps": "sft_steps"}  # reward_model.sampler
+REWARD_MODEL_OF = {"grpo_learned": "orm"}  # reward.model
+
+
+def train(runs_dir: str, name: str) -> None:
+    experiment, init_from, flags = RUNS[name]
+    flags = list(flags)
+    if name in SAMPLER_OF:
+        flags.append(f"--config.reward_model.sampler={os.path.join(runs_dir, SAMPLER_OF[name])}")
+    if name in REWARD_MODEL_OF:
+        flags.append(f"--config.reward.model={os.path.join(runs_dir, REWARD_MODEL_OF[name])}")
+    train_run(runs_dir, name, experiment, init_from, flags)
+
+
+def seeds(summary: dict, key: str) -> list[float]:
+    return summary.get(f"{key}_per_seed") or [summary[key]]
+
+
+def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str, float]:
+    """Best-of-`samples` on held-out countdown_steps problems (seed 0 of each judge): the share of problems whose
+    pick the verifier accepts, for the process and the outcome reward model, majority vote, a random pick and
+    pass@k (any of them)."""
+    import jax
+
+    import jaxrl
+    from envs.text.verify import check_countdown_steps
+
+    sampler = jaxrl.load_policy(os.path.join(runs_dir, "sft_steps"))
+    task = sampler.task
+    heldout = task.heldout(problems, seed=4321)
+    prompts = [prompt for prompt, _ in task.texts(heldout)]
+    completions = [sampler.complete(prompts, jax.random.key(k)) for k in range(samples)]  # [k][problem]
+    numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
+    right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]))[0]
+                       for k in range(samples)] for i in range(problems)])  # [problem, k]
+    picks = {}
+    for judge in ("prm_steps", "orm_steps"):
+        scorer = jaxrl.load_policy(os.path.join(runs_dir, judge))
+        scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
+        picks[judge] = right[np.arange(problems), scores.argmax(1)]
+    finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
+    votes = [collections.Counter(f for f in row if f).most_common(1) for row in finals]
+    picks["majority"] = np.array([bool(v) and any(right[i, k] for k in range(samples) if finals[i][k] == v[0][0])
+                                  for i, v in enumerate(votes)])
+    return {"process reward model": picks["prm_steps"].mean(), "outcome reward model": picks["orm_steps"].mean(),
+            "majority vote": picks["majority"].mean(), "a random sample": right.mean(),
+            f"pass@{samples}": right.any(1).mean()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs-dir", required=True, help="where the runs are kept (and reused)")
+    parser.add_argument("--only", default=None, help="comma-separated run names to train (default: all; '': none)")
+    parser.add_argument("--update-results", action="store_true")
+    args = parser.parse_args()
+    os.makedirs(args.runs_dir, exist_ok=True)
+    for name in RUNS:
+        if args.only is None or name in args.only.split(","):
+            train(args.runs_dir, name)
+    done = lambda name: finished_run(os.path.join(args.runs_dir, name))  # noqa: E731
+    lines = [f"{datetime.date.today()}, {machine()}; `python benchmarks/reward_models.py --runs-dir DIR "
+             "--update-results`. Intervals: 95% over 3 seeds.", ""]
+    if done("orm"):
+        orm = evaluated(args.runs_dir, "orm", episodes=512)
+        lines += ["### An outcome reward model's ranking (Countdown, held-out)", "", markdown_table(
+            ["metric", "value"], [[key, fmt_ci(seeds(orm, key), (0, 1))] for key in
+                                  ("eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
+                                   "eval_sampled_accuracy")]), ""]
+    if done("grpo_verifier") and done("grpo_learned"):
+        sft = evaluated(args.runs_dir, "sft")["eval_accuracy"]
+        gains = {name: np.asarray(seeds(evaluated(args.runs_dir, name), "eval_accuracy")) - sft
+                 for name in ("grpo_verifier", "grpo_learned")}
+        ratio = gains["grpo_learned"].mean() / max(gains["grpo_verifier"].mean(), 1e-9)
+        lines += ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions", "",
+                  markdown_table(["reward", "held-out greedy accuracy gained over SFT"],
+                                 [["the verifier", fmt_ci(gains["grpo_verifier"])],
+                                  ["the reward model alone", fmt_ci(gains["grpo_learned"])]]),
+                  "", f"The reward model's run gains {ratio:.2f} of the verifier's.", "",
+                  "![learned and true reward during GRPO](reward_models.png)", ""]
+        plot(args.runs_dir)
+    if done("prm_steps") and done("orm_steps"):
+        picked = reranking(args.runs_dir)
+        lines += ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)", "",
+                  markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()]), ""]
+    publish("\n".join(lines), args.update_results, MARKERS, "Reward models (issue 63)")
+
+
+def plot(runs_dir: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in run_rows(os.path.join(runs_dir, "grpo_learned")) if "reward_verified" in r]
+    steps = np.asarray([r["env_steps"] for r in rows])
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for key, label in (("reward_correct", "learned reward"), ("reward_verified", "verifier's reward")):
+        values = np.asarray([r.get(f"{key}_per_seed") or [r[key]] for r in rows], np.float64)
+        seed_band(ax, steps, values, label)
+    ax.set_xlabel("completions")
+    ax.set_ylabel("mean reward of the samples")
+    ax.legend()
+    save_figure(fig, os.path.join(os.path.dirname(os.path.abspath(__file__)), "reward_models.png"))
+
+
+if __name__ == "__main__":
+    main()
