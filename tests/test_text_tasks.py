@@ -313,8 +313,8 @@ def test_countdown_jax_rewards_vmap_through_the_callback(tasks, problems, vocab)
 
 
 def test_make_task_names_and_kwargs():
-    with pytest.raises(ValueError, match="addition, countdown, countdown_steps, countdown_tools, grid, guess, lookup, "
-                                         "multiplication"):
+    with pytest.raises(ValueError, match="addition, countdown, countdown_judge, countdown_steps, countdown_tools, grid, "
+                                         "guess, lookup, multiplication"):
         text.make_task("additon")
     assert text.make_task("addition", max_digits=5).prompt_length == 1 + 5 + 1 + 5 + 1
     assert text.make_task("countdown", num_numbers=3).num_numbers == 3
@@ -373,3 +373,31 @@ def test_step_ends_mark_each_step_s_last_token():
     ids = [vocab.id_of(c) for c in "1+2=3;3*4=12"] + [vocab.eos_id, vocab.pad_id, vocab.id_of("7")]
     ends = np.asarray(task.step_ends(jnp.asarray([ids]), vocab))[0]
     assert np.flatnonzero(ends).tolist() == [4, 11]  # the "3" before ";" and the "2" before EOS
+
+
+# --- judging Countdown solutions -------------------------------------------------------------------------
+
+
+def test_countdown_judge_references_judge_right_and_the_verdict_alone_is_rewarded():
+    task = text.make_task("countdown_judge")
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    probs = task.sample(jax.random.key(5), BATCH, "train")
+    answers = task.reference_answers(probs, vocab)
+    np.testing.assert_array_equal(rewards_of(task, probs, answers, vocab), np.ones((BATCH, 2)))
+    right = 0
+    for (prompt, answer), numbers, target in zip(task.texts(probs), np.asarray(probs.numbers),
+                                                  np.asarray(probs.target)):
+        candidate = prompt.split("=", 1)[1].rstrip("?")
+        truth = text.check_countdown(candidate, numbers, int(target))[0]  # the host verifier, independently
+        assert answer[-1] == ("Y" if truth else "N"), (prompt, answer)
+        assert Fraction(answer[:-1]) == python_value(candidate), (prompt, answer)  # the critique: the value
+        right += truth
+    assert 0.35 < right / BATCH < 0.65  # wrong_share 0.5 (a redrawn candidate may still be right)
+    # The reward reads the verdict only: a bare verdict is judged, a flipped one is wrong, none is ill-formed
+    flipped = [("N" if a[-1] == "Y" else "Y") for _, a in task.texts(probs)]
+    bare = [a[-1] for _, a in task.texts(probs)]
+    ids = lambda texts: jnp.asarray([[vocab.id_of(c) for c in t] + [vocab.eos_id] + [vocab.pad_id] * (  # noqa: E731
+        task.answer_length - len(t) - 1) for t in texts])
+    np.testing.assert_array_equal(rewards_of(task, probs, ids(bare), vocab), np.ones((BATCH, 2)))
+    np.testing.assert_array_equal(rewards_of(task, probs, ids(flipped), vocab)[:, 0], np.zeros(BATCH))
+    assert rewards_of(task, probs, ids(["25"] * BATCH), vocab)[:, 1].sum() == 0

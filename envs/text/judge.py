@@ -1,0 +1,90 @@
+"""Judging tasks: a model reads a problem and a candidate solution, writes a critique, then a verdict. The reward is
+whether the verdict is right (the task's own verifier knows), whatever the critique says: the critique is the
+model's working, learned because it helps the verdict (a generative verifier; the "critique RL" of Critique-Coder
+and J1, where the judgment's correctness is the reward).
+
+`countdown_judge`: `7 1 18>25=7+1*18?` -> `25Y` (the candidate's value, then Y: it reaches the target by the rules; N:
+it does not). The candidates are the problem's reference solution with its operators redrawn on about half the
+problems (`wrong_share`), so about half are wrong; a redrawn one that still reaches the target is right.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from envs.text import render, tools
+from envs.text.tasks import TASKS, Countdown, Problems, Task, split_hash
+from envs.text.tokenizer import ALPHABET, Vocab
+
+VERDICTS = "YN"  # right, wrong
+
+
+class CountdownJudge(Task):
+    """Judge a candidate Countdown solution (see the module docstring). Rewards: correct (the verdict, the last
+    character before EOS, is the truth) and well_formed (the reply ends in a verdict)."""
+
+    name = "countdown_judge"
+    alphabet = ALPHABET + "?" + VERDICTS
+
+    def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
+                 max_target: int = 100, wrong_share: float = 0.5, split_seed: int = 0):
+        super().__init__(split_seed)
+        if not 0.0 <= wrong_share <= 1.0:
+            raise ValueError(f"wrong_share must be in [0, 1], got {wrong_share}")
+        self.base = Countdown(num_numbers, min_number, max_number, min_target, max_target, False, split_seed)
+        self.wrong_share = float(wrong_share)
+        self.value_width = tools.value_width()
+        self.prompt_length = self.base.prompt_length + self.base.expression_length + 1
+        self.answer_length = self.value_width + 2  # the value, the verdict, EOS
+
+    def _propose(self, key, n, level=None):
+        return self.base._propose(key, n, level)
+
+    def difficulty(self, problems):
+        return self.base.difficulty(problems)
+
+    def candidate(self, problem: Problems, vocab: Vocab) -> render.Piece:
+        """One problem's candidate expression: the reference, or (on about `wrong_share` of problems, by their hash)
+        the reference with every operator redrawn to a different one."""
+        redraw = (split_hash(problem, self.split_seed + 7) % 1000) < 1000 * self.wrong_share
+        steps = problem.recipe.shape[0]
+        bits = split_hash(problem, self.split_seed + 8)
+        offsets = 1 + (bits >> (2 * jnp.arange(steps, dtype=jnp.uint32))) % 3  # 1..3: never the same operator
+        ops = (problem.recipe[:, 2] + jnp.where(redraw, offsets.astype(problem.recipe.dtype), 0)) % 4
+        return self.base._answer_pieces(problem.replace(recipe=problem.recipe.at[:, 2].set(ops)), vocab)[0]
+
+    def _judgement(self, problem: Problems, vocab: Vocab) -> tuple[tools.Calculation, jax.Array]:
+        """(the candidate's value, whether it reaches the target: exactly, an integer)."""
+        ids, length = self.candidate(problem, vocab)
+        calc = tools.calculator(ids, length, vocab)
+        return calc, ~calc.error & (calc.denominator == 1) & (calc.numerator == problem.target)
+
+    def _prompt_pieces(self, problem, vocab):
+        return [*self.base._prompt_pieces(problem, vocab), self.candidate(problem, vocab), render.char("?", vocab)]
+
+    def _answer_pieces(self, problem, vocab):
+        calc, right = self._judgement(problem, vocab)
+        verdict = jnp.asarray(vocab.ids_of(VERDICTS))[jnp.where(right, 0, 1)]
+        return [tools.render_value(calc, self.value_width, vocab), render.token(verdict)]
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def rewards(self, problems, completions, vocab):
+        """float32 [..., 2] (correct, well_formed) in JAX over completions [..., T]: the verdict is the token before
+        the first EOS."""
+        right = jax.vmap(lambda p: self._judgement(p, vocab)[1])(jax.tree.map(lambda x: x.reshape(-1, *x.shape[
+            problems.target.ndim:]), problems)).reshape(problems.target.shape)
+        is_eos = completions == vocab.eos_id
+        ended = jnp.any(is_eos, axis=-1)
+        last = jnp.maximum(jnp.argmax(is_eos, axis=-1) - 1, 0)
+        verdict = jnp.take_along_axis(completions, last[..., None], axis=-1)[..., 0]
+        said_right, said_wrong = verdict == vocab.id_of(VERDICTS[0]), verdict == vocab.id_of(VERDICTS[1])
+        well_formed = ended & (jnp.argmax(is_eos, axis=-1) > 0) & (said_right | said_wrong)
+        right = jnp.broadcast_to(right, well_formed.shape)
+        correct = well_formed & jnp.where(right, said_right, said_wrong)
+        return jnp.stack([correct, well_formed], axis=-1).astype(jnp.float32)
+
+
+TASKS.update({CountdownJudge.name: CountdownJudge})
