@@ -13,7 +13,10 @@ experiments' small transformer (2 layers, width 128), one SFT run each (the same
 2. GRPO from the SFT run for 64,000 completions, 3 seeds, with the verifier's reward and with the reward model's
    alone (reward.model_weight=1): held-out greedy accuracy gained over the SFT run, and the learned reward against
    the verifier's during training (the plot).
-3. Countdown in steps: SFT on 200,000 demonstrations; a process reward model (Monte Carlo step labels, 4
+3. Critique RL: a judge of Countdown solutions (`countdown_judge`: the candidate's value as its critique, then a
+   verdict) warm-started by SFT on 6,400 demonstrations, then GRPO on the verdict's correctness for 32,000
+   completions, 3 seeds: held-out judging accuracy before and after.
+4. Countdown in steps: SFT on 200,000 demonstrations; a process reward model (Monte Carlo step labels, 4
    continuations) and an outcome reward model of the same size on 128,000 labelled completions each; on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
    (the most common final result), a random pick and pass@16.
@@ -46,6 +49,8 @@ RUNS = {
     "orm": ("text_reward_model.py:countdown", None, ["--config.total_steps=256000", *JUDGE]),
     "grpo_verifier": ("text_grpo.py:countdown", "sft", GRPO),
     "grpo_learned": ("text_grpo.py:countdown", "sft", [*GRPO, "--config.reward.model_weight=1.0"]),
+    "sft_judge": ("text_sft.py:countdown_judge", None, ["--config.total_steps=6400", "--config.eval.pass_k=0"]),
+    "grpo_judge": ("text_grpo.py:countdown_judge", "sft_judge", [*GRPO[1:], "--config.total_steps=32000"]),
     "sft_steps": ("text_sft.py:countdown_steps", None, ["--config.total_steps=200000", "--config.eval.pass_k=0"]),
     "prm_steps": ("text_reward_model.py:countdown_steps", None, [
         "--config.total_steps=128000", "--config.reward_model.objective=process", *JUDGE]),
@@ -131,6 +136,13 @@ def main():
                   "", f"The reward model's run gains {ratio:.2f} of the verifier's.", "",
                   "![learned and true reward during GRPO](reward_models.png)", ""]
         plot(args.runs_dir)
+    if done("sft_judge") and done("grpo_judge"):
+        before = evaluated(args.runs_dir, "sft_judge")["eval_accuracy"]
+        after = seeds(evaluated(args.runs_dir, "grpo_judge"), "eval_accuracy")
+        lines += ["### Critique RL: judging Countdown solutions (held-out, greedy)", "",
+                  markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
+                                                          ["then GRPO on the verdict, 32,000 completions",
+                                                           fmt_ci(after, (0, 1))]]), ""]
     if done("prm_steps") and done("orm_steps"):
         picked = reranking(args.runs_dir)
         lines += ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)", "",
