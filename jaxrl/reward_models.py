@@ -23,6 +23,7 @@ device's share, scaled so that the mean over devices (what the update averages) 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -134,6 +135,12 @@ class Scorer:
     beta: float = 0.05
     pad_id: int = 0
     step_ends: object = None  # process models: completions [..., N] -> bool [..., N] (the task's `step_ends`)
+
+    @classmethod
+    def of(cls, model, objective: str, beta: float, task, vocab) -> "Scorer":
+        """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
+        step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
+        return cls(model, objective, beta, vocab.pad_id, step_ends)
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""

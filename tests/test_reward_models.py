@@ -223,6 +223,14 @@ def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
         assert out[b, 0, after_first] == 1.0 and out[b, 1, after_first] == 0.0  # the Monte Carlo shares
         last = np.flatnonzero(where[b, 0])[-1]
         assert out[b, 0, last] == 1.0 and out[b, 1, np.flatnonzero(where[b, 1])[-1]] == 0.0  # the outcomes
+    # A process model scores a completion by its weakest step: the value head's lowest output at those slots
+    prompts = task.prompts(problems, vocab)
+    mask = (tokens != vocab.pad_id).astype(jnp.float32)
+    _, _, values = sampling.score_groups(model.policy.model, scoring(state.params, "process"), prompts, tokens, mask,
+                                         vocab.pad_id)
+    expected = np.where(where, np.asarray(values), np.inf).min(-1)
+    np.testing.assert_allclose(model.whole_scorer(scoring(state.params, "process"), prompts, tokens, mask), expected,
+                               rtol=1e-6)
 
 
 def test_a_reward_model_of_its_own_size_judges_another_run_s_samples(countdown_sft_run):

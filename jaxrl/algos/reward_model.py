@@ -107,8 +107,7 @@ class RewardModel:
         self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
-        step_ends = functools.partial(self.task.step_ends, vocab=self.vocab) if hasattr(self.task, "step_ends") else None
-        self.scorer = reward_models.Scorer(self.model, settings.objective, settings.beta, self.vocab.pad_id, step_ends)
+        self.scorer = reward_models.Scorer.of(self.model, settings.objective, settings.beta, self.task, self.vocab)
         self.whole_scorer = dataclasses.replace(self.scorer, model=policy.model)
 
     def optimizer(self, hp, update_step):

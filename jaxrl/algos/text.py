@@ -961,8 +961,8 @@ def learned_reward(config: ConfigDict, mesh, policy: TextPolicy) -> LearnedRewar
     if scorer_policy.tokenizer.to_str() != policy.tokenizer.to_str():
         raise ValueError(f"config.reward.model={path!r} reads another tokenizer than this policy's: train the reward "
                          "model from the same run (its init_from) as the policy")
-    scorer = reward_models_lib.Scorer(scorer_policy.update_model, saved.reward_model.objective,
-                                      saved.reward_model.beta, scorer_policy.vocab.pad_id)
+    scorer = reward_models_lib.Scorer.of(scorer_policy.update_model, saved.reward_model.objective,
+                                         saved.reward_model.beta, scorer_policy.task, scorer_policy.vocab)
     return LearnedReward(scorer, scorer_policy)
 
 
