@@ -511,3 +511,16 @@ def turn_advantages(name: str, rewards: jax.Array, taken: jax.Array, anchors: ja
                          f"{', '.join(names(False, per_turn=True))}")
     opts = TurnOptions(**options)
     return ESTIMATORS[name].core(turn_returns(rewards, taken, opts.gamma), taken, anchors, opts)
+
+
+def process_returns(token_rewards: jax.Array, mask: jax.Array) -> jax.Array:
+    """Dense process rewards as advantages before scaling (PRIME, Cui et al. 2025): token_rewards, mask [B, G, N] ->
+    [B, G, N]. Each completion's rewards less the leave-one-out baseline of its group (the mean, over the other
+    G - 1 completions, of their mean reward per token), then summed to go: A_t = sum_{s >= t} (r_s - b). 0 off the
+    mask. The caller scales them (`engine.standardise` over the batch) and adds them to the outcome advantages."""
+    real = mask > 0
+    G = token_rewards.shape[1]
+    per_token = jnp.sum(jnp.where(real, token_rewards, 0.0), -1) / jnp.maximum(jnp.sum(real, -1), 1)  # [B, G]
+    others = (jnp.sum(per_token, axis=1, keepdims=True) - per_token) / max(G - 1, 1)
+    centred = jnp.where(real, token_rewards - others[..., None], 0.0)
+    return jnp.where(real, jnp.flip(jnp.cumsum(jnp.flip(centred, -1), -1), -1), 0.0)

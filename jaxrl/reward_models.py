@@ -144,13 +144,20 @@ class Scorer:
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
-        log_probs, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, completions,
-                                                     mask, self.pad_id)
+        if self.objective == "implicit":
+            return jnp.sum(self.token_rewards(variables, prompts, completions, mask), axis=-1)
+        _, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, completions, mask,
+                                             self.pad_id)
         if self.objective == "process":
             return weakest_step(values, step_slots(self.step_ends(completions)))
+        return completion_scores(values, mask)
+
+    def token_rewards(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
+        """An implicit model's process rewards [B, G, N] (`implicit_rewards`): they sum to its scores."""
         if self.objective != "implicit":
-            return completion_scores(values, mask)
+            raise ValueError(f"a {self.objective} reward model gives no per-token rewards (an implicit one does)")
+        log_probs, _, _ = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, completions,
+                                                mask, self.pad_id)
         ref_log_probs, _, _ = sampling.score_groups(self.model, {"params": variables["sampler"]}, prompts,
                                                     completions, mask, self.pad_id)
-        ref_log_probs = jax.lax.stop_gradient(ref_log_probs)
-        return jnp.sum(implicit_rewards(log_probs, ref_log_probs, mask, self.beta), axis=-1)
+        return implicit_rewards(log_probs, jax.lax.stop_gradient(ref_log_probs), mask, self.beta)

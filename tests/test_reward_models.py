@@ -48,7 +48,7 @@ def test_implicit_process_rewards_by_hand():
     np.testing.assert_allclose(rewards, [[0.05, -0.1, 0.0]], atol=1e-7)
 
 
-def test_an_implicit_reward_model_starts_at_score_zero_and_learns(countdown_sft_run, tmp_path):
+def test_an_implicit_reward_model_starts_at_score_zero_and_learns(countdown_sft_run, reward_model_run, tmp_path):
     config = set_keys(reward_model_config(countdown_sft_run, 4_096), {"reward_model.objective": "implicit",
                                                                       "reward_model.beta": 0.5})
     algo, _ = algos.build(config, mesh_lib.make_mesh())
@@ -62,7 +62,8 @@ def test_an_implicit_reward_model_starts_at_score_zero_and_learns(countdown_sft_
     rows = train.run(config, str(tmp_path / "implicit")).metrics
     assert rows[-1]["loss"] < math.log(2.0) and rows[-1]["eval_ranking_accuracy"] > 0.5  # measured 0.60
     # As GRPO's reward, the implicit model keeps its reference beside it and scores as it did in training
-    grpo_config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{"reward.model": str(tmp_path / "implicit")})
+    grpo_config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{"reward.model": str(tmp_path / "implicit"),
+                                                                          "advantage.process_weight": 1.0})
     grpo_algo, hp = algos.build(grpo_config, mesh_lib.make_mesh())
     saved = start_params(str(tmp_path / "implicit"))
     grpo_state = jax.tree.map(lambda x: x[0], grpo_algo.init_seeds(
@@ -72,6 +73,23 @@ def test_an_implicit_reward_model_starts_at_score_zero_and_learns(countdown_sft_
     expected = model.whole_scorer(scoring(trained, "implicit"), prompts, samples.tokens, samples.mask)
     np.testing.assert_allclose(grpo_algo.parts.learned_reward.scorer(grpo_state.reward_model, prompts, samples.tokens,
                                                                      samples.mask), expected, atol=1e-5)
+    # With advantage.process_weight, its per-token rewards come along: they sum to the score the reward is made of
+    _, groups = right_and_wrong_groups(grpo_algo.parts)
+    rewarded = grpo_algo.parts._learned_rewards(grpo_state.reward_model, hp, groups)
+    assert rewarded.process.shape == groups.tokens.shape and not np.asarray(rewarded.process)[groups.mask == 0].any()
+    np.testing.assert_allclose(rewarded.rewards[..., 0], jax.nn.sigmoid(rewarded.process.sum(-1)), atol=1e-6)
+    with pytest.raises(ValueError, match="takes per-token rewards from an implicit reward model"):
+        algos.build(set_keys(grpo_config, {"reward.model": reward_model_run[0]}), mesh_lib.make_mesh())  # (pairwise)
+
+
+def test_process_returns_by_hand():
+    from jaxrl import advantages
+
+    # two completions: per-token means 1 (tokens 2, 0) and 3 (token 3, then padding); leave-one-out baselines 3 and 1
+    rewards = jnp.array([[[2.0, 0.0], [3.0, 9.0]]])
+    mask = jnp.array([[[1.0, 1.0], [1.0, 0.0]]])
+    # completion 0: centred (2 - 3, 0 - 3) = (-1, -3), to go (-4, -3); completion 1: (3 - 1) = 2, padding 0
+    np.testing.assert_allclose(advantages.process_returns(rewards, mask), [[[-4.0, -3.0], [2.0, 0.0]]])
 
 
 def test_step_slots_weakest_step_and_monte_carlo_shares_by_hand():
@@ -138,6 +156,19 @@ def test_the_sampler_stays_the_warm_start_and_the_scorer_reads_strings(countdown
     assert probabilities.shape == (2,) and ((probabilities > 0) & (probabilities < 1)).all()
 
 
+def right_and_wrong_groups(grpo):
+    """(problems [4], `rollout.Groups` [4, 2, N]): each problem's reference answer, and another problem's (wrong)."""
+    problems = grpo.task.sample(jax.random.key(0), 4, "train")
+    answers = grpo.task.reference_answers(problems, grpo.vocab)
+    tokens = jnp.stack([answers, jnp.roll(answers, 1, axis=0)], axis=1)
+    mask = (tokens != grpo.vocab.pad_id).astype(jnp.float32)
+    verified = jax.vmap(lambda c: grpo.task.jax_rewards(problems, c, grpo.vocab), in_axes=1, out_axes=1)(tokens)
+    zeros = jnp.zeros(tokens.shape[:2])
+    return problems, rollout.Groups(jnp.arange(4), problems, grpo.task.prompts(problems, grpo.vocab),
+                                    jnp.zeros(4, jnp.int32), tokens, jnp.zeros(tokens.shape), mask,
+                                    mask.sum(-1).astype(jnp.int32), None, verified, mask, zeros, zeros > 0)
+
+
 def test_grpo_takes_its_correct_reward_from_the_reward_model(countdown_sft_run, reward_model_run):
     rm_dir = reward_model_run[0]
     # the model's reward mixed half and half with the verifier's: rewards = w sigmoid(score) + (1 - w) verified
@@ -150,15 +181,8 @@ def test_grpo_takes_its_correct_reward_from_the_reward_model(countdown_sft_run, 
                     strict=True):
         np.testing.assert_array_equal(a, b[0])
     grpo = algo.parts
-    problems = grpo.task.sample(jax.random.key(0), 4, "train")
-    prompts = grpo.task.prompts(problems, grpo.vocab)
-    answers = grpo.task.reference_answers(problems, grpo.vocab)
-    tokens = jnp.stack([answers, jnp.roll(answers, 1, axis=0)], axis=1)  # member 1: another problem's answer
-    mask = (tokens != grpo.vocab.pad_id).astype(jnp.float32)
-    verified = jax.vmap(lambda c: grpo.task.jax_rewards(problems, c, grpo.vocab), in_axes=1, out_axes=1)(tokens)
-    zeros = jnp.zeros(tokens.shape[:2])
-    groups = rollout.Groups(jnp.arange(4), problems, prompts, jnp.zeros(4, jnp.int32), tokens, jnp.zeros(tokens.shape),
-                            mask, mask.sum(-1).astype(jnp.int32), None, verified, mask, zeros, zeros > 0)
+    problems, groups = right_and_wrong_groups(grpo)
+    tokens, verified = groups.tokens, groups.rewards
     mixed = grpo._learned_rewards(state.reward_model, hp, groups)
     texts = [grpo.policy.decode(tokens[:, g]) for g in range(2)]
     prompt_texts = [p for p, _ in grpo.task.texts(problems)]

@@ -31,6 +31,7 @@ from ml_collections import ConfigDict
 from envs import text
 from jaxrl import (advantages, config as config_lib, corrections, engine, files, knobs, losses, mesh as mesh_lib,
                    multi_turn, reward_models as reward_models_lib, rollout, sampling)
+from jaxrl.advantages import process_returns
 from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
                                group_relative_keys)
 from jaxrl.algos import registry
@@ -550,6 +551,10 @@ class TextGRPOSettings:
     reward_weights: tuple[float, ...] = knob("reward_weights", (1.0, 0.1), "the weight of each reward component "
                                              "(correct, well_formed)", rule="two weights (correct, well_formed)",
                                              accepts=lambda weights: len(weights) == 2, convert=tuple)
+    process_weight: float = knob("advantage.process_weight", 0.0, "with an implicit reward model (reward.model): the "
+                                 "weight of its per-token process rewards (PRIME), summed to go against the group's "
+                                 "leave-one-out baseline and standardised, added to every token's advantage",
+                                 minimum=0.0)
     reward_model: str = knob("reward.model", "", "a text_reward_model run whose model scores each completion as its "
                              "correct reward (sigmoid of the score; see reward.model_weight); '': the task's verifier")
     ratio: str = losses.RATIO.field()
@@ -689,11 +694,17 @@ class TextGRPO:
     def _learned_rewards(self, reward_model, hp: TextGRPOHyperparams, groups: rollout.Groups) -> rollout.Groups:
         """`groups` whose correct reward is w sigmoid(reward model's score) + (1 - w) verifier's (w:
         reward.model_weight), the verifier's components kept in `verified`."""
-        scores = self.learned_reward.scorer(reward_model, groups.prompts, groups.tokens, groups.mask)
+        scorer, process = self.learned_reward.scorer, None
+        if self.settings.process_weight > 0:  # (an implicit model's score is its token rewards' sum)
+            process = scorer.token_rewards(reward_model, groups.prompts, groups.tokens, groups.mask)
+            scores = jnp.sum(process, axis=-1)
+        else:
+            scores = scorer(reward_model, groups.prompts, groups.tokens, groups.mask)
         correct = self.task.reward_names.index("correct")
         w = hp.reward_model_weight
         mixed = w * reward_models_lib.learned_reward(scores) + (1.0 - w) * groups.rewards[..., correct]
-        return groups.replace(rewards=groups.rewards.at[..., correct].set(mixed), verified=groups.rewards)
+        return groups.replace(rewards=groups.rewards.at[..., correct].set(mixed), verified=groups.rewards,
+                              process=process)
 
     def _loss(self, params, batch, hp: TextGRPOHyperparams):
         """batch: whole groups, prompts [m, P] and the rest [m, G, ...]."""
@@ -774,6 +785,9 @@ class TextGRPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
         advantages, weight, tied = self._group_advantages(groups)
+        if groups.process is not None:  # an implicit reward model's dense process rewards (PRIME)
+            dense = standardise(process_returns(groups.process, groups.mask), groups.mask)
+            advantages = advantages + s.process_weight * dense
         if self.pipeline.uses_bonus:
             metrics["ranked"] = global_mean(tied.astype(jnp.float32))
         b, G, N = groups.tokens.shape
@@ -961,6 +975,9 @@ def learned_reward(config: ConfigDict, mesh, policy: TextPolicy) -> LearnedRewar
     if scorer_policy.tokenizer.to_str() != policy.tokenizer.to_str():
         raise ValueError(f"config.reward.model={path!r} reads another tokenizer than this policy's: train the reward "
                          "model from the same run (its init_from) as the policy")
+    if config.advantage.process_weight > 0 and saved.reward_model.objective != "implicit":
+        raise ValueError(f"config.advantage.process_weight={config.advantage.process_weight} takes per-token rewards "
+                         f"from an implicit reward model; {path} is a {saved.reward_model.objective} one")
     scorer = reward_models_lib.Scorer.of(scorer_policy.update_model, saved.reward_model.objective,
                                          saved.reward_model.beta, scorer_policy.task, scorer_policy.vocab)
     return LearnedReward(scorer, scorer_policy)
@@ -996,6 +1013,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.loss.correction_low > config.loss.correction_high:
         raise ValueError(f"config.loss.correction_low={config.loss.correction_low} is above "
                          f"config.loss.correction_high={config.loss.correction_high}")
+    if config.advantage.process_weight > 0 and not config.reward.model:
+        raise ValueError(f"config.advantage.process_weight={config.advantage.process_weight} weighs the process "
+                         "rewards of an implicit reward model: set config.reward.model")
     if config.reward.model:
         if not os.path.exists(os.path.join(config.reward.model, "config.json")):
             raise ValueError(f"config.reward.model={config.reward.model!r} is not a run directory (no config.json)")

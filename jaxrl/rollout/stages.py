@@ -153,6 +153,8 @@ class Groups:
     # float32 [n, G, K]: the verifier's components where `rewards` hold a reward model's (`reward.model`): kept
     # to measure the learned reward against the true one, never trained on
     verified: jax.Array | None = None
+    # float32 [n, G, N]: an implicit reward model's per-token process rewards (with advantage.process_weight > 0)
+    process: jax.Array | None = None
 
     @property
     def generated(self) -> jax.Array:
