@@ -7,8 +7,8 @@ the sampler is that run's policy instead, and the reward model starts from `init
 scratch at config.model's sizes (reading the sampler's tokenizer). One update, per seed:
 
     B training problems -> G completions each from the sampler (at sampling.temperature, in evaluation too)
-    -> labels: 1 where the task's verifier accepts the completion -> scores: the value head at each completion's
-    last slot -> the objective (Bradley-Terry pairs or pointwise cross-entropy) -> Adam on the reward model
+    -> labels: 1 where the task's verifier accepts the completion (process models: Monte Carlo labels per step)
+    -> scores (`reward_models.Scorer`) -> the objective (`reward_model.objective`) -> Adam on the reward model
 
 Both copies live in the parameters, {"params": reward model, "sampler": sampler}; the optimiser leaves the sampler
 alone. Evaluation draws G completions for each of a fixed set of held-out problems and reports how the scores
