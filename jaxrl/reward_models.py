@@ -118,6 +118,12 @@ def monte_carlo_labels(continuation_correct: jax.Array) -> jax.Array:
     return jnp.mean(continuation_correct.astype(jnp.float32), axis=-1)
 
 
+def scoring(params: dict, objective: str) -> dict:
+    """What a `Scorer` reads of a reward model run's parameters {"params", "sampler"}: the reward model's (and the
+    sampler, the reference of an implicit model)."""
+    return {k: v for k, v in params.items() if k == "params" or (k == "sampler" and objective == "implicit")}
+
+
 def implicit_rewards(log_probs: jax.Array, ref_log_probs: jax.Array, mask: jax.Array, beta) -> jax.Array:
     """PRIME's token-level process rewards [..., N]: beta * (log pi(y_t) - log pi_ref(y_t)), 0 off the mask. Their sum
     over a completion is its implicit outcome score."""

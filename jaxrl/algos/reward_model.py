@@ -28,7 +28,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import struct
 from ml_collections import ConfigDict
 
 from envs import text
@@ -36,11 +35,12 @@ from jaxrl import engine, files, knobs, mesh as mesh_lib, reward_models, samplin
 from jaxrl.algos import registry
 from jaxrl.algos.group import GROUP_SIZE
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.algos.text import (INIT_FROM, TextPolicy, TextSettings, TextState, check_text_config, text_algorithm,
-                              text_config, text_settings)
+from jaxrl.algos.text import (INIT_FROM, TextHyperparams, TextPolicy, TextSettings, TextState, check_text_config,
+                              text_algorithm, text_config, text_settings)
 from jaxrl.engine import gradient_step
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob
+from jaxrl.reward_models import scoring
 from jaxrl.mesh import DATA_AXIS
 
 OBJECTIVE = Knob("reward_model.objective", "pairwise", "how the reward model learns from outcome labels: pairwise "
@@ -52,15 +52,6 @@ SAMPLER = Knob("reward_model.sampler", "", "the text run (SFT or GRPO) whose com
                "judge; '': init_from, whose weights the reward model then also starts from")
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
-
-
-@struct.dataclass
-class RewardModelHyperparams:
-    """Traced numbers of a reward model's training (a sweep may vary them)."""
-
-    learning_rate: float = knobs.declared("optim.learning_rate").field()
-    max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
-    weight_decay: float = knobs.declared("optim.weight_decay").field()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,12 +73,6 @@ class RewardModelSettings:
 
     num_updates = property(lambda self: self.text.num_updates)
     xla_options = property(lambda self: self.text.xla_options)
-
-
-def scoring(params, objective: str) -> dict:
-    """What scoring reads of a run's parameters {"params", "sampler"}: the reward model's (and the sampler, the
-    reference of an implicit model)."""
-    return params if objective == "implicit" else {"params": params["params"]}
 
 
 def sampler(params) -> dict:
@@ -125,7 +110,7 @@ class RewardModel:
             sampler = start.params if self.sampler_policy is self.policy else self.sampler_policy.init_params(
                 jax.random.fold_in(key, 1))
         both = {"params": start.params["params"], "sampler": sampler["params"]}
-        return TextState(both, self.optimizer(RewardModelHyperparams(), jnp.int32(0)).init(both), start.key,
+        return TextState(both, self.optimizer(TextHyperparams(), jnp.int32(0)).init(both), start.key,
                          start.update_step)
 
     def labels(self, problems, completions: jax.Array) -> jax.Array:
@@ -142,7 +127,7 @@ class RewardModel:
                                                     group_size=group_size, temperature=temperature, **self.decoding)
         return prompts, samples, self.labels(problems, samples.tokens)
 
-    def loss(self, params, batch, hp: RewardModelHyperparams):
+    def loss(self, params, batch, hp: TextHyperparams):
         prompts, tokens, mask, labels, step_labels, step_slots = batch
         if self.settings.objective == "process":  # each step's value against its Monte Carlo label
             _, _, values = sampling.score_groups(self.model, scoring(params, "process"), prompts, tokens, mask,
@@ -185,7 +170,7 @@ class RewardModel:
             out, where = jnp.where(at, share[..., None], out), where | at
         return out, where
 
-    def update(self, state: TextState, hp: RewardModelHyperparams):
+    def update(self, state: TextState, hp: TextHyperparams):
         """One update for one seed on this device: label the sampler's completions to fresh problems, one step."""
         key, problem_key, sample_key = jax.random.split(state.key, 3)
         problems = jax.tree.map(mesh_lib.local_share, self.task.sample(problem_key, self.settings.text.num_prompts,
@@ -286,7 +271,7 @@ def text_reward_model_config() -> ConfigDict:
     config.algorithm = "text_reward_model"
     config.total_steps = 64_000  # labelled completions per seed
     config.eval.episodes = 256
-    return knobs.fill(config, RewardModelHyperparams, RewardModelSettings, INIT_FROM)
+    return knobs.fill(config, TextHyperparams, RewardModelSettings, INIT_FROM)
 
 
 def build_text_reward_model(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
@@ -337,6 +322,6 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
                          "yet; train it on the small transformer")
 
 
-register("text_reward_model", Recipe(build_text_reward_model, RewardModelHyperparams,
+register("text_reward_model", Recipe(build_text_reward_model, TextHyperparams,
                                      check=check_text_reward_model_config, defaults=text_reward_model_config,
                                      rebuild=build_text_reward_model))

@@ -961,7 +961,7 @@ class LearnedReward:
         if saved_params is None:
             fresh = self.policy.init_params(key)["params"]
             saved_params = {"params": fresh, "sampler": fresh}
-        return {k: v for k, v in saved_params.items() if k == "params" or self.scorer.objective == "implicit"}
+        return reward_models_lib.scoring(saved_params, self.scorer.objective)
 
 
 def learned_reward(config: ConfigDict, mesh, policy: TextPolicy) -> LearnedReward:
