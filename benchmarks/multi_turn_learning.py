@@ -19,7 +19,6 @@ stopped. The small transformer of the experiments (2 layers, width 128) througho
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import os
 import sys
@@ -30,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
-                    save_figure, seed_band, train_run)
+                    runs_arguments, save_figure, seed_band, seed_values, train_run)
 
 MARKERS = ("<!-- multi_turn_learning:start -->", "<!-- multi_turn_learning:end -->")
 SEEDS = 3
@@ -69,10 +68,6 @@ def train(runs_dir: str, name: str) -> None:
     train_run(runs_dir, name, experiment, init_from, [*flags, *COMMON])
 
 
-def per_seed(summary: dict, key: str) -> list[float]:
-    return summary.get(f"{key}_per_seed") or [summary[key]]
-
-
 def curve(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
     """(episodes [T], per-seed values [T, S]) of a training metric."""
     rows = [r for r in rows if key in r]
@@ -87,23 +82,14 @@ def result_rows(runs_dir: str, names: list[str], labels: list[str]) -> list[list
             rows.append([label, "(not run)", "", "", ""])
             continue
         greedy, sampled = evaluated(runs_dir, name, False), evaluated(runs_dir, name, True)
-        rows.append([label, fmt_ci(per_seed(sampled, "eval_success"), (0, 1)),
-                     fmt_ci(per_seed(sampled, "eval_turns")), fmt_ci(per_seed(greedy, "eval_success"), (0, 1)),
-                     fmt_ci(per_seed(greedy, "eval_turns"))])
+        rows.append([label, fmt_ci(seed_values(sampled, "eval_success"), (0, 1)),
+                     fmt_ci(seed_values(sampled, "eval_turns")), fmt_ci(seed_values(greedy, "eval_success"), (0, 1)),
+                     fmt_ci(seed_values(greedy, "eval_turns"))])
     return rows
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs-dir", required=True, help="where the runs are kept (and reused)")
-    parser.add_argument("--only", default=None, help="comma-separated run names to train (default: all; '': none, "
-                        "the tables from the runs already there)")
-    parser.add_argument("--update-results", action="store_true")
-    args = parser.parse_args()
-    os.makedirs(args.runs_dir, exist_ok=True)
-    for name in RUNS:
-        if args.only is None or name in args.only.split(","):
-            train(args.runs_dir, name)
+    args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
     header = ["run", "success (sampled)", "turns (sampled)", "success (greedy)", "turns (greedy)"]
     guess = markdown_table(header, result_rows(args.runs_dir, ["sft_guess", "guess_grpo"],
                                                ["SFT, 64,000 demonstrations", "then GRPO, 20,480 episodes"]))
@@ -121,8 +107,8 @@ def main():
         sft = evaluated(args.runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
         steps, errors = curve(run_rows(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_error_rate")
         _, calls = curve(run_rows(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_calls")
-        countdown_rows.append([label, fmt_ci(per_seed(sft, "eval_success"), (0, 1)),
-                               fmt_ci(per_seed(greedy, "eval_success"), (0, 1)),
+        countdown_rows.append([label, fmt_ci(seed_values(sft, "eval_success"), (0, 1)),
+                               fmt_ci(seed_values(greedy, "eval_success"), (0, 1)),
                                f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
                                f"{errors[0].mean():.3f} -> {errors[-1].mean():.3f}"])
     countdown = markdown_table(["Countdown", "SFT success (greedy)", "after GRPO (greedy)",

@@ -161,6 +161,30 @@ def publish(section: str, update_results: bool, markers: tuple[str, str], title:
 
 # --- runs trained by `python -m jaxrl.train` in a runs directory, reused when there (learning benchmarks) ---------
 
+def runs_arguments(description: str, runs: dict, train):
+    """A learning benchmark's command line (--runs-dir, --only, --update-results), then `train(runs_dir, name)` for
+    each run of `runs` chosen (all by default; --only='': none, the tables from the runs already there)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--runs-dir", required=True, help="where the runs are kept (and reused)")
+    parser.add_argument("--only", default=None, help="comma-separated run names to train (default: all; '': none, "
+                        "the tables from the runs already there)")
+    parser.add_argument("--update-results", action="store_true")
+    args = parser.parse_args()
+    os.makedirs(args.runs_dir, exist_ok=True)
+    for name in runs:
+        if args.only is None or name in args.only.split(","):
+            train(args.runs_dir, name)
+    return args
+
+
+def seed_values(summary: dict, key: str) -> list[float]:
+    """An evaluation summary's `key` for every seed (its `<key>_per_seed` list, or the one value)."""
+    return summary.get(f"{key}_per_seed") or [summary[key]]
+
+
 def train_run(runs_dir: str, name: str, experiment: str, init_from: str | None, flags: list[str]) -> None:
     """`python -m jaxrl.train --config=experiments/<experiment>` into runs_dir/name with `flags` (and
     `--config.init_from=runs_dir/<init_from>`), unless that run already trained its whole budget."""

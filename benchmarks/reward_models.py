@@ -27,7 +27,6 @@ the reward models start from it too:
 
 from __future__ import annotations
 
-import argparse
 import collections
 import datetime
 import os
@@ -38,7 +37,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
-                    save_figure, seed_band, train_run)
+                    runs_arguments, save_figure, seed_band, seed_values, train_run)
 
 MARKERS = ("<!-- reward_models:start -->", "<!-- reward_models:end -->")
 SEEDS = 3
@@ -68,10 +67,6 @@ def train(runs_dir: str, name: str) -> None:
     if name in REWARD_MODEL_OF:
         flags.append(f"--config.reward.model={os.path.join(runs_dir, REWARD_MODEL_OF[name])}")
     train_run(runs_dir, name, experiment, init_from, flags)
-
-
-def seeds(summary: dict, key: str) -> list[float]:
-    return summary.get(f"{key}_per_seed") or [summary[key]]
 
 
 def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str, float]:
@@ -106,27 +101,19 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs-dir", required=True, help="where the runs are kept (and reused)")
-    parser.add_argument("--only", default=None, help="comma-separated run names to train (default: all; '': none)")
-    parser.add_argument("--update-results", action="store_true")
-    args = parser.parse_args()
-    os.makedirs(args.runs_dir, exist_ok=True)
-    for name in RUNS:
-        if args.only is None or name in args.only.split(","):
-            train(args.runs_dir, name)
+    args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
     done = lambda name: finished_run(os.path.join(args.runs_dir, name))  # noqa: E731
     lines = [f"{datetime.date.today()}, {machine()}; `python benchmarks/reward_models.py --runs-dir DIR "
              "--update-results`. Intervals: 95% over 3 seeds.", ""]
     if done("orm"):
         orm = evaluated(args.runs_dir, "orm", episodes=512)
         lines += ["### An outcome reward model's ranking (Countdown, held-out)", "", markdown_table(
-            ["metric", "value"], [[key, fmt_ci(seeds(orm, key), (0, 1))] for key in
+            ["metric", "value"], [[key, fmt_ci(seed_values(orm, key), (0, 1))] for key in
                                   ("eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
                                    "eval_sampled_accuracy")]), ""]
     if done("grpo_verifier") and done("grpo_learned"):
         sft = evaluated(args.runs_dir, "sft")["eval_accuracy"]
-        gains = {name: np.asarray(seeds(evaluated(args.runs_dir, name), "eval_accuracy")) - sft
+        gains = {name: np.asarray(seed_values(evaluated(args.runs_dir, name), "eval_accuracy")) - sft
                  for name in ("grpo_verifier", "grpo_learned")}
         ratio = gains["grpo_learned"].mean() / max(gains["grpo_verifier"].mean(), 1e-9)
         lines += ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions", "",
@@ -138,7 +125,7 @@ def main():
         plot(args.runs_dir)
     if done("sft_judge") and done("grpo_judge"):
         before = evaluated(args.runs_dir, "sft_judge")["eval_accuracy"]
-        after = seeds(evaluated(args.runs_dir, "grpo_judge"), "eval_accuracy")
+        after = seed_values(evaluated(args.runs_dir, "grpo_judge"), "eval_accuracy")
         lines += ["### Critique RL: judging Countdown solutions (held-out, greedy)", "",
                   markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
                                                           ["then GRPO on the verdict, 32,000 completions",
