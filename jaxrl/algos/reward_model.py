@@ -190,15 +190,15 @@ class RewardModel:
 
     @jit_method(static_argnums=(3,))
     def _heldout(self, params, key: jax.Array, num: int):
-        """Every seed's scores and labels [S, num, G] of the sampler's G completions to `num` fixed held-out
-        problems (at the sampler's temperature)."""
+        """Every seed's scores and labels [S, num, G] of the sampler's G completions [S, num, G, N] to `num` fixed
+        held-out problems (at the sampler's temperature), and those completions."""
         problems = self.task.heldout(num, seed=self.eval_seed)
 
         def one_seed(params):
             prompts, samples, labels = self.draw(params, problems, jax.random.split(key, num),
                                                  self.settings.temperature, self.settings.group_size)
             return self.whole_scorer(scoring(params, self.settings.objective), prompts, samples.tokens,
-                                     samples.mask), labels
+                                     samples.mask), labels, samples.tokens
 
         return jax.vmap(one_seed)(params)
 
@@ -206,7 +206,7 @@ class RewardModel:
         """How the reward model orders the sampler's completions to `num` held-out problems, per seed [S] (see the
         module docstring); `sample` is accepted for the loop's signature: the completions are always sampled, at the
         sampler's temperature."""
-        scores, labels = self._heldout(params, key, num)
+        scores, labels, _ = self._heldout(params, key, num)
         ranking = jax.vmap(lambda s, y: reward_models.ranking_accuracy(s, y)[0])(scores, labels)
         best = jax.vmap(reward_models.best_of_n)(scores, labels)
         agrees = (scores > 0) == (labels > 0)
@@ -217,16 +217,13 @@ class RewardModel:
 
     def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 8) -> list[str]:
         """`scored_completions.txt`: held-out problems, the sampler's completions, their scores and labels."""
-        scores, labels = jax.device_get(self._heldout(params, jax.random.key(seed), num))
+        scores, labels, tokens = jax.device_get(self._heldout(params, jax.random.key(seed), num))
         problems = self.task.heldout(num, seed=self.eval_seed)
-        prompts, samples, _ = self.draw(jax.tree.map(lambda x: x[0], params), problems,
-                                        jax.random.split(jax.random.key(seed), num), self.settings.temperature,
-                                        self.settings.group_size)
         lines = [f"# {num} held-out problems, {self.settings.group_size} sampled completions each: score "
                  "(sigmoid: the model's probability the completion is right), verifier label"]
         for i, (prompt, reference) in enumerate(self.task.texts(problems)):
             lines.append(f"{prompt!r} (reference {reference!r})")
-            texts = self.policy.decode(samples.tokens[i])
+            texts = self.policy.decode(tokens[0, i])
             order = np.argsort(-scores[0, i])
             lines += [f"  {float(jax.nn.sigmoid(scores[0, i, g])):.3f} {int(labels[0, i, g])} {texts[g]!r}"
                       for g in order]
