@@ -10,9 +10,12 @@ counts the same tokens), from the same B chat prompts (the addition task's quest
 template, left-padded to the longest):
 
 - jaxrl: the jitted `sampling.sample_groups` (one prefill per prompt, shared by its group through the KV cache),
-  float32 weights dequantised from the GGUF file; timed after compilation, each call until the output is ready.
+  weights dequantised from the GGUF file (or read from a Hugging Face directory) in `--dtype`; timed after
+  compilation, each call until the output is ready.
 - transformers: `model.generate` on the prompt ids repeated G times ([B*G, P]), the model from its own GGUF loading
-  of the same file (float32), `do_sample=True`, top-k and top-p off, `min_new_tokens = max_new_tokens = N`.
+  of the same file or the same Hugging Face directory (`--dtype`, float32 by default; on a GPU, float32 matmuls at
+  TF32 as XLA's default precision computes them), `do_sample=True`, top-k and top-p off,
+  `min_new_tokens = max_new_tokens = N`.
 - llama.cpp (when `--llama-batched-bench` names its binary, built from a checkout of llama.cpp): its own batched
   benchmark on the same file with B*G parallel sequences sharing one prompt of P tokens (`-pps`), N tokens each,
   2 threads; its text-generation rate `S_TG`. It computes with the Q4_1 weights as stored (4-bit matmuls).
@@ -79,16 +82,26 @@ def transformers_rates(path: str, prompts, pad_id: int, args) -> list[float]:
     import torch
     import transformers
 
-    folder, file = os.path.split(path)
-    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32).eval()
-    ids = torch.from_numpy(np.asarray(prompts, np.int64)).repeat_interleave(args.group_size, dim=0)
+    dtype = getattr(torch, args.dtype)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = True  # float32 matmuls at TF32 on a GPU, as XLA's default precision
+    if os.path.isdir(path):
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    else:
+        folder, file = os.path.split(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=dtype)
+    model = model.to(device).eval()
+    ids = torch.from_numpy(np.asarray(prompts, np.int64)).repeat_interleave(args.group_size, dim=0).to(device)
     mask = (torch.cumsum((ids != pad_id).long(), dim=1) > 0).long()
 
     def call():
         with torch.no_grad():
-            return model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                  top_p=1.0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                                  pad_token_id=pad_id)
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                                 pad_token_id=pad_id)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return out
 
     call()  # warm-up
     return timed(call, args.repeats, ids.shape[0] * args.new_tokens)
@@ -115,16 +128,18 @@ def main():
     parser.add_argument("--group-size", type=int, default=8, help="G")
     parser.add_argument("--new-tokens", type=int, default=64, help="N")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="weights and compute, on every side")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--llama-batched-bench", default=None, help="llama.cpp's llama-batched-bench binary")
     args = parser.parse_args()
 
     path = installed.resolve(args.model) if args.model in installed.INSTALLED else args.model
-    lm = models.from_pretrained(path)
+    lm = models.from_pretrained(path, dtype=args.dtype, param_dtype=args.dtype)
     prompts = chat_prompts(lm, args.prompts)
     B, P = prompts.shape
-    print(f"{args.model}: {B} prompts x {args.group_size} completions x {args.new_tokens} tokens, prompts of "
-          f"{P} tokens; {machine()}, {datetime.date.today()}", flush=True)
+    print(f"{args.model} ({args.dtype}): {B} prompts x {args.group_size} completions x {args.new_tokens} tokens, "
+          f"prompts of {P} tokens; {machine()}, {datetime.date.today()}", flush=True)
     rates = {"jaxrl": jaxrl_rates(lm, prompts, args)}
     if not args.no_transformers:
         rates["transformers"] = transformers_rates(path, prompts, lm.pad_id, args)

@@ -55,6 +55,7 @@ def jaxrl_config(args):
     from jaxrl import algos
 
     config = lm_grpo.get_config("addition")
+    config.model.name = args.model
     config.task.kwargs.min_digits, config.task.kwargs.max_digits = 1, 2
     config.task.answer_marker = ""
     config.task.reply_length = args.new_tokens
@@ -84,15 +85,19 @@ def jaxrl_side(args) -> dict:
         tick = time.perf_counter()
         state, metrics = jax.block_until_ready(algo.run_chunk(state, run_hp, 1))
         times.append(time.perf_counter() - tick)
-    return {"seconds": times, "tokens": float(metrics["sampled_tokens"][0])}
+    stats = jax.devices()[0].memory_stats() or {}
+    out = {"seconds": times, "tokens": float(metrics["sampled_tokens"][0])}
+    if jax.devices()[0].platform == "gpu":
+        out["device_peak_gb"] = stats.get("peak_bytes_in_use", 0) / 2 ** 30
+    return out
 
 
-def export_model(directory: str | None = None) -> str:
-    """jaxrl's float32 Hugging Face export of MODEL (into `directory`, else a new temporary one): the weights TRL
+def export_model(model: str, directory: str | None = None) -> str:
+    """jaxrl's float32 Hugging Face export of `model` (into `directory`, else a new temporary one): the weights TRL
     and Tunix load."""
     from jaxrl import models
 
-    return models.save_pretrained(models.from_pretrained(MODEL), directory or tempfile.mkdtemp(prefix="lm_grpo_"))
+    return models.save_pretrained(models.from_pretrained(model), directory or tempfile.mkdtemp(prefix="lm_grpo_"))
 
 
 def questions(args) -> tuple[list[str], list[int]]:
@@ -120,7 +125,8 @@ def trl_side(args) -> dict:
     from trl import GRPOConfig, GRPOTrainer
 
     warnings.filterwarnings("ignore", category=FutureWarning)
-    export = export_model()
+    torch.backends.cuda.matmul.allow_tf32 = True  # on a GPU, float32 matmuls at TF32 as XLA's default precision
+    export = export_model(args.model)
     model = transformers.AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)
     tokenizer = transformers.AutoTokenizer.from_pretrained(export, padding_side="left")
     steps = args.warmup + args.steps
@@ -135,8 +141,9 @@ def trl_side(args) -> dict:
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     no_remat = {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": False}
     trl_config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="lm_grpo_trl_"), use_cpu=True, report_to="none", bf16=False, fp16=False,
-        **no_remat, use_vllm=False, seed=0, max_steps=steps, per_device_train_batch_size=args.prompts * args.group_size,
+        output_dir=tempfile.mkdtemp(prefix="lm_grpo_trl_"), use_cpu=not torch.cuda.is_available(), report_to="none",
+        bf16=False, fp16=False, **no_remat, use_vllm=False, seed=0, max_steps=steps,
+        per_device_train_batch_size=args.prompts * args.group_size,
         gradient_accumulation_steps=1, num_generations=args.group_size, num_iterations=1,
         max_completion_length=args.new_tokens, temperature=1.0, top_k=0, top_p=1.0, beta=0.0, epsilon=0.2,
         loss_type="dapo", scale_rewards="group", learning_rate=5e-6, lr_scheduler_type="constant", max_grad_norm=1.0,
@@ -145,7 +152,10 @@ def trl_side(args) -> dict:
     trainer = GRPOTrainer(model=model, reward_funcs=[correct], args=trl_config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[timer.callback])
     trainer.train()
-    return {"seconds": timer.times[args.warmup:]}
+    out = {"seconds": timer.times[args.warmup:]}
+    if torch.cuda.is_available():
+        out["device_peak_gb"] = torch.cuda.max_memory_allocated() / 2 ** 30
+    return out
 
 
 def prepare_tunix_inputs(args, directory: str) -> str:
@@ -154,7 +164,8 @@ def prepare_tunix_inputs(args, directory: str) -> str:
     prompts, targets = questions(args)
     path = os.path.join(directory, "inputs.json")
     with open(path, "w") as f:
-        json.dump({"model": export_model(os.path.join(directory, "model")), "prompts": prompts, "targets": targets}, f)
+        json.dump({"model": export_model(args.model, os.path.join(directory, "model")), "prompts": prompts,
+                   "targets": targets}, f)
     return path
 
 
@@ -261,8 +272,9 @@ RIVALS = {"trl": "TRL", "tunix": "Tunix"}
 
 def run_side(side: str, python: str, args, *extra: str) -> dict:
     """One side's RESULT, run by `python` in a process of its own."""
-    command = [python, __file__, f"--side={side}", f"--prompts={args.prompts}", f"--group-size={args.group_size}",
-               f"--new-tokens={args.new_tokens}", f"--steps={args.steps}", f"--warmup={args.warmup}", *extra]
+    command = [python, __file__, f"--side={side}", f"--model={args.model}", f"--prompts={args.prompts}",
+               f"--group-size={args.group_size}", f"--new-tokens={args.new_tokens}", f"--steps={args.steps}",
+               f"--warmup={args.warmup}", *extra]
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
@@ -272,6 +284,7 @@ def run_side(side: str, python: str, args, *extra: str) -> dict:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=MODEL, help="an installed name, a Hugging Face directory or a .gguf file")
     parser.add_argument("--prompts", type=int, default=8, help="B")
     parser.add_argument("--group-size", type=int, default=8, help="G")
     parser.add_argument("--new-tokens", type=int, default=48, help="N: the most tokens a completion may take")
@@ -290,7 +303,7 @@ def main():
         return
     from report import machine
 
-    print(f"{MODEL}: one GRPO step, {args.prompts} prompts x {args.group_size} completions of at most "
+    print(f"{args.model}: one GRPO step, {args.prompts} prompts x {args.group_size} completions of at most "
           f"{args.new_tokens} tokens; {machine()}, {datetime.date.today()}", flush=True)
     runs = [("jaxrl", sys.executable)] + ([] if args.no_trl else [("trl", sys.executable)])
     runs += [("tunix", args.tunix_python)] if args.tunix_python else []
@@ -299,8 +312,10 @@ def main():
         with tempfile.TemporaryDirectory(prefix="lm_grpo_") as scratch:  # the Tunix side's inputs, then gone
             extra = [f"--inputs={prepare_tunix_inputs(args, scratch)}"] if side == "tunix" else []
             r = results[side] = run_side(side, python, args, *extra)
-        print(f"{side:>6}: {statistics.median(r['seconds']):7.1f} s/step ({', '.join(f'{s:.1f}' for s in r['seconds'])}), "
-              f"peak memory {r['peak_rss_gb']:.1f} GB", flush=True)
+        device = f", GPU peak {r['device_peak_gb']:.1f} GB" if "device_peak_gb" in r else ""
+        times = ", ".join(f"{s:.2f}" for s in r["seconds"])
+        print(f"{side:>6}: {statistics.median(r['seconds']):7.2f} s/step ({times}), "
+              f"peak memory {r['peak_rss_gb']:.1f} GB{device}", flush=True)
     for side, name in RIVALS.items():
         if side in results:
             ratio = statistics.median(results[side]["seconds"]) / statistics.median(results["jaxrl"]["seconds"])

@@ -2,6 +2,7 @@
 
     python benchmarks/lm_learning.py                         # trains runs/lm_learning-full, then reports
     python benchmarks/lm_learning.py --lora                  # LoRA (rank 16) instead of every weight
+    python benchmarks/lm_learning.py --seeds 3               # three seeds in one program (vmapped): for a GPU
     python benchmarks/lm_learning.py --report runs/lm_learning-full   # report a finished (or running) run
 
 The run is experiments/lm_grpo.py:addition with the settings below (1-2 digit addition, 48-token replies, the
@@ -34,9 +35,9 @@ FULL = ["--config.optim.learning_rate=5e-6", "--config.total_steps=2816"]  # 44 
 LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=1408"]  # 22 updates
 
 
-def train(workdir: str, lora: bool) -> None:
+def train(workdir: str, lora: bool, seeds: int) -> None:
     command = [sys.executable, "-m", "jaxrl.train", "--config=experiments/lm_grpo.py:addition",
-               f"--workdir={workdir}", *FLAGS, *(LORA if lora else FULL)]
+               f"--workdir={workdir}", *FLAGS, *(LORA if lora else FULL), f"--config.num_seeds={seeds}"]
     print(" ".join(command), flush=True)
     subprocess.run(command, cwd=ROOT, check=True)
 
@@ -63,15 +64,23 @@ def start_evaluation(workdir: str, show: int = 6) -> tuple[float, list[str]]:
 
 
 def report(workdir: str) -> dict:
+    from jaxrl import metrics
+    from jaxrl.run import saved
+
+    seeds = saved.saved_config(os.path.join(workdir, "config.json")).num_seeds
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-    evaluated = [(r["update"], r["wall_time"] / 60, r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
+    evaluated = [(r["update"], r["wall_time"] / 60, metrics.per_seed(r, "eval_accuracy", seeds)) for r in rows
+                 if "eval_accuracy" in r]
     start, before = start_evaluation(workdir)
     from jaxrl.run import policies
 
     final = policies.evaluate_run(workdir)  # the newest checkpoint: the run's own evaluation, and its replies
     after = open(final["files"][0]).read().splitlines()[1:7]
-    result = {"workdir": workdir, "start_accuracy": start,
-              "curve": [{"update": u, "minutes": round(m, 1), "eval_accuracy": a} for u, m, a in evaluated],
+    from report import machine
+
+    result = {"workdir": workdir, "machine": machine(), "seeds": seeds, "start_accuracy": start,
+              "curve": [{"update": u, "minutes": round(m, 1), "eval_accuracy": sum(a) / len(a),
+                         **({"eval_accuracy_per_seed": a} if seeds > 1 else {})} for u, m, a in evaluated],
               "replies_before": before, "replies_after": after}
     print(json.dumps(result, indent=1))
     return result
@@ -80,15 +89,17 @@ def report(workdir: str) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (rank 16) instead of every weight")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds trained at once (config.num_seeds)")
     parser.add_argument("--report", default=None, help="report this run directory instead of training one")
     args = parser.parse_args()
-    workdir = args.report or os.path.join(ROOT, "runs", "lm_learning-lora" if args.lora else "lm_learning-full")
+    name = ("lora" if args.lora else "full") + (f"-{args.seeds}seeds" if args.seeds > 1 else "")
+    workdir = args.report or os.path.join(ROOT, "runs", f"lm_learning-{name}")
     if not args.report:
-        train(workdir, args.lora)
+        train(workdir, args.lora, args.seeds)
     result = report(workdir)
     out = os.path.join(ROOT, "benchmarks", "lm_learning.json")
     results = json.load(open(out)) if os.path.exists(out) else {}
-    results["lora" if "lora" in workdir else "full"] = result
+    results[os.path.basename(os.path.normpath(workdir)).removeprefix("lm_learning-")] = result
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
 
