@@ -14,6 +14,13 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
                    by cross-entropy against the step's Monte Carlo label (Math-Shepherd, Wang et al. 2024: the
                    share of K continuations from the prefix through that step that end right; the last step's
                    label is the outcome); a completion's score is its weakest step's
+    generative     a generative verifier: the model first writes a critique after the completion, its working
+                   (for an arithmetic answer, the value it computes: `7+1*18=25`), then its value head at the
+                   critique's end gives the verdict. The critique learns by cross-entropy against the working
+                   the task's own tools give (`critique_loss`); the verdict by cross-entropy on outcome labels,
+                   read after the critique the model itself writes (greedy, as when it scores). (GenRM, Zhang et
+                   al. 2024: verification as next-token prediction after a rationale; J1 and Critique-RL judge
+                   after a critique likewise.)
 
 Used as a reward, sigmoid(score) is the model's probability that the completion is right. Shapes: B prompts,
 G completions per prompt, N completion slots. With `axis_name` (the data axis, inside shard_map) a mean is this
@@ -28,9 +35,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from envs.text import judge
 from jaxrl import sampling
 
-OBJECTIVES = ("pairwise", "pointwise", "implicit", "process")
+OBJECTIVES = ("pairwise", "pointwise", "implicit", "process", "generative")
 
 
 def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -47,6 +55,13 @@ def _mean(total: jax.Array, count: jax.Array, axis_name: str | None) -> jax.Arra
         count = jax.lax.psum(count, axis_name)
         total = total * jax.lax.psum(1, axis_name)
     return total / jnp.maximum(count, 1.0)
+
+
+def critique_loss(log_probs: jax.Array, where: jax.Array, axis_name: str | None = None) -> jax.Array:
+    """A generative verifier's critique loss: the mean negative log-probability [...] of the slots `where` holds
+    (the critique's, teacher-forced), over every such slot."""
+    where = where.astype(log_probs.dtype)
+    return _mean(-jnp.sum(log_probs * where), jnp.sum(where), axis_name)
 
 
 def ordered_pairs(labels: jax.Array) -> jax.Array:
@@ -141,22 +156,45 @@ class Scorer:
     beta: float = 0.05
     pad_id: int = 0
     step_ends: object = None  # process models: completions [..., N] -> bool [..., N] (the task's `step_ends`)
+    eos_id: int = -1
+    opening: object = None  # generative models: a completion [N] -> its critique's forced prefix (ids [N + C], length)
 
     @classmethod
     def of(cls, model, objective: str, beta: float, task, vocab) -> "Scorer":
         """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
         step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
-        return cls(model, objective, beta, vocab.pad_id, step_ends)
+        opening = functools.partial(judge.opening, vocab=vocab) if objective == "generative" else None
+        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab.eos_id, opening)
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
         if self.objective == "implicit":
             return jnp.sum(self.token_rewards(variables, prompts, completions, mask), axis=-1)
-        _, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, completions, mask,
+        if self.objective == "generative":
+            return self.verdicts(variables, prompts, *self.critiqued(variables, prompts, completions))
+        return self.verdicts(variables, prompts, completions, mask)
+
+    def verdicts(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        """The value head's scores [B, G] of sequences [B, G, N] (mask [B, G, N]) after prompts [B, P]: at the last
+        real slot (process models: the weakest step's)."""
+        _, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, tokens, mask,
                                              self.pad_id)
         if self.objective == "process":
-            return weakest_step(values, step_slots(self.step_ends(completions)))
+            return weakest_step(values, step_slots(self.step_ends(tokens)))
         return completion_scores(values, mask)
+
+    def critiqued(self, variables: dict, prompts: jax.Array, completions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """A generative model's critiques: each completion [B, G, N] to prompts [B, P] opened (`judge.opening`) and
+        continued greedily by the model -> (tokens int32, mask float32), each [B, G, N + C]. No gradient flows
+        through the decoding."""
+        B, G, _ = completions.shape
+        forced, forced_len = jax.vmap(jax.vmap(self.opening))(completions)
+        flat = lambda x: x.reshape(B * G, *x.shape[2:])  # noqa: E731
+        samples = sampling.sample_groups_per_prompt(
+            self.model, {"params": jax.lax.stop_gradient(variables["params"])}, jnp.repeat(prompts, G, axis=0),
+            jax.random.split(jax.random.key(0), B * G), group_size=1, max_new_tokens=forced.shape[-1],
+            eos_id=self.eos_id, pad_id=self.pad_id, temperature=0.0, forced=flat(forced), forced_len=flat(forced_len))
+        return samples.tokens.reshape(B, G, -1), samples.mask.reshape(B, G, -1)
 
     def token_rewards(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """An implicit model's process rewards [B, G, N] (`implicit_rewards`): they sum to its scores."""

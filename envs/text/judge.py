@@ -88,3 +88,46 @@ class CountdownJudge(Task):
 
 
 TASKS.update({CountdownJudge.name: CountdownJudge})
+
+
+# -------------------------------------------------------------------------------------------------
+# Value critiques: a generative verifier's working on another model's completion (jaxrl.reward_models' `generative`)
+
+OPENING = "="  # written after a completion: what follows evaluates it
+# Values a critique writes: numerators and denominators below this (Countdown's, three numbers up to 25, stay within
+# 25^3); a larger or undefined value is written as nothing.
+CRITIQUE_MAGNITUDE = 100_000
+
+
+def critique_width() -> int:
+    """Slots a value critique adds after a completion of N: the opening "=" (when the completion has no EOS to
+    become it), the value and EOS."""
+    return tools.value_width(CRITIQUE_MAGNITUDE) + 2
+
+
+def _expression_length(completion: jax.Array, vocab: Vocab) -> jax.Array:
+    """The slots before a completion's EOS (all N when it has none)."""
+    is_eos = completion == vocab.eos_id
+    return jnp.where(jnp.any(is_eos), jnp.argmax(is_eos), completion.shape[0]).astype(jnp.int32)
+
+
+def opening(completion: jax.Array, vocab: Vocab) -> render.Piece:
+    """A completion [N] opened for its critique: its tokens before EOS, then "=" -> (ids [N + critique_width()],
+    length): the forced prefix a generative verifier continues with the value it computes."""
+    width = completion.shape[0] + critique_width()
+    return render.concat([(completion, _expression_length(completion, vocab)), render.char(OPENING, vocab)], width,
+                         vocab.pad_id)
+
+
+def value_critique(completion: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """The critique a generative verifier learns to write after a completion [N] read as an arithmetic
+    expression: `7+1*18=25` + EOS, the value as the calculator computes it (nothing where it is not an
+    expression or its value is out of `CRITIQUE_MAGNITUDE`) -> (ids [N + critique_width()], the opened length (where the critique starts), the total length)."""
+    length = _expression_length(completion, vocab)
+    calc = tools.calculator(completion, length, vocab)
+    value_ids, value_length = tools.render_value(calc, tools.value_width(CRITIQUE_MAGNITUDE), vocab)
+    written = ~calc.error & (jnp.abs(calc.numerator) < CRITIQUE_MAGNITUDE) & (calc.denominator < CRITIQUE_MAGNITUDE)
+    ids, total = render.concat([(completion, length), render.char(OPENING, vocab),
+                                (value_ids, jnp.where(written, value_length, 0)),
+                                render.token(vocab.eos_id)], completion.shape[0] + critique_width(), vocab.pad_id)
+    return ids, length + 1, total

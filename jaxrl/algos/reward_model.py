@@ -8,7 +8,8 @@ scratch at config.model's sizes (reading the sampler's tokenizer). One update, p
 
     B training problems -> G completions each from the sampler (at sampling.temperature, in evaluation too)
     -> labels: 1 where the task's verifier accepts the completion (process models: Monte Carlo labels per step)
-    -> scores (`reward_models.Scorer`) -> the objective (`reward_model.objective`) -> Adam on the reward model
+    -> scores (`reward_models.Scorer`; a generative model first writes its critique after each completion, greedy)
+    -> the objective (`reward_model.objective`) -> Adam on the reward model
 
 Both copies live in the parameters, {"params": reward model, "sampler": sampler}; the optimiser leaves the sampler
 alone. Evaluation draws G completions for each of a fixed set of held-out problems and reports how the scores
@@ -23,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +33,7 @@ import optax
 from ml_collections import ConfigDict
 
 from envs import text
+from envs.text import judge
 from jaxrl import engine, files, knobs, mesh as mesh_lib, reward_models, sampling
 from jaxrl.algos import registry
 from jaxrl.algos.group import GROUP_SIZE
@@ -44,12 +47,15 @@ from jaxrl.reward_models import scoring
 from jaxrl.mesh import DATA_AXIS
 
 OBJECTIVE = Knob("reward_model.objective", "pairwise", "how the reward model learns from outcome labels: pairwise "
-                 "(Bradley-Terry on each prompt's correct and incorrect completions), pointwise (cross-entropy), or "
-                 "implicit (PRIME: the score is beta * the log-ratio of the model to the sampler; cross-entropy)",
+                 "(Bradley-Terry on each prompt's correct and incorrect completions), pointwise (cross-entropy), "
+                 "implicit (PRIME: the score is beta * the log-ratio of the model to the sampler; cross-entropy), "
+                 "process (step values against Monte Carlo labels) or generative (a critique, then the verdict)",
                  choices=reward_models.OBJECTIVES)
 BETA = Knob("reward_model.beta", 0.05, "implicit reward models: the log-ratio's scale", above=0.0)
 SAMPLER = Knob("reward_model.sampler", "", "the text run (SFT or GRPO) whose completions the reward model learns to "
                "judge; '': init_from, whose weights the reward model then also starts from")
+CRITIQUE_WEIGHT = Knob("reward_model.critique_weight", 1.0, "generative reward models: the critique's cross-entropy "
+                       "beside the verdict's", minimum=0.0)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -64,6 +70,7 @@ class RewardModelSettings:
     sampler: str = SAMPLER.field()
     beta: float = BETA.field()
     continuations: int = CONTINUATIONS.field()
+    critique_weight: float = CRITIQUE_WEIGHT.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -78,6 +85,23 @@ class RewardModelSettings:
 def sampler(params) -> dict:
     """The frozen sampler's variables in a run's parameters."""
     return {"params": params["sampler"]}
+
+
+class Labelled(NamedTuple):
+    """One update's labelled completions: prompts [B, P]; tokens, mask [B, G, N'] (generative models: each
+    completion with the critique the model wrote after it, N' = N + C); labels [B, G]; process models: step labels
+    and their slots [B, G, N]; generative models: the taught critiques (tokens, real slots, the critique's slots)
+    [B, G, N + C]. What an objective does not use is None."""
+
+    prompts: jax.Array
+    tokens: jax.Array
+    mask: jax.Array
+    labels: jax.Array
+    step_labels: jax.Array | None = None
+    step_slots: jax.Array | None = None
+    taught: jax.Array | None = None
+    taught_real: jax.Array | None = None
+    taught_critique: jax.Array | None = None
 
 
 class RewardModel:
@@ -127,19 +151,38 @@ class RewardModel:
                                                     group_size=group_size, temperature=temperature, **self.decoding)
         return prompts, samples, self.labels(problems, samples.tokens)
 
-    def loss(self, params, batch, hp: TextHyperparams):
-        prompts, tokens, mask, labels, step_labels, step_slots = batch
+    def loss(self, params, batch: "Labelled", hp: TextHyperparams):
+        prompts, tokens, mask, labels = batch.prompts, batch.tokens, batch.mask, batch.labels
+        extra = {}
         if self.settings.objective == "process":  # each step's value against its Monte Carlo label
             _, _, values = sampling.score_groups(self.model, scoring(params, "process"), prompts, tokens, mask,
                                                  self.vocab.pad_id)
-            loss = reward_models.pointwise_loss(values, step_labels, axis_name=DATA_AXIS, where=step_slots)
-            scores = reward_models.weakest_step(values, step_slots)
+            loss = reward_models.pointwise_loss(values, batch.step_labels, axis_name=DATA_AXIS,
+                                                where=batch.step_slots)
+            scores = reward_models.weakest_step(values, batch.step_slots)
+        elif self.settings.objective == "generative":  # the verdict after its own critique; the critique taught
+            scores = self.scorer.verdicts(scoring(params, "generative"), prompts, tokens, mask)
+            verdict_loss = reward_models.pointwise_loss(scores, labels, axis_name=DATA_AXIS)
+            log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), prompts,
+                                                    batch.taught, batch.taught_real, self.vocab.pad_id)
+            critique_loss = reward_models.critique_loss(log_probs, batch.taught_critique, axis_name=DATA_AXIS)
+            loss = verdict_loss + self.settings.critique_weight * critique_loss
+            extra = {"verdict_loss": verdict_loss, "critique_loss": critique_loss,
+                     "critique_exact": engine.global_mean(jnp.all(tokens == batch.taught, axis=-1))}
         else:
             scores = self.scorer(scoring(params, self.settings.objective), prompts, tokens, mask)
             loss = reward_models.objective_loss(self.settings.objective, scores, labels, axis_name=DATA_AXIS)
         accuracy, _ = reward_models.ranking_accuracy(scores, labels, axis_name=DATA_AXIS)
         return loss, {"loss": loss, "ranking_accuracy": accuracy,
-                      "labelled_correct": engine.global_mean(labels)}
+                      "labelled_correct": engine.global_mean(labels), **extra}
+
+    def taught_critiques(self, completions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The critiques a generative model learns to write after completions [B, G, N] (`judge.value_critique`):
+        (tokens int32, real float32, critique float32: the critique's own slots), each [B, G, N + C]."""
+        ids, start, total = jax.vmap(jax.vmap(functools.partial(judge.value_critique, vocab=self.vocab)))(completions)
+        slot = jnp.arange(ids.shape[-1])
+        real = slot < total[..., None]
+        return ids, real.astype(jnp.float32), (real & (slot >= start[..., None])).astype(jnp.float32)
 
     def step_labels(self, params, problems, prompts: jax.Array, tokens: jax.Array, labels: jax.Array,
                     keys: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -178,13 +221,18 @@ class RewardModel:
         keys = mesh_lib.per_item_keys(sample_key, problems.target.shape[0])
         prompts, samples, labels = self.draw(state.params, problems, keys, self.settings.temperature,
                                              self.settings.group_size)
-        step_labels = step_slots = jnp.zeros(samples.tokens.shape)
+        batch = Labelled(prompts, samples.tokens, samples.mask, labels)
         if self.settings.objective == "process":
             step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, 1)
             step_labels, step_slots = self.step_labels(state.params, problems, prompts, samples.tokens, labels,
                                                        step_keys)
+            batch = batch._replace(step_labels=step_labels, step_slots=step_slots)
+        if self.settings.objective == "generative":
+            own, own_mask = self.scorer.critiqued(scoring(state.params, "generative"), prompts, samples.tokens)
+            taught, real, critique = self.taught_critiques(samples.tokens)
+            batch = batch._replace(tokens=own, mask=own_mask, taught=taught, taught_real=real,
+                                   taught_critique=critique)
         optimizer = self.optimizer(hp, state.update_step)
-        batch = (prompts, samples.tokens, samples.mask, labels, step_labels, step_slots)
         params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state, batch, hp)
         return TextState(params, opt_state, key, state.update_step + 1), metrics
 
@@ -219,8 +267,14 @@ class RewardModel:
         """`scored_completions.txt`: held-out problems, the sampler's completions, their scores and labels."""
         scores, labels, tokens = jax.device_get(self._heldout(params, jax.random.key(seed), num))
         problems = self.task.heldout(num, seed=self.eval_seed)
+        what = "completion"
+        if self.settings.objective == "generative":  # show each completion with the critique the model writes
+            first = scoring(jax.tree.map(lambda x: x[0], params), "generative")
+            tokens = jax.device_get(jax.jit(self.whole_scorer.critiqued)(first, self.task.prompts(problems, self.vocab),
+                                                                         tokens[0])[0])[None]
+            what = "completion=the model's critique"
         lines = [f"# {num} held-out problems, {self.settings.group_size} sampled completions each: score "
-                 "(sigmoid: the model's probability the completion is right), verifier label"]
+                 f"(sigmoid: the model's probability the completion is right), verifier label, {what}"]
         for i, (prompt, reference) in enumerate(self.task.texts(problems)):
             lines.append(f"{prompt!r} (reference {reference!r})")
             texts = self.policy.decode(tokens[0, i])
