@@ -38,4 +38,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.eval.every_steps = 12_800
     config.eval.episodes = 512
     config.checkpoint.every_steps = 12_800
+    if task == "countdown_refine":  # roles: each turn learns from its own role's reward, against the group's same turn
+        config.advantage.estimator, config.advantage.turn_gamma = "turn_grpo", 0.0
     return config_lib.finalize(config)

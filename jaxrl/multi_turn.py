@@ -160,7 +160,7 @@ def _play(model, params, task, vocab, problems, prompts, member_keys, temperatur
     _, carry = jax.lax.while_loop(keep_going, body, (jnp.int32(0), carry))
     attend, buffers = carry[1], carry[8]
     mask = buffers["mask"].astype(jnp.float32)
-    turns = buffers["turns"]
+    turns = task.credit(buffers["turns"])
     return Episodes(buffers["tokens"], buffers["log_probs"], mask, attend, buffers.get("values"), turns,
                     episode_rewards(turns))
 
@@ -182,10 +182,11 @@ def first_slots(mask: jax.Array, task) -> jax.Array:
 
 def summary(turns: dict) -> dict[str, jax.Array]:
     """Per-episode metrics [B, G] from `Episodes.turns`: turns taken, tool calls, tool errors, solved, the turn
-    solved at (K + 1 if not)."""
+    solved at (K + 1 if not), and each turn's reward (`turn_rewards` [B, G, K]: in a task of roles, each role's)."""
     taken = turns["taken"].sum(-1)
     solved_at = jnp.where(turns["solved"].any(-1), jnp.argmax(turns["solved"], -1) + 1, turns["solved"].shape[-1] + 1)
     return {"turns": taken.astype(jnp.float32), "tool_calls": turns["tool_call"].sum(-1).astype(jnp.float32),
             "tool_errors": turns["tool_error"].sum(-1).astype(jnp.float32),
-            "solved": turns["solved"].any(-1).astype(jnp.float32), "solved_at": solved_at}
+            "solved": turns["solved"].any(-1).astype(jnp.float32), "solved_at": solved_at,
+            "turn_rewards": turns["reward"]}
 

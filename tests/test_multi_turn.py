@@ -220,8 +220,9 @@ def test_the_kv_cache_across_turns_gives_the_logits_of_reencoding_the_conversati
     np.testing.assert_allclose(scored, episodes.log_probs, atol=2e-5)
 
 
-def test_rewards_replayed_from_the_tokens_equal_the_loop_s():
-    task, vocab, _, _, problems, _, episodes = _episodes("lookup")
+@pytest.mark.parametrize("task_name", ["lookup", "countdown_refine"])
+def test_rewards_replayed_from_the_tokens_equal_the_loop_s(task_name):
+    task, vocab, _, _, problems, _, episodes = _episodes(task_name)
     B, G, N = episodes.tokens.shape
     repeated = jax.tree.map(lambda x: jnp.repeat(x, G, axis=0), problems)
     np.testing.assert_array_equal(task.rewards(repeated, episodes.tokens.reshape(B * G, N), vocab),
@@ -229,6 +230,45 @@ def test_rewards_replayed_from_the_tokens_equal_the_loop_s():
     outcome = task.replay(repeated, episodes.tokens.reshape(B * G, N), vocab)
     for name in multi_turn.TURN_FIELDS:
         np.testing.assert_array_equal(outcome[name], episodes.turns[name].reshape(B * G, -1), err_msg=name)
+
+
+def _refinement(task, vocab, turns: list[str]) -> jax.Array:
+    """One episode [N] in the slot layout: each turn's text with EOS, each environment answer a pad (replay
+    answers for itself)."""
+    blocks = [jnp.concatenate([_turn(task, vocab, t), jnp.full((task.observation_length,), vocab.pad_id)])
+              for t in turns]
+    return jnp.concatenate(blocks)
+
+
+@pytest.mark.parametrize("critic_reward", ["revision", "verdict"])
+def test_a_refinement_episode_routes_each_role_its_reward(critic_reward):
+    task = text.make_task("countdown_refine", num_numbers=2, critic_reward=critic_reward)
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    problem = task.sample(jax.random.key(0), 1, "train")
+    a, b = (int(x) for x in np.asarray(problem.numbers[0]))
+    target = int(problem.target[0])
+    expressions = (f"{a}+{b}", f"{a}-{b}", f"{b}-{a}", f"{a}*{b}", f"{a}/{b}", f"{b}/{a}")
+    right = next(e for e in expressions if eval(e) == target)
+    wrong = next(e for e in expressions if eval(e) != target)
+    cases = {  # (answer, critique, revision) -> rewards by turn: actor, critic, actor
+        "wrong, judged wrong, revised right": ((wrong, "0N", right), (0, 1, 1), (0, 1, 1)),
+        "right, judged wrong, revised wrong": ((right, "0N", wrong), (1, 0, 0), (1, 0, 0)),
+        "wrong, judged right, revised right": ((wrong, "0Y", right), (0, 1, 1), (0, 0, 1)),
+        "right, judged right, kept": ((right, f"{target}Y", right), (1, 1, 1), (1, 1, 1)),
+    }
+    episodes = jnp.stack([_refinement(task, vocab, turns) for turns, _, _ in cases.values()])
+    problems = jax.tree.map(lambda x: jnp.repeat(x, len(cases), axis=0), problem)
+    outcome = task.replay(problems, episodes, vocab)
+    column = 1 if critic_reward == "revision" else 2
+    expected = np.array([case[column] for case in cases.values()], np.float32)
+    np.testing.assert_array_equal(outcome["reward"], expected)
+    np.testing.assert_array_equal(outcome["solved"][:, -1], expected[:, 2] > 0)
+    # with no discount between turns, each turn's advantage is against the group's same turn: the critic's by its
+    # own reward alone (the revision's success for CTRL, its verdict's truth for critique RL)
+    per_turn = advantages.turn_advantages("turn_grpo", jnp.asarray(expected)[None], outcome["taken"][None],
+                                          outcome["anchor"][None], gamma=0.0)[0]
+    critic = expected[:, 1]
+    np.testing.assert_allclose(per_turn[:, 1], (critic - critic.mean()) / (critic.std() + 1e-6), rtol=1e-5)
 
 
 def test_gigpo_on_a_hand_worked_group():

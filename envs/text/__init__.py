@@ -11,6 +11,7 @@ See `envs.text.tasks` for the prompt formats, the held-out split and the verifie
 
 from envs.text.chat import ChatTask, ChatTurns, DatasetTask, ModelVocab
 from envs.text.judge import CountdownJudge
+from envs.text.refine import CountdownRefine
 from envs.text.tasks import (SPLITS, TASKS, Arithmetic, Countdown, Problems, Task, addition, corpus,
                              make_task, multiplication, split_hash, task_options)
 from envs.text.turns import MULTI_TURN_TASKS, MultiTurnTask, Reply, episode_rewards
@@ -20,7 +21,7 @@ from envs.text.verify import ExpressionError, check_countdown, parse_expression
 
 __all__ = [
     "ALPHABET", "MULTI_TURN_TASKS", "SPECIALS", "SPLITS", "TASKS", "Arithmetic", "ChatTask", "ChatTurns", "Countdown",
-    "CountdownJudge", "DatasetTask",
+    "CountdownJudge", "CountdownRefine", "DatasetTask",
     "ExpressionError", "ModelVocab", "MultiTurnTask", "Problems", "Reply", "Task", "Vocab", "addition",
     "check_countdown", "corpus", "decode", "encode", "episode_rewards", "load_tokenizer", "make_task", "multiplication",
     "parse_expression", "save_tokenizer", "split_hash", "task_options", "train_tokenizer",

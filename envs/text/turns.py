@@ -98,6 +98,11 @@ class MultiTurnTask(Task):
         """The demonstrator's next turn (without EOS) in `state`: what `reference_answers` plays."""
         raise NotImplementedError
 
+    def credit(self, turns: dict) -> dict:
+        """Per-turn outcomes (`replay`'s, leaves [..., K]) with each reward at the turn it credits: a task whose turn
+        earns a reward known only later (a critic's, by the revision after it) moves it there. Default: as played."""
+        return turns
+
     # A task played on a single-turn task's problems sets `base` (that Task): its problems, difficulty and prompt
     # are the base's unless the subclass defines them.
     base: Task | None = None
@@ -167,7 +172,7 @@ class MultiTurnTask(Task):
             _, out = jax.lax.scan(turn, (state, anchor, like_problem(problem, jnp.bool_(False))),
                                   jnp.arange(self.max_turns))
             return out
-        return jax.vmap(one)(problems, episodes)
+        return self.credit(jax.vmap(one)(problems, episodes))
 
     def rewards(self, problems, completions, vocab):
         """float32 [B, 2] (correct, well_formed) of whole episodes [B, N], re-played (`replay`)."""

@@ -1,0 +1,120 @@
+"""Critique-guided refinement: one model in two roles within one episode (CTRL, Xie et al. 2025; Critique-GRPO,
+Zhang et al. 2025). The actor answers, the critic judges the answer, the actor revises:
+
+    7 1 18>25=  7-1+18|?  18N|!  7+1*18|=
+    prompt      answer    critique (value, verdict)   revision (and the environment's last word: = right, ! wrong)
+
+`countdown_refine` turns, each ended by EOS (`|` above) and answered by one environment token:
+- turn 0, the actor: an expression, answered `?` (the critic's turn);
+- turn 1, the critic: the answer's value and a verdict, Y (it reaches the target by the rules) or N, answered `!`
+  (revise); with `critic=False` there is no such turn (revision without a critique, the baseline);
+- the last turn, the actor again: the revised (or repeated) expression, which ends the episode.
+
+Each turn's reward is its role's (`credit`), so turn-level advantages with no discount between turns
+(`advantage=turn_grpo`, `turn_gamma=0`) train each role on its own reward, against the group's same turn:
+- the actor's turns: whether that answer is right (the revision's is the episode's success);
+- the critic's turn (`critic_reward`): `revision` (CTRL: whether the revision after its critique is right), or
+  `verdict` (critique RL, J1: whether its verdict is right, the task's verifier knowing).
+
+The demonstrator (for a supervised warm start) answers with a candidate that is wrong on about `wrong_share` of
+problems (the reference with its operators redrawn: `countdown_judge`'s candidates), critiques it truthfully and
+revises to the reference.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from envs.text import render, tools
+from envs.text.judge import CRITIQUE_MAGNITUDE, VERDICTS, CountdownJudge
+from envs.text.tasks import TASKS
+from envs.text.tokenizer import ALPHABET, Vocab
+from envs.text.turns import ERROR, MULTI_TURN_TASKS, MultiTurnTask, Reply, _pad_piece, _reaches, _text_of
+
+CRITIQUE, REVISE = "?", ERROR  # the environment's cues for the critic's turn and the revision
+CRITIC_REWARDS = ("revision", "verdict")
+
+
+class CountdownRefine(MultiTurnTask):
+    """Countdown answered, critiqued and revised in one episode (see the module docstring)."""
+
+    name = "countdown_refine"
+    alphabet = ALPHABET + CRITIQUE + REVISE + VERDICTS
+    instructions = ("Reach the target (after >) with the given numbers, each at most once, and + - * / with "
+                    "parentheses. After ?, judge the last answer: its value, then Y if it is right or N. After !, "
+                    "give your final expression.")
+
+    def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
+                 max_target: int = 100, critic: bool = True, critic_reward: str = "revision",
+                 wrong_share: float = 0.5, split_seed: int = 0):
+        super().__init__(split_seed)
+        if critic_reward not in CRITIC_REWARDS:
+            raise ValueError(f"critic_reward must be one of {', '.join(CRITIC_REWARDS)}, got {critic_reward!r}")
+        self.judge = CountdownJudge(num_numbers, min_number, max_number, min_target, max_target, wrong_share,
+                                    split_seed)
+        self.base = self.judge.base
+        self.critic, self.critic_reward = bool(critic), critic_reward
+        self.max_turns = 3 if self.critic else 2
+        self.value_width = tools.value_width(CRITIQUE_MAGNITUDE)
+        self.prompt_length = self.base.prompt_length
+        self.turn_length = max(self.base.expression_length, self.value_width + 1) + 1
+        self.observation_length = 1
+
+    @property
+    def critic_turn(self) -> int:
+        """The critic's turn (-1: none)."""
+        return 1 if self.critic else -1
+
+    def start(self, problem):
+        return jnp.bool_(False), jnp.int32(0)  # (whether the first answer was right), anchor
+
+    def _answer(self, problem, turn, vocab: Vocab):
+        """(right, well_formed) of an expression turn, by Countdown's rule."""
+        length, _ = _text_of(turn, vocab)
+        calc = tools.calculator(turn, length, vocab)
+        rule = tools.uses_given_numbers(calc, problem.numbers, self.base.use_all)
+        return _reaches(calc, problem.target) & rule, ~calc.error
+
+    def _verdict(self, turn, first_right, vocab: Vocab):
+        """(right, well_formed) of a critique turn: its last token before EOS is Y or N, and Y exactly when the
+        first answer was right."""
+        length, ended = _text_of(turn, vocab)
+        said = turn[jnp.maximum(length - 1, 0)]
+        said_right, said_wrong = said == vocab.id_of(VERDICTS[0]), said == vocab.id_of(VERDICTS[1])
+        formed = ended & (length > 0) & (said_right | said_wrong)
+        return formed & (said_right == first_right), formed
+
+    def respond(self, problem, state, turn, turn_index, vocab):
+        right, formed = self._answer(problem, turn, vocab)
+        verdict_right, verdict_formed = self._verdict(turn, state, vocab)
+        critiquing = turn_index == self.critic_turn
+        last = turn_index == self.max_turns - 1
+        reward = jnp.where(critiquing, verdict_right & (self.critic_reward == "verdict"), right)
+        cue = jnp.where(last, jnp.where(right, vocab.id_of("="), vocab.id_of(ERROR)),
+                        jnp.where((turn_index == 0) & self.critic, vocab.id_of(CRITIQUE), vocab.id_of(REVISE)))
+        observation, length = self._observe([render.token(cue)], vocab)
+        no = jnp.bool_(False)
+        return Reply(jnp.where(turn_index == 0, right, state), observation, length, reward.astype(jnp.float32),
+                     last, jnp.where(critiquing, verdict_formed, formed), no, no, last & right,
+                     jnp.asarray(turn_index + 1, jnp.int32))
+
+    def credit(self, turns: dict) -> dict:
+        """CTRL's critic reward: the critic's turn earns the revision's success (known one turn later)."""
+        if not (self.critic and self.critic_reward == "revision"):
+            return turns
+        revised = (turns["solved"][..., -1] & turns["taken"][..., 1]).astype(turns["reward"].dtype)
+        return {**turns, "reward": turns["reward"].at[..., 1].set(revised)}
+
+    def demonstrate(self, problem, state, turn_index, vocab):
+        width = self.turn_length
+        candidate = _pad_piece(self.judge.candidate(problem, vocab), width, vocab)
+        value, verdict = self.judge._answer_pieces(problem, vocab)  # the candidate's value and its verdict
+        critique = render.concat([value, verdict], width, vocab.pad_id)
+        reference = _pad_piece(self.base._answer_pieces(problem, vocab)[0], width, vocab)
+        pick = [candidate, critique, reference] if self.critic else [candidate, reference]
+        return jax.tree.map(lambda *xs: jnp.stack(xs)[jnp.asarray(turn_index)], *pick)
+
+
+MULTI_TURN_TASKS[CountdownRefine.name] = CountdownRefine
+TASKS[CountdownRefine.name] = CountdownRefine
