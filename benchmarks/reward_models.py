@@ -19,7 +19,10 @@ the reward models start from it too:
 3. Critique RL: a judge of Countdown solutions (`countdown_judge`: the candidate's value as its critique, then a
    verdict) warm-started by SFT on 6,400 demonstrations, then GRPO on the verdict's correctness for 32,000
    completions, 3 seeds: held-out judging accuracy before and after.
-4. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
+4. Critique-guided refinement (`countdown_refine`): SFT on 192,000 demonstration episodes (answer, truthful
+   critique, revision to the reference), then GRPO for 32,000 episodes, 3 seeds, each role advantaged by its own
+   reward; the same without the critique turn (`critic=False`): the revision's held-out success, with and without.
+5. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
    continuations) and an outcome reward model, each from the SFT run, on 256,000 labelled completions each; on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
    (the most common final result), a random pick and pass@16.
@@ -45,6 +48,7 @@ JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--
          "--config.eval.every_steps=128000", "--config.checkpoint.every_steps=64000"]
 GRPO = ["--config.total_steps=64000", "--config.eval.every_steps=16000", "--config.eval.pass_k=0",
         f"--config.num_seeds={SEEDS}"]
+NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
 # name -> (experiment, init_from run or None, flags); in the order they run
 RUNS = {
     "sft": ("text_sft.py:countdown", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
@@ -53,6 +57,12 @@ RUNS = {
     "grpo_learned": ("text_grpo.py:countdown", "sft", [*GRPO, "--config.reward.model_weight=1.0"]),
     "sft_judge": ("text_sft.py:countdown_judge", None, ["--config.total_steps=6400", "--config.eval.pass_k=0"]),
     "grpo_judge": ("text_grpo.py:countdown_judge", "sft_judge", [*GRPO[1:], "--config.total_steps=32000"]),
+    "sft_refine": ("text_sft.py:countdown_refine", None, ["--config.total_steps=192000", "--config.eval.pass_k=0"]),
+    "sft_revise": ("text_sft.py:countdown_refine", None, ["--config.total_steps=192000", "--config.eval.pass_k=0",
+                                                          *NO_CRITIC]),
+    "grpo_refine": ("text_grpo.py:countdown_refine", "sft_refine", [*GRPO[1:], "--config.total_steps=32000"]),
+    "grpo_revise": ("text_grpo.py:countdown_refine", "sft_revise", [*GRPO[1:], "--config.total_steps=32000",
+                                                                    *NO_CRITIC]),
     "sft_steps": ("text_sft.py:countdown_steps", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
     "prm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", [
         "--config.total_steps=256000", "--config.reward_model.objective=process", *JUDGE]),
@@ -130,6 +140,19 @@ def main():
                   markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
                                                           ["then GRPO on the verdict, 32,000 completions",
                                                            fmt_ci(after, (0, 1))]]), ""]
+    if all(done(name) for name in ("sft_refine", "sft_revise", "grpo_refine", "grpo_revise")):
+        lines += ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
+                  "", "One model answers, critiques its answer (the value, then Y or N) and revises "
+                  "(`countdown_refine`); the baseline revises without the critique turn (`critic=False`). "
+                  "GRPO: 32,000 episodes, each role's turn advantaged by its own reward (CTRL's for the critic: "
+                  "the revision's success).", "", markdown_table(
+                      ["run", "first answer right", "revision right"],
+                      [[label, fmt_ci(seed_values(summary, "eval_turn1_reward"), (0, 1)),
+                        fmt_ci(seed_values(summary, "eval_success"), (0, 1))]
+                       for label, summary in (("SFT, with the critique", evaluated(args.runs_dir, "sft_refine")),
+                                              ("SFT, without", evaluated(args.runs_dir, "sft_revise")),
+                                              ("GRPO, with the critique", evaluated(args.runs_dir, "grpo_refine")),
+                                              ("GRPO, without", evaluated(args.runs_dir, "grpo_revise")))]), ""]
     if done("prm_steps") and done("orm_steps"):
         picked = reranking(args.runs_dir)
         lines += ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)", "",
