@@ -156,22 +156,21 @@ class Scorer:
     beta: float = 0.05
     pad_id: int = 0
     step_ends: object = None  # process models: completions [..., N] -> bool [..., N] (the task's `step_ends`)
-    eos_id: int = -1
-    opening: object = None  # generative models: a completion [N] -> its critique's forced prefix (ids [N + C], length)
+    vocab: object = None  # generative models: the `envs.text.Vocab` their critiques are written in
+    goal_width: int = 0  # generative models: slots of the goal hidden from the critique, shown after it (0: none)
 
     @classmethod
     def of(cls, model, objective: str, beta: float, task, vocab) -> "Scorer":
         """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
         step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
-        opening = functools.partial(judge.opening, vocab=vocab) if objective == "generative" else None
-        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab.eos_id, opening)
+        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task))
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
         if self.objective == "implicit":
             return jnp.sum(self.token_rewards(variables, prompts, completions, mask), axis=-1)
         if self.objective == "generative":
-            return self.verdicts(variables, prompts, *self.critiqued(variables, prompts, completions))
+            return self.verdicts(variables, *self.critiqued(variables, prompts, completions))
         return self.verdicts(variables, prompts, completions, mask)
 
     def verdicts(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
@@ -183,18 +182,29 @@ class Scorer:
             return weakest_step(values, step_slots(self.step_ends(tokens)))
         return completion_scores(values, mask)
 
-    def critiqued(self, variables: dict, prompts: jax.Array, completions: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """A generative model's critiques: each completion [B, G, N] to prompts [B, P] opened (`judge.opening`) and
-        continued greedily by the model -> (tokens int32, mask float32), each [B, G, N + C]. No gradient flows
-        through the decoding."""
+    def judged_prompts(self, prompts: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+        """A generative model's view of prompts [B, P]: their goal hidden (`judge.hide_goal`), and the goals."""
+        if not self.goal_width:
+            return prompts, (jnp.zeros((prompts.shape[0], 0), prompts.dtype), jnp.zeros(prompts.shape[0], jnp.int32))
+        return jax.vmap(functools.partial(judge.hide_goal, vocab=self.vocab, width=self.goal_width))(prompts)
+
+    def critiqued(self, variables: dict, prompts: jax.Array, completions: jax.Array):
+        """A generative model's critiques: each completion [B, G, N] to prompts [B, P] opened (`judge.opening`),
+        continued greedily by the model with the prompt's goal hidden, then the goal shown (`judge.closing`) ->
+        (the prompts as the model sees them [B, P], tokens int32 [B, G, W], mask float32 [B, G, W]), W = N + C +
+        the goal's width: what `verdicts` reads. No gradient flows through the decoding."""
         B, G, _ = completions.shape
-        forced, forced_len = jax.vmap(jax.vmap(self.opening))(completions)
+        seen, goals = self.judged_prompts(prompts)
+        forced, forced_len = jax.vmap(jax.vmap(functools.partial(judge.opening, vocab=self.vocab)))(completions)
         flat = lambda x: x.reshape(B * G, *x.shape[2:])  # noqa: E731
         samples = sampling.sample_groups_per_prompt(
-            self.model, {"params": jax.lax.stop_gradient(variables["params"])}, jnp.repeat(prompts, G, axis=0),
+            self.model, {"params": jax.lax.stop_gradient(variables["params"])}, jnp.repeat(seen, G, axis=0),
             jax.random.split(jax.random.key(0), B * G), group_size=1, max_new_tokens=forced.shape[-1],
-            eos_id=self.eos_id, pad_id=self.pad_id, temperature=0.0, forced=flat(forced), forced_len=flat(forced_len))
-        return samples.tokens.reshape(B, G, -1), samples.mask.reshape(B, G, -1)
+            eos_id=self.vocab.eos_id, pad_id=self.pad_id, temperature=0.0, forced=flat(forced),
+            forced_len=flat(forced_len))
+        close = lambda critique, goal: judge.closing(critique, goal, self.vocab)  # noqa: E731
+        tokens, length = jax.vmap(jax.vmap(close, (0, None)))(samples.tokens.reshape(B, G, -1), goals)
+        return seen, tokens, (jnp.arange(tokens.shape[-1]) < length[..., None]).astype(jnp.float32)
 
     def token_rewards(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """An implicit model's process rewards [B, G, N] (`implicit_rewards`): they sum to its scores."""

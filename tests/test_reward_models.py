@@ -140,6 +140,24 @@ def test_a_value_critique_opens_the_completion_and_writes_its_value(completion, 
     assert _text(vocab, forced, forced_len) == critique[:critique.index("=") + 1]
 
 
+def test_the_goal_is_hidden_from_the_critique_and_shown_after_it():
+    from envs import text
+    from envs.text import judge
+
+    vocab = text.Vocab.from_alphabet(text.ALPHABET)
+    prompt = jnp.asarray([vocab.pad_id, vocab.pad_id] + [vocab.id_of(c) for c in "1 7 18>25="], jnp.int32)
+    seen, goal = judge.hide_goal(prompt, vocab, width=4)
+    assert _text(vocab, [i for i in np.asarray(seen) if i != vocab.pad_id], 99) == "1 7 18="
+    assert _text(vocab, goal[0], goal[1]) == ">25"
+    critique, _, total = judge.value_critique(_ids(vocab, "7+1*18$", 10), vocab)
+    closed, length = judge.closing(critique, goal, vocab)
+    assert _text(vocab, closed, length) == "7+1*18=25>25$"
+    no_goal = jnp.asarray([vocab.id_of(c) for c in "12+30="], jnp.int32)  # (an arithmetic prompt: nothing hidden)
+    seen, goal = judge.hide_goal(no_goal, vocab, width=4)
+    np.testing.assert_array_equal(seen, no_goal)
+    assert int(goal[1]) == 0
+
+
 def test_critique_loss_by_hand():
     log_probs = jnp.log(jnp.array([[0.5, 0.25, 0.9], [0.125, 1.0, 1.0]]))
     where = jnp.array([[0, 1, 1], [1, 0, 0]])  # the critique's slots
@@ -334,8 +352,12 @@ def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(count
     model = algo.parts
     prompts = model.task.prompts(model.task.heldout(2, seed=model.eval_seed), model.vocab)
     completions = jnp.stack([_ids(model.vocab, "12+30$", 8), _ids(model.vocab, "30-12$", 8)])[:, None]
-    tokens, mask = model.whole_scorer.critiqued(scoring(params, "generative"), prompts, completions)
-    assert [model.vocab.text(t) for t in tokens[:, 0]][0].startswith("12+30=")
+    seen, tokens, mask = model.whole_scorer.critiqued(scoring(params, "generative"), prompts, completions)
+    target = str(int(model.task.heldout(2, seed=model.eval_seed).target[0]))
+    critique = model.vocab.text(tokens[0, 0])
+    # the critique is written with the target hidden, then the target is shown: `12+30=<value>><target>`
+    assert critique.startswith("12+30=") and critique.endswith(">" + target), critique
+    assert model.vocab.id_of(">") not in np.asarray(seen).tolist()[0]
     scores = model.whole_scorer(scoring(params, "generative"), prompts, completions, (completions > 0) * 1.0)
-    np.testing.assert_allclose(scores, model.whole_scorer.verdicts(scoring(params, "generative"), prompts, tokens,
-                                                                   mask), rtol=1e-5)
+    np.testing.assert_allclose(scores, model.whole_scorer.verdicts(scoring(params, "generative"), seen, tokens, mask),
+                               rtol=1e-5)

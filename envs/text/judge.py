@@ -99,6 +99,36 @@ OPENING = "="  # written after a completion: what follows evaluates it
 CRITIQUE_MAGNITUDE = 100_000
 
 
+GOAL = ">"  # a prompt's goal follows this mark (Countdown's target): a critique is written before it is shown
+
+
+def goal_width(task) -> int:
+    """Slots of the goal a task's prompts end with (`>` and Countdown's target digits); 0: no goal to hide."""
+    digits = getattr(task, "target_digits", 0)
+    return 1 + digits if digits else 0
+
+
+def hide_goal(prompt: jax.Array, vocab: Vocab, width: int) -> tuple[jax.Array, render.Piece]:
+    """A left-padded prompt [P] whose goal a critique must not see: the GOAL mark and what follows it, up to the
+    prompt's last token (Countdown's `>25` in `1 7 18>25=`) -> (the prompt with those slots pad, the goal (ids
+    [width], length)). Without the mark: the prompt whole and an empty goal. A critique that saw the target could
+    copy it instead of computing (a small judge does)."""
+    P = prompt.shape[0]
+    is_mark = prompt == vocab.id_of(GOAL)
+    start = jnp.where(is_mark.any(), jnp.argmax(is_mark), P - 1)
+    hidden = (jnp.arange(P) >= start) & (jnp.arange(P) < P - 1)
+    goal = jnp.roll(prompt, -start)[:width]
+    return jnp.where(hidden, vocab.pad_id, prompt), (goal, jnp.minimum(P - 1 - start, width))
+
+
+def closing(critique: jax.Array, goal: render.Piece, vocab: Vocab) -> render.Piece:
+    """A critique [W] (a completion, "=", the value, EOS) with the goal shown after it, where the verdict is read:
+    `7+1*18=25` + `>25` + EOS -> (ids [W + goal width], length)."""
+    length = jnp.where(jnp.any(critique == vocab.eos_id), jnp.argmax(critique == vocab.eos_id), critique.shape[0])
+    return render.concat([(critique, length), goal, render.token(vocab.eos_id)], critique.shape[0] + goal[0].shape[0],
+                         vocab.pad_id)
+
+
 def critique_width() -> int:
     """Slots a value critique adds after a completion of N: the opening "=" (when the completion has no EOS to
     become it), the value and EOS."""
@@ -122,7 +152,8 @@ def opening(completion: jax.Array, vocab: Vocab) -> render.Piece:
 def value_critique(completion: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The critique a generative verifier learns to write after a completion [N] read as an arithmetic
     expression: `7+1*18=25` + EOS, the value as the calculator computes it (nothing where it is not an
-    expression or its value is out of `CRITIQUE_MAGNITUDE`) -> (ids [N + critique_width()], the opened length (where the critique starts), the total length)."""
+    expression or its value is out of `CRITIQUE_MAGNITUDE`) -> (ids [N + critique_width()], the opened length (where
+    the critique starts), the total length)."""
     length = _expression_length(completion, vocab)
     calc = tools.calculator(completion, length, vocab)
     value_ids, value_length = tools.render_value(calc, tools.value_width(CRITIQUE_MAGNITUDE), vocab)

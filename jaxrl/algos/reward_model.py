@@ -91,7 +91,7 @@ class Labelled(NamedTuple):
     """One update's labelled completions: prompts [B, P]; tokens, mask [B, G, N'] (generative models: each
     completion with the critique the model wrote after it, N' = N + C); labels [B, G]; process models: step labels
     and their slots [B, G, N]; generative models: the taught critiques (tokens, real slots, the critique's slots)
-    [B, G, N + C]. What an objective does not use is None."""
+    [B, G, N + C] and whether the model's own matches. What an objective does not use is None."""
 
     prompts: jax.Array
     tokens: jax.Array
@@ -102,6 +102,7 @@ class Labelled(NamedTuple):
     taught: jax.Array | None = None
     taught_real: jax.Array | None = None
     taught_critique: jax.Array | None = None
+    critique_exact: jax.Array | None = None  # bool [B, G]: the model's own critique is the taught one
 
 
 class RewardModel:
@@ -161,14 +162,15 @@ class RewardModel:
                                                 where=batch.step_slots)
             scores = reward_models.weakest_step(values, batch.step_slots)
         elif self.settings.objective == "generative":  # the verdict after its own critique; the critique taught
-            scores = self.scorer.verdicts(scoring(params, "generative"), prompts, tokens, mask)
+            seen, _ = self.scorer.judged_prompts(prompts)  # (the goal hidden from the critique)
+            scores = self.scorer.verdicts(scoring(params, "generative"), seen, tokens, mask)
             verdict_loss = reward_models.pointwise_loss(scores, labels, axis_name=DATA_AXIS)
-            log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), prompts,
+            log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), seen,
                                                     batch.taught, batch.taught_real, self.vocab.pad_id)
             critique_loss = reward_models.critique_loss(log_probs, batch.taught_critique, axis_name=DATA_AXIS)
             loss = verdict_loss + self.settings.critique_weight * critique_loss
             extra = {"verdict_loss": verdict_loss, "critique_loss": critique_loss,
-                     "critique_exact": engine.global_mean(jnp.all(tokens == batch.taught, axis=-1))}
+                     "critique_exact": engine.global_mean(batch.critique_exact)}
         else:
             scores = self.scorer(scoring(params, self.settings.objective), prompts, tokens, mask)
             loss = reward_models.objective_loss(self.settings.objective, scores, labels, axis_name=DATA_AXIS)
@@ -228,10 +230,12 @@ class RewardModel:
                                                        step_keys)
             batch = batch._replace(step_labels=step_labels, step_slots=step_slots)
         if self.settings.objective == "generative":
-            own, own_mask = self.scorer.critiqued(scoring(state.params, "generative"), prompts, samples.tokens)
+            _, own, own_mask = self.scorer.critiqued(scoring(state.params, "generative"), prompts, samples.tokens)
             taught, real, critique = self.taught_critiques(samples.tokens)
+            _, goals = self.scorer.judged_prompts(prompts)
+            closed, _ = jax.vmap(jax.vmap(functools.partial(judge.closing, vocab=self.vocab), (0, None)))(taught, goals)
             batch = batch._replace(tokens=own, mask=own_mask, taught=taught, taught_real=real,
-                                   taught_critique=critique)
+                                   taught_critique=critique, critique_exact=jnp.all(own == closed, axis=-1))
         optimizer = self.optimizer(hp, state.update_step)
         params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state, batch, hp)
         return TextState(params, opt_state, key, state.update_step + 1), metrics
@@ -271,8 +275,8 @@ class RewardModel:
         if self.settings.objective == "generative":  # show each completion with the critique the model writes
             first = scoring(jax.tree.map(lambda x: x[0], params), "generative")
             tokens = jax.device_get(jax.jit(self.whole_scorer.critiqued)(first, self.task.prompts(problems, self.vocab),
-                                                                         tokens[0])[0])[None]
-            what = "completion=the model's critique"
+                                                                         tokens[0])[1])[None]
+            what = "completion=the model's critique (the goal shown after it)"
         lines = [f"# {num} held-out problems, {self.settings.group_size} sampled completions each: score "
                  f"(sigmoid: the model's probability the completion is right), verifier label, {what}"]
         for i, (prompt, reference) in enumerate(self.task.texts(problems)):
