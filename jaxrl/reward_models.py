@@ -15,8 +15,9 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
                    share of K continuations from the prefix through that step that end right; the last step's
                    label is the outcome); a completion's score is its weakest step's
     generative     a generative verifier: the model first writes a critique after the completion, its working
-                   (for an arithmetic answer, the value it computes: `7+1*18=25`), then its value head at the
-                   critique's end gives the verdict. The critique learns by cross-entropy against the working
+                   (for an arithmetic answer, the value it computes: `7+1*18=25`) with the prompt's goal hidden
+                   (Countdown's target, which it could copy instead), then, shown the goal, its value head gives
+                   the verdict. The critique learns by cross-entropy against the working
                    the task's own tools give (`critique_loss`); the verdict by cross-entropy on outcome labels,
                    read after the critique the model itself writes (greedy, as when it scores). (GenRM, Zhang et
                    al. 2024: verification as next-token prediction after a rationale; J1 and Critique-RL judge
