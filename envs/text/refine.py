@@ -11,7 +11,8 @@ Zhang et al. 2025). The actor answers, the critic judges the answer, the actor r
 - the last turn, the actor again: the revised (or repeated) expression, which ends the episode.
 
 Each turn's reward is its role's (`credit`), so turn-level advantages with no discount between turns
-(`advantage.estimator=turn_grpo`, `advantage.turn_gamma=0`) train each role on its own reward, against the group's same turn:
+(`advantage.estimator=turn_grpo`, `advantage.turn_gamma=0`) train each role on its own reward, against the
+group's same turn:
 - the actor's turns: whether that answer is right (the revision's is the episode's success);
 - the critic's turn (`critic_reward`): `revision` (CTRL: whether the revision after its critique is right), or
   `verdict` (critique RL, J1: whether its verdict is right, the task's verifier knowing).
