@@ -233,7 +233,7 @@ TEXT_REWARD_MODEL = """
 import sys; sys.path.insert(0, "tests")
 from helpers import load_experiment
 config = load_experiment("text_reward_model", "addition")
-config.num_prompts, config.group.size, config.reward_model.objective = 16, 4, "pointwise"
+config.num_prompts, config.group.size, config.reward_model.objective = 16, 4, "generative"  # (its critiques too)
 config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
 config.total_steps = 16 * 4 * 6
 num_seeds = 2
