@@ -361,3 +361,13 @@ def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(count
     scores = model.whole_scorer(scoring(params, "generative"), prompts, completions, (completions > 0) * 1.0)
     np.testing.assert_allclose(scores, model.whole_scorer.verdicts(scoring(params, "generative"), seen, tokens, mask),
                                rtol=1e-5)
+
+
+def test_a_generative_model_on_answers_that_are_not_expressions_is_refused_before_compiling():
+    config = load_experiment("text_reward_model", "countdown_steps")
+    config.init_from, config.reward_model.objective = "runs/sft", "generative"
+    with pytest.raises(ValueError, match="generative critiques an answer by its value: task.name=countdown_steps"):
+        algos.validate(config)
+    config = load_experiment("text_reward_model", "countdown")
+    config.init_from, config.reward_model.objective = "runs/sft", "generative"
+    algos.validate(config)  # (countdown's answers are expressions)

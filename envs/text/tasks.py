@@ -89,6 +89,7 @@ class Task:
     reward_names: tuple[str, ...] = REWARD_NAMES
     host_verifier: bool = False
     alphabet: str = ALPHABET  # every character its prompts and answers use (the tokenizer's base vocabulary)
+    expression_answers: bool = False  # its answers are arithmetic expressions the calculator evaluates
 
     def __init__(self, split_seed: int = 0):
         self.split_seed = int(split_seed)
@@ -203,6 +204,8 @@ class Arithmetic(Task):
     """`a <op> b =` with operands of `min_digits..max_digits` digits (the digit count is drawn uniformly
     first, so short and long operands are equally common). Answers are the canonical decimal result."""
 
+    expression_answers = True  # (a number)
+
     def __init__(self, op: str, name: str, min_digits: int, max_digits: int, split_seed: int = 0):
         super().__init__(split_seed)
         if op not in "+*" or len(op) != 1:
@@ -283,6 +286,7 @@ class Countdown(Task):
     """
 
     name = "countdown"
+    expression_answers = True
     host_verifier = True
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25,
@@ -370,6 +374,7 @@ class CountdownSteps(Countdown):
 
     name = "countdown_steps"
     alphabet = ALPHABET + STEP_SEPARATOR
+    expression_answers = False  # (steps, not one expression)
 
     def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
                  max_target: int = 100, use_all: bool = False, split_seed: int = 0):

@@ -372,6 +372,11 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
         steps = sorted(name for name, task in text.TASKS.items() if hasattr(task, "step_ends"))
         raise ValueError(f"reward_model.objective=process labels the steps of answers: task.name="
                          f"{config.task.name} is answered in one piece; tasks answered in steps: {', '.join(steps)}")
+    if config.reward_model.objective == "generative" and (config.model.name or not text.make_task(
+            config.task.name, **config.task.kwargs).expression_answers):
+        raise ValueError(f"reward_model.objective=generative critiques an answer by its value: task.name="
+                         f"{config.task.name}{' with a pretrained model' if config.model.name else ''} is not answered "
+                         "by one arithmetic expression (addition, multiplication and countdown are)")
     if config.reward_model.objective == "process" and config.model.name:
         raise ValueError("reward_model.objective=process: pretrained models' chat replies are not split into steps "
                          "yet; train it on the small transformer")
