@@ -334,14 +334,15 @@ def test_a_reward_model_of_its_own_size_judges_another_run_s_samples(countdown_s
 
 
 def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(countdown_sft_run, tmp_path):
-    config = reward_model_config(countdown_sft_run, 2_048)
+    config = reward_model_config(countdown_sft_run, 1_536)
     config.reward_model.objective = "generative"
     config.optim.learning_rate = 3e-3
     config.log.every_steps, config.eval.episodes = 512, 16
     rows = train.run(config, str(tmp_path / "run")).metrics
     first, last = rows[0], rows[-1]
     # the critique (`a op b=value`) is taught by cross-entropy, the verdict read after the model's own critique:
-    # both fall (measured 2.14 -> 1.54 and 0.65 -> 0.51; this one-layer model computes few values exactly)
+    # both fall (measured 2.14 -> 1.53 and 0.65 -> 0.54 over these 12 updates; this one-layer model computes few
+    # values exactly)
     assert last["critique_loss"] < 0.85 * first["critique_loss"]
     assert last["verdict_loss"] < first["verdict_loss"] - 0.05
     assert 0.0 <= last["eval_ranking_accuracy"] <= 1.0 and last["eval_best_of_n"] <= last["eval_pass@8"]
@@ -352,15 +353,12 @@ def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(count
     model = algo.parts
     prompts = model.task.prompts(model.task.heldout(2, seed=model.eval_seed), model.vocab)
     completions = jnp.stack([_ids(model.vocab, "12+30$", 8), _ids(model.vocab, "30-12$", 8)])[:, None]
-    seen, tokens, mask = model.whole_scorer.critiqued(scoring(params, "generative"), prompts, completions)
+    seen, tokens, _ = jax.jit(model.whole_scorer.critiqued)(scoring(params, "generative"), prompts, completions)
     target = str(int(model.task.heldout(2, seed=model.eval_seed).target[0]))
     critique = model.vocab.text(tokens[0, 0])
     # the critique is written with the target hidden, then the target is shown: `12+30=<value>><target>`
     assert critique.startswith("12+30=") and critique.endswith(">" + target), critique
     assert model.vocab.id_of(">") not in np.asarray(seen).tolist()[0]
-    scores = model.whole_scorer(scoring(params, "generative"), prompts, completions, (completions > 0) * 1.0)
-    np.testing.assert_allclose(scores, model.whole_scorer.verdicts(scoring(params, "generative"), seen, tokens, mask),
-                               rtol=1e-5)
 
 
 def test_a_generative_model_on_answers_that_are_not_expressions_is_refused_before_compiling():
