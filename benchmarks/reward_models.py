@@ -17,7 +17,7 @@ the reward models start from it too:
    alone (reward.model_weight=1): held-out greedy accuracy gained over the SFT run, and the learned reward against
    the verifier's during training (the plot).
 3. Critique RL: a judge of Countdown solutions (`countdown_judge`: the candidate's value as its critique, then a
-   verdict) warm-started by SFT on 6,400 demonstrations, then GRPO on the verdict's correctness for 32,000
+   verdict) warm-started by SFT on 6,400 demonstrations, then GRPO on the verdict's correctness for 128,000
    completions, 3 seeds: held-out judging accuracy before and after.
 4. Critique-guided refinement (`countdown_refine`): SFT on 192,000 demonstration episodes (answer, truthful
    critique, revision to the reference), then GRPO for 32,000 episodes, 3 seeds, each role advantaged by its own
@@ -56,7 +56,7 @@ RUNS = {
     "grpo_verifier": ("text_grpo.py:countdown", "sft", GRPO),
     "grpo_learned": ("text_grpo.py:countdown", "sft", [*GRPO, "--config.reward.model_weight=1.0"]),
     "sft_judge": ("text_sft.py:countdown_judge", None, ["--config.total_steps=6400", "--config.eval.pass_k=0"]),
-    "grpo_judge": ("text_grpo.py:countdown_judge", "sft_judge", [*GRPO[1:], "--config.total_steps=32000"]),
+    "grpo_judge": ("text_grpo.py:countdown_judge", "sft_judge", [*GRPO[1:], "--config.total_steps=128000"]),
     "sft_refine": ("text_sft.py:countdown_refine", None, ["--config.total_steps=192000", "--config.eval.pass_k=0"]),
     "sft_revise": ("text_sft.py:countdown_refine", None, ["--config.total_steps=192000", "--config.eval.pass_k=0",
                                                           *NO_CRITIC]),
@@ -138,7 +138,7 @@ def main():
         after = seed_values(evaluated(args.runs_dir, "grpo_judge"), "eval_accuracy")
         lines += ["### Critique RL: judging Countdown solutions (held-out, greedy)", "",
                   markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
-                                                          ["then GRPO on the verdict, 32,000 completions",
+                                                          ["then GRPO on the verdict, 128,000 completions",
                                                            fmt_ci(after, (0, 1))]]), ""]
     if all(done(name) for name in ("sft_refine", "sft_revise", "grpo_refine", "grpo_revise")):
         lines += ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
