@@ -16,7 +16,8 @@ WIN_KEYS = ("win_rate", "eval_win_rate")
 ACCURACY_KEYS = ("token_accuracy", "eval_accuracy")
 # What a person watches: per-seed lists in metrics.jsonl, the progress bar, the run's printed summary.
 HEADLINE_KEYS = ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy", "eval_success", "eval_turns",
-                 "solved", "turns", "tool_error_rate")
+                 "solved", "turns", "tool_error_rate", "eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
+                 "eval_sampled_accuracy")
 # What ranks evaluated policies (checkpoint.keep_best), the first an evaluation reports; higher is better.
 EVAL_SCORE_KEYS = ("eval_win_rate", "eval_accuracy", "eval_return")
 
