@@ -37,6 +37,8 @@ import sys
 
 import numpy as np
 
+from jaxrl.sweep import confidence_interval
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
@@ -130,7 +132,9 @@ def main():
                   markdown_table(["reward", "held-out greedy accuracy gained over SFT"],
                                  [["the verifier", fmt_ci(gains["grpo_verifier"])],
                                   ["the reward model alone", fmt_ci(gains["grpo_learned"])]]),
-                  "", f"The reward model's run gains {ratio:.2f} of the verifier's.", "",
+                  "", f"The reward model's run gains {ratio:.2f} of the verifier's." if confidence_interval(
+                      gains["grpo_verifier"])[1] > 0 else "The verifier's own run gains nothing measurable at this "
+                  "budget (its interval holds 0), so the share is undefined.", "",
                   "![learned and true reward during GRPO](reward_models.png)", ""]
         plot(args.runs_dir)
     if done("sft_judge") and done("grpo_judge"):
