@@ -124,7 +124,7 @@ def hide_goal(prompt: jax.Array, vocab: Vocab, width: int) -> tuple[jax.Array, r
 def closing(critique: jax.Array, goal: render.Piece, vocab: Vocab) -> render.Piece:
     """A critique [W] (a completion, "=", the value, EOS) with the goal shown after it, where the verdict is read:
     `7+1*18=25` + `>25` + EOS -> (ids [W + goal width], length)."""
-    length = jnp.where(jnp.any(critique == vocab.eos_id), jnp.argmax(critique == vocab.eos_id), critique.shape[0])
+    length, _ = render.before_eos(critique, vocab.eos_id)
     return render.concat([(critique, length), goal, render.token(vocab.eos_id)], critique.shape[0] + goal[0].shape[0],
                          vocab.pad_id)
 
@@ -135,18 +135,12 @@ def critique_width() -> int:
     return tools.value_width(CRITIQUE_MAGNITUDE) + 2
 
 
-def _expression_length(completion: jax.Array, vocab: Vocab) -> jax.Array:
-    """The slots before a completion's EOS (all N when it has none)."""
-    is_eos = completion == vocab.eos_id
-    return jnp.where(jnp.any(is_eos), jnp.argmax(is_eos), completion.shape[0]).astype(jnp.int32)
-
-
 def opening(completion: jax.Array, vocab: Vocab) -> render.Piece:
     """A completion [N] opened for its critique: its tokens before EOS, then "=" -> (ids [N + critique_width()],
     length): the forced prefix a generative verifier continues with the value it computes."""
     width = completion.shape[0] + critique_width()
-    return render.concat([(completion, _expression_length(completion, vocab)), render.char(OPENING, vocab)], width,
-                         vocab.pad_id)
+    return render.concat([(completion, render.before_eos(completion, vocab.eos_id)[0]), render.char(OPENING, vocab)],
+                         width, vocab.pad_id)
 
 
 def value_critique(completion: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -154,7 +148,7 @@ def value_critique(completion: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.
     expression: `7+1*18=25` + EOS, the value as the calculator computes it (nothing where it is not an
     expression or its value is out of `CRITIQUE_MAGNITUDE`) -> (ids [N + critique_width()], the opened length (where
     the critique starts), the total length)."""
-    length = _expression_length(completion, vocab)
+    length, _ = render.before_eos(completion, vocab.eos_id)
     calc = tools.calculator(completion, length, vocab)
     value_ids, value_length = tools.render_value(calc, tools.value_width(CRITIQUE_MAGNITUDE), vocab)
     written = ~calc.error & (jnp.abs(calc.numerator) < CRITIQUE_MAGNITUDE) & (calc.denominator < CRITIQUE_MAGNITUDE)

@@ -31,7 +31,7 @@ from envs.text import render, tools
 from envs.text.judge import CRITIQUE_MAGNITUDE, VERDICTS, CountdownJudge
 from envs.text.tasks import TASKS
 from envs.text.tokenizer import ALPHABET, Vocab
-from envs.text.turns import ERROR, MULTI_TURN_TASKS, MultiTurnTask, Reply, _pad_piece, _reaches, _text_of
+from envs.text.turns import ERROR, MULTI_TURN_TASKS, MultiTurnTask, Reply, countdown_answer
 
 CRITIQUE, REVISE = "?", ERROR  # the environment's cues for the critic's turn and the revision
 CRITIC_REWARDS = ("revision", "verdict")
@@ -70,24 +70,17 @@ class CountdownRefine(MultiTurnTask):
     def start(self, problem):
         return jnp.bool_(False), jnp.int32(0)  # (whether the first answer was right), anchor
 
-    def _answer(self, problem, turn, vocab: Vocab):
-        """(right, well_formed) of an expression turn, by Countdown's rule."""
-        length, _ = _text_of(turn, vocab)
-        calc = tools.calculator(turn, length, vocab)
-        rule = tools.uses_given_numbers(calc, problem.numbers, self.base.use_all)
-        return _reaches(calc, problem.target) & rule, ~calc.error
-
     def _verdict(self, turn, first_right, vocab: Vocab):
         """(right, well_formed) of a critique turn: its last token before EOS is Y or N, and Y exactly when the
         first answer was right."""
-        length, ended = _text_of(turn, vocab)
+        length, ended = render.before_eos(turn, vocab.eos_id)
         said = turn[jnp.maximum(length - 1, 0)]
         said_right, said_wrong = said == vocab.id_of(VERDICTS[0]), said == vocab.id_of(VERDICTS[1])
         formed = ended & (length > 0) & (said_right | said_wrong)
         return formed & (said_right == first_right), formed
 
     def respond(self, problem, state, turn, turn_index, vocab):
-        right, formed = self._answer(problem, turn, vocab)
+        right, formed = countdown_answer(problem, turn, vocab, self.base.use_all)
         verdict_right, verdict_formed = self._verdict(turn, state, vocab)
         critiquing = turn_index == self.critic_turn
         last = turn_index == self.max_turns - 1
@@ -109,10 +102,10 @@ class CountdownRefine(MultiTurnTask):
 
     def demonstrate(self, problem, state, turn_index, vocab):
         width = self.turn_length
-        candidate = _pad_piece(self.judge.candidate(problem, vocab), width, vocab)
+        candidate = render.widen(self.judge.candidate(problem, vocab), width, vocab.pad_id)
         value, verdict = self.judge._answer_pieces(problem, vocab)  # the candidate's value and its verdict
         critique = render.concat([value, verdict], width, vocab.pad_id)
-        reference = _pad_piece(self.base._answer_pieces(problem, vocab)[0], width, vocab)
+        reference = render.widen(self.base._answer_pieces(problem, vocab)[0], width, vocab.pad_id)
         pick = [candidate, critique, reference] if self.critic else [candidate, reference]
         return jax.tree.map(lambda *xs: jnp.stack(xs)[jnp.asarray(turn_index)], *pick)
 

@@ -67,6 +67,20 @@ def concat(pieces: Sequence[Piece], width: int, pad_id: int) -> Piece:
     return jnp.where(p < ends[-1], out, pad_id), ends[-1]
 
 
+def before_eos(ids: jnp.ndarray, eos_id: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """ids [..., T] -> (int32 [...]: the slots before the first EOS, all T where there is none; bool [...]: there
+    is one)."""
+    is_eos = ids == eos_id
+    ended = is_eos.any(-1)
+    return jnp.where(ended, jnp.argmax(is_eos, -1), ids.shape[-1]).astype(jnp.int32), ended
+
+
+def widen(piece: Piece, width: int, pad_id: int) -> Piece:
+    """The piece with its ids padded to `width` slots (width >= its ids')."""
+    ids, length = piece
+    return jnp.pad(ids, (0, width - ids.shape[0]), constant_values=pad_id), length
+
+
 def align_right(piece: Piece, pad_id: int) -> jnp.ndarray:
     """ids [W]: a left-packed piece moved to the right end, padded on the left (the prompt layout, so
     that generation continues right after the last prompt token)."""
@@ -84,11 +98,10 @@ def parse_decimal(completions: jnp.ndarray, vocab: Vocab, max_len: int):
     (longer strings would overflow int32, and are never a right answer of `max_len` digits).
     """
     t = completions.shape[-1]
-    is_eos = completions == vocab.eos_id
-    length = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, -1), t)
+    length, ended = before_eos(completions, vocab.eos_id)
     digit = jnp.take(jnp.asarray(vocab.digit_values), completions, mode="fill", fill_value=-1)
     inside = jnp.arange(t) < length[..., None]
-    well_formed = is_eos.any(-1) & (length >= 1) & jnp.all(~inside | (digit >= 0), axis=-1)
+    well_formed = ended & (length >= 1) & jnp.all(~inside | (digit >= 0), axis=-1)
     exponent = jnp.clip(length[..., None] - 1 - jnp.arange(t), 0, min(max_len, 9))
     value = jnp.sum(jnp.where(inside, digit * jnp.asarray(_POW10)[exponent], 0), axis=-1)
     return value, length, well_formed

@@ -206,12 +206,6 @@ def _select(done, a, b):
     return jax.tree.map(lambda x, y: jnp.where(done, x, y), a, b)
 
 
-def _text_of(turn: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.Array]:
-    """(length of the text before EOS, ended: the turn has an EOS)."""
-    eos = turn == vocab.eos_id
-    return jnp.where(eos.any(), jnp.argmax(eos), turn.shape[0]), eos.any()
-
-
 def _parse_number(turn: jax.Array, start, vocab: Vocab, max_digits: int):
     """(value, well_formed) of `<digits><EOS>` from column `start` of the turn (no leading zero but "0")."""
     shifted = jnp.roll(turn, -start)
@@ -321,7 +315,7 @@ class ToolTask(MultiTurnTask):
 
     def _tool_reply(self, problem, turn, vocab):
         """(observation, its length, tool_call, tool_error) of a turn that calls a tool."""
-        length, _ = _text_of(turn, vocab)
+        length, _ = render.before_eos(turn, vocab.eos_id)
         body = jnp.where(jnp.arange(turn.shape[0]) < length - 1, jnp.roll(turn, -1), vocab.pad_id)
         error_piece = render.char(ERROR, vocab)
         no = jnp.bool_(False)
@@ -390,10 +384,7 @@ class CountdownTools(ToolTask):
         self.observation_length = tools.value_width(max_number ** num_numbers + 1)
 
     def _check(self, problem, turn, vocab):
-        length, _ = _text_of(turn, vocab)
-        calc = tools.calculator(turn, length, vocab)
-        rule = tools.uses_given_numbers(calc, problem.numbers, self.base.use_all)
-        return _reaches(calc, problem.target) & rule, ~calc.error
+        return countdown_answer(problem, turn, vocab, self.base.use_all)
 
     def demonstrate(self, problem, state, turn_index, vocab):
         """Without the calculator, the reference expression. With it, a search: the demonstration checks candidate
@@ -412,7 +403,7 @@ class CountdownTools(ToolTask):
         pick = lambda k: jax.tree.map(lambda a: a[k], candidates)  # noqa: E731
         check = render.concat([render.char(CALCULATOR, vocab), pick(jnp.minimum(state, first_hit))],
                               self.turn_length, vocab.pad_id)
-        answer = _pad_piece(pick(first_hit), self.turn_length, vocab)
+        answer = render.widen(pick(first_hit), self.turn_length, vocab.pad_id)
         return jax.tree.map(lambda c, a: jnp.where(state <= first_hit, c, a), check, answer)
 
     def _candidates(self, problem, vocab) -> Piece:
@@ -438,9 +429,12 @@ def _reaches(calc: tools.Calculation, target: jax.Array) -> jax.Array:
     return ~calc.error & (calc.denominator == 1) & (calc.numerator == target)
 
 
-def _pad_piece(piece: Piece, width: int, vocab: Vocab) -> Piece:
-    ids, length = piece
-    return jnp.pad(ids, (0, width - ids.shape[0]), constant_values=vocab.pad_id), length
+def countdown_answer(problem: Problems, turn: jax.Array, vocab: Vocab, use_all: bool = False):
+    """(right, well_formed) of a turn [T] answering a Countdown problem with an expression (its text before EOS):
+    it reaches the target by the rule (`tools.uses_given_numbers`), and it parses."""
+    length, _ = render.before_eos(turn, vocab.eos_id)
+    calc = tools.calculator(turn, length, vocab)
+    return _reaches(calc, problem.target) & tools.uses_given_numbers(calc, problem.numbers, use_all), ~calc.error
 
 
 class Lookup(ToolTask):
@@ -503,7 +497,7 @@ class Lookup(ToolTask):
         compute = render.concat([render.char(CALCULATOR, vocab), render.number(a, self.value_digits, vocab),
                                  render.token(jnp.asarray(vocab.ids_of("+-*/"))[op]),
                                  render.number(b, self.value_digits, vocab)], width, vocab.pad_id)
-        answer = _pad_piece(render.number(problem.target, self.answer_digits, vocab), width, vocab)
+        answer = render.widen(render.number(problem.target, self.answer_digits, vocab), width, vocab.pad_id)
         choices = [look(keys[i]), look(keys[j]), compute, answer]
         step = jnp.minimum(state, 3)
         return jax.tree.map(lambda *xs: jnp.stack(xs)[step], *choices)
