@@ -15,6 +15,7 @@ table): one registry per stage (generate, filter, control, replay), a config lin
 
 from ml_collections import ConfigDict
 
+from envs import text
 from experiments.text_sft import model_length, task_kwargs
 from jaxrl import algos, config as config_lib
 
@@ -38,6 +39,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     config.eval.every_steps = 12_800
     config.eval.episodes = 512
     config.checkpoint.every_steps = 12_800
-    if task == "countdown_refine":  # roles: each turn learns from its own role's reward, against the group's same turn
+    if getattr(text.TASKS.get(task), "roles", ()):  # each turn learns its own role's reward, against the group's
         config.advantage.estimator, config.advantage.turn_gamma = "turn_grpo", 0.0
     return config_lib.finalize(config)

@@ -187,6 +187,14 @@ def test_a_multi_turn_task_is_played_and_trained_through_the_chat_template(tiny_
     assert shown.startswith("512\n<|im_start|>user\n") and "<|im_start|>assistant\n" in shown
     vocab = text.ModelVocab(config_spec.vocab_size, 2, 2)
     np.testing.assert_allclose(task.rewards(problems, task.reference_answers(problems), vocab)[:, 1], 1.0)
+    # a task of roles keeps them through the template: the critic's turn is credited with the revision's success
+    refine = text.ChatTurns(text.make_task("countdown_refine", num_numbers=2), tokenizer.encode, tokenizer.decode,
+                            tokenizer.render_chat, vocab_size=config_spec.vocab_size, pad_id=2, eos_id=2)
+    problems = refine.sample(jax.random.key(0), 3, "train")
+    turns = refine.replay(problems, refine.reference_answers(problems), vocab)
+    assert refine.roles == ("actor", "critic", "actor")
+    np.testing.assert_array_equal(turns["reward"][:, 1], turns["solved"][:, 2])
+    assert bool(turns["solved"][:, 2].all())
 
 
 def jaxrl_load_policy(path):

@@ -347,6 +347,7 @@ class ChatTurns(MultiTurnTask):
                  render: Callable[..., str], *, vocab_size: int, pad_id: int, eos_id: int, system_prompt: str = "",
                  instruction: str = "", role: str = "user", max_token_chars: int = 8):
         self.task, self.name, self.max_turns, self.alphabet = task, task.name, task.max_turns, task.alphabet
+        self.roles = task.roles
         self.pad_id, self.eos_id, self.system_prompt, self.role = pad_id, eos_id, system_prompt, role
         self.instruction = instruction or task.instructions
         self.split_seed = task.split_seed
@@ -400,6 +401,9 @@ class ChatTurns(MultiTurnTask):
 
     def start(self, problem):
         return self.task.start(problem)
+
+    def credit(self, turns: dict) -> dict:
+        return self.task.credit(turns)
 
     def _characters(self, turn: jax.Array) -> jax.Array:
         """The model's turn (ids [T], up to its EOS) as the wrapped task's turn: characters then its EOS [T']."""

@@ -42,6 +42,7 @@ class CountdownRefine(MultiTurnTask):
 
     name = "countdown_refine"
     alphabet = ALPHABET + CRITIQUE + REVISE + VERDICTS
+    roles = ("actor", "critic", "actor")
     instructions = ("Reach the target (after >) with the given numbers, each at most once, and + - * / with "
                     "parentheses. After ?, judge the last answer: its value, then Y if it is right or N. After !, "
                     "give your final expression.")
@@ -56,7 +57,8 @@ class CountdownRefine(MultiTurnTask):
                                     split_seed)
         self.base = self.judge.base
         self.critic, self.critic_reward = bool(critic), critic_reward
-        self.max_turns = 3 if self.critic else 2
+        self.roles = type(self).roles if self.critic else ("actor", "actor")
+        self.max_turns = len(self.roles)
         self.value_width = tools.value_width(CRITIQUE_MAGNITUDE)
         self.prompt_length = self.base.prompt_length
         self.turn_length = max(self.base.expression_length, self.value_width + 1) + 1
@@ -65,7 +67,7 @@ class CountdownRefine(MultiTurnTask):
     @property
     def critic_turn(self) -> int:
         """The critic's turn (-1: none)."""
-        return 1 if self.critic else -1
+        return self.roles.index("critic") if self.critic else -1
 
     def start(self, problem):
         return jnp.bool_(False), jnp.int32(0)  # (whether the first answer was right), anchor

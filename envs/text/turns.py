@@ -69,6 +69,7 @@ class MultiTurnTask(Task):
     max_turns: int
     alphabet: str = ALPHABET
     instructions: str = ""  # the rules in words, for a pretrained chat model (`envs.text.chat.ChatTurns`)
+    roles: tuple[str, ...] = ()  # a task of roles: who plays each turn (its reward is that role's: `credit`)
 
     @property
     def answer_length(self) -> int:

@@ -360,7 +360,7 @@ class TextPolicy:
         of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k). A multi-turn
         task's episodes add eval_success (solved; eval_accuracy is then the mean task reward), eval_turns,
         eval_tool_calls, eval_tool_errors (per call) and eval_solved@k, the share solved within k turns, k = 1..K;
-        a task of roles (`countdown_refine`) adds eval_turn<k>_reward, turn k's (its role's) mean reward."""
+        a task of roles (`MultiTurnTask.roles`) adds eval_turn<k>_reward, turn k's (its role's) mean reward."""
         if self.multi_turn:
             greedy, lengths, sampled, stats = jax.device_get(self._heldout_episodes(params, key, num, sample))
         else:
@@ -378,7 +378,7 @@ class TextPolicy:
                        eval_tool_errors=stats["tool_errors"].sum(-1) / np.maximum(calls, 1))
             out.update({f"eval_solved@{k}": (stats["solved_at"] <= k).mean(-1)
                         for k in range(1, self.task.max_turns + 1)})
-            if hasattr(self.task, "critic_turn"):  # a task of roles: each turn's reward is its role's
+            if self.task.roles:  # a task of roles: each turn's reward is its role's
                 out.update({f"eval_turn{k + 1}_reward": stats["turn_rewards"][..., k].mean(-1)
                             for k in range(self.task.max_turns)})
         return out
