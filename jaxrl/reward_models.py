@@ -168,11 +168,18 @@ class Scorer:
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
+        return self.scored(variables, prompts, completions, mask)[0]
+
+    def scored(self, variables: dict, prompts: jax.Array, completions: jax.Array,
+               mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(scores [B, G], what the model read after each prompt [B, G, N']: the completions, or for a generative
+        model each completion with the critique it wrote, N' = N + C + the goal's width)."""
         if self.objective == "implicit":
-            return jnp.sum(self.token_rewards(variables, prompts, completions, mask), axis=-1)
+            return jnp.sum(self.token_rewards(variables, prompts, completions, mask), axis=-1), completions
         if self.objective == "generative":
-            return self.verdicts(variables, *self.critiqued(variables, prompts, completions))
-        return self.verdicts(variables, prompts, completions, mask)
+            seen, tokens, critique_mask = self.critiqued(variables, prompts, completions)
+            return self.verdicts(variables, seen, tokens, critique_mask), tokens
+        return self.verdicts(variables, prompts, completions, mask), completions
 
     def verdicts(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         """The value head's scores [B, G] of sequences [B, G, N] (mask [B, G, N]) after prompts [B, P]: at the last
@@ -190,12 +197,18 @@ class Scorer:
         return jax.vmap(functools.partial(judge.hide_goal, vocab=self.vocab, width=self.goal_width))(prompts)
 
     def critiqued(self, variables: dict, prompts: jax.Array, completions: jax.Array):
-        """A generative model's critiques: each completion [B, G, N] to prompts [B, P] opened (`judge.opening`),
-        continued greedily by the model with the prompt's goal hidden, then the goal shown (`judge.closing`) ->
-        (the prompts as the model sees them [B, P], tokens int32 [B, G, W], mask float32 [B, G, W]), W = N + C +
-        the goal's width: what `verdicts` reads. No gradient flows through the decoding."""
-        B, G, _ = completions.shape
+        """A generative model's critiques of completions [B, G, N] to prompts [B, P] (`critique`, the goal hidden
+        by `judged_prompts`) -> (the prompts as the model sees them [B, P], tokens, mask [B, G, W])."""
         seen, goals = self.judged_prompts(prompts)
+        return (seen, *self.critique(variables, seen, goals, completions))
+
+    def critique(self, variables: dict, seen: jax.Array, goals: tuple[jax.Array, jax.Array],
+                 completions: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Each completion [B, G, N] opened (`judge.opening`) and continued greedily by the model after the prompts
+        as it sees them, seen [B, P], then its prompt's goal shown (`judge.closing`; goals: ids [B, w], lengths
+        [B]) -> (tokens int32 [B, G, W], mask float32 [B, G, W]), W = N + C + w: what `verdicts` reads. No gradient
+        flows through the decoding."""
+        B, G, _ = completions.shape
         forced, forced_len = jax.vmap(jax.vmap(functools.partial(judge.opening, vocab=self.vocab)))(completions)
         flat = lambda x: x.reshape(B * G, *x.shape[2:])  # noqa: E731
         samples = sampling.sample_groups_per_prompt(
@@ -205,7 +218,7 @@ class Scorer:
             forced_len=flat(forced_len))
         close = lambda critique, goal: judge.closing(critique, goal, self.vocab)  # noqa: E731
         tokens, length = jax.vmap(jax.vmap(close, (0, None)))(samples.tokens.reshape(B, G, -1), goals)
-        return seen, tokens, (jnp.arange(tokens.shape[-1]) < length[..., None]).astype(jnp.float32)
+        return tokens, (jnp.arange(tokens.shape[-1]) < length[..., None]).astype(jnp.float32)
 
     def token_rewards(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """An implicit model's process rewards [B, G, N] (`implicit_rewards`): they sum to its scores."""

@@ -88,10 +88,11 @@ def sampler(params) -> dict:
 
 
 class Labelled(NamedTuple):
-    """One update's labelled completions: prompts [B, P]; tokens, mask [B, G, N'] (generative models: each
-    completion with the critique the model wrote after it, N' = N + C); labels [B, G]; process models: step labels
-    and their slots [B, G, N]; generative models: the taught critiques (tokens, real slots, the critique's slots)
-    [B, G, N + C] and whether the model's own matches. What an objective does not use is None."""
+    """One update's labelled completions: prompts [B, P] (generative models: their goal hidden); tokens, mask
+    [B, G, N'] (generative models: each completion with the critique the model wrote after it); labels [B, G];
+    process models: step labels and their slots [B, G, N]; generative models: the taught critiques (tokens, real
+    slots, the critique's slots) [B, G, N + C] and whether the model's own matches. What an objective does not use
+    is None."""
 
     prompts: jax.Array
     tokens: jax.Array
@@ -152,7 +153,7 @@ class RewardModel:
                                                     group_size=group_size, temperature=temperature, **self.decoding)
         return prompts, samples, self.labels(problems, samples.tokens)
 
-    def loss(self, params, batch: "Labelled", hp: TextHyperparams):
+    def loss(self, params, batch: Labelled, hp: TextHyperparams):
         prompts, tokens, mask, labels = batch.prompts, batch.tokens, batch.mask, batch.labels
         extra = {}
         if self.settings.objective == "process":  # each step's value against its Monte Carlo label
@@ -162,10 +163,9 @@ class RewardModel:
                                                 where=batch.step_slots)
             scores = reward_models.weakest_step(values, batch.step_slots)
         elif self.settings.objective == "generative":  # the verdict after its own critique; the critique taught
-            seen, _ = self.scorer.judged_prompts(prompts)  # (the goal hidden from the critique)
-            scores = self.scorer.verdicts(scoring(params, "generative"), seen, tokens, mask)
+            scores = self.scorer.verdicts(scoring(params, "generative"), prompts, tokens, mask)
             verdict_loss = reward_models.pointwise_loss(scores, labels, axis_name=DATA_AXIS)
-            log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), seen,
+            log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), prompts,
                                                     batch.taught, batch.taught_real, self.vocab.pad_id)
             critique_loss = reward_models.critique_loss(log_probs, batch.taught_critique, axis_name=DATA_AXIS)
             loss = verdict_loss + self.settings.critique_weight * critique_loss
@@ -230,11 +230,11 @@ class RewardModel:
                                                        step_keys)
             batch = batch._replace(step_labels=step_labels, step_slots=step_slots)
         if self.settings.objective == "generative":
-            _, own, own_mask = self.scorer.critiqued(scoring(state.params, "generative"), prompts, samples.tokens)
+            seen, goals = self.scorer.judged_prompts(prompts)  # (the goal hidden while the critique is written)
+            own, own_mask = self.scorer.critique(scoring(state.params, "generative"), seen, goals, samples.tokens)
             taught, real, critique = self.taught_critiques(samples.tokens)
-            _, goals = self.scorer.judged_prompts(prompts)
             closed, _ = jax.vmap(jax.vmap(functools.partial(judge.closing, vocab=self.vocab), (0, None)))(taught, goals)
-            batch = batch._replace(tokens=own, mask=own_mask, taught=taught, taught_real=real,
+            batch = batch._replace(prompts=seen, tokens=own, mask=own_mask, taught=taught, taught_real=real,
                                    taught_critique=critique, critique_exact=jnp.all(own == closed, axis=-1))
         optimizer = self.optimizer(hp, state.update_step)
         params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state, batch, hp)
@@ -242,15 +242,17 @@ class RewardModel:
 
     @jit_method(static_argnums=(3,))
     def _heldout(self, params, key: jax.Array, num: int):
-        """Every seed's scores and labels [S, num, G] of the sampler's G completions [S, num, G, N] to `num` fixed
-        held-out problems (at the sampler's temperature), and those completions."""
+        """Every seed's scores and labels [S, num, G] of the sampler's G completions to `num` fixed held-out problems
+        (at the sampler's temperature), and what the model read [S, num, G, N']: those completions (a generative
+        model's: with its critiques)."""
         problems = self.task.heldout(num, seed=self.eval_seed)
 
         def one_seed(params):
             prompts, samples, labels = self.draw(params, problems, jax.random.split(key, num),
                                                  self.settings.temperature, self.settings.group_size)
-            return self.whole_scorer(scoring(params, self.settings.objective), prompts, samples.tokens,
-                                     samples.mask), labels, samples.tokens
+            scores, read = self.whole_scorer.scored(scoring(params, self.settings.objective), prompts,
+                                                    samples.tokens, samples.mask)
+            return scores, labels, read
 
         return jax.vmap(one_seed)(params)
 
@@ -271,12 +273,8 @@ class RewardModel:
         """`scored_completions.txt`: held-out problems, the sampler's completions, their scores and labels."""
         scores, labels, tokens = jax.device_get(self._heldout(params, jax.random.key(seed), num))
         problems = self.task.heldout(num, seed=self.eval_seed)
-        what = "completion"
-        if self.settings.objective == "generative":  # show each completion with the critique the model writes
-            first = scoring(jax.tree.map(lambda x: x[0], params), "generative")
-            tokens = jax.device_get(jax.jit(self.whole_scorer.critiqued)(first, self.task.prompts(problems, self.vocab),
-                                                                         tokens[0])[1])[None]
-            what = "completion=the model's critique (the goal shown after it)"
+        what = ("completion=the model's critique (the goal shown after it)" if self.settings.objective == "generative"
+                else "completion")
         lines = [f"# {num} held-out problems, {self.settings.group_size} sampled completions each: score "
                  f"(sigmoid: the model's probability the completion is right), verifier label, {what}"]
         for i, (prompt, reference) in enumerate(self.task.texts(problems)):
