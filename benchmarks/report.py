@@ -226,7 +226,8 @@ def run_rows(workdir: str) -> list[dict]:
 
 def evaluated(runs_dir: str, name: str, sample: bool = False, episodes: int = 1024) -> dict:
     """`python -m jaxrl.evaluate` of runs_dir/name on `episodes` held-out problems (greedy, or sampled at temperature
-    1), cached as runs_dir/eval_{greedy,sample}_NAME.json while the run's last update is the one it evaluated."""
+    1), cached as runs_dir/eval_{greedy,sample}_NAME.json while it is of the run's last update and as many
+    episodes."""
     import json
     import os
     import subprocess
@@ -235,12 +236,13 @@ def evaluated(runs_dir: str, name: str, sample: bool = False, episodes: int = 10
     kind = "sample" if sample else "greedy"
     path = os.path.join(runs_dir, f"eval_{kind}_{name}.json")
     last_update = run_rows(os.path.join(runs_dir, name))[-1]["update"]
-    cached = os.path.exists(path) and os.path.getsize(path) and json.loads(
-        open(path).read().strip().splitlines()[-1]).get("update") == last_update
-    if not cached:
-        command = [sys.executable, "-m", "jaxrl.evaluate", f"--workdir={os.path.join(runs_dir, name)}",
-                   f"--episodes={episodes}", f"--out={os.path.join(runs_dir, f'eval_{kind}_{name}')}"]
-        out = subprocess.run(command + ["--sample"] * sample, check=True, capture_output=True, text=True).stdout
-        with open(path, "w") as f:
-            f.write(out)
-    return json.loads(open(path).read().strip().splitlines()[-1])
+    if os.path.exists(path) and os.path.getsize(path):
+        summary = json.loads(open(path).read().strip().splitlines()[-1])
+        if (summary.get("update"), summary.get("episodes")) == (last_update, episodes):
+            return summary
+    command = [sys.executable, "-m", "jaxrl.evaluate", f"--workdir={os.path.join(runs_dir, name)}",
+               f"--episodes={episodes}", f"--out={os.path.join(runs_dir, f'eval_{kind}_{name}')}"]
+    out = subprocess.run(command + ["--sample"] * sample, check=True, capture_output=True, text=True).stdout
+    with open(path, "w") as f:
+        f.write(out)
+    return json.loads(out.strip().splitlines()[-1])
