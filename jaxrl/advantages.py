@@ -328,6 +328,51 @@ def calibrated(rewards, valid, opts):
     return _rescale(centered, _per_group(std, rewards.ndim), rewards, valid, opts)
 
 
+def beta_fit(pass_rates: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Beta(alpha, beta) fitted to the groups' pass rates by the method of moments. [B], [B] bool -> two scalars.
+
+    mean m and variance v over the valid groups: alpha = m k, beta = (1 - m) k, k = m (1 - m) / v - 1 (v kept
+    inside (0, m (1 - m)), where a Beta exists)."""
+    n = jnp.maximum(valid.sum(), 1)
+    m = jnp.clip(jnp.sum(jnp.where(valid, pass_rates, 0.0)) / n, 1e-3, 1.0 - 1e-3)
+    v = jnp.sum(jnp.where(valid, jnp.square(pass_rates - m), 0.0)) / n
+    v = jnp.clip(v, 1e-6, m * (1.0 - m) * (1.0 - 1e-3))
+    k = m * (1.0 - m) / v - 1.0
+    return m * k, (1.0 - m) * k
+
+
+def beta_normalised(rewards: jax.Array, valid: jax.Array, a, b) -> jax.Array:
+    """(r - p) / Beta(a, b).pdf(p), p the group's pass rate. [B, G(, A)] -> [B, G(, A)]
+
+    a = b = 1 is REINFORCE with the group mean as baseline, a = b = 3/2 GRPO's (r - p) / sqrt(p (1 - p)) (up to the
+    constant B(3/2, 3/2)): the Beta family spans both. A group whose members all agree gets 0."""
+    p, _, _ = _moments(rewards, valid, _group_axes(rewards))
+    inside = jnp.clip(p, 1e-6, 1.0 - 1e-6)
+    log_pdf = (a - 1.0) * jnp.log(inside) + (b - 1.0) * jnp.log1p(-inside) - jax.scipy.special.betaln(a, b)
+    return jnp.where(valid, (rewards - p) * jnp.exp(-log_pdf), 0.0)
+
+
+@register("bnpo", default_scale="none", combine=False)
+def bnpo(rewards, valid, opts):
+    """BNPO (Beta normalisation): rewards in {0, 1} normalised by a Beta density whose parameters follow the policy.
+
+    rewards [B, G(, A), K] (or [B, G(, A)]) -> [B, G(, A)]. Per reward component: Beta(alpha, beta) is fitted to
+    this batch's pass rates (`beta_fit`), and the advantage is `beta_normalised` with a = 1 + alpha / 3,
+    b = 1 + beta / 3, BNPO's variance-minimising choice; the components' advantages are then weighted and summed
+    (its advantage decomposition). `scale` other than none divides the result once more."""
+    components = rewards if opts.reward_weights is not None else rewards[..., None]
+    weights = jnp.asarray(opts.reward_weights or (1.0,), jnp.float32)
+
+    def one(component):
+        p, _, _ = _moments(component, valid, _group_axes(component))
+        alpha, beta = beta_fit(_flat(p)[:, 0], _flat(valid).any(axis=1))
+        return beta_normalised(component, valid, 1.0 + alpha / 3.0, 1.0 + beta / 3.0)
+
+    advantages = jax.vmap(one, in_axes=-1, out_axes=-1)(components) @ weights
+    _, std, _ = _moments(advantages, valid, _group_axes(advantages))
+    return _rescale(advantages, std, advantages, valid, opts)
+
+
 # ---- public entry points -----------------------------------------------------------------------------
 
 def _broadcast_mask(mask, lead_shape: tuple[int, ...]) -> jax.Array:

@@ -8,8 +8,9 @@ composes the parts. Hyperparameter numbers may be traced arrays; static choices 
 
 from __future__ import annotations
 
+import dataclasses
 import numbers
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -143,25 +144,123 @@ _aggregate = aggregate  # `policy_loss` takes a parameter named `aggregate`
 RATIO_LEVELS = ("token", "sequence")
 
 
+class Outcome(NamedTuple):
+    """Per completion [S], for the objectives that learn from the verifier's label rather than an advantage."""
+
+    correct: jax.Array  # float32 [S] in {0, 1}: the verifier's correct label
+    pass_rate: jax.Array  # float32 [S]: the mean label of the completion's group
+    group_size: int  # G: completions are grouped [S / G, G], members adjacent
+
+
+class Surrogate(NamedTuple):
+    """What an objective reads, per token [S, T] unless said otherwise (padding already zeroed)."""
+
+    log_ratio: jax.Array  # log pi - log pi_old, per token (per sequence, shared by its tokens, with ratio=sequence)
+    advantages: jax.Array
+    mask: jax.Array  # float32 0/1
+    log_prob: jax.Array  # the current policy's
+    ref_log_prob: jax.Array | None  # the frozen reference policy's (objectives that need one)
+    outcome: Outcome | None
+
+
+def _clip(x: Surrogate, clip_low, clip_high, dual_clip, score_scale):
+    """PPO's clipped surrogate (`ppo_clip_loss`)."""
+    return ppo_clip_loss(x.log_ratio, x.advantages, clip_low, clip_high, dual_clip)
+
+
+def _cispo(x: Surrogate, clip_low, clip_high, dual_clip, score_scale):
+    """CISPO (MiniMax-M1): -sg(clip(r, 1 - clip_low, 1 + clip_high)) A log pi. The importance weight is clipped and
+    held constant, so every token keeps a gradient (PPO's clip drops the tokens it clips); MiniMax-M1 leaves the
+    lower bound off (loss.clip_low = 1). log pi enters as log r (the same gradient, 0 at r = 1)."""
+    weight = jnp.clip(jnp.exp(x.log_ratio), 1.0 - clip_low, 1.0 + clip_high)
+    return -jax.lax.stop_gradient(weight) * x.advantages * x.log_ratio
+
+
+NFT_FLOOR = 0.05  # the implicit negative policy's ratio is floored here: it must stay positive to take its log
+
+
+def _nft(x: Surrogate, clip_low, clip_high, dual_clip, score_scale):
+    """NFT (negative-aware fine-tuning): maximum likelihood on correct completions, and on the incorrect ones of
+    the implicit negative policy pi- = (pi_old - r pi) / (1 - r), r the group's pass rate, which the policy pi
+    itself parameterises: per token, -log min(R, 1 + clip_high) on correct, -log max((1 - r R) / (1 - r), floor)
+    on incorrect completions, R = pi / pi_old. On-policy its gradient is GRPO's with advantage 1 (correct) and
+    -r / (1 - r) (incorrect): (label - r) / (1 - r), a group-mean baseline."""
+    ratio = jnp.exp(x.log_ratio)
+    correct, rate = (v[:, None] for v in (x.outcome.correct, x.outcome.pass_rate))
+    positive = -jnp.minimum(x.log_ratio, jnp.log1p(clip_high))
+    negative_ratio = (1.0 - rate * ratio) / jnp.maximum(1.0 - rate, 1e-6)
+    negative = -jnp.log(jnp.maximum(negative_ratio, NFT_FLOOR))
+    return jnp.where(correct > 0, positive, negative)
+
+
+def _pacs(x: Surrogate, clip_low, clip_high, dual_clip, score_scale):
+    """PACS (implicit actor-critic by supervised learning): the verifier's label is predicted from the score
+    psi = beta (s_i - mean_{j != i} s_j), s = log pi(y|x) - log pi_ref(y|x) summed over the completion (its
+    implicit reward, centred leave-one-out in the group), by cross-entropy: BCE(sigmoid(psi), label). Its gradient
+    is beta (sigmoid(psi) - label) d psi: a policy gradient whose baseline sigmoid(psi) is a critic the policy
+    itself parameterises; at psi = 0 it is RLOO's. Every token carries its completion's loss (the aggregation
+    then averages completions as it averages tokens)."""
+    G = x.outcome.group_size
+    s = jnp.sum((x.log_prob - x.ref_log_prob) * x.mask, axis=-1).reshape(-1, G)  # [S / G, G]
+    others = (s.sum(-1, keepdims=True) - s) / (G - 1)
+    psi = (score_scale * (s - others)).reshape(-1)
+    label = x.outcome.correct
+    per_completion = -(label * jax.nn.log_sigmoid(psi) + (1.0 - label) * jax.nn.log_sigmoid(-psi))
+    return jnp.broadcast_to(per_completion[:, None], x.log_ratio.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """An entry of `OBJECTIVES`: fn(Surrogate, clip_low, clip_high, dual_clip, score_scale) -> per-token loss [S, T]."""
+
+    fn: Callable
+    needs_reference: bool = False  # reads the frozen reference policy's log-probabilities
+    needs_outcome: bool = False  # reads the verifier's label (`Outcome`), not only the advantages
+
+
+# The per-token policy objective by name (config loss.objective)
+OBJECTIVES: dict[str, Objective] = {"clip": Objective(_clip), "cispo": Objective(_cispo),
+                                    "nft": Objective(_nft, needs_outcome=True),
+                                    "pacs": Objective(_pacs, needs_reference=True, needs_outcome=True)}
+
+
+def confidence_shaped(advantages: jax.Array, log_prob: jax.Array, ref_log_prob: jax.Array, mask: jax.Array,
+                      penalty) -> jax.Array:
+    """ACE (asymmetric confidence-aware error penalty): each negative advantage scaled by 1 + penalty softplus(c),
+    c = sum_t log pi(y_t) / pi_ref(y_t) over the completion (held constant): errors the policy has grown more
+    confident in than the reference are penalised more; positive advantages are unchanged. [S, T] -> [S, T]"""
+    c = jax.lax.stop_gradient(jnp.sum((log_prob - ref_log_prob) * mask, axis=-1, keepdims=True))
+    return jnp.where(advantages < 0, advantages * (1.0 + penalty * jax.nn.softplus(c)), advantages)
+
+
 def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                 clip_low, clip_high=None, dual_clip=None, ratio: str = "token", aggregate: str = "token",
                 constant_length=None, ref_log_prob: jax.Array | None = None, kl: str = "k3", kl_coef=0.0,
                 entropy: jax.Array | None = None, ent_coef=0.0, weight: jax.Array | None = None,
+                objective: str = "clip", outcome: Outcome | None = None, score_scale=1.0, confidence_penalty=None,
                 axis_name: str | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GRPO-family policy loss from per-step inputs [S, T] -> (scalar loss, metrics of scalars).
 
-    loss = agg(ppo_clip_loss) + kl_coef * agg(kl_estimate vs `ref_log_prob`) - ent_coef * agg(entropy), the
+    loss = agg(objective) + kl_coef * agg(kl_estimate vs `ref_log_prob`) - ent_coef * agg(entropy), the
     last two only when their inputs are given, all with the one aggregation `aggregate` (see `AGGREGATIONS`;
-    `constant_length` and `axis_name` as in `aggregate`). `ratio`: "token" clips per-token ratios, "sequence"
-    (GSPO) clips each sequence's `sequence_log_ratio`, shared by (and differentiated through) its tokens.
-    `weight` [S, T]: a multiplier of each step's clipped surrogate, outside the aggregation's denominator (an
-    off-policy correction's, `jaxrl.corrections`; `old_log_prob` is then its anchor).
+    `constant_length` and `axis_name` as in `aggregate`). `objective` (`OBJECTIVES`): PPO's clipped surrogate
+    (`clip`), CISPO's, NFT's or PACS's (`score_scale` its beta); the last two read `outcome`. `ratio`: "token"
+    clips per-token ratios, "sequence" (GSPO) clips each sequence's `sequence_log_ratio`, shared by (and
+    differentiated through) its tokens. `confidence_penalty` (None: off): ACE's shaping of negative advantages
+    (`confidence_shaped`, needs `ref_log_prob`). `weight` [S, T]: a multiplier of each step's objective, outside the
+    aggregation's denominator (an off-policy correction's, `jaxrl.corrections`; `old_log_prob` is then its anchor).
     Metrics: policy_loss, clip_fraction (of the ratio that is clipped), approx_kl (k3 between old and new policy
     on the per-token log ratio), and kl / entropy when given.
     """
     _check(ratio, RATIO_LEVELS, "ratio")
     _check(aggregate, AGGREGATIONS, "aggregate")
     _check(kl, KL_ESTIMATORS, "kl estimator")
+    chosen = _lookup(OBJECTIVES, objective, "objective")
+    if chosen.needs_outcome and outcome is None:
+        raise ValueError(f"the {objective!r} objective learns from the verifier's label: pass `outcome`")
+    if (chosen.needs_reference or confidence_penalty is not None) and ref_log_prob is None:
+        raise ValueError(f"the {objective!r} objective / the confidence penalty reads the reference policy: pass "
+                         "`ref_log_prob`")
 
     mask = jnp.asarray(mask, log_prob.dtype)
     valid = mask > 0
@@ -175,19 +274,23 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
         return _aggregate(values, mask, aggregate, constant_length, axis_name)
 
     log_prob, old_log_prob, advantages = clean(log_prob), clean(old_log_prob), clean(advantages)
+    ref_log_prob = None if ref_log_prob is None else clean(ref_log_prob)
     token_log_ratio = log_prob - old_log_prob
     log_ratio = token_log_ratio
     if ratio == "sequence":
         log_ratio = jnp.broadcast_to(sequence_log_ratio(token_log_ratio, mask)[:, None], token_log_ratio.shape)
+    if confidence_penalty is not None:
+        advantages = confidence_shaped(advantages, log_prob, ref_log_prob, mask, confidence_penalty)
 
-    surrogate = ppo_clip_loss(log_ratio, advantages, clip_low, clip_high, dual_clip)
+    surrogate = chosen.fn(Surrogate(log_ratio, advantages, mask, log_prob, ref_log_prob, outcome), clip_low,
+                          clip_high if clip_high is not None else clip_low, dual_clip, score_scale)
     clip_term = agg(surrogate if weight is None else clean(weight) * surrogate)
     metrics = {"policy_loss": clip_term,
                "clip_fraction": agg(clip_fraction(log_ratio, clip_low, clip_high)),
                "approx_kl": agg(KL_ESTIMATORS["k3"](token_log_ratio))}
     loss = clip_term
     if ref_log_prob is not None:
-        metrics["kl"] = agg(kl_estimate(log_prob, clean(ref_log_prob), kl))
+        metrics["kl"] = agg(kl_estimate(log_prob, ref_log_prob, kl))
         loss = loss + kl_coef * metrics["kl"]
     if entropy is not None:
         metrics["entropy"] = agg(clean(entropy))
@@ -207,3 +310,11 @@ AGGREGATE = Knob("loss.aggregate", "token", "how per-token losses are averaged: 
                  "constant length (Dr. GRPO)", choices=tuple(AGGREGATIONS))
 VF_COEF = Knob("loss.vf_coef", 0.5, "the value loss's weight", traced=True, minimum=0.0)
 ENT_COEF = Knob("loss.ent_coef", 0.01, "the entropy bonus's weight", traced=True, minimum=0.0)
+OBJECTIVE = Knob("loss.objective", "clip", "the policy objective per token: PPO's clipped surrogate (clip), CISPO's "
+                 "clipped and held importance weight (cispo), NFT's implicit negative policy (nft), PACS's cross-entropy "
+                 "on the verifier's label (pacs)", choices=tuple(OBJECTIVES))
+SCORE_SCALE = Knob("loss.score_scale", 1.0, "pacs: beta of the score beta log pi / pi_ref that predicts the label",
+                   traced=True, above=0.0)
+CONFIDENCE_PENALTY = Knob("loss.confidence_penalty", 0.0, "> 0: ACE, negative advantages scaled by 1 + this x "
+                          "softplus(log pi / pi_ref of the completion): confident errors penalised more", traced=True,
+                          minimum=0.0)

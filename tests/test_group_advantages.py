@@ -16,7 +16,7 @@ from jaxrl.advantages import (ESTIMATORS, GroupAdvantages, get, group_advantages
 EPS = 1e-6
 B, G, A = 6, 5, 3
 DEFAULT_SCALE = {"grpo": "group", "dr_grpo": "none", "rloo": "none", "median": "group", "gdpo": "group",
-                 "per_agent": "group", "calibrated": "group"}
+                 "per_agent": "group", "calibrated": "group", "bnpo": "none"}
 SHIFT_INVARIANT = ["grpo", "dr_grpo", "rloo", "median", "gdpo", "per_agent"]
 
 
@@ -393,6 +393,39 @@ def test_returns_to_go_matches_python_loop():
             expected[t, n] = sum(gamma ** (k - t) * rewards[k, n] * alive[k, n] for k in range(t, T))
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.asarray(out)[~alive], 0.0)
+
+
+def test_bnpo_fits_a_beta_to_the_pass_rates_and_divides_by_its_density():
+    """BNPO by hand: pass rates 1/4, 1/2, 3/4, 1/2 have mean 1/2 and variance 1/32, so the moment fit is
+    Beta(3.5, 3.5) (k = m (1 - m) / v - 1 = 7) and the normalising Beta has a = b = 1 + 3.5 / 3; each advantage is
+    (r - p) / pdf(p; a, b). Two binary components are normalised apart and weighted (the decomposition)."""
+    correct = np.float32([[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 0, 1]])
+    formed = np.float32([[1, 1, 1, 1], [1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
+    alpha, beta = adv_lib.beta_fit(jnp.float32([0.25, 0.5, 0.75, 0.5]), jnp.ones(4, bool))
+    np.testing.assert_allclose([alpha, beta], [3.5, 3.5], rtol=1e-4)
+
+    def by_hand(r):
+        p = r.mean(1, keepdims=True)
+        m, v = p.mean(), p.var()
+        k = m * (1 - m) / v - 1
+        a, b = 1 + m * k / 3, 1 + (1 - m) * k / 3
+        pc = np.clip(p, 1e-6, 1 - 1e-6)
+        pdf = pc ** (a - 1) * (1 - pc) ** (b - 1) * math.gamma(a + b) / (math.gamma(a) * math.gamma(b))
+        return (r - p) / pdf
+
+    out = estimate("bnpo", np.stack([correct, formed], -1), reward_weights=(1.0, 0.1))
+    np.testing.assert_allclose(out.advantages, by_hand(correct) + 0.1 * by_hand(formed), rtol=1e-4, atol=1e-6)
+    np.testing.assert_array_equal(by_hand(formed)[3], 0.0)  # a component its group agrees on adds nothing
+
+
+def test_beta_normalisation_spans_reinforce_and_grpo():
+    """The abstract's claim for binary rewards: Beta(1, 1) gives REINFORCE with the group-mean baseline, Beta(3/2,
+    3/2) GRPO's advantage up to the constant B(3/2, 3/2) = pi / 8."""
+    rewards, mask = jnp.float32([[1, 0, 0, 0], [1, 1, 0, 1], [0, 0, 0, 0]]), jnp.ones((3, 4), bool)
+    p = rewards.mean(1, keepdims=True)
+    np.testing.assert_allclose(adv_lib.beta_normalised(rewards, mask, 1.0, 1.0), rewards - p, atol=1e-6)
+    np.testing.assert_allclose(adv_lib.beta_normalised(rewards, mask, 1.5, 1.5), estimate("grpo", rewards).advantages
+                               * math.pi / 8, rtol=1e-4, atol=1e-6)
 
 
 def test_module_exports():

@@ -7,7 +7,7 @@ import pytest
 
 from jaxrl import algos, config as config_lib, knobs
 from jaxrl.knobs import Knob, knob
-from jaxrl.run import config_reference
+from jaxrl.run import config_reference, method_table
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +68,26 @@ def test_the_config_reference_is_fresh():
     """docs/config.md is what `python -m jaxrl.run.config_reference` writes (run it after changing a key)."""
     with open(config_reference.DEFAULT_PATH) as f:
         assert f.read() == config_reference.render(), "docs/config.md is stale: python -m jaxrl.run.config_reference"
+
+
+def test_the_method_table_is_fresh_and_every_entry_holds():
+    """docs/methods.md is what `python -m jaxrl.run.method_table` writes from docs/methods.json, and every entry
+    holds: a Y has a config line its experiment accepts and tests that exist; the others name their issue."""
+    rows = method_table.entries()
+    assert method_table.problems(rows) == []
+    with open(method_table.DEFAULT_PATH) as f:
+        assert f.read() == method_table.render(rows), "docs/methods.md is stale: python -m jaxrl.run.method_table"
+
+
+def test_the_method_table_catches_a_wrong_entry():
+    row = {"name": "X", "status": "Y", "issue": None, "tests": ["tests/test_knobs.py::test_nothing_here"],
+           "config": {"experiment": "text_grpo.py:countdown", "keys": {"loss.objective": "ppo", "loss.nothing": 1}}}
+    found = method_table.problems([row])
+    assert any("--config.loss.objective=ppo: unknown config.loss.objective 'ppo'" in p for p in found), found
+    assert any("--config.loss.nothing=1" in p for p in found), found
+    assert "X: no test tests/test_knobs.py::test_nothing_here" in found
+    assert method_table.problems([dict(row, status="P", config={}, tests=[])]) == [
+        "X: marked P without the issue that provides the rest"]
 
 
 def test_the_config_reference_lists_every_key_of_every_experiment():

@@ -325,3 +325,109 @@ def test_policy_loss_axis_name_mean_over_shards_equals_whole_batch():
                                   axis_name=axis_name)
 
     assert_split_matches_whole(fn, theta, (feats, old, ref, adv, SPLIT_MASK), has_aux=True)
+
+
+# ---- the objectives of the method catalogue (loss.objective, loss.confidence_penalty) ---------------------------
+# Each against the paper's mechanism written out in NumPy (value) or against the gradient it names (on-policy).
+
+G4_MASK = ragged_mask([7, 3, 5, 1], t=T)  # one group of four completions, ragged lengths
+G4_CORRECT = np.float32([1.0, 0.0, 0.0, 1.0])
+
+
+def grad_wrt_log_prob(new, old, mask, **kwargs):
+    """d loss / d log pi [S, T] under the token aggregation."""
+    return np.asarray(jax.grad(lambda lp: losses.policy_loss(lp, old, kwargs.pop("adv", jnp.zeros_like(lp)), mask,
+                                                             aggregate="token", **kwargs)[0])(jnp.asarray(new)))
+
+
+def outcome_of(correct):
+    return losses.Outcome(jnp.asarray(correct), jnp.full(len(correct), float(np.mean(correct))), len(correct))
+
+
+def test_cispo_weights_every_token_by_its_clipped_ratio_held_constant():
+    """CISPO: gradient -clip(r, 1 - lo, 1 + hi) A d log pi for every token, also where PPO's clip would drop it."""
+    new, old, _, adv, _ = inputs(21, scale=0.5)
+    r = np.exp(new.astype(np.float64) - old)
+    assert ((r > 1.28) | (r < 0.8))[MASK > 0].any()  # some tokens outside the clip range
+    loss, _ = losses.policy_loss(new, old, adv, MASK, clip_low=0.2, clip_high=0.28, objective="cispo")
+    weight = np.clip(r, 0.8, 1.28)
+    np.testing.assert_allclose(loss, np_aggregate(-weight * adv * (new - old.astype(np.float64)), MASK, "token"),
+                               rtol=1e-5)
+    g = np.asarray(jax.grad(lambda lp: losses.policy_loss(lp, old, adv, MASK, clip_low=0.2, clip_high=0.28,
+                                                          objective="cispo")[0])(jnp.asarray(new)))
+    np.testing.assert_allclose(g, -weight * adv * MASK / MASK.sum(), rtol=1e-4, atol=1e-7)
+    assert (np.abs(g)[MASK > 0] > 0).all()  # no token loses its gradient
+
+
+def test_nft_value_is_the_likelihood_of_the_positive_and_of_the_implicit_negative_policy():
+    """NFT: -log R on correct completions, -log((1 - r R) / (1 - r)) on incorrect ones, r the group's pass rate
+    (here 1/2), R = pi / pi_old; inside the clip and floor, as these ratios are."""
+    new, old, _, _, _ = inputs(22, scale=0.1, s=4)
+    lr = new.astype(np.float64) - old
+    loss, _ = losses.policy_loss(new, old, np.zeros_like(new), G4_MASK, clip_low=0.2, clip_high=0.28,
+                                 objective="nft", outcome=outcome_of(G4_CORRECT))
+    rate = 0.5
+    per_token = np.where(G4_CORRECT[:, None] > 0, -lr, -np.log((1 - rate * np.exp(lr)) / (1 - rate)))
+    np.testing.assert_allclose(loss, np_aggregate(per_token, G4_MASK, "token"), rtol=1e-5)
+
+
+@pytest.mark.parametrize("correct", [[1.0, 0.0, 0.0, 1.0], [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 1.0, 1.0]])
+def test_nft_on_policy_gradient_is_grpo_with_a_group_mean_baseline(correct):
+    """NFT equals GRPO in strict on-policy training: at R = 1 its gradient is the policy gradient with advantage
+    (label - r) / (1 - r), r the group's pass rate."""
+    correct = np.float32(correct)
+    _, old, _, _, _ = inputs(23, s=4)
+    rate = correct.mean()
+    g = grad_wrt_log_prob(old, old, G4_MASK, clip_low=0.2, clip_high=0.28, objective="nft", outcome=outcome_of(correct))
+    advantage = (correct - rate) / (1 - rate)
+    np.testing.assert_allclose(g, -advantage[:, None] * G4_MASK / G4_MASK.sum(), rtol=1e-5, atol=1e-7)
+
+
+def test_pacs_predicts_the_label_from_the_implicit_reward_and_is_rloo_at_a_zero_score():
+    """PACS: BCE(sigmoid(psi), label), psi = beta (s_i - mean_{j != i} s_j), s = sum_t log pi / pi_ref; with every
+    completion as likely as under the reference (psi = 0) the gradient is beta x RLOO's policy gradient."""
+    new, old, ref, _, _ = inputs(24, scale=0.2, s=4)
+    beta = 0.7
+    s = ((new.astype(np.float64) - ref) * G4_MASK).sum(1)
+    psi = beta * (s - (s.sum() - s) / 3)
+    bce = -(G4_CORRECT * np.log(1 / (1 + np.exp(-psi))) + (1 - G4_CORRECT) * np.log(1 / (1 + np.exp(psi))))
+    loss, metrics = losses.policy_loss(new, old, np.zeros_like(new), G4_MASK, clip_low=0.2, aggregate="sequence",
+                                       ref_log_prob=ref, objective="pacs", outcome=outcome_of(G4_CORRECT),
+                                       score_scale=beta)
+    np.testing.assert_allclose(metrics["policy_loss"], bce.mean(), rtol=1e-5)
+    g = grad_wrt_log_prob(ref, old, G4_MASK, clip_low=0.2, ref_log_prob=ref, objective="pacs",
+                          outcome=outcome_of(G4_CORRECT), score_scale=beta)
+    rloo = G4_CORRECT - (G4_CORRECT.sum() - G4_CORRECT) / 3
+    # every token carries its completion's loss: token aggregation weighs completion i by its length / all tokens
+    lengths = G4_MASK.sum(1)
+    d_loss_d_s = np.array([sum(lengths[i] / lengths.sum() * (0.5 - G4_CORRECT[i]) * beta * ((i == k) - (i != k) / 3)
+                               for i in range(4)) for k in range(4)])
+    np.testing.assert_allclose(g, d_loss_d_s[:, None] * G4_MASK, rtol=1e-5, atol=1e-7)
+    equal_lengths = np.array([sum(0.25 * (0.5 - G4_CORRECT[i]) * beta * ((i == k) - (i != k) / 3) for i in range(4))
+                              for k in range(4)])
+    np.testing.assert_allclose(equal_lengths, -beta / 4 * rloo, rtol=1e-6)  # the RLOO advantage, by the algebra
+
+
+def test_ace_scales_only_negative_advantages_by_the_completions_confidence_shift():
+    """ACE: A < 0 becomes A (1 + alpha softplus(c)), c = sum_t log pi / pi_ref over the completion; A >= 0 stays."""
+    new, _, ref, adv, _ = inputs(25, scale=0.4)
+    c = ((new.astype(np.float64) - ref) * MASK).sum(1, keepdims=True)
+    want = np.where(adv < 0, adv * (1 + 2.0 * np.log1p(np.exp(c))), adv)
+    got = losses.confidence_shaped(jnp.asarray(adv), new, ref, MASK, 2.0)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    assert (np.asarray(got)[adv >= 0] == adv[adv >= 0]).all()
+    # through policy_loss: the clipped surrogate of the shaped advantages (c held constant)
+    old = new - 0.01
+    loss, _ = losses.policy_loss(new, old, adv, MASK, clip_low=0.2, ref_log_prob=ref, confidence_penalty=2.0)
+    np.testing.assert_allclose(loss, np_aggregate(np_clip_loss(new.astype(np.float64) - old, want, 0.2, 0.2, None),
+                                                  MASK, "token"), rtol=1e-5)
+
+
+def test_objectives_refuse_missing_inputs():
+    new, old, _, adv, _ = inputs(26)
+    with pytest.raises(ValueError, match="unknown objective 'ppo'; known: clip, cispo, nft, pacs"):
+        losses.policy_loss(new, old, adv, MASK, clip_low=0.2, objective="ppo")
+    with pytest.raises(ValueError, match="'nft' objective learns from the verifier's label: pass `outcome`"):
+        losses.policy_loss(new, old, adv, MASK, clip_low=0.2, objective="nft")
+    with pytest.raises(ValueError, match="reads the reference policy"):
+        losses.policy_loss(new, old, adv, MASK, clip_low=0.2, confidence_penalty=1.0)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
+from jaxrl.algos.text import keeps_reference
 from jaxrl.run import cli
 from jaxrl.run.saved import start_params
 from jaxrl.rollout.tokens import select_varied
@@ -75,7 +76,10 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2},
-], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget"])
+    {"advantage.estimator": "bnpo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.objective": "cispo"},
+    {"loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2},
+], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget", "bnpo-ace-reset-cispo",
+        "pacs-reset"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -86,8 +90,11 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     metrics = jax.device_get(metrics)
     for key, value in metrics.items():
         assert np.isfinite(value).all(), (key, value)
-    assert ("kl" in metrics) == (config.loss.kl_coef > 0)
+    assert ("kl" in metrics) == keeps_reference(config)
     assert ("value_loss" in metrics) == (config.loss.critic_weight > 0)
+    if config.loss.reference_reset:  # ProRL: after the second update the reference is the policy again
+        for ref, now in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params)):
+            np.testing.assert_array_equal(ref, now)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
@@ -238,3 +245,20 @@ def test_text_grpo_config_errors_name_the_key(sft_run, tmp_path):
         config = tiny_grpo_config(sft_run if overrides else str(tmp_path), **overrides)
         with pytest.raises(ValueError, match=key.replace(".", r"\.")):
             algos.validate(config)
+
+
+def test_objective_settings_that_cannot_work_are_refused(sft_run):
+    from helpers import load_experiment
+
+    for overrides, message in [
+            ({"loss.reference_reset": 5}, "reference_reset=5 resets a reference policy the run does not keep"),
+            ({"loss.objective": "cispo", "loss.dual_clip": 3.0}, "dual_clip caps PPO's clipped surrogate"),
+            ({"loss.objective": "pacs", "loss.ratio": "sequence"}, "pacs scores whole completions itself"),
+            ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs")]:
+        with pytest.raises(ValueError, match=message):
+            algos.validate(tiny_grpo_config(sft_run, **overrides))
+    env_grpo = load_experiment("cartpole_grpo")
+    env_grpo.loss.objective = "nft"
+    with pytest.raises(ValueError, match="objective=nft learns from the verifier's correct label of each completion: "
+                                         "it needs text GRPO"):
+        algos.validate(env_grpo)

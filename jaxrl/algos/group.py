@@ -23,7 +23,7 @@ ADVANTAGE_OPTIONS = (
 CRITIC_WEIGHT = Knob("loss.critic_weight", 0.0, "> 0 mixes in a learned value baseline (1: critic-based, 0: "
                      "critic-free)", traced=True, minimum=0.0, maximum=1.0)
 GROUP_KNOBS = (advantages.ESTIMATOR, *ADVANTAGE_OPTIONS, GROUP_SIZE, CRITIC_WEIGHT, losses.CLIP_LOW, losses.CLIP_HIGH,
-               losses.DUAL_CLIP, losses.RATIO, losses.AGGREGATE, losses.ENT_COEF)
+               losses.DUAL_CLIP, losses.RATIO, losses.AGGREGATE, losses.ENT_COEF, losses.OBJECTIVE)
 
 
 def group_relative_keys() -> ConfigDict:
@@ -50,3 +50,21 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False) -> None:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} scores the turns of multi-turn "
                          f"episodes: it needs a multi-turn text task ({', '.join(sorted(MULTI_TURN_TASKS))}); "
                          f"for whole samples: {', '.join(advantages.names(False))}")
+
+
+def check_objective(config: ConfigDict, text: bool, multi_turn: bool = False) -> None:
+    """config.loss.objective must be one this family computes: those that learn from the verifier's label or read a
+    reference policy need text GRPO's single-answer completions; dual_clip belongs to PPO's clipped surrogate."""
+    name = config.loss.objective
+    objective = losses.OBJECTIVES.get(name)
+    if objective is None:
+        return  # (the knob's own check names the choices)
+    if (objective.needs_outcome or objective.needs_reference) and (not text or multi_turn):
+        where = "a text task's single-answer completions" if text else "text GRPO (a verifier's label per completion)"
+        raise ValueError(f"config.loss.objective={name} learns from the verifier's correct label of each completion: "
+                         f"it needs {where}")
+    if config.loss.dual_clip and name != "clip":
+        raise ValueError(f"config.loss.dual_clip caps PPO's clipped surrogate; config.loss.objective={name} has none")
+    if name == "pacs" and config.loss.ratio != "token":
+        raise ValueError("config.loss.objective=pacs scores whole completions itself (log pi / pi_ref summed): "
+                         "config.loss.ratio must stay token")

@@ -46,7 +46,7 @@ from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvPolicy, distinct_critic_in
 from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, ROLLOUT_UNROLL,
                                    check_env_config, check_minibatch_split, env_config, make_policy,
                                    run_sizes, sample_trajectory)
-from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
+from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator, check_objective,
                                group_relative_keys)
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
@@ -110,6 +110,7 @@ class GRPOSettings:
     constant_length: int | None = knob("loss.constant_length", 0, "aggregate constant: the length divided by; 0: "
                                        "num_steps", minimum=0, convert=lambda length: length or None)
     dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
+    objective: str = losses.OBJECTIVE.field()
     # The Generate strategy of jaxrl.rollout's "env" domain: (("generate", (name,)),) (`rollout.settings_of`)
     rollout: tuple[tuple[str, tuple[str, ...]], ...] = ()
     rollout_options: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()  # (strategy, ((key, value), ...))
@@ -280,8 +281,7 @@ class GRPO:
             log_prob, batch["log_prob"], batch["advantages"], batch["weight"],
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=s.constant_length or s.num_steps, entropy=entropy,
-            ent_coef=hp.ent_coef,
-            axis_name=DATA_AXIS)
+            ent_coef=hp.ent_coef, objective=s.objective, axis_name=DATA_AXIS)
         if self.use_critic:
             errors = losses.value_loss(jnp.swapaxes(values, 0, 1), None, batch["returns"], None)  # unclipped
             value_loss = losses.aggregate(errors, batch["acting"], "token", axis_name=DATA_AXIS)
@@ -363,6 +363,7 @@ def check_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "
                          f"{config.group.size}: every group is group.size envs from one start state")
     ONE_RESET.check(config)
+    check_objective(config, text=False)
 
 
 register("grpo", Recipe(build_grpo, GRPOHyperparams, check=check_grpo_config, defaults=grpo_config,

@@ -32,7 +32,7 @@ from envs import text
 from jaxrl import (advantages, config as config_lib, corrections, engine, files, knobs, losses, mesh as mesh_lib,
                    multi_turn, reward_models as reward_models_lib, rollout, sampling)
 from jaxrl.advantages import process_returns
-from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator,
+from jaxrl.algos.group import (CRITIC_WEIGHT, GROUP_SIZE, advantage_options, check_group_estimator, check_objective,
                                group_relative_keys)
 from jaxrl.algos import registry
 from jaxrl.algos.registry import Recipe, register
@@ -509,6 +509,9 @@ def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
 
 KL_COEF = Knob("loss.kl_coef", 0.0, "> 0: a KL penalty to the frozen starting policy, of this weight", traced=True,
                minimum=0.0)
+REFERENCE_RESET = Knob("loss.reference_reset", 0, "> 0: every this many updates the reference policy becomes the "
+                       "current one and the optimiser's state starts afresh (ProRL's reference resets); 0: never",
+                       minimum=0)
 
 
 @struct.dataclass
@@ -521,6 +524,8 @@ class TextGRPOHyperparams:
     clip_low: float = losses.CLIP_LOW.field()
     clip_high: float = losses.CLIP_HIGH.field()
     kl_coef: float = KL_COEF.field()
+    score_scale: float = losses.SCORE_SCALE.field()
+    confidence_penalty: float = losses.CONFIDENCE_PENALTY.field()
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
     critic_weight: float = CRITIC_WEIGHT.field()  # advantages = (1 - w) * group + w * standardised (reward - value)
@@ -568,7 +573,10 @@ class TextGRPOSettings:
     dual_clip: float | None = losses.DUAL_CLIP.field(convert=lambda bound: bound or None)
     kl: str = knob("loss.kl", "k3", "the KL estimator of the penalty to the starting policy",
                    choices=tuple(losses.KL_ESTIMATORS))
-    use_kl: bool = KL_COEF.field(convert=lambda kl_coef: kl_coef > 0)  # keep a frozen copy of the starting policy
+    use_kl: bool = KL_COEF.field(convert=lambda kl_coef: kl_coef > 0)
+    objective: str = losses.OBJECTIVE.field()
+    shapes_confidence: bool = losses.CONFIDENCE_PENALTY.field(convert=lambda penalty: penalty > 0)  # ACE
+    reference_reset: int = REFERENCE_RESET.field()
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
     max_staleness: int = staleness.MAX_STALENESS.field()
@@ -585,6 +593,11 @@ class TextGRPOSettings:
     def batch_size(self) -> int:
         """Completions per update, over all devices (B prompts x G)."""
         return self.text.num_prompts * self.group_size
+
+    @property
+    def keeps_reference(self) -> bool:
+        """A frozen copy of the starting policy is kept: for the KL penalty, an objective or ACE's confidence."""
+        return self.use_kl or self.shapes_confidence or losses.OBJECTIVES[self.objective].needs_reference
 
     num_updates = property(lambda self: self.text.num_updates)  # (what the engine and the loop read of `text`)
     xla_options = property(lambda self: self.text.xla_options)
@@ -659,7 +672,7 @@ class TextGRPO:
         with reward.model, the reward model run's parameters `reward_model` ({"params", "sampler"}; a fresh model of
         its shapes when not given: what a checkpoint restores into)."""
         state = self.policy.init(key, params)
-        ref = state.params if self.settings.use_kl and not self.policy.adapters else None
+        ref = state.params if self.settings.keeps_reference and not self.policy.adapters else None
         memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
         state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
         if self.learned_reward is not None:
@@ -718,12 +731,17 @@ class TextGRPO:
         # One row per completion [m*G, N] from here on.
         log_probs, entropy, values = (None if x is None else x.reshape(-1, x.shape[-1]) for x in scored)
         batch = {k: v if k == "prompts" else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
+        outcome = None
+        if losses.OBJECTIVES[s.objective].needs_outcome:
+            outcome = losses.Outcome(batch["correct"], batch["pass_rate"], s.group_size)
         total, aux = losses.policy_loss(
             log_probs, batch["log_probs"], batch["advantages"], batch["mask"] * batch["weight"],
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=self.task.answer_length,
-            ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef, entropy=entropy,
-            ent_coef=hp.ent_coef, weight=batch.get("correction"), axis_name=DATA_AXIS)
+            ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef,
+            entropy=entropy, ent_coef=hp.ent_coef, weight=batch.get("correction"), objective=s.objective,
+            outcome=outcome, score_scale=hp.score_scale,
+            confidence_penalty=hp.confidence_penalty if s.keeps_reference else None, axis_name=DATA_AXIS)
         if self.use_critic:
             errors = losses.value_loss(values, None, batch["returns"], None)
             value_mask = batch.get("value_mask", batch["mask"])
@@ -814,6 +832,10 @@ class TextGRPO:
             if groups.pruned is not None:  # a pruned member's reward is not its prefix's value: not a target
                 units["value_mask"] = groups.mask * ~groups.pruned[..., None]
         units["advantages"] = advantages
+        if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
+            correct = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).astype(jnp.float32)
+            units["correct"] = correct
+            units["pass_rate"] = jnp.broadcast_to(correct.mean(-1, keepdims=True), correct.shape)
         metrics.update({f"reward_{name}": global_mean(groups.rewards[..., i])
                         for i, name in enumerate(self.task.reward_names)})
         if groups.verified is not None:  # the learned reward against the true one (reward-hacking diagnostics)
@@ -847,7 +869,7 @@ class TextGRPO:
             metrics = corrections.diagnostics(fixed, behaviour, proximal, units["mask"], axis_name=DATA_AXIS)
             units = dict(units, log_probs=fixed.anchor, correction=fixed.weight)
             step_scale = metrics["correction_ess"] if s.ess_step else None
-        if s.use_kl:
+        if s.keeps_reference:
             # (under LoRA the reference is the frozen base: the same arrays with the adapters off, no copy)
             reference = lora.base_only(state.params) if self.policy.adapters else state.ref_params
             ref, _, _ = sampling.score_groups(self.model, reference, units["prompts"], units["tokens"],
@@ -858,6 +880,8 @@ class TextGRPO:
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches, step_scale)
         state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1)
+        if s.reference_reset:
+            state = reset_reference(state, optimizer, s.reference_reset)
         return state, {**metrics, **jax.tree.map(jnp.mean, aux)}
 
     def update(self, state: TextGRPOState, hp: TextGRPOHyperparams):
@@ -866,6 +890,24 @@ class TextGRPO:
         `mesh.split_actor`; `jaxrl.engine.staleness`)."""
         s = self.settings
         return staleness.update(self._sample_batch, self._learn, TEXT_ROLES, state, hp, s.max_staleness, s.split_actor)
+
+
+def reset_reference(state: TextGRPOState, optimizer, every: int) -> TextGRPOState:
+    """ProRL's reference reset: after every `every`-th update the reference policy is the current one and the
+    optimiser starts afresh (a fresh state of `optimizer`); `state` unchanged otherwise."""
+    due = state.update_step % every == 0
+
+    def pick(fresh, kept):
+        return jax.tree.map(lambda a, b: jnp.where(due, a, b), fresh, kept)
+
+    return state.replace(ref_params=pick(state.params, state.ref_params),
+                         opt_state=pick(optimizer.init(state.params), state.opt_state))
+
+
+def keeps_reference(config: ConfigDict) -> bool:
+    """The run keeps a frozen reference policy (`TextGRPOSettings.keeps_reference`), from its config."""
+    return (config.loss.kl_coef > 0 or config.loss.confidence_penalty > 0
+            or losses.OBJECTIVES[config.loss.objective].needs_reference)
 
 
 TEXT_ROLES = staleness.Roles(actor=("key", "memory"), learner=("params", "opt_state", "update_step"))
@@ -1000,6 +1042,14 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     check_text_config(config)
     multi_turn_task = config.task.name in text.MULTI_TURN_TASKS
     check_group_estimator(config, multi_turn=multi_turn_task)
+    check_objective(config, text=True, multi_turn=multi_turn_task)
+    if config.loss.reference_reset and not keeps_reference(config):
+        raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
+                         "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
+                         "config.loss.objective=pacs")
+    if config.loss.reference_reset and config.model.lora_rank:
+        raise ValueError("config.loss.reference_reset: under LoRA (config.model.lora_rank) the reference is the frozen "
+                         "base model, which never moves")
     rollout.check_config(config, "tokens")
     if multi_turn_task:
         chosen = [rollout.get(stage, name) for stage in rollout.STAGES for name in rollout.names(config.rollout[stage])]
@@ -1036,4 +1086,4 @@ register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_co
                             rebuild=build_text_sft))
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, check=check_text_grpo_config,
                              defaults=text_grpo_config, rebuild=build_text_grpo,
-                             static_of=lambda config: (config.loss.critic_weight > 0, config.loss.kl_coef > 0)))
+                             static_of=lambda config: (config.loss.critic_weight > 0, keeps_reference(config))))
