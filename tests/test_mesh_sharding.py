@@ -166,15 +166,19 @@ config.optim.num_minibatches, config.total_steps = 2, 16 * 4 * 6
 num_seeds = 2
 """
 
-# Every rollout strategy at once (dynamic sampling is TEXT_GRPO's), on a pool of 8 problems (revisited often). The correct-answer memory starts
-# full (the reference answers, drawn by a policy that gave each token probability 1/2) so that an untrained
-# model's all-wrong groups get replays; hints rise after one failure.
+# Every rollout strategy at once (dynamic sampling is TEXT_GRPO_PARTIAL's base), on a pool of 8 problems (revisited
+# often). The correct-answer memory starts full (the reference answers, drawn by a policy that gave each token
+# probability 1/2) so that an untrained model's all-wrong groups get replays; hints rise after one failure. Each update
+# learns from the batch sampled two updates before, with AReaL's decoupled objective; on 8 devices, 4 actors sample
+# while 4 learners learn (their queue split over the data axis as the actors sampled it): the same run.
 TEXT_GRPO_STRATEGIES = TEXT_GRPO + """
 config.rollout.filter, config.rollout.replay, config.rollout.pool_size = "rank_ties,success_predictor", "curriculum,correct,hints", 8
 config.rollout.options.curriculum.every = 2
 config.rollout.control, config.rollout.generate = "variance_budget", "tree"
 config.rollout.options.tree.min_entropy = 1.0  # branches split at their first uncertain token
 config.rollout.options.hints.patience = 1
+config.actor.max_staleness, config.loss.correction = 2, "decoupled"
+on_eight_devices = {"mesh.split_actor": True}
 
 def prepare(algo, state):
     import jax, jax.numpy as jnp
@@ -198,14 +202,6 @@ config.rollout.control, config.rollout.replay, config.rollout.pool_size = "parti
 config.rollout.options.hints.patience = 1
 config.loss.critic_weight, config.rollout.options.prune.warmup, config.rollout.options.prune.below = 0.5, 1, 0.0
 config.actor.max_staleness = 1
-on_eight_devices = {"mesh.split_actor": True}
-"""
-
-
-# Learning from batches sampled two updates before, with AReaL's decoupled objective; on 8 devices, 4 actors
-# sample while 4 learners learn (their queue split over the data axis as the actors sampled it): the same run.
-TEXT_GRPO_STALE = TEXT_GRPO + """
-config.actor.max_staleness, config.loss.correction = 2, "decoupled"
 on_eight_devices = {"mesh.split_actor": True}
 """
 
@@ -240,10 +236,10 @@ num_seeds = 2
 """
 
 
-@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL, TEXT_GRPO_STALE,
-                                   TEXT_GRPO_TURNS, TEXT_REWARD_MODEL],
-                         ids=["text_sft", "text_grpo", "text_grpo_strategies", "text_grpo_partial_stale_split",
-                              "text_grpo_stale_split", "text_grpo_multi_turn", "text_reward_model"])
+# (plain text GRPO, dynamic sampling on fresh problems, is the base of the strategies' and the partial rollouts' cases)
+@pytest.mark.parametrize("setup", [TEXT_SFT, TEXT_GRPO_STRATEGIES, TEXT_GRPO_PARTIAL, TEXT_GRPO_TURNS, TEXT_REWARD_MODEL],
+                         ids=["text_sft", "text_grpo_strategies_stale_split", "text_grpo_partial_stale_split",
+                              "text_grpo_multi_turn", "text_reward_model"])
 def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, setup):
     result = one_and_eight_devices(python_subprocess, setup)
     # The same samples were drawn and scored, and gradients are averaged (not summed) over devices.

@@ -353,6 +353,43 @@ def test_the_curriculum_redraws_at_its_level_and_rises_when_the_probe_passes(tra
     assert int(state.memory["curriculum"]["updates"][0]) == 3
 
 
+def test_thompson_plans_the_uncertain_problems_and_counts_each_groups_outcomes():
+    """replay/thompson (VADE): with problems 0-3 known solved (Beta(500, 1)), 4-7 known failed (Beta(1, 500)) and
+    the rest uncertain (Beta(3, 3)), the 16 planned (8 slots x 2 candidates) are always uncertain ones; observing a group adds its solved
+    members to alpha and the others to beta after every posterior decayed towards the prior."""
+    config = tiny_grpo_config("", **{"rollout.replay": "thompson", "rollout.pool_size": 32,
+                                     "rollout.options.thompson.decay": 0.5, "group.size": 3})
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    alpha = jnp.asarray([500.0] * 4 + [1.0] * 4 + [3.0] * 24)
+    beta = jnp.asarray([1.0] * 4 + [500.0] * 4 + [3.0] * 24)
+    assert config.num_prompts * config.group.oversample == 16
+    plan = rollout.Plan(jnp.zeros(16, jnp.int32), algo.pool[:16], jnp.zeros(16, jnp.int32), jnp.full(16, -1.0),
+                        jnp.zeros(16, jnp.int32))
+    for seed in range(5):
+        drawn, logged = on_mesh(algo, strategies.thompson_problems, {"alpha": alpha, "beta": beta}, plan,
+                                jax.random.key(seed))
+        ids = np.asarray(drawn.ids)
+        assert len(set(ids.tolist())) == 16 and (ids >= 8).all(), ids
+        np.testing.assert_array_equal(drawn.problems.target, algo.pool.target[ids])
+        np.testing.assert_allclose(logged["posterior_pass_rate"], 0.5, rtol=1e-6)
+    rewards = jnp.zeros((2, 3, 2)).at[0, :, 0].set(1.0).at[1, 2, 0].set(1.0)  # problem 9: 3 of 3; problem 4: 1 of 3
+    groups = rollout.Groups(jnp.asarray([9, 4]), *([None] * 3), tokens=jnp.zeros((2, 3, 5), jnp.int32),
+                            log_probs=None, mask=None, lengths=None, values=None, rewards=rewards, weight=None,
+                            bonus=None, replayed=jnp.zeros((2, 3), bool))
+    memory, _ = on_mesh(algo, strategies.count_outcomes, {"alpha": alpha, "beta": beta}, groups, None)
+    want_alpha = 1.0 + 0.5 * (np.asarray(alpha) - 1.0)
+    want_beta = 1.0 + 0.5 * (np.asarray(beta) - 1.0)
+    want_alpha[9] += 3.0
+    want_alpha[4] += 1.0
+    want_beta[4] += 2.0
+    np.testing.assert_allclose(memory["alpha"], want_alpha, rtol=1e-6)
+    np.testing.assert_allclose(memory["beta"], want_beta, rtol=1e-6)
+    with pytest.raises(ValueError, match="replay/thompson plans 16 distinct problems per update"):
+        algos.validate(tiny_grpo_config("", **{"rollout.replay": "thompson", "rollout.pool_size": 12,
+                                               "group.oversample": 2}))
+
+
 def test_a_filter_bonus_gives_tied_groups_advantages_and_leaves_the_others_alone(replay_algo):
     config = tiny_grpo_config("", **{"rollout.filter": "rank_ties", "group.size": 3})
     algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts

@@ -77,9 +77,10 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2},
     {"advantage.estimator": "bnpo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.objective": "cispo"},
-    {"loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2},
+    {"loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2, "rollout.replay": "thompson",
+     "rollout.pool_size": 16},
 ], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget", "bnpo-ace-reset-cispo",
-        "pacs-reset"])
+        "pacs-reset-thompson"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -96,7 +97,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
         for ref, now in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(ref, now)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
-             "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate"}
+             "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])

@@ -3,7 +3,7 @@
     generate  independent (the default), tree
     filter    rank_ties, success_predictor
     control   dynamic_sampling (the default), variance_budget, partial, prune
-    replay    correct, hints, curriculum
+    replay    correct, hints, curriculum, thompson
 
 `algo` is token GRPO's learner
 (`jaxrl.algos.text.TextGRPO`). Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K
@@ -543,3 +543,55 @@ register("replay", "curriculum", init=curriculum_memory, before=curriculum_probl
                   "probe": (64, "held-out problems per probe", {"minimum": 1}),
                   "every": (5, "updates between probes", {"minimum": 1}),
                   "probe_seed": (7, "the probes' problems are drawn from this seed", {})})
+
+
+# --- Replay: a Thompson sampler of the pool's problems (VADE) -------------------------------------------------
+
+def beta_memory(algo, key):
+    """Per training problem: its Beta posterior of the pass rate (alpha, beta), from the uniform prior."""
+    pool = algo.settings.pool_size
+    return {"alpha": jnp.ones(pool), "beta": jnp.ones(pool)}
+
+
+def thompson_problems(algo, memory, plan: Plan, key):
+    """Draws a pass rate p ~ Beta(alpha, beta) for every problem of the pool and plans the B x oversample problems
+    whose draws promise the most information, p (1 - p) (a group's reward variance: a sure problem teaches nothing),
+    the same draws on every device. Logs the posterior mean pass rate of the problems planned."""
+    s = algo.settings
+    draws = jax.random.beta(key, memory["alpha"], memory["beta"])
+    _, ids = jax.lax.top_k(draws * (1.0 - draws), s.text.num_prompts * s.oversample)
+    ids = mesh_lib.local_share(ids.astype(jnp.int32))
+    mean = memory["alpha"][ids] / (memory["alpha"][ids] + memory["beta"][ids])
+    zeros = jnp.zeros(ids.shape, jnp.int32)
+    return Plan(ids, algo.pool[ids], zeros, jnp.full(ids.shape, -1.0), zeros), {"posterior_pass_rate": global_mean(mean)}
+
+
+def count_outcomes(algo, memory, groups: Groups, params):
+    """Every posterior decays towards the prior, alpha <- 1 + decay (alpha - 1) (and beta), so that old evidence of a
+    moving policy fades; then each observed problem adds its group's solved members to alpha and the others to beta
+    (members this update's policy drew, of finished groups; all devices)."""
+    decay = algo.strategy_options("thompson")["decay"]
+    drawn = ~groups.replayed
+    solved = jnp.sum(_correct(algo, groups) & drawn, axis=1).astype(jnp.float32)
+    failed = jnp.sum(~_correct(algo, groups) & drawn, axis=1).astype(jnp.float32)
+    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
+    ids, solved, failed, finished = mesh_lib.gather_shares((groups.ids, solved, failed, finished))
+    rows = jnp.where(finished, ids, algo.settings.pool_size)  # out of range: dropped
+    memory = {k: 1.0 + decay * (v - 1.0) for k, v in memory.items()}
+    memory = {"alpha": memory["alpha"].at[rows].add(solved, mode="drop"),
+              "beta": memory["beta"].at[rows].add(failed, mode="drop")}
+    return memory, {"posterior_evidence": jnp.mean(memory["alpha"] + memory["beta"] - 2.0)}
+
+
+def check_thompson(config, chosen) -> None:
+    planned = config.num_prompts * config.group.get("oversample", 1)
+    if config.rollout.pool_size < planned:
+        raise ValueError(f"rollout strategy replay/thompson plans {planned} distinct problems per update "
+                         f"(num_prompts x group.oversample) from the pool: config.rollout.pool_size must be at least "
+                         f"that, got {config.rollout.pool_size}")
+
+
+register("replay", "thompson", init=beta_memory, before=thompson_problems, observe=count_outcomes, needs_pool=True,
+         single_turn=True, draws=True, check=check_thompson,
+         options={"decay": (0.99, "each update every posterior's evidence is multiplied by this (1: never forgets)",
+                            {"minimum": 0.0, "maximum": 1.0})})
