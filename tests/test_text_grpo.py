@@ -263,3 +263,25 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
     with pytest.raises(ValueError, match="objective=nft learns from the verifier's correct label of each completion: "
                                          "it needs text GRPO"):
         algos.validate(env_grpo)
+
+
+def test_a_teacher_pulls_the_policy_by_its_kl_and_an_earlier_checkpoint_can_be_it(sft_run):
+    """loss.teacher (KDRL): with the warm start itself as teacher, the KL to the teacher is the KL to the reference
+    policy (both are the starting policy): 0 at the first update, then equal to it as the policy moves. The frozen
+    teacher is checkpointed beside the state (a resumed run reads it from there)."""
+    config = tiny_grpo_config(sft_run, **{"loss.teacher": sft_run, "loss.teacher_coef": 0.5, "loss.kl_coef": 0.05})
+    algos.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    assert algo.frozen_from == (("teacher", sft_run),)
+    start = start_params(sft_run)
+    state = algo.init_seeds(0, 1, start_params=start, frozen={"teacher": start})
+    state, first = algo.run_chunk(state, hp, 1)
+    state, second = algo.run_chunk(state, hp, 1)
+    first, second = jax.device_get(first), jax.device_get(second)
+    assert float(first["teacher_kl"][0]) == 0.0 and float(first["kl"][0]) == 0.0
+    assert float(second["teacher_kl"][0]) > 0.0
+    np.testing.assert_allclose(second["teacher_kl"], second["kl"], rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(state.teacher), jax.tree.leaves(start)):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="loss.teacher='/nowhere' is neither a text run directory"):
+        algos.validate(tiny_grpo_config(sft_run, **{"loss.teacher": "/nowhere"}))

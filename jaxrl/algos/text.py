@@ -44,7 +44,7 @@ from jaxrl.mesh import DATA_AXIS, MODEL_AXIS, RUN_AXIS
 from jaxrl.models import hf as hf_files, lora, sharding as model_sharding
 from jaxrl.models.config import LORA_TARGETS
 from jaxrl.models.decoder import Decoder, is_adapter
-from jaxrl.models.lm import read_spec
+from jaxrl.models.lm import is_pretrained, read_spec
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 
@@ -509,6 +509,9 @@ def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
 
 KL_COEF = Knob("loss.kl_coef", 0.0, "> 0: a KL penalty to the frozen starting policy, of this weight", traced=True,
                minimum=0.0)
+TEACHER = Knob("loss.teacher", "", "a teacher whose log-probabilities the policy is pulled towards, KL(pi || teacher) "
+               "per token (KDRL): a text run directory of the same tokenizer (an earlier checkpoint, a larger SFT run) or "
+               "a pretrained model (jaxrl.models: a name, a Hugging Face directory, a .gguf file); '': none")
 REFERENCE_RESET = Knob("loss.reference_reset", 0, "> 0: every this many updates the reference policy becomes the "
                        "current one and the optimiser's state starts afresh (ProRL's reference resets); 0: never",
                        minimum=0)
@@ -524,6 +527,8 @@ class TextGRPOHyperparams:
     clip_low: float = losses.CLIP_LOW.field()
     clip_high: float = losses.CLIP_HIGH.field()
     kl_coef: float = KL_COEF.field()
+    teacher_coef: float = knob("loss.teacher_coef", 0.1, "with loss.teacher: the weight of the KL to the teacher",
+                               traced=True, minimum=0.0)
     score_scale: float = losses.SCORE_SCALE.field()
     confidence_penalty: float = losses.CONFIDENCE_PENALTY.field()
     ent_coef: float = losses.ENT_COEF.field()
@@ -577,6 +582,7 @@ class TextGRPOSettings:
     objective: str = losses.OBJECTIVE.field()
     shapes_confidence: bool = losses.CONFIDENCE_PENALTY.field(convert=lambda penalty: penalty > 0)  # ACE
     reference_reset: int = REFERENCE_RESET.field()
+    teacher: str = TEACHER.field()
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
     max_staleness: int = staleness.MAX_STALENESS.field()
@@ -626,6 +632,14 @@ class TextGRPOLearnedRewardState(TextGRPOState):
     reward_model: Any = None
 
 
+@struct.dataclass
+class TextGRPOTeacherState(TextGRPOState):
+    """`TextGRPOState` of a run with loss.teacher: the frozen teacher's parameters beside it (a class of its own, so
+    that the checkpoints of runs without one keep their layout)."""
+
+    teacher: Any = None
+
+
 class TextGRPO:
     """GRPO and its variants on a text task: the update of one seed on this device's share of the B prompt
     slots, and what the rollout strategies read (`settings`, `task`, `vocab`, `model`, `pool`,
@@ -644,8 +658,9 @@ class TextGRPO:
     """
 
     def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy,
-                 learned_reward: LearnedReward | None = None):
+                 learned_reward: LearnedReward | None = None, teacher: TextPolicy | None = None):
         self.settings, self.mesh, self.policy, self.learned_reward = settings, mesh, policy, learned_reward
+        self.teacher = teacher  # (loss.teacher's model, tokenizer and task)
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         self.use_critic = self.model.config.value_head
         self.per_turn = advantages.ESTIMATORS[settings.advantage].per_turn  # scores turns of multi-turn episodes
@@ -667,7 +682,7 @@ class TextGRPO:
                              f"num_minibatches={settings.num_minibatches} equal minibatches: prompts per device "
                              f"must be a multiple of {settings.num_minibatches}")
 
-    def init(self, key: jax.Array, params=None, reward_model=None) -> TextGRPOState:
+    def init(self, key: jax.Array, params=None, reward_model=None, teacher=None) -> TextGRPOState:
         """A fresh state for one seed, from `params` when given (a warm start; a fresh value head if it has one), and
         with reward.model, the reward model run's parameters `reward_model` ({"params", "sampler"}; a fresh model of
         its shapes when not given: what a checkpoint restores into)."""
@@ -678,6 +693,10 @@ class TextGRPO:
         if self.learned_reward is not None:
             state = TextGRPOLearnedRewardState(**vars(state), reward_model=self.learned_reward.variables(
                 reward_model, jax.random.fold_in(key, 3)))
+        if self.teacher is not None:  # (a fresh model of its shapes when not given: what a checkpoint restores into)
+            fresh = teacher is None
+            state = TextGRPOTeacherState(**vars(state), teacher=self.teacher.init_params(jax.random.fold_in(key, 4))
+                                         if fresh else teacher)
         if not self.settings.max_staleness:
             return state
         return state.replace(pending=staleness.empty_queue(self._sample_batch, state, TextGRPOHyperparams,
@@ -742,6 +761,11 @@ class TextGRPO:
             entropy=entropy, ent_coef=hp.ent_coef, weight=batch.get("correction"), objective=s.objective,
             outcome=outcome, score_scale=hp.score_scale,
             confidence_penalty=hp.confidence_penalty if s.keeps_reference else None, axis_name=DATA_AXIS)
+        if self.teacher is not None:  # KDRL: the reverse KL to the teacher, per token, aggregated as the objective
+            mask = batch["mask"] * batch["weight"]
+            teacher_kl = losses.aggregate(losses.kl_estimate(log_probs, batch["teacher_log_probs"], s.kl), mask,
+                                          s.aggregate, self.task.answer_length, DATA_AXIS)
+            total, aux = total + hp.teacher_coef * teacher_kl, dict(aux, teacher_kl=teacher_kl)
         if self.use_critic:
             errors = losses.value_loss(values, None, batch["returns"], None)
             value_mask = batch.get("value_mask", batch["mask"])
@@ -875,6 +899,10 @@ class TextGRPO:
             ref, _, _ = sampling.score_groups(self.model, reference, units["prompts"], units["tokens"],
                                               units["mask"], self.vocab.pad_id, units.get("attend"))
             units = dict(units, ref_log_probs=ref)
+        if self.teacher is not None:
+            taught, _, _ = sampling.score_groups(self.teacher.update_model, state.teacher, units["prompts"],
+                                                 units["tokens"], units["mask"], self.vocab.pad_id, units.get("attend"))
+            units = dict(units, teacher_log_probs=taught)
         optimizer = self.policy.optimizer(hp, state.update_step)
         groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
         params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
@@ -985,13 +1013,32 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config, "tokens"))
     policy = TextPolicy(base, mesh)
-    grpo = TextGRPO(settings, mesh, policy, learned_reward(config, mesh, policy) if settings.reward_model else None)
+    grpo = TextGRPO(settings, mesh, policy, learned_reward(config, mesh, policy) if settings.reward_model else None,
+                    teacher_policy(config, mesh, policy) if settings.teacher else None)
     algorithm = text_algorithm(settings, mesh, policy, grpo.init, grpo.update, grpo, init_from_params=grpo.init,
                                starts_from="" if run_dir else config.init_from or base.pretrained,
                                state_specs=grpo.state_specs)
-    if settings.reward_model and not run_dir:
-        algorithm = dataclasses.replace(algorithm, frozen_from=(("reward_model", settings.reward_model),))
+    frozen = (("reward_model", settings.reward_model),) * bool(settings.reward_model) + \
+        (("teacher", settings.teacher),) * bool(settings.teacher)
+    if frozen and not run_dir:
+        algorithm = dataclasses.replace(algorithm, frozen_from=frozen)
     return algorithm
+
+
+def teacher_policy(config: ConfigDict, mesh, policy: TextPolicy) -> TextPolicy:
+    """config.loss.teacher as a frozen model that scores the policy's tokens: a text run (its saved config and
+    tokenizer) or a pretrained model; it must read the policy's tokens."""
+    path = config.loss.teacher
+    if is_pretrained(path):
+        teacher_config = config_lib.set_values(ConfigDict(config.to_dict()), {"model.name": path, "model.lora_rank": 0})
+        teacher = TextPolicy(text_settings(teacher_config, start=None), mesh)
+    else:
+        saved = registry.saved_config(os.path.join(path, "config.json"))
+        teacher = TextPolicy(text_settings(saved, start=path), mesh)
+    if teacher.tokenizer.to_str() != policy.tokenizer.to_str():
+        raise ValueError(f"config.loss.teacher={path!r} reads another tokenizer than this policy's: a teacher must "
+                         "score the same tokens")
+    return teacher
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1047,6 +1094,16 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
                          "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
                          "config.loss.objective=pacs")
+    if config.loss.teacher:
+        if multi_turn_task:
+            raise ValueError(f"config.loss.teacher scores single completions; task.name={config.task.name} is played "
+                             "over turns")
+        if config.reward.model:
+            raise ValueError("config.loss.teacher and config.reward.model: one frozen model per run for now")
+        if not (is_pretrained(config.loss.teacher)
+                or os.path.exists(os.path.join(config.loss.teacher, "config.json"))):
+            raise ValueError(f"config.loss.teacher={config.loss.teacher!r} is neither a text run directory (no "
+                             "config.json) nor a pretrained model")
     if config.loss.reference_reset and config.model.lora_rank:
         raise ValueError("config.loss.reference_reset: under LoRA (config.model.lora_rank) the reference is the frozen "
                          "base model, which never moves")
