@@ -176,6 +176,21 @@ def test_confidence_interval_matches_student_t():
     assert sweep.confidence_interval([None, 2.0, 4.0])[0] == 3.0  # seeds without a value are left out
 
 
+def test_the_detectable_difference_is_the_power_analysis_of_the_seeds_spread():
+    """Two settings of n seeds with standard deviation s: a two-sided 5% test finds a difference of means d with 80%
+    probability when d = (1.95996 + 0.84162) s sqrt(2 / n); 4 seeds of [1, 2, 3, 4] (s = 1.29099) detect 2.55749."""
+    assert summary_lib.detectable_difference([1.0, 2.0, 3.0, 4.0]) == pytest.approx(2.80158 * 1.290994 * math.sqrt(0.5),
+                                                                                    rel=1e-5)
+    assert summary_lib.detectable_difference([1.0, 2.0, 3.0, 4.0]) == pytest.approx(2.55749, rel=1e-5)
+    # four times the seeds halve it; one seed detects nothing
+    wide = summary_lib.detectable_difference([1.0, 2.0, 3.0, 4.0] * 4)
+    assert wide == pytest.approx(2.80158 * np.std([1, 2, 3, 4] * 4, ddof=1) * math.sqrt(2 / 16), rel=1e-5)
+    assert math.isnan(summary_lib.detectable_difference([5.0]))
+    row = summary_lib.summarize_sweep([{"lr": 1}], ["lr=1"], [[{"env_steps": 1, "episode_return_per_seed": [1.0, 3.0]}]],
+                                      2)[0]
+    assert row["episode_return_detectable"] == pytest.approx(2.80158 * math.sqrt(2.0) * 1.0, rel=1e-5)
+
+
 def test_the_summary_table_shows_an_interval_only_where_there_is_one():
     two_seeds = summary_lib.summarize_sweep([{"lr": 1}], ["lr=1"],
                                             [[{"env_steps": 100, "episode_return_per_seed": [1.0, 3.0]}]], 2)

@@ -40,8 +40,9 @@ def test_grpo_starts_from_the_sft_weights_and_trains(sft_run, default_grpo, tmp_
     assert float(algo.evaluate(state.params, jax.random.PRNGKey(0), 64)["eval_accuracy"][0]) == sft_last["eval_accuracy"]
     rows = train.run(config, str(tmp_path / "grpo")).metrics
     for key in ("reward_correct", "reward_well_formed", "fill_rate", "completion_length", "entropy", "clip_fraction",
-                "approx_kl", "eval_accuracy", "eval_pass@8", "sampled_tokens", "tokens"):
+                "approx_kl", "eval_accuracy", "eval_pass@8", "eval_pass^8", "sampled_tokens", "tokens"):
         assert np.isfinite(rows[-1][key]), (key, rows[-1])
+    assert rows[-1]["eval_pass^8"] <= rows[-1]["eval_pass@8"]  # all 8 samples solve a problem, at least one does
     assert os.path.exists(tmp_path / "grpo" / "tokenizer.json")
 
 
@@ -76,7 +77,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2},
-    {"advantage.estimator": "bnpo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.objective": "cispo"},
+    {"advantage.estimator": "bnpo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.objective": "cispo",
+     "loss.truncated": "mask_negative"},
     {"loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2, "rollout.replay": "thompson",
      "rollout.pool_size": 16},
 ], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget", "bnpo-ace-reset-cispo",
@@ -93,6 +95,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
         assert np.isfinite(value).all(), (key, value)
     assert ("kl" in metrics) == keeps_reference(config)
     assert ("value_loss" in metrics) == (config.loss.critic_weight > 0)
+    assert ("truncated" in metrics) == (config.loss.truncated != "train")
     if config.loss.reference_reset:  # ProRL: after the second update the reference is the policy again
         for ref, now in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(ref, now)
@@ -285,3 +288,21 @@ def test_a_teacher_pulls_the_policy_by_its_kl_and_an_earlier_checkpoint_can_be_i
         np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="loss.teacher='/nowhere' is neither a text run directory"):
         algos.validate(tiny_grpo_config(sft_run, **{"loss.teacher": "/nowhere"}))
+
+
+def test_truncated_completions_lose_their_loss_or_only_their_push_down():
+    """loss.truncated: a completion without EOS within the limit is cut off; mask drops all its tokens, mask_negative
+    those of negative advantage (DAPO's overlong filtering, MicroCoder-GRPO's conditional masking); a pruned member
+    was stopped, not cut off."""
+    from jaxrl.algos.text import kept_tokens, truncated
+
+    eos = 2
+    tokens = jnp.asarray([[[5, 6, 2, 0], [5, 6, 7, 8], [5, 6, 7, 8]]])  # [1, 3, 4]: ended, cut off, cut off
+    mask = jnp.asarray([[[1, 1, 1, 0], [1, 1, 1, 1], [1, 1, 1, 1]]], jnp.float32)
+    cut = truncated(tokens, mask, eos)
+    np.testing.assert_array_equal(cut, [[False, True, True]])
+    np.testing.assert_array_equal(truncated(tokens, mask, eos, pruned=jnp.asarray([[False, False, True]])),
+                                  [[False, True, False]])
+    advantages = jnp.broadcast_to(jnp.asarray([0.5, -1.0, 1.0])[None, :, None], (1, 3, 4))
+    np.testing.assert_array_equal(kept_tokens(cut, advantages, "mask")[0, :, 0], [1, 0, 0])
+    np.testing.assert_array_equal(kept_tokens(cut, advantages, "mask_negative")[0, :, 0], [1, 0, 1])

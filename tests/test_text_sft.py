@@ -39,7 +39,7 @@ def test_text_config_errors_name_the_key():
         algos.validate(config)
 
 
-def test_pass_at_k_counts_problems_solved_by_any_of_k_samples():
+def test_pass_at_k_counts_problems_solved_by_any_of_k_samples_and_pass_hat_k_by_all():
     config = tiny_sft_config()
     config.eval.pass_k = 4
     algo, _ = algos.build(config, mesh_lib.make_mesh())
@@ -61,5 +61,6 @@ def test_pass_at_k_counts_problems_solved_by_any_of_k_samples():
         correct = np.asarray(samples.tokens[..., 0] % 2 == 0)  # [16, 4]
         assert 0 < correct.mean() < 1
         np.testing.assert_allclose(out["eval_pass@4"][seed], correct.any(1).mean())
+        np.testing.assert_allclose(out["eval_pass^4"][seed], correct.all(1).mean())
         greedy = sampling.sample(policy.model, params, prompts, key, temperature=0.0, **decoding)
         np.testing.assert_allclose(out["eval_accuracy"][seed], np.mean(np.asarray(greedy.tokens[:, 0]) % 2 == 0))

@@ -357,7 +357,8 @@ class TextPolicy:
         """Answers to `num` fixed held-out problems, per seed [S]: greedy decoding (or one sample at
         temperature 1, with `sample`) gives eval_accuracy (pass@1), eval_well_formed and eval_length (tokens
         generated); with settings.pass_k = k > 0, `eval_pass@k` is the fraction of problems that at least one
-        of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k). A multi-turn
+        of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k), `eval_pass^k`
+        the fraction that all k solve (the reliability Claw-Eval and agentic evaluations report). A multi-turn
         task's episodes add eval_success (solved; eval_accuracy is then the mean task reward), eval_turns,
         eval_tool_calls, eval_tool_errors (per call) and eval_solved@k, the share solved within k turns, k = 1..K;
         a task of roles (`MultiTurnTask.roles`) adds eval_turn<k>_reward, turn k's (its role's) mean reward."""
@@ -369,8 +370,9 @@ class TextPolicy:
         out = {"eval_accuracy": greedy[..., correct].mean(-1),
                "eval_well_formed": greedy[..., self.task.reward_names.index("well_formed")].mean(-1),
                "eval_length": lengths.mean(-1)}
-        if self.settings.pass_k:
+        if self.settings.pass_k:  # at least one of k samples solves a problem (pass@k), and all k do (pass^k)
             out[f"eval_pass@{self.settings.pass_k}"] = sampled[..., correct].max(-1).mean(-1)
+            out[f"eval_pass^{self.settings.pass_k}"] = sampled[..., correct].min(-1).mean(-1)
         if self.multi_turn:
             calls = stats["tool_calls"].sum(-1)
             out.update(eval_success=stats["solved"].mean(-1), eval_turns=stats["turns"].mean(-1),
@@ -583,6 +585,10 @@ class TextGRPOSettings:
     shapes_confidence: bool = losses.CONFIDENCE_PENALTY.field(convert=lambda penalty: penalty > 0)  # ACE
     reference_reset: int = REFERENCE_RESET.field()
     teacher: str = TEACHER.field()
+    truncated: str = knob("loss.truncated", "train", "completions cut off by the length limit (no EOS): trained as any "
+                          "other, carrying no loss (mask: DAPO's overlong filtering), or carrying none where their "
+                          "advantage is negative (mask_negative: MicroCoder-GRPO's conditional masking: not pushed down "
+                          "for running out of room)", choices=("train", "mask", "mask_negative"))
     num_epochs: int = NUM_EPOCHS.field()
     num_minibatches: int = NUM_MINIBATCHES.field()
     max_staleness: int = staleness.MAX_STALENESS.field()
@@ -855,6 +861,10 @@ class TextGRPO:
             units["returns"] = returns
             if groups.pruned is not None:  # a pruned member's reward is not its prefix's value: not a target
                 units["value_mask"] = groups.mask * ~groups.pruned[..., None]
+        if s.truncated != "train":
+            cut = truncated(groups.tokens, groups.mask, self.vocab.eos_id, groups.pruned)
+            units["weight"] = units["weight"] * kept_tokens(cut, advantages, s.truncated)
+            metrics["truncated"] = global_mean(cut.astype(jnp.float32))
         units["advantages"] = advantages
         if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
             correct = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).astype(jnp.float32)
@@ -918,6 +928,20 @@ class TextGRPO:
         `mesh.split_actor`; `jaxrl.engine.staleness`)."""
         s = self.settings
         return staleness.update(self._sample_batch, self._learn, TEXT_ROLES, state, hp, s.max_staleness, s.split_actor)
+
+
+def truncated(tokens: jax.Array, mask: jax.Array, eos_id: int, pruned: jax.Array | None = None) -> jax.Array:
+    """bool [..., G]: completions [..., G, N] cut off by the length limit, without an EOS among their tokens (members a
+    Control strategy stopped early, `pruned`, were not cut off)."""
+    cut = ~((tokens == eos_id) & (mask > 0)).any(-1)
+    return cut if pruned is None else cut & ~pruned
+
+
+def kept_tokens(cut: jax.Array, advantages: jax.Array, how: str) -> jax.Array:
+    """float32 [..., G, N]: 0 on the tokens loss.truncated drops: every token of a cut-off completion (mask), or those
+    whose advantage is negative (mask_negative); 1 elsewhere."""
+    dropped = cut[..., None] & ((advantages < 0) if how == "mask_negative" else True)
+    return (~dropped).astype(jnp.float32)
 
 
 def reset_reference(state: TextGRPOState, optimizer, every: int) -> TextGRPOState:
@@ -1094,6 +1118,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
                          "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
                          "config.loss.objective=pacs")
+    if config.loss.truncated != "train" and multi_turn_task:
+        raise ValueError(f"config.loss.truncated={config.loss.truncated} masks single completions cut off by the length "
+                         f"limit; task.name={config.task.name} is played over turns")
     if config.loss.teacher:
         if multi_turn_task:
             raise ValueError(f"config.loss.teacher scores single completions; task.name={config.task.name} is played "

@@ -1,4 +1,5 @@
-"""A sweep's summary: final values with a 95% confidence interval over seeds, as CSV, table and plot."""
+"""A sweep's summary: final values with a 95% confidence interval over seeds (and the difference the seeds can
+detect), as CSV, table and plot."""
 
 from __future__ import annotations
 
@@ -24,9 +25,23 @@ def confidence_interval(values, level: float = 0.95) -> tuple[float, float, floa
     return mean, mean - half, mean + half
 
 
+def detectable_difference(values, power: float = 0.8, level: float = 0.95) -> float:
+    """The smallest difference of means between this setting and another of as many seeds and the same spread that a
+    two-sided test at `level` finds with probability `power`: (z_(1/2 + level/2) + z_power) s sqrt(2 / n), s the
+    seeds' standard deviation (a power analysis, normal approximation; NaN for fewer than two values). Differences
+    smaller than this need more seeds to be told apart."""
+    from scipy import stats
+
+    values = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    if values.size < 2:
+        return math.nan
+    z = stats.norm.ppf(0.5 + level / 2) + stats.norm.ppf(power)
+    return float(z * values.std(ddof=1) * math.sqrt(2.0 / values.size))
+
+
 def summarize_sweep(overrides: list[dict], names: list[str], rows: list[list[dict]], num_seeds: int) -> list[dict]:
     """One row per setting: its swept values, then for each headline metric of its last logged value the
-    mean, 95% interval and per-seed values."""
+    mean, 95% interval, per-seed values and the difference its seeds can detect (`detectable_difference`)."""
     summary = []
     for setting, name, setting_rows in zip(overrides, names, rows):
         out = {"setting": name, **setting, "num_seeds": num_seeds}
@@ -38,7 +53,8 @@ def summarize_sweep(overrides: list[dict], names: list[str], rows: list[list[dic
                 continue
             mean, low, high = confidence_interval(values)
             out.update({key: mean, f"{key}_ci_low": low, f"{key}_ci_high": high,
-                        f"{key}_per_seed": " ".join("nan" if v is None else f"{v:.4g}" for v in values)})
+                        f"{key}_per_seed": " ".join("nan" if v is None else f"{v:.4g}" for v in values),
+                        f"{key}_detectable": detectable_difference(values)})
         summary.append(out)
     return summary
 
