@@ -76,12 +76,12 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
-     "group.oversample": 2},
+     "group.oversample": 2, "reward.label_free": "majority"},
     {"advantage.estimator": "bnpo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.objective": "cispo",
      "loss.truncated": "mask_negative"},
     {"loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2, "rollout.replay": "thompson",
      "rollout.pool_size": 16},
-], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget", "bnpo-ace-reset-cispo",
+], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget-majority", "bnpo-ace-reset-cispo",
         "pacs-reset-thompson"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -96,6 +96,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     assert ("kl" in metrics) == keeps_reference(config)
     assert ("value_loss" in metrics) == (config.loss.critic_weight > 0)
     assert ("truncated" in metrics) == (config.loss.truncated != "train")
+    assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier
     if config.loss.reference_reset:  # ProRL: after the second update the reference is the policy again
         for ref, now in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(ref, now)
@@ -306,3 +307,23 @@ def test_truncated_completions_lose_their_loss_or_only_their_push_down():
     advantages = jnp.broadcast_to(jnp.asarray([0.5, -1.0, 1.0])[None, :, None], (1, 3, 4))
     np.testing.assert_array_equal(kept_tokens(cut, advantages, "mask")[0, :, 0], [1, 0, 0])
     np.testing.assert_array_equal(kept_tokens(cut, advantages, "mask_negative")[0, :, 0], [1, 0, 1])
+
+
+def test_majority_votes_reward_agreement_with_the_groups_most_common_well_formed_answer():
+    """reward.label_free=majority (MM-UPT, TTRL): the pseudo-label is agreement with the most common well-formed
+    answer of the group (tokens up to the end of each completion), ties to the earliest; no well-formed answer, no
+    majority."""
+    from jaxrl.algos.text import majority_votes
+
+    a, b, c = [4, 2, 0], [5, 2, 0], [6, 7, 2]
+    tokens = jnp.asarray([[a, a, b, a, c], [a, b, b, a, c], [a, b, c, a, b], [a, a, b, b, c]])
+    mask = (tokens != 0).astype(jnp.float32)
+    formed = jnp.asarray([[1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [0, 0, 0, 0, 0]], bool)
+    np.testing.assert_array_equal(majority_votes(tokens, mask, formed), [
+        [1, 1, 0, 1, 0],  # a three times
+        [1, 0, 0, 1, 0],  # a and b twice each: the earliest, a
+        [1, 0, 0, 1, 0],  # the malformed b's do not vote: a twice, c once
+        [0, 0, 0, 0, 0]])  # nothing well formed
+    # the same answer written with different padding after its end is the same answer
+    padded = tokens.at[0, 1, 2].set(9)
+    np.testing.assert_array_equal(majority_votes(padded, mask, formed)[0], [1, 1, 0, 1, 0])

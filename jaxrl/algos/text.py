@@ -573,6 +573,9 @@ class TextGRPOSettings:
                                  minimum=0.0)
     reward_model: str = knob("reward.model", "", "a text_reward_model run whose model scores each completion as its "
                              "correct reward (sigmoid of the score; see reward.model_weight); '': the task's verifier")
+    label_free: str = knob("reward.label_free", "", "majority: the correct reward is agreement with the group's most "
+                           "common well-formed answer, no label read (MM-UPT, TTRL: test-time RL); '': the verifier's",
+                           choices=("", "majority"))
     ratio: str = losses.RATIO.field()
     aggregate: str = losses.AGGREGATE.field()
     correction: str = corrections.CORRECTION.field()
@@ -726,6 +729,8 @@ class TextGRPO:
         plan = rollout.plan_candidates(self, plan_key)
         scorer = getattr(state, "reward_model", None)
         rewarded = None if scorer is None else functools.partial(self._learned_rewards, scorer, hp)
+        if self.settings.label_free == "majority":
+            rewarded = self._majority_rewards
         memory, groups, metrics = self.pipeline.run(self, state.params, hp, state.memory, plan, sample_key, rewarded)
         local_prompts = self.settings.text.num_prompts // jax.lax.axis_size(DATA_AXIS)
         if groups.tokens.shape[0] != local_prompts:
@@ -747,6 +752,14 @@ class TextGRPO:
         mixed = w * reward_models_lib.learned_reward(scores) + (1.0 - w) * groups.rewards[..., correct]
         return groups.replace(rewards=groups.rewards.at[..., correct].set(mixed), verified=groups.rewards,
                               process=process)
+
+    def _majority_rewards(self, groups: rollout.Groups) -> rollout.Groups:
+        """`groups` whose correct reward is `majority_votes`' pseudo-label, the verifier's components kept in
+        `verified` (never trained on: the learned-reward diagnostics compare them)."""
+        names = self.task.reward_names
+        formed = groups.rewards[..., names.index("well_formed")] > 0
+        label = majority_votes(groups.tokens, groups.mask, formed).astype(jnp.float32)
+        return groups.replace(rewards=groups.rewards.at[..., names.index("correct")].set(label), verified=groups.rewards)
 
     def _loss(self, params, batch, hp: TextGRPOHyperparams):
         """batch: whole groups, prompts [m, P] and the rest [m, G, ...]."""
@@ -928,6 +941,18 @@ class TextGRPO:
         `mesh.split_actor`; `jaxrl.engine.staleness`)."""
         s = self.settings
         return staleness.update(self._sample_batch, self._learn, TEXT_ROLES, state, hp, s.max_staleness, s.split_actor)
+
+
+def majority_votes(tokens: jax.Array, mask: jax.Array, formed: jax.Array) -> jax.Array:
+    """bool [n, G]: each completion agrees with its group's majority answer, the most common of the well-formed
+    (`formed` [n, G]) completions [n, G, N] (identical tokens up to their end; ties to the earliest); a group with no
+    well-formed completion has no majority."""
+    answers = jnp.where(mask > 0, tokens, -1)
+    same = jnp.all(answers[:, :, None] == answers[:, None, :], axis=-1)  # [n, G, G]
+    votes = jnp.sum(same & formed[:, None, :], axis=-1)  # [n, G]: well-formed completions agreeing with each
+    winner = jnp.argmax(jnp.where(formed, votes, -1), axis=1)  # [n]
+    agrees = jnp.take_along_axis(same, winner[:, None, None], axis=1)[:, 0]  # [n, G]
+    return agrees & formed & formed.any(axis=1, keepdims=True)
 
 
 def truncated(tokens: jax.Array, mask: jax.Array, eos_id: int, pruned: jax.Array | None = None) -> jax.Array:
@@ -1118,6 +1143,10 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
                          "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
                          "config.loss.objective=pacs")
+    if config.reward.label_free and (config.reward.model or multi_turn_task):
+        raise ValueError(f"config.reward.label_free={config.reward.label_free} votes among single completions for the "
+                         "correct reward: " + ("config.reward.model gives it too" if config.reward.model else
+                                               f"task.name={config.task.name} is played over turns"))
     if config.loss.truncated != "train" and multi_turn_task:
         raise ValueError(f"config.loss.truncated={config.loss.truncated} masks single completions cut off by the length "
                          f"limit; task.name={config.task.name} is played over turns")
