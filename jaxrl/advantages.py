@@ -133,6 +133,7 @@ class GroupOptions:
     renormalize: bool
     max_reward: float
     has_agents: bool  # rewards carry an agent axis: [B, G, A]
+    stratum_weight: float = 0.5  # stratified: the within-stratum advantage's share, the group's the rest
 
 
 # A core maps (rewards, valid, opts) to advantages, or to (advantages, keep) where keep [like rewards]
@@ -154,9 +155,10 @@ class Estimator:
     needs_critic: bool = False
     off_policy: bool = False  # a critic core that takes log_rhos (log pi - log mu of each step's action)
     per_turn: bool = False  # scores each turn of multi-turn episodes (`turn_advantages`), not whole samples
+    needs_strata: bool = False  # also reads each sample's stratum (int [B, G(, A)]): core(rewards, valid, opts, strata)
 
-    def __call__(self, rewards, valid, opts):
-        return self.core(rewards, valid, opts)
+    def __call__(self, rewards, valid, opts, strata=None):
+        return self.core(rewards, valid, opts) if not self.needs_strata else self.core(rewards, valid, opts, strata)
 
 
 # Every advantage estimator by name, the critic's (gae, vtrace, impala) and the groups' (grpo, rloo, ...): the values of
@@ -184,7 +186,8 @@ def check_estimator(name: str, needs_critic: bool, family: str) -> None:
                          f"{', '.join(names(needs_critic))}")
 
 
-def register(name: str, *, default_scale: str = "group", combine: bool = True, needs_critic: bool = False):
+def register(name: str, *, default_scale: str = "group", combine: bool = True, needs_critic: bool = False,
+             needs_strata: bool = False):
     """Decorator adding a core function to ESTIMATORS under `name`; returns the function unchanged. A group
     estimator's core is a `Core`; with `needs_critic` (an estimator PPO takes, as gae) it is fn(rewards, values,
     dones, last_value, gamma, gae_lambda) -> (advantages, value targets)."""
@@ -194,7 +197,7 @@ def register(name: str, *, default_scale: str = "group", combine: bool = True, n
     def decorate(core: Core) -> Core:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic)
+        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic, needs_strata=needs_strata)
         return core
 
     return decorate
@@ -328,6 +331,27 @@ def calibrated(rewards, valid, opts):
     return _rescale(centered, _per_group(std, rewards.ndim), rewards, valid, opts)
 
 
+@register("stratified", needs_strata=True)
+def stratified(rewards, valid, opts, strata):
+    """Stratified GRPO's SAN: each sample against the members of its group in its own stratum (the same structure,
+    e.g. as many tool calls), (r - stratum mean) / (stratum std + eps), blended with the group's advantage:
+    w A_stratum + (1 - w) A_group (w: `stratum_weight`). [B, G(, A)], strata int [B, G(, A)] -> [B, G(, A)]. A sample
+    alone in its stratum has no peers: its stratum advantage is 0."""
+    axes = _group_axes(rewards)
+    if strata is None:
+        raise ValueError("stratified advantages need each sample's stratum (strata [B, G])")
+    same = (strata.reshape(strata.shape[0], -1)[:, :, None] == strata.reshape(strata.shape[0], -1)[:, None, :])
+    flat_r, flat_v = _flat(rewards), _flat(valid)
+    peers = same & flat_v[:, None, :]  # [B, M, M]: valid members of each sample's stratum
+    count = jnp.maximum(peers.sum(-1), 1)
+    mean = jnp.sum(jnp.where(peers, flat_r[:, None, :], 0.0), -1) / count
+    var = jnp.sum(jnp.where(peers, jnp.square(flat_r[:, None, :] - mean[..., None]), 0.0), -1) / count
+    within = (flat_r - mean) / (jnp.sqrt(var) + opts.eps) if opts.scale != "none" else flat_r - mean
+    group_mean, group_std, _ = _moments(rewards, valid, axes)
+    overall = _rescale(rewards - group_mean, group_std, rewards, valid, opts)
+    return opts.stratum_weight * within.reshape(rewards.shape) + (1.0 - opts.stratum_weight) * overall
+
+
 def beta_fit(pass_rates: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Beta(alpha, beta) fitted to the groups' pass rates by the method of moments. [B], [B] bool -> two scalars.
 
@@ -389,9 +413,10 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     """The estimator `name` wrapped with masking, component combining, scaling default and clipping.
 
     The returned fn(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-    renormalize=False, max_reward=1.0) takes rewards [B, G] or [B, G, A] (with a trailing K axis
-    when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
-    all options are static Python values, so it can be jitted.
+    renormalize=False, max_reward=1.0, strata=None, stratum_weight=0.5) takes rewards [B, G] or [B, G, A] (with a
+    trailing K axis when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
+    `strata` (int, the rewards' leading shape) only for an estimator that reads them (`stratified`); the other
+    options are static Python values, so it can be jitted.
     """
     if name not in names(needs_critic=False):
         per_turn = " (a per-turn estimator: `turn_advantages`)" if name in names(False, per_turn=True) else ""
@@ -399,7 +424,7 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     est = ESTIMATORS[name]
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-                 renormalize=False, max_reward=1.0) -> GroupAdvantages:
+                 renormalize=False, max_reward=1.0, strata=None, stratum_weight=0.5) -> GroupAdvantages:
         rewards = jnp.asarray(rewards, jnp.float32)
         k = None if reward_weights is None else len(reward_weights)
         lead = rewards.shape[:-1] if k is not None else rewards.shape
@@ -412,14 +437,15 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
             raise ValueError(f"{name}: scale must be one of {SCALES} or None, got {scale!r}")
         opts = GroupOptions(scale or est.default_scale, float(eps),
                             None if k is None else tuple(float(w) for w in reward_weights),
-                            bool(renormalize), float(max_reward), has_agents=len(lead) == 3)
+                            bool(renormalize), float(max_reward), has_agents=len(lead) == 3,
+                            stratum_weight=float(stratum_weight))
         valid = _broadcast_mask(mask, lead)
         valid_r = valid[..., None] if k is not None else valid
         rewards = jnp.where(valid_r, rewards, 0.0)  # cores may rely on padding being 0 (never NaN or junk)
         zero_variance = _all_equal(rewards, valid_r, len(lead))
         if k is not None and est.combine:
             rewards = rewards @ jnp.asarray(opts.reward_weights, jnp.float32)
-        out = est(rewards, valid, opts)
+        out = est(rewards, valid, opts, None if strata is None else jnp.asarray(strata))
         advantages, keep = out if isinstance(out, tuple) else (out, True)
         if clip:
             advantages = jnp.clip(advantages, -clip, clip)

@@ -428,6 +428,24 @@ def test_beta_normalisation_spans_reinforce_and_grpo():
                                * math.pi / 8, rtol=1e-4, atol=1e-6)
 
 
+def test_stratified_normalises_within_each_stratum_and_blends_with_the_group():
+    """Stratified GRPO's SAN by hand: rewards (1, 0, 1 | 1, 0, 0) in strata (0, 0, 0 | 1, 1, 1): stratum 0 has mean
+    2/3 and std sqrt(2)/3, stratum 1 mean 1/3 and the same std; the group mean 1/2, std 1/2. A lone member of its
+    stratum gets no within-stratum advantage."""
+    rewards = jnp.asarray([[1.0, 0.0, 1.0, 1.0, 0.0, 0.0]])
+    strata = jnp.asarray([[0, 0, 0, 1, 1, 1]])
+    s = math.sqrt(2) / 3
+    within = np.array([1 / 3, -2 / 3, 1 / 3, 2 / 3, -1 / 3, -1 / 3]) / (s + EPS)
+    group = np.array([1.0, -1.0, 1.0, 1.0, -1.0, -1.0]) * 0.5 / (0.5 + EPS)
+    for w in (0.0, 0.3, 1.0):
+        out = get("stratified")(rewards, strata=strata, stratum_weight=w)
+        np.testing.assert_allclose(out.advantages[0], w * within + (1 - w) * group, rtol=1e-4, atol=1e-5)
+    alone = get("stratified")(rewards, strata=jnp.asarray([[0, 0, 0, 1, 1, 2]]), stratum_weight=1.0)
+    assert float(alone.advantages[0, 5]) == 0.0
+    with pytest.raises(ValueError, match="need each sample's stratum"):
+        get("stratified")(rewards)
+
+
 def test_module_exports():
     for name in ("GroupAdvantages", "ESTIMATORS", "register", "get", "group_advantages",
                  "stepwise_group_advantages", "returns_to_go", "gae"):

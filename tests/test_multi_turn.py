@@ -303,6 +303,28 @@ def test_turn_grpo_and_mapo_normalise_returns_to_go():
                                0.3 * turn + 0.7 * batch, rtol=1e-4, atol=1e-5)
 
 
+def test_stratified_advantages_group_episodes_by_their_tool_calls():
+    """advantage.estimator=stratified on a tool task: the strata are the episodes' tool calls, so an episode is
+    compared with those of its group that called as many tools (here two strata of two)."""
+    from jaxrl import algos, mesh as mesh_lib, rollout
+    from helpers import load_experiment
+
+    config = load_experiment("text_grpo", "lookup")
+    config.group.size, config.advantage.estimator, config.advantage.stratum_weight = 4, "stratified", 1.0
+    config.reward_weights = (1.0, 0.0)
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    K = algo.task.max_turns
+    calls = jnp.zeros((1, 4, K), bool).at[0, :2, 0].set(True)  # members 0, 1 called a tool once; 2, 3 never
+    rewards = jnp.asarray([[[1.0, 1.0], [0.0, 1.0], [0.0, 1.0], [0.0, 1.0]]])
+    turns = {"tool_call": calls}
+    groups = rollout.Groups(*([None] * 4), tokens=jnp.zeros((1, 4, 6), jnp.int32), log_probs=None, mask=None,
+                            lengths=None, values=None, rewards=rewards, weight=None, bonus=jnp.zeros((1, 4)),
+                            replayed=None, turns=turns)
+    advantages_, _, _ = algo._group_advantages(groups)
+    np.testing.assert_allclose(advantages_[0, :, 0], [1.0, -1.0, 0.0, 0.0], atol=1e-4)  # only the callers differ
+
+
 def test_config_errors_name_the_multi_turn_mismatch():
     from jaxrl import algos
     config = algos.default_config("text_grpo")
@@ -313,4 +335,7 @@ def test_config_errors_name_the_multi_turn_mismatch():
     config = algos.default_config("text_grpo")
     config.advantage.estimator = "gigpo"
     with pytest.raises(ValueError, match="'gigpo' scores the turns of multi-turn episodes: it needs a multi-turn"):
+        algos.validate(config)
+    config.advantage.estimator = "stratified"
+    with pytest.raises(ValueError, match="'stratified' compares each episode with those of its group that share"):
         algos.validate(config)

@@ -19,6 +19,8 @@ ADVANTAGE_OPTIONS = (
     Knob("advantage.clip", 0.0, "advantages clipped to [-clip, clip]; 0: off", minimum=0.0),
     Knob("advantage.max_reward", 1.0, "calibrated estimators: the virtual best sample's reward"),
     Knob("advantage.renormalize", False, "gdpo: renormalise the combined advantages over the batch"),
+    Knob("advantage.stratum_weight", 0.5, "stratified: the within-stratum advantage's share of the blend (the group's "
+         "has the rest)", minimum=0.0, maximum=1.0),
 )
 CRITIC_WEIGHT = Knob("loss.critic_weight", 0.0, "> 0 mixes in a learned value baseline (1: critic-based, 0: "
                      "critic-free)", traced=True, minimum=0.0, maximum=1.0)
@@ -38,7 +40,7 @@ def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
     """config.advantage's options as keyword options of the estimator ("" and 0 mean the default / off)."""
     o = config.advantage
     return (("scale", o.scale or None), ("eps", o.eps), ("clip", o.clip or None), ("max_reward", o.max_reward),
-            ("renormalize", o.renormalize))
+            ("renormalize", o.renormalize), ("stratum_weight", o.stratum_weight))
 
 
 def check_group_estimator(config: ConfigDict, multi_turn: bool = False) -> None:
@@ -46,6 +48,10 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False) -> None:
     `multi_turn` episodes."""
     advantages.check_estimator(config.advantage.estimator, needs_critic=False, family="the GRPO family")
     estimator = advantages.ESTIMATORS.get(config.advantage.estimator)
+    if estimator is not None and estimator.needs_strata and not multi_turn:
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each episode with those "
+                         "of its group that share its structure (as many tool calls): it needs a multi-turn text task "
+                         f"({', '.join(sorted(MULTI_TURN_TASKS))})")
     if estimator is not None and estimator.per_turn and not multi_turn:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} scores the turns of multi-turn "
                          f"episodes: it needs a multi-turn text task ({', '.join(sorted(MULTI_TURN_TASKS))}); "

@@ -817,7 +817,10 @@ class TextGRPO:
         if generator.advantages:  # structured samples (trees) score their tokens themselves
             token_advantages, weight = generator.advantages(self, groups, rewards @ jnp.asarray(weights))
             return token_advantages, weight, tied
-        group = self.estimator(rewards, None, reward_weights=weights, **dict(s.advantage_options))
+        strata = None
+        if advantages.ESTIMATORS[s.advantage].needs_strata:  # an episode's structure: how many tools it called
+            strata = groups.turns["tool_call"].sum(-1)
+        group = self.estimator(rewards, None, reward_weights=weights, strata=strata, **dict(s.advantage_options))
         return jnp.broadcast_to(group.advantages[..., None], groups.tokens.shape), group.weight[..., None], tied
 
     def _turn_options(self) -> dict:
