@@ -390,6 +390,35 @@ def test_thompson_plans_the_uncertain_problems_and_counts_each_groups_outcomes()
                                                "group.oversample": 2}))
 
 
+def test_gdro_draws_by_class_weight_and_raises_the_weight_of_the_classes_it_fails():
+    """replay/gdro (Prompt-GDRO): problems 0-7 are hard (pass rate 0.1: class 0 of 4), the rest easy (0.9: class 3).
+    With all the weight on class 0 every candidate is a hard problem; with equal weights the two classes holding
+    problems share the draws. Observing a failed hard group and a solved easy one raises class 0's log-weight by
+    `step` x 1 and moves each pass rate half way to its group's."""
+    config = tiny_grpo_config("", **{"rollout.replay": "gdro", "rollout.pool_size": 32, "group.size": 3})
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    rate = jnp.asarray([0.1] * 8 + [0.9] * 24)
+    plan = rollout.Plan(jnp.zeros(16, jnp.int32), algo.pool[:16], jnp.zeros(16, jnp.int32), jnp.full(16, -1.0),
+                        jnp.zeros(16, jnp.int32))
+    drawn, logged = on_mesh(algo, strategies.gdro_problems, {"rate": rate, "log_weight": jnp.asarray([0.0, -50, -50, -50])},
+                            plan, jax.random.key(0))
+    assert (np.asarray(drawn.ids) < 8).all() and float(logged["hardest_class_share"]) == pytest.approx(1.0)
+    hard = []
+    for seed in range(20):
+        drawn, logged = on_mesh(algo, strategies.gdro_problems, {"rate": rate, "log_weight": jnp.zeros(4)}, plan,
+                                jax.random.key(seed))
+        hard.append(np.mean(np.asarray(drawn.ids) < 8))
+    assert float(logged["hardest_class_share"]) == pytest.approx(0.5) and 0.35 < np.mean(hard) < 0.65, hard
+    rewards = jnp.zeros((2, 3, 2)).at[1, :, 0].set(1.0)  # problem 2: 0 of 3 solved; problem 20: 3 of 3
+    groups = rollout.Groups(jnp.asarray([2, 20]), *([None] * 3), tokens=jnp.zeros((2, 3, 5), jnp.int32),
+                            log_probs=None, mask=None, lengths=None, values=None, rewards=rewards, weight=None,
+                            bonus=None, replayed=jnp.zeros((2, 3), bool))
+    memory, _ = on_mesh(algo, strategies.reweight_classes, {"rate": rate, "log_weight": jnp.zeros(4)}, groups, None)
+    np.testing.assert_allclose(memory["log_weight"], [0.0, -1.0, -1.0, -1.0], atol=1e-6)
+    np.testing.assert_allclose(memory["rate"][jnp.asarray([2, 20, 5])], [0.05, 0.95, 0.1], rtol=1e-6)
+
+
 def test_a_filter_bonus_gives_tied_groups_advantages_and_leaves_the_others_alone(replay_algo):
     config = tiny_grpo_config("", **{"rollout.filter": "rank_ties", "group.size": 3})
     algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts

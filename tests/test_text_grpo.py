@@ -71,7 +71,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 # choices of one case are separate branches of the update, and each case checks that all of them ran.
 @pytest.mark.parametrize("overrides", [
     {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
-     "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3},
+     "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3, "rollout.replay": "gdro",
+     "rollout.pool_size": 16},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
@@ -81,7 +82,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "loss.truncated": "mask_negative"},
     {"loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2, "rollout.replay": "thompson",
      "rollout.pool_size": 16},
-], ids=["dr_grpo-tree-kl", "gdpo-sequence-critic-replay", "median-predictor-budget-majority", "bnpo-ace-reset-cispo",
+], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay", "median-predictor-budget-majority", "bnpo-ace-reset-cispo",
         "pacs-reset-thompson"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -101,7 +102,8 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
         for ref, now in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(ref, now)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
-             "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate"}
+             "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
+             "gdro": "hardest_class_share"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])

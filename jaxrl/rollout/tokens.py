@@ -3,7 +3,7 @@
     generate  independent (the default), tree
     filter    rank_ties, success_predictor
     control   dynamic_sampling (the default), variance_budget, partial, prune
-    replay    correct, hints, curriculum, thompson
+    replay    correct, hints, curriculum, thompson, gdro
 
 `algo` is token GRPO's learner
 (`jaxrl.algos.text.TextGRPO`). Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K
@@ -595,3 +595,60 @@ register("replay", "thompson", init=beta_memory, before=thompson_problems, obser
          single_turn=True, draws=True, check=check_thompson,
          options={"decay": (0.99, "each update every posterior's evidence is multiplied by this (1: never forgets)",
                             {"minimum": 0.0, "maximum": 1.0})})
+
+
+# --- Replay: multiplicative weights over difficulty classes (Prompt-GDRO) ------------------------------------
+
+def difficulty_memory(algo, key):
+    """Per training problem its pass rate (an exponential average of its groups', 1/2 before any), and the
+    log-weight of each difficulty class."""
+    pool, classes = algo.settings.pool_size, algo.strategy_options("gdro")["classes"]
+    return {"rate": jnp.full(pool, 0.5), "log_weight": jnp.zeros(classes)}
+
+
+def difficulty_classes(rate: jax.Array, classes: int) -> jax.Array:
+    """int32 [...]: the class of each pass rate in [0, 1], `classes` of equal width from the hardest (0) up."""
+    return jnp.minimum(jnp.floor(rate * classes), classes - 1).astype(jnp.int32)
+
+
+def gdro_problems(algo, memory, plan: Plan, key):
+    """Prompt-GDRO: the candidates are drawn by class, class c with probability proportional to exp(log_weight c)
+    among the classes holding problems, then uniformly within it (the same draws on every device)."""
+    s = algo.settings
+    classes = algo.strategy_options("gdro")["classes"]
+    member = difficulty_classes(memory["rate"], classes)  # [pool]
+    count = jnp.zeros(classes).at[member].add(1.0)
+    logits = memory["log_weight"][member] - jnp.log(count[member])  # p(class) / its size, for each problem
+    ids = jax.random.categorical(key, logits, shape=(s.text.num_prompts * s.oversample,))
+    ids = mesh_lib.local_share(ids.astype(jnp.int32))
+    zeros = jnp.zeros(ids.shape, jnp.int32)
+    share = jax.nn.softmax(jnp.where(count > 0, memory["log_weight"], -jnp.inf))
+    return Plan(ids, algo.pool[ids], zeros, jnp.full(ids.shape, -1.0), zeros), {"hardest_class_share": share[0]}
+
+
+def reweight_classes(algo, memory, groups: Groups, params):
+    """Each observed problem's pass rate moves towards its group's by `rate_step`; each class observed this update
+    gains `step` x its mean failure rate (1 - pass rate) in log-weight (multiplicative weights: the classes the
+    policy fails most are drawn more), the weights then normalised to a largest log-weight of 0 (all devices)."""
+    o = algo.strategy_options("gdro")
+    drawn = ~groups.replayed
+    passed = jnp.sum(_correct(algo, groups) & drawn, axis=1) / jnp.maximum(jnp.sum(drawn, axis=1), 1)
+    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
+    ids, passed, finished = mesh_lib.gather_shares((groups.ids, passed, finished))
+    member = difficulty_classes(memory["rate"][ids], o["classes"])
+    seen = jnp.zeros(o["classes"]).at[member].add(finished.astype(jnp.float32))
+    failures = jnp.zeros(o["classes"]).at[member].add(jnp.where(finished, 1.0 - passed, 0.0))
+    log_weight = memory["log_weight"] + o["step"] * jnp.where(seen > 0, failures / jnp.maximum(seen, 1.0), 0.0)
+    rows = jnp.where(finished & last_occurrence(ids, finished), ids, algo.settings.pool_size)
+    rate = memory["rate"].at[rows].set((1.0 - o["rate_step"]) * memory["rate"][ids] + o["rate_step"] * passed,
+                                       mode="drop")
+    return {"rate": rate, "log_weight": log_weight - log_weight.max()}, {"mean_pass_rate": jnp.mean(rate)}
+
+
+register("replay", "gdro", init=difficulty_memory, before=gdro_problems, observe=reweight_classes, needs_pool=True,
+         single_turn=True, draws=True,
+         options={"classes": (4, "difficulty classes of equal width in pass rate", {"minimum": 1}),
+                  "step": (1.0, "multiplicative weights' step: a class's log-weight gains this x its failure rate",
+                           {"minimum": 0.0}),
+                  "rate_step": (0.5, "a problem's pass rate moves this far towards each new group's",
+                                {"minimum": 0.0, "maximum": 1.0})})
