@@ -226,11 +226,13 @@ OBJECTIVES: dict[str, Objective] = {"clip": Objective(_clip), "cispo": Objective
 
 def confidence_shaped(advantages: jax.Array, log_prob: jax.Array, ref_log_prob: jax.Array, mask: jax.Array,
                       penalty) -> jax.Array:
-    """ACE (asymmetric confidence-aware error penalty): each negative advantage scaled by 1 + penalty softplus(c),
+    """ACE (asymmetric confidence-aware error penalty): each negative advantage scaled by 1 + penalty max(c, 0),
     c = sum_t log pi(y_t) / pi_ref(y_t) over the completion (held constant): errors the policy has grown more
-    confident in than the reference are penalised more; positive advantages are unchanged. [S, T] -> [S, T]"""
+    confident in than the reference (c > 0, overconfident) are penalised more, the others as before, and positive
+    advantages are unchanged. [S, T] -> [S, T]. (A softplus in place of max(c, 0) would also scale, by 1 + penalty
+    log 2, every error the policy has not moved on: with it a run from a warm start drifts down.)"""
     c = jax.lax.stop_gradient(jnp.sum((log_prob - ref_log_prob) * mask, axis=-1, keepdims=True))
-    return jnp.where(advantages < 0, advantages * (1.0 + penalty * jax.nn.softplus(c)), advantages)
+    return jnp.where(advantages < 0, advantages * (1.0 + penalty * jnp.maximum(c, 0.0)), advantages)
 
 
 def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Array, mask: jax.Array, *,
@@ -316,5 +318,5 @@ OBJECTIVE = Knob("loss.objective", "clip", "the policy objective per token: PPO'
 SCORE_SCALE = Knob("loss.score_scale", 1.0, "pacs: beta of the score beta log pi / pi_ref that predicts the label",
                    traced=True, above=0.0)
 CONFIDENCE_PENALTY = Knob("loss.confidence_penalty", 0.0, "> 0: ACE, negative advantages scaled by 1 + this x "
-                          "softplus(log pi / pi_ref of the completion): confident errors penalised more", traced=True,
+                          "max(log pi / pi_ref of the completion, 0): overconfident errors penalised more", traced=True,
                           minimum=0.0)

@@ -18,6 +18,7 @@ ACCURACY_KEYS = ("token_accuracy", "eval_accuracy")
 HEADLINE_KEYS = ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy", "eval_success", "eval_turns",
                  "solved", "turns", "tool_error_rate", "eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
                  "eval_sampled_accuracy")
+PER_SEED_PREFIXES = ("eval_pass@", "eval_pass^")  # kept per seed too: pass@k and pass^k, whatever k
 # What ranks evaluated policies (checkpoint.keep_best), the first an evaluation reports; higher is better.
 EVAL_SCORE_KEYS = ("eval_win_rate", "eval_accuracy", "eval_return")
 
@@ -47,7 +48,7 @@ def summarize(per_seed: dict[str, np.ndarray]) -> dict[str, float | list[float]]
         row["episodes"] = float(episodes.sum())
     for name, values in per_seed.items():
         row[name] = finite_or_none(np.nanmean(values)) if np.isfinite(values).any() else None
-        if values.size > 1 and name in HEADLINE_KEYS:
+        if values.size > 1 and (name in HEADLINE_KEYS or name.startswith(PER_SEED_PREFIXES)):
             row[f"{name}_per_seed"] = [finite_or_none(v) for v in values]
     return row
 

@@ -409,10 +409,12 @@ def test_pacs_predicts_the_label_from_the_implicit_reward_and_is_rloo_at_a_zero_
 
 
 def test_ace_scales_only_negative_advantages_by_the_completions_confidence_shift():
-    """ACE: A < 0 becomes A (1 + alpha softplus(c)), c = sum_t log pi / pi_ref over the completion; A >= 0 stays."""
+    """ACE: A < 0 becomes A (1 + alpha max(c, 0)), c = sum_t log pi / pi_ref over the completion (overconfident
+    errors, c > 0, pay more; the others as before); A >= 0 stays."""
     new, _, ref, adv, _ = inputs(25, scale=0.4)
     c = ((new.astype(np.float64) - ref) * MASK).sum(1, keepdims=True)
-    want = np.where(adv < 0, adv * (1 + 2.0 * np.log1p(np.exp(c))), adv)
+    assert (c > 0).any() and (c < 0).any()
+    want = np.where(adv < 0, adv * (1 + 2.0 * np.maximum(c, 0)), adv)
     got = losses.confidence_shaped(jnp.asarray(adv), new, ref, MASK, 2.0)
     np.testing.assert_allclose(got, want, rtol=1e-5)
     assert (np.asarray(got)[adv >= 0] == adv[adv >= 0]).all()

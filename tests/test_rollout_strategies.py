@@ -395,7 +395,8 @@ def test_gdro_draws_by_class_weight_and_raises_the_weight_of_the_classes_it_fail
     With all the weight on class 0 every candidate is a hard problem; with equal weights the two classes holding
     problems share the draws. Observing a failed hard group and a solved easy one raises class 0's log-weight by
     `step` x 1 and moves each pass rate half way to its group's."""
-    config = tiny_grpo_config("", **{"rollout.replay": "gdro", "rollout.pool_size": 32, "group.size": 3})
+    config = tiny_grpo_config("", **{"rollout.replay": "gdro", "rollout.pool_size": 32, "group.size": 3,
+                                     "rollout.options.gdro.step": 1.0})
     algos.validate(config)
     algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
     rate = jnp.asarray([0.1] * 8 + [0.9] * 24)

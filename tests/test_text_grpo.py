@@ -75,15 +75,14 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.pool_size": 16},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
-     "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1},
+     "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1,
+     "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative"},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2, "reward.label_free": "majority"},
-    {"advantage.estimator": "bnpo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.objective": "cispo",
-     "loss.truncated": "mask_negative"},
-    {"loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2, "rollout.replay": "thompson",
-     "rollout.pool_size": 16},
-], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay", "median-predictor-budget-majority", "bnpo-ace-reset-cispo",
-        "pacs-reset-thompson"])
+    {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
+     "rollout.replay": "thompson", "rollout.pool_size": 16},
+], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay-cispo-ace-reset-truncated", "median-predictor-budget-majority",
+        "bnpo-pacs-reset-thompson"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)

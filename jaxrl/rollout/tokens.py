@@ -648,7 +648,7 @@ def reweight_classes(algo, memory, groups: Groups, params):
 register("replay", "gdro", init=difficulty_memory, before=gdro_problems, observe=reweight_classes, needs_pool=True,
          single_turn=True, draws=True,
          options={"classes": (4, "difficulty classes of equal width in pass rate", {"minimum": 1}),
-                  "step": (1.0, "multiplicative weights' step: a class's log-weight gains this x its failure rate",
+                  "step": (0.1, "multiplicative weights' step: a class's log-weight gains this x its failure rate",
                            {"minimum": 0.0}),
                   "rate_step": (0.5, "a problem's pass rate moves this far towards each new group's",
                                 {"minimum": 0.0, "maximum": 1.0})})

@@ -99,7 +99,9 @@ def render(rows: list[dict]) -> str:
              "The group-RL methods of the papers jaxrl is built from, by cluster: the config line that turns each on "
              "(the experiment and the keys), the tests that check it against the paper's mechanism, or what it still "
              "needs and the issue that provides it. Clusters not listed here (asynchrony, critics and reward models, "
-             "multi-turn agents, self-play, continuous control) are tracked by their own issues.", "",
+             "multi-turn agents, self-play, continuous control) are tracked by their own issues. How the entries "
+             "compare on one task, 3 seeds each: [the method league](benchmarks/results/method_league.md) "
+             "(`python benchmarks/method_league.py`).", "",
              f"{len(rows)} methods: " + ", ".join(f"{counts[s]} {STATUSES[s]} ({s})" for s in STATUSES) + ".", ""]
     for cluster, title in CLUSTERS.items():
         members = [row for row in rows if row["cluster"] == cluster]

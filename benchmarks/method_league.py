@@ -1,0 +1,191 @@
+"""The method league (issue 64): every group-RL method of docs/methods.md that is a config line on single-answer text
+tasks, trained from one SFT warm start on two-number Countdown with equal completions drawn, 3 seeds each.
+
+    python benchmarks/method_league.py --runs-dir runs/method_league --update-results
+
+Every run is `python -m jaxrl.train` (runs already in `--runs-dir` are reused, so an interrupted script picks up
+where it stopped). The warm start is the experiments' text_sft on Countdown with two numbers (targets up to 100,
+numbers up to 25) and a one-layer model of width 64, 6,400 demonstrations: it answers about a third of the held-out
+problems greedily, so that a group's answers differ and every method has something to learn. Each method then runs
+7,680 completions (60 updates of 16 prompts x 8 at a constant learning rate of 3e-4 in two minibatches, so that the
+second learns from samples of the parameters before the first: the objectives' clipping and weights act; temperature
+0.3, rewarded for correct answers alone; a method that changes the group size keeps the completions per update,
+MC-GRPO's G + 1 = 9 draws 9/8 of them per prompt), 3 seeds in one
+program. Reported: held-out greedy accuracy and pass@8 at the end (256 problems, the runs' own evaluations), the
+gain over the warm start, the tokens each method sampled before its mean accuracy first reached GRPO's final one
+(evaluated every 1,920 completions), and the training's wall time. Intervals: 95% Student-t over the seeds.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from report import (finished_run, fmt_ci, machine, markdown_table, publish, run_rows, runs_arguments,  # noqa: E402
+                    save_figure, train_run)
+
+MARKERS = ("<!-- method_league:start -->", "<!-- method_league:end -->")
+SEEDS = 3
+COMPLETIONS = 16 * 8 * 60
+TASK = ["--config.task.kwargs.num_numbers=2"]
+SMALL_MODEL = ["--config.model.num_layers=1", "--config.model.d_model=64", "--config.model.num_heads=2"]
+SFT = [*TASK, *SMALL_MODEL, "--config.total_steps=6400", "--config.num_prompts=32", "--config.optim.warmup_updates=10",
+       "--config.eval.pass_k=8", "--config.eval.episodes=256"]
+GRPO = [*TASK, *SMALL_MODEL, f"--config.total_steps={COMPLETIONS}", "--config.num_prompts=16", "--config.group.size=8",
+        "--config.optim.learning_rate=3e-4", "--config.optim.schedule=constant", "--config.sampling.temperature=0.3",
+        "--config.reward_weights=(1.0,0.0)", "--config.optim.num_minibatches=2", f"--config.num_seeds={SEEDS}", "--config.eval.every_steps=1920",
+        "--config.eval.episodes=256", "--config.eval.pass_k=8", "--config.log.every_steps=128",
+        "--config.checkpoint.every_steps=7680"]
+# method -> (its config line's keys beyond GRPO's, the methods it stands for in docs/methods.md)
+METHODS = {
+    "grpo": ({}, "GRPO"),
+    "dr_grpo": ({"advantage.estimator": "dr_grpo", "loss.aggregate": "constant"}, "Dr. GRPO"),
+    "rloo": ({"advantage.estimator": "rloo"}, "RLOO"),
+    "median": ({"advantage.estimator": "median", "group.size": 9, "num_prompts": 16}, "MC-GRPO (G + 1 = 9)"),
+    "two_grpo": ({"group.size": 2, "num_prompts": 64}, "2-GRPO"),
+    "calibrated": ({"advantage.estimator": "calibrated"}, "NGRPO"),
+    "bnpo": ({"advantage.estimator": "bnpo"}, "BNPO"),
+    "lite_ppo": ({"advantage.scale": "batch"}, "Lite PPO"),
+    "gspo": ({"loss.ratio": "sequence", "loss.clip_low": 3e-4, "loss.clip_high": 4e-4}, "GSPO"),
+    "cispo": ({"loss.objective": "cispo", "loss.clip_low": 1.0, "loss.clip_high": 4.0}, "CISPO"),
+    "nft": ({"loss.objective": "nft"}, "NFT"),
+    "pacs": ({"loss.objective": "pacs"}, "PACS"),
+    "ace": ({"loss.confidence_penalty": 1.0}, "ACE"),
+    "prorl": ({"loss.kl_coef": 0.01, "loss.reference_reset": 20}, "ProRL"),
+    "kdrl": ({"loss.teacher": "@sft", "loss.teacher_coef": 0.1}, "KDRL (the warm start as teacher)"),
+    "truncated": ({"loss.truncated": "mask_negative"}, "MicroCoder-GRPO's masking"),
+    "thompson": ({"rollout.replay": "thompson", "rollout.pool_size": 256}, "VADE"),
+    "gdro": ({"rollout.replay": "gdro", "rollout.pool_size": 256}, "Prompt-GDRO"),
+    "partial": ({"rollout.control": "partial"}, "APRIL"),
+    "majority": ({"reward.label_free": "majority"}, "MM-UPT (no labels)"),
+}
+
+
+# The seeds' claims on group sizes, all at 60 updates of 16 prompts (the completions grow with G):
+# MC-GRPO: G = 2 within 1% of G = 8 (median baselines over G + 1 samples, the pivot left out);
+# 2-GRPO: G = 2 keeps (about) the accuracy of G = 16 at 1/8 of its rollouts.
+CLAIMS = {"mc_g2": {"advantage.estimator": "median", "group.size": 3}, "mc_g8": {"advantage.estimator": "median",
+                                                                                "group.size": 9},
+          "grpo_g2": {"group.size": 2}, "grpo_g16": {"group.size": 16}}
+
+
+def flags_of(runs_dir: str, keys: dict) -> list[str]:
+    """A method's keys as command-line flags ('@name': the run of that name in runs_dir)."""
+    def shown(value):
+        return os.path.join(runs_dir, value[1:]) if isinstance(value, str) and value.startswith("@") else value
+    return [f"--config.{key}={shown(value)}" for key, value in keys.items()]
+
+
+RUNS = {"sft": ("text_sft.py:countdown", None, SFT),
+        **{name: ("text_grpo.py:countdown", "sft", None) for name in (*METHODS, *CLAIMS)}}
+
+
+def train(runs_dir: str, name: str) -> None:
+    experiment, init_from, flags = RUNS[name]
+    if flags is None and name in CLAIMS:  # 60 updates of 16 prompts x G
+        keys = CLAIMS[name]
+        flags = [*GRPO, *flags_of(runs_dir, keys), f"--config.total_steps={16 * keys['group.size'] * 60}",
+                 f"--config.eval.every_steps={16 * keys['group.size'] * 15}",
+                 f"--config.log.every_steps={16 * keys['group.size']}",
+                 f"--config.checkpoint.every_steps={16 * keys['group.size'] * 60}"]
+    elif flags is None:  # (a method's flags come after GRPO's: where both set a key, the method's value holds)
+        flags = [*GRPO, *flags_of(runs_dir, METHODS[name][0])]
+    train_run(runs_dir, name, experiment, init_from, flags)
+
+
+def per_seed(row: dict, key: str) -> list[float]:
+    return row.get(f"{key}_per_seed") or [row[key]]
+
+
+def league(runs_dir: str) -> tuple[list[list[str]], dict]:
+    """The table's rows and each method's curve {name: (completions, mean accuracy)}."""
+    sft_rows = [r for r in run_rows(os.path.join(runs_dir, "sft")) if "eval_accuracy" in r]
+    start = float(sft_rows[-1]["eval_accuracy"])
+    finals, curves = {}, {}
+    for name in METHODS:
+        workdir = os.path.join(runs_dir, name)
+        if not finished_run(workdir):
+            continue
+        rows = run_rows(workdir)
+        evals = [r for r in rows if "eval_accuracy" in r]
+        curves[name] = ([0] + [r["env_steps"] for r in evals], [start] + [float(np.mean(per_seed(r, "eval_accuracy")))
+                                                                          for r in evals])
+        tokens = np.cumsum([r.get("tokens", 0.0) for r in rows])
+        finals[name] = (evals[-1], rows, tokens)
+    if "grpo" not in finals:
+        return [], curves
+    bar = float(np.mean(per_seed(finals["grpo"][0], "eval_accuracy")))
+    table = []
+    for name, (last, rows, tokens) in finals.items():
+        reached = next((r for r in rows if "eval_accuracy" in r and np.mean(per_seed(r, "eval_accuracy")) >= bar),
+                       None)
+        to_reach = f"{tokens[rows.index(reached)] / 1e3:.0f}k" if reached is not None else "not reached"
+        accuracy = per_seed(last, "eval_accuracy")
+        table.append([f"{name} ({METHODS[name][1]})", f"`{' '.join(flags_of('RUNS', METHODS[name][0])) or '(GRPO)'}`",
+                      fmt_ci(accuracy, (0, 1)), fmt_ci(per_seed(last, "eval_pass@8"), (0, 1)),
+                      fmt_ci(np.asarray(accuracy) - start), to_reach, f"{rows[-1]['wall_time']:.0f} s"])
+    return table, curves
+
+
+def final_accuracy(runs_dir: str, name: str) -> list[float]:
+    return per_seed([r for r in run_rows(os.path.join(runs_dir, name)) if "eval_accuracy" in r][-1], "eval_accuracy")
+
+
+def claims(runs_dir: str) -> list[str]:
+    """The group-size claims, answered from their runs (when all have finished)."""
+    if not all(finished_run(os.path.join(runs_dir, name)) for name in (*CLAIMS, "grpo")):
+        return []
+    acc = {name: final_accuracy(runs_dir, name) for name in (*CLAIMS, "grpo")}
+    mean = {name: float(np.mean(v)) for name, v in acc.items()}
+    rows = [["MC-GRPO: G = 2 within 1% of G = 8", f"median G + 1 = 3: {fmt_ci(acc['mc_g2'], (0, 1))}; G + 1 = 9: "
+             f"{fmt_ci(acc['mc_g8'], (0, 1))}; gap {mean['mc_g8'] - mean['mc_g2']:+.3f} (GRPO G = 2: "
+             f"{fmt_ci(acc['grpo_g2'], (0, 1))}, G = 8: {fmt_ci(acc['grpo'], (0, 1))}, gap "
+             f"{mean['grpo'] - mean['grpo_g2']:+.3f})",
+             "confirmed" if abs(mean["mc_g8"] - mean["mc_g2"]) <= 0.01 else "not confirmed"],
+            ["2-GRPO: G = 2 keeps G = 16's accuracy at 1/8 of its rollouts", f"G = 2 (1,920 completions): "
+             f"{fmt_ci(acc['grpo_g2'], (0, 1))}; G = 16 (15,360): {fmt_ci(acc['grpo_g16'], (0, 1))}: "
+             f"{mean['grpo_g2'] / max(mean['grpo_g16'], 1e-9):.0%} of it",
+             "confirmed" if mean["grpo_g2"] >= 0.98 * mean["grpo_g16"] else "not confirmed"]]
+    return ["### The seeds' claims on group sizes (60 updates of 16 prompts each, 3 seeds)", "",
+            markdown_table(["claim", "measured (held-out greedy accuracy)", "verdict"], rows), ""]
+
+
+def plot(curves: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name, (x, y) in curves.items():
+        ax.plot(x, y, marker="o", markersize=2, linewidth=2.5 if name == "grpo" else 1, label=name)
+    ax.set_xlabel("completions drawn")
+    ax.set_ylabel("held-out greedy accuracy (mean of 3 seeds)")
+    ax.legend(fontsize=6, ncol=3)
+    save_figure(fig, os.path.join(os.path.dirname(os.path.abspath(__file__)), "method_league.png"))
+
+
+def main():
+    args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
+    if not finished_run(os.path.join(args.runs_dir, "sft")):
+        return
+    table, curves = league(args.runs_dir)
+    start = [r for r in run_rows(os.path.join(args.runs_dir, "sft")) if "eval_accuracy" in r][-1]["eval_accuracy"]
+    lines = [f"{datetime.date.today()}, {machine()}; `python benchmarks/method_league.py --runs-dir DIR "
+             "--update-results`. Two-number Countdown, one SFT warm start (held-out greedy accuracy "
+             f"{start:.3f}), {COMPLETIONS:,} completions per method, 3 seeds; intervals: 95% over the seeds.", "",
+             markdown_table(["method", "config line (beyond the GRPO run's)", "held-out accuracy", "pass@8",
+                             "gain over SFT", "tokens to GRPO's final accuracy", "wall time"], table), "",
+             "![held-out accuracy against completions drawn](../method_league.png)", "", *claims(args.runs_dir)]
+    if curves:
+        plot(curves)
+    publish("\n".join(lines), args.update_results, MARKERS, "The method league (issue 64)")
+
+
+if __name__ == "__main__":
+    main()
