@@ -162,8 +162,9 @@ def plot(curves: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name, (x, y) in curves.items():
-        ax.plot(x, y, marker="o", markersize=2, linewidth=2.5 if name == "grpo" else 1, label=name)
+    for i, (name, (x, y)) in enumerate(curves.items()):  # 20 distinct colours, then a second line style
+        ax.plot(x, y, marker="o", markersize=2, linewidth=2.5 if name == "grpo" else 1, label=name,
+                color=plt.cm.tab20(i % 20), linestyle="-" if i < 20 else "--")
     ax.set_xlabel("completions drawn")
     ax.set_ylabel("held-out greedy accuracy (mean of 3 seeds)")
     ax.legend(fontsize=6, ncol=3)
@@ -181,7 +182,7 @@ def main():
              f"{start:.3f}), {COMPLETIONS:,} completions per method, 3 seeds; intervals: 95% over the seeds.", "",
              markdown_table(["method", "config line (beyond the GRPO run's)", "held-out accuracy", "pass@8",
                              "gain over SFT", "tokens to GRPO's final accuracy", "wall time"], table), "",
-             "![held-out accuracy against completions drawn](../method_league.png)", "", *claims(args.runs_dir)]
+             "![held-out accuracy against completions drawn](method_league.png)", "", *claims(args.runs_dir)]
     if curves:
         plot(curves)
     publish("\n".join(lines), args.update_results, MARKERS, "The method league (issue 64)")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, train
-from jaxrl.algos.text import keeps_reference
+from jaxrl.algos.text import config_keeps_reference
 from jaxrl.run import cli
 from jaxrl.run.saved import start_params
 from jaxrl.rollout.tokens import select_varied
@@ -93,7 +93,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     metrics = jax.device_get(metrics)
     for key, value in metrics.items():
         assert np.isfinite(value).all(), (key, value)
-    assert ("kl" in metrics) == keeps_reference(config)
+    assert ("kl" in metrics) == config_keeps_reference(config)
     assert ("value_loss" in metrics) == (config.loss.critic_weight > 0)
     assert ("truncated" in metrics) == (config.loss.truncated != "train")
     assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier

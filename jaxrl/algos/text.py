@@ -611,8 +611,8 @@ class TextGRPOSettings:
 
     @property
     def keeps_reference(self) -> bool:
-        """A frozen copy of the starting policy is kept: for the KL penalty, an objective or ACE's confidence."""
-        return self.use_kl or self.shapes_confidence or losses.OBJECTIVES[self.objective].needs_reference
+        """A frozen copy of the starting policy is kept (`keeps_reference`)."""
+        return keeps_reference(self.use_kl, self.shapes_confidence, self.objective)
 
     num_updates = property(lambda self: self.text.num_updates)  # (what the engine and the loop read of `text`)
     xla_options = property(lambda self: self.text.xla_options)
@@ -984,10 +984,15 @@ def reset_reference(state: TextGRPOState, optimizer, every: int) -> TextGRPOStat
                          opt_state=pick(optimizer.init(state.params), state.opt_state))
 
 
-def keeps_reference(config: ConfigDict) -> bool:
-    """The run keeps a frozen reference policy (`TextGRPOSettings.keeps_reference`), from its config."""
-    return (config.loss.kl_coef > 0 or config.loss.confidence_penalty > 0
-            or losses.OBJECTIVES[config.loss.objective].needs_reference)
+def keeps_reference(kl: bool, confidence: bool, objective: str) -> bool:
+    """A run keeps a frozen copy of the starting policy for a KL penalty (`kl`), ACE's confidence shift
+    (`confidence`) or an objective that reads it."""
+    return kl or confidence or losses.OBJECTIVES[objective].needs_reference
+
+
+def config_keeps_reference(config: ConfigDict) -> bool:
+    """`keeps_reference` from a config (before its settings are read)."""
+    return keeps_reference(config.loss.kl_coef > 0, config.loss.confidence_penalty > 0, config.loss.objective)
 
 
 TEXT_ROLES = staleness.Roles(actor=("key", "memory"), learner=("params", "opt_state", "update_step"))
@@ -1142,7 +1147,7 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     multi_turn_task = config.task.name in text.MULTI_TURN_TASKS
     check_group_estimator(config, multi_turn=multi_turn_task)
     check_objective(config, text=True, multi_turn=multi_turn_task)
-    if config.loss.reference_reset and not keeps_reference(config):
+    if config.loss.reference_reset and not config_keeps_reference(config):
         raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
                          "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
                          "config.loss.objective=pacs")
@@ -1202,4 +1207,4 @@ register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_co
                             rebuild=build_text_sft))
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, check=check_text_grpo_config,
                              defaults=text_grpo_config, rebuild=build_text_grpo,
-                             static_of=lambda config: (config.loss.critic_weight > 0, keeps_reference(config))))
+                             static_of=lambda config: (config.loss.critic_weight > 0, config_keeps_reference(config))))
