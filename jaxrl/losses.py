@@ -235,6 +235,16 @@ def confidence_shaped(advantages: jax.Array, log_prob: jax.Array, ref_log_prob: 
     return jnp.where(advantages < 0, advantages * (1.0 + penalty * jnp.maximum(c, 0.0)), advantages)
 
 
+def informative_tokens(advantages: jax.Array, entropy: jax.Array, mask: jax.Array, keep) -> jax.Array:
+    """D3S's token-level down-sampling: float32 [S, T] 1 on the valid tokens whose |A| x entropy is among the largest
+    `keep` share of this batch's valid tokens (on this device; ties kept), 0 elsewhere: the updates go where the
+    policy is both uncertain and the advantage large. `keep` 1 keeps every valid token."""
+    score = jax.lax.stop_gradient(jnp.abs(advantages) * entropy)
+    valid = mask > 0
+    threshold = jnp.nanquantile(jnp.where(valid, score, jnp.nan), 1.0 - keep, method="higher")
+    return (valid & (score >= threshold)).astype(mask.dtype)
+
+
 def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                 clip_low, clip_high=None, dual_clip=None, ratio: str = "token", aggregate: str = "token",
                 constant_length=None, ref_log_prob: jax.Array | None = None, kl: str = "k3", kl_coef=0.0,
@@ -320,3 +330,6 @@ SCORE_SCALE = Knob("loss.score_scale", 1.0, "pacs: beta of the score beta log pi
 CONFIDENCE_PENALTY = Knob("loss.confidence_penalty", 0.0, "> 0: ACE, negative advantages scaled by 1 + this x "
                           "max(log pi / pi_ref of the completion, 0): overconfident errors penalised more", traced=True,
                           minimum=0.0)
+TOKEN_KEEP = Knob("loss.token_keep", 1.0, "< 1: D3S's token-level down-sampling, only this share of each batch's "
+                  "tokens carries the policy loss, those of largest |advantage| x entropy", traced=True, above=0.0,
+                  maximum=1.0)

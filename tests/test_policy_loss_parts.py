@@ -425,6 +425,17 @@ def test_ace_scales_only_negative_advantages_by_the_completions_confidence_shift
                                                   MASK, "token"), rtol=1e-5)
 
 
+def test_d3s_keeps_the_tokens_of_largest_advantage_times_entropy():
+    """D3S's token level: of the valid tokens, the share `keep` of largest |A| x H carries the loss (ties kept);
+    padding never does."""
+    adv = jnp.asarray([[2.0, -1.0, 0.5, 9.0], [-3.0, 0.1, 1.0, 1.0]])
+    ent = jnp.asarray([[1.0, 1.0, 4.0, 9.0], [1.0, 5.0, 0.5, 2.0]])
+    mask = jnp.asarray([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])  # scores 2, 1, 2, (81 padded) | 3, 0.5, 0.5, 2
+    np.testing.assert_array_equal(losses.informative_tokens(adv, ent, mask, 0.5), [[1, 0, 1, 0], [1, 0, 0, 1]])
+    np.testing.assert_array_equal(losses.informative_tokens(adv, ent, mask, 1.0), mask)
+    np.testing.assert_array_equal(losses.informative_tokens(adv, ent, mask, 1 / 7), [[0, 0, 0, 0], [1, 0, 0, 0]])
+
+
 def test_objectives_refuse_missing_inputs():
     new, old, _, adv, _ = inputs(26)
     with pytest.raises(ValueError, match="unknown objective 'ppo'; known: clip, cispo, nft, pacs"):

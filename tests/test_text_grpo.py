@@ -78,10 +78,10 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1,
      "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative"},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
-     "group.oversample": 2, "reward.label_free": "majority"},
+     "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "rollout.replay": "thompson", "rollout.pool_size": 16},
-], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay-cispo-ace-reset-truncated", "median-predictor-budget-majority",
+], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
         "bnpo-pacs-reset-thompson"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)

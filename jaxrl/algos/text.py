@@ -533,6 +533,7 @@ class TextGRPOHyperparams:
                                traced=True, minimum=0.0)
     score_scale: float = losses.SCORE_SCALE.field()
     confidence_penalty: float = losses.CONFIDENCE_PENALTY.field()
+    token_keep: float = losses.TOKEN_KEEP.field()
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
     critic_weight: float = CRITIC_WEIGHT.field()  # advantages = (1 - w) * group + w * standardised (reward - value)
@@ -588,6 +589,7 @@ class TextGRPOSettings:
     shapes_confidence: bool = losses.CONFIDENCE_PENALTY.field(convert=lambda penalty: penalty > 0)  # ACE
     reference_reset: int = REFERENCE_RESET.field()
     teacher: str = TEACHER.field()
+    samples_tokens: bool = losses.TOKEN_KEEP.field(convert=lambda keep: keep < 1)  # D3S's token-level selection
     truncated: str = knob("loss.truncated", "train", "completions cut off by the length limit (no EOS): trained as any "
                           "other, carrying no loss (mask: DAPO's overlong filtering), or carrying none where their "
                           "advantage is negative (mask_negative: MicroCoder-GRPO's conditional masking: not pushed down "
@@ -769,11 +771,15 @@ class TextGRPO:
         # One row per completion [m*G, N] from here on.
         log_probs, entropy, values = (None if x is None else x.reshape(-1, x.shape[-1]) for x in scored)
         batch = {k: v if k == "prompts" else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
+        trained = batch["mask"] * batch["weight"]
+        mask = trained
+        if s.samples_tokens:  # D3S: the policy loss on the tokens of largest |A| x entropy only
+            mask = trained * losses.informative_tokens(batch["advantages"], entropy, trained, hp.token_keep)
         outcome = None
         if losses.OBJECTIVES[s.objective].needs_outcome:
             outcome = losses.Outcome(batch["correct"], batch["pass_rate"], s.group_size)
         total, aux = losses.policy_loss(
-            log_probs, batch["log_probs"], batch["advantages"], batch["mask"] * batch["weight"],
+            log_probs, batch["log_probs"], batch["advantages"], mask,
             clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=self.task.answer_length,
             ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef,
@@ -781,8 +787,7 @@ class TextGRPO:
             outcome=outcome, score_scale=hp.score_scale,
             confidence_penalty=hp.confidence_penalty if s.keeps_reference else None, axis_name=DATA_AXIS)
         if self.teacher is not None:  # KDRL: the reverse KL to the teacher, per token, aggregated as the objective
-            mask = batch["mask"] * batch["weight"]
-            teacher_kl = losses.aggregate(losses.kl_estimate(log_probs, batch["teacher_log_probs"], s.kl), mask,
+            teacher_kl = losses.aggregate(losses.kl_estimate(log_probs, batch["teacher_log_probs"], s.kl), trained,
                                           s.aggregate, self.task.answer_length, DATA_AXIS)
             total, aux = total + hp.teacher_coef * teacher_kl, dict(aux, teacher_kl=teacher_kl)
         if self.use_critic:
@@ -1207,4 +1212,5 @@ register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_co
                             rebuild=build_text_sft))
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, check=check_text_grpo_config,
                              defaults=text_grpo_config, rebuild=build_text_grpo,
-                             static_of=lambda config: (config.loss.critic_weight > 0, config_keeps_reference(config))))
+                             static_of=lambda config: (config.loss.critic_weight > 0, config_keeps_reference(config),
+                                                       config.loss.token_keep < 1)))
