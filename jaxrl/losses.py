@@ -235,6 +235,20 @@ def confidence_shaped(advantages: jax.Array, log_prob: jax.Array, ref_log_prob: 
     return jnp.where(advantages < 0, advantages * (1.0 + penalty * jnp.maximum(c, 0.0)), advantages)
 
 
+def one_token_rollouts(logits: jax.Array, targets: jax.Array, key: jax.Array, samples: int) -> jax.Array:
+    """OTR's per-token loss [B, N] from logits [B, N, V] at the columns predicting the reference tokens `targets`
+    [B, N]: each column draws `samples` tokens from the policy (a one-step rollout), the reference token rewards
+    the draws that match it, and the policy gradient with the draws' mean as baseline is taken,
+    -mean_k (r_k - mean r) log pi(y_k). Its expected gradient is that of pi(target): SFT's direction weighted by
+    how likely the policy already finds the token (SFT's log pi(target) divides by it)."""
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    drawn = jax.random.categorical(key, jax.lax.stop_gradient(logits), axis=-1, shape=(samples, *targets.shape))
+    rewards = (drawn == targets[None]).astype(log_probs.dtype)  # [K, B, N]
+    advantages = rewards - rewards.mean(axis=0, keepdims=True)
+    drawn_log_probs = jnp.take_along_axis(log_probs[None], drawn[..., None], axis=-1)[..., 0]
+    return -jnp.mean(advantages * drawn_log_probs, axis=0)
+
+
 def informative_tokens(advantages: jax.Array, entropy: jax.Array, mask: jax.Array, keep) -> jax.Array:
     """D3S's token-level down-sampling: float32 [S, T] 1 on the valid tokens whose |A| x entropy is among the largest
     `keep` share of this batch's valid tokens (on this device; ties kept), 0 elsewhere: the updates go where the

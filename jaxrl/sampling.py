@@ -432,6 +432,14 @@ def score(model: TransformerLM, params, prompts: jax.Array, completions: jax.Arr
     `attend` bool [B, N]: the real tokens when they are more than the scored ones (a multi-turn episode's
     environment tokens, `jaxrl.multi_turn`); each scored token is then predicted by the last real column before it.
     """
+    logits, values = completion_logits(model, params, prompts, completions, completion_mask, pad_id, attend)
+    return _completion_scores(logits, values, completions, completion_mask > 0)
+
+
+def completion_logits(model: TransformerLM, params, prompts: jax.Array, completions: jax.Array,
+                      completion_mask: jax.Array, pad_id, attend: jax.Array | None = None):
+    """`score`'s forward: the logits [B, N, V] (and values [B, N] or None) of the columns predicting each completion
+    token, teacher-forced."""
     P = prompts.shape[1]
     real, _, _ = prompt_layout(prompts, pad_id)
     completion_real = completion_mask > 0
@@ -445,7 +453,7 @@ def score(model: TransformerLM, params, prompts: jax.Array, completions: jax.Arr
     logits, values = logits[:, P - 1:], None if values is None else values[:, P - 1:]
     if attend is not None:
         logits, values = _at_predicting_columns(logits, values, attend)
-    return _completion_scores(logits, values, completions, completion_real)
+    return logits, values
 
 
 def _at_predicting_columns(logits, values, attend):

@@ -444,3 +444,17 @@ def test_objectives_refuse_missing_inputs():
         losses.policy_loss(new, old, adv, MASK, clip_low=0.2, objective="nft")
     with pytest.raises(ValueError, match="reads the reference policy"):
         losses.policy_loss(new, old, adv, MASK, clip_low=0.2, confidence_penalty=1.0)
+
+
+def test_one_token_rollouts_follow_the_gradient_of_the_reference_tokens_probability():
+    """OTR: K draws per position rewarded for matching the reference token, with their mean as baseline; the
+    expected gradient of the loss is -(1 - 1/K) d pi(target) / d logits = -(1 - 1/K) pi_t (e_t - pi)."""
+    logits = jnp.asarray([[[1.0, 0.2, -0.5, 2.0, 0.0]]])  # [B=1, N=1, V=5]
+    target = jnp.asarray([[0]])
+    K = 4096
+    grads = [jax.grad(lambda z: losses.one_token_rollouts(z, target, jax.random.key(seed), K).sum())(logits)
+             for seed in range(16)]
+    pi = np.asarray(jax.nn.softmax(logits[0, 0]))
+    want = -(1 - 1 / K) * pi[0] * (np.eye(5)[0] - pi)
+    np.testing.assert_allclose(np.mean(grads, axis=0)[0, 0], want, atol=4e-3)
+    assert np.abs(want).max() > 0.05  # (the check is not about zeros)

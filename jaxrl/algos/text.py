@@ -452,38 +452,59 @@ def sft_batch(policy: TextPolicy, key: jax.Array):
     return policy.task.prompts(problems, policy.vocab), policy.task.reference_answers(problems, policy.vocab)
 
 
-def sft_loss(policy: TextPolicy, params, batch, hp: TextHyperparams):
-    """-mean log p(answer token) over this batch's answers (averaged over devices); metrics beside it."""
-    prompts, answers = batch
+@dataclasses.dataclass(frozen=True)
+class SFTSettings:
+    """What SFT learns the reference answers by."""
+
+    objective: str = knob("sft.objective", "likelihood", "likelihood: cross-entropy on the reference tokens; "
+                          "one_token_rollout: OTR, each token a one-step rollout of sft.samples draws rewarded by "
+                          "matching the reference token (a policy gradient)", choices=("likelihood", "one_token_rollout"))
+    samples: int = knob("sft.samples", 8, "one_token_rollout: tokens drawn at each position", minimum=2)
+
+
+def sft_loss(policy: TextPolicy, sft: SFTSettings, params, batch, hp: TextHyperparams):
+    """-mean log p(answer token) over this batch's answers (averaged over devices), or OTR's loss on them; metrics
+    beside it (the negative log-likelihood either way)."""
+    prompts, answers, key = batch
     real = answers != policy.vocab.pad_id
+    attend = None
     if policy.multi_turn:  # a demonstration episode: learn the model's turns, attend to the environment's too
-        mask = (real & policy.task.turn_slots()[1]).astype(jnp.float32)
-        log_probs, _, _ = sampling.score(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id,
-                                         attend=real)
+        mask, attend = (real & policy.task.turn_slots()[1]).astype(jnp.float32), real
     else:
         mask = real.astype(jnp.float32)
-        log_probs, _, _ = sampling.score(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id)
+    logits, _ = sampling.completion_logits(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id,
+                                           attend)
+    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), answers[..., None], axis=-1)[..., 0] * mask
     nll = losses.aggregate(-log_probs, mask, "token", axis_name=DATA_AXIS)
-    # p > 1/2 makes the reference token the argmax: a cheap lower bound on teacher-forced accuracy
+    if sft.objective == "one_token_rollout":
+        rollouts = losses.aggregate(losses.one_token_rollouts(logits, answers, key, sft.samples), mask, "token",
+                                    axis_name=DATA_AXIS)
+        return rollouts, {"loss": nll, "otr_loss": rollouts, "token_accuracy": _token_accuracy(log_probs, mask)}
+    return nll, {"loss": nll, "token_accuracy": _token_accuracy(log_probs, mask)}
+
+
+def _token_accuracy(log_probs: jax.Array, mask: jax.Array) -> jax.Array:
+    """p > 1/2 makes the reference token the argmax: a cheap lower bound on teacher-forced accuracy."""
     correct = (log_probs > np.log(0.5)) | (mask == 0)
-    return nll, {"loss": nll, "token_accuracy": losses.aggregate(correct.astype(jnp.float32), mask, "token",
-                                                                axis_name=DATA_AXIS)}
+    return losses.aggregate(correct.astype(jnp.float32), mask, "token", axis_name=DATA_AXIS)
 
 
-def sft_update(policy: TextPolicy, state: TextState, hp: TextHyperparams):
+def sft_update(policy: TextPolicy, sft: SFTSettings, state: TextState, hp: TextHyperparams):
     """One SFT update for one seed on this device: one gradient step on a fresh batch."""
-    key, batch_key = jax.random.split(state.key)
+    key, batch_key, loss_key = jax.random.split(state.key, 3)
     optimizer = policy.optimizer(hp, state.update_step)
-    params, opt_state, metrics = gradient_step(functools.partial(sft_loss, policy), optimizer, state.params,
-                                               state.opt_state, sft_batch(policy, batch_key), hp)
+    loss_key = jax.random.fold_in(loss_key, jax.lax.axis_index(DATA_AXIS))  # (each device's own draws)
+    params, opt_state, metrics = gradient_step(functools.partial(sft_loss, policy, sft), optimizer, state.params,
+                                               state.opt_state, (*sft_batch(policy, batch_key), loss_key), hp)
     return TextState(params, opt_state, key, state.update_step + 1), metrics
 
 
-def text_sft(settings: TextSettings, mesh, starts_from: str = "") -> engine.Algorithm:
+def text_sft(settings: TextSettings, mesh, starts_from: str = "",
+             sft: SFTSettings = SFTSettings()) -> engine.Algorithm:
     """Supervised fine-tuning of the small transformer (from scratch) or of a pretrained model (from its parameters,
     those of `starts_from`) on a text task (see the module docstring); `parts`: its policy."""
     policy = TextPolicy(settings, mesh)
-    return text_algorithm(settings, mesh, policy, policy.init, functools.partial(sft_update, policy), policy,
+    return text_algorithm(settings, mesh, policy, policy.init, functools.partial(sft_update, policy, sft), policy,
                           init_from_params=policy.init, starts_from=starts_from)
 
 
@@ -1063,7 +1084,8 @@ def build_text_sft(config: ConfigDict, mesh, run_dir: str | None = None) -> engi
     """The SFT algorithm, starting from config.model.name's pretrained parameters when it names a model (which the
     run layer reads); with `run_dir`, that saved run's (its tokenizer, and no warm start)."""
     settings = text_settings(config, start=run_dir)
-    return text_sft(settings, mesh, starts_from="" if run_dir else settings.pretrained)
+    return text_sft(settings, mesh, starts_from="" if run_dir else settings.pretrained,
+                    sft=knobs.read(SFTSettings, config))
 
 
 def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> engine.Algorithm:
@@ -1208,7 +1230,12 @@ def check_text_grpo_config(config: ConfigDict) -> None:
                          f"nor {MODEL_DIR}/)")
 
 
-register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_config, defaults=text_config,
+def text_sft_config() -> ConfigDict:
+    """`text_config()` and the keys of how SFT learns (`SFTSettings`)."""
+    return knobs.fill(text_config(), SFTSettings)
+
+
+register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_config, defaults=text_sft_config,
                             rebuild=build_text_sft))
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, check=check_text_grpo_config,
                              defaults=text_grpo_config, rebuild=build_text_grpo,
