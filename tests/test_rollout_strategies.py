@@ -162,6 +162,28 @@ def test_replay_stores_correct_completions_and_injects_them_with_importance_weig
     assert float(metrics["replayed"]) == 0.5
 
 
+def test_the_reference_answer_joins_a_group_that_solved_nothing():
+    """replay/reference (TempSamp-R1): group 0 (all wrong) gets the task's reference answer as its last member,
+    rewarded by the verifier, scored by the current policy and weighted by `weight`; group 1 (solved) is untouched."""
+    config = tiny_grpo_config("", **{"rollout.replay": "reference", "rollout.pool_size": 6, "group.size": 3,
+                                     "rollout.options.reference.weight": 0.5})
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    params = algo.init(jax.random.key(0)).params
+    groups, answers, mask = hand_made_groups(algo, params, jax.random.key(1))
+    out, metrics = on_mesh(algo, strategies.replay_reference, {}, groups, params, None)
+    np.testing.assert_array_equal(out.replayed, [[False, False, True], [False, False, False]])
+    np.testing.assert_array_equal(out.tokens[0, 2], answers[0])
+    np.testing.assert_array_equal(out.rewards[0, 2], [1.0, 1.0])  # the verifier accepts the reference
+    current, _, _ = sampling.score(algo.model, params, groups.prompts[:1], answers[:1], mask[:1], algo.vocab.pad_id)
+    np.testing.assert_allclose(out.log_probs[0, 2], current[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(out.weight[0, 2], 0.5 * mask[0])
+    for name in ("tokens", "log_probs", "mask", "rewards", "weight"):
+        np.testing.assert_array_equal(getattr(out, name)[0, :2], getattr(groups, name)[0, :2])
+        np.testing.assert_array_equal(getattr(out, name)[1], getattr(groups, name)[1])
+    assert float(metrics["reference_injected"]) == 0.5
+
+
 def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay_algo):
     algo = replay_algo
     state = algo.init(jax.random.key(0))

@@ -75,13 +75,13 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.pool_size": 16},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
-     "rollout.replay": "correct,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1,
+     "rollout.replay": "correct,reference,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1,
      "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative"},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "rollout.replay": "thompson", "rollout.pool_size": 16},
-], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
+], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay-reference-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
         "bnpo-pacs-reset-thompson"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -102,7 +102,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
             np.testing.assert_array_equal(ref, now)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
-             "gdro": "hardest_class_share"}
+             "gdro": "hardest_class_share", "reference": "reference_injected"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
@@ -260,7 +260,8 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.reference_reset": 5}, "reference_reset=5 resets a reference policy the run does not keep"),
             ({"loss.objective": "cispo", "loss.dual_clip": 3.0}, "dual_clip caps PPO's clipped surrogate"),
             ({"loss.objective": "pacs", "loss.ratio": "sequence"}, "pacs scores whole completions itself"),
-            ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs")]:
+            ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs"),
+            ({"reward.label_free": "majority", "rollout.replay": "reference"}, "label_free=majority reads no label")]:
         with pytest.raises(ValueError, match=message):
             algos.validate(tiny_grpo_config(sft_run, **overrides))
     env_grpo = load_experiment("cartpole_grpo")

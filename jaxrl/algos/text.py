@@ -1178,6 +1178,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
                          "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
                          "config.loss.objective=pacs")
+    if config.reward.label_free and "reference" in rollout.names(config.rollout.replay):
+        raise ValueError(f"config.reward.label_free={config.reward.label_free} reads no label; "
+                         "config.rollout.replay=reference injects the labelled answer: choose one")
     if config.reward.label_free and (config.reward.model or multi_turn_task):
         raise ValueError(f"config.reward.label_free={config.reward.label_free} votes among single completions for the "
                          "correct reward: " + ("config.reward.model gives it too" if config.reward.model else

@@ -3,7 +3,7 @@
     generate  independent (the default), tree
     filter    rank_ties, success_predictor
     control   dynamic_sampling (the default), variance_budget, partial, prune
-    replay    correct, hints, curriculum, thompson, gdro
+    replay    correct, reference, hints, curriculum, thompson, gdro
 
 `algo` is token GRPO's learner
 (`jaxrl.algos.text.TextGRPO`). Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K
@@ -424,16 +424,14 @@ def store_correct(algo, memory, groups: Groups, params):
     return memory, {"replay_stored": jnp.mean(memory["stored"].astype(jnp.float32))}
 
 
-def replay_correct(algo, memory, groups: Groups, params, key):
-    """A group that sampled no correct answer gets its problem's stored correct completion as its last
-    member, scored by the current policy (the ratio starts at 1) and weighted per token by the truncated
-    importance weight min(pi / mu, cap) against the policy that drew it (self-normalised in the loss)."""
-    need = ~_correct(algo, groups).any(axis=1) & memory["stored"][groups.ids]  # [n]
-    entry = {k: v[groups.ids] for k, v in memory.items()}
+def _as_last_member(algo, groups: Groups, params, need: jax.Array, entry: dict, weight_of) -> tuple[Groups, jax.Array]:
+    """`groups` whose last member is `entry`'s completion (tokens, mask [n, N], rewards [n, K], and the behaviour
+    log-probabilities `log_probs` [n, N], None: the current policy's) where `need` [n]: scored by the current policy
+    (the ratio starts at 1), its tokens weighted by `weight_of(current log-probs [n, N])` [n, N]; and that weight."""
     log_probs, _, values = sampling.score_groups(algo.model, params, groups.prompts, entry["tokens"][:, None],
                                                  entry["mask"][:, None], algo.vocab.pad_id)  # [n, 1, N]
-    weight = importance_weights(log_probs[:, 0], entry["log_probs"], entry["mask"],
-                                algo.strategy_options("correct")["cap"])
+    weight = weight_of(log_probs[:, 0])
+    behaviour = log_probs[:, 0] if entry.get("log_probs") is None else entry["log_probs"]
     last = (jnp.arange(groups.tokens.shape[1]) == groups.tokens.shape[1] - 1)[None, :] & need[:, None]  # [n, G]
 
     def put(x, row):  # x [n, G, ...], row [n, ...] -> row as member G-1 where needed
@@ -445,7 +443,19 @@ def replay_correct(algo, memory, groups: Groups, params, key):
         values=None if groups.values is None else put(groups.values, values[:, 0]),
         rewards=put(groups.rewards, entry["rewards"]), weight=put(groups.weight, weight),
         replayed=groups.replayed | last,
-        behaviour=None if groups.behaviour is None else put(groups.behaviour, entry["log_probs"]))
+        behaviour=None if groups.behaviour is None else put(groups.behaviour, behaviour))
+    return groups, weight
+
+
+def replay_correct(algo, memory, groups: Groups, params, key):
+    """A group that sampled no correct answer gets its problem's stored correct completion as its last
+    member, scored by the current policy (the ratio starts at 1) and weighted per token by the truncated
+    importance weight min(pi / mu, cap) against the policy that drew it (self-normalised in the loss)."""
+    need = ~_correct(algo, groups).any(axis=1) & memory["stored"][groups.ids]  # [n]
+    entry = {k: v[groups.ids] for k, v in memory.items()}
+    cap = algo.strategy_options("correct")["cap"]
+    groups, weight = _as_last_member(algo, groups, params, need, entry, lambda current: importance_weights(
+        current, entry["log_probs"], entry["mask"], cap))
     replayed_tokens = jax.lax.psum(jnp.sum(entry["mask"] * need[:, None]), DATA_AXIS)
     return groups, {"replayed": global_mean(need.astype(jnp.float32)),
                     "replay_weight": jax.lax.psum(jnp.sum(weight * need[:, None]), DATA_AXIS)
@@ -455,6 +465,26 @@ def replay_correct(algo, memory, groups: Groups, params, key):
 register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct, needs_pool=True,
          single_turn=True,
          options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
+
+
+# --- Replay: the ground truth as an off-policy member (TempSamp-R1) ---------------------------------------------
+
+def replay_reference(algo, memory, groups: Groups, params, key):
+    """A group that sampled no correct answer gets the task's reference answer as its last member (the off-policy
+    supervision of TempSamp-R1), rewarded by the verifier, scored by the current policy (the ratio starts at 1) and
+    its tokens weighted by `weight`: the all-wrong group gets a member to learn towards."""
+    need = ~_correct(algo, groups).any(axis=1)  # [n]
+    answers = algo.task.reference_answers(groups.problems, algo.vocab)
+    mask = (answers != algo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
+    entry = {"tokens": answers, "mask": mask, "log_probs": None,
+             "rewards": algo.task.jax_rewards(groups.problems, answers, algo.vocab)}
+    scale = algo.strategy_options("reference")["weight"]
+    groups, _ = _as_last_member(algo, groups, params, need, entry, lambda current: scale * mask)
+    return groups, {"reference_injected": global_mean(need.astype(jnp.float32))}
+
+
+register("replay", "reference", after=replay_reference, single_turn=True,
+         options={"weight": (1.0, "the reference answer's tokens are weighted by this in the loss", {"above": 0.0})})
 
 
 # --- Replay: scaffolded hints -------------------------------------------------------------------------
