@@ -58,6 +58,12 @@ def plan_candidates(algo, key: jax.Array, level: jax.Array | None = None) -> Pla
     return Plan(ids, problems, zeros, jnp.full(ids.shape, -1.0), zeros)
 
 
+def pool_plan(algo, ids: jax.Array) -> Plan:
+    """A fresh plan of the pool's problems `ids` [C] (no hints, predictions or resumed columns)."""
+    zeros = jnp.zeros(ids.shape, jnp.int32)
+    return Plan(ids, algo.pool[ids], zeros, jnp.full(ids.shape, -1.0), zeros)
+
+
 # --- Generate ---------------------------------------------------------------------------------------
 
 def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
@@ -592,8 +598,7 @@ def thompson_problems(algo, memory, plan: Plan, key):
     _, ids = jax.lax.top_k(draws * (1.0 - draws), s.text.num_prompts * s.oversample)
     ids = mesh_lib.local_share(ids.astype(jnp.int32))
     mean = memory["alpha"][ids] / (memory["alpha"][ids] + memory["beta"][ids])
-    zeros = jnp.zeros(ids.shape, jnp.int32)
-    return Plan(ids, algo.pool[ids], zeros, jnp.full(ids.shape, -1.0), zeros), {"posterior_pass_rate": global_mean(mean)}
+    return pool_plan(algo, ids), {"posterior_pass_rate": global_mean(mean)}
 
 
 def count_outcomes(algo, memory, groups: Groups, params):
@@ -651,9 +656,8 @@ def gdro_problems(algo, memory, plan: Plan, key):
     logits = memory["log_weight"][member] - jnp.log(count[member])  # p(class) / its size, for each problem
     ids = jax.random.categorical(key, logits, shape=(s.text.num_prompts * s.oversample,))
     ids = mesh_lib.local_share(ids.astype(jnp.int32))
-    zeros = jnp.zeros(ids.shape, jnp.int32)
     share = jax.nn.softmax(jnp.where(count > 0, memory["log_weight"], -jnp.inf))
-    return Plan(ids, algo.pool[ids], zeros, jnp.full(ids.shape, -1.0), zeros), {"hardest_class_share": share[0]}
+    return pool_plan(algo, ids), {"hardest_class_share": share[0]}
 
 
 def reweight_classes(algo, memory, groups: Groups, params):
