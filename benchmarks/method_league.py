@@ -60,6 +60,7 @@ METHODS = {
     "kdrl": ({"loss.teacher": "@sft", "loss.teacher_coef": 0.1}, "KDRL (the warm start as teacher)"),
     "truncated": ({"loss.truncated": "mask_negative"}, "MicroCoder-GRPO's masking"),
     "d3s": ({"loss.token_keep": 0.5}, "D3S's token level"),
+    "reference": ({"rollout.replay": "reference"}, "TempSamp-R1's ground-truth member"),
     "thompson": ({"rollout.replay": "thompson", "rollout.pool_size": 256}, "VADE"),
     "gdro": ({"rollout.replay": "gdro", "rollout.pool_size": 256}, "Prompt-GDRO"),
     "partial": ({"rollout.control": "partial"}, "APRIL"),
