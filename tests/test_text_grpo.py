@@ -72,7 +72,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 @pytest.mark.parametrize("overrides", [
     {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
      "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3, "rollout.replay": "gdro",
-     "rollout.pool_size": 16},
+     "rollout.pool_size": 16, "reward.length_penalty": 0.5},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "correct,reference,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1,
@@ -81,7 +81,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "rollout.replay": "thompson", "rollout.pool_size": 16},
-], ids=["dr_grpo-tree-kl-gdro", "gdpo-sequence-critic-replay-reference-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
+], ids=["dr_grpo-tree-kl-gdro-length", "gdpo-sequence-critic-replay-reference-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
         "bnpo-pacs-reset-thompson"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -329,3 +329,15 @@ def test_majority_votes_reward_agreement_with_the_groups_most_common_well_formed
     # the same answer written with different padding after its end is the same answer
     padded = tokens.at[0, 1, 2].set(9)
     np.testing.assert_array_equal(majority_votes(padded, mask, formed)[0], [1, 1, 0, 1, 0])
+
+
+def test_the_length_penalty_charges_long_correct_answers_of_easy_problems_most():
+    """reward.length_penalty (ARLCP): a correct answer's correct reward loses penalty x (1 - difficulty) x length /
+    limit; wrong answers pay nothing."""
+    from jaxrl.algos.text import length_penalised
+
+    rewards = jnp.asarray([[[1.0, 1.0], [1.0, 1.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]])
+    lengths = jnp.asarray([[2, 8, 8], [2, 8, 8]])
+    out = length_penalised(rewards, lengths, jnp.asarray([0.0, 0.75]), 0, 0.5, 8)
+    np.testing.assert_allclose(out[..., 0], [[1 - 0.5 * 2 / 8, 1 - 0.5, 0.0], [1 - 0.125 * 2 / 8, 1 - 0.125, 0.0]])
+    np.testing.assert_array_equal(out[..., 1], rewards[..., 1])  # the other components stay

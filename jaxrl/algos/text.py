@@ -595,6 +595,9 @@ class TextGRPOSettings:
                                  minimum=0.0)
     reward_model: str = knob("reward.model", "", "a text_reward_model run whose model scores each completion as its "
                              "correct reward (sigmoid of the score; see reward.model_weight); '': the task's verifier")
+    length_penalty: float = knob("reward.length_penalty", 0.0, "> 0: ARLCP's complexity-calibrated length penalty: "
+                                 "a correct completion's correct reward loses this x (1 - the problem's difficulty) x "
+                                 "its share of the length limit (easy problems deserve short answers)", minimum=0.0)
     label_free: str = knob("reward.label_free", "", "majority: the correct reward is agreement with the group's most "
                            "common well-formed answer, no label read (MM-UPT, TTRL: test-time RL); '': the verifier's",
                            choices=("", "majority"))
@@ -828,6 +831,10 @@ class TextGRPO:
         s = self.settings
         rewards, weights = groups.rewards, s.reward_weights
         tied = jnp.all(rewards == rewards[:, :1], axis=(1, 2))
+        if s.length_penalty:  # (after the ties are read: length alone does not untie a group for a filter's bonus)
+            rewards = length_penalised(rewards, groups.lengths, self.task.difficulty(groups.problems),
+                                       self.task.reward_names.index("correct"), s.length_penalty,
+                                       self.task.answer_length)
         if self.pipeline.uses_bonus:
             rewards = jnp.concatenate([rewards, (groups.bonus * tied[:, None])[..., None]], axis=-1)
             weights = (*weights, 1.0)
@@ -970,6 +977,15 @@ class TextGRPO:
         `mesh.split_actor`; `jaxrl.engine.staleness`)."""
         s = self.settings
         return staleness.update(self._sample_batch, self._learn, TEXT_ROLES, state, hp, s.max_staleness, s.split_actor)
+
+
+def length_penalised(rewards: jax.Array, lengths: jax.Array, difficulty: jax.Array, correct: int, penalty: float,
+                     max_length: int) -> jax.Array:
+    """ARLCP's complexity-calibrated length penalty: rewards [n, G, K] whose `correct` component, where positive, loses
+    penalty x (1 - difficulty [n]) x lengths [n, G] / max_length: the easier the problem, the more a long correct
+    answer costs; wrong answers are not charged."""
+    cost = penalty * (1.0 - difficulty)[:, None] * lengths / max_length
+    return rewards.at[..., correct].add(-jnp.where(rewards[..., correct] > 0, cost, 0.0))
 
 
 def majority_votes(tokens: jax.Array, mask: jax.Array, formed: jax.Array) -> jax.Array:
@@ -1185,6 +1201,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.reward.label_free={config.reward.label_free} votes among single completions for the "
                          "correct reward: " + ("config.reward.model gives it too" if config.reward.model else
                                                f"task.name={config.task.name} is played over turns"))
+    if config.reward.length_penalty and multi_turn_task:
+        raise ValueError(f"config.reward.length_penalty charges single completions by their length; "
+                         f"task.name={config.task.name} is played over turns")
     if config.loss.truncated != "train" and multi_turn_task:
         raise ValueError(f"config.loss.truncated={config.loss.truncated} masks single completions cut off by the length "
                          f"limit; task.name={config.task.name} is played over turns")
