@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import (finished_run, fmt_ci, machine, markdown_table, publish, run_rows, runs_arguments,  # noqa: E402
-                    save_figure, train_run)
+                    save_figure, seed_values, train_run)
 
 MARKERS = ("<!-- method_league:start -->", "<!-- method_league:end -->")
 SEEDS = 3
@@ -100,14 +100,14 @@ def train(runs_dir: str, name: str) -> None:
     train_run(runs_dir, name, experiment, init_from, flags)
 
 
-def per_seed(row: dict, key: str) -> list[float]:
-    return row.get(f"{key}_per_seed") or [row[key]]
+def evaluations(runs_dir: str, name: str) -> list[dict]:
+    """A run's metric rows that hold an evaluation."""
+    return [r for r in run_rows(os.path.join(runs_dir, name)) if "eval_accuracy" in r]
 
 
 def league(runs_dir: str) -> tuple[list[list[str]], dict]:
     """The table's rows and each method's curve {name: (completions, mean accuracy)}."""
-    sft_rows = [r for r in run_rows(os.path.join(runs_dir, "sft")) if "eval_accuracy" in r]
-    start = float(sft_rows[-1]["eval_accuracy"])
+    start = float(evaluations(runs_dir, "sft")[-1]["eval_accuracy"])
     finals, curves = {}, {}
     for name in METHODS:
         workdir = os.path.join(runs_dir, name)
@@ -115,27 +115,25 @@ def league(runs_dir: str) -> tuple[list[list[str]], dict]:
             continue
         rows = run_rows(workdir)
         evals = [r for r in rows if "eval_accuracy" in r]
-        curves[name] = ([0] + [r["env_steps"] for r in evals], [start] + [float(np.mean(per_seed(r, "eval_accuracy")))
-                                                                          for r in evals])
+        curves[name] = ([0] + [r["env_steps"] for r in evals], [start] + [r["eval_accuracy"] for r in evals])
         tokens = np.cumsum([r.get("tokens", 0.0) for r in rows])
         finals[name] = (evals[-1], rows, tokens)
     if "grpo" not in finals:
         return [], curves
-    bar = float(np.mean(per_seed(finals["grpo"][0], "eval_accuracy")))
+    bar = finals["grpo"][0]["eval_accuracy"]  # (a row's eval_accuracy is the mean over its seeds)
     table = []
     for name, (last, rows, tokens) in finals.items():
-        reached = next((r for r in rows if "eval_accuracy" in r and np.mean(per_seed(r, "eval_accuracy")) >= bar),
-                       None)
+        reached = next((r for r in rows if r.get("eval_accuracy", -1.0) >= bar), None)
         to_reach = f"{tokens[rows.index(reached)] / 1e3:.0f}k" if reached is not None else "not reached"
-        accuracy = per_seed(last, "eval_accuracy")
+        accuracy = seed_values(last, "eval_accuracy")
         table.append([f"{name} ({METHODS[name][1]})", f"`{' '.join(flags_of('RUNS', METHODS[name][0])) or '(GRPO)'}`",
-                      fmt_ci(accuracy, (0, 1)), fmt_ci(per_seed(last, "eval_pass@8"), (0, 1)),
+                      fmt_ci(accuracy, (0, 1)), fmt_ci(seed_values(last, "eval_pass@8"), (0, 1)),
                       fmt_ci(np.asarray(accuracy) - start), to_reach, f"{rows[-1]['wall_time']:.0f} s"])
     return table, curves
 
 
 def final_accuracy(runs_dir: str, name: str) -> list[float]:
-    return per_seed([r for r in run_rows(os.path.join(runs_dir, name)) if "eval_accuracy" in r][-1], "eval_accuracy")
+    return seed_values(evaluations(runs_dir, name)[-1], "eval_accuracy")
 
 
 def claims(runs_dir: str) -> list[str]:
@@ -178,7 +176,7 @@ def main():
     if not finished_run(os.path.join(args.runs_dir, "sft")):
         return
     table, curves = league(args.runs_dir)
-    start = [r for r in run_rows(os.path.join(args.runs_dir, "sft")) if "eval_accuracy" in r][-1]["eval_accuracy"]
+    start = evaluations(args.runs_dir, "sft")[-1]["eval_accuracy"]
     lines = [f"{datetime.date.today()}, {machine()}; `python benchmarks/method_league.py --runs-dir DIR "
              "--update-results`. Two-number Countdown, one SFT warm start (held-out greedy accuracy "
              f"{start:.3f}), {COMPLETIONS:,} completions per method, 3 seeds; intervals: 95% over the seeds.", "",

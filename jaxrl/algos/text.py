@@ -729,9 +729,9 @@ class TextGRPO:
             state = TextGRPOLearnedRewardState(**vars(state), reward_model=self.learned_reward.variables(
                 reward_model, jax.random.fold_in(key, 3)))
         if self.teacher is not None:  # (a fresh model of its shapes when not given: what a checkpoint restores into)
-            fresh = teacher is None
-            state = TextGRPOTeacherState(**vars(state), teacher=self.teacher.init_params(jax.random.fold_in(key, 4))
-                                         if fresh else teacher)
+            if teacher is None:
+                teacher = self.teacher.init_params(jax.random.fold_in(key, 4))
+            state = TextGRPOTeacherState(**vars(state), teacher=teacher)
         if not self.settings.max_staleness:
             return state
         return state.replace(pending=staleness.empty_queue(self._sample_batch, state, TextGRPOHyperparams,
@@ -1003,7 +1003,7 @@ def majority_votes(tokens: jax.Array, mask: jax.Array, formed: jax.Array) -> jax
 def truncated(tokens: jax.Array, mask: jax.Array, eos_id: int, pruned: jax.Array | None = None) -> jax.Array:
     """bool [..., G]: completions [..., G, N] cut off by the length limit, without an EOS among their tokens (members a
     Control strategy stopped early, `pruned`, were not cut off)."""
-    cut = ~((tokens == eos_id) & (mask > 0)).any(-1)
+    cut = ~(sampling.is_eos(tokens, eos_id) & (mask > 0)).any(-1)
     return cut if pruned is None else cut & ~pruned
 
 

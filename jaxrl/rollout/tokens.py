@@ -673,7 +673,7 @@ def reweight_classes(algo, memory, groups: Groups, params):
     seen = jnp.zeros(o["classes"]).at[member].add(finished.astype(jnp.float32))
     failures = jnp.zeros(o["classes"]).at[member].add(jnp.where(finished, 1.0 - passed, 0.0))
     log_weight = memory["log_weight"] + o["step"] * jnp.where(seen > 0, failures / jnp.maximum(seen, 1.0), 0.0)
-    rows = jnp.where(finished & last_occurrence(ids, finished), ids, algo.settings.pool_size)
+    rows = jnp.where(last_occurrence(ids, finished), ids, algo.settings.pool_size)
     rate = memory["rate"].at[rows].set((1.0 - o["rate_step"]) * memory["rate"][ids] + o["rate_step"] * passed,
                                        mode="drop")
     return {"rate": rate, "log_weight": log_weight - log_weight.max()}, {"mean_pass_rate": jnp.mean(rate)}

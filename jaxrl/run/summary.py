@@ -15,7 +15,7 @@ def confidence_interval(values, level: float = 0.95) -> tuple[float, float, floa
     value); None values (seeds that logged nothing) are left out."""
     from scipy import stats
 
-    values = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    values = _present(values)
     if values.size == 0:
         return math.nan, math.nan, math.nan
     mean = float(values.mean())
@@ -25,6 +25,11 @@ def confidence_interval(values, level: float = 0.95) -> tuple[float, float, floa
     return mean, mean - half, mean + half
 
 
+def _present(values) -> np.ndarray:
+    """float64 [n]: the values of the seeds that logged one (None left out)."""
+    return np.asarray([v for v in values if v is not None], dtype=np.float64)
+
+
 def detectable_difference(values, power: float = 0.8, level: float = 0.95) -> float:
     """The smallest difference of means between this setting and another of as many seeds and the same spread that a
     two-sided test at `level` finds with probability `power`: (z_(1/2 + level/2) + z_power) s sqrt(2 / n), s the
@@ -32,7 +37,7 @@ def detectable_difference(values, power: float = 0.8, level: float = 0.95) -> fl
     smaller than this need more seeds to be told apart."""
     from scipy import stats
 
-    values = np.asarray([v for v in values if v is not None], dtype=np.float64)
+    values = _present(values)
     if values.size < 2:
         return math.nan
     z = stats.norm.ppf(0.5 + level / 2) + stats.norm.ppf(power)
