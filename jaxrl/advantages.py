@@ -331,6 +331,15 @@ def calibrated(rewards, valid, opts):
     return _rescale(centered, _per_group(std, rewards.ndim), rewards, valid, opts)
 
 
+@register("expert_iteration", default_scale="none")
+def expert_iteration(rewards, valid, opts):
+    """Expert iteration (Havrilla et al. 2024, "Teaching Large Language Models to Reason with Reinforcement
+    Learning"): supervised learning on the policy's own successes. A sample whose reward reaches max_reward (the
+    success threshold) gets advantage 1, the others carry no gradient: with token aggregation the policy loss is
+    SFT's on the successes. [B, G(, A)] -> ([B, G(, A)], keep)."""
+    return jnp.ones_like(rewards), rewards >= opts.max_reward
+
+
 @register("stratified", needs_strata=True)
 def stratified(rewards, valid, opts, strata):
     """Stratified GRPO's SAN: each sample against the members of its group in its own stratum (the same structure,

@@ -259,6 +259,64 @@ def informative_tokens(advantages: jax.Array, entropy: jax.Array, mask: jax.Arra
     return (valid & (score >= threshold)).astype(mask.dtype)
 
 
+def relaxed_keep(keep, update_step, schedule: int):
+    """D3S's dynamic down-sampling schedule: a kept share that starts at `keep` and rises linearly to 1 over
+    `schedule` updates (aggressive selection early, when it speeds learning, relaxed later against overfitting
+    the high-signal samples); `schedule` 0 keeps `keep` throughout. Scalars -> scalar."""
+    if not schedule:
+        return keep
+    progress = jnp.minimum(jnp.asarray(update_step, jnp.float32) / schedule, 1.0)
+    return keep + (1.0 - keep) * progress
+
+
+def varied_samples(advantages: jax.Array, keep) -> jax.Array:
+    """D3S's sample-level down-sampling: float32 [B, G] 1 on the k = clip(round(keep G), 2, G) members of each group
+    whose advantages [B, G] have the largest variance, 0 on the others. A subset of k values of largest variance
+    holds the i largest and k - i smallest for some i (moving a middle value outwards never lowers the spread), so
+    the k + 1 such splits are compared (ties: the fewest largest)."""
+    B, G = advantages.shape
+    k = jnp.clip(jnp.round(keep * G), 2, G).astype(jnp.int32)
+    order = jnp.argsort(advantages, axis=1)
+    ranked = jnp.take_along_axis(advantages, order, axis=1)  # ascending
+    zero = jnp.zeros((B, 1), ranked.dtype)
+    low1 = jnp.concatenate([zero, jnp.cumsum(ranked, 1)], 1)  # [B, G + 1]: sums of the j smallest
+    low2 = jnp.concatenate([zero, jnp.cumsum(ranked ** 2, 1)], 1)
+    i = jnp.arange(G + 1)  # how many of the largest
+    j = jnp.clip(k - i, 0, G)  # and of the smallest
+    high1, high2 = low1[:, -1:] - low1[:, G - i], low2[:, -1:] - low2[:, G - i]
+    mean = (high1 + low1[:, j]) / k
+    variance = (high2 + low2[:, j]) / k - mean ** 2
+    best = jnp.argmax(jnp.where(i <= k, variance, -jnp.inf), axis=1)[:, None]  # [B, 1]
+    position = jnp.arange(G)
+    kept_ranked = (position < k - best) | (position >= G - best)
+    return jnp.take_along_axis(kept_ranked, jnp.argsort(order, axis=1), axis=1).astype(jnp.float32)
+
+
+def distinct_samples(tokens: jax.Array, mask: jax.Array, advantages: jax.Array, min_distinctiveness) -> jax.Array:
+    """DaGRPO's sequence-level gradient rectification: float32 [B, G], 0 on every member of a pair of completions
+    (tokens, mask [B, G, N]) whose advantages [B, G] have opposite signs and whose distinctiveness is below
+    `min_distinctiveness`, 1 elsewhere. Distinctiveness: the share of positions, of the longer completion's, where
+    the two differ. Near-identical completions pushed in opposite directions cancel on the tokens they share (a
+    gradient conflict) while the rest of each gets a large update."""
+    present = mask > 0
+    either = present[:, :, None] | present[:, None]  # [B, G, G, N]
+    differ = jnp.sum(either & (tokens[:, :, None] != tokens[:, None]), axis=-1)
+    length = jnp.maximum(jnp.sum(either, axis=-1), 1)
+    distinctiveness = differ / length  # [B, G, G]
+    opposed = advantages[:, :, None] * advantages[:, None] < 0
+    conflicted = jnp.any(opposed & (distinctiveness < min_distinctiveness), axis=-1)
+    return (~conflicted).astype(jnp.float32)
+
+
+def entropy_shaped(advantages: jax.Array, entropy: jax.Array, coef, bound) -> jax.Array:
+    """Entropy-based advantage shaping (Cheng et al. 2025, "Reasoning with Exploration: An Entropy Perspective";
+    MSSR's stabiliser of single-rollout RLVR): A + min(coef sg(H_t), |A| / bound) per token [S, T]: uncertain
+    tokens gain, never more than 1 / bound of the advantage's own size (a zero advantage stays zero, and the shaping
+    cannot flip a negative advantage's sign for bound > 1)."""
+    bonus = jnp.minimum(coef * jax.lax.stop_gradient(entropy), jnp.abs(advantages) / bound)
+    return advantages + bonus
+
+
 def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                 clip_low, clip_high=None, dual_clip=None, ratio: str = "token", aggregate: str = "token",
                 constant_length=None, ref_log_prob: jax.Array | None = None, kl: str = "k3", kl_coef=0.0,
@@ -347,3 +405,15 @@ CONFIDENCE_PENALTY = Knob("loss.confidence_penalty", 0.0, "> 0: ACE, negative ad
 TOKEN_KEEP = Knob("loss.token_keep", 1.0, "< 1: D3S's token-level down-sampling, only this share of each batch's "
                   "tokens carries the policy loss, those of largest |advantage| x entropy", traced=True, above=0.0,
                   maximum=1.0)
+SAMPLE_KEEP = Knob("loss.sample_keep", 1.0, "< 1: D3S's sample-level down-sampling, only this share of each group's "
+                   "members carries the policy loss, the subset whose advantages vary most", traced=True, above=0.0,
+                   maximum=1.0)
+KEEP_SCHEDULE = Knob("loss.keep_schedule", 0, "> 0: D3S's dynamic schedule, loss.sample_keep and loss.token_keep rise "
+                     "linearly to 1 over this many updates; 0: fixed", minimum=0)
+MIN_DISTINCTIVENESS = Knob("loss.min_distinctiveness", 0.0, "> 0: DaGRPO, both completions of a pair with opposite "
+                           "advantages differing at fewer than this share of positions carry no loss", traced=True,
+                           minimum=0.0, maximum=1.0)
+ENTROPY_SHAPING = Knob("advantage.entropy_shaping", 0.0, "> 0: each token's advantage gains min(this x its entropy, "
+                       "|A| / advantage.entropy_bound) (entropy-based shaping, MSSR)", traced=True, minimum=0.0)
+ENTROPY_BOUND = Knob("advantage.entropy_bound", 2.0, "with advantage.entropy_shaping: the bonus is at most |A| / this",
+                     traced=True, above=0.0)

@@ -450,3 +450,24 @@ def test_module_exports():
     for name in ("GroupAdvantages", "ESTIMATORS", "register", "get", "group_advantages",
                  "stepwise_group_advantages", "returns_to_go", "gae"):
         assert hasattr(adv_lib, name)
+
+
+def test_expert_iteration_is_sft_on_the_samples_that_reach_the_best_reward():
+    """Expert iteration: advantage 1 on successes, no gradient elsewhere; with token aggregation and the sampling
+    policy's log-probabilities as the old ones, the policy loss's gradient is SFT's (mean -log pi over the
+    successes' tokens)."""
+    from jaxrl import losses
+
+    rewards = np.array([[1.1, 0.1, 0.0, 1.1], [0.1, 0.1, 0.0, 0.0]], np.float32)  # correct + 0.1 well-formed
+    out = estimate("expert_iteration", rewards)
+    np.testing.assert_array_equal(out.advantages, [[1, 0, 0, 1], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(out.weight, [[1, 0, 0, 1], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(estimate("expert_iteration", rewards, max_reward=0.1).weight,
+                                  [[1, 1, 0, 1], [1, 1, 0, 0]])
+    log_probs = jnp.log(jnp.asarray(np.random.default_rng(0).uniform(0.1, 0.9, (8, 3)), jnp.float32))
+    mask = jnp.asarray(np.random.default_rng(1).random((8, 3)) < 0.8, jnp.float32).at[:, 0].set(1.0)
+    weight = out.weight.reshape(-1)[:, None] * mask
+    advantage = jnp.broadcast_to(out.advantages.reshape(-1)[:, None], (8, 3))
+    rl = jax.grad(lambda lp: losses.policy_loss(lp, jax.lax.stop_gradient(lp), advantage, weight, clip_low=0.2)[0])
+    sft = jax.grad(lambda lp: -jnp.sum(lp * weight) / jnp.sum(weight))
+    np.testing.assert_allclose(rl(log_probs), sft(log_probs), rtol=1e-6)

@@ -437,6 +437,51 @@ def test_d3s_keeps_the_tokens_of_largest_advantage_times_entropy():
     np.testing.assert_array_equal(losses.informative_tokens(adv, ent, mask, 1 / 7), [[0, 0, 0, 0], [1, 0, 0, 0]])
 
 
+@pytest.mark.parametrize("group_size,keep", [(2, 0.3), (5, 0.5), (6, 0.5), (8, 0.25), (8, 0.9), (7, 1.0)])
+def test_d3s_keeps_the_members_whose_advantages_vary_most(group_size, keep):
+    """D3S's sample level: of each group, the k = round(keep G) (at least 2) members whose advantages have the largest
+    variance, against an exhaustive search over every k-subset."""
+    import itertools
+
+    rng = np.random.default_rng(group_size)
+    adv = rng.normal(size=(4, group_size)).astype(np.float32)
+    adv[0] = np.round(adv[0])  # ties
+    kept = np.asarray(losses.varied_samples(jnp.asarray(adv), keep))
+    k = int(np.clip(round(keep * group_size), 2, group_size))
+    for row, chosen in zip(adv, kept):
+        assert chosen.sum() == k
+        best = max(np.var(row[list(subset)]) for subset in itertools.combinations(range(group_size), k))
+        np.testing.assert_allclose(np.var(row[chosen > 0]), best, rtol=1e-5, atol=1e-6)
+
+
+def test_d3s_schedule_relaxes_the_kept_share_linearly_to_all():
+    np.testing.assert_allclose([losses.relaxed_keep(0.25, t, 10) for t in (0, 4, 10, 30)], [0.25, 0.55, 1.0, 1.0])
+    assert losses.relaxed_keep(0.25, 7, 0) == 0.25
+
+
+def test_dagrpo_masks_both_members_of_a_near_identical_pair_with_opposite_advantages():
+    """Distinctiveness = differing positions / the longer completion's length. Group 0: members 0 and 1 differ at 1
+    of 4 positions (0.25) with opposite advantages: both masked at a threshold of 0.3, neither at 0.2; member 2
+    differs from member 1 at 3 of 4 positions, and member 3 shares member 0's sign. Group 1: 1 of 2 positions differ
+    (0.5) with opposite signs, and identical completions of the same sign stay."""
+    tokens = jnp.asarray([[[5, 6, 7, 8], [5, 6, 7, 9], [1, 2, 3, 9], [5, 6, 7, 8]],
+                          [[4, 4, 0, 0], [4, 3, 0, 0], [4, 4, 0, 0], [4, 4, 0, 0]]])
+    mask = jnp.asarray([[[1, 1, 1, 1]] * 4, [[1, 1, 0, 0]] * 4], jnp.float32)
+    adv = jnp.asarray([[1.0, -1.0, 0.5, 2.0], [1.0, -1.0, 1.0, 1.0]])
+    np.testing.assert_array_equal(losses.distinct_samples(tokens, mask, adv, 0.3), [[0, 0, 1, 0], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(losses.distinct_samples(tokens, mask, adv, 0.2), [[1, 1, 1, 1], [1, 1, 1, 1]])
+    np.testing.assert_array_equal(losses.distinct_samples(tokens, mask, adv, 0.6), [[0, 0, 1, 0], [0, 0, 0, 0]])
+
+
+def test_entropy_shaping_adds_a_bounded_entropy_bonus():
+    """A + min(coef H, |A| / bound), the entropy held constant."""
+    adv = jnp.asarray([[2.0, -1.0, 0.0, 0.4]])
+    ent = jnp.asarray([[0.5, 3.0, 2.0, 1.0]])
+    np.testing.assert_allclose(losses.entropy_shaped(adv, ent, 0.4, 2.0), [[2.2, -0.5, 0.0, 0.6]], rtol=1e-6)
+    grad = jax.grad(lambda h: losses.entropy_shaped(adv, h, 0.4, 2.0).sum())(ent)
+    np.testing.assert_array_equal(grad, 0.0)
+
+
 def test_objectives_refuse_missing_inputs():
     new, old, _, adv, _ = inputs(26)
     with pytest.raises(ValueError, match="unknown objective 'ppo'; known: clip, cispo, nft, pacs"):

@@ -72,7 +72,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 @pytest.mark.parametrize("overrides", [
     {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
      "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3, "rollout.replay": "gdro",
-     "rollout.pool_size": 16, "reward.length_penalty": 0.5},
+     "rollout.pool_size": 16, "reward.length_penalty": 0.5, "loss.sample_keep": 0.5, "loss.keep_schedule": 2,
+     "advantage.entropy_shaping": 0.1},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "correct,reference,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1,
@@ -80,9 +81,9 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
-     "rollout.replay": "thompson", "rollout.pool_size": 16},
-], ids=["dr_grpo-tree-kl-gdro-length", "gdpo-sequence-critic-replay-reference-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
-        "bnpo-pacs-reset-thompson"])
+     "rollout.replay": "thompson", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3},
+], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping", "gdpo-sequence-critic-replay-reference-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
+        "bnpo-pacs-reset-thompson-dagrpo"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -97,6 +98,10 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     assert ("value_loss" in metrics) == (config.loss.critic_weight > 0)
     assert ("truncated" in metrics) == (config.loss.truncated != "train")
     assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier
+    assert ("members_kept" in metrics) == (config.loss.sample_keep < 1)  # D3S's sample level
+    assert ("members_distinct" in metrics) == (config.loss.min_distinctiveness > 0)  # DaGRPO's pair masking
+    if config.loss.sample_keep < 1:  # G = 4: 2 members, then 3 as the schedule relaxes the share (the chunk's mean)
+        np.testing.assert_allclose(metrics["members_kept"], [(2 / 4 + 3 / 4) / 2])
     if config.loss.reference_reset:  # ProRL: after the second update the reference is the policy again
         for ref, now in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(ref, now)
@@ -261,7 +266,9 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.objective": "cispo", "loss.dual_clip": 3.0}, "dual_clip caps PPO's clipped surrogate"),
             ({"loss.objective": "pacs", "loss.ratio": "sequence"}, "pacs scores whole completions itself"),
             ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs"),
-            ({"reward.label_free": "majority", "rollout.replay": "reference"}, "label_free=majority reads no label")]:
+            ({"reward.label_free": "majority", "rollout.replay": "reference"}, "label_free=majority reads no label"),
+            ({"loss.keep_schedule": 10}, "keep_schedule=10 relaxes D3S's down-sampling: set config.loss.sample_keep"),
+            ({"loss.sample_keep": 0.0}, "config.loss.sample_keep")]:
         with pytest.raises(ValueError, match=message):
             algos.validate(tiny_grpo_config(sft_run, **overrides))
     env_grpo = load_experiment("cartpole_grpo")

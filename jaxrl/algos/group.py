@@ -17,7 +17,8 @@ ADVANTAGE_OPTIONS = (
          "'': the estimator's default", choices=("", *ADVANTAGE_SCALES)),
     Knob("advantage.eps", 1e-6, "added to the std that advantages are divided by", minimum=0.0),
     Knob("advantage.clip", 0.0, "advantages clipped to [-clip, clip]; 0: off", minimum=0.0),
-    Knob("advantage.max_reward", 1.0, "calibrated estimators: the virtual best sample's reward"),
+    Knob("advantage.max_reward", 1.0, "the best reward: calibrated's virtual sample has it, expert_iteration learns "
+         "from the samples that reach it"),
     Knob("advantage.renormalize", False, "gdpo: renormalise the combined advantages over the batch"),
     Knob("advantage.stratum_weight", 0.5, "stratified: the within-stratum advantage's share of the blend (the group's "
          "has the rest)", minimum=0.0, maximum=1.0),

@@ -555,6 +555,10 @@ class TextGRPOHyperparams:
     score_scale: float = losses.SCORE_SCALE.field()
     confidence_penalty: float = losses.CONFIDENCE_PENALTY.field()
     token_keep: float = losses.TOKEN_KEEP.field()
+    sample_keep: float = losses.SAMPLE_KEEP.field()
+    min_distinctiveness: float = losses.MIN_DISTINCTIVENESS.field()
+    entropy_shaping: float = losses.ENTROPY_SHAPING.field()
+    entropy_bound: float = losses.ENTROPY_BOUND.field()
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
     critic_weight: float = CRITIC_WEIGHT.field()  # advantages = (1 - w) * group + w * standardised (reward - value)
@@ -614,6 +618,10 @@ class TextGRPOSettings:
     reference_reset: int = REFERENCE_RESET.field()
     teacher: str = TEACHER.field()
     samples_tokens: bool = losses.TOKEN_KEEP.field(convert=lambda keep: keep < 1)  # D3S's token-level selection
+    samples_members: bool = losses.SAMPLE_KEEP.field(convert=lambda keep: keep < 1)  # D3S's sample-level selection
+    keep_schedule: int = losses.KEEP_SCHEDULE.field()
+    rectifies: bool = losses.MIN_DISTINCTIVENESS.field(convert=lambda d: d > 0)  # DaGRPO's pair masking
+    shapes_entropy: bool = losses.ENTROPY_SHAPING.field(convert=lambda coef: coef > 0)
     truncated: str = knob("loss.truncated", "train", "completions cut off by the length limit (no EOS): trained as any "
                           "other, carrying no loss (mask: DAPO's overlong filtering), or carrying none where their "
                           "advantage is negative (mask_negative: MicroCoder-GRPO's conditional masking: not pushed down "
@@ -799,6 +807,9 @@ class TextGRPO:
         mask = trained
         if s.samples_tokens:  # D3S: the policy loss on the tokens of largest |A| x entropy only
             mask = trained * losses.informative_tokens(batch["advantages"], entropy, trained, hp.token_keep)
+        if s.shapes_entropy:
+            batch = dict(batch, advantages=losses.entropy_shaped(batch["advantages"], entropy, hp.entropy_shaping,
+                                                                 hp.entropy_bound))
         outcome = None
         if losses.OBJECTIVES[s.objective].needs_outcome:
             outcome = losses.Outcome(batch["correct"], batch["pass_rate"], s.group_size)
@@ -910,6 +921,9 @@ class TextGRPO:
             units["returns"] = returns
             if groups.pruned is not None:  # a pruned member's reward is not its prefix's value: not a target
                 units["value_mask"] = groups.mask * ~groups.pruned[..., None]
+        if s.samples_members or s.rectifies:  # selections of whole members, by their mean advantage
+            units["weight"], metrics = self._select_members(groups, advantages, units["weight"], state.update_step,
+                                                            hp, metrics)
         if s.truncated != "train":
             cut = truncated(groups.tokens, groups.mask, self.vocab.eos_id, groups.pruned)
             units["weight"] = units["weight"] * kept_tokens(cut, advantages, s.truncated)
@@ -937,9 +951,26 @@ class TextGRPO:
                        tokens=jax.lax.psum(jnp.sum(groups.mask), DATA_AXIS))
         return state.replace(key=key, memory=memory), (units, epoch_key), metrics
 
+    def _select_members(self, groups: rollout.Groups, advantages: jax.Array, weight: jax.Array, update_step,
+                        hp: TextGRPOHyperparams, metrics: dict):
+        """`weight` [b, G, N] times D3S's sample-level selection (`losses.varied_samples`) and DaGRPO's pair masking
+        (`losses.distinct_samples`), each member scored by its mean advantage over its tokens; metrics with the
+        share of members each keeps."""
+        s = self.settings
+        member = jnp.sum(advantages * groups.mask, -1) / jnp.maximum(jnp.sum(groups.mask, -1), 1.0)  # [b, G]
+        if s.samples_members:
+            kept = losses.varied_samples(member, losses.relaxed_keep(hp.sample_keep, update_step, s.keep_schedule))
+            weight, metrics = weight * kept[..., None], dict(metrics, members_kept=global_mean(kept))
+        if s.rectifies:
+            distinct = losses.distinct_samples(groups.tokens, groups.mask, member, hp.min_distinctiveness)
+            weight, metrics = weight * distinct[..., None], dict(metrics, members_distinct=global_mean(distinct))
+        return weight, metrics
+
     def _learn(self, state: TextGRPOState, batch, hp: TextGRPOHyperparams):
         """For one seed on this device: the optimisation of `_sample_batch`'s batch; (state, metrics)."""
         s = self.settings
+        if s.samples_tokens and s.keep_schedule:  # D3S's schedule relaxes the token selection too
+            hp = hp.replace(token_keep=losses.relaxed_keep(hp.token_keep, state.update_step, s.keep_schedule))
         units, epoch_key = batch
         metrics, step_scale = {}, None
         if s.correction != "none":
@@ -1204,6 +1235,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.reward.length_penalty and multi_turn_task:
         raise ValueError(f"config.reward.length_penalty charges single completions by their length; "
                          f"task.name={config.task.name} is played over turns")
+    if config.loss.keep_schedule and config.loss.sample_keep == 1 and config.loss.token_keep == 1:
+        raise ValueError(f"config.loss.keep_schedule={config.loss.keep_schedule} relaxes D3S's down-sampling: set "
+                         "config.loss.sample_keep or config.loss.token_keep below 1")
     if config.loss.truncated != "train" and multi_turn_task:
         raise ValueError(f"config.loss.truncated={config.loss.truncated} masks single completions cut off by the length "
                          f"limit; task.name={config.task.name} is played over turns")
