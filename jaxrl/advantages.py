@@ -155,10 +155,12 @@ class Estimator:
     needs_critic: bool = False
     off_policy: bool = False  # a critic core that takes log_rhos (log pi - log mu of each step's action)
     per_turn: bool = False  # scores each turn of multi-turn episodes (`turn_advantages`), not whole samples
-    needs_strata: bool = False  # also reads each sample's stratum (int [B, G(, A)]): core(rewards, valid, opts, strata)
+    # What else the core reads, as core(rewards, valid, opts, context): "strata" (each sample's stratum, int
+    # [B, G(, A)]) or "baseline" (each group's tracked value, float32 [B]); "": nothing
+    reads: str = ""
 
-    def __call__(self, rewards, valid, opts, strata=None):
-        return self.core(rewards, valid, opts) if not self.needs_strata else self.core(rewards, valid, opts, strata)
+    def __call__(self, rewards, valid, opts, context=None):
+        return self.core(rewards, valid, opts) if not self.reads else self.core(rewards, valid, opts, context)
 
 
 # Every advantage estimator by name, the critic's (gae, vtrace, impala) and the groups' (grpo, rloo, ...): the values of
@@ -187,7 +189,7 @@ def check_estimator(name: str, needs_critic: bool, family: str) -> None:
 
 
 def register(name: str, *, default_scale: str = "group", combine: bool = True, needs_critic: bool = False,
-             needs_strata: bool = False):
+             reads: str = ""):
     """Decorator adding a core function to ESTIMATORS under `name`; returns the function unchanged. A group
     estimator's core is a `Core`; with `needs_critic` (an estimator PPO takes, as gae) it is fn(rewards, values,
     dones, last_value, gamma, gae_lambda) -> (advantages, value targets)."""
@@ -197,7 +199,7 @@ def register(name: str, *, default_scale: str = "group", combine: bool = True, n
     def decorate(core: Core) -> Core:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic, needs_strata=needs_strata)
+        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic, reads=reads)
         return core
 
     return decorate
@@ -340,15 +342,13 @@ def expert_iteration(rewards, valid, opts):
     return jnp.ones_like(rewards), rewards >= opts.max_reward
 
 
-@register("stratified", needs_strata=True)
+@register("stratified", reads="strata")
 def stratified(rewards, valid, opts, strata):
     """Stratified GRPO's SAN: each sample against the members of its group in its own stratum (the same structure,
     e.g. as many tool calls), (r - stratum mean) / (stratum std + eps), blended with the group's advantage:
     w A_stratum + (1 - w) A_group (w: `stratum_weight`). [B, G(, A)], strata int [B, G(, A)] -> [B, G(, A)]. A sample
     alone in its stratum has no peers: its stratum advantage is 0."""
     axes = _group_axes(rewards)
-    if strata is None:
-        raise ValueError("stratified advantages need each sample's stratum (strata [B, G])")
     same = (strata.reshape(strata.shape[0], -1)[:, :, None] == strata.reshape(strata.shape[0], -1)[:, None, :])
     flat_r, flat_v = _flat(rewards), _flat(valid)
     peers = same & flat_v[:, None, :]  # [B, M, M]: valid members of each sample's stratum
@@ -359,6 +359,17 @@ def stratified(rewards, valid, opts, strata):
     group_mean, group_std, _ = _moments(rewards, valid, axes)
     overall = _rescale(rewards - group_mean, group_std, rewards, valid, opts)
     return opts.stratum_weight * within.reshape(rewards.shape) + (1.0 - opts.stratum_weight) * overall
+
+
+@register("tracked", default_scale="batch", reads="baseline")
+def tracked(rewards, valid, opts, baseline):
+    """SPO (single-stream policy optimisation): each sample against its problem's persistent tracked value (the
+    baseline [B], read before this update's rewards join it: `rollout.replay=tracker`), not against its group, so
+    that one sample per prompt (G = 1) suffices and an all-equal group still teaches; scaled by the batch's std
+    (SPO's global normalisation). [B, G(, A)] -> [B, G(, A)]."""
+    _, std, _ = _moments(rewards, valid, _group_axes(rewards))
+    centered = rewards - _per_group(baseline, rewards.ndim)
+    return _rescale(centered, std, centered, valid, opts)  # (scale batch: by the std of the batch's advantages)
 
 
 def beta_fit(pass_rates: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -422,9 +433,11 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     """The estimator `name` wrapped with masking, component combining, scaling default and clipping.
 
     The returned fn(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-    renormalize=False, max_reward=1.0, strata=None, stratum_weight=0.5) takes rewards [B, G] or [B, G, A] (with a
+    renormalize=False, max_reward=1.0, strata=None, baseline=None, stratum_weight=0.5) takes rewards [B, G] or
+    [B, G, A] (with a
     trailing K axis when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
-    `strata` (int, the rewards' leading shape) only for an estimator that reads them (`stratified`); the other
+    `strata` (int, the rewards' leading shape) and `baseline` (float32 [B]) only for an estimator that reads them
+    (`stratified`, `tracked`); the other
     options are static Python values, so it can be jitted.
     """
     if name not in names(needs_critic=False):
@@ -433,7 +446,7 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     est = ESTIMATORS[name]
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-                 renormalize=False, max_reward=1.0, strata=None, stratum_weight=0.5) -> GroupAdvantages:
+                 renormalize=False, max_reward=1.0, strata=None, baseline=None, stratum_weight=0.5) -> GroupAdvantages:
         rewards = jnp.asarray(rewards, jnp.float32)
         k = None if reward_weights is None else len(reward_weights)
         lead = rewards.shape[:-1] if k is not None else rewards.shape
@@ -454,7 +467,10 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
         zero_variance = _all_equal(rewards, valid_r, len(lead))
         if k is not None and est.combine:
             rewards = rewards @ jnp.asarray(opts.reward_weights, jnp.float32)
-        out = est(rewards, valid, opts, None if strata is None else jnp.asarray(strata))
+        context = {"strata": strata, "baseline": baseline}.get(est.reads)
+        if est.reads and context is None:
+            raise ValueError(f"{name}: the estimator reads `{est.reads}`: pass it")
+        out = est(rewards, valid, opts, None if context is None else jnp.asarray(context))
         advantages, keep = out if isinstance(out, tuple) else (out, True)
         if clip:
             advantages = jnp.clip(advantages, -clip, clip)

@@ -442,7 +442,7 @@ def test_stratified_normalises_within_each_stratum_and_blends_with_the_group():
         np.testing.assert_allclose(out.advantages[0], w * within + (1 - w) * group, rtol=1e-4, atol=1e-5)
     alone = get("stratified")(rewards, strata=jnp.asarray([[0, 0, 0, 1, 1, 2]]), stratum_weight=1.0)
     assert float(alone.advantages[0, 5]) == 0.0
-    with pytest.raises(ValueError, match="need each sample's stratum"):
+    with pytest.raises(ValueError, match="reads `strata`: pass it"):
         get("stratified")(rewards)
 
 
@@ -471,3 +471,19 @@ def test_expert_iteration_is_sft_on_the_samples_that_reach_the_best_reward():
     rl = jax.grad(lambda lp: losses.policy_loss(lp, jax.lax.stop_gradient(lp), advantage, weight, clip_low=0.2)[0])
     sft = jax.grad(lambda lp: -jnp.sum(lp * weight) / jnp.sum(weight))
     np.testing.assert_allclose(rl(log_probs), sft(log_probs), rtol=1e-6)
+
+
+def test_tracked_compares_each_sample_with_its_problems_tracked_value_and_scales_by_the_batch():
+    """SPO: A = r - v(problem), divided by the std of the batch's advantages; one sample per prompt suffices."""
+    rewards = np.array([[1.0, 0.0], [1.0, 1.0]], np.float32)
+    baseline = np.array([0.5, 0.75], np.float32)
+    tracked = get("tracked")
+    np.testing.assert_allclose(tracked(rewards, baseline=baseline, scale="none").advantages,
+                               [[0.5, -0.5], [0.25, 0.25]])
+    centered = np.array([0.5, -0.5, 0.25, 0.25])
+    np.testing.assert_allclose(tracked(rewards, baseline=baseline).advantages.reshape(-1),
+                               centered / (centered.std() + EPS), rtol=1e-5)
+    single = tracked(rewards[:, :1], baseline=baseline, scale="none")  # G = 1
+    np.testing.assert_allclose(single.advantages, [[0.5], [0.25]])
+    with pytest.raises(ValueError, match="reads `baseline`: pass it"):
+        tracked(rewards)

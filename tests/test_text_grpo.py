@@ -82,8 +82,10 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "rollout.replay": "thompson", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3},
+    {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
+     "rollout.options.tracker.decay": 0.5},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping", "gdpo-sequence-critic-replay-reference-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
-        "bnpo-pacs-reset-thompson-dagrpo"])
+        "bnpo-pacs-reset-thompson-dagrpo", "spo-tracked-g1"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -107,10 +109,13 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
             np.testing.assert_array_equal(ref, now)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
-             "gdro": "hardest_class_share", "reference": "reference_injected"}
+             "gdro": "hardest_class_share", "reference": "reference_injected", "tracker": "tracked_pass_rate"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
+    if "tracker" in config.rollout.replay:  # SPO: every candidate's single sample counts, the first update's halved
+        candidates = config.num_prompts * config.group.oversample
+        np.testing.assert_allclose(state.memory["tracker"]["count"].sum(), candidates * 0.5 + candidates)
 
 
 def test_the_decoupled_correction_of_fresh_samples_is_the_plain_update(sft_run, default_grpo):
@@ -268,7 +273,12 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs"),
             ({"reward.label_free": "majority", "rollout.replay": "reference"}, "label_free=majority reads no label"),
             ({"loss.keep_schedule": 10}, "keep_schedule=10 relaxes D3S's down-sampling: set config.loss.sample_keep"),
-            ({"loss.sample_keep": 0.0}, "config.loss.sample_keep")]:
+            ({"loss.sample_keep": 0.0}, "config.loss.sample_keep"),
+            ({"group.size": 1}, "group.size=1 leaves no group to compare a sample with"),
+            ({"advantage.estimator": "tracked"}, "tracked value: it needs config.rollout.replay=tracker"),
+            ({"rollout.replay": "tracker", "rollout.pool_size": 16}, "replay/tracker keeps each problem's value"),
+            ({"loss.objective": "nft", "group.size": 1, "advantage.estimator": "tracked", "rollout.replay": "tracker",
+              "rollout.pool_size": 16}, "objective=nft reads each group's pass rate")]:
         with pytest.raises(ValueError, match=message):
             algos.validate(tiny_grpo_config(sft_run, **overrides))
     env_grpo = load_experiment("cartpole_grpo")

@@ -11,7 +11,8 @@ from jaxrl.knobs import Knob
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
 
-GROUP_SIZE = Knob("group.size", 8, "G: episodes (or completions) per start state (or prompt)", minimum=2)
+GROUP_SIZE = Knob("group.size", 8, "G: episodes (or completions) per start state (or prompt); 1 only with a baseline "
+                  "that needs no group (advantage.estimator=tracked, or loss.critic_weight=1)", minimum=1)
 ADVANTAGE_OPTIONS = (
     Knob("advantage.scale", "", "how advantages are scaled: by the group's std, the batch's, or not; "
          "'': the estimator's default", choices=("", *ADVANTAGE_SCALES)),
@@ -49,10 +50,21 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False) -> None:
     `multi_turn` episodes."""
     advantages.check_estimator(config.advantage.estimator, needs_critic=False, family="the GRPO family")
     estimator = advantages.ESTIMATORS.get(config.advantage.estimator)
-    if estimator is not None and estimator.needs_strata and not multi_turn:
+    if estimator is not None and estimator.reads == "strata" and not multi_turn:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each episode with those "
                          "of its group that share its structure (as many tool calls): it needs a multi-turn text task "
                          f"({', '.join(sorted(MULTI_TURN_TASKS))})")
+    if estimator is not None and estimator.reads == "baseline" and "tracker" not in config.rollout.get("replay", ""):
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each sample with its "
+                         "problem's tracked value: it needs config.rollout.replay=tracker (text GRPO, with a pool)")
+    group_free = (estimator is not None and estimator.reads == "baseline") or config.loss.critic_weight == 1
+    if config.group.size == 1 and not group_free:
+        raise ValueError(f"config.group.size=1 leaves no group to compare a sample with: config.advantage.estimator="
+                         f"{config.advantage.estimator!r} needs G >= 2; group-free: advantage.estimator=tracked with "
+                         "rollout.replay=tracker (SPO), or a learned baseline alone (loss.critic_weight=1)")
+    if config.group.size == 1 and config.advantage.scale == "group":
+        raise ValueError("config.group.size=1: config.advantage.scale=group divides by the std of one sample; use "
+                         "batch or none")
     if estimator is not None and estimator.per_turn and not multi_turn:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} scores the turns of multi-turn "
                          f"episodes: it needs a multi-turn text task ({', '.join(sorted(MULTI_TURN_TASKS))}); "
@@ -70,6 +82,8 @@ def check_objective(config: ConfigDict, text: bool, multi_turn: bool = False) ->
         where = "a text task's single-answer completions" if text else "text GRPO (a verifier's label per completion)"
         raise ValueError(f"config.loss.objective={name} learns from the verifier's correct label of each completion: "
                          f"it needs {where}")
+    if objective.needs_outcome and config.group.size < 2:
+        raise ValueError(f"config.loss.objective={name} reads each group's pass rate: config.group.size must be >= 2")
     if config.loss.dual_clip and name != "clip":
         raise ValueError(f"config.loss.dual_clip caps PPO's clipped surrogate; config.loss.objective={name} has none")
     if name == "pacs" and config.loss.ratio != "token":

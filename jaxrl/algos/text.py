@@ -861,10 +861,13 @@ class TextGRPO:
         if generator.advantages:  # structured samples (trees) score their tokens themselves
             token_advantages, weight = generator.advantages(self, groups, rewards @ jnp.asarray(weights))
             return token_advantages, weight, tied
-        strata = None
-        if advantages.ESTIMATORS[s.advantage].needs_strata:  # an episode's structure: how many tools it called
-            strata = groups.turns["tool_call"].sum(-1)
-        group = self.estimator(rewards, None, reward_weights=weights, strata=strata, **dict(s.advantage_options))
+        context = {}
+        reads = advantages.ESTIMATORS[s.advantage].reads
+        if reads == "strata":  # an episode's structure: how many tools it called
+            context["strata"] = groups.turns["tool_call"].sum(-1)
+        if reads == "baseline":  # the problem's tracked value, in the units of the weighted reward
+            context["baseline"] = groups.baseline @ jnp.asarray(s.reward_weights)
+        group = self.estimator(rewards, None, reward_weights=weights, **context, **dict(s.advantage_options))
         return jnp.broadcast_to(group.advantages[..., None], groups.tokens.shape), group.weight[..., None], tied
 
     def _turn_options(self) -> dict:

@@ -121,6 +121,7 @@ class Plan:
     resume: Any = None
     prune_at: jax.Array | None = None  # int32 [C]: the column where members may be pruned (a pruning strategy)
     prune_below: jax.Array | None = None  # float32 [C]: members predicted below it there are stopped
+    baseline: jax.Array | None = None  # float32 [C, K]: the problem's tracked value per reward component (a tracker)
 
 
 @struct.dataclass
@@ -155,6 +156,8 @@ class Groups:
     verified: jax.Array | None = None
     # float32 [n, G, N]: an implicit reward model's per-token process rewards (with advantage.process_weight > 0)
     process: jax.Array | None = None
+    # float32 [n, K]: the problem's tracked value per reward component before this update (`rollout.replay=tracker`)
+    baseline: jax.Array | None = None
 
     @property
     def generated(self) -> jax.Array:

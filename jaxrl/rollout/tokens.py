@@ -109,7 +109,8 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     return Groups(plan.ids, plan.problems, prompts, plan.hint_len, samples.tokens, samples.log_probs, samples.mask,
                   samples.lengths, samples.values, rewards, weight=weight, bonus=jnp.zeros((n, G), jnp.float32),
                   replayed=jnp.zeros((n, G), bool), start=plan.start, decided=decided, behaviour=behaviour,
-                  finished=ended.all(axis=1), pruned=samples.pruned, branched_at=samples.branched_at)
+                  finished=ended.all(axis=1), pruned=samples.pruned, branched_at=samples.branched_at,
+                  baseline=plan.baseline)
 
 
 def _episodes(algo, params, hp, plan: Plan, prompts: jax.Array, keys: jax.Array) -> Groups:
@@ -122,7 +123,7 @@ def _episodes(algo, params, hp, plan: Plan, prompts: jax.Array, keys: jax.Array)
     return Groups(plan.ids, plan.problems, prompts, plan.hint_len, episodes.tokens, episodes.log_probs, episodes.mask,
                   episodes.mask.sum(-1).astype(jnp.int32), episodes.values, episodes.rewards, weight=episodes.mask,
                   bonus=jnp.zeros((n, G), jnp.float32), replayed=jnp.zeros((n, G), bool), start=plan.start,
-                  attend=episodes.attend, turns=episodes.turns)
+                  attend=episodes.attend, turns=episodes.turns, baseline=plan.baseline)
 
 
 register("generate", "independent", generate=independent)
@@ -618,10 +619,10 @@ def count_outcomes(algo, memory, groups: Groups, params):
     return memory, {"posterior_evidence": jnp.mean(memory["alpha"] + memory["beta"] - 2.0)}
 
 
-def check_thompson(config, chosen) -> None:
+def check_thompson(config, chosen, name: str = "thompson") -> None:
     planned = config.num_prompts * config.group.get("oversample", 1)
     if config.rollout.pool_size < planned:
-        raise ValueError(f"rollout strategy replay/thompson plans {planned} distinct problems per update "
+        raise ValueError(f"rollout strategy replay/{name} plans {planned} distinct problems per update "
                          f"(num_prompts x group.oversample) from the pool: config.rollout.pool_size must be at least "
                          f"that, got {config.rollout.pool_size}")
 
@@ -630,6 +631,64 @@ register("replay", "thompson", init=beta_memory, before=thompson_problems, obser
          single_turn=True, draws=True, check=check_thompson,
          options={"decay": (0.99, "each update every posterior's evidence is multiplied by this (1: never forgets)",
                             {"minimum": 0.0, "maximum": 1.0})})
+
+
+# --- Replay: a persistent value tracker per problem (SPO) ----------------------------------------------------
+
+def tracker_memory(algo, key):
+    """Per training problem: the discounted sums of its observed reward components and of the samples observed."""
+    pool, K = algo.settings.pool_size, len(algo.task.reward_names)
+    return {"sums": jnp.zeros((pool, K)), "count": jnp.zeros(pool)}
+
+
+def tracked_values(memory, prior: float) -> jax.Array:
+    """float32 [pool, K]: each problem's tracked value, (sums + prior) / (count + 1): the prior counts as one sample,
+    so an unseen problem starts at it and evidence takes over as it accrues."""
+    return (memory["sums"] + prior) / (memory["count"][:, None] + 1.0)
+
+
+def prioritised_problems(algo, memory, plan: Plan, key):
+    """SPO's prioritised sampling: the B x oversample candidates drawn from the pool with probability proportional to
+    sqrt(p (1 - p)) + floor, p the tracked pass rate (the correct reward's value), without replacement (the same
+    draws on every device); each candidate carries its problem's tracked value as the baseline."""
+    s, o = algo.settings, algo.strategy_options("tracker")
+    values = tracked_values(memory, o["prior"])
+    p = jnp.clip(values[:, algo.task.reward_names.index("correct")], 0.0, 1.0)
+    priority = jnp.sqrt(p * (1.0 - p)) + o["floor"]
+    draws = jax.random.gumbel(key, priority.shape) + jnp.log(priority)  # Gumbel top-k: weighted, no replacement
+    _, ids = jax.lax.top_k(draws, s.text.num_prompts * s.oversample)
+    ids = mesh_lib.local_share(ids.astype(jnp.int32))
+    return pool_plan(algo, ids).replace(baseline=values[ids]), {"tracked_pass_rate": global_mean(p[ids])}
+
+
+def track_values(algo, memory, groups: Groups, params):
+    """Every problem's evidence is discounted by `decay` each update (a policy that moves makes old rewards stale: the
+    time-based form of SPO's KL-adaptive discount), then each observed problem adds its members' rewards (members this
+    update's policy drew, of finished groups; all devices)."""
+    decay = algo.strategy_options("tracker")["decay"]
+    drawn = (~groups.replayed).astype(jnp.float32)
+    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
+    sums, count = jnp.einsum("ngk,ng->nk", groups.rewards, drawn), drawn.sum(1)
+    ids, sums, count, finished = mesh_lib.gather_shares((groups.ids, sums, count, finished))
+    rows = jnp.where(finished, ids, algo.settings.pool_size)  # out of range: dropped
+    memory = {"sums": (decay * memory["sums"]).at[rows].add(sums, mode="drop"),
+              "count": (decay * memory["count"]).at[rows].add(count, mode="drop")}
+    return memory, {"tracker_evidence": jnp.mean(memory["count"])}
+
+
+def check_tracker(config, chosen) -> None:
+    check_thompson(config, chosen, "tracker")
+    if config.advantage.estimator != "tracked":
+        raise ValueError("rollout strategy replay/tracker keeps each problem's value as the baseline of "
+                         f"config.advantage.estimator=tracked; got {config.advantage.estimator!r}")
+
+
+register("replay", "tracker", init=tracker_memory, before=prioritised_problems, observe=track_values, needs_pool=True,
+         single_turn=True, draws=True, check=check_tracker,
+         options={"decay": (0.99, "each update every problem's evidence is multiplied by this (1: never forgets)",
+                            {"minimum": 0.0, "maximum": 1.0}),
+                  "prior": (0.5, "an unseen problem's value of each reward component (it counts as one sample)", {}),
+                  "floor": (0.01, "added to every problem's sampling priority sqrt(p (1 - p))", {"above": 0.0})})
 
 
 # --- Replay: multiplicative weights over difficulty classes (Prompt-GDRO) ------------------------------------
