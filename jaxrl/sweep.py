@@ -26,6 +26,8 @@ Tuning inside one program (`jaxrl.run.population`; every swept key must be a tra
     --sweep.method=halving    drop the worse half of the settings at each fraction of total_steps in
                               --sweep.halving.at (default 0.125,0.25,0.5); their runs continue the survivors
     --sweep.<method>.score_key  the metric runs are ranked by (default: win_rate, else episode_return)
+    --sweep.<method>.rank     current (default): the score of the chunk before the decision; predicted: the
+                              score at the end of the run extrapolated from each run's learning curve
 
 Fork a saved run into variants: every setting starts from its checkpoint (every seed, same env states
 and keys) and differs only in traced hyperparameters; the children's curves continue the parent's:
@@ -70,7 +72,8 @@ def _floats(text: str) -> tuple[float, ...]:
 HOW_FLAGS = {"method": ("method", str), "pbt.every_steps": ("every_steps", int), "pbt.fraction": ("fraction", float),
              "pbt.perturb": ("perturb", _floats), "pbt.score_key": ("score_key", str),
              "pbt.population": ("population", int), "halving.at": ("at", _floats),
-             "halving.score_key": ("score_key", str), "fork": ("fork", str), "fork_update": ("fork_update", int)}
+             "halving.score_key": ("score_key", str), "pbt.rank": ("rank", str), "halving.rank": ("rank", str),
+             "fork": ("fork", str), "fork_update": ("fork_update", int)}
 
 
 def split_sweep_flags(argv: list[str]) -> tuple[list[str], list[tuple[str, str]]]:
@@ -126,6 +129,7 @@ def check_options(options: population_lib.Options, population: int, given: set[s
         raise ValueError("--sweep.pbt.perturb: factors must be > 0")
     if any(not 0 < f < 1 for f in options.at) or list(options.at) != sorted(set(options.at)):
         raise ValueError("--sweep.halving.at: increasing fractions of total_steps, each in (0, 1)")
+    population_lib.check_rank(options)
 
 
 def sweep_from_flags(config: ConfigDict, flags: list[tuple[str, str]]) -> tuple[ConfigDict, dict[str, list]]:

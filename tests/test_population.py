@@ -6,6 +6,7 @@ import json
 import os
 import signal
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,7 +14,7 @@ import pytest
 from jax._src import dispatch
 
 from jaxrl import algos, checkpoint, mesh as mesh_lib, metrics as metrics_lib, sweep, train
-from jaxrl.run import population as population_lib
+from jaxrl.run import population as population_lib, sweep_programs
 from helpers import small_cartpole
 
 CHUNK_STEPS = 8 * 16  # small_cartpole: 8 envs x 16 steps per update
@@ -61,6 +62,88 @@ def test_halving_drops_the_worse_half_and_deals_its_runs_to_the_survivors():
     assert parents.tolist() == [2, 6, 2, 3, 3, 7, 6, 7]
     parents, new = population_lib.halving_parents(np.arange(8.0), new)  # means: setting 1 2.25, setting 3 4.75
     assert new.tolist() == [3] * 8 and parents.tolist() == [1, 1, 5, 6, 7, 5, 6, 7]
+
+
+def test_predicted_final_score_recovers_known_curves_and_falls_back_on_short_ones():
+    steps = np.arange(1.0, 21.0)
+    power = lambda s, c: 1.0 - 0.9 * s ** -c  # noqa: E731  (asymptote 1)
+    for c in (0.5, 0.37):  # an exponent of the grid, and one between two
+        assert population_lib.predict_final(steps, power(steps, c), 1e12) == pytest.approx(1.0, abs=1e-3)
+        assert population_lib.predict_final(steps, power(steps, c), 160) == pytest.approx(power(160, c), abs=1e-3)
+    plateaued = 1.0 - np.exp(-0.2 * steps)  # at 0.98 of its asymptote: a power law alone would say 1.5
+    assert population_lib.predict_final(steps, plateaued, 160) == pytest.approx(1.0, abs=0.01)
+    falling = 0.2 + 0.8 * np.exp(-0.3 * steps)
+    assert population_lib.predict_final(steps, falling, 1e6) == pytest.approx(0.2, abs=0.01)
+    logarithmic = 0.1 * np.log(steps)
+    assert population_lib.predict_final(steps, logarithmic, 160) == pytest.approx(0.1 * np.log(160), abs=1e-6)
+    noisy = power(steps, 0.5) + np.random.default_rng(0).normal(0, 0.01, steps.shape)
+    assert population_lib.predict_final(steps, noisy, 160) == pytest.approx(power(160, 0.5), abs=0.05)
+    gaps = power(steps, 0.5)
+    gaps[[2, 7, 11]] = np.nan  # chunks without a finished episode are left out
+    assert population_lib.predict_final(steps, gaps, 1e12) == pytest.approx(1.0, abs=1e-3)
+    # fewer than 4 scores: the current score, even NaN
+    assert population_lib.predict_final(steps[:3], np.array([0.1, 0.5, 0.6]), 160) == 0.6
+    assert np.isnan(population_lib.predict_final(steps[:5], np.array([0.1, np.nan, 0.6, 0.7, np.nan]), 160))
+    assert population_lib.predicted_scores(steps[:4], np.array([[1, 1], [2, 2], [3, 3], [4, np.nan]]), 8).shape == (2,)
+
+
+def handmade_population(method: str, rank: str, tmp_path) -> population_lib.Population:
+    """Four settings of one seed, 8 of 64 updates scored: a fast starter levelled off at 0.6, a medium one at
+    0.5, a slow starter at 0.44 on a power law that reaches 0.66 by update 64, and a flat 0.46."""
+    population = population_lib.Population(
+        population_lib.Options(method=method, fraction=0.25, rank=rank), [], {"optim.learning_rate": [1, 2, 3, 4]},
+        num_seeds=1, num_updates=64, chunk=1, batch=1, seed=0, checkpoint_dir=str(tmp_path))
+    wiggle = 0.005 * (-1.0) ** np.arange(1, 9)
+    for update in range(1, 9):
+        s = float(update)
+        returns = [0.6 * (1 - np.exp(-1.5 * s)), 0.5 * (1 - np.exp(-s)), 0.9 - 0.85 * s ** -0.3, 0.46]
+        population.observe(update, {"episode_return": np.array(returns) + wiggle[update - 1]}, main=False)
+    return population
+
+
+def test_predicted_rank_keeps_the_slow_starter_that_the_current_rank_drops(tmp_path):
+    metrics = {"episode_return": np.array([0.6, 0.5, 0.444, 0.46])}  # the last chunk's scores
+    current = handmade_population("halving", "current", tmp_path).decide(8, metrics)
+    predicted = handmade_population("halving", "predicted", tmp_path).decide(8, metrics)
+    assert sorted(set(current["settings"])) == [0, 1] and "predicted" not in current
+    assert sorted(set(predicted["settings"])) == [0, 2]  # the slow starter kept, the medium one dropped
+    np.testing.assert_allclose(predicted["predicted"], [0.6, 0.5, 0.656, 0.46], atol=0.01)
+    # PBT's exploit: the current rank replaces the slow starter, the predicted one the flat run
+    assert handmade_population("pbt", "current", tmp_path).decide(8, metrics)["parents"][2] != 2
+    pbt = handmade_population("pbt", "predicted", tmp_path).decide(8, metrics)["parents"]
+    assert pbt[2] == 2 and pbt[3] != 3
+
+
+def test_a_resumed_population_rebuilds_its_runs_curves(tmp_path):
+    @flax.struct.dataclass
+    class State:
+        key: jax.Array
+
+    @flax.struct.dataclass
+    class Hyperparams:
+        learning_rate: jax.Array
+
+    tuned = [population_lib.Tuned("optim.learning_rate", "learning_rate", 1.0, 4.0)]
+    make = lambda: population_lib.Population(  # noqa: E731
+        population_lib.Options(method="halving", rank="predicted"), tuned, {"optim.learning_rate": [1, 2, 3, 4]},
+        num_seeds=1, num_updates=64, chunk=1, batch=1, seed=0, checkpoint_dir=str(tmp_path))
+    straight, state, hp = make(), State(jax.random.split(jax.random.key(0), 4)), Hyperparams(jnp.ones(4))
+    straight.start(main=True)
+    for update in range(1, 7):
+        straight.observe(update, {"episode_return": np.arange(4.0) * update}, main=True)
+        if update == 3:
+            event = straight.decide(update, {"episode_return": np.arange(4.0) * update})
+            state, hp = straight.apply(event, state, hp)
+            straight.record(event)
+        if update == 5:
+            at_five = straight.curves.copy()
+    resumed = make()
+    resumed.resume(5, hp, main=True)
+    assert resumed.curve_updates == [1, 2, 3, 4, 5]
+    np.testing.assert_array_equal(resumed.curves, at_five)
+    # runs 0 and 1 continue the best two, 3 and 2, and their curves
+    np.testing.assert_array_equal(at_five[:3], np.arange(4.0)[[3, 2, 2, 3]] * [[1], [2], [3]])
+    assert [row["update"] for row in metrics_lib.read(resumed.curves_path)] == [1, 2, 3, 4, 5]
 
 
 def test_a_copy_holds_its_parents_whole_state_with_its_own_key():
@@ -159,6 +242,22 @@ def test_successive_halving_gives_the_dropped_settings_runs_to_the_survivors(tmp
     assert len(winner[-1]["eval_return_per_seed"]) == 4  # its own run and the three it was given
 
 
+def test_halving_by_predicted_final_scores_runs_end_to_end(tmp_path):
+    options = population_lib.Options(method="halving", at=(0.5,), rank="predicted")
+    config, swept = sweep.sweep_from_flags(pbt_config(), [("lr", "1e-4,1e-3,1e-2,3e-2")])
+    workdir = str(tmp_path / "predicted")
+    sweep.run_sweep(config, swept, workdir, options=options)
+    decision = lineage(workdir)[1]
+    assert decision["update"] == 4
+    curves = metrics_lib.read(os.path.join(os.path.dirname(sweep.lineage_path(workdir)), "curves.jsonl"))
+    assert [row["update"] for row in curves] == list(range(1, 9))  # every chunk's scores
+    scores = np.array([row["scores"] for row in curves[:4]], dtype=float)
+    np.testing.assert_allclose(np.array(decision["predicted"], dtype=float),
+                               population_lib.predicted_scores(np.arange(1, 5), scores, 8))
+    kept = np.argsort(-np.nan_to_num(np.array(decision["predicted"], dtype=float), nan=-np.inf), kind="stable")[:2]
+    assert sorted(set(decision["settings"])) == sorted(kept)
+
+
 def test_fork_children_equal_separately_resumed_runs(tmp_path):
     parent_config = small_cartpole(**{"checkpoint.every_steps": CHUNK_STEPS * 2})
     parent = train.run(parent_config, str(tmp_path / "parent"))
@@ -189,6 +288,11 @@ def test_bad_tuning_flags_fail_before_compiling(tmp_path):
         sweep.method_from_flags([("method", "pbt"), ("halving.at", "0.5")])
     with pytest.raises(ValueError, match=r"--sweep.pbt.fraction must be in \(0, 0.5\]"):
         sweep.method_from_flags([("method", "pbt"), ("pbt.fraction", "0.7")])
+    with pytest.raises(ValueError, match=r"^--sweep.halving.rank: is one of current, predicted, not 'final'$"):
+        sweep.method_from_flags([("method", "halving"), ("halving.rank", "final")])
+    with pytest.raises(ValueError, match=r"--sweep.halving.rank is an option of --sweep.method=halving"):
+        sweep.method_from_flags([("method", "pbt"), ("halving.rank", "predicted")])
+    assert sweep.method_from_flags([("method", "pbt"), ("pbt.rank", "predicted")])[0].rank == "predicted"
     with pytest.raises(ValueError, match=r"--sweep.pbt.speed: is not an option; known: pbt.every_steps"):
         sweep.method_from_flags([("method", "pbt"), ("pbt.speed", "2")])
     options, population, fork, rest = sweep.method_from_flags(
@@ -208,6 +312,19 @@ def test_bad_tuning_flags_fail_before_compiling(tmp_path):
         json.dump({}, open(tmp_path / "empty" / "config.json", "w"))
         sweep.Fork(str(tmp_path / "empty")).check([small_cartpole()])
     assert not os.path.exists(tmp_path / "grid" / "checkpoints")
+
+
+def test_a_sweep_saved_before_the_rank_option_resumes_with_its_default(tmp_path):
+    described = sweep_programs.describe(small_cartpole(), {"optim.learning_rate": [1e-3, 1e-2]},
+                                        population_lib.Options(method="halving"), None, [["a", "b"]])
+    old = json.loads(json.dumps(described))
+    del old["method"]["rank"]
+    json.dump(old, open(tmp_path / "sweep.json", "w"))
+    sweep_programs.check_same_sweep(str(tmp_path), described)
+    predicted = sweep_programs.describe(small_cartpole(), {"optim.learning_rate": [1e-3, 1e-2]},
+                                        population_lib.Options(method="halving", rank="predicted"), None, [["a", "b"]])
+    with pytest.raises(ValueError, match="holds a sweep of other settings"):
+        sweep_programs.check_same_sweep(str(tmp_path), predicted)
 
 
 PBT_DEVICES_CODE = r"""

@@ -301,8 +301,10 @@ def step(plan: Plan, training: Training) -> bool:
     _log(plan, t, num, shared, metrics)
     t.diverged = t.guard.all_frozen
     t.interrupted = t.stop.signum is not None and not done
-    if t.population is not None and t.population.due(t.update) and not t.diverged:
-        _tune(plan, t, metrics)
+    if t.population is not None:
+        t.population.observe(t.update, metrics, t.main)  # (before a save: a resume rebuilds the curves to it)
+        if t.population.due(t.update) and not t.diverged:
+            _tune(plan, t, metrics)
     if done or t.diverged or t.interrupted or plan.saves_after(t.chunk_index, evaluated):
         t.checkpointer.save(t.update, t.state, metrics_lib.eval_score(metrics))  # (None: not evaluated)
         if t.main:

@@ -322,6 +322,8 @@ def check_same_sweep(workdir: str, described: dict) -> None:
     saved = files.read_json(os.path.join(workdir, workdir_lib.SWEEP_FILE))
     if saved is None:
         return
+    if isinstance(saved.get("method"), dict):  # an option added since it was saved had its default then
+        saved["method"] = {**json.loads(json.dumps(dataclasses.asdict(population_lib.Options()))), **saved["method"]}
     differ = [key for key in IDENTITY if saved.get(key) != described[key]]
     if differ:
         shown = "; ".join(f"{key}: saved {json.dumps(saved.get(key))}, now {json.dumps(described[key])}"
