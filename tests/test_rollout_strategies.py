@@ -584,3 +584,186 @@ def test_tree_advantages_take_each_members_branch_point():
     np.testing.assert_allclose(adv[0, 0], [branch0 - mean] + [1.0 - branch0] * 4)
     np.testing.assert_allclose(weight[0, 0], [0.5, 1, 1, 1, 1])
     np.testing.assert_allclose(adv[0, 2], [1.0 - mean] * 3 + [0.0] * 2)
+
+
+# --- Strategies of the pool's pass rates and of stored outcomes, on hand-made memories and groups -------------------
+
+@pytest.fixture(scope="module")
+def paired_algo():
+    """One build for the tests of pairing, selective, reference's `below` and variance_budget's `hard` target: 8 slots x
+    2 candidates from a pool of 32, groups of 3."""
+    config = tiny_grpo_config("", **{"rollout.replay": "pairing,selective,reference", "rollout.pool_size": 32,
+                                     "group.size": 3, "rollout.filter": "success_predictor",
+                                     "rollout.control": "variance_budget", "rollout.options.variance_budget.target": "hard",
+                                     "rollout.options.pairing.rate_step": 0.5, "rollout.options.selective.cap": 1.5,
+                                     "rollout.options.reference.below": 0.34})
+    algos.validate(config)
+    return algos.build(config, mesh_lib.make_mesh(1))[0].parts
+
+
+def groups_of(algo, ids, correct):
+    """Hand-made groups of the pool's problems `ids` [n]: member j of group i is its reference answer where
+    correct[i][j] (rewards (1, 1)), else the next problem's answer (rewards (0, 1)); behaviour log-probabilities log 1/2
+    per real token."""
+    ids, correct = jnp.asarray(ids), jnp.asarray(correct, bool)
+    vocab, task = algo.vocab, algo.task
+    problems = algo.pool[ids]
+    answers = task.reference_answers(problems, vocab)
+    others = task.reference_answers(algo.pool[(ids + 1) % algo.settings.pool_size], vocab)
+    tokens = jnp.where(correct[..., None], answers[:, None], others[:, None])
+    mask = (tokens != vocab.pad_id).astype(jnp.float32)
+    n, G = correct.shape
+    return rollout.Groups(ids, problems, task.prompts(problems, vocab), jnp.zeros(n, jnp.int32), tokens,
+                          jnp.log(0.5) * mask, mask, mask.sum(-1).astype(jnp.int32), None,
+                          jnp.stack([correct, jnp.ones_like(correct)], -1).astype(jnp.float32), weight=mask,
+                          bonus=jnp.zeros((n, G)), replayed=jnp.zeros((n, G), bool))
+
+
+def pass_rates(seen_rates: dict, pool: int = 32):
+    """pass_rate_memory with the rates {problem: rate} observed, the rest never observed."""
+    rate, seen = np.full(pool, 0.5, np.float32), np.zeros(pool, bool)
+    for problem, value in seen_rates.items():
+        rate[problem], seen[problem] = value, True
+    return {"rate": jnp.asarray(rate), "seen": jnp.asarray(seen)}
+
+
+def test_pairing_plans_hard_but_solvable_and_easy_but_brittle_halves(paired_algo):
+    """replay/pairing (positive-negative pairing): of 16 candidates, 8 are the lowest pass rates still > 0 (q+), 8 the
+    highest still < 1 (q-). Problems 0-3 never solved, 4-7 always, 8-31 at 1/25 ... 24/25: q+ = 8..15 (lowest
+    first), q- = 31..24 (highest first). Never observed problems come first; too few solvable ones are filled
+    with never-solved ones. Observing sets a first-seen problem's rate to its group's and moves a known one half way."""
+    algo = paired_algo
+    plan = rollout.Plan(jnp.zeros(16, jnp.int32), algo.pool[:16], jnp.zeros(16, jnp.int32), jnp.full(16, -1.0),
+                        jnp.zeros(16, jnp.int32))
+    known = {**{i: 0.0 for i in range(4)}, **{i: 1.0 for i in range(4, 8)}, **{i: (i - 7) / 25 for i in range(8, 32)}}
+    drawn, logged = on_mesh(algo, strategies.pairing_problems, pass_rates(known), plan, jax.random.key(0))
+    np.testing.assert_array_equal(drawn.ids, [*range(8, 16), *range(31, 23, -1)])
+    np.testing.assert_array_equal(drawn.problems.target, algo.pool.target[np.asarray(drawn.ids)])
+    assert float(logged["pairing_hard_rate"]) == pytest.approx(np.mean(np.arange(1, 9)) / 25)
+    assert float(logged["pairing_easy_rate"]) == pytest.approx(np.mean(np.arange(17, 25)) / 25)
+    # Problems 20-22 never observed: explored first (in random order), then the lowest solvable ones.
+    unseen = {k: v for k, v in known.items() if k not in (20, 21, 22)}
+    drawn, logged = on_mesh(algo, strategies.pairing_problems, pass_rates(unseen), plan, jax.random.key(1))
+    assert sorted(np.asarray(drawn.ids[:3]).tolist()) == [20, 21, 22]
+    np.testing.assert_array_equal(drawn.ids[3:], [*range(8, 13), *range(31, 23, -1)])
+    assert float(logged["pairing_explored"]) == pytest.approx(3 / 16)
+    # Two problems solvable (rate 1/2), the rest never solved: q+ takes both, then 6 never-solved; q- 8 others.
+    scarce = {**{i: 0.0 for i in range(32)}, 5: 0.5, 9: 0.5}
+    drawn, _ = on_mesh(algo, strategies.pairing_problems, pass_rates(scarce), plan, jax.random.key(2))
+    ids = np.asarray(drawn.ids)
+    assert sorted(ids[:2].tolist()) == [5, 9] and len(set(ids.tolist())) == 16
+    # Observing: problem 9 (rate 2/25) solves 3 of 3 -> 1/25 + 1/2; problem 20 (never seen) 1 of 3 -> 1/3.
+    groups = groups_of(algo, [9, 20], [[True] * 3, [False, True, False]])
+    memory, _ = on_mesh(algo, strategies.track_pairing, pass_rates(unseen), groups, None)
+    np.testing.assert_allclose(memory["rate"][jnp.asarray([9, 20, 8])], [1 / 25 + 0.5, 1 / 3, 1 / 25], rtol=1e-6)
+    assert bool(memory["seen"][20]) and not bool(memory["seen"][21])
+
+
+def test_hardest_draws_uniformly_for_after_updates_then_plans_the_lowest_pass_rates():
+    """replay/hardest (DRIVE): during the first `after` updates the plan's uniform draws stand; then the 16 problems of
+    lowest tracked pass rate, those never solved (rate 0) last. Problems 0-17 never solved, 18-31 at rates 14/14 ...
+    1/14 (problem 31 the hardest solvable): the 14 solvable ones from the hardest, then 2 never solved."""
+    config = tiny_grpo_config("", **{"rollout.replay": "hardest", "rollout.pool_size": 32, "group.size": 3,
+                                     "rollout.options.hardest.after": 2})
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    plan = on_mesh(algo, rollout.plan_candidates, jax.random.key(1))
+    rates = pass_rates({**{i: 0.0 for i in range(18)}, **{i: (32 - i) / 14 for i in range(18, 32)}})
+    broad, logged = on_mesh(algo, strategies.hardest_problems, {**rates, "updates": jnp.int32(1)}, plan,
+                            jax.random.key(0))
+    np.testing.assert_array_equal(broad.ids, plan.ids)
+    assert float(logged["hard_focus"]) == 0.0
+    focus, logged = on_mesh(algo, strategies.hardest_problems, {**rates, "updates": jnp.int32(2)}, plan,
+                            jax.random.key(0))
+    ids = np.asarray(focus.ids)
+    np.testing.assert_array_equal(ids[:14], np.arange(31, 17, -1))
+    assert set(ids[14:].tolist()) <= set(range(18)) and len(set(ids[14:].tolist())) == 2
+    np.testing.assert_array_equal(focus.problems.target, algo.pool.target[ids])
+    assert float(logged["hard_focus"]) == 1.0
+    # Observing counts the update and (rate_step 1) keeps each observed problem's newest pass rate.
+    groups = groups_of(algo, [31, 0], [[True] * 3, [True, False, False]])
+    memory, _ = on_mesh(algo, strategies.track_hardest, {**rates, "updates": jnp.int32(2)}, groups, None)
+    np.testing.assert_allclose(memory["rate"][jnp.asarray([31, 0, 30])], [1.0, 1 / 3, 2 / 14], rtol=1e-6)
+    assert int(memory["updates"]) == 3
+    with pytest.raises(ValueError, match="replay/hardest plans 16 distinct problems per update"):
+        algos.validate(tiny_grpo_config("", **{"rollout.replay": "hardest", "rollout.pool_size": 12}))
+
+
+def test_selective_buffer_gives_a_tied_group_the_stored_completion_of_the_other_outcome(paired_algo):
+    """replay/selective (Skywork R1V2's Selective Sample Buffer): per problem the newest correct and the newest wrong
+    completion are stored; an all-wrong group gets the correct one as its last member, an all-correct group the
+    wrong one, each weighted per token by min(pi / mu, cap = 1.5) (mu: log 1/2 per token); a mixed group is left."""
+    algo = paired_algo
+    state = algo.init(jax.random.key(0))
+    params, memory = state.params, state.memory["selective"]
+    # Problem 1: a mixed group (member 1 correct); problem 4: all wrong.
+    mixed = groups_of(algo, [1, 4], [[False, True, False], [False, False, False]])
+    memory, logged = on_mesh(algo, strategies.store_both, memory, mixed, None)
+    np.testing.assert_array_equal(np.nonzero(np.asarray(memory["correct"]["stored"]))[0], [1])
+    np.testing.assert_array_equal(np.nonzero(np.asarray(memory["wrong"]["stored"]))[0], [1, 4])
+    np.testing.assert_array_equal(memory["correct"]["tokens"][1], mixed.tokens[0, 1])
+    np.testing.assert_array_equal(memory["wrong"]["tokens"][4], mixed.tokens[1, 0])
+    np.testing.assert_array_equal(memory["wrong"]["rewards"][1], [0.0, 1.0])
+    assert float(logged["selective_stored_wrong"]) == 2 / 32
+
+    # Next update: problem 1 all correct, problem 4 all wrong (nothing correct stored for it), problem 1 again all wrong.
+    tied = groups_of(algo, [1, 4, 1], [[True] * 3, [False] * 3, [False] * 3])
+    out, logged = on_mesh(algo, strategies.replay_selective, memory, tied, params, None)
+    np.testing.assert_array_equal(out.replayed, [[False, False, True], [False] * 3, [False, False, True]])
+    np.testing.assert_array_equal(out.tokens[0, 2], mixed.tokens[0, 0])  # problem 1's wrong completion
+    np.testing.assert_array_equal(out.rewards[0, 2], [0.0, 1.0])
+    np.testing.assert_array_equal(out.tokens[2, 2], mixed.tokens[0, 1])  # problem 1's correct completion
+    np.testing.assert_array_equal(out.rewards[2, 2], [1.0, 1.0])
+    score = jax.jit(lambda *a: sampling.score_groups(algo.model, *a, algo.vocab.pad_id)[0])
+    current = score(params, tied.prompts, out.tokens, out.mask)
+    for row in (0, 2):
+        np.testing.assert_allclose(out.log_probs[row, 2], current[row, 2], rtol=1e-5, atol=1e-6)  # ratio 1 at first
+        expected = np.minimum(np.exp(np.asarray(current[row, 2]) - np.log(0.5)), 1.5) * np.asarray(out.mask[row, 2])
+        np.testing.assert_allclose(out.weight[row, 2], expected, rtol=1e-5)
+    for name in ("tokens", "log_probs", "mask", "rewards", "weight"):
+        np.testing.assert_array_equal(getattr(out, name)[:, :2], getattr(tied, name)[:, :2])
+        np.testing.assert_array_equal(getattr(out, name)[1], getattr(tied, name)[1])
+    assert float(logged["selective_replayed"]) == pytest.approx(2 / 3)
+    assert float(logged["selective_replayed_wrong"]) == pytest.approx(1 / 3)
+    # Mixed groups, and an all-wrong one with no correct completion stored (problem 4), are left alone.
+    left = groups_of(algo, [1, 4, 2], [[False, True, False], [False] * 3, [True, True, False]])
+    same, _ = on_mesh(algo, strategies.replay_selective, memory, left, params, None)
+    assert not same.replayed.any()
+    with pytest.raises(ValueError, match="config.rollout.replay names correct and selective"):
+        algos.validate(tiny_grpo_config("", **{"rollout.replay": "correct,selective", "rollout.pool_size": 8}))
+
+
+def test_the_reference_answer_replaces_the_last_wrong_member_of_groups_at_or_below_the_pass_rate(paired_algo):
+    """replay/reference with `below` = 0.34 (AHPO: expert data where rewards are sparse): groups of pass rate 0 and 1/3
+    get the reference answer in place of their last wrong member (group 1's is member 1: its member 2 is right and
+    stays); a group at 2/3 is left alone."""
+    algo = paired_algo
+    params = algo.init(jax.random.key(0)).params
+    groups = groups_of(algo, [4, 1, 2], [[False] * 3, [False, False, True], [True, False, True]])
+    out, logged = on_mesh(algo, strategies.replay_reference, {}, groups, params, None)
+    np.testing.assert_array_equal(out.replayed, [[False, False, True], [False, True, False], [False] * 3])
+    answers = algo.task.reference_answers(groups.problems, algo.vocab)
+    np.testing.assert_array_equal(out.tokens[0, 2], answers[0])
+    np.testing.assert_array_equal(out.tokens[1, 1], answers[1])
+    np.testing.assert_array_equal(out.rewards[1], [[0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
+    np.testing.assert_array_equal(out.weight[1, 1], (answers[1] != algo.vocab.pad_id).astype(np.float32))
+    for name in ("tokens", "log_probs", "mask", "rewards", "weight"):
+        np.testing.assert_array_equal(getattr(out, name)[1, ::2], getattr(groups, name)[1, ::2])
+        np.testing.assert_array_equal(getattr(out, name)[2], getattr(groups, name)[2])
+    assert float(logged["reference_injected"]) == pytest.approx(2 / 3)
+
+
+def test_variance_budget_gives_the_extra_groups_to_the_uncertain_or_to_the_hard(paired_algo):
+    """control/variance_budget spends 8 groups on 16 candidates, at most 2 each, by predicted pass rate p. Candidates
+    0-5 at p = 0, 0.1, 0.3, 0.5, 0.7, 0.9, the rest 1. `hard` (DARS): worth 1 - p = 1, .9, .7, .5, .3, .1; a second
+    group halves it: the 8 best are 1, .9, .7, .5 (0's second), .5, .45, .35 (2's second), .3 -> 2, 2, 2, 1, 1, 0.
+    `uncertain`: sqrt(p (1 - p)) = 0, .3, .46, .5, .46, .3 -> .5, .46, .46, .3, .3, .25, .23, .23 -> 0, 1, 2, 2, 2, 1."""
+    algo = paired_algo
+    p = jnp.asarray([0.0, 0.1, 0.3, 0.5, 0.7, 0.9] + [1.0] * 10)
+    plan = rollout.Plan(jnp.arange(16, dtype=jnp.int32), algo.pool[:16], jnp.zeros(16, jnp.int32), p,
+                        jnp.zeros(16, jnp.int32))
+    out, logged = on_mesh(algo, strategies.variance_budget, None, plan, None)
+    np.testing.assert_array_equal(np.bincount(np.asarray(out.ids), minlength=16), [2, 2, 2, 1, 1] + [0] * 11)
+    assert float(logged["budget_skipped"]) == 11 / 16
+    uncertain = rollout.allocate_groups(strategies.BUDGET_TARGETS["uncertain"](p), 8, 2)
+    np.testing.assert_array_equal(np.bincount(np.asarray(uncertain), minlength=16), [0, 1, 2, 2, 2, 1] + [0] * 10)

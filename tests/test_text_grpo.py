@@ -76,16 +76,20 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "advantage.entropy_shaping": 0.1},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
-     "rollout.replay": "correct,reference,hints", "rollout.pool_size": 8, "rollout.options.hints.patience": 1,
+     "rollout.replay": "pairing,correct,reference,hints", "rollout.pool_size": 16, "rollout.options.hints.patience": 1,
+     "rollout.options.reference.below": 0.5,
      "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative"},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
-     "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5},
+     "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5,
+     "rollout.options.variance_budget.target": "hard", "rollout.replay": "hardest", "rollout.pool_size": 16,
+     "rollout.options.hardest.after": 1},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
-     "rollout.replay": "thompson", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3},
+     "rollout.replay": "thompson,selective", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3},
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
      "rollout.options.tracker.decay": 0.5},
-], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping", "gdpo-sequence-critic-replay-reference-cispo-ace-reset-truncated", "median-predictor-budget-majority-d3s",
-        "bnpo-pacs-reset-thompson-dagrpo", "spo-tracked-g1"])
+], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
+        "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
+        "median-predictor-budget_hard-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo", "spo-tracked-g1"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -109,9 +113,12 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
             np.testing.assert_array_equal(ref, now)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
-             "gdro": "hardest_class_share", "reference": "reference_injected", "tracker": "tracked_pass_rate"}
+             "gdro": "hardest_class_share", "reference": "reference_injected", "pairing": "pairing_explored",
+             "hardest": "hard_focus", "selective": "selective_replayed", "tracker": "tracked_pass_rate"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
+    if "hardest" in config.rollout.replay:  # the broad stage's one update, then the hard focus's
+        np.testing.assert_allclose(metrics["hard_focus"], 0.5)
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
     if "tracker" in config.rollout.replay:  # SPO: every candidate's single sample counts, the first update's halved
         candidates = config.num_prompts * config.group.oversample

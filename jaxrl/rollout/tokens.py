@@ -3,7 +3,7 @@
     generate  independent (the default), tree
     filter    rank_ties, success_predictor
     control   dynamic_sampling (the default), variance_budget, partial, prune
-    replay    correct, reference, hints, curriculum, thompson, gdro
+    replay    correct, selective, reference, hints, curriculum, thompson, gdro, pairing, hardest
 
 `algo` is token GRPO's learner
 (`jaxrl.algos.text.TextGRPO`). Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K
@@ -270,15 +270,24 @@ def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.A
 register("control", "dynamic_sampling", after=dynamic_sampling, selects=True)
 
 
+# What one more group of a prompt of predicted pass rate p is worth to control/variance_budget (`allocate_groups`)
+BUDGET_TARGETS = {
+    "uncertain": lambda p: jnp.sqrt(jnp.clip(p * (1 - p), 0.0)),  # its reward's std: the most informative
+    "hard": lambda p: 1.0 - p,  # DARS's depth: the least likely to be solved
+}
+
+
 def variance_budget(algo, memory, plan: Plan, key):
-    """Variance-aware sampling under a fixed budget: the B groups of an update (B x G samples) go to the
-    B x oversample candidates by their predicted pass rate's standard deviation sqrt(p (1 - p))
-    (`allocate_groups`): uncertain prompts get up to `max_groups` groups, prompts predicted always
-    right or always wrong none. Chosen over all devices' candidates at once (the same on any device count)."""
+    """Sampling under a fixed budget: the B groups of an update (B x G samples) go to the B x oversample candidates
+    by the worth of their predicted pass rate p (`BUDGET_TARGETS[target]`; `allocate_groups`), up to `max_groups`
+    each. `uncertain` (variance-aware): by sqrt(p (1 - p)), prompts predicted always right or always wrong get none;
+    `hard` (DARS, Difficulty Adaptive Rollout Sampling): by 1 - p, the extra rollouts go to the prompts predicted
+    least often solved, to raise their number of positive rollouts, and prompts predicted always right get none.
+    Chosen over all devices' candidates at once (the same on any device count)."""
+    o = algo.strategy_options("variance_budget")
     every = mesh_lib.gather_shares(plan)
     p = jnp.where(every.predicted >= 0, every.predicted, 0.5)
-    chosen = allocate_groups(jnp.sqrt(jnp.clip(p * (1 - p), 0.0)), algo.settings.text.num_prompts,
-                             algo.strategy_options("variance_budget")["max_groups"])
+    chosen = allocate_groups(BUDGET_TARGETS[o["target"]](p), algo.settings.text.num_prompts, o["max_groups"])
     counts = jnp.zeros(p.shape[0], jnp.int32).at[chosen].add(1)
     return take(every, mesh_lib.local_share(chosen)), {
         "budget_skipped": jnp.mean((counts == 0).astype(jnp.float32)),
@@ -286,7 +295,9 @@ def variance_budget(algo, memory, plan: Plan, key):
 
 
 register("control", "variance_budget", before=variance_budget, selects=True, requires=("success_predictor",),
-         options={"max_groups": (2, "the most groups one uncertain prompt gets", {"minimum": 1})})
+         options={"max_groups": (2, "the most groups one prompt gets", {"minimum": 1}),
+                  "target": ("uncertain", "whom the groups go to by predicted pass rate p: uncertain, by sqrt(p (1 - p)); "
+                             "hard (DARS), by 1 - p", {"choices": tuple(BUDGET_TARGETS)})})
 
 
 def carried_memory(algo, key):
@@ -406,92 +417,160 @@ register("control", "prune", init=prune_memory, before=prune_threshold, observe=
                   "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
 
 
-# --- Replay: past correct completions -----------------------------------------------------------------
+# --- Replay: past completions by outcome (a correct one; Skywork R1V2's Selective Sample Buffer) -----------------
 
-def correct_memory(algo, key):
-    """Per training problem: one correct completion, its behaviour log-probabilities and rewards."""
+def completion_memory(algo, key):
+    """Per training problem: one completion, its behaviour log-probabilities and rewards, and whether one is stored."""
     pool, N, K = algo.settings.pool_size, algo.task.answer_length, len(algo.task.reward_names)
     return {"tokens": jnp.full((pool, N), algo.vocab.pad_id, jnp.int32), "log_probs": jnp.zeros((pool, N)),
             "mask": jnp.zeros((pool, N)), "rewards": jnp.zeros((pool, K)), "stored": jnp.zeros(pool, bool)}
 
 
-def store_correct(algo, memory, groups: Groups, params):
-    """Keeps, per problem, its newest correct completion (every candidate of the update, all devices)."""
-    correct = _correct(algo, groups) & ~groups.replayed
-    member = jnp.argmax(correct, axis=1)
+def store_newest(algo, memory, groups: Groups, outcome: bool) -> dict:
+    """`memory` (`completion_memory`) keeping, per problem, its newest completion whose verifier outcome (correct or
+    not) is `outcome`, drawn by this update's policy (every candidate of the update, all devices)."""
+    matches = (_correct(algo, groups) == outcome) & ~groups.replayed
+    member = jnp.argmax(matches, axis=1)
     pick = lambda x: jnp.take_along_axis(x, member.reshape(-1, 1, *([1] * (x.ndim - 2))), axis=1)[:, 0]
     drawn = groups.generated > 0
     # A hint's forced tokens had probability 1 under the behaviour: log mu = 0 there.
     entry = {"tokens": pick(groups.tokens), "log_probs": pick(jnp.where(drawn, groups.log_probs, 0.0)),
              "mask": pick(groups.mask), "rewards": pick(groups.rewards)}
-    ids, has, entry = mesh_lib.gather_shares((groups.ids, groups.finished_only(correct.any(axis=1)), entry))
+    ids, has, entry = mesh_lib.gather_shares((groups.ids, groups.finished_only(matches.any(axis=1)), entry))
     rows = jnp.where(last_occurrence(ids, has), ids, algo.settings.pool_size)  # out of range: dropped
-    memory = {**{k: memory[k].at[rows].set(v, mode="drop") for k, v in entry.items()},
-              "stored": memory["stored"].at[rows].set(True, mode="drop")}
+    return {**{k: memory[k].at[rows].set(v, mode="drop") for k, v in entry.items()},
+            "stored": memory["stored"].at[rows].set(True, mode="drop")}
+
+
+def store_correct(algo, memory, groups: Groups, params):
+    """Keeps, per problem, its newest correct completion."""
+    memory = store_newest(algo, memory, groups, True)
     return memory, {"replay_stored": jnp.mean(memory["stored"].astype(jnp.float32))}
 
 
-def _as_last_member(algo, groups: Groups, params, need: jax.Array, entry: dict, weight_of) -> tuple[Groups, jax.Array]:
-    """`groups` whose last member is `entry`'s completion (tokens, mask [n, N], rewards [n, K], and the behaviour
-    log-probabilities `log_probs` [n, N], None: the current policy's) where `need` [n]: scored by the current policy
-    (the ratio starts at 1), its tokens weighted by `weight_of(current log-probs [n, N])` [n, N]; and that weight."""
+def _as_member(algo, groups: Groups, params, need: jax.Array, entry: dict, weight_of,
+               slot: jax.Array | None = None) -> tuple[Groups, jax.Array]:
+    """`groups` whose member `slot` [n] (None: the last) is `entry`'s completion (tokens, mask [n, N], rewards [n, K],
+    and the behaviour log-probabilities `log_probs` [n, N], None: the current policy's) where `need` [n]: scored by the
+    current policy (the ratio starts at 1), its tokens weighted by `weight_of(current log-probs [n, N])` [n, N]; and
+    that weight."""
     log_probs, _, values = sampling.score_groups(algo.model, params, groups.prompts, entry["tokens"][:, None],
                                                  entry["mask"][:, None], algo.vocab.pad_id)  # [n, 1, N]
     weight = weight_of(log_probs[:, 0])
     behaviour = log_probs[:, 0] if entry.get("log_probs") is None else entry["log_probs"]
-    last = (jnp.arange(groups.tokens.shape[1]) == groups.tokens.shape[1] - 1)[None, :] & need[:, None]  # [n, G]
+    G = groups.tokens.shape[1]
+    slot = jnp.full(need.shape, G - 1) if slot is None else slot
+    put_here = (jnp.arange(G)[None, :] == slot[:, None]) & need[:, None]  # [n, G]
 
-    def put(x, row):  # x [n, G, ...], row [n, ...] -> row as member G-1 where needed
-        return jnp.where(last.reshape(*last.shape, *([1] * (x.ndim - 2))), row[:, None], x)
+    def put(x, row):  # x [n, G, ...], row [n, ...] -> row as member `slot` where needed
+        return jnp.where(put_here.reshape(*put_here.shape, *([1] * (x.ndim - 2))), row[:, None], x)
 
     groups = groups.replace(
         tokens=put(groups.tokens, entry["tokens"]), log_probs=put(groups.log_probs, log_probs[:, 0]),
         mask=put(groups.mask, entry["mask"]), lengths=put(groups.lengths, entry["mask"].sum(-1).astype(jnp.int32)),
         values=None if groups.values is None else put(groups.values, values[:, 0]),
         rewards=put(groups.rewards, entry["rewards"]), weight=put(groups.weight, weight),
-        replayed=groups.replayed | last,
+        replayed=groups.replayed | put_here,
         behaviour=None if groups.behaviour is None else put(groups.behaviour, behaviour))
     return groups, weight
 
 
-def replay_correct(algo, memory, groups: Groups, params, key):
-    """A group that sampled no correct answer gets its problem's stored correct completion as its last
-    member, scored by the current policy (the ratio starts at 1) and weighted per token by the truncated
-    importance weight min(pi / mu, cap) against the policy that drew it (self-normalised in the loss)."""
-    need = ~_correct(algo, groups).any(axis=1) & memory["stored"][groups.ids]  # [n]
-    entry = {k: v[groups.ids] for k, v in memory.items()}
-    cap = algo.strategy_options("correct")["cap"]
-    groups, weight = _as_last_member(algo, groups, params, need, entry, lambda current: importance_weights(
+def replay_stored(algo, groups: Groups, params, need: jax.Array, entry: dict,
+                  cap: float) -> tuple[Groups, tuple[jax.Array, jax.Array]]:
+    """`groups` whose last member is the stored completion `entry` (`completion_memory`'s fields [n, ...]) where `need`
+    [n], scored by the current policy (the ratio starts at 1) and weighted per token by the truncated importance
+    weight min(pi / mu, cap) against the policy that drew it (self-normalised in the loss); and (the share of groups
+    given one, the mean weight of its tokens)."""
+    groups, weight = _as_member(algo, groups, params, need, entry, lambda current: importance_weights(
         current, entry["log_probs"], entry["mask"], cap))
     replayed_tokens = jax.lax.psum(jnp.sum(entry["mask"] * need[:, None]), DATA_AXIS)
-    return groups, {"replayed": global_mean(need.astype(jnp.float32)),
-                    "replay_weight": jax.lax.psum(jnp.sum(weight * need[:, None]), DATA_AXIS)
-                    / jnp.maximum(replayed_tokens, 1.0)}
+    return groups, (global_mean(need.astype(jnp.float32)),
+                    jax.lax.psum(jnp.sum(weight * need[:, None]), DATA_AXIS) / jnp.maximum(replayed_tokens, 1.0))
 
 
-register("replay", "correct", init=correct_memory, observe=store_correct, after=replay_correct, needs_pool=True,
+def replay_correct(algo, memory, groups: Groups, params, key):
+    """A group that sampled no correct answer gets its problem's stored correct completion as its last member
+    (`replay_stored`)."""
+    need = ~_correct(algo, groups).any(axis=1) & memory["stored"][groups.ids]  # [n]
+    entry = {k: v[groups.ids] for k, v in memory.items()}
+    groups, (share, weight) = replay_stored(algo, groups, params, need, entry, algo.strategy_options("correct")["cap"])
+    return groups, {"replayed": share, "replay_weight": weight}
+
+
+register("replay", "correct", init=completion_memory, observe=store_correct, after=replay_correct, needs_pool=True,
          single_turn=True,
          options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
 
 
-# --- Replay: the ground truth as an off-policy member (TempSamp-R1) ---------------------------------------------
+OUTCOMES = {"correct": True, "wrong": False}  # selective's memories: the verifier outcome each keeps
+
+
+def selective_memory(algo, key):
+    """Per training problem: its newest correct and its newest wrong completion (`completion_memory` each)."""
+    return {name: completion_memory(algo, key) for name in OUTCOMES}
+
+
+def store_both(algo, memory, groups: Groups, params):
+    """Keeps, per problem, its newest correct and its newest wrong completion."""
+    memory = {name: store_newest(algo, memory[name], groups, outcome) for name, outcome in OUTCOMES.items()}
+    return memory, {f"selective_stored_{name}": jnp.mean(memory[name]["stored"].astype(jnp.float32))
+                    for name in OUTCOMES}
+
+
+def replay_selective(algo, memory, groups: Groups, params, key):
+    """Skywork R1V2's Selective Sample Buffer against vanishing advantages: a group whose members are all wrong gets its
+    problem's newest stored correct completion as its last member, one whose members are all correct its newest
+    stored wrong one (`replay_stored`: importance weighted as replay/correct), so the tied group regains a
+    high-|advantage| sample (the lone different member of G has advantage +-sqrt(G - 1) under GRPO's scaling)."""
+    correct = _correct(algo, groups)
+    all_wrong, all_right = ~correct.any(axis=1), correct.all(axis=1)
+    stored = {name: {k: v[groups.ids] for k, v in memory[name].items()} for name in OUTCOMES}
+    need = (all_wrong & stored["correct"]["stored"]) | (all_right & stored["wrong"]["stored"])
+    entry = jax.tree.map(lambda right, wrong: jnp.where(all_wrong.reshape(-1, *([1] * (right.ndim - 1))), right, wrong),
+                         stored["correct"], stored["wrong"])
+    groups, (share, weight) = replay_stored(algo, groups, params, need, entry,
+                                            algo.strategy_options("selective")["cap"])
+    return groups, {"selective_replayed": share, "selective_weight": weight,
+                    "selective_replayed_wrong": global_mean((need & all_right).astype(jnp.float32))}
+
+
+def check_selective(config, chosen) -> None:
+    if "correct" in chosen["replay"]:
+        raise ValueError("config.rollout.replay names correct and selective: selective already gives a group that solved "
+                         "nothing its problem's newest correct completion; choose one")
+
+
+register("replay", "selective", init=selective_memory, observe=store_both, after=replay_selective, needs_pool=True,
+         single_turn=True, check=check_selective,
+         options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
+
+
+# --- Replay: the ground truth as an off-policy member (TempSamp-R1; AHPO's expert data where rewards are sparse) ------
 
 def replay_reference(algo, memory, groups: Groups, params, key):
-    """A group that sampled no correct answer gets the task's reference answer as its last member (the off-policy
-    supervision of TempSamp-R1), rewarded by the verifier, scored by the current policy (the ratio starts at 1) and
-    its tokens weighted by `weight`: the all-wrong group gets a member to learn towards."""
-    need = ~_correct(algo, groups).any(axis=1)  # [n]
+    """A group whose pass rate is at most `below` (0, the default: one that sampled no correct answer) gets the task's
+    reference answer in place of its last wrong member: TempSamp-R1's off-policy supervision of all-wrong groups, and
+    with `below` > 0 MM-HELIX's AHPO, which learns from expert data while rewards are sparse (few correct members)
+    and explores on its own once proficient. The answer is rewarded by the verifier, scored by the current policy
+    (the ratio starts at 1) and its tokens weighted by `weight` (with `below` = 1 a group that solved everything
+    loses its last member to it)."""
+    o = algo.strategy_options("reference")
+    correct = _correct(algo, groups)
+    need = correct.mean(axis=1) <= o["below"]  # [n]
+    G = correct.shape[1]
+    last_wrong = G - 1 - jnp.argmax(~correct[:, ::-1], axis=1)  # (G - 1 in an all-wrong group)
     answers = algo.task.reference_answers(groups.problems, algo.vocab)
     mask = (answers != algo.vocab.pad_id).astype(jnp.float32)  # the answer and its EOS
     entry = {"tokens": answers, "mask": mask, "log_probs": None,
              "rewards": algo.task.jax_rewards(groups.problems, answers, algo.vocab)}
-    scale = algo.strategy_options("reference")["weight"]
-    groups, _ = _as_last_member(algo, groups, params, need, entry, lambda current: scale * mask)
+    groups, _ = _as_member(algo, groups, params, need, entry, lambda current: o["weight"] * mask, last_wrong)
     return groups, {"reference_injected": global_mean(need.astype(jnp.float32))}
 
 
 register("replay", "reference", after=replay_reference, single_turn=True,
-         options={"weight": (1.0, "the reference answer's tokens are weighted by this in the loss", {"above": 0.0})})
+         options={"weight": (1.0, "the reference answer's tokens are weighted by this in the loss", {"above": 0.0}),
+                  "below": (0.0, "groups of pass rate at most this get the reference answer (0: only those that "
+                            "solved nothing; AHPO: > 0)", {"minimum": 0.0, "maximum": 1.0})})
 
 
 # --- Replay: scaffolded hints -------------------------------------------------------------------------
@@ -619,16 +698,20 @@ def count_outcomes(algo, memory, groups: Groups, params):
     return memory, {"posterior_evidence": jnp.mean(memory["alpha"] + memory["beta"] - 2.0)}
 
 
-def check_thompson(config, chosen, name: str = "thompson") -> None:
-    planned = config.num_prompts * config.group.get("oversample", 1)
-    if config.rollout.pool_size < planned:
-        raise ValueError(f"rollout strategy replay/{name} plans {planned} distinct problems per update "
-                         f"(num_prompts x group.oversample) from the pool: config.rollout.pool_size must be at least "
-                         f"that, got {config.rollout.pool_size}")
+def plans_distinct(name: str):
+    """The config check of replay strategy `name`, which plans num_prompts x group.oversample distinct problems of the
+    pool each update."""
+    def check(config, chosen) -> None:
+        planned = config.num_prompts * config.group.get("oversample", 1)
+        if config.rollout.pool_size < planned:
+            raise ValueError(f"rollout strategy replay/{name} plans {planned} distinct problems per update "
+                             f"(num_prompts x group.oversample) from the pool: config.rollout.pool_size must be at "
+                             f"least that, got {config.rollout.pool_size}")
+    return check
 
 
 register("replay", "thompson", init=beta_memory, before=thompson_problems, observe=count_outcomes, needs_pool=True,
-         single_turn=True, draws=True, check=check_thompson,
+         single_turn=True, draws=True, check=plans_distinct("thompson"),
          options={"decay": (0.99, "each update every posterior's evidence is multiplied by this (1: never forgets)",
                             {"minimum": 0.0, "maximum": 1.0})})
 
@@ -677,7 +760,7 @@ def track_values(algo, memory, groups: Groups, params):
 
 
 def check_tracker(config, chosen) -> None:
-    check_thompson(config, chosen, "tracker")
+    plans_distinct("tracker")(config, chosen)
     if config.advantage.estimator != "tracked":
         raise ValueError("rollout strategy replay/tracker keeps each problem's value as the baseline of "
                          f"config.advantage.estimator=tracked; got {config.advantage.estimator!r}")
@@ -689,6 +772,52 @@ register("replay", "tracker", init=tracker_memory, before=prioritised_problems, 
                             {"minimum": 0.0, "maximum": 1.0}),
                   "prior": (0.5, "an unseen problem's value of each reward component (it counts as one sample)", {}),
                   "floor": (0.01, "added to every problem's sampling priority sqrt(p (1 - p))", {"above": 0.0})})
+
+
+# --- Replay: per-problem pass rates (gdro, pairing, hardest) ---------------------------------------------------
+
+def observed_pass_rates(algo, groups: Groups) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(ids, pass rates, finished) [C] of every candidate of the update, all devices: each group's share of correct
+    members among those this update's policy drew."""
+    drawn = ~groups.replayed
+    passed = jnp.sum(_correct(algo, groups) & drawn, axis=1) / jnp.maximum(jnp.sum(drawn, axis=1), 1)
+    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
+    return mesh_lib.gather_shares((groups.ids, passed, finished))
+
+
+def moved_rates(rate: jax.Array, ids: jax.Array, passed: jax.Array, finished: jax.Array, step: float,
+                seen: jax.Array | None = None) -> jax.Array:
+    """The pool's pass rates `rate` [pool] after each finished observation (ids, passed, finished [C]) moved its
+    problem's rate `step` of the way to the group's pass rate; where `seen` [pool] is given, a problem's first
+    observation sets it. One write per problem (its last observation's)."""
+    old = rate[ids] if seen is None else jnp.where(seen[ids], rate[ids], passed)
+    rows = jnp.where(last_occurrence(ids, finished), ids, rate.shape[0])  # out of range: dropped
+    return rate.at[rows].set((1.0 - step) * old + step * passed, mode="drop")
+
+
+def pass_rate_memory(algo, key):
+    """Per training problem: its tracked pass rate (1/2 until observed) and whether it has been observed."""
+    pool = algo.settings.pool_size
+    return {"rate": jnp.full(pool, 0.5), "seen": jnp.zeros(pool, bool)}
+
+
+def track_pass_rates(algo, memory, groups: Groups, name: str) -> tuple[dict, dict]:
+    """`memory` (`pass_rate_memory`, and whatever else it holds) after this update's observations: each observed
+    problem's rate set to its first group's pass rate, then moved strategy `name`'s `rate_step` of the way to each
+    new one's (rate_step 1: the newest group's pass rate)."""
+    ids, passed, finished = observed_pass_rates(algo, groups)
+    rate = moved_rates(memory["rate"], ids, passed, finished, algo.strategy_options(name)["rate_step"], memory["seen"])
+    seen = memory["seen"].at[jnp.where(finished, ids, rate.shape[0])].set(True, mode="drop")
+    observed = jnp.maximum(seen.sum(), 1)
+    return {**memory, "rate": rate, "seen": seen}, {
+        "pool_observed": jnp.mean(seen.astype(jnp.float32)),
+        "pool_pass_rate": jnp.sum(jnp.where(seen, rate, 0.0)) / observed}
+
+
+def first_by(keys: tuple, count: int) -> jax.Array:
+    """int32 [count]: the indices that come first when sorted by `keys` (arrays [pool], the first the most
+    significant; each ascending)."""
+    return jnp.lexsort(tuple(k.astype(jnp.float32) for k in reversed(keys)))[:count].astype(jnp.int32)
 
 
 # --- Replay: multiplicative weights over difficulty classes (Prompt-GDRO) ------------------------------------
@@ -724,17 +853,12 @@ def reweight_classes(algo, memory, groups: Groups, params):
     gains `step` x its mean failure rate (1 - pass rate) in log-weight (multiplicative weights: the classes the
     policy fails most are drawn more), the weights then normalised to a largest log-weight of 0 (all devices)."""
     o = algo.strategy_options("gdro")
-    drawn = ~groups.replayed
-    passed = jnp.sum(_correct(algo, groups) & drawn, axis=1) / jnp.maximum(jnp.sum(drawn, axis=1), 1)
-    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
-    ids, passed, finished = mesh_lib.gather_shares((groups.ids, passed, finished))
+    ids, passed, finished = observed_pass_rates(algo, groups)
     member = difficulty_classes(memory["rate"][ids], o["classes"])
     seen = jnp.zeros(o["classes"]).at[member].add(finished.astype(jnp.float32))
     failures = jnp.zeros(o["classes"]).at[member].add(jnp.where(finished, 1.0 - passed, 0.0))
     log_weight = memory["log_weight"] + o["step"] * jnp.where(seen > 0, failures / jnp.maximum(seen, 1.0), 0.0)
-    rows = jnp.where(last_occurrence(ids, finished), ids, algo.settings.pool_size)
-    rate = memory["rate"].at[rows].set((1.0 - o["rate_step"]) * memory["rate"][ids] + o["rate_step"] * passed,
-                                       mode="drop")
+    rate = moved_rates(memory["rate"], ids, passed, finished, o["rate_step"])
     return {"rate": rate, "log_weight": log_weight - log_weight.max()}, {"mean_pass_rate": jnp.mean(rate)}
 
 
@@ -745,3 +869,85 @@ register("replay", "gdro", init=difficulty_memory, before=gdro_problems, observe
                            {"minimum": 0.0}),
                   "rate_step": (0.5, "a problem's pass rate moves this far towards each new group's",
                                 {"minimum": 0.0, "maximum": 1.0})})
+
+
+RATE_STEP = (1.0, "a problem's tracked pass rate moves this far from its last value towards each new group's (1: the "
+             "newest group's)", {"minimum": 0.0, "maximum": 1.0})
+
+
+# --- Replay: positive-negative pairing ------------------------------------------------------------------------
+
+def pairing_problems(algo, memory, plan: Plan, key):
+    """Positive-negative pairing ("Beyond Variance: ... Bidirectional Pairing"): half the B x oversample candidates
+    (the first half, rounded up) are hard-but-solvable problems q+, the lowest tracked pass rates that are still
+    > 0 (a reliable positive anchor: a rare success to learn from), the other half easy-but-brittle ones q-, the
+    highest that are still < 1 (a rare failure to learn from), no problem in both. A problem never observed comes
+    before either (the paper estimates every prompt's success rate from several rollouts before it pairs: here the
+    pool is swept once, in random order, before pairing starts); when too few problems qualify the halves are
+    filled with the nearest (q+: the never-solved, q-: the always-solved). Ties in random order, the same draws on
+    every device; the halves one after the other, so that with an even number of slots each slot's `group.oversample`
+    candidates come from one half. Rates as `track_pass_rates` keeps them (with rate_step < 1 a problem solved once
+    keeps a decaying rate > 0, so stays "solvable"; 1, the default, reads the newest group's).
+
+    Not here: Weighted GRPO, the paper's pair-level reweighting of the outcomes, whose weights the abstract does not
+    give (GRPO's std scaling already gives a lone success in a group of pass rate p the advantage sqrt((1 - p) / p),
+    a lone failure -sqrt(p / (1 - p)))."""
+    s = algo.settings
+    num = s.text.num_prompts * s.oversample
+    rate, unseen = memory["rate"], ~memory["seen"]
+    noise = jax.random.uniform(key, rate.shape)
+    hard = first_by((~unseen, rate <= 0.0, rate, noise), (num + 1) // 2)
+    taken = jnp.zeros(rate.shape, bool).at[hard].set(True)
+    easy = first_by((taken, ~unseen, rate >= 1.0, -rate, noise), num // 2)
+    ids = jnp.concatenate([hard, easy])
+    known = lambda x: jnp.sum(jnp.where(unseen[x], 0.0, rate[x])) / jnp.maximum(jnp.sum(~unseen[x]), 1)
+    return pool_plan(algo, mesh_lib.local_share(ids)), {
+        "pairing_explored": jnp.mean(unseen[ids].astype(jnp.float32)), "pairing_hard_rate": known(hard),
+        "pairing_easy_rate": known(easy)}
+
+
+def track_pairing(algo, memory, groups: Groups, params):
+    return track_pass_rates(algo, memory, groups, "pairing")
+
+
+register("replay", "pairing", init=pass_rate_memory, before=pairing_problems, observe=track_pairing, needs_pool=True,
+         single_turn=True, draws=True, check=plans_distinct("pairing"), options={"rate_step": RATE_STEP})
+
+
+# --- Replay: a hard-focus stage (DRIVE) -----------------------------------------------------------------------
+
+def hardest_memory(algo, key):
+    """Per training problem its tracked pass rate (`pass_rate_memory`), and the updates run so far."""
+    return {**pass_rate_memory(algo, key), "updates": jnp.int32(0)}
+
+
+def hardest_problems(algo, memory, plan: Plan, key):
+    """DRIVE's two RL stages: for the first `after` updates the broad stage (the plan's uniform draws from the pool,
+    left as they are), then the hard-focus stage: every update plans the B x oversample problems of lowest tracked
+    pass rate (the pool's hardest, retained while they stay the hardest: their rates keep being tracked), ties in
+    random order. With `unsolved_last` a problem whose tracked rate is 0 (all wrong: no group of it carries a
+    gradient) comes after every other; a problem never observed counts at 1/2. Not here: DRIVE's larger groups in the
+    hard stage (64 rollouts against 8; the group size is one per compiled program) and its shorter response window in
+    the broad one."""
+    o, s = algo.strategy_options("hardest"), algo.settings
+    rate = memory["rate"]
+    unsolved = (rate <= 0.0) if o["unsolved_last"] else jnp.zeros(rate.shape, bool)
+    hardest = first_by((unsolved, rate, jax.random.uniform(key, rate.shape)), s.text.num_prompts * s.oversample)
+    focus = memory["updates"] >= o["after"]
+    ids = jnp.where(focus, mesh_lib.local_share(hardest), plan.ids)
+    return pool_plan(algo, ids), {"hard_focus": focus.astype(jnp.float32),
+                                  "planned_pass_rate": global_mean(rate[ids])}
+
+
+def track_hardest(algo, memory, groups: Groups, params):
+    memory, metrics = track_pass_rates(algo, memory, groups, "hardest")
+    return {**memory, "updates": memory["updates"] + 1}, metrics
+
+
+register("replay", "hardest", init=hardest_memory, before=hardest_problems, observe=track_hardest, needs_pool=True,
+         single_turn=True, draws=True, check=plans_distinct("hardest"),
+         options={"after": (20, "updates of uniform draws from the pool (the broad stage) before the hard focus",
+                            {"minimum": 0}),
+                  "rate_step": RATE_STEP,
+                  "unsolved_last": (True, "problems of tracked pass rate 0 come after every other in the hard focus",
+                                    {})})
