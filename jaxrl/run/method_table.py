@@ -34,8 +34,9 @@ def entries(path: str = ENTRIES_PATH) -> list[dict]:
 
 
 def command_line(config: dict) -> str:
-    """The entry's config line as a user types it."""
-    keys = " ".join(f"--config.{key}={_shown(value)}" for key, value in config["keys"].items())
+    """The entry's config line as a user types it (`flags`: any others it needs, e.g. a sweep's)."""
+    keys = " ".join([*(f"--config.{key}={_shown(value)}" for key, value in config["keys"].items()),
+                     *config.get("flags", ())])
     return f"--config=experiments/{config['experiment']} {keys}".strip()
 
 
