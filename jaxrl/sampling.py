@@ -490,6 +490,24 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
     positions instead of B*G*(P+N-1) (a GRPO update on short answers spends most of its time on prompts).
     `attend` bool [B, G, N]: the real tokens, as `score` takes it (multi-turn episodes).
     """
+    logits, values = group_logits(model, params, prompts, completions, completion_mask, pad_id, attend)
+    return _completion_scores(logits, values, completions, completion_mask > 0)  # column t predicts token t
+
+
+def tempered_entropy(model: TransformerLM, params, prompts: jax.Array, completions: jax.Array,
+                     completion_mask: jax.Array, pad_id, temperature, attend: jax.Array | None = None) -> jax.Array:
+    """The entropy of the distribution tokens are drawn from at `temperature`, softmax(logits / T), at every
+    completion token [B, G, N] (`score_groups`'s inputs; zero where the mask is 0): the temperature-adjusted
+    entropy (AceReason-Nemotron 1.1)."""
+    logits, _ = group_logits(model, params, prompts, completions, completion_mask, pad_id, attend)
+    log_p = jax.nn.log_softmax(logits / temperature, axis=-1)
+    return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1) * (completion_mask > 0)
+
+
+def group_logits(model: TransformerLM, params, prompts: jax.Array, completions: jax.Array,
+                 completion_mask: jax.Array, pad_id, attend: jax.Array | None = None):
+    """`score_groups`'s forward: the logits [B, G, N, V] (and values [B, G, N] or None) of the columns predicting
+    each completion token, teacher-forced, each prompt run once."""
     B, G, N = completions.shape
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
     logits, values, prefix = model.apply(params, prompts, positions, real, method="prefill")
@@ -510,4 +528,4 @@ def score_groups(model: TransformerLM, params, prompts: jax.Array, completions: 
         values = None if values is None else jnp.concatenate([values, rest_values], axis=2)
     if attend is not None:
         logits, values = _at_predicting_columns(logits, values, attend)
-    return _completion_scores(logits, values, completions, completion_real)  # column t predicts token t
+    return logits, values

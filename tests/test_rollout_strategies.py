@@ -767,3 +767,39 @@ def test_variance_budget_gives_the_extra_groups_to_the_uncertain_or_to_the_hard(
     assert float(logged["budget_skipped"]) == 11 / 16
     uncertain = rollout.allocate_groups(strategies.BUDGET_TARGETS["uncertain"](p), 8, 2)
     np.testing.assert_array_equal(np.bincount(np.asarray(uncertain), minlength=16), [0, 1, 2, 2, 2, 1] + [0] * 10)
+
+
+def test_the_entropy_target_settles_at_the_temperature_whose_tempered_entropy_is_the_target():
+    """AceReason-Nemotron 1.1: on a fixed next-token distribution the controller's loop T <- T exp(step (target -
+    H(T))) reaches the temperature that bisection finds for H(T) = target, H(T) = the entropy of softmax(z / T)."""
+    logits = np.array([2.0, 0.5, 0.0, -1.0, -3.0])
+
+    def entropy(temperature):
+        p = np.exp(logits / temperature - np.max(logits / temperature))
+        p /= p.sum()
+        return float(-(p * np.log(p)).sum())
+
+    low, high = 0.05, 5.0
+    for _ in range(60):  # H rises with T
+        low, high = (low, (low + high) / 2) if entropy((low + high) / 2) > 0.3 else ((low + high) / 2, high)
+    temperature = 1.0
+    for _ in range(200):
+        temperature = float(strategies.retuned_temperature(temperature, entropy(temperature), 0.3, 1.0, 0.1, 2.0))
+    np.testing.assert_allclose(temperature, low, rtol=1e-4)
+    assert float(strategies.retuned_temperature(1.9, 0.0, 0.3, 5.0, 0.1, 2.0)) == 2.0  # clipped
+
+
+def test_tempered_entropy_is_the_entropy_of_the_tempered_softmax(replay_algo):
+    algo = replay_algo
+    params = algo.policy.init_params(jax.random.key(0))
+    prompts = algo.task.prompts(algo.pool[jnp.asarray([0, 1])], algo.vocab)
+    tokens = jax.random.randint(jax.random.key(1), (2, 3, algo.task.answer_length), 0, len(algo.vocab.tokens))
+    mask = jnp.ones(tokens.shape).at[:, :, -2:].set(0.0)
+    _, at_one, _ = sampling.score_groups(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id)
+    np.testing.assert_allclose(sampling.tempered_entropy(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id,
+                                                         1.0), at_one, rtol=1e-5, atol=1e-6)
+    logits, _ = sampling.group_logits(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id)
+    p = jax.nn.softmax(np.asarray(logits, np.float64) / 0.4, axis=-1)
+    want = -np.sum(p * np.log(p), axis=-1) * np.asarray(mask)
+    np.testing.assert_allclose(sampling.tempered_entropy(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id,
+                                                         0.4), want, rtol=1e-4, atol=1e-5)

@@ -79,7 +79,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.replay": "pairing,correct,reference,hints", "rollout.pool_size": 16, "rollout.options.hints.patience": 1,
      "rollout.options.reference.below": 0.5,
      "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative"},
-    {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor", "rollout.control": "variance_budget",
+    {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor",
+     "rollout.control": "variance_budget,entropy_target", "rollout.options.entropy_target.start": 0.5,
      "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5,
      "rollout.options.variance_budget.target": "hard", "rollout.replay": "hardest", "rollout.pool_size": 16,
      "rollout.options.hardest.after": 1},
@@ -89,7 +90,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.tracker.decay": 0.5},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
-        "median-predictor-budget_hard-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo", "spo-tracked-g1"])
+        "median-predictor-budget_hard-entropy_target-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo", "spo-tracked-g1"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -114,9 +115,14 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
              "gdro": "hardest_class_share", "reference": "reference_injected", "pairing": "pairing_explored",
-             "hardest": "hard_focus", "selective": "selective_replayed", "tracker": "tracked_pass_rate"}
+             "hardest": "hard_focus", "selective": "selective_replayed", "tracker": "tracked_pass_rate",
+             "entropy_target": "sampling_temperature"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
+    if "entropy_target" in config.rollout.control:  # the first update samples at the start, the second retuned
+        tuned = 2 * metrics["sampling_temperature"][0] - 0.5
+        assert tuned != 0.5 and 0.1 <= tuned <= 2.0, metrics["sampling_temperature"]
+        assert state.memory["entropy_target"]["temperature"][0] != tuned  # and retuned again after it
     if "hardest" in config.rollout.replay:  # the broad stage's one update, then the hard focus's
         np.testing.assert_allclose(metrics["hard_focus"], 0.5)
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])

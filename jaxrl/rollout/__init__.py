@@ -3,6 +3,7 @@
 In one update of token-level GRPO (`jaxrl.algos.text.TextGRPO`) the stages run in this order, inside the
 compiled update (no Python loop per sample; `Pipeline.run`):
 
+    tune      strategies set this update's sampling hyperparameters (an entropy-targeted temperature)
     plan      C = B x oversample candidate prompts (ids in the training pool, problems, hint lengths)
     before    strategies change the plan: first one that redraws the problems (a curriculum), then in stage
               order (a predictor's pass rates, which candidates get groups, hints to force)
@@ -20,6 +21,7 @@ check, `check(config, chosen {stage: names})`, run with the registry's (`check_c
 anything compiles:
 
     init(algo, key) -> memory                                  one seed's memory, kept in the training state
+    tune(algo, memory, hp) -> hp                               sampling hyperparameters (e.g. the temperature)
     before(algo, memory, plan, key) -> (plan, metrics)
     generate(algo, params, hp, plan, key) -> Groups            Generate strategies only
     observe(algo, memory, groups, params) -> (memory, metrics) groups: every candidate on this device

@@ -18,7 +18,7 @@ from jaxrl.mesh import DATA_AXIS
 
 STAGES = ("generate", "filter", "control", "replay")
 DOMAINS = {"tokens": STAGES, "env": ("generate",)}  # token-level GRPO, GRPO on environments: their stages
-HOOKS = {"tokens": ("init", "before", "generate", "observe", "after", "advantages"), "env": ("members",)}
+HOOKS = {"tokens": ("init", "tune", "before", "generate", "observe", "after", "advantages"), "env": ("members",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +29,7 @@ class Strategy:
     name: str
     domain: str = "tokens"
     init: Callable | None = None
+    tune: Callable | None = None  # (algo, memory, hp) -> hp: the sampling hyperparameters of this update's generation
     before: Callable | None = None
     generate: Callable | None = None
     advantages: Callable | None = None  # (algo, groups, rewards [n, G]) -> (advantages, weights) [n, G, N]
@@ -218,10 +219,13 @@ class Pipeline:
 
     def run(self, algo, params, hp, memory: dict, plan: Plan, key: jax.Array,
             rewarded: Callable[[Groups], Groups] | None = None) -> tuple[dict, Groups, dict]:
-        """The stages for one seed on this device, from the candidates `plan`: before (a strategy that redraws
-        the problems first), generate, `rewarded` (a reward model's scores in place of the verifier's, which every
+        """The stages for one seed on this device, from the candidates `plan`: tune (the sampling hyperparameters),
+        before (a strategy that redraws the problems first), generate, `rewarded` (a reward model's scores in place of the verifier's, which every
         later stage then sees), observe, after. Returns (memory, Groups, metrics)."""
         memory, metrics = dict(memory), {}
+        for strategy in self.strategies:
+            if strategy.tune:
+                hp = strategy.tune(algo, memory.get(strategy.name), hp)
         hook_key = lambda i: jax.random.fold_in(key, i + 1)
         for i, strategy in sorted(enumerate(self.strategies), key=lambda item: not item[1].draws):
             if strategy.before:

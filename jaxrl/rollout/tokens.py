@@ -417,6 +417,54 @@ register("control", "prune", init=prune_memory, before=prune_threshold, observe=
                   "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
 
 
+# --- Control: an entropy-targeted temperature (AceReason-Nemotron 1.1) ----------------------------------------
+
+def retuned_temperature(temperature, entropy, target, step, lowest, highest):
+    """The next temperature: log T moves `step` x (target - entropy), clipped to [lowest, highest]. The tempered
+    entropy rises with T, so the loop settles where the sampled tokens' temperature-adjusted entropy is `target`."""
+    return jnp.clip(temperature * jnp.exp(step * (target - entropy)), lowest, highest)
+
+
+def temperature_memory(algo, key):
+    return {"temperature": jnp.float32(algo.strategy_options("entropy_target")["start"])}
+
+
+def tuned_temperature(algo, memory, hp):
+    """This update samples at the controller's temperature (it takes over sampling.temperature)."""
+    return hp.replace(temperature=memory["temperature"])
+
+
+def track_entropy(algo, memory, groups: Groups, params):
+    """The mean temperature-adjusted entropy of the tokens this update's policy drew (every candidate, all devices),
+    and the temperature retuned towards the target (`retuned_temperature`)."""
+    o = algo.strategy_options("entropy_target")
+    entropy = sampling.tempered_entropy(algo.model, params, groups.prompts, groups.tokens, groups.mask,
+                                        algo.vocab.pad_id, memory["temperature"], groups.attend)
+    drawn = groups.generated
+    mean = (jax.lax.psum(jnp.sum(entropy * drawn), DATA_AXIS)
+            / jnp.maximum(jax.lax.psum(jnp.sum(drawn), DATA_AXIS), 1.0))
+    temperature = retuned_temperature(memory["temperature"], mean, o["target"], o["step"], o["lowest"], o["highest"])
+    return {"temperature": temperature}, {"tempered_entropy": mean, "sampling_temperature": memory["temperature"]}
+
+
+def check_entropy_target(config, chosen) -> None:
+    o = config.rollout.options.entropy_target
+    if not o.lowest <= o.start <= o.highest:
+        raise ValueError(f"config.rollout.options.entropy_target.start={o.start} must lie in [lowest, highest] = "
+                         f"[{o.lowest}, {o.highest}]")
+
+
+register("control", "entropy_target", init=temperature_memory, tune=tuned_temperature, observe=track_entropy,
+         check=check_entropy_target,
+         options={"target": (0.3, "the temperature-adjusted entropy (nats per token) the sampling temperature is "
+                             "tuned to keep", {"above": 0.0}),
+                  "step": (1.0, "log T moves this x (target - entropy) after each update", {"above": 0.0}),
+                  "start": (1.0, "the temperature of the first update (it takes over sampling.temperature)",
+                            {"above": 0.0}),
+                  "lowest": (0.1, "the lowest temperature it may choose", {"above": 0.0}),
+                  "highest": (2.0, "the highest temperature it may choose", {"above": 0.0})})
+
+
 # --- Replay: past completions by outcome (a correct one; Skywork R1V2's Selective Sample Buffer) -----------------
 
 def completion_memory(algo, key):
