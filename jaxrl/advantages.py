@@ -134,6 +134,8 @@ class GroupOptions:
     max_reward: float
     has_agents: bool  # rewards carry an agent axis: [B, G, A]
     stratum_weight: float = 0.5  # stratified: the within-stratum advantage's share, the group's the rest
+    prior_weight: float = 4.0  # fused: the value prior counts as this many samples where the test accepts it
+    prior_z: float = 1.96  # fused: the prior is accepted while the group mean lies within this many standard errors
 
 
 # A core maps (rewards, valid, opts) to advantages, or to (advantages, keep) where keep [like rewards]
@@ -156,7 +158,8 @@ class Estimator:
     off_policy: bool = False  # a critic core that takes log_rhos (log pi - log mu of each step's action)
     per_turn: bool = False  # scores each turn of multi-turn episodes (`turn_advantages`), not whole samples
     # What else the core reads, as core(rewards, valid, opts, context): "strata" (each sample's stratum, int
-    # [B, G(, A)]) or "baseline" (each group's tracked value, float32 [B]); "": nothing
+    # [B, G(, A)]), "baseline" (each group's tracked value, float32 [B]) or "prior" (a value model's prediction of
+    # each group's mean reward from its prompt, float32 [B]); "": nothing
     reads: str = ""
 
     def __call__(self, rewards, valid, opts, context=None):
@@ -372,6 +375,22 @@ def tracked(rewards, valid, opts, baseline):
     return _rescale(centered, std, centered, valid, opts)  # (scale batch: by the std of the batch's advantages)
 
 
+@register("fused", reads="prior")
+def fused(rewards, valid, opts, prior):
+    """V_0.5: the baseline fuses a value model's prior V (its prediction of the group's mean reward from the prompt)
+    with the group's empirical mean m of n samples, after a test of the prior's reliability: while |m - V| <=
+    prior_z sqrt(V' (1 - V') / n) (V' = V clipped to [0.01, 0.99]: rewards in [0, 1]) the prior is accepted and
+    counts as prior_weight samples, b = (n m + k V) / (n + k) (a lower-variance baseline for small groups); else b = m.
+    (r - b) scaled as `scale` says (the group's std by default). [B, G(, A)] -> [B, G(, A)]."""
+    axes = _group_axes(rewards)
+    mean, std, n = _moments(rewards, valid, axes)
+    v = _per_group(prior, rewards.ndim)
+    p = jnp.clip(v, 0.01, 0.99)
+    accepted = jnp.abs(mean - v) <= opts.prior_z * jnp.sqrt(p * (1.0 - p) / jnp.maximum(n, 1))
+    baseline = jnp.where(accepted, (n * mean + opts.prior_weight * v) / (n + opts.prior_weight), mean)
+    return _rescale(rewards - baseline, std, rewards, valid, opts)
+
+
 def beta_fit(pass_rates: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Beta(alpha, beta) fitted to the groups' pass rates by the method of moments. [B], [B] bool -> two scalars.
 
@@ -433,11 +452,11 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     """The estimator `name` wrapped with masking, component combining, scaling default and clipping.
 
     The returned fn(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-    renormalize=False, max_reward=1.0, strata=None, baseline=None, stratum_weight=0.5) takes rewards [B, G] or
-    [B, G, A] (with a
+    renormalize=False, max_reward=1.0, strata=None, baseline=None, prior=None, stratum_weight=0.5, prior_weight=4.0,
+    prior_z=1.96) takes rewards [B, G] or [B, G, A] (with a
     trailing K axis when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
-    `strata` (int, the rewards' leading shape) and `baseline` (float32 [B]) only for an estimator that reads them
-    (`stratified`, `tracked`); the other
+    `strata` (int, the rewards' leading shape), `baseline` and `prior` (float32 [B]) only for an estimator that reads
+    them (`stratified`, `tracked`, `fused`); the other
     options are static Python values, so it can be jitted.
     """
     if name not in names(needs_critic=False):
@@ -446,7 +465,8 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     est = ESTIMATORS[name]
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-                 renormalize=False, max_reward=1.0, strata=None, baseline=None, stratum_weight=0.5) -> GroupAdvantages:
+                 renormalize=False, max_reward=1.0, strata=None, baseline=None, prior=None, stratum_weight=0.5,
+                 prior_weight=4.0, prior_z=1.96) -> GroupAdvantages:
         rewards = jnp.asarray(rewards, jnp.float32)
         k = None if reward_weights is None else len(reward_weights)
         lead = rewards.shape[:-1] if k is not None else rewards.shape
@@ -460,14 +480,15 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
         opts = GroupOptions(scale or est.default_scale, float(eps),
                             None if k is None else tuple(float(w) for w in reward_weights),
                             bool(renormalize), float(max_reward), has_agents=len(lead) == 3,
-                            stratum_weight=float(stratum_weight))
+                            stratum_weight=float(stratum_weight), prior_weight=float(prior_weight),
+                            prior_z=float(prior_z))
         valid = _broadcast_mask(mask, lead)
         valid_r = valid[..., None] if k is not None else valid
         rewards = jnp.where(valid_r, rewards, 0.0)  # cores may rely on padding being 0 (never NaN or junk)
         zero_variance = _all_equal(rewards, valid_r, len(lead))
         if k is not None and est.combine:
             rewards = rewards @ jnp.asarray(opts.reward_weights, jnp.float32)
-        context = {"strata": strata, "baseline": baseline}.get(est.reads)
+        context = {"strata": strata, "baseline": baseline, "prior": prior}.get(est.reads)
         if est.reads and context is None:
             raise ValueError(f"{name}: the estimator reads `{est.reads}`: pass it")
         out = est(rewards, valid, opts, None if context is None else jnp.asarray(context))

@@ -487,3 +487,17 @@ def test_tracked_compares_each_sample_with_its_problems_tracked_value_and_scales
     np.testing.assert_allclose(single.advantages, [[0.5], [0.25]])
     with pytest.raises(ValueError, match="reads `baseline`: pass it"):
         tracked(rewards)
+
+
+def test_fused_shrinks_the_group_mean_towards_an_accepted_value_prior_only():
+    """V_0.5: group 0 (mean 0.25, prior 0.3, standard error sqrt(0.3 0.7 / 4) = 0.23) and group 2 (mean 0.75, prior
+    0.9, s.e. 0.15) accept the prior as 4 samples: baselines (4 0.25 + 4 0.3) / 8 = 0.275 and (3 + 3.6) / 8 = 0.825;
+    group 1 (mean 1, prior 0.2, s.e. 0.2: 0.8 > 1.96 x 0.2) rejects it: the baseline is its mean."""
+    rewards = np.array([[1, 0, 0, 0], [1, 1, 1, 1], [1, 1, 1, 0]], np.float32)
+    prior = np.array([0.3, 0.2, 0.9], np.float32)
+    fused = get("fused")
+    out = fused(rewards, prior=prior, scale="none", prior_weight=4.0, prior_z=1.96)
+    np.testing.assert_allclose(out.advantages, [[0.725, -0.275, -0.275, -0.275], [0, 0, 0, 0],
+                                                [0.175, 0.175, 0.175, -0.825]], rtol=1e-5, atol=1e-6)
+    plain = fused(rewards, prior=prior, scale="none", prior_weight=0.0)  # no weight: GRPO's centring
+    np.testing.assert_allclose(plain.advantages, rewards - rewards.mean(1, keepdims=True), atol=1e-6)

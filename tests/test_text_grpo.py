@@ -203,7 +203,9 @@ def test_correction_settings_that_cannot_work_are_refused(sft_run):
 
 
 def test_critic_weight_adds_a_fresh_value_head_to_the_warm_start_and_trains_it(sft_run):
-    algo, hp = algos.build(tiny_grpo_config(sft_run, **{"loss.critic_weight": 1.0}), mesh_lib.make_mesh())
+    # (with V_0.5's fused baseline: the head's state-zero value is also the group baseline's prior)
+    algo, hp = algos.build(tiny_grpo_config(sft_run, **{"loss.critic_weight": 0.5, "advantage.estimator": "fused"}),
+                           mesh_lib.make_mesh())
     sft_params = start_params(sft_run)
     state = algo.init_seeds(0, 1, start_params=sft_params)
     value_head = state.params["params"].pop("value")
@@ -289,6 +291,7 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.sample_keep": 0.0}, "config.loss.sample_keep"),
             ({"group.size": 1}, "group.size=1 leaves no group to compare a sample with"),
             ({"advantage.estimator": "tracked"}, "tracked value: it needs config.rollout.replay=tracker"),
+            ({"advantage.estimator": "fused"}, "fuses a value head's prior with the group mean: it needs config.loss"),
             ({"rollout.replay": "tracker", "rollout.pool_size": 16}, "replay/tracker keeps each problem's value"),
             ({"loss.objective": "nft", "group.size": 1, "advantage.estimator": "tracked", "rollout.replay": "tracker",
               "rollout.pool_size": 16}, "objective=nft reads each group's pass rate")]:
@@ -298,6 +301,10 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
     env_grpo.loss.objective = "nft"
     with pytest.raises(ValueError, match="objective=nft learns from the verifier's correct label of each completion: "
                                          "it needs text GRPO"):
+        algos.validate(env_grpo)
+    env_grpo = load_experiment("cartpole_grpo")
+    env_grpo.advantage.estimator = "tracked"
+    with pytest.raises(ValueError, match="environment GRPO has none"):
         algos.validate(env_grpo)
 
 

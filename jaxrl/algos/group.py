@@ -23,6 +23,10 @@ ADVANTAGE_OPTIONS = (
     Knob("advantage.renormalize", False, "gdpo: renormalise the combined advantages over the batch"),
     Knob("advantage.stratum_weight", 0.5, "stratified: the within-stratum advantage's share of the blend (the group's "
          "has the rest)", minimum=0.0, maximum=1.0),
+    Knob("advantage.prior_weight", 4.0, "fused: the value prior counts as this many samples where its test accepts it",
+         minimum=0.0),
+    Knob("advantage.prior_z", 1.96, "fused: the prior is accepted while the group mean lies within this many standard "
+         "errors of it", minimum=0.0),
 )
 CRITIC_WEIGHT = Knob("loss.critic_weight", 0.0, "> 0 mixes in a learned value baseline (1: critic-based, 0: "
                      "critic-free)", traced=True, minimum=0.0, maximum=1.0)
@@ -42,18 +46,25 @@ def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
     """config.advantage's options as keyword options of the estimator ("" and 0 mean the default / off)."""
     o = config.advantage
     return (("scale", o.scale or None), ("eps", o.eps), ("clip", o.clip or None), ("max_reward", o.max_reward),
-            ("renormalize", o.renormalize), ("stratum_weight", o.stratum_weight))
+            ("renormalize", o.renormalize), ("stratum_weight", o.stratum_weight), ("prior_weight", o.prior_weight),
+            ("prior_z", o.prior_z))
 
 
-def check_group_estimator(config: ConfigDict, multi_turn: bool = False) -> None:
+def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bool = True) -> None:
     """config.advantage.estimator must be a group estimator (not one that needs a critic); a per-turn one only for
-    `multi_turn` episodes."""
+    `multi_turn` episodes; one that reads a tracked value or a value prior only on `text`."""
     advantages.check_estimator(config.advantage.estimator, needs_critic=False, family="the GRPO family")
     estimator = advantages.ESTIMATORS.get(config.advantage.estimator)
+    if estimator is not None and estimator.reads in ("baseline", "prior") and not text:
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} reads a per-problem value that "
+                         "text GRPO keeps (a tracker or a value head at the prompt); environment GRPO has none")
     if estimator is not None and estimator.reads == "strata" and not multi_turn:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each episode with those "
                          "of its group that share its structure (as many tool calls): it needs a multi-turn text task "
                          f"({', '.join(sorted(MULTI_TURN_TASKS))})")
+    if estimator is not None and estimator.reads == "prior" and not config.loss.critic_weight:
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} fuses a value head's prior with the "
+                         "group mean: it needs config.loss.critic_weight > 0 (the value head learns; e.g. 0.1)")
     if estimator is not None and estimator.reads == "baseline" and "tracker" not in config.rollout.get("replay", ""):
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each sample with its "
                          "problem's tracked value: it needs config.rollout.replay=tracker (text GRPO, with a pool)")

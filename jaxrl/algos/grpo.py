@@ -357,7 +357,7 @@ def build_grpo(config: ConfigDict, mesh) -> engine.Algorithm:
 
 def check_grpo_config(config: ConfigDict) -> None:
     check_env_config(config)
-    check_group_estimator(config)
+    check_group_estimator(config, text=False)
     rollout.check_config(config, "env")
     if config.num_envs % config.group.size:
         raise ValueError(f"config.num_envs = {config.num_envs} must be a multiple of config.group.size = "

@@ -867,6 +867,8 @@ class TextGRPO:
             context["strata"] = groups.turns["tool_call"].sum(-1)
         if reads == "baseline":  # the problem's tracked value, in the units of the weighted reward
             context["baseline"] = groups.baseline @ jnp.asarray(s.reward_weights)
+        if reads == "prior":  # the value head at state zero: its prediction of the weighted reward from the prompt
+            context["prior"] = groups.values[:, 0, 0]
         group = self.estimator(rewards, None, reward_weights=weights, **context, **dict(s.advantage_options))
         return jnp.broadcast_to(group.advantages[..., None], groups.tokens.shape), group.weight[..., None], tied
 
