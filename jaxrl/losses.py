@@ -382,6 +382,15 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
     return loss, metrics
 
 
+def behaviour_cloning(dist, out: jax.Array, teacher_action: jax.Array) -> jax.Array:
+    """The behaviour-cloning term of RPD ("Refined Policy Distillation: From VLA Generalists to RL Experts") per
+    sample: -log pi(a_teacher | s), the student's negative log-likelihood of the teacher's action. `dist`: the
+    student's action distribution (`jaxrl.distributions`), `out` [..., P] its outputs, `teacher_action` [...]
+    (discrete: the teacher's greedy action) or [..., D] (continuous: the teacher's mean, scored by the student's
+    log-density). Returns [...]."""
+    return -dist.log_prob(out, teacher_action)
+
+
 # The policy and value loss's config keys, read by PPO and the GRPO family alike (each may set its own defaults)
 CLIP_LOW = Knob("loss.clip_low", 0.2, "the policy ratio is clipped to [1 - clip_low, 1 + clip_high]", traced=True,
                 above=0.0)
@@ -417,3 +426,11 @@ ENTROPY_SHAPING = Knob("advantage.entropy_shaping", 0.0, "> 0: each token's adva
                        "|A| / advantage.entropy_bound) (entropy-based shaping, MSSR)", traced=True, minimum=0.0)
 ENTROPY_BOUND = Knob("advantage.entropy_bound", 2.0, "with advantage.entropy_shaping: the bonus is at most |A| / this",
                      traced=True, above=0.0)
+# A frozen teacher pulling the policy towards it: one pair of keys for text GRPO (KDRL) and env PPO (RPD)
+TEACHER = Knob("loss.teacher", "", "a frozen teacher the policy is pulled towards: text GRPO, KL(pi || teacher) per "
+               "token (KDRL), the teacher a text run directory of the same tokenizer (an earlier checkpoint, a larger "
+               "SFT run) or a pretrained model (jaxrl.models: a name, a Hugging Face directory, a .gguf file); env "
+               "PPO, -log pi(the teacher's greedy action) on the rollout's states (RPD), the teacher a feed-forward "
+               "ppo run directory of the same env; '': none")
+TEACHER_COEF = Knob("loss.teacher_coef", 0.1, "with loss.teacher: the weight of its term (text GRPO: the KL to the "
+                    "teacher; env PPO: the behaviour cloning of its actions)", traced=True, minimum=0.0)

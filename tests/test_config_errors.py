@@ -1,5 +1,7 @@
 """Config checks in Python (the command line's one-line errors: tests/test_cli_errors.py)."""
 
+import re
+
 import pytest
 
 from experiments import cartpole_ppo
@@ -124,3 +126,31 @@ def test_kernel_init_is_checked_and_applies_to_mlp_networks():
         algos.validate(_config(**{"network.kernel_init": "lecun"}))
     with pytest.raises(ValueError, match="kernel_init='lecun_uniform' applies to mlp networks"):
         algos.validate(_config(**{"network.kernel_init": "lecun_uniform", "network.kind": "gru"}))
+
+
+def test_a_ppo_teacher_is_a_feed_forward_ppo_run_of_the_same_env_and_action_space(tmp_path):
+    """loss.teacher (RPD) is checked from the teacher run's config.json alone, before anything is restored or
+    compiled: a missing directory, another env, another action space (a continuous one squashed there and not here),
+    a recurrent teacher."""
+    from helpers import load_experiment, set_keys
+
+    def run_dir(name, config):  # (a run directory's config.json: all the check reads)
+        (tmp_path / name).mkdir()
+        config_lib.save(config, str(tmp_path / name / "config.json"))
+        return str(tmp_path / name)
+
+    pendulum = load_experiment("gymnax_ppo", "Pendulum-v1")
+    teachers = {
+        "is not a run directory (no config.json)": (_config(), str(tmp_path / "nowhere")),
+        "acted in env gymnax {'env_id': 'Pendulum-v1'}, this run in CartPole-v1 {}": (
+            _config(), run_dir("pendulum", pendulum)),
+        "acts in another action space: network.squash=True there, False here": (
+            pendulum, run_dir("squashed", set_keys(pendulum.copy_and_resolve_references(), {"network.squash": True}))),
+        "is a recurrent policy (network.kind=gru)": (_config(), run_dir("gru", _config(**{"network.kind": "gru"}))),
+    }
+    for message, (student, teacher) in teachers.items():
+        student = set_keys(student.copy_and_resolve_references(), {"loss.teacher": teacher})
+        with pytest.raises(ValueError, match=re.escape(f"config.loss.teacher='{teacher}' {message}")) as error:
+            algos.validate(student)
+        assert "\n" not in str(error.value)
+    algos.validate(set_keys(_config(), {"loss.teacher": run_dir("cartpole", _config())}))  # the same env: no error

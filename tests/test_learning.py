@@ -2,6 +2,8 @@
 
 import os
 
+import jax
+import numpy as np
 import pytest
 
 from experiments import cartpole_ppo
@@ -79,3 +81,33 @@ def test_gymnax_pendulum_continuous_ppo_swings_up(tmp_path):
     rows = result.metrics
     assert rows[0]["episode_return"] < -900, rows[0]
     assert rows[-1]["episode_return"] > -300 and rows[-1]["eval_return"] > -250, rows[-1]
+
+
+@pytest.mark.slow
+def test_a_teacher_run_guides_a_ppo_student_to_a_higher_return(tmp_path):
+    """RPD (loss.teacher): experiments/cartpole_ppo.py at a constant learning rate trains a teacher for 100 updates;
+    the same student (seed, config) cloning its greedy actions (loss.teacher_coef = 1) beside PPO's objective
+    reaches a higher training return after 20 updates than without it. Without it is the teacher's own run up to
+    then: the same numbers (a 20-update run, and one with loss.teacher_coef = 0, log the same returns). Measured on
+    2 shared cores: here 151.5 guided against 102.6 (greedy 313 guided, the teacher's 380 after 100 updates); as a
+    user's run compiles, seeds 0-3: 169.8, 253.2, 154.6, 168.8 against 108.7, 100.2, 96.3, 100.3 (the default coef
+    0.1, seeds 0-2 logged every 2 updates: 178.3, 113.8, 138.9 against 112.7, 119.5, 98.8)."""
+    from helpers import load_experiment, set_keys
+
+    batch = 4 * 128
+    # (every 4 updates every env ends an episode: 512 steps each, the longest episode 500)
+    config = set_keys(load_experiment("cartpole_ppo"), {"optim.schedule": "constant", "log.progress_bar": False,
+                                                        "log.every_steps": 4 * batch, "eval.episodes": 8})
+    teacher = train.run(set_keys(config.copy_and_resolve_references(), {"total_steps": 100 * batch}),
+                        str(tmp_path / "teacher"))
+    guide = {"total_steps": 20 * batch, "loss.teacher": teacher.workdir, "loss.teacher_coef": 1.0}
+    student = train.run(set_keys(config.copy_and_resolve_references(), guide), str(tmp_path / "student"))
+    guided = student.metrics[-1]
+    unguided = next(row for row in teacher.metrics if row["env_steps"] == guided["env_steps"])
+    print(f"after {guided['env_steps']} env steps: guided {guided['episode_return']:.1f} (greedy "
+          f"{guided['eval_return']:.1f}, teacher_bc {guided['teacher_bc']:.3f}), unguided "
+          f"{unguided['episode_return']:.1f}; teacher after {teacher.metrics[-1]['env_steps']}: greedy "
+          f"{teacher.metrics[-1]['eval_return']:.1f}")
+    assert guided["episode_return"] > unguided["episode_return"] + 20, (guided, unguided)
+    for frozen, taught in zip(jax.tree.leaves(student.state.teacher), jax.tree.leaves(teacher.state.params)):
+        np.testing.assert_array_equal(frozen, taught)  # the teacher's parameters, read from its run and not trained

@@ -111,3 +111,30 @@ def test_impala_corrects_for_the_policy_moved_within_an_update():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     assert all(np.isfinite(leaf).all() for leaf in runs["impala", "several"])
     assert max(float(np.max(np.abs(a - b))) for a, b in zip(runs["vtrace", "several"], runs["impala", "several"])) > 1e-6
+
+
+def test_behaviour_cloning_is_the_negative_log_likelihood_of_the_teacher_s_action():
+    """RPD's term against the formulas by hand, value and gradient, on two states. Categorical: -log softmax(z)[a],
+    gradient softmax(z) - onehot(a). Gaussian (D = 2, the teacher's mean m_t): sum_d 0.5 u^2 + log s + log sqrt(2 pi)
+    with u = (m_t - m) / s, gradients -u / s for the mean and 1 - u^2 for the log-std."""
+    logits = np.array([[1.0, -0.5, 0.3], [0.2, 0.2, 2.0]], np.float32)
+    teacher = np.array([2, 0])
+    softmax = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    expected = -np.log(softmax[np.arange(2), teacher])
+    expected_grad = softmax - np.eye(3)[teacher]
+    categorical = distributions.Categorical(3)
+    bc = lambda out: losses.behaviour_cloning(categorical, out, jnp.asarray(teacher))  # noqa: E731
+    np.testing.assert_allclose(bc(jnp.asarray(logits)), expected, rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(lambda out: bc(out).sum())(jnp.asarray(logits)), expected_grad, atol=1e-6)
+
+    mean, log_std = np.array([[0.1, -0.4], [1.0, 0.0]], np.float32), np.array([[0.0, -1.0], [0.5, 0.2]], np.float32)
+    teacher_mean = np.array([[0.3, -0.2], [-1.0, 0.4]], np.float32)
+    std = np.exp(log_std)
+    u = (teacher_mean - mean) / std
+    expected = np.sum(0.5 * u**2 + log_std + 0.5 * np.log(2 * np.pi), axis=-1)
+    expected_grad = np.concatenate([-u / std, 1 - u**2], axis=-1)
+    gaussian = distributions.DiagGaussian(2, (-2.0, -2.0), (2.0, 2.0))
+    bc = lambda out: losses.behaviour_cloning(gaussian, out, jnp.asarray(teacher_mean))  # noqa: E731
+    out = jnp.asarray(np.concatenate([mean, log_std], axis=-1))
+    np.testing.assert_allclose(bc(out), expected, rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(lambda out: bc(out).sum())(out), expected_grad, rtol=1e-5, atol=1e-6)

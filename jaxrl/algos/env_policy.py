@@ -118,13 +118,17 @@ class EnvPolicy:
         state restarts), mask [n, A, K] legal actions or None, key None for greedy actions -> (the env's
         action [n, A, ...], carry). The critic tower is fed zeros of width `critic_size` (`critic_input_size()`): a deployed policy
         needs no global state."""
+        out, carry = self.actor_out(params, obs, carry, first, mask, critic_size)
+        action = self.dist.mode(out) if key is None else self.dist.sample(key, out)
+        return self.dist.to_env(action), carry
+
+    def actor_out(self, params, obs, carry, first, mask, critic_size: int):
+        """`act`'s network pass: (what `self.dist` reads [n, A, P], illegal actions masked; carry)."""
         actor_in = self.actor_inputs(obs, params.get("obs_norm"))
         critic_in = jnp.zeros((*actor_in.shape[:-1], critic_size), actor_in.dtype)
         first = jnp.broadcast_to(first[:, None], actor_in.shape[:2])
         carry, out, _ = self.network.apply(params, carry, actor_in[None], critic_in[None], first[None])
-        out = self.dist.with_mask(out[0], mask)
-        action = self.dist.mode(out) if key is None else self.dist.sample(key, out)
-        return self.dist.to_env(action), carry
+        return self.dist.with_mask(out[0], mask), carry
 
     def global_state(self, env, env_states):
         """[n, G] for a batch of `env`'s states when the critic needs it, else None."""

@@ -13,12 +13,19 @@ Shapes: S seeds, N environments (n = N / devices on one device), T steps per rol
 single-agent envs), K discrete actions (or D action dimensions).
 Numbers a sweep may vary live in `PPOHyperparams` (a pytree); sizes and code-path choices live in
 `PPOSettings` (static).
+
+With `loss.teacher` (RPD, "Refined Policy Distillation: From VLA Generalists to RL Experts"), a frozen teacher, an
+earlier feed-forward PPO run of the same env, gives its greedy action at every rollout step, and the loss adds
+`loss.teacher_coef` x the student's negative log-likelihood of it (`losses.behaviour_cloning`): on-policy RL guided
+towards the teacher's behaviour while it explores, free to go beyond it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import os
 from typing import Any
 
 import jax
@@ -34,8 +41,8 @@ from jaxrl.algos.env_policy import (NETWORK_SIZED, EnvOnMesh, EnvPolicy, distinc
                                     policy_functions, sequence_units, step_randomness, step_units, trainable)
 from jaxrl.algos.env_setup import (GAMMA, NUM_ENVS, NUM_STEPS, RESET_RATIO, REWARD_SCALE, ROLLOUT_UNROLL,
                                    check_env_config, check_minibatch_split, env_config,
-                                   make_policy, run_sizes, sample_trajectory)
-from jaxrl.algos.registry import Recipe, register
+                                   make_env, make_policy, run_sizes, sample_trajectory)
+from jaxrl.algos.registry import Recipe, register, saved_config
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import OptimizerSettings, normalize, optimise, staleness
 from jaxrl.knobs import Knob, knob
@@ -79,6 +86,7 @@ class PPOHyperparams:
     max_grad_norm: float = knobs.declared("optim.max_grad_norm").field()
     weight_decay: float = knobs.declared("optim.weight_decay").field()
     reward_scale: float = REWARD_SCALE.field()
+    teacher_coef: float = losses.TEACHER_COEF.field()  # (with settings.teacher)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +122,7 @@ class PPOSettings:
     advantage: str = advantages_lib.ESTIMATOR.field()  # gae or vtrace (the value targets: lambda-returns either way)
     max_staleness: int = staleness.MAX_STALENESS.field()
     split_actor: bool = staleness.SPLIT_ACTOR.field()
+    teacher: str = losses.TEACHER.field()  # RPD: the run directory of a frozen teacher; "" for none
 
     @property
     def batch_size(self) -> int:
@@ -137,6 +146,14 @@ class TrainState:
     # With actor.max_staleness = eta > 0: the rollouts sampled and not yet learned from, oldest first
     # (`jaxrl.engine.staleness`; `PPO.sample`'s batch with leaves [eta, ...]); else None
     pending: Any = None
+
+
+@struct.dataclass
+class TeacherTrainState(TrainState):
+    """`TrainState` of a run with loss.teacher: the frozen teacher's parameters [S, ...] beside it (a class of its
+    own, so that the checkpoints of runs without one keep their layout)."""
+
+    teacher: Any = None
 
 
 @struct.dataclass
@@ -165,6 +182,24 @@ class Transition:
     final_value: jax.Array | None  # [n, A]: value of the last obs of an episode cut by the time limit
     obs: jax.Array | None = None  # [n, A, d] as the env gives them (`normalize_obs`: for the statistics)
     global_state: jax.Array | None = None  # [n, G] likewise, when the critic sees it
+    teacher_action: jax.Array | None = None  # [n, A] or [n, A, D]: loss.teacher's greedy action (RPD)
+
+
+@dataclasses.dataclass(frozen=True)
+class Teacher:
+    """RPD's frozen teacher: a feed-forward policy of the student's env (`loss.teacher`), of which only the actor
+    runs (its critic tower is fed zeros `critic_size` wide, as a loaded policy's is)."""
+
+    policy: EnvPolicy
+    critic_size: int
+
+    def actions(self, params, obs: jax.Array, first: jax.Array, mask: jax.Array | None) -> jax.Array:
+        """The teacher's greedy actions for n envs' raw observations obs [n, A, d] (first [n], legal actions mask
+        [n, A, K] or None): [n, A], or [n, A, D] for continuous actions (its Gaussian's mean, unclipped: the
+        action space the student's log-density reads)."""
+        carry = self.policy.network.initial_carry(obs.shape[:2])
+        out, _ = self.policy.actor_out(params, obs, carry, first, mask, self.critic_size)
+        return self.policy.dist.mode(out)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -179,6 +214,7 @@ class PPO:
     policy: EnvPolicy
     env: envs.Environment  # the policy's env, auto-resetting with episode statistics (`EnvOnMesh`)
     mesh: jax.sharding.Mesh
+    teacher: Teacher | None = None  # loss.teacher's policy (RPD)
 
     @property
     def sequence_minibatches(self) -> bool:
@@ -186,8 +222,10 @@ class PPO:
         critic) rather than single agent-steps."""
         return self.policy.recurrent or self.settings.gae_values == "current"
 
-    def init(self, key: jax.Array) -> TrainState:
-        """A fresh TrainState for one seed (no seed axis)."""
+    def init(self, key: jax.Array, teacher=None) -> TrainState:
+        """A fresh TrainState for one seed (no seed axis); with loss.teacher, beside the teacher's parameters
+        `teacher` (those of its run; a fresh network of their shapes when not given: what a checkpoint restores
+        into)."""
         s, A = self.settings, self.policy.num_agents
         params, obs, env_state, state_key = init_run(self.policy, self.env, key, s.num_envs)
         optimizer = s.optimizer(PPOHyperparams(), jnp.int32(0))
@@ -195,6 +233,10 @@ class PPO:
         state = TrainState(params, optimizer.init(trainable(params)), env_state, obs,
                            self.policy.network.initial_carry((s.num_envs, A)), jnp.ones((s.num_envs,), bool),
                            state_key, jnp.int32(0), reward_norm)
+        if self.teacher is not None:
+            if teacher is None:
+                teacher = self.teacher.policy.init_params(jax.random.fold_in(key, 4), self.env, obs, env_state)
+            state = TeacherTrainState(**vars(state), teacher=teacher)
         if not s.max_staleness:
             return state
         return state.replace(pending=staleness.empty_queue(self.sample, state, PPOHyperparams, s.max_staleness))
@@ -209,9 +251,10 @@ class PPO:
                 "traj": jax.tree.map(lambda _: P(RUN_AXIS, None, DATA_AXIS), batch["traj"]),
                 "after": jax.tree.map(lambda _: split, batch["after"]),
                 "carry": jax.tree.map(lambda _: split, batch["carry"]), "epoch_key": RUNS})
-        return TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
-                          carry=jax.tree.map(lambda _: split, state.carry), first=split, key=RUNS, update_step=RUNS,
-                          reward_norm=reward_norm, pending=pending)
+        specs = TrainState(params=RUNS, opt_state=RUNS, env_state=split, obs=split,
+                           carry=jax.tree.map(lambda _: split, state.carry), first=split, key=RUNS, update_step=RUNS,
+                           reward_norm=reward_norm, pending=pending)
+        return TeacherTrainState(**vars(specs), teacher=RUNS) if isinstance(state, TeacherTrainState) else specs
 
     # ----------------------------------------------------------------------------------------------
     # One update on this device's share of the envs (inside shard_map, one seed)
@@ -232,6 +275,9 @@ class PPO:
             if s.bootstrap_truncation:  # the critic's value of the obs a time limit cut off
                 final_value = self.policy.step(params, self.policy.agent_env, info["final_state"], info["final_obs"],
                                                policy.carry, jnp.zeros_like(first)).value
+            teacher_action = None
+            if self.teacher is not None:  # RPD: what the teacher would do in this state, for the update to clone
+                teacher_action = self.teacher.actions(state.teacher, obs, first, policy.mask)
             ended = info["returned_episode"]
             if s.returns_until == "episode":
                 done = jnp.broadcast_to(ended[:, None], done.shape)
@@ -242,7 +288,7 @@ class PPO:
                 value=policy.value, reward=reward, done=done, mask=policy.mask,
                 truncated=info["truncated"] if s.bootstrap_truncation else None, final_value=final_value,
                 obs=obs if s.normalize_obs else None,
-                global_state=policy.global_state if s.normalize_obs else None)
+                global_state=policy.global_state if s.normalize_obs else None, teacher_action=teacher_action)
             episode = self.policy.episode_sums(ended, info)
             return (env_state, next_obs, policy.carry, ended), (transition, episode)
 
@@ -286,6 +332,9 @@ class PPO:
         aux = {"policy_loss": policy_loss, "value_loss": value_loss, "entropy": entropy,
                "approx_kl": jnp.mean(jnp.expm1(log_ratio) - log_ratio),
                "clip_fraction": jnp.mean(losses.clip_fraction(log_ratio, hp.clip_low, hp.clip_high))}
+        if self.teacher is not None:  # RPD: behaviour cloning of the teacher's actions on the rollout's states
+            teacher_bc = jnp.mean(losses.behaviour_cloning(dist, out, batch["teacher_action"]))
+            total, aux = total + hp.teacher_coef * teacher_bc, dict(aux, teacher_bc=teacher_bc)
         return total, aux
 
     def units(self, state: TrainState, hp: PPOHyperparams, after, traj: Transition):
@@ -307,6 +356,8 @@ class PPO:
         samples = {"actor_in": actor_in, "critic_in": critic_in,
                    "first": jnp.broadcast_to(traj.first[..., None], traj.value.shape),
                    "action": traj.action, "log_prob": traj.log_prob, "value": traj.value, "mask": traj.mask}
+        if self.teacher is not None:
+            samples["teacher_action"] = traj.teacher_action
         if s.gae_values == "current":  # each minibatch computes them (`_loss`) from what it needs
             samples.update(reward=reward, done=traj.done)
         else:
@@ -437,21 +488,60 @@ def build_ppo(config: ConfigDict, mesh) -> engine.Algorithm:
     policy = make_policy(config, normalize_obs=settings.normalize_obs, obs_clip=settings.obs_clip)
     on_mesh = EnvOnMesh.of(policy, settings.num_envs, settings.reset_ratio, mesh)
     staleness.check_layout(settings.split_actor, on_mesh.mesh)
-    ppo = PPO(settings, policy, on_mesh.env, on_mesh.mesh)
+    teacher = teacher_of(config) if settings.teacher else None
+    ppo = PPO(settings, policy, on_mesh.env, on_mesh.mesh, teacher)
     check_minibatch_split(settings.num_envs, settings.num_steps, settings.num_minibatches, policy.num_agents,
                           ppo.sequence_minibatches, on_mesh.mesh)
     eta = settings.max_staleness
     stale = staleness.StaleUpdate(ppo.sample, ppo.learn, PPO_ROLES, eta) if eta else None
+    # (the run layer reads the teacher's parameters from its run and hands them to `init`: `frozen_from`)
+    frozen = {} if teacher is None else {"init_from_params": lambda key, params, teacher: ppo.init(key, teacher),
+                                         "frozen_from": (("teacher", settings.teacher),)}
     return engine.Algorithm(settings, on_mesh.mesh, init=ppo.init, update=ppo.update, state_specs=ppo.state_specs,
                             stale=stale,
-                            sized_by={**NETWORK_SIZED, "env_state": "num_envs", "obs": "num_envs", "carry": "num_envs"},
-                            parts=ppo, **policy_functions(policy))
+                            sized_by={**NETWORK_SIZED, "env_state": "num_envs", "obs": "num_envs", "carry": "num_envs",
+                                      "teacher": "the teacher's network (loss.teacher's run)"},
+                            parts=ppo, **frozen, **policy_functions(policy))
+
+
+def teacher_of(config: ConfigDict) -> Teacher:
+    """config.loss.teacher's policy (RPD): the network its run's config.json builds (and the observation
+    statistics it normalised with, which its parameters carry), acting in this run's env."""
+    saved = saved_config(os.path.join(config.loss.teacher, "config.json"))
+    policy = make_policy(saved, normalize_obs=saved.normalize.obs, obs_clip=saved.normalize.obs_clip)
+    return Teacher(policy, policy.critic_input_size())
+
+
+def check_teacher(config: ConfigDict) -> None:
+    """config.loss.teacher is a feed-forward ppo run (or policy exported from one) of this run's env and action
+    space: ValueError naming the key otherwise, before anything is restored or compiled."""
+    path = config.loss.teacher
+    named = f"config.loss.teacher={path!r}"
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise ValueError(f"{named} is not a run directory (no config.json): the teacher is an earlier ppo run of "
+                         "this env")
+    saved = saved_config(os.path.join(path, "config.json"))
+    if saved.algorithm != "ppo":
+        raise ValueError(f"{named} is a {saved.algorithm} run; env PPO's teacher is a ppo run")
+    env = lambda c: (c.env.name, json.dumps(c.env.kwargs.to_dict(), sort_keys=True))  # noqa: E731  (tuples as saved)
+    if env(saved) != env(config):
+        raise ValueError(f"{named} acted in env {saved.env.name} {saved.env.kwargs.to_dict()}, this run in "
+                         f"{config.env.name} {config.env.kwargs.to_dict()}: a teacher acts in the student's env")
+    continuous = not hasattr(envs.as_multi_agent(make_env(config)[0]).action_space(), "n")
+    if continuous and saved.network.squash != config.network.squash:  # (its mean would be read as another action)
+        raise ValueError(f"{named} acts in another action space: network.squash={saved.network.squash} there, "
+                         f"{config.network.squash} here")
+    if saved.network.kind != "mlp":
+        raise ValueError(f"{named} is a recurrent policy (network.kind={saved.network.kind}); a teacher must be "
+                         "feed-forward (mlp): its hidden state is not carried through the rollouts")
 
 
 def check_ppo_config(config: ConfigDict) -> None:
     check_env_config(config)
     advantages_lib.check_estimator(config.advantage.estimator, needs_critic=True, family="PPO")
     staleness.check_config(config)
+    if config.loss.teacher:
+        check_teacher(config)
     target, minibatches = config.scale.num_envs, config.optim.num_minibatches
     if target and (minibatches * target) % config.num_envs:
         step = config.num_envs // math.gcd(minibatches, config.num_envs)

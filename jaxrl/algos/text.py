@@ -532,9 +532,6 @@ def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
 
 KL_COEF = Knob("loss.kl_coef", 0.0, "> 0: a KL penalty to the frozen starting policy, of this weight", traced=True,
                minimum=0.0)
-TEACHER = Knob("loss.teacher", "", "a teacher whose log-probabilities the policy is pulled towards, KL(pi || teacher) "
-               "per token (KDRL): a text run directory of the same tokenizer (an earlier checkpoint, a larger SFT run) or "
-               "a pretrained model (jaxrl.models: a name, a Hugging Face directory, a .gguf file); '': none")
 REFERENCE_RESET = Knob("loss.reference_reset", 0, "> 0: every this many updates the reference policy becomes the "
                        "current one and the optimiser's state starts afresh (ProRL's reference resets); 0: never",
                        minimum=0)
@@ -550,8 +547,7 @@ class TextGRPOHyperparams:
     clip_low: float = losses.CLIP_LOW.field()
     clip_high: float = losses.CLIP_HIGH.field()
     kl_coef: float = KL_COEF.field()
-    teacher_coef: float = knob("loss.teacher_coef", 0.1, "with loss.teacher: the weight of the KL to the teacher",
-                               traced=True, minimum=0.0)
+    teacher_coef: float = losses.TEACHER_COEF.field()
     score_scale: float = losses.SCORE_SCALE.field()
     confidence_penalty: float = losses.CONFIDENCE_PENALTY.field()
     token_keep: float = losses.TOKEN_KEEP.field()
@@ -616,7 +612,7 @@ class TextGRPOSettings:
     objective: str = losses.OBJECTIVE.field()
     shapes_confidence: bool = losses.CONFIDENCE_PENALTY.field(convert=lambda penalty: penalty > 0)  # ACE
     reference_reset: int = REFERENCE_RESET.field()
-    teacher: str = TEACHER.field()
+    teacher: str = losses.TEACHER.field()
     samples_tokens: bool = losses.TOKEN_KEEP.field(convert=lambda keep: keep < 1)  # D3S's token-level selection
     samples_members: bool = losses.SAMPLE_KEEP.field(convert=lambda keep: keep < 1)  # D3S's sample-level selection
     keep_schedule: int = losses.KEEP_SCHEDULE.field()

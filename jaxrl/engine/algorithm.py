@@ -142,8 +142,9 @@ class Algorithm:
 
     @jit_method(compiler_options=RUNS_ONCE)
     def _warm_runs(self, keys: jax.Array, params, frozen: dict):
-        """One state per key [R, 2] from params [R, ...] or None, and frozen {name: [R, ...]} (`init_from_params`)."""
-        return jax.vmap(lambda key, params, frozen: self.init_from_params(key, params, **frozen))(keys, params, frozen)
+        """One state per key [R, 2] from params [R, ...] or None, and frozen {name: [R, ...]} (`init_from_params`),
+        one after another as `_init_runs` (a fresh network's orthogonal initialiser under vmap: a batched QR)."""
+        return jax.lax.map(lambda run: self.init_from_params(run[0], run[1], **run[2]), (keys, params, frozen))
 
     @jit_method(compiler_options=RUNS_ONCE)
     def _init_runs(self, keys: jax.Array):
