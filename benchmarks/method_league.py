@@ -65,6 +65,28 @@ METHODS = {
     "gdro": ({"rollout.replay": "gdro", "rollout.pool_size": 256}, "Prompt-GDRO"),
     "partial": ({"rollout.control": "partial"}, "APRIL"),
     "majority": ({"reward.label_free": "majority"}, "MM-UPT (no labels)"),
+    "expert_iteration": ({"advantage.estimator": "expert_iteration"}, "expert iteration"),
+    "d3s_both": ({"loss.sample_keep": 0.5, "loss.token_keep": 0.5, "loss.keep_schedule": 40},
+                 "D3S (both levels, scheduled)"),
+    "dagrpo": ({"loss.min_distinctiveness": 0.3, "rollout.replay": "correct", "rollout.pool_size": 256}, "DaGRPO"),
+    "spo": ({"advantage.estimator": "tracked", "group.size": 1, "num_prompts": 128, "rollout.replay": "tracker",
+             "rollout.pool_size": 256}, "SPO (G = 1)"),
+    "mssr": ({"advantage.estimator": "tracked", "group.size": 1, "num_prompts": 128, "rollout.replay": "tracker",
+              "rollout.pool_size": 256, "advantage.entropy_shaping": 0.1}, "MSSR (G = 1, entropy shaping)"),
+    "fused": ({"advantage.estimator": "fused", "loss.critic_weight": 0.1, "group.size": 4, "num_prompts": 32},
+              "V_0.5 (G = 4)"),
+    "selective": ({"rollout.replay": "selective", "rollout.pool_size": 256}, "Skywork R1V2's selective buffer"),
+    "pairing": ({"rollout.replay": "pairing", "rollout.pool_size": 256}, "positive-negative pairing"),
+    "hardest": ({"rollout.replay": "hardest", "rollout.pool_size": 256, "rollout.options.hardest.after": 30},
+                "DRIVE's hard focus"),
+    "dars": ({"rollout.filter": "success_predictor", "rollout.control": "variance_budget",
+              "rollout.options.variance_budget.target": "hard"}, "DARS's depth"),
+    "ahpo": ({"rollout.replay": "reference", "rollout.options.reference.below": 0.25}, "AHPO's expert data"),
+    "entropy_target": ({"rollout.control": "dynamic_sampling,entropy_target",
+                        "rollout.options.entropy_target.start": 0.3}, "AceReason's entropy target"),
+    "scaf_grpo": ({"rollout.replay": "hints", "rollout.pool_size": 256}, "Scaf-GRPO's hints"),
+    "latr": ({"rollout.generate": "tree", "rollout.options.tree.min_entropy": 1.0}, "LATR's branching at uncertainty"),
+    "branch": ({"rollout.generate": "tree", "rollout.options.tree.depth": 2}, "BranchGRPO's shared prefixes"),
 }
 
 
@@ -76,6 +98,15 @@ CLAIMS = {"mc_g2": {"advantage.estimator": "median", "group.size": 3}, "mc_g8": 
           "grpo_g2": {"group.size": 2}, "grpo_g16": {"group.size": 16}}
 
 
+# APRIL's and ARRoL's speed claims need long-tailed completion lengths: Countdown with 40 tokens of room after the
+# longest expression (a completion that misses its EOS runs on through it), its own SFT warm start, sampled at
+# temperature 1 (a share of the completions runs on). ARRoL prunes at column 12, past every well-formed answer.
+TAIL = ["--config.task.kwargs.answer_slack=40", "--config.model.max_len=64"]
+TAIL_RUNS = {"tail_grpo": {}, "tail_april": {"rollout.control": "partial"}, "tail_critic": {"loss.critic_weight": 0.5},
+             "tail_arrol": {"loss.critic_weight": 0.5, "rollout.control": "dynamic_sampling,prune",
+                            "rollout.options.prune.at": 12, "rollout.options.prune.warmup": 10}}
+
+
 def flags_of(runs_dir: str, keys: dict) -> list[str]:
     """A method's keys as command-line flags ('@name': the run of that name in runs_dir)."""
     def shown(value):
@@ -84,7 +115,9 @@ def flags_of(runs_dir: str, keys: dict) -> list[str]:
 
 
 RUNS = {"sft": ("text_sft.py:countdown", None, SFT),
-        **{name: ("text_grpo.py:countdown", "sft", None) for name in (*METHODS, *CLAIMS)}}
+        **{name: ("text_grpo.py:countdown", "sft", None) for name in (*METHODS, *CLAIMS)},
+        "sft_tail": ("text_sft.py:countdown", None, [*SFT, *TAIL]),
+        **{name: ("text_grpo.py:countdown", "sft_tail", None) for name in TAIL_RUNS}}
 
 
 def train(runs_dir: str, name: str) -> None:
@@ -95,6 +128,8 @@ def train(runs_dir: str, name: str) -> None:
                  f"--config.eval.every_steps={16 * keys['group.size'] * 15}",
                  f"--config.log.every_steps={16 * keys['group.size']}",
                  f"--config.checkpoint.every_steps={16 * keys['group.size'] * 60}"]
+    elif flags is None and name in TAIL_RUNS:
+        flags = [*GRPO, *TAIL, "--config.sampling.temperature=1.0", *flags_of(runs_dir, TAIL_RUNS[name])]
     elif flags is None:  # (a method's flags come after GRPO's: where both set a key, the method's value holds)
         flags = [*GRPO, *flags_of(runs_dir, METHODS[name][0])]
     train_run(runs_dir, name, experiment, init_from, flags)
@@ -123,13 +158,74 @@ def league(runs_dir: str) -> tuple[list[list[str]], dict]:
     bar = finals["grpo"][0]["eval_accuracy"]  # (a row's eval_accuracy is the mean over its seeds)
     table = []
     for name, (last, rows, tokens) in finals.items():
-        reached = next((r for r in rows if r.get("eval_accuracy", -1.0) >= bar), None)
-        to_reach = f"{tokens[rows.index(reached)] / 1e3:.0f}k" if reached is not None else "not reached"
+        reached = tokens_to_reach(rows, bar)
+        to_reach = f"{reached / 1e3:.0f}k" if reached is not None else "not reached"
         accuracy = seed_values(last, "eval_accuracy")
         table.append([f"{name} ({METHODS[name][1]})", f"`{' '.join(flags_of('RUNS', METHODS[name][0])) or '(GRPO)'}`",
                       fmt_ci(accuracy, (0, 1)), fmt_ci(seed_values(last, "eval_pass@8"), (0, 1)),
                       fmt_ci(np.asarray(accuracy) - start), to_reach, f"{rows[-1]['wall_time']:.0f} s"])
     return table, curves
+
+
+def tokens_to_reach(rows: list[dict], bar: float) -> float | None:
+    """The tokens a run sampled before its mean held-out accuracy first reached `bar` (None: never)."""
+    tokens = np.cumsum([r.get("tokens", 0.0) for r in rows])
+    reached = next((i for i, r in enumerate(rows) if r.get("eval_accuracy", -1.0) >= bar), None)
+    return None if reached is None else float(tokens[reached])
+
+
+def wall_time(runs_dir: str, name: str) -> float:
+    return float(run_rows(os.path.join(runs_dir, name))[-1]["wall_time"])
+
+
+def verdict(measured: float, claimed: float) -> str:
+    """A claimed gain against the measured one (both as fractions: 0.225 is +22.5%)."""
+    if measured >= claimed:
+        return "confirmed"
+    return "partly: the same direction, smaller" if measured > 0 else "not confirmed"
+
+
+def method_claims(runs_dir: str) -> list[str]:
+    """The seeds' speed and accuracy claims of rollout strategies, answered from their runs (when all have finished)."""
+    needed = ("grpo", "scaf_grpo", "latr", "branch", *TAIL_RUNS)
+    if not all(finished_run(os.path.join(runs_dir, name)) for name in needed):
+        return []
+    acc = {name: final_accuracy(runs_dir, name) for name in needed}
+    mean = {name: float(np.mean(v)) for name, v in acc.items()}
+    wall = {name: wall_time(runs_dir, name) for name in needed}
+    shown = {name: fmt_ci(acc[name], (0, 1)) for name in needed}
+    bar = evaluations(runs_dir, "grpo")[-1]["eval_accuracy"]
+    reach = {name: tokens_to_reach(run_rows(os.path.join(runs_dir, name)), bar) for name in ("grpo", "latr")}
+    throughput = wall["tail_grpo"] / wall["tail_april"] - 1
+    pruning = wall["tail_critic"] / wall["tail_arrol"]
+    branch_cut = 1 - wall["branch"] / wall["grpo"]
+    latr_gain, scaf_gain = mean["latr"] / mean["grpo"] - 1, mean["scaf_grpo"] / mean["grpo"] - 1
+    latr_speed = (reach["grpo"] / reach["latr"] - 1) if reach["latr"] else None
+    rows = [["APRIL: +22.5% rollout throughput (partial rollouts; long-tailed lengths)",
+             f"completions per second of training {throughput:+.0%} (dynamic sampling {wall['tail_grpo']:.0f} s, partial "
+             f"{wall['tail_april']:.0f} s); accuracy {shown['tail_april']} against {shown['tail_grpo']}",
+             verdict(throughput, 0.225)],
+            ["ARRoL: up to 1.7x training speed (pruning as it generates; long-tailed lengths)",
+             f"{pruning:.2f}x (the value head alone {wall['tail_critic']:.0f} s, with pruning at column 12 "
+             f"{wall['tail_arrol']:.0f} s); accuracy {shown['tail_arrol']} against {shown['tail_critic']}",
+             verdict(pruning - 1, 0.7)],
+            ["BranchGRPO: -55% iteration time (shared prefixes)",
+             f"wall time {-branch_cut:+.0%} ({wall['branch']:.0f} s against GRPO's {wall['grpo']:.0f} s); accuracy "
+             f"{shown['branch']} against {shown['grpo']}", verdict(branch_cut, 0.55)],
+            ["LATR: +131% learning speed, +4.2% pass@1 (branching at uncertain tokens)",
+             f"tokens to GRPO's final accuracy: "
+             f"{'not reached' if latr_speed is None else f'{latr_speed:+.0%} faster'}; accuracy {latr_gain:+.1%} "
+             f"({shown['latr']} against {shown['grpo']})",
+             "confirmed" if (latr_speed or -1) >= 1.31 and latr_gain >= 0.042 else
+             "partly: the same direction, smaller" if (latr_speed or -1) > 0 or latr_gain > 0 else "not confirmed"],
+            ["Scaf-GRPO: +44.3% relative pass@1 (tiered hints on stuck problems)",
+             f"held-out greedy accuracy {scaf_gain:+.1%} ({shown['scaf_grpo']} against {shown['grpo']})",
+             verdict(scaf_gain, 0.443)]]
+    return ["### The seeds' claims on rollout strategies (7,680 completions each, 3 seeds)", "",
+            "APRIL and ARRoL run on Countdown with 40 tokens of room after the longest expression and its own SFT warm "
+            "start, sampled at temperature 1 (a long tail of lengths: a completion that misses its EOS runs on); the "
+            "others on the league's task.", "",
+            markdown_table(["claim", "measured", "verdict"], rows), ""]
 
 
 def final_accuracy(runs_dir: str, name: str) -> list[float]:
@@ -182,7 +278,8 @@ def main():
              f"{start:.3f}), {COMPLETIONS:,} completions per method, 3 seeds; intervals: 95% over the seeds.", "",
              markdown_table(["method", "config line (beyond the GRPO run's)", "held-out accuracy", "pass@8",
                              "gain over SFT", "tokens to GRPO's final accuracy", "wall time"], table), "",
-             "![held-out accuracy against completions drawn](method_league.png)", "", *claims(args.runs_dir)]
+             "![held-out accuracy against completions drawn](method_league.png)", "", *claims(args.runs_dir),
+             *method_claims(args.runs_dir)]
     if curves:
         plot(curves)
     publish("\n".join(lines), args.update_results, MARKERS, "The method league (issue 64)")

@@ -401,3 +401,20 @@ def test_countdown_judge_references_judge_right_and_the_verdict_alone_is_rewarde
     np.testing.assert_array_equal(rewards_of(task, probs, ids(bare), vocab), np.ones((BATCH, 2)))
     np.testing.assert_array_equal(rewards_of(task, probs, ids(flipped), vocab)[:, 0], np.zeros(BATCH))
     assert rewards_of(task, probs, ids(["25"] * BATCH), vocab)[:, 1].sum() == 0
+
+
+def test_countdown_answer_slack_adds_room_after_the_longest_expression(tasks, problems, vocab):
+    """answer_slack k: k more completion tokens; the reference answers are the same, padded further; a completion that
+    runs on through the room without its EOS is not an answer."""
+    plain, roomy = text.make_task("countdown"), text.make_task("countdown", answer_slack=12)
+    problems = problems[("countdown", "train")]
+    assert roomy.answer_length == plain.answer_length + 12 and roomy.prompt_length == plain.prompt_length
+    short, long = plain.reference_answers(problems, vocab), roomy.reference_answers(problems, vocab)
+    np.testing.assert_array_equal(long[:, :plain.answer_length], short)
+    assert (np.asarray(long[:, plain.answer_length:]) == vocab.pad_id).all()
+    assert (np.asarray(roomy.rewards(problems, long, vocab))[:, 0] == 1).all()
+    run_on = np.where(np.asarray(long) == vocab.eos_id, vocab.id_of("1"), np.asarray(long))
+    run_on = np.where(run_on == vocab.pad_id, vocab.id_of("1"), run_on)
+    assert (np.asarray(roomy.rewards(problems, run_on, vocab)) == 0).all()
+    with pytest.raises(ValueError, match="answer_slack must be >= 0"):
+        text.make_task("countdown", answer_slack=-1)

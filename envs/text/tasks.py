@@ -282,7 +282,9 @@ class Countdown(Task):
     replace item i by `item_i op item_j`, then move the last live item into slot j), over integer
     intermediates of magnitude < 2**24 with exact divisions, must end on a target in
     [min_target, max_target] that is not itself one of the numbers (that would be a one-token answer).
-    The reference answer prints that recipe with minimal parentheses, and uses every number.
+    The reference answer prints that recipe with minimal parentheses, and uses every number. `answer_slack` adds
+    room for that many tokens after the longest expression: a completion that misses its EOS runs on into it (and is
+    not well-formed), which gives the completions' lengths a long tail.
     """
 
     name = "countdown"
@@ -290,8 +292,11 @@ class Countdown(Task):
     host_verifier = True
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25,
-                 min_target: int = 1, max_target: int = 100, use_all: bool = False, split_seed: int = 0):
+                 min_target: int = 1, max_target: int = 100, use_all: bool = False, split_seed: int = 0,
+                 answer_slack: int = 0):
         super().__init__(split_seed)
+        if answer_slack < 0:
+            raise ValueError(f"answer_slack must be >= 0, got {answer_slack}")
         if not 2 <= num_numbers <= 8:
             raise ValueError(f"num_numbers must be in 2..8, got {num_numbers}")
         if not 1 <= min_number <= max_number < _MAX_VALUE:
@@ -306,7 +311,9 @@ class Countdown(Task):
         self.prompt_length = 1 + num_numbers * (self.number_digits + 1) + self.target_digits + 1
         # Numbers, N-1 operators, and at most two pairs of parentheses per operator.
         self.expression_length = num_numbers * self.number_digits + 5 * (num_numbers - 1)
-        self.answer_length = self.expression_length + 1
+        # answer_slack: room beyond the longest expression, where a completion that misses its EOS runs on (a long
+        # tail of completion lengths, as reasoning models' are: what partial rollouts are for)
+        self.answer_length = self.expression_length + 1 + answer_slack
 
     def _propose(self, key, n, level=None):
         k_numbers, k_i, k_j, k_op = jax.random.split(key, 4)
