@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl import algos, checkpoint, mesh as mesh_lib, train
+from jaxrl import algos, checkpoint, mesh as mesh_lib, sampling, train
 from jaxrl.algos.text import config_keeps_reference
 from jaxrl.run import cli
 from jaxrl.run.saved import start_params
@@ -88,9 +88,12 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.replay": "thompson,selective", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3},
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
      "rollout.options.tracker.decay": 0.5},
+    {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
+     "rollout.options.anchor.samples": 4},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
-        "median-predictor-budget_hard-entropy_target-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo", "spo-tracked-g1"])
+        "median-predictor-budget_hard-entropy_target-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo", "spo-tracked-g1",
+        "pvpo-anchor"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -116,13 +119,16 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
              "gdro": "hardest_class_share", "reference": "reference_injected", "pairing": "pairing_explored",
              "hardest": "hard_focus", "selective": "selective_replayed", "tracker": "tracked_pass_rate",
-             "entropy_target": "sampling_temperature"}
+             "entropy_target": "sampling_temperature", "anchor": "anchor_pass_rate"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
     if "entropy_target" in config.rollout.control:  # the first update samples at the start, the second retuned
         tuned = 2 * metrics["sampling_temperature"][0] - 0.5
         assert tuned != 0.5 and 0.1 <= tuned <= 2.0, metrics["sampling_temperature"]
         assert state.memory["entropy_target"]["temperature"][0] != tuned  # and retuned again after it
+    if "anchor" in config.rollout.replay:  # PVPO: the reference's mean rewards over 4 pre-rollouts, kept as they were
+        anchors = np.asarray(state.memory["anchor"]["value"])
+        assert anchors.shape == (1, 16, 2) and np.all(np.isin(anchors * 4, np.arange(5)))
     if "hardest" in config.rollout.replay:  # the broad stage's one update, then the hard focus's
         np.testing.assert_allclose(metrics["hard_focus"], 0.5)
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
@@ -290,7 +296,10 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.keep_schedule": 10}, "keep_schedule=10 relaxes D3S's down-sampling: set config.loss.sample_keep"),
             ({"loss.sample_keep": 0.0}, "config.loss.sample_keep"),
             ({"group.size": 1}, "group.size=1 leaves no group to compare a sample with"),
-            ({"advantage.estimator": "tracked"}, "tracked value: it needs config.rollout.replay=tracker"),
+            ({"advantage.estimator": "tracked"}, r"tracked value: it needs a replay strategy that keeps one \(anchor, "
+                                                 "tracker: e.g. config.rollout.replay=tracker"),
+            ({"rollout.replay": "anchor", "rollout.pool_size": 16, "sampling.temperature": 0.5},
+             "anchor.temperature=1.0 must equal config.sampling.temperature=0.5"),
             ({"advantage.estimator": "fused"}, "fuses a value head's prior with the group mean: it needs config.loss"),
             ({"rollout.replay": "tracker", "rollout.pool_size": 16}, "replay/tracker keeps each problem's value"),
             ({"loss.objective": "nft", "group.size": 1, "advantage.estimator": "tracked", "rollout.replay": "tracker",
@@ -378,3 +387,23 @@ def test_the_length_penalty_charges_long_correct_answers_of_easy_problems_most()
     out = length_penalised(rewards, lengths, jnp.asarray([0.0, 0.75]), 0, 0.5, 8)
     np.testing.assert_allclose(out[..., 0], [[1 - 0.5 * 2 / 8, 1 - 0.5, 0.0], [1 - 0.125 * 2 / 8, 1 - 0.125, 0.0]])
     np.testing.assert_array_equal(out[..., 1], rewards[..., 1])  # the other components stay
+
+
+def test_pvpo_anchors_are_the_reference_policys_rewards_on_every_pool_problem(countdown_sft_run):
+    """PVPO's pre-rollouts at temperature 0: every sample is the warm start's greedy answer, so each problem's anchor
+    is that answer's reward (0 or 1), computed here apart through `sampling.sample`."""
+    config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{
+        "advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 32,
+        "sampling.temperature": 0.0, "rollout.options.anchor.temperature": 0.0})
+    algos.validate(config)
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    params = start_params(countdown_sft_run)
+    state = algo.init_seeds(0, 1, start_params=params)
+    parts = algo.parts
+    prompts = parts.task.prompts(parts.pool, parts.vocab)
+    greedy = sampling.sample(parts.policy.model, jax.tree.map(lambda x: x[0], params), prompts, jax.random.key(0),
+                             max_new_tokens=parts.task.answer_length, eos_id=parts.vocab.eos_id,
+                             pad_id=parts.vocab.pad_id, temperature=0.0).tokens
+    want = parts.task.rewards(parts.pool, greedy, parts.vocab)
+    np.testing.assert_array_equal(state.memory["anchor"]["value"][0], want)
+    assert 0 < want[:, 0].mean() < 1  # the warm start solves some problems, not all

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ml_collections import ConfigDict
 
 from envs.text import MULTI_TURN_TASKS
-from jaxrl import advantages, knobs, losses
+from jaxrl import advantages, knobs, losses, rollout
 from jaxrl.knobs import Knob
 
 ADVANTAGE_SCALES = ("group", "batch", "none")
@@ -65,9 +65,11 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bo
     if estimator is not None and estimator.reads == "prior" and not config.loss.critic_weight:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} fuses a value head's prior with the "
                          "group mean: it needs config.loss.critic_weight > 0 (the value head learns; e.g. 0.1)")
-    if estimator is not None and estimator.reads == "baseline" and "tracker" not in config.rollout.get("replay", ""):
+    if estimator is not None and estimator.reads == "baseline" and not _gives_baselines(config):
+        valued = sorted(name for name, s in rollout.STRATEGIES["tokens"]["replay"].items() if s.baseline)
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each sample with its "
-                         "problem's tracked value: it needs config.rollout.replay=tracker (text GRPO, with a pool)")
+                         f"problem's tracked value: it needs a replay strategy that keeps one ({', '.join(valued)}: "
+                         "e.g. config.rollout.replay=tracker, with a pool)")
     group_free = (estimator is not None and estimator.reads == "baseline") or config.loss.critic_weight == 1
     if config.group.size == 1 and not group_free:
         raise ValueError(f"config.group.size=1 leaves no group to compare a sample with: config.advantage.estimator="
@@ -80,6 +82,12 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bo
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} scores the turns of multi-turn "
                          f"episodes: it needs a multi-turn text task ({', '.join(sorted(MULTI_TURN_TASKS))}); "
                          f"for whole samples: {', '.join(advantages.names(False))}")
+
+
+def _gives_baselines(config: ConfigDict) -> bool:
+    """Some replay strategy of the config gives each candidate its problem's value (`Strategy.baseline`)."""
+    registry = rollout.STRATEGIES["tokens"]["replay"]
+    return any(registry[name].baseline for name in rollout.names(config.rollout.get("replay", "")) if name in registry)
 
 
 def check_objective(config: ConfigDict, text: bool, multi_turn: bool = False) -> None:

@@ -727,7 +727,7 @@ class TextGRPO:
         its shapes when not given: what a checkpoint restores into)."""
         state = self.policy.init(key, params)
         ref = state.params if self.settings.keeps_reference and not self.policy.adapters else None
-        memory = self.pipeline.init(self, jax.random.fold_in(key, 2))
+        memory = self.pipeline.init(self, jax.random.fold_in(key, 2), state.params)
         state = TextGRPOState(state.params, state.opt_state, state.key, state.update_step, ref, memory)
         if self.learned_reward is not None:
             state = TextGRPOLearnedRewardState(**vars(state), reward_model=self.learned_reward.variables(

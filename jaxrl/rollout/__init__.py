@@ -21,6 +21,7 @@ check, `check(config, chosen {stage: names})`, run with the registry's (`check_c
 anything compiles:
 
     init(algo, key) -> memory                                  one seed's memory, kept in the training state
+    prime(algo, memory, params, key) -> memory                 once at init, from the starting policy (the reference)
     tune(algo, memory, hp) -> hp                               sampling hyperparameters (e.g. the temperature)
     before(algo, memory, plan, key) -> (plan, metrics)
     generate(algo, params, hp, plan, key) -> Groups            Generate strategies only

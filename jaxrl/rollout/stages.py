@@ -18,7 +18,8 @@ from jaxrl.mesh import DATA_AXIS
 
 STAGES = ("generate", "filter", "control", "replay")
 DOMAINS = {"tokens": STAGES, "env": ("generate",)}  # token-level GRPO, GRPO on environments: their stages
-HOOKS = {"tokens": ("init", "tune", "before", "generate", "observe", "after", "advantages"), "env": ("members",)}
+HOOKS = {"tokens": ("init", "prime", "tune", "before", "generate", "observe", "after", "advantages"),
+         "env": ("members",)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Strategy:
     name: str
     domain: str = "tokens"
     init: Callable | None = None
+    prime: Callable | None = None  # (algo, memory, params, key) -> memory: once, from the starting policy
     tune: Callable | None = None  # (algo, memory, hp) -> hp: the sampling hyperparameters of this update's generation
     before: Callable | None = None
     generate: Callable | None = None
@@ -43,6 +45,7 @@ class Strategy:
     requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
     draws: bool = False  # its `before` hook redraws the candidate problems: it runs before every other one
     stops_early: bool = False  # generation stops once every slot of `oversample` candidates has a finished group
+    baseline: bool = False  # its `before` gives each candidate its problem's value (`Plan.baseline`): `tracked` reads it
     single_turn: bool = False  # works on single-answer completions only (not on multi-turn episodes)
 
 
@@ -213,9 +216,14 @@ class Pipeline:
         strategy, = (s for s in self.strategies if s.name == name)
         return options_of(strategy, self.options)
 
-    def init(self, algo, key: jax.Array) -> dict:
-        """{strategy name: its memory} of the strategies that keep one."""
-        return {s.name: s.init(algo, key) for s in self.strategies if s.init}
+    def init(self, algo, key: jax.Array, params=None) -> dict:
+        """{strategy name: its memory} of the strategies that keep one; with the starting policy's `params`, those that
+        prime their memory from it have (`Strategy.prime`)."""
+        memory = {s.name: s.init(algo, key) for s in self.strategies if s.init}
+        for i, s in enumerate(self.strategies):
+            if s.prime and params is not None:
+                memory[s.name] = s.prime(algo, memory[s.name], params, jax.random.fold_in(key, i + 1))
+        return memory
 
     def run(self, algo, params, hp, memory: dict, plan: Plan, key: jax.Array,
             rewarded: Callable[[Groups], Groups] | None = None) -> tuple[dict, Groups, dict]:

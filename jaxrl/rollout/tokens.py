@@ -815,11 +815,62 @@ def check_tracker(config, chosen) -> None:
 
 
 register("replay", "tracker", init=tracker_memory, before=prioritised_problems, observe=track_values, needs_pool=True,
-         single_turn=True, draws=True, check=check_tracker,
+         single_turn=True, draws=True, baseline=True, check=check_tracker,
          options={"decay": (0.99, "each update every problem's evidence is multiplied by this (1: never forgets)",
                             {"minimum": 0.0, "maximum": 1.0}),
                   "prior": (0.5, "an unseen problem's value of each reward component (it counts as one sample)", {}),
                   "floor": (0.01, "added to every problem's sampling priority sqrt(p (1 - p))", {"above": 0.0})})
+
+
+# --- Replay: the reference policy's anchors (PVPO) ------------------------------------------------------------
+
+def anchor_memory(algo, key):
+    """Per training problem: the reference policy's mean reward per component (set by `pre_rollouts`)."""
+    return {"value": jnp.zeros((algo.settings.pool_size, len(algo.task.reward_names)))}
+
+
+def pre_rollouts(algo, memory, params, key):
+    """PVPO's pre-rollouts: `samples` completions of every pool problem by the starting policy (the reference, before
+    any update; the whole-parameter model), at the strategy's `temperature`; each problem's anchor is their mean
+    reward per component."""
+    o, task, vocab = algo.strategy_options("anchor"), algo.task, algo.vocab
+    problems = algo.pool
+    prompts = task.prompts(problems, vocab)
+    samples = sampling.sample_groups_per_prompt(
+        algo.policy.model, params, prompts, jax.random.split(key, prompts.shape[0]), group_size=o["samples"],
+        max_new_tokens=task.answer_length, eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=o["temperature"],
+        top_k=algo.settings.top_k)
+    rewards = jax.vmap(lambda c: task.jax_rewards(problems, c, vocab), in_axes=1, out_axes=1)(samples.tokens)
+    return {"value": rewards.mean(axis=1)}
+
+
+def anchored_problems(algo, memory, plan: Plan, key):
+    """PVPO's data selection: the candidates are drawn uniformly from the pool's problems the reference does not
+    always solve (anchor pass rate < 1: the others teach nothing), without replacement (the same draws on every
+    device; solved ones only when too few are left); each carries its anchor as the baseline."""
+    s = algo.settings
+    p = memory["value"][:, algo.task.reward_names.index("correct")]
+    draws = jax.random.uniform(key, p.shape) - 2.0 * (p >= 1.0)  # the always-solved come last
+    _, ids = jax.lax.top_k(draws, s.text.num_prompts * s.oversample)
+    ids = mesh_lib.local_share(ids.astype(jnp.int32))
+    return pool_plan(algo, ids).replace(baseline=memory["value"][ids]), {
+        "anchor_pass_rate": global_mean(p[ids]), "anchor_solved_share": jnp.mean((p >= 1.0).astype(jnp.float32))}
+
+
+def check_anchor(config, chosen) -> None:
+    plans_distinct("anchor")(config, chosen)
+    o = config.rollout.options.anchor
+    if o.temperature != config.sampling.temperature:
+        raise ValueError(f"config.rollout.options.anchor.temperature={o.temperature} must equal config.sampling."
+                         f"temperature={config.sampling.temperature}: the anchors are the reference's rewards as the run "
+                         "samples")
+
+
+register("replay", "anchor", init=anchor_memory, prime=pre_rollouts, before=anchored_problems, needs_pool=True,
+         single_turn=True, draws=True, baseline=True, check=check_anchor,
+         options={"samples": (8, "completions per pool problem the reference draws before training", {"minimum": 1}),
+                  "temperature": (1.0, "their sampling temperature (the run's sampling.temperature)",
+                                  {"minimum": 0.0})})
 
 
 # --- Replay: per-problem pass rates (gdro, pairing, hardest) ---------------------------------------------------
