@@ -79,6 +79,17 @@ def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
     return total / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
 
 
+def segment_log_ratio(log_ratio: jax.Array, mask: jax.Array, segments: jax.Array, num_segments: int) -> jax.Array:
+    """Rank-GRPO's segment-level ratio: each token's log-ratio replaced by its segment's length-normalised one, the
+    log of the geometric mean of the segment's token ratios (`sequence_log_ratio` within each segment: one segment
+    is GSPO's). log_ratio, mask [S, T]; segments int [T]: each position's segment in 0..num_segments-1 -> [S, T]."""
+    mask = jnp.asarray(mask, log_ratio.dtype)
+    one_hot = jax.nn.one_hot(segments, num_segments, dtype=log_ratio.dtype)  # [T, K]
+    total = jnp.where(mask > 0, log_ratio * mask, 0.0) @ one_hot  # [S, K]
+    count = mask @ one_hot
+    return (total / jnp.maximum(count, 1.0)) @ one_hot.T
+
+
 # Schulman's estimators of KL(current || ref) from samples of the current policy, as functions of
 # x = ref_log_prob - log_prob. k1 and k3 are unbiased in value, k3 is also never negative and of low variance;
 # k2 is biased in value, but differentiated through log_prob it gives an unbiased gradient of that KL.
@@ -141,7 +152,7 @@ def aggregate(values: jax.Array, mask: jax.Array, how: str, constant_length=None
 _aggregate = aggregate  # `policy_loss` takes a parameter named `aggregate`
 
 
-RATIO_LEVELS = ("token", "sequence")
+RATIO_LEVELS = ("token", "sequence", "turn")
 
 
 class Outcome(NamedTuple):
@@ -322,6 +333,7 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
                 constant_length=None, ref_log_prob: jax.Array | None = None, kl: str = "k3", kl_coef=0.0,
                 entropy: jax.Array | None = None, ent_coef=0.0, weight: jax.Array | None = None,
                 objective: str = "clip", outcome: Outcome | None = None, score_scale=1.0, confidence_penalty=None,
+                segments: tuple[jax.Array, int] | None = None,
                 axis_name: str | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
     """GRPO-family policy loss from per-step inputs [S, T] -> (scalar loss, metrics of scalars).
 
@@ -330,7 +342,8 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
     `constant_length` and `axis_name` as in `aggregate`). `objective` (`OBJECTIVES`): PPO's clipped surrogate
     (`clip`), CISPO's, NFT's or PACS's (`score_scale` its beta); the last two read `outcome`. `ratio`: "token"
     clips per-token ratios, "sequence" (GSPO) clips each sequence's `sequence_log_ratio`, shared by (and
-    differentiated through) its tokens. `confidence_penalty` (None: off): ACE's shaping of negative advantages
+    differentiated through) its tokens, "turn" (Rank-GRPO's segment units) each turn's `segment_log_ratio`, `segments`
+    = (each position's turn [T], the number of turns). `confidence_penalty` (None: off): ACE's shaping of negative advantages
     (`confidence_shaped`, needs `ref_log_prob`). `weight` [S, T]: a multiplier of each step's objective, outside the
     aggregation's denominator (an off-policy correction's, `jaxrl.corrections`; `old_log_prob` is then its anchor).
     Metrics: policy_loss, clip_fraction (of the ratio that is clipped), approx_kl (k3 between old and new policy
@@ -363,6 +376,10 @@ def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Ar
     log_ratio = token_log_ratio
     if ratio == "sequence":
         log_ratio = jnp.broadcast_to(sequence_log_ratio(token_log_ratio, mask)[:, None], token_log_ratio.shape)
+    if ratio == "turn":
+        if segments is None:
+            raise ValueError("ratio='turn' takes each position's turn: pass `segments` (turns [T], how many)")
+        log_ratio = segment_log_ratio(token_log_ratio, mask, *segments)
     if confidence_penalty is not None:
         advantages = confidence_shaped(advantages, log_prob, ref_log_prob, mask, confidence_penalty)
 
@@ -398,7 +415,8 @@ CLIP_HIGH = Knob("loss.clip_high", 0.2, "the ratio's upper clip, 1 + clip_high (
                  traced=True, above=0.0)
 DUAL_CLIP = Knob("loss.dual_clip", 0.0, "> 1: the loss of negative advantages capped at -dual_clip * A (dual-clip "
                  "PPO); 0: off", rule="0 (off) or > 1", accepts=lambda c: c == 0 or c > 1)
-RATIO = Knob("loss.ratio", "token", "the importance ratio per token, or per sequence (GSPO)", choices=RATIO_LEVELS)
+RATIO = Knob("loss.ratio", "token", "the importance ratio per token, per sequence (GSPO), or per turn of multi-turn "
+             "episodes (Rank-GRPO's segment units)", choices=RATIO_LEVELS)
 AGGREGATE = Knob("loss.aggregate", "token", "how per-token losses are averaged: over tokens, per sequence, or by a "
                  "constant length (Dr. GRPO)", choices=tuple(AGGREGATIONS))
 VF_COEF = Knob("loss.vf_coef", 0.5, "the value loss's weight", traced=True, minimum=0.0)

@@ -206,7 +206,8 @@ on_eight_devices = {"mesh.split_actor": True}
 """
 
 
-# Multi-turn episodes with tools (table lookups, the calculator) and GiGPO's step groups, beside a turn-level critic:
+# Multi-turn episodes with tools (table lookups, the calculator), GiGPO's step groups and turn-level ratios (Rank-GRPO),
+# beside a turn-level critic:
 # episodes split over devices by prompt, each drawn from its prompt's key; learned one update late with AReaL's
 # decoupled objective, on 8 devices by 4 learners while 4 actors play the next episodes.
 TEXT_GRPO_TURNS = """
@@ -216,7 +217,7 @@ config = load_experiment("text_grpo", "lookup")
 config.num_prompts, config.group.size, config.group.oversample = 16, 4, 2
 config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
 config.optim.num_minibatches, config.total_steps = 2, 16 * 4 * 6
-config.advantage.estimator, config.loss.critic_weight = "gigpo", 0.5
+config.advantage.estimator, config.loss.critic_weight, config.loss.ratio = "gigpo", 0.5, "turn"
 config.actor.max_staleness, config.loss.correction = 1, "decoupled"
 on_eight_devices = {"mesh.split_actor": True}
 num_seeds = 2

@@ -482,6 +482,26 @@ def test_entropy_shaping_adds_a_bounded_entropy_bonus():
     np.testing.assert_array_equal(grad, 0.0)
 
 
+def test_turn_ratio_is_each_turns_geometric_mean_and_one_turn_is_gspos():
+    """Rank-GRPO's segment units: every token of a turn carries the mean of that turn's valid token log-ratios."""
+    rng = np.random.default_rng(3)
+    log_ratio = rng.normal(scale=0.2, size=(S, T)).astype(np.float32)
+    turns = np.array([0, 0, 1, 1, 1, 2, 2])
+    got = np.asarray(losses.segment_log_ratio(jnp.asarray(log_ratio), MASK, turns, 3))
+    for s in range(S):
+        for t in range(T):
+            same = (turns == turns[t]) & (MASK[s] > 0)
+            want = log_ratio[s][same].mean() if same.any() else 0.0
+            np.testing.assert_allclose(got[s, t], want, rtol=1e-5, atol=1e-6)
+    whole = losses.segment_log_ratio(jnp.asarray(log_ratio), MASK, np.zeros(T, int), 1)
+    np.testing.assert_allclose(whole, np.broadcast_to(np.asarray(losses.sequence_log_ratio(jnp.asarray(log_ratio),
+                                                                                           MASK))[:, None], (S, T)),
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="pass `segments`"):
+        losses.policy_loss(jnp.asarray(log_ratio), jnp.zeros((S, T)), jnp.ones((S, T)), MASK, clip_low=0.2,
+                           ratio="turn")
+
+
 def test_objectives_refuse_missing_inputs():
     new, old, _, adv, _ = inputs(26)
     with pytest.raises(ValueError, match="unknown objective 'ppo'; known: clip, cispo, nft, pacs"):

@@ -105,6 +105,9 @@ def check_objective(config: ConfigDict, text: bool, multi_turn: bool = False) ->
         raise ValueError(f"config.loss.objective={name} reads each group's pass rate: config.group.size must be >= 2")
     if config.loss.dual_clip and name != "clip":
         raise ValueError(f"config.loss.dual_clip caps PPO's clipped surrogate; config.loss.objective={name} has none")
+    if config.loss.ratio == "turn" and not multi_turn:
+        raise ValueError("config.loss.ratio=turn takes the geometric mean of each turn's token ratios: it needs a "
+                         f"multi-turn text task ({', '.join(sorted(MULTI_TURN_TASKS))})")
     if name == "pacs" and config.loss.ratio != "token":
         raise ValueError("config.loss.objective=pacs scores whole completions itself (log pi / pi_ref summed): "
                          "config.loss.ratio must stay token")

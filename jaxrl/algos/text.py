@@ -816,7 +816,9 @@ class TextGRPO:
             ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef,
             entropy=entropy, ent_coef=hp.ent_coef, weight=batch.get("correction"), objective=s.objective,
             outcome=outcome, score_scale=hp.score_scale,
-            confidence_penalty=hp.confidence_penalty if s.keeps_reference else None, axis_name=DATA_AXIS)
+            confidence_penalty=hp.confidence_penalty if s.keeps_reference else None,
+            segments=(multi_turn.token_turns(self.task), self.task.max_turns) if s.ratio == "turn" else None,
+            axis_name=DATA_AXIS)
         if self.teacher is not None:  # KDRL: the reverse KL to the teacher, per token, aggregated as the objective
             teacher_kl = losses.aggregate(losses.kl_estimate(log_probs, batch["teacher_log_probs"], s.kl), trained,
                                           s.aggregate, self.task.answer_length, DATA_AXIS)
