@@ -300,6 +300,8 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
                                                  "tracker: e.g. config.rollout.replay=tracker"),
             ({"rollout.replay": "anchor", "rollout.pool_size": 16, "sampling.temperature": 0.5},
              "anchor.temperature=1.0 must equal config.sampling.temperature=0.5"),
+            ({"advantage.estimator": "fused", "loss.critic_weight": 0.1, "advantage.scale": "group"},
+             "centres samples on a value, not on their group's mean"),
             ({"loss.ratio": "turn"}, "ratio=turn takes the geometric mean of each turn's token ratios"),
             ({"advantage.estimator": "fused"}, "fuses a value head's prior with the group mean: it needs config.loss"),
             ({"rollout.replay": "tracker", "rollout.pool_size": 16}, "replay/tracker keeps each problem's value"),

@@ -62,6 +62,10 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bo
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each episode with those "
                          "of its group that share its structure (as many tool calls): it needs a multi-turn text task "
                          f"({', '.join(sorted(MULTI_TURN_TASKS))})")
+    if estimator is not None and estimator.reads in ("baseline", "prior") and config.advantage.scale == "group":
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} centres samples on a value, not "
+                         "on their group's mean: config.advantage.scale=group would divide a tied group's nonzero "
+                         "advantages by its zero std; use batch or none")
     if estimator is not None and estimator.reads == "prior" and not config.loss.critic_weight:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} fuses a value head's prior with the "
                          "group mean: it needs config.loss.critic_weight > 0 (the value head learns; e.g. 0.1)")
