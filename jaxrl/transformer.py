@@ -48,10 +48,15 @@ class TransformerConfig:
     d_ff: int | None = None
     value_head: bool = False
     dtype: Any = jnp.float32  # compute and cache dtype; parameters stay float32
+    # l in 1..num_layers-1: the heads read the hidden state after block l (an internal layer policy, BuPO); the later
+    # blocks' parameters are kept, unused. 0: after the last block (the model's own policy)
+    exit_layer: int = 0
 
     def __post_init__(self):
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
+        if not 0 <= self.exit_layer < self.num_layers:
+            raise ValueError(f"exit_layer={self.exit_layer} must be in 0..num_layers-1 = {self.num_layers - 1}")
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
 
@@ -216,7 +221,7 @@ class TransformerLM(nn.Module):
         positions = jnp.clip(positions, 0, c.max_len - 1)
         x = (self.embed(tokens) + self.pos_embed(positions)).astype(c.dtype)
         new_cache = []
-        for i, block in enumerate(self.blocks):
+        for i, block in enumerate(self.blocks[:c.exit_layer or c.num_layers]):
             x, layer_cache = apply_block(i, block, x)
             new_cache.append(layer_cache)
         h = self.ln_f(x)
@@ -255,7 +260,8 @@ class TransformerLM(nn.Module):
         other columns' outputs feed nothing).
         """
         B, P = tokens.shape
-        mask, cache, last = visible(P, attn_mask), init_cache(self.config, B, P), self.config.num_layers - 1
+        mask, cache = visible(P, attn_mask), init_cache(self.config, B, P)
+        last = (self.config.exit_layer or self.config.num_layers) - 1
         logits, values, cache = self._run(tokens, positions,
                                           lambda i, block, x: block(x, mask, cache[i], 0, last_only=i == last))
         return logits[:, -1], None if values is None else values[:, -1], cache

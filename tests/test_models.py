@@ -310,3 +310,40 @@ def test_parameters_sharded_over_eight_devices_give_the_same_loss_and_gradients(
         np.testing.assert_allclose(r["loss"][1], r["loss"][0], rtol=1e-5)
         assert r["grad_err"] < 1e-5, (name, r["grad_err"])
         assert r["max_held"] <= r["whole"] / 8 + r["norms"], (name, r)
+
+
+@pytest.mark.parametrize("architecture", ["small", "llama"])
+def test_an_exit_layer_reads_the_internal_policy_of_the_first_layers(architecture):
+    """BuPO's internal layer policy: with exit_layer l the heads read the hidden state after layer l, so the model's
+    logits and scores equal those of a model of l layers holding the first l layers' parameters (the full forward,
+    and the prefix-sharing group scorer that the policy loss uses)."""
+    import dataclasses
+
+    from jaxrl.sampling import score_groups
+    from jaxrl.transformer import TransformerConfig, TransformerLM
+
+    if architecture == "small":
+        config = TransformerConfig(vocab_size=64, max_len=32, num_layers=3, d_model=32, num_heads=2)
+        model_of = TransformerLM
+        prompts = jax.random.randint(jax.random.key(0), (2, 6), 1, 64)
+        params = model_of(config).init(jax.random.key(1), prompts, jnp.broadcast_to(jnp.arange(6), (2, 6)),
+                                       jnp.ones((2, 6), bool))
+        first = {"params": {k: v for k, v in params["params"].items() if k != "block_2"}}
+        first["params"].pop("block_1")
+    else:
+        config, params, ref = tiny("llama")
+        model_of = Decoder
+        prompts = jnp.asarray(ref["prompts"])
+        first = jax.tree.map(lambda x: x, params)
+        first["params"]["layers"] = jax.tree.map(lambda v: v[:1], params["params"]["layers"])
+    internal, one_layer = model_of(dataclasses.replace(config, exit_layer=1)), model_of(
+        dataclasses.replace(config, num_layers=1))
+    real, positions, _ = prompt_layout(prompts, 0)
+    np.testing.assert_allclose(internal.apply(params, prompts, positions, real)[0],
+                               one_layer.apply(first, prompts, positions, real)[0], atol=1e-5)
+    completions = jax.random.randint(jax.random.key(2), (prompts.shape[0], 3, 5), 1, config.vocab_size)
+    mask = jnp.ones(completions.shape).at[:, 1, 3:].set(0.0)
+    np.testing.assert_allclose(score_groups(internal, params, prompts, completions, mask, 0)[0],
+                               score_groups(one_layer, first, prompts, completions, mask, 0)[0], atol=1e-5)
+    full = model_of(config).apply(params, prompts, positions, real)[0]
+    assert np.abs(np.asarray(full) - np.asarray(internal.apply(params, prompts, positions, real)[0])).max() > 1e-3

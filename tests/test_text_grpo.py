@@ -302,6 +302,7 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
              "anchor.temperature=1.0 must equal config.sampling.temperature=0.5"),
             ({"advantage.estimator": "fused", "loss.critic_weight": 0.1, "advantage.scale": "group"},
              "centres samples on a value, not on their group's mean"),
+            ({"loss.layer_policy": 1, "loss.kl_coef": 0.1}, "layer_policy=1 optimises an internal layer policy"),
             ({"loss.ratio": "turn"}, "ratio=turn takes the geometric mean of each turn's token ratios"),
             ({"advantage.estimator": "fused"}, "fuses a value head's prior with the group mean: it needs config.loss"),
             ({"rollout.replay": "tracker", "rollout.pool_size": 16}, "replay/tracker keeps each problem's value"),
@@ -410,3 +411,27 @@ def test_pvpo_anchors_are_the_reference_policys_rewards_on_every_pool_problem(co
     want = parts.task.rewards(parts.pool, greedy, parts.vocab)
     np.testing.assert_array_equal(state.memory["anchor"]["value"][0], want)
     assert 0 < want[:, 0].mean() < 1  # the warm start solves some problems, not all
+
+
+def test_bupo_optimises_the_internal_layer_policy_first_then_the_whole_model():
+    """loss.layer_policy=1 on a two-layer model for the first update: the loss reads the hidden state after layer 1,
+    so the second layer gets no gradient in that update (no weight decay: its parameters stay exactly as they were)
+    while the first layer learns; from the second update on the whole model's policy is optimised."""
+    config = tiny_grpo_config("", **{"model.num_layers": 2, "loss.layer_policy": 1, "loss.layer_policy_updates": 1,
+                                     "optim.weight_decay": 0.0, "total_steps": 8 * 4 * 2})
+    algos.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh())
+    state = algo.init_seeds(0, 1)
+    before = jax.device_get(state.params["params"])
+    state, metrics = algo.run_chunk(state, hp, 1)
+    first = jax.device_get(state.params["params"])
+    assert float(metrics["layer_policy"][0]) == 1.0
+    for a, b in zip(jax.tree.leaves(before["block_1"]), jax.tree.leaves(first["block_1"])):
+        np.testing.assert_array_equal(a, b)
+    assert not np.allclose(before["block_0"]["fc"]["kernel"], first["block_0"]["fc"]["kernel"])
+    state, metrics = algo.run_chunk(state, hp, 1)
+    assert float(metrics["layer_policy"][0]) == 0.0
+    assert not np.allclose(first["block_1"]["fc"]["kernel"], jax.device_get(state.params["params"])["block_1"]
+                           ["fc"]["kernel"])
+    with pytest.raises(ValueError, match="layer_policy=2 must name a layer below the model's last"):
+        algos.build(tiny_grpo_config("", **{"model.num_layers": 2, "loss.layer_policy": 2}), mesh_lib.make_mesh())

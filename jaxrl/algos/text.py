@@ -532,6 +532,9 @@ def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
 
 KL_COEF = Knob("loss.kl_coef", 0.0, "> 0: a KL penalty to the frozen starting policy, of this weight", traced=True,
                minimum=0.0)
+LAYER_POLICY = Knob("loss.layer_policy", 0, "l > 0: for the first loss.layer_policy_updates updates the loss optimises the "
+                    "internal policy of layer l (the hidden state after layer l through the final norm and unembedding), "
+                    "not the model's (BuPO); 0: off", minimum=0)
 REFERENCE_RESET = Knob("loss.reference_reset", 0, "> 0: every this many updates the reference policy becomes the "
                        "current one and the optimiser's state starts afresh (ProRL's reference resets); 0: never",
                        minimum=0)
@@ -618,6 +621,9 @@ class TextGRPOSettings:
     keep_schedule: int = losses.KEEP_SCHEDULE.field()
     rectifies: bool = losses.MIN_DISTINCTIVENESS.field(convert=lambda d: d > 0)  # DaGRPO's pair masking
     shapes_entropy: bool = losses.ENTROPY_SHAPING.field(convert=lambda coef: coef > 0)
+    layer_policy: int = LAYER_POLICY.field()
+    layer_policy_updates: int = knob("loss.layer_policy_updates", 20, "with loss.layer_policy: the updates (from the "
+                                     "start) that optimise the internal layer policy", minimum=1)
     truncated: str = knob("loss.truncated", "train", "completions cut off by the length limit (no EOS): trained as any "
                           "other, carrying no loss (mask: DAPO's overlong filtering), or carrying none where their "
                           "advantage is negative (mask_negative: MicroCoder-GRPO's conditional masking: not pushed down "
@@ -702,6 +708,13 @@ class TextGRPO:
         self.teacher = teacher  # (loss.teacher's model, tokenizer and task)
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         self.use_critic = self.model.config.value_head
+        self.layer_model = None  # BuPO: the internal policy of layer loss.layer_policy, the same parameters
+        if settings.layer_policy:
+            if settings.layer_policy >= self.model.config.num_layers:
+                raise ValueError(f"config.loss.layer_policy={settings.layer_policy} must name a layer below the model's "
+                                 f"last ({self.model.config.num_layers} layers)")
+            self.layer_model = type(self.model)(dataclasses.replace(self.model.config,
+                                                                    exit_layer=settings.layer_policy))
         self.per_turn = advantages.ESTIMATORS[settings.advantage].per_turn  # scores turns of multi-turn episodes
         self.estimator = None if self.per_turn else advantages.get(settings.advantage)
         self.multi_turn = policy.multi_turn
@@ -791,11 +804,23 @@ class TextGRPO:
         label = majority_votes(groups.tokens, groups.mask, formed).astype(jnp.float32)
         return groups.replace(rewards=groups.rewards.at[..., names.index("correct")].set(label), verified=groups.rewards)
 
-    def _loss(self, params, batch, hp: TextGRPOHyperparams):
-        """batch: whole groups, prompts [m, P] and the rest [m, G, ...]."""
+    def _score(self, params, batch, layer_phase=None):
+        """`sampling.score_groups` of the batch by the model, or (where the traced `layer_phase` holds) by its internal
+        layer policy (BuPO)."""
+        if layer_phase is None:
+            return self._scored_by(self.model, params, batch)
+        return jax.lax.cond(layer_phase, functools.partial(self._scored_by, self.layer_model),
+                            functools.partial(self._scored_by, self.model), params, batch)
+
+    def _scored_by(self, model, params, batch):
+        return sampling.score_groups(model, params, batch["prompts"], batch["tokens"], batch["mask"], self.vocab.pad_id,
+                                     batch.get("attend"))
+
+    def _loss(self, params, batch, hp: TextGRPOHyperparams, layer_phase=None):
+        """batch: whole groups, prompts [m, P] and the rest [m, G, ...]; `layer_phase`: the loss is the internal layer
+        policy's (BuPO; its old log-probabilities are then that policy's too)."""
         s = self.settings
-        scored = sampling.score_groups(self.model, params, batch["prompts"], batch["tokens"], batch["mask"],
-                                       self.vocab.pad_id, batch.get("attend"))
+        scored = self._score(params, batch, layer_phase)
         # One row per completion [m*G, N] from here on.
         log_probs, entropy, values = (None if x is None else x.reshape(-1, x.shape[-1]) for x in scored)
         batch = {k: v if k == "prompts" else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
@@ -996,9 +1021,15 @@ class TextGRPO:
             taught, _, _ = sampling.score_groups(self.teacher.update_model, state.teacher, units["prompts"],
                                                  units["tokens"], units["mask"], self.vocab.pad_id, units.get("attend"))
             units = dict(units, teacher_log_probs=taught)
+        loss = self._loss
+        if s.layer_policy:  # BuPO: early on, the internal layer policy's objective, its ratio against itself
+            phase = state.update_step < s.layer_policy_updates
+            units = dict(units, log_probs=jax.lax.cond(
+                phase, lambda: self._scored_by(self.layer_model, state.params, units)[0], lambda: units["log_probs"]))
+            loss, metrics = functools.partial(self._loss, layer_phase=phase), dict(metrics, layer_policy=1.0 * phase)
         optimizer = self.policy.optimizer(hp, state.update_step)
         groups = jax.tree.map(lambda x: x[:, None], units)  # one unit per prompt: minibatches deal whole groups
-        params, opt_state, aux = optimise(self._loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
+        params, opt_state, aux = optimise(loss, optimizer, state.params, state.opt_state, groups, hp, epoch_key,
                                           s.num_epochs, s.num_minibatches, step_scale)
         state = state.replace(params=params, opt_state=opt_state, update_step=state.update_step + 1)
         if s.reference_reset:
@@ -1238,6 +1269,11 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.reward.length_penalty and multi_turn_task:
         raise ValueError(f"config.reward.length_penalty charges single completions by their length; "
                          f"task.name={config.task.name} is played over turns")
+    if config.loss.layer_policy and (config.loss.correction != "none" or config_keeps_reference(config)
+                                     or config.loss.teacher):
+        raise ValueError(f"config.loss.layer_policy={config.loss.layer_policy} optimises an internal layer policy early "
+                         "on; the off-policy correction, the reference terms and a teacher score the whole model: turn "
+                         "them off (loss.correction=none, loss.kl_coef=0, loss.teacher='')")
     if config.loss.keep_schedule and config.loss.sample_keep == 1 and config.loss.token_keep == 1:
         raise ValueError(f"config.loss.keep_schedule={config.loss.keep_schedule} relaxes D3S's down-sampling: set "
                          "config.loss.sample_keep or config.loss.token_keep below 1")

@@ -69,6 +69,7 @@ class ModelConfig:
     dtype: Any = jnp.float32  # compute and KV-cache dtype
     param_dtype: Any = jnp.float32
     remat: bool = False  # recompute each layer's activations in the backward pass instead of keeping them
+    exit_layer: int = 0  # l in 1..L-1: the heads read the hidden state after layer l (BuPO's internal policy); 0: last
     lora_rank: int = 0  # > 0: low-rank adapters on `lora_targets`, the only weights that train (with a value head)
     lora_alpha: float = 16.0  # adapters' output scaled by lora_alpha / lora_rank
     lora_targets: tuple[str, ...] = LORA_TARGETS
@@ -95,6 +96,8 @@ class ModelConfig:
         if set(self.lora_targets) - set(LORA_TARGETS):
             problems.append(f"lora_targets {sorted(set(self.lora_targets) - set(LORA_TARGETS))} are not among "
                             f"{', '.join(LORA_TARGETS)}")
+        if not 0 <= self.exit_layer < self.num_layers:
+            problems.append(f"exit_layer={self.exit_layer} is not in 0..num_layers-1 = {self.num_layers - 1}")
         if problems:
             raise ValueError("model config: " + "; ".join(problems))
 

@@ -245,7 +245,10 @@ class Decoder(nn.Module):
             layer = jax.checkpoint(layer, prevent_cse=False)
         windows = jnp.asarray(c.layer_windows(), jnp.int32)
         layers = {k: v if is_adapter(k) else self._base(v) for k, v in self.layers.items()}
-        (x, state), outs = jax.lax.scan(layer, (x, state), (layers, caches, windows, jnp.arange(c.num_layers)))
+        per_layer = (layers, caches, windows, jnp.arange(c.num_layers))
+        if c.exit_layer:  # the first l layers only (BuPO's internal policy; `state` keeps every layer's slots)
+            per_layer = jax.tree.map(lambda v: v[:c.exit_layer], per_layer)
+        (x, state), outs = jax.lax.scan(layer, (x, state), per_layer)
         return x, state if carried else outs
 
     def _heads(self, x):
