@@ -85,6 +85,7 @@ METHODS = {
     "entropy_target": ({"rollout.control": "dynamic_sampling,entropy_target",
                         "rollout.options.entropy_target.start": 0.3}, "AceReason's entropy target"),
     "scaf_grpo": ({"rollout.replay": "hints", "rollout.pool_size": 256}, "Scaf-GRPO's hints"),
+    "xrpo": ({"advantage.novelty_sharpening": 1.0}, "XRPO's novelty sharpening"),
     "latr": ({"rollout.generate": "tree", "rollout.options.tree.min_entropy": 1.0}, "LATR's branching at uncertainty"),
     "branch": ({"rollout.generate": "tree", "rollout.options.tree.depth": 2}, "BranchGRPO's shared prefixes"),
 }

@@ -246,6 +246,17 @@ def confidence_shaped(advantages: jax.Array, log_prob: jax.Array, ref_log_prob: 
     return jnp.where(advantages < 0, advantages * (1.0 + penalty * jnp.maximum(c, 0.0)), advantages)
 
 
+def novelty_sharpened(advantages: jax.Array, log_probs: jax.Array, mask: jax.Array, strength) -> jax.Array:
+    """XRPO's novelty-aware advantage sharpening: each positive advantage ([B, G], or per token [B, G, N]) scaled by
+    1 + strength x max(l_bar - l_i, 0), l_i the completion's mean token log-likelihood under the policy that drew it
+    (log_probs, mask [B, G, N]) and l_bar its group's mean: correct answers the policy found unlikely are amplified,
+    the likely ones and every negative advantage are left as they were."""
+    likelihood = jnp.sum(log_probs * mask, -1) / jnp.maximum(jnp.sum(mask, -1), 1.0)  # [B, G]
+    novelty = jnp.maximum(likelihood.mean(axis=1, keepdims=True) - likelihood, 0.0)
+    factor = (1.0 + strength * novelty).reshape(novelty.shape + (1,) * (advantages.ndim - 2))
+    return jnp.where(advantages > 0, advantages * factor, advantages)
+
+
 def one_token_rollouts(logits: jax.Array, targets: jax.Array, key: jax.Array, samples: int) -> jax.Array:
     """OTR's per-token loss [B, N] from logits [B, N, V] at the columns predicting the reference tokens `targets`
     [B, N]: each column draws `samples` tokens from the policy (a one-step rollout), the reference token rewards
@@ -440,6 +451,9 @@ KEEP_SCHEDULE = Knob("loss.keep_schedule", 0, "> 0: D3S's dynamic schedule, loss
 MIN_DISTINCTIVENESS = Knob("loss.min_distinctiveness", 0.0, "> 0: DaGRPO, both completions of a pair with opposite "
                            "advantages differing at fewer than this share of positions carry no loss", traced=True,
                            minimum=0.0, maximum=1.0)
+NOVELTY_SHARPENING = Knob("advantage.novelty_sharpening", 0.0, "> 0: XRPO, each positive advantage scaled by 1 + this "
+                          "x how far its completion's mean log-likelihood lies below its group's", traced=True,
+                          minimum=0.0)
 ENTROPY_SHAPING = Knob("advantage.entropy_shaping", 0.0, "> 0: each token's advantage gains min(this x its entropy, "
                        "|A| / advantage.entropy_bound) (entropy-based shaping, MSSR)", traced=True, minimum=0.0)
 ENTROPY_BOUND = Knob("advantage.entropy_bound", 2.0, "with advantage.entropy_shaping: the bonus is at most |A| / this",

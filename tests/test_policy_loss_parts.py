@@ -524,3 +524,15 @@ def test_one_token_rollouts_follow_the_gradient_of_the_reference_tokens_probabil
     want = -(1 - 1 / K) * pi[0] * (np.eye(5)[0] - pi)
     np.testing.assert_allclose(np.mean(grads, axis=0)[0, 0], want, atol=4e-3)
     assert np.abs(want).max() > 0.05  # (the check is not about zeros)
+
+
+def test_xrpo_amplifies_correct_completions_the_policy_found_unlikely():
+    """Group mean log-likelihood (-1 - 2 - 0.5 - 2.5) / 4 = -1.5: member 1 (-2, A > 0) is scaled by 1 + 2 x 0.5 = 2,
+    member 0 (-1, more likely than the mean) and the negatives (member 3 though novel) stay."""
+    log_probs = jnp.asarray([[[-1.0, -1.0], [-2.0, -2.0], [-0.5, -0.5], [-2.5, -2.5]]])
+    mask = jnp.ones((1, 4, 2)).at[0, 2, 1].set(0.0)  # (member 2's mean over its one token is still -0.5)
+    advantages = jnp.asarray([[1.0, 0.5, -1.0, -0.5]])
+    np.testing.assert_allclose(losses.novelty_sharpened(advantages, log_probs, mask, 2.0), [[1.0, 1.0, -1.0, -0.5]])
+    np.testing.assert_allclose(losses.novelty_sharpened(advantages, log_probs, mask, 0.0), advantages)
+    per_token = jnp.broadcast_to(advantages[..., None], (1, 4, 2))
+    np.testing.assert_allclose(losses.novelty_sharpened(per_token, log_probs, mask, 2.0)[..., 0], [[1.0, 1.0, -1.0, -0.5]])

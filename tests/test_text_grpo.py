@@ -85,14 +85,15 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.variance_budget.target": "hard", "rollout.replay": "hardest", "rollout.pool_size": 16,
      "rollout.options.hardest.after": 1},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
-     "rollout.replay": "thompson,selective", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3},
+     "rollout.replay": "thompson,selective", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3,
+     "advantage.novelty_sharpening": 1.0},
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
      "rollout.options.tracker.decay": 0.5},
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
      "rollout.options.anchor.samples": 4},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
-        "median-predictor-budget_hard-entropy_target-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo", "spo-tracked-g1",
+        "median-predictor-budget_hard-entropy_target-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo-xrpo", "spo-tracked-g1",
         "pvpo-anchor"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)

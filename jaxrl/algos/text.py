@@ -557,6 +557,7 @@ class TextGRPOHyperparams:
     sample_keep: float = losses.SAMPLE_KEEP.field()
     min_distinctiveness: float = losses.MIN_DISTINCTIVENESS.field()
     entropy_shaping: float = losses.ENTROPY_SHAPING.field()
+    novelty_sharpening: float = losses.NOVELTY_SHARPENING.field()
     entropy_bound: float = losses.ENTROPY_BOUND.field()
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
@@ -621,6 +622,7 @@ class TextGRPOSettings:
     keep_schedule: int = losses.KEEP_SCHEDULE.field()
     rectifies: bool = losses.MIN_DISTINCTIVENESS.field(convert=lambda d: d > 0)  # DaGRPO's pair masking
     shapes_entropy: bool = losses.ENTROPY_SHAPING.field(convert=lambda coef: coef > 0)
+    sharpens_novelty: bool = losses.NOVELTY_SHARPENING.field(convert=lambda strength: strength > 0)  # XRPO
     layer_policy: int = LAYER_POLICY.field()
     layer_policy_updates: int = knob("loss.layer_policy_updates", 20, "with loss.layer_policy: the updates (from the "
                                      "start) that optimise the internal layer policy", minimum=1)
@@ -925,6 +927,8 @@ class TextGRPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
         advantages, weight, tied = self._group_advantages(groups)
+        if s.sharpens_novelty:  # XRPO: correct completions the sampler found unlikely weigh more
+            advantages = losses.novelty_sharpened(advantages, groups.log_probs, groups.mask, hp.novelty_sharpening)
         if groups.process is not None:  # an implicit reward model's dense process rewards (PRIME)
             dense = standardise(process_returns(groups.process, groups.mask), groups.mask)
             advantages = advantages + s.process_weight * dense

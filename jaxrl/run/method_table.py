@@ -102,7 +102,8 @@ def render(rows: list[dict]) -> str:
              "needs and the issue that provides it. Clusters not listed here (asynchrony, critics and reward models, "
              "multi-turn agents, self-play, continuous control) are tracked by their own issues. How the entries "
              "compare on one task, 3 seeds each: [the method league](benchmarks/results/method_league.md) "
-             "(`python benchmarks/method_league.py`).", "",
+             "(`python benchmarks/method_league.py`), and those that apply to environments on SMAX GRPO "
+             "([method_league_smax](benchmarks/results/method_league_smax.md)).", "",
              f"{len(rows)} methods: " + ", ".join(f"{counts[s]} {STATUSES[s]} ({s})" for s in STATUSES) + ".", ""]
     for cluster, title in CLUSTERS.items():
         members = [row for row in rows if row["cluster"] == cluster]
