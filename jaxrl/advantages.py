@@ -377,15 +377,16 @@ def tracked(rewards, valid, opts, baseline):
 
 @register("fused", default_scale="none", reads="prior")
 def fused(rewards, valid, opts, prior):
-    """V_0.5: the baseline fuses a value model's prior V (its prediction of the group's mean reward from the prompt)
-    with the group's empirical mean m of n samples, after a test of the prior's reliability: while |m - V| <=
+    """V_0.5: the baseline fuses a value model's prior V (its prediction of the group's mean reward from the prompt,
+    clipped to the rewards' range [0, max_reward]) with the group's empirical mean m of n samples, after a test of the
+    prior's reliability: while |m - V| <=
     prior_z sqrt(V' (1 - V') / n) (V' = V clipped to [0.01, 0.99]: rewards in [0, 1]) the prior is accepted and
     counts as prior_weight samples, b = (n m + k V) / (n + k) (a lower-variance baseline for small groups); else b = m.
     r - b, in the reward's units by default (a group whose rewards tie has std 0 but, against the prior, an advantage:
     dividing by its std would blow it up); scale batch divides by the batch's std. [B, G(, A)] -> [B, G(, A)]."""
     axes = _group_axes(rewards)
     mean, std, n = _moments(rewards, valid, axes)
-    v = _per_group(prior, rewards.ndim)
+    v = jnp.clip(_per_group(prior, rewards.ndim), 0.0, opts.max_reward)  # a value model's output may leave that range
     p = jnp.clip(v, 0.01, 0.99)
     accepted = jnp.abs(mean - v) <= opts.prior_z * jnp.sqrt(p * (1.0 - p) / jnp.maximum(n, 1))
     baseline = jnp.where(accepted, (n * mean + opts.prior_weight * v) / (n + opts.prior_weight), mean)

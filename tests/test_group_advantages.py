@@ -499,5 +499,9 @@ def test_fused_shrinks_the_group_mean_towards_an_accepted_value_prior_only():
     out = fused(rewards, prior=prior, scale="none", prior_weight=4.0, prior_z=1.96)
     np.testing.assert_allclose(out.advantages, [[0.725, -0.275, -0.275, -0.275], [0, 0, 0, 0],
                                                 [0.175, 0.175, 0.175, -0.825]], rtol=1e-5, atol=1e-6)
+    # A prior below the rewards' range counts as 0: an all-wrong group accepts it, and its baseline is 0, not -0.025
+    # (which would push every wrong answer up)
+    below = fused(np.zeros((1, 4), np.float32), prior=np.array([-0.05], np.float32), scale="none")
+    np.testing.assert_array_equal(below.advantages, 0.0)
     plain = fused(rewards, prior=prior, scale="none", prior_weight=0.0)  # no weight: GRPO's centring
     np.testing.assert_allclose(plain.advantages, rewards - rewards.mean(1, keepdims=True), atol=1e-6)
