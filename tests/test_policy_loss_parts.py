@@ -20,6 +20,12 @@ def ragged_mask(lengths, t=T):
 
 
 MASK = ragged_mask([7, 3, 0, 1, 5])
+TURNS = np.array([0, 0, 1, 1, 1, 2, 2])  # each position's turn, for ratio="turn"
+
+
+def turn_segments(ratio):
+    """policy_loss's keyword for `ratio`: the turns its "turn" level reads."""
+    return {"segments": (TURNS, 3)} if ratio == "turn" else {}
 
 
 def inputs(seed, scale=0.3, s=S, t=T):
@@ -155,7 +161,7 @@ def test_unknown_names_raise():
         losses.policy_loss(new, old, adv, MASK, clip_low=0.2, aggregate="mean")
     with pytest.raises(ValueError, match="ratio 'tok'"):
         losses.policy_loss(new, old, adv, MASK, clip_low=0.2, ratio="tok")
-    assert losses.RATIO_LEVELS == ("token", "sequence")
+    assert losses.RATIO_LEVELS == ("token", "sequence", "turn")
 
 
 @pytest.mark.parametrize("how", MODES)
@@ -164,7 +170,8 @@ def test_padding_never_leaks(how, ratio):
     new, old, ref, adv, ent = inputs(8)
     pad = MASK == 0
     garbage = np.random.default_rng(9).normal(scale=50.0, size=(S, T)).astype(np.float32)
-    kw = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, ratio=ratio, aggregate=how, kl_coef=0.1, ent_coef=0.01)
+    kw = dict(clip_low=0.2, clip_high=0.28, dual_clip=3.0, ratio=ratio, aggregate=how, kl_coef=0.1, ent_coef=0.01,
+              **turn_segments(ratio))
 
     def loss_and_grad(new, old, ref, adv, ent):
         fn = lambda lp: losses.policy_loss(lp, old, adv, MASK, ref_log_prob=ref, entropy=ent, **kw)[0]
@@ -201,7 +208,8 @@ def test_sequence_ratio_with_one_step_equals_token_ratio(how):
 @pytest.mark.parametrize("ratio", losses.RATIO_LEVELS)
 def test_unit_ratios_give_negative_aggregated_advantage(how, ratio):
     _, old, _, adv, _ = inputs(11)
-    loss, metrics = losses.policy_loss(old, old, adv, MASK, clip_low=0.2, ratio=ratio, aggregate=how)
+    loss, metrics = losses.policy_loss(old, old, adv, MASK, clip_low=0.2, ratio=ratio, aggregate=how,
+                                       **turn_segments(ratio))
     np.testing.assert_allclose(loss, -np_aggregate(adv, MASK, how), rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(metrics["policy_loss"], loss)
     assert float(metrics["clip_fraction"]) == 0.0
@@ -237,8 +245,11 @@ def test_loss_and_metrics_match_formulas(ratio):
     lr = token_lr
     if ratio == "sequence":  # GSPO: each token carries its sequence's length-normalised log-ratio
         lr = np.repeat((token_lr * MASK).sum(1, keepdims=True) / np.maximum(MASK.sum(1, keepdims=True), 1), T, 1)
+    if ratio == "turn":  # Rank-GRPO's units: each token carries its turn's length-normalised log-ratio
+        lr = np.stack([[(token_lr[s] * MASK[s])[TURNS == TURNS[t]].sum()
+                        / max(MASK[s][TURNS == TURNS[t]].sum(), 1) for t in range(T)] for s in range(S)])
     loss, metrics = losses.policy_loss(new, old, adv, MASK, clip_low=0.2, clip_high=0.28, dual_clip=2.0,
-                                       ratio=ratio, aggregate="sequence")
+                                       ratio=ratio, aggregate="sequence", **turn_segments(ratio))
     clipped = ((np.exp(lr) < 0.8) | (np.exp(lr) > 1.28)).astype(np.float64)
     want_loss = np_aggregate(np_clip_loss(lr, adv, 0.2, 0.28, 2.0), MASK, "sequence")
     np.testing.assert_allclose(loss, want_loss, rtol=1e-5)
