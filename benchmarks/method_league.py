@@ -229,7 +229,8 @@ def method_claims(runs_dir: str) -> list[str]:
              verdict(scaf_gain, 0.443)]]
     return ["### The seeds' claims on rollout strategies (7,680 completions each, 3 seeds)", "",
             "APRIL and ARRoL run on Countdown with 40 tokens of room after the longest expression and its own SFT warm "
-            "start, sampled at temperature 1 (room for a long tail of lengths: a completion that misses its EOS runs on through it); the "
+            "start, sampled at temperature 1 (room for a long tail of lengths: a completion that misses its EOS runs on "
+            "through it); the "
             "others on the league's task.", "",
             markdown_table(["claim", "measured", "verdict"], rows), ""]
 

@@ -67,8 +67,8 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bo
                          "on their group's mean: config.advantage.scale=group would divide a tied group's nonzero "
                          "advantages by its zero std; use batch or none")
     if estimator is not None and estimator.reads == "prior" and not config.loss.critic_weight:
-        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} fuses a value head's prior with the "
-                         "group mean: it needs config.loss.critic_weight > 0 (the value head learns; e.g. 0.1)")
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} fuses a value head's prior with "
+                         "the group mean: it needs config.loss.critic_weight > 0 (the value head learns; e.g. 0.1)")
     if estimator is not None and estimator.reads == "baseline" and not _gives_baselines(config):
         valued = sorted(name for name, s in rollout.STRATEGIES["tokens"]["replay"].items() if s.baseline)
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each sample with its "

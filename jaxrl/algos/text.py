@@ -532,9 +532,9 @@ def _overlay(fresh, loaded, fresh_ok: tuple[str, ...] = (), path: str = ""):
 
 KL_COEF = Knob("loss.kl_coef", 0.0, "> 0: a KL penalty to the frozen starting policy, of this weight", traced=True,
                minimum=0.0)
-LAYER_POLICY = Knob("loss.layer_policy", 0, "l > 0: for the first loss.layer_policy_updates updates the loss optimises the "
-                    "internal policy of layer l (the hidden state after layer l through the final norm and unembedding), "
-                    "not the model's (BuPO); 0: off", minimum=0)
+LAYER_POLICY = Knob("loss.layer_policy", 0, "l > 0: for the first loss.layer_policy_updates updates the loss "
+                    "optimises the internal policy of layer l (the hidden state after layer l through the final norm "
+                    "and unembedding), not the model's (BuPO); 0: off", minimum=0)
 REFERENCE_RESET = Knob("loss.reference_reset", 0, "> 0: every this many updates the reference policy becomes the "
                        "current one and the optimiser's state starts afresh (ProRL's reference resets); 0: never",
                        minimum=0)
