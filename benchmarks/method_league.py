@@ -86,6 +86,8 @@ METHODS = {
                         "rollout.options.entropy_target.start": 0.3}, "AceReason's entropy target"),
     "scaf_grpo": ({"rollout.replay": "hints", "rollout.pool_size": 256}, "Scaf-GRPO's hints"),
     "xrpo": ({"advantage.novelty_sharpening": 1.0}, "XRPO's novelty sharpening"),
+    "pvpo": ({"advantage.estimator": "tracked", "rollout.replay": "anchor,reference", "rollout.pool_size": 256,
+              "rollout.options.anchor.temperature": 0.3}, "PVPO (the reference's anchors)"),
     "latr": ({"rollout.generate": "tree", "rollout.options.tree.min_entropy": 1.0}, "LATR's branching at uncertainty"),
     "branch": ({"rollout.generate": "tree", "rollout.options.tree.depth": 2}, "BranchGRPO's shared prefixes"),
 }

@@ -379,9 +379,9 @@ def tracked(rewards, valid, opts, baseline):
 def fused(rewards, valid, opts, prior):
     """V_0.5: the baseline fuses a value model's prior V (its prediction of the group's mean reward from the prompt,
     clipped to the rewards' range [0, max_reward]) with the group's empirical mean m of n samples, after a test of the
-    prior's reliability: while |m - V| <=
-    prior_z sqrt(V' (1 - V') / n) (V' = V clipped to [0.01, 0.99]: rewards in [0, 1]) the prior is accepted and
-    counts as prior_weight samples, b = (n m + k V) / (n + k) (a lower-variance baseline for small groups); else b = m.
+    prior's reliability: while |m - V| <= prior_z sqrt(V' (1 - V') / n) (V' = V clipped to [0.01, 0.99]: rewards in
+    [0, 1]) the prior is accepted and counts as prior_weight samples, b = (n m + k V) / (n + k) (a lower-variance
+    baseline for small groups); else b = m.
     r - b, in the reward's units by default (a group whose rewards tie has std 0 but, against the prior, an advantage:
     dividing by its std would blow it up); scale batch divides by the batch's std. [B, G(, A)] -> [B, G(, A)]."""
     axes = _group_axes(rewards)
