@@ -22,7 +22,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from grpo_vs_ppo import grpo_budget, run, win_rate_table  # noqa: E402
-from report import machine, publish  # noqa: E402
+from report import chosen_names, machine, publish  # noqa: E402
 from smax_mappo import experiment_config  # noqa: E402
 
 MARKERS = ("<!-- method_league_smax:start -->", "<!-- method_league_smax:end -->")
@@ -52,10 +52,7 @@ def main(argv=None):
 
     from jaxrl import config as config_lib
 
-    names = [m for m in args.methods.split(",") if m]
-    unknown = [m for m in names if m not in METHODS]
-    if unknown:
-        parser.error(f"unknown methods {unknown}; known: {', '.join(METHODS)}")
+    names = chosen_names(parser, args.methods, METHODS, "methods")
     command = "python benchmarks/method_league_smax.py " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"{args.scenario}, {args.env_steps:,} env steps taken per seed, {args.seeds} seeds; {machine()}", flush=True)
     results = []

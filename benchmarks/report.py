@@ -161,6 +161,16 @@ def publish(section: str, update_results: bool, markers: tuple[str, str], title:
 
 # --- runs trained by `python -m jaxrl.train` in a runs directory, reused when there (learning benchmarks) ---------
 
+def chosen_names(parser, spec: str, known, what: str) -> list[str]:
+    """The names of a comma-separated command-line value `spec`, each one of `known`; else the parser's one-line
+    error naming the unknown ones (`what`: the kind, plural)."""
+    names = [n for n in spec.split(",") if n]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        parser.error(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    return names
+
+
 def runs_arguments(description: str, runs: dict, train):
     """A learning benchmark's command line (--runs-dir, --only, --update-results), then `train(runs_dir, name)` for
     each run of `runs` chosen (all by default; --only='': none, the tables from the runs already there)."""

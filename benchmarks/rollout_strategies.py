@@ -32,7 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import machine, markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
+from report import chosen_names, machine, markdown_table, per_seed, publish, save_figure, seed_band  # noqa: E402
 from text_rl import add_task_arguments, rl_config, sft_run  # noqa: E402
 
 MARKERS = ("<!-- rollout_strategies:start -->", "<!-- rollout_strategies:end -->")
@@ -202,10 +202,7 @@ def main(argv=None):
     parser.add_argument("--speed", type=int, default=0, metavar="UPDATES",
                         help="only time UPDATES updates of each row from the warm start (needs --sft-dir), no training")
     args = parser.parse_args(argv)
-    rows = [r for r in args.rows.split(",") if r]
-    unknown = [r for r in rows if r not in ROWS]
-    if unknown:
-        parser.error(f"unknown rows {unknown}; known: {', '.join(ROWS)}")
+    rows = chosen_names(parser, args.rows, ROWS, "rows")
     plain = row_config(args, "", {})
     per_update = plain.num_prompts * plain.group.size
     for name in rows:

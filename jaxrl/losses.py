@@ -68,15 +68,21 @@ def value_loss(values: jax.Array, old_values: jax.Array | None, targets: jax.Arr
     return 0.5 * loss
 
 
+def completion_mean(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """The mean of each completion's valid values: sum_t mask * values / max(sum_t mask, 1). [..., T], [..., T] ->
+    [...]; padding never leaks (garbage there, inf included, counts as 0)."""
+    mask = jnp.asarray(mask, values.dtype)
+    total = jnp.sum(jnp.where(mask > 0, values * mask, 0.0), axis=-1)
+    return total / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+
+
 def sequence_log_ratio(log_ratio: jax.Array, mask: jax.Array) -> jax.Array:
     """GSPO's length-normalised sequence log-ratio. [S, T], [S, T] -> [S]
 
-    sum_t mask * log_ratio / max(sum_t mask, 1): the log of the geometric mean of the token ratios, so the
-    clip range means the same for short and long sequences.
+    The `completion_mean` of the token log-ratios: the log of the geometric mean of the token ratios, so the clip
+    range means the same for short and long sequences.
     """
-    mask = jnp.asarray(mask, log_ratio.dtype)
-    total = jnp.sum(jnp.where(mask > 0, log_ratio * mask, 0.0), axis=-1)
-    return total / jnp.maximum(jnp.sum(mask, axis=-1), 1.0)
+    return completion_mean(log_ratio, mask)
 
 
 def segment_log_ratio(log_ratio: jax.Array, mask: jax.Array, segments: jax.Array, num_segments: int) -> jax.Array:
@@ -251,7 +257,7 @@ def novelty_sharpened(advantages: jax.Array, log_probs: jax.Array, mask: jax.Arr
     1 + strength x max(l_bar - l_i, 0), l_i the completion's mean token log-likelihood under the policy that drew it
     (log_probs, mask [B, G, N]) and l_bar its group's mean: correct answers the policy found unlikely are amplified,
     the likely ones and every negative advantage are left as they were."""
-    likelihood = jnp.sum(log_probs * mask, -1) / jnp.maximum(jnp.sum(mask, -1), 1.0)  # [B, G]
+    likelihood = completion_mean(log_probs, mask)  # [B, G]
     novelty = jnp.maximum(likelihood.mean(axis=1, keepdims=True) - likelihood, 0.0)
     factor = (1.0 + strength * novelty).reshape(novelty.shape + (1,) * (advantages.ndim - 2))
     return jnp.where(advantages > 0, advantages * factor, advantages)

@@ -989,7 +989,7 @@ class TextGRPO:
         (`losses.distinct_samples`), each member scored by its mean advantage over its tokens; metrics with the
         share of members each keeps."""
         s = self.settings
-        member = jnp.sum(advantages * groups.mask, -1) / jnp.maximum(jnp.sum(groups.mask, -1), 1.0)  # [b, G]
+        member = losses.completion_mean(advantages, groups.mask)  # [b, G]
         if s.samples_members:
             kept = losses.varied_samples(member, losses.relaxed_keep(hp.sample_keep, update_step, s.keep_schedule))
             weight, metrics = weight * kept[..., None], dict(metrics, members_kept=global_mean(kept))

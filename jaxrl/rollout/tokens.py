@@ -732,18 +732,23 @@ def thompson_problems(algo, memory, plan: Plan, key):
 def count_outcomes(algo, memory, groups: Groups, params):
     """Every posterior decays towards the prior, alpha <- 1 + decay (alpha - 1) (and beta), so that old evidence of a
     moving policy fades; then each observed problem adds its group's solved members to alpha and the others to beta
-    (members this update's policy drew, of finished groups; all devices)."""
-    decay = algo.strategy_options("thompson")["decay"]
+    (members this update's policy drew, of finished groups; `with_decayed_evidence`)."""
     drawn = ~groups.replayed
     solved = jnp.sum(_correct(algo, groups) & drawn, axis=1).astype(jnp.float32)
     failed = jnp.sum(~_correct(algo, groups) & drawn, axis=1).astype(jnp.float32)
-    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
-    ids, solved, failed, finished = mesh_lib.gather_shares((groups.ids, solved, failed, finished))
-    rows = jnp.where(finished, ids, algo.settings.pool_size)  # out of range: dropped
-    memory = {k: 1.0 + decay * (v - 1.0) for k, v in memory.items()}
-    memory = {"alpha": memory["alpha"].at[rows].add(solved, mode="drop"),
-              "beta": memory["beta"].at[rows].add(failed, mode="drop")}
+    memory = with_decayed_evidence(algo, memory, groups, {"alpha": solved, "beta": failed},
+                                   algo.strategy_options("thompson")["decay"], prior=1.0)
     return memory, {"posterior_evidence": jnp.mean(memory["alpha"] + memory["beta"] - 2.0)}
+
+
+def with_decayed_evidence(algo, memory: dict, groups: Groups, added: dict, decay, prior: float = 0.0) -> dict:
+    """Per-problem evidence that fades: `memory` ({name: [pool, ...]}) after every entry decayed towards `prior` by
+    `decay` (old evidence of a moving policy counts less), then each finished candidate's `added` ({name: [n, ...]},
+    this device's candidates) added to its problem's row (every device's candidates)."""
+    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
+    ids, added, finished = mesh_lib.gather_shares((groups.ids, added, finished))
+    rows = jnp.where(finished, ids, algo.settings.pool_size)  # out of range: dropped
+    return {k: (prior + decay * (v - prior)).at[rows].add(added[k], mode="drop") for k, v in memory.items()}
 
 
 def plans_distinct(name: str):
@@ -795,15 +800,10 @@ def prioritised_problems(algo, memory, plan: Plan, key):
 def track_values(algo, memory, groups: Groups, params):
     """Every problem's evidence is discounted by `decay` each update (a policy that moves makes old rewards stale: the
     time-based form of SPO's KL-adaptive discount), then each observed problem adds its members' rewards (members this
-    update's policy drew, of finished groups; all devices)."""
-    decay = algo.strategy_options("tracker")["decay"]
+    update's policy drew, of finished groups; `with_decayed_evidence`)."""
     drawn = (~groups.replayed).astype(jnp.float32)
-    finished = groups.finished_only(jnp.ones_like(groups.ids, bool))
-    sums, count = jnp.einsum("ngk,ng->nk", groups.rewards, drawn), drawn.sum(1)
-    ids, sums, count, finished = mesh_lib.gather_shares((groups.ids, sums, count, finished))
-    rows = jnp.where(finished, ids, algo.settings.pool_size)  # out of range: dropped
-    memory = {"sums": (decay * memory["sums"]).at[rows].add(sums, mode="drop"),
-              "count": (decay * memory["count"]).at[rows].add(count, mode="drop")}
+    added = {"sums": jnp.einsum("ngk,ng->nk", groups.rewards, drawn), "count": drawn.sum(1)}
+    memory = with_decayed_evidence(algo, memory, groups, added, algo.strategy_options("tracker")["decay"])
     return memory, {"tracker_evidence": jnp.mean(memory["count"])}
 
 
