@@ -158,6 +158,14 @@ def aggregate(values: jax.Array, mask: jax.Array, how: str, constant_length=None
 _aggregate = aggregate  # `policy_loss` takes a parameter named `aggregate`
 
 
+def expert_nll(log_probs: jax.Array, mask: jax.Array, gate: jax.Array, axis_name: str | None = None) -> jax.Array:
+    """AHPO's expert term (MM-HELIX, "Adaptive Hybrid Policy Optimization"): the mean over the batch's B prompts of
+    gate_b x the mean token negative log-likelihood of prompt b's expert answer, (1 / B) sum_b gate_b x
+    sum_t -mask log p / sum_t mask. log_probs, mask [B, A] (the answers' tokens; 0/1 mask), gate [B] 0/1 -> scalar.
+    Ungated prompts count in B: the term fades as fewer prompts need supervision. `axis_name` as in `aggregate`."""
+    return aggregate(-log_probs * gate[:, None], mask, "sequence", axis_name=axis_name)
+
+
 RATIO_LEVELS = ("token", "sequence", "turn")
 
 

@@ -170,9 +170,11 @@ num_seeds = 2
 # often). The correct-answer memory starts full (the reference answers, drawn by a policy that gave each token
 # probability 1/2) so that an untrained model's all-wrong groups get replays; hints rise after one failure. Each update
 # learns from the batch sampled two updates before, with AReaL's decoupled objective; on 8 devices, 4 actors sample
-# while 4 learners learn (their queue split over the data axis as the actors sampled it): the same run.
+# while 4 learners learn (their queue split over the data axis as the actors sampled it): the same run. AHPO's expert
+# term learns the reference answers of the groups at pass rate <= 0.5 (one row per prompt in the queue and the loss).
 TEXT_GRPO_STRATEGIES = TEXT_GRPO + """
 config.rollout.filter, config.rollout.replay, config.rollout.pool_size = "rank_ties,success_predictor", "curriculum,correct,hints", 8
+config.loss.expert_coef, config.loss.expert_below = 0.1, 0.5
 config.rollout.options.curriculum.every = 2
 config.rollout.control, config.rollout.generate = "variance_budget", "tree"
 config.rollout.options.tree.min_entropy = 1.0  # branches split at their first uncertain token
@@ -250,9 +252,10 @@ def test_text_algorithms_on_eight_devices_match_one_device(python_subprocess, se
     if setup is TEXT_GRPO_STRATEGIES:  # the strategies acted, the same way on 1 and 8 devices
         for key in ("replayed", "replay_weight", "hinted", "hint_tier", "ranked", "sampled_tokens", "predictor_loss",
                     "curriculum_level", "probe_accuracy",
-                    "predictor_error", "budget_skipped", "budget_most_groups"):
+                    "predictor_error", "budget_skipped", "budget_most_groups", "expert_share", "expert_nll"):
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)
         assert min(result["m1"]["replayed"]) > 0 and max(result["m1"]["hinted"]) > 0, result["m1"]
+        assert max(result["m1"]["expert_share"]) > 0 and min(result["m1"]["expert_nll"]) > 0, result["m1"]
     if setup is TEXT_GRPO_PARTIAL:
         for key in ("decode_steps", "resumed", "carried", "resumed_candidates", "sampled_tokens", "hinted", "pruned"):
             np.testing.assert_allclose(result["m8"][key], result["m1"][key], rtol=1e-5)

@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl import algos, config as config_lib, mesh as mesh_lib, rollout, sampling
 from jaxrl.rollout import tokens as strategies
-from jaxrl.algos.text import TextGRPOHyperparams
+from jaxrl.algos.text import TextGRPO, TextGRPOHyperparams, sparse_rewards
 from helpers import tiny_grpo_config
 
 
@@ -751,6 +751,91 @@ def test_the_reference_answer_replaces_the_last_wrong_member_of_groups_at_or_bel
         np.testing.assert_array_equal(getattr(out, name)[1, ::2], getattr(groups, name)[1, ::2])
         np.testing.assert_array_equal(getattr(out, name)[2], getattr(groups, name)[2])
     assert float(logged["reference_injected"]) == pytest.approx(2 / 3)
+
+
+# --- AHPO's expert term (loss.expert_coef): SFT on the reference answers of the groups whose rewards are sparse ------
+
+@pytest.fixture(scope="module")
+def expert_algo():
+    """Groups of 3 from a pool of 32 (for `groups_of`), the expert term at weight 0.5 for pass rates <= 0.34."""
+    config = tiny_grpo_config("", **{"rollout.pool_size": 32, "group.size": 3, "loss.expert_coef": 0.5,
+                                     "loss.expert_below": 0.34})
+    algos.validate(config)
+    return algos.build(config, mesh_lib.make_mesh(1))[0].parts
+
+
+def _loss_and_grads(algo, params, batch, hp):
+    """(`_loss`'s aux, its gradient, the gradient of the expert term alone) on this device's batch."""
+    (_, aux), grads = jax.value_and_grad(algo._loss, has_aux=True)(params, batch, hp)
+    expert = jax.grad(algo._expert_nll)(params, batch["prompts"], batch["expert"])
+    return aux, grads, expert
+
+
+def _expert_batch(algo, params, correct):
+    """`_loss`'s batch of `groups_of(ids 4, 1, 2, correct)` with advantages (1, -1/2, -1/2) per group and its expert
+    units; the units' share of gated prompts; the groups' prompts and reference answers."""
+    groups = groups_of(algo, [4, 1, 2], correct)
+    expert, share = on_mesh(algo, TextGRPO._expert_units, groups)
+    advantages = jnp.broadcast_to(jnp.asarray([1.0, -0.5, -0.5])[:, None], groups.tokens.shape)
+    batch = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask, "log_probs": groups.log_probs,
+             "weight": groups.weight, "advantages": advantages, "expert": expert}
+    return batch, share, groups.prompts, algo.task.reference_answers(groups.problems, algo.vocab)
+
+
+def test_the_expert_term_is_the_mean_nll_of_the_reference_answers_of_the_sparse_groups_over_all_prompts(expert_algo):
+    """AHPO (MM-HELIX): groups of pass rate 0, 1/3, 2/3 at loss.expert_below = 0.34 gate prompts 0 and 1. The term is
+    (1 / 3) (nll_0 + nll_1), nll_b = -(1 / |y_b|) sum_t log p(y_b,t | x_b, y_b,<t) of reference answer y_b (its
+    tokens and EOS), written here from the model's teacher-forced log-probabilities (`sampling.score`): its value, its
+    gradient, and 0.5 x its gradient as the part of `_loss`'s gradient that loss.expert_coef = 0.5 adds."""
+    algo = expert_algo
+    params = algo.init(jax.random.key(0)).params
+    batch, share, prompts, answers = _expert_batch(algo, params, [[False] * 3, [False, False, True],
+                                                                  [True, False, True]])
+    mask = (answers != algo.vocab.pad_id).astype(jnp.float32)
+    np.testing.assert_array_equal(batch["expert"]["gate"], [1.0, 1.0, 0.0])
+    np.testing.assert_array_equal(batch["expert"]["answers"], answers)
+    assert float(share) == pytest.approx(2 / 3)
+
+    def hand_written(params):
+        log_p, _, _ = sampling.score(algo.model, params, prompts, answers, mask, algo.vocab.pad_id)
+        nll = -jnp.sum(log_p * mask, axis=-1) / jnp.sum(mask, axis=-1)
+        return (nll[0] + nll[1]) / 3  # prompt 2 (pass rate 2/3) has no term, but counts among the 3
+
+    aux, grads, expert = on_mesh(algo, _loss_and_grads, params, batch, TextGRPOHyperparams(expert_coef=0.5))
+    _, grads_without, _ = on_mesh(algo, _loss_and_grads, params, batch, TextGRPOHyperparams(expert_coef=0.0))
+    expected = jax.grad(hand_written)(params)
+    assert float(aux["expert_nll"]) == pytest.approx(float(hand_written(params)), rel=1e-5)
+    for got, want in zip(jax.tree.leaves(expert), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+    for with_term, without, want in zip(*map(jax.tree.leaves, (grads, grads_without, expected))):
+        np.testing.assert_allclose(with_term - without, 0.5 * want, rtol=1e-3, atol=1e-6)
+
+
+def test_no_sparse_group_no_expert_term_and_the_pass_rate_counts_sampled_members_only(expert_algo):
+    """Every group at pass rate >= 2/3 (above 0.34): nothing gated, the term and its gradient are 0. `sparse_rewards`
+    by hand: rates over the members the policy sampled, a replay (the reference answer of replay=reference) left out."""
+    algo = expert_algo
+    params = algo.init(jax.random.key(0)).params
+    batch, share, _, _ = _expert_batch(algo, params, [[True, False, True], [True, True, False], [True] * 3])
+    aux, _, expert = on_mesh(algo, _loss_and_grads, params, batch, TextGRPOHyperparams(expert_coef=0.5))
+    assert float(share) == 0.0 and float(aux["expert_nll"]) == 0.0
+    assert all(not np.any(leaf) for leaf in jax.tree.leaves(expert))
+    correct = jnp.asarray([[False, False, False, False], [True, False, False, False], [True, True, False, False],
+                           [True, False, False, True]])
+    sampled = jnp.asarray([[True] * 4, [True] * 4, [True] * 4, [True, True, True, False]])  # last: 1 of 3 sampled
+    np.testing.assert_array_equal(sparse_rewards(correct, sampled, 0.0), [True, False, False, False])
+    np.testing.assert_array_equal(sparse_rewards(correct, sampled, 0.25), [True, True, False, False])
+    np.testing.assert_array_equal(sparse_rewards(correct, sampled, 1 / 3 + 1e-6), [True, True, False, True])
+
+
+def test_expert_term_settings_that_cannot_work_are_refused():
+    for overrides, message in [
+            ({"loss.expert_coef": -0.1}, r"^config\.loss\.expert_coef must be >= 0, got -0\.1$"),
+            ({"loss.expert_below": 1.5}, r"^config\.loss\.expert_below must lie in \[0, 1\], got 1\.5$"),
+            ({"loss.expert_coef": 0.1, "reward.label_free": "majority"}, "label_free=majority reads no label"),
+            ({"loss.expert_coef": 0.1, "task.name": "lookup"}, "task.name=lookup is played over turns")]:
+        with pytest.raises(ValueError, match=message):
+            algos.validate(tiny_grpo_config("", **overrides))
 
 
 def test_variance_budget_gives_the_extra_groups_to_the_uncertain_or_to_the_hard(paired_algo):

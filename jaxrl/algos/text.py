@@ -535,6 +535,10 @@ KL_COEF = Knob("loss.kl_coef", 0.0, "> 0: a KL penalty to the frozen starting po
 LAYER_POLICY = Knob("loss.layer_policy", 0, "l > 0: for the first loss.layer_policy_updates updates the loss "
                     "optimises the internal policy of layer l (the hidden state after layer l through the final norm "
                     "and unembedding), not the model's (BuPO); 0: off", minimum=0)
+EXPERT_COEF = Knob("loss.expert_coef", 0.0, "> 0: AHPO's expert term (MM-HELIX), this x the mean token negative "
+                  "log-likelihood of the task's reference answer of each prompt whose group's pass rate is at most "
+                  "loss.expert_below, averaged over the batch's prompts (SFT where rewards are sparse); 0: off",
+                  traced=True, minimum=0.0)
 REFERENCE_RESET = Knob("loss.reference_reset", 0, "> 0: every this many updates the reference policy becomes the "
                        "current one and the optimiser's state starts afresh (ProRL's reference resets); 0: never",
                        minimum=0)
@@ -551,6 +555,7 @@ class TextGRPOHyperparams:
     clip_high: float = losses.CLIP_HIGH.field()
     kl_coef: float = KL_COEF.field()
     teacher_coef: float = losses.TEACHER_COEF.field()
+    expert_coef: float = EXPERT_COEF.field()
     score_scale: float = losses.SCORE_SCALE.field()
     confidence_penalty: float = losses.CONFIDENCE_PENALTY.field()
     token_keep: float = losses.TOKEN_KEEP.field()
@@ -617,6 +622,10 @@ class TextGRPOSettings:
     shapes_confidence: bool = losses.CONFIDENCE_PENALTY.field(convert=lambda penalty: penalty > 0)  # ACE
     reference_reset: int = REFERENCE_RESET.field()
     teacher: str = losses.TEACHER.field()
+    learns_expert: bool = EXPERT_COEF.field(convert=lambda coef: coef > 0)  # AHPO's expert term
+    expert_below: float = knob("loss.expert_below", 0.0, "with loss.expert_coef: the prompts whose group's pass rate "
+                               "(over the members the policy sampled, replays excluded) is at most this get the "
+                               "expert term (0: those that solved nothing)", minimum=0.0, maximum=1.0)
     samples_tokens: bool = losses.TOKEN_KEEP.field(convert=lambda keep: keep < 1)  # D3S's token-level selection
     samples_members: bool = losses.SAMPLE_KEEP.field(convert=lambda keep: keep < 1)  # D3S's sample-level selection
     keep_schedule: int = losses.KEEP_SCHEDULE.field()
@@ -696,7 +705,8 @@ class TextGRPO:
       -> the rollout strategies' stages (`jaxrl.rollout`): hints, G completions each with rewards [.., G, K]
       from the task's verifier, memory updates, filters, B groups kept (by default DAPO's dynamic sampling:
       per slot, the first candidate whose rewards vary), replayed samples
-      -> group advantages (jaxrl.advantages) -> epochs x minibatches of `losses.policy_loss`.
+      -> group advantages (jaxrl.advantages) -> epochs x minibatches of `losses.policy_loss` (with loss.expert_coef
+      plus AHPO's SFT term on the reference answers of the groups whose pass rate is at most loss.expert_below).
 
     With `critic_weight` w > 0 the model gets a value head (a fresh one on a warm start) that regresses
     every prefix onto the completion's weighted reward; the per-token advantage becomes
@@ -825,7 +835,7 @@ class TextGRPO:
         scored = self._score(params, batch, layer_phase)
         # One row per completion [m*G, N] from here on.
         log_probs, entropy, values = (None if x is None else x.reshape(-1, x.shape[-1]) for x in scored)
-        batch = {k: v if k == "prompts" else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
+        batch = {k: v if k in PER_PROMPT else v.reshape(-1, *v.shape[2:]) for k, v in batch.items()}
         trained = batch["mask"] * batch["weight"]
         mask = trained
         if s.samples_tokens:  # D3S: the policy loss on the tokens of largest |A| x entropy only
@@ -850,12 +860,33 @@ class TextGRPO:
             teacher_kl = losses.aggregate(losses.kl_estimate(log_probs, batch["teacher_log_probs"], s.kl), trained,
                                           s.aggregate, self.task.answer_length, DATA_AXIS)
             total, aux = total + hp.teacher_coef * teacher_kl, dict(aux, teacher_kl=teacher_kl)
+        if s.learns_expert:  # AHPO: SFT on the reference answers of the prompts whose rewards are sparse
+            nll = self._expert_nll(params, batch["prompts"], batch["expert"], layer_phase)
+            total, aux = total + hp.expert_coef * nll, dict(aux, expert_nll=nll)
         if self.use_critic:
             errors = losses.value_loss(values, None, batch["returns"], None)
             value_mask = batch.get("value_mask", batch["mask"])
             value_loss = losses.aggregate(errors, value_mask, "token", axis_name=DATA_AXIS)
             total, aux = total + hp.vf_coef * value_loss, dict(aux, value_loss=value_loss)
         return total, aux
+
+    def _expert_nll(self, params, prompts, expert: dict, layer_phase=None):
+        """`losses.expert_nll` of the expert answers expert["answers"] [m, A] to prompts [m, P] (gated by
+        expert["gate"] [m]), teacher-forced as one-member groups through `_score`."""
+        answers = {"prompts": prompts, "tokens": expert["answers"][:, None], "mask": expert["mask"][:, None]}
+        log_probs, _, _ = self._score(params, answers, layer_phase)
+        return losses.expert_nll(log_probs[:, 0], expert["mask"], expert["gate"], DATA_AXIS)
+
+    def _expert_units(self, groups: rollout.Groups):
+        """AHPO's expert data for `_loss`, per prompt: the task's reference answer [b, A], its mask (the answer and
+        its EOS) and the gate [b] (`sparse_rewards` of the verifier's outcomes at loss.expert_below); and the share
+        of prompts gated, over devices."""
+        verified = groups.rewards if groups.verified is None else groups.verified  # (a reward model's are not)
+        correct = verified[..., self.task.reward_names.index("correct")] > 0
+        gate = sparse_rewards(correct, ~groups.replayed, self.settings.expert_below).astype(jnp.float32)
+        answers = self.task.reference_answers(groups.problems, self.vocab)
+        mask = (answers != self.vocab.pad_id).astype(jnp.float32)
+        return {"answers": answers, "mask": mask, "gate": gate}, global_mean(gate)
 
     # ----------------------------------------------------------------------------------------------
     # One update: sampling (rollouts, rewards, advantages), then learning (reference scores, epochs x
@@ -961,6 +992,8 @@ class TextGRPO:
             units["weight"] = units["weight"] * kept_tokens(cut, advantages, s.truncated)
             metrics["truncated"] = global_mean(cut.astype(jnp.float32))
         units["advantages"] = advantages
+        if s.learns_expert:
+            units["expert"], metrics["expert_share"] = self._expert_units(groups)
         if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
             correct = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).astype(jnp.float32)
             units["correct"] = correct
@@ -1057,6 +1090,14 @@ def length_penalised(rewards: jax.Array, lengths: jax.Array, difficulty: jax.Arr
     return rewards.at[..., correct].add(-jnp.where(rewards[..., correct] > 0, cost, 0.0))
 
 
+def sparse_rewards(correct: jax.Array, sampled: jax.Array, below: float) -> jax.Array:
+    """bool [n]: AHPO's gate (MM-HELIX), a group's pass rate is at most `below`; the rate over its members the policy
+    sampled (`sampled` bool [n, G]: replays excluded, the reference answer of replay=reference among them) of
+    `correct` bool [n, G]; a group with none sampled has rate 0."""
+    rate = jnp.sum(correct & sampled, axis=-1) / jnp.maximum(jnp.sum(sampled, axis=-1), 1)
+    return rate <= below
+
+
 def majority_votes(tokens: jax.Array, mask: jax.Array, formed: jax.Array) -> jax.Array:
     """bool [n, G]: each completion agrees with its group's majority answer, the most common of the well-formed
     (`formed` [n, G]) completions [n, G, N] (identical tokens up to their end; ties to the earliest); a group with no
@@ -1106,6 +1147,7 @@ def config_keeps_reference(config: ConfigDict) -> bool:
     return keeps_reference(config.loss.kl_coef > 0, config.loss.confidence_penalty > 0, config.loss.objective)
 
 
+PER_PROMPT = ("prompts", "expert")  # `_loss`'s batch entries of one row per prompt (the rest per member)
 TEXT_ROLES = staleness.Roles(actor=("key", "memory"), learner=("params", "opt_state", "update_step"))
 
 
@@ -1281,6 +1323,11 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.loss.keep_schedule and config.loss.sample_keep == 1 and config.loss.token_keep == 1:
         raise ValueError(f"config.loss.keep_schedule={config.loss.keep_schedule} relaxes D3S's down-sampling: set "
                          "config.loss.sample_keep or config.loss.token_keep below 1")
+    if config.loss.expert_coef > 0 and (config.reward.label_free or multi_turn_task):
+        raise ValueError(f"config.loss.expert_coef={config.loss.expert_coef} learns the labelled reference answer of "
+                         "single-answer tasks: " + (f"config.reward.label_free={config.reward.label_free} reads no "
+                                                    "label" if config.reward.label_free else
+                                                    f"task.name={config.task.name} is played over turns"))
     if config.loss.truncated != "train" and multi_turn_task:
         raise ValueError(f"config.loss.truncated={config.loss.truncated} masks single completions cut off by the length "
                          f"limit; task.name={config.task.name} is played over turns")
@@ -1339,4 +1386,4 @@ register("text_sft", Recipe(build_text_sft, TextHyperparams, check=check_text_co
 register("text_grpo", Recipe(build_text_grpo, TextGRPOHyperparams, check=check_text_grpo_config,
                              defaults=text_grpo_config, rebuild=build_text_grpo,
                              static_of=lambda config: (config.loss.critic_weight > 0, config_keeps_reference(config),
-                                                       config.loss.token_keep < 1)))
+                                                       config.loss.token_keep < 1, config.loss.expert_coef > 0)))

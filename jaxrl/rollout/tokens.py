@@ -601,7 +601,8 @@ def replay_reference(algo, memory, groups: Groups, params, key):
     with `below` > 0 MM-HELIX's AHPO, which learns from expert data while rewards are sparse (few correct members)
     and explores on its own once proficient. The answer is rewarded by the verifier, scored by the current policy
     (the ratio starts at 1) and its tokens weighted by `weight` (with `below` = 1 a group that solved everything
-    loses its last member to it)."""
+    loses its last member to it). AHPO's expert term as supervised learning, apart from the group: loss.expert_coef
+    (with its own threshold, loss.expert_below)."""
     o = algo.strategy_options("reference")
     correct = _correct(algo, groups)
     need = correct.mean(axis=1) <= o["below"]  # [n]
