@@ -6,6 +6,8 @@ r"""GRPO on tokens from a supervised warm start; the task is the argument.
         --config.advantage.estimator=dr_grpo --config.loss.aggregate=constant --config.group.oversample=2
     python -m jaxrl.train --config=experiments/text_grpo.py:countdown --config.init_from=runs/sft_countdown \
         --config.rollout.pool_size=512 --config.rollout.replay=correct,hints --config.rollout.generate=tree
+    python -m jaxrl.train --config=experiments/text_grpo.py:countdown --config.init_from=runs/sft_countdown \
+        --config.group.size=128 --config.num_prompts=2    # BroRL: broad exploration, 128 rollouts per prompt
 
 The model settings must match the warm start's (they are read from this config, the weights and the
 tokenizer from `init_from`). RL may train on harder problems than SFT saw: any task option can be set, e.g.

@@ -505,3 +505,83 @@ def test_fused_shrinks_the_group_mean_towards_an_accepted_value_prior_only():
     np.testing.assert_array_equal(below.advantages, 0.0)
     plain = fused(rewards, prior=prior, scale="none", prior_weight=0.0)  # no weight: GRPO's centring
     np.testing.assert_allclose(plain.advantages, rewards - rewards.mean(1, keepdims=True), atol=1e-6)
+
+
+# --- BroRL ("Scaling RL via Broadened Exploration"): many rollouts per prompt on a one-step softmax policy ----------
+
+BANDIT_VOCAB, BANDIT_CORRECT = 16, 4  # tokens 0..3 are correct
+
+
+def _bandit_mass(logits: jax.Array) -> jax.Array:
+    """P = the probability of the correct tokens under softmax(logits [V])."""
+    return jnp.sum(jax.nn.softmax(logits)[:BANDIT_CORRECT])
+
+
+def _bandit_step(logits: jax.Array, key: jax.Array, num: int, lr: float):
+    """One gradient step of jaxrl's GRPO on `num` one-token completions drawn from softmax(logits): the group
+    advantages of `group_advantages("grpo")` and the gradient of `losses.policy_loss` (on-policy: ratio 1), taken on
+    the logits themselves. -> (new logits [V], the group's rewards [num])."""
+    from jaxrl import losses
+
+    tokens = jax.random.categorical(key, logits, shape=(num,))
+    rewards = (tokens < BANDIT_CORRECT).astype(jnp.float32)
+    group = group_advantages("grpo", rewards[None])
+
+    def loss(logits):
+        log_p = jax.nn.log_softmax(logits)[tokens][:, None]  # [num, 1]: one-token completions
+        return losses.policy_loss(log_p, jax.lax.stop_gradient(log_p), group.advantages[0][:, None],
+                                  jnp.ones_like(log_p), clip_low=0.2, clip_high=0.28)[0]
+
+    return logits - lr * jax.grad(loss)(logits), rewards
+
+
+def _expected_ascent(logits: jax.Array) -> jax.Array:
+    """The closed-form expected GRPO ascent direction g [V] (derived in the BroRL test's docstring)."""
+    pi = jax.nn.softmax(logits)
+    r = (jnp.arange(BANDIT_VOCAB) < BANDIT_CORRECT).astype(jnp.float32)
+    p = jnp.sum(pi * r)
+    return pi * (r - p) / jnp.sqrt(p * (1 - p))
+
+
+def test_broad_rollouts_always_expand_the_correct_mass_of_a_one_step_softmax_policy():
+    """BroRL's mass balance on a softmax bandit: logits z [16] ~ N(0, 1), pi = softmax(z), tokens 0-3 correct,
+    P = sum_{k<4} pi_k, sigma = sqrt(P (1 - P)). A group of N one-token completions y_i ~ pi with rewards
+    r_i = [y_i < 4] gets GRPO's advantages A_i = (r_i - rbar) / (s + eps) (rbar, s the group's mean and std); at ratio
+    1 the clipped surrogate's gradient is that of -(1/N) sum_i A_i log pi(y_i), and d log pi(y) / dz = e_y - pi, so
+    the ascent direction is (1/N) sum_i A_i (e_{y_i} - pi) = sum_k (n_k / N) A(k) e_k, since sum_i A_i = 0 (n_k: draws
+    of token k). Its expectation as N grows (n_k / N -> pi_k, rbar -> P, s -> sigma) is g_k = pi_k (r_k - P) / sigma,
+    and since dP / dz_j = pi_j (r_j - P), a step z + lr g changes P by lr sum_j pi_j^2 (r_j - P)^2 / sigma > 0 to
+    first order: the expected update always expands the correct mass.
+
+    A sampled step changes P to first order by lr sum_j pi_j (r_j - P) (n_j / N) (r_j - rbar) / s, every term >= 0
+    when 0 < rbar < 1 (r_j = 1: (1 - P)(1 - rbar); r_j = 0: P rbar). So with GRPO's group-mean baseline no sampled
+    token shrinks the correct mass (the unsampled tokens, BroRL's shrinking term, get no push: the advantages sum to
+    zero); a group only fails to expand it when its rewards tie (rbar = 0 or 1, probability P^N + (1 - P)^N), which
+    many rollouts make vanishingly rare. Asserted over 20 fixed random policies at lr = 1: N = 512 raises P in all
+    20; N = 4 raises it in exactly the trials whose group does not tie and lowers it in none; the exact expected step
+    raises it in all 20, by the first-order amount for a small step; and the mean of jaxrl's sampled ascent over 256
+    groups of 512 is the closed form g."""
+    trials = jax.random.split(jax.random.key(0), 20)
+    logits = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (BANDIT_VOCAB,)))(trials)
+    before = jax.vmap(_bandit_mass)(logits)
+    for num in (512, 4):
+        stepped, rewards = jax.vmap(functools.partial(_bandit_step, num=num, lr=1.0))(
+            logits, jax.vmap(lambda k: jax.random.fold_in(k, 1))(trials))
+        change = np.asarray(jax.vmap(_bandit_mass)(stepped) - before)
+        tied = np.asarray(jnp.all(rewards == rewards[:, :1], axis=1))
+        assert not np.any(change < 0), (num, change)
+        np.testing.assert_array_equal(change > 0, ~tied)
+        assert num == 4 or not tied.any()  # N = 512: 20 / 20 raised
+    assert 0 < int(tied.sum()) < 20  # (N = 4 ties in some trials: the contrast is real)
+    expected = jax.vmap(_expected_ascent)(logits)
+    assert np.all(np.asarray(jax.vmap(_bandit_mass)(logits + expected) - before) > 0)
+    sigma = jnp.sqrt(before * (1 - before))
+    r = (jnp.arange(BANDIT_VOCAB) < BANDIT_CORRECT).astype(jnp.float32)
+    pi = jax.nn.softmax(logits)
+    first_order = jnp.sum(pi ** 2 * (r - before[:, None]) ** 2, axis=1) / sigma
+    small = (jax.vmap(_bandit_mass)(logits + 1e-3 * expected) - before) / 1e-3
+    np.testing.assert_allclose(small, first_order, rtol=2e-2)
+    # The closed form is the sampled update's mean: 256 groups of 512 on trial 0's policy.
+    keys = jax.random.split(jax.random.key(1), 256)
+    sampled = jax.vmap(lambda k: _bandit_step(logits[0], k, 512, 1.0)[0] - logits[0])(keys)
+    np.testing.assert_allclose(sampled.mean(0), expected[0], atol=1e-2)

@@ -436,3 +436,27 @@ def test_bupo_optimises_the_internal_layer_policy_first_then_the_whole_model():
                            ["fc"]["kernel"])
     with pytest.raises(ValueError, match="layer_policy=2 must name a layer below the model's last"):
         algos.build(tiny_grpo_config("", **{"model.num_layers": 2, "loss.layer_policy": 2}), mesh_lib.make_mesh())
+
+
+def test_a_broad_group_of_128_completions_per_prompt_shares_its_prompts_cache_and_trains(monkeypatch):
+    """BroRL's hundreds of rollouts per prompt: one update of 2 prompts x 128 completions (group.size = 128) on the
+    small model from scratch, dynamic sampling decoding 2 candidates per slot (the preset's group.oversample). Decoding
+    prefills each candidate's prompt once and gives each member a cache of its own N - 1 tokens only ([4, 128, N - 1]
+    per layer, the one allocation of per-member caches: the prompt's keys and values are shared, never copied 128
+    times); the loss is finite and the update learned from 2 x 128 = 256 completions (tokens / mean length)."""
+    from jaxrl import transformer
+
+    own_caches = []
+    init_own_cache = transformer.init_own_cache
+    monkeypatch.setattr(transformer, "init_own_cache",
+                        lambda config, *shape: own_caches.append(shape) or init_own_cache(config, *shape))
+    config = tiny_grpo_config("", **{"num_prompts": 2, "group.size": 128, "total_steps": 2 * 128})
+    algos.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh(1))
+    N, candidates = algo.parts.task.answer_length, 2 * config.group.oversample
+    assert candidates == 4
+    _, metrics = algo.run_chunk(algo.init_seeds(0, 1), hp, 1)
+    metrics = jax.device_get(metrics)
+    assert own_caches == [(candidates, 128, N - 1)], own_caches
+    assert np.isfinite(metrics["policy_loss"][0]) and np.isfinite(metrics["grad_norm"][0])
+    assert float(metrics["tokens"][0]) / float(metrics["completion_length"][0]) == pytest.approx(256, rel=1e-5)
