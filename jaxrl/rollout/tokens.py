@@ -1078,6 +1078,8 @@ def reweight_rollout_classes(algo, memory, groups: Groups, params):
     return {"log_weight": log_weight}, {"hardest_class_price": jax.nn.softmax(log_weight)[0]}
 
 
+# A strategy of its own rather than a `variance_budget` target: it keeps prices (memory) and learns them (observe),
+# which variance_budget's stateless targets never need; the two share `spend_budget`, the worth its parameter.
 register("control", "rollout_gdro", init=rollout_gdro_memory, before=rollout_gdro, observe=reweight_rollout_classes,
          selects=True, requires=("success_predictor",),
          options={"classes": (4, "difficulty classes of equal width in predicted pass rate", {"minimum": 1}),
