@@ -89,6 +89,12 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
          "rollout.generate=tree with rollout.control=partial"),
         ({"rollout.control": "dynamic_sampling,prune"}, "control/prune stops members by the value head's prediction: "
                                                          "set config.loss.critic_weight > 0"),
+        ({"rollout.control": "entropy_target,diversity_target"},
+         "config.rollout.control names entropy_target, diversity_target: at most one strategy may set the sampling"),
+        ({"rollout.control": "diversity_target", "rollout.options.diversity_target.target": 1.5},
+         "config.rollout.options.diversity_target.target must lie in (0, 1], got 1.5"),
+        ({"rollout.control": "rollout_gdro", "group.oversample": 2},
+         "control/rollout_gdro needs success_predictor in config.rollout"),
     ]:
         config = tiny_grpo_config("")
         config.unlock()  # (an unknown option key needs an unlocked config, as in a notebook)
@@ -888,3 +894,109 @@ def test_tempered_entropy_is_the_entropy_of_the_tempered_softmax(replay_algo):
     want = -np.sum(p * np.log(p), axis=-1) * np.asarray(mask)
     np.testing.assert_allclose(sampling.tempered_entropy(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id,
                                                          0.4), want, rtol=1e-4, atol=1e-5)
+
+
+# --- Rollout-GDRO and the diversity-targeted temperature: one build, one short run ------------------------------
+
+def test_distinct_share_counts_each_groups_distinct_completions_under_their_masks():
+    """Groups of 4 completions of 3 tokens: all the same (1/4), all different (4/4), two pairs (2/4), and 3/4 in a
+    group of two that differ only in padding (past their masks: the same) and two more whose tokens are the same but
+    whose lengths differ (3 and 1: distinct)."""
+    tokens = jnp.asarray([[[5, 6, 0]] * 4,
+                          [[5, 6, 0], [5, 7, 0], [6, 6, 0], [5, 6, 1]],
+                          [[1, 2, 3], [4, 4, 4], [1, 2, 3], [4, 4, 4]],
+                          [[1, 2, 0], [1, 2, 9], [1, 2, 2], [1, 2, 2]]])
+    mask = jnp.ones((4, 4, 3)).at[3, :2, 2].set(0.0).at[3, 3, 1:].set(0.0)  # group 3's lengths: 2, 2, 3, 1
+    np.testing.assert_allclose(rollout.distinct_share(tokens, mask), [1 / 4, 1.0, 2 / 4, 3 / 4])
+
+
+@pytest.fixture(scope="module")
+def budget_and_temperature():
+    """control/rollout_gdro with 2 difficulty classes (step 0.5) beside control/diversity_target (start 0.5, step 1,
+    target 0.75) on 8 slots x 2 candidates, groups of 4, sampling the single most likely token (top_k 1: every
+    member of a group the same completion). One update: (TextGRPO, its metrics, the state after it)."""
+    config = tiny_grpo_config("", **{"rollout.filter": "success_predictor", "group.oversample": 2,
+                                     "rollout.control": "rollout_gdro,diversity_target",
+                                     "rollout.options.rollout_gdro.classes": 2, "rollout.options.rollout_gdro.step": 0.5,
+                                     "rollout.options.diversity_target.start": 0.5, "sampling.top_k": 1})
+    algos.validate(config)
+    algo, hp = algos.build(config, mesh_lib.make_mesh(1))
+    state, metrics = algo.run_chunk(algo.init_seeds(0, 1), hp, 1)
+    return algo.parts, {k: float(np.asarray(v)[0]) for k, v in metrics.items()}, state
+
+
+def test_rollout_gdro_spends_the_budget_by_the_square_root_rule(budget_and_temperature):
+    """Rollout-GDRO, 8 groups on 16 candidates, at most 2 each. Shadow prices lambda = (1, 1/4) (log (0, -log 4)) of the
+    classes p < 1/2 and p >= 1/2. Candidates 0 and 2 at p = 0.2 (class 0), 1, 3, 4, 5 at p = 0.8 (class 1), the rest
+    sure (p = 0 or 1, sigma 0). sigma = sqrt(0.2 x 0.8) = 0.4 for all six, so sqrt(lambda) sigma = 0.4 and 0.2, and
+    the square-root rule n_i = 8 x w_i / sum w (sum w = 2 x 0.4 + 4 x 0.2 = 1.6) gives 2 to each of class 0's and 1 to
+    each of class 1's: per class n_c = 4 = 8 x sqrt(lambda_c) x (its summed sigma) / 1.6, where equal prices would
+    give class 1 twice class 0's."""
+    algo, _, _ = budget_and_temperature
+    p = jnp.asarray([0.2, 0.8, 0.2, 0.8, 0.8, 0.8] + [0.0, 1.0] * 5)
+    plan = rollout.Plan(jnp.arange(16, dtype=jnp.int32), algo.task.sample(jax.random.key(0), 16, "train"),
+                        jnp.zeros(16, jnp.int32), p, jnp.zeros(16, jnp.int32))
+    memory = {"log_weight": jnp.asarray([0.0, -np.log(4.0)])}
+    out, logged = on_mesh(algo, strategies.rollout_gdro, memory, plan, None)
+    np.testing.assert_array_equal(np.bincount(np.asarray(out.ids), minlength=16), [2, 1, 2, 1, 1, 1] + [0] * 10)
+    assert float(logged["budget_skipped"]) == 10 / 16 and float(logged["budget_most_groups"]) == 2.0
+    # Compute-neutral on any predictions and prices: exactly B = 8 groups, at most 2 each, and each candidate's count
+    # the square-root rule rounded down, floor(w_i / t) for one threshold t (no next group worth more than a last one).
+    for seed in range(4):
+        k1, k2 = jax.random.split(jax.random.key(seed))
+        p = jax.random.uniform(k1, (16,))
+        log_weight = jax.random.normal(k2, (2,))
+        out, _ = on_mesh(algo, strategies.rollout_gdro, {"log_weight": log_weight}, plan.replace(predicted=p), None)
+        counts = np.bincount(np.asarray(out.ids), minlength=16)
+        assert counts.sum() == 8 and counts.max() <= 2, counts
+        price = np.exp(np.asarray(log_weight))[np.minimum(np.floor(np.asarray(p) * 2), 1).astype(int)]
+        worth = np.sqrt(price) * np.sqrt(np.asarray(p) * (1 - np.asarray(p)))
+        next_worth = np.where(counts < 2, worth / (counts + 1), -1.0)
+        last_worth = np.where(counts > 0, worth / np.maximum(counts, 1), np.inf)
+        assert next_worth.max() <= last_worth.min() + 1e-6, (counts, worth)
+
+
+def test_rollout_gdro_raises_the_shadow_price_of_the_class_it_fails(budget_and_temperature):
+    """Two updates of groups of 4, step 0.5, classes p < 1/2 (0) and p >= 1/2 (1) by the predicted pass rate:
+    1. predicted (0.2, 0.2, 0.8, 0.8), solved 0, 2, 4, 4 of 4: class 0 fails 3/4 on average, class 1 never;
+    2. predicted (0.8, 0.8, 0.2, none), solved 0, 0, 4, 2 of 4, the last group unfinished (not counted): class 1 fails
+       always, class 0 never.
+    log lambda = 0.5 x (3/4 + 0, 0 + 1) = (0.375, 0.5), shifted to a largest 0: (-0.125, 0)."""
+    algo, _, _ = budget_and_temperature
+    correct = algo.task.reward_names.index("correct")
+
+    def groups(predicted, solved, finished):
+        rewards = jnp.zeros((4, 4, len(algo.task.reward_names)))
+        rewards = rewards.at[..., correct].set(jnp.arange(4)[None, :] < jnp.asarray(solved)[:, None])
+        return rollout.Groups(jnp.full(4, -1, jnp.int32), *([None] * 3), tokens=jnp.zeros((4, 4, 5), jnp.int32),
+                              log_probs=None, mask=None, lengths=None, values=None, rewards=rewards, weight=None,
+                              bonus=None, replayed=jnp.zeros((4, 4), bool), finished=jnp.asarray(finished),
+                              predicted=jnp.asarray(predicted))
+
+    memory = {"log_weight": jnp.zeros(2)}
+    memory, _ = on_mesh(algo, strategies.reweight_rollout_classes, memory,
+                        groups([0.2, 0.2, 0.8, 0.8], [0, 2, 4, 4], [True] * 4), None)
+    np.testing.assert_allclose(memory["log_weight"], [0.0, -0.375], atol=1e-6)
+    memory, logged = on_mesh(algo, strategies.reweight_rollout_classes, memory,
+                             groups([0.8, 0.8, 0.2, -1.0], [0, 0, 4, 2], [True, True, True, False]), None)
+    np.testing.assert_allclose(memory["log_weight"], [-0.125, 0.0], atol=1e-6)
+    assert float(logged["hardest_class_price"]) == pytest.approx(np.exp(-0.125) / (np.exp(-0.125) + 1), rel=1e-5)
+
+
+def test_the_diversity_target_retunes_the_temperature_by_the_groups_distinct_share(budget_and_temperature):
+    """Groups of 4: one of a single completion (1/4), one of two pairs (2/4): diversity 3/8. From T = 0.5, target 0.75,
+    step 1: T' = 0.5 exp(0.75 - 3/8). In the run every member of a group drew the same tokens (top_k 1): diversity 1/4,
+    T' = 0.5 exp(0.75 - 1/4), and every token sampled was trained (rollout_gdro spent exactly B = 8 groups of 4)."""
+    algo, metrics, state = budget_and_temperature
+    tokens = jnp.asarray([[[3, 4, 5]] * 4, [[3, 4, 5], [3, 4, 6], [3, 4, 5], [3, 4, 6]]])
+    groups = rollout.Groups(*([None] * 4), tokens=tokens, log_probs=None, mask=jnp.ones((2, 4, 3)), lengths=None,
+                            values=None, rewards=None, weight=None, bonus=None, replayed=None)
+    observe = rollout.get("control", "diversity_target").observe
+    memory, logged = on_mesh(algo, observe, {"temperature": jnp.float32(0.5)}, groups, None)
+    assert float(logged["diversity"]) == pytest.approx(3 / 8)
+    np.testing.assert_allclose(memory["temperature"], 0.5 * np.exp(0.75 - 3 / 8), rtol=1e-6)
+    assert metrics["sampling_temperature"] == 0.5 and metrics["diversity"] == pytest.approx(1 / 4)
+    tuned = state.memory["diversity_target"]["temperature"][0]
+    np.testing.assert_allclose(tuned, 0.5 * np.exp(0.75 - 1 / 4), rtol=1e-6)
+    assert metrics["sampled_tokens"] == metrics["tokens"] > 0 and metrics["budget_most_groups"] <= 2
+    assert np.isfinite(metrics["hardest_class_price"]) and np.isfinite(metrics["policy_loss"])

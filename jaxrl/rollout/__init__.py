@@ -3,7 +3,8 @@
 In one update of token-level GRPO (`jaxrl.algos.text.TextGRPO`) the stages run in this order, inside the
 compiled update (no Python loop per sample; `Pipeline.run`):
 
-    tune      strategies set this update's sampling hyperparameters (an entropy-targeted temperature)
+    tune      strategies set this update's sampling hyperparameters (an entropy- or diversity-targeted
+              temperature)
     plan      C = B x oversample candidate prompts (ids in the training pool, problems, hint lengths)
     before    strategies change the plan: first one that redraws the problems (a curriculum), then in stage
               order (a predictor's pass rates, which candidates get groups, hints to force)
@@ -50,8 +51,8 @@ the token strategies share), `tokens` (the built-in token strategies, registered
 `environments` (the env Generate strategies, registered on import, and their check).
 """
 
-from jaxrl.rollout.pieces import (allocate_groups, hint_lengths, hint_update, importance_weights,  # noqa: F401
-                                  last_occurrence, tie_ranks, tree_advantages)
+from jaxrl.rollout.pieces import (allocate_groups, distinct_share, hint_lengths, hint_update,  # noqa: F401
+                                  importance_weights, last_occurrence, tie_ranks, tree_advantages)
 from jaxrl.rollout.stages import (STAGES, STRATEGIES, Groups, Pipeline, Plan, Strategy, check_config,  # noqa: F401
                                   config_keys, configured_options, get, names, option_keys, options_of,
                                   register, settings_of)

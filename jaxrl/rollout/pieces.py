@@ -99,3 +99,12 @@ def hint_lengths(tier: jax.Array, answer_lengths: jax.Array, tiers: int) -> jax.
     """Tokens of the reference answer (lengths [n], EOS excluded) revealed at `tier` of `tiers`: tier k
     reveals floor(k / (tiers + 1)) of it, so even the top tier leaves the end of the answer to the model."""
     return (tier * answer_lengths) // (tiers + 1)
+
+
+def distinct_share(tokens: jax.Array, mask: jax.Array) -> jax.Array:
+    """float32 [n]: each group's number of distinct completions / G, of tokens and mask [n, G, N]. Two members are
+    the same completion where their masks agree and so do their tokens under them (padding never tells apart)."""
+    shown = jnp.where(mask > 0, tokens, -1)
+    same = jnp.all(shown[:, :, None] == shown[:, None, :], axis=-1)  # [n, G, G]
+    repeats = jnp.tril(same, k=-1).any(axis=-1)  # an earlier member is the same: counted once, at the first
+    return 1.0 - repeats.mean(axis=-1)

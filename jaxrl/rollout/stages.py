@@ -162,6 +162,8 @@ class Groups:
     process: jax.Array | None = None
     # float32 [n, K]: the problem's tracked value per reward component before this update (`rollout.replay=tracker`)
     baseline: jax.Array | None = None
+    # float32 [n]: the pass rate a Filter predicted when the group was planned (`Plan.predicted`; -1: none)
+    predicted: jax.Array | None = None
 
     @property
     def generated(self) -> jax.Array:

@@ -2,7 +2,8 @@
 
     generate  independent (the default), tree
     filter    rank_ties, success_predictor
-    control   dynamic_sampling (the default), variance_budget, partial, prune
+    control   dynamic_sampling (the default), variance_budget, rollout_gdro, partial, prune, entropy_target,
+              diversity_target
     replay    correct, selective, reference, hints, curriculum, thompson, gdro, pairing, hardest
 
 `algo` is token GRPO's learner
@@ -12,6 +13,8 @@ reward components, pool the number of training problems (`rollout.pool_size`).
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -19,8 +22,8 @@ import optax
 from jaxrl import advantages, mesh as mesh_lib, multi_turn, sampling
 from jaxrl.engine import global_mean
 from jaxrl.mesh import DATA_AXIS
-from jaxrl.rollout.pieces import (allocate_groups, first_per_slot, hint_lengths, hint_update, importance_weights,
-                                  last_occurrence, tie_ranks, tree_advantages)
+from jaxrl.rollout.pieces import (allocate_groups, distinct_share, first_per_slot, hint_lengths, hint_update,
+                                  importance_weights, last_occurrence, tie_ranks, tree_advantages)
 from jaxrl.rollout.stages import Groups, Plan, register, take
 
 
@@ -110,7 +113,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
                   samples.lengths, samples.values, rewards, weight=weight, bonus=jnp.zeros((n, G), jnp.float32),
                   replayed=jnp.zeros((n, G), bool), start=plan.start, decided=decided, behaviour=behaviour,
                   finished=ended.all(axis=1), pruned=samples.pruned, branched_at=samples.branched_at,
-                  baseline=plan.baseline)
+                  baseline=plan.baseline, predicted=plan.predicted)
 
 
 def _episodes(algo, params, hp, plan: Plan, prompts: jax.Array, keys: jax.Array) -> Groups:
@@ -123,7 +126,7 @@ def _episodes(algo, params, hp, plan: Plan, prompts: jax.Array, keys: jax.Array)
     return Groups(plan.ids, plan.problems, prompts, plan.hint_len, episodes.tokens, episodes.log_probs, episodes.mask,
                   episodes.mask.sum(-1).astype(jnp.int32), episodes.values, episodes.rewards, weight=episodes.mask,
                   bonus=jnp.zeros((n, G), jnp.float32), replayed=jnp.zeros((n, G), bool), start=plan.start,
-                  attend=episodes.attend, turns=episodes.turns, baseline=plan.baseline)
+                  attend=episodes.attend, turns=episodes.turns, baseline=plan.baseline, predicted=plan.predicted)
 
 
 register("generate", "independent", generate=independent)
@@ -279,19 +282,31 @@ BUDGET_TARGETS = {
 
 def variance_budget(algo, memory, plan: Plan, key):
     """Sampling under a fixed budget: the B groups of an update (B x G samples) go to the B x oversample candidates
-    by the worth of their predicted pass rate p (`BUDGET_TARGETS[target]`; `allocate_groups`), up to `max_groups`
+    by the worth of their predicted pass rate p (`BUDGET_TARGETS[target]`; `spend_budget`), up to `max_groups`
     each. `uncertain` (variance-aware): by sqrt(p (1 - p)), prompts predicted always right or always wrong get none;
     `hard` (DARS, Difficulty Adaptive Rollout Sampling): by 1 - p, the extra rollouts go to the prompts predicted
-    least often solved, to raise their number of positive rollouts, and prompts predicted always right get none.
-    Chosen over all devices' candidates at once (the same on any device count)."""
+    least often solved, to raise their number of positive rollouts, and prompts predicted always right get none."""
     o = algo.strategy_options("variance_budget")
+    return spend_budget(algo, plan, BUDGET_TARGETS[o["target"]], o["max_groups"])
+
+
+def spend_budget(algo, plan: Plan, worth, max_groups: int) -> tuple[Plan, dict]:
+    """The B groups of an update spent on all devices' B x oversample candidates by `worth(p)` [C] of their predicted
+    pass rates p [C] (1/2 where none; `allocate_groups`), at most `max_groups` each: this device's share of the B
+    chosen (a candidate given k groups appears k times). Chosen over every device's candidates at once, so the
+    same on any device count. Logs the share of candidates given none and the most groups one got."""
     every = mesh_lib.gather_shares(plan)
-    p = jnp.where(every.predicted >= 0, every.predicted, 0.5)
-    chosen = allocate_groups(BUDGET_TARGETS[o["target"]](p), algo.settings.text.num_prompts, o["max_groups"])
+    p = predicted_or_half(every.predicted)
+    chosen = allocate_groups(worth(p), algo.settings.text.num_prompts, max_groups)
     counts = jnp.zeros(p.shape[0], jnp.int32).at[chosen].add(1)
     return take(every, mesh_lib.local_share(chosen)), {
         "budget_skipped": jnp.mean((counts == 0).astype(jnp.float32)),
         "budget_most_groups": jnp.max(counts).astype(jnp.float32)}
+
+
+def predicted_or_half(predicted: jax.Array) -> jax.Array:
+    """A Filter's predicted pass rates [C], 1/2 where there is none (-1)."""
+    return jnp.where(predicted >= 0, predicted, 0.5)
 
 
 register("control", "variance_budget", before=variance_budget, selects=True, requires=("success_predictor",),
@@ -417,16 +432,16 @@ register("control", "prune", init=prune_memory, before=prune_threshold, observe=
                   "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
 
 
-# --- Control: an entropy-targeted temperature (AceReason-Nemotron 1.1) ----------------------------------------
+# --- Control: a temperature tuned to a target (AceReason-Nemotron 1.1's entropy, MicroCoder-GRPO's diversity) -----
 
-def retuned_temperature(temperature, entropy, target, step, lowest, highest):
-    """The next temperature: log T moves `step` x (target - entropy), clipped to [lowest, highest]. The tempered
-    entropy rises with T, so the loop settles where the sampled tokens' temperature-adjusted entropy is `target`."""
-    return jnp.clip(temperature * jnp.exp(step * (target - entropy)), lowest, highest)
+def retuned_temperature(temperature, measured, target, step, lowest, highest):
+    """The next temperature: log T moves `step` x (target - measured), clipped to [lowest, highest]. What is measured
+    (the tempered entropy, the groups' diversity) rises with T, so the loop settles where it is `target`."""
+    return jnp.clip(temperature * jnp.exp(step * (target - measured)), lowest, highest)
 
 
-def temperature_memory(algo, key):
-    return {"temperature": jnp.float32(algo.strategy_options("entropy_target")["start"])}
+def temperature_memory(algo, key, *, name: str):
+    return {"temperature": jnp.float32(algo.strategy_options(name)["start"])}
 
 
 def tuned_temperature(algo, memory, hp):
@@ -434,35 +449,68 @@ def tuned_temperature(algo, memory, hp):
     return hp.replace(temperature=memory["temperature"])
 
 
-def track_entropy(algo, memory, groups: Groups, params):
-    """The mean temperature-adjusted entropy of the tokens this update's policy drew (every candidate, all devices),
-    and the temperature retuned towards the target (`retuned_temperature`)."""
-    o = algo.strategy_options("entropy_target")
+def retune_temperature(algo, memory, groups: Groups, params, *, name: str, measure, metric: str):
+    """The temperature retuned towards option `target` of what `measure(algo, memory, groups, params)` (a scalar over
+    all devices) read from this update's groups (`retuned_temperature`); logs it as `metric`."""
+    o = algo.strategy_options(name)
+    value = measure(algo, memory, groups, params)
+    temperature = retuned_temperature(memory["temperature"], value, o["target"], o["step"], o["lowest"], o["highest"])
+    return {"temperature": temperature}, {metric: value, "sampling_temperature": memory["temperature"]}
+
+
+def check_temperature(config, chosen, *, name: str) -> None:
+    o = config.rollout.options[name]
+    if not o.lowest <= o.start <= o.highest:
+        raise ValueError(f"config.rollout.options.{name}.start={o.start} must lie in [lowest, highest] = "
+                         f"[{o.lowest}, {o.highest}]")
+    tuners = [n for n in chosen["control"] if n in TEMPERATURE_CONTROLLERS]
+    if len(tuners) > 1:
+        raise ValueError(f"config.rollout.control names {', '.join(tuners)}: at most one strategy may set the "
+                         f"sampling temperature")
+
+
+TEMPERATURE_CONTROLLERS: set[str] = set()  # their names (`check_temperature` lets a run choose one at most)
+
+
+def register_temperature_controller(name: str, measure, metric: str, target: tuple) -> None:
+    """A Control strategy that samples at its own temperature and retunes it after each update towards `target`
+    (the option's (default, help, bounds)) of `measure` (`retune_temperature`): the controllers differ only there."""
+    TEMPERATURE_CONTROLLERS.add(name)
+    register("control", name, init=functools.partial(temperature_memory, name=name), tune=tuned_temperature,
+             observe=functools.partial(retune_temperature, name=name, measure=measure, metric=metric),
+             check=functools.partial(check_temperature, name=name),
+             options={"target": target,
+                      "step": (1.0, f"log T moves this x (target - {metric}) after each update", {"above": 0.0}),
+                      "start": (1.0, "the temperature of the first update (it takes over sampling.temperature)",
+                                {"above": 0.0}),
+                      "lowest": (0.1, "the lowest temperature it may choose", {"above": 0.0}),
+                      "highest": (2.0, "the highest temperature it may choose", {"above": 0.0})})
+
+
+def mean_tempered_entropy(algo, memory, groups: Groups, params) -> jax.Array:
+    """AceReason-Nemotron 1.1: the mean temperature-adjusted entropy of the tokens this update's policy drew (every
+    candidate, all devices)."""
     entropy = sampling.tempered_entropy(algo.model, params, groups.prompts, groups.tokens, groups.mask,
                                         algo.vocab.pad_id, memory["temperature"], groups.attend)
     drawn = groups.generated
-    mean = (jax.lax.psum(jnp.sum(entropy * drawn), DATA_AXIS)
-            / jnp.maximum(jax.lax.psum(jnp.sum(drawn), DATA_AXIS), 1.0))
-    temperature = retuned_temperature(memory["temperature"], mean, o["target"], o["step"], o["lowest"], o["highest"])
-    return {"temperature": temperature}, {"tempered_entropy": mean, "sampling_temperature": memory["temperature"]}
+    total = jax.lax.psum(jnp.sum(entropy * drawn), DATA_AXIS)
+    return total / jnp.maximum(jax.lax.psum(jnp.sum(drawn), DATA_AXIS), 1.0)
 
 
-def check_entropy_target(config, chosen) -> None:
-    o = config.rollout.options.entropy_target
-    if not o.lowest <= o.start <= o.highest:
-        raise ValueError(f"config.rollout.options.entropy_target.start={o.start} must lie in [lowest, highest] = "
-                         f"[{o.lowest}, {o.highest}]")
+def mean_diversity(algo, memory, groups: Groups, params) -> jax.Array:
+    """MicroCoder-GRPO's diversity-determined temperature: the mean share of distinct completions per group
+    (`distinct_share`) over every candidate of the update, all devices (1/G: every member the same; 1: all differ)."""
+    return global_mean(distinct_share(groups.tokens, groups.mask))
 
 
-register("control", "entropy_target", init=temperature_memory, tune=tuned_temperature, observe=track_entropy,
-         check=check_entropy_target,
-         options={"target": (0.3, "the temperature-adjusted entropy (nats per token) the sampling temperature is "
-                             "tuned to keep", {"above": 0.0}),
-                  "step": (1.0, "log T moves this x (target - entropy) after each update", {"above": 0.0}),
-                  "start": (1.0, "the temperature of the first update (it takes over sampling.temperature)",
-                            {"above": 0.0}),
-                  "lowest": (0.1, "the lowest temperature it may choose", {"above": 0.0}),
-                  "highest": (2.0, "the highest temperature it may choose", {"above": 0.0})})
+register_temperature_controller(
+    "entropy_target", mean_tempered_entropy, "tempered_entropy",
+    (0.3, "the temperature-adjusted entropy (nats per token) the sampling temperature is tuned to keep",
+     {"above": 0.0}))
+register_temperature_controller(
+    "diversity_target", mean_diversity, "diversity",
+    (0.75, "the share of distinct completions per group (distinct / G) the sampling temperature is tuned to keep",
+     {"above": 0.0, "maximum": 1.0}))
 
 
 # --- Replay: past completions by outcome (a correct one; Skywork R1V2's Selective Sample Buffer) -----------------
@@ -949,17 +997,28 @@ def gdro_problems(algo, memory, plan: Plan, key):
 
 
 def reweight_classes(algo, memory, groups: Groups, params):
-    """Each observed problem's pass rate moves towards its group's by `rate_step`; each class observed this update
-    gains `step` x its mean failure rate (1 - pass rate) in log-weight (multiplicative weights: the classes the
-    policy fails most are drawn more), the weights then normalised to a largest log-weight of 0 (all devices)."""
+    """Each observed problem's pass rate moves towards its group's by `rate_step`; the classes' log-weights take one
+    multiplicative-weights step on this update's failure rates (`reweighted_classes`: the classes the policy fails
+    most are drawn more), all devices."""
     o = algo.strategy_options("gdro")
     ids, passed, finished = observed_pass_rates(algo, groups)
     member = difficulty_classes(memory["rate"][ids], o["classes"])
-    seen = jnp.zeros(o["classes"]).at[member].add(finished.astype(jnp.float32))
-    failures = jnp.zeros(o["classes"]).at[member].add(jnp.where(finished, 1.0 - passed, 0.0))
-    log_weight = memory["log_weight"] + o["step"] * jnp.where(seen > 0, failures / jnp.maximum(seen, 1.0), 0.0)
+    log_weight = reweighted_classes(memory["log_weight"], member, passed, finished, o["step"])
     rate = moved_rates(memory["rate"], ids, passed, finished, o["rate_step"])
-    return {"rate": rate, "log_weight": log_weight - log_weight.max()}, {"mean_pass_rate": jnp.mean(rate)}
+    return {"rate": rate, "log_weight": log_weight}, {"mean_pass_rate": jnp.mean(rate)}
+
+
+def reweighted_classes(log_weight: jax.Array, member: jax.Array, passed: jax.Array, finished: jax.Array,
+                       step: float) -> jax.Array:
+    """GDRO's adversary, multiplicative weights over difficulty classes: log_weight [classes] after the groups of
+    classes `member` [C] with pass rates `passed` [C] (the `finished` [C] ones) were observed. Each class observed
+    gains `step` x its groups' mean failure rate (1 - pass rate), the loss it is paid; the others keep theirs. Then
+    shifted to a largest log-weight of 0 (the weights exp(log_weight) are used up to scale)."""
+    classes = log_weight.shape[0]
+    seen = jnp.zeros(classes).at[member].add(finished.astype(jnp.float32))
+    failures = jnp.zeros(classes).at[member].add(jnp.where(finished, 1.0 - passed, 0.0))
+    log_weight = log_weight + step * jnp.where(seen > 0, failures / jnp.maximum(seen, 1.0), 0.0)
+    return log_weight - log_weight.max()
 
 
 register("replay", "gdro", init=difficulty_memory, before=gdro_problems, observe=reweight_classes, needs_pool=True,
@@ -969,6 +1028,65 @@ register("replay", "gdro", init=difficulty_memory, before=gdro_problems, observe
                            {"minimum": 0.0}),
                   "rate_step": (0.5, "a problem's pass rate moves this far towards each new group's",
                                 {"minimum": 0.0, "maximum": 1.0})})
+
+
+# --- Control: Rollout-GDRO, groups spent by shadow prices over difficulty classes ------------------------------
+
+def rollout_gdro_memory(algo, key):
+    """The log shadow price of each difficulty class (all 0: equal prices)."""
+    return {"log_weight": jnp.zeros(algo.strategy_options("rollout_gdro")["classes"])}
+
+
+def priced_worth(p: jax.Array, log_weight: jax.Array) -> jax.Array:
+    """float32 [C]: what one more group of each candidate of predicted pass rate p [C] is worth under the square-root
+    rule, sqrt(lambda_c) x sigma with sigma = sqrt(p (1 - p)) its reward's std and lambda_c = exp(log_weight [classes])
+    the shadow price of its class c (`difficulty_classes`)."""
+    price = jnp.exp(log_weight)[difficulty_classes(p, log_weight.shape[0])]
+    return jnp.sqrt(price) * BUDGET_TARGETS["uncertain"](p)
+
+
+def rollout_gdro(algo, memory, plan: Plan, key):
+    """Rollout-GDRO ("Group Distributionally Robust Optimization-Driven Reinforcement Learning for LLM Reasoning",
+    Panaganti et al. 2026: Multi-Adversary GDRO): the B groups of an update are spent on the B x oversample
+    candidates under a fixed total (compute-neutral: always exactly B groups, B x G samples), more of them to the
+    difficulty classes whose shadow prices lambda_c the adversary (`reweight_rollout_classes`) has raised.
+
+    The square-root rule. A candidate i of class c and reward std sigma_i = sqrt(p_i (1 - p_i)) (p_i its predicted
+    pass rate) given n_i groups contributes a gradient-variance proxy of sigma_i^2 / n_i, priced lambda_c. Minimise
+    sum_i lambda_c sigma_i^2 / n_i subject to sum_i n_i = B: with a multiplier mu (the budget's own shadow price),
+    d/dn_i [lambda_c sigma_i^2 / n_i + mu n_i] = -lambda_c sigma_i^2 / n_i^2 + mu = 0, so n_i = sqrt(lambda_c)
+    sigma_i / sqrt(mu) -- n_i is proportional to sqrt(lambda_c) sigma_i, and mu is whatever makes them sum to B.
+    Per class, n_c = sum_{i in c} n_i is proportional to sqrt(lambda_c) x the class's summed std.
+
+    In whole groups: `allocate_groups` with worth w_i = sqrt(lambda_c) sigma_i (`priced_worth`) takes the B largest
+    w_i / k (k = 1 .. max_groups), so n_i = floor(w_i / t) for the threshold t that spends exactly B (mu = t^2):
+    the square-root rule rounded down, exact where it is in whole numbers; at most `max_groups` each. Prompts
+    predicted always right or always wrong (sigma 0) get none."""
+    o = algo.strategy_options("rollout_gdro")
+    return spend_budget(algo, plan, lambda p: priced_worth(p, memory["log_weight"]), o["max_groups"])
+
+
+def reweight_rollout_classes(algo, memory, groups: Groups, params):
+    """The shadow prices' adversary: each class of the groups observed this update (by the pass rate predicted when
+    they were planned, the class they were priced in) gains `step` x its mean failure rate in log price
+    (`reweighted_classes`, as Prompt-GDRO's weights: exponentiated gradient, no-regret), all devices. Logs the
+    hardest class's share of the prices."""
+    o = algo.strategy_options("rollout_gdro")
+    _, passed, finished = observed_pass_rates(algo, groups)
+    predicted = mesh_lib.gather_shares(groups.predicted)
+    member = difficulty_classes(predicted_or_half(predicted), o["classes"])
+    log_weight = reweighted_classes(memory["log_weight"], member, passed, finished, o["step"])
+    return {"log_weight": log_weight}, {"hardest_class_price": jax.nn.softmax(log_weight)[0]}
+
+
+# A strategy of its own rather than a `variance_budget` target: it keeps prices (memory) and learns them (observe),
+# which variance_budget's stateless targets never need; the two share `spend_budget`, the worth its parameter.
+register("control", "rollout_gdro", init=rollout_gdro_memory, before=rollout_gdro, observe=reweight_rollout_classes,
+         selects=True, requires=("success_predictor",),
+         options={"classes": (4, "difficulty classes of equal width in predicted pass rate", {"minimum": 1}),
+                  "step": (0.1, "the shadow prices' multiplicative-weights step: a class's log price gains this x its "
+                           "failure rate", {"minimum": 0.0}),
+                  "max_groups": (2, "the most groups one prompt gets", {"minimum": 1})})
 
 
 RATE_STEP = (1.0, "a problem's tracked pass rate moves this far from its last value towards each new group's (1: the "
