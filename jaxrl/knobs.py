@@ -31,7 +31,7 @@ FIELD_METADATA = "jaxrl_knob"
 
 @dataclasses.dataclass(frozen=True)
 class Knob:
-    """One config key. `minimum`/`maximum` are inclusive bounds, `above` an exclusive lower bound; `choices` the
+    """One config key. `minimum`/`maximum` are inclusive bounds, `above`/`below` exclusive ones; `choices` the
     accepted values (for a comma-separated list: `each_of`); `accepts` any other check, `rule` its words;
     `convert` turns the config value into the field's (e.g. a weight decay > 0 into the static choice to decay)."""
 
@@ -44,6 +44,7 @@ class Knob:
     minimum: float | None = None
     maximum: float | None = None
     above: float | None = None
+    below: float | None = None
     rule: str = ""  # what `accepts` checks, in words ("positive integers, e.g. (64, 64)")
     accepts: Callable[[Any], bool] | None = dataclasses.field(default=None, compare=False)
     convert: Callable[[Any], Any] | None = dataclasses.field(default=None, compare=False)
@@ -91,7 +92,7 @@ class Knob:
 
     def _in_bounds(self, value: float) -> bool:
         return ((self.minimum is None or value >= self.minimum) and (self.maximum is None or value <= self.maximum)
-                and (self.above is None or value > self.above))
+                and (self.above is None or value > self.above) and (self.below is None or value < self.below))
 
     def bounds(self) -> str:
         """The accepted values in words, e.g. "in [0, 1]" or "> 0"; "" when any value of the type is."""
@@ -102,14 +103,17 @@ class Knob:
         if _is_int(self.default) and self.minimum == 1 and self.maximum is None:
             return "a positive integer"
         low = self.minimum if self.minimum is not None else self.above
-        if low is not None and self.maximum is not None:
-            return f"in {'[' if self.above is None else '('}{low:g}, {self.maximum:g}]"
+        high = self.maximum if self.maximum is not None else self.below
+        if low is not None and high is not None:
+            return f"in {'[' if self.above is None else '('}{low:g}, {high:g}{']' if self.below is None else ')'}"
         if self.above is not None:
             return f"> {self.above:g}"
         if self.minimum is not None:
             return f">= {self.minimum:g}"
         if self.maximum is not None:
             return f"<= {self.maximum:g}"
+        if self.below is not None:
+            return f"< {self.below:g}"
         return ""
 
 
@@ -143,7 +147,7 @@ def _field(declared: Knob):
 
 def knob(key: str, default: Any, help: str, **accepts) -> Any:
     """Declare config key `key` as a dataclass field (see `Knob` for `accepts`: traced, choices, minimum,
-    maximum, above, convert)."""
+    maximum, above, below, convert)."""
     return _field(Knob(key, default, help, **accepts))
 
 

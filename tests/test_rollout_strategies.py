@@ -448,6 +448,30 @@ def test_gdro_draws_by_class_weight_and_raises_the_weight_of_the_classes_it_fail
     np.testing.assert_allclose(memory["rate"][jnp.asarray([2, 20, 5])], [0.05, 0.95, 0.1], rtol=1e-6)
 
 
+def test_gdro_s_debiased_averages_keep_stepping_a_class_that_was_not_drawn():
+    """GDRO's EMA debiasing (`rollout.options.gdro.ema` = rollout_gdro's `ema`), 2 classes, decay 1/2, step 1, worked
+    by hand. Update 1: class 0's groups pass 0 and 1/2 (failure 3/4), class 1's passes 1 (failure 0): averages
+    (3/8, 0), counts (1, 1), corrected (3/4, 0): log-weights (3/4, 0) -> (0, -3/4). Update 2 draws class 1 only,
+    which fails entirely: its average 1/2, count 2, corrected (1/2) / (1 - 1/4) = 2/3; class 0 keeps 3/4, and
+    both step: (3/4, -3/4 + 2/3) -> (0, -5/6). Without the averages (ema 0) only class 1 steps: (-1/4, 0)."""
+    zeros = jnp.zeros(2)
+    memory = {"log_weight": zeros, "loss_mean": zeros, "loss_count": zeros}
+    first = strategies.reweighted_classes(memory, jnp.asarray([0, 0, 1]), jnp.asarray([0.0, 0.5, 1.0]),
+                                          jnp.ones(3, bool), 1.0, 0.5)
+    np.testing.assert_allclose(first["loss_mean"], [0.375, 0.0], atol=1e-7)
+    np.testing.assert_allclose(first["loss_count"], [1.0, 1.0])
+    np.testing.assert_allclose(first["log_weight"], [0.0, -0.75], atol=1e-6)
+    second = strategies.reweighted_classes(first, jnp.asarray([1]), jnp.asarray([0.0]), jnp.ones(1, bool), 1.0, 0.5)
+    np.testing.assert_allclose(second["log_weight"], [0.0, -5 / 6], atol=1e-6)
+    plain = strategies.reweighted_classes({"log_weight": first["log_weight"]}, jnp.asarray([1]), jnp.asarray([0.0]),
+                                          jnp.ones(1, bool), 1.0, 0.0)
+    assert set(plain) == {"log_weight"}
+    np.testing.assert_allclose(plain["log_weight"], [-0.25, 0.0], atol=1e-6)
+    with pytest.raises(ValueError, match=r"config.rollout.options.gdro.ema must lie in \[0, 1\), got 1.0"):
+        algos.validate(tiny_grpo_config("", **{"rollout.replay": "gdro", "rollout.pool_size": 32,
+                                               "rollout.options.gdro.ema": 1.0}))
+
+
 def test_a_filter_bonus_gives_tied_groups_advantages_and_leaves_the_others_alone(replay_algo):
     config = tiny_grpo_config("", **{"rollout.filter": "rank_ties", "group.size": 3})
     algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts

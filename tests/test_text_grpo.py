@@ -72,7 +72,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 @pytest.mark.parametrize("overrides", [
     {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
      "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3, "rollout.replay": "gdro",
-     "rollout.pool_size": 16, "reward.length_penalty": 0.5, "loss.sample_keep": 0.5, "loss.keep_schedule": 2,
+     "rollout.options.gdro.ema": 0.9, "rollout.pool_size": 16, "reward.length_penalty": 0.5, "loss.sample_keep": 0.5, "loss.keep_schedule": 2,
      "advantage.entropy_shaping": 0.1},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",

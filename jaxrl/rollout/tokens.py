@@ -973,8 +973,15 @@ def first_by(keys: tuple, count: int) -> jax.Array:
 def difficulty_memory(algo, key):
     """Per training problem its pass rate (an exponential average of its groups', 1/2 before any), and the
     log-weight of each difficulty class."""
-    pool, classes = algo.settings.pool_size, algo.strategy_options("gdro")["classes"]
-    return {"rate": jnp.full(pool, 0.5), "log_weight": jnp.zeros(classes)}
+    pool, o = algo.settings.pool_size, algo.strategy_options("gdro")
+    return {"rate": jnp.full(pool, 0.5), **class_weight_memory(o)}
+
+
+def class_weight_memory(o: dict) -> dict:
+    """The adversary's state over `o["classes"]` difficulty classes: log-weights (0: equal), and with `o["ema"]` > 0
+    each class's exponentially averaged failure rate and its number of observations (`debiased_class_losses`)."""
+    zeros = jnp.zeros(o["classes"])
+    return {"log_weight": zeros, **({"loss_mean": zeros, "loss_count": zeros} if o["ema"] > 0 else {})}
 
 
 def difficulty_classes(rate: jax.Array, classes: int) -> jax.Array:
@@ -1003,22 +1010,54 @@ def reweight_classes(algo, memory, groups: Groups, params):
     o = algo.strategy_options("gdro")
     ids, passed, finished = observed_pass_rates(algo, groups)
     member = difficulty_classes(memory["rate"][ids], o["classes"])
-    log_weight = reweighted_classes(memory["log_weight"], member, passed, finished, o["step"])
+    weights = reweighted_classes(memory, member, passed, finished, o["step"], o["ema"])
     rate = moved_rates(memory["rate"], ids, passed, finished, o["rate_step"])
-    return {"rate": rate, "log_weight": log_weight}, {"mean_pass_rate": jnp.mean(rate)}
+    return {"rate": rate, **weights}, {"mean_pass_rate": jnp.mean(rate)}
 
 
-def reweighted_classes(log_weight: jax.Array, member: jax.Array, passed: jax.Array, finished: jax.Array,
-                       step: float) -> jax.Array:
-    """GDRO's adversary, multiplicative weights over difficulty classes: log_weight [classes] after the groups of
-    classes `member` [C] with pass rates `passed` [C] (the `finished` [C] ones) were observed. Each class observed
-    gains `step` x its groups' mean failure rate (1 - pass rate), the loss it is paid; the others keep theirs. Then
-    shifted to a largest log-weight of 0 (the weights exp(log_weight) are used up to scale)."""
-    classes = log_weight.shape[0]
+def class_failure_rates(member: jax.Array, passed: jax.Array, finished: jax.Array, classes: int):
+    """(mean failure rate 1 - pass rate [classes], observed [classes] bool) of the `finished` [C] groups of classes
+    `member` [C] with pass rates `passed` [C]."""
     seen = jnp.zeros(classes).at[member].add(finished.astype(jnp.float32))
     failures = jnp.zeros(classes).at[member].add(jnp.where(finished, 1.0 - passed, 0.0))
-    log_weight = log_weight + step * jnp.where(seen > 0, failures / jnp.maximum(seen, 1.0), 0.0)
-    return log_weight - log_weight.max()
+    return failures / jnp.maximum(seen, 1.0), seen > 0
+
+
+def debiased_class_losses(mean: jax.Array, count: jax.Array, loss: jax.Array, observed: jax.Array, decay: float):
+    """GDRO's EMA debiasing: each observed class's failure rate joins its exponential average (decay `decay`),
+    mean <- decay mean + (1 - decay) loss, count <- count + 1; the estimate is mean / (1 - decay^count) (Adam's bias
+    correction: the first observation's estimate is that observation, not (1 - decay) x it), for every class observed
+    at least once. All [classes] -> (mean, count, estimate, ever observed)."""
+    mean = jnp.where(observed, decay * mean + (1.0 - decay) * loss, mean)
+    count = count + observed.astype(count.dtype)
+    estimate = mean / jnp.where(count > 0, 1.0 - decay ** count, 1.0)
+    return mean, count, estimate, count > 0
+
+
+def reweighted_classes(memory: dict, member: jax.Array, passed: jax.Array, finished: jax.Array, step: float,
+                       ema: float) -> dict:
+    """GDRO's adversary, multiplicative weights over difficulty classes: the adversary's state (`class_weight_memory`:
+    log_weight [classes], and with ema > 0 the classes' averaged failure rates) after the groups of classes `member`
+    [C] with pass rates `passed` [C] (the `finished` [C] ones) were observed. Each class gains `step` x its failure
+    rate, the loss it is paid: with ema = 0 the classes observed this update, by their groups' mean; with ema > 0
+    (GDRO's EMA-debiased sampler) every class observed so far, by its debiased average (`debiased_class_losses`), each
+    update: a class's weight grows with how often it fails, not with how often it is drawn (no frequency bias). Then
+    shifted to a largest log-weight of 0 (the weights exp(log_weight) are used up to scale)."""
+    log_weight = memory["log_weight"]
+    loss, observed = class_failure_rates(member, passed, finished, log_weight.shape[0])
+    state = {}
+    if ema > 0:
+        mean, count, loss, observed = debiased_class_losses(memory["loss_mean"], memory["loss_count"], loss, observed,
+                                                            ema)
+        state = {"loss_mean": mean, "loss_count": count}
+    log_weight = log_weight + step * jnp.where(observed, loss, 0.0)
+    return {"log_weight": log_weight - log_weight.max(), **state}
+
+
+# GDRO's EMA debiasing of the adversaries' class losses (both games), an option of each
+CLASS_EMA = (0.0, "> 0: the classes' failure rates as bias-corrected exponential averages with this decay, every class "
+             "seen so far stepped each update (GDRO's EMA debiasing: weight follows failure, not how often a class is "
+             "drawn); 0: this update's batch means, observed classes only", {"minimum": 0.0, "below": 1.0})
 
 
 register("replay", "gdro", init=difficulty_memory, before=gdro_problems, observe=reweight_classes, needs_pool=True,
@@ -1027,14 +1066,15 @@ register("replay", "gdro", init=difficulty_memory, before=gdro_problems, observe
                   "step": (0.1, "multiplicative weights' step: a class's log-weight gains this x its failure rate",
                            {"minimum": 0.0}),
                   "rate_step": (0.5, "a problem's pass rate moves this far towards each new group's",
-                                {"minimum": 0.0, "maximum": 1.0})})
+                                {"minimum": 0.0, "maximum": 1.0}),
+                  "ema": CLASS_EMA})
 
 
 # --- Control: Rollout-GDRO, groups spent by shadow prices over difficulty classes ------------------------------
 
 def rollout_gdro_memory(algo, key):
-    """The log shadow price of each difficulty class (all 0: equal prices)."""
-    return {"log_weight": jnp.zeros(algo.strategy_options("rollout_gdro")["classes"])}
+    """The log shadow price of each difficulty class (all 0: equal prices), `class_weight_memory`."""
+    return class_weight_memory(algo.strategy_options("rollout_gdro"))
 
 
 def priced_worth(p: jax.Array, log_weight: jax.Array) -> jax.Array:
@@ -1046,8 +1086,8 @@ def priced_worth(p: jax.Array, log_weight: jax.Array) -> jax.Array:
 
 
 def rollout_gdro(algo, memory, plan: Plan, key):
-    """Rollout-GDRO ("Group Distributionally Robust Optimization-Driven Reinforcement Learning for LLM Reasoning",
-    Panaganti et al. 2026: Multi-Adversary GDRO): the B groups of an update are spent on the B x oversample
+    """Rollout-GDRO ("Group Distributionally Robust Optimization-Driven Reinforcement Learning for LLM Reasoning":
+    Multi-Adversary GDRO): the B groups of an update are spent on the B x oversample
     candidates under a fixed total (compute-neutral: always exactly B groups, B x G samples), more of them to the
     difficulty classes whose shadow prices lambda_c the adversary (`reweight_rollout_classes`) has raised.
 
@@ -1075,8 +1115,8 @@ def reweight_rollout_classes(algo, memory, groups: Groups, params):
     _, passed, finished = observed_pass_rates(algo, groups)
     predicted = mesh_lib.gather_shares(groups.predicted)
     member = difficulty_classes(predicted_or_half(predicted), o["classes"])
-    log_weight = reweighted_classes(memory["log_weight"], member, passed, finished, o["step"])
-    return {"log_weight": log_weight}, {"hardest_class_price": jax.nn.softmax(log_weight)[0]}
+    weights = reweighted_classes(memory, member, passed, finished, o["step"], o["ema"])
+    return weights, {"hardest_class_price": jax.nn.softmax(weights["log_weight"])[0]}
 
 
 # A strategy of its own rather than a `variance_budget` target: it keeps prices (memory) and learns them (observe),
@@ -1086,7 +1126,8 @@ register("control", "rollout_gdro", init=rollout_gdro_memory, before=rollout_gdr
          options={"classes": (4, "difficulty classes of equal width in predicted pass rate", {"minimum": 1}),
                   "step": (0.1, "the shadow prices' multiplicative-weights step: a class's log price gains this x its "
                            "failure rate", {"minimum": 0.0}),
-                  "max_groups": (2, "the most groups one prompt gets", {"minimum": 1})})
+                  "max_groups": (2, "the most groups one prompt gets", {"minimum": 1}),
+                  "ema": CLASS_EMA})
 
 
 RATE_STEP = (1.0, "a problem's tracked pass rate moves this far from its last value towards each new group's (1: the "
