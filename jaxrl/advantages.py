@@ -9,6 +9,7 @@ import einops
 import jax
 import jax.numpy as jnp
 
+from jaxrl import mesh as mesh_lib
 from jaxrl.knobs import Knob
 
 
@@ -161,6 +162,9 @@ class Estimator:
     # [B, G(, A)]), "baseline" (each group's tracked value, float32 [B]) or "prior" (a value model's prediction of
     # each group's mean reward from its prompt, float32 [B]); "": nothing
     reads: str = ""
+    # Its statistics are its group's alone (no batch-level ones, nothing else read): the groups of one problem can be
+    # pooled into one (`merged_by_problem`)
+    merges: bool = False
 
     def __call__(self, rewards, valid, opts, context=None):
         return self.core(rewards, valid, opts) if not self.reads else self.core(rewards, valid, opts, context)
@@ -192,17 +196,17 @@ def check_estimator(name: str, needs_critic: bool, family: str) -> None:
 
 
 def register(name: str, *, default_scale: str = "group", combine: bool = True, needs_critic: bool = False,
-             reads: str = ""):
+             reads: str = "", merges: bool = False):
     """Decorator adding a core function to ESTIMATORS under `name`; returns the function unchanged. A group
     estimator's core is a `Core`; with `needs_critic` (an estimator PPO takes, as gae) it is fn(rewards, values,
-    dones, last_value, gamma, gae_lambda) -> (advantages, value targets)."""
+    dones, last_value, gamma, gae_lambda) -> (advantages, value targets). `merges`: see `Estimator`."""
     if default_scale not in SCALES:
         raise ValueError(f"default_scale must be one of {SCALES}, got {default_scale!r}")
 
     def decorate(core: Core) -> Core:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic, reads=reads)
+        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic, reads=reads, merges=merges)
         return core
 
     return decorate
@@ -256,15 +260,15 @@ def _all_equal(x: jax.Array, valid: jax.Array, lead_ndim: int) -> jax.Array:
 
 # ---- estimators ------------------------------------------------------------------------------------
 
-@register("dr_grpo", default_scale="none")  # Dr. GRPO: the same centring, without the std division
-@register("grpo")
+@register("dr_grpo", default_scale="none", merges=True)  # Dr. GRPO: the same centring, without the std division
+@register("grpo", merges=True)
 def grpo(rewards, valid, opts):
     """(r - group mean) / (group std + eps); [B, G(, A)] -> [B, G(, A)]."""
     mean, std, _ = _moments(rewards, valid, _group_axes(rewards))
     return _rescale(rewards - mean, std, rewards, valid, opts)
 
 
-@register("rloo", default_scale="none")
+@register("rloo", default_scale="none", merges=True)
 def rloo(rewards, valid, opts):
     """r_i minus the mean of the group's other valid samples; [B, G(, A)] -> [B, G(, A)]."""
     mean, std, n = _moments(rewards, valid, _group_axes(rewards))
@@ -273,7 +277,7 @@ def rloo(rewards, valid, opts):
     return _rescale(factor * (rewards - mean), std, rewards, valid, opts)
 
 
-@register("median")
+@register("median", merges=True)
 def median(rewards, valid, opts):
     """MC-GRPO: r - group median; with an odd valid count the median sample is excluded.
 
@@ -294,7 +298,7 @@ def median(rewards, valid, opts):
     return _rescale(centered, std, rewards, valid, opts), ~pivot.reshape(rewards.shape)
 
 
-@register("gdpo", combine=False)
+@register("gdpo", combine=False, merges=True)
 def gdpo(rewards, valid, opts):
     """GDPO: normalise each reward component within its group, then combine sum_k w_k A_k.
 
@@ -321,7 +325,7 @@ def per_agent(rewards, valid, opts):
     return _rescale(rewards - mean, std, rewards, valid, opts)
 
 
-@register("calibrated")
+@register("calibrated", merges=True)
 def calibrated(rewards, valid, opts):
     """NGRPO: statistics include one virtual sample of reward max_reward; [B, G(, A)] -> [B, G(, A)].
 
@@ -336,7 +340,7 @@ def calibrated(rewards, valid, opts):
     return _rescale(centered, _per_group(std, rewards.ndim), rewards, valid, opts)
 
 
-@register("expert_iteration", default_scale="none")
+@register("expert_iteration", default_scale="none", merges=True)
 def expert_iteration(rewards, valid, opts):
     """Expert iteration (Havrilla et al. 2024, "Teaching Large Language Models to Reason with Reinforcement
     Learning"): supervised learning on the policy's own successes. A sample whose reward reaches max_reward (the
@@ -508,6 +512,28 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
 def group_advantages(name: str, rewards, mask=None, **options) -> GroupAdvantages:
     """`get(name)(rewards, mask, **options)`: advantages/weight [B, G(, A)], zero_variance [B]."""
     return get(name)(rewards, mask, **options)
+
+
+def merged_by_problem(estimate: Callable[..., GroupAdvantages], rewards, ids, *, over_devices: bool = False,
+                      **options) -> GroupAdvantages:
+    """`estimate` (a `get` estimator whose `Estimator.merges`) with the groups of one problem pooled into one group:
+    each group's baseline and scale come from all k x G members of its problem's k groups (DARS's enlarged groups,
+    "Depth-Breadth Synergy in RLVR"; a prompt given k groups by a budget, or drawn twice from a pool).
+
+    rewards [n, G(, A)(, K)], ids int32 [n] (a problem's id; -1: a group of its own) -> advantages/weight
+    [n, G(, A)], zero_variance [n] (of the pooled group). With `over_devices` (inside shard_map over the data axis)
+    the groups of every device are pooled, so the result does not depend on how many devices share them. Each of
+    the n groups sees all M groups' members masked to those of its problem: O(n M G) memory."""
+    rewards, ids = jnp.asarray(rewards, jnp.float32), jnp.asarray(ids)
+    n, G = rewards.shape[:2]
+    every, every_ids = (mesh_lib.gather_shares((rewards, ids)) if over_devices else (rewards, ids))
+    own = mesh_lib.local_indices(n) if over_devices else jnp.arange(n)  # [n]: each group's index among the M
+    M = every.shape[0]
+    pooled = (every_ids[None, :] == ids[:, None]) & (ids[:, None] >= 0) | (jnp.arange(M)[None, :] == own[:, None])
+    out = estimate(jnp.broadcast_to(every.reshape(1, M * G, *every.shape[2:]), (n, M * G, *every.shape[2:])),
+                   jnp.repeat(pooled, G, axis=1), **options)  # [n, M x G(, A)]: one pooled group per local group
+    mine = lambda x: x.reshape(n, M, G, *x.shape[2:])[jnp.arange(n), own]  # noqa: E731  (its own G members)
+    return GroupAdvantages(mine(out.advantages), mine(out.weight), out.zero_variance)
 
 
 def stepwise_group_advantages(name: str, returns, mask=None, **options) -> GroupAdvantages:

@@ -585,3 +585,49 @@ def test_broad_rollouts_always_expand_the_correct_mass_of_a_one_step_softmax_pol
     keys = jax.random.split(jax.random.key(1), 256)
     sampled = jax.vmap(lambda k: _bandit_step(logits[0], k, 512, 1.0)[0] - logits[0])(keys)
     np.testing.assert_allclose(sampled.mean(0), expected[0], atol=1e-2)
+
+
+def test_merged_groups_pool_the_groups_of_one_problem_and_leave_the_others_alone():
+    """Groups 0 and 2 answer problem 5, group 1 problem 2, group 3 a fresh problem (-1, a group of its own). Pooled,
+    problem 5's members are 1, 0, 0, 0, 1, 1 (mean 1/2, std 1/2, n = 6): grpo (r - 1/2) / (1/2 + eps) = +-1; rloo
+    n / (n - 1) (r - 1/2) = +-0.6; dr_grpo r - 1/2. Groups 1 and 3 get their own group's advantages."""
+    rewards = jnp.asarray([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
+    ids = jnp.asarray([5, 2, 5, -1])
+    pooled = np.asarray([[1.0, -1.0, -1.0], [-1.0, 1.0, 1.0]])  # groups 0 and 2, in units of |r - mean|
+    for name, unit in [("grpo", 0.5 / (0.5 + EPS)), ("rloo", 0.6), ("dr_grpo", 0.5)]:
+        out = adv_lib.merged_by_problem(get(name), rewards, ids)
+        np.testing.assert_allclose(out.advantages[jnp.asarray([0, 2])], unit * pooled, rtol=1e-5, err_msg=name)
+        alone = get(name)(rewards[jnp.asarray([1, 3])])
+        np.testing.assert_allclose(out.advantages[jnp.asarray([1, 3])], alone.advantages, rtol=1e-6, err_msg=name)
+        np.testing.assert_array_equal(out.weight, np.ones((4, 3)))
+    # Two components weighted 1 and 0.1 pool as their weighted sum does.
+    components = jnp.stack([rewards, jnp.ones_like(rewards)], -1)
+    out = adv_lib.merged_by_problem(get("grpo"), components, ids, reward_weights=(1.0, 0.1))
+    np.testing.assert_allclose(out.advantages[0], pooled[0], atol=1e-5)
+
+
+MERGED_OVER_DEVICES = """
+import functools, json
+import jax, jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+from jaxrl import advantages, mesh as mesh_lib
+rewards = jax.random.bernoulli(jax.random.key(0), 0.4, (8, 4)).astype(jnp.float32)
+ids = jnp.asarray([3, 1, 7, 3, 1, 9, 3, -1])  # problem 3 on devices 0, 1 and 3 of 4; problem 1 on devices 0 and 2
+out = []
+for devices in (1, 4):
+    fn = functools.partial(advantages.merged_by_problem, advantages.get("grpo"), over_devices=True)
+    run = jax.jit(jax.shard_map(fn, mesh=mesh_lib.make_mesh(devices), in_specs=P("data"), out_specs=P("data"),
+                                check_vma=False))
+    out.append(run(rewards, ids).advantages.tolist())
+alone = advantages.merged_by_problem(advantages.get("grpo"), rewards, ids).advantages.tolist()
+print(json.dumps({"one": out[0], "four": out[1], "alone": alone}))
+"""
+
+
+def test_merged_groups_pool_across_devices_as_on_one(python_subprocess):
+    import json
+    out = python_subprocess(MERGED_OVER_DEVICES, devices=4)
+    assert out.returncode == 0, out.stderr
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    np.testing.assert_allclose(result["four"], result["alone"], rtol=1e-6)
+    np.testing.assert_allclose(result["one"], result["alone"], rtol=1e-6)

@@ -1024,3 +1024,75 @@ def test_the_diversity_target_retunes_the_temperature_by_the_groups_distinct_sha
     np.testing.assert_allclose(tuned, 0.5 * np.exp(0.75 - 1 / 4), rtol=1e-6)
     assert metrics["sampled_tokens"] == metrics["tokens"] > 0 and metrics["budget_most_groups"] <= 2
     assert np.isfinite(metrics["hardest_class_price"]) and np.isfinite(metrics["policy_loss"])
+
+
+# --- DARS: a first round measures each prompt's accuracy, the extra groups go to the hard ones, pooled -------------
+
+SOLVED = jnp.zeros(32, jnp.int32).at[10].set(4).at[12].set(1).at[13].set(3)  # members of 4 each pool problem solves
+
+
+def solved_by_table():
+    """A stand-in sampler: groups of 4 members of which, in its first round (call), the first SOLVED[id] are correct
+    (rewards (1, 1)), the rest well formed only (0, 1); in later rounds none is correct. Every member one real token."""
+    rounds = []
+
+    def sample(algo, params, hp, plan, key):
+        n, G, N = plan.ids.shape[0], 4, 2
+        solved = SOLVED[plan.ids] if not rounds else jnp.zeros(n, jnp.int32)
+        rounds.append(n)
+        correct = (jnp.arange(G)[None, :] < solved[:, None]).astype(jnp.float32)
+        rewards = jnp.stack([correct, jnp.ones_like(correct)], axis=-1)
+        ones, zeros = jnp.ones((n, G, N)).at[..., 1].set(0.0), jnp.zeros((n, G))
+        return rollout.Groups(plan.ids, plan.problems, jnp.zeros((n, 3), jnp.int32), plan.hint_len,
+                              jnp.zeros((n, G, N), jnp.int32), jnp.zeros((n, G, N)), ones, jnp.ones((n, G), jnp.int32),
+                              None, rewards, weight=ones, bonus=zeros, replayed=zeros.astype(bool))
+
+    return sample
+
+
+def test_dars_spends_the_extra_groups_on_the_least_solved_first_round_prompts_and_pools_them():
+    """8 slots, extra = 4, at most 2 each: the first round samples the first 4 candidates, problems 10-13, solved
+    4, 0, 1, 3 of 4 times: p = 1, 0, 1/4, 3/4, worth 1 - p = 0, 1, 3/4, 1/4, a second group worth half: the 4 best are
+    1 (11), 3/4 (12), 1/2 (11), 3/8 (12) -> the batch is 10, 11, 12, 13, 11, 11, 12, 12. The extra round solves
+    nothing. Pooled, problem 11's 12 members all fail (advantage 0) and problem 12's 12 hold its first round's one
+    success: p = 1/12 over the enlarged group (alone, its first group would have p = 1/4), grpo
+    (r - p) / sqrt(p (1 - p)) = sqrt(11) for it, -1/sqrt(11) for the 11 others (well_formed, 1 for all, shifts
+    nothing). Problem 13 alone: 3 of 4, 1/sqrt(3) and -sqrt(3); problem 10's all-correct group: 0."""
+    config = tiny_grpo_config("", **{"rollout.generate": "dars", "rollout.pool_size": 32, "group.size": 4,
+                                     "advantage.merge_problem_groups": True, "group.oversample": 1})
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    ids = jnp.arange(10, 18, dtype=jnp.int32)
+    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(8, jnp.int32), jnp.full(8, -1.0), jnp.zeros(8, jnp.int32))
+    sampler = functools.partial(strategies.dars, sample=solved_by_table())
+    groups = on_mesh(algo, sampler, None, TextGRPOHyperparams(), plan, jax.random.key(0))
+    np.testing.assert_array_equal(groups.ids, [10, 11, 12, 13, 11, 11, 12, 12])
+    advantages, weight, _ = on_mesh(algo, TextGRPO._group_advantages, groups)
+    member = np.asarray(advantages[..., 0])  # [8, 4]: every token of a member carries its advantage
+    s11, s3 = np.sqrt(11.0), np.sqrt(3.0)
+    np.testing.assert_allclose(member[[0, 1, 4, 5]], 0.0, atol=1e-5)
+    np.testing.assert_allclose(member[2], [s11, -1 / s11, -1 / s11, -1 / s11], rtol=1e-4)
+    np.testing.assert_allclose(member[[6, 7]], -1 / s11, rtol=1e-4)
+    np.testing.assert_allclose(member[3], [1 / s3, 1 / s3, 1 / s3, -s3], rtol=1e-4)
+    np.testing.assert_array_equal(weight[..., 0], np.ones((8, 4)))
+
+
+def test_merged_groups_and_dars_config_errors():
+    dars = {"rollout.generate": "dars", "rollout.pool_size": 16, "advantage.merge_problem_groups": True,
+            "group.oversample": 1}
+    for overrides, message in [
+        ({"advantage.merge_problem_groups": True}, "by their pool id: set config.rollout.pool_size > 0"),
+        ({"advantage.merge_problem_groups": True, "rollout.pool_size": 16, "advantage.estimator": "bnpo"},
+         "config.advantage.estimator='bnpo' reads more than its group's rewards"),
+        ({"advantage.merge_problem_groups": True, "rollout.pool_size": 16, "advantage.scale": "batch"},
+         "config.advantage.scale=batch and config.advantage.renormalize take batch statistics"),
+        ({"advantage.merge_problem_groups": True, "rollout.pool_size": 16, "rollout.generate": "tree"},
+         "config.rollout.generate=tree scores its tokens itself"),
+        ({**dars, "advantage.merge_problem_groups": False}, "set config.advantage.merge_problem_groups=True"),
+        ({**dars, "group.oversample": 2}, "set config.group.oversample=1, got 2"),
+        ({**dars, "rollout.options.dars.extra": 8}, "config.rollout.options.dars.extra = 8 must leave a first round"),
+        ({**dars, "rollout.options.dars.extra": 6}, "config.rollout.options.dars.extra = 6 must leave a first round"),
+        ({**dars, "reward.label_free": "majority"}, "config.reward.label_free=majority reads none"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            algos.validate(tiny_grpo_config("", **overrides))

@@ -595,6 +595,10 @@ class TextGRPOSettings:
     top_k: int = knob("sampling.top_k", 0, "sample among the k most likely tokens; 0: all", minimum=0)
     advantage: str = advantages.ESTIMATOR.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()
+    merges_groups: bool = knob("advantage.merge_problem_groups", False, "the groups of one pool problem in an update "
+                               "(a prompt given several by a budget, DARS's first round and its extra rollouts, a "
+                               "problem drawn twice) share one baseline and scale, over all their members on every "
+                               "device (needs rollout.pool_size > 0)")
     reward_weights: tuple[float, ...] = knob("reward_weights", (1.0, 0.1), "the weight of each reward component "
                                              "(correct, well_formed)", rule="two weights (correct, well_formed)",
                                              accepts=lambda weights: len(weights) == 2, convert=tuple)
@@ -925,7 +929,9 @@ class TextGRPO:
             context["baseline"] = groups.baseline @ jnp.asarray(s.reward_weights)
         if reads == "prior":  # the value head at state zero: its prediction of the weighted reward from the prompt
             context["prior"] = groups.values[:, 0, 0]
-        group = self.estimator(rewards, None, reward_weights=weights, **context, **dict(s.advantage_options))
+        options = dict(reward_weights=weights, **context, **dict(s.advantage_options))
+        group = advantages.merged_by_problem(self.estimator, rewards, groups.ids, over_devices=True, **options) \
+            if s.merges_groups else self.estimator(rewards, None, **options)
         return jnp.broadcast_to(group.advantages[..., None], groups.tokens.shape), group.weight[..., None], tied
 
     def _turn_options(self) -> dict:
@@ -1345,6 +1351,7 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError("config.loss.reference_reset: under LoRA (config.model.lora_rank) the reference is the frozen "
                          "base model, which never moves")
     rollout.check_config(config, "tokens")
+    check_merged_groups(config)
     if multi_turn_task:
         chosen = [rollout.get(stage, name) for stage in rollout.STAGES for name in rollout.names(config.rollout[stage])]
         single = [f"rollout.{strategy.stage}={strategy.name}" for strategy in chosen if strategy.single_turn]
@@ -1374,6 +1381,25 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.init_from and not saved_run(config.init_from):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json "
                          f"nor {MODEL_DIR}/)")
+
+
+def check_merged_groups(config: ConfigDict) -> None:
+    """advantage.merge_problem_groups pools groups by their pool id, with an estimator whose statistics are its group's
+    alone (`advantages.Estimator.merges`): batch-level ones would count a pooled group once per group of its problem."""
+    if not config.advantage.merge_problem_groups:
+        return
+    where = "config.advantage.merge_problem_groups pools the groups of one problem"
+    mergeable = sorted(name for name, estimator in advantages.ESTIMATORS.items() if estimator.merges)
+    if config.advantage.estimator not in mergeable:
+        raise ValueError(f"{where}: config.advantage.estimator={config.advantage.estimator!r} reads more than its "
+                         f"group's rewards; those that merge: {', '.join(mergeable)}")
+    if config.advantage.scale == "batch" or config.advantage.renormalize:
+        raise ValueError(f"{where}: config.advantage.scale=batch and config.advantage.renormalize take batch "
+                         "statistics, which would count a pooled group once per group of its problem")
+    if not config.rollout.pool_size:
+        raise ValueError(f"{where} by their pool id: set config.rollout.pool_size > 0 (fresh problems have none)")
+    if rollout.get("generate", config.rollout.generate).advantages:
+        raise ValueError(f"{where}: config.rollout.generate={config.rollout.generate} scores its tokens itself")
 
 
 def text_sft_config() -> ConfigDict:

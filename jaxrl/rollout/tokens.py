@@ -1,6 +1,6 @@
 """The built-in token strategies, one per entry of `jaxrl.rollout`'s registries (docs/grpo.md tabulates them):
 
-    generate  independent (the default), tree
+    generate  independent (the default), tree, dars
     filter    rank_ties, success_predictor
     control   dynamic_sampling (the default), variance_budget, rollout_gdro, partial, prune, entropy_target,
               diversity_target
@@ -290,14 +290,16 @@ def variance_budget(algo, memory, plan: Plan, key):
     return spend_budget(algo, plan, BUDGET_TARGETS[o["target"]], o["max_groups"])
 
 
-def spend_budget(algo, plan: Plan, worth, max_groups: int) -> tuple[Plan, dict]:
-    """The B groups of an update spent on all devices' B x oversample candidates by `worth(p)` [C] of their predicted
-    pass rates p [C] (1/2 where none; `allocate_groups`), at most `max_groups` each: this device's share of the B
-    chosen (a candidate given k groups appears k times). Chosen over every device's candidates at once, so the
-    same on any device count. Logs the share of candidates given none and the most groups one got."""
+def spend_budget(algo, plan: Plan, worth, max_groups: int, pass_rates: jax.Array | None = None,
+                 num_groups: int | None = None) -> tuple[Plan, dict]:
+    """`num_groups` groups (default the update's B) spent on all devices' candidates [C] by `worth(p)` [C] of their pass
+    rates p: `pass_rates` [C] where measured, else predicted (1/2 where none; `allocate_groups`), at most `max_groups`
+    each: this device's share of those chosen (a candidate given k groups appears k times). Chosen over every
+    device's candidates at once, so the same on any device count. Logs the share of candidates given none and the
+    most groups one got."""
     every = mesh_lib.gather_shares(plan)
-    p = predicted_or_half(every.predicted)
-    chosen = allocate_groups(worth(p), algo.settings.text.num_prompts, max_groups)
+    p = predicted_or_half(every.predicted) if pass_rates is None else mesh_lib.gather_shares(pass_rates)
+    chosen = allocate_groups(worth(p), num_groups or algo.settings.text.num_prompts, max_groups)
     counts = jnp.zeros(p.shape[0], jnp.int32).at[chosen].add(1)
     return take(every, mesh_lib.local_share(chosen)), {
         "budget_skipped": jnp.mean((counts == 0).astype(jnp.float32)),
@@ -313,6 +315,54 @@ register("control", "variance_budget", before=variance_budget, selects=True, req
          options={"max_groups": (2, "the most groups one prompt gets", {"minimum": 1}),
                   "target": ("uncertain", "whom the groups go to by predicted pass rate p: uncertain, by sqrt(p (1 - p)); "
                              "hard (DARS), by 1 - p", {"choices": tuple(BUDGET_TARGETS)})})
+
+
+def dars(algo, params, hp, plan: Plan, key: jax.Array, sample=independent) -> Groups:
+    """DARS (Difficulty Adaptive Rollout Sampling, "Depth-Breadth Synergy in RLVR"): a first round of G members for
+    each of the first B - E of all devices' B candidates measures its pass rate p; the update's E = `extra` remaining
+    groups then go to them by 1 - p (`BUDGET_TARGETS["hard"]`, `spend_budget`), at most `max_groups` each: the least
+    solved get the most, so that hard prompts get more positive rollouts, and the all-correct none while others
+    remain. With advantage.merge_problem_groups a prompt's first-round and extra members form one enlarged group of
+    (1 + k) G. Trained: B groups of G, (B - E) G first-round completions and E G extra ones (all the update samples).
+
+    `sample`: the generator of each round (plan -> Groups). Returns [b, G, ...]: the B groups in the same order on any
+    device count (the first round's, then the extras'), this device's share."""
+    o, B = algo.strategy_options("dars"), algo.settings.text.num_prompts
+    extra, devices = o["extra"], jax.lax.axis_size(DATA_AXIS)
+    if extra % devices:
+        raise ValueError(f"config.rollout.options.dars.extra = {extra} extra groups cannot be shared evenly by "
+                         f"{devices} devices: make it a multiple of {devices}")
+    first_plan = take(mesh_lib.gather_shares(plan), mesh_lib.local_share(jnp.arange(B - extra)))
+    first = sample(algo, params, hp, first_plan, key)
+    pass_rate = _correct(algo, first).mean(axis=1)
+    extra_plan, _ = spend_budget(algo, first_plan, BUDGET_TARGETS["hard"], o["max_groups"], pass_rate, extra)
+    extras = sample(algo, params, hp, extra_plan, jax.random.fold_in(key, 1))
+    every = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), mesh_lib.gather_shares(first),
+                         mesh_lib.gather_shares(extras))
+    return jax.tree.map(mesh_lib.local_share, every)
+
+
+def check_dars(config, chosen: dict) -> None:
+    """DARS trains B groups it samples itself, pooled by problem; its first round measures accuracy by the label."""
+    extra, B, most = config.rollout.options.dars.extra, config.num_prompts, config.rollout.options.dars.max_groups
+    if config.group.oversample != 1:
+        raise ValueError(f"rollout.generate=dars samples the B groups it trains itself: set config.group.oversample=1, "
+                         f"got {config.group.oversample}")
+    if extra >= B or extra > (B - extra) * most:
+        raise ValueError(f"config.rollout.options.dars.extra = {extra} must leave a first round (below num_prompts = "
+                         f"{B}) and fit on it, at most rollout.options.dars.max_groups = {most} per prompt")
+    if not config.advantage.merge_problem_groups:
+        raise ValueError("rollout.generate=dars enlarges a prompt's group with its extra rollouts: set "
+                         "config.advantage.merge_problem_groups=True")
+    if config.reward.label_free:
+        raise ValueError(f"rollout.generate=dars measures each prompt's accuracy by its label; config.reward.label_free="
+                         f"{config.reward.label_free} reads none")
+
+
+register("generate", "dars", generate=dars, check=check_dars,
+         options={"extra": (4, "E: the update's groups (of its B) that go to the hardest first-round prompts, by "
+                            "1 - p; the first round samples the other B - E", {"minimum": 1}),
+                  "max_groups": (2, "the most extra groups one prompt gets", {"minimum": 1})})
 
 
 def carried_memory(algo, key):
