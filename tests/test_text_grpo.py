@@ -79,12 +79,13 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.replay": "pairing,correct,reference,hints", "rollout.pool_size": 16, "rollout.options.hints.patience": 1,
      "rollout.options.reference.below": 0.5,
      "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative"},
-    {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor",
+    {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor,rank_ties",
      "rollout.control": "variance_budget,entropy_target", "rollout.options.entropy_target.start": 0.5,
-     "group.oversample": 2, "reward.label_free": "majority", "loss.token_keep": 0.5,
+     "group.oversample": 1, "loss.token_keep": 0.5, "rollout.generate": "dars", "advantage.merge_problem_groups": True,
      "rollout.options.variance_budget.target": "hard", "rollout.replay": "hardest", "rollout.pool_size": 16,
      "rollout.options.hardest.after": 1},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
+     "reward.label_free": "majority",
      "rollout.replay": "thompson,selective", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3,
      "advantage.novelty_sharpening": 1.0},
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
@@ -93,7 +94,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.anchor.samples": 4},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
-        "median-predictor-budget_hard-entropy_target-majority-d3s-hardest", "bnpo-pacs-reset-thompson-selective-dagrpo-xrpo", "spo-tracked-g1",
+        "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
+        "bnpo-pacs-reset-majority-thompson-selective-dagrpo-xrpo", "spo-tracked-g1",
         "pvpo-anchor"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)

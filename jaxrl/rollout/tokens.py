@@ -355,8 +355,8 @@ def check_dars(config, chosen: dict) -> None:
         raise ValueError("rollout.generate=dars enlarges a prompt's group with its extra rollouts: set "
                          "config.advantage.merge_problem_groups=True")
     if config.reward.label_free:
-        raise ValueError(f"rollout.generate=dars measures each prompt's accuracy by its label; config.reward.label_free="
-                         f"{config.reward.label_free} reads none")
+        raise ValueError(f"rollout.generate=dars measures each prompt's accuracy by its label; "
+                         f"config.reward.label_free={config.reward.label_free} reads none")
 
 
 register("generate", "dars", generate=dars, check=check_dars,
