@@ -95,6 +95,11 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
          "config.rollout.options.diversity_target.target must lie in (0, 1], got 1.5"),
         ({"rollout.control": "rollout_gdro", "group.oversample": 2},
          "control/rollout_gdro needs success_predictor in config.rollout"),
+        ({"rollout.replay": "recent", "group.oversample": 2}, "set config.group.oversample = 1, got 2"),
+        ({"rollout.replay": "recent", "group.oversample": 1, "rollout.options.recent.capacity": 3},
+         "config.rollout.options.recent.capacity=3 cannot hold the 4 groups replayed per update"),
+        ({"rollout.replay": "recent", "rollout.options.recent.fraction": 1.0},
+         "rollout.options.recent.fraction"),
     ]:
         config = tiny_grpo_config("")
         config.unlock()  # (an unknown option key needs an unlocked config, as in a notebook)
@@ -1096,3 +1101,137 @@ def test_merged_groups_and_dars_config_errors():
     ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             algos.validate(tiny_grpo_config("", **overrides))
+
+
+# --- replay/recent: a FIFO buffer of whole groups (Rollout Replay) ---------------------------------------------
+
+def fifo(capacity: int) -> dict:
+    """An empty `recent_memory` of `capacity` rows of 1-member, 2-token groups (problems: an array of ids)."""
+    zeros = lambda *shape: jnp.zeros((capacity, *shape))
+    return {"ids": jnp.full(capacity, -1, jnp.int32), "problems": jnp.full(capacity, -1, jnp.int32),
+            "hint_len": jnp.zeros(capacity, jnp.int32), "tokens": jnp.zeros((capacity, 1, 2), jnp.int32),
+            "behaviour": zeros(1, 2), "mask": zeros(1, 2), "rewards": zeros(1, 1), "born": jnp.zeros(capacity, jnp.int32),
+            "valid": jnp.zeros(capacity, bool), "head": jnp.int32(0), "updates": jnp.int32(0)}
+
+
+def fifo_rows(ids) -> dict:
+    """Rows of `fifo`'s fields whose every value is the group's id (to read back where each went)."""
+    ids = jnp.asarray(ids, jnp.int32)
+    return {"ids": ids, "problems": ids, "hint_len": ids, "tokens": jnp.broadcast_to(ids[:, None, None], (len(ids), 1, 2)),
+            "behaviour": jnp.broadcast_to(-ids[:, None, None] / 10.0, (len(ids), 1, 2)),
+            "mask": jnp.ones((len(ids), 1, 2)), "rewards": jnp.broadcast_to(ids[:, None, None] * 1.0, (len(ids), 1, 1))}
+
+
+def test_the_recent_buffer_keeps_the_last_capacity_groups_in_order_and_wraps_around():
+    buffer = strategies.pushed(fifo(4), fifo_rows([10, 11, 12]), jnp.ones(3, bool))  # update 0
+    np.testing.assert_array_equal(buffer["ids"], [10, 11, 12, -1])
+    np.testing.assert_array_equal(buffer["valid"], [True, True, True, False])
+    assert int(buffer["head"]) == 3
+    # Update 1: 13 and 15 kept (14 was not drawn by the policy): 13 fills the last row, 15 wraps to the first,
+    # replacing the oldest (10).
+    buffer = strategies.pushed({**buffer, "updates": jnp.int32(1)}, fifo_rows([13, 14, 15]), jnp.asarray([True, False, True]))
+    np.testing.assert_array_equal(buffer["ids"], [15, 11, 12, 13])
+    np.testing.assert_array_equal(buffer["born"], [1, 0, 0, 1])
+    assert int(buffer["head"]) == 1
+    # Update 2: six groups into four rows from row 1 on: rows 1, 2, 3, 0, 1, 2 -- the last four stay.
+    buffer = strategies.pushed({**buffer, "updates": jnp.int32(2)}, fifo_rows(range(20, 26)), jnp.ones(6, bool))
+    np.testing.assert_array_equal(buffer["ids"], [23, 24, 25, 22])
+    np.testing.assert_array_equal(buffer["born"], [2, 2, 2, 2])
+    assert int(buffer["head"]) == (1 + 6) % 4
+    for name in ("problems", "hint_len"):  # every field of a group moves with it
+        np.testing.assert_array_equal(buffer[name], buffer["ids"])
+    np.testing.assert_array_equal(buffer["tokens"][:, 0, 1], buffer["ids"])
+    np.testing.assert_allclose(buffer["behaviour"][:, 0, 0], -np.asarray(buffer["ids"]) / 10.0)
+    np.testing.assert_allclose(buffer["rewards"][:, 0, 0], buffer["ids"])
+
+
+def test_recent_groups_are_drawn_uniformly_among_those_young_enough():
+    born, valid = jnp.asarray([1, 3, 2, 3, 0]), jnp.asarray([True, True, True, True, False])
+    # At update 4 the ages are 3, 1, 2, 1 (row 4 empty): max_age 2 leaves rows 1, 2, 3, max_age 1 rows 1 and 3.
+    rows, ready = strategies.picked_recent(born, valid, jnp.int32(4), 3, 2, jax.random.key(0))
+    assert bool(ready) and sorted(np.asarray(rows).tolist()) == [1, 2, 3]
+    _, ready = strategies.picked_recent(born, valid, jnp.int32(4), 3, 1, jax.random.key(0))
+    assert not bool(ready)  # two eligible, three wanted
+    rows, ready = strategies.picked_recent(born, valid, jnp.int32(4), 4, 0, jax.random.key(0))  # 0: any age
+    assert bool(ready) and sorted(np.asarray(rows).tolist()) == [0, 1, 2, 3]
+    # One of the three eligible, 3000 times: each about a third of the time (binomial std 0.009).
+    draw = jax.vmap(lambda k: strategies.picked_recent(born, valid, jnp.int32(4), 1, 2, k)[0][0])
+    counts = np.bincount(np.asarray(draw(jax.random.split(jax.random.key(1), 3000))), minlength=5) / 3000
+    np.testing.assert_allclose(counts, [0, 1 / 3, 1 / 3, 1 / 3, 0], atol=0.04)
+    assert strategies.replaced_groups(8, 0.3) == 2 and strategies.replaced_groups(100, 0.29) == 29  # rounded down
+
+
+@pytest.fixture(scope="module")
+def recent_algo():
+    """8 prompts, 2 of them (fraction 0.25) replayed from a buffer of 4 groups no older than 2 updates."""
+    config = tiny_grpo_config("", **{"rollout.replay": "recent", "group.oversample": 1, "group.size": 3,
+                                     "rollout.options.recent.fraction": 0.25, "rollout.options.recent.capacity": 4,
+                                     "rollout.options.recent.max_age": 2, "rollout.options.recent.cap": 1.5})
+    algo, _ = algos.build(config, mesh_lib.make_mesh(1))
+    return algo.parts
+
+
+def recent_then_fresh(algo, memory, params, plan, key):
+    """replay/recent's `replaces` hook with the independent generator at the default hyperparameters."""
+    generate = functools.partial(strategies.independent, algo, params, TextGRPOHyperparams())
+    return strategies.replay_recent(algo, memory, params, plan, generate, key)
+
+
+def stocked_buffer(algo, born, valid) -> dict:
+    """4 buffered groups at update 4 (ids 100..103): each member the problem's reference answer, group r rewarded r and
+    drawn with behaviour log-probability log(0.2 (r + 1)) per token."""
+    problems = algo.task.sample(jax.random.key(5), 4, "train")
+    answers = algo.task.reference_answers(problems, algo.vocab)
+    mask = jnp.broadcast_to((answers != algo.vocab.pad_id)[:, None].astype(jnp.float32), (4, 3, answers.shape[1]))
+    behaviour = jnp.log(0.2 * jnp.arange(1, 5))[:, None, None] * mask
+    K = len(algo.task.reward_names)
+    return {**strategies.recent_memory(algo, jax.random.key(0)), "ids": jnp.arange(100, 104, dtype=jnp.int32),
+            "problems": problems, "tokens": jnp.broadcast_to(answers[:, None], mask.shape), "behaviour": behaviour,
+            "mask": mask, "rewards": jnp.broadcast_to(jnp.arange(4.0)[:, None, None], (4, 3, K)),
+            "born": jnp.asarray(born, jnp.int32), "valid": jnp.asarray(valid), "updates": jnp.int32(4)}
+
+
+def test_recent_replay_trains_buffered_groups_in_place_of_fresh_ones_with_their_behaviour_log_probs(recent_algo):
+    algo = recent_algo
+    params = algo.init(jax.random.key(0)).params
+    plan = on_mesh(algo, rollout.plan_candidates, jax.random.key(1))
+    # Ages 3, 1, 3, 2 at update 4: rows 1 and 3 are the only ones at most max_age = 2 old, and R = 0.25 x 8 = 2.
+    memory = stocked_buffer(algo, [1, 3, 1, 2], [True] * 4)
+    groups, metrics = on_mesh(algo, recent_then_fresh, memory, params, plan, jax.random.key(2))
+    assert groups.tokens.shape[0] == 8
+    np.testing.assert_array_equal(groups.replayed.all(axis=1), [False] * 6 + [True] * 2)
+    assert not groups.replayed[:6].any()
+    np.testing.assert_array_equal(groups.ids[:6], plan.ids[:6])  # the plan's first B - R candidates were generated
+    np.testing.assert_array_equal(groups.problems.target[:6], plan.problems.target[:6])
+    rows = np.asarray(groups.ids[6:]) - 100
+    assert sorted(rows.tolist()) == [1, 3]
+    current, _, _ = sampling.score_groups(algo.model, params, groups.prompts[6:], groups.tokens[6:], groups.mask[6:],
+                                          algo.vocab.pad_id)
+    for i, r in enumerate(rows):
+        np.testing.assert_array_equal(groups.tokens[6 + i], memory["tokens"][r])
+        np.testing.assert_array_equal(groups.rewards[6 + i], memory["rewards"][r])
+        np.testing.assert_array_equal(groups.behaviour[6 + i], memory["behaviour"][r])  # the stored behaviour
+        np.testing.assert_allclose(groups.log_probs[6 + i], current[i], rtol=1e-5, atol=1e-6)  # the ratio starts at 1
+        expected = np.minimum(np.exp(np.asarray(current[i]) - np.log(0.2 * (r + 1))), 1.5) * np.asarray(memory["mask"][r])
+        np.testing.assert_allclose(groups.weight[6 + i], expected, rtol=1e-5, atol=1e-6)
+    assert float(groups.generated[6:].sum()) == 0 and not groups.finished[6:].any()  # no new evidence for memories
+    assert float(metrics["recent_replayed"]) == 2 / 8
+    assert float(metrics["recent_age"]) == (1 + 2) / 2
+    # The buffer takes the six groups drawn, not the replayed ones: after rows 0 .. 3, rows 0 and 1 again.
+    stored, _ = on_mesh(algo, strategies.store_recent, memory, groups, None)
+    np.testing.assert_array_equal(stored["ids"], [plan.ids[4], plan.ids[5], plan.ids[2], plan.ids[3]])
+    np.testing.assert_array_equal(stored["born"], [4, 4, 4, 4])
+    assert int(stored["updates"]) == 5 and int(stored["head"]) == 2
+
+
+def test_recent_replay_replaces_nothing_until_the_buffer_holds_enough(recent_algo):
+    algo = recent_algo
+    params = algo.init(jax.random.key(0)).params
+    plan = on_mesh(algo, rollout.plan_candidates, jax.random.key(1))
+    memory = stocked_buffer(algo, [3, 3, 3, 3], [False, True, False, False])  # one group, two wanted
+    groups, metrics = on_mesh(algo, recent_then_fresh, memory, params, plan, jax.random.key(2))
+    fresh = on_mesh(algo, strategies.independent, params, TextGRPOHyperparams(), plan, jax.random.key(2))
+    assert not groups.replayed.any()
+    np.testing.assert_array_equal(groups.tokens, fresh.tokens)  # all B groups generated, as without the strategy
+    np.testing.assert_array_equal(groups.ids, plan.ids)
+    assert float(metrics["recent_replayed"]) == 0.0 and float(metrics["recent_age"]) == 0.0

@@ -86,8 +86,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.hardest.after": 1},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "reward.label_free": "majority",
-     "rollout.replay": "thompson,selective", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3,
-     "advantage.novelty_sharpening": 1.0},
+     "rollout.replay": "thompson,selective,recent", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3,
+     "advantage.novelty_sharpening": 1.0, "group.oversample": 1, "rollout.options.recent.capacity": 8},
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
      "rollout.options.tracker.decay": 0.5},
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
@@ -95,7 +95,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
-        "bnpo-pacs-reset-majority-thompson-selective-dagrpo-xrpo", "spo-tracked-g1",
+        "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo", "spo-tracked-g1",
         "pvpo-anchor"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -122,9 +122,13 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
              "gdro": "hardest_class_share", "reference": "reference_injected", "pairing": "pairing_explored",
              "hardest": "hard_focus", "selective": "selective_replayed", "tracker": "tracked_pass_rate",
-             "entropy_target": "sampling_temperature", "anchor": "anchor_pass_rate"}
+             "entropy_target": "sampling_temperature", "anchor": "anchor_pass_rate", "recent": "recent_replayed"}
     for name in (n for stage in ("filter", "control", "replay") for n in config.rollout[stage].split(",") if n):
         assert parts[name] in metrics, (name, sorted(metrics))  # each strategy of the case ran
+    if "recent" in config.rollout.replay:  # update 1 fills the buffer (8 groups), update 2 replays 0.5 x 8 of them
+        np.testing.assert_allclose(metrics["recent_replayed"], [(0 + 4 / 8) / 2])
+        np.testing.assert_allclose(metrics["recent_age"], [(0 + 1) / 2])
+        assert metrics["sampled_tokens"][0] < metrics["tokens"][0], metrics  # update 2 drew half the groups it trained
     if "entropy_target" in config.rollout.control:  # the first update samples at the start, the second retuned
         tuned = 2 * metrics["sampling_temperature"][0] - 0.5
         assert tuned != 0.5 and 0.1 <= tuned <= 2.0, metrics["sampling_temperature"]

@@ -26,6 +26,8 @@ anything compiles:
     tune(algo, memory, hp) -> hp                               sampling hyperparameters (e.g. the temperature)
     before(algo, memory, plan, key) -> (plan, metrics)
     generate(algo, params, hp, plan, key) -> Groups            Generate strategies only
+    replaces(algo, memory, params, plan, generate, key)        in place of generate: generates part of the plan
+        -> (Groups, metrics)                                   (generate(plan, key)) and supplies the rest itself
     observe(algo, memory, groups, params) -> (memory, metrics) groups: every candidate on this device
     after(algo, memory, groups, params, key) -> (groups, metrics)
     advantages(algo, groups, rewards) -> (advantages, weights)   a Generate strategy whose samples have a

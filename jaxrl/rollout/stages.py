@@ -4,6 +4,7 @@ chosen strategies (`Pipeline`) and the config keys and checks of `config.rollout
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -18,7 +19,7 @@ from jaxrl.mesh import DATA_AXIS
 
 STAGES = ("generate", "filter", "control", "replay")
 DOMAINS = {"tokens": STAGES, "env": ("generate",)}  # token-level GRPO, GRPO on environments: their stages
-HOOKS = {"tokens": ("init", "prime", "tune", "before", "generate", "observe", "after", "advantages"),
+HOOKS = {"tokens": ("init", "prime", "tune", "before", "generate", "replaces", "observe", "after", "advantages"),
          "env": ("members",)}
 
 
@@ -34,6 +35,9 @@ class Strategy:
     tune: Callable | None = None  # (algo, memory, hp) -> hp: the sampling hyperparameters of this update's generation
     before: Callable | None = None
     generate: Callable | None = None
+    # (algo, memory, params, plan, generate, key) -> (Groups, metrics): generates only part of the plan itself,
+    # through generate(plan, key), and supplies the rest (a replay of whole stored groups); at most one per run
+    replaces: Callable | None = None
     advantages: Callable | None = None  # (algo, groups, rewards [n, G]) -> (advantages, weights) [n, G, N]
     members: Callable | None = None
     observe: Callable | None = None
@@ -230,7 +234,8 @@ class Pipeline:
     def run(self, algo, params, hp, memory: dict, plan: Plan, key: jax.Array,
             rewarded: Callable[[Groups], Groups] | None = None) -> tuple[dict, Groups, dict]:
         """The stages for one seed on this device, from the candidates `plan`: tune (the sampling hyperparameters),
-        before (a strategy that redraws the problems first), generate, `rewarded` (a reward model's scores in place of the verifier's, which every
+        before (a strategy that redraws the problems first), generate (or a strategy that `replaces` part of it),
+        `rewarded` (a reward model's scores in place of the verifier's, which every
         later stage then sees), observe, after. Returns (memory, Groups, metrics)."""
         memory, metrics = dict(memory), {}
         for strategy in self.strategies:
@@ -241,7 +246,13 @@ class Pipeline:
             if strategy.before:
                 plan, m = strategy.before(algo, memory.get(strategy.name), plan, hook_key(i))
                 metrics.update(m)
-        groups = self.generator.generate(algo, params, hp, plan, key)
+        generate = functools.partial(self.generator.generate, algo, params, hp)
+        replacing = [s for s in self.strategies if s.replaces]
+        if replacing:
+            groups, m = replacing[0].replaces(algo, memory[replacing[0].name], params, plan, generate, key)
+            metrics.update(m)
+        else:
+            groups = generate(plan, key)
         if rewarded is not None:
             groups = rewarded(groups)
         metrics["sampled_tokens"] = jax.lax.psum(jnp.sum(groups.generated), DATA_AXIS)  # every candidate's

@@ -4,7 +4,7 @@
     filter    rank_ties, success_predictor
     control   dynamic_sampling (the default), variance_budget, rollout_gdro, partial, prune, entropy_target,
               diversity_target
-    replay    correct, selective, reference, hints, curriculum, thompson, gdro, pairing, hardest
+    replay    correct, selective, recent, reference, hints, curriculum, thompson, gdro, pairing, hardest
 
 `algo` is token GRPO's learner
 (`jaxrl.algos.text.TextGRPO`). Shapes as in `jaxrl.rollout`: C candidates, n groups, G members, N tokens, K
@@ -14,6 +14,7 @@ reward components, pool the number of training problems (`rollout.pool_size`).
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ from jaxrl.engine import global_mean
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.rollout.pieces import (allocate_groups, distinct_share, first_per_slot, hint_lengths, hint_update,
                                   importance_weights, last_occurrence, tie_ranks, tree_advantages)
-from jaxrl.rollout.stages import Groups, Plan, register, take
+from jaxrl.rollout.stages import Groups, Plan, get, register, take
 
 
 def _correct(algo, groups: Groups) -> jax.Array:
@@ -689,6 +690,163 @@ def check_selective(config, chosen) -> None:
 register("replay", "selective", init=selective_memory, observe=store_both, after=replay_selective, needs_pool=True,
          single_turn=True, check=check_selective,
          options={"cap": (1.0, "a replayed completion's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
+
+
+# --- Replay: recent whole groups (Rollout Replay) ---------------------------------------------------------------
+
+RECENT_FIELDS = ("ids", "problems", "hint_len", "tokens", "behaviour", "mask", "rewards")  # what a buffered group keeps
+
+
+def replaced_groups(num_groups: int, fraction: float) -> int:
+    """How many of the B = `num_groups` groups trained each update replay/recent takes from its buffer: fraction x B
+    rounded down to a whole number of groups (0.3 of 8: 2)."""
+    return int(math.floor(fraction * num_groups + 1e-9))  # (the epsilon: 0.29 x 100 is 28.999... in floats)
+
+
+def recent_memory(algo, key):
+    """A FIFO buffer of the last `capacity` (E) groups drawn, whole: per row the group's pool id, problem, hint length,
+    tokens, behaviour log-probabilities and mask [E, G, N], rewards [E, G, K], the update that drew it (`born`) and
+    whether it holds one (`valid`); `head`, the row the next group goes to; `updates`, the updates observed so far."""
+    s, task = algo.settings, algo.task
+    E, G, N, K = algo.strategy_options("recent")["capacity"], s.group_size, task.answer_length, len(task.reward_names)
+    return {"ids": jnp.full(E, -1, jnp.int32), "problems": task.sample(key, E, "train"),
+            "hint_len": jnp.zeros(E, jnp.int32), "tokens": jnp.full((E, G, N), algo.vocab.pad_id, jnp.int32),
+            "behaviour": jnp.zeros((E, G, N)), "mask": jnp.zeros((E, G, N)), "rewards": jnp.zeros((E, G, K)),
+            "born": jnp.zeros(E, jnp.int32), "valid": jnp.zeros(E, bool), "head": jnp.int32(0),
+            "updates": jnp.int32(0)}
+
+
+def pushed(buffer: dict, rows: dict, keep: jax.Array) -> dict:
+    """The FIFO `buffer` (`recent_memory`) after the rows of `rows` (its RECENT_FIELDS, leaves [n, ...]) where `keep`
+    bool [n], in order, were written from row `head` on, wrapping around at the capacity E (each new group replaces
+    the oldest), born at update buffer["updates"]. Of more than E kept rows the last E stay."""
+    E = buffer["valid"].shape[0]
+    position = (buffer["head"] + jnp.cumsum(keep) - 1) % E
+    at = jnp.where(last_occurrence(position, keep), position, E)  # out of range: dropped
+    write = lambda old, new: old.at[at].set(new, mode="drop")
+    written = jax.tree.map(write, {k: buffer[k] for k in RECENT_FIELDS}, rows)
+    return {**buffer, **written, "born": write(buffer["born"], jnp.full(keep.shape, buffer["updates"])),
+            "valid": write(buffer["valid"], jnp.ones(keep.shape, bool)),
+            "head": ((buffer["head"] + keep.sum()) % E).astype(jnp.int32)}
+
+
+def picked_recent(born: jax.Array, valid: jax.Array, update: jax.Array, count: int, max_age: int,
+                  key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`count` rows of the buffer (born, valid [E]) drawn uniformly without replacement among those holding a group of
+    age update - born <= `max_age` (0: any age; a group drawn in the update before has age 1): (rows int32 [count],
+    ready: that many are eligible; when not, the rows are meaningless and nothing is replayed)."""
+    eligible = valid & ((max_age == 0) | (update - born <= max_age))
+    _, rows = jax.lax.top_k(jnp.where(eligible, jax.random.uniform(key, born.shape), -1.0), count)
+    return rows.astype(jnp.int32), eligible.sum() >= count
+
+
+def stored_groups(algo, params, like: Groups, stored: dict, cap: float) -> Groups:
+    """Buffered groups (RECENT_FIELDS [m, ...]) as `Groups` rows with the optional fields of `like`: every member
+    replayed, scored by the current policy (the loss's ratio starts at 1, as `replay_stored`'s) and each drawn token
+    weighted by min(pi / mu, cap) against the behaviour log-probabilities stored with it (hints 0); not `finished`,
+    so that the memories (which learn from finished groups) take no evidence from an older policy's samples."""
+    prompts = algo.task.prompts(stored["problems"], algo.vocab)
+    log_probs, _, values = sampling.score_groups(algo.model, params, prompts, stored["tokens"], stored["mask"],
+                                                 algo.vocab.pad_id)
+    m, G, N = stored["tokens"].shape
+    drawn = stored["mask"] * (jnp.arange(N) >= stored["hint_len"][:, None, None])
+    zeros = lambda x: None if x is None else jnp.zeros_like(x)
+    row = take(like, jnp.zeros(m, jnp.int32))  # (`like`'s structure; every field it has is set below)
+    return row.replace(
+        ids=stored["ids"], problems=stored["problems"], prompts=prompts, hint_len=stored["hint_len"],
+        tokens=stored["tokens"], log_probs=log_probs, mask=stored["mask"],
+        lengths=stored["mask"].sum(-1).astype(jnp.int32), values=None if like.values is None else values,
+        rewards=stored["rewards"], weight=importance_weights(log_probs, stored["behaviour"], drawn, cap),
+        bonus=zeros(row.bonus), replayed=jnp.ones((m, G), bool), start=zeros(row.start),
+        decided=None if row.decided is None else jnp.full((m,), N, jnp.int32),
+        behaviour=None if row.behaviour is None else stored["behaviour"],
+        finished=None if row.finished is None else jnp.zeros((m,), bool), pruned=zeros(row.pruned),
+        branched_at=zeros(row.branched_at), predicted=None if row.predicted is None else jnp.full((m,), -1.0))
+
+
+def replay_recent(algo, memory, params, plan: Plan, generate, key):
+    """Rollout Replay ("Improving Data Efficiency for LLM Reinforcement Fine-tuning Through Difficulty-targeted Online
+    Data Selection and Rollout Replay"): of the B groups an update trains, R = `fraction` x B (`replaced_groups`,
+    rounded down) are groups drawn by recent policies, taken from a FIFO buffer of the last `capacity` groups generated
+    (`store_recent`), and only B - R are generated: the plan's first B - R candidates (over all devices), then the R
+    buffered groups, drawn uniformly without replacement among those at most `max_age` updates old (0: any in the
+    buffer). Until R groups are eligible (the first updates, while the buffer fills) nothing is replaced and all B are
+    generated. A replayed group keeps its rewards and tokens; its tokens are weighted by min(pi / mu, cap) against the
+    behaviour log-probabilities stored with them (`stored_groups`), its advantages recomputed within the group.
+
+    Fresh samples: B x G completions per update while the buffer fills, (B - R) x G after (`sampled_tokens` shows it).
+    The two sizes are two branches of a `lax.cond`, both compiled, one run: the one every run on the device can take
+    (`mesh.agreed_max`; runs fill their buffers alike). R must split over the devices (checked when traced). Logs the share of groups replayed, their mean age in updates and their tokens'
+    mean weight."""
+    o = algo.strategy_options("recent")
+    B, D = algo.settings.text.num_prompts, jax.lax.axis_size(DATA_AXIS)
+    R = replaced_groups(B, o["fraction"])
+    if R % D:
+        raise ValueError(f"config.rollout.options.recent.fraction={o['fraction']} replays {R} of the {B} groups per "
+                         f"update, which do not split over the {D} devices: make it a multiple of {D} groups")
+    if R == 0:
+        return generate(plan, key), {"recent_replayed": jnp.float32(0.0), "recent_age": jnp.float32(0.0),
+                                     "recent_weight": jnp.float32(0.0)}
+    rows, ready = picked_recent(memory["born"], memory["valid"], memory["updates"], R, o["max_age"],
+                                jax.random.split(key, 1)[0])  # (the same rows on every device)
+
+    def fresh_and_replayed():
+        kept = take(mesh_lib.gather_shares(plan), mesh_lib.local_share(jnp.arange(B - R)))
+        groups = generate(kept, key)
+        stored = jax.tree.map(lambda x: mesh_lib.local_share(x[rows]), {k: memory[k] for k in RECENT_FIELDS})
+        replayed = stored_groups(algo, params, groups, stored, o["cap"])
+        return jax.tree.map(lambda a, b: jnp.concatenate([a, b]), groups, replayed)
+
+    # Every run on the device and every device agrees (a cond the vmapped runs would otherwise turn into a select
+    # that runs both branches); the buffer fills the same way in every run, so none waits for another.
+    ready = mesh_lib.agreed_max(1 - ready.astype(jnp.int32)) == 0
+    groups = jax.lax.cond(ready, lambda: mesh_lib.varying(fresh_and_replayed()),
+                          lambda: mesh_lib.varying(generate(plan, key)))
+    replayed_mask = groups.mask * groups.replayed[..., None]
+    weight = jax.lax.psum(jnp.sum(groups.weight * replayed_mask), DATA_AXIS)
+    age = jnp.mean((memory["updates"] - memory["born"][rows]).astype(jnp.float32))
+    return groups, {"recent_replayed": jnp.where(ready, R / B, 0.0), "recent_age": jnp.where(ready, age, 0.0),
+                    "recent_weight": weight / jnp.maximum(jax.lax.psum(jnp.sum(replayed_mask), DATA_AXIS), 1.0)}
+
+
+def store_recent(algo, memory, groups: Groups, params):
+    """Pushes the groups this update's policy drew (every device's, in order; not the replayed ones) into the FIFO
+    buffer (`pushed`), and counts the update. Logs the share of the buffer filled."""
+    drawn = groups.finished_only(~groups.replayed.any(axis=1))
+    behaviour = groups.log_probs if groups.behaviour is None else groups.behaviour
+    rows, drawn = mesh_lib.gather_shares(({"ids": groups.ids, "problems": groups.problems, "hint_len": groups.hint_len,
+                                           "tokens": groups.tokens, "behaviour": behaviour, "mask": groups.mask,
+                                           "rewards": groups.rewards}, drawn))
+    memory = pushed(memory, rows, drawn)
+    return {**memory, "updates": memory["updates"] + 1}, {
+        "recent_stored": jnp.mean(memory["valid"].astype(jnp.float32))}
+
+
+def check_recent(config, chosen) -> None:
+    """One candidate per slot (every generated group is trained, so the buffer holds trained groups); room for the R
+    groups replayed; no tracked baseline (a buffered group keeps none)."""
+    if config.group.get("oversample", 1) != 1:
+        raise ValueError(f"rollout.replay=recent replays whole trained groups and generates only the others: set "
+                         f"config.group.oversample = 1, got {config.group.oversample}")
+    o = config.rollout.options.recent
+    R = replaced_groups(config.num_prompts, o.fraction)
+    if o.capacity < R:
+        raise ValueError(f"config.rollout.options.recent.capacity={o.capacity} cannot hold the {R} groups replayed per "
+                         f"update (fraction x num_prompts, rounded down): it would never replay")
+    tracking = [n for stage, names in chosen.items() for n in names if get(stage, n).baseline]
+    if tracking:
+        raise ValueError(f"rollout.replay=recent with {', '.join(tracking)}: a replayed group keeps no tracked "
+                         f"baseline; choose one")
+
+
+register("replay", "recent", init=recent_memory, replaces=replay_recent, observe=store_recent, single_turn=True,
+         check=check_recent,
+         options={"fraction": (0.5, "the share of each update's groups taken from the buffer of recent groups instead "
+                               "of generated (rounded down to whole groups)", {"minimum": 0.0, "below": 1.0}),
+                  "capacity": (16, "groups the FIFO buffer keeps (the last ones generated)", {"minimum": 1}),
+                  "max_age": (0, "replay only groups drawn at most this many updates before (0: any in the buffer)",
+                              {"minimum": 0}),
+                  "cap": (1.0, "a replayed group's tokens are weighted by min(pi / mu, cap)", {"above": 0.0})})
 
 
 # --- Replay: the ground truth as an off-policy member (TempSamp-R1; AHPO's expert data where rewards are sparse) ------
