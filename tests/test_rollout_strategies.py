@@ -724,6 +724,28 @@ def test_hardest_draws_uniformly_for_after_updates_then_plans_the_lowest_pass_ra
         algos.validate(tiny_grpo_config("", **{"rollout.replay": "hardest", "rollout.pool_size": 12}))
 
 
+def test_hardest_repeats_its_problems_for_drive_s_larger_groups():
+    """DRIVE's larger hard-stage groups: with repeat 4 the hard focus plans the 16 / 4 = 4 problems of lowest pass rate
+    (31, 30, 29, 28 of the rates above) 4 times each, in a row; merged by problem (required) each trains as one group
+    of 4 x 3 members. A repeat that does not divide the plan, or one without merged groups, is refused."""
+    keys = {"rollout.replay": "hardest", "rollout.pool_size": 32, "group.size": 3, "rollout.options.hardest.after": 0,
+            "rollout.options.hardest.repeat": 4, "advantage.merge_problem_groups": True}
+    config = tiny_grpo_config("", **keys)
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    plan = on_mesh(algo, rollout.plan_candidates, jax.random.key(1))
+    rates = pass_rates({**{i: 0.0 for i in range(18)}, **{i: (32 - i) / 14 for i in range(18, 32)}})
+    focus, _ = on_mesh(algo, strategies.hardest_problems, {**rates, "updates": jnp.int32(0)}, plan, jax.random.key(0))
+    np.testing.assert_array_equal(focus.ids, np.repeat([31, 30, 29, 28], 4))
+    with pytest.raises(ValueError, match=r"hardest.repeat=3 must divide the 16 problems planned"):
+        algos.validate(tiny_grpo_config("", **{**keys, "rollout.options.hardest.repeat": 3}))
+    with pytest.raises(ValueError, match="set config.advantage.merge_problem_groups=True"):
+        algos.validate(tiny_grpo_config("", **{**keys, "advantage.merge_problem_groups": False}))
+    with pytest.raises(ValueError, match=r"plans 4 distinct problems per update \(num_prompts x group.oversample / "
+                                         r"repeat 4\) from the pool: config.rollout.pool_size must be at least that, got 3"):
+        algos.validate(tiny_grpo_config("", **{**keys, "rollout.pool_size": 3}))
+
+
 def test_selective_buffer_gives_a_tied_group_the_stored_completion_of_the_other_outcome(paired_algo):
     """replay/selective (Skywork R1V2's Selective Sample Buffer): per problem the newest correct and the newest wrong
     completion are stored; an all-wrong group gets the correct one as its last member, an all-correct group the

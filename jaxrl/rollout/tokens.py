@@ -1008,15 +1008,16 @@ def with_decayed_evidence(algo, memory: dict, groups: Groups, added: dict, decay
     return {k: (prior + decay * (v - prior)).at[rows].add(added[k], mode="drop") for k, v in memory.items()}
 
 
-def plans_distinct(name: str):
-    """The config check of replay strategy `name`, which plans num_prompts x group.oversample distinct problems of the
-    pool each update."""
+def plans_distinct(name: str, repeat: int = 1):
+    """The config check of replay strategy `name`, which plans num_prompts x group.oversample / `repeat` distinct
+    problems of the pool each update."""
     def check(config, chosen) -> None:
-        planned = config.num_prompts * config.group.get("oversample", 1)
+        planned = config.num_prompts * config.group.get("oversample", 1) // repeat
         if config.rollout.pool_size < planned:
+            what = "(num_prompts x group.oversample" + (f" / repeat {repeat})" if repeat > 1 else ")")
             raise ValueError(f"rollout strategy replay/{name} plans {planned} distinct problems per update "
-                             f"(num_prompts x group.oversample) from the pool: config.rollout.pool_size must be at "
-                             f"least that, got {config.rollout.pool_size}")
+                             f"{what} from the pool: config.rollout.pool_size must be at least that, got "
+                             f"{config.rollout.pool_size}")
     return check
 
 
@@ -1393,17 +1394,38 @@ def hardest_problems(algo, memory, plan: Plan, key):
     left as they are), then the hard-focus stage: every update plans the B x oversample problems of lowest tracked
     pass rate (the pool's hardest, retained while they stay the hardest: their rates keep being tracked), ties in
     random order. With `unsolved_last` a problem whose tracked rate is 0 (all wrong: no group of it carries a
-    gradient) comes after every other; a problem never observed counts at 1/2. Not here: DRIVE's larger groups in the
-    hard stage (64 rollouts against 8; the group size is one per compiled program) and its shorter response window in
-    the broad one."""
+    gradient) comes after every other; a problem never observed counts at 1/2. DRIVE's larger groups in the hard
+    stage (64 rollouts against 8): with `repeat` k the hard stage plans the B x oversample / k hardest problems k
+    times each (`repeated_hardest`), and `advantage.merge_problem_groups` (required) makes each one's k groups a single
+    group of k x G members: the group size of a compiled program stays G. Not here: DRIVE's shorter response window
+    in the broad stage (the answer length is one per compiled program)."""
     o, s = algo.strategy_options("hardest"), algo.settings
     rate = memory["rate"]
     unsolved = (rate <= 0.0) if o["unsolved_last"] else jnp.zeros(rate.shape, bool)
-    hardest = first_by((unsolved, rate, jax.random.uniform(key, rate.shape)), s.text.num_prompts * s.oversample)
+    hardest = repeated_hardest((unsolved, rate, jax.random.uniform(key, rate.shape)),
+                               s.text.num_prompts * s.oversample, o["repeat"])
     focus = memory["updates"] >= o["after"]
     ids = jnp.where(focus, mesh_lib.local_share(hardest), plan.ids)
     return pool_plan(algo, ids), {"hard_focus": focus.astype(jnp.float32),
                                   "planned_pass_rate": global_mean(rate[ids])}
+
+
+def repeated_hardest(keys: tuple, count: int, repeat: int) -> jax.Array:
+    """int32 [count]: the count / repeat problems that come first by `keys` (`first_by`), each `repeat` times in a
+    row."""
+    return jnp.repeat(first_by(keys, count // repeat), repeat)
+
+
+def check_hardest(config, chosen) -> None:
+    o = config.rollout.options.hardest
+    planned = config.num_prompts * config.group.get("oversample", 1)
+    if planned % o.repeat:
+        raise ValueError(f"config.rollout.options.hardest.repeat={o.repeat} must divide the {planned} problems planned "
+                         "per update (num_prompts x group.oversample)")
+    if o.repeat > 1 and not config.advantage.merge_problem_groups:
+        raise ValueError(f"config.rollout.options.hardest.repeat={o.repeat} plans each hard problem {o.repeat} times "
+                         "to train it as one larger group: set config.advantage.merge_problem_groups=True")
+    plans_distinct("hardest", repeat=o.repeat)(config, chosen)
 
 
 def track_hardest(algo, memory, groups: Groups, params):
@@ -1412,9 +1434,12 @@ def track_hardest(algo, memory, groups: Groups, params):
 
 
 register("replay", "hardest", init=hardest_memory, before=hardest_problems, observe=track_hardest, needs_pool=True,
-         single_turn=True, draws=True, check=plans_distinct("hardest"),
+         single_turn=True, draws=True, check=check_hardest,
          options={"after": (20, "updates of uniform draws from the pool (the broad stage) before the hard focus",
                             {"minimum": 0}),
+                  "repeat": (1, "the hard focus plans each of its problems this many times, merged into one group of "
+                             "repeat x group.size members (DRIVE's larger groups; needs advantage.merge_problem_groups)",
+                             {"minimum": 1}),
                   "rate_step": RATE_STEP,
                   "unsolved_last": (True, "problems of tracked pass rate 0 come after every other in the hard focus",
                                     {})})
