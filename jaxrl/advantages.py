@@ -391,10 +391,16 @@ def fused(rewards, valid, opts, prior):
     axes = _group_axes(rewards)
     mean, std, n = _moments(rewards, valid, axes)
     v = jnp.clip(_per_group(prior, rewards.ndim), 0.0, opts.max_reward)  # a value model's output may leave that range
-    p = jnp.clip(v, 0.01, 0.99)
-    accepted = jnp.abs(mean - v) <= opts.prior_z * jnp.sqrt(p * (1.0 - p) / jnp.maximum(n, 1))
+    accepted = prior_accepted(mean, v, n, opts.prior_z)
     baseline = jnp.where(accepted, (n * mean + opts.prior_weight * v) / (n + opts.prior_weight), mean)
     return _rescale(rewards - baseline, std, rewards, valid, opts)
+
+
+def prior_accepted(mean: jax.Array, prior: jax.Array, n: jax.Array, z: float) -> jax.Array:
+    """V_0.5's test of a value prior V (clipped to the rewards' range) against a group's mean m of n samples:
+    |m - V| <= z sqrt(V' (1 - V') / n), V' = V clipped to [0.01, 0.99] (rewards in [0, 1]). Broadcasting -> bool."""
+    p = jnp.clip(prior, 0.01, 0.99)
+    return jnp.abs(mean - prior) <= z * jnp.sqrt(p * (1.0 - p) / jnp.maximum(n, 1))
 
 
 def beta_fit(pass_rates: jax.Array, valid: jax.Array) -> tuple[jax.Array, jax.Array]:

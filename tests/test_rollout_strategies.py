@@ -1058,9 +1058,10 @@ def test_the_diversity_target_retunes_the_temperature_by_the_groups_distinct_sha
 SOLVED = jnp.zeros(32, jnp.int32).at[10].set(4).at[12].set(1).at[13].set(3)  # members of 4 each pool problem solves
 
 
-def solved_by_table():
+def solved_by_table(priors=None):
     """A stand-in sampler: groups of 4 members of which, in its first round (call), the first SOLVED[id] are correct
-    (rewards (1, 1)), the rest well formed only (0, 1); in later rounds none is correct. Every member one real token."""
+    (rewards (1, 1)), the rest well formed only (0, 1); in later rounds none is correct. Every member one real token;
+    with `priors` (id -> value) the value head reads priors[id] at every position."""
     rounds = []
 
     def sample(algo, params, hp, plan, key):
@@ -1070,9 +1071,11 @@ def solved_by_table():
         correct = (jnp.arange(G)[None, :] < solved[:, None]).astype(jnp.float32)
         rewards = jnp.stack([correct, jnp.ones_like(correct)], axis=-1)
         ones, zeros = jnp.ones((n, G, N)).at[..., 1].set(0.0), jnp.zeros((n, G))
+        table = None if priors is None else jnp.zeros(32).at[jnp.asarray(list(priors))].set(list(priors.values()))
+        values = None if priors is None else jnp.broadcast_to(table[plan.ids][:, None, None], (n, G, N))
         return rollout.Groups(plan.ids, plan.problems, jnp.zeros((n, 3), jnp.int32), plan.hint_len,
                               jnp.zeros((n, G, N), jnp.int32), jnp.zeros((n, G, N)), ones, jnp.ones((n, G), jnp.int32),
-                              None, rewards, weight=ones, bonus=zeros, replayed=zeros.astype(bool))
+                              values, rewards, weight=ones, bonus=zeros, replayed=zeros.astype(bool))
 
     return sample
 
@@ -1102,6 +1105,31 @@ def test_dars_spends_the_extra_groups_on_the_least_solved_first_round_prompts_an
     np.testing.assert_allclose(member[[6, 7]], -1 / s11, rtol=1e-4)
     np.testing.assert_allclose(member[3], [1 / s3, 1 / s3, 1 / s3, -s3], rtol=1e-4)
     np.testing.assert_array_equal(weight[..., 0], np.ones((8, 4)))
+
+
+def test_v0_5_s_extra_rollouts_go_where_the_first_round_rejects_the_value_prior():
+    """rollout.options.dars.target=rejected (V_0.5): the first round as above (problems 10-13, p = 1, 0, 1/4, 3/4,
+    weighted means m = p + 0.1 = 1.1, 0.1, 0.35, 0.85 with reward weights (1, 0.1)) against value priors 0.5, 0.1, 0.9,
+    0.85, n = 4, z = 1.96: bounds 1.96 sqrt(V (1 - V) / 4) = 0.49, 0.294, 0.294, 0.350 against |m - V| = 0.6, 0, 0.55,
+    0: problems 10 and 12 reject their prior and take the 4 extra groups, 2 each (DARS's 1 - p would have given 11 and
+    12); the accepted ones none."""
+    config = tiny_grpo_config("", **{"rollout.generate": "dars", "rollout.pool_size": 32, "group.size": 4,
+                                     "advantage.merge_problem_groups": True, "group.oversample": 1,
+                                     "rollout.options.dars.target": "rejected", "loss.critic_weight": 0.5})
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    assert algo.settings.reward_weights == (1.0, 0.1)
+    ids = jnp.arange(10, 18, dtype=jnp.int32)
+    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(8, jnp.int32), jnp.full(8, -1.0), jnp.zeros(8, jnp.int32))
+    priors = {10: 0.5, 11: 0.1, 12: 0.9, 13: 0.85}
+    sampler = functools.partial(strategies.dars, sample=solved_by_table(priors))
+    groups = on_mesh(algo, sampler, None, TextGRPOHyperparams(), plan, jax.random.key(0))
+    np.testing.assert_array_equal(groups.ids, [10, 11, 12, 13, 10, 10, 12, 12])
+    with pytest.raises(ValueError, match="dars.target=rejected tests the value head's prior: set "
+                                         "config.loss.critic_weight > 0"):
+        algos.validate(tiny_grpo_config("", **{"rollout.generate": "dars", "rollout.pool_size": 32,
+                                               "advantage.merge_problem_groups": True, "group.oversample": 1,
+                                               "rollout.options.dars.target": "rejected"}))
 
 
 def test_merged_groups_and_dars_config_errors():

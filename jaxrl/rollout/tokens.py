@@ -323,7 +323,9 @@ def dars(algo, params, hp, plan: Plan, key: jax.Array, sample=independent) -> Gr
     each of the first B - E of all devices' B candidates measures its pass rate p; the update's E = `extra` remaining
     groups then go to them by 1 - p (`BUDGET_TARGETS["hard"]`, `spend_budget`), at most `max_groups` each: the least
     solved get the most, so that hard prompts get more positive rollouts, and the all-correct none while others
-    remain. With advantage.merge_problem_groups a prompt's first-round and extra members form one enlarged group of
+    remain. With `target` rejected the extras go instead where the first round rejects the value head's prior
+    (`rejected_worth`: V_0.5's extra rollouts where the prior is unreliable, for the fused estimator).
+    With advantage.merge_problem_groups a prompt's first-round and extra members form one enlarged group of
     (1 + k) G. Trained: B groups of G, (B - E) G first-round completions and E G extra ones (all the update samples).
 
     `sample`: the generator of each round (plan -> Groups). Returns [b, G, ...]: the B groups in the same order on any
@@ -336,11 +338,26 @@ def dars(algo, params, hp, plan: Plan, key: jax.Array, sample=independent) -> Gr
     first_plan = take(mesh_lib.gather_shares(plan), mesh_lib.local_share(jnp.arange(B - extra)))
     first = sample(algo, params, hp, first_plan, key)
     pass_rate = _correct(algo, first).mean(axis=1)
-    extra_plan, _ = spend_budget(algo, first_plan, BUDGET_TARGETS["hard"], o["max_groups"], pass_rate, extra)
+    worth = BUDGET_TARGETS["hard"] if o["target"] == "hard" else rejected_worth(algo, first)
+    extra_plan, _ = spend_budget(algo, first_plan, worth, o["max_groups"], pass_rate, extra)
     extras = sample(algo, params, hp, extra_plan, jax.random.fold_in(key, 1))
     every = jax.tree.map(lambda a, b: jnp.concatenate([a, b]), mesh_lib.gather_shares(first),
                          mesh_lib.gather_shares(extras))
     return jax.tree.map(mesh_lib.local_share, every)
+
+
+def rejected_worth(algo, first: Groups):
+    """V_0.5's extra rollouts where the value prior is unreliable: the worth (p [C] -> [C], all devices) of one more
+    group of each first-round group is 1 where its mean weighted reward rejects the value head's state-zero prior
+    (`advantages.prior_accepted`, the fused estimator's test) and 0 where it accepts it, plus 1e-3 sqrt(p (1 - p)):
+    extras left over once every rejected prompt has its groups go to the most uncertain of the others."""
+    s = algo.settings
+    mean = first.rewards @ jnp.asarray(s.reward_weights)  # [b, G]: the weighted reward the estimator reads
+    options = dict(s.advantage_options)
+    prior = jnp.clip(first.values[:, 0, 0], 0.0, options["max_reward"])
+    rejected = ~advantages.prior_accepted(mean.mean(axis=1), prior, mean.shape[1], options["prior_z"])
+    every = mesh_lib.gather_shares(rejected).astype(jnp.float32)
+    return lambda p: every + 1e-3 * BUDGET_TARGETS["uncertain"](p)
 
 
 def check_dars(config, chosen: dict) -> None:
@@ -358,12 +375,18 @@ def check_dars(config, chosen: dict) -> None:
     if config.reward.label_free:
         raise ValueError(f"rollout.generate=dars measures each prompt's accuracy by its label; "
                          f"config.reward.label_free={config.reward.label_free} reads none")
+    if config.rollout.options.dars.target == "rejected" and not config.loss.critic_weight > 0:
+        raise ValueError("config.rollout.options.dars.target=rejected tests the value head's prior: set "
+                         "config.loss.critic_weight > 0")
 
 
 register("generate", "dars", generate=dars, check=check_dars,
          options={"extra": (4, "E: the update's groups (of its B) that go to the hardest first-round prompts, by "
                             "1 - p; the first round samples the other B - E", {"minimum": 1}),
-                  "max_groups": (2, "the most extra groups one prompt gets", {"minimum": 1})})
+                  "max_groups": (2, "the most extra groups one prompt gets", {"minimum": 1}),
+                  "target": ("hard", "whom the extra groups go to: hard (DARS), by 1 - p; rejected (V_0.5), the prompts "
+                             "whose first round rejects the value head's prior (advantage.prior_z)",
+                             {"choices": ("hard", "rejected")})})
 
 
 def carried_memory(algo, key):
