@@ -379,7 +379,7 @@ def tracked(rewards, valid, opts, baseline):
     return _rescale(centered, std, centered, valid, opts)  # (scale batch: by the std of the batch's advantages)
 
 
-@register("fused", default_scale="none", reads="prior")
+@register("fused", default_scale="none", reads="prior", merges=True)  # (a prompt's prior is its groups')
 def fused(rewards, valid, opts, prior):
     """V_0.5: the baseline fuses a value model's prior V (its prediction of the group's mean reward from the prompt,
     clipped to the rewards' range [0, max_reward]) with the group's empirical mean m of n samples, after a test of the

@@ -606,6 +606,18 @@ def test_merged_groups_pool_the_groups_of_one_problem_and_leave_the_others_alone
     np.testing.assert_allclose(out.advantages[0], pooled[0], atol=1e-5)
 
 
+def test_merged_groups_test_the_value_prior_against_the_pooled_mean():
+    """fused (V_0.5) merged: problem 7's groups [1, 0] and [0, 0] pool to m = 1/4 over n = 4 against the prior
+    V = 1/4 of both (one prompt): accepted, it counts as prior_weight = 4 samples, b = (4/4 + 4/4) / 8 = 1/4, so
+    advantages 3/4, -1/4 | -1/4, -1/4. Unmerged, the second group alone (m = 0, n = 2, bound 1.96 sqrt(3/16 / 2) =
+    0.6) also accepts: b = (0 + 1) / 6, advantages -1/6: the pooled baseline differs."""
+    rewards, prior = jnp.asarray([[1.0, 0.0], [0.0, 0.0]]), jnp.full(2, 0.25)
+    options = dict(prior=prior, max_reward=1.0, prior_weight=4.0, prior_z=1.96)
+    out = adv_lib.merged_by_problem(get("fused"), rewards, jnp.asarray([7, 7]), **options)
+    np.testing.assert_allclose(out.advantages, [[0.75, -0.25], [-0.25, -0.25]], atol=1e-6)
+    np.testing.assert_allclose(get("fused")(rewards, **options).advantages[1], [-1 / 6, -1 / 6], atol=1e-6)
+
+
 MERGED_OVER_DEVICES = """
 import functools, json
 import jax, jax.numpy as jnp
