@@ -165,6 +165,9 @@ class Estimator:
     # Its statistics are its group's alone (no batch-level ones, nothing else read): the groups of one problem can be
     # pooled into one (`merged_by_problem`)
     merges: bool = False
+    # Trains each sample given a prompt that states its return (RCRL: text GRPO rewrites the prompts,
+    # `jaxrl.algos.text.return_prompts`, and learns by likelihood); no other family can
+    conditions: bool = False
 
     def __call__(self, rewards, valid, opts, context=None):
         return self.core(rewards, valid, opts) if not self.reads else self.core(rewards, valid, opts, context)
@@ -196,17 +199,18 @@ def check_estimator(name: str, needs_critic: bool, family: str) -> None:
 
 
 def register(name: str, *, default_scale: str = "group", combine: bool = True, needs_critic: bool = False,
-             reads: str = "", merges: bool = False):
+             reads: str = "", merges: bool = False, conditions: bool = False):
     """Decorator adding a core function to ESTIMATORS under `name`; returns the function unchanged. A group
     estimator's core is a `Core`; with `needs_critic` (an estimator PPO takes, as gae) it is fn(rewards, values,
-    dones, last_value, gamma, gae_lambda) -> (advantages, value targets). `merges`: see `Estimator`."""
+    dones, last_value, gamma, gae_lambda) -> (advantages, value targets). `merges`, `conditions`: see `Estimator`."""
     if default_scale not in SCALES:
         raise ValueError(f"default_scale must be one of {SCALES}, got {default_scale!r}")
 
     def decorate(core: Core) -> Core:
         if name in ESTIMATORS:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic, reads=reads, merges=merges)
+        ESTIMATORS[name] = Estimator(core, default_scale, combine, needs_critic, reads=reads, merges=merges,
+                                     conditions=conditions)
         return core
 
     return decorate
@@ -347,6 +351,17 @@ def expert_iteration(rewards, valid, opts):
     success threshold) gets advantage 1, the others carry no gradient: with token aggregation the policy loss is
     SFT's on the successes. [B, G(, A)] -> ([B, G(, A)], keep)."""
     return jnp.ones_like(rewards), rewards >= opts.max_reward
+
+
+@register("return_conditioned", default_scale="none", merges=True, conditions=True)
+def return_conditioned(rewards, valid, opts):
+    """Return-conditioned RL (RCRL; Havrilla et al. 2024, "Teaching Large Language Models to Reason with
+    Reinforcement Learning"): supervised learning on every sample, each given a prompt marked with the return it
+    achieved (text GRPO: the verifier's correct reward), so that a prompt marked with the high return
+    asks for what successes look like. Every valid sample gets advantage 1 (the wrong ones learn too, under their
+    own mark); text GRPO rewrites the prompts and takes the mean token NLL (`TextGRPO._conditioned_nll`).
+    [B, G(, A)] -> [B, G(, A)]."""
+    return jnp.ones_like(rewards)
 
 
 @register("stratified", reads="strata")

@@ -92,11 +92,12 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.tracker.decay": 0.5},
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
      "rollout.options.anchor.samples": 4},
+    {"advantage.estimator": "return_conditioned"},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo", "spo-tracked-g1",
-        "pvpo-anchor"])
+        "pvpo-anchor", "rcrl"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -113,6 +114,9 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier
     assert ("members_kept" in metrics) == (config.loss.sample_keep < 1)  # D3S's sample level
     assert ("members_distinct" in metrics) == (config.loss.min_distinctiveness > 0)  # DaGRPO's pair masking
+    # RCRL learns by likelihood alone, under return-marked prompts: no policy ratio
+    assert ("return_conditioned_nll" in metrics) != ("policy_loss" in metrics)
+    assert ("return_conditioned_nll" in metrics) == (config.advantage.estimator == "return_conditioned")
     if config.loss.sample_keep < 1:  # G = 4: 2 members, then 3 as the schedule relaxes the share (the chunk's mean)
         np.testing.assert_allclose(metrics["members_kept"], [(2 / 4 + 3 / 4) / 2])
     if config.loss.reference_reset:  # ProRL: after the second update the reference is the policy again

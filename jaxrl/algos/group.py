@@ -58,6 +58,9 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bo
     if estimator is not None and estimator.reads in ("baseline", "prior") and not text:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} reads a per-problem value that "
                          "text GRPO keeps (a tracker or a value head at the prompt); environment GRPO has none")
+    if estimator is not None and estimator.conditions and not text:
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} rewrites text prompts with each "
+                         "sample's return (RCRL): it needs text_grpo")
     if estimator is not None and estimator.reads == "strata" and not multi_turn:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each episode with those "
                          "of its group that share its structure (as many tool calls): it needs a multi-turn text task "

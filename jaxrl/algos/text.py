@@ -732,6 +732,7 @@ class TextGRPO:
             self.layer_model = type(self.model)(dataclasses.replace(self.model.config,
                                                                     exit_layer=settings.layer_policy))
         self.per_turn = advantages.ESTIMATORS[settings.advantage].per_turn  # scores turns of multi-turn episodes
+        self.conditions = advantages.ESTIMATORS[settings.advantage].conditions  # RCRL: return-marked prompts
         self.estimator = None if self.per_turn else advantages.get(settings.advantage)
         self.multi_turn = policy.multi_turn
         self.pipeline = rollout.Pipeline.of(settings.rollout, settings.rollout_options)
@@ -835,6 +836,8 @@ class TextGRPO:
     def _loss(self, params, batch, hp: TextGRPOHyperparams, layer_phase=None):
         """batch: whole groups, prompts [m, P] and the rest [m, G, ...]; `layer_phase`: the loss is the internal layer
         policy's (BuPO; its old log-probabilities are then that policy's too)."""
+        if self.conditions:  # RCRL learns by likelihood alone: no ratio to the sampler, whose prompts were others
+            return self._conditioned_nll(params, batch)
         s = self.settings
         scored = self._score(params, batch, layer_phase)
         # One row per completion [m*G, N] from here on.
@@ -873,6 +876,17 @@ class TextGRPO:
             value_loss = losses.aggregate(errors, value_mask, "token", axis_name=DATA_AXIS)
             total, aux = total + hp.vf_coef * value_loss, dict(aux, value_loss=value_loss)
         return total, aux
+
+    def _conditioned_nll(self, params, batch):
+        """RCRL's loss: the mean token NLL of every completion tokens [m, G, N] given its return-marked prompt
+        return_prompts [m, G, P] (`return_prompts`), each scored as a one-member group; (loss, metrics)."""
+        m, G, N = batch["tokens"].shape
+        log_probs, _, _ = sampling.score_groups(self.model, params, batch["return_prompts"].reshape(m * G, -1),
+                                                batch["tokens"].reshape(m * G, 1, N),
+                                                batch["mask"].reshape(m * G, 1, N), self.vocab.pad_id)
+        trained = (batch["mask"] * batch["weight"]).reshape(m * G, N)
+        nll = losses.aggregate(-log_probs[:, 0], trained, "token", axis_name=DATA_AXIS)
+        return nll, {"return_conditioned_nll": nll}
 
     def _expert_nll(self, params, prompts, expert: dict, layer_phase=None):
         """`losses.expert_nll` of the expert answers expert["answers"] [m, A] to prompts [m, P] (gated by
@@ -998,6 +1012,9 @@ class TextGRPO:
             units["weight"] = units["weight"] * kept_tokens(cut, advantages, s.truncated)
             metrics["truncated"] = global_mean(cut.astype(jnp.float32))
         units["advantages"] = advantages
+        if self.conditions:  # RCRL: each member's prompt marked with its outcome, the verifier's correct reward
+            success = groups.rewards[..., self.task.reward_names.index("correct")] > 0.5
+            units["return_prompts"] = return_prompts(groups.prompts, success, self.vocab)
         if s.learns_expert:
             units["expert"], metrics["expert_share"] = self._expert_units(groups)
         if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
@@ -1085,6 +1102,24 @@ class TextGRPO:
         `mesh.split_actor`; `jaxrl.engine.staleness`)."""
         s = self.settings
         return staleness.update(self._sample_batch, self._learn, TEXT_ROLES, state, hp, s.max_staleness, s.split_actor)
+
+
+def return_tokens(vocab) -> tuple[int, int]:
+    """RCRL's two return marks (high, low) of the small model's vocabulary: its BOS, which opens every prompt the
+    task renders (so sampling and greedy evaluation ask for a success as they are, and a warm start's SFT on
+    correct answers already reads it so), and EOS, which no prompt holds, in BOS's place for a failure. Reusing
+    these two specials keeps the vocabulary, and with it a warm start's embedding, unchanged."""
+    return vocab.bos_id, vocab.eos_id
+
+
+def return_prompts(prompts: jax.Array, success: jax.Array, vocab) -> jax.Array:
+    """Return-conditioned RL's prompts (Havrilla et al. 2024): left-padded prompts [b, P] -> [b, G, P], member g's
+    prompt with its BOS replaced by the mark of its return (`return_tokens`: high where `success` bool [b, G],
+    low elsewhere)."""
+    high, low = return_tokens(vocab)
+    mark = jnp.where(success, high, low).astype(prompts.dtype)[..., None]  # [b, G, 1]
+    tiled = jnp.broadcast_to(prompts[:, None], (*success.shape, prompts.shape[-1]))
+    return jnp.where(tiled == vocab.bos_id, mark, tiled)
 
 
 def length_penalised(rewards: jax.Array, lengths: jax.Array, difficulty: jax.Array, correct: int, penalty: float,
@@ -1307,6 +1342,7 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     multi_turn_task = config.task.name in text.MULTI_TURN_TASKS
     check_group_estimator(config, multi_turn=multi_turn_task)
     check_objective(config, text=True, multi_turn=multi_turn_task)
+    check_return_conditioned(config, multi_turn_task)
     if config.loss.reference_reset and not config_keeps_reference(config):
         raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
                          "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
@@ -1381,6 +1417,31 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     if config.init_from and not saved_run(config.init_from):
         raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json "
                          f"nor {MODEL_DIR}/)")
+
+
+def check_return_conditioned(config: ConfigDict, multi_turn_task: bool) -> None:
+    """advantage.estimator=return_conditioned (RCRL) marks single answers' prompts with two specials of the small
+    model's vocabulary (`return_tokens`) and learns by likelihood alone: the terms that reshape a policy gradient,
+    score against other prompts' log-probabilities or read another model are refused."""
+    if not advantages.ESTIMATORS[config.advantage.estimator].conditions:
+        return
+    where = f"config.advantage.estimator={config.advantage.estimator}"
+    if config.model.name or multi_turn_task:
+        raise ValueError(f"{where} marks the BOS of the small model's prompts: " + (
+            f"config.model.name={config.model.name!r}'s chat prompts have no spare mark yet" if config.model.name
+            else f"task.name={config.task.name} is played over turns"))
+    on = [key for key, active in (
+        ("loss.kl_coef", config.loss.kl_coef > 0), ("loss.confidence_penalty", config.loss.confidence_penalty > 0),
+        ("loss.objective", config.loss.objective != "clip"), ("loss.teacher", bool(config.loss.teacher)),
+        ("loss.expert_coef", config.loss.expert_coef > 0), ("loss.critic_weight", config.loss.critic_weight > 0),
+        ("loss.layer_policy", config.loss.layer_policy > 0), ("loss.correction", config.loss.correction != "none"),
+        ("loss.token_keep", config.loss.token_keep < 1), ("loss.sample_keep", config.loss.sample_keep < 1),
+        ("loss.min_distinctiveness", config.loss.min_distinctiveness > 0),
+        ("advantage.entropy_shaping", config.advantage.entropy_shaping > 0),
+        ("advantage.novelty_sharpening", config.advantage.novelty_sharpening > 0),
+        ("advantage.process_weight", config.advantage.process_weight > 0)) if active]
+    if on:
+        raise ValueError(f"{where} learns by the likelihood of every completion alone: turn off {', '.join(on)}")
 
 
 def check_merged_groups(config: ConfigDict) -> None:
