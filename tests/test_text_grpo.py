@@ -300,6 +300,11 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.objective": "pacs", "loss.ratio": "sequence"}, "pacs scores whole completions itself"),
             ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs"),
             ({"reward.label_free": "majority", "rollout.replay": "reference"}, "label_free=majority reads no label"),
+            ({"loss.confidence_clip": 0.5}, r"^config\.loss\.confidence_clip read each group's vote confidence .* "
+                                            r"need config\.reward\.label_free=majority$"),
+            ({"advantage.confidence_entropy_shaping": True}, "config.advantage.confidence_entropy_shaping read each"),
+            ({"advantage.novelty_floor": 0.5}, r"novelty_floor=0\.5 bounds the factor of advantage\.novelty_sharp"),
+            ({"loss.confidence_clip": 1.5}, r"config\.loss\.confidence_clip must lie in \[0, 1\]"),
             ({"loss.keep_schedule": 10}, "keep_schedule=10 relaxes D3S's down-sampling: set config.loss.sample_keep"),
             ({"loss.sample_keep": 0.0}, "config.loss.sample_keep"),
             ({"group.size": 1}, "group.size=1 leaves no group to compare a sample with"),
@@ -386,6 +391,16 @@ def test_majority_votes_reward_agreement_with_the_groups_most_common_well_formed
     # the same answer written with different padding after its end is the same answer
     padded = tokens.at[0, 1, 2].set(9)
     np.testing.assert_array_equal(majority_votes(padded, mask, formed)[0], [1, 1, 0, 1, 0])
+
+
+def test_vote_confidence_is_the_majority_share_of_the_well_formed():
+    """ECHO's confidence: agreeing / well-formed. 3 of 5 -> 0.6; 2 of 3 well-formed (the malformed do not count)
+    -> 2/3; none well-formed -> 0."""
+    from jaxrl.algos.text import vote_confidence
+
+    agrees = jnp.asarray([[1, 1, 0, 1, 0], [1, 0, 0, 1, 0], [0, 0, 0, 0, 0]], bool)
+    formed = jnp.asarray([[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [0, 0, 0, 0, 0]], bool)
+    np.testing.assert_allclose(vote_confidence(agrees, formed), [0.6, 2 / 3, 0.0], rtol=1e-6)
 
 
 def test_the_length_penalty_charges_long_correct_answers_of_easy_problems_most():
