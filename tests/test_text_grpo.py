@@ -87,7 +87,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "reward.label_free": "majority",
      "rollout.replay": "thompson,selective,recent", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3,
-     "advantage.novelty_sharpening": 1.0, "group.oversample": 1, "rollout.options.recent.capacity": 8},
+     "advantage.novelty_sharpening": 1.0, "advantage.novelty_floor": 0.5, "group.oversample": 1,
+     "rollout.options.recent.capacity": 8, "loss.confidence_clip": 0.5, "advantage.confidence_entropy_shaping": True},
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
      "rollout.options.tracker.decay": 0.5},
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
@@ -95,7 +96,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
-        "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo", "spo-tracked-g1",
+        "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
         "pvpo-anchor"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -113,6 +114,10 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier
     assert ("members_kept" in metrics) == (config.loss.sample_keep < 1)  # D3S's sample level
     assert ("members_distinct" in metrics) == (config.loss.min_distinctiveness > 0)  # DaGRPO's pair masking
+    echo = config.loss.confidence_clip > 0 or config.advantage.confidence_entropy_shaping
+    assert ("vote_confidence" in metrics) == echo  # ECHO's share of each group voting for its pseudo-label
+    if echo:
+        assert ((metrics["vote_confidence"] >= 0) & (metrics["vote_confidence"] <= 1)).all(), metrics["vote_confidence"]
     if config.loss.sample_keep < 1:  # G = 4: 2 members, then 3 as the schedule relaxes the share (the chunk's mean)
         np.testing.assert_allclose(metrics["members_kept"], [(2 / 4 + 3 / 4) / 2])
     if config.loss.reference_reset:  # ProRL: after the second update the reference is the policy again
