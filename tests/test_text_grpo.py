@@ -305,9 +305,9 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.objective": "pacs", "loss.ratio": "sequence"}, "pacs scores whole completions itself"),
             ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs"),
             ({"reward.label_free": "majority", "rollout.replay": "reference"}, "label_free=majority reads no label"),
-            ({"loss.confidence_clip": 0.5}, r"^config\.loss\.confidence_clip read each group's vote confidence .* "
-                                            r"need config\.reward\.label_free=majority$"),
-            ({"advantage.confidence_entropy_shaping": True}, "config.advantage.confidence_entropy_shaping read each"),
+            ({"loss.confidence_clip": 0.5}, r"^config\.loss\.confidence_clip: ECHO reads each group's vote confidence "
+                                            r".* needs config\.reward\.label_free=majority$"),
+            ({"advantage.confidence_entropy_shaping": True}, "^config.advantage.confidence_entropy_shaping: ECHO reads"),
             ({"advantage.novelty_floor": 0.5}, r"novelty_floor=0\.5 bounds the factor of advantage\.novelty_sharp"),
             ({"loss.confidence_clip": 1.5}, r"config\.loss\.confidence_clip must lie in \[0, 1\]"),
             ({"loss.keep_schedule": 10}, "keep_schedule=10 relaxes D3S's down-sampling: set config.loss.sample_keep"),

@@ -1346,11 +1346,11 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.reward.label_free={config.reward.label_free} votes among single completions for the "
                          "correct reward: " + ("config.reward.model gives it too" if config.reward.model else
                                                f"task.name={config.task.name} is played over turns"))
-    echo = [f"config.{key}" for key, on in (("loss.confidence_clip", config.loss.confidence_clip > 0),
-        ("advantage.confidence_entropy_shaping", config.advantage.confidence_entropy_shaping)) if on]
-    if echo and config.reward.label_free != "majority":
-        raise ValueError(f"{' and '.join(echo)} read each group's vote confidence in its pseudo-label: they need "
-                         "config.reward.label_free=majority")
+    echo = {"loss.confidence_clip": config.loss.confidence_clip > 0,
+            "advantage.confidence_entropy_shaping": config.advantage.confidence_entropy_shaping}
+    if any(echo.values()) and config.reward.label_free != "majority":
+        raise ValueError(" and ".join(f"config.{key}" for key, on in echo.items() if on) + ": ECHO reads each group's "
+                         "vote confidence in its pseudo-label, which needs config.reward.label_free=majority")
     if config.advantage.novelty_floor < 1 and not config.advantage.novelty_sharpening > 0:
         raise ValueError(f"config.advantage.novelty_floor={config.advantage.novelty_floor} bounds the factor of "
                          "advantage.novelty_sharpening (EAR): set config.advantage.novelty_sharpening > 0")
