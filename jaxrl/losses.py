@@ -260,15 +260,40 @@ def confidence_shaped(advantages: jax.Array, log_prob: jax.Array, ref_log_prob: 
     return jnp.where(advantages < 0, advantages * (1.0 + penalty * jnp.maximum(c, 0.0)), advantages)
 
 
-def novelty_sharpened(advantages: jax.Array, log_probs: jax.Array, mask: jax.Array, strength) -> jax.Array:
-    """XRPO's novelty-aware advantage sharpening: each positive advantage ([B, G], or per token [B, G, N]) scaled by
-    1 + strength x max(l_bar - l_i, 0), l_i the completion's mean token log-likelihood under the policy that drew it
-    (log_probs, mask [B, G, N]) and l_bar its group's mean: correct answers the policy found unlikely are amplified,
-    the likely ones and every negative advantage are left as they were."""
+def novelty_sharpened(advantages: jax.Array, log_probs: jax.Array, mask: jax.Array, strength, floor=1.0) -> jax.Array:
+    """Each positive advantage ([B, G], or per token [B, G, N]) scaled by max(1 + strength (l_bar - l_i), floor),
+    l_i the completion's mean token log-likelihood under the policy that drew it (log_probs, mask [B, G, N]) and
+    l_bar its group's mean; every negative advantage is left as it was. -l_i, the completion's mean surprisal, is a
+    one-sample estimate of its mean token entropy, so l_bar - l_i = H_i - mean_group H.
+    floor 1: XRPO's novelty-aware sharpening, 1 + strength max(l_bar - l_i, 0): correct answers the policy found
+    unlikely are amplified, the likely ones stay. floor < 1: ETTRL's entropy-based advantage reshaping (EAR; our
+    reading of the abstract, the clipped linear form): the likely (low-entropy, overconfident) correct answers are
+    also damped, down to floor x A, against the early-stage bias that sharpens test-time RL prematurely."""
     likelihood = completion_mean(log_probs, mask)  # [B, G]
-    novelty = jnp.maximum(likelihood.mean(axis=1, keepdims=True) - likelihood, 0.0)
-    factor = (1.0 + strength * novelty).reshape(novelty.shape + (1,) * (advantages.ndim - 2))
+    factor = jnp.maximum(1.0 + strength * (likelihood.mean(axis=1, keepdims=True) - likelihood), floor)
+    factor = factor.reshape(factor.shape + (1,) * (advantages.ndim - 2))
     return jnp.where(advantages > 0, advantages * factor, advantages)
+
+
+def confidence_clip_range(clip_low, clip_high, confidence: jax.Array, floor) -> tuple[jax.Array, jax.Array]:
+    """ECHO's confidence-adaptive clipping ("Entropy-Confidence Hybrid Optimization for Test-Time Reinforcement
+    Learning"; our reading of the abstract): each sequence's clip range scaled by its group's vote confidence c [S]
+    (`vote_confidence`), eps_g = eps max(c, floor) on both sides: a pseudo-label few of the group agreed on (noisy,
+    early in test-time RL) gets a narrower trust region. -> (clip_low, clip_high), each [S, 1]."""
+    scale = jnp.maximum(confidence, floor)[:, None]
+    return clip_low * scale, clip_high * scale
+
+
+def confidence_entropy_shaped(advantages: jax.Array, confidence: jax.Array, entropy: jax.Array, mask: jax.Array,
+                              share, vocab_size: int) -> jax.Array:
+    """ECHO's entropy-confidence hybrid advantage shaping (our reading of the abstract): A' = A (w c + (1 - w)
+    (1 - H / log V)) per token [S, T], c the group's vote confidence [S], H the completion's mean token entropy
+    (`entropy`, mask [S, T]; held constant), V the vocabulary size, w = `share`. The factor lies in [0, 1]:
+    advantages only shrink, most where the pseudo-label is uncertain (few voted for it) or the policy that wrote the
+    completion was (high entropy), so early, biased labels move the policy less."""
+    certainty = 1.0 - completion_mean(jax.lax.stop_gradient(entropy), mask) / jnp.log(vocab_size)
+    factor = share * confidence + (1.0 - share) * jnp.clip(certainty, 0.0, 1.0)
+    return advantages * factor[:, None]
 
 
 def one_token_rollouts(logits: jax.Array, targets: jax.Array, key: jax.Array, samples: int) -> jax.Array:
@@ -468,6 +493,16 @@ MIN_DISTINCTIVENESS = Knob("loss.min_distinctiveness", 0.0, "> 0: DaGRPO, both c
 NOVELTY_SHARPENING = Knob("advantage.novelty_sharpening", 0.0, "> 0: XRPO, each positive advantage scaled by 1 + this "
                           "x how far its completion's mean log-likelihood lies below its group's", traced=True,
                           minimum=0.0)
+NOVELTY_FLOOR = Knob("advantage.novelty_floor", 1.0, "with advantage.novelty_sharpening: the positive advantages' factor "
+                     "is at least this; < 1: ETTRL's EAR, the correct completions more likely (lower entropy) than "
+                     "their group's mean damped, down to this x A; 1: XRPO, none damped", traced=True, minimum=0.0,
+                     maximum=1.0)
+CONFIDENCE_CLIP = Knob("loss.confidence_clip", 0.0, "> 0, with reward.label_free: ECHO's confidence-adaptive "
+                       "clipping, each group's clip_low and clip_high scaled by max(its vote confidence, this); 0: off",
+                       traced=True, minimum=0.0, maximum=1.0)
+CONFIDENCE_SHARE = Knob("advantage.confidence_share", 0.5, "with advantage.confidence_entropy_shaping: w, the "
+                        "confidence's share of the factor w c + (1 - w)(1 - H / log V)", traced=True, minimum=0.0,
+                        maximum=1.0)
 ENTROPY_SHAPING = Knob("advantage.entropy_shaping", 0.0, "> 0: each token's advantage gains min(this x its entropy, "
                        "|A| / advantage.entropy_bound) (entropy-based shaping, MSSR)", traced=True, minimum=0.0)
 ENTROPY_BOUND = Knob("advantage.entropy_bound", 2.0, "with advantage.entropy_shaping: the bonus is at most |A| / this",

@@ -547,3 +547,50 @@ def test_xrpo_amplifies_correct_completions_the_policy_found_unlikely():
     np.testing.assert_allclose(losses.novelty_sharpened(advantages, log_probs, mask, 0.0), advantages)
     per_token = jnp.broadcast_to(advantages[..., None], (1, 4, 2))
     np.testing.assert_allclose(losses.novelty_sharpened(per_token, log_probs, mask, 2.0)[..., 0], [[1.0, 1.0, -1.0, -0.5]])
+
+
+def test_ear_also_damps_correct_completions_more_likely_than_their_group():
+    """ETTRL's EAR as novelty_sharpened's floor < 1: factor max(1 + 2 (l_bar - l_i), floor), l_bar = -1.5 as above.
+    Member 0 (l = -1): 1 + 2 (-0.5) = 0 -> the floor 0.25, A 1 -> 0.25; member 1 (l = -2): 1 + 2 x 0.5 = 2, A 0.5 -> 1;
+    member 2 (l = -0.5, the likeliest) is negative: unchanged. A floor of 0.5 with strength 0.5: member 0's
+    1 + 0.5 (-0.5) = 0.75 is above it."""
+    log_probs = jnp.asarray([[[-1.0, -1.0], [-2.0, -2.0], [-0.5, -0.5], [-2.5, -2.5]]])
+    mask = jnp.ones((1, 4, 2))
+    advantages = jnp.asarray([[1.0, 0.5, -1.0, -0.5]])
+    np.testing.assert_allclose(losses.novelty_sharpened(advantages, log_probs, mask, 2.0, 0.25),
+                               [[0.25, 1.0, -1.0, -0.5]])
+    np.testing.assert_allclose(losses.novelty_sharpened(advantages, log_probs, mask, 0.5, 0.5),
+                               [[0.75, 0.625, -1.0, -0.5]])
+    np.testing.assert_allclose(losses.novelty_sharpened(advantages, log_probs, mask, 2.0, 1.0),  # XRPO's default
+                               losses.novelty_sharpened(advantages, log_probs, mask, 2.0))
+
+
+def test_echo_clips_each_group_by_its_vote_confidence():
+    """ECHO's confidence-adaptive clipping: eps x max(c, floor). Sequences of confidence 1, 0.5, 0.25 with floor 0.4:
+    clip_low 0.2 -> 0.2, 0.1, 0.08; clip_high 0.28 -> 0.28, 0.14, 0.112. Ratio e^0.15 = 1.162 (advantage 1) is inside
+    [0.8, 1.28], so sequence 0's loss is -1.162 with a gradient; in sequences 1 and 2 it is clipped at 1.14 and 1.112
+    (no gradient)."""
+    low, high = losses.confidence_clip_range(0.2, 0.28, jnp.asarray([1.0, 0.5, 0.25]), 0.4)
+    np.testing.assert_allclose(low[:, 0], [0.2, 0.1, 0.08], rtol=1e-6)
+    np.testing.assert_allclose(high[:, 0], [0.28, 0.14, 0.112], rtol=1e-6)
+    log_ratio = jnp.full((3, 1), 0.15)
+    loss = losses.ppo_clip_loss(log_ratio, jnp.ones((3, 1)), low, high)
+    np.testing.assert_allclose(loss[:, 0], [-np.exp(0.15), -1.14, -1.112], rtol=1e-6)
+    grad = jax.grad(lambda r: losses.ppo_clip_loss(r, jnp.ones((3, 1)), low, high).sum())(log_ratio)
+    np.testing.assert_allclose(grad[:, 0], [-np.exp(0.15), 0.0, 0.0], rtol=1e-6)
+
+
+def test_echo_hybrid_shaping_mixes_confidence_and_certainty():
+    """ECHO's A (w c + (1 - w)(1 - H / log V)), V = 4 (log V = 1.386), w = 0.25. Sequence 0: c = 1, tokens of entropy
+    log 4 and 0 (mean log 4 / 2: certainty 0.5) -> 0.25 + 0.75 x 0.5 = 0.625, A 2 -> 1.25. Sequence 1: c = 0.5, its
+    one valid token of entropy 0 (the padded one, log 4, ignored): 0.125 + 0.75 = 0.875, A -1 -> -0.875. No gradient
+    flows into the entropy."""
+    log4 = np.log(4.0)
+    advantages = jnp.asarray([[2.0, 2.0], [-1.0, -1.0]])
+    entropy = jnp.asarray([[log4, 0.0], [0.0, log4]])
+    mask = jnp.asarray([[1.0, 1.0], [1.0, 0.0]])
+    confidence = jnp.asarray([1.0, 0.5])
+    shaped = losses.confidence_entropy_shaped(advantages, confidence, entropy, mask, 0.25, 4)
+    np.testing.assert_allclose(shaped, [[1.25, 1.25], [-0.875, -0.875]], rtol=1e-6)
+    grad = jax.grad(lambda h: losses.confidence_entropy_shaped(advantages, confidence, h, mask, 0.25, 4).sum())(entropy)
+    np.testing.assert_array_equal(grad, 0.0)

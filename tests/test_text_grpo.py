@@ -87,7 +87,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "reward.label_free": "majority",
      "rollout.replay": "thompson,selective,recent", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3,
-     "advantage.novelty_sharpening": 1.0, "group.oversample": 1, "rollout.options.recent.capacity": 8},
+     "advantage.novelty_sharpening": 1.0, "advantage.novelty_floor": 0.5, "group.oversample": 1,
+     "rollout.options.recent.capacity": 8, "loss.confidence_clip": 0.5, "advantage.confidence_entropy_shaping": True},
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
      "rollout.options.tracker.decay": 0.5},
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
@@ -96,7 +97,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
-        "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo", "spo-tracked-g1",
+        "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
         "pvpo-anchor", "rcrl"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
@@ -117,6 +118,10 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     # RCRL learns by likelihood alone, under return-marked prompts: no policy ratio
     assert ("return_conditioned_nll" in metrics) != ("policy_loss" in metrics)
     assert ("return_conditioned_nll" in metrics) == (config.advantage.estimator == "return_conditioned")
+    echo = config.loss.confidence_clip > 0 or config.advantage.confidence_entropy_shaping
+    assert ("vote_confidence" in metrics) == echo  # ECHO's share of each group voting for its pseudo-label
+    if echo:
+        assert ((metrics["vote_confidence"] >= 0) & (metrics["vote_confidence"] <= 1)).all(), metrics["vote_confidence"]
     if config.loss.sample_keep < 1:  # G = 4: 2 members, then 3 as the schedule relaxes the share (the chunk's mean)
         np.testing.assert_allclose(metrics["members_kept"], [(2 / 4 + 3 / 4) / 2])
     if config.loss.reference_reset:  # ProRL: after the second update the reference is the policy again
@@ -304,6 +309,11 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
             ({"loss.objective": "pacs", "loss.ratio": "sequence"}, "pacs scores whole completions itself"),
             ({"loss.objective": "nfT"}, "unknown config.loss.objective 'nfT'; known: clip, cispo, nft, pacs"),
             ({"reward.label_free": "majority", "rollout.replay": "reference"}, "label_free=majority reads no label"),
+            ({"loss.confidence_clip": 0.5}, r"^config\.loss\.confidence_clip: ECHO reads each group's vote confidence "
+                                            r".* needs config\.reward\.label_free=majority$"),
+            ({"advantage.confidence_entropy_shaping": True}, "^config.advantage.confidence_entropy_shaping: ECHO reads"),
+            ({"advantage.novelty_floor": 0.5}, r"novelty_floor=0\.5 bounds the factor of advantage\.novelty_sharp"),
+            ({"loss.confidence_clip": 1.5}, r"config\.loss\.confidence_clip must lie in \[0, 1\]"),
             ({"loss.keep_schedule": 10}, "keep_schedule=10 relaxes D3S's down-sampling: set config.loss.sample_keep"),
             ({"loss.sample_keep": 0.0}, "config.loss.sample_keep"),
             ({"group.size": 1}, "group.size=1 leaves no group to compare a sample with"),
@@ -390,6 +400,16 @@ def test_majority_votes_reward_agreement_with_the_groups_most_common_well_formed
     # the same answer written with different padding after its end is the same answer
     padded = tokens.at[0, 1, 2].set(9)
     np.testing.assert_array_equal(majority_votes(padded, mask, formed)[0], [1, 1, 0, 1, 0])
+
+
+def test_vote_confidence_is_the_majority_share_of_the_well_formed():
+    """ECHO's confidence: agreeing / well-formed. 3 of 5 -> 0.6; 2 of 3 well-formed (the malformed do not count)
+    -> 2/3; none well-formed -> 0."""
+    from jaxrl.algos.text import vote_confidence
+
+    agrees = jnp.asarray([[1, 1, 0, 1, 0], [1, 0, 0, 1, 0], [0, 0, 0, 0, 0]], bool)
+    formed = jnp.asarray([[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [0, 0, 0, 0, 0]], bool)
+    np.testing.assert_allclose(vote_confidence(agrees, formed), [0.6, 2 / 3, 0.0], rtol=1e-6)
 
 
 def test_the_length_penalty_charges_long_correct_answers_of_easy_problems_most():

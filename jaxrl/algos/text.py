@@ -563,6 +563,9 @@ class TextGRPOHyperparams:
     min_distinctiveness: float = losses.MIN_DISTINCTIVENESS.field()
     entropy_shaping: float = losses.ENTROPY_SHAPING.field()
     novelty_sharpening: float = losses.NOVELTY_SHARPENING.field()
+    novelty_floor: float = losses.NOVELTY_FLOOR.field()  # < 1: ETTRL's EAR
+    confidence_clip: float = losses.CONFIDENCE_CLIP.field()  # ECHO
+    confidence_share: float = losses.CONFIDENCE_SHARE.field()  # ECHO
     entropy_bound: float = losses.ENTROPY_BOUND.field()
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
@@ -636,6 +639,10 @@ class TextGRPOSettings:
     rectifies: bool = losses.MIN_DISTINCTIVENESS.field(convert=lambda d: d > 0)  # DaGRPO's pair masking
     shapes_entropy: bool = losses.ENTROPY_SHAPING.field(convert=lambda coef: coef > 0)
     sharpens_novelty: bool = losses.NOVELTY_SHARPENING.field(convert=lambda strength: strength > 0)  # XRPO
+    clips_by_confidence: bool = losses.CONFIDENCE_CLIP.field(convert=lambda floor: floor > 0)  # ECHO
+    shapes_by_confidence: bool = knob("advantage.confidence_entropy_shaping", False, "with reward.label_free: ECHO's "
+                                      "hybrid shaping, advantages x (w c + (1 - w)(1 - H / log V)), c the group's vote "
+                                      "confidence, H the completion's mean token entropy, w advantage.confidence_share")
     layer_policy: int = LAYER_POLICY.field()
     layer_policy_updates: int = knob("loss.layer_policy_updates", 20, "with loss.layer_policy: the updates (from the "
                                      "start) that optimise the internal layer policy", minimum=1)
@@ -847,6 +854,13 @@ class TextGRPO:
         mask = trained
         if s.samples_tokens:  # D3S: the policy loss on the tokens of largest |A| x entropy only
             mask = trained * losses.informative_tokens(batch["advantages"], entropy, trained, hp.token_keep)
+        if s.shapes_by_confidence:  # ECHO: uncertain labels and uncertain completions move the policy less
+            batch = dict(batch, advantages=losses.confidence_entropy_shaped(
+                batch["advantages"], batch["confidence"], entropy, batch["mask"], hp.confidence_share, self.vocab.size))
+        clip_low, clip_high = hp.clip_low, hp.clip_high
+        if s.clips_by_confidence:  # ECHO: a narrower trust region where few voted for the pseudo-label
+            clip_low, clip_high = losses.confidence_clip_range(clip_low, clip_high, batch["confidence"],
+                                                               hp.confidence_clip)
         if s.shapes_entropy:
             batch = dict(batch, advantages=losses.entropy_shaped(batch["advantages"], entropy, hp.entropy_shaping,
                                                                  hp.entropy_bound))
@@ -855,7 +869,7 @@ class TextGRPO:
             outcome = losses.Outcome(batch["correct"], batch["pass_rate"], s.group_size)
         total, aux = losses.policy_loss(
             log_probs, batch["log_probs"], batch["advantages"], mask,
-            clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
+            clip_low=clip_low, clip_high=clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=self.task.answer_length,
             ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef,
             entropy=entropy, ent_coef=hp.ent_coef, weight=batch.get("correction"), objective=s.objective,
@@ -978,8 +992,9 @@ class TextGRPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
         advantages, weight, tied = self._group_advantages(groups)
-        if s.sharpens_novelty:  # XRPO: correct completions the sampler found unlikely weigh more
-            advantages = losses.novelty_sharpened(advantages, groups.log_probs, groups.mask, hp.novelty_sharpening)
+        if s.sharpens_novelty:  # XRPO: correct completions the sampler found unlikely weigh more (EAR: likely ones less)
+            advantages = losses.novelty_sharpened(advantages, groups.log_probs, groups.mask, hp.novelty_sharpening,
+                                                  hp.novelty_floor)
         if groups.process is not None:  # an implicit reward model's dense process rewards (PRIME)
             dense = standardise(process_returns(groups.process, groups.mask), groups.mask)
             advantages = advantages + s.process_weight * dense
@@ -1015,6 +1030,12 @@ class TextGRPO:
         if self.conditions:  # RCRL: each member's prompt marked with its outcome, the verifier's correct reward
             success = groups.rewards[..., self.task.reward_names.index("correct")] > 0.5
             units["return_prompts"] = return_prompts(groups.prompts, success, self.vocab)
+        if s.clips_by_confidence or s.shapes_by_confidence:  # ECHO: how far each group agreed on its pseudo-label
+            names = self.task.reward_names
+            confidence = vote_confidence(groups.rewards[..., names.index("correct")] > 0,
+                                         groups.rewards[..., names.index("well_formed")] > 0)
+            units["confidence"] = jnp.broadcast_to(confidence[:, None], (b, G))
+            metrics["vote_confidence"] = global_mean(confidence)
         if s.learns_expert:
             units["expert"], metrics["expert_share"] = self._expert_units(groups)
         if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
@@ -1149,6 +1170,13 @@ def majority_votes(tokens: jax.Array, mask: jax.Array, formed: jax.Array) -> jax
     winner = jnp.argmax(jnp.where(formed, votes, -1), axis=1)  # [n]
     agrees = jnp.take_along_axis(same, winner[:, None, None], axis=1)[:, 0]  # [n, G]
     return agrees & formed & formed.any(axis=1, keepdims=True)
+
+
+def vote_confidence(agrees: jax.Array, formed: jax.Array) -> jax.Array:
+    """float32 [n]: ECHO's confidence in each group's majority-vote pseudo-label, the share of its well-formed
+    completions (`formed` bool [n, G]) that agree with it (`agrees` bool [n, G], `majority_votes`): in [1/G, 1], 0
+    for a group with none well-formed (it has no label)."""
+    return jnp.sum(agrees & formed, axis=-1) / jnp.maximum(jnp.sum(formed, axis=-1), 1)
 
 
 def truncated(tokens: jax.Array, mask: jax.Array, eos_id: int, pruned: jax.Array | None = None) -> jax.Array:
@@ -1354,6 +1382,14 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         raise ValueError(f"config.reward.label_free={config.reward.label_free} votes among single completions for the "
                          "correct reward: " + ("config.reward.model gives it too" if config.reward.model else
                                                f"task.name={config.task.name} is played over turns"))
+    echo = {"loss.confidence_clip": config.loss.confidence_clip > 0,
+            "advantage.confidence_entropy_shaping": config.advantage.confidence_entropy_shaping}
+    if any(echo.values()) and config.reward.label_free != "majority":
+        raise ValueError(" and ".join(f"config.{key}" for key, on in echo.items() if on) + ": ECHO reads each group's "
+                         "vote confidence in its pseudo-label, which needs config.reward.label_free=majority")
+    if config.advantage.novelty_floor < 1 and not config.advantage.novelty_sharpening > 0:
+        raise ValueError(f"config.advantage.novelty_floor={config.advantage.novelty_floor} bounds the factor of "
+                         "advantage.novelty_sharpening (EAR): set config.advantage.novelty_sharpening > 0")
     if config.reward.length_penalty and multi_turn_task:
         raise ValueError(f"config.reward.length_penalty charges single completions by their length; "
                          f"task.name={config.task.name} is played over turns")
