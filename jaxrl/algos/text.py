@@ -563,6 +563,7 @@ class TextGRPOHyperparams:
     min_distinctiveness: float = losses.MIN_DISTINCTIVENESS.field()
     entropy_shaping: float = losses.ENTROPY_SHAPING.field()
     novelty_sharpening: float = losses.NOVELTY_SHARPENING.field()
+    soft_advantage: float = losses.SOFT_ADVANTAGE.field()
     entropy_bound: float = losses.ENTROPY_BOUND.field()
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
@@ -636,6 +637,7 @@ class TextGRPOSettings:
     rectifies: bool = losses.MIN_DISTINCTIVENESS.field(convert=lambda d: d > 0)  # DaGRPO's pair masking
     shapes_entropy: bool = losses.ENTROPY_SHAPING.field(convert=lambda coef: coef > 0)
     sharpens_novelty: bool = losses.NOVELTY_SHARPENING.field(convert=lambda strength: strength > 0)  # XRPO
+    softens: bool = losses.SOFT_ADVANTAGE.field(convert=lambda tau: tau > 0)  # TempSamp-R1
     layer_policy: int = LAYER_POLICY.field()
     layer_policy_updates: int = knob("loss.layer_policy_updates", 20, "with loss.layer_policy: the updates (from the "
                                      "start) that optimise the internal layer policy", minimum=1)
@@ -978,6 +980,8 @@ class TextGRPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
         advantages, weight, tied = self._group_advantages(groups)
+        if s.softens:  # TempSamp-R1: an off-policy ground-truth member's outlier advantage compressed
+            advantages = losses.soft_advantages(advantages, hp.soft_advantage)
         if s.sharpens_novelty:  # XRPO: correct completions the sampler found unlikely weigh more
             advantages = losses.novelty_sharpened(advantages, groups.log_probs, groups.mask, hp.novelty_sharpening)
         if groups.process is not None:  # an implicit reward model's dense process rewards (PRIME)
@@ -1439,6 +1443,7 @@ def check_return_conditioned(config: ConfigDict, multi_turn_task: bool) -> None:
         ("loss.min_distinctiveness", config.loss.min_distinctiveness > 0),
         ("advantage.entropy_shaping", config.advantage.entropy_shaping > 0),
         ("advantage.novelty_sharpening", config.advantage.novelty_sharpening > 0),
+        ("advantage.soft", config.advantage.soft > 0),
         ("advantage.process_weight", config.advantage.process_weight > 0)) if active]
     if on:
         raise ValueError(f"{where} learns by the likelihood of every completion alone: turn off {', '.join(on)}")
