@@ -379,10 +379,11 @@ def weighted_grpo(rewards, valid, opts):
     normalised advantages rather than the rewards: a (mean, std) normalisation of two-valued rewards undoes any
     weighting of their values. The paper weighs a pair (q+, q-) of prompts drawn together (`rollout.replay=pairing`);
     each group here takes its weights from its own success rate, which gives the pair's q+ and q- exactly those roles
-    and works on any batch. A tied group (p = 0 or 1) keeps GRPO's zero advantages. [B, G(, A)] -> [B, G(, A)]."""
+    and works on any batch. A group of one outcome (p = 0 or 1) weighs 1 throughout: GRPO's advantages (the
+    well-formedness reward may still tell its members apart). [B, G(, A)] -> [B, G(, A)]."""
     success = rewards >= opts.max_reward
     p, _, _ = _moments(success.astype(jnp.float32), valid, _group_axes(rewards))
-    tiny = 1e-6  # (p = 0 or 1: every advantage is 0 and the weight is moot; only the division needs guarding)
+    tiny = 1e-6  # (p = 0: w_+ is never used, and w_- = 0 clips to 1; p = 1 likewise: only the division needs guarding)
     w_plus = jnp.clip((1.0 - p) / jnp.maximum(p, tiny), 1.0, opts.rare_weight_max)
     w_minus = jnp.clip(p / jnp.maximum(1.0 - p, tiny), 1.0, opts.rare_weight_max)
     return jnp.where(success, w_plus, w_minus) * grpo(rewards, valid, opts)

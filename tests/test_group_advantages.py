@@ -662,13 +662,16 @@ def test_weighted_grpo_amplifies_the_rare_success_of_a_hard_prompt_and_the_rare_
 
 
 def test_weighted_grpo_is_grpo_on_balanced_or_tied_groups_and_reads_success_at_max_reward():
-    """p = 1/2: both weights are 1 (GRPO's +-1); a tied group stays 0. Success is r >= max_reward: with text's
+    """p = 1/2: both weights are 1 (GRPO's +-1); a tied group stays 0; an all-correct group whose well-formedness
+    differs ([1.1, 1.0, 1.1, 1.0]: p = 1) weighs 1, GRPO's +-1. Success is r >= max_reward: with text's
     (1, 0.1) weights a correct well-formed answer scores 1.1 (a success), a well-formed wrong one 0.1 (a failure):
     rewards [1.1, 0.1, 0.1, 0.1] under scale none centre on 0.35 (GRPO: [0.75, -0.25 x 3]) and the lone success
     weighs 3 (three failures to one)."""
     balanced = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], np.float32)
     np.testing.assert_allclose(estimate("weighted_grpo", balanced).advantages, [[1, 1, -1, -1], [0, 0, 0, 0]],
                                rtol=1e-4)
+    all_correct = np.array([[1.1, 1.0, 1.1, 1.0]], np.float32)
+    np.testing.assert_allclose(estimate("weighted_grpo", all_correct).advantages, [[1, -1, 1, -1]], rtol=1e-4)
     shaped = np.array([[1.1, 0.1, 0.1, 0.1]], np.float32)
     np.testing.assert_allclose(estimate("weighted_grpo", shaped, scale="none").advantages,
                                [[3 * 0.75, -0.25, -0.25, -0.25]], rtol=1e-5)
