@@ -137,6 +137,7 @@ class GroupOptions:
     stratum_weight: float = 0.5  # stratified: the within-stratum advantage's share, the group's the rest
     prior_weight: float = 4.0  # fused: the value prior counts as this many samples where the test accepts it
     prior_z: float = 1.96  # fused: the prior is accepted while the group mean lies within this many standard errors
+    rare_weight_max: float = 4.0  # weighted_grpo: the most a group's rare outcome is weighted
 
 
 # A core maps (rewards, valid, opts) to advantages, or to (advantages, keep) where keep [like rewards]
@@ -364,6 +365,30 @@ def return_conditioned(rewards, valid, opts):
     return jnp.ones_like(rewards)
 
 
+@register("weighted_grpo", merges=True)
+def weighted_grpo(rewards, valid, opts):
+    """Weighted GRPO ("Beyond Variance: Prompt-Efficient RLVR via Rare-Event Amplification and Bidirectional
+    Pairing"): GRPO's group-normalised advantage A_i (scaled as opts.scale says), multiplied by a weight that amplifies
+    the group's rare outcome. Our reading of the abstract: with o_i = 1[r_i >= max_reward] (a success) and p the
+    group's success rate,
+        w_+ = clip((1 - p) / p, 1, rare_weight_max) on successes,
+        w_- = clip(p / (1 - p), 1, rare_weight_max) on failures,
+    A'_i = w_{o_i} A_i: a hard-but-solvable prompt (q+, p < 1/2) has its rare successes weighted by how outnumbered
+    they are (1 of 8: 7, capped) into sharp positive guidance, an easy-but-brittle one (q-, p > 1/2) its rare failures
+    into strong negative penalties; the common outcome keeps weight 1, and p = 1/2 is GRPO. The weights multiply the
+    normalised advantages rather than the rewards: a (mean, std) normalisation of two-valued rewards undoes any
+    weighting of their values. The paper weighs a pair (q+, q-) of prompts drawn together (`rollout.replay=pairing`);
+    each group here takes its weights from its own success rate, which gives the pair's q+ and q- exactly those roles
+    and works on any batch. A group of one outcome (p = 0 or 1) weighs 1 throughout: GRPO's advantages (the
+    well-formedness reward may still tell its members apart). [B, G(, A)] -> [B, G(, A)]."""
+    success = rewards >= opts.max_reward
+    p, _, _ = _moments(success.astype(jnp.float32), valid, _group_axes(rewards))
+    tiny = 1e-6  # (p = 0: w_+ is never used, and w_- = 0 clips to 1; p = 1 likewise: only the division needs guarding)
+    w_plus = jnp.clip((1.0 - p) / jnp.maximum(p, tiny), 1.0, opts.rare_weight_max)
+    w_minus = jnp.clip(p / jnp.maximum(1.0 - p, tiny), 1.0, opts.rare_weight_max)
+    return jnp.where(success, w_plus, w_minus) * grpo(rewards, valid, opts)
+
+
 @register("stratified", reads="strata")
 def stratified(rewards, valid, opts, strata):
     """Stratified GRPO's SAN: each sample against the members of its group in its own stratum (the same structure,
@@ -480,7 +505,7 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
 
     The returned fn(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
     renormalize=False, max_reward=1.0, strata=None, baseline=None, prior=None, stratum_weight=0.5, prior_weight=4.0,
-    prior_z=1.96) takes rewards [B, G] or [B, G, A] (with a
+    prior_z=1.96, rare_weight_max=4.0) takes rewards [B, G] or [B, G, A] (with a
     trailing K axis when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
     `strata` (int, the rewards' leading shape), `baseline` and `prior` (float32 [B]) only for an estimator that reads
     them (`stratified`, `tracked`, `fused`); the other
@@ -493,7 +518,7 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
                  renormalize=False, max_reward=1.0, strata=None, baseline=None, prior=None, stratum_weight=0.5,
-                 prior_weight=4.0, prior_z=1.96) -> GroupAdvantages:
+                 prior_weight=4.0, prior_z=1.96, rare_weight_max=4.0) -> GroupAdvantages:
         rewards = jnp.asarray(rewards, jnp.float32)
         k = None if reward_weights is None else len(reward_weights)
         lead = rewards.shape[:-1] if k is not None else rewards.shape
@@ -508,7 +533,7 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
                             None if k is None else tuple(float(w) for w in reward_weights),
                             bool(renormalize), float(max_reward), has_agents=len(lead) == 3,
                             stratum_weight=float(stratum_weight), prior_weight=float(prior_weight),
-                            prior_z=float(prior_z))
+                            prior_z=float(prior_z), rare_weight_max=float(rare_weight_max))
         valid = _broadcast_mask(mask, lead)
         valid_r = valid[..., None] if k is not None else valid
         rewards = jnp.where(valid_r, rewards, 0.0)  # cores may rely on padding being 0 (never NaN or junk)

@@ -296,6 +296,20 @@ def confidence_entropy_shaped(advantages: jax.Array, confidence: jax.Array, entr
     return advantages * factor[:, None]
 
 
+def soft_advantages(advantages: jax.Array, tau) -> jax.Array:
+    """TempSamp-R1's non-linear soft advantage ("TempSamp-R1: Effective Temporal Sampling with Reinforcement
+    Fine-Tuning for Video LLMs"): an asymmetric transform applied after the estimator, any shape -> the same shape.
+    Our reading of the abstract: A' = tau log(1 + A / tau) for A > 0, A' = A for A <= 0.
+    Why: an off-policy ground-truth member (`rollout.replay=reference`) has a far higher reward than the on-policy
+    members, so its positive advantage dominates the update while the std it inflates squashes theirs. The outlier is
+    always on the positive side (the ground truth has the best reward), so only positive advantages are compressed:
+    the on-policy members it pushes below the mean keep their exact differences. log1p rather than tanh: its slope is
+    1 at 0 (small advantages barely change) and it never saturates, so the positive advantages keep their order
+    (tanh would tie every A >> tau at tau)."""
+    tau = jnp.maximum(tau, 1e-8)  # (tau -> 0 compresses every positive advantage to 0: the limit, not a NaN)
+    return jnp.where(advantages > 0, tau * jnp.log1p(jnp.maximum(advantages, 0.0) / tau), advantages)
+
+
 def one_token_rollouts(logits: jax.Array, targets: jax.Array, key: jax.Array, samples: int) -> jax.Array:
     """OTR's per-token loss [B, N] from logits [B, N, V] at the columns predicting the reference tokens `targets`
     [B, N]: each column draws `samples` tokens from the policy (a one-step rollout), the reference token rewards
@@ -503,6 +517,10 @@ CONFIDENCE_CLIP = Knob("loss.confidence_clip", 0.0, "> 0, with reward.label_free
 CONFIDENCE_SHARE = Knob("advantage.confidence_share", 0.5, "with advantage.confidence_entropy_shaping: w, the "
                         "confidence's share of the factor w c + (1 - w)(1 - H / log V)", traced=True, minimum=0.0,
                         maximum=1.0)
+
+SOFT_ADVANTAGE = Knob("advantage.soft", 0.0, "tau > 0: TempSamp-R1's soft advantage, each positive advantage "
+                      "becomes tau log(1 + A / tau) (an off-policy ground-truth member's outlier compressed), the "
+                      "negative ones unchanged; 0: off", traced=True, minimum=0.0)
 ENTROPY_SHAPING = Knob("advantage.entropy_shaping", 0.0, "> 0: each token's advantage gains min(this x its entropy, "
                        "|A| / advantage.entropy_bound) (entropy-based shaping, MSSR)", traced=True, minimum=0.0)
 ENTROPY_BOUND = Knob("advantage.entropy_bound", 2.0, "with advantage.entropy_shaping: the bonus is at most |A| / this",

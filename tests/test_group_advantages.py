@@ -643,3 +643,35 @@ def test_merged_groups_pool_across_devices_as_on_one(python_subprocess):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     np.testing.assert_allclose(result["four"], result["alone"], rtol=1e-6)
     np.testing.assert_allclose(result["one"], result["alone"], rtol=1e-6)
+
+
+def test_weighted_grpo_amplifies_the_rare_success_of_a_hard_prompt_and_the_rare_failure_of_an_easy_one():
+    """Weighted GRPO by hand on binary rewards, G = 8. q+ (1 of 8 correct): p = 1/8, GRPO gives the success
+    (1 - p) / sqrt(p (1 - p)) = sqrt(7) and each failure -p / sqrt(p (1 - p)) = -1/sqrt(7); the success is
+    outnumbered 7 to 1, so its weight is min(7, cap), the failures keep 1. q- (7 of 8 correct) mirrors it: the lone
+    failure -sqrt(7) x min(7, cap), the successes 1/sqrt(7)."""
+    rewards = np.array([[1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 0, 1, 1, 1, 1]], np.float32)
+    s7 = math.sqrt(7.0)
+    for cap, w in ((10.0, 7.0), (4.0, 4.0)):
+        out = estimate("weighted_grpo", rewards, rare_weight_max=cap)
+        expected = np.array([[w * s7] + [-1 / s7] * 7, [1 / s7] * 3 + [-w * s7] + [1 / s7] * 4])
+        np.testing.assert_allclose(out.advantages, expected, rtol=1e-4)
+    # net push: towards the rare success on q+ (sum > 0), away from the rare failure on q- (sum < 0); GRPO's sums to 0
+    sums = np.asarray(estimate("weighted_grpo", rewards).advantages).sum(1)
+    np.testing.assert_allclose(sums, [4 * s7 - 7 / s7, 7 / s7 - 4 * s7], rtol=1e-4)
+
+
+def test_weighted_grpo_is_grpo_on_balanced_or_tied_groups_and_reads_success_at_max_reward():
+    """p = 1/2: both weights are 1 (GRPO's +-1); a tied group stays 0; an all-correct group whose well-formedness
+    differs ([1.1, 1.0, 1.1, 1.0]: p = 1) weighs 1, GRPO's +-1. Success is r >= max_reward: with text's
+    (1, 0.1) weights a correct well-formed answer scores 1.1 (a success), a well-formed wrong one 0.1 (a failure):
+    rewards [1.1, 0.1, 0.1, 0.1] under scale none centre on 0.35 (GRPO: [0.75, -0.25 x 3]) and the lone success
+    weighs 3 (three failures to one)."""
+    balanced = np.array([[1, 1, 0, 0], [1, 1, 1, 1]], np.float32)
+    np.testing.assert_allclose(estimate("weighted_grpo", balanced).advantages, [[1, 1, -1, -1], [0, 0, 0, 0]],
+                               rtol=1e-4)
+    all_correct = np.array([[1.1, 1.0, 1.1, 1.0]], np.float32)
+    np.testing.assert_allclose(estimate("weighted_grpo", all_correct).advantages, [[1, -1, 1, -1]], rtol=1e-4)
+    shaped = np.array([[1.1, 0.1, 0.1, 0.1]], np.float32)
+    np.testing.assert_allclose(estimate("weighted_grpo", shaped, scale="none").advantages,
+                               [[3 * 0.75, -0.25, -0.25, -0.25]], rtol=1e-5)

@@ -1,5 +1,7 @@
 """GRPO-family policy-loss parts in jaxrl.losses, each checked against a hand-written NumPy formula."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -594,3 +596,29 @@ def test_echo_hybrid_shaping_mixes_confidence_and_certainty():
     np.testing.assert_allclose(shaped, [[1.25, 1.25], [-0.875, -0.875]], rtol=1e-6)
     grad = jax.grad(lambda h: losses.confidence_entropy_shaped(advantages, confidence, h, mask, 0.25, 4).sum())(entropy)
     np.testing.assert_array_equal(grad, 0.0)
+
+
+def test_soft_advantages_compress_positive_advantages_logarithmically_and_leave_negative_ones():
+    """TempSamp-R1's soft advantage by hand, tau = 0.5: A = 1.5 -> 0.5 log(1 + 3) = log 2; A = 0.5 -> 0.5 log 2;
+    0 and negatives unchanged."""
+    a = jnp.asarray([1.5, 0.5, 0.0, -0.3, -2.0])
+    np.testing.assert_allclose(losses.soft_advantages(a, 0.5),
+                               [math.log(2.0), 0.5 * math.log(2.0), 0.0, -0.3, -2.0], rtol=1e-6)
+
+
+def test_soft_advantages_tame_a_ground_truth_member_and_keep_the_on_policy_members_differences():
+    """A group of 4 with one off-policy ground-truth member (correct and well-formed: 1.1 under the (1, 0.1)
+    weights) and three on-policy answers, one well-formed (0.1), two not (0): mean 0.3, deviations [0.8, -0.2, -0.3,
+    -0.3], variance (0.64 + 0.04 + 0.09 + 0.09) / 4 = 0.215. GRPO gives the GT member 0.8 / sqrt(0.215) = 1.7253;
+    tau = 0.5 makes it 0.5 log(1 + 1.7253 / 0.5) = 0.7465, while the on-policy members keep -0.2 / sqrt(0.215) and
+    -0.3 / sqrt(0.215): their differences are exact, and the GT member's lead over them shrinks."""
+    from jaxrl.advantages import group_advantages
+
+    grpo = group_advantages("grpo", np.array([[1.1, 0.1, 0.0, 0.0]], np.float32), eps=0.0).advantages
+    soft = np.asarray(losses.soft_advantages(grpo, 0.5))[0]
+    std = math.sqrt(0.215)
+    np.testing.assert_allclose(soft, [0.5 * math.log(1 + 0.8 / std / 0.5), -0.2 / std, -0.3 / std, -0.3 / std],
+                               rtol=1e-5)
+    np.testing.assert_allclose(soft[0], 0.7465, atol=1e-4)
+    np.testing.assert_allclose(soft[1] - soft[2], 0.1 / std, rtol=1e-5)  # the on-policy members' gap unchanged
+    assert soft[0] - soft[1] < np.asarray(grpo)[0, 0] - np.asarray(grpo)[0, 1]

@@ -78,7 +78,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "pairing,correct,reference,hints", "rollout.pool_size": 16, "rollout.options.hints.patience": 1,
      "rollout.options.reference.below": 0.5,
-     "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative"},
+     "loss.objective": "cispo", "loss.confidence_penalty": 1.0, "loss.reference_reset": 1, "loss.truncated": "mask_negative",
+     "advantage.soft": 0.5},
     {"advantage.estimator": "median", "group.size": 5, "rollout.filter": "success_predictor,rank_ties",
      "rollout.control": "variance_budget,entropy_target", "rollout.options.entropy_target.start": 0.5,
      "group.oversample": 1, "loss.token_keep": 0.5, "rollout.generate": "dars", "advantage.merge_problem_groups": True,
@@ -95,7 +96,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.anchor.samples": 4},
     {"advantage.estimator": "return_conditioned"},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
-        "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
+        "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated-soft",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
         "pvpo-anchor", "rcrl"])

@@ -27,6 +27,9 @@ ADVANTAGE_OPTIONS = (
          minimum=0.0),
     Knob("advantage.prior_z", 1.96, "fused: the prior is accepted while the group mean lies within this many standard "
          "errors of it", minimum=0.0),
+    Knob("advantage.rare_weight_max", 4.0, "weighted_grpo: the most a group's rare outcome (a success where most "
+         "fail, a failure where most succeed) is weighted; its weight is the common outcome's count over its own",
+         minimum=1.0),
 )
 CRITIC_WEIGHT = Knob("loss.critic_weight", 0.0, "> 0 mixes in a learned value baseline (1: critic-based, 0: "
                      "critic-free)", traced=True, minimum=0.0, maximum=1.0)
@@ -47,7 +50,7 @@ def advantage_options(config: ConfigDict) -> tuple[tuple[str, object], ...]:
     o = config.advantage
     return (("scale", o.scale or None), ("eps", o.eps), ("clip", o.clip or None), ("max_reward", o.max_reward),
             ("renormalize", o.renormalize), ("stratum_weight", o.stratum_weight), ("prior_weight", o.prior_weight),
-            ("prior_z", o.prior_z))
+            ("prior_z", o.prior_z), ("rare_weight_max", o.rare_weight_max))
 
 
 def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bool = True) -> None:

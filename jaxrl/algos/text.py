@@ -566,6 +566,7 @@ class TextGRPOHyperparams:
     novelty_floor: float = losses.NOVELTY_FLOOR.field()  # < 1: ETTRL's EAR
     confidence_clip: float = losses.CONFIDENCE_CLIP.field()  # ECHO
     confidence_share: float = losses.CONFIDENCE_SHARE.field()  # ECHO
+    soft_advantage: float = losses.SOFT_ADVANTAGE.field()
     entropy_bound: float = losses.ENTROPY_BOUND.field()
     ent_coef: float = losses.ENT_COEF.field()
     vf_coef: float = losses.VF_COEF.field()  # (of the value head, when critic_weight > 0)
@@ -643,6 +644,7 @@ class TextGRPOSettings:
     shapes_by_confidence: bool = knob("advantage.confidence_entropy_shaping", False, "with reward.label_free: ECHO's "
                                       "hybrid shaping, advantages x (w c + (1 - w)(1 - H / log V)), c the group's vote "
                                       "confidence, H the completion's mean token entropy, w advantage.confidence_share")
+    softens: bool = losses.SOFT_ADVANTAGE.field(convert=lambda tau: tau > 0)  # TempSamp-R1
     layer_policy: int = LAYER_POLICY.field()
     layer_policy_updates: int = knob("loss.layer_policy_updates", 20, "with loss.layer_policy: the updates (from the "
                                      "start) that optimise the internal layer policy", minimum=1)
@@ -992,6 +994,8 @@ class TextGRPO:
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
         advantages, weight, tied = self._group_advantages(groups)
+        if s.softens:  # TempSamp-R1: an off-policy ground-truth member's outlier advantage compressed
+            advantages = losses.soft_advantages(advantages, hp.soft_advantage)
         if s.sharpens_novelty:  # XRPO: correct completions the sampler found unlikely weigh more (EAR: likely ones less)
             advantages = losses.novelty_sharpened(advantages, groups.log_probs, groups.mask, hp.novelty_sharpening,
                                                   hp.novelty_floor)
@@ -1475,6 +1479,7 @@ def check_return_conditioned(config: ConfigDict, multi_turn_task: bool) -> None:
         ("loss.min_distinctiveness", config.loss.min_distinctiveness > 0),
         ("advantage.entropy_shaping", config.advantage.entropy_shaping > 0),
         ("advantage.novelty_sharpening", config.advantage.novelty_sharpening > 0),
+        ("advantage.soft", config.advantage.soft > 0),
         ("advantage.process_weight", config.advantage.process_weight > 0)) if active]
     if on:
         raise ValueError(f"{where} learns by the likelihood of every completion alone: turn off {', '.join(on)}")
