@@ -270,6 +270,41 @@ def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candida
     assert varies[np.asarray(filled)].all(), "a filled slot never holds a zero-variance group"
 
 
+def test_dynamic_sampling_by_task_value_keeps_the_varied_candidate_of_highest_value():
+    """rank=value (VSPO): per slot the varied candidate of largest v = sqrt(p (1 - p)) (1 - p), p its pass rate; tied
+    candidates (v = 0 at p = 0 or 1) never win over a varied one, and equal values go to the first."""
+    from jaxrl.rollout.tokens import BUDGET_TARGETS
+
+    value = BUDGET_TARGETS["value"]
+    # by hand: p = 1/4 -> sqrt(3/16) * 3/4 = 0.3248; 1/2 -> 1/4; 3/4 -> sqrt(3/16) / 4 = 0.1083; 0 and 1 -> 0
+    np.testing.assert_allclose(value(jnp.asarray([0.0, 0.25, 0.5, 0.75, 1.0])),
+                               [0.0, 0.75 * np.sqrt(3) / 4, 0.25, np.sqrt(3) / 16, 0.0], rtol=1e-6)
+    correct = np.asarray([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0],   # slot 0: p = 1/2, 1/4, 3/4 -> 1 (first: 0)
+                          [1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0],   # slot 1: tied, 3/4, tied -> 4
+                          [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1],   # slot 2: none varies -> 8, unfilled
+                          [1, 1, 0, 0], [0, 0, 1, 1], [1, 0, 0, 0]], np.float32)  # slot 3: 1/2, 1/2, 1/4 -> 11
+    rewards = jnp.asarray(np.stack([correct, np.ones_like(correct)], -1))
+    chosen, filled = select_varied(rewards, 3, value(rewards[..., 0].mean(1)))
+    np.testing.assert_array_equal(chosen, [1, 4, 8, 11])
+    np.testing.assert_array_equal(filled, [True, True, False, True])
+    np.testing.assert_array_equal(select_varied(rewards, 3)[0], [0, 4, 8, 9])  # DAPO's first varied one
+    np.testing.assert_array_equal(select_varied(rewards, 3, jnp.zeros(12))[0], [0, 4, 8, 9])  # equal worth: the first
+
+
+def test_progressive_reward_shaping_moves_the_weight_from_format_to_correctness():
+    """reward.progressive = k (PRS): the correct component becomes a c + (1 - a) f, a = min(t / k, 1), so under weights
+    (1, 0.1) the weighted reward is a c + (1.1 - a) f: all on the format at t = 0, the configured weights from t = k."""
+    from jaxrl.algos.text import progressive_rewards
+
+    rewards = jnp.asarray([[[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]])  # (correct, well_formed)
+    weights = jnp.asarray([1.0, 0.1])
+    for step, expected in [(0, [1.1, 1.1, 0.0, 0.0]), (1, [1.1, 0.85, 0.25, 0.0]), (2, [1.1, 0.6, 0.5, 0.0]),
+                           (4, [1.1, 0.1, 1.0, 0.0]), (9, [1.1, 0.1, 1.0, 0.0])]:
+        shaped = jax.jit(progressive_rewards, static_argnums=(2, 3, 4))(rewards, jnp.asarray(step), 4, 0, 1)
+        np.testing.assert_allclose(shaped @ weights, [expected], rtol=1e-6, err_msg=f"update {step}")
+        np.testing.assert_array_equal(shaped[..., 1], rewards[..., 1])  # the format component stays
+
+
 def test_init_from_a_differently_shaped_run_is_an_error_and_moves_nothing(sft_run, tmp_path):
     before = sorted(os.listdir(os.path.join(sft_run, "checkpoints")))
     for key, value, message in [("model.d_model", 96, r"the saved run's params/.* is \[.*64.*\], this config's model has \[.*96"),
