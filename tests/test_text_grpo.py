@@ -73,7 +73,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
      "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3, "rollout.replay": "gdro",
      "rollout.options.gdro.ema": 0.9, "rollout.pool_size": 16, "reward.length_penalty": 0.5, "loss.sample_keep": 0.5, "loss.keep_schedule": 2,
-     "advantage.entropy_shaping": 0.1},
+     "advantage.entropy_shaping": 0.1, "reward.progressive": 2, "rollout.options.dynamic_sampling.rank": "value",
+     "loss.clip_smoothing": 2.0},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "pairing,correct,reference,hints", "rollout.pool_size": 16, "rollout.options.hints.patience": 1,
@@ -93,7 +94,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
      "rollout.options.anchor.samples": 4},
     {"advantage.estimator": "return_conditioned"},
-], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
+], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping-prs-vspo",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo", "spo-tracked-g1",
@@ -113,6 +114,9 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     assert ("truncated" in metrics) == (config.loss.truncated != "train")
     assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier
     assert ("members_kept" in metrics) == (config.loss.sample_keep < 1)  # D3S's sample level
+    assert ("clip_scale_spread" in metrics) == (config.loss.clip_smoothing > 0)  # VSPO's per-group clip ranges
+    assert ("chosen_worth" in metrics) == (config.rollout.options.get("dynamic_sampling", {}).get("rank", "first")
+                                           != "first")  # VSPO's selection by task value
     assert ("members_distinct" in metrics) == (config.loss.min_distinctiveness > 0)  # DaGRPO's pair masking
     # RCRL learns by likelihood alone, under return-marked prompts: no policy ratio
     assert ("return_conditioned_nll" in metrics) != ("policy_loss" in metrics)

@@ -562,6 +562,7 @@ class TextGRPOHyperparams:
     sample_keep: float = losses.SAMPLE_KEEP.field()
     min_distinctiveness: float = losses.MIN_DISTINCTIVENESS.field()
     entropy_shaping: float = losses.ENTROPY_SHAPING.field()
+    clip_smoothing: float = losses.CLIP_SMOOTHING.field()
     novelty_sharpening: float = losses.NOVELTY_SHARPENING.field()
     entropy_bound: float = losses.ENTROPY_BOUND.field()
     ent_coef: float = losses.ENT_COEF.field()
@@ -612,7 +613,7 @@ class TextGRPOSettings:
                                  "a correct completion's correct reward loses this x (1 - the problem's difficulty) x "
                                  "its share of the length limit (easy problems deserve short answers)", minimum=0.0)
     progressive: int = knob("reward.progressive", 0, "> 0: PRS's progressive reward shaping over this many updates: the "
-                            "correct weight starts on well_formed and moves linearly to it, so that the effective "
+                            "correct component's weight starts on well_formed and moves linearly back to it, so that the effective "
                             "weights go from (0, w_correct + w_well_formed) at update 0 to reward_weights at this "
                             "update (`progressive_rewards`); 0: reward_weights throughout", minimum=0)
     label_free: str = knob("reward.label_free", "", "majority: the correct reward is agreement with the group's most "
@@ -639,6 +640,7 @@ class TextGRPOSettings:
     keep_schedule: int = losses.KEEP_SCHEDULE.field()
     rectifies: bool = losses.MIN_DISTINCTIVENESS.field(convert=lambda d: d > 0)  # DaGRPO's pair masking
     shapes_entropy: bool = losses.ENTROPY_SHAPING.field(convert=lambda coef: coef > 0)
+    smooths_clip: bool = losses.CLIP_SMOOTHING.field(convert=lambda strength: strength > 0)  # VSPO
     sharpens_novelty: bool = losses.NOVELTY_SHARPENING.field(convert=lambda strength: strength > 0)  # XRPO
     layer_policy: int = LAYER_POLICY.field()
     layer_policy_updates: int = knob("loss.layer_policy_updates", 20, "with loss.layer_policy: the updates (from the "
@@ -857,9 +859,12 @@ class TextGRPO:
         outcome = None
         if losses.OBJECTIVES[s.objective].needs_outcome:
             outcome = losses.Outcome(batch["correct"], batch["pass_rate"], s.group_size)
+        clip_low, clip_high = hp.clip_low, hp.clip_high
+        if s.smooths_clip:  # VSPO: each completion's clip range scaled by its group's value [m*G, 1]
+            clip_low, clip_high = clip_low * batch["clip_scale"][:, None], clip_high * batch["clip_scale"][:, None]
         total, aux = losses.policy_loss(
             log_probs, batch["log_probs"], batch["advantages"], mask,
-            clip_low=hp.clip_low, clip_high=hp.clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
+            clip_low=clip_low, clip_high=clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
             aggregate=s.aggregate, constant_length=self.task.answer_length,
             ref_log_prob=batch.get("ref_log_probs"), kl=s.kl, kl_coef=hp.kl_coef,
             entropy=entropy, ent_coef=hp.ent_coef, weight=batch.get("correction"), objective=s.objective,
@@ -1026,6 +1031,13 @@ class TextGRPO:
             units["return_prompts"] = return_prompts(groups.prompts, success, self.vocab)
         if s.learns_expert:
             units["expert"], metrics["expert_share"] = self._expert_units(groups)
+        if s.smooths_clip:  # VSPO: the clip range of each group by its task value at its observed pass rate
+            pass_rate = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).mean(-1)  # [b]
+            scale = losses.value_smoothed_clip(rollout.tokens.BUDGET_TARGETS["value"](pass_rate), hp.clip_smoothing,
+                                               DATA_AXIS)
+            units["clip_scale"] = jnp.broadcast_to(scale[:, None], (b, G))
+            metrics["clip_scale_spread"] = jax.lax.pmax(jnp.max(scale), DATA_AXIS) - jax.lax.pmin(jnp.min(scale),
+                                                                                                    DATA_AXIS)
         if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
             correct = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).astype(jnp.float32)
             units["correct"] = correct
