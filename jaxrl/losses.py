@@ -392,6 +392,16 @@ def entropy_shaped(advantages: jax.Array, entropy: jax.Array, coef, bound) -> ja
     return advantages + bonus
 
 
+def value_smoothed_clip(value: jax.Array, strength, axis_name: str | None = None) -> jax.Array:
+    """VSPO's value-smoothing clipping (Enhancing Agentic RL with Progressive Reward Shaping and Value-based Sampling
+    Policy Optimization), our reading of its abstract: the factor [n] of each group's clip range,
+    max(0, 1 + strength x (v_g - mean v)), v [n] the groups' task values, the mean over all groups (every device's
+    with `axis_name`). The trust region widens smoothly for the groups worth learning from (uncertain and hard) and
+    narrows for the rest, instead of one range for all; its mean stays 1 (before the floor at 0)."""
+    mean = jnp.mean(value) if axis_name is None else jax.lax.pmean(jnp.mean(value), axis_name)
+    return jnp.maximum(0.0, 1.0 + strength * (value - mean))
+
+
 def policy_loss(log_prob: jax.Array, old_log_prob: jax.Array, advantages: jax.Array, mask: jax.Array, *,
                 clip_low, clip_high=None, dual_clip=None, ratio: str = "token", aggregate: str = "token",
                 constant_length=None, ref_log_prob: jax.Array | None = None, kl: str = "k3", kl_coef=0.0,
@@ -521,6 +531,10 @@ CONFIDENCE_SHARE = Knob("advantage.confidence_share", 0.5, "with advantage.confi
 SOFT_ADVANTAGE = Knob("advantage.soft", 0.0, "tau > 0: TempSamp-R1's soft advantage, each positive advantage "
                       "becomes tau log(1 + A / tau) (an off-policy ground-truth member's outlier compressed), the "
                       "negative ones unchanged; 0: off", traced=True, minimum=0.0)
+CLIP_SMOOTHING = Knob("loss.clip_smoothing", 0.0, "> 0: VSPO's value-smoothing clipping: each group's clip range "
+                      "(clip_low and clip_high) x max(0, 1 + this x (v - mean v)), v its task value sqrt(p (1 - p)) "
+                      "(1 - p) at pass rate p, the mean over the update's groups (`value_smoothed_clip`)", traced=True,
+                      minimum=0.0)
 ENTROPY_SHAPING = Knob("advantage.entropy_shaping", 0.0, "> 0: each token's advantage gains min(this x its entropy, "
                        "|A| / advantage.entropy_bound) (entropy-based shaping, MSSR)", traced=True, minimum=0.0)
 ENTROPY_BOUND = Knob("advantage.entropy_bound", 2.0, "with advantage.entropy_shaping: the bonus is at most |A| / this",

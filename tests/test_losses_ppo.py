@@ -138,3 +138,16 @@ def test_behaviour_cloning_is_the_negative_log_likelihood_of_the_teacher_s_actio
     out = jnp.asarray(np.concatenate([mean, log_std], axis=-1))
     np.testing.assert_allclose(bc(out), expected, rtol=1e-5)
     np.testing.assert_allclose(jax.grad(lambda out: bc(out).sum())(out), expected_grad, rtol=1e-5, atol=1e-6)
+
+
+def test_value_smoothed_clip_scales_each_groups_range_by_its_task_value():
+    """loss.clip_smoothing = beta (VSPO): a group's clip range x max(0, 1 + beta (v - mean v)); values (0.3, 0.1, 0.2,
+    0) have mean 0.15, so beta = 2 gives (1.3, 0.9, 1.1, 0.7) and beta = 10 gives (2.5, 0.5, 1.5, 0: floored)."""
+    value = jnp.asarray([0.3, 0.1, 0.2, 0.0])
+    np.testing.assert_allclose(losses.value_smoothed_clip(value, 2.0), [1.3, 0.9, 1.1, 0.7], rtol=1e-6)
+    np.testing.assert_allclose(losses.value_smoothed_clip(value, 10.0), [2.5, 0.5, 1.5, 0.0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(losses.value_smoothed_clip(value, 0.0), [1.0] * 4)  # off: one range for all
+    # Per-row ranges in the clipped surrogate: ratio 1.5, A = 1, clip 0.2 x (1.3, 0.9, 1.1, 0.7) -> -(1 + 0.2 x scale)
+    scale = losses.value_smoothed_clip(value, 2.0)[:, None]
+    out = losses.ppo_clip_loss(jnp.full((4, 2), jnp.log(1.5)), jnp.ones((4, 2)), 0.2 * scale, 0.2 * scale)
+    np.testing.assert_allclose(out, -np.repeat([[1.26], [1.18], [1.22], [1.14]], 2, axis=1), rtol=1e-6)

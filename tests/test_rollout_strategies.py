@@ -1285,3 +1285,13 @@ def test_recent_replay_replaces_nothing_until_the_buffer_holds_enough(recent_alg
     np.testing.assert_array_equal(groups.tokens, fresh.tokens)  # all B groups generated, as without the strategy
     np.testing.assert_array_equal(groups.ids, plan.ids)
     assert float(metrics["recent_replayed"]) == 0.0 and float(metrics["recent_age"]) == 0.0
+
+
+def test_prs_and_vspo_settings_that_cannot_work_are_refused():
+    for overrides, message in [
+            ({"reward.progressive": -1}, r"^config\.reward\.progressive must be >= 0, got -1$"),
+            ({"reward.progressive": 4, "task.name": "lookup"}, "progressive .*task.name=lookup is played over turns"),
+            ({"loss.clip_smoothing": -0.5}, r"^config\.loss\.clip_smoothing must be >= 0, got -0\.5$"),
+            ({"rollout.options.dynamic_sampling.rank": "best"}, "rollout.options.dynamic_sampling.rank")]:
+        with pytest.raises(ValueError, match=message):
+            algos.validate(tiny_grpo_config("", **overrides))

@@ -73,7 +73,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "dr_grpo", "loss.aggregate": "constant", "rollout.generate": "tree", "rollout.options.tree.depth": 2,
      "loss.kl_coef": 0.05, "loss.kl": "k2", "loss.clip_high": 0.28, "group.oversample": 3, "rollout.replay": "gdro",
      "rollout.options.gdro.ema": 0.9, "rollout.pool_size": 16, "reward.length_penalty": 0.5, "loss.sample_keep": 0.5, "loss.keep_schedule": 2,
-     "advantage.entropy_shaping": 0.1},
+     "advantage.entropy_shaping": 0.1, "reward.progressive": 2, "rollout.options.dynamic_sampling.rank": "value",
+     "loss.clip_smoothing": 2.0},
     {"advantage.estimator": "gdpo", "advantage.renormalize": True, "loss.ratio": "sequence", "loss.clip_low": 3e-4,
      "loss.clip_high": 4e-4, "loss.critic_weight": 0.5, "optim.num_minibatches": 2, "rollout.filter": "rank_ties",
      "rollout.replay": "pairing,correct,reference,hints", "rollout.pool_size": 16, "rollout.options.hints.patience": 1,
@@ -95,7 +96,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
      "rollout.options.anchor.samples": 4},
     {"advantage.estimator": "return_conditioned"},
-], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping",
+], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping-prs-vspo",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated-soft",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
@@ -115,6 +116,9 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     assert ("truncated" in metrics) == (config.loss.truncated != "train")
     assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier
     assert ("members_kept" in metrics) == (config.loss.sample_keep < 1)  # D3S's sample level
+    assert ("clip_scale_spread" in metrics) == (config.loss.clip_smoothing > 0)  # VSPO's per-group clip ranges
+    assert ("chosen_worth" in metrics) == (config.rollout.options.get("dynamic_sampling", {}).get("rank", "first")
+                                           != "first")  # VSPO's selection by task value
     assert ("members_distinct" in metrics) == (config.loss.min_distinctiveness > 0)  # DaGRPO's pair masking
     # RCRL learns by likelihood alone, under return-marked prompts: no policy ratio
     assert ("return_conditioned_nll" in metrics) != ("policy_loss" in metrics)
@@ -274,6 +278,41 @@ def test_dynamic_sampling_never_keeps_a_zero_variance_group_when_another_candida
     chosen_rewards = rewards[np.asarray(chosen)]
     varies = (chosen_rewards != chosen_rewards[:, :1]).any(axis=(1, 2))
     assert varies[np.asarray(filled)].all(), "a filled slot never holds a zero-variance group"
+
+
+def test_dynamic_sampling_by_task_value_keeps_the_varied_candidate_of_highest_value():
+    """rank=value (VSPO): per slot the varied candidate of largest v = sqrt(p (1 - p)) (1 - p), p its pass rate; tied
+    candidates (v = 0 at p = 0 or 1) never win over a varied one, and equal values go to the first."""
+    from jaxrl.rollout.tokens import BUDGET_TARGETS
+
+    value = BUDGET_TARGETS["value"]
+    # by hand: p = 1/4 -> sqrt(3/16) * 3/4 = 0.3248; 1/2 -> 1/4; 3/4 -> sqrt(3/16) / 4 = 0.1083; 0 and 1 -> 0
+    np.testing.assert_allclose(value(jnp.asarray([0.0, 0.25, 0.5, 0.75, 1.0])),
+                               [0.0, 0.75 * np.sqrt(3) / 4, 0.25, np.sqrt(3) / 16, 0.0], rtol=1e-6)
+    correct = np.asarray([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0],   # slot 0: p = 1/2, 1/4, 3/4 -> 1 (first: 0)
+                          [1, 1, 1, 1], [1, 1, 1, 0], [0, 0, 0, 0],   # slot 1: tied, 3/4, tied -> 4
+                          [1, 1, 1, 1], [0, 0, 0, 0], [1, 1, 1, 1],   # slot 2: none varies -> 8, unfilled
+                          [1, 1, 0, 0], [0, 0, 1, 1], [1, 0, 0, 0]], np.float32)  # slot 3: 1/2, 1/2, 1/4 -> 11
+    rewards = jnp.asarray(np.stack([correct, np.ones_like(correct)], -1))
+    chosen, filled = select_varied(rewards, 3, value(rewards[..., 0].mean(1)))
+    np.testing.assert_array_equal(chosen, [1, 4, 8, 11])
+    np.testing.assert_array_equal(filled, [True, True, False, True])
+    np.testing.assert_array_equal(select_varied(rewards, 3)[0], [0, 4, 8, 9])  # DAPO's first varied one
+    np.testing.assert_array_equal(select_varied(rewards, 3, jnp.zeros(12))[0], [0, 4, 8, 9])  # equal worth: the first
+
+
+def test_progressive_reward_shaping_moves_the_weight_from_format_to_correctness():
+    """reward.progressive = k (PRS): the correct component becomes a c + (1 - a) f, a = min(t / k, 1), so under weights
+    (1, 0.1) the weighted reward is a c + (1.1 - a) f: all on the format at t = 0, the configured weights from t = k."""
+    from jaxrl.algos.text import progressive_rewards
+
+    rewards = jnp.asarray([[[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]])  # (correct, well_formed)
+    weights = jnp.asarray([1.0, 0.1])
+    for step, expected in [(0, [1.1, 1.1, 0.0, 0.0]), (1, [1.1, 0.85, 0.25, 0.0]), (2, [1.1, 0.6, 0.5, 0.0]),
+                           (4, [1.1, 0.1, 1.0, 0.0]), (9, [1.1, 0.1, 1.0, 0.0])]:
+        shaped = jax.jit(progressive_rewards, static_argnums=(2, 3, 4))(rewards, jnp.asarray(step), 4, 0, 1)
+        np.testing.assert_allclose(shaped @ weights, [expected], rtol=1e-6, err_msg=f"update {step}")
+        np.testing.assert_array_equal(shaped[..., 1], rewards[..., 1])  # the format component stays
 
 
 def test_init_from_a_differently_shaped_run_is_an_error_and_moves_nothing(sft_run, tmp_path):

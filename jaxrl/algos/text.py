@@ -562,6 +562,7 @@ class TextGRPOHyperparams:
     sample_keep: float = losses.SAMPLE_KEEP.field()
     min_distinctiveness: float = losses.MIN_DISTINCTIVENESS.field()
     entropy_shaping: float = losses.ENTROPY_SHAPING.field()
+    clip_smoothing: float = losses.CLIP_SMOOTHING.field()
     novelty_sharpening: float = losses.NOVELTY_SHARPENING.field()
     novelty_floor: float = losses.NOVELTY_FLOOR.field()  # < 1: ETTRL's EAR
     confidence_clip: float = losses.CONFIDENCE_CLIP.field()  # ECHO
@@ -615,6 +616,10 @@ class TextGRPOSettings:
     length_penalty: float = knob("reward.length_penalty", 0.0, "> 0: ARLCP's complexity-calibrated length penalty: "
                                  "a correct completion's correct reward loses this x (1 - the problem's difficulty) x "
                                  "its share of the length limit (easy problems deserve short answers)", minimum=0.0)
+    progressive: int = knob("reward.progressive", 0, "> 0: PRS's progressive reward shaping over this many updates: the "
+                            "correct component's weight starts on well_formed and moves linearly back to it, so that the effective "
+                            "weights go from (0, w_correct + w_well_formed) at update 0 to reward_weights at this "
+                            "update (`progressive_rewards`); 0: reward_weights throughout", minimum=0)
     label_free: str = knob("reward.label_free", "", "majority: the correct reward is agreement with the group's most "
                            "common well-formed answer, no label read (MM-UPT, TTRL: test-time RL); '': the verifier's",
                            choices=("", "majority"))
@@ -639,6 +644,7 @@ class TextGRPOSettings:
     keep_schedule: int = losses.KEEP_SCHEDULE.field()
     rectifies: bool = losses.MIN_DISTINCTIVENESS.field(convert=lambda d: d > 0)  # DaGRPO's pair masking
     shapes_entropy: bool = losses.ENTROPY_SHAPING.field(convert=lambda coef: coef > 0)
+    smooths_clip: bool = losses.CLIP_SMOOTHING.field(convert=lambda strength: strength > 0)  # VSPO
     sharpens_novelty: bool = losses.NOVELTY_SHARPENING.field(convert=lambda strength: strength > 0)  # XRPO
     clips_by_confidence: bool = losses.CONFIDENCE_CLIP.field(convert=lambda floor: floor > 0)  # ECHO
     shapes_by_confidence: bool = knob("advantage.confidence_entropy_shaping", False, "with reward.label_free: ECHO's "
@@ -869,6 +875,8 @@ class TextGRPO:
         outcome = None
         if losses.OBJECTIVES[s.objective].needs_outcome:
             outcome = losses.Outcome(batch["correct"], batch["pass_rate"], s.group_size)
+        if s.smooths_clip:  # VSPO: each completion's clip range scaled by its group's value [m*G, 1] (x ECHO's)
+            clip_low, clip_high = clip_low * batch["clip_scale"][:, None], clip_high * batch["clip_scale"][:, None]
         total, aux = losses.policy_loss(
             log_probs, batch["log_probs"], batch["advantages"], mask,
             clip_low=clip_low, clip_high=clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
@@ -926,12 +934,17 @@ class TextGRPO:
     # One update: sampling (rollouts, rewards, advantages), then learning (reference scores, epochs x
     # minibatches), in the chunk's one program.
 
-    def _group_advantages(self, groups: rollout.Groups):
+    def _group_advantages(self, groups: rollout.Groups, update_step=None):
         """Per-token advantages and loss weights [b, G, N] of the kept groups, and which groups' verifier
-        rewards all tie [b]. A filter's bonus enters as one more reward component (weight 1) where they tie."""
+        rewards all tie [b]. A filter's bonus enters as one more reward component (weight 1) where they tie.
+        With reward.progressive the components are first shaped by the update step (`progressive_rewards`)."""
         s = self.settings
         rewards, weights = groups.rewards, s.reward_weights
         tied = jnp.all(rewards == rewards[:, :1], axis=(1, 2))
+        if s.progressive:  # (after the ties are read: the verifier's outcomes decide what a filter sees)
+            names = self.task.reward_names
+            rewards = progressive_rewards(rewards, update_step, s.progressive, names.index("correct"),
+                                          names.index("well_formed"))
         if s.length_penalty:  # (after the ties are read: length alone does not untie a group for a filter's bonus)
             rewards = length_penalised(rewards, groups.lengths, self.task.difficulty(groups.problems),
                                        self.task.reward_names.index("correct"), s.length_penalty,
@@ -993,7 +1006,7 @@ class TextGRPO:
         s = self.settings
         key, rollout_key, epoch_key = jax.random.split(state.key, 3)
         memory, groups, metrics = self._rollout(state, hp, rollout_key)
-        advantages, weight, tied = self._group_advantages(groups)
+        advantages, weight, tied = self._group_advantages(groups, state.update_step)
         if s.softens:  # TempSamp-R1: an off-policy ground-truth member's outlier advantage compressed
             advantages = losses.soft_advantages(advantages, hp.soft_advantage)
         if s.sharpens_novelty:  # XRPO: correct completions the sampler found unlikely weigh more (EAR: likely ones less)
@@ -1042,6 +1055,13 @@ class TextGRPO:
             metrics["vote_confidence"] = global_mean(confidence)
         if s.learns_expert:
             units["expert"], metrics["expert_share"] = self._expert_units(groups)
+        if s.smooths_clip:  # VSPO: the clip range of each group by its task value at its observed pass rate
+            pass_rate = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).mean(-1)  # [b]
+            scale = losses.value_smoothed_clip(rollout.tokens.BUDGET_TARGETS["value"](pass_rate), hp.clip_smoothing,
+                                               DATA_AXIS)
+            units["clip_scale"] = jnp.broadcast_to(scale[:, None], (b, G))
+            metrics["clip_scale_spread"] = jax.lax.pmax(jnp.max(scale), DATA_AXIS) - jax.lax.pmin(jnp.min(scale),
+                                                                                                    DATA_AXIS)
         if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
             correct = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).astype(jnp.float32)
             units["correct"] = correct
@@ -1154,6 +1174,18 @@ def length_penalised(rewards: jax.Array, lengths: jax.Array, difficulty: jax.Arr
     answer costs; wrong answers are not charged."""
     cost = penalty * (1.0 - difficulty)[:, None] * lengths / max_length
     return rewards.at[..., correct].add(-jnp.where(rewards[..., correct] > 0, cost, 0.0))
+
+
+def progressive_rewards(rewards: jax.Array, update_step, updates: int, correct: int, formed: int) -> jax.Array:
+    """PRS's progressive reward shaping (Enhancing Agentic RL with Progressive Reward Shaping and Value-based Sampling
+    Policy Optimization): first master the format, then correctness. Our reading of its stage-wise rewards: a linear
+    curriculum over `updates` updates, a = min(update_step / updates, 1) (traced), in which the `correct` component
+    of rewards [n, G, K] becomes a c + (1 - a) f, f the `formed` (well_formed) component. Under the weights
+    (w_c, w_f) the weighted reward is then a w_c c + (w_f + (1 - a) w_c) f: at update 0 all the weight is on the
+    format (w_c + w_f, the reward's scale kept), from update `updates` on it is the configured weighting. Mixing the
+    components rather than the weights keeps the estimators' weights static."""
+    a = jnp.minimum(jnp.asarray(update_step, jnp.float32) / updates, 1.0)
+    return rewards.at[..., correct].set(a * rewards[..., correct] + (1.0 - a) * rewards[..., formed])
 
 
 def sparse_rewards(correct: jax.Array, sampled: jax.Array, below: float) -> jax.Array:
@@ -1396,6 +1428,9 @@ def check_text_grpo_config(config: ConfigDict) -> None:
                          "advantage.novelty_sharpening (EAR): set config.advantage.novelty_sharpening > 0")
     if config.reward.length_penalty and multi_turn_task:
         raise ValueError(f"config.reward.length_penalty charges single completions by their length; "
+                         f"task.name={config.task.name} is played over turns")
+    if config.reward.progressive and multi_turn_task:
+        raise ValueError(f"config.reward.progressive shapes the components of single completions' rewards; "
                          f"task.name={config.task.name} is played over turns")
     if config.loss.layer_policy and (config.loss.correction != "none" or config_keeps_reference(config)
                                      or config.loss.teacher):

@@ -15,12 +15,14 @@ def last_occurrence(ids: jax.Array, write: jax.Array) -> jax.Array:
     return write & ~later
 
 
-def first_per_slot(ok: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
+def first_per_slot(ok: jax.Array, oversample: int, score: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """ok bool [b * O], O candidates per slot (slot-major) -> (index [b] of each slot's first candidate that
-    is ok, else its last; filled bool [b]: one was)."""
+    is ok, else its last; filled bool [b]: one was). With `score` [b * O]: the ok candidate of highest score (the
+    first among equals) rather than the first."""
     ok = ok.reshape(-1, oversample)
     filled = ok.any(axis=1)
-    return jnp.arange(ok.shape[0]) * oversample + jnp.where(filled, jnp.argmax(ok, axis=1), oversample - 1), filled
+    rank = ok if score is None else jnp.where(ok, score.reshape(ok.shape), -jnp.inf)  # (argmax: the first maximum)
+    return jnp.arange(ok.shape[0]) * oversample + jnp.where(filled, jnp.argmax(rank, axis=1), oversample - 1), filled
 
 
 def tie_ranks(scores: jax.Array) -> jax.Array:

@@ -260,24 +260,33 @@ register("filter", "success_predictor", init=predictor_memory, before=predict_pa
 
 def dynamic_sampling(algo, memory, groups: Groups, params, key):
     """DAPO's dynamic sampling: per slot, the first of its `group.oversample` candidates whose G rewards are
-    not all equal (else the last). Logs `fill_rate`, the fraction of slots that found one."""
-    choice, filled = select_varied(groups.rewards, algo.settings.oversample)
-    return take(groups, choice), {"fill_rate": global_mean(filled.astype(jnp.float32))}
+    not all equal (else the last). With option `rank` a `BUDGET_TARGETS` worth, the varied candidate of highest
+    worth of its observed pass rate p (the share of its G completions correct) instead; `value` is VSPO's (Enhancing
+    Agentic RL with Progressive Reward Shaping and Value-based Sampling Policy Optimization) replacement of low-value
+    samples by task value. Logs `fill_rate`, the fraction of slots that found one, and with a rank the mean worth of
+    the chosen (`chosen_worth`)."""
+    rank = algo.strategy_options("dynamic_sampling")["rank"]
+    worth = None if rank == "first" else BUDGET_TARGETS[rank](_correct(algo, groups).mean(axis=1))  # [b*O]
+    choice, filled = select_varied(groups.rewards, algo.settings.oversample, worth)
+    metrics = {"fill_rate": global_mean(filled.astype(jnp.float32))}
+    if worth is not None:
+        metrics["chosen_worth"] = global_mean(worth[choice])
+    return take(groups, choice), metrics
 
 
-def select_varied(rewards: jax.Array, oversample: int) -> tuple[jax.Array, jax.Array]:
+def select_varied(rewards: jax.Array, oversample: int, worth: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """rewards [b*O, G, K], O candidates per slot (slot-major) -> (index [b] of the chosen candidate per
-    slot, filled [b]: its rewards vary)."""
-    return first_per_slot(jnp.any(rewards != rewards[:, :1], axis=(1, 2)), oversample)
-
-
-register("control", "dynamic_sampling", after=dynamic_sampling, selects=True)
+    slot, filled [b]: its rewards vary). The first varied candidate, or with `worth` [b*O] the varied one of highest
+    worth (the first among equals)."""
+    return first_per_slot(jnp.any(rewards != rewards[:, :1], axis=(1, 2)), oversample, worth)
 
 
 # What one more group of a prompt of predicted pass rate p is worth to control/variance_budget (`allocate_groups`)
 BUDGET_TARGETS = {
     "uncertain": lambda p: jnp.sqrt(jnp.clip(p * (1 - p), 0.0)),  # its reward's std: the most informative
     "hard": lambda p: 1.0 - p,  # DARS's depth: the least likely to be solved
+    # VSPO's task value, uncertainty x difficulty (our reading of its abstract): informative and still unsolved
+    "value": lambda p: jnp.sqrt(jnp.clip(p * (1 - p), 0.0)) * (1.0 - p),
 }
 
 
@@ -312,10 +321,17 @@ def predicted_or_half(predicted: jax.Array) -> jax.Array:
     return jnp.where(predicted >= 0, predicted, 0.5)
 
 
+register("control", "dynamic_sampling", after=dynamic_sampling, selects=True,
+         options={"rank": ("first", "which varied candidate of a slot is kept: first (DAPO), or the one of highest "
+                           "worth of its observed pass rate p: uncertain, sqrt(p (1 - p)); hard, 1 - p; value (VSPO's "
+                           "task value), sqrt(p (1 - p)) (1 - p)", {"choices": ("first", *BUDGET_TARGETS)})})
+
+
 register("control", "variance_budget", before=variance_budget, selects=True, requires=("success_predictor",),
          options={"max_groups": (2, "the most groups one prompt gets", {"minimum": 1}),
                   "target": ("uncertain", "whom the groups go to by predicted pass rate p: uncertain, by sqrt(p (1 - p)); "
-                             "hard (DARS), by 1 - p", {"choices": tuple(BUDGET_TARGETS)})})
+                             "hard (DARS), by 1 - p; value (VSPO), by sqrt(p (1 - p)) (1 - p)",
+                             {"choices": tuple(BUDGET_TARGETS)})})
 
 
 def dars(algo, params, hp, plan: Plan, key: jax.Array, sample=independent) -> Groups:
