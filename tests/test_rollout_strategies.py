@@ -76,7 +76,12 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.replay": "correct"}, "rollout strategy replay/correct keeps memory per training problem"),
         ({"rollout.control": "", "group.oversample": 2}, "needs exactly one selecting Control strategy"),
         ({"rollout.generate": ""}, "config.rollout.generate must name exactly one strategy"),
-        ({"rollout.control": "variance_budget"}, "control/variance_budget needs success_predictor in config.rollout"),
+        ({"rollout.control": "variance_budget"}, "control/variance_budget reads predicted pass rates: name a predictor "
+                                                 "(success_predictor, attention_predictor) in config.rollout.filter"),
+        ({"rollout.filter": "success_predictor,attention_predictor"},
+         "config.rollout.filter names 2 pass-rate predictors (success_predictor, attention_predictor); at most one"),
+        ({"rollout.filter": "attention_predictor", "rollout.options.attention_predictor.capacity": 0},
+         "rollout.options.attention_predictor.capacity"),
         ({"rollout.generate": "tree", "rollout.options.tree.branches": 4},
          "config.rollout.options.tree.branches = 4 must divide config.group.size = 4 into branches of two or more"),
         ({"rollout.generate": "tree", "advantage.estimator": "rloo"}, "config.advantage.estimator='rloo' is not one of them"),
@@ -94,7 +99,7 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.control": "diversity_target", "rollout.options.diversity_target.target": 1.5},
          "config.rollout.options.diversity_target.target must lie in (0, 1], got 1.5"),
         ({"rollout.control": "rollout_gdro", "group.oversample": 2},
-         "control/rollout_gdro needs success_predictor in config.rollout"),
+         "control/rollout_gdro reads predicted pass rates: name a predictor"),
         ({"rollout.replay": "recent", "group.oversample": 2}, "set config.group.oversample = 1, got 2"),
         ({"rollout.replay": "recent", "group.oversample": 1, "rollout.options.recent.capacity": 3},
          "config.rollout.options.recent.capacity=3 cannot hold the 4 groups replayed per update"),
@@ -909,6 +914,66 @@ def test_variance_budget_gives_the_extra_groups_to_the_uncertain_or_to_the_hard(
     assert float(logged["budget_skipped"]) == 11 / 16
     uncertain = rollout.allocate_groups(strategies.BUDGET_TARGETS["uncertain"](p), 8, 2)
     np.testing.assert_array_equal(np.bincount(np.asarray(uncertain), minlength=16), [0, 1, 2, 2, 2, 1] + [0] * 10)
+
+
+# --- filter/attention_predictor: pure functions on hand-made memories ------------------------------------------------
+
+def empty_attention_memory(capacity, width):
+    return {"keys": jnp.zeros((capacity, width)), "rates": jnp.zeros(capacity), "valid": jnp.zeros(capacity, bool),
+            "next": jnp.zeros((), jnp.int32)}
+
+
+def one_hot_prompts(prompts):
+    """Unit prompt features of prompts [n, 2] over a vocabulary of 3: cos(a, b) = the share of positions that agree."""
+    algo = type("Algo", (), {"vocab": type("Vocab", (), {"size": 3})})
+    return strategies._unit(strategies._prompt_features(algo, jnp.asarray(prompts)))
+
+
+def test_attention_predictor_is_the_softmax_average_of_the_stored_pass_rates():
+    """Stored prompts A = (0, 1), B = (1, 0), C = (2, 2) at pass rates 1, 0, 0.2 (a 4th slot empty), temperature 1/4.
+    The query A itself: cosines (1, 0, 0), logits (4, 0, 0): (e^4 + 0.2) / (e^4 + 2) = 0.96820. The query (0, 0),
+    halfway between A and B (one position of each agrees): cosines (1/2, 1/2, 0), logits (2, 2, 0):
+    (e^2 + 0.2) / (2 e^2 + 1) = 0.48099."""
+    memory = strategies.fifo_push(empty_attention_memory(4, 6), one_hot_prompts([[0, 1], [1, 0], [2, 2]]),
+                                  jnp.asarray([1.0, 0.0, 0.2]), jnp.ones(3))
+    predicted = strategies.attention_pass_rates(memory, one_hot_prompts([[0, 1], [0, 0]]), 0.25)
+    e = np.e
+    np.testing.assert_allclose(predicted, [(e ** 4 + 0.2) / (e ** 4 + 2), (e ** 2 + 0.2) / (2 * e ** 2 + 1)], rtol=1e-5)
+    np.testing.assert_allclose(predicted, [0.96820, 0.48099], atol=1e-5)
+
+
+def test_attention_predictor_with_an_empty_memory_predicts_one_half():
+    predicted = strategies.attention_pass_rates(empty_attention_memory(4, 6), one_hot_prompts([[0, 1], [2, 0]]), 0.1)
+    np.testing.assert_array_equal(predicted, [0.5, 0.5])
+
+
+def test_attention_memory_is_a_fifo_of_the_used_observations():
+    """Capacity 3, rates standing for the rows. Push a, b: slots (a, b, -), next 2. Push c, d (unused), e: c to slot 2,
+    e over the oldest (a): (e, b, c), next 1. Push f, g, h, i (more than fit): only the last 3, in order from slot 1:
+    g -> 2, h -> 0, i -> 1: (h, i, g), next 2 (g, the oldest)."""
+    memory = empty_attention_memory(3, 1)
+
+    def push(rates, use):
+        return strategies.fifo_push(memory, jnp.asarray(rates)[:, None], jnp.asarray(rates), jnp.asarray(use, float))
+
+    memory = push([1.0, 2.0], [1, 1])
+    np.testing.assert_array_equal(memory["rates"], [1, 2, 0])
+    np.testing.assert_array_equal(memory["valid"], [True, True, False])
+    assert int(memory["next"]) == 2
+    memory = push([3.0, 4.0, 5.0], [1, 0, 1])
+    np.testing.assert_array_equal(memory["rates"], [5, 2, 3])
+    np.testing.assert_array_equal(memory["keys"][:, 0], [5, 2, 3])
+    assert int(memory["next"]) == 1 and bool(memory["valid"].all())
+    memory = push([6.0, 7.0, 8.0, 9.0], [1, 1, 1, 1])
+    np.testing.assert_array_equal(memory["rates"], [8, 9, 7])
+    assert int(memory["next"]) == 2
+
+
+def test_variance_budget_reads_the_attention_predictor():
+    """control/variance_budget and rollout_gdro need some pass-rate predictor, not success_predictor by name."""
+    for control, oversample in [("variance_budget", 1), ("rollout_gdro", 2)]:
+        algos.validate(tiny_grpo_config("", **{"rollout.filter": "attention_predictor", "rollout.control": control,
+                                               "group.oversample": oversample}))
 
 
 def test_the_entropy_target_settles_at_the_temperature_whose_tempered_entropy_is_the_target():

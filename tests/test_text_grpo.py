@@ -94,13 +94,14 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
     {"advantage.estimator": "tracked", "group.size": 1, "rollout.replay": "tracker", "rollout.pool_size": 16,
      "rollout.options.tracker.decay": 0.5},
     {"advantage.estimator": "tracked", "rollout.replay": "anchor", "rollout.pool_size": 16,
-     "rollout.options.anchor.samples": 4},
+     "rollout.options.anchor.samples": 4, "rollout.filter": "attention_predictor", "rollout.control": "variance_budget",
+     "group.oversample": 2, "rollout.options.attention_predictor.capacity": 12},
     {"advantage.estimator": "return_conditioned"},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping-prs-vspo",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated-soft",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
-        "pvpo-anchor", "rcrl"])
+        "pvpo-anchor-attention_predictor-budget", "rcrl"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -133,6 +134,7 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
         for ref, now in zip(jax.tree.leaves(state.ref_params), jax.tree.leaves(state.params)):
             np.testing.assert_array_equal(ref, now)
     parts = {"rank_ties": "ranked", "correct": "replayed", "hints": "hinted", "success_predictor": "predictor_loss",
+             "attention_predictor": "attention_memory_filled",
              "variance_budget": "budget_skipped", "dynamic_sampling": "fill_rate", "thompson": "posterior_pass_rate",
              "gdro": "hardest_class_share", "reference": "reference_injected", "pairing": "pairing_explored",
              "hardest": "hard_focus", "selective": "selective_replayed", "tracker": "tracked_pass_rate",
@@ -150,6 +152,11 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     if "anchor" in config.rollout.replay:  # PVPO: the reference's mean rewards over 4 pre-rollouts, kept as they were
         anchors = np.asarray(state.memory["anchor"]["value"])
         assert anchors.shape == (1, 16, 2) and np.all(np.isin(anchors * 4, np.arange(5)))
+    if "attention_predictor" in config.rollout.filter:  # V_0 / DOTS: each update stores its B = 8 groups in 12 slots
+        memory = state.memory["attention_predictor"]  # 8 after update 1, 12 (4 overwritten) after update 2
+        assert bool(memory["valid"].all()) and int(memory["next"][0]) == 16 % 12, memory
+        np.testing.assert_allclose(metrics["attention_memory_filled"], [(8 / 12 + 1) / 2], rtol=1e-6)
+        assert 0 <= metrics["predictor_error"][0] <= 1, metrics
     if "hardest" in config.rollout.replay:  # the broad stage's one update, then the hard focus's
         np.testing.assert_allclose(metrics["hard_focus"], 0.5)
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])

@@ -46,7 +46,9 @@ class Strategy:
     options: tuple[tuple[str, Any], ...] = ()  # (name, default): config keys rollout.options.<name>.<key>
     needs_pool: bool = False  # keeps memory per training problem: needs a finite pool (rollout.pool_size > 0)
     selects: bool = False  # a Control strategy that keeps B groups of B x oversample candidates
-    requires: tuple[str, ...] = ()  # names of strategies that must run too (e.g. the predictor it reads)
+    requires: tuple[str, ...] = ()  # names of strategies that must run too
+    predicts: bool = False  # a Filter whose `before` fills `Plan.predicted` (a pass-rate predictor)
+    reads_predictions: bool = False  # reads `Plan.predicted`: exactly one `predicts` strategy must run too
     draws: bool = False  # its `before` hook redraws the candidate problems: it runs before every other one
     stops_early: bool = False  # generation stops once every slot of `oversample` candidates has a finished group
     baseline: bool = False  # its `before` gives each candidate its problem's value (`Plan.baseline`): `tracked` reads it
@@ -326,6 +328,10 @@ def check_config(config: ConfigDict, domain: str) -> None:
         if missing:
             raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} needs {', '.join(missing)} in "
                              f"config.rollout too")
+        if strategy.reads_predictions and not any(s.predicts for s in strategies):
+            known = ", ".join(name for name, s in STRATEGIES[domain]["filter"].items() if s.predicts)
+            raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} reads predicted pass rates: name a "
+                             f"predictor ({known}) in config.rollout.filter")
         if strategy.needs_pool and not r.get("pool_size"):
             raise ValueError(f"rollout strategy {strategy.stage}/{strategy.name} keeps memory per training problem: "
                              f"set config.rollout.pool_size > 0")
@@ -334,6 +340,10 @@ def check_config(config: ConfigDict, domain: str) -> None:
         if unknown:
             raise ValueError(f"config.rollout.options.{strategy.name} has unknown keys {sorted(unknown)}; known: "
                              f"{sorted(k for k, _ in strategy.options)}")
+    predicting = [s.name for s in strategies if s.predicts]
+    if len(predicting) > 1:  # each would overwrite the other's predictions
+        raise ValueError(f"config.rollout.filter names {len(predicting)} pass-rate predictors "
+                         f"({', '.join(predicting)}); at most one")
     drawing = [s.name for s in strategies if s.draws]
     if len(drawing) > 1:
         raise ValueError(f"config.rollout names {len(drawing)} strategies that redraw the problems "

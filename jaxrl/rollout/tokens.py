@@ -1,7 +1,7 @@
 """The built-in token strategies, one per entry of `jaxrl.rollout`'s registries (docs/grpo.md tabulates them):
 
     generate  independent (the default), tree, dars
-    filter    rank_ties, success_predictor
+    filter    rank_ties, success_predictor, attention_predictor
     control   dynamic_sampling (the default), variance_budget, rollout_gdro, partial, prune, entropy_target,
               diversity_target
     replay    correct, selective, recent, reference, hints, curriculum, thompson, gdro, pairing, hardest
@@ -204,6 +204,25 @@ def _prompt_features(algo, prompts: jax.Array) -> jax.Array:
     return jax.nn.one_hot(prompts, algo.vocab.size).reshape(prompts.shape[0], -1)
 
 
+def _candidate_features(algo, plan: Plan) -> jax.Array:
+    """float32 [C, P * V]: `_prompt_features` of this device's candidates (what a predictor's `before` reads)."""
+    return _prompt_features(algo, algo.task.prompts(plan.problems, algo.vocab))
+
+
+def _observed_features(algo, groups: Groups) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """What a predictor learns from after an update, all devices (so the same on any device count): (features
+    [C, P * V], observed pass rates [C], use float32 [C]: the finished unhinted groups, whose pass rate is the
+    policy's own on the prompt as posed)."""
+    pass_rate = _correct(algo, groups).mean(axis=1)
+    prompts, pass_rate, use = mesh_lib.gather_shares((groups.prompts, pass_rate,
+                                                      groups.finished_only(groups.hint_len == 0)))
+    return _prompt_features(algo, prompts), pass_rate, use.astype(jnp.float32)
+
+
+def _masked_mean(x: jax.Array, use: jax.Array) -> jax.Array:
+    return jnp.sum(x * use) / jnp.maximum(use.sum(), 1.0)
+
+
 def _predictor_logits(params, features: jax.Array) -> jax.Array:
     """A one-hidden-layer perceptron: features [n, D] -> logit of the pass rate [n]."""
     return jax.nn.relu(features @ params["w1"] + params["b1"]) @ params["w2"] + params["b2"]
@@ -225,8 +244,7 @@ def predictor_memory(algo, key):
 
 def predict_pass_rate(algo, memory, plan: Plan, key):
     """Predicts every candidate's pass rate from its prompt alone (for Control strategies to read)."""
-    predicted = jax.nn.sigmoid(_predictor_logits(memory["params"],
-                                                 _prompt_features(algo, algo.task.prompts(plan.problems, algo.vocab))))
+    predicted = jax.nn.sigmoid(_predictor_logits(memory["params"], _candidate_features(algo, plan)))
     return plan.replace(predicted=predicted), {"predicted_pass_rate": global_mean(predicted)}
 
 
@@ -234,26 +252,92 @@ def train_predictor(algo, memory, groups: Groups, params):
     """One Adam step on the cross-entropy between the predicted and the observed pass rates of this update's
     unhinted groups (every candidate, all devices). Logs the error measured before the step (`predictor_error`,
     mean absolute, on prompts mostly unseen: an honest online estimate)."""
-    pass_rate = _correct(algo, groups).mean(axis=1)
-    prompts, pass_rate, use = mesh_lib.gather_shares((groups.prompts, pass_rate,
-                                                      groups.finished_only(groups.hint_len == 0)))
-    features, use = _prompt_features(algo, prompts), use.astype(jnp.float32)
-    count = jnp.maximum(use.sum(), 1.0)
+    features, pass_rate, use = _observed_features(algo, groups)
 
     def loss(params):
         logits = _predictor_logits(params, features)
-        return jnp.sum(optax.sigmoid_binary_cross_entropy(logits, pass_rate) * use) / count, logits
+        return _masked_mean(optax.sigmoid_binary_cross_entropy(logits, pass_rate), use), logits
 
     (value, logits), grads = jax.value_and_grad(loss, has_aux=True)(memory["params"])
     updates, opt_state = _predictor_optimizer(algo).update(grads, memory["opt_state"], memory["params"])
-    error = jnp.sum(jnp.abs(jax.nn.sigmoid(logits) - pass_rate) * use) / count
+    error = _masked_mean(jnp.abs(jax.nn.sigmoid(logits) - pass_rate), use)
     return ({"params": optax.apply_updates(memory["params"], updates), "opt_state": opt_state},
             {"predictor_loss": value, "predictor_error": error})
 
 
 register("filter", "success_predictor", init=predictor_memory, before=predict_pass_rate, observe=train_predictor,
+         predicts=True,
          options={"hidden": (64, "the predictor's hidden units", {"minimum": 1}),
                   "learning_rate": (3e-3, "the predictor's Adam learning rate", {"above": 0.0})})
+
+
+# A non-parametric, in-context predictor (V_0, "Generalist Value Model at State Zero": a policy's pass rate read from a
+# history of (prompt, pass rate) pairs before any rollout; and the adaptive difficulty of "Improving Data Efficiency for
+# LLM RL Fine-tuning Through Difficulty-targeted Online Data Selection and Rollout Replay", attention over similarity
+# to a reference set): nothing to train, so it tracks the policy as fast as the memory turns over.
+
+def attention_memory(algo, key):
+    """The last `capacity` K observations: unit prompt features `keys` [K, P * V], pass rates `rates` [K], `valid`
+    bool [K] (filled slots) and the FIFO's write position `next` (int32: the oldest entry once full)."""
+    capacity = algo.strategy_options("attention_predictor")["capacity"]
+    return {"keys": jnp.zeros((capacity, algo.task.prompt_length * algo.vocab.size)), "rates": jnp.zeros(capacity),
+            "valid": jnp.zeros(capacity, bool), "next": jnp.zeros((), jnp.int32)}
+
+
+def _unit(features: jax.Array) -> jax.Array:
+    """Rows [n, D] scaled to unit length, so that a dot product is their cosine similarity."""
+    return features / jnp.maximum(jnp.linalg.norm(features, axis=-1, keepdims=True), 1e-12)
+
+
+def attention_pass_rates(memory, queries: jax.Array, temperature: float) -> jax.Array:
+    """float32 [C]: each query's (unit features [C, D]) softmax-attention average of the stored pass rates, weights
+    softmax_j(cos(q, k_j) / temperature) over the valid entries j; 1/2 while the memory is empty (no evidence either
+    way: the same as `predicted_or_half`)."""
+    logits = jnp.where(memory["valid"], queries @ memory["keys"].T / temperature, -jnp.inf)  # [C, K]
+    # (a finite stand-in keeps an empty memory's softmax free of NaN; its result is replaced by 1/2 below)
+    weights = jax.nn.softmax(jnp.where(memory["valid"].any(), logits, 0.0), axis=-1)
+    return jnp.where(memory["valid"].any(), weights @ memory["rates"], 0.5)
+
+
+def fifo_push(memory, keys: jax.Array, rates: jax.Array, use: jax.Array):
+    """`memory` after writing the used (`use` [M]) rows of keys [M, D] and rates [M] in order at its write position,
+    overwriting the oldest; of more than K used rows only the last K are written (one write per slot)."""
+    capacity = memory["rates"].shape[0]
+    use = use > 0
+    order = jnp.cumsum(use) - 1  # each used row's place among this batch's used rows
+    count = use.sum()
+    slot = jnp.where(use & (order >= count - capacity), (memory["next"] + order) % capacity, capacity)  # K: dropped
+    return {"keys": memory["keys"].at[slot].set(keys, mode="drop"),
+            "rates": memory["rates"].at[slot].set(rates, mode="drop"),
+            "valid": memory["valid"].at[slot].set(True, mode="drop"),
+            "next": ((memory["next"] + count) % capacity).astype(jnp.int32)}
+
+
+def attend_pass_rate(algo, memory, plan: Plan, key):
+    """Predicts every candidate's pass rate by attention over the stored observations (`attention_pass_rates`)."""
+    temperature = algo.strategy_options("attention_predictor")["temperature"]
+    predicted = attention_pass_rates(memory, _unit(_candidate_features(algo, plan)), temperature)
+    return plan.replace(predicted=predicted), {"predicted_pass_rate": global_mean(predicted)}
+
+
+def store_pass_rates(algo, memory, groups: Groups, params):
+    """Stores this update's finished unhinted groups (all devices) in the FIFO. Logs the error of the predictions
+    made from the memory before they are stored (`predictor_error`, mean absolute: the same honest online estimate
+    as success_predictor's) and the share of the memory filled (`attention_memory_filled`)."""
+    features, pass_rate, use = _observed_features(algo, groups)
+    keys = _unit(features)
+    before = attention_pass_rates(memory, keys, algo.strategy_options("attention_predictor")["temperature"])
+    memory = fifo_push(memory, keys, pass_rate, use)
+    return memory, {"predictor_error": _masked_mean(jnp.abs(before - pass_rate), use),
+                    "attention_memory_filled": memory["valid"].mean()}
+
+
+register("filter", "attention_predictor", init=attention_memory, before=attend_pass_rate, observe=store_pass_rates,
+         predicts=True,
+         options={"capacity": (256, "the (prompt, observed pass rate) pairs kept, the oldest overwritten first",
+                               {"minimum": 1}),
+                  "temperature": (0.1, "the attention's softmax temperature over cosine similarities of prompt "
+                                  "features: lower trusts the most similar stored prompts more", {"above": 0.0})})
 
 
 # --- Control ----------------------------------------------------------------------------------------
@@ -327,7 +411,7 @@ register("control", "dynamic_sampling", after=dynamic_sampling, selects=True,
                            "task value), sqrt(p (1 - p)) (1 - p)", {"choices": ("first", *BUDGET_TARGETS)})})
 
 
-register("control", "variance_budget", before=variance_budget, selects=True, requires=("success_predictor",),
+register("control", "variance_budget", before=variance_budget, selects=True, reads_predictions=True,
          options={"max_groups": (2, "the most groups one prompt gets", {"minimum": 1}),
                   "target": ("uncertain", "whom the groups go to by predicted pass rate p: uncertain, by sqrt(p (1 - p)); "
                              "hard (DARS), by 1 - p; value (VSPO), by sqrt(p (1 - p)) (1 - p)",
@@ -1370,7 +1454,7 @@ def reweight_rollout_classes(algo, memory, groups: Groups, params):
 # A strategy of its own rather than a `variance_budget` target: it keeps prices (memory) and learns them (observe),
 # which variance_budget's stateless targets never need; the two share `spend_budget`, the worth its parameter.
 register("control", "rollout_gdro", init=rollout_gdro_memory, before=rollout_gdro, observe=reweight_rollout_classes,
-         selects=True, requires=("success_predictor",),
+         selects=True, reads_predictions=True,
          options={"classes": (4, "difficulty classes of equal width in predicted pass rate", {"minimum": 1}),
                   "step": (0.1, "the shadow prices' multiplicative-weights step: a class's log price gains this x its "
                            "failure rate", {"minimum": 0.0}),
