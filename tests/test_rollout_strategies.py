@@ -969,6 +969,29 @@ def test_attention_memory_is_a_fifo_of_the_used_observations():
     assert int(memory["next"]) == 2
 
 
+def test_attention_predictor_hooks_store_finished_unhinted_groups_and_log_the_error_before_storing():
+    """Capacity 3. Update 1 observes problem 0 solved by all 3 members: the empty memory predicted 1/2, error 1/2.
+    Update 2 observes problem 0 at 1/3 and problem 5 hinted (not stored): the memory's one entry predicted 1, error
+    2/3. Then two entries of the same prompt at 1 and 1/3 get equal weights: problem 0 is predicted 2/3."""
+    config = tiny_grpo_config("", **{"rollout.filter": "attention_predictor", "rollout.pool_size": 32,
+                                     "group.size": 3, "rollout.options.attention_predictor.capacity": 3})
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    memory = strategies.attention_memory(algo, jax.random.key(0))
+    memory, logged = on_mesh(algo, strategies.store_pass_rates, memory, groups_of(algo, [0], [[True] * 3]), None)
+    np.testing.assert_allclose([logged["predictor_error"], logged["attention_memory_filled"]], [0.5, 1 / 3], rtol=1e-6)
+    groups = groups_of(algo, [0, 5], [[True, False, False], [True] * 3])
+    memory, logged = on_mesh(algo, strategies.store_pass_rates, memory,
+                             groups.replace(hint_len=jnp.asarray([0, 1], jnp.int32)), None)
+    np.testing.assert_allclose([logged["predictor_error"], logged["attention_memory_filled"]], [2 / 3, 2 / 3],
+                               rtol=1e-6)
+    np.testing.assert_allclose(memory["rates"], [1.0, 1 / 3, 0.0], rtol=1e-6)
+    plan = rollout.Plan(jnp.asarray([0]), algo.pool[:1], jnp.zeros(1, jnp.int32), jnp.full(1, -1.0),
+                        jnp.zeros(1, jnp.int32))
+    plan, logged = on_mesh(algo, strategies.attend_pass_rate, memory, plan, None)
+    np.testing.assert_allclose(plan.predicted, [2 / 3], rtol=1e-6)
+
+
 def test_variance_budget_reads_the_attention_predictor():
     """control/variance_budget and rollout_gdro need some pass-rate predictor, not success_predictor by name."""
     for control, oversample in [("variance_budget", 1), ("rollout_gdro", 2)]:
