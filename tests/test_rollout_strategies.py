@@ -89,6 +89,8 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
          "rollout.generate=tree with rollout.control=partial"),
         ({"rollout.control": "dynamic_sampling,prune"}, "control/prune stops members by the value head's prediction: "
                                                          "set config.loss.critic_weight > 0"),
+        ({"rollout.control": "dynamic_sampling,prune", "loss.critic_weight": 0.5, "rollout.options.prune.balance": 64},
+         "config.rollout.options.prune.balance = 64 keeps every member of a group of config.group.size = "),
         ({"rollout.control": "entropy_target,diversity_target"},
          "config.rollout.control names entropy_target, diversity_target: at most one strategy may set the sampling"),
         ({"rollout.control": "diversity_target", "rollout.options.diversity_target.target": 1.5},
