@@ -284,8 +284,8 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
                     branch_entropy=None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
-    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below, prune_keep, branch_entropy:
-    see `sample_groups_per_prompt`.
+    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below, prune_keep,
+    branch_entropy: see `sample_groups_per_prompt`.
 
     Without `resume`, `stop_slots`, pruning or `branch_entropy`, a `lax.scan` of N-1 cached steps and a last
     draw (a fixed-depth tree's leaders decode its shared prefix alone). With any of them, a `lax.while_loop` in

@@ -571,6 +571,11 @@ def test_pruning_stops_members_once_the_value_head_has_warmed_up(trained_strateg
     assert rows[2]["completion_length"] == 0.0 < min(r["completion_length"] for r in rows[:2])
     assert rows[2]["value_loss"] == 0.0 < rows[1]["value_loss"]  # no pruned member is a value target
     assert int(state.memory["prune"]["updates"][0]) == 3
+    # The value head at test time (ARRoL): best-of-k by its prediction, between pass^k and pass@k
+    algo, _, _ = trained_strategies
+    out = algo.evaluate(state.params, jax.random.PRNGKey(0), 8)
+    k = next(key for key in out if key.startswith("eval_pass@"))[len("eval_pass@"):]
+    assert out[f"eval_pass^{k}"][0] <= out[f"eval_head@{k}"][0] <= out[f"eval_pass@{k}"][0], out
 
 
 def test_tree_branches_split_at_their_first_uncertain_token(replay_algo):
