@@ -18,7 +18,8 @@ ACCURACY_KEYS = ("token_accuracy", "eval_accuracy")
 HEADLINE_KEYS = ("episode_return", "eval_return", "win_rate", "eval_win_rate", "eval_accuracy", "eval_success", "eval_turns",
                  "solved", "turns", "tool_error_rate", "eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
                  "eval_sampled_accuracy")
-PER_SEED_PREFIXES = ("eval_pass@", "eval_pass^")  # kept per seed too: pass@k and pass^k, whatever k
+PER_SEED_PREFIXES = ("eval_pass@", "eval_pass^", "eval_head@")  # kept per seed too (pass@k, pass^k, best-of-k
+# by the value head), whatever k
 # What ranks evaluated policies (checkpoint.keep_best), the first an evaluation reports; higher is better.
 EVAL_SCORE_KEYS = ("eval_win_rate", "eval_accuracy", "eval_return")
 

@@ -145,14 +145,15 @@ def sample_groups(model: TransformerLM, params, prompts: jax.Array, key: jax.Arr
 
 
 @functools.partial(jax.jit, static_argnames=("model", "group_size", "max_new_tokens", "top_k", "branches", "depth",
-                                             "stop_slots", "stop_axis"))
+                                             "stop_slots", "stop_axis", "prune_keep"))
 def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, keys: jax.Array, *, group_size: int,
                              max_new_tokens: int, eos_id, pad_id, temperature=1.0, top_k: int = 0,
                              top_p=1.0, forced: jax.Array | None = None,
                              forced_len: jax.Array | None = None, branches: int = 0, depth: int = 0,
                              resume: Resume | None = None, stop_slots: int = 0,
                              stop_axis: str | None = None, prune_at=None,
-                             prune_below: jax.Array | None = None, branch_entropy=None) -> Samples:
+                             prune_below: jax.Array | None = None, prune_keep: int = 0,
+                             branch_entropy=None) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
     Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
@@ -182,14 +183,40 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     `prune_below` float32 [B] with `prune_at` (int32 [B] or one column) prunes members online (the model needs a
     value head): a member still going at its group's column `prune_at` whose predicted value there is below its
     group's `prune_below` stops before drawing that column (`Samples.pruned`); decoding ends when every member
-    has.
+    has. `prune_keep` > 0 keeps groups balanced (`balanced_cut`): each side of predicted value 1/2 keeps its
+    `prune_keep` highest-predicted members still going.
     """
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True,
                            forced=forced, forced_len=forced_len, branches=branches, depth=depth, resume=resume,
                            stop_slots=stop_slots, stop_axis=stop_axis, prune_at=prune_at, prune_below=prune_below,
-                           branch_entropy=branch_entropy)
+                           prune_keep=prune_keep, branch_entropy=branch_entropy)
+
+
+def balanced_cut(value: jax.Array, going: jax.Array, below: jax.Array, keep: int = 0) -> jax.Array:
+    """bool [B, G]: the members to prune now, from their predicted values float32 [B, G], which are still going
+    (bool [B, G]) and each group's threshold float32 [B].
+
+    A going member predicted below its group's threshold is pruned, except, with `keep` > 0, the balance of
+    ARRoL ("prune as you generate"): each side of predicted value 1/2 (predicted-wrong, predicted-right) keeps
+    its `keep` highest-predicted going members (ties: the lower index), so pruning goes lowest first and stops
+    `keep` members short on each side. Why: a group whose survivors all sit on one side has (by the head) no
+    advantage variance and teaches nothing. A side with at most `keep` going members loses none of them;
+    members that already ended are not counted (they have no prediction at the pruning column). `keep` = 0 is
+    the plain threshold. Groups are whole on a device, so the result does not depend on the device count.
+    ARRoL's re-batching of survivors (a speed-up) is not done: shapes are static, so a pruned member's slot
+    stays in the batch until the group's decoding ends."""
+    cut = going & (value < below[:, None])
+    if not keep:
+        return cut
+    right = value >= 0.5
+    same_side = going[:, None, :] & (right[:, :, None] == right[:, None, :])  # [B, G (member), G (other)]
+    index = jnp.arange(value.shape[1])
+    ahead = (value[:, None, :] > value[:, :, None]) | ((value[:, None, :] == value[:, :, None])
+                                                         & (index[None, :] < index[:, None])[None])
+    rank = jnp.sum(same_side & ahead, axis=-1)  # going members of the same side ranked above this one
+    return cut & (rank >= keep)
 
 
 class Resume(NamedTuple):
@@ -253,12 +280,12 @@ def _resumed_prefix(model, params, prefix, real, prompt_len, logits, value, resu
 def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_new_tokens, eos_id, pad_id,
                     temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
                     branches: int = 0, depth: int = 0, resume: Resume | None = None, stop_slots: int = 0,
-                    stop_axis: str | None = None, prune_at=None, prune_below=None,
+                    stop_axis: str | None = None, prune_at=None, prune_below=None, prune_keep: int = 0,
                     branch_entropy=None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
-    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below, branch_entropy:
-    see `sample_groups_per_prompt`.
+    with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below, prune_keep,
+    branch_entropy: see `sample_groups_per_prompt`.
 
     Without `resume`, `stop_slots`, pruning or `branch_entropy`, a `lax.scan` of N-1 cached steps and a last
     draw (a fixed-depth tree's leaders decode its shared prefix alone). With any of them, a `lax.while_loop` in
@@ -389,7 +416,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         s, cache, own_mask, logits, value, done, tokens, log_probs, live_mask, values, pruned, shared, split = carry
         column = start + s
         if pruning:  # members whose predicted value at column prune_at is too low stop before drawing it
-            cut = ~done & (column == prune_at)[:, None] & (value < prune_below[:, None])
+            cut = (column == prune_at)[:, None] & balanced_cut(value, ~done, prune_below, prune_keep)
             pruned, done = pruned | cut, done | cut
         uniform = jnp.take_along_axis(uniforms, jnp.minimum(column, N - 1)[None, :, None], axis=0)[0]
         if by_entropy:  # a member follows its leader until the first uncertain column (or `depth`)

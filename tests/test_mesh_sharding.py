@@ -195,14 +195,16 @@ def prepare(algo, state):
 """
 
 
-# Partial rollouts with hints (which a resumed group keeps) and pruning by a value head from the second update:
-# decoding stops on every device at once. Each update learns from the batch before (actor.max_staleness=1), and on
+# Partial rollouts with hints (which a resumed group keeps) and pruning by a value head from the second update,
+# balanced (ARRoL: each group keeps one going member on each side of predicted success 1/2): decoding stops on every
+# device at once. Each update learns from the batch before (actor.max_staleness=1), and on
 # 8 devices 4 actors decode while 4 learners learn: a carried sequence goes on with the newer parameters the
 # actors received (in-flight weight updates), the same on 1 device and on 8.
 TEXT_GRPO_PARTIAL = TEXT_GRPO + """
 config.rollout.control, config.rollout.replay, config.rollout.pool_size = "partial,prune", "hints", 8
 config.rollout.options.hints.patience = 1
 config.loss.critic_weight, config.rollout.options.prune.warmup, config.rollout.options.prune.below = 0.5, 1, 0.0
+config.rollout.options.prune.balance = 1
 config.actor.max_staleness = 1
 on_eight_devices = {"mesh.split_actor": True}
 """

@@ -94,6 +94,8 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
          "rollout.generate=tree with rollout.control=partial"),
         ({"rollout.control": "dynamic_sampling,prune"}, "control/prune stops members by the value head's prediction: "
                                                          "set config.loss.critic_weight > 0"),
+        ({"rollout.control": "dynamic_sampling,prune", "loss.critic_weight": 0.5, "rollout.options.prune.balance": 64},
+         "config.rollout.options.prune.balance = 64 keeps every member of a group of config.group.size = "),
         ({"rollout.control": "entropy_target,diversity_target"},
          "config.rollout.control names entropy_target, diversity_target: at most one strategy may set the sampling"),
         ({"rollout.control": "diversity_target", "rollout.options.diversity_target.target": 1.5},
@@ -574,6 +576,11 @@ def test_pruning_stops_members_once_the_value_head_has_warmed_up(trained_strateg
     assert rows[2]["completion_length"] == 0.0 < min(r["completion_length"] for r in rows[:2])
     assert rows[2]["value_loss"] == 0.0 < rows[1]["value_loss"]  # no pruned member is a value target
     assert int(state.memory["prune"]["updates"][0]) == 3
+    # The value head at test time (ARRoL): best-of-k by its prediction, between pass^k and pass@k
+    algo, _, _ = trained_strategies
+    out = algo.evaluate(state.params, jax.random.PRNGKey(0), 8)
+    k = next(key for key in out if key.startswith("eval_pass@"))[len("eval_pass@"):]
+    assert out[f"eval_pass^{k}"][0] <= out[f"eval_head@{k}"][0] <= out[f"eval_pass@{k}"][0], out
 
 
 def test_tree_branches_split_at_their_first_uncertain_token(replay_algo):

@@ -429,6 +429,23 @@ def test_truncated_completions_lose_their_loss_or_only_their_push_down():
     np.testing.assert_array_equal(kept_tokens(cut, advantages, "mask_negative")[0, :, 0], [1, 0, 1])
 
 
+def test_best_of_k_by_the_value_head_takes_each_samples_last_prediction():
+    """eval_head@k (ARRoL's test-time reuse of its quality head), by hand: a sample's score is the head's value before
+    its last token (column 0 for an empty one), and the problem counts the reward of the highest-scored sample (the
+    first on a tie)."""
+    from jaxrl.algos.text import best_by_head, head_scores
+
+    values = jnp.asarray([[[0.1, 0.2, 0.3, 0.0], [0.5, 0.9, 0.0, 0.0], [0.4, 0.6, 0.7, 0.8]],
+                          [[0.2, 0.0, 0.0, 0.0], [0.6, 0.7, 0.0, 0.0], [0.1, 0.7, 0.0, 0.0]]])  # [2 problems, k=3, N=4]
+    lengths = jnp.asarray([[3, 1, 4], [0, 2, 2]])
+    mask = (jnp.arange(4) < lengths[..., None]).astype(jnp.float32)
+    scores = head_scores(values, mask)
+    np.testing.assert_allclose(scores, [[0.3, 0.5, 0.8], [0.2, 0.7, 0.7]])  # 0.5, not 0.9: the last live column
+    correct = jnp.asarray([[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]])
+    np.testing.assert_array_equal(best_by_head(correct, scores), [1.0, 0.0])  # problem 1: the tie goes to sample 1
+    # between pass^3 (0) and pass@3 (1) of these problems: 1/2
+
+
 def test_majority_votes_reward_agreement_with_the_groups_most_common_well_formed_answer():
     """reward.label_free=majority (MM-UPT, TTRL): the pseudo-label is agreement with the most common well-formed
     answer of the group (tokens up to the end of each completion), ties to the earliest; no well-formed answer, no

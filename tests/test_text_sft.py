@@ -52,6 +52,7 @@ def test_pass_at_k_counts_problems_solved_by_any_of_k_samples_and_pass_hat_k_by_
     policy.task.jax_rewards = parity_rewards  # read when evaluation is traced
     key = jax.random.PRNGKey(3)
     out = algo.evaluate(state.params, key, 16)
+    assert "eval_head@4" not in out  # (no value head: no best-of-k by it)
     problems = policy.task.heldout(16, seed=policy.eval_seed)
     prompts = policy.task.prompts(problems, policy.vocab)
     decoding = dict(max_new_tokens=policy.task.answer_length, eos_id=policy.vocab.eos_id, pad_id=policy.vocab.pad_id)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from jaxrl.loops import CHUNK
-from jaxrl.sampling import (filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
+from jaxrl.sampling import (balanced_cut, filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
                             score, score_groups)
 from jaxrl.transformer import TransformerConfig, TransformerLM, init_cache
 
@@ -369,6 +369,28 @@ def test_resumed_and_stopped_groups_continue_the_same_samples(tiny):
     np.testing.assert_allclose(rest.values, whole.values, atol=1e-5)
     assert rest.decided.tolist() == [group_end.max()] * 4  # the loop ends when every member has
     assert 0 < expected_steps < group_end.max() <= N  # (the case this test is about: a stop before the last end)
+
+
+def test_balanced_pruning_keeps_members_on_both_sides_of_one_half():
+    """ARRoL's balance-aware pruning, by hand on groups of 8: below the threshold members go lowest first, but each
+    side of predicted success 1/2 keeps its `keep` highest-predicted going members; keep=0 is the plain threshold."""
+    value = jnp.asarray([
+        [0.01, 0.02, 0.03, 0.04, 0.6, 0.7, 0.8, 0.9],  # 4 predicted wrong, 4 right; threshold 0.05
+        [0.04, 0.01, 0.03, 0.02, 0.01, 0.04, 0.03, 0.02],  # all predicted wrong; 0.04 at 0 and 5 (a tie)
+        [0.01, 0.02, 0.03, 0.04, 0.6, 0.7, 0.8, 0.9],  # as group 0, but member 3 has already ended
+        [0.1, 0.2, 0.55, 0.6, 0.65, 0.7, 0.8, 0.9],  # threshold 0.75: both sides hold candidates
+    ])
+    going = jnp.ones((4, 8), bool).at[2, 3].set(False)
+    below = jnp.asarray([0.05, 0.05, 0.05, 0.75])
+    cut = lambda keep: np.asarray(balanced_cut(value, going, below, keep)).astype(int).tolist()
+    assert cut(0) == [[1, 1, 1, 1, 0, 0, 0, 0], [1] * 8, [1, 1, 1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 0, 0]]
+    assert cut(1) == [[1, 1, 1, 0, 0, 0, 0, 0],  # 0.04 kept: the highest predicted-wrong member
+                      [0, 1, 1, 1, 1, 1, 1, 1],  # the tie goes to the lower index
+                      [1, 1, 0, 0, 0, 0, 0, 0],  # the ended member is not counted: 0.03 is kept instead
+                      [1, 0, 1, 1, 1, 1, 0, 0]]  # 0.2 kept on the wrong side; 0.9, the right side's, is above anyway
+    assert cut(2) == [[1, 1, 0, 0, 0, 0, 0, 0], [0, 1, 1, 1, 1, 0, 1, 1], [1, 0, 0, 0, 0, 0, 0, 0],
+                      [0, 0, 1, 1, 1, 1, 0, 0]]
+    assert cut(4) == [[0] * 8, [0, 1, 0, 1, 1, 0, 0, 1], [0] * 8, [0, 0, 1, 1, 0, 0, 0, 0]]
 
 
 def test_pruned_members_stop_at_their_column_and_the_rest_are_unchanged(tiny):

@@ -310,7 +310,8 @@ class TextPolicy:
     def _heldout_rewards(self, params, key: jax.Array, num: int, sample: bool = False):
         """Every seed's answers [S, ...] to `num` fixed held-out problems: greedy, or one sample at temperature
         1 with `sample` (rewards [S, num, K], lengths [S, num]), and `pass_k` samples at temperature 1
-        (rewards [S, num, k, K]; k may be 0)."""
+        (rewards [S, num, k, K]; k may be 0) with the value head's `head_scores` of them ([S, num, k]; [S, num, 0]
+        without a value head)."""
         problems = self.task.heldout(num, seed=self.eval_seed)
         prompts = self.task.prompts(problems, self.vocab)
         decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id, pad_id=self.vocab.pad_id)
@@ -320,11 +321,13 @@ class TextPolicy:
             greedy = sampling.sample(self.model, params, prompts, key, temperature=1.0 if sample else 0.0,
                                      **decoding)
             if not self.settings.pass_k:
-                return rewards(greedy.tokens), greedy.lengths, jnp.zeros((num, 0, len(self.task.reward_names)))
+                return (rewards(greedy.tokens), greedy.lengths, jnp.zeros((num, 0, len(self.task.reward_names))),
+                        jnp.zeros((num, 0)))
             sampled = sampling.sample_groups(self.model, params, prompts, key, group_size=self.settings.pass_k,
                                              temperature=1.0, **decoding)
+            scores = jnp.zeros((num, 0)) if sampled.values is None else head_scores(sampled.values, sampled.mask)
             return (rewards(greedy.tokens), greedy.lengths,
-                    jax.vmap(rewards, in_axes=1, out_axes=1)(sampled.tokens))
+                    jax.vmap(rewards, in_axes=1, out_axes=1)(sampled.tokens), scores)
 
         return jax.vmap(one_seed)(params)
 
@@ -358,14 +361,17 @@ class TextPolicy:
         temperature 1, with `sample`) gives eval_accuracy (pass@1), eval_well_formed and eval_length (tokens
         generated); with settings.pass_k = k > 0, `eval_pass@k` is the fraction of problems that at least one
         of k samples at temperature 1 solves (k samples per problem: the unbiased estimate with n = k), `eval_pass^k`
-        the fraction that all k solve (the reliability Claw-Eval and agentic evaluations report). A multi-turn
+        the fraction that all k solve (the reliability Claw-Eval and agentic evaluations report), and with a value
+        head `eval_head@k`, the fraction the one sample of k the head predicts most likely to succeed solves
+        (ARRoL's test-time use of its quality head: best-of-k by the head; not for multi-turn tasks). A multi-turn
         task's episodes add eval_success (solved; eval_accuracy is then the mean task reward), eval_turns,
         eval_tool_calls, eval_tool_errors (per call) and eval_solved@k, the share solved within k turns, k = 1..K;
         a task of roles (`MultiTurnTask.roles`) adds eval_turn<k>_reward, turn k's (its role's) mean reward."""
         if self.multi_turn:
             greedy, lengths, sampled, stats = jax.device_get(self._heldout_episodes(params, key, num, sample))
+            scores = None  # (no value head's scores of episodes)
         else:
-            greedy, lengths, sampled = jax.device_get(self._heldout_rewards(params, key, num, sample))
+            greedy, lengths, sampled, scores = jax.device_get(self._heldout_rewards(params, key, num, sample))
         correct = self.task.reward_names.index("correct")
         out = {"eval_accuracy": greedy[..., correct].mean(-1),
                "eval_well_formed": greedy[..., self.task.reward_names.index("well_formed")].mean(-1),
@@ -373,6 +379,9 @@ class TextPolicy:
         if self.settings.pass_k:  # at least one of k samples solves a problem (pass@k), and all k do (pass^k)
             out[f"eval_pass@{self.settings.pass_k}"] = sampled[..., correct].max(-1).mean(-1)
             out[f"eval_pass^{self.settings.pass_k}"] = sampled[..., correct].min(-1).mean(-1)
+            if scores is not None and scores.shape[-1]:  # best-of-k by the value head
+                out[f"eval_head@{self.settings.pass_k}"] = np.asarray(best_by_head(sampled[..., correct],
+                                                                                   scores)).mean(-1)
         if self.multi_turn:
             calls = stats["tool_calls"].sum(-1)
             out.update(eval_success=stats["solved"].mean(-1), eval_turns=stats["turns"].mean(-1),
@@ -1213,6 +1222,21 @@ def vote_confidence(agrees: jax.Array, formed: jax.Array) -> jax.Array:
     completions (`formed` bool [n, G]) that agree with it (`agrees` bool [n, G], `majority_votes`): in [1/G, 1], 0
     for a group with none well-formed (it has no label)."""
     return jnp.sum(agrees & formed, axis=-1) / jnp.maximum(jnp.sum(formed, axis=-1), 1)
+
+
+def head_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """float32 [..., k]: each of k samples' success as the value head last predicted it, before the sample's last
+    token (values, mask float32 [..., k, N]: `Samples.values`, `Samples.mask`; an empty sample: column 0). The last
+    prediction is the head's best-informed one (ARRoL reuses its rollout quality head at test time)."""
+    last = jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0)
+    return jnp.take_along_axis(values, last[..., None], axis=-1)[..., 0]
+
+
+def best_by_head(rewards: jax.Array, scores: jax.Array) -> jax.Array:
+    """[...]: the reward of the sample the head scores highest among k (rewards, scores [..., k]; a tie: the
+    first), best-of-k by the value head (ARRoL's test-time selection): between pass@1 and pass@k."""
+    pick = jnp.argmax(scores, axis=-1)
+    return jnp.take_along_axis(rewards, pick[..., None], axis=-1)[..., 0]
 
 
 def truncated(tokens: jax.Array, mask: jax.Array, eos_id: int, pruned: jax.Array | None = None) -> jax.Array:

@@ -89,7 +89,8 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
         rows = _rows_except(plan.ids.shape[0], s.oversample, jnp.full(B, s.oversample - 1))
         resume = sampling.Resume(plan.resume["tokens"][rows], plan.resume["mask"][rows], plan.start, rows,
                                  plan.resume["stopped"][rows])
-    prune = {} if plan.prune_below is None else dict(prune_at=plan.prune_at, prune_below=plan.prune_below)
+    prune = {} if plan.prune_below is None else dict(prune_at=plan.prune_at, prune_below=plan.prune_below,
+                                                     prune_keep=algo.strategy_options("prune")["balance"])
     samples = sampling.sample_groups_per_prompt(
         algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
         eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
@@ -580,7 +581,9 @@ def prune_memory(algo, key):
 
 
 def prune_threshold(algo, memory, plan: Plan, key):
-    """Every candidate's members are pruned below `below` once `warmup` updates have trained the value head."""
+    """Every candidate's members are pruned below `below` once `warmup` updates have trained the value head; with
+    `balance` = k > 0, ARRoL's balance-aware pruning (`sampling.balanced_cut`): each group keeps its k
+    highest-predicted going members on each side of predicted success 1/2."""
     o = algo.strategy_options("prune")
     below = jnp.where(memory["updates"] >= o["warmup"], o["below"], -jnp.inf)
     return plan.replace(prune_at=jnp.full(plan.ids.shape, o["at"], jnp.int32),
@@ -597,13 +600,19 @@ def check_prune(config, chosen: dict) -> None:
     if not config.loss.critic_weight > 0:
         raise ValueError("rollout strategy control/prune stops members by the value head's prediction: set "
                          f"config.loss.critic_weight > 0 (a value head), got {config.loss.critic_weight}")
+    balance = config.rollout.options.prune.balance
+    if balance >= config.group.size:  # every member kept on either side: nothing would ever be pruned
+        raise ValueError(f"config.rollout.options.prune.balance = {balance} keeps every member of a group of "
+                         f"config.group.size = {config.group.size}: set it below the group size (0: no balance)")
 
 
 register("control", "prune", init=prune_memory, before=prune_threshold, observe=count_pruned, check=check_prune,
          single_turn=True,
          options={"at": (4, "the column where members may be pruned", {"minimum": 0}),
                   "below": (0.05, "members whose predicted value there is below this stop", {}),
-                  "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0})})
+                  "warmup": (20, "updates the value head learns before pruning starts", {"minimum": 0}),
+                  "balance": (0, "ARRoL's balance: members each group keeps on each side of predicted success 1/2 "
+                              "(its highest-predicted going ones); 0: the plain threshold", {"minimum": 0})})
 
 
 # --- Control: a temperature tuned to a target (AceReason-Nemotron 1.1's entropy, MicroCoder-GRPO's diversity) -----
