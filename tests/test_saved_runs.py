@@ -58,7 +58,8 @@ def test_migrate_moves_a_key_once_and_refuses_both_names():
 
 
 
-ADDED_SINCE_THE_RENAME = ("advantage.stratum_weight", "advantage.prior_weight", "advantage.prior_z")
+ADDED_SINCE_THE_RENAME = ("advantage.stratum_weight", "advantage.prior_weight", "advantage.prior_z",
+                         "advantage.rare_weight_max")
 
 
 @pytest.mark.parametrize("name,old_names", [
