@@ -582,6 +582,25 @@ def test_echo_clips_each_group_by_its_vote_confidence():
     np.testing.assert_allclose(grad[:, 0], [-np.exp(0.15), 0.0, 0.0], rtol=1e-6)
 
 
+def test_echo_and_vspo_clip_scales_multiply():
+    """Each completion's trust region under ECHO (confidence 1, 0.5, 0.25, floor 0.4: x 1, 0.5, 0.4) and VSPO (task-value
+    scales 2, 1, 0.5) together: clip_low 0.2 x (2, 0.5, 0.2) = 0.4, 0.1, 0.04; clip_high 0.28 x the same. Either alone
+    gives its own scale (a merge once let the second overwrite the first)."""
+    from types import SimpleNamespace
+
+    from jaxrl.algos.text import group_clip_range
+
+    hp = SimpleNamespace(clip_low=0.2, clip_high=0.28, confidence_clip=0.4)
+    batch = {"confidence": jnp.asarray([1.0, 0.5, 0.25]), "clip_scale": jnp.asarray([2.0, 1.0, 0.5])}
+    for echo, vspo, scale in [(True, True, [2.0, 0.5, 0.2]), (True, False, [1.0, 0.5, 0.4]),
+                              (False, True, [2.0, 1.0, 0.5])]:
+        low, high = group_clip_range(SimpleNamespace(clips_by_confidence=echo, smooths_clip=vspo), hp, batch)
+        np.testing.assert_allclose(np.asarray(low)[:, 0], 0.2 * np.asarray(scale), rtol=1e-6)
+        np.testing.assert_allclose(np.asarray(high)[:, 0], 0.28 * np.asarray(scale), rtol=1e-6)
+    plain = group_clip_range(SimpleNamespace(clips_by_confidence=False, smooths_clip=False), hp, batch)
+    assert plain == (0.2, 0.28)
+
+
 def test_echo_hybrid_shaping_mixes_confidence_and_certainty():
     """ECHO's A (w c + (1 - w)(1 - H / log V)), V = 4 (log V = 1.386), w = 0.25. Sequence 0: c = 1, tokens of entropy
     log 4 and 0 (mean log 4 / 2: certainty 0.5) -> 0.25 + 0.75 x 0.5 = 0.625, A 2 -> 1.25. Sequence 1: c = 0.5, its

@@ -874,18 +874,13 @@ class TextGRPO:
         if s.shapes_by_confidence:  # ECHO: uncertain labels and uncertain completions move the policy less
             batch = dict(batch, advantages=losses.confidence_entropy_shaped(
                 batch["advantages"], batch["confidence"], entropy, batch["mask"], hp.confidence_share, self.vocab.size))
-        clip_low, clip_high = hp.clip_low, hp.clip_high
-        if s.clips_by_confidence:  # ECHO: a narrower trust region where few voted for the pseudo-label
-            clip_low, clip_high = losses.confidence_clip_range(clip_low, clip_high, batch["confidence"],
-                                                               hp.confidence_clip)
+        clip_low, clip_high = group_clip_range(s, hp, batch)
         if s.shapes_entropy:
             batch = dict(batch, advantages=losses.entropy_shaped(batch["advantages"], entropy, hp.entropy_shaping,
                                                                  hp.entropy_bound))
         outcome = None
         if losses.OBJECTIVES[s.objective].needs_outcome:
             outcome = losses.Outcome(batch["correct"], batch["pass_rate"], s.group_size)
-        if s.smooths_clip:  # VSPO: each completion's clip range scaled by its group's value [m*G, 1] (x ECHO's)
-            clip_low, clip_high = clip_low * batch["clip_scale"][:, None], clip_high * batch["clip_scale"][:, None]
         total, aux = losses.policy_loss(
             log_probs, batch["log_probs"], batch["advantages"], mask,
             clip_low=clip_low, clip_high=clip_high, dual_clip=s.dual_clip, ratio=s.ratio,
@@ -1156,6 +1151,18 @@ class TextGRPO:
         `mesh.split_actor`; `jaxrl.engine.staleness`)."""
         s = self.settings
         return staleness.update(self._sample_batch, self._learn, TEXT_ROLES, state, hp, s.max_staleness, s.split_actor)
+
+
+def group_clip_range(s: TextGRPOSettings, hp: TextGRPOHyperparams, batch: dict):
+    """Each completion's (clip_low, clip_high): the configured scalars, or [S, 1] where a group's trust region is its
+    own: ECHO's vote confidence (`losses.confidence_clip_range`, batch["confidence"] [S]) and VSPO's task value
+    (batch["clip_scale"] [S], `losses.value_smoothed_clip`) each scale it, and together their scales multiply."""
+    clip_low, clip_high = hp.clip_low, hp.clip_high
+    if s.clips_by_confidence:  # ECHO: a narrower trust region where few voted for the pseudo-label
+        clip_low, clip_high = losses.confidence_clip_range(clip_low, clip_high, batch["confidence"], hp.confidence_clip)
+    if s.smooths_clip:  # VSPO: wider where the group's task value is above the update's mean
+        clip_low, clip_high = clip_low * batch["clip_scale"][:, None], clip_high * batch["clip_scale"][:, None]
+    return clip_low, clip_high
 
 
 def return_tokens(vocab) -> tuple[int, int]:
