@@ -625,9 +625,9 @@ class TextGRPOSettings:
     length_penalty: float = knob("reward.length_penalty", 0.0, "> 0: ARLCP's complexity-calibrated length penalty: "
                                  "a correct completion's correct reward loses this x (1 - the problem's difficulty) x "
                                  "its share of the length limit (easy problems deserve short answers)", minimum=0.0)
-    progressive: int = knob("reward.progressive", 0, "> 0: PRS's progressive reward shaping over this many updates: the "
-                            "correct component's weight starts on well_formed and moves linearly back to it, so that the effective "
-                            "weights go from (0, w_correct + w_well_formed) at update 0 to reward_weights at this "
+    progressive: int = knob("reward.progressive", 0, "> 0: PRS's progressive reward shaping over this many "
+                            "updates: the correct component's weight starts on well_formed and moves linearly back to "
+                            "it, so that the effective weights go from (0, w_correct + w_well_formed) at update 0 to reward_weights at this "
                             "update (`progressive_rewards`); 0: reward_weights throughout", minimum=0)
     label_free: str = knob("reward.label_free", "", "majority: the correct reward is agreement with the group's most "
                            "common well-formed answer, no label read (MM-UPT, TTRL: test-time RL); '': the verifier's",
@@ -1048,9 +1048,9 @@ class TextGRPO:
             units["weight"] = units["weight"] * kept_tokens(cut, advantages, s.truncated)
             metrics["truncated"] = global_mean(cut.astype(jnp.float32))
         units["advantages"] = advantages
-        if self.conditions:  # RCRL: each member's prompt marked with its outcome, the verifier's correct reward
-            success = groups.rewards[..., self.task.reward_names.index("correct")] > 0.5
-            units["return_prompts"] = return_prompts(groups.prompts, success, self.vocab)
+        solved = groups.rewards[..., self.task.reward_names.index("correct")] > 0.5  # [b, G]: each member's outcome
+        if self.conditions:  # RCRL: each member's prompt marked with its outcome
+            units["return_prompts"] = return_prompts(groups.prompts, solved, self.vocab)
         if s.clips_by_confidence or s.shapes_by_confidence:  # ECHO: how far each group agreed on its pseudo-label
             names = self.task.reward_names
             confidence = vote_confidence(groups.rewards[..., names.index("correct")] > 0,
@@ -1060,14 +1060,13 @@ class TextGRPO:
         if s.learns_expert:
             units["expert"], metrics["expert_share"] = self._expert_units(groups)
         if s.smooths_clip:  # VSPO: the clip range of each group by its task value at its observed pass rate
-            pass_rate = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).mean(-1)  # [b]
-            scale = losses.value_smoothed_clip(rollout.tokens.BUDGET_TARGETS["value"](pass_rate), hp.clip_smoothing,
-                                               DATA_AXIS)
+            value = rollout.tokens.BUDGET_TARGETS["value"](solved.mean(-1))  # [b]
+            scale = losses.value_smoothed_clip(value, hp.clip_smoothing, DATA_AXIS)
             units["clip_scale"] = jnp.broadcast_to(scale[:, None], (b, G))
             metrics["clip_scale_spread"] = jax.lax.pmax(jnp.max(scale), DATA_AXIS) - jax.lax.pmin(jnp.min(scale),
                                                                                                     DATA_AXIS)
         if losses.OBJECTIVES[s.objective].needs_outcome:  # the verifier's label and its group's pass rate
-            correct = (groups.rewards[..., self.task.reward_names.index("correct")] > 0.5).astype(jnp.float32)
+            correct = solved.astype(jnp.float32)
             units["correct"] = correct
             units["pass_rate"] = jnp.broadcast_to(correct.mean(-1, keepdims=True), correct.shape)
         metrics.update({f"reward_{name}": global_mean(groups.rewards[..., i])

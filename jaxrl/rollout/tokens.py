@@ -62,6 +62,12 @@ def plan_candidates(algo, key: jax.Array, level: jax.Array | None = None) -> Pla
     return Plan(ids, problems, zeros, jnp.full(ids.shape, -1.0), zeros)
 
 
+def leading_candidates(plan: Plan, count: int) -> Plan:
+    """This device's share of the first `count` of all devices' candidates (in their global order): the part of a
+    plan a generator that samples fewer than all of them keeps, the same on any device count."""
+    return take(mesh_lib.gather_shares(plan), mesh_lib.local_share(jnp.arange(count)))
+
+
 def pool_plan(algo, ids: jax.Array) -> Plan:
     """A fresh plan of the pool's problems `ids` [C] (no hints, predictions or resumed columns)."""
     zeros = jnp.zeros(ids.shape, jnp.int32)
@@ -300,18 +306,23 @@ def attention_pass_rates(memory, queries: jax.Array, temperature: float) -> jax.
     return jnp.where(memory["valid"].any(), weights @ memory["rates"], 0.5)
 
 
+def fifo_slots(head: jax.Array, keep: jax.Array, capacity: int) -> tuple[jax.Array, jax.Array]:
+    """Where a FIFO of `capacity` rows, next written at `head`, puts the kept (`keep` bool [M]) of M new rows in order,
+    each overwriting the oldest: (slot int32 [M], `capacity` for a row not written: not kept, or of more than
+    `capacity` kept rows one before the last `capacity`; the next head)."""
+    order = jnp.cumsum(keep) - 1  # each kept row's place among this batch's kept rows
+    count = keep.sum()
+    slot = jnp.where(keep & (order >= count - capacity), (head + order) % capacity, capacity)
+    return slot, ((head + count) % capacity).astype(jnp.int32)
+
+
 def fifo_push(memory, keys: jax.Array, rates: jax.Array, use: jax.Array):
     """`memory` after writing the used (`use` [M]) rows of keys [M, D] and rates [M] in order at its write position,
-    overwriting the oldest; of more than K used rows only the last K are written (one write per slot)."""
-    capacity = memory["rates"].shape[0]
-    use = use > 0
-    order = jnp.cumsum(use) - 1  # each used row's place among this batch's used rows
-    count = use.sum()
-    slot = jnp.where(use & (order >= count - capacity), (memory["next"] + order) % capacity, capacity)  # K: dropped
+    overwriting the oldest; of more than K used rows only the last K are written (`fifo_slots`)."""
+    slot, head = fifo_slots(memory["next"], use > 0, memory["rates"].shape[0])
     return {"keys": memory["keys"].at[slot].set(keys, mode="drop"),
             "rates": memory["rates"].at[slot].set(rates, mode="drop"),
-            "valid": memory["valid"].at[slot].set(True, mode="drop"),
-            "next": ((memory["next"] + count) % capacity).astype(jnp.int32)}
+            "valid": memory["valid"].at[slot].set(True, mode="drop"), "next": head}
 
 
 def attend_pass_rate(algo, memory, plan: Plan, key):
@@ -436,7 +447,7 @@ def dars(algo, params, hp, plan: Plan, key: jax.Array, sample=independent) -> Gr
     if extra % devices:
         raise ValueError(f"config.rollout.options.dars.extra = {extra} extra groups cannot be shared evenly by "
                          f"{devices} devices: make it a multiple of {devices}")
-    first_plan = take(mesh_lib.gather_shares(plan), mesh_lib.local_share(jnp.arange(B - extra)))
+    first_plan = leading_candidates(plan, B - extra)
     first = sample(algo, params, hp, first_plan, key)
     pass_rate = _correct(algo, first).mean(axis=1)
     worth = BUDGET_TARGETS["hard"] if o["target"] == "hard" else rejected_worth(algo, first)
@@ -852,14 +863,11 @@ def pushed(buffer: dict, rows: dict, keep: jax.Array) -> dict:
     """The FIFO `buffer` (`recent_memory`) after the rows of `rows` (its RECENT_FIELDS, leaves [n, ...]) where `keep`
     bool [n], in order, were written from row `head` on, wrapping around at the capacity E (each new group replaces
     the oldest), born at update buffer["updates"]. Of more than E kept rows the last E stay."""
-    E = buffer["valid"].shape[0]
-    position = (buffer["head"] + jnp.cumsum(keep) - 1) % E
-    at = jnp.where(last_occurrence(position, keep), position, E)  # out of range: dropped
-    write = lambda old, new: old.at[at].set(new, mode="drop")
+    at, head = fifo_slots(buffer["head"], keep, buffer["valid"].shape[0])
+    write = lambda old, new: old.at[at].set(new, mode="drop")  # noqa: E731
     written = jax.tree.map(write, {k: buffer[k] for k in RECENT_FIELDS}, rows)
     return {**buffer, **written, "born": write(buffer["born"], jnp.full(keep.shape, buffer["updates"])),
-            "valid": write(buffer["valid"], jnp.ones(keep.shape, bool)),
-            "head": ((buffer["head"] + keep.sum()) % E).astype(jnp.int32)}
+            "valid": write(buffer["valid"], jnp.ones(keep.shape, bool)), "head": head}
 
 
 def picked_recent(born: jax.Array, valid: jax.Array, update: jax.Array, count: int, max_age: int,
@@ -908,8 +916,8 @@ def replay_recent(algo, memory, params, plan: Plan, generate, key):
 
     Fresh samples: B x G completions per update while the buffer fills, (B - R) x G after (`sampled_tokens` shows it).
     The two sizes are two branches of a `lax.cond`, both compiled, one run: the one every run on the device can take
-    (`mesh.agreed_max`; runs fill their buffers alike). R must split over the devices (checked when traced). Logs the share of groups replayed, their mean age in updates and their tokens'
-    mean weight."""
+    (`mesh.agreed_max`; runs fill their buffers alike). R must split over the devices (checked when traced). Logs the
+    share of groups replayed, their mean age in updates and their tokens' mean weight."""
     o = algo.strategy_options("recent")
     B, D = algo.settings.text.num_prompts, jax.lax.axis_size(DATA_AXIS)
     R = replaced_groups(B, o["fraction"])
@@ -923,7 +931,7 @@ def replay_recent(algo, memory, params, plan: Plan, generate, key):
                                 jax.random.split(key, 1)[0])  # (the same rows on every device)
 
     def fresh_and_replayed():
-        kept = take(mesh_lib.gather_shares(plan), mesh_lib.local_share(jnp.arange(B - R)))
+        kept = leading_candidates(plan, B - R)
         groups = generate(kept, key)
         stored = jax.tree.map(lambda x: mesh_lib.local_share(x[rows]), {k: memory[k] for k in RECENT_FIELDS})
         replayed = stored_groups(algo, params, groups, stored, o["cap"])
