@@ -167,7 +167,7 @@ class Estimator:
     # pooled into one (`merged_by_problem`)
     merges: bool = False
     # Trains each sample given a prompt that states its return (RCRL: text GRPO rewrites the prompts,
-    # `jaxrl.algos.text.return_prompts`, and learns by likelihood); no other family can
+    # `jaxrl.rewards.return_prompts`, and learns by likelihood); no other family can
     conditions: bool = False
 
     def __call__(self, rewards, valid, opts, context=None):

@@ -12,9 +12,10 @@ import pytest
 from helpers import ROOT
 
 # The modules the API reference must cover, each the anchor of its section on one of the docs/api pages.
-API_MODULES = ["jaxrl.advantages", "jaxrl.losses", "jaxrl.corrections", "jaxrl.networks", "jaxrl.distributions",
-               "jaxrl.replay", "jaxrl.mesh", "jaxrl.transformer", "jaxrl.sampling", "jaxrl.checkpoint", "jaxrl.metrics",
-               "jaxrl.config", "jaxrl.engine", "jaxrl.algos.registry", "jaxrl.run", "envs"]
+API_MODULES = ["jaxrl.advantages", "jaxrl.losses", "jaxrl.rewards", "jaxrl.corrections", "jaxrl.networks",
+               "jaxrl.distributions", "jaxrl.replay", "jaxrl.mesh", "jaxrl.transformer", "jaxrl.sampling",
+               "jaxrl.checkpoint", "jaxrl.metrics", "jaxrl.config", "jaxrl.engine", "jaxrl.algos.registry", "jaxrl.run",
+               "envs"]
 
 
 def build_site(root, site_dir):

@@ -588,7 +588,7 @@ def test_echo_and_vspo_clip_scales_multiply():
     gives its own scale (a merge once let the second overwrite the first)."""
     from types import SimpleNamespace
 
-    from jaxrl.algos.text import group_clip_range
+    from jaxrl.algos.text.grpo import group_clip_range
 
     hp = SimpleNamespace(clip_low=0.2, clip_high=0.28, confidence_clip=0.4)
     batch = {"confidence": jnp.asarray([1.0, 0.5, 0.25]), "clip_scale": jnp.asarray([2.0, 1.0, 0.5])}

@@ -10,7 +10,8 @@ import pytest
 
 from envs import text
 from jaxrl import algos
-from jaxrl.algos.text import TextGRPO, return_prompts, return_tokens, text_grpo_config
+from jaxrl.algos.text import TextGRPO, text_grpo_config
+from jaxrl.rewards import return_prompts, return_tokens
 from jaxrl.mesh import DATA_AXIS
 from helpers import set_keys
 from jaxrl.transformer import TransformerConfig, TransformerLM

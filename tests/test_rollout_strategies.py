@@ -11,7 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl import algos, config as config_lib, mesh as mesh_lib, rollout, sampling
 from jaxrl.rollout import tokens as strategies
-from jaxrl.algos.text import TextGRPO, TextGRPOHyperparams, sparse_rewards
+from jaxrl.algos.text import TextGRPO, TextGRPOHyperparams
+from jaxrl.rewards import sparse_rewards
 from helpers import tiny_grpo_config
 
 

@@ -311,7 +311,7 @@ def test_dynamic_sampling_by_task_value_keeps_the_varied_candidate_of_highest_va
 def test_progressive_reward_shaping_moves_the_weight_from_format_to_correctness():
     """reward.progressive = k (PRS): the correct component becomes a c + (1 - a) f, a = min(t / k, 1), so under weights
     (1, 0.1) the weighted reward is a c + (1.1 - a) f: all on the format at t = 0, the configured weights from t = k."""
-    from jaxrl.algos.text import progressive_rewards
+    from jaxrl.rewards import progressive_rewards
 
     rewards = jnp.asarray([[[1.0, 1.0], [0.0, 1.0], [1.0, 0.0], [0.0, 0.0]]])  # (correct, well_formed)
     weights = jnp.asarray([1.0, 0.1])
@@ -415,7 +415,7 @@ def test_truncated_completions_lose_their_loss_or_only_their_push_down():
     """loss.truncated: a completion without EOS within the limit is cut off; mask drops all its tokens, mask_negative
     those of negative advantage (DAPO's overlong filtering, MicroCoder-GRPO's conditional masking); a pruned member
     was stopped, not cut off."""
-    from jaxrl.algos.text import kept_tokens, truncated
+    from jaxrl.rewards import kept_tokens, truncated
 
     eos = 2
     tokens = jnp.asarray([[[5, 6, 2, 0], [5, 6, 7, 8], [5, 6, 7, 8]]])  # [1, 3, 4]: ended, cut off, cut off
@@ -433,7 +433,7 @@ def test_best_of_k_by_the_value_head_takes_each_samples_last_prediction():
     """eval_head@k (ARRoL's test-time reuse of its quality head), by hand: a sample's score is the head's value before
     its last token (column 0 for an empty one), and the problem counts the reward of the highest-scored sample (the
     first on a tie)."""
-    from jaxrl.algos.text import best_by_head, head_scores
+    from jaxrl.rewards import best_by_head, head_scores
 
     values = jnp.asarray([[[0.1, 0.2, 0.3, 0.0], [0.5, 0.9, 0.0, 0.0], [0.4, 0.6, 0.7, 0.8]],
                           [[0.2, 0.0, 0.0, 0.0], [0.6, 0.7, 0.0, 0.0], [0.1, 0.7, 0.0, 0.0]]])  # [2 problems, k=3, N=4]
@@ -450,7 +450,7 @@ def test_majority_votes_reward_agreement_with_the_groups_most_common_well_formed
     """reward.label_free=majority (MM-UPT, TTRL): the pseudo-label is agreement with the most common well-formed
     answer of the group (tokens up to the end of each completion), ties to the earliest; no well-formed answer, no
     majority."""
-    from jaxrl.algos.text import majority_votes
+    from jaxrl.rewards import majority_votes
 
     a, b, c = [4, 2, 0], [5, 2, 0], [6, 7, 2]
     tokens = jnp.asarray([[a, a, b, a, c], [a, b, b, a, c], [a, b, c, a, b], [a, a, b, b, c]])
@@ -469,7 +469,7 @@ def test_majority_votes_reward_agreement_with_the_groups_most_common_well_formed
 def test_vote_confidence_is_the_majority_share_of_the_well_formed():
     """ECHO's confidence: agreeing / well-formed. 3 of 5 -> 0.6; 2 of 3 well-formed (the malformed do not count)
     -> 2/3; none well-formed -> 0."""
-    from jaxrl.algos.text import vote_confidence
+    from jaxrl.rewards import vote_confidence
 
     agrees = jnp.asarray([[1, 1, 0, 1, 0], [1, 0, 0, 1, 0], [0, 0, 0, 0, 0]], bool)
     formed = jnp.asarray([[1, 1, 1, 1, 1], [1, 0, 1, 1, 0], [0, 0, 0, 0, 0]], bool)
@@ -479,7 +479,7 @@ def test_vote_confidence_is_the_majority_share_of_the_well_formed():
 def test_the_length_penalty_charges_long_correct_answers_of_easy_problems_most():
     """reward.length_penalty (ARLCP): a correct answer's correct reward loses penalty x (1 - difficulty) x length /
     limit; wrong answers pay nothing."""
-    from jaxrl.algos.text import length_penalised
+    from jaxrl.rewards import length_penalised
 
     rewards = jnp.asarray([[[1.0, 1.0], [1.0, 1.0], [0.0, 1.0]], [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]])
     lengths = jnp.asarray([[2, 8, 8], [2, 8, 8]])

@@ -38,8 +38,8 @@ from jaxrl import engine, files, knobs, mesh as mesh_lib, reward_models, samplin
 from jaxrl.algos import registry
 from jaxrl.algos.group import GROUP_SIZE
 from jaxrl.algos.registry import Recipe, register
-from jaxrl.algos.text import (INIT_FROM, TextHyperparams, TextPolicy, TextSettings, TextState, check_text_config,
-                              text_algorithm, text_config, text_settings)
+from jaxrl.algos.text.policy import (INIT_FROM, TextHyperparams, TextPolicy, TextSettings, TextState,
+                                     check_text_config, text_algorithm, text_config, text_settings)
 from jaxrl.engine import gradient_step
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob
