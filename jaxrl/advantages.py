@@ -715,3 +715,33 @@ def process_returns(token_rewards: jax.Array, mask: jax.Array) -> jax.Array:
     others = (jnp.sum(per_token, axis=1, keepdims=True) - per_token) / max(G - 1, 1)
     centred = jnp.where(real, token_rewards - others[..., None], 0.0)
     return jnp.where(real, jnp.flip(jnp.cumsum(jnp.flip(centred, -1), -1), -1), 0.0)
+
+
+CROSS_ROLLOUT = Knob("advantage.cross_rollout", False, "with loss.critic_weight > 0 and group.size >= 2: POISE's "
+                     "cross-rollout baseline, member g's critic term is its weighted reward less the value head's mean "
+                     "over the completion of member (g + 1) mod G (another rollout's states; not standardised, so that "
+                     "no statistic of its own reward enters its baseline)")
+
+
+def cross_rollout_baseline(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """POISE's cross-rollout baseline ("Your Language Model is Its Own Critic: Reinforcement Learning with Value
+    Estimation from Actor's Internal States"): values, mask [B, G, N] (the value head before each completion token,
+    G >= 2 independent rollouts of each prompt) -> float32 [B, G].
+
+    Our reading of the abstract: the probe's prediction from a rollout's internal states is the mean of the value head
+    over that rollout's completion tokens (a linear probe on its mean-pooled final hidden states, and with
+    loss.value_entropy its mean token entropy statistics); member g's baseline is that prediction from member
+    (g + 1) mod G, so that it depends on another rollout's tokens only: with the members drawn independently given the
+    prompt, E[grad log pi(y_g) * baseline] = 0 and the policy gradient stays unbiased. A completion with no tokens
+    predicts 0."""
+    real = mask > 0
+    pooled = jnp.sum(jnp.where(real, values, 0.0), -1) / jnp.maximum(jnp.sum(real, -1), 1)  # [B, G]
+    return jnp.roll(pooled, -1, axis=1)  # [:, g] <- member (g + 1) mod G's
+
+
+def cross_rollout_advantages(returns: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:
+    """POISE's critic term: returns [B, G] (each completion's weighted reward), values, mask [B, G, N] -> [B, G, N],
+    returns less `cross_rollout_baseline`, broadcast over every token and 0 off the mask (not standardised: a batch
+    mean or scale would hold the member's own reward)."""
+    advantage = returns - cross_rollout_baseline(values, mask)
+    return jnp.where(mask > 0, advantage[..., None], 0.0)

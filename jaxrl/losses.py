@@ -494,6 +494,9 @@ RATIO = Knob("loss.ratio", "token", "the importance ratio per token, per sequenc
 AGGREGATE = Knob("loss.aggregate", "token", "how per-token losses are averaged: over tokens, per sequence, or by a "
                  "constant length (Dr. GRPO)", choices=tuple(AGGREGATIONS))
 VF_COEF = Knob("loss.vf_coef", 0.5, "the value loss's weight", traced=True, minimum=0.0)
+VALUE_ENTROPY = Knob("loss.value_entropy", False, "with loss.critic_weight > 0: POISE's token-entropy statistics, the "
+                     "value head reads the entropy H of the policy's token distribution at each column and H^2 beside "
+                     "the hidden state (mean-pooled over a completion: its token entropy's first two moments)")
 ENT_COEF = Knob("loss.ent_coef", 0.01, "the entropy bonus's weight", traced=True, minimum=0.0)
 OBJECTIVE = Knob("loss.objective", "clip", "the policy objective per token: PPO's clipped surrogate (clip), CISPO's "
                  "clipped and held importance weight (cispo), NFT's implicit negative policy (nft), PACS's cross-entropy "

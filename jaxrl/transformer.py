@@ -36,6 +36,22 @@ import jax.numpy as jnp
 from jaxrl.dot import Dense, dot_general
 
 
+def entropy_features(logits: jax.Array) -> jax.Array:
+    """POISE's token-entropy statistics of the policy's own distribution ("Your Language Model is Its Own Critic"):
+    logits [..., V] -> float32 [..., 2], the entropy H = -sum_v p_v log p_v of softmax(logits) and H^2 (under
+    stop_gradient: features the value head reads, not a path for its loss into the policy). Mean-pooled over a
+    completion by `advantages.cross_rollout_baseline` they are its token entropy's first two moments."""
+    log_p = jax.nn.log_softmax(jax.lax.stop_gradient(logits.astype(jnp.float32)), axis=-1)
+    entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+    return jnp.stack([entropy, entropy ** 2], axis=-1)
+
+
+def value_inputs(h: jax.Array, logits: jax.Array, with_entropy: bool) -> jax.Array:
+    """The value head's input: the final hidden state h [..., D], with `with_entropy` (POISE) followed by
+    `entropy_features(logits)` -> [..., D + 2]."""
+    return jnp.concatenate([h, entropy_features(logits)], axis=-1) if with_entropy else h
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Static (hashable) architecture of `TransformerLM`; `d_ff=None` means 4 * d_model."""
@@ -47,6 +63,9 @@ class TransformerConfig:
     num_heads: int = 4
     d_ff: int | None = None
     value_head: bool = False
+    # POISE: the value head also reads the entropy H of the token distribution at its column, and H^2
+    # (`entropy_features`)
+    value_entropy: bool = False
     dtype: Any = jnp.float32  # compute and cache dtype; parameters stay float32
     # l in 1..num_layers-1: the heads read the hidden state after block l (an internal layer policy, BuPO); the later
     # blocks' parameters are kept, unused. 0: after the last block (the model's own policy)
@@ -226,7 +245,8 @@ class TransformerLM(nn.Module):
             new_cache.append(layer_cache)
         h = self.ln_f(x)
         logits = self.embed.attend(h.astype(jnp.float32))  # tied output embedding, float32 logits
-        values = self.value(h.astype(jnp.float32))[..., 0] if c.value_head else None
+        values = self.value(value_inputs(h.astype(jnp.float32), logits, c.value_entropy))[..., 0] if c.value_head \
+            else None
         return logits, values, tuple(new_cache)
 
     def __call__(self, tokens, positions, attn_mask):

@@ -675,3 +675,44 @@ def test_weighted_grpo_is_grpo_on_balanced_or_tied_groups_and_reads_success_at_m
     shaped = np.array([[1.1, 0.1, 0.1, 0.1]], np.float32)
     np.testing.assert_allclose(estimate("weighted_grpo", shaped, scale="none").advantages,
                                [[3 * 0.75, -0.25, -0.25, -0.25]], rtol=1e-5)
+
+
+# ---- POISE's cross-rollout baseline ("Your Language Model is Its Own Critic") -----------------------------------
+
+def test_cross_rollout_baseline_is_another_members_mean_value_by_hand():
+    """Each member's baseline is the value head's mean over the NEXT member's completion tokens (cyclically), and
+    its advantage is its reward less that, on every real token."""
+    values = jnp.asarray([[[0.2, 0.4, 9.0], [0.8, 0.6, 0.7]]])  # member 0's third column is padding
+    mask = jnp.asarray([[[1, 1, 0], [1, 1, 1]]], jnp.float32)
+    # pooled: member 0 (0.2 + 0.4) / 2 = 0.3, member 1 (0.8 + 0.6 + 0.7) / 3 = 0.7 -> baselines swapped
+    np.testing.assert_allclose(adv_lib.cross_rollout_baseline(values, mask), [[0.7, 0.3]], rtol=1e-6)
+    advantages = adv_lib.cross_rollout_advantages(jnp.asarray([[1.0, 0.0]]), values, mask)
+    np.testing.assert_allclose(advantages, [[[0.3, 0.3, 0.0], [-0.3, -0.3, -0.3]]], rtol=1e-6)
+    three = jnp.asarray([[0.1, 0.5, 0.9]])[..., None]  # G = 3, one token each: member g takes member (g + 1) mod 3's
+    np.testing.assert_allclose(adv_lib.cross_rollout_baseline(three, jnp.ones_like(three)), [[0.5, 0.9, 0.1]])
+
+
+def test_cross_rollout_baseline_never_reads_the_members_own_states():
+    """d baseline[g] / d values[g] = 0: the baseline a member's advantage subtracts holds none of its own tokens."""
+    values = jax.random.normal(jax.random.key(0), (2, 3, 4))
+    mask = jnp.ones((2, 3, 4))
+    jacobian = jax.jacobian(lambda v: adv_lib.cross_rollout_baseline(v, mask))(values)  # [2, 3, 2, 3, 4]
+    own = jnp.einsum("bgbgn->bgn", jacobian)
+    np.testing.assert_array_equal(own, 0.0)
+    assert float(jnp.abs(jacobian).sum()) > 0
+
+
+def test_cross_rollout_keeps_the_policy_gradient_unbiased_where_the_own_value_does_not():
+    """The abstract's argument, worked exactly: a Bernoulli policy p = sigmoid(theta) = 0.3 answers y in {0, 1}, reward
+    r = y, and a probe that reads the trajectory perfectly, v(y) = y. The true gradient d E[r] / d theta =
+    p (1 - p) = 0.21. REINFORCE with the member's own trajectory-conditioned value, E[(y - p)(r - v(y))] = 0: biased.
+    With G = 2 independent members and the other's value, E[(y0 - p)(y0 - y1)] = p (1 - p) - E[y0 - p] E[y1] = 0.21."""
+    p = 0.3
+    pairs = np.asarray([(y0, y1) for y0 in (0.0, 1.0) for y1 in (0.0, 1.0)])  # [4, 2]: every outcome of the 2 members
+    chance = np.prod(np.where(pairs == 1, p, 1 - p), axis=1)  # [4]
+    values, mask = jnp.asarray(pairs)[..., None], jnp.ones((4, 2, 1))  # v(y) = y, one token each
+    cross = np.asarray(adv_lib.cross_rollout_advantages(jnp.asarray(pairs), values, mask))[:, 0, 0]  # member 0's
+    score = pairs[:, 0] - p  # d log pi(y0) / d theta
+    assert np.isclose(np.sum(chance * score * cross), 0.21)
+    own = pairs[:, 0] - pairs[:, 0]  # r - v(y) of its own trajectory
+    assert np.isclose(np.sum(chance * score * own), 0.0)

@@ -97,11 +97,12 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.anchor.samples": 4, "rollout.filter": "attention_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2, "rollout.options.attention_predictor.capacity": 12},
     {"advantage.estimator": "return_conditioned"},
+    {"group.size": 2, "loss.critic_weight": 1.0, "advantage.cross_rollout": True, "loss.value_entropy": True},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping-prs-vspo",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated-soft",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
-        "pvpo-anchor-attention_predictor-budget", "rcrl"])
+        "pvpo-anchor-attention_predictor-budget", "rcrl", "poise-cross_rollout-value_entropy"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)
@@ -114,6 +115,9 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
         assert np.isfinite(value).all(), (key, value)
     assert ("kl" in metrics) == config_keeps_reference(config)
     assert ("value_loss" in metrics) == (config.loss.critic_weight > 0)
+    assert ("cross_rollout_error" in metrics) == config.advantage.cross_rollout  # POISE: (reward - other's value)^2
+    if config.loss.value_entropy:  # the value head reads the hidden state and 2 entropy statistics
+        assert state.params["params"]["value"]["kernel"].shape == (1, config.model.d_model + 2, 1)  # [seeds, D + 2, 1]
     assert ("truncated" in metrics) == (config.loss.truncated != "train")
     assert ("reward_verified" in metrics) == bool(config.reward.label_free)  # the pseudo-label against the verifier
     assert ("members_kept" in metrics) == (config.loss.sample_keep < 1)  # D3S's sample level
@@ -372,6 +376,10 @@ def test_objective_settings_that_cannot_work_are_refused(sft_run):
              "centres samples on a value, not on their group's mean"),
             ({"loss.layer_policy": 1, "loss.kl_coef": 0.1}, "layer_policy=1 optimises an internal layer policy"),
             ({"loss.ratio": "turn"}, "ratio=turn takes the geometric mean of each turn's token ratios"),
+            ({"advantage.cross_rollout": True, "loss.value_entropy": True},
+             r"^config\.advantage\.cross_rollout and config\.loss\.value_entropy: POISE's value head needs"),
+            ({"advantage.cross_rollout": True, "loss.critic_weight": 1.0, "group.size": 1},
+             r"another member's completion: config\.group\.size=1 must be >= 2$"),
             ({"advantage.estimator": "fused"}, "fuses a value head's prior with the group mean: it needs config.loss"),
             ({"rollout.replay": "tracker", "rollout.pool_size": 16}, "replay/tracker keeps each problem's value"),
             ({"loss.objective": "nft", "group.size": 1, "advantage.estimator": "tracked", "rollout.replay": "tracker",

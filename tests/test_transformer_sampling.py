@@ -16,7 +16,7 @@ import pytest
 from jaxrl.loops import CHUNK
 from jaxrl.sampling import (balanced_cut, filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
                             score, score_groups)
-from jaxrl.transformer import TransformerConfig, TransformerLM, init_cache
+from jaxrl.transformer import TransformerConfig, TransformerLM, entropy_features, init_cache
 
 PAD, EOS, V = 0, 1, 20
 W, N = 8, 8
@@ -416,3 +416,28 @@ def test_pruned_members_stop_at_their_column_and_the_rest_are_unchanged(tiny):
     with pytest.raises(ValueError, match="needs a model with a value head"):
         plain = TransformerLM(dataclasses.replace(model.config, value_head=False))
         sample_groups_per_prompt(plain, params, prompts, keys, prune_at=at, prune_below=below, **kw)
+
+
+def test_entropy_features_by_hand():
+    """POISE's token-entropy statistics: (H, H^2) of softmax(logits): uniform over 2 -> (ln 2, ln^2 2), uniform over 4
+    -> (ln 4, ln^2 4), one certain token -> (0, 0)."""
+    logits = jnp.asarray([[0.0, 0.0, -1e9, -1e9], [1.0, 1.0, 1.0, 1.0], [0.0, -1e9, -1e9, -1e9]])
+    np.testing.assert_allclose(entropy_features(logits), [[0.693147, 0.480453], [1.386294, 1.921812], [0.0, 0.0]],
+                               atol=1e-5)
+
+
+def test_a_value_head_with_entropy_features_reads_each_columns_entropy(tiny):
+    """model.value_entropy (loss.value_entropy): the value head's kernel grows by 2 rows, for H and H^2 of the column's
+    own token distribution; with only H's weight set (1) and no bias the values are the logits' entropies."""
+    model, params = tiny
+    entropic = TransformerLM(dataclasses.replace(model.config, value_entropy=True))
+    tokens = jax.random.randint(jax.random.key(0), (2, W + N), 0, V)
+    mask = jnp.ones(tokens.shape, bool)
+    d = model.config.d_model
+    kernel = jnp.zeros((d + 2, 1)).at[d, 0].set(1.0)
+    assert jax.eval_shape(entropic.init, jax.random.key(0), tokens, tokens, mask)["params"]["value"]["kernel"].shape \
+        == kernel.shape
+    head = {"params": dict(params["params"], value={"kernel": kernel, "bias": jnp.zeros((1,))})}
+    logits, values = forward(entropic, head, tokens, layout(mask), mask)
+    log_p = jax.nn.log_softmax(logits, -1)
+    np.testing.assert_allclose(values, -jnp.sum(jnp.exp(log_p) * log_p, -1), rtol=1e-5, atol=1e-6)

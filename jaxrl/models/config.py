@@ -66,6 +66,7 @@ class ModelConfig:
     sliding_window: int | None = None  # keys at most this many columns back, on the layers marked below
     sliding_layers: tuple[bool, ...] | None = None  # per layer; None: every layer when sliding_window is set
     value_head: bool = False  # a per-token value head (the PPO critic on tokens)
+    value_entropy: bool = False  # POISE: the value head also reads its column's token entropy H and H^2
     dtype: Any = jnp.float32  # compute and KV-cache dtype
     param_dtype: Any = jnp.float32
     remat: bool = False  # recompute each layer's activations in the backward pass instead of keeping them

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 from jaxrl.dot import contract
 from jaxrl.mesh import DATA_AXIS
 from jaxrl.models.config import ModelConfig, rope_frequencies
-from jaxrl.transformer import LayerCache, visible
+from jaxrl.transformer import LayerCache, value_inputs, visible
 
 VALUE_HEAD = "value"  # the value head's parameters (the name TransformerLM uses too)
 
@@ -260,7 +260,7 @@ class Decoder(nn.Module):
         logits = contract(h, head.astype(jnp.float32), 1)
         if c.final_softcap:
             logits = c.final_softcap * jnp.tanh(logits / c.final_softcap)
-        return logits, self.value_head(h)[..., 0] if c.value_head else None
+        return logits, self.value_head(value_inputs(h, logits, c.value_entropy))[..., 0] if c.value_head else None
 
     def _distance(self, query_columns, key_columns):
         """Query column - key column [S, L] when some layer slides (else None)."""

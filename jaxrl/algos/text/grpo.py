@@ -13,7 +13,7 @@ from ml_collections import ConfigDict
 
 from jaxrl import (advantages, corrections, engine, knobs, losses, multi_turn, reward_models as reward_models_lib,
                    rollout, sampling)
-from jaxrl.advantages import process_returns
+from jaxrl.advantages import cross_rollout_advantages, process_returns
 from jaxrl.algos.group import advantage_options
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.algos.text.frozen import LearnedReward, learned_reward, teacher_policy
@@ -47,7 +47,8 @@ class TextGRPO:
     With `critic_weight` w > 0 the model gets a value head (a fresh one on a warm start) that regresses
     every prefix onto the completion's weighted reward; the per-token advantage becomes
     (1 - w) * group advantage + w * standardised (reward - value), as in env GRPO (w = 1: PPO on tokens
-    with a learned baseline, no group needed for the baseline).
+    with a learned baseline, no group needed for the baseline). With advantage.cross_rollout (POISE) the critic term is
+    the reward less the value head's mean over another member's completion (`advantages.cross_rollout_baseline`).
     """
 
     def __init__(self, settings: TextGRPOSettings, mesh, policy: TextPolicy,
@@ -344,6 +345,9 @@ class TextGRPO:
         elif self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
             returns = jnp.broadcast_to((groups.rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
             critic = standardise(returns - groups.values, groups.mask)
+            if s.cross_rollout:  # POISE: each member's baseline from another member's states, not standardised
+                critic = cross_rollout_advantages(returns[..., 0], groups.values, groups.mask)
+                metrics["cross_rollout_error"] = global_mean(jnp.square(critic[..., 0]))  # (reward - baseline)^2
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
             units["returns"] = returns
             if groups.pruned is not None:  # a pruned member's reward is not its prefix's value: not a target
@@ -489,7 +493,7 @@ def build_text_grpo(config: ConfigDict, mesh, run_dir: str | None = None) -> eng
     the run layer reads); with `run_dir`, that saved run's (its tokenizer.json, and no warm start: its
     checkpoints hold the parameters)."""
     base = text_settings(config, config.group.size, value_head=config.loss.critic_weight > 0,
-                         start=run_dir or config.init_from)
+                         start=run_dir or config.init_from, value_entropy=config.loss.value_entropy)
     settings = knobs.read(TextGRPOSettings, config, text=base, advantage_options=advantage_options(config),
                           **rollout.settings_of(config, "tokens"))
     policy = TextPolicy(base, mesh)

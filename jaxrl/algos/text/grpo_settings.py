@@ -91,6 +91,8 @@ class TextGRPOSettings:
     top_k: int = knob("sampling.top_k", 0, "sample among the k most likely tokens; 0: all", minimum=0)
     advantage: str = advantages.ESTIMATOR.field()
     advantage_options: tuple[tuple[str, Any], ...] = ()
+    cross_rollout: bool = advantages.CROSS_ROLLOUT.field()  # POISE's baseline from another member's states
+    value_entropy: bool = losses.VALUE_ENTROPY.field()  # POISE's entropy features of the value head
     merges_groups: bool = knob("advantage.merge_problem_groups", False, "the groups of one pool problem in an update "
                                "(a prompt given several by a budget, DARS's first round and its extra rollouts, a "
                                "problem drawn twice) share one baseline and scale, over all their members on every "
@@ -233,6 +235,7 @@ def check_text_grpo_config(config: ConfigDict) -> None:
     check_group_estimator(config, multi_turn=multi_turn_task)
     check_objective(config, text=True, multi_turn=multi_turn_task)
     check_return_conditioned(config, multi_turn_task)
+    check_poise(config, multi_turn_task)
     if config.loss.reference_reset and not config_keeps_reference(config):
         raise ValueError(f"config.loss.reference_reset={config.loss.reference_reset} resets a reference policy the run "
                          "does not keep: it needs config.loss.kl_coef > 0, config.loss.confidence_penalty > 0 or "
@@ -344,6 +347,19 @@ def check_return_conditioned(config: ConfigDict, multi_turn_task: bool) -> None:
         ("advantage.process_weight", config.advantage.process_weight > 0)) if active]
     if on:
         raise ValueError(f"{where} learns by the likelihood of every completion alone: turn off {', '.join(on)}")
+
+
+def check_poise(config: ConfigDict, multi_turn_task: bool) -> None:
+    """POISE's keys (advantage.cross_rollout, loss.value_entropy) shape the value head's baseline: they need one
+    (loss.critic_weight > 0); the cross-rollout baseline needs another member per group and single completions."""
+    on = [key for key, active in (("advantage.cross_rollout", config.advantage.cross_rollout),
+                                  ("loss.value_entropy", config.loss.value_entropy)) if active]
+    if on and not config.loss.critic_weight > 0:
+        raise ValueError(f"config.{' and config.'.join(on)}: POISE's value head needs config.loss.critic_weight > 0")
+    if config.advantage.cross_rollout and (config.group.size < 2 or multi_turn_task):
+        raise ValueError("config.advantage.cross_rollout predicts each member's baseline from another member's "
+                         "completion: " + (f"task.name={config.task.name} is played over turns" if multi_turn_task
+                                           else f"config.group.size={config.group.size} must be >= 2"))
 
 
 def check_merged_groups(config: ConfigDict) -> None:

@@ -154,6 +154,7 @@ class TextPolicy:
         config, self.tokenizer_files = read_spec(
             settings.pretrained, dtype=jnp.dtype(settings.compute_dtype), param_dtype=jnp.dtype(settings.param_dtype),
             remat=settings.remat, value_head=bool(model_kwargs.get("value_head")), lora_rank=settings.lora_rank,
+            value_entropy=bool(model_kwargs.get("value_entropy")),
             lora_alpha=settings.lora_alpha, lora_targets=settings.lora_targets)
         tokens = self.tokenizer_files
         self.tokenizer = tokens.tokenizer
@@ -465,13 +466,13 @@ def model_source(config: ConfigDict, start: str | None) -> str:
 
 
 def text_settings(config: ConfigDict, samples_per_prompt: int = 1, value_head: bool = False,
-                  start: str | None = None) -> TextSettings:
+                  start: str | None = None, value_entropy: bool = False) -> TextSettings:
     """TextSettings with its knob fields read from `config` (`jaxrl.knobs`), the rest derived here; `start`: the
     saved run (directory) it resumes or starts from, whose tokenizer (or pretrained model files) it takes."""
     pretrained = model_source(config, start)
     small = {knob.key.split(".", 1)[1] for knob in MODEL_KNOBS}
     model = dict({k: v for k, v in config.model.to_dict().items() if k in small}, d_ff=config.model.d_ff or None,
-                 value_head=value_head)
+                 value_head=value_head, **{"value_entropy": True} if value_entropy else {})  # (POISE)
     tokenizer_path = os.path.join(start, "tokenizer.json") if start and not pretrained else None
     num_updates = config.total_steps // (config.num_prompts * samples_per_prompt)
     return knobs.read(
