@@ -408,6 +408,22 @@ def stratified(rewards, valid, opts, strata):
     return opts.stratum_weight * within.reshape(rewards.shape) + (1.0 - opts.stratum_weight) * overall
 
 
+@register("hint_posterior", reads="strata")
+def hint_posterior(rewards, valid, opts, strata):
+    """ADHint's Advantage Estimation with Rollout Difficulty Posterior ("ADHint: Adaptive Hints with Difficulty
+    Priors for Reinforcement Learning"): strata int [B, G] marks each member hinted (1) or not (0)
+    (`rollout.options.hints.adaptive`). Our reading of the abstract: the group's rollouts with and without the hint
+    faced different difficulties, whose posteriors are 1 - the mean reward of each condition's members; each
+    rollout is judged against its own condition, A = (r - mean of its condition's rewards) / (group std + eps)
+    (scale none: not divided), so hinted successes (easy) are not over-credited and unhinted failures (hard) not
+    over-punished. A group of one condition gets GRPO's advantage. [B, G] -> [B, G]."""
+    flat_r, flat_v, flat_s = _flat(rewards), _flat(valid), _flat(strata)
+    peers = (flat_s[:, :, None] == flat_s[:, None, :]) & flat_v[:, None, :]  # [B, M, M]
+    mean = jnp.sum(jnp.where(peers, flat_r[:, None, :], 0.0), -1) / jnp.maximum(peers.sum(-1), 1)
+    _, group_std, _ = _moments(rewards, valid, _group_axes(rewards))
+    return _rescale(rewards - mean.reshape(rewards.shape), group_std, rewards, valid, opts)
+
+
 @register("tracked", default_scale="batch", reads="baseline")
 def tracked(rewards, valid, opts, baseline):
     """SPO (single-stream policy optimisation): each sample against its problem's persistent tracked value (the

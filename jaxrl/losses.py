@@ -296,6 +296,18 @@ def confidence_entropy_shaped(advantages: jax.Array, confidence: jax.Array, entr
     return advantages * factor[:, None]
 
 
+def hint_modulated(weight: jax.Array, advantages: jax.Array, log_probs: jax.Array, hint: jax.Array) -> jax.Array:
+    """ADHint's Consistency-based Gradient Modulation and Selective Masking for Hint Preservation ("ADHint: Adaptive
+    Hints with Difficulty Priors for Reinforcement Learning"): the loss weights of hint tokens. weight, advantages,
+    log_probs (the sampler's log pi_old of each token) and hint (1 on a member's forced hint tokens) [..., N] -> the
+    weights [..., N]. Our reading of the abstract: a hint token, off-policy (forced, not drawn), is trained with weight
+    pi_old(y_t) = exp(log_probs), its consistency with the policy (a token the policy already agrees with moves it
+    fully, an unlikely one, whose gradient would be biased and large, barely), and only where its member's advantage
+    is > 0 (selective masking: a failed hinted rollout never pushes the hint's correct tokens down). Off the hint the
+    weights are unchanged."""
+    return jnp.where(hint > 0, jnp.exp(log_probs) * (advantages > 0), weight)
+
+
 def soft_advantages(advantages: jax.Array, tau) -> jax.Array:
     """TempSamp-R1's non-linear soft advantage ("TempSamp-R1: Effective Temporal Sampling with Reinforcement
     Fine-Tuning for Video LLMs"): an asymmetric transform applied after the estimator, any shape -> the same shape.

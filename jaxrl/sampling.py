@@ -160,7 +160,8 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     only, not on the batch it is drawn in (what a batch split over devices needs), computed as one batch.
 
     `forced` int32 [B, N] with `forced_len` int32 [B]: every member of prompt b starts with the tokens
-    forced[b, :forced_len[b]] instead of drawing them (a hint: the model continues from them). They are real
+    forced[b, :forced_len[b]] instead of drawing them (a hint: the model continues from them; forced_len [B, G]:
+    member g of prompt b starts with forced[b, :forced_len[b, g]]). They are real
     tokens of the completion (mask 1, log-probabilities the model's own); the caller decides whether a loss
     trains on them.
 
@@ -319,7 +320,8 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         token = _draw_token(logits, uniform[..., None], temperature, top_k, top_p)
         if forced is not None:  # a hint's tokens replace the drawn ones
             hinted = jnp.take_along_axis(forced, jnp.minimum(column, N - 1)[:, None], axis=1)  # [B, 1]
-            token = jnp.where((column < forced_len)[:, None], hinted, token)
+            token = jnp.where(column[:, None] < (forced_len if forced_len.ndim == 2 else forced_len[:, None]), hinted,
+                              token)
         log_p = _token_log_prob(logits, token)
         live = ~done
         token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))

@@ -446,6 +446,20 @@ def test_stratified_normalises_within_each_stratum_and_blends_with_the_group():
         get("stratified")(rewards)
 
 
+def test_hint_posterior_judges_each_member_against_the_members_of_its_hint_condition():
+    """ADHint's advantage with rollout difficulty posterior by hand: rewards (1, 1 | 1, 0), the first two hinted.
+    The hinted members' mean is 1 (difficulty posterior 0), the unhinted ones' 1/2; the group's std is
+    sqrt(3/4 x 1/4) = sqrt(3)/4. A = (0, 0 | 1/2, -1/2) / (sqrt(3)/4) = (0, 0, 2/sqrt(3), -2/sqrt(3)), where GRPO would
+    credit the easy hinted successes (1/4 / (sqrt(3)/4) each) and punish the unhinted failure by 3/sqrt(3). A group
+    of one condition gets GRPO's advantage."""
+    rewards = jnp.asarray([[1.0, 1.0, 1.0, 0.0]])
+    out = get("hint_posterior")(rewards, strata=jnp.asarray([[1, 1, 0, 0]]), eps=0.0)
+    np.testing.assert_allclose(out.advantages[0], [0.0, 0.0, 2 / math.sqrt(3), -2 / math.sqrt(3)], rtol=1e-5,
+                               atol=1e-6)
+    one = get("hint_posterior")(rewards, strata=jnp.zeros((1, 4), jnp.int32), eps=0.0)
+    np.testing.assert_allclose(one.advantages[0], [1 / math.sqrt(3)] * 3 + [-3 / math.sqrt(3)], rtol=1e-5)
+
+
 def test_module_exports():
     for name in ("GroupAdvantages", "ESTIMATORS", "register", "get", "group_advantages",
                  "stepwise_group_advantages", "returns_to_go", "gae"):

@@ -617,6 +617,18 @@ def test_echo_hybrid_shaping_mixes_confidence_and_certainty():
     np.testing.assert_array_equal(grad, 0.0)
 
 
+def test_hint_modulated_trains_hint_tokens_by_consistency_where_the_member_succeeded():
+    """ADHint's consistency-based modulation and selective masking by hand: two members whose first two tokens are a
+    hint (weight 0 before), sampled with pi_old 1/2 and 1/4 there. Member 0 (A = 1) trains its hint tokens with
+    weights 1/2 and 1/4; member 1 (A = -1) is masked on its hint; the tokens after the hint keep their weights."""
+    weight = jnp.asarray([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.5]])
+    hint = jnp.asarray([[1.0, 1.0, 0.0, 0.0]] * 2)
+    log_probs = jnp.log(jnp.asarray([[0.5, 0.25, 0.9, 0.9]] * 2))
+    advantages = jnp.asarray([[1.0] * 4, [-1.0] * 4])
+    np.testing.assert_allclose(losses.hint_modulated(weight, advantages, log_probs, hint),
+                               [[0.5, 0.25, 1.0, 1.0], [0.0, 0.0, 1.0, 0.5]], rtol=1e-6)
+
+
 def test_soft_advantages_compress_positive_advantages_logarithmically_and_leave_negative_ones():
     """TempSamp-R1's soft advantage by hand, tau = 0.5: A = 1.5 -> 0.5 log(1 + 3) = log 2; A = 0.5 -> 0.5 log 2;
     0 and negatives unchanged."""

@@ -88,6 +88,10 @@ def test_unknown_or_misplaced_strategies_are_config_errors():
         ({"rollout.generate": "tree", "advantage.estimator": "rloo"}, "config.advantage.estimator='rloo' is not one of them"),
         ({"rollout.options.hints.wait": 3, "rollout.replay": "hints", "rollout.pool_size": 4},
          "config.rollout.options.hints has unknown keys ['wait']"),
+        ({"rollout.options.hints.adaptive": True, "rollout.replay": "hints,recent", "rollout.pool_size": 4},
+         "config.rollout.options.hints.adaptive hints only some members, which rollout.replay=recent"),
+        ({"advantage.estimator": "hint_posterior", "rollout.replay": "hints", "rollout.pool_size": 4},
+         "config.advantage.estimator='hint_posterior' (ADHint) compares hinted and unhinted members"),
         ({"rollout.control": "partial", "group.oversample": 1},
          "rollout strategy partial starts more groups than it trains: set config.group.oversample >= 2"),
         ({"rollout.control": "partial,dynamic_sampling", "group.oversample": 2}, "needs exactly one selecting"),
@@ -220,6 +224,43 @@ def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay
     np.testing.assert_array_equal(groups.weight[0, :, hint:], groups.mask[0, :, hint:])
     np.testing.assert_array_equal(groups.weight[1], groups.mask[1])
     assert float(metrics["hinted"]) == 0.5
+
+
+def test_adhint_difficulty_prior_sets_the_tier_and_only_the_first_members_are_hinted():
+    """ADHint's hint ratio from the difficulty prior by hand (tiers 3): tier = floor((1 - p) 3 + 1/2) of the unhinted
+    pass rate p: p = 0 -> 3, 1/2 -> 2, 3/4 -> 1, 0.9 -> 0, 1 -> 0; members: the first hint_members of a group get
+    its hint."""
+    np.testing.assert_array_equal(rollout.difficulty_tier(jnp.asarray([0.0, 0.5, 0.75, 0.9, 1.0]), 3), [3, 2, 1, 0, 0])
+    np.testing.assert_array_equal(rollout.member_hint_lengths(jnp.asarray([4, 6]), jnp.asarray([2, 0]), 3),
+                                  [[4, 4, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(rollout.member_hint_lengths(jnp.asarray([4, 6]), None, 3), [[4, 4, 4], [6, 6, 6]])
+
+
+def test_adhint_hints_half_of_each_group_and_sets_the_tier_from_the_unhinted_members():
+    """rollout.options.hints.adaptive with G = 4, share 1/2: problem 2 at tier 2 of 3 forces 2/4 of its answer on
+    members 0 and 1 only (their hint weighs 0 in the rollout's weights; members 2, 3 draw freely). Observed with
+    correct (1, 1 | 0, 0), problem 2's unhinted pass rate 0 sets tier 3; problem 0 (unhinted: all its members are
+    free) with (1, 0, 1, 1) has p = 3/4: tier floor(1/4 x 3 + 1/2) = 1."""
+    config = tiny_grpo_config("", **{"rollout.replay": "hints", "rollout.pool_size": 6, "group.size": 4,
+                                     "rollout.options.hints.adaptive": True})
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    state = algo.init(jax.random.key(0))
+    memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
+    ids = jnp.asarray([2, 0])
+    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0), jnp.zeros(2, jnp.int32))
+    plan, _ = on_mesh(algo, strategies.add_hints, memory, plan, None)
+    answers = algo.task.reference_answers(plan.problems, algo.vocab)
+    hint = 2 * int(strategies._answer_lengths(algo, answers)[0]) // 4
+    np.testing.assert_array_equal(plan.hint_members, [2, 2])
+    groups = on_mesh(algo, strategies.independent, state.params, TextGRPOHyperparams(), plan, jax.random.key(3))
+    np.testing.assert_array_equal(groups.member_hint_len, [[hint, hint, 0, 0], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(groups.tokens[0, :2, :hint], np.broadcast_to(answers[0, :hint], (2, hint)))
+    assert float(groups.weight[0, :2, :hint].sum()) == 0
+    np.testing.assert_array_equal(groups.weight[0, 2:], groups.mask[0, 2:])
+    correct = jnp.asarray([[1.0, 1.0, 0.0, 0.0], [1.0, 0.0, 1.0, 1.0]])
+    groups = groups.replace(rewards=jnp.stack([correct, correct], -1), finished=None)
+    memory, _ = on_mesh(algo, strategies.track_hints, memory, groups, None)
+    np.testing.assert_array_equal(memory["tier"][jnp.asarray([2, 0])], [3, 1])
 
 
 @pytest.fixture(scope="module")

@@ -97,12 +97,14 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.anchor.samples": 4, "rollout.filter": "attention_predictor", "rollout.control": "variance_budget",
      "group.oversample": 2, "rollout.options.attention_predictor.capacity": 12},
     {"advantage.estimator": "return_conditioned"},
-    {"group.size": 2, "loss.critic_weight": 1.0, "advantage.cross_rollout": True, "loss.value_entropy": True},
+    {"group.size": 2, "loss.critic_weight": 0.5, "advantage.cross_rollout": True, "loss.value_entropy": True,
+     "advantage.estimator": "hint_posterior", "rollout.replay": "hints", "rollout.pool_size": 16,
+     "rollout.options.hints.adaptive": True},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping-prs-vspo",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated-soft",
         "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
-        "pvpo-anchor-attention_predictor-budget", "rcrl", "poise-cross_rollout-value_entropy"])
+        "pvpo-anchor-attention_predictor-budget", "rcrl", "poise-cross_rollout-value_entropy-adhint"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
     config = tiny_grpo_config(sft_run, **overrides)
     algos.validate(config)

@@ -53,8 +53,9 @@ the token strategies share), `tokens` (the built-in token strategies, registered
 `environments` (the env Generate strategies, registered on import, and their check).
 """
 
-from jaxrl.rollout.pieces import (allocate_groups, distinct_share, hint_lengths, hint_update,  # noqa: F401
-                                  importance_weights, last_occurrence, tie_ranks, tree_advantages)
+from jaxrl.rollout.pieces import (allocate_groups, difficulty_tier, distinct_share, hint_lengths,  # noqa: F401
+                                  hint_update, importance_weights, last_occurrence, member_hint_lengths, tie_ranks,
+                                  tree_advantages)
 from jaxrl.rollout.stages import (STAGES, STRATEGIES, Groups, Pipeline, Plan, Strategy, check_config,  # noqa: F401
                                   config_keys, configured_options, get, names, option_keys, options_of,
                                   register, settings_of)

@@ -103,6 +103,22 @@ def hint_lengths(tier: jax.Array, answer_lengths: jax.Array, tiers: int) -> jax.
     return (tier * answer_lengths) // (tiers + 1)
 
 
+def difficulty_tier(pass_rate: jax.Array, tiers: int) -> jax.Array:
+    """ADHint's Adaptive Hint with Sample Difficulty Prior: int32 [n] hint tier of each prompt from its pass rate
+    [n] without hints under the policy (its unhinted members' at its last observation). Our reading of the
+    abstract: the difficulty 1 - p sets the hint ratio, quantised to the tiers of `hint_lengths`:
+    tier = floor((1 - p) * tiers + 1/2) (p = 0: the top tier, p = 1: no hint)."""
+    return jnp.floor((1.0 - pass_rate) * tiers + 0.5).astype(jnp.int32)
+
+
+def member_hint_lengths(hint_len: jax.Array, hinted_members: jax.Array | None, group_size: int) -> jax.Array:
+    """int32 [n, G]: each member's forced hint tokens, of the group's hint_len [n]. hinted_members int32 [n] (ADHint:
+    the first hinted_members[i] members of group i get the hint, the rest sample without it), or None: all do."""
+    if hinted_members is None:
+        return jnp.broadcast_to(hint_len[:, None], (hint_len.shape[0], group_size))
+    return jnp.where(jnp.arange(group_size)[None, :] < hinted_members[:, None], hint_len[:, None], 0)
+
+
 def distinct_share(tokens: jax.Array, mask: jax.Array) -> jax.Array:
     """float32 [n]: each group's number of distinct completions / G, of tokens and mask [n, G, N]. Two members are
     the same completion where their masks agree and so do their tokens under them (padding never tells apart)."""

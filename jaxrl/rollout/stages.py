@@ -15,6 +15,7 @@ from ml_collections import ConfigDict
 from jaxrl import knobs
 from jaxrl.knobs import Knob
 from jaxrl.mesh import DATA_AXIS
+from jaxrl.rollout.pieces import member_hint_lengths
 
 
 STAGES = ("generate", "filter", "control", "replay")
@@ -132,6 +133,7 @@ class Plan:
     prune_at: jax.Array | None = None  # int32 [C]: the column where members may be pruned (a pruning strategy)
     prune_below: jax.Array | None = None  # float32 [C]: members predicted below it there are stopped
     baseline: jax.Array | None = None  # float32 [C, K]: the problem's tracked value per reward component (a tracker)
+    hint_members: jax.Array | None = None  # int32 [C]: ADHint: only the first members get the hint (None: all)
 
 
 @struct.dataclass
@@ -170,12 +172,20 @@ class Groups:
     baseline: jax.Array | None = None
     # float32 [n]: the pass rate a Filter predicted when the group was planned (`Plan.predicted`; -1: none)
     predicted: jax.Array | None = None
+    # int32 [n]: ADHint (`rollout.options.hints.adaptive`): the first hint_members[i] members of group i were hinted,
+    # the rest sampled without the hint (None: every member has the group's hint_len)
+    hint_members: jax.Array | None = None
+
+    @property
+    def member_hint_len(self) -> jax.Array:
+        """int32 [n, G]: each member's forced hint tokens (`pieces.member_hint_lengths`)."""
+        return member_hint_lengths(self.hint_len, self.hint_members, self.tokens.shape[1])
 
     @property
     def generated(self) -> jax.Array:
         """float32 [n, G, N]: tokens this update's policy drew (hints, replays and resumed columns excluded)."""
-        first = self.hint_len if self.start is None else jnp.maximum(self.hint_len, self.start)
-        drawn = jnp.arange(self.tokens.shape[-1]) >= first[:, None, None]
+        first = self.member_hint_len if self.start is None else jnp.maximum(self.member_hint_len, self.start[:, None])
+        drawn = jnp.arange(self.tokens.shape[-1]) >= first[..., None]
         return self.mask * drawn * ~self.replayed[..., None]
 
     def finished_only(self, mask: jax.Array) -> jax.Array:

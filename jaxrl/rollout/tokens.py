@@ -23,8 +23,9 @@ import optax
 from jaxrl import advantages, mesh as mesh_lib, multi_turn, sampling
 from jaxrl.engine import global_mean
 from jaxrl.mesh import DATA_AXIS
-from jaxrl.rollout.pieces import (allocate_groups, distinct_share, first_per_slot, hint_lengths, hint_update,
-                                  importance_weights, last_occurrence, tie_ranks, tree_advantages)
+from jaxrl.rollout.pieces import (allocate_groups, difficulty_tier, distinct_share, first_per_slot, hint_lengths,
+                                  hint_update, importance_weights, last_occurrence, member_hint_lengths, tie_ranks,
+                                  tree_advantages)
 from jaxrl.rollout.stages import Groups, Plan, get, register, take
 
 
@@ -86,7 +87,9 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     keys = mesh_lib.per_item_keys(key, prompts.shape[0])
     if getattr(task, "multi_turn", False):
         return _episodes(algo, params, hp, plan, prompts, keys)
-    hints = dict(forced=task.reference_answers(plan.problems, vocab), forced_len=plan.hint_len) \
+    member_hint = member_hint_lengths(plan.hint_len, plan.hint_members, s.group_size)  # [n, G]
+    hints = dict(forced=task.reference_answers(plan.problems, vocab),
+                 forced_len=plan.hint_len if plan.hint_members is None else member_hint) \
         if algo.pipeline.forces_hints else {}
     resume = None
     if plan.resume is not None:
@@ -105,7 +108,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     rewards = jax.vmap(lambda c: task.jax_rewards(plan.problems, c, vocab), in_axes=1, out_axes=1)(samples.tokens)
     n, G, N = samples.tokens.shape
     columns = jnp.arange(N)
-    weight = samples.mask * (columns >= plan.hint_len[:, None, None])
+    weight = samples.mask * (columns >= member_hint[..., None])
     behaviour = samples.log_probs
     if resume is not None:
         earlier = columns < plan.start[:, None, None]
@@ -121,7 +124,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
                   samples.lengths, samples.values, rewards, weight=weight, bonus=jnp.zeros((n, G), jnp.float32),
                   replayed=jnp.zeros((n, G), bool), start=plan.start, decided=decided, behaviour=behaviour,
                   finished=ended.all(axis=1), pruned=samples.pruned, branched_at=samples.branched_at,
-                  baseline=plan.baseline, predicted=plan.predicted)
+                  baseline=plan.baseline, predicted=plan.predicted, hint_members=plan.hint_members)
 
 
 def _episodes(algo, params, hp, plan: Plan, prompts: jax.Array, keys: jax.Array) -> Groups:
@@ -1034,29 +1037,52 @@ def add_hints(algo, memory, plan: Plan, key):
     tier = memory["tier"][plan.ids]
     hint_len = jnp.maximum(plan.hint_len, hint_lengths(tier, _answer_lengths(algo, answers), o["tiers"]))
     hint_len = jnp.where(plan.start > 0, plan.hint_len, hint_len)  # a resumed group keeps the hint it began with
+    if o["adaptive"]:  # ADHint: the first share x G members take the hint, the rest measure the difficulty without
+        plan = plan.replace(hint_members=jnp.full(hint_len.shape, int(o["share"] * algo.settings.group_size)))
     return plan.replace(hint_len=hint_len), {"hinted": global_mean((hint_len > 0).astype(jnp.float32)),
                                              "hint_tokens": global_mean(hint_len.astype(jnp.float32))}
 
 
 def track_hints(algo, memory, groups: Groups, params):
-    """Moves each observed problem's tier by `hint_update` from its group's pass rate."""
+    """Moves each observed problem's tier by `hint_update` from its group's pass rate; with `adaptive` (ADHint) sets
+    it to `difficulty_tier` of the pass rate of its group's unhinted members (kept where it had none)."""
     o = algo.strategy_options("hints")
-    ids, pass_rate, finished = mesh_lib.gather_shares((groups.ids, _correct(algo, groups).mean(axis=1),
-                                                       groups.finished_only(jnp.ones_like(groups.ids, bool))))
+    unhinted = groups.member_hint_len == 0  # [n, G]
+    correct = _correct(algo, groups)
+    ids, pass_rate, finished, free_rate, measured = mesh_lib.gather_shares((
+        groups.ids, correct.mean(axis=1), groups.finished_only(jnp.ones_like(groups.ids, bool)),
+        (correct & unhinted).sum(1) / jnp.maximum(unhinted.sum(1), 1), unhinted.any(1)))
     tier, streak = hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
                                patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
+    if o["adaptive"]:
+        tier = jnp.where(measured, difficulty_tier(free_rate, o["tiers"]), memory["tier"][ids])
     rows = jnp.where(last_occurrence(ids, finished), ids, algo.settings.pool_size)
     memory = {"tier": memory["tier"].at[rows].set(tier, mode="drop"),
               "streak": memory["streak"].at[rows].set(streak, mode="drop")}
     return memory, {"hint_tier": jnp.mean(memory["tier"].astype(jnp.float32))}
 
 
+def check_hints(config, chosen):
+    """ADHint's members hinted apart from the rest are not kept by the replays that store whole groups."""
+    stored = [name for name in ("recent", "selective") if name in chosen["replay"]]
+    if config.rollout.options.get("hints", {}).get("adaptive", False) and stored:
+        raise ValueError(f"config.rollout.options.hints.adaptive hints only some members, which rollout.replay="
+                         f"{stored[0]} does not store: choose one")
+
+
 register("replay", "hints", init=hint_memory, before=add_hints, observe=track_hints, needs_pool=True, single_turn=True,
+         check=check_hints,
          options={"patience": (2, "observations in a row without a solve before a problem's hint grows",
                                {"minimum": 1}),
                   "tiers": (3, "hint tiers: tier k forces k / (tiers + 1) of the reference answer", {"minimum": 1}),
                   "recover": (0.5, "a pass rate at which a problem's hint shrinks a tier",
-                              {"minimum": 0.0, "maximum": 1.0})})
+                              {"minimum": 0.0, "maximum": 1.0}),
+                  "adaptive": (False, "ADHint: a problem's tier is its difficulty prior, round((1 - p) x tiers) of "
+                               "its unhinted members' pass rate p (patience and recover unused); only the first "
+                               "`share` of each group is hinted; hint tokens are trained, weighted by pi(token) "
+                               "where the member's advantage is > 0 (losses.hint_modulated)", {}),
+                  "share": (0.5, "adaptive: the share of each group's members that get the hint (the rest measure "
+                            "the difficulty)", {"minimum": 0.0, "below": 1.0})})
 
 
 # --- Replay: a curriculum -----------------------------------------------------------------------------

@@ -279,8 +279,9 @@ class TextGRPO:
             return token_advantages, weight, tied
         context = {}
         reads = advantages.ESTIMATORS[s.advantage].reads
-        if reads == "strata":  # an episode's structure: how many tools it called
-            context["strata"] = groups.turns["tool_call"].sum(-1)
+        if reads == "strata":  # an episode's structure (how many tools it called), or ADHint's: hinted or not
+            context["strata"] = groups.turns["tool_call"].sum(-1) if groups.turns is not None \
+                else (groups.member_hint_len > 0).astype(jnp.int32)
         if reads == "baseline":  # the problem's tracked value, in the units of the weighted reward
             context["baseline"] = groups.baseline @ jnp.asarray(s.reward_weights)
         if reads == "prior":  # the value head at state zero: its prediction of the weighted reward from the prompt
@@ -331,8 +332,12 @@ class TextGRPO:
         if self.pipeline.uses_bonus:
             metrics["ranked"] = global_mean(tied.astype(jnp.float32))
         b, G, N = groups.tokens.shape
+        trained = groups.weight
+        if groups.hint_members is not None:  # ADHint: hint tokens trained by consistency, where the member's A > 0
+            hint = groups.mask * (jnp.arange(N) < groups.member_hint_len[..., None])
+            trained = losses.hint_modulated(trained, advantages, groups.log_probs, hint)
         units = {"prompts": groups.prompts, "tokens": groups.tokens, "mask": groups.mask,
-                 "log_probs": groups.log_probs, "weight": weight * groups.weight}
+                 "log_probs": groups.log_probs, "weight": weight * trained}
         if groups.attend is not None:  # multi-turn episodes: the environment's tokens are seen, not learned
             units["attend"] = groups.attend
         if s.correction != "none":  # the policies that drew each token, for `_learn`'s correction
