@@ -132,6 +132,7 @@ class Plan:
     prune_at: jax.Array | None = None  # int32 [C]: the column where members may be pruned (a pruning strategy)
     prune_below: jax.Array | None = None  # float32 [C]: members predicted below it there are stopped
     baseline: jax.Array | None = None  # float32 [C, K]: the problem's tracked value per reward component (a tracker)
+    length_cap: jax.Array | None = None  # int32 [C]: completion columns a member may use (a shorter window; None: N)
 
 
 @struct.dataclass
