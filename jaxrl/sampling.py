@@ -153,7 +153,7 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
                              resume: Resume | None = None, stop_slots: int = 0,
                              stop_axis: str | None = None, prune_at=None,
                              prune_below: jax.Array | None = None, prune_keep: int = 0,
-                             branch_entropy=None) -> Samples:
+                             branch_entropy=None, length_cap: jax.Array | None = None) -> Samples:
     """`sample_groups` with a key per prompt: prompts [B, P], keys [B] -> `Samples` with leaves [B, G, N].
 
     Prompt b's group equals `sample_groups(prompts[b:b+1], keys[b])`: a prompt's samples depend on its key
@@ -186,13 +186,17 @@ def sample_groups_per_prompt(model: TransformerLM, params, prompts: jax.Array, k
     group's `prune_below` stops before drawing that column (`Samples.pruned`); decoding ends when every member
     has. `prune_keep` > 0 keeps groups balanced (`balanced_cut`): each side of predicted value 1/2 keeps its
     `prune_keep` highest-predicted members still going.
+
+    `length_cap` int32 [B] (traced) shortens prompt b's completions to its first length_cap[b] columns (of the
+    static N): a member still going there ends as at column N (no EOS; later columns pad with mask 0), and
+    decoding stops once every member has ended or reached its cap.
     """
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
     return _sample_members(model, params, prompts, member_keys, max_new_tokens=max_new_tokens, eos_id=eos_id,
                            pad_id=pad_id, temperature=temperature, top_k=top_k, top_p=top_p, per_prompt=True,
                            forced=forced, forced_len=forced_len, branches=branches, depth=depth, resume=resume,
                            stop_slots=stop_slots, stop_axis=stop_axis, prune_at=prune_at, prune_below=prune_below,
-                           prune_keep=prune_keep, branch_entropy=branch_entropy)
+                           prune_keep=prune_keep, branch_entropy=branch_entropy, length_cap=length_cap)
 
 
 def balanced_cut(value: jax.Array, going: jax.Array, below: jax.Array, keep: int = 0) -> jax.Array:
@@ -282,11 +286,11 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
                     temperature, top_k, top_p, per_prompt: bool = False, forced=None, forced_len=None,
                     branches: int = 0, depth: int = 0, resume: Resume | None = None, stop_slots: int = 0,
                     stop_axis: str | None = None, prune_at=None, prune_below=None, prune_keep: int = 0,
-                    branch_entropy=None) -> Samples:
+                    branch_entropy=None, length_cap=None) -> Samples:
     """prompts [B, P] -> `Samples` with leaves [B, G, N]. member_keys [G]: member g of every prompt draws as
     `sample` with key g; per_prompt, [B, G]: member g of prompt b draws as `sample` of that prompt alone
     with key (b, g). forced, forced_len, resume, stop_slots, stop_axis, prune_at, prune_below, prune_keep,
-    branch_entropy: see `sample_groups_per_prompt`.
+    branch_entropy, length_cap: see `sample_groups_per_prompt`.
 
     Without `resume`, `stop_slots`, pruning or `branch_entropy`, a `lax.scan` of N-1 cached steps and a last
     draw (a fixed-depth tree's leaders decode its shared prefix alone). With any of them, a `lax.while_loop` in
@@ -323,9 +327,12 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
             token = jnp.where(column[:, None] < (forced_len if forced_len.ndim == 2 else forced_len[:, None]), hinted,
                               token)
         log_p = _token_log_prob(logits, token)
-        live = ~done
+        live = ~done & ~capped(column)
         token = jnp.where(live, token, jnp.asarray(pad_id, jnp.int32))
-        return token, jnp.where(live, log_p, 0.0), live, done | (live & is_eos(token, eos_id))
+        return token, jnp.where(live, log_p, 0.0), live, done | (live & is_eos(token, eos_id)) | capped(column + 1)
+
+    def capped(column):  # bool [B, 1]: column lies at or past the prompt's length cap (none: never)
+        return (column >= (N if length_cap is None else length_cap))[:, None]
 
     def forward(cache, own_mask, token, column, slot):  # the model on each member's newest token
         logits, values, cache = model.apply(params, token[..., None], (prompt_len + column)[:, None, None]
@@ -428,8 +435,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
             split = jnp.where(shared & ~still, column[:, None], split)
             shared = still
             uniform = jnp.where(shared, uniform[:, leader], uniform)
-        token, log_p, live, done = pick(logits, done, uniform, column)
-        done = done | (column >= N - 1)[:, None]  # nothing follows the last column
+        token, log_p, live, done = pick(logits, done, uniform, column)  # (done at the last column or the cap)
         here = columns[None, None, :] == column[:, None, None]  # [B, 1, N]
         put = lambda buffer, x: jnp.where(here, x[..., None], buffer)
         tokens, log_probs, live_mask = put(tokens, token), put(log_probs, log_p), put(live_mask, live)

@@ -800,6 +800,29 @@ def test_hardest_repeats_its_problems_for_drive_s_larger_groups():
         algos.validate(tiny_grpo_config("", **{**keys, "rollout.pool_size": 3}))
 
 
+def test_hardest_s_broad_stage_stops_completions_at_drive_s_short_window():
+    """DRIVE's broad stage rolls out with a short response window, the hard focus with the full one: with after 2 and
+    window 3, updates 0 and 1 cap every planned candidate's completions at 3 tokens, update 2 on at the answer length
+    N (no cap in effect); a window past N caps at N. A window with no broad stage (after 0) is refused."""
+    keys = {"rollout.replay": "hardest", "rollout.pool_size": 32, "rollout.options.hardest.after": 2,
+            "rollout.options.hardest.window": 3}
+    config = tiny_grpo_config("", **keys)
+    algos.validate(config)
+    algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
+    N = algo.task.answer_length
+    assert N > 3
+    plan = on_mesh(algo, rollout.plan_candidates, jax.random.key(1))
+    rates = pass_rates({})
+    for updates, cap in ((0, 3), (1, 3), (2, N)):
+        planned, _ = on_mesh(algo, strategies.hardest_problems, {**rates, "updates": jnp.int32(updates)}, plan,
+                             jax.random.key(0))
+        np.testing.assert_array_equal(planned.length_cap, np.full(16, cap))
+    assert int(strategies.stage_window(jnp.bool_(False), N + 5, N)) == N
+    with pytest.raises(ValueError, match=r"hardest.window=3 shortens the broad stage's completions, but "
+                                         r"config.rollout.options.hardest.after=0 leaves no broad stage"):
+        algos.validate(tiny_grpo_config("", **{**keys, "rollout.options.hardest.after": 0}))
+
+
 def test_selective_buffer_gives_a_tied_group_the_stored_completion_of_the_other_outcome(paired_algo):
     """replay/selective (Skywork R1V2's Selective Sample Buffer): per problem the newest correct and the newest wrong
     completion are stored; an all-wrong group gets the correct one as its last member, an all-correct group the

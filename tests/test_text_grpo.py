@@ -85,7 +85,8 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.control": "variance_budget,entropy_target", "rollout.options.entropy_target.start": 0.5,
      "group.oversample": 1, "loss.token_keep": 0.5, "rollout.generate": "dars", "advantage.merge_problem_groups": True,
      "rollout.options.variance_budget.target": "hard", "rollout.replay": "hardest", "rollout.pool_size": 16,
-     "rollout.options.hardest.after": 1},
+     "rollout.options.hardest.after": 1, "rollout.options.hardest.window": 1,
+     "loss.truncated": "mask"},
     {"advantage.estimator": "bnpo", "loss.objective": "pacs", "loss.score_scale": 0.5, "loss.reference_reset": 2,
      "reward.label_free": "majority",
      "rollout.replay": "thompson,selective,recent", "rollout.pool_size": 16, "loss.min_distinctiveness": 0.3,
@@ -102,7 +103,7 @@ def test_grpo_raises_held_out_accuracy_past_the_warm_start(countdown_sft_run):
      "rollout.options.hints.adaptive": True},
 ], ids=["dr_grpo-tree-kl-gdro-length-d3s_members-entropy_shaping-prs-vspo",
         "gdpo-sequence-critic-pairing-replay-reference_below-cispo-ace-reset-truncated-soft",
-        "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest",
+        "median-predictor-ranks-budget_hard-entropy_target-dars-merged-d3s-hardest-window-overlong",
         "bnpo-pacs-reset-majority-thompson-selective-recent-dagrpo-xrpo_ear-echo", "spo-tracked-g1",
         "pvpo-anchor-attention_predictor-budget", "rcrl", "poise-cross_rollout-value_entropy-adhint"])
 def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
@@ -165,6 +166,9 @@ def test_estimators_and_loss_parts_from_the_config(sft_run, overrides):
         assert 0 <= metrics["predictor_error"][0] <= 1, metrics
     if "hardest" in config.rollout.replay:  # the broad stage's one update, then the hard focus's
         np.testing.assert_allclose(metrics["hard_focus"], 0.5)
+        # DRIVE's window of 1 token cuts every broad-stage answer (a digit, then EOS) as the length limit would: the
+        # first update's completions are all truncated, the hard focus's (the full answer length) hardly any
+        assert 0.45 <= metrics["truncated"][0] <= 0.75, metrics["truncated"]
     assert not np.allclose(before, jax.tree.leaves(state.params)[0])
     if "tracker" in config.rollout.replay:  # SPO: every candidate's single sample counts, the first update's halved
         candidates = config.num_prompts * config.group.oversample

@@ -441,3 +441,28 @@ def test_a_value_head_with_entropy_features_reads_each_columns_entropy(tiny):
     logits, values = forward(entropic, head, tokens, layout(mask), mask)
     log_p = jax.nn.log_softmax(logits, -1)
     np.testing.assert_allclose(values, -jnp.sum(jnp.exp(log_p) * log_p, -1), rtol=1e-5, atol=1e-6)
+
+
+def test_a_length_cap_cuts_each_prompt_s_members_at_its_window(tiny):
+    """DRIVE's short response window as a traced cap: prompt b's members keep the first min(cap[b], L) tokens of
+    their uncapped completions (L: up to and including EOS), the rest pad with mask 0; nothing else changes. By
+    hand, caps [2, 3, 5, 3] of N = 8: a member of length 8 keeps 2, 3, 5 or 3 tokens; one that ended at column 1
+    (L = 2) keeps its 2 under any of these caps. Decoding stops once every member is done or capped: the while loop (`stop_slots`) runs
+    max min(cap, L) <= 5 steps, not 8."""
+    model, params = tiny
+    prompts = left_padded(PROMPTS, W + 3)
+    keys, G = jax.random.split(jax.random.key(5), 4), 3
+    kw = dict(group_size=G, max_new_tokens=N, eos_id=EOS, pad_id=PAD)
+    whole = sample_groups_per_prompt(model, params, prompts, keys, **kw)
+    cap = np.array([2, 3, 5, 3])
+    kept = np.minimum(cap[:, None], np.asarray(whole.lengths))  # [B, G]
+    inside = np.arange(N)[None, None, :] < kept[..., None]
+    capped = dict(kw, length_cap=jnp.asarray(cap))
+    for out in (sample_groups_per_prompt(model, params, prompts, keys, **capped),
+                sample_groups_per_prompt(model, params, prompts, keys, stop_slots=1, **capped)):
+        np.testing.assert_array_equal(out.lengths, kept)
+        np.testing.assert_array_equal(out.mask, inside.astype(np.float32))
+        np.testing.assert_array_equal(out.tokens, np.where(inside, whole.tokens, PAD))
+        np.testing.assert_allclose(out.log_probs, np.where(inside, whole.log_probs, 0.0), atol=1e-5)
+    np.testing.assert_array_equal(out.decided, np.full(4, kept.max()))
+

@@ -134,6 +134,7 @@ class Plan:
     prune_below: jax.Array | None = None  # float32 [C]: members predicted below it there are stopped
     baseline: jax.Array | None = None  # float32 [C, K]: the problem's tracked value per reward component (a tracker)
     hint_members: jax.Array | None = None  # int32 [C]: ADHint: only the first members get the hint (None: all)
+    length_cap: jax.Array | None = None  # int32 [C]: completion columns a member may use (a shorter window; None: N)
 
 
 @struct.dataclass

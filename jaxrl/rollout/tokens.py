@@ -81,7 +81,7 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
     """G independent completions per prompt (KV-cache sampling; a hint's tokens are forced first). Groups the
     plan resumes continue from their columns so far, whose tokens the loss weighs by min(pi / mu, cap) against
     the policies that drew them; with a Control strategy that stops early, decoding ends once every slot holds
-    a finished group."""
+    a finished group. A plan's `length_cap` ends its members at that column (cut off as by the length limit)."""
     s, task, vocab = algo.settings, algo.task, algo.vocab
     prompts = task.prompts(plan.problems, vocab)
     keys = mesh_lib.per_item_keys(key, prompts.shape[0])
@@ -100,10 +100,11 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
                                  plan.resume["stopped"][rows])
     prune = {} if plan.prune_below is None else dict(prune_at=plan.prune_at, prune_below=plan.prune_below,
                                                      prune_keep=algo.strategy_options("prune")["balance"])
+    cap = {} if plan.length_cap is None else dict(length_cap=plan.length_cap)
     samples = sampling.sample_groups_per_prompt(
         algo.model, params, prompts, keys, group_size=s.group_size, max_new_tokens=task.answer_length,
         eos_id=vocab.eos_id, pad_id=vocab.pad_id, temperature=hp.temperature, top_k=s.top_k, top_p=hp.top_p,
-        **hints, **tree, **prune, resume=resume, stop_slots=algo.stop_slots,
+        **hints, **tree, **prune, **cap, resume=resume, stop_slots=algo.stop_slots,
         stop_axis=DATA_AXIS if algo.stop_slots or prune else None)
     rewards = jax.vmap(lambda c: task.jax_rewards(plan.problems, c, vocab), in_axes=1, out_axes=1)(samples.tokens)
     n, G, N = samples.tokens.shape
@@ -117,7 +118,8 @@ def independent(algo, params, hp, plan: Plan, key: jax.Array, **tree) -> Groups:
                                         plan.resume["cap"][:, None, None])
         weight = jnp.where(earlier, weight * importance, weight)
     decided = jnp.full((n,), N, jnp.int32) if samples.decided is None else samples.decided
-    ended = ((samples.tokens == vocab.eos_id) & (samples.mask > 0)).any(axis=-1) | (decided >= N)[:, None]
+    limit = N if plan.length_cap is None else jnp.minimum(plan.length_cap, N)  # a capped member ends at its cap
+    ended = ((samples.tokens == vocab.eos_id) & (samples.mask > 0)).any(axis=-1) | (decided >= limit)[:, None]
     if samples.pruned is not None:
         ended = ended | samples.pruned
     return Groups(plan.ids, plan.problems, prompts, plan.hint_len, samples.tokens, samples.log_probs, samples.mask,
@@ -1563,8 +1565,9 @@ def hardest_problems(algo, memory, plan: Plan, key):
     gradient) comes after every other; a problem never observed counts at 1/2. DRIVE's larger groups in the hard
     stage (64 rollouts against 8): with `repeat` k the hard stage plans the B x oversample / k hardest problems k
     times each (`repeated_hardest`), and `advantage.merge_problem_groups` (required) makes each one's k groups a single
-    group of k x G members: the group size of a compiled program stays G. Not here: DRIVE's shorter response window
-    in the broad stage (the answer length is one per compiled program)."""
+    group of k x G members: the group size of a compiled program stays G. DRIVE's shorter response window in the
+    broad stage: with `window` > 0 the broad stage's completions stop at `window` tokens (`stage_window`: a traced
+    cap, the compiled answer length N stays one), the hard focus's run to N."""
     o, s = algo.strategy_options("hardest"), algo.settings
     rate = memory["rate"]
     unsolved = (rate <= 0.0) if o["unsolved_last"] else jnp.zeros(rate.shape, bool)
@@ -1572,8 +1575,18 @@ def hardest_problems(algo, memory, plan: Plan, key):
                                s.text.num_prompts * s.oversample, o["repeat"])
     focus = memory["updates"] >= o["after"]
     ids = jnp.where(focus, mesh_lib.local_share(hardest), plan.ids)
-    return pool_plan(algo, ids), {"hard_focus": focus.astype(jnp.float32),
-                                  "planned_pass_rate": global_mean(rate[ids])}
+    planned = pool_plan(algo, ids)
+    if o["window"]:
+        cap = stage_window(focus, o["window"], algo.task.answer_length)
+        planned = planned.replace(length_cap=jnp.full(ids.shape, cap, jnp.int32))
+    return planned, {"hard_focus": focus.astype(jnp.float32), "planned_pass_rate": global_mean(rate[ids])}
+
+
+def stage_window(focus: jax.Array, window: int, length: int) -> jax.Array:
+    """int32 []: the completion columns a member may use this update (DRIVE: a short response window in the broad
+    stage, the full answer length in the hard focus): `window` before the hard focus (bool [] `focus`), `length`
+    after it, never more than `length`."""
+    return jnp.where(focus, length, min(window, length)).astype(jnp.int32)
 
 
 def repeated_hardest(keys: tuple, count: int, repeat: int) -> jax.Array:
@@ -1588,6 +1601,9 @@ def check_hardest(config, chosen) -> None:
     if planned % o.repeat:
         raise ValueError(f"config.rollout.options.hardest.repeat={o.repeat} must divide the {planned} problems planned "
                          "per update (num_prompts x group.oversample)")
+    if o.window and not o.after:
+        raise ValueError(f"config.rollout.options.hardest.window={o.window} shortens the broad stage's completions, "
+                         "but config.rollout.options.hardest.after=0 leaves no broad stage")
     if o.repeat > 1 and not config.advantage.merge_problem_groups:
         raise ValueError(f"config.rollout.options.hardest.repeat={o.repeat} plans each hard problem {o.repeat} times "
                          "to train it as one larger group: set config.advantage.merge_problem_groups=True")
@@ -1606,6 +1622,8 @@ register("replay", "hardest", init=hardest_memory, before=hardest_problems, obse
                   "repeat": (1, "the hard focus plans each of its problems this many times, merged into one group of "
                              "repeat x group.size members (DRIVE's larger groups; needs advantage.merge_problem_groups)",
                              {"minimum": 1}),
+                  "window": (0, "> 0: the broad stage's completions stop at this many tokens (DRIVE's shorter response "
+                             "window; cut off as by the length limit); 0: off", {"minimum": 0}),
                   "rate_step": RATE_STEP,
                   "unsolved_last": (True, "problems of tracked pass rate 0 come after every other in the hard focus",
                                     {})})
