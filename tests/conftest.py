@@ -119,12 +119,13 @@ def xla_flags_with_devices(devices: int) -> str:
 
 
 def run_python(code: str, *, devices: int = 1, timeout: int = 600, env: dict | None = None):
-    """Run `code` in a fresh interpreter (XLA device flags only act before jax is imported)."""
+    """`python -c code` as a fresh interpreter with `devices` host devices runs it (XLA device flags act only before
+    a backend starts): a forked child of this process's command server, which has imported jax and jaxrl already."""
     import subprocess
 
     full_env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(devices), JAX_PLATFORMS="cpu", **(env or {}))
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True,
-                          text=True, timeout=timeout)
+    result = command_server().request({"code": code, "env": full_env}, timeout=timeout)
+    return subprocess.CompletedProcess([sys.executable, "-c", code], *result)
 
 
 @pytest.fixture
@@ -133,56 +134,73 @@ def python_subprocess():
 
 
 class _CommandServer:
-    """A `tests/command_server.py` process: `python -m` commands as forked children of one interpreter that has
-    imported jaxrl."""
+    """A `tests/command_server.py` process: `python -m` commands and `python -c` code as forked children of one
+    interpreter that has imported jaxrl."""
 
     def __init__(self):
         import subprocess
+        import tempfile
 
         self.process = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "command_server.py")],
                                         cwd=ROOT, text=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         env=dict(os.environ, JAX_PLATFORMS="cpu"), start_new_session=True)
         assert self.process.stdout.readline().strip() == "ready", "the command server did not start"
+        self.outputs = tempfile.mkdtemp(prefix="jaxrl-command-server-")
 
-    def run(self, module: str, *args: str, tmp_dir: str, timeout: float = 300):
-        """The CompletedProcess (returncode, stdout, stderr) of `python -m module *args` in the repository root."""
+    def request(self, request: dict, timeout: float) -> tuple[int, str, str]:
+        """(exit status, stdout, stderr) of one request (`command_server.run_as_main`)."""
         import json
         import select
         import signal
-        import subprocess
+        import tempfile
 
-        assert self.process.poll() is None, "the command server was stopped (an earlier command timed out)"
-        out, err = os.path.join(tmp_dir, "stdout"), os.path.join(tmp_dir, "stderr")
-        self.process.stdin.write(json.dumps({"module": module, "args": list(args), "stdout": out,
-                                             "stderr": err}) + "\n")
+        out_dir = tempfile.mkdtemp(dir=self.outputs)
+        out, err = os.path.join(out_dir, "stdout"), os.path.join(out_dir, "stderr")
+        self.process.stdin.write(json.dumps({**request, "stdout": out, "stderr": err}) + "\n")
         self.process.stdin.flush()
         if not select.select([self.process.stdout], [], [], timeout)[0]:
             os.killpg(self.process.pid, signal.SIGKILL)  # the server and the command it waits for
             self.process.wait()
-            raise TimeoutError(f"python -m {module} {' '.join(args)} did not end within {timeout} s")
+            raise TimeoutError(f"{str(request)[:200]} did not end within {timeout} s")
         line = self.process.stdout.readline()
         assert line, "the command server died"
         with open(out) as stdout, open(err) as stderr:
-            return subprocess.CompletedProcess([sys.executable, "-m", module, *args], json.loads(line),
-                                               stdout.read(), stderr.read())
+            return json.loads(line), stdout.read(), stderr.read()
+
+    def run(self, module: str, *args: str, timeout: float = 300):
+        """The CompletedProcess (returncode, stdout, stderr) of `python -m module *args` in the repository root."""
+        import subprocess
+
+        result = self.request({"module": module, "args": list(args)}, timeout)
+        return subprocess.CompletedProcess([sys.executable, "-m", module, *args], *result)
 
     def close(self):
+        import shutil
+
         self.process.stdin.close()
         self.process.wait(timeout=60)
+        shutil.rmtree(self.outputs, ignore_errors=True)
 
 
-@pytest.fixture(scope="session")
-def _command_server():
-    server = _CommandServer()
-    yield server
-    server.close()
+_SERVER: list = []  # this test process's command server, started when first needed
+
+
+def command_server() -> _CommandServer:
+    """This test process's command server (`tests/command_server.py`), started on first use (and again after one was
+    stopped by a command that timed out) and closed at exit."""
+    if not _SERVER or _SERVER[-1].process.poll() is not None:
+        import atexit
+
+        _SERVER.append(_CommandServer())
+        atexit.register(_SERVER[-1].close)
+    return _SERVER[-1]
 
 
 @pytest.fixture
-def run_command(_command_server, tmp_path_factory):
+def run_command():
     """`run_command(module, *args)`: the CompletedProcess of `python -m module *args` run from the repository
     root, as a forked child of the test process's command server (`tests/command_server.py`)."""
-    return lambda module, *args: _command_server.run(module, *args, tmp_dir=str(tmp_path_factory.mktemp("cmd")))
+    return command_server().run
 
 
 def assert_one_and_eight_devices_agree(experiment: str, overrides: dict, updates: int, state_fields=("params",),
@@ -289,31 +307,56 @@ def assert_same_state(a, b):
         np.testing.assert_array_equal(x, y)
 
 
+def once_per_session(tmp_path_factory, name: str, produce):
+    """`produce(directory)`'s JSON-able result, computed once per test session however many xdist workers ask: the
+    first to ask runs it in a directory every worker can read (under the session's shared base temp) while the
+    others wait on a lock, then read what it wrote. A training run a fixture makes is not repeated per worker."""
+    import fcntl
+    import json
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    directory, result = shared / name, shared / f"{name}.json"
+    with open(shared / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # (released when the file closes)
+        if not result.exists():
+            directory.mkdir(exist_ok=True)
+            value = produce(str(directory))
+            result.write_text(json.dumps(value, default=lambda x: x.item()))  # (numpy scalars)
+        return json.loads(result.read_text())
+
+
 @pytest.fixture(scope="session")
 def tiny_sft_run(tmp_path_factory):
     """A `tiny_sft_config` run of 3,200 samples, then resumed with total_steps 4,800: tests/test_text_sft.py checks
-    it, and the text GRPO tests start from it (one SFT run for both, its compiles their largest part).
+    it, and the text GRPO tests start from it (one SFT run for both, its compiles their largest part; read only).
     Returns (workdir, the first run's metric rows, the resumed run's)."""
-    from jaxrl import config as config_lib, train
-    from helpers import tiny_sft_config
+    def produce(directory):
+        from jaxrl import config as config_lib, train
+        from helpers import tiny_sft_config
 
-    workdir = str(tmp_path_factory.mktemp("sft") / "run")
-    first = train.run(tiny_sft_config(), workdir).metrics
-    config = config_lib.load(os.path.join(workdir, "config.json"))
-    with config.unlocked():
-        config.total_steps = 4_800
-    return workdir, first, train.run(config, workdir).metrics
+        workdir = os.path.join(directory, "run")
+        first = train.run(tiny_sft_config(), workdir).metrics
+        config = config_lib.load(os.path.join(workdir, "config.json"))
+        with config.unlocked():
+            config.total_steps = 4_800
+        return workdir, first, train.run(config, workdir).metrics
+
+    return tuple(once_per_session(tmp_path_factory, "tiny_sft", produce))
 
 
 @pytest.fixture(scope="session")
 def countdown_sft_run(tmp_path_factory):
     """tiny_sft_config's model on two-number Countdown, 6,400 samples, evaluated at the end (greedy held-out accuracy
-    about 0.4: the text GRPO tests raise it, the reward model tests rank its samples)."""
-    from jaxrl import train
-    from helpers import countdown_2, set_keys, tiny_sft_config
+    about 0.4: the text GRPO tests raise it, the reward model tests rank its samples; read only)."""
+    def produce(directory):
+        from jaxrl import train
+        from helpers import countdown_2, set_keys, tiny_sft_config
 
-    workdir = str(tmp_path_factory.mktemp("countdown_sft") / "run")
-    config = set_keys(tiny_sft_config("countdown", total_steps=6_400),
-                      {**countdown_2(), "eval.every_steps": 6_400, "eval.pass_k": 0})
-    train.run(config, workdir)
-    return workdir
+        workdir = os.path.join(directory, "run")
+        config = set_keys(tiny_sft_config("countdown", total_steps=6_400),
+                          {**countdown_2(), "eval.every_steps": 6_400, "eval.pass_k": 0})
+        train.run(config, workdir)
+        return workdir
+
+    return once_per_session(tmp_path_factory, "countdown_sft", produce)

@@ -349,10 +349,11 @@ class TextGRPO:
             units["returns"] = returns
         elif self.use_critic:  # the value head predicts the completion's weighted reward from each prefix
             returns = jnp.broadcast_to((groups.rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
-            critic = standardise(returns - groups.values, groups.mask)
             if s.cross_rollout:  # POISE: each member's baseline from another member's states, not standardised
                 critic = cross_rollout_advantages(returns[..., 0], groups.values, groups.mask)
                 metrics["cross_rollout_error"] = global_mean(jnp.square(critic[..., 0]))  # (reward - baseline)^2
+            else:
+                critic = standardise(returns - groups.values, groups.mask)
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
             units["returns"] = returns
             if groups.pruned is not None:  # a pruned member's reward is not its prefix's value: not a target
