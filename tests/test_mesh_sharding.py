@@ -163,7 +163,7 @@ config = load_experiment("text_grpo", "addition")
 config.num_prompts, config.group.size, config.group.oversample = 16, 4, 2
 config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
 config.optim.num_minibatches, config.total_steps = 2, 16 * 4 * 6
-num_seeds = 2
+num_seeds = 1  # (text SFT's case has two seeds on the runs axis; each text GRPO case one, as the sampling is the point)
 """
 
 # Every rollout strategy at once (dynamic sampling is TEXT_GRPO_PARTIAL's base), on a pool of 8 problems (revisited
@@ -224,7 +224,7 @@ config.optim.num_minibatches, config.total_steps = 2, 16 * 4 * 6
 config.advantage.estimator, config.loss.critic_weight, config.loss.ratio = "gigpo", 0.5, "turn"
 config.actor.max_staleness, config.loss.correction = 1, "decoupled"
 on_eight_devices = {"mesh.split_actor": True}
-num_seeds = 2
+num_seeds = 1
 """
 
 
@@ -237,7 +237,7 @@ config = load_experiment("text_reward_model", "addition")
 config.num_prompts, config.group.size, config.reward_model.objective = 16, 4, "generative"  # (its critiques too)
 config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2
 config.total_steps = 16 * 4 * 6
-num_seeds = 2
+num_seeds = 1
 """
 
 
