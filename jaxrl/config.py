@@ -52,6 +52,8 @@ SHARED_KNOBS = (
          "heads, MLP units and vocabulary within each data group (tensor parallel); 1: none", minimum=1),
     Knob("log.every_steps", 25_000, "environment steps between metrics rows", minimum=1),
     Knob("log.progress_bar", True, "a progress bar on the terminal"),
+    Knob("log.artifacts", True, "at the end, the first seed's samples beside the metrics: an evaluation episode's GIF "
+         "(environments that render one) or sample completions (text); False: none (a sweep's many runs, tests)"),
     Knob("log.backends", "jsonl", "where metrics go besides metrics.jsonl (always written)", choices=LOG_BACKENDS,
          each_of=True),
     Knob("log.wandb_project", "jaxrl", "the W&B project (log.backends wandb)"),

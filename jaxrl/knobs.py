@@ -69,6 +69,14 @@ class Knob:
         value = get_value(config, self.key)
         return self.convert(value) if self.convert else value
 
+    def value_or_default(self, config: ConfigDict) -> Any:
+        """`value_of`, or the default where `config` lacks the key (a run's config saved before it was declared)."""
+        try:
+            value = get_value(config, self.key)
+        except (KeyError, AttributeError):
+            value = self.default
+        return self.convert(value) if self.convert else value
+
     def check(self, value: Any) -> None:
         """Raise ValueError naming the key unless `value` is one this knob accepts."""
         known = self.known()

@@ -77,6 +77,7 @@ def small_smax_config(scenario="3m", critic_input="global_state", kind="gru", nu
     config.network.critic_input = critic_input
     config.network.kind = kind
     config.network.fc_size, config.network.rnn_size, config.network.hidden_sizes = 32, 32, (32, 32)
+    config.log.artifacts = False  # (tests that read the episode GIF set it)
     return config
 
 
@@ -98,7 +99,7 @@ def tiny_sft_config(task="addition", total_steps=3_200):
     config.optim.warmup_updates = 10
     config.log.every_steps, config.eval.every_steps, config.eval.episodes = 1_600, 1_600, 64
     config.checkpoint.every_steps = 1_600
-    config.log.progress_bar = False
+    config.log.progress_bar, config.log.artifacts = False, False  # (no sample completions: tests that read them set it)
     return config
 
 
@@ -120,7 +121,7 @@ def tiny_grpo_config(init_from, **overrides):
     config.model.num_layers, config.model.d_model, config.model.num_heads = 1, 64, 2  # as tiny_sft_config
     config.log.every_steps, config.eval.every_steps, config.eval.episodes = 64, 128, 32
     config.checkpoint.every_steps = 128
-    config.log.progress_bar = False
+    config.log.progress_bar, config.log.artifacts = False, False
     return set_keys(config, overrides)
 
 

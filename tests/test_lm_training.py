@@ -71,7 +71,7 @@ def lm_config(model: str, algorithm: str = "text_sft", **overrides):
     config.task.reply_length = 12
     config.num_prompts = 4
     config.eval.episodes, config.eval.pass_k = 8, 0
-    config.log.progress_bar = False
+    config.log.progress_bar, config.log.artifacts = False, False  # (the dataset test reads sample completions)
     config.optim.learning_rate, config.optim.warmup_updates = 3e-3, 0
     config.total_steps = 4 * 12
     config.log.every_steps = 4
@@ -221,7 +221,7 @@ def test_a_dataset_file_of_questions_and_answers_trains(tiny_model, tmp_path):
     task = DatasetTask(str(path))
     assert len(task.test_rows) == 8 and len(task.train_rows) == 32 and task.answers[5] == Fraction(13)
     assert check(task, np.array([5]), 0, "13") == (True, True)
-    config = lm_config(tiny_model, **{"task.name": "dataset", "task.kwargs": {"path": str(path)}})
+    config = lm_config(tiny_model, **{"task.name": "dataset", "task.kwargs": {"path": str(path)}, "log.artifacts": True})
     with pytest.raises(ValueError, match="eval.episodes=9 held-out problems, but .*apples.jsonl holds 8"):
         train.run(lm_config(tiny_model, **{"task.name": "dataset", "task.kwargs": {"path": str(path)},
                                            "eval.episodes": 9}), str(tmp_path / "too_many"))

@@ -14,7 +14,7 @@ import sys
 
 from ml_collections import ConfigDict
 
-from jaxrl import algos, checkpoint, config as config_lib, distributed
+from jaxrl import algos, checkpoint, config as config_lib, distributed, knobs
 from jaxrl.run import population as population_lib, workdir as workdir_lib
 
 
@@ -53,6 +53,7 @@ class Plan:
     on_nonfinite: str  # `divergence.Guard`'s policy: freeze, rollback or stop
     max_rollbacks: int
     progress_bar: bool
+    artifacts: bool  # the first seed's samples at the end (log.artifacts)
     tuning: population_lib.Options | None  # PBT or successive halving between chunks (None: a plain program)
     tuned: tuple[population_lib.Tuned, ...] = ()  # the hyperparameters it tunes
     tuned_values: dict = dataclasses.field(default_factory=dict)  # {key: each setting's value} of the tuned
@@ -104,6 +105,7 @@ def make(settings: list[Setting], algo_settings, checkpoint_dir: str, *, kind: s
         eval_episodes=config.eval.episodes, keep=config.checkpoint.keep, keep_best=config.checkpoint.keep_best,
         on_nonfinite=config.checkpoint.on_nonfinite, max_rollbacks=config.checkpoint.max_rollbacks,
         progress_bar=config.log.progress_bar if progress is None else progress,
+        artifacts=knobs.declared("log.artifacts").value_or_default(config),  # (a run saved before the key: True)
         tuning=options, tuned=tuple(tuned),
         tuned_values={t.key: [config_lib.get_value(s.config, t.key) for s in settings] for t in tuned})
 

@@ -384,10 +384,10 @@ def _tune(plan: Plan, t: Training, metrics: dict) -> None:
 
 def finish(plan: Plan, t: Training) -> ProgramResult:
     """Every setting's rows and learning curve, the artifacts of the first setting's first seed (e.g. an
-    episode GIF; not after a stop or interruption) and how the program ended."""
+    episode GIF; with log.artifacts, not after a stop or interruption) and how the program ended."""
     all_rows = [metrics_lib.read(os.path.join(s.workdir, "metrics.jsonl")) for s in plan.settings]
     first_params = (fetch(jax.tree.map(lambda x: x[:1], t.state.params))
-                    if not (t.interrupted or t.guard.stopped) else None)
+                    if plan.artifacts and not (t.interrupted or t.guard.stopped) else None)
     if t.main:
         for setting, rows in zip(plan.settings, all_rows):
             metrics_lib.plot_learning_curve(rows, os.path.join(setting.workdir, "learning_curve.png"),

@@ -39,8 +39,8 @@ RUN_INFO, SWEEP_FILE = "run_info.json", "sweep.json"
 # Keys that may change when a run is resumed (extending it, where its logs go, how often it evaluates and saves,
 # what happens if it diverges): none changes what trains (the evaluation key depends on the update alone);
 # anything else would make the saved state mean something different. total_steps may only grow.
-RESUMABLE_CHANGES = ("total_steps", "log.progress_bar", "log.backends", "log.wandb_project", "log.wandb_mode",
-                     "eval.every_steps", "eval.episodes", "checkpoint.every_steps", "checkpoint.keep",
+RESUMABLE_CHANGES = ("total_steps", "log.progress_bar", "log.artifacts", "log.backends", "log.wandb_project",
+                     "log.wandb_mode", "eval.every_steps", "eval.episodes", "checkpoint.every_steps", "checkpoint.keep",
                      "checkpoint.keep_best", "checkpoint.on_nonfinite", "checkpoint.max_rollbacks")
 
 
