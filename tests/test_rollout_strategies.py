@@ -207,13 +207,19 @@ def test_the_reference_answer_joins_a_group_that_solved_nothing():
     assert float(metrics["reference_injected"]) == 0.5
 
 
-def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay_algo):
-    algo = replay_algo
+def hinted_plan(algo):
+    """(a fresh state, the hints' memory with problem 2 at tier 2, `add_hints`' plan of pool problems 2 and 0 from it,
+    its metrics)."""
     state = algo.init(jax.random.key(0))
     memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
     ids = jnp.asarray([2, 0])
     plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0), jnp.zeros(2, jnp.int32))
-    plan, metrics = on_mesh(algo, strategies.add_hints, memory, plan, None)
+    return (state, memory, *on_mesh(algo, strategies.add_hints, memory, plan, None))
+
+
+def test_hints_force_a_prefix_of_the_reference_answer_that_the_loss_skips(replay_algo):
+    algo = replay_algo
+    state, _, plan, metrics = hinted_plan(algo)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     length = int(strategies._answer_lengths(algo, answers)[0])
     hint = 2 * length // 4  # tier 2 of 3
@@ -244,11 +250,7 @@ def test_adhint_hints_half_of_each_group_and_sets_the_tier_from_the_unhinted_mem
     config = tiny_grpo_config("", **{"rollout.replay": "hints", "rollout.pool_size": 6, "group.size": 4,
                                      "rollout.options.hints.adaptive": True})
     algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
-    state = algo.init(jax.random.key(0))
-    memory = {**state.memory["hints"], "tier": state.memory["hints"]["tier"].at[2].set(2)}
-    ids = jnp.asarray([2, 0])
-    plan = rollout.Plan(ids, algo.pool[ids], jnp.zeros(2, jnp.int32), jnp.full(2, -1.0), jnp.zeros(2, jnp.int32))
-    plan, _ = on_mesh(algo, strategies.add_hints, memory, plan, None)
+    state, memory, plan, _ = hinted_plan(algo)
     answers = algo.task.reference_answers(plan.problems, algo.vocab)
     hint = 2 * int(strategies._answer_lengths(algo, answers)[0]) // 4
     np.testing.assert_array_equal(plan.hint_members, [2, 2])
