@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from jaxrl import mesh as mesh_lib
 from jaxrl.knobs import Knob
+from jaxrl.losses import completion_mean
 
 
 def gae(rewards: jax.Array, values: jax.Array, dones: jax.Array, last_value: jax.Array,
@@ -160,8 +161,9 @@ class Estimator:
     off_policy: bool = False  # a critic core that takes log_rhos (log pi - log mu of each step's action)
     per_turn: bool = False  # scores each turn of multi-turn episodes (`turn_advantages`), not whole samples
     # What else the core reads, as core(rewards, valid, opts, context): "strata" (each sample's stratum, int
-    # [B, G(, A)]), "baseline" (each group's tracked value, float32 [B]) or "prior" (a value model's prediction of
-    # each group's mean reward from its prompt, float32 [B]); "": nothing
+    # [B, G(, A)]), "hinted" (each sample began with a forced hint, bool [B, G]), "baseline" (each group's tracked
+    # value, float32 [B]) or "prior" (a value model's prediction of each group's mean reward from its prompt, float32
+    # [B]); "": nothing
     reads: str = ""
     # Its statistics are its group's alone (no batch-level ones, nothing else read): the groups of one problem can be
     # pooled into one (`merged_by_problem`)
@@ -408,16 +410,16 @@ def stratified(rewards, valid, opts, strata):
     return opts.stratum_weight * within.reshape(rewards.shape) + (1.0 - opts.stratum_weight) * overall
 
 
-@register("hint_posterior", reads="strata")
-def hint_posterior(rewards, valid, opts, strata):
+@register("hint_posterior", reads="hinted")
+def hint_posterior(rewards, valid, opts, hinted):
     """ADHint's Advantage Estimation with Rollout Difficulty Posterior ("ADHint: Adaptive Hints with Difficulty
-    Priors for Reinforcement Learning"): strata int [B, G] marks each member hinted (1) or not (0)
+    Priors for Reinforcement Learning"): hinted bool [B, G] marks each member that began with the hint
     (`rollout.options.hints.adaptive`). Our reading of the abstract: the group's rollouts with and without the hint
     faced different difficulties, whose posteriors are 1 - the mean reward of each condition's members; each
     rollout is judged against its own condition, A = (r - mean of its condition's rewards) / (group std + eps)
     (scale none: not divided), so hinted successes (easy) are not over-credited and unhinted failures (hard) not
     over-punished. A group of one condition gets GRPO's advantage. [B, G] -> [B, G]."""
-    flat_r, flat_v, flat_s = _flat(rewards), _flat(valid), _flat(strata)
+    flat_r, flat_v, flat_s = _flat(rewards), _flat(valid), _flat(hinted)
     peers = (flat_s[:, :, None] == flat_s[:, None, :]) & flat_v[:, None, :]  # [B, M, M]
     mean = jnp.sum(jnp.where(peers, flat_r[:, None, :], 0.0), -1) / jnp.maximum(peers.sum(-1), 1)
     _, group_std, _ = _moments(rewards, valid, _group_axes(rewards))
@@ -520,8 +522,8 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     """The estimator `name` wrapped with masking, component combining, scaling default and clipping.
 
     The returned fn(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-    renormalize=False, max_reward=1.0, strata=None, baseline=None, prior=None, stratum_weight=0.5, prior_weight=4.0,
-    prior_z=1.96, rare_weight_max=4.0) takes rewards [B, G] or [B, G, A] (with a
+    renormalize=False, max_reward=1.0, strata=None, hinted=None, baseline=None, prior=None, stratum_weight=0.5,
+    prior_weight=4.0, prior_z=1.96, rare_weight_max=4.0) takes rewards [B, G] or [B, G, A] (with a
     trailing K axis when reward_weights has K entries) and a bool mask broadcastable to [B, G(, A)] (leading-aligned);
     `strata` (int, the rewards' leading shape), `baseline` and `prior` (float32 [B]) only for an estimator that reads
     them (`stratified`, `tracked`, `fused`); the other
@@ -533,8 +535,8 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
     est = ESTIMATORS[name]
 
     def estimate(rewards, mask=None, *, scale=None, eps=1e-6, clip=None, reward_weights=None,
-                 renormalize=False, max_reward=1.0, strata=None, baseline=None, prior=None, stratum_weight=0.5,
-                 prior_weight=4.0, prior_z=1.96, rare_weight_max=4.0) -> GroupAdvantages:
+                 renormalize=False, max_reward=1.0, strata=None, hinted=None, baseline=None, prior=None,
+                 stratum_weight=0.5, prior_weight=4.0, prior_z=1.96, rare_weight_max=4.0) -> GroupAdvantages:
         rewards = jnp.asarray(rewards, jnp.float32)
         k = None if reward_weights is None else len(reward_weights)
         lead = rewards.shape[:-1] if k is not None else rewards.shape
@@ -556,7 +558,7 @@ def get(name: str) -> Callable[..., GroupAdvantages]:
         zero_variance = _all_equal(rewards, valid_r, len(lead))
         if k is not None and est.combine:
             rewards = rewards @ jnp.asarray(opts.reward_weights, jnp.float32)
-        context = {"strata": strata, "baseline": baseline, "prior": prior}.get(est.reads)
+        context = {"strata": strata, "hinted": hinted, "baseline": baseline, "prior": prior}.get(est.reads)
         if est.reads and context is None:
             raise ValueError(f"{name}: the estimator reads `{est.reads}`: pass it")
         out = est(rewards, valid, opts, None if context is None else jnp.asarray(context))
@@ -750,9 +752,7 @@ def cross_rollout_baseline(values: jax.Array, mask: jax.Array) -> jax.Array:
     (g + 1) mod G, so that it depends on another rollout's tokens only: with the members drawn independently given the
     prompt, E[grad log pi(y_g) * baseline] = 0 and the policy gradient stays unbiased. A completion with no tokens
     predicts 0."""
-    real = mask > 0
-    pooled = jnp.sum(jnp.where(real, values, 0.0), -1) / jnp.maximum(jnp.sum(real, -1), 1)  # [B, G]
-    return jnp.roll(pooled, -1, axis=1)  # [:, g] <- member (g + 1) mod G's
+    return jnp.roll(completion_mean(values, mask), -1, axis=1)  # [:, g] <- member (g + 1) mod G's
 
 
 def cross_rollout_advantages(returns: jax.Array, values: jax.Array, mask: jax.Array) -> jax.Array:

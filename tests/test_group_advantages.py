@@ -453,10 +453,10 @@ def test_hint_posterior_judges_each_member_against_the_members_of_its_hint_condi
     credit the easy hinted successes (1/4 / (sqrt(3)/4) each) and punish the unhinted failure by 3/sqrt(3). A group
     of one condition gets GRPO's advantage."""
     rewards = jnp.asarray([[1.0, 1.0, 1.0, 0.0]])
-    out = get("hint_posterior")(rewards, strata=jnp.asarray([[1, 1, 0, 0]]), eps=0.0)
+    out = get("hint_posterior")(rewards, hinted=jnp.asarray([[True, True, False, False]]), eps=0.0)
     np.testing.assert_allclose(out.advantages[0], [0.0, 0.0, 2 / math.sqrt(3), -2 / math.sqrt(3)], rtol=1e-5,
                                atol=1e-6)
-    one = get("hint_posterior")(rewards, strata=jnp.zeros((1, 4), jnp.int32), eps=0.0)
+    one = get("hint_posterior")(rewards, hinted=jnp.zeros((1, 4), bool), eps=0.0)
     np.testing.assert_allclose(one.advantages[0], [1 / math.sqrt(3)] * 3 + [-3 / math.sqrt(3)], rtol=1e-5)
 
 

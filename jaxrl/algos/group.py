@@ -64,13 +64,13 @@ def check_group_estimator(config: ConfigDict, multi_turn: bool = False, text: bo
     if estimator is not None and estimator.conditions and not text:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} rewrites text prompts with each "
                          "sample's return (RCRL): it needs text_grpo")
-    if config.advantage.estimator == "hint_posterior" and not (
+    if estimator is not None and estimator.reads == "hinted" and not (
             text and "hints" in rollout.names(config.rollout.replay)
             and config.rollout.options.get("hints", {}).get("adaptive", False)):
-        raise ValueError("config.advantage.estimator='hint_posterior' (ADHint) compares hinted and unhinted members: "
-                         "it needs text_grpo with config.rollout.replay=hints and rollout.options.hints.adaptive=True")
-    if estimator is not None and estimator.reads == "strata" and not multi_turn \
-            and config.advantage.estimator != "hint_posterior":
+        raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} (ADHint) compares hinted and "
+                         "unhinted members: it needs text_grpo with config.rollout.replay=hints and "
+                         "rollout.options.hints.adaptive=True")
+    if estimator is not None and estimator.reads == "strata" and not multi_turn:
         raise ValueError(f"config.advantage.estimator={config.advantage.estimator!r} compares each episode with those "
                          "of its group that share its structure (as many tool calls): it needs a multi-turn text task "
                          f"({', '.join(sorted(MULTI_TURN_TASKS))})")

@@ -279,9 +279,10 @@ class TextGRPO:
             return token_advantages, weight, tied
         context = {}
         reads = advantages.ESTIMATORS[s.advantage].reads
-        if reads == "strata":  # an episode's structure (how many tools it called), or ADHint's: hinted or not
-            context["strata"] = groups.turns["tool_call"].sum(-1) if groups.turns is not None \
-                else (groups.member_hint_len > 0).astype(jnp.int32)
+        if reads == "strata":  # an episode's structure: how many tools it called
+            context["strata"] = groups.turns["tool_call"].sum(-1)
+        if reads == "hinted":  # ADHint: which members began with the hint
+            context["hinted"] = groups.member_hint_len > 0
         if reads == "baseline":  # the problem's tracked value, in the units of the weighted reward
             context["baseline"] = groups.baseline @ jnp.asarray(s.reward_weights)
         if reads == "prior":  # the value head at state zero: its prediction of the weighted reward from the prompt
@@ -351,7 +352,8 @@ class TextGRPO:
             returns = jnp.broadcast_to((groups.rewards @ jnp.asarray(s.reward_weights))[..., None], (b, G, N))
             if s.cross_rollout:  # POISE: each member's baseline from another member's states, not standardised
                 critic = cross_rollout_advantages(returns[..., 0], groups.values, groups.mask)
-                metrics["cross_rollout_error"] = global_mean(jnp.square(critic[..., 0]))  # (reward - baseline)^2
+                # (reward - baseline)^2 per member: its tokens all carry it (column 0 may be masked)
+                metrics["cross_rollout_error"] = global_mean(losses.completion_mean(jnp.square(critic), groups.mask))
             else:
                 critic = standardise(returns - groups.values, groups.mask)
             advantages = (1.0 - hp.critic_weight) * advantages + hp.critic_weight * critic
