@@ -1049,14 +1049,16 @@ def track_hints(algo, memory, groups: Groups, params):
     """Moves each observed problem's tier by `hint_update` from its group's pass rate; with `adaptive` (ADHint) sets
     it to `difficulty_tier` of the pass rate of its group's unhinted members (kept where it had none)."""
     o = algo.strategy_options("hints")
-    unhinted = groups.member_hint_len == 0  # [n, G]
     correct = _correct(algo, groups)
-    ids, pass_rate, finished, free_rate, measured = mesh_lib.gather_shares((
-        groups.ids, correct.mean(axis=1), groups.finished_only(jnp.ones_like(groups.ids, bool)),
-        (correct & unhinted).sum(1) / jnp.maximum(unhinted.sum(1), 1), unhinted.any(1)))
+    shared = (groups.ids, correct.mean(axis=1), groups.finished_only(jnp.ones_like(groups.ids, bool)))
+    if o["adaptive"]:  # (the unhinted members' pass rate, and whether the group had any)
+        unhinted = groups.member_hint_len == 0  # [n, G]
+        shared += ((correct & unhinted).sum(1) / jnp.maximum(unhinted.sum(1), 1), unhinted.any(1))
+    ids, pass_rate, finished, *unhinted_rate = mesh_lib.gather_shares(shared)
     tier, streak = hint_update(memory["tier"][ids], memory["streak"][ids], pass_rate,
                                patience=o["patience"], tiers=o["tiers"], recover=o["recover"])
     if o["adaptive"]:
+        free_rate, measured = unhinted_rate
         tier = jnp.where(measured, difficulty_tier(free_rate, o["tiers"]), memory["tier"][ids])
     rows = jnp.where(last_occurrence(ids, finished), ids, algo.settings.pool_size)
     memory = {"tier": memory["tier"].at[rows].set(tier, mode="drop"),
