@@ -71,10 +71,8 @@ class Knob:
 
     def value_or_default(self, config: ConfigDict) -> Any:
         """`value_of`, or the default where `config` lacks the key (a run's config saved before it was declared)."""
-        try:
-            value = get_value(config, self.key)
-        except (KeyError, AttributeError):
-            value = self.default
+        section, name = _holder(config, self.key)
+        value = section[name] if section is not None and name in section else self.default
         return self.convert(value) if self.convert else value
 
     def check(self, value: Any) -> None:

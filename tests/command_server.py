@@ -41,7 +41,7 @@ def enter_environment(env: dict) -> None:
             current = jax.config.values[option]
             if isinstance(current, bool):
                 value = value.lower() in ("1", "true", "yes", "on")
-            elif isinstance(current, (int, float)) and current is not None:
+            elif isinstance(current, (int, float)):
                 value = type(current)(value)
             jax.config.update(option, value)
 
