@@ -350,10 +350,10 @@ def set_up_process() -> None:
     """Compile as the test session does (`conftest.py`), before jax is imported; keep compiled programs in a
     cache for the process (the variants' programs repeat the nominal run's)."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from conftest import CHEAP_COMPILES, OLDER_FUSION_EMITTERS, with_flag
+    from conftest import CHEAP_COMPILES, compile_as_the_suite
 
     os.environ[CHEAP_COMPILES] = "1"
-    os.environ["XLA_FLAGS"] = with_flag(os.environ.get("XLA_FLAGS", ""), OLDER_FUSION_EMITTERS)
+    compile_as_the_suite(os.environ)
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         import atexit
         import shutil

@@ -173,7 +173,7 @@ def test_config_errors_name_the_key():
 
 @pytest.mark.slow
 @pytest.mark.optimized
-@pytest.mark.parametrize("experiment,steps,every", [("smax_qmix", 122_880, 40_960), ("smax_pqn_vdn", 131_072, 32_768)])
+@pytest.mark.parametrize("experiment,steps,every", [("smax_qmix", 81_920, 40_960), ("smax_pqn_vdn", 131_072, 32_768)])
 def test_learns_smax_3m(experiment, steps, every):
     """A run of `steps` env steps on 3m ends with a greedy win rate of 0.25 or more: the mean of its last two
     evaluations (64 battles each, every `every` steps); random agents almost never win. Seeds 0, 1, 2
@@ -181,7 +181,9 @@ def test_learns_smax_3m(experiment, steps, every):
     0.14/0.41/0.58 and 0/0/0 (seed 2 won no battle: its parameters finite, its Q-values collapsed near 0, q_mean
     0.17 against 5.6 and 4.8 at the end; not investigated further); PQN-VDN 0.34/0.47/0.56/0.52,
     0.48/0.50/0.50/0.52, 0.38/0.53/0.56/0.59. This test's seed 0 alone (optimised, as the test compiles):
-    QMIX 0.30/0.39/0.47, PQN-VDN 0.41/0.48/0.59/0.52."""
+    QMIX 0.30/0.39/0.47, PQN-VDN 0.41/0.48/0.59/0.52. On a 2-core Intel Xeon (2026-12-01), seed 0: QMIX 0.31/0.36 at
+    40,960 and 81,920 steps (so QMIX stops there), PQN-VDN 0.20/0.27 at 32,768 and 65,536 (short of the bar: it keeps
+    its 131,072)."""
     config = set_keys(load_experiment(experiment, "3m"), {"total_steps": steps})
     curve = evaluation_curve(config, "eval_win_rate", every_steps=every)
     assert curve[0][1] < 0.05, curve  # untrained
