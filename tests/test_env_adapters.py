@@ -15,10 +15,10 @@ from envs.adapters import DictAgents, FromJaxMARL
 def test_dict_view_of_smax():
     env = DictAgents(envs.make("smax", scenario="3m"), world_state=True)
     assert env.agents == ["ally_0", "ally_1", "ally_2"] and env.num_agents == 3
-    obs, state = env.reset(jax.random.PRNGKey(0))
+    obs, state = jax.jit(env.reset)(jax.random.PRNGKey(0))  # jitted: eager calls compile each primitive separately
     assert set(obs) == {"ally_0", "ally_1", "ally_2", "world_state"}
     assert obs["ally_1"].shape == (75,) and obs["world_state"].shape == (72,)
-    avail = env.get_avail_actions(state)
+    avail = jax.jit(env.get_avail_actions)(state)
     assert avail["ally_0"].shape == (8,) and bool(avail["ally_0"][4])
     actions = {agent: jnp.int32(4) for agent in env.agents}
     obs, state, reward, done, info = jax.jit(env.step)(jax.random.PRNGKey(1), state, actions)

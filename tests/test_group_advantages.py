@@ -575,29 +575,32 @@ def test_broad_rollouts_always_expand_the_correct_mass_of_a_one_step_softmax_pol
     20; N = 4 raises it in exactly the trials whose group does not tie and lowers it in none; the exact expected step
     raises it in all 20, by the first-order amount for a small step; and the mean of jaxrl's sampled ascent over 256
     groups of 512 is the closed form g."""
+    # Jitted once: eager (even vmapped) calls compile each primitive separately.
+    masses = jax.jit(jax.vmap(_bandit_mass))
+    steps = jax.jit(jax.vmap(_bandit_step, in_axes=(0, 0, None, None)), static_argnums=(2, 3))
     trials = jax.random.split(jax.random.key(0), 20)
     logits = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (BANDIT_VOCAB,)))(trials)
-    before = jax.vmap(_bandit_mass)(logits)
+    before = masses(logits)
     for num in (512, 4):
-        stepped, rewards = jax.vmap(functools.partial(_bandit_step, num=num, lr=1.0))(
-            logits, jax.vmap(lambda k: jax.random.fold_in(k, 1))(trials))
-        change = np.asarray(jax.vmap(_bandit_mass)(stepped) - before)
-        tied = np.asarray(jnp.all(rewards == rewards[:, :1], axis=1))
+        stepped, rewards = steps(logits, jax.vmap(lambda k: jax.random.fold_in(k, 1))(trials), num, 1.0)
+        change = np.asarray(masses(stepped) - before)
+        tied = np.all(np.asarray(rewards) == np.asarray(rewards)[:, :1], axis=1)
         assert not np.any(change < 0), (num, change)
         np.testing.assert_array_equal(change > 0, ~tied)
         assert num == 4 or not tied.any()  # N = 512: 20 / 20 raised
     assert 0 < int(tied.sum()) < 20  # (N = 4 ties in some trials: the contrast is real)
-    expected = jax.vmap(_expected_ascent)(logits)
-    assert np.all(np.asarray(jax.vmap(_bandit_mass)(logits + expected) - before) > 0)
-    sigma = jnp.sqrt(before * (1 - before))
-    r = (jnp.arange(BANDIT_VOCAB) < BANDIT_CORRECT).astype(jnp.float32)
-    pi = jax.nn.softmax(logits)
-    first_order = jnp.sum(pi ** 2 * (r - before[:, None]) ** 2, axis=1) / sigma
-    small = (jax.vmap(_bandit_mass)(logits + 1e-3 * expected) - before) / 1e-3
+    expected = jax.jit(jax.vmap(_expected_ascent))(logits)
+    assert np.all(np.asarray(masses(logits + expected) - before) > 0)
+    # The first-order reference in NumPy.
+    before, pi = np.asarray(before), np.asarray(jax.nn.softmax(logits))
+    sigma = np.sqrt(before * (1 - before))
+    r = (np.arange(BANDIT_VOCAB) < BANDIT_CORRECT).astype(np.float32)
+    first_order = np.sum(pi ** 2 * (r - before[:, None]) ** 2, axis=1) / sigma
+    small = (masses(logits + 1e-3 * expected) - before) / 1e-3
     np.testing.assert_allclose(small, first_order, rtol=2e-2)
     # The closed form is the sampled update's mean: 256 groups of 512 on trial 0's policy.
     keys = jax.random.split(jax.random.key(1), 256)
-    sampled = jax.vmap(lambda k: _bandit_step(logits[0], k, 512, 1.0)[0] - logits[0])(keys)
+    sampled = jax.jit(jax.vmap(lambda k: _bandit_step(logits[0], k, 512, 1.0)[0] - logits[0]))(keys)
     np.testing.assert_allclose(sampled.mean(0), expected[0], atol=1e-2)
 
 

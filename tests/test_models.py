@@ -80,39 +80,43 @@ def test_every_decoding_path_equals_the_full_forward():
                            scale_embeddings=True, tie_embeddings=False, value_head=True)
     model = Decoder(c)
     B, T, P = 2, 8, 4
-    tokens = jax.random.randint(jax.random.key(1), (B, T), 0, 64)
-    real = jnp.asarray([[True] * T, [False] * 2 + [True] * (T - 2)])  # the second row left-padded
-    positions = jnp.maximum(jnp.cumsum(real, axis=1) - 1, 0)
-    params = model.init(jax.random.key(0), tokens, positions, real)
-    params = jax.tree.map(lambda p: p + 0.3 * jax.random.normal(jax.random.key(2), p.shape), params)
-    full_logits, full_values = model.apply(params, tokens, positions, real)
+    # Inputs as NumPy arrays, slicing and masks in NumPy, the model jitted once: eager calls compile each
+    # primitive of every shape separately.
+    tokens = np.asarray(jax.random.randint(jax.random.key(1), (B, T), 0, 64))
+    real = np.asarray([[True] * T, [False] * 2 + [True] * (T - 2)])  # the second row left-padded
+    positions = np.maximum(np.cumsum(real, axis=1) - 1, 0)
+    apply = jax.jit(model.apply, static_argnames="method")
+    params = jax.jit(model.init)(jax.random.key(0), tokens, positions, real)
+    params = jax.jit(lambda ps: jax.tree.map(lambda p: p + 0.3 * jax.random.normal(jax.random.key(2), p.shape),
+                                             ps))(params)
+    full_logits, full_values = jax.device_get(apply(params, tokens, positions, real))
     close = lambda a, b: np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5, rtol=2e-5)  # noqa: E731
 
-    last, last_value, prefix = model.apply(params, tokens[:, :P], positions[:, :P], real[:, :P], method="prefill")
+    last, last_value, prefix = apply(params, tokens[:, :P], positions[:, :P], real[:, :P], method="prefill")
     close(last, full_logits[:, P - 1])
     close(last_value, full_values[:, P - 1])
     cache = model.init_cache(B, T)
-    logits, values, cache = model.apply(params, tokens[:, :P], positions[:, :P], real & (jnp.arange(T) < P), cache,
-                                        0, method="decode")
+    logits, values, cache = apply(params, tokens[:, :P], positions[:, :P], real & (np.arange(T) < P), cache,
+                                  0, method="decode")
     close(logits[1:, 2:], full_logits[1:, 2:P])
     for t in range(P, T):
-        logits, values, cache = model.apply(params, tokens[:, t:t + 1], positions[:, t:t + 1],
-                                            real & (jnp.arange(T) <= t), cache, t, method="decode")
+        logits, values, cache = apply(params, tokens[:, t:t + 1], positions[:, t:t + 1],
+                                      real & (np.arange(T) <= t), cache, t, method="decode")
         close(logits[:, 0], full_logits[:, t])
         close(values[:, 0], full_values[:, t])
     # G = 2 continuations of each prompt: the true continuation, and a different one that must not leak into it.
     other = (tokens[:, P:] + 1) % 64
-    group = jnp.stack([tokens[:, P:], other], axis=1)  # [B, 2, T - P]
-    group_positions = jnp.broadcast_to(positions[:, None, P:], group.shape)
-    logits, values, _ = model.apply(params, group, group_positions, jnp.ones(group.shape, bool), prefix, real[:, :P],
-                                    method="extend")
+    group = np.stack([tokens[:, P:], other], axis=1)  # [B, 2, T - P]
+    group_positions = np.broadcast_to(positions[:, None, P:], group.shape)
+    logits, values, _ = apply(params, group, group_positions, np.ones(group.shape, bool), prefix, real[:, :P],
+                              method="extend")
     close(logits[:, 0], full_logits[:, P:])
     close(values[:, 0], full_values[:, P:])
     own = model.init_own_cache(B, 2, T - P)
     for s in range(T - P):
-        logits, _, own = model.apply(params, group[:, :, s:s + 1], group_positions[:, :, s:s + 1],
-                                     jnp.broadcast_to(jnp.arange(T - P) <= s, group.shape), prefix, real[:, :P],
-                                     own, s, method="extend")
+        logits, _, own = apply(params, group[:, :, s:s + 1], group_positions[:, :, s:s + 1],
+                               np.broadcast_to(np.arange(T - P) <= s, group.shape), prefix, real[:, :P],
+                               own, s, method="extend")
         close(logits[:, 0, 0], full_logits[:, P + s])
 
 
@@ -326,8 +330,8 @@ def test_an_exit_layer_reads_the_internal_policy_of_the_first_layers(architectur
         config = TransformerConfig(vocab_size=64, max_len=32, num_layers=3, d_model=32, num_heads=2)
         model_of = TransformerLM
         prompts = jax.random.randint(jax.random.key(0), (2, 6), 1, 64)
-        params = model_of(config).init(jax.random.key(1), prompts, jnp.broadcast_to(jnp.arange(6), (2, 6)),
-                                       jnp.ones((2, 6), bool))
+        params = jax.jit(model_of(config).init)(jax.random.key(1), prompts, jnp.broadcast_to(jnp.arange(6), (2, 6)),
+                                                jnp.ones((2, 6), bool))
         first = {"params": {k: v for k, v in params["params"].items() if k != "block_2"}}
         first["params"].pop("block_1")
     else:
@@ -338,12 +342,19 @@ def test_an_exit_layer_reads_the_internal_policy_of_the_first_layers(architectur
         first["params"]["layers"] = jax.tree.map(lambda v: v[:1], params["params"]["layers"])
     internal, one_layer = model_of(dataclasses.replace(config, exit_layer=1)), model_of(
         dataclasses.replace(config, num_layers=1))
-    real, positions, _ = prompt_layout(prompts, 0)
-    np.testing.assert_allclose(internal.apply(params, prompts, positions, real)[0],
-                               one_layer.apply(first, prompts, positions, real)[0], atol=1e-5)
     completions = jax.random.randint(jax.random.key(2), (prompts.shape[0], 3, 5), 1, config.vocab_size)
     mask = jnp.ones(completions.shape).at[:, 1, 3:].set(0.0)
-    np.testing.assert_allclose(score_groups(internal, params, prompts, completions, mask, 0)[0],
-                               score_groups(one_layer, first, prompts, completions, mask, 0)[0], atol=1e-5)
-    full = model_of(config).apply(params, prompts, positions, real)[0]
-    assert np.abs(np.asarray(full) - np.asarray(internal.apply(params, prompts, positions, real)[0])).max() > 1e-3
+
+    def logits_and_scores(model, params):  # jitted: eager calls compile each primitive separately
+        def run(params):
+            real, positions, _ = prompt_layout(prompts, 0)
+            return (model.apply(params, prompts, positions, real)[0],
+                    score_groups(model, params, prompts, completions, mask, 0)[0])
+        return jax.jit(run)(params)
+
+    internal_logits, internal_scores = logits_and_scores(internal, params)
+    one_layer_logits, one_layer_scores = logits_and_scores(one_layer, first)
+    np.testing.assert_allclose(internal_logits, one_layer_logits, atol=1e-5)
+    np.testing.assert_allclose(internal_scores, one_layer_scores, atol=1e-5)
+    full, _ = logits_and_scores(model_of(config), params)
+    assert np.abs(np.asarray(full) - np.asarray(internal_logits)).max() > 1e-3

@@ -166,7 +166,8 @@ def _episodes(task_name="lookup", group=3, seed=0, architecture="small"):
                                            max_len=max_len, eos_ids=(vocab.eos_id,), pad_id=vocab.pad_id, bos_id=1))
     problems = task.sample(jax.random.key(seed), 4, "train")
     prompts = task.prompts(problems, vocab)
-    params = model.init(jax.random.key(1), prompts, jnp.zeros_like(prompts), prompts > 0)
+    # jitted: eager calls compile each primitive separately
+    params = jax.jit(model.init)(jax.random.key(1), prompts, jnp.zeros_like(prompts), prompts > 0)
     episodes = multi_turn.play(model, params, task, vocab, problems, prompts, jax.random.split(jax.random.key(2), 4),
                                group_size=group)
     return task, vocab, model, params, problems, prompts, episodes
@@ -195,17 +196,23 @@ def test_the_kv_cache_across_turns_gives_the_logits_of_reencoding_the_conversati
     # Each conversation packed (prompt, then its real tokens: no gaps, positions 0, 1, ...), right-padded to one width
     # (causal attention: the padding after a conversation changes nothing before it), all in one forward pass.
     conversations, learned = [], []
+    # (read back as NumPy once: indexing them eagerly would compile each slice separately)
+    attend, tokens, mask = np.asarray(episodes.attend), np.asarray(episodes.tokens), np.asarray(episodes.mask)
     for b in range(prompts.shape[0]):
         for g in range(episodes.tokens.shape[1]):
-            prompt = [int(x) for x in prompts[b] if x != vocab.pad_id]
-            real = np.asarray(episodes.attend[b, g])
-            conversations.append(prompt + [int(x) for x in np.asarray(episodes.tokens[b, g])[real]])
-            learned.append([False] * len(prompt) + list(np.asarray(episodes.mask[b, g])[real] > 0))
+            prompt = [int(x) for x in np.asarray(prompts[b]) if x != vocab.pad_id]
+            conversations.append(prompt + [int(x) for x in tokens[b, g][attend[b, g]]])
+            learned.append([False] * len(prompt) + list(mask[b, g][attend[b, g]] > 0))
     width = max(map(len, conversations))
-    ids = jnp.asarray([c + [vocab.pad_id] * (width - len(c)) for c in conversations])
-    logits, _ = model.apply(params, ids, jnp.broadcast_to(jnp.arange(width), ids.shape), jnp.ones_like(ids, bool))
-    log_softmax = jax.nn.log_softmax(logits[:, :-1])
-    reencoded = np.asarray(jnp.take_along_axis(log_softmax, ids[:, 1:, None], -1)[..., 0])
+    ids = np.asarray([c + [vocab.pad_id] * (width - len(c)) for c in conversations])
+
+    @jax.jit  # jitted once: eager calls compile each primitive separately
+    def reencode(params, ids):
+        logits, _ = model.apply(params, ids, jnp.broadcast_to(jnp.arange(width), ids.shape), jnp.ones_like(ids, bool))
+        log_softmax = jax.nn.log_softmax(logits[:, :-1])
+        return jnp.take_along_axis(log_softmax, ids[:, 1:, None], -1)[..., 0]
+
+    reencoded = np.asarray(reencode(params, ids))
     cached = np.asarray(episodes.log_probs).reshape(len(conversations), -1)
     cached_mask = np.asarray(episodes.mask).reshape(len(conversations), -1) > 0
     checked = 0

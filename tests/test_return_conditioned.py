@@ -35,7 +35,7 @@ def test_each_member_prompt_carries_the_mark_of_its_return_in_place_of_bos():
 
 def test_the_loss_gradient_is_that_of_the_nll_of_both_outcomes_under_their_marked_prompts():
     model = TransformerLM(TransformerConfig(vocab_size=VOCAB.size, num_layers=1, d_model=16, num_heads=2, max_len=8))
-    params = model.init(jax.random.PRNGKey(0), *(lambda t: (t, t, t > -1))(jnp.zeros((1, 8), jnp.int32)))
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), *(lambda t: (t, t, t > -1))(jnp.zeros((1, 8), jnp.int32)))
     digits = [VOCAB.id_of(c) for c in "0123456789"]
     prompts = jnp.array([[BOS, digits[1], digits[2]]], jnp.int32)  # [m=1, P=3]: no padding, positions 0..P-1
     success = jnp.array([[True, False]])  # [1, G=2]

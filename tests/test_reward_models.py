@@ -132,11 +132,12 @@ def test_a_value_critique_opens_the_completion_and_writes_its_value(completion, 
 
     vocab = text.Vocab.from_alphabet(text.ALPHABET)
     N = 14
-    ids, start, total = judge.value_critique(_ids(vocab, completion, N), vocab)
+    # jitted: eager calls compile each primitive separately
+    ids, start, total = jax.jit(judge.value_critique, static_argnums=1)(_ids(vocab, completion, N), vocab)
     assert ids.shape == (N + judge.critique_width(),)
     assert _text(vocab, ids, total) == critique
     assert int(start) == critique.index("=") + 1 and int(total) == len(critique)
-    forced, forced_len = judge.opening(_ids(vocab, completion, N), vocab)
+    forced, forced_len = jax.jit(judge.opening, static_argnums=1)(_ids(vocab, completion, N), vocab)
     assert _text(vocab, forced, forced_len) == critique[:critique.index("=") + 1]
 
 
@@ -146,14 +147,16 @@ def test_the_goal_is_hidden_from_the_critique_and_shown_after_it():
 
     vocab = text.Vocab.from_alphabet(text.ALPHABET)
     prompt = jnp.asarray([vocab.pad_id, vocab.pad_id] + [vocab.id_of(c) for c in "1 7 18>25="], jnp.int32)
-    seen, goal = judge.hide_goal(prompt, vocab, width=4)
+    # jitted: eager calls compile each primitive separately
+    hide_goal = jax.jit(judge.hide_goal, static_argnums=1, static_argnames="width")
+    seen, goal = hide_goal(prompt, vocab, width=4)
     assert _text(vocab, [i for i in np.asarray(seen) if i != vocab.pad_id], 99) == "1 7 18="
     assert _text(vocab, goal[0], goal[1]) == ">25"
-    critique, _, total = judge.value_critique(_ids(vocab, "7+1*18$", 10), vocab)
-    closed, length = judge.closing(critique, goal, vocab)
+    critique, _, total = jax.jit(judge.value_critique, static_argnums=1)(_ids(vocab, "7+1*18$", 10), vocab)
+    closed, length = jax.jit(judge.closing, static_argnums=2)(critique, goal, vocab)
     assert _text(vocab, closed, length) == "7+1*18=25>25$"
     no_goal = jnp.asarray([vocab.id_of(c) for c in "12+30="], jnp.int32)  # (an arithmetic prompt: nothing hidden)
-    seen, goal = judge.hide_goal(no_goal, vocab, width=4)
+    seen, goal = hide_goal(no_goal, vocab, width=4)
     np.testing.assert_array_equal(seen, no_goal)
     assert int(goal[1]) == 0
 

@@ -155,9 +155,10 @@ def hand_made_groups(algo, params, key):
 
 def test_replay_stores_correct_completions_and_injects_them_with_importance_weights(replay_algo):
     algo = replay_algo
-    state = algo.init(jax.random.key(0))
+    state = jax.jit(algo.init)(jax.random.key(0))  # jitted: eager calls compile each primitive separately
     params, memory = state.params, state.memory["correct"]
-    groups, answers, mask = hand_made_groups(algo, params, jax.random.key(1))
+    # Arrays read back as NumPy: indexing them eagerly would compile each slice separately.
+    groups, answers, mask = jax.device_get(hand_made_groups(algo, params, jax.random.key(1)))
     # Problem 4 has a correct completion in memory from an older policy: its reference answer, with
     # behaviour log-probabilities log 0.5 per token.
     behaviour = jnp.full(answers.shape[1:], jnp.log(0.5)) * mask[0]
@@ -165,16 +166,17 @@ def test_replay_stores_correct_completions_and_injects_them_with_importance_weig
               "mask": memory["mask"].at[4].set(mask[0]), "rewards": memory["rewards"].at[4].set(jnp.asarray([1.0, 1.0])),
               "stored": memory["stored"].at[4].set(True)}
 
-    memory, _ = on_mesh(algo, strategies.store_correct, memory, groups, None)
+    memory, _ = jax.device_get(on_mesh(algo, strategies.store_correct, memory, groups, None))
     assert bool(memory["stored"][1]) and int(memory["stored"].sum()) == 2
     np.testing.assert_array_equal(memory["tokens"][1], answers[1])  # group 1's correct member
     np.testing.assert_allclose(memory["log_probs"][1], groups.log_probs[1, 1] * groups.mask[1, 1])
 
-    out, metrics = on_mesh(algo, strategies.replay_correct, memory, groups, params, None)
+    out, metrics = jax.device_get(on_mesh(algo, strategies.replay_correct, memory, groups, params, None))
     np.testing.assert_array_equal(out.replayed, [[False, False, True], [False, False, False]])
     np.testing.assert_array_equal(out.tokens[0, 2], answers[0])
     np.testing.assert_array_equal(out.rewards[0, 2], [1.0, 1.0])
-    current, _, _ = sampling.score(algo.model, params, groups.prompts[:1], answers[:1], mask[:1], algo.vocab.pad_id)
+    current, _, _ = jax.jit(functools.partial(sampling.score, algo.model), static_argnums=4)(
+        params, groups.prompts[:1], answers[:1], mask[:1], algo.vocab.pad_id)
     np.testing.assert_allclose(out.log_probs[0, 2], current[0], rtol=1e-5, atol=1e-6)  # the ratio starts at 1
     expected = np.minimum(np.exp(np.asarray(current[0]) - np.asarray(behaviour)), 1.5) * np.asarray(mask[0])
     np.testing.assert_allclose(out.weight[0, 2], expected, rtol=1e-5)
@@ -1095,18 +1097,22 @@ def test_the_entropy_target_settles_at_the_temperature_whose_tempered_entropy_is
 
 def test_tempered_entropy_is_the_entropy_of_the_tempered_softmax(replay_algo):
     algo = replay_algo
-    params = algo.policy.init_params(jax.random.key(0))
+    params = jax.jit(algo.policy.init_params)(jax.random.key(0))
     prompts = algo.task.prompts(algo.pool[jnp.asarray([0, 1])], algo.vocab)
     tokens = jax.random.randint(jax.random.key(1), (2, 3, algo.task.answer_length), 0, len(algo.vocab.tokens))
     mask = jnp.ones(tokens.shape).at[:, :, -2:].set(0.0)
-    _, at_one, _ = sampling.score_groups(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id)
-    np.testing.assert_allclose(sampling.tempered_entropy(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id,
-                                                         1.0), at_one, rtol=1e-5, atol=1e-6)
-    logits, _ = sampling.group_logits(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id)
+    # Jitted once each: eager calls compile each primitive separately.
+    score_groups, group_logits, tempered_entropy = (
+        jax.jit(functools.partial(f, algo.model), static_argnums=4)
+        for f in (sampling.score_groups, sampling.group_logits, sampling.tempered_entropy))
+    _, at_one, _ = score_groups(params, prompts, tokens, mask, algo.vocab.pad_id)
+    np.testing.assert_allclose(tempered_entropy(params, prompts, tokens, mask, algo.vocab.pad_id, 1.0), at_one,
+                               rtol=1e-5, atol=1e-6)
+    logits, _ = group_logits(params, prompts, tokens, mask, algo.vocab.pad_id)
     p = jax.nn.softmax(np.asarray(logits, np.float64) / 0.4, axis=-1)
     want = -np.sum(p * np.log(p), axis=-1) * np.asarray(mask)
-    np.testing.assert_allclose(sampling.tempered_entropy(algo.model, params, prompts, tokens, mask, algo.vocab.pad_id,
-                                                         0.4), want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(tempered_entropy(params, prompts, tokens, mask, algo.vocab.pad_id, 0.4), want,
+                               rtol=1e-4, atol=1e-5)
 
 
 # --- Rollout-GDRO and the diversity-targeted temperature: one build, one short run ------------------------------

@@ -90,7 +90,7 @@ def test_custom_scenario_with_its_own_start_rule():
         register_scenario("test_2M_vs_3z", Scenario(["marine"], ["marine"]))
     env = envs.make("smax", scenario="test_2M_vs_3z")
     assert (env.num_agents, env.num_actions, env.obs_dim) == (2, 8, 13 * 4 + 10)
-    obs, state = env.reset(jax.random.PRNGKey(0))
+    obs, state = jitted_reset(env)(jax.random.PRNGKey(0))
     np.testing.assert_allclose(state.position, corners(None, 2, 3, 32, 32))
     assert state.unit_type.tolist() == [1, 1, 4, 4, 4]
     np.testing.assert_allclose(state.health, [125, 125, 35, 35, 35])
@@ -441,7 +441,7 @@ def test_auto_reset_and_episode_statistics_wrappers():
     base = make("3m", max_steps=5)
     env = envs.EpisodeStatistics(envs.AutoReset(base))
     num_envs = 8
-    obs, state = jax.vmap(env.reset)(jax.random.split(jax.random.PRNGKey(0), num_envs))
+    obs, state = jax.jit(jax.vmap(env.reset))(jax.random.split(jax.random.PRNGKey(0), num_envs))
     assert obs.shape == (num_envs, 3, base.obs_dim) and state.episode_return.shape == (num_envs, 3)
 
     def body(state, key):
@@ -511,7 +511,7 @@ def test_observe_gives_what_reset_and_step_return_and_auto_reset_observes_the_ke
     ended = 0
     for wrapped in (envs.AutoReset(env), envs.AutoReset(selecting)):
         keys = jax.random.split(jax.random.PRNGKey(2), 64)
-        obs, states = jax.vmap(wrapped.reset)(keys)
+        obs, states = jax.jit(jax.vmap(wrapped.reset))(keys)
 
         def body(carry, key):
             obs, states = carry
@@ -531,7 +531,7 @@ def test_observe_gives_what_reset_and_step_return_and_auto_reset_observes_the_ke
     # The same with restarts shared by 4 envs (`reset_ratio`, the batch step).
     shared = []
     for wrapped in (envs.AutoReset(env, reset_ratio=4), envs.AutoReset(selecting, reset_ratio=4)):
-        obs, states = jax.vmap(wrapped.reset)(jax.random.split(jax.random.PRNGKey(2), 64))
+        obs, states = jax.jit(jax.vmap(wrapped.reset))(jax.random.split(jax.random.PRNGKey(2), 64))
 
         def batch(states, key):
             actions = jax.vmap(random_legal)(jax.random.split(key, 64), jax.vmap(wrapped.avail_actions)(states))

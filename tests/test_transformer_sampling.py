@@ -318,9 +318,10 @@ def test_prefill_equals_decode_at_the_last_column(tiny):
     prompts = left_padded(PROMPTS, W + 3)
     real, positions, _ = prompt_layout(prompts, PAD)
     B, P = prompts.shape
-    logits, values, cache = model.apply(params, prompts, positions, real, method=TransformerLM.prefill)
-    full_logits, full_values, full_cache = model.apply(params, prompts, positions, real,
-                                                       init_cache(model.config, B, P), 0, method=TransformerLM.decode)
+    apply = jax.jit(model.apply, static_argnames="method")  # eager calls compile each primitive separately
+    logits, values, cache = apply(params, prompts, positions, real, method=TransformerLM.prefill)
+    full_logits, full_values, full_cache = apply(params, prompts, positions, real, init_cache(model.config, B, P), 0,
+                                                 method=TransformerLM.decode)
     assert logits.shape == (B, V) and values.shape == (B,)
     np.testing.assert_allclose(logits, full_logits[:, -1], atol=1e-5)
     np.testing.assert_allclose(values, full_values[:, -1], atol=1e-5)

@@ -66,10 +66,11 @@ def test_next_values_continue_each_steps_hidden_state():
 def test_targets_match_a_step_by_step_computation(qmix_run):
     # VDN's and IQL's TD targets on the QMIX run's buffer (episode ends in it) and agents' parameters (its mixer's
     # collection unread), against one step-by-step computation of the agents' values
-    one = lambda tree: jax.tree.map(lambda x: x[0], tree)  # noqa: E731  the first run
+    # (sliced as NumPy arrays: eager slices of jax arrays compile once per leaf shape)
+    one = lambda tree: jax.tree.map(lambda x: np.asarray(x)[0], tree)  # noqa: E731  the first run
     state = qmix_run[3]
     params = one(state.params)
-    target_params = jax.tree.map(lambda x: x + 0.01, params)  # a target network that differs
+    target_params = jax.tree.map(lambda x: x + np.float32(0.01), params)  # a target network that differs
     seq = jax.tree.map(lambda x: x[:, 40:48], one(state.buffer.items))  # [B=8, L=8, ...]
     assert bool(jnp.any(seq["done"])), "the window should hold an episode end"
 
