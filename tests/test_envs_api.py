@@ -63,16 +63,15 @@ def test_episode_statistics_report_return_and_length_at_episode_end():
 
 def _same_start_batch(env, num_envs: int):
     """num_envs copies of one reset state: with equal actions every episode ends on the same step."""
-    return jax.jit(jax.vmap(env.reset))(jnp.stack([jax.random.PRNGKey(0)] * num_envs))[1]
+    return jax.vmap(env.reset)(jnp.stack([jax.random.PRNGKey(0)] * num_envs))[1]
 
 
 def _batch_steps(env, states, num_steps: int, seed: int = 1):
     """`batch_step` with every env pushing left: [(obs, reward, done, info)] per step, and the last states."""
     out = []
-    batch_step = jax.jit(env.batch_step)  # jitted once: eager calls compile each primitive separately
     for t in range(num_steps):
         keys = jax.random.split(jax.random.PRNGKey(seed + t), jax.tree.leaves(states)[0].shape[0])
-        obs, states, reward, done, info = batch_step(keys, states, jnp.zeros(keys.shape[0], jnp.int32))
+        obs, states, reward, done, info = env.batch_step(keys, states, jnp.zeros(keys.shape[0], jnp.int32))
         out.append((obs, reward, done, info))
     return out, states
 
