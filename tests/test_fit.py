@@ -3,7 +3,6 @@ against formulas for the state; a program too big fails before anything is alloc
 
 import dataclasses
 import io
-import os
 import re
 import shutil
 import sys
