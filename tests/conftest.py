@@ -55,7 +55,7 @@ def pytest_unconfigure(config):
 CHEAP_COMPILES = "JAX_DISABLE_MOST_OPTIMIZATIONS"
 OLDER_FUSION_EMITTERS = "--xla_cpu_use_fusion_emitters=false"  # in XLA_FLAGS, for the subprocesses tests start
 # Cheap or optimised, every program is generated as one LLVM module, not split into parts for parallel code
-# generation: on 2 busy cores the parts only add work (a scanned MLP's gradient, cheaply compiled on a 2-core Intel
+# generation: on 2 cores the parts only add work (a scanned MLP's gradient, cheaply compiled on a 2-core Intel
 # Xeon, 2026-12-01: 1.08-1.14 s against 1.43-1.69 s in three alternating pairs; optimised, no difference). It changes
 # the generated code's bits (golden runs' sha256), so the golden records are made under it.
 ONE_CODEGEN_PART = "--xla_cpu_parallel_codegen_split_count=1"
