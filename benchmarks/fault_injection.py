@@ -52,10 +52,9 @@ def command_env(cache_dir: str) -> dict:
     """Compile cheaply, as the test suite does (the numbers compared are all made under the same setting), and
     once: every command after the first takes its programs from a compilation cache."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from conftest import CHEAP_COMPILES, compile_as_the_suite
+    from conftest import compile_as_the_suite
     env = dict(os.environ)
-    env[CHEAP_COMPILES] = "1"
-    compile_as_the_suite(env)
+    compile_as_the_suite(env, cheap=True)
     env["JAX_COMPILATION_CACHE_DIR"] = env.get("JAX_COMPILATION_CACHE_DIR", cache_dir)
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     return env

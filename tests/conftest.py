@@ -64,10 +64,14 @@ ONE_CODEGEN_PART = "--xla_cpu_parallel_codegen_split_count=1"
 SHORT_LOCATIONS = ("JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS", "0")
 
 
-def compile_as_the_suite(env) -> None:
+def compile_as_the_suite(env, cheap: bool | None = None) -> None:
     """Set in `env` (os.environ before jax starts, or a command's environment) how the test session compiles:
-    cheaply unless CHEAP_COMPILES is "0" there already, in one code-generation part, with short locations."""
-    env.setdefault(CHEAP_COMPILES, "1")
+    cheaply if `cheap`, or when None unless CHEAP_COMPILES is "0" there already; in one code-generation part, with
+    short locations."""
+    if cheap is None:
+        env.setdefault(CHEAP_COMPILES, "1")
+    else:
+        env[CHEAP_COMPILES] = "1" if cheap else "0"
     flags = with_flag(env.get("XLA_FLAGS", ""), ONE_CODEGEN_PART)
     env["XLA_FLAGS"] = with_flag(flags, OLDER_FUSION_EMITTERS) if env[CHEAP_COMPILES] == "1" else flags
     env.setdefault(*SHORT_LOCATIONS)

@@ -350,10 +350,9 @@ def set_up_process() -> None:
     """Compile as the test session does (`conftest.py`), before jax is imported; keep compiled programs in a
     cache for the process (the variants' programs repeat the nominal run's)."""
     sys.path.insert(0, os.path.join(ROOT, "tests"))
-    from conftest import CHEAP_COMPILES, compile_as_the_suite
+    from conftest import compile_as_the_suite
 
-    os.environ[CHEAP_COMPILES] = "1"
-    compile_as_the_suite(os.environ)
+    compile_as_the_suite(os.environ, cheap=True)
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         import atexit
         import shutil
