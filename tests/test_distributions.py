@@ -145,15 +145,17 @@ def test_ppo_with_a_squashed_state_dependent_gaussian_acts_within_the_bounds():
 def test_lecun_uniform_starts_every_layer_at_variance_one_over_fan_in():
     """network.kernel_init="lecun_uniform" (Brax's networks): every kernel, the heads included, uniform with
     variance 1 / fan_in; the default starts orthogonal, with the policy head's small gain."""
-    x = jnp.zeros((1, 5, 6))
-    first = jnp.zeros((1, 5), bool)
-    lecun = networks.ActorCritic(4, (256, 256), "swish", log_std="state", kernel_init="lecun_uniform")
-    params = lecun.init(jax.random.PRNGKey(0), (), x, x, first)["params"]
+    x = np.zeros((1, 5, 6), np.float32)
+    first = np.zeros((1, 5), bool)
+
+    def initial_params(net):  # jitted and read back: eager calls compile each primitive of every shape separately
+        return jax.device_get(jax.jit(net.init)(jax.random.PRNGKey(0), (), x, x, first)["params"])
+
+    params = initial_params(networks.ActorCritic(4, (256, 256), "swish", log_std="state", kernel_init="lecun_uniform"))
     for path, kernel in jax.tree_util.tree_flatten_with_path(params)[0]:
         if "kernel" in jax.tree_util.keystr(path):
             fan_in = kernel.shape[0]
-            assert float(jnp.max(jnp.abs(kernel))) <= np.sqrt(3 / fan_in) + 1e-6
-            np.testing.assert_allclose(float(jnp.var(kernel)), 1 / fan_in, rtol=0.25 if kernel.size < 100 else 0.1)
-    orthogonal = networks.ActorCritic(4, (256, 256), "swish", log_std="state")
-    head = orthogonal.init(jax.random.PRNGKey(0), (), x, x, first)["params"]["actor"]["Dense_2"]["kernel"]
+            assert float(np.max(np.abs(kernel))) <= np.sqrt(3 / fan_in) + 1e-6
+            np.testing.assert_allclose(float(np.var(kernel)), 1 / fan_in, rtol=0.25 if kernel.size < 100 else 0.1)
+    head = initial_params(networks.ActorCritic(4, (256, 256), "swish", log_std="state"))["actor"]["Dense_2"]["kernel"]
     np.testing.assert_allclose(np.linalg.norm(np.asarray(head), axis=0), 0.01, rtol=1e-4)  # orthonormal x gain

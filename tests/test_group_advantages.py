@@ -575,24 +575,28 @@ def test_broad_rollouts_always_expand_the_correct_mass_of_a_one_step_softmax_pol
     20; N = 4 raises it in exactly the trials whose group does not tie and lowers it in none; the exact expected step
     raises it in all 20, by the first-order amount for a small step; and the mean of jaxrl's sampled ascent over 256
     groups of 512 is the closed form g."""
-    # Jitted once: eager (even vmapped) calls compile each primitive separately.
-    masses = jax.jit(jax.vmap(_bandit_mass))
+    # Jitted once, with NumPy in between: eager (even vmapped) calls compile each primitive separately.
+    mass_program = jax.jit(jax.vmap(_bandit_mass))
+    masses = lambda logits: np.asarray(mass_program(logits))  # noqa: E731
     steps = jax.jit(jax.vmap(_bandit_step, in_axes=(0, 0, None, None)), static_argnums=(2, 3))
     trials = jax.random.split(jax.random.key(0), 20)
-    logits = jax.vmap(lambda k: jax.random.normal(jax.random.fold_in(k, 0), (BANDIT_VOCAB,)))(trials)
+    logits, step_keys = jax.jit(jax.vmap(lambda k: (jax.random.normal(jax.random.fold_in(k, 0), (BANDIT_VOCAB,)),
+                                                    jax.random.fold_in(k, 1))))(trials)
+    logits = np.asarray(logits)
     before = masses(logits)
     for num in (512, 4):
-        stepped, rewards = steps(logits, jax.vmap(lambda k: jax.random.fold_in(k, 1))(trials), num, 1.0)
-        change = np.asarray(masses(stepped) - before)
+        stepped, rewards = steps(logits, step_keys, num, 1.0)
+        change = masses(stepped) - before
         tied = np.all(np.asarray(rewards) == np.asarray(rewards)[:, :1], axis=1)
         assert not np.any(change < 0), (num, change)
         np.testing.assert_array_equal(change > 0, ~tied)
         assert num == 4 or not tied.any()  # N = 512: 20 / 20 raised
     assert 0 < int(tied.sum()) < 20  # (N = 4 ties in some trials: the contrast is real)
-    expected = jax.jit(jax.vmap(_expected_ascent))(logits)
-    assert np.all(np.asarray(masses(logits + expected) - before) > 0)
+    expected = np.asarray(jax.jit(jax.vmap(_expected_ascent))(logits))
+    assert np.all(masses(logits + expected) - before > 0)
     # The first-order reference in NumPy.
-    before, pi = np.asarray(before), np.asarray(jax.nn.softmax(logits))
+    pi = np.exp(logits - logits.max(axis=1, keepdims=True))
+    pi /= pi.sum(axis=1, keepdims=True)
     sigma = np.sqrt(before * (1 - before))
     r = (np.arange(BANDIT_VOCAB) < BANDIT_CORRECT).astype(np.float32)
     first_order = np.sum(pi ** 2 * (r - before[:, None]) ** 2, axis=1) / sigma
@@ -608,19 +612,25 @@ def test_merged_groups_pool_the_groups_of_one_problem_and_leave_the_others_alone
     """Groups 0 and 2 answer problem 5, group 1 problem 2, group 3 a fresh problem (-1, a group of its own). Pooled,
     problem 5's members are 1, 0, 0, 0, 1, 1 (mean 1/2, std 1/2, n = 6): grpo (r - 1/2) / (1/2 + eps) = +-1; rloo
     n / (n - 1) (r - 1/2) = +-0.6; dr_grpo r - 1/2. Groups 1 and 3 get their own group's advantages."""
-    rewards = jnp.asarray([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]])
-    ids = jnp.asarray([5, 2, 5, -1])
+    rewards = np.asarray([[1.0, 0.0, 0.0], [1.0, 1.0, 0.0], [0.0, 1.0, 1.0], [0.0, 0.0, 1.0]], np.float32)
+    ids = np.asarray([5, 2, 5, -1], np.int32)
     pooled = np.asarray([[1.0, -1.0, -1.0], [-1.0, 1.0, 1.0]])  # groups 0 and 2, in units of |r - mean|
-    for name, unit in [("grpo", 0.5 / (0.5 + EPS)), ("rloo", 0.6), ("dr_grpo", 0.5)]:
-        out = adv_lib.merged_by_problem(get(name), rewards, ids)
-        np.testing.assert_allclose(out.advantages[jnp.asarray([0, 2])], unit * pooled, rtol=1e-5, err_msg=name)
-        alone = get(name)(rewards[jnp.asarray([1, 3])])
-        np.testing.assert_allclose(out.advantages[jnp.asarray([1, 3])], alone.advantages, rtol=1e-6, err_msg=name)
+    units = {"grpo": 0.5 / (0.5 + EPS), "rloo": 0.6, "dr_grpo": 0.5}
+
+    @jax.jit  # every case in one program: eager calls compile each primitive separately
+    def cases(rewards, ids):
+        components = jnp.stack([rewards, jnp.ones_like(rewards)], -1)
+        return ({name: (adv_lib.merged_by_problem(get(name), rewards, ids), get(name)(rewards[np.asarray([1, 3])]))
+                 for name in units},
+                adv_lib.merged_by_problem(get("grpo"), components, ids, reward_weights=(1.0, 0.1)))
+
+    by_name, weighted = jax.device_get(cases(rewards, ids))
+    for name, (out, alone) in by_name.items():
+        np.testing.assert_allclose(out.advantages[[0, 2]], units[name] * pooled, rtol=1e-5, err_msg=name)
+        np.testing.assert_allclose(out.advantages[[1, 3]], alone.advantages, rtol=1e-6, err_msg=name)
         np.testing.assert_array_equal(out.weight, np.ones((4, 3)))
     # Two components weighted 1 and 0.1 pool as their weighted sum does.
-    components = jnp.stack([rewards, jnp.ones_like(rewards)], -1)
-    out = adv_lib.merged_by_problem(get("grpo"), components, ids, reward_weights=(1.0, 0.1))
-    np.testing.assert_allclose(out.advantages[0], pooled[0], atol=1e-5)
+    np.testing.assert_allclose(weighted.advantages[0], pooled[0], atol=1e-5)
 
 
 def test_merged_groups_test_the_value_prior_against_the_pooled_mean():

@@ -140,6 +140,7 @@ def on_mesh(algo, hook, *args):
     return _on_mesh_program(algo, hook)(*args)
 
 
+@functools.partial(jax.jit, static_argnums=0)  # one program: eager calls compile each primitive separately
 def hand_made_groups(algo, params, key):
     """Two groups of 3 for problems 4 and 1 of the pool: group 0 all wrong, group 1 with member 1 correct
     (its completion the reference answer)."""
@@ -195,8 +196,9 @@ def test_the_reference_answer_joins_a_group_that_solved_nothing():
     algos.validate(config)
     algo = algos.build(config, mesh_lib.make_mesh(1))[0].parts
     params = algo.init(jax.random.key(0)).params
-    groups, answers, mask = hand_made_groups(algo, params, jax.random.key(1))
-    out, metrics = on_mesh(algo, strategies.replay_reference, {}, groups, params, None)
+    # Read back as NumPy: indexing them eagerly would compile each slice separately.
+    groups, answers, mask = jax.device_get(hand_made_groups(algo, params, jax.random.key(1)))
+    out, metrics = jax.device_get(on_mesh(algo, strategies.replay_reference, {}, groups, params, None))
     np.testing.assert_array_equal(out.replayed, [[False, False, True], [False, False, False]])
     np.testing.assert_array_equal(out.tokens[0, 2], answers[0])
     np.testing.assert_array_equal(out.rewards[0, 2], [1.0, 1.0])  # the verifier accepts the reference

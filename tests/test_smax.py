@@ -338,28 +338,36 @@ def test_observation_layout():
 # Heuristic enemy
 
 
+# Jitted, on NumPy inputs: eager calls compile each primitive separately.
+jitted_heuristic_targets = jax.jit(heuristic_targets)
+
+
+def distances(enemy_pos, ally_pos):
+    return np.linalg.norm(enemy_pos[:, None] - ally_pos[None], axis=-1).astype(np.float32)
+
+
 def test_heuristic_keeps_its_target_while_attackable_else_takes_the_closest():
-    enemy_pos = jnp.array([[12.0, 16.0]])
-    ally_pos = jnp.array([[10.0, 16.0], [8.0, 16.0], [3.0, 16.0]])
-    dist = jnp.linalg.norm(enemy_pos[:, None] - ally_pos[None], axis=-1)
-    args = (enemy_pos, ally_pos, dist, jnp.ones(1, bool), jnp.ones(3, bool), jnp.array([9.0]), jnp.array([5.0]))
-    home = jnp.array([[20.0, 16.0]])
-    noise = jnp.full((2, 1), 0.5)
-    target, _ = heuristic_targets(noise, *args, jnp.array([-1]), home)
+    enemy_pos = np.array([[12.0, 16.0]], np.float32)
+    ally_pos = np.array([[10.0, 16.0], [8.0, 16.0], [3.0, 16.0]], np.float32)
+    args = (enemy_pos, ally_pos, distances(enemy_pos, ally_pos), np.ones(1, bool), np.ones(3, bool),
+            np.array([9.0], np.float32), np.array([5.0], np.float32))
+    home = np.array([[20.0, 16.0]], np.float32)
+    noise = np.full((2, 1), 0.5, np.float32)
+    target, _ = jitted_heuristic_targets(noise, *args, np.array([-1]), home)
     assert target.tolist() == [0]
-    target, _ = heuristic_targets(noise, *args, jnp.array([1]), home)
+    target, _ = jitted_heuristic_targets(noise, *args, np.array([1]), home)
     assert target.tolist() == [1]  # ally 1 (distance 4) is still attackable
-    target, _ = heuristic_targets(noise, *args, jnp.array([2]), home)
+    target, _ = jitted_heuristic_targets(noise, *args, np.array([2]), home)
     assert target.tolist() == [0]  # ally 2 is out of range: back to the closest
 
 
 def test_heuristic_heads_home_when_it_sees_nobody_and_chases_otherwise():
-    enemy_pos = jnp.array([[24.0, 16.0], [24.0, 10.0]])
-    ally_pos = jnp.array([[21.0, 3.0]])  # seen (not attackable) by enemy 1 only: distance 7.6
-    dist = jnp.linalg.norm(enemy_pos[:, None] - ally_pos[None], axis=-1)
-    target, move = heuristic_targets(jnp.full((2, 2), 0.5), enemy_pos, ally_pos, dist, jnp.ones(2, bool),
-                                     jnp.ones(1, bool), jnp.full(2, 9.0), jnp.full(2, 5.0), jnp.array([-1, -1]),
-                                     jnp.array([[8.0, 16.0], [8.0, 22.0]]))
+    enemy_pos = np.array([[24.0, 16.0], [24.0, 10.0]], np.float32)
+    ally_pos = np.array([[21.0, 3.0]], np.float32)  # seen (not attackable) by enemy 1 only: distance 7.6
+    target, move = jitted_heuristic_targets(
+        np.full((2, 2), 0.5, np.float32), enemy_pos, ally_pos, distances(enemy_pos, ally_pos), np.ones(2, bool),
+        np.ones(1, bool), np.full(2, 9.0, np.float32), np.full(2, 5.0, np.float32), np.array([-1, -1]),
+        np.array([[8.0, 16.0], [8.0, 22.0]], np.float32))
     assert target.tolist() == [-1, -1]
     assert move.tolist() == [W, S]  # enemy 0 heads home (west), enemy 1 chases the ally (mostly south)
 
