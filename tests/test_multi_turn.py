@@ -18,6 +18,9 @@ from jaxrl.models.decoder import Decoder
 from jaxrl.transformer import TransformerConfig, TransformerLM
 
 VOCAB = text.Vocab.from_alphabet(turns.Lookup.alphabet)
+# Problems are drawn SAMPLED at a time (sliced where fewer are wanted), as many as `_episodes`' tokenizer corpus
+# (`text.corpus(tasks, 64)`) draws of each split: each task's sampler compiles once (its batch size is static).
+SAMPLED = 32
 
 
 def _random_expression(rng: random.Random, depth: int = 0) -> str:
@@ -91,7 +94,7 @@ def _observation(reply, vocab) -> str:
 def test_tool_calls_and_malformed_calls_answer_without_ending_the_episode():
     task = text.make_task("lookup")
     vocab = text.Vocab.from_alphabet(task.alphabet)
-    problem = task.sample(jax.random.key(3), 1, "train")[0]
+    problem = task.sample(jax.random.key(3), SAMPLED, "train")[0]
     state, _ = task.start(problem)
     reply_to = jax.jit(lambda turn: task.respond(problem, state, turn, 0, vocab))
     respond = lambda body: reply_to(_turn(task, vocab, body))  # noqa: E731
@@ -144,7 +147,7 @@ def test_every_secret_of_the_guessing_game_is_drawn_in_both_splits():
 def test_demonstrations_solve_every_task(name):
     task = text.make_task(name)
     vocab = text.Vocab.from_alphabet(task.alphabet)
-    problems = task.sample(jax.random.key(1), 32, "train")
+    problems = task.sample(jax.random.key(1), SAMPLED, "train")
     outcome = task.replay(problems, task.reference_answers(problems, vocab), vocab)
     assert bool(outcome["solved"].any(-1).all()), name
     assert bool(outcome["well_formed"][outcome["taken"]].all()), name
@@ -164,7 +167,7 @@ def _episodes(task_name="lookup", group=3, seed=0, architecture="small"):
         model = Decoder(models.ModelConfig(family="llama", vocab_size=vocab.size, hidden_size=32, num_layers=2,
                                            num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64,
                                            max_len=max_len, eos_ids=(vocab.eos_id,), pad_id=vocab.pad_id, bos_id=1))
-    problems = task.sample(jax.random.key(seed), 4, "train")
+    problems = jax.tree.map(lambda x: np.asarray(x)[:4], task.sample(jax.random.key(seed), SAMPLED, "train"))
     prompts = task.prompts(problems, vocab)
     # jitted: eager calls compile each primitive separately
     params = jax.jit(model.init)(jax.random.key(1), prompts, jnp.zeros_like(prompts), prompts > 0)
@@ -175,19 +178,21 @@ def _episodes(task_name="lookup", group=3, seed=0, architecture="small"):
 
 def test_the_loss_mask_covers_exactly_the_model_tokens():
     task, vocab, model, params, problems, prompts, episodes = _episodes()
+    log_probs, entropy, _ = sampling.score_groups(model, params, prompts, episodes.tokens, episodes.mask, vocab.pad_id,
+                                                  episodes.attend)
+    # (read back as NumPy: eager jax operations would compile each separately)
+    episodes, log_probs, entropy = jax.device_get((episodes, log_probs, entropy))
     _, model_slot = task.turn_slots()
     written = episodes.attend & model_slot
     np.testing.assert_array_equal(episodes.mask > 0, written)
     # the environment's tokens are real (attended to) but never learned: no log-probability, no loss weight
     environment = episodes.attend & ~model_slot
-    assert environment.sum() > 0 and float(jnp.abs(episodes.log_probs * environment).max()) == 0.0
-    log_probs, entropy, _ = sampling.score_groups(model, params, prompts, episodes.tokens, episodes.mask, vocab.pad_id,
-                                                  episodes.attend)
-    assert float(jnp.abs(log_probs * environment).max()) == 0.0 and float(jnp.abs(entropy * environment).max()) == 0
+    assert environment.sum() > 0 and np.abs(episodes.log_probs * environment).max() == 0.0
+    assert np.abs(log_probs * environment).max() == 0.0 and np.abs(entropy * environment).max() == 0
     # each turn's model tokens: from its first slot up to and including EOS (or the turn budget)
     turns_taken = episodes.turns["taken"]
     per_turn = (episodes.mask.reshape(*episodes.mask.shape[:2], task.max_turns, -1) > 0).sum(-1)
-    assert bool((per_turn[turns_taken] >= 1).all()) and bool((per_turn[~turns_taken] == 0).all())
+    assert (per_turn[turns_taken] >= 1).all() and (per_turn[~turns_taken] == 0).all()
 
 
 @pytest.mark.parametrize("task_name, architecture", [("lookup", "small"), ("guess", "small"), ("guess", "llama")])
@@ -239,12 +244,12 @@ def test_rewards_replayed_from_the_tokens_equal_the_loop_s(task_name):
         np.testing.assert_array_equal(outcome[name], episodes.turns[name].reshape(B * G, -1), err_msg=name)
 
 
-def _refinement(task, vocab, turns: list[str]) -> jax.Array:
+def _refinement(task, vocab, turns: list[str]) -> np.ndarray:
     """One episode [N] in the slot layout: each turn's text with EOS, each environment answer a pad (replay
     answers for itself)."""
-    blocks = [jnp.concatenate([_turn(task, vocab, t), jnp.full((task.observation_length,), vocab.pad_id)])
+    blocks = [np.concatenate([_turn(task, vocab, t), np.full((task.observation_length,), vocab.pad_id)])
               for t in turns]
-    return jnp.concatenate(blocks)
+    return np.concatenate(blocks)  # (NumPy: eager jax concatenations would compile one by one)
 
 
 @pytest.mark.parametrize("critic_reward", ["revision", "verdict"])
@@ -263,8 +268,8 @@ def test_a_refinement_episode_routes_each_role_its_reward(critic_reward):
         "wrong, judged right, revised right": ((wrong, "0Y", right), (0, 1, 1), (0, 0, 1)),
         "right, judged right, kept": ((right, f"{target}Y", right), (1, 1, 1), (1, 1, 1)),
     }
-    episodes = jnp.stack([_refinement(task, vocab, turns) for turns, _, _ in cases.values()])
-    problems = jax.tree.map(lambda x: jnp.repeat(x, len(cases), axis=0), problem)
+    episodes = np.stack([_refinement(task, vocab, turns) for turns, _, _ in cases.values()])
+    problems = jax.tree.map(lambda x: np.repeat(x, len(cases), axis=0), problem)
     outcome = task.replay(problems, episodes, vocab)
     column = 1 if critic_reward == "revision" else 2
     expected = np.array([case[column] for case in cases.values()], np.float32)
@@ -272,8 +277,8 @@ def test_a_refinement_episode_routes_each_role_its_reward(critic_reward):
     np.testing.assert_array_equal(outcome["solved"][:, -1], expected[:, 2] > 0)
     # with no discount between turns, each turn's advantage is against the group's same turn: the critic's by its
     # own reward alone (the revision's success for CTRL, its verdict's truth for critique RL)
-    per_turn = advantages.turn_advantages("turn_grpo", jnp.asarray(expected)[None], outcome["taken"][None],
-                                          outcome["anchor"][None], gamma=0.0)[0]
+    per_turn = jax.jit(functools.partial(advantages.turn_advantages, "turn_grpo", gamma=0.0))(
+        expected[None], outcome["taken"][None], outcome["anchor"][None])[0]
     critic = expected[:, 1]
     np.testing.assert_allclose(per_turn[:, 1], (critic - critic.mean()) / (critic.std() + 1e-6), rtol=1e-5)
 
@@ -328,7 +333,7 @@ def test_stratified_advantages_group_episodes_by_their_tool_calls():
     groups = rollout.Groups(*([None] * 4), tokens=jnp.zeros((1, 4, 6), jnp.int32), log_probs=None, mask=None,
                             lengths=None, values=None, rewards=rewards, weight=None, bonus=jnp.zeros((1, 4)),
                             replayed=None, turns=turns)
-    advantages_, _, _ = algo._group_advantages(groups)
+    advantages_, _, _ = jax.jit(algo._group_advantages)(groups)  # (one program, not each operation compiled alone)
     np.testing.assert_allclose(advantages_[0, :, 0], [1.0, -1.0, 0.0, 0.0], atol=1e-4)  # only the callers differ
 
 

@@ -15,6 +15,12 @@ from jaxrl.rollout.tokens import select_varied
 from helpers import countdown_2, tiny_grpo_config
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _builds_shared(builds_shared):
+    """Equal configs share one built algorithm and its compiled programs (conftest's `builds_shared`): `default_grpo`
+    and the runs `train.run` makes of its config, the stale run's three runs of one config."""
+
+
 @pytest.fixture(scope="module")
 def sft_run(tiny_sft_run):
     """The warm start: conftest.py's tiny SFT run (shared with tests/test_text_sft.py)."""

@@ -38,8 +38,16 @@ def forward(model, params, tokens, positions, mask):
     return model.apply(params, tokens, positions, mask)
 
 
+# Every call names every sampling setting: jit bakes a keyword left at its default into the program as a constant, so
+# calls that name different settings would compile different programs.
 def draw(model, params, prompts, key, **kw):
-    return sample(model, params, prompts, key, **(dict(max_new_tokens=N, eos_id=EOS, pad_id=PAD) | kw))
+    settings = dict(max_new_tokens=N, eos_id=EOS, pad_id=PAD, temperature=1.0, top_k=0, top_p=1.0)
+    return sample(model, params, prompts, key, **(settings | kw))
+
+
+def per_prompt_settings(group_size, **kw):
+    """`sample_groups_per_prompt`'s keywords, every sampling setting named (as `draw`'s)."""
+    return dict(group_size=group_size, max_new_tokens=N, eos_id=EOS, pad_id=PAD, temperature=1.0) | kw
 
 
 @pytest.fixture(scope="module")
@@ -102,11 +110,12 @@ def test_score_reproduces_sampled_log_probs(tiny):
     log_probs, entropy, values = score(model, params, prompts, out.tokens, out.mask, PAD)
     np.testing.assert_allclose(log_probs, out.log_probs, atol=1e-5)
     np.testing.assert_allclose(values, out.values, atol=1e-5)
-    assert bool(jnp.all(out.log_probs[out.mask > 0] < 0))
-    assert bool(jnp.all(entropy >= 0)) and bool(jnp.all(entropy[out.mask == 0] == 0))
+    log_probs, entropy, mask = np.asarray(out.log_probs), np.asarray(entropy), np.asarray(out.mask)
+    assert np.all(log_probs[mask > 0] < 0)
+    assert np.all(entropy >= 0) and np.all(entropy[mask == 0] == 0)
     # The loss differentiates score: its gradient must be finite despite padding and masked tails.
-    grads = jax.grad(lambda p: score(model, p, prompts, out.tokens, out.mask, PAD)[0].sum())(params)
-    assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
+    grads = jax.jit(jax.grad(lambda p: score(model, p, prompts, out.tokens, out.mask, PAD)[0].sum()))(params)
+    assert all(np.isfinite(g).all() for g in jax.device_get(jax.tree.leaves(grads)))
 
 
 def test_padding_never_leaks(tiny):
@@ -289,9 +298,15 @@ def test_score_groups_equals_score_on_repeated_prompts(tiny):
     for a, b in zip(grouped, full):
         np.testing.assert_allclose(flat(a), b, atol=1e-5)
     np.testing.assert_allclose(grouped[0], out.log_probs, atol=1e-5)
-    grad_grouped = jax.grad(lambda p: score_groups(model, p, prompts, out.tokens, out.mask, PAD)[0].sum())(params)
-    grad_full = jax.grad(lambda p: score(model, p, jnp.repeat(prompts, G, axis=0), flat(out.tokens),
-                                         flat(out.mask), PAD)[0].sum())(params)
+
+    @jax.jit  # both gradients in one program: eager differentiation compiles each primitive separately
+    def gradients(params):
+        grouped = jax.grad(lambda p: score_groups(model, p, prompts, out.tokens, out.mask, PAD)[0].sum())(params)
+        full = jax.grad(lambda p: score(model, p, jnp.repeat(prompts, G, axis=0), flat(out.tokens),
+                                        flat(out.mask), PAD)[0].sum())(params)
+        return grouped, full
+
+    grad_grouped, grad_full = gradients(params)
     for a, b in zip(jax.tree.leaves(grad_grouped), jax.tree.leaves(grad_full)):
         np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
 
@@ -301,8 +316,7 @@ def test_sample_groups_per_prompt_equals_each_prompt_alone(tiny):
     model, params = tiny
     prompts = left_padded(PROMPTS, W + 3)
     keys, G = jax.random.split(jax.random.key(7), 4), 3
-    together = sample_groups_per_prompt(model, params, prompts, keys, group_size=G, max_new_tokens=N, eos_id=EOS,
-                                        pad_id=PAD)
+    together = sample_groups_per_prompt(model, params, prompts, keys, **per_prompt_settings(G))
     assert together.tokens.shape == (4, G, N)
     for b in range(4):
         alone = sample_groups(model, params, prompts[b:b + 1], keys[b], group_size=G, max_new_tokens=N, eos_id=EOS,
@@ -339,7 +353,7 @@ def test_resumed_and_stopped_groups_continue_the_same_samples(tiny):
     prompts = left_padded(PROMPTS, W + 3)
     # Token 5 as EOS at temperature 2: with these keys some groups end early, others run to column N.
     keys, G, eos = jax.random.split(jax.random.key(4), 4), 2, 5
-    kw = dict(group_size=G, max_new_tokens=N, eos_id=eos, pad_id=PAD, temperature=2.0)
+    kw = per_prompt_settings(G, eos_id=eos, temperature=2.0)
     whole = sample_groups_per_prompt(model, params, prompts, keys, **kw)
 
     # A fresh start on the while-loop path (resume from column 0) is the same run.
@@ -400,7 +414,7 @@ def test_pruned_members_stop_at_their_column_and_the_rest_are_unchanged(tiny):
     model, params = tiny
     prompts = left_padded(PROMPTS, W + 3)
     keys, G, at = jax.random.split(jax.random.key(4), 4), 2, 3
-    kw = dict(group_size=G, max_new_tokens=N, eos_id=EOS, pad_id=PAD)
+    kw = per_prompt_settings(G)
     whole = sample_groups_per_prompt(model, params, prompts, keys, **kw)
     below = jnp.asarray([jnp.inf, -jnp.inf, -jnp.inf, -jnp.inf])  # group 0: every member pruned; the rest never
     out = sample_groups_per_prompt(model, params, prompts, keys, prune_at=at, prune_below=below, **kw)
@@ -453,7 +467,7 @@ def test_a_length_cap_cuts_each_prompt_s_members_at_its_window(tiny):
     model, params = tiny
     prompts = left_padded(PROMPTS, W + 3)
     keys, G = jax.random.split(jax.random.key(5), 4), 3
-    kw = dict(group_size=G, max_new_tokens=N, eos_id=EOS, pad_id=PAD)
+    kw = per_prompt_settings(G)
     whole = sample_groups_per_prompt(model, params, prompts, keys, **kw)
     cap = np.array([2, 3, 5, 3])
     kept = np.minimum(cap[:, None], np.asarray(whole.lengths))  # [B, G]
