@@ -11,7 +11,7 @@ import sys
 import jax
 import numpy as np
 
-from conftest import xla_flags_with_devices
+from conftest import run_python, xla_flags_with_devices
 from helpers import ROOT
 
 def free_port() -> int:
@@ -41,6 +41,15 @@ def finished(launched) -> str:
     return "".join(line for line in out.readlines() if not line.startswith("[Gloo]"))  # gloo's own notices
 
 
+def as_one_process(module, args, devices):
+    """`python -m module args` in one process of `devices` devices, a forked child of the command server (no
+    interpreter to start and import jax in: the two jax.distributed processes need their own)."""
+    code = f"import runpy, sys; sys.argv = {[module, *args]!r}; runpy.run_module({module!r}, run_name='__main__')"
+    result = run_python(code, devices=devices)
+    assert result.returncode == 0, result.stderr[-5000:]
+    return result.stdout
+
+
 def two_processes_and_one(module, args, tmp_path):
     """Run `python -m module args` as 2 processes of 1 device and as 1 process of 2 devices; returns
     (the two processes' stdout, the single process's stdout, multi workdir, single workdir)."""
@@ -49,9 +58,9 @@ def two_processes_and_one(module, args, tmp_path):
     workers = [launch_cli(module, [*args, f"--workdir={multi_dir}", f"--coordinator_address=localhost:{port}",
                                    "--num_processes=2", f"--process_id={i}"], 1, str(tmp_path), f"p{i}")
                for i in range(2)]
-    alone = launch_cli(module, [*args, f"--workdir={single_dir}"], 2, str(tmp_path), "single")  # meanwhile
+    alone = as_one_process(module, [*args, f"--workdir={single_dir}"], 2)  # meanwhile
     outs = [finished(w) for w in workers]
-    return outs, finished(alone), multi_dir, single_dir
+    return outs, alone, multi_dir, single_dir
 
 
 def assert_same_rows(multi_path, single_path):
