@@ -21,11 +21,12 @@ def test_squashed_gaussian_log_prob_is_the_density_of_the_env_action():
     mean, log_std = 0.3, np.log(0.8)
     out = jnp.array([mean, log_std], jnp.float32)
     u = np.linspace(-2.5, 2.5, 11)
-    a = np.asarray(dist.to_env(jnp.asarray(u, jnp.float32)[:, None]))[:, 0].astype(np.float64)
+    # (both sides jitted: op by op, each small op would compile apart)
+    a = np.asarray(jax.jit(dist.to_env)(u.astype(np.float32)[:, None]))[:, 0].astype(np.float64)
     cdf = lambda x: stats.norm.cdf((np.arctanh((x + 2.0) / 2.0 - 1.0) - mean) / np.exp(log_std))  # noqa: E731
     h = 1e-6
     density_of_a = (cdf(a + h) - cdf(a - h)) / (2 * h)
-    log_p = np.asarray(jax.vmap(lambda x: dist.log_prob(out, x[None]))(jnp.asarray(u, jnp.float32)))
+    log_p = np.asarray(jax.jit(jax.vmap(lambda x: dist.log_prob(out, x[None])))(u.astype(np.float32)))
     np.testing.assert_allclose(log_p - np.log(2.0), np.log(density_of_a), rtol=1e-4, atol=1e-4)
 
 
@@ -41,16 +42,17 @@ def test_truncated_atoms_pool_the_critics_and_drop_the_largest():
 
 
 def test_quantile_huber_loss_against_the_formula():
+    loss = jax.jit(quantile_huber_loss)  # (one compile per shape: op by op, each small op would compile apart)
     atoms = jnp.array([0.0, 2.0])  # levels 1/4, 3/4
     targets = jnp.array([1.0, -3.0])
     # pairs (atom, target): delta = target - atom; weight |level - [delta < 0]|; Huber(1): 0.5 d^2 or |d| - 0.5
     expected = np.mean([0.25 * 0.5, (1 - 0.25) * 2.5, (1 - 0.75) * 0.5, (1 - 0.75) * 4.5])
-    np.testing.assert_allclose(quantile_huber_loss(atoms, targets), expected, rtol=1e-6)
+    np.testing.assert_allclose(loss(atoms, targets), expected, rtol=1e-6)
     # the loss is least where the atoms are the targets' quantiles: for uniform targets on [0, 1], (2i+1)/2N
-    grid = jnp.linspace(0.0, 1.0, 2001)
-    best = jnp.array([0.25, 0.75])
-    for shifted in (best + 0.05, best - 0.05, jnp.array([0.5, 0.5])):
-        assert quantile_huber_loss(best, grid) < quantile_huber_loss(shifted, grid)
+    grid = np.linspace(0.0, 1.0, 2001, dtype=np.float32)
+    best = np.array([0.25, 0.75], np.float32)
+    for shifted in (best + 0.05, best - 0.05, np.array([0.5, 0.5], np.float32)):
+        assert loss(best, grid) < loss(shifted, grid)
 
 
 # 32 updates of 8 envs x 1 step, 2 seeds (8 envs, as 8 devices need), checkpoints after 16 and 32: quantile

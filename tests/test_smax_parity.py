@@ -65,6 +65,7 @@ def visited_states(env, num_envs=16, num_steps=40, seed=0):
     """[num_steps * num_envs] states of random legal play (auto-reset), flattened on a leading axis."""
     wrapped = envs.AutoReset(env)
 
+    @jax.jit  # (the flattening too: op by op, each leaf's reshape would compile apart)
     def run(key):
         _, state = jax.vmap(wrapped.reset)(jax.random.split(key, num_envs))
 
@@ -74,10 +75,10 @@ def visited_states(env, num_envs=16, num_steps=40, seed=0):
             _, nxt, *_ = jax.vmap(wrapped.step)(jax.random.split(s_key, num_envs), state, actions)
             return nxt, state
 
-        return jax.lax.scan(body, state, jax.random.split(key, num_steps))[1]
+        states = jax.lax.scan(body, state, jax.random.split(key, num_steps))[1]
+        return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), states)
 
-    states = jax.jit(run)(jax.random.PRNGKey(seed))
-    return jax.tree.map(lambda x: x.reshape((-1,) + x.shape[2:]), states)
+    return run(jax.random.PRNGKey(seed))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -187,13 +188,18 @@ def test_enemy_decisions_match_the_reference_heuristic(name):
 def _random_battles(name, key, num, ally_box, enemy_box):
     """[num] states with allies uniform in `ally_box` and enemies in `enemy_box` ((x0, y0), (x1, y1))."""
     ours, _ = pair(name)
-    _, state = jax.jit(jax.vmap(ours.reset))(jax.random.split(key, num))
-    a_key, e_key = jax.random.split(key)
-    allies = jax.random.uniform(a_key, (num, ours.num_allies, 2), minval=jnp.array(ally_box[0]),
-                                maxval=jnp.array(ally_box[1]))
-    enemies = jax.random.uniform(e_key, (num, ours.num_enemies, 2), minval=jnp.array(enemy_box[0]),
-                                 maxval=jnp.array(enemy_box[1]))
-    return state.replace(position=jnp.concatenate([allies, enemies], axis=1))
+
+    @jax.jit  # (one program: op by op, each draw would compile apart)
+    def battles(key):
+        _, state = jax.vmap(ours.reset)(jax.random.split(key, num))
+        a_key, e_key = jax.random.split(key)
+        allies = jax.random.uniform(a_key, (num, ours.num_allies, 2), minval=jnp.array(ally_box[0]),
+                                    maxval=jnp.array(ally_box[1]))
+        enemies = jax.random.uniform(e_key, (num, ours.num_enemies, 2), minval=jnp.array(enemy_box[0]),
+                                     maxval=jnp.array(enemy_box[1]))
+        return state.replace(position=jnp.concatenate([allies, enemies], axis=1))
+
+    return battles(key)
 
 
 def _step_both(name, states, key):

@@ -3,6 +3,8 @@ exact resume with a partly filled buffer and hidden states carried across update
 errors, learning SMAX 3m (QMIX, and PQN-VDN). One small QMIX run (`qmix_run`) serves the tests that read a
 trained state: compiling is most of a test's time."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,17 +50,21 @@ def qmix_run(builds_shared):
 def test_next_values_continue_each_steps_hidden_state():
     net = RecurrentQNetwork(num_actions=5, fc_size=8, rnn_size=16)
     T, B, d = 6, 4, 7
-    x, next_x = jax.random.normal(jax.random.PRNGKey(0), (2, T, B, d))
-    first = jnp.zeros((T, B), bool).at[3, 1].set(True)  # env 1 starts an episode at step 3
-    params = net.init(jax.random.PRNGKey(1), net.initial_carry((B,)), x, None, first)
-    q, next_q = net.apply(params, net.initial_carry((B,)), x, next_x, first, method="sequence_values")
+    # (inputs built as NumPy arrays, the network's calls jitted: eager jax ops compile once per op and shape)
+    x, next_x = np.asarray(jax.random.normal(jax.random.PRNGKey(0), (2, T, B, d)))
+    first = np.zeros((T, B), bool)
+    first[3, 1] = True  # env 1 starts an episode at step 3
+    carry = net.initial_carry((B,))
+    params = jax.jit(net.init)(jax.random.PRNGKey(1), carry, x, None, first)
+    q, next_q = jax.device_get(jax.jit(functools.partial(net.apply, method="sequence_values"))(
+        params, carry, x, next_x, first))
     # The network run over steps 0..t, then one step on step t's next inputs: T + 1 steps for every t (the
     # steps after t + 1 are left as they were; the network is causal), so that one compiled program serves all t.
-    run = jax.jit(lambda inputs, starts: net.apply(params, net.initial_carry((B,)), inputs, None, starts)[1])
+    run = jax.jit(lambda inputs, starts: net.apply(params, carry, inputs, None, starts)[1])
     for t in range(T):
-        inputs = jnp.concatenate([x, x[-1:]]).at[t + 1].set(next_x[t])
-        starts = jnp.concatenate([first, first[-1:]]).at[t + 1].set(False)
-        stepped = run(inputs, starts)
+        inputs, starts = np.concatenate([x, x[-1:]]), np.concatenate([first, first[-1:]])
+        inputs[t + 1], starts[t + 1] = next_x[t], False
+        stepped = np.asarray(run(inputs, starts))
         np.testing.assert_allclose(stepped[:t + 1], q[:t + 1], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(stepped[t + 1], next_q[t], rtol=1e-5, atol=1e-6)
 
@@ -72,23 +78,35 @@ def test_targets_match_a_step_by_step_computation(qmix_run):
     params = one(state.params)
     target_params = jax.tree.map(lambda x: x + np.float32(0.01), params)  # a target network that differs
     seq = jax.tree.map(lambda x: x[:, 40:48], one(state.buffer.items))  # [B=8, L=8, ...]
-    assert bool(jnp.any(seq["done"])), "the window should hold an episode end"
+    assert seq["done"].any(), "the window should hold an episode end"
 
     policy = qmix_run[0].parts.policy  # (the agents see what VDN's and IQL's see)
     dist, network = policy.dist, policy.network
-    per_step = []  # (Q of obs_t, online and target Q of next_obs_t) [B, A, K], one step at a time
-    apply, no_restart = jax.jit(network.apply), jnp.zeros((1, 8, 3), bool)
-    carry = target_carry = network.initial_carry((8, 3))
-    for t in range(8):
-        first = jnp.broadcast_to(seq["first"][:, t, None], (1, 8, 3))
-        obs_in, next_in = policy.actor_inputs(seq["obs"][:, t])[None], policy.actor_inputs(seq["next_obs"][:, t])[None]
-        carry, q_t, _ = apply(params, carry, obs_in, None, first)
-        target_carry = apply(target_params, target_carry, obs_in, None, first)[0]
-        online_next = apply(params, carry, next_in, None, no_restart)[1]
-        target_next = apply(target_params, target_carry, next_in, None, no_restart)[1]
-        per_step.append((dist.with_mask(q_t[0], seq["mask"][:, t]),
-                         dist.with_mask(online_next[0], seq["next_mask"][:, t]),
-                         dist.with_mask(target_next[0], seq["next_mask"][:, t])))
+
+    @jax.jit  # one scan over the window's steps (op by op, every small op would compile apart)
+    def step_by_step(params, target_params, seq):
+        no_restart = jnp.zeros((1, 8, 3), bool)
+
+        def step(carries, seq_t):  # (Q of obs_t, online and target Q of next_obs_t) [B, A, K]
+            carry, target_carry = carries
+            first = jnp.broadcast_to(seq_t["first"][:, None], (1, 8, 3))
+            obs_in, next_in = policy.actor_inputs(seq_t["obs"])[None], policy.actor_inputs(seq_t["next_obs"])[None]
+            carry, q_t, _ = network.apply(params, carry, obs_in, None, first)
+            target_carry = network.apply(target_params, target_carry, obs_in, None, first)[0]
+            online_next = network.apply(params, carry, next_in, None, no_restart)[1]
+            target_next = network.apply(target_params, target_carry, next_in, None, no_restart)[1]
+            return (carry, target_carry), (dist.with_mask(q_t[0], seq_t["mask"]),
+                                           dist.with_mask(online_next[0], seq_t["next_mask"]),
+                                           dist.with_mask(target_next[0], seq_t["next_mask"]))
+
+        start = network.initial_carry((8, 3))
+        per_step = jax.lax.scan(step, (start, start), jax.tree.map(lambda x: jnp.moveaxis(x, 1, 0), seq))[1]
+        return jax.tree.map(lambda x: jnp.moveaxis(x, 0, 1), per_step)  # [B, T, A, K]
+
+    q_t, online_next, target_next = jax.device_get(step_by_step(params, target_params, seq))
+    chosen = np.take_along_axis(q_t, seq["action"][..., None], -1)[..., 0]  # [B, T, A]
+    next_value = np.take_along_axis(target_next, online_next.argmax(-1)[..., None], -1)[..., 0]
+    reward, keep = seq["reward"], 1 - seq["terminated"].astype(np.float32)  # [B, T, A], [B, T]
 
     for experiment in ("smax_vdn", "smax_iql"):
         algo, hp = algos.build(_small(experiment, **{"replay.burn_in": 2, "returns.q_lambda": 0.0}),
@@ -97,19 +115,13 @@ def test_targets_match_a_step_by_step_computation(qmix_run):
         td = jax.jit(jax.shard_map(lambda *args: algo.parts.td(*args, hp), mesh=algo.mesh, in_specs=P(), out_specs=P(),
                                    check_vma=False))
         q, targets = td(params, target_params, seq)
-        expected_q, expected_targets = [], []
-        for t, (q_t, online_next, target_next) in enumerate(per_step):
-            chosen = jnp.take_along_axis(q_t, seq["action"][:, t, :, None], -1)[..., 0]  # [B, A]
-            next_value = jnp.take_along_axis(target_next, jnp.argmax(online_next, -1)[..., None], -1)[..., 0]
-            reward, keep = seq["reward"][:, t], 1.0 - seq["terminated"][:, t]
-            if experiment == "smax_vdn":  # the team: summed values, the agents' mean reward
-                chosen, next_value, reward = chosen.sum(-1), next_value.sum(-1), reward.mean(-1)
-            else:
-                keep = keep[:, None]
-            expected_q.append(chosen)
-            expected_targets.append(reward + hp.gamma * keep * next_value)
-        np.testing.assert_allclose(q, jnp.stack(expected_q, 1)[:, 2:], rtol=1e-4, atol=1e-5)  # past the burn-in
-        np.testing.assert_allclose(targets, jnp.stack(expected_targets, 1)[:, 2:], rtol=1e-4, atol=1e-5)
+        gamma = np.float32(hp.gamma)
+        if experiment == "smax_vdn":  # the team: summed values, the agents' mean reward
+            expected_q, expected_targets = chosen.sum(-1), reward.mean(-1) + gamma * keep * next_value.sum(-1)
+        else:
+            expected_q, expected_targets = chosen, reward + gamma * keep[..., None] * next_value
+        np.testing.assert_allclose(q, expected_q[:, 2:], rtol=1e-4, atol=1e-5)  # past the burn-in
+        np.testing.assert_allclose(targets, expected_targets[:, 2:], rtol=1e-4, atol=1e-5)
 
 
 def test_resume_with_hidden_states_and_a_partly_filled_buffer_is_the_run_that_never_stopped(tmp_path, qmix_run):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import struct
 
@@ -60,7 +61,8 @@ class FromBrax(Environment):
         self.name = f"brax-{env_name}"
         self.supports_vma_checks = False  # Brax's pipelines mix per-device and replicated values in lax.cond
         self.max_episode_steps = math.ceil(episode_length / action_repeat)
-        self._obs_dim = int(env.observation_size)
+        # Brax's `observation_size` runs a reset op by op (about 220 small compiles); its shape alone is traced
+        self._obs_dim = int(jax.eval_shape(env.reset, jax.random.PRNGKey(0)).obs.shape[-1])
         self._action_dim = int(env.action_size)
 
     @property
