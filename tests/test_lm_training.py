@@ -116,36 +116,42 @@ def test_a_chat_task_poses_questions_through_the_template_and_scores_replies(tin
     for row, reply in enumerate(replies):
         ids = [*tokenizer.encode(reply), 2]
         completions[row, :len(ids)] = ids
-    rewards = np.asarray(jax.jit(task.jax_rewards)(problems, jnp.asarray(completions)))
+    rewards_of = jax.jit(task.jax_rewards)  # (eager calls compile each primitive separately)
+    rewards = np.asarray(rewards_of(problems, jnp.asarray(completions)))
     np.testing.assert_array_equal(rewards, [[1, 1], [0, 0], [0, 1]])
     # Groups: completions [B, G, N] of problems [B] (each member scored against its own problem).
-    grouped = np.asarray(task.jax_rewards(problems, jnp.asarray(np.stack([completions, completions[::-1]], 1))))
+    grouped = np.asarray(rewards_of(problems, jnp.asarray(np.stack([completions, completions[::-1]], 1))))
     np.testing.assert_array_equal(grouped[:, 0], rewards)
     np.testing.assert_array_equal(grouped[1, 1], [0, 0])  # problem 1 scored on problem 1's target
-    answers = np.asarray(task.reference_answers(problems))
+    answers = np.asarray(jax.jit(task.reference_answers)(problems))
     assert tokenizer.decode([i for i in answers[0] if i != 2]) == f"Answer: {target[0]}"
 
 
-def test_sft_learns_the_reference_replies_of_a_pretrained_format_model(tiny_model, tmp_path):
+@pytest.fixture(scope="module")
+def sft_run(tiny_model, tmp_path_factory):
+    """An SFT run of 40 updates on tiny_model: (its directory, its metric rows). The SFT test checks it and the GRPO
+    test starts from it (one run's compiles and updates for both; read only)."""
+    workdir = str(tmp_path_factory.mktemp("sft") / "run")
+    return workdir, train.run(lm_config(tiny_model, total_steps=4 * 40), workdir).metrics
+
+
+def test_sft_learns_the_reference_replies_of_a_pretrained_format_model(sft_run):
     """The loss on "Answer: <n><|im_end|>" falls (the model learns the task's reply format), the run directory
     keeps model/ (architecture, tokenizer, chat template), and jaxrl.evaluate reproduces the run's evaluation."""
-    config = lm_config(tiny_model, total_steps=4 * 40)
-    result = train.run(config, str(tmp_path / "sft"))
-    rows = [r for r in result.metrics if "loss" in r]
+    workdir, metrics = sft_run
+    rows = [r for r in metrics if "loss" in r]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], (rows[0]["loss"], rows[-1]["loss"])
-    model_dir = tmp_path / "sft" / "model"
+    model_dir = os.path.join(workdir, "model")
     assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(model_dir))
     from jaxrl.run import policies
 
-    summary = policies.evaluate_run(str(tmp_path / "sft"))
-    assert summary["eval_accuracy"] == pytest.approx(result.metrics[-1]["eval_accuracy"])
-    assert summary["eval_length"] == pytest.approx(result.metrics[-1]["eval_length"])
+    summary = policies.evaluate_run(workdir)
+    assert summary["eval_accuracy"] == pytest.approx(metrics[-1]["eval_accuracy"])
+    assert summary["eval_length"] == pytest.approx(metrics[-1]["eval_length"])
 
 
-def test_grpo_from_the_sft_run_trains_loads_and_exports_to_hugging_face_format(tiny_model, tmp_path):
-    sft = lm_config(tiny_model, total_steps=4 * 20)
-    train.run(sft, str(tmp_path / "sft"))
-    config = lm_config(tiny_model, "text_grpo", **{"init_from": str(tmp_path / "sft"), "group.size": 2,
+def test_grpo_from_the_sft_run_trains_loads_and_exports_to_hugging_face_format(tiny_model, sft_run, tmp_path):
+    config = lm_config(tiny_model, "text_grpo", **{"init_from": sft_run[0], "group.size": 2,
                                                     "total_steps": 4 * 2 * 2, "log.every_steps": 8})
     result = train.run(config, str(tmp_path / "grpo"))
     last = result.metrics[-1]

@@ -298,8 +298,10 @@ def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
 
     monkeypatch.setattr(sampling, "sample_groups_per_prompt", continue_with_the_reference)
     state = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1))
-    out, where = model.step_labels(state.params, problems, task.prompts(problems, vocab), tokens, labels,
-                                   jax.random.split(jax.random.key(1), 2))
+    prompts = task.prompts(problems, vocab)
+    # jitted: the stand-in sampler is cheap, so eagerly each of step_labels' primitives would compile apart
+    out, where = jax.jit(model.step_labels)(state.params, problems, prompts, tokens, labels,
+                                            jax.random.split(jax.random.key(1), 2))
     out, where = np.asarray(out), np.asarray(where)
     for b in range(2):
         after_first = first_step[b] + 1
@@ -308,7 +310,6 @@ def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
         last = np.flatnonzero(where[b, 0])[-1]
         assert out[b, 0, last] == 1.0 and out[b, 1, np.flatnonzero(where[b, 1])[-1]] == 0.0  # the outcomes
     # A process model scores a completion by its weakest step: the value head's lowest output at those slots
-    prompts = task.prompts(problems, vocab)
     mask = (tokens != vocab.pad_id).astype(jnp.float32)
     _, _, values = sampling.score_groups(model.policy.model, scoring(state.params, "process"), prompts, tokens, mask,
                                          vocab.pad_id)
