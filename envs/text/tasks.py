@@ -126,7 +126,7 @@ class Task:
         return split_hash(problems, self.split_seed) % 1000 < HELDOUT_PER_MILLE
 
     def sample(self, key: jax.Array, batch: int, split: str, level=None) -> Problems:
-        """`batch` random problems of `split` ("train" or "test"); jittable with batch, split static. `level`
+        """`batch` random problems of `split` ("train" or "test"); jittable with batch static. `level`
         (float in [0, 1], may be traced; None: the full task) turns the task's difficulty knob down (a
         curriculum's): `difficulty(problem) <= level` for every problem drawn."""
         if split not in SPLITS:
@@ -177,11 +177,12 @@ class Task:
         return hash(self._settings())
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2, 3))
-def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool, level=None) -> Problems:
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool | jax.Array, level=None) -> Problems:
     """Propose `batch` candidates per round and keep the acceptable ones of the wanted split, in order,
     until `batch` are filled. Loops for ever only if a task's settings admit no problem of the split; the
-    task constructors reject settings that obviously do."""
+    task constructors reject settings that obviously do. `heldout` is traced, not static: both splits of one
+    batch size are one compiled program (a tokenizer corpus draws both)."""
     def round_(carry):
         key, filled, out = carry
         key, sub = jax.random.split(key)
