@@ -142,9 +142,13 @@ def run_python(code: str, *, devices: int = 1, timeout: int = 600, env: dict | N
     a backend starts): a forked child of this process's command server, which has imported jax and jaxrl already."""
     import subprocess
 
-    full_env = dict(os.environ, XLA_FLAGS=xla_flags_with_devices(devices), JAX_PLATFORMS="cpu", **(env or {}))
-    result = command_server().request({"code": code, "env": full_env}, timeout=timeout)
+    result = command_server().request({"code": code, "env": environment_with_devices(devices, env)}, timeout=timeout)
     return subprocess.CompletedProcess([sys.executable, "-c", code], *result)
+
+
+def environment_with_devices(devices: int, env: dict | None = None) -> dict:
+    """This process's environment with `devices` host CPU devices and `env` on top: a command server child's."""
+    return dict(os.environ, XLA_FLAGS=xla_flags_with_devices(devices), JAX_PLATFORMS="cpu", **(env or {}))
 
 
 @pytest.fixture
@@ -186,11 +190,15 @@ class _CommandServer:
         with open(out) as stdout, open(err) as stderr:
             return json.loads(line), stdout.read(), stderr.read()
 
-    def run(self, module: str, *args: str, timeout: float = 300):
-        """The CompletedProcess (returncode, stdout, stderr) of `python -m module *args` in the repository root."""
+    def run(self, module: str, *args: str, timeout: float = 300, devices: int | None = None):
+        """The CompletedProcess (returncode, stdout, stderr) of `python -m module *args` in the repository root, in
+        this process's environment or, given `devices`, in one with that many host devices."""
         import subprocess
 
-        result = self.request({"module": module, "args": list(args)}, timeout)
+        request = {"module": module, "args": list(args)}
+        if devices is not None:
+            request["env"] = environment_with_devices(devices)
+        result = self.request(request, timeout)
         return subprocess.CompletedProcess([sys.executable, "-m", module, *args], *result)
 
     def close(self):

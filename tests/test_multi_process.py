@@ -11,7 +11,7 @@ import sys
 import jax
 import numpy as np
 
-from conftest import run_python, xla_flags_with_devices
+from conftest import command_server, xla_flags_with_devices
 from helpers import ROOT
 
 def free_port() -> int:
@@ -44,8 +44,7 @@ def finished(launched) -> str:
 def as_one_process(module, args, devices):
     """`python -m module args` in one process of `devices` devices, a forked child of the command server (no
     interpreter to start and import jax in: the two jax.distributed processes need their own)."""
-    code = f"import runpy, sys; sys.argv = {[module, *args]!r}; runpy.run_module({module!r}, run_name='__main__')"
-    result = run_python(code, devices=devices)
+    result = command_server().run(module, *args, devices=devices)
     assert result.returncode == 0, result.stderr[-5000:]
     return result.stdout
 

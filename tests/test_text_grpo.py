@@ -15,10 +15,9 @@ from jaxrl.rollout.tokens import select_varied
 from helpers import countdown_2, tiny_grpo_config
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _builds_shared(builds_shared):
-    """Equal configs share one built algorithm and its compiled programs (conftest's `builds_shared`): `default_grpo`
-    and the runs `train.run` makes of its config, the stale run's three runs of one config."""
+# Equal configs share one built algorithm and its compiled programs (conftest's `builds_shared`): `default_grpo` and
+# the runs `train.run` makes of its config, the stale run's three runs of one config.
+pytestmark = pytest.mark.usefixtures("builds_shared")
 
 
 @pytest.fixture(scope="module")
