@@ -193,12 +193,20 @@ def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool | ja
         return key, jnp.minimum(filled + keep.sum(), batch), out
 
     template = jax.eval_shape(lambda k: task._propose(k, batch, level)[0], key)
-    out = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template)
-    # The first round runs before the loop: its carry then has the key's type under shard_map (varying
-    # over the mesh axes the key varies over), which the loop requires of its carry.
-    first = round_((key, jnp.int32(0), out))
-    _, _, out = jax.lax.while_loop(lambda c: c[1] < batch, round_, first)
+    start = (key, jnp.int32(0), jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), template))
+    # Under shard_map a loop's carry must vary over the mesh axes its body's values vary over (the key's, and a
+    # traced level's): the constants that start it are cast so, the types read from the round traced abstractly
+    # (no first round outside the loop: the round, the costly part to compile, is compiled once).
+    start = jax.tree.map(_varying_like, start, jax.eval_shape(round_, start))
+    _, _, out = jax.lax.while_loop(lambda c: c[1] < batch, round_, start)
     return out
+
+
+def _varying_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
+    """`x` marked as varying over the mesh axes `like` varies over (inside shard_map; elsewhere `x`)."""
+    wanted = like.manual_axis_type.varying if like.manual_axis_type is not None else ()
+    missing = tuple(sorted(a for a in wanted if a not in jax.typeof(x).manual_axis_type.varying))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 class Arithmetic(Task):
