@@ -293,10 +293,11 @@ class Countdown(Task):
     [min_target, max_target] that is not itself one of the numbers (that would be a one-token answer).
     The reference answer prints that recipe with minimal parentheses, and uses every number. `answer_slack` adds
     room for that many tokens after the longest expression: a completion that misses its EOS runs on into it (and is
-    not well-formed). `filler_mean` > 0 makes the reference write a run of spaces before its expression, as long as a
-    geometric draw of that mean (capped at `answer_slack`; a function of the problem), and the verifier then skips
-    leading spaces: a model trained on it writes answers of long-tailed lengths, as reasoning models' are (what
-    partial rollouts and pruning are for), where answers without it are all about as long.
+    not well-formed). `filler_scale` s > 0 makes the reference "think" before its expression: a run of
+    min(answer_slack, floor(-s ln(1 - d))) spaces, d the problem's difficulty (`difficulty`: the harder the problem,
+    the longer; for d uniform, geometric lengths of mean about s), and the verifier then skips leading spaces. A model
+    trained on it writes answers of long-tailed lengths, as reasoning models do (what partial rollouts and pruning
+    are for); the length follows from the prompt, so greedy decoding ends the filler too.
     """
 
     name = "countdown"
@@ -305,13 +306,13 @@ class Countdown(Task):
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25,
                  min_target: int = 1, max_target: int = 100, use_all: bool = False, split_seed: int = 0,
-                 answer_slack: int = 0, filler_mean: float = 0.0):
+                 answer_slack: int = 0, filler_scale: float = 0.0):
         super().__init__(split_seed)
         if answer_slack < 0:
             raise ValueError(f"answer_slack must be >= 0, got {answer_slack}")
-        if filler_mean < 0 or (filler_mean > 0 and answer_slack == 0):
-            raise ValueError(f"filler_mean must be >= 0, and needs answer_slack > 0 to write its filler in; got "
-                             f"filler_mean={filler_mean}, answer_slack={answer_slack}")
+        if filler_scale < 0 or (filler_scale > 0 and answer_slack == 0):
+            raise ValueError(f"filler_scale must be >= 0, and needs answer_slack > 0 to write its filler in; got "
+                             f"filler_scale={filler_scale}, answer_slack={answer_slack}")
         if not 2 <= num_numbers <= 8:
             raise ValueError(f"num_numbers must be in 2..8, got {num_numbers}")
         if not 1 <= min_number <= max_number < _MAX_VALUE:
@@ -329,7 +330,7 @@ class Countdown(Task):
         # answer_slack: room beyond the longest expression, where a completion that misses its EOS runs on (a long
         # tail of completion lengths, as reasoning models' are: what partial rollouts are for)
         self.answer_length = self.expression_length + 1 + answer_slack
-        self.answer_slack, self.filler_mean = answer_slack, float(filler_mean)
+        self.answer_slack, self.filler_scale = answer_slack, float(filler_scale)
 
     def _propose(self, key, n, level=None):
         k_numbers, k_i, k_j, k_op = jax.random.split(key, 4)
@@ -364,25 +365,20 @@ class Countdown(Task):
         ids = jnp.pad(ids, ((0, 0), (0, width - self.number_digits)), constant_values=vocab.pad_id)
         leaves = (ids, lengths, jnp.full(self.num_numbers, _ATOM))
         ids, length, _ = _replay(leaves, problem.recipe, functools.partial(_combine_text, vocab, width))
-        if not self.filler_mean:
+        if not self.filler_scale:
             return [(ids, length)]
         filler = jnp.full((self.answer_slack,), vocab.id_of(" "), jnp.int32)
         return [(filler, self._filler_length(problem)), (ids, length)]
 
     def _filler_length(self, problem) -> jax.Array:
-        """int32 []: the spaces the reference writes before its expression: geometric with mean `filler_mean` (a
-        long tail), capped at `answer_slack`; drawn from a hash of the problem, so the same problem gets the same."""
-        weights = jnp.asarray([7919, 104729, 1299709, 15485863, 179424673, 2038074743, 1000003, 999983][
-            :self.num_numbers], jnp.uint32)
-        digest = jnp.sum(problem.numbers.astype(jnp.uint32) * weights) + problem.target.astype(jnp.uint32) * 48271
-        u = jax.random.uniform(jax.random.fold_in(jax.random.key(self.split_seed), digest), minval=1e-7)
-        draws = jnp.floor(jnp.log(u) / jnp.log1p(-1.0 / (1.0 + self.filler_mean)))
-        return jnp.minimum(draws, self.answer_slack).astype(jnp.int32)
+        """int32 []: the spaces the reference writes before its expression (see the class doc)."""
+        longer = jnp.floor(-self.filler_scale * jnp.log1p(-self.difficulty(problem)))  # (+inf at difficulty 1)
+        return jnp.minimum(longer, self.answer_slack).astype(jnp.int32)
 
     def rewards(self, problems, completions, vocab) -> np.ndarray:
         """float32 [..., 2] (correct, well_formed), on the host: numpy in, one Python parse per row.
 
-        well_formed: the tokens before the first EOS (less leading spaces, with `filler_mean`) form an expression
+        well_formed: the tokens before the first EOS (less leading spaces, with `filler_scale`) form an expression
         (`envs.text.verify` grammar);
         correct: it also follows the number rule and equals the target exactly (see the class doc).
         """
@@ -391,7 +387,7 @@ class Countdown(Task):
         targets = np.asarray(problems.target).reshape(-1)
         rows = completions.reshape(-1, completions.shape[-1])
         texts = [vocab.text(row) for row in rows]
-        if self.filler_mean:  # (the filler before the expression)
+        if self.filler_scale:  # (the filler before the expression)
             texts = [None if text is None else text.lstrip(" ") for text in texts]
         out = [check_countdown(text, nums, int(t), self.use_all) for text, nums, t in zip(texts, numbers, targets)]
         return np.asarray(out, np.float32).reshape(*completions.shape[:-1], len(self.reward_names))
