@@ -421,14 +421,14 @@ def test_countdown_answer_slack_adds_room_after_the_longest_expression(tasks, pr
 
 
 def test_countdown_filler_thinks_longer_on_harder_problems_with_a_long_tail(vocab):
-    """filler_scale s: the reference writes min(slack, floor(-s ln(1 - d))) spaces, d the difficulty (where the largest
-    number lies in 1..25), then the expression: lengths with a long tail (the hardest problems at the cap); the
-    verifier skips the spaces only with a filler."""
+    """filler_scale s: the reference writes the expression, then min(slack, floor(-s ln(1 - d))) spaces, d the
+    difficulty (where the largest number lies in 1..25), then EOS: lengths with a long tail (the hardest problems at
+    the cap); the verifier ignores the spaces only with a filler."""
     s, slack = 8.0, 40
     task = text.make_task("countdown", num_numbers=2, answer_slack=slack, filler_scale=s)
     problems = task.sample(jax.random.key(3), 4096, "train")
     answers = np.asarray(task.reference_answers(problems, vocab))
-    spaces = np.argmax(answers != vocab.id_of(" "), axis=-1)  # the filler: the leading spaces
+    spaces = (answers == vocab.id_of(" ")).sum(-1)  # the filler (a two-number expression holds no space)
     difficulty = (np.asarray(problems.numbers).max(-1) - 1) / 24
     with np.errstate(divide="ignore"):
         expected = np.minimum(np.floor(-s * np.log1p(-difficulty)), slack)
@@ -437,6 +437,6 @@ def test_countdown_filler_thinks_longer_on_harder_problems_with_a_long_tail(voca
     assert np.percentile(spaces, 90) >= 3 * np.percentile(spaces, 50)  # a long tail: 25 against 8
     assert (task.rewards(problems, answers, vocab)[:, 0] == 1).all()
     without = text.make_task("countdown", num_numbers=2, answer_slack=slack)
-    assert without.rewards(problems, answers, vocab)[spaces > 0, 1].max() == 0  # leading spaces: not an expression
+    assert without.rewards(problems, answers, vocab)[spaces > 0, 1].max() == 0  # trailing spaces: not an expression
     with pytest.raises(ValueError, match="needs answer_slack > 0"):
         text.make_task("countdown", filler_scale=2.0)

@@ -293,11 +293,12 @@ class Countdown(Task):
     [min_target, max_target] that is not itself one of the numbers (that would be a one-token answer).
     The reference answer prints that recipe with minimal parentheses, and uses every number. `answer_slack` adds
     room for that many tokens after the longest expression: a completion that misses its EOS runs on into it (and is
-    not well-formed). `filler_scale` s > 0 makes the reference "think" before its expression: a run of
-    min(answer_slack, floor(-s ln(1 - d))) spaces, d the problem's difficulty (`difficulty`: the harder the problem,
-    the longer; for d uniform, geometric lengths of mean about s), and the verifier then skips leading spaces. A model
-    trained on it writes answers of long-tailed lengths, as reasoning models do (what partial rollouts and pruning
-    are for); the length follows from the prompt, so greedy decoding ends the filler too.
+    not well-formed). `filler_scale` s > 0 makes the reference write a run of min(answer_slack, floor(-s ln(1 - d)))
+    spaces after its expression (before EOS), d the problem's difficulty (`difficulty`: the harder the problem, the
+    longer; for d uniform, geometric lengths of mean about s), and the verifier then ignores trailing spaces. A model
+    trained on it writes completions of long-tailed lengths, as reasoning models do (what partial rollouts and pruning
+    are for). After the expression, not before it: a one-layer model loses the prompt's numbers behind a long run of
+    spaces (a warm start trained on a leading filler answered none of the held-out problems).
     """
 
     name = "countdown"
@@ -368,17 +369,17 @@ class Countdown(Task):
         if not self.filler_scale:
             return [(ids, length)]
         filler = jnp.full((self.answer_slack,), vocab.id_of(" "), jnp.int32)
-        return [(filler, self._filler_length(problem)), (ids, length)]
+        return [(ids, length), (filler, self._filler_length(problem))]
 
     def _filler_length(self, problem) -> jax.Array:
-        """int32 []: the spaces the reference writes before its expression (see the class doc)."""
+        """int32 []: the spaces the reference writes after its expression (see the class doc)."""
         longer = jnp.floor(-self.filler_scale * jnp.log1p(-self.difficulty(problem)))  # (+inf at difficulty 1)
         return jnp.minimum(longer, self.answer_slack).astype(jnp.int32)
 
     def rewards(self, problems, completions, vocab) -> np.ndarray:
         """float32 [..., 2] (correct, well_formed), on the host: numpy in, one Python parse per row.
 
-        well_formed: the tokens before the first EOS (less leading spaces, with `filler_scale`) form an expression
+        well_formed: the tokens before the first EOS (less trailing spaces, with `filler_scale`) form an expression
         (`envs.text.verify` grammar);
         correct: it also follows the number rule and equals the target exactly (see the class doc).
         """
@@ -387,8 +388,8 @@ class Countdown(Task):
         targets = np.asarray(problems.target).reshape(-1)
         rows = completions.reshape(-1, completions.shape[-1])
         texts = [vocab.text(row) for row in rows]
-        if self.filler_scale:  # (the filler before the expression)
-            texts = [None if text is None else text.lstrip(" ") for text in texts]
+        if self.filler_scale:  # (the filler after the expression)
+            texts = [None if text is None else text.rstrip(" ") for text in texts]
         out = [check_countdown(text, nums, int(t), self.use_all) for text, nums, t in zip(texts, numbers, targets)]
         return np.asarray(out, np.float32).reshape(*completions.shape[:-1], len(self.reward_names))
 
