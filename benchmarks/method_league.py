@@ -90,6 +90,37 @@ METHODS = {
               "rollout.options.anchor.temperature": 0.3}, "PVPO (the reference's anchors)"),
     "latr": ({"rollout.generate": "tree", "rollout.options.tree.min_entropy": 1.0}, "LATR's branching at uncertainty"),
     "branch": ({"rollout.generate": "tree", "rollout.options.tree.depth": 2}, "BranchGRPO's shared prefixes"),
+    # added 2026-12-01: the methods table's config lines that were not in the league yet
+    "brorl": ({"group.size": 64, "num_prompts": 2}, "BroRL (G = 64)"),
+    "dars_b": ({"rollout.generate": "dars", "rollout.options.dars.extra": 4, "advantage.merge_problem_groups": True,
+                "rollout.pool_size": 256, "group.oversample": 1, "optim.num_minibatches": 1, "optim.num_epochs": 2},
+               "DARS-B (depth and breadth)"),
+    "online_selection": ({"rollout.replay": "recent", "rollout.options.recent.fraction": 0.5, "group.oversample": 1,
+                          "rollout.filter": "attention_predictor", "rollout.pool_size": 256,
+                          "rollout.control": "variance_budget"},
+                         "difficulty-targeted online selection + rollout replay"),
+    "weighted_pairing": ({"rollout.replay": "pairing", "rollout.pool_size": 256,
+                          "advantage.estimator": "weighted_grpo"}, "positive-negative pairing + Weighted GRPO"),
+    "prs_vspo": ({"reward.progressive": 20, "rollout.control": "dynamic_sampling",
+                  "rollout.options.dynamic_sampling.rank": "value", "loss.clip_smoothing": 2.0}, "PRS + VSPO"),
+    "v0": ({"rollout.filter": "attention_predictor", "rollout.control": "variance_budget", "rollout.pool_size": 256},
+           "V_0 (the policy's own attention as the value model)"),
+    "arrol": ({"rollout.control": "dynamic_sampling,prune", "loss.critic_weight": 0.5,
+               "rollout.options.prune.balance": 1}, "ARRoL (balanced pruning)"),
+    "xrpo_full": ({"rollout.filter": "success_predictor", "rollout.control": "variance_budget",
+                   "rollout.replay": "hints", "rollout.pool_size": 256, "advantage.novelty_sharpening": 1.0},
+                  "XRPO (allocator, hints, sharpening)"),
+    "adhint": ({"rollout.replay": "hints", "rollout.pool_size": 256, "rollout.options.hints.adaptive": True,
+                "advantage.estimator": "hint_posterior"}, "ADHint"),
+    "ahpo_expert": ({"loss.expert_coef": 1.0, "loss.expert_below": 0.25}, "AHPO (the expert term)"),
+    "tempsamp_soft": ({"rollout.replay": "reference", "advantage.soft": 0.5}, "TempSamp-R1 (soft advantages)"),
+    "poise": ({"group.size": 2, "num_prompts": 64, "loss.critic_weight": 1.0, "advantage.cross_rollout": True,
+               "loss.value_entropy": True}, "POISE (G = 2)"),
+    "microcoder": ({"loss.truncated": "mask_negative", "loss.clip_high": 0.28, "loss.kl_coef": 0.0,
+                    "rollout.control": "dynamic_sampling,diversity_target"}, "MicroCoder-GRPO"),
+    "arlcp": ({"reward.length_penalty": 0.5}, "ARLCP's length penalty"),
+    "dapo": ({"loss.clip_high": 0.28, "rollout.control": "dynamic_sampling", "loss.aggregate": "token"}, "DAPO"),
+    "gdpo": ({"advantage.estimator": "gdpo"}, "GDPO"),
 }
 
 
@@ -101,13 +132,17 @@ CLAIMS = {"mc_g2": {"advantage.estimator": "median", "group.size": 3}, "mc_g8": 
           "grpo_g2": {"group.size": 2}, "grpo_g16": {"group.size": 16}}
 
 
-# APRIL's and ARRoL's speed claims need long-tailed completion lengths: Countdown with 40 tokens of room after the
-# longest expression (a completion that misses its EOS runs on through it), its own SFT warm start, sampled at
-# temperature 1 (a share of the completions runs on). ARRoL prunes at column 12, past every well-formed answer.
-TAIL = ["--config.task.kwargs.answer_slack=40", "--config.model.max_len=64"]
+# APRIL's and ARRoL's speed claims need long-tailed completion lengths: Countdown whose reference answers "think"
+# after the expression (before EOS), a run of spaces the longer the harder the problem (filler_scale 8: median 8,
+# 90th percentile 25, up to 40), from its own SFT warm start, sampled at temperature 1. ARRoL prunes at column 8
+# (past the expression, inside the filler), keeping each group's highest-predicted going member on each side of 1/2
+# (its balance; at column 12 neither the plain threshold of 0.05 nor two kept on each side pruned any member of a
+# warm start that answers a third right).
+TAIL = ["--config.task.kwargs.answer_slack=40", "--config.task.kwargs.filler_scale=8.0", "--config.model.max_len=64"]
 TAIL_RUNS = {"tail_grpo": {}, "tail_april": {"rollout.control": "partial"}, "tail_critic": {"loss.critic_weight": 0.5},
              "tail_arrol": {"loss.critic_weight": 0.5, "rollout.control": "dynamic_sampling,prune",
-                            "rollout.options.prune.at": 12, "rollout.options.prune.warmup": 10}}
+                            "rollout.options.prune.at": 8, "rollout.options.prune.warmup": 10,
+                            "rollout.options.prune.balance": 1}}
 
 
 def flags_of(runs_dir: str, keys: dict) -> list[str]:
@@ -119,7 +154,7 @@ def flags_of(runs_dir: str, keys: dict) -> list[str]:
 
 RUNS = {"sft": ("text_sft.py:countdown", None, SFT),
         **{name: ("text_grpo.py:countdown", "sft", None) for name in (*METHODS, *CLAIMS)},
-        "sft_tail": ("text_sft.py:countdown", None, [*SFT, *TAIL]),
+        "sft_tail": ("text_sft.py:countdown", None, [*SFT, *TAIL, "--config.total_steps=19200"]),  # (3x: the filler)
         **{name: ("text_grpo.py:countdown", "sft_tail", None) for name in TAIL_RUNS}}
 
 
@@ -205,18 +240,26 @@ def method_claims(runs_dir: str) -> list[str]:
     length = {name: float(np.mean([r["completion_length"] for r in run_rows(os.path.join(runs_dir, name))
                                    if "completion_length" in r])) for name in ("tail_grpo", "tail_arrol")}
     pruned = float(np.mean([r["pruned"] for r in run_rows(os.path.join(runs_dir, "tail_arrol")) if "pruned" in r]))
+    decode = float(np.mean([r["decode_steps"] for r in run_rows(os.path.join(runs_dir, "tail_april"))
+                            if "decode_steps" in r]))
     room = 10 + 40  # two-number Countdown's longest expression and EOS, and the room after it
     no_tail = length["tail_grpo"] < 10  # the mean completion ends inside the expression: nothing runs on
+    april_gain, arrol_gain = wall["tail_grpo"] / wall["tail_april"] - 1, wall["tail_critic"] / wall["tail_arrol"] - 1
     rows = [["APRIL: +22.5% rollout throughput (partial rollouts; long-tailed lengths)",
-             f"mean completion length {length['tail_grpo']:.1f} tokens of the {room} allowed at temperature 1: the "
-             "warm start ends its answers, the lengths have no tail for partial rollouts to cut (their accuracy "
-             f"{shown['tail_april']}, dynamic sampling's {shown['tail_grpo']})",
-             "not testable here" if no_tail else verdict(wall["tail_grpo"] / wall["tail_april"] - 1, 0.225)],
+             f"completions of mean length {length['tail_grpo']:.1f} tokens, up to {room} (temperature 1, a filler "
+             f"after the answer); partial rollouts decode {decode:.1f} steps per update where GRPO decodes until "
+             f"its longest member ends; training wall time {wall['tail_april']:.0f} s against "
+             f"{wall['tail_grpo']:.0f} s "
+             f"(equal completions: {april_gain:+.0%} throughput); accuracy {shown['tail_april']} against "
+             f"{shown['tail_grpo']}",
+             "not testable here" if no_tail else verdict(april_gain, 0.225)],
             ["ARRoL: up to 1.7x training speed (pruning as it generates; long-tailed lengths)",
-             f"{pruned:.1%} of the members pruned at column 12 (mean completion length {length['tail_arrol']:.1f}): "
-             f"nothing long to prune; accuracy {shown['tail_arrol']} against the value head alone's "
-             f"{shown['tail_critic']}",
-             "not testable here" if no_tail else verdict(wall["tail_critic"] / wall["tail_arrol"] - 1, 0.7)],
+             f"{pruned:.1%} of the members pruned at column 8 (mean completion length {length['tail_arrol']:.1f}); "
+             f"training wall time {wall['tail_arrol']:.0f} s against the value head alone's "
+             f"{wall['tail_critic']:.0f} s "
+             f"({arrol_gain:+.0%} speed; static shapes keep a pruned member's slot until its group ends); accuracy "
+             f"{shown['tail_arrol']} against {shown['tail_critic']}",
+             "not testable here" if no_tail else verdict(arrol_gain, 0.7)],
             ["BranchGRPO: -55% iteration time (shared prefixes)",
              f"wall time {-branch_cut:+.0%} ({wall['branch']:.0f} s against GRPO's {wall['grpo']:.0f} s); accuracy "
              f"{shown['branch']} against {shown['grpo']}", verdict(branch_cut, 0.55)],
@@ -230,10 +273,11 @@ def method_claims(runs_dir: str) -> list[str]:
              f"held-out greedy accuracy {scaf_gain:+.1%} ({shown['scaf_grpo']} against {shown['grpo']})",
              verdict(scaf_gain, 0.443)]]
     return ["### The seeds' claims on rollout strategies (7,680 completions each, 3 seeds)", "",
-            "APRIL and ARRoL run on Countdown with 40 tokens of room after the longest expression and its own SFT warm "
-            "start, sampled at temperature 1 (room for a long tail of lengths: a completion that misses its EOS runs on "
-            "through it); the "
-            "others on the league's task.", "",
+            "APRIL and ARRoL run on Countdown whose reference answers write a run of spaces after the expression, "
+            "the longer the harder the problem (median 8, 90th percentile 25, up to 40), from its own SFT warm start "
+            "(19,200 demonstrations), "
+            "sampled at temperature 1: completion lengths with a long tail, as reasoning models' are; the others on "
+            "the league's task.", "",
             markdown_table(["claim", "measured", "verdict"], rows), ""]
 
 
