@@ -237,11 +237,8 @@ def method_claims(runs_dir: str) -> list[str]:
     branch_cut = 1 - wall["branch"] / wall["grpo"]
     latr_gain, scaf_gain = mean["latr"] / mean["grpo"] - 1, mean["scaf_grpo"] / mean["grpo"] - 1
     latr_speed = (reach["grpo"] / reach["latr"] - 1) if reach["latr"] else None
-    length = {name: float(np.mean([r["completion_length"] for r in run_rows(os.path.join(runs_dir, name))
-                                   if "completion_length" in r])) for name in ("tail_grpo", "tail_arrol")}
-    pruned = float(np.mean([r["pruned"] for r in run_rows(os.path.join(runs_dir, "tail_arrol")) if "pruned" in r]))
-    decode = float(np.mean([r["decode_steps"] for r in run_rows(os.path.join(runs_dir, "tail_april"))
-                            if "decode_steps" in r]))
+    length = {name: logged_mean(runs_dir, name, "completion_length") for name in ("tail_grpo", "tail_arrol")}
+    pruned, decode = logged_mean(runs_dir, "tail_arrol", "pruned"), logged_mean(runs_dir, "tail_april", "decode_steps")
     room = 10 + 40  # two-number Countdown's longest expression and EOS, and the room after it
     no_tail = length["tail_grpo"] < 10  # the mean completion ends inside the expression: nothing runs on
     april_gain, arrol_gain = wall["tail_grpo"] / wall["tail_april"] - 1, wall["tail_critic"] / wall["tail_arrol"] - 1
@@ -280,6 +277,11 @@ def method_claims(runs_dir: str) -> list[str]:
             "sampled at temperature 1: completion lengths with a long tail, as reasoning models' are; the others on "
             "the league's task.", "",
             markdown_table(["claim", "measured", "verdict"], rows), ""]
+
+
+def logged_mean(runs_dir: str, name: str, key: str) -> float:
+    """The mean of a metric over the rows of a run that log it."""
+    return float(np.mean([r[key] for r in run_rows(os.path.join(runs_dir, name)) if key in r]))
 
 
 def final_accuracy(runs_dir: str, name: str) -> list[float]:

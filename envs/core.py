@@ -153,3 +153,19 @@ def override_params(default_params, overrides: dict | None, env_id: str):
     if unknown:
         raise ValueError(f"{env_id} has no env params {sorted(unknown)}; its params: {', '.join(fields)}")
     return default_params.replace(**overrides)
+
+
+def varying_axes(x) -> frozenset:
+    """The mesh axes `x` (an array, a tracer, or a ShapeDtypeStruct from `jax.eval_shape`) varies over inside
+    `shard_map` (none outside it)."""
+    mat = x.manual_axis_type if isinstance(x, jax.ShapeDtypeStruct) else getattr(jax.typeof(x), "mat", None)
+    return frozenset(mat.varying) if mat is not None else frozenset()
+
+
+def vary_over(tree, axes: frozenset):
+    """`tree`'s leaves typed as varying over the mesh `axes` too (inside `shard_map`): values the same on every device
+    that must take the type of per-device ones (a loop carry started from constants, a host callback's results)."""
+    def cast(x):
+        missing = tuple(sorted(axes - varying_axes(x)))
+        return jax.lax.pcast(x, missing, to="varying") if missing else x
+    return jax.tree.map(cast, tree)

@@ -38,7 +38,7 @@ import numpy as np
 from flax import struct
 from jax.experimental import io_callback
 
-from envs.core import Box, Discrete, Environment
+from envs.core import Box, Discrete, Environment, vary_over, varying_axes
 
 
 def _gymnasium():
@@ -148,22 +148,10 @@ class HostEnvs:
         return out.reshape(*batch, 2 * d + 3)
 
 
-def _varying(x) -> frozenset:
-    """The mesh axes `x` varies over inside `shard_map` (none outside it)."""
-    mat = getattr(jax.typeof(x), "mat", None)
-    return frozenset(mat.varying) if mat is not None else frozenset()
-
-
 def _typed_as_inputs(outputs, *inputs):
     """A host callback's outputs typed as varying over the mesh axes its inputs vary over (inside `shard_map` a
     callback's results are typed as the same on every device, which per-device envs' are not)."""
-    axes = frozenset().union(*map(_varying, inputs))
-
-    def cast(y):
-        missing = tuple(sorted(axes - _varying(y)))
-        return jax.lax.pcast(y, missing, to="varying") if missing else y
-
-    return jax.tree.map(cast, outputs)
+    return vary_over(outputs, frozenset().union(*map(varying_axes, inputs)))
 
 
 def _batched_call(fn: Callable) -> Callable:

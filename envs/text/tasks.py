@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from envs.core import unknown_name
+from envs.core import unknown_name, vary_over, varying_axes
 from envs.text import render
 from envs.text.render import Piece
 from envs.text.tokenizer import ALPHABET, BOS, EOS, Vocab
@@ -197,16 +197,9 @@ def _rejection_sample(task: Task, key: jax.Array, batch: int, heldout: bool | ja
     # Under shard_map a loop's carry must vary over the mesh axes its body's values vary over (the key's, and a
     # traced level's): the constants that start it are cast so, the types read from the round traced abstractly
     # (no first round outside the loop: the round, the costly part to compile, is compiled once).
-    start = jax.tree.map(_varying_like, start, jax.eval_shape(round_, start))
+    start = jax.tree.map(lambda x, like: vary_over(x, varying_axes(like)), start, jax.eval_shape(round_, start))
     _, _, out = jax.lax.while_loop(lambda c: c[1] < batch, round_, start)
     return out
-
-
-def _varying_like(x: jax.Array, like: jax.ShapeDtypeStruct) -> jax.Array:
-    """`x` marked as varying over the mesh axes `like` varies over (inside shard_map; elsewhere `x`)."""
-    wanted = like.manual_axis_type.varying if like.manual_axis_type is not None else ()
-    missing = tuple(sorted(a for a in wanted if a not in jax.typeof(x).manual_axis_type.varying))
-    return jax.lax.pcast(x, missing, to="varying") if missing else x
 
 
 class Arithmetic(Task):
