@@ -18,9 +18,9 @@ the reward models start from it too:
    the verifier's during training (the plot).
 3. Critique RL: a judge of Countdown solutions (`countdown_judge`: the candidate's value as its critique, then a
    verdict) warm-started by SFT on 6,400 demonstrations, then GRPO on the verdict's correctness for 128,000
-   completions at learning rate 3e-4, 3 seeds: held-out judging accuracy before and after. (The rate from probes
-   from one warm start, the runs' own evaluations on 512 held-out problems at 61,440 completions: 1e-4 0.785 (3
-   seeds), 3e-4 0.816 and 1e-3 0.771 (one seed each).)
+   completions at learning rate 3e-4, 3 seeds: held-out judging accuracy before and after. (The rate from the runs'
+   own evaluations on 512 held-out problems at 61,440 completions: 3e-4 0.816 and 1e-3 0.771, one seed each from
+   one warm start; 1e-4 0.785, the earlier 3-seed run from its own.)
 4. Critique-guided refinement (`countdown_refine`): SFT on 192,000 demonstration episodes (answer, truthful
    critique, revision to the reference), then GRPO for 32,000 episodes, 3 seeds, each role advantaged by its own
    reward; the same without the critique turn (`critic=False`): the revision's held-out success, with and without.

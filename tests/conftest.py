@@ -24,10 +24,6 @@ def pytest_configure(config):
         os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
     if not hasattr(config, "workerinput"):  # before the workers start: they and their subprocesses inherit it
         compile_as_the_suite(os.environ)
-        # OpenBLAS (jax's CPU LAPACK calls: a network's orthogonal initialiser) keeps its threads spinning after each
-        # call, taking the core another worker compiles on. One thread: the same results, less CPU (SMAX MAPPO
-        # built and compiled, 2-core Intel Xeon, 2026-12-01: user 13.1 and 12.9 s against 11.9 and 11.3 s).
-        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     _name_the_fusion_emitters_in_every_compile()
 
 
