@@ -53,6 +53,7 @@ JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--
 GRPO = ["--config.total_steps=64000", "--config.eval.every_steps=16000", "--config.eval.pass_k=0",
         f"--config.num_seeds={SEEDS}"]
 NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
+JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 # name -> (experiment, init_from run or None, flags); in the order they run
 RUNS = {
     "sft": ("text_sft.py:countdown", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
@@ -60,8 +61,8 @@ RUNS = {
     "grpo_verifier": ("text_grpo.py:countdown", "sft", GRPO),
     "grpo_learned": ("text_grpo.py:countdown", "sft", [*GRPO, "--config.reward.model_weight=1.0"]),
     "sft_judge": ("text_sft.py:countdown_judge", None, ["--config.total_steps=6400", "--config.eval.pass_k=0"]),
-    "grpo_judge": ("text_grpo.py:countdown_judge", "sft_judge", [*GRPO[1:], "--config.total_steps=128000",
-                                                                  "--config.optim.learning_rate=3e-4"]),
+    "grpo_judge": ("text_grpo.py:countdown_judge", "sft_judge", [
+        *GRPO[1:], "--config.total_steps=128000", f"--config.optim.learning_rate={JUDGE_LEARNING_RATE}"]),
     "sft_refine": ("text_sft.py:countdown_refine", None, ["--config.total_steps=192000", "--config.eval.pass_k=0"]),
     "sft_revise": ("text_sft.py:countdown_refine", None, ["--config.total_steps=192000", "--config.eval.pass_k=0",
                                                           *NO_CRITIC]),
@@ -146,7 +147,7 @@ def main():
         lines += ["### Critique RL: judging Countdown solutions (held-out, greedy)", "",
                   markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
                                                           ["then GRPO on the verdict, 128,000 completions (learning "
-                                                           "rate 3e-4)",
+                                                           f"rate {JUDGE_LEARNING_RATE})",
                                                            fmt_ci(after, (0, 1))]]), ""]
     if all(done(name) for name in ("sft_refine", "sft_revise", "grpo_refine", "grpo_revise")):
         lines += ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
