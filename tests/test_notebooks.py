@@ -25,6 +25,7 @@ BUDGETS = {"grpo_text.ipynb": "2048"}
 def test_notebook_runs(path, monkeypatch, tmp_path):
     monkeypatch.setenv("JAXRL_NOTEBOOK_STEPS", BUDGETS.get(os.path.basename(path), "8192"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the notebooks' run directories (tempfile.mkdtemp), cleaned by pytest
     notebook = nbformat.read(path, as_version=4)
     NotebookClient(notebook, timeout=600, kernel_name="python3",
                    resources={"metadata": {"path": str(tmp_path)}}).execute()

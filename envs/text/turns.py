@@ -104,6 +104,19 @@ class MultiTurnTask(Task):
         earns a reward known only later (a critic's, by the revision after it) moves it there. Default: as played."""
         return turns
 
+    def demonstrated_turns(self, problems: Problems, vocab: Vocab) -> jax.Array:
+        """bool [B, K]: the demonstration's turns a learner imitates. A demonstration may play a turn only to show
+        what follows it (a wrong guess, then how the feedback is used), which supervised learning must not teach.
+        Default: every turn."""
+        return jnp.ones((*problems.target.shape, self.max_turns), bool)
+
+    def imitated_slots(self, problems: Problems, episodes: jax.Array, vocab: Vocab) -> jax.Array:
+        """bool [B, N]: the slots of demonstration `episodes` [B, N] (`reference_answers`) that supervised learning
+        imitates: the model's tokens (not the environment's) of the demonstrated turns."""
+        turn_of, model_slot = self.turn_slots()
+        return ((episodes != vocab.pad_id) & jnp.asarray(model_slot)
+                & jnp.take(self.demonstrated_turns(problems, vocab), jnp.asarray(turn_of), axis=-1))
+
     # A task played on a single-turn task's problems sets `base` (that Task): its problems, difficulty and prompt
     # are the base's unless the subclass defines them.
     base: Task | None = None
@@ -366,7 +379,7 @@ class CountdownTools(ToolTask):
     """Countdown (`envs.text.tasks.Countdown`: its problems, prompt and rule) with a calculator: `#3*5+1` is
     answered `16`; a turn without `#` is the final expression. `calculator=False` leaves only the answer (a call
     is then an ill-formed answer). The demonstrator searches: it checks candidates until one hits the target,
-    then answers it."""
+    then answers it; the checks that missed are shown, not taught (`demonstrated_turns`), unless `teach_misses`."""
 
     name = "countdown_tools"
     alphabet = ALPHABET + CALCULATOR + ERROR
@@ -376,10 +389,10 @@ class CountdownTools(ToolTask):
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25, min_target: int = 1,
                  max_target: int = 100, use_all: bool = False, max_turns: int = 4, calculator: bool = True,
-                 split_seed: int = 0):
+                 teach_misses: bool = False, split_seed: int = 0):
         super().__init__(split_seed)
         self.base = Countdown(num_numbers, min_number, max_number, min_target, max_target, use_all, split_seed)
-        self.max_turns, self.calculator = max_turns, bool(calculator)
+        self.max_turns, self.calculator, self.teach_misses = max_turns, bool(calculator), bool(teach_misses)
         self.prompt_length = self.base.prompt_length
         self.turn_length = 1 + self.base.expression_length + 1
         self.observation_length = tools.value_width(max_number ** num_numbers + 1)
@@ -394,18 +407,33 @@ class CountdownTools(ToolTask):
         max_turns - 1 checks; the rule shown is the one a learner can follow: answer exactly when the check hit."""
         if not self.calculator or self.max_turns == 1:
             return self.base._answer_pieces(problem, vocab)[0]
-        candidates = self._candidates(problem, vocab)  # (ids [K, L], lengths [K])
-        calcs = jax.vmap(lambda ids, length: tools.calculator(ids, length, vocab))(*candidates)
-        reference = self.base._answer_pieces(problem, vocab)[0]  # (in place of a candidate that fails: 3/(2-2))
-        candidates = jax.tree.map(lambda c, r: jnp.where(calcs.error.reshape(-1, *[1] * r.ndim), r, c),
-                                  candidates, reference)
-        hits = calcs.error | _reaches(calcs, problem.target)
-        first_hit = jnp.argmax(hits)  # the reference always hits, so some candidate does
+        candidates, first_hit = self._search(problem, vocab)
         pick = lambda k: jax.tree.map(lambda a: a[k], candidates)  # noqa: E731
         check = render.concat([render.char(CALCULATOR, vocab), pick(jnp.minimum(state, first_hit))],
                               self.turn_length, vocab.pad_id)
         answer = render.widen(pick(first_hit), self.turn_length, vocab.pad_id)
         return jax.tree.map(lambda c, a: jnp.where(state <= first_hit, c, a), check, answer)
+
+    def demonstrated_turns(self, problems, vocab):
+        """With the calculator, the checks before the first hit are not taught unless `teach_misses`: a learner
+        checks its best guess first (as the answer alone would be), and learns from the shown misses only what to
+        do after one. Imitated, the misses (operators redrawn at random) would teach a wrong first guess."""
+        every = super().demonstrated_turns(problems, vocab)
+        if self.teach_misses or not self.calculator or self.max_turns == 1:
+            return every
+        flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[problems.target.ndim:]), problems)
+        first_hit = jax.vmap(lambda problem: self._search(problem, vocab)[1])(flat)
+        return jnp.arange(self.max_turns) >= first_hit.reshape(*problems.target.shape, 1)
+
+    def _search(self, problem, vocab) -> tuple[Piece, jax.Array]:
+        """The demonstration's candidates (ids [K, L], lengths [K]; one that fails to evaluate, 3/(2-2), replaced by
+        the reference) and the first that hits the target (the reference always does)."""
+        candidates = self._candidates(problem, vocab)
+        calcs = jax.vmap(lambda ids, length: tools.calculator(ids, length, vocab))(*candidates)
+        reference = self.base._answer_pieces(problem, vocab)[0]
+        candidates = jax.tree.map(lambda c, r: jnp.where(calcs.error.reshape(-1, *[1] * r.ndim), r, c),
+                                  candidates, reference)
+        return candidates, jnp.argmax(calcs.error | _reaches(calcs, problem.target))
 
     def _candidates(self, problem, vocab) -> Piece:
         """The demonstration's max_turns - 1 candidate expressions (ids [K, expression_length], lengths [K]): the

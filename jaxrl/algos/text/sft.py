@@ -25,10 +25,14 @@ from jaxrl.mesh import DATA_AXIS
 
 
 def sft_batch(policy: TextPolicy, key: jax.Array):
-    """This device's share of B training problems: (prompts [b, P], answers [b, A])."""
+    """This device's share of B training problems: (prompts [b, P], answers [b, A], imitated [b, A]: the answer
+    slots learned, a multi-turn demonstration's `imitated_slots`, else every real token)."""
     problems = policy.task.sample(key, policy.settings.num_prompts, "train")
     problems = jax.tree.map(mesh_lib.local_share, problems)
-    return policy.task.prompts(problems, policy.vocab), policy.task.reference_answers(problems, policy.vocab)
+    answers = policy.task.reference_answers(problems, policy.vocab)
+    imitated = (policy.task.imitated_slots(problems, answers, policy.vocab) if policy.multi_turn
+                else answers != policy.vocab.pad_id)
+    return policy.task.prompts(problems, policy.vocab), answers, imitated
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +48,10 @@ class SFTSettings:
 def sft_loss(policy: TextPolicy, sft: SFTSettings, params, batch, hp: TextHyperparams):
     """-mean log p(answer token) over this batch's answers (averaged over devices), or OTR's loss on them; metrics
     beside it (the negative log-likelihood either way)."""
-    prompts, answers, key = batch
-    real = answers != policy.vocab.pad_id
-    attend = None
-    if policy.multi_turn:  # a demonstration episode: learn the model's turns, attend to the environment's too
-        mask, attend = (real & policy.task.turn_slots()[1]).astype(jnp.float32), real
-    else:
-        mask = real.astype(jnp.float32)
+    prompts, answers, imitated, key = batch
+    mask = imitated.astype(jnp.float32)
+    # a demonstration episode: learn the model's turns, attend to the environment's too
+    attend = answers != policy.vocab.pad_id if policy.multi_turn else None
     logits, _ = sampling.completion_logits(policy.update_model, params, prompts, answers, mask, policy.vocab.pad_id,
                                            attend)
     log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), answers[..., None], axis=-1)[..., 0] * mask
