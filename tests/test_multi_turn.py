@@ -155,6 +155,32 @@ def test_demonstrations_solve_every_task(name):
         assert int(outcome["taken"].sum(-1).max()) <= 11
 
 
+def test_a_calculator_search_imitates_its_hit_and_its_answer_not_its_misses():
+    """Supervised learning imitates a demonstration's check that hits the target and its answer; the checks that
+    missed before it are played (the model reads them and their values) but not imitated, unless teach_misses."""
+    task = text.make_task("countdown_tools")  # (the problems and demonstrations of test_demonstrations_solve_every_task)
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    problems = task.sample(jax.random.key(1), SAMPLED, "train")
+    episodes = task.reference_answers(problems, vocab)
+    imitated = np.asarray(task.imitated_slots(problems, episodes, vocab))
+    teaching_misses = text.make_task("countdown_tools", teach_misses=True)
+    assert np.asarray(teaching_misses.demonstrated_turns(problems, vocab)).all()
+    episodes, targets = np.asarray(episodes), np.asarray(problems.target)
+    turn_of, model_slot = task.turn_slots()
+    misses = 0
+    for b in range(SAMPLED):
+        for k in range(task.max_turns):
+            slots = (turn_of == k) & model_slot & (episodes[b] != vocab.pad_id)
+            said = "".join(vocab.tokens[i] for i in episodes[b][slots] if i != vocab.eos_id)
+            if not said:
+                continue
+            value = _python(said[1:]) if said.startswith("#") else None
+            missed = said.startswith("#") and (value is None or value[0] != targets[b])
+            misses += missed
+            assert (imitated[b][slots] == (not missed)).all(), (b, k, said, int(targets[b]))
+    assert misses > 0
+
+
 @functools.lru_cache(maxsize=None)  # (the tests share a task's episodes: playing compiles once)
 def _episodes(task_name="lookup", group=3, seed=0, architecture="small"):
     task = text.make_task(task_name)

@@ -110,6 +110,7 @@ class MultiTurnTask(Task):
         Default: every turn."""
         return jnp.ones((*problems.target.shape, self.max_turns), bool)
 
+    @functools.partial(jax.jit, static_argnums=0)
     def imitated_slots(self, problems: Problems, episodes: jax.Array, vocab: Vocab) -> jax.Array:
         """bool [B, N]: the slots of demonstration `episodes` [B, N] (`reference_answers`) that supervised learning
         imitates: the model's tokens (not the environment's) of the demonstrated turns."""
