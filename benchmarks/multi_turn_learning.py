@@ -12,7 +12,8 @@ stopped. The small transformer of the experiments (2 layers, width 128) througho
 2. The grid world (5 x 5, 12 moves): SFT on 3,200 shortest-path demonstrations (a weak warm start), then GRPO
    and GiGPO for 15,360 episodes each (no dynamic sampling: the same samples drawn per update).
 3. Countdown (3 numbers): with the calculator (4 turns: up to three checks, then the answer; the demonstrations
-   search, checking candidate expressions until one hits the target) and without it (one turn: the answer), each
+   search, checking candidate expressions until one hits the target, and SFT imitates the hit and the answer, not
+   the misses before it) and without it (one turn: the answer), each
    SFT on 32,000 demonstrations, then GRPO for 15,360 episodes (equal episodes); and without it for 61,440
    episodes (4x: at least the environment turns the calculator arm took).
 """
