@@ -167,7 +167,7 @@ def test_a_calculator_search_imitates_its_hit_and_its_answer_not_its_misses():
     assert np.asarray(teaching_misses.demonstrated_turns(problems, vocab)).all()
     episodes, targets = np.asarray(episodes), np.asarray(problems.target)
     turn_of, model_slot = task.turn_slots()
-    misses = 0
+    misses = first_misses = 0
     for b in range(SAMPLED):
         for k in range(task.max_turns):
             slots = (turn_of == k) & model_slot & (episodes[b] != vocab.pad_id)
@@ -177,8 +177,10 @@ def test_a_calculator_search_imitates_its_hit_and_its_answer_not_its_misses():
             value = _python(said[1:]) if said.startswith("#") else None
             missed = said.startswith("#") and (value is None or value[0] != targets[b])
             misses += missed
+            first_misses += missed and k == 0
             assert (imitated[b][slots] == (not missed)).all(), (b, k, said, int(targets[b]))
     assert misses > 0
+    assert 0.2 * SAMPLED < first_misses < 0.8 * SAMPLED  # miss_share 0.5 of the demonstrations check a miss first
 
 
 @functools.lru_cache(maxsize=None)  # (the tests share a task's episodes: playing compiles once)

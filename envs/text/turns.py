@@ -390,10 +390,13 @@ class CountdownTools(ToolTask):
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25, min_target: int = 1,
                  max_target: int = 100, use_all: bool = False, max_turns: int = 4, calculator: bool = True,
-                 teach_misses: bool = False, split_seed: int = 0):
+                 teach_misses: bool = False, miss_share: float = 0.5, split_seed: int = 0):
         super().__init__(split_seed)
+        if not 0.0 <= miss_share <= 1.0:
+            raise ValueError(f"miss_share must be in [0, 1], got {miss_share}")
         self.base = Countdown(num_numbers, min_number, max_number, min_target, max_target, use_all, split_seed)
         self.max_turns, self.calculator, self.teach_misses = max_turns, bool(calculator), bool(teach_misses)
+        self.miss_share = float(miss_share) if max_turns > 2 else 0.0  # (one check: the reference)
         self.prompt_length = self.base.prompt_length
         self.turn_length = 1 + self.base.expression_length + 1
         self.observation_length = tools.value_width(max_number ** num_numbers + 1)
@@ -404,8 +407,10 @@ class CountdownTools(ToolTask):
     def demonstrate(self, problem, state, turn_index, vocab):
         """Without the calculator, the reference expression. With it, a search: the demonstration checks candidate
         expressions until one's value is the target, then answers that one. Candidates are the reference with its
-        operators redrawn (by the problem's hash), and the reference itself at a position drawn uniformly among the
-        max_turns - 1 checks; the rule shown is the one a learner can follow: answer exactly when the check hit."""
+        operators redrawn (by the problem's hash), and the reference itself: first, except on `miss_share` of the
+        problems, where it is drawn uniformly among the later max_turns - 2 checks; the rule shown is the one a
+        learner can follow: answer exactly when the check hit. (`miss_share` = (K - 2) / (K - 1) draws the
+        reference's place uniformly among all K - 1 checks.)"""
         if not self.calculator or self.max_turns == 1:
             return self.base._answer_pieces(problem, vocab)[0]
         candidates, first_hit = self._search(problem, vocab)
@@ -438,11 +443,12 @@ class CountdownTools(ToolTask):
 
     def _candidates(self, problem, vocab) -> Piece:
         """The demonstration's max_turns - 1 candidate expressions (ids [K, expression_length], lengths [K]): the
-        reference at a drawn position, and distinct redrawings of its operators elsewhere (each adds a different
-        nonzero base-4 offset to the operator codes)."""
+        reference at a drawn position (`demonstrate`), and distinct redrawings of its operators elsewhere (each adds
+        a different nonzero base-4 offset to the operator codes)."""
         checks, steps = self.max_turns - 1, problem.recipe.shape[0]
         codes = 4 ** steps - 1  # the nonzero offsets
-        reference_at = split_hash(problem, self.split_seed + 1) % checks
+        missed_first = split_hash(problem, self.split_seed + 3) % 1000 < 1000 * self.miss_share
+        reference_at = jnp.where(missed_first, 1 + split_hash(problem, self.split_seed + 1) % max(checks - 1, 1), 0)
         first_offset = split_hash(problem, self.split_seed + 2) % codes
         pieces = []
         for k in range(checks):
