@@ -157,14 +157,14 @@ def test_demonstrations_solve_every_task(name):
 
 def test_a_calculator_search_imitates_its_hit_and_its_answer_not_its_misses():
     """Supervised learning imitates a demonstration's check that hits the target and its answer; the checks that
-    missed before it are played (the model reads them and their values) but not imitated, unless teach_misses."""
+    missed before it are played (the model reads them and their values) but not imitated, unless imitate_misses."""
     task = text.make_task("countdown_tools")  # (the problems and demonstrations of test_demonstrations_solve_every_task)
     vocab = text.Vocab.from_alphabet(task.alphabet)
     problems = task.sample(jax.random.key(1), SAMPLED, "train")
     episodes = task.reference_answers(problems, vocab)
     imitated = np.asarray(task.imitated_slots(problems, episodes, vocab))
-    teaching_misses = text.make_task("countdown_tools", teach_misses=True)
-    assert np.asarray(teaching_misses.demonstrated_turns(problems, vocab)).all()
+    imitating_misses = text.make_task("countdown_tools", imitate_misses=True)
+    assert np.asarray(imitating_misses.imitated_turns(problems, vocab)).all()
     episodes, targets = np.asarray(episodes), np.asarray(problems.target)
     turn_of, model_slot = task.turn_slots()
     misses = first_misses = 0

@@ -104,9 +104,9 @@ class MultiTurnTask(Task):
         earns a reward known only later (a critic's, by the revision after it) moves it there. Default: as played."""
         return turns
 
-    def demonstrated_turns(self, problems: Problems, vocab: Vocab) -> jax.Array:
+    def imitated_turns(self, problems: Problems, vocab: Vocab) -> jax.Array:
         """bool [B, K]: the demonstration's turns a learner imitates. A demonstration may play a turn only to show
-        what follows it (a wrong guess, then how the feedback is used), which supervised learning must not teach.
+        what follows it (a wrong guess, then how the feedback is used), which supervised learning must not imitate.
         Default: every turn."""
         return jnp.ones((*problems.target.shape, self.max_turns), bool)
 
@@ -116,7 +116,7 @@ class MultiTurnTask(Task):
         imitates: the model's tokens (not the environment's) of the demonstrated turns."""
         turn_of, model_slot = self.turn_slots()
         return ((episodes != vocab.pad_id) & jnp.asarray(model_slot)
-                & jnp.take(self.demonstrated_turns(problems, vocab), jnp.asarray(turn_of), axis=-1))
+                & jnp.take(self.imitated_turns(problems, vocab), jnp.asarray(turn_of), axis=-1))
 
     # A task played on a single-turn task's problems sets `base` (that Task): its problems, difficulty and prompt
     # are the base's unless the subclass defines them.
@@ -380,7 +380,7 @@ class CountdownTools(ToolTask):
     """Countdown (`envs.text.tasks.Countdown`: its problems, prompt and rule) with a calculator: `#3*5+1` is
     answered `16`; a turn without `#` is the final expression. `calculator=False` leaves only the answer (a call
     is then an ill-formed answer). The demonstrator searches: it checks candidates until one hits the target,
-    then answers it; the checks that missed are shown, not taught (`demonstrated_turns`), unless `teach_misses`."""
+    then answers it; the checks that missed are shown, not imitated (`imitated_turns`), unless `imitate_misses`."""
 
     name = "countdown_tools"
     alphabet = ALPHABET + CALCULATOR + ERROR
@@ -390,12 +390,12 @@ class CountdownTools(ToolTask):
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25, min_target: int = 1,
                  max_target: int = 100, use_all: bool = False, max_turns: int = 4, calculator: bool = True,
-                 teach_misses: bool = False, miss_share: float = 0.5, split_seed: int = 0):
+                 imitate_misses: bool = False, miss_share: float = 0.5, split_seed: int = 0):
         super().__init__(split_seed)
         if not 0.0 <= miss_share <= 1.0:
             raise ValueError(f"miss_share must be in [0, 1], got {miss_share}")
         self.base = Countdown(num_numbers, min_number, max_number, min_target, max_target, use_all, split_seed)
-        self.max_turns, self.calculator, self.teach_misses = max_turns, bool(calculator), bool(teach_misses)
+        self.max_turns, self.calculator, self.imitate_misses = max_turns, bool(calculator), bool(imitate_misses)
         self.miss_share = float(miss_share) if max_turns > 2 else 0.0  # (one check: the reference)
         self.prompt_length = self.base.prompt_length
         self.turn_length = 1 + self.base.expression_length + 1
@@ -420,12 +420,12 @@ class CountdownTools(ToolTask):
         answer = render.widen(pick(first_hit), self.turn_length, vocab.pad_id)
         return jax.tree.map(lambda c, a: jnp.where(state <= first_hit, c, a), check, answer)
 
-    def demonstrated_turns(self, problems, vocab):
-        """With the calculator, the checks before the first hit are not taught unless `teach_misses`: a learner
+    def imitated_turns(self, problems, vocab):
+        """With the calculator, the checks before the first hit are not imitated unless `imitate_misses`: a learner
         checks its best guess first (as the answer alone would be), and learns from the shown misses only what to
         do after one. Imitated, the misses (operators redrawn at random) would teach a wrong first guess."""
-        every = super().demonstrated_turns(problems, vocab)
-        if self.teach_misses or not self.calculator or self.max_turns == 1:
+        every = super().imitated_turns(problems, vocab)
+        if self.imitate_misses or not self.calculator or self.max_turns == 1:
             return every
         flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[problems.target.ndim:]), problems)
         first_hit = jax.vmap(lambda problem: self._search(problem, vocab)[1])(flat)
