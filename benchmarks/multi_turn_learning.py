@@ -115,7 +115,8 @@ def main():
     countdown = markdown_table(["Countdown", "SFT success (greedy)", "after GRPO (greedy)",
                                 "tool calls per episode (first -> last update)", "tool-error rate (first -> last)"],
                                countdown_rows)
-    plot(args.runs_dir)
+    if args.update_results:  # (the committed plot is redrawn only with the page it belongs to)
+        plot(args.runs_dir)
     section = "\n".join([
         f"{datetime.date.today()}, {machine()}; `python benchmarks/multi_turn_learning.py --runs-dir DIR "
         "--update-results`. 3 seeds per run, trained at once; held-out success on 1,024 problems with its 95% "

@@ -140,7 +140,8 @@ def main():
                       gains["grpo_verifier"])[1] > 0 else "The verifier's own run gains nothing measurable at this "
                   "budget (its interval holds 0), so the share is undefined.", "",
                   "![learned and true reward during GRPO](reward_models.png)", ""]
-        plot(args.runs_dir)
+        if args.update_results:  # (the committed plot is redrawn only with the page it belongs to)
+            plot(args.runs_dir)
     if done("sft_judge") and done("grpo_judge"):
         before = evaluated(args.runs_dir, "sft_judge")["eval_accuracy"]
         after = seed_values(evaluated(args.runs_dir, "grpo_judge"), "eval_accuracy")
