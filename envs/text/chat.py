@@ -429,8 +429,8 @@ class ChatTurns(MultiTurnTask):
         observation, length = self._wrap(reply.observation, reply.observation_length)
         return reply.replace(observation=observation, observation_length=length)
 
-    def imitated_turns(self, problems, vocab=None) -> jax.Array:
-        return self.task.imitated_turns(problems, self._chars)
+    def imitated_turns(self, played) -> jax.Array:
+        return self.task.imitated_turns(played)
 
     @functools.partial(jax.jit, static_argnums=0)
     def reference_answers(self, problems, vocab=None) -> jax.Array:

@@ -104,19 +104,20 @@ class MultiTurnTask(Task):
         earns a reward known only later (a critic's, by the revision after it) moves it there. Default: as played."""
         return turns
 
-    def imitated_turns(self, problems: Problems, vocab: Vocab) -> jax.Array:
-        """bool [B, K]: the demonstration's turns a learner imitates. A demonstration may play a turn only to show
-        what follows it (a wrong guess, then how the feedback is used), which supervised learning must not imitate.
-        Default: every turn."""
-        return jnp.ones((*problems.target.shape, self.max_turns), bool)
+    def imitated_turns(self, played: jax.Array) -> jax.Array:
+        """bool [B, K]: which of a demonstration's turns a learner imitates, from the turns it played (bool
+        [B, K]). A demonstration may play a turn only to show what follows it (a wrong guess, then how the feedback
+        is used), which supervised learning must not imitate. Default: every turn played."""
+        return played
 
     @functools.partial(jax.jit, static_argnums=0)
-    def imitated_slots(self, problems: Problems, episodes: jax.Array, vocab: Vocab) -> jax.Array:
+    def imitated_slots(self, episodes: jax.Array, vocab: Vocab) -> jax.Array:
         """bool [B, N]: the slots of demonstration `episodes` [B, N] (`reference_answers`) that supervised learning
-        imitates: the model's tokens (not the environment's) of the demonstrated turns."""
+        imitates: the model's tokens (not the environment's) of the imitated turns."""
         turn_of, model_slot = self.turn_slots()
-        return ((episodes != vocab.pad_id) & jnp.asarray(model_slot)
-                & jnp.take(self.imitated_turns(problems, vocab), jnp.asarray(turn_of), axis=-1))
+        written = (episodes != vocab.pad_id) & jnp.asarray(model_slot)
+        played = written.reshape(*written.shape[:-1], self.max_turns, self.turn_span).any(-1)
+        return written & jnp.take(self.imitated_turns(played), jnp.asarray(turn_of), axis=-1)
 
     # A task played on a single-turn task's problems sets `base` (that Task): its problems, difficulty and prompt
     # are the base's unless the subclass defines them.
@@ -413,33 +414,27 @@ class CountdownTools(ToolTask):
         reference's place uniformly among all K - 1 checks.)"""
         if not self.calculator or self.max_turns == 1:
             return self.base._answer_pieces(problem, vocab)[0]
-        candidates, first_hit = self._search(problem, vocab)
+        candidates = self._candidates(problem, vocab)  # (ids [K, L], lengths [K])
+        calcs = jax.vmap(lambda ids, length: tools.calculator(ids, length, vocab))(*candidates)
+        reference = self.base._answer_pieces(problem, vocab)[0]  # (in place of a candidate that fails: 3/(2-2))
+        candidates = jax.tree.map(lambda c, r: jnp.where(calcs.error.reshape(-1, *[1] * r.ndim), r, c),
+                                  candidates, reference)
+        hits = calcs.error | _reaches(calcs, problem.target)
+        first_hit = jnp.argmax(hits)  # the reference always hits, so some candidate does
         pick = lambda k: jax.tree.map(lambda a: a[k], candidates)  # noqa: E731
         check = render.concat([render.char(CALCULATOR, vocab), pick(jnp.minimum(state, first_hit))],
                               self.turn_length, vocab.pad_id)
         answer = render.widen(pick(first_hit), self.turn_length, vocab.pad_id)
         return jax.tree.map(lambda c, a: jnp.where(state <= first_hit, c, a), check, answer)
 
-    def imitated_turns(self, problems, vocab):
-        """With the calculator, the checks before the first hit are not imitated unless `imitate_misses`: a learner
-        checks its best guess first (as the answer alone would be), and learns from the shown misses only what to
-        do after one. Imitated, the misses (operators redrawn at random) would teach a wrong first guess."""
-        every = super().imitated_turns(problems, vocab)
-        if self.imitate_misses or not self.calculator or self.max_turns == 1:
-            return every
-        flat = jax.tree.map(lambda x: x.reshape(-1, *x.shape[problems.target.ndim:]), problems)
-        first_hit = jax.vmap(lambda problem: self._search(problem, vocab)[1])(flat)
-        return jnp.arange(self.max_turns) >= first_hit.reshape(*problems.target.shape, 1)
-
-    def _search(self, problem, vocab) -> tuple[Piece, jax.Array]:
-        """The demonstration's candidates (ids [K, L], lengths [K]; one that fails to evaluate, 3/(2-2), replaced by
-        the reference) and the first that hits the target (the reference always does)."""
-        candidates = self._candidates(problem, vocab)
-        calcs = jax.vmap(lambda ids, length: tools.calculator(ids, length, vocab))(*candidates)
-        reference = self.base._answer_pieces(problem, vocab)[0]
-        candidates = jax.tree.map(lambda c, r: jnp.where(calcs.error.reshape(-1, *[1] * r.ndim), r, c),
-                                  candidates, reference)
-        return candidates, jnp.argmax(calcs.error | _reaches(calcs, problem.target))
+    def imitated_turns(self, played):
+        """The checks before the hit are not imitated unless `imitate_misses`: a learner checks its best guess first
+        (as the answer alone would be), and learns from the shown misses only what to do after one. Imitated, the
+        misses (operators redrawn at random) would teach a wrong first guess. A search ends with the check that hit
+        and the answer, so the misses are the turns before its last two (an answer alone has none)."""
+        if self.imitate_misses:
+            return played
+        return played & (jnp.arange(self.max_turns) >= played.sum(-1, keepdims=True) - 2)
 
     def _candidates(self, problem, vocab) -> Piece:
         """The demonstration's max_turns - 1 candidate expressions (ids [K, expression_length], lengths [K]): the

@@ -30,7 +30,7 @@ def sft_batch(policy: TextPolicy, key: jax.Array):
     problems = policy.task.sample(key, policy.settings.num_prompts, "train")
     problems = jax.tree.map(mesh_lib.local_share, problems)
     answers = policy.task.reference_answers(problems, policy.vocab)
-    imitated = (policy.task.imitated_slots(problems, answers, policy.vocab) if policy.multi_turn
+    imitated = (policy.task.imitated_slots(answers, policy.vocab) if policy.multi_turn
                 else answers != policy.vocab.pad_id)
     return policy.task.prompts(problems, policy.vocab), answers, imitated
 
