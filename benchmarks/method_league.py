@@ -336,9 +336,8 @@ def main():
                              "gain over SFT", "tokens to GRPO's final accuracy", "wall time"], table), "",
              "![held-out accuracy against completions drawn](method_league.png)", "", *claims(args.runs_dir),
              *method_claims(args.runs_dir)]
-    if curves and args.update_results:  # (the committed plot is redrawn only with the page it belongs to)
-        plot(curves)
-    publish("\n".join(lines), args.update_results, MARKERS, "The method league (issue 64)")
+    publish("\n".join(lines), args.update_results, MARKERS, "The method league (issue 64)",
+            draw=lambda: plot(curves) if curves else None)
 
 
 if __name__ == "__main__":

@@ -115,8 +115,6 @@ def main():
     countdown = markdown_table(["Countdown", "SFT success (greedy)", "after GRPO (greedy)",
                                 "tool calls per episode (first -> last update)", "tool-error rate (first -> last)"],
                                countdown_rows)
-    if args.update_results:  # (the committed plot is redrawn only with the page it belongs to)
-        plot(args.runs_dir)
     section = "\n".join([
         f"{datetime.date.today()}, {machine()}; `python benchmarks/multi_turn_learning.py --runs-dir DIR "
         "--update-results`. 3 seeds per run, trained at once; held-out success on 1,024 problems with its 95% "
@@ -125,7 +123,8 @@ def main():
         "### GiGPO against trajectory-level GRPO: the grid world, equal samples", "", grid, "",
         "### Countdown with and without the calculator, equal episodes", "", countdown, "",
         "![training curves](multi_turn_learning.png)"])
-    publish(section, args.update_results, MARKERS, "Multi-turn agents learning (issue 62)")
+    publish(section, args.update_results, MARKERS, "Multi-turn agents learning (issue 62)",
+            draw=lambda: plot(args.runs_dir))
 
 
 def plot(runs_dir: str) -> None:

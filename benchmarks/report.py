@@ -147,13 +147,16 @@ def seed_band(ax, x, y, label: str) -> None:
     ax.fill_between(x, y.min(1), y.max(1), color=line.get_color(), alpha=0.15)
 
 
-def publish(section: str, update_results: bool, markers: tuple[str, str], title: str) -> None:
+def publish(section: str, update_results: bool, markers: tuple[str, str], title: str, draw=None) -> None:
     """Print a benchmark's section; with `update_results`, also put it into its results page,
-    benchmarks/results/NAME.md for the markers `<!-- NAME:start -->` (created under `# title` when absent)."""
+    benchmarks/results/NAME.md for the markers `<!-- NAME:start -->` (created under `# title` when absent), and
+    `draw()` the committed figures it shows (a run without it leaves them as the page has them)."""
     import os
 
     print(section)
     if update_results:
+        if draw is not None:
+            draw()
         name = markers[0].removeprefix("<!--").strip().split(":")[0]
         page = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", f"{name}.md")
         replace_section(page, markers, section, title)

@@ -140,8 +140,6 @@ def main():
                       gains["grpo_verifier"])[1] > 0 else "The verifier's own run gains nothing measurable at this "
                   "budget (its interval holds 0), so the share is undefined.", "",
                   "![learned and true reward during GRPO](reward_models.png)", ""]
-        if args.update_results:  # (the committed plot is redrawn only with the page it belongs to)
-            plot(args.runs_dir)
     if done("sft_judge") and done("grpo_judge"):
         before = evaluated(args.runs_dir, "sft_judge")["eval_accuracy"]
         after = seed_values(evaluated(args.runs_dir, "grpo_judge"), "eval_accuracy")
@@ -167,7 +165,8 @@ def main():
         picked = reranking(args.runs_dir)
         lines += ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)", "",
                   markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()]), ""]
-    publish("\n".join(lines), args.update_results, MARKERS, "Reward models (issue 63)")
+    publish("\n".join(lines), args.update_results, MARKERS, "Reward models (issue 63)",
+            draw=lambda: plot(args.runs_dir) if done("grpo_verifier") and done("grpo_learned") else None)
 
 
 def plot(runs_dir: str) -> None:
