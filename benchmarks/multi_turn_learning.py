@@ -6,7 +6,10 @@ GRPO on the grid world at equal samples, and Countdown with the calculator again
 Every run is `python -m jaxrl.train` on experiments/text_sft.py or experiments/text_grpo.py with the flags below (all
 seeds of a run trained at once), then `python -m jaxrl.evaluate` on 1,024 held-out problems, greedy and sampled at
 temperature 1. Runs and evaluations already in `--runs-dir` are reused, so an interrupted script picks up where it
-stopped. The small transformer of the experiments (2 layers, width 128) throughout.
+stopped. Each comparison below is a section of the results page with its own figure, published (with
+`--update-results`) only from a runs directory that holds all of its runs finished, so `--only=RUN,...` on a new
+directory updates the sections it completes and leaves the others as they are. The small transformer of the
+experiments (2 layers, width 128) throughout.
 
 1. The guessing game (1..1024, 13 turns): SFT on 64,000 bisection demonstrations, then GRPO for 20,480 episodes.
 2. The grid world (5 x 5, 12 moves): SFT on 3,200 shortest-path demonstrations (a weak warm start), then GRPO
@@ -14,12 +17,13 @@ stopped. The small transformer of the experiments (2 layers, width 128) througho
 3. Countdown (3 numbers): with the calculator (4 turns: up to three checks, then the answer; the demonstrations
    search, checking candidate expressions until one hits the target, and SFT imitates the hit and the answer, not
    the misses before it) and without it (one turn: the answer), each
-   SFT on 32,000 demonstrations, then GRPO for 15,360 episodes (equal episodes); and without it for 61,440
+   SFT on 128,000 demonstrations, then GRPO for 15,360 episodes (equal episodes); and without it for 61,440
    episodes (4x: at least the environment turns the calculator arm took).
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import sys
@@ -32,7 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
                     runs_arguments, save_figure, seed_band, seed_values, train_run)
 
-MARKERS = ("<!-- multi_turn_learning:start -->", "<!-- multi_turn_learning:end -->")
 SEEDS = 3
 COMMON = ["--config.eval.pass_k=0", f"--config.num_seeds={SEEDS}"]
 NO_CALCULATOR = ["--config.task.kwargs.calculator=False", "--config.task.kwargs.max_turns=1"]
@@ -51,8 +54,9 @@ RUNS = {
                                                        "--config.eval.every_steps=5120", "--config.eval.episodes=512",
                                                        "--config.group.oversample=1"]),
     **{f"sft_cd_{arm}": ("text_sft.py:countdown_tools", None, [
-        "--config.total_steps=32000", "--config.log.every_steps=8000", "--config.eval.every_steps=16000",
-        "--config.eval.episodes=512", *flags]) for arm, flags in (("calc", []), ("nocalc", NO_CALCULATOR))},
+        "--config.total_steps=128000", "--config.log.every_steps=16000", "--config.eval.every_steps=64000",
+        "--config.eval.episodes=512", "--config.checkpoint.every_steps=16000", *flags])
+        for arm, flags in (("calc", []), ("nocalc", NO_CALCULATOR))},
     **{f"cd_{arm}": ("text_grpo.py:countdown_tools", f"sft_cd_{arm}", [
         "--config.total_steps=15360", "--config.log.every_steps=1280", "--config.eval.every_steps=3840",
         "--config.eval.episodes=512", "--config.group.oversample=1", *flags])
@@ -79,9 +83,6 @@ def curve(rows: list[dict], key: str) -> tuple[np.ndarray, np.ndarray]:
 def result_rows(runs_dir: str, names: list[str], labels: list[str]) -> list[list[str]]:
     rows = []
     for name, label in zip(names, labels):
-        if not finished_run(os.path.join(runs_dir, name)):
-            rows.append([label, "(not run)", "", "", ""])
-            continue
         greedy, sampled = evaluated(runs_dir, name, False), evaluated(runs_dir, name, True)
         rows.append([label, fmt_ci(seed_values(sampled, "eval_success"), (0, 1)),
                      fmt_ci(seed_values(sampled, "eval_turns")), fmt_ci(seed_values(greedy, "eval_success"), (0, 1)),
@@ -89,65 +90,143 @@ def result_rows(runs_dir: str, names: list[str], labels: list[str]) -> list[list
     return rows
 
 
-def main():
-    args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
-    header = ["run", "success (sampled)", "turns (sampled)", "success (greedy)", "turns (greedy)"]
-    guess = markdown_table(header, result_rows(args.runs_dir, ["sft_guess", "guess_grpo"],
-                                               ["SFT, 64,000 demonstrations", "then GRPO, 20,480 episodes"]))
-    grid = markdown_table(header, result_rows(args.runs_dir, ["sft_grid", "grid_grpo", "grid_gigpo"],
-                                              ["SFT, 3,200 demonstrations", "then GRPO (trajectory), 15,360 episodes",
-                                               "then GiGPO, 15,360 episodes"]))
-    countdown_rows = []
+def check_decisions(workdir: str, problems: int = 1024) -> dict[str, list[float]]:
+    """What a Countdown calculator run does after its first check, greedy on `problems` held-out problems, per seed:
+    the share of first checks that hit the target's value, of hits answered next, of misses checked again, and of
+    those second checks that repeat the first (a wasted turn)."""
+    import jax
+
+    from envs.text.turns import CALCULATOR
+    from jaxrl.run import program, saved
+
+    run = saved.restore_run(workdir)
+    policy = run.algorithm.parts
+    task, vocab, name = policy.task, policy.vocab, policy.tokenizer.id_to_token
+    heldout = task.heldout(problems, seed=policy.eval_seed)
+    turn_of, model_slot = task.turn_slots()
+    targets = [str(t) for t in np.asarray(heldout.target)]
+
+    def text(ids) -> str:
+        ids = list(ids)
+        ids = ids[:ids.index(vocab.eos_id)] if vocab.eos_id in ids else ids
+        return "".join(name(int(i)) for i in ids if i != vocab.pad_id)
+
+    rates = collections.defaultdict(list)
+    for seed in range(run.config.num_seeds):
+        params = jax.tree.map(lambda x: x[seed], program.fetch(run.state.params))
+        episodes = np.asarray(policy.actor(params).play(heldout))
+        hits = misses = answered = checked = repeated = 0
+        for row, target in zip(episodes, targets):
+            turns = [text(row[(turn_of == k) & model_slot]) for k in range(task.max_turns)]
+            values = [text(row[(turn_of == k) & ~model_slot]) for k in range(task.max_turns)]
+            if not turns[0].startswith(CALCULATOR):
+                continue
+            again = turns[1].startswith(CALCULATOR)
+            if values[0] == target:
+                hits, answered = hits + 1, answered + (not again)
+            else:
+                misses, checked, repeated = misses + 1, checked + again, repeated + (again and turns[1] == turns[0])
+        rates["first check hits"].append(hits / problems)
+        rates["a hit answered next"].append(answered / max(hits, 1))
+        rates["a miss checked again"].append(checked / max(misses, 1))
+        rates["... with the same expression"].append(repeated / max(checked, 1))
+    return rates
+
+
+# section -> (its title, the runs it reports, its figure's panels: (title, runs, metric)); each section is published
+# (and its figure drawn) only from a runs directory that holds all its runs finished: a partial directory leaves the
+# other sections as the page has them
+SECTIONS = {
+    "guess": ("The guessing game (1..1024, at most 13 turns)", ["sft_guess", "guess_grpo"],
+              [("guessing game", ["guess_grpo"], "solved")]),
+    "grid": ("GiGPO against trajectory-level GRPO: the grid world, equal samples", ["sft_grid", "grid_grpo",
+                                                                                    "grid_gigpo"],
+             [("grid world", ["grid_grpo", "grid_gigpo"], "solved")]),
+    "countdown": ("Countdown with and without the calculator", ["sft_cd_calc", "sft_cd_nocalc", "cd_calc",
+                                                                "cd_nocalc", "cd_nocalc_x4"],
+                  [("Countdown", ["cd_calc", "cd_nocalc", "cd_nocalc_x4"], "solved"),
+                   ("Countdown, the calculator's errors", ["cd_calc"], "tool_error_rate")]),
+}
+HEADER = ["run", "success (sampled)", "turns (sampled)", "success (greedy)", "turns (greedy)"]
+
+
+def countdown_tables(runs_dir: str) -> list[str]:
+    rows = []
     for arm, label in (("calc", "with the calculator (4 turns), 15,360 episodes"),
                        ("nocalc", "without (1 turn), 15,360 episodes"),
                        ("nocalc_x4", "without (1 turn), 61,440 episodes")):
-        if not finished_run(os.path.join(args.runs_dir, f"cd_{arm}")):
-            countdown_rows.append([label, "(not run)", "", "", ""])
+        greedy = evaluated(runs_dir, f"cd_{arm}", False)
+        sft = evaluated(runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
+        _, errors = curve(run_rows(os.path.join(runs_dir, f"cd_{arm}")), "tool_error_rate")
+        _, calls = curve(run_rows(os.path.join(runs_dir, f"cd_{arm}")), "tool_calls")
+        rows.append([label, fmt_ci(seed_values(sft, "eval_success"), (0, 1)),
+                     fmt_ci(seed_values(greedy, "eval_success"), (0, 1)), fmt_ci(seed_values(greedy, "eval_turns")),
+                     f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
+                     f"{errors[0].mean():.3f} -> {errors[-1].mean():.3f}"])
+    decisions = []
+    for name, label in (("sft_cd_calc", "SFT"), ("cd_calc", "then GRPO")):
+        rates = check_decisions(os.path.join(runs_dir, name))
+        decisions.append([label, *(fmt_ci(values, (0, 1)) for values in rates.values())])
+    return [markdown_table(["Countdown (SFT: 128,000 demonstrations)", "SFT success (greedy)", "after GRPO (greedy)",
+                            "turns after GRPO (greedy)", "tool calls per episode (first -> last update)",
+                            "tool-error rate (first -> last)"], rows), "",
+            "What the calculator arm does after its first check (greedy, the same 1,024 problems):", "",
+            markdown_table(["with the calculator", "first check hits", "a hit answered next", "a miss checked again",
+                            "... with the same expression"], decisions)]
+
+
+def section_tables(runs_dir: str, name: str) -> list[str]:
+    if name == "guess":
+        return [markdown_table(HEADER, result_rows(runs_dir, ["sft_guess", "guess_grpo"],
+                                                   ["SFT, 64,000 demonstrations", "then GRPO, 20,480 episodes"]))]
+    if name == "grid":
+        return [markdown_table(HEADER, result_rows(runs_dir, ["sft_grid", "grid_grpo", "grid_gigpo"],
+                                                   ["SFT, 3,200 demonstrations",
+                                                    "then GRPO (trajectory), 15,360 episodes",
+                                                    "then GiGPO, 15,360 episodes"]))]
+    return countdown_tables(runs_dir)
+
+
+def main():
+    args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
+    for name, (title, runs, _) in SECTIONS.items():
+        missing = [run for run in runs if not finished_run(os.path.join(args.runs_dir, run))]
+        if missing:
+            print(f"### {title}: not published, runs not finished in {args.runs_dir}: {', '.join(missing)}")
             continue
-        greedy = evaluated(args.runs_dir, f"cd_{arm}", False)
-        sft = evaluated(args.runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
-        steps, errors = curve(run_rows(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_error_rate")
-        _, calls = curve(run_rows(os.path.join(args.runs_dir, f"cd_{arm}")), "tool_calls")
-        countdown_rows.append([label, fmt_ci(seed_values(sft, "eval_success"), (0, 1)),
-                               fmt_ci(seed_values(greedy, "eval_success"), (0, 1)),
-                               f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
-                               f"{errors[0].mean():.3f} -> {errors[-1].mean():.3f}"])
-    countdown = markdown_table(["Countdown", "SFT success (greedy)", "after GRPO (greedy)",
-                                "tool calls per episode (first -> last update)", "tool-error rate (first -> last)"],
-                               countdown_rows)
-    section = "\n".join([
-        f"{datetime.date.today()}, {machine()}; `python benchmarks/multi_turn_learning.py --runs-dir DIR "
-        "--update-results`. 3 seeds per run, trained at once; held-out success on 1,024 problems with its 95% "
-        "interval over seeds, sampled at temperature 1 and greedy.", "",
-        "### The guessing game (1..1024, at most 13 turns)", "", guess, "",
-        "### GiGPO against trajectory-level GRPO: the grid world, equal samples", "", grid, "",
-        "### Countdown with and without the calculator, equal episodes", "", countdown, "",
-        "![training curves](multi_turn_learning.png)"])
-    publish(section, args.update_results, MARKERS, "Multi-turn agents learning (issue 62)",
-            draw=lambda: plot(args.runs_dir))
+        section = "\n".join([
+            f"### {title}", "",
+            f"{datetime.date.today()}, {machine()}; `python benchmarks/multi_turn_learning.py --runs-dir DIR "
+            "--update-results`. 3 seeds per run, trained at once; held-out success on 1,024 problems with its 95% "
+            "interval over seeds, sampled at temperature 1 and greedy.", "",
+            *section_tables(args.runs_dir, name), "",
+            f"![training curves](multi_turn_learning_{name}.png)"])
+        publish(section, args.update_results, section_markers(name), "Multi-turn agents learning (issue 62)",
+                draw=lambda name=name: plot(args.runs_dir, name))
 
 
-def plot(runs_dir: str) -> None:
+def section_markers(name: str) -> tuple[str, str]:
+    return f"<!-- multi_turn_learning:{name}:start -->", f"<!-- multi_turn_learning:{name}:end -->"
+
+
+def plot(runs_dir: str, name: str) -> None:
+    """Section `name`'s figure, benchmarks/multi_turn_learning_<name>.png: its panels' training curves over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 3.6))
-    panels = [("guessing game", ["guess_grpo"], "solved"), ("grid world", ["grid_grpo", "grid_gigpo"], "solved"),
-              ("Countdown", ["cd_calc", "cd_nocalc"], "solved")]
-    for ax, (title, names, key) in zip(axes, panels):
-        for name in names:
-            if not finished_run(os.path.join(runs_dir, name)):
-                continue
-            steps, values = curve(run_rows(os.path.join(runs_dir, name)), key)
-            seed_band(ax, steps, values, name)
+    panels = SECTIONS[name][2]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 3.6), squeeze=False)
+    for ax, (title, runs, key) in zip(axes[0], panels):
+        for run in runs:
+            steps, values = curve(run_rows(os.path.join(runs_dir, run)), key)
+            seed_band(ax, steps, values, run)
         ax.set_title(title)
         ax.set_xlabel("episodes")
-        ax.set_ylabel("solved (training, sampled)")
-        if ax.lines:
-            ax.legend()
-    save_figure(fig, os.path.join(os.path.dirname(os.path.abspath(__file__)), "multi_turn_learning.png"))
+        ax.set_ylabel(f"{key} (training, sampled)")
+        ax.legend()
+    save_figure(fig, os.path.join(os.path.dirname(os.path.abspath(__file__)), f"multi_turn_learning_{name}.png"))
 
 
 if __name__ == "__main__":
