@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
-                    runs_arguments, save_figure, seed_band, seed_values, train_run)
+                    runs_arguments, save_figure, section_markers, seed_band, seed_values, train_run)
 
 SEEDS = 3
 COMMON = ["--config.eval.pass_k=0", f"--config.num_seeds={SEEDS}"]
@@ -201,12 +201,8 @@ def main():
             "interval over seeds, sampled at temperature 1 and greedy.", "",
             *section_tables(args.runs_dir, name), "",
             f"![training curves](multi_turn_learning_{name}.png)"])
-        publish(section, args.update_results, section_markers(name), "Multi-turn agents learning (issue 62)",
-                draw=lambda name=name: plot(args.runs_dir, name))
-
-
-def section_markers(name: str) -> tuple[str, str]:
-    return f"<!-- multi_turn_learning:{name}:start -->", f"<!-- multi_turn_learning:{name}:end -->"
+        publish(section, args.update_results, section_markers("multi_turn_learning", name),
+                "Multi-turn agents learning (issue 62)", draw=lambda name=name: plot(args.runs_dir, name))
 
 
 def plot(runs_dir: str, name: str) -> None:

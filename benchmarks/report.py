@@ -162,6 +162,13 @@ def publish(section: str, update_results: bool, markers: tuple[str, str], title:
         replace_section(page, markers, section, title)
 
 
+def section_markers(benchmark: str, section: str) -> tuple[str, str]:
+    """The markers of one section of a learning benchmark's results page. Each section is replaced on its own and
+    only from a runs directory that holds all of its runs, so a directory with some of the benchmark's runs updates
+    their sections and leaves the others as the page has them."""
+    return f"<!-- {benchmark}:{section}:start -->", f"<!-- {benchmark}:{section}:end -->"
+
+
 # --- runs trained by `python -m jaxrl.train` in a runs directory, reused when there (learning benchmarks) ---------
 
 def chosen_names(parser, spec: str, known, what: str) -> list[str]:

@@ -5,7 +5,9 @@ a process reward model against an outcome one and majority vote.
     python benchmarks/reward_models.py --runs-dir runs/reward_models --update-results
 
 Every run is `python -m jaxrl.train` (runs already in `--runs-dir` are reused, so an interrupted script picks up
-where it stopped); evaluations go through `python -m jaxrl.evaluate` (cached beside the runs). The policies are the
+where it stopped); evaluations go through `python -m jaxrl.evaluate` (cached beside the runs). Each item below is
+a section of the results page, published (with `--update-results`) only from a runs directory that holds all of its
+runs finished, so a directory with some of them updates those sections and leaves the others. The policies are the
 experiments' small transformer (2 layers, width 128), one SFT run each (the same warm start for every seed after it);
 the reward models start from it too:
 
@@ -44,9 +46,8 @@ from jaxrl.sweep import confidence_interval
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
-                    runs_arguments, save_figure, seed_band, seed_values, train_run)
+                    runs_arguments, save_figure, section_markers, seed_band, seed_values, train_run)
 
-MARKERS = ("<!-- reward_models:start -->", "<!-- reward_models:end -->")
 SEEDS = 3
 JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--config.eval.episodes=512",
          "--config.eval.every_steps=128000", "--config.checkpoint.every_steps=64000"]
@@ -116,57 +117,71 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
             f"pass@{samples}": right.any(1).mean()}
 
 
-def main():
-    args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
-    done = lambda name: finished_run(os.path.join(args.runs_dir, name))  # noqa: E731
-    lines = [f"{datetime.date.today()}, {machine()}; `python benchmarks/reward_models.py --runs-dir DIR "
-             "--update-results`. Intervals: 95% over 3 seeds.", ""]
-    if done("orm"):
-        orm = evaluated(args.runs_dir, "orm", episodes=512)
-        lines += ["### An outcome reward model's ranking (Countdown, held-out)", "", markdown_table(
+# section -> the runs it reports; each is published only from a runs directory that holds all of them finished
+SECTIONS = {"orm": ["orm"], "reward_model_grpo": ["sft", "grpo_verifier", "grpo_learned"],
+            "critique_rl": ["sft_judge", "grpo_judge"],
+            "refinement": ["sft_refine", "sft_revise", "grpo_refine", "grpo_revise"],
+            "reranking": ["sft_steps", "prm_steps", "orm_steps"]}
+
+
+def section_lines(runs_dir: str, name: str) -> list[str]:
+    """Section `name`'s title and tables, from the runs in `runs_dir`."""
+    if name == "orm":
+        orm = evaluated(runs_dir, "orm", episodes=512)
+        return ["### An outcome reward model's ranking (Countdown, held-out)", "", markdown_table(
             ["metric", "value"], [[key, fmt_ci(seed_values(orm, key), (0, 1))] for key in
                                   ("eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
-                                   "eval_sampled_accuracy")]), ""]
-    if done("grpo_verifier") and done("grpo_learned"):
-        sft = evaluated(args.runs_dir, "sft")["eval_accuracy"]
-        gains = {name: np.asarray(seed_values(evaluated(args.runs_dir, name), "eval_accuracy")) - sft
-                 for name in ("grpo_verifier", "grpo_learned")}
+                                   "eval_sampled_accuracy")])]
+    if name == "reward_model_grpo":
+        sft = evaluated(runs_dir, "sft")["eval_accuracy"]
+        gains = {run: np.asarray(seed_values(evaluated(runs_dir, run), "eval_accuracy")) - sft
+                 for run in ("grpo_verifier", "grpo_learned")}
         ratio = gains["grpo_learned"].mean() / max(gains["grpo_verifier"].mean(), 1e-9)
-        lines += ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions", "",
-                  markdown_table(["reward", "held-out greedy accuracy gained over SFT"],
-                                 [["the verifier", fmt_ci(gains["grpo_verifier"])],
-                                  ["the reward model alone", fmt_ci(gains["grpo_learned"])]]),
-                  "", f"The reward model's run gains {ratio:.2f} of the verifier's." if confidence_interval(
-                      gains["grpo_verifier"])[1] > 0 else "The verifier's own run gains nothing measurable at this "
-                  "budget (its interval holds 0), so the share is undefined.", "",
-                  "![learned and true reward during GRPO](reward_models.png)", ""]
-    if done("sft_judge") and done("grpo_judge"):
-        before = evaluated(args.runs_dir, "sft_judge")["eval_accuracy"]
-        after = seed_values(evaluated(args.runs_dir, "grpo_judge"), "eval_accuracy")
-        lines += ["### Critique RL: judging Countdown solutions (held-out, greedy)", "",
-                  markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
-                                                          ["then GRPO on the verdict, 128,000 completions (learning "
-                                                           f"rate {JUDGE_LEARNING_RATE})",
-                                                           fmt_ci(after, (0, 1))]]), ""]
-    if all(done(name) for name in ("sft_refine", "sft_revise", "grpo_refine", "grpo_revise")):
-        lines += ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
-                  "", "One model answers, critiques its answer (the value, then Y or N) and revises "
-                  "(`countdown_refine`); the baseline revises without the critique turn (`critic=False`). "
-                  "GRPO: 32,000 episodes, each role's turn advantaged by its own reward (CTRL's for the critic: "
-                  "the revision's success).", "", markdown_table(
-                      ["run", "first answer right", "revision right"],
-                      [[label, fmt_ci(seed_values(summary, "eval_turn1_reward"), (0, 1)),
-                        fmt_ci(seed_values(summary, "eval_success"), (0, 1))]
-                       for label, summary in (("SFT, with the critique", evaluated(args.runs_dir, "sft_refine")),
-                                              ("SFT, without", evaluated(args.runs_dir, "sft_revise")),
-                                              ("GRPO, with the critique", evaluated(args.runs_dir, "grpo_refine")),
-                                              ("GRPO, without", evaluated(args.runs_dir, "grpo_revise")))]), ""]
-    if done("prm_steps") and done("orm_steps"):
-        picked = reranking(args.runs_dir)
-        lines += ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)", "",
-                  markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()]), ""]
-    publish("\n".join(lines), args.update_results, MARKERS, "Reward models (issue 63)",
-            draw=lambda: plot(args.runs_dir) if done("grpo_verifier") and done("grpo_learned") else None)
+        return ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions", "",
+                markdown_table(["reward", "held-out greedy accuracy gained over SFT"],
+                               [["the verifier", fmt_ci(gains["grpo_verifier"])],
+                                ["the reward model alone", fmt_ci(gains["grpo_learned"])]]),
+                "", f"The reward model's run gains {ratio:.2f} of the verifier's." if confidence_interval(
+                    gains["grpo_verifier"])[1] > 0 else "The verifier's own run gains nothing measurable at this "
+                "budget (its interval holds 0), so the share is undefined.", "",
+                "![learned and true reward during GRPO](reward_models.png)"]
+    if name == "critique_rl":
+        before = evaluated(runs_dir, "sft_judge")["eval_accuracy"]
+        after = seed_values(evaluated(runs_dir, "grpo_judge"), "eval_accuracy")
+        return ["### Critique RL: judging Countdown solutions (held-out, greedy)", "",
+                markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
+                                                        ["then GRPO on the verdict, 128,000 completions (learning "
+                                                         f"rate {JUDGE_LEARNING_RATE})", fmt_ci(after, (0, 1))]])]
+    if name == "refinement":
+        return ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
+                "", "One model answers, critiques its answer (the value, then Y or N) and revises "
+                "(`countdown_refine`); the baseline revises without the critique turn (`critic=False`). "
+                "GRPO: 32,000 episodes, each role's turn advantaged by its own reward (CTRL's for the critic: "
+                "the revision's success).", "", markdown_table(
+                    ["run", "first answer right", "revision right"],
+                    [[label, fmt_ci(seed_values(summary, "eval_turn1_reward"), (0, 1)),
+                      fmt_ci(seed_values(summary, "eval_success"), (0, 1))]
+                     for label, summary in (("SFT, with the critique", evaluated(runs_dir, "sft_refine")),
+                                            ("SFT, without", evaluated(runs_dir, "sft_revise")),
+                                            ("GRPO, with the critique", evaluated(runs_dir, "grpo_refine")),
+                                            ("GRPO, without", evaluated(runs_dir, "grpo_revise")))])]
+    picked = reranking(runs_dir)
+    return ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)", "",
+            markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()])]
+
+
+def main():
+    args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
+    for name, runs in SECTIONS.items():
+        missing = [run for run in runs if not finished_run(os.path.join(args.runs_dir, run))]
+        if missing:
+            print(f"{name}: not published, runs not finished in {args.runs_dir}: {', '.join(missing)}")
+            continue
+        title, *tables = section_lines(args.runs_dir, name)
+        section = "\n".join([title, "", f"{datetime.date.today()}, {machine()}; `python benchmarks/reward_models.py "
+                             "--runs-dir DIR --update-results`. Intervals: 95% over 3 seeds.", *tables])
+        publish(section, args.update_results, section_markers("reward_models", name), "Reward models (issue 63)",
+                draw=(lambda: plot(args.runs_dir)) if name == "reward_model_grpo" else None)
 
 
 def plot(runs_dir: str) -> None:
