@@ -100,7 +100,7 @@ def check_decisions(workdir: str, problems: int = 1024) -> dict[str, list[float]
     from jaxrl.run import program, saved
 
     run = saved.restore_run(workdir)
-    policy = run.algorithm.parts
+    policy = getattr(run.algorithm.parts, "policy", run.algorithm.parts)  # (GRPO's parts hold the policy)
     task, vocab, name = policy.task, policy.vocab, policy.tokenizer.id_to_token
     heldout = task.heldout(problems, seed=policy.eval_seed)
     turn_of, model_slot = task.turn_slots()
