@@ -24,7 +24,6 @@ experiments (2 layers, width 128) throughout.
 from __future__ import annotations
 
 import collections
-import datetime
 import os
 import sys
 
@@ -33,8 +32,8 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
-                    runs_arguments, save_figure, section_markers, seed_band, seed_values, train_run)
+from report import (evaluated, fmt_ci, markdown_table, publish_sections, run_rows, runs_arguments,  # noqa: E402
+                    save_figure, seed_band, seed_values, train_run)
 
 SEEDS = 3
 COMMON = ["--config.eval.pass_k=0", f"--config.num_seeds={SEEDS}"]
@@ -100,42 +99,28 @@ def check_decisions(workdir: str, problems: int = 1024) -> dict[str, list[float]
     from jaxrl.run import program, saved
 
     run = saved.restore_run(workdir)
-    policy = getattr(run.algorithm.parts, "policy", run.algorithm.parts)  # (GRPO's parts hold the policy)
-    task, vocab, name = policy.task, policy.vocab, policy.tokenizer.id_to_token
-    heldout = task.heldout(problems, seed=policy.eval_seed)
-    turn_of, model_slot = task.turn_slots()
-    targets = [str(t) for t in np.asarray(heldout.target)]
-
-    def text(ids) -> str:
-        ids = list(ids)
-        ids = ids[:ids.index(vocab.eos_id)] if vocab.eos_id in ids else ids
-        return "".join(name(int(i)) for i in ids if i != vocab.pad_id)
-
     rates = collections.defaultdict(list)
     for seed in range(run.config.num_seeds):
-        params = jax.tree.map(lambda x: x[seed], program.fetch(run.state.params))
-        episodes = np.asarray(policy.actor(params).play(heldout))
-        hits = misses = answered = checked = repeated = 0
-        for row, target in zip(episodes, targets):
-            turns = [text(row[(turn_of == k) & model_slot]) for k in range(task.max_turns)]
-            values = [text(row[(turn_of == k) & ~model_slot]) for k in range(task.max_turns)]
-            if not turns[0].startswith(CALCULATOR):
-                continue
-            again = turns[1].startswith(CALCULATOR)
-            if values[0] == target:
-                hits, answered = hits + 1, answered + (not again)
-            else:
-                misses, checked, repeated = misses + 1, checked + again, repeated + (again and turns[1] == turns[0])
-        rates["first check hits"].append(hits / problems)
-        rates["a hit answered next"].append(answered / max(hits, 1))
-        rates["a miss checked again"].append(checked / max(misses, 1))
-        rates["... with the same expression"].append(repeated / max(checked, 1))
+        actor = run.algorithm.actor(jax.tree.map(lambda x: x[seed], program.fetch(run.state.params)))
+        task, policy = actor.task, actor.policy
+        heldout = task.heldout(problems, seed=policy.eval_seed)
+        episodes = np.asarray(actor.play(heldout))
+        turn_of, model_slot = task.turn_slots()
+        first, second = (np.asarray(policy.decode(episodes[:, (turn_of == k) & model_slot])) for k in (0, 1))
+        value = np.asarray(policy.decode(episodes[:, (turn_of == 0) & ~model_slot]))
+        checked = np.char.startswith(first, CALCULATOR)
+        again = np.char.startswith(second, CALCULATOR)
+        hit = checked & (value == np.asarray(heldout.target).astype(str))
+        miss = checked & ~hit
+        rates["first check hits"].append(hit.sum() / problems)
+        rates["a hit answered next"].append((hit & ~again).sum() / max(hit.sum(), 1))
+        rates["a miss checked again"].append((miss & again).sum() / max(miss.sum(), 1))
+        rates["... with the same expression"].append((miss & again & (second == first)).sum()
+                                                     / max((miss & again).sum(), 1))
     return rates
 
 
-# section -> (its title, the runs it reports, its figure's panels: (title, runs, metric)); each section is published
-# (and its figure drawn) only from a runs directory that holds all its runs finished: a partial directory leaves the
-# other sections as the page has them
+# section -> (its title, the runs it reports, its figure's panels: (title, runs, metric)) (`report.publish_sections`)
 SECTIONS = {
     "guess": ("The guessing game (1..1024, at most 13 turns)", ["sft_guess", "guess_grpo"],
               [("guessing game", ["guess_grpo"], "solved")]),
@@ -157,8 +142,8 @@ def countdown_tables(runs_dir: str) -> list[str]:
                        ("nocalc_x4", "without (1 turn), 61,440 episodes")):
         greedy = evaluated(runs_dir, f"cd_{arm}", False)
         sft = evaluated(runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
-        _, errors = curve(run_rows(os.path.join(runs_dir, f"cd_{arm}")), "tool_error_rate")
-        _, calls = curve(run_rows(os.path.join(runs_dir, f"cd_{arm}")), "tool_calls")
+        logged = run_rows(os.path.join(runs_dir, f"cd_{arm}"))
+        (_, errors), (_, calls) = curve(logged, "tool_error_rate"), curve(logged, "tool_calls")
         rows.append([label, fmt_ci(seed_values(sft, "eval_success"), (0, 1)),
                      fmt_ci(seed_values(greedy, "eval_success"), (0, 1)), fmt_ci(seed_values(greedy, "eval_turns")),
                      f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
@@ -175,34 +160,28 @@ def countdown_tables(runs_dir: str) -> list[str]:
                             "... with the same expression"], decisions)]
 
 
-def section_tables(runs_dir: str, name: str) -> list[str]:
+def section_lines(runs_dir: str, name: str) -> list[str]:
+    """Section `name`'s heading, tables and figure, from the runs in `runs_dir`."""
     if name == "guess":
-        return [markdown_table(HEADER, result_rows(runs_dir, ["sft_guess", "guess_grpo"],
-                                                   ["SFT, 64,000 demonstrations", "then GRPO, 20,480 episodes"]))]
-    if name == "grid":
-        return [markdown_table(HEADER, result_rows(runs_dir, ["sft_grid", "grid_grpo", "grid_gigpo"],
-                                                   ["SFT, 3,200 demonstrations",
-                                                    "then GRPO (trajectory), 15,360 episodes",
-                                                    "then GiGPO, 15,360 episodes"]))]
-    return countdown_tables(runs_dir)
+        tables = [markdown_table(HEADER, result_rows(runs_dir, ["sft_guess", "guess_grpo"],
+                                                     ["SFT, 64,000 demonstrations", "then GRPO, 20,480 episodes"]))]
+    elif name == "grid":
+        tables = [markdown_table(HEADER, result_rows(runs_dir, ["sft_grid", "grid_grpo", "grid_gigpo"],
+                                                     ["SFT, 3,200 demonstrations",
+                                                      "then GRPO (trajectory), 15,360 episodes",
+                                                      "then GiGPO, 15,360 episodes"]))]
+    else:
+        tables = countdown_tables(runs_dir)
+    return [f"### {SECTIONS[name][0]}", *tables, "", f"![training curves](multi_turn_learning_{name}.png)"]
 
 
 def main():
     args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
-    for name, (title, runs, _) in SECTIONS.items():
-        missing = [run for run in runs if not finished_run(os.path.join(args.runs_dir, run))]
-        if missing:
-            print(f"### {title}: not published, runs not finished in {args.runs_dir}: {', '.join(missing)}")
-            continue
-        section = "\n".join([
-            f"### {title}", "",
-            f"{datetime.date.today()}, {machine()}; `python benchmarks/multi_turn_learning.py --runs-dir DIR "
-            "--update-results`. 3 seeds per run, trained at once; held-out success on 1,024 problems with its 95% "
-            "interval over seeds, sampled at temperature 1 and greedy.", "",
-            *section_tables(args.runs_dir, name), "",
-            f"![training curves](multi_turn_learning_{name}.png)"])
-        publish(section, args.update_results, section_markers("multi_turn_learning", name),
-                "Multi-turn agents learning (issue 62)", draw=lambda name=name: plot(args.runs_dir, name))
+    publish_sections("multi_turn_learning", "Multi-turn agents learning (issue 62)",
+                     {name: runs for name, (_, runs, _) in SECTIONS.items()}, args.runs_dir, args.update_results,
+                     lambda name: section_lines(args.runs_dir, name),
+                     "3 seeds per run, trained at once; held-out success on 1,024 problems with its 95% interval over "
+                     "seeds, sampled at temperature 1 and greedy.", draw=lambda name: plot(args.runs_dir, name))
 
 
 def plot(runs_dir: str, name: str) -> None:

@@ -162,11 +162,27 @@ def publish(section: str, update_results: bool, markers: tuple[str, str], title:
         replace_section(page, markers, section, title)
 
 
-def section_markers(benchmark: str, section: str) -> tuple[str, str]:
-    """The markers of one section of a learning benchmark's results page. Each section is replaced on its own and
-    only from a runs directory that holds all of its runs, so a directory with some of the benchmark's runs updates
-    their sections and leaves the others as the page has them."""
-    return f"<!-- {benchmark}:{section}:start -->", f"<!-- {benchmark}:{section}:end -->"
+def publish_sections(benchmark: str, title: str, sections: dict[str, list[str]], runs_dir: str, update_results: bool,
+                     body, about: str, draw=None) -> None:
+    """Publish each section of a learning benchmark's results page (`sections`: name -> the runs it reports) on its
+    own, between its own markers, and only when `runs_dir` holds all of its runs finished: a directory with some of
+    the benchmark's runs updates their sections and leaves the others as the page has them. `body(name)` -> [the
+    section's heading, then its lines]; `about`: what follows the date, machine and command in its first line;
+    `draw(name)`: draw the section's committed figures, if it has any."""
+    import datetime
+    import os
+
+    for name, runs in sections.items():
+        missing = [run for run in runs if not finished_run(os.path.join(runs_dir, run))]
+        if missing:
+            print(f"{name}: not published, runs not finished in {runs_dir}: {', '.join(missing)}")
+            continue
+        heading, *lines = body(name)
+        made = (f"{datetime.date.today()}, {machine()}; `python benchmarks/{benchmark}.py --runs-dir DIR "
+                f"--update-results`. {about}")
+        markers = f"<!-- {benchmark}:{name}:start -->", f"<!-- {benchmark}:{name}:end -->"
+        publish("\n".join([heading, "", made, "", *lines]), update_results, markers, title,
+                draw=None if draw is None else lambda name=name: draw(name))
 
 
 # --- runs trained by `python -m jaxrl.train` in a runs directory, reused when there (learning benchmarks) ---------

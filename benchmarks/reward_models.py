@@ -35,7 +35,6 @@ the reward models start from it too:
 from __future__ import annotations
 
 import collections
-import datetime
 import os
 import sys
 
@@ -45,8 +44,8 @@ from jaxrl.sweep import confidence_interval
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from report import (evaluated, finished_run, fmt_ci, machine, markdown_table, publish, run_rows,  # noqa: E402
-                    runs_arguments, save_figure, section_markers, seed_band, seed_values, train_run)
+from report import (evaluated, fmt_ci, markdown_table, publish_sections, run_rows, runs_arguments,  # noqa: E402
+                    save_figure, seed_band, seed_values, train_run)
 
 SEEDS = 3
 JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--config.eval.episodes=512",
@@ -117,7 +116,7 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
             f"pass@{samples}": right.any(1).mean()}
 
 
-# section -> the runs it reports; each is published only from a runs directory that holds all of them finished
+# section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm"], "reward_model_grpo": ["sft", "grpo_verifier", "grpo_learned"],
             "critique_rl": ["sft_judge", "grpo_judge"],
             "refinement": ["sft_refine", "sft_revise", "grpo_refine", "grpo_revise"],
@@ -125,10 +124,10 @@ SECTIONS = {"orm": ["orm"], "reward_model_grpo": ["sft", "grpo_verifier", "grpo_
 
 
 def section_lines(runs_dir: str, name: str) -> list[str]:
-    """Section `name`'s title and tables, from the runs in `runs_dir`."""
+    """Section `name`'s heading and tables, from the runs in `runs_dir`."""
     if name == "orm":
         orm = evaluated(runs_dir, "orm", episodes=512)
-        return ["### An outcome reward model's ranking (Countdown, held-out)", "", markdown_table(
+        return ["### An outcome reward model's ranking (Countdown, held-out)", markdown_table(
             ["metric", "value"], [[key, fmt_ci(seed_values(orm, key), (0, 1))] for key in
                                   ("eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
                                    "eval_sampled_accuracy")])]
@@ -137,7 +136,7 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
         gains = {run: np.asarray(seed_values(evaluated(runs_dir, run), "eval_accuracy")) - sft
                  for run in ("grpo_verifier", "grpo_learned")}
         ratio = gains["grpo_learned"].mean() / max(gains["grpo_verifier"].mean(), 1e-9)
-        return ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions", "",
+        return ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions",
                 markdown_table(["reward", "held-out greedy accuracy gained over SFT"],
                                [["the verifier", fmt_ci(gains["grpo_verifier"])],
                                 ["the reward model alone", fmt_ci(gains["grpo_learned"])]]),
@@ -148,13 +147,13 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
     if name == "critique_rl":
         before = evaluated(runs_dir, "sft_judge")["eval_accuracy"]
         after = seed_values(evaluated(runs_dir, "grpo_judge"), "eval_accuracy")
-        return ["### Critique RL: judging Countdown solutions (held-out, greedy)", "",
+        return ["### Critique RL: judging Countdown solutions (held-out, greedy)",
                 markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
                                                         ["then GRPO on the verdict, 128,000 completions (learning "
                                                          f"rate {JUDGE_LEARNING_RATE})", fmt_ci(after, (0, 1))]])]
     if name == "refinement":
         return ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
-                "", "One model answers, critiques its answer (the value, then Y or N) and revises "
+                "One model answers, critiques its answer (the value, then Y or N) and revises "
                 "(`countdown_refine`); the baseline revises without the critique turn (`critic=False`). "
                 "GRPO: 32,000 episodes, each role's turn advantaged by its own reward (CTRL's for the critic: "
                 "the revision's success).", "", markdown_table(
@@ -166,22 +165,15 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
                                             ("GRPO, with the critique", evaluated(runs_dir, "grpo_refine")),
                                             ("GRPO, without", evaluated(runs_dir, "grpo_revise")))])]
     picked = reranking(runs_dir)
-    return ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)", "",
+    return ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)",
             markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()])]
 
 
 def main():
     args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
-    for name, runs in SECTIONS.items():
-        missing = [run for run in runs if not finished_run(os.path.join(args.runs_dir, run))]
-        if missing:
-            print(f"{name}: not published, runs not finished in {args.runs_dir}: {', '.join(missing)}")
-            continue
-        title, *tables = section_lines(args.runs_dir, name)
-        section = "\n".join([title, "", f"{datetime.date.today()}, {machine()}; `python benchmarks/reward_models.py "
-                             "--runs-dir DIR --update-results`. Intervals: 95% over 3 seeds.", *tables])
-        publish(section, args.update_results, section_markers("reward_models", name), "Reward models (issue 63)",
-                draw=(lambda: plot(args.runs_dir)) if name == "reward_model_grpo" else None)
+    publish_sections("reward_models", "Reward models (issue 63)", SECTIONS, args.runs_dir, args.update_results,
+                     lambda name: section_lines(args.runs_dir, name), "Intervals: 95% over 3 seeds.",
+                     draw=lambda name: plot(args.runs_dir) if name == "reward_model_grpo" else None)
 
 
 def plot(runs_dir: str) -> None:
