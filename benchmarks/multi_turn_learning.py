@@ -64,6 +64,16 @@ RUNS = {
     "cd_nocalc_x4": ("text_grpo.py:countdown_tools", "sft_cd_nocalc", [
         "--config.total_steps=61440", "--config.log.every_steps=5120", "--config.eval.every_steps=15360",
         "--config.eval.episodes=512", "--config.group.oversample=1", *NO_CALCULATOR]),
+    # 64,000 more demonstrations for each arm from its SFT run; the calculator arm's half rolled in (DAgger: its own
+    # first check, then the demonstrator), the answer-only arm's plain (equal demonstrations); then GRPO as above
+    **{f"sft_cd_{arm}_more": ("text_sft.py:countdown_tools", f"sft_cd_{arm}", [
+        "--config.total_steps=64000", "--config.log.every_steps=16000", "--config.eval.every_steps=64000",
+        "--config.eval.episodes=512", "--config.optim.learning_rate=3e-4", "--config.optim.warmup_updates=10",
+        *flags]) for arm, flags in (("calc", ["--config.sft.roll_in=0.5"]), ("nocalc", NO_CALCULATOR))},
+    **{f"cd_{arm}_more": ("text_grpo.py:countdown_tools", f"sft_cd_{arm}_more", [
+        "--config.total_steps=15360", "--config.log.every_steps=1280", "--config.eval.every_steps=3840",
+        "--config.eval.episodes=512", "--config.group.oversample=1", *flags])
+        for arm, flags in (("calc", []), ("nocalc", NO_CALCULATOR))},
 }
 
 

@@ -45,14 +45,17 @@ class Episodes(NamedTuple):
 
 
 def play(model, params, task, vocab, problems, prompts: jax.Array, keys: jax.Array, *, group_size: int,
-         temperature=1.0, top_k: int = 0, top_p=1.0) -> Episodes:
-    """G episodes of each of B problems (leaves [B, ...]) from their prompts [B, P] (left-padded), keys [B]."""
+         temperature=1.0, top_k: int = 0, top_p=1.0, turns: int | None = None) -> Episodes:
+    """G episodes of each of B problems (leaves [B, ...]) from their prompts [B, P] (left-padded), keys [B]; with
+    `turns`, only their first `turns` turns (the later slots empty, the episodes not ended: a learner's roll-in)."""
     member_keys = jax.vmap(lambda k: jax.random.split(k, group_size))(keys)  # [B, G]
-    return _play(model, params, task, vocab, problems, prompts, member_keys, temperature, top_k, top_p)
+    return _play(model, params, task, vocab, problems, prompts, member_keys, temperature, top_k, top_p,
+                 task.max_turns if turns is None else min(turns, task.max_turns))
 
 
-@functools.partial(jax.jit, static_argnames=("model", "task", "vocab", "top_k"))
-def _play(model, params, task, vocab, problems, prompts, member_keys, temperature, top_k, top_p) -> Episodes:
+@functools.partial(jax.jit, static_argnames=("model", "task", "vocab", "top_k", "turn_limit"))
+def _play(model, params, task, vocab, problems, prompts, member_keys, temperature, top_k, top_p,
+          turn_limit) -> Episodes:
     B, P = prompts.shape
     G = member_keys.shape[1]
     K, T, O = task.max_turns, task.turn_length, task.observation_length
@@ -151,7 +154,7 @@ def _play(model, params, task, vocab, problems, prompts, member_keys, temperatur
 
     def keep_going(loop):
         k, carry = loop
-        return (k < K) & carry[5].any()
+        return (k < turn_limit) & carry[5].any()
 
     def body(loop):
         k, carry = loop

@@ -1,6 +1,7 @@
 """Multi-turn text environments, their tools and the compiled conversation loop (`envs.text.turns`, `envs.text.tools`,
 `jaxrl.multi_turn`), and the per-turn advantage estimators."""
 
+import collections
 import functools
 import random
 from fractions import Fraction
@@ -181,6 +182,62 @@ def test_a_calculator_search_imitates_its_hit_and_its_answer_not_its_misses():
             assert (imitated[b][slots] == (not missed)).all(), (b, k, said, int(targets[b]))
     assert misses > 0
     assert 0.2 * SAMPLED < first_misses < 0.8 * SAMPLED  # miss_share 0.5 of the demonstrations check a miss first
+
+
+def _said(task, vocab, episode: np.ndarray) -> list[str]:
+    """The model turns of an episode [N] (slot layout) as text, EOS dropped, empty turns left out."""
+    turn_of, model_slot = task.turn_slots()
+    said = ["".join(vocab.tokens[i] for i in episode[(turn_of == k) & model_slot] if i not in (vocab.pad_id,
+                                                                                              vocab.eos_id))
+            for k in range(task.max_turns)]
+    return [t for t in said if t]
+
+
+def test_a_roll_in_is_continued_by_the_demonstrator_from_the_state_it_reached():
+    """DAgger's roll-in (`reference_answers` with a prefix): after the learner's turns the demonstrator follows its
+    own rule from the state they reached: a check that missed (or reached the target's value with numbers not given)
+    is followed by a check of the reference and its answer, or by the answer when no check is left; a check that hit
+    is answered as the learner wrote it; an answer ends the episode. Without a roll-in, its own search."""
+    task = text.make_task("countdown_tools")  # 4 turns: up to three checks, then the answer
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    problems = task.sample(jax.random.key(1), SAMPLED, "train")
+    references = [answer for _, answer in task.base.texts(problems)]
+    targets = [int(t) for t in np.asarray(problems.target)]
+    rolled_in = [[[f"#{t + 1}"], [f"#{t}"], [f"#({r})"], [r], [], [f"#{t + 1}", f"#{t + 2}", f"#{t + 3}"]][b % 6]
+                 for b, (t, r) in enumerate(zip(targets, references))]
+    rolled_in = [turns if all(len(t) < task.turn_length for t in turns) else [] for turns in rolled_in]
+    prefix = np.full((SAMPLED, task.answer_length), vocab.pad_id, np.int32)
+    for b, turns in enumerate(rolled_in):
+        for k, body in enumerate(turns):
+            prefix[b, k * task.turn_span:k * task.turn_span + task.turn_length] = np.asarray(_turn(task, vocab, body))
+    learner_turns = np.asarray([len(turns) for turns in rolled_in], np.int32)
+    # (both with a prefix, the second of no turns: one compiled program)
+    episodes, own = (np.asarray(task.reference_answers(problems, vocab, jnp.asarray(prefix), jnp.asarray(turns)))
+                     for turns in (learner_turns, np.zeros_like(learner_turns)))
+    solved = np.asarray(task.rewards(problems, jnp.asarray(episodes), vocab))[:, 0]
+    kinds = collections.Counter()
+    for b, (turns, reference, target) in enumerate(zip(rolled_in, references, targets)):
+        said = _said(task, vocab, episodes[b])
+        given = target in np.asarray(problems.numbers[b]).tolist()  # (the target alone is then a right answer)
+        if not turns:
+            np.testing.assert_array_equal(episodes[b], own[b])
+            kind = "own"
+        elif len(turns) == 3:
+            assert said == [*turns, reference], (b, said)  # no check left: the answer
+            kind = "three misses"
+        elif turns[0].startswith("#(") or (turns[0] == f"#{target}" and given):
+            assert said == [turns[0], turns[0][1:]], (b, said)  # the learner's hit, answered as written
+            kind = "hit"
+        elif turns[0].startswith("#"):
+            assert said == [turns[0], f"#{reference}", reference], (b, said, reference)
+            kind = "value without the numbers" if turns[0] == f"#{target}" else "miss"
+        else:
+            assert said == turns, (b, said)  # an answer ends the episode
+            kind = "answer"
+        kinds[kind] += 1
+        assert solved[b] == 1.0, (b, said)
+    assert min(kinds[k] for k in ("own", "three misses", "hit", "miss", "answer", "value without the numbers")) >= 2, \
+        kinds
 
 
 @functools.lru_cache(maxsize=None)  # (the tests share a task's episodes: playing compiles once)

@@ -82,3 +82,48 @@ def test_one_token_rollouts_train_the_reference_answers():
     first, later = jax.device_get(first), jax.device_get(later)
     assert np.isfinite(later["otr_loss"]).all()
     assert float(later["loss"][0]) < float(first["loss"][0]) - 0.2, (first["loss"], later["loss"])
+
+
+
+def test_a_roll_in_starts_demonstrations_from_the_learner_s_own_first_turn():
+    """sft.roll_in (DAgger): on about that share of a batch the learner's own first turn starts the episode and is not
+    imitated, the demonstrator continuing from there (tests/test_multi_turn.py checks how); the rest are the
+    demonstrator's own episodes, imitated as without a roll-in. A tiny model from scratch on countdown_tools, greedy,
+    one batch of 32; then the config errors."""
+    from jax.sharding import PartitionSpec as P
+
+    from jaxrl import knobs
+    from jaxrl.algos.text.sft import SFTSettings, sft_batch
+    from jaxrl.mesh import DATA_AXIS
+
+    config = tiny_sft_config("countdown_tools")
+    config.sft.roll_in, config.sft.roll_in_temperature = 0.5, 0.0
+    algos.validate(config)
+    mesh = mesh_lib.make_mesh(1)
+    algo, _ = algos.build(config, mesh)
+    policy, sft = algo.parts, knobs.read(SFTSettings, config)
+    params = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1).params)
+    key = jax.random.key(5)
+    batch = jax.jit(jax.shard_map(lambda params, key: sft_batch(policy, sft, params, key), mesh=mesh,
+                                  in_specs=(P(), P()), out_specs=P(DATA_AXIS)))(params, key)
+    _, answers, imitated = jax.device_get(batch)
+    task, vocab = policy.task, policy.vocab
+    own = task.reference_answers(task.sample(key, config.num_prompts, "train"), vocab)
+    own_imitated, own = np.asarray(task.imitated_slots(own, vocab)), np.asarray(own)
+    turn_of, _ = task.turn_slots()
+    rolled_in = (answers != own)[:, turn_of == 0].any(-1)
+    assert 0.2 < rolled_in.mean() < 0.8, rolled_in.mean()
+    np.testing.assert_array_equal(answers[~rolled_in], own[~rolled_in])
+    np.testing.assert_array_equal(imitated[~rolled_in], own_imitated[~rolled_in])
+    assert not imitated[rolled_in][:, turn_of == 0].any()
+    expected = np.asarray(task.imitated_slots(jnp.asarray(answers), vocab)) & (turn_of > 0)
+    np.testing.assert_array_equal(imitated[rolled_in], expected[rolled_in])
+
+    config.task.name = "addition"
+    with pytest.raises(ValueError, match=r"sft.roll_in = 0.5: a roll-in is for the multi-turn tasks.*'addition' is "
+                                         r"answered in one turn"):
+        algos.validate(config)
+    config.task.name, config.sft.roll_in_turns = "countdown_tools", 4
+    with pytest.raises(ValueError, match="sft.roll_in_turns = 4 leaves the demonstrator no turn: countdown_tools "
+                                         "plays at most 4"):
+        algos.validate(config)

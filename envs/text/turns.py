@@ -96,7 +96,9 @@ class MultiTurnTask(Task):
         raise NotImplementedError
 
     def demonstrate(self, problem: Problems, state, turn_index, vocab: Vocab) -> Piece:
-        """The demonstrator's next turn (without EOS) in `state`: what `reference_answers` plays."""
+        """The demonstrator's next turn (without EOS) in `state`: what `reference_answers` plays. `turn_index` counts
+        the demonstrator's own turns: after a learner's roll-in (`reference_answers`' prefix) it is less than the
+        turns played."""
         raise NotImplementedError
 
     def credit(self, turns: dict) -> dict:
@@ -146,14 +148,24 @@ class MultiTurnTask(Task):
         return render.concat(pieces, self.observation_length, vocab.pad_id)
 
     @functools.partial(jax.jit, static_argnums=0)
-    def reference_answers(self, problems: Problems, vocab: Vocab) -> jax.Array:
-        """int32 [B, N]: the demonstrator's episode in the slot layout (pad in unreal slots)."""
-        def one(problem):
+    def reference_answers(self, problems: Problems, vocab: Vocab, prefix: jax.Array | None = None,
+                          prefix_turns: jax.Array | None = None) -> jax.Array:
+        """int32 [B, N]: the demonstrator's episode in the slot layout (pad in unreal slots). With `prefix` (int32
+        [B, N], slot layout: a learner's episodes) and `prefix_turns` (int32 [B]), episode b's first prefix_turns[b]
+        turns are the prefix's and the demonstrator continues from the state they reached (DAgger's roll-in)."""
+        T, span = self.turn_length, self.turn_span
+        if prefix is None:
+            prefix = jnp.zeros((problems.target.shape[0], self.answer_length), jnp.int32)
+            prefix_turns = jnp.zeros(problems.target.shape[0], jnp.int32)
+
+        def one(problem, prefix, prefix_turns):
             state, _ = like_problem(problem, self.start(problem))
 
             def turn(carry, k):
                 state, done = carry
-                tokens = self._turn(self.demonstrate(problem, state, k, vocab), vocab)
+                demonstrated = self._turn(self.demonstrate(problem, state, jnp.maximum(k - prefix_turns, 0), vocab),
+                                          vocab)
+                tokens = jnp.where(k < prefix_turns, jax.lax.dynamic_slice_in_dim(prefix, k * span, T), demonstrated)
                 reply = self.respond(problem, state, tokens, k, vocab)
                 observation = jnp.where(jnp.arange(self.observation_length) < reply.observation_length,
                                         reply.observation, vocab.pad_id)
@@ -163,7 +175,7 @@ class MultiTurnTask(Task):
 
             _, blocks = jax.lax.scan(turn, (state, like_problem(problem, jnp.bool_(False))), jnp.arange(self.max_turns))
             return blocks.reshape(-1)
-        return jax.vmap(one)(problems)
+        return jax.vmap(one)(problems, prefix, prefix_turns)
 
     @functools.partial(jax.jit, static_argnums=(0, 3))
     def replay(self, problems: Problems, episodes: jax.Array, vocab: Vocab) -> dict:
@@ -405,27 +417,48 @@ class CountdownTools(ToolTask):
     def _check(self, problem, turn, vocab):
         return countdown_answer(problem, turn, vocab, self.base.use_all)
 
+    def start(self, problem):
+        """State: (tool calls so far, whether the last check's expression is a right answer, that expression as a
+        piece (ids [T], length)); anchor: the calls."""
+        return (jnp.int32(0), jnp.bool_(False), jnp.zeros((self.turn_length,), jnp.int32), jnp.int32(0)), jnp.int32(0)
+
+    def respond(self, problem, state, turn, turn_index, vocab):
+        reply = super().respond(problem, state[0], turn, turn_index, vocab)
+        length, _ = render.before_eos(turn, vocab.eos_id)
+        slots = jnp.arange(self.turn_length)
+        expression = jnp.where(slots < length - 1, jnp.roll(turn, -1), vocab.pad_id)  # the check without '#'
+        right, _ = self._check(problem, jnp.where(slots == length - 1, vocab.eos_id, expression), vocab)
+        hit = reply.tool_call & ~reply.tool_error & right
+        return reply.replace(state=(reply.state, hit, expression, jnp.maximum(length - 1, 0)))
+
     def demonstrate(self, problem, state, turn_index, vocab):
         """Without the calculator, the reference expression. With it, a search: the demonstration checks candidate
         expressions until one's value is the target, then answers that one. Candidates are the reference with its
         operators redrawn (by the problem's hash), and the reference itself: first, except on `miss_share` of the
         problems, where it is drawn uniformly among the later max_turns - 2 checks; the rule shown is the one a
         learner can follow: answer exactly when the check hit. (`miss_share` = (K - 2) / (K - 1) draws the
-        reference's place uniformly among all K - 1 checks.)"""
+        reference's place uniformly among all K - 1 checks.) After a learner's checks (a roll-in: more calls than
+        the demonstrator's own turns), the same rule: a check that hit is answered, a miss is followed by a check
+        of the reference; with no check left, the answer."""
+        reference = self.base._answer_pieces(problem, vocab)[0]
         if not self.calculator or self.max_turns == 1:
-            return self.base._answer_pieces(problem, vocab)[0]
+            return reference
+        calls, hit, last_ids, last_length = state
         candidates = self._candidates(problem, vocab)  # (ids [K, L], lengths [K])
         calcs = jax.vmap(lambda ids, length: tools.calculator(ids, length, vocab))(*candidates)
-        reference = self.base._answer_pieces(problem, vocab)[0]  # (in place of a candidate that fails: 3/(2-2))
+        # (the reference in place of a candidate that fails: 3/(2-2))
         candidates = jax.tree.map(lambda c, r: jnp.where(calcs.error.reshape(-1, *[1] * r.ndim), r, c),
                                   candidates, reference)
         hits = calcs.error | _reaches(calcs, problem.target)
         first_hit = jnp.argmax(hits)  # the reference always hits, so some candidate does
-        pick = lambda k: jax.tree.map(lambda a: a[k], candidates)  # noqa: E731
-        check = render.concat([render.char(CALCULATOR, vocab), pick(jnp.minimum(state, first_hit))],
+        own = jax.tree.map(lambda a: a[jnp.minimum(turn_index, first_hit)], candidates)
+        rolled_in = calls > turn_index
+        check = render.concat([render.char(CALCULATOR, vocab),
+                               jax.tree.map(lambda r, o: jnp.where(rolled_in, r, o), reference, own)],
                               self.turn_length, vocab.pad_id)
-        answer = render.widen(pick(first_hit), self.turn_length, vocab.pad_id)
-        return jax.tree.map(lambda c, a: jnp.where(state <= first_hit, c, a), check, answer)
+        answer = jax.tree.map(lambda last, r: jnp.where(hit, last, r), (last_ids, last_length),
+                              render.widen(reference, self.turn_length, vocab.pad_id))
+        return jax.tree.map(lambda c, a: jnp.where(hit | (calls >= self.max_turns - 1), a, c), check, answer)
 
     def imitated_turns(self, played):
         """The checks before the hit are not imitated unless `imitate_misses`: a learner checks its best guess first

@@ -14,7 +14,7 @@ from ml_collections import ConfigDict
 from envs import text
 from jaxrl import advantages, corrections, knobs, losses, rollout
 from jaxrl.algos.group import CRITIC_WEIGHT, GROUP_SIZE, check_group_estimator, check_objective, group_relative_keys
-from jaxrl.algos.text.policy import INIT_FROM, MODEL_DIR, TextSettings, check_text_config, text_config
+from jaxrl.algos.text.policy import INIT_FROM, TextSettings, check_init_from, check_text_config, text_config
 from jaxrl.config import NUM_EPOCHS, NUM_MINIBATCHES
 from jaxrl.engine import staleness
 from jaxrl.knobs import Knob, knob
@@ -317,10 +317,7 @@ def check_text_grpo_config(config: ConfigDict) -> None:
         if multi_turn_task:
             raise ValueError(f"task.name={config.task.name} is played over turns; config.reward.model scores single "
                              "completions")
-    saved_run = lambda path: any(os.path.exists(os.path.join(path, f)) for f in ("tokenizer.json", MODEL_DIR))  # noqa: E731
-    if config.init_from and not saved_run(config.init_from):
-        raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json "
-                         f"nor {MODEL_DIR}/)")
+    check_init_from(config)
 
 
 def check_return_conditioned(config: ConfigDict, multi_turn_task: bool) -> None:

@@ -494,6 +494,14 @@ def text_config() -> ConfigDict:
     return knobs.fill(config, TASK_NAME, TASK_KWARGS, TextSettings, PRETRAINED_NAME, *MODEL_KNOBS)
 
 
+def check_init_from(config: ConfigDict) -> None:
+    """config.init_from, when set, is a saved text run (or an exported policy): it has a tokenizer or a model."""
+    saved = any(os.path.exists(os.path.join(config.init_from, f)) for f in ("tokenizer.json", MODEL_DIR))
+    if config.init_from and not saved:
+        raise ValueError(f"config.init_from={config.init_from!r} is not a text run directory (no tokenizer.json "
+                         f"nor {MODEL_DIR}/)")
+
+
 def check_text_config(config: ConfigDict) -> None:
     if config.model.d_model % config.model.num_heads:
         raise ValueError(f"config.model.d_model = {config.model.d_model} is not divisible by "
