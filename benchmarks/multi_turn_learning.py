@@ -18,7 +18,10 @@ experiments (2 layers, width 128) throughout.
    search, checking candidate expressions until one hits the target, and SFT imitates the hit and the answer, not
    the misses before it) and without it (one turn: the answer), each
    SFT on 128,000 demonstrations, then GRPO for 15,360 episodes (equal episodes); and without it for 61,440
-   episodes (4x: at least the environment turns the calculator arm took).
+   episodes (4x: at least the environment turns the calculator arm took). Then each arm's SFT run continued on
+   64,000 more demonstrations (learning rate 3e-4), the calculator arm's half rolled in (`sft.roll_in=0.5`, DAgger:
+   the model's own first check, sampled, then the demonstrator: a hit answered, a miss followed by a check of the
+   reference), and GRPO for 15,360 episodes from each.
 """
 
 from __future__ import annotations
@@ -138,34 +141,46 @@ SECTIONS = {
                                                                                     "grid_gigpo"],
              [("grid world", ["grid_grpo", "grid_gigpo"], "solved")]),
     "countdown": ("Countdown with and without the calculator", ["sft_cd_calc", "sft_cd_nocalc", "cd_calc",
-                                                                "cd_nocalc", "cd_nocalc_x4"],
+                                                                "cd_nocalc", "cd_nocalc_x4", "sft_cd_calc_more",
+                                                                "sft_cd_nocalc_more", "cd_calc_more",
+                                                                "cd_nocalc_more"],
                   [("Countdown", ["cd_calc", "cd_nocalc", "cd_nocalc_x4"], "solved"),
-                   ("Countdown, the calculator's errors", ["cd_calc"], "tool_error_rate")]),
+                   ("Countdown, after 64,000 more demonstrations", ["cd_calc_more", "cd_nocalc_more"], "solved"),
+                   ("Countdown, the calculator's errors", ["cd_calc", "cd_calc_more"], "tool_error_rate")]),
 }
 HEADER = ["run", "success (sampled)", "turns (sampled)", "success (greedy)", "turns (greedy)"]
 
 
+# Countdown's arms: (GRPO run, its SFT run, label)
+COUNTDOWN_ARMS = [("cd_calc", "sft_cd_calc", "with the calculator (4 turns), 15,360 episodes"),
+                  ("cd_nocalc", "sft_cd_nocalc", "without (1 turn), 15,360 episodes"),
+                  ("cd_nocalc_x4", "sft_cd_nocalc", "without (1 turn), 61,440 episodes"),
+                  ("cd_calc_more", "sft_cd_calc_more", "with the calculator, SFT + 64,000 (half rolled in), "
+                                                       "15,360 episodes"),
+                  ("cd_nocalc_more", "sft_cd_nocalc_more", "without, SFT + 64,000, 15,360 episodes")]
+
+
 def countdown_tables(runs_dir: str) -> list[str]:
     rows = []
-    for arm, label in (("calc", "with the calculator (4 turns), 15,360 episodes"),
-                       ("nocalc", "without (1 turn), 15,360 episodes"),
-                       ("nocalc_x4", "without (1 turn), 61,440 episodes")):
-        greedy = evaluated(runs_dir, f"cd_{arm}", False)
-        sft = evaluated(runs_dir, f"sft_cd_{arm.removesuffix('_x4')}", False)
-        logged = run_rows(os.path.join(runs_dir, f"cd_{arm}"))
+    for run, sft_run, label in COUNTDOWN_ARMS:
+        (sft_greedy, sft_sampled), (greedy, sampled) = ((evaluated(runs_dir, name, False), evaluated(runs_dir, name,
+                                                                                                     True))
+                                                        for name in (sft_run, run))
+        logged = run_rows(os.path.join(runs_dir, run))
         (_, errors), (_, calls) = curve(logged, "tool_error_rate"), curve(logged, "tool_calls")
-        rows.append([label, fmt_ci(seed_values(sft, "eval_success"), (0, 1)),
-                     fmt_ci(seed_values(greedy, "eval_success"), (0, 1)), fmt_ci(seed_values(greedy, "eval_turns")),
-                     f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
+        rows.append([label, *(fmt_ci(seed_values(summary, "eval_success"), (0, 1))
+                              for summary in (sft_greedy, sft_sampled, greedy, sampled)),
+                     fmt_ci(seed_values(greedy, "eval_turns")), f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
                      f"{errors[0].mean():.3f} -> {errors[-1].mean():.3f}"])
     decisions = []
-    for name, label in (("sft_cd_calc", "SFT"), ("cd_calc", "then GRPO")):
+    for name, label in (("sft_cd_calc", "SFT"), ("cd_calc", "then GRPO"),
+                        ("sft_cd_calc_more", "SFT + 64,000, half rolled in"), ("cd_calc_more", "then GRPO")):
         rates = check_decisions(os.path.join(runs_dir, name))
         decisions.append([label, *(fmt_ci(values, (0, 1)) for values in rates.values())])
-    return [markdown_table(["Countdown (SFT: 128,000 demonstrations)", "SFT success (greedy)", "after GRPO (greedy)",
-                            "turns after GRPO (greedy)", "tool calls per episode (first -> last update)",
-                            "tool-error rate (first -> last)"], rows), "",
-            "What the calculator arm does after its first check (greedy, the same 1,024 problems):", "",
+    return [markdown_table(["Countdown (SFT: 128,000 demonstrations)", "SFT success (greedy)", "SFT (sampled)",
+                            "after GRPO (greedy)", "after GRPO (sampled)", "turns after GRPO (greedy)",
+                            "tool calls per episode (first -> last update)", "tool-error rate (first -> last)"], rows),
+            "", "What the calculator arm does after its first check (greedy, the same 1,024 problems):", "",
             markdown_table(["with the calculator", "first check hits", "a hit answered next", "a miss checked again",
                             "... with the same expression"], decisions)]
 

@@ -3,7 +3,8 @@ over the `data` axis (prompts split over devices, parameters replicated, gradien
 
     sample B training problems -> prompts [B, P], answers [B, A] -> -mean log p(answer token) -> Adam
 
-or OTR's one-token rollouts of the same answers (sft.objective)."""
+or OTR's one-token rollouts of the same answers (sft.objective). On a multi-turn task the answers are demonstration
+episodes, some of which the learner may start (sft.roll_in: DAgger)."""
 
 from __future__ import annotations
 
