@@ -18,10 +18,11 @@ experiments (2 layers, width 128) throughout.
    search, checking candidate expressions until one hits the target, and SFT imitates the hit and the answer, not
    the misses before it) and without it (one turn: the answer), each
    SFT on 128,000 demonstrations, then GRPO for 15,360 episodes (equal episodes); and without it for 61,440
-   episodes (4x: at least the environment turns the calculator arm took). Then each arm's SFT run continued on
-   64,000 more demonstrations (learning rate 3e-4), the calculator arm's half rolled in (`sft.roll_in=0.5`, DAgger:
-   the model's own first check, sampled, then the demonstrator: a hit answered, a miss followed by a check of the
-   reference), and GRPO for 15,360 episodes from each.
+   episodes (4x: at least the environment turns the calculator arm took). Then each arm's SFT run continued at
+   learning rate 3e-4 on 64,000 and then 16,000 more demonstrations, the calculator arm's rolled in (DAgger,
+   `sft.roll_in`: the model's own first check, then the demonstrator: a hit answered, a miss followed by a check of
+   the reference; half of them with the check sampled, then all with it greedy), and GRPO for 15,360 episodes from
+   each (208,000 demonstrations per arm).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from report import (evaluated, fmt_ci, markdown_table, publish_sections, run_row
 SEEDS = 3
 COMMON = ["--config.eval.pass_k=0", f"--config.num_seeds={SEEDS}"]
 NO_CALCULATOR = ["--config.task.kwargs.calculator=False", "--config.task.kwargs.max_turns=1"]
+CONTINUED_SFT = ["--config.eval.episodes=512", "--config.optim.learning_rate=3e-4", "--config.optim.warmup_updates=10"]
 # name -> (experiment, init_from run or None, flags); in the order they run
 RUNS = {
     "sft_grid": ("text_sft.py:grid", None, ["--config.total_steps=3200", "--config.log.every_steps=1600",
@@ -67,16 +69,21 @@ RUNS = {
     "cd_nocalc_x4": ("text_grpo.py:countdown_tools", "sft_cd_nocalc", [
         "--config.total_steps=61440", "--config.log.every_steps=5120", "--config.eval.every_steps=15360",
         "--config.eval.episodes=512", "--config.group.oversample=1", *NO_CALCULATOR]),
-    # 64,000 more demonstrations for each arm from its SFT run; the calculator arm's half rolled in (DAgger: its own
-    # first check, then the demonstrator), the answer-only arm's plain (equal demonstrations); then GRPO as above
+    # Then each arm's SFT run continued at learning rate 3e-4 (DAgger for the calculator arm: `sft.roll_in`), equal
+    # demonstrations: 64,000 (the calculator's half rolled in, its first check sampled), then 16,000 (every one
+    # rolled in, its first check greedy: the states a greedy evaluation reaches); then GRPO as above.
     **{f"sft_cd_{arm}_more": ("text_sft.py:countdown_tools", f"sft_cd_{arm}", [
         "--config.total_steps=64000", "--config.log.every_steps=16000", "--config.eval.every_steps=64000",
-        "--config.eval.episodes=512", "--config.optim.learning_rate=3e-4", "--config.optim.warmup_updates=10",
-        *flags]) for arm, flags in (("calc", ["--config.sft.roll_in=0.5"]), ("nocalc", NO_CALCULATOR))},
-    **{f"cd_{arm}_more": ("text_grpo.py:countdown_tools", f"sft_cd_{arm}_more", [
+        *CONTINUED_SFT, *flags]) for arm, flags in (("calc", ["--config.sft.roll_in=0.5"]), ("nocalc", NO_CALCULATOR))},
+    **{f"sft_cd_{arm}_more2": ("text_sft.py:countdown_tools", f"sft_cd_{arm}_more", [
+        "--config.total_steps=16000", "--config.log.every_steps=8000", "--config.eval.every_steps=16000",
+        *CONTINUED_SFT, *flags])
+        for arm, flags in (("calc", ["--config.sft.roll_in=1.0", "--config.sft.roll_in_temperature=0"]),
+                           ("nocalc", NO_CALCULATOR))},
+    **{f"cd_{arm}_more2": ("text_grpo.py:countdown_tools", f"sft_cd_{arm}_more2", [
         "--config.total_steps=15360", "--config.log.every_steps=1280", "--config.eval.every_steps=3840",
         "--config.eval.episodes=512", "--config.group.oversample=1", *flags])
-        for arm, flags in (("calc", []), ("nocalc", NO_CALCULATOR))},
+        for arm, flags in (("nocalc", NO_CALCULATOR), ("calc", []))},
 }
 
 
@@ -133,6 +140,19 @@ def check_decisions(workdir: str, problems: int = 1024) -> dict[str, list[float]
     return rates
 
 
+# Countdown's SFT runs and GRPO runs: (run, label)
+COUNTDOWN_SFT = [("sft_cd_calc", "with the calculator, 128,000 demonstrations"), ("sft_cd_nocalc", "without, 128,000"),
+                 ("sft_cd_calc_more", "with, + 64,000 (half rolled in, sampled)"),
+                 ("sft_cd_nocalc_more", "without, + 64,000"),
+                 ("sft_cd_calc_more2", "with, + 16,000 more (all rolled in, greedy)"),
+                 ("sft_cd_nocalc_more2", "without, + 16,000 more")]
+COUNTDOWN_GRPO = [("cd_calc", "with the calculator (4 turns), from 128,000, 15,360 episodes"),
+                  ("cd_nocalc", "without (1 turn), from 128,000, 15,360 episodes"),
+                  ("cd_nocalc_x4", "without, from 128,000, 61,440 episodes"),
+                  ("cd_calc_more2", "with, from 208,000 (DAgger), 15,360 episodes"),
+                  ("cd_nocalc_more2", "without, from 208,000, 15,360 episodes")]
+
+
 # section -> (its title, the runs it reports, its figure's panels: (title, runs, metric)) (`report.publish_sections`)
 SECTIONS = {
     "guess": ("The guessing game (1..1024, at most 13 turns)", ["sft_guess", "guess_grpo"],
@@ -140,47 +160,38 @@ SECTIONS = {
     "grid": ("GiGPO against trajectory-level GRPO: the grid world, equal samples", ["sft_grid", "grid_grpo",
                                                                                     "grid_gigpo"],
              [("grid world", ["grid_grpo", "grid_gigpo"], "solved")]),
-    "countdown": ("Countdown with and without the calculator", ["sft_cd_calc", "sft_cd_nocalc", "cd_calc",
-                                                                "cd_nocalc", "cd_nocalc_x4", "sft_cd_calc_more",
-                                                                "sft_cd_nocalc_more", "cd_calc_more",
-                                                                "cd_nocalc_more"],
+    "countdown": ("Countdown with and without the calculator",
+                  [run for run, _ in COUNTDOWN_SFT + COUNTDOWN_GRPO],
                   [("Countdown", ["cd_calc", "cd_nocalc", "cd_nocalc_x4"], "solved"),
-                   ("Countdown, after 64,000 more demonstrations", ["cd_calc_more", "cd_nocalc_more"], "solved"),
-                   ("Countdown, the calculator's errors", ["cd_calc", "cd_calc_more"], "tool_error_rate")]),
+                   ("Countdown, from 208,000 demonstrations", ["cd_calc_more2", "cd_nocalc_more2"], "solved"),
+                   ("Countdown, the calculator's errors", ["cd_calc", "cd_calc_more2"], "tool_error_rate")]),
 }
 HEADER = ["run", "success (sampled)", "turns (sampled)", "success (greedy)", "turns (greedy)"]
 
 
-# Countdown's arms: (GRPO run, its SFT run, label)
-COUNTDOWN_ARMS = [("cd_calc", "sft_cd_calc", "with the calculator (4 turns), 15,360 episodes"),
-                  ("cd_nocalc", "sft_cd_nocalc", "without (1 turn), 15,360 episodes"),
-                  ("cd_nocalc_x4", "sft_cd_nocalc", "without (1 turn), 61,440 episodes"),
-                  ("cd_calc_more", "sft_cd_calc_more", "with the calculator, SFT + 64,000 (half rolled in), "
-                                                       "15,360 episodes"),
-                  ("cd_nocalc_more", "sft_cd_nocalc_more", "without, SFT + 64,000, 15,360 episodes")]
-
-
 def countdown_tables(runs_dir: str) -> list[str]:
-    rows = []
-    for run, sft_run, label in COUNTDOWN_ARMS:
-        (sft_greedy, sft_sampled), (greedy, sampled) = ((evaluated(runs_dir, name, False), evaluated(runs_dir, name,
-                                                                                                     True))
-                                                        for name in (sft_run, run))
+    success = lambda summary: fmt_ci(seed_values(summary, "eval_success"), (0, 1))  # noqa: E731
+    sft_rows = [[label, success(evaluated(runs_dir, run, False)), success(evaluated(runs_dir, run, True))]
+                for run, label in COUNTDOWN_SFT]
+    grpo_rows = []
+    for run, label in COUNTDOWN_GRPO:
+        greedy, sampled = evaluated(runs_dir, run, False), evaluated(runs_dir, run, True)
         logged = run_rows(os.path.join(runs_dir, run))
         (_, errors), (_, calls) = curve(logged, "tool_error_rate"), curve(logged, "tool_calls")
-        rows.append([label, *(fmt_ci(seed_values(summary, "eval_success"), (0, 1))
-                              for summary in (sft_greedy, sft_sampled, greedy, sampled)),
-                     fmt_ci(seed_values(greedy, "eval_turns")), f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
-                     f"{errors[0].mean():.3f} -> {errors[-1].mean():.3f}"])
+        grpo_rows.append([label, success(greedy), success(sampled), fmt_ci(seed_values(greedy, "eval_turns")),
+                          f"{calls[0].mean():.2f} -> {calls[-1].mean():.2f}",
+                          f"{errors[0].mean():.3f} -> {errors[-1].mean():.3f}"])
     decisions = []
-    for name, label in (("sft_cd_calc", "SFT"), ("cd_calc", "then GRPO"),
-                        ("sft_cd_calc_more", "SFT + 64,000, half rolled in"), ("cd_calc_more", "then GRPO")):
+    for name, label in (("sft_cd_calc", "SFT, 128,000"), ("cd_calc", "then GRPO"),
+                        ("sft_cd_calc_more", "SFT + 64,000, half rolled in (sampled)"),
+                        ("sft_cd_calc_more2", "+ 16,000, all rolled in (greedy)"), ("cd_calc_more2", "then GRPO")):
         rates = check_decisions(os.path.join(runs_dir, name))
         decisions.append([label, *(fmt_ci(values, (0, 1)) for values in rates.values())])
-    return [markdown_table(["Countdown (SFT: 128,000 demonstrations)", "SFT success (greedy)", "SFT (sampled)",
-                            "after GRPO (greedy)", "after GRPO (sampled)", "turns after GRPO (greedy)",
-                            "tool calls per episode (first -> last update)", "tool-error rate (first -> last)"], rows),
-            "", "What the calculator arm does after its first check (greedy, the same 1,024 problems):", "",
+    return [markdown_table(["Countdown, SFT", "success (greedy)", "success (sampled)"], sft_rows), "",
+            markdown_table(["Countdown, GRPO", "success (greedy)", "success (sampled)", "turns (greedy)",
+                            "tool calls per episode (first -> last update)", "tool-error rate (first -> last)"],
+                           grpo_rows), "",
+            "What the calculator arm does after its first check (greedy, the same 1,024 problems):", "",
             markdown_table(["with the calculator", "first check hits", "a hit answered next", "a miss checked again",
                             "... with the same expression"], decisions)]
 
