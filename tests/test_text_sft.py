@@ -84,7 +84,6 @@ def test_one_token_rollouts_train_the_reference_answers():
     assert float(later["loss"][0]) < float(first["loss"][0]) - 0.2, (first["loss"], later["loss"])
 
 
-
 def test_a_roll_in_starts_demonstrations_from_the_learner_s_own_first_turn():
     """sft.roll_in (DAgger): on about that share of a batch the learner's own first turn starts the episode and is not
     imitated, the demonstrator continuing from there (tests/test_multi_turn.py checks how); the rest are the
