@@ -342,7 +342,8 @@ class ToolTask(MultiTurnTask):
     lookup = False
 
     def _tool_reply(self, problem, turn, vocab):
-        """(observation, its length, tool_call, tool_error) of a turn that calls a tool."""
+        """((observation, its length), tool_call, tool_error, the call's body after its mark (ids [T], length), the
+        body's Calculation) of a turn that calls a tool."""
         length, _ = render.before_eos(turn, vocab.eos_id)
         body = jnp.where(jnp.arange(turn.shape[0]) < length - 1, jnp.roll(turn, -1), vocab.pad_id)
         error_piece = render.char(ERROR, vocab)
@@ -361,7 +362,7 @@ class ToolTask(MultiTurnTask):
         piece = jax.tree.map(lambda a, b, e: jnp.where(ok, jnp.where(calc_call, a, b), e),
                              calc_piece, lookup_piece, (jnp.pad(error_piece[0], (0, self.observation_length - 1),
                                                                 constant_values=vocab.pad_id), error_piece[1]))
-        return piece, calc_call | lookup_call, (calc_call | lookup_call) & ~ok
+        return piece, calc_call | lookup_call, (calc_call | lookup_call) & ~ok, (body, jnp.maximum(length - 1, 0)), calc
 
     def _lookup_table(self, problem) -> jax.Array:
         return jnp.zeros((1,), jnp.int32)
@@ -373,17 +374,25 @@ class ToolTask(MultiTurnTask):
     def start(self, problem):
         return jnp.int32(0), jnp.int32(0)
 
+    def _next_state(self, problem, state, call, error, body, calc):
+        """The state after a turn (`call`, `error`: it called a tool, and failed; `body`: the call's (ids, length),
+        `calc`: their Calculation). Default: the tool calls so far."""
+        return state + call
+
+    def _calls(self, state) -> jax.Array:
+        """The tool calls so far in `state`: the anchor (the state an answer is given in)."""
+        return state
+
     def respond(self, problem, state, turn, turn_index, vocab):
-        (observation, obs_length), call, error = self._tool_reply(problem, turn, vocab)
+        (observation, obs_length), call, error, body, calc = self._tool_reply(problem, turn, vocab)
         correct, well_formed = self._check(problem, turn, vocab)
         answered = ~call
         observation = jnp.where(answered, jnp.full_like(observation, vocab.pad_id).at[0].set(
             vocab.id_of("=") * correct + vocab.id_of(ERROR) * ~correct), observation)
         obs_length = jnp.where(answered, 1, obs_length)
-        # the anchor: how many tool calls so far (the state an answer is given in)
-        calls = state + call
-        return Reply(calls, observation, obs_length, (answered & correct).astype(jnp.float32), answered,
-                     jnp.where(call, ~error, well_formed), call, error, answered & correct, calls)
+        state = self._next_state(problem, state, call, error, body, calc)
+        return Reply(state, observation, obs_length, (answered & correct).astype(jnp.float32), answered,
+                     jnp.where(call, ~error, well_formed), call, error, answered & correct, self._calls(state))
 
 
 _KEYS = "abcdefghij"
@@ -422,14 +431,12 @@ class CountdownTools(ToolTask):
         piece (ids [T], length)); anchor: the calls."""
         return (jnp.int32(0), jnp.bool_(False), jnp.zeros((self.turn_length,), jnp.int32), jnp.int32(0)), jnp.int32(0)
 
-    def respond(self, problem, state, turn, turn_index, vocab):
-        reply = super().respond(problem, state[0], turn, turn_index, vocab)
-        length, _ = render.before_eos(turn, vocab.eos_id)
-        slots = jnp.arange(self.turn_length)
-        expression = jnp.where(slots < length - 1, jnp.roll(turn, -1), vocab.pad_id)  # the check without '#'
-        right, _ = self._check(problem, jnp.where(slots == length - 1, vocab.eos_id, expression), vocab)
-        hit = reply.tool_call & ~reply.tool_error & right
-        return reply.replace(state=(reply.state, hit, expression, jnp.maximum(length - 1, 0)))
+    def _next_state(self, problem, state, call, error, body, calc):
+        hit = call & ~error & countdown_right(problem, calc, self.base.use_all)  # (the check, answered, is right)
+        return (state[0] + call, hit, *body)
+
+    def _calls(self, state):
+        return state[0]
 
     def demonstrate(self, problem, state, turn_index, vocab):
         """Without the calculator, the reference expression. With it, a search: the demonstration checks candidate
@@ -498,7 +505,12 @@ def countdown_answer(problem: Problems, turn: jax.Array, vocab: Vocab, use_all: 
     it reaches the target by the rule (`tools.uses_given_numbers`), and it parses."""
     length, _ = render.before_eos(turn, vocab.eos_id)
     calc = tools.calculator(turn, length, vocab)
-    return _reaches(calc, problem.target) & tools.uses_given_numbers(calc, problem.numbers, use_all), ~calc.error
+    return countdown_right(problem, calc, use_all), ~calc.error
+
+
+def countdown_right(problem: Problems, calc: tools.Calculation, use_all: bool = False) -> jax.Array:
+    """An expression's Calculation answers the Countdown problem: it reaches the target by the rule."""
+    return _reaches(calc, problem.target) & tools.uses_given_numbers(calc, problem.numbers, use_all)
 
 
 class Lookup(ToolTask):
