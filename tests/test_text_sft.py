@@ -117,6 +117,12 @@ def test_a_roll_in_starts_demonstrations_from_the_learner_s_own_first_turn():
     assert not imitated[rolled_in][:, turn_of == 0].any()
     expected = np.asarray(task.imitated_slots(jnp.asarray(answers), vocab)) & (turn_of > 0)
     np.testing.assert_array_equal(imitated[rolled_in], expected[rolled_in])
+    # Actors of one policy (one per seed, in an evaluation) share its compiled episode program; greedy play is
+    # deterministic
+    problems = jax.tree.map(lambda x: x[:4], task.sample(key, config.num_prompts, "train"))
+    first, second = policy.actor(params).play(problems), policy.actor(params).play(problems)
+    np.testing.assert_array_equal(first, second)
+    assert policy.played._cache_size() == 1
 
     config.task.name = "addition"
     with pytest.raises(ValueError, match=r"sft.roll_in = 0.5: a roll-in is for the multi-turn tasks.*'addition' is "

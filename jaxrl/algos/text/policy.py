@@ -271,6 +271,22 @@ class TextPolicy:
         """One run's model as a jitted function of prompts (`TextActor`)."""
         return TextActor(self, params)
 
+    # The actors' programs, compiled once per policy (not per actor: an evaluation that makes an actor per seed
+    # compiles each once). A temperature of 0 is greedy; the key is then unused.
+    @jit_method(static_argnums=(4,))
+    def answers(self, params, prompts: jax.Array, key: jax.Array, temperature: float) -> jax.Array:
+        """One completion [B, N] per prompt [B, P] of a single-answer task."""
+        return sampling.sample(self.model, params, prompts, key, temperature=temperature,
+                               max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
+                               pad_id=self.vocab.pad_id).tokens
+
+    @jit_method
+    def played(self, params, problems, key: jax.Array, temperature: jax.Array) -> jax.Array:
+        """One episode [B, N] (slot layout) per problem [B] of a multi-turn task."""
+        return multi_turn.play(self.model, params, self.task, self.vocab, problems,
+                               self.task.prompts(problems, self.vocab), jax.random.split(key, problems.target.shape[0]),
+                               group_size=1, temperature=temperature).tokens[:, 0]
+
     def init_params(self, key: jax.Array):
         tokens = jnp.zeros((1, self.model.config.max_len), jnp.int32)
         return self.model.init(key, tokens, jnp.zeros_like(tokens), jnp.ones_like(tokens, bool))
@@ -390,29 +406,21 @@ class TextActor:
 
     def __init__(self, policy: TextPolicy, params):
         self.params, self.task, self.tokenizer, self.policy = params, policy.task, policy.tokenizer, policy
-        vocab = policy.vocab
-        decoding = dict(max_new_tokens=self.task.answer_length, eos_id=vocab.eos_id, pad_id=vocab.pad_id)
-        self._greedy = jax.jit(lambda params, prompts: sampling.sample(
-            policy.model, params, prompts, jax.random.PRNGKey(0), temperature=0.0, **decoding).tokens)
-        self._sampled = jax.jit(lambda params, prompts, key: sampling.sample(
-            policy.model, params, prompts, key, temperature=1.0, **decoding).tokens)
-        self._play = jax.jit(lambda params, problems, key, temperature: multi_turn.play(
-            policy.model, params, self.task, vocab, problems, self.task.prompts(problems, vocab),
-            jax.random.split(key, problems.target.shape[0]), group_size=1, temperature=temperature).tokens[:, 0])
 
     def __call__(self, prompts: jax.Array, key: jax.Array | None = None) -> jax.Array:
         if self.policy.multi_turn:
             raise ValueError(f"{self.task.name} is played over turns against its environment: "
                              "actor.play(problems) plays its episodes")
-        return self._greedy(self.params, prompts) if key is None else self._sampled(self.params, prompts, key)
+        return self.policy.answers(self.params, prompts, jax.random.PRNGKey(0) if key is None else key,
+                                   0.0 if key is None else 1.0)
 
     def play(self, problems, key: jax.Array | None = None) -> jax.Array:
         """A multi-turn task's episodes [B, N] (slot layout) of `problems` [B]: greedy without `key`, else sampled at
         temperature 1."""
         if not self.policy.multi_turn:
             raise ValueError(f"{self.task.name} is answered in one turn: actor(prompts) answers it")
-        temperature = 0.0 if key is None else 1.0
-        return self._play(self.params, problems, jax.random.PRNGKey(0) if key is None else key, temperature)
+        return self.policy.played(self.params, problems, jax.random.PRNGKey(0) if key is None else key,
+                                  0.0 if key is None else 1.0)
 
     def complete(self, texts: list[str], key: jax.Array | None = None) -> list[str]:
         """The answers to prompt strings (laid out as the task's prompts: BOS, text, padded on the left; for a
