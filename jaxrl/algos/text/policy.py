@@ -411,21 +411,24 @@ class TextActor:
         if self.policy.multi_turn:
             raise ValueError(f"{self.task.name} is played over turns against its environment: "
                              "actor.play(problems) plays its episodes")
-        return self.policy.answers(self.params, prompts, jax.random.PRNGKey(0) if key is None else key,
-                                   0.0 if key is None else 1.0)
+        return self.policy.answers(self.params, prompts, *_key_and_temperature(key))
 
     def play(self, problems, key: jax.Array | None = None) -> jax.Array:
         """A multi-turn task's episodes [B, N] (slot layout) of `problems` [B]: greedy without `key`, else sampled at
         temperature 1."""
         if not self.policy.multi_turn:
             raise ValueError(f"{self.task.name} is answered in one turn: actor(prompts) answers it")
-        return self.policy.played(self.params, problems, jax.random.PRNGKey(0) if key is None else key,
-                                  0.0 if key is None else 1.0)
+        return self.policy.played(self.params, problems, *_key_and_temperature(key))
 
     def complete(self, texts: list[str], key: jax.Array | None = None) -> list[str]:
         """The answers to prompt strings (laid out as the task's prompts: BOS, text, padded on the left; for a
         pretrained model each string is a question, posed through its chat template)."""
         return self.policy.decode(self(jnp.asarray(self.policy.encode_prompts(texts)), key))
+
+
+def _key_and_temperature(key: jax.Array | None) -> tuple[jax.Array, float]:
+    """An actor's decoding: greedy without a key (any key then: it is unused), else sampled at temperature 1."""
+    return (jax.random.PRNGKey(0), 0.0) if key is None else (key, 1.0)
 
 
 def text_algorithm(settings, mesh, policy: TextPolicy, init, update, parts, init_from_params=None,
