@@ -14,7 +14,9 @@ the reward models start from it too:
 1. Countdown (3 numbers): SFT on 640,000 demonstrations; a reward model started from the SFT run (its body under a
    fresh value head) and trained on 640,000 of the SFT policy's labelled completions (Bradley-Terry, 3 seeds):
    held-out ranking accuracy. (Probes on 2 cores, 1 seed: from the SFT run, 128,000 completions gave 0.70-0.74;
-   4 layers from scratch, 64,000, gave 0.66-0.69: depth alone did not help at that budget.)
+   4 layers from scratch, 64,000, gave 0.66-0.69: depth alone did not help at that budget.) Beside it, a verifier
+   that calls the calculator (`reward_model.critique_by=calculator`: the completion's value written by the tool,
+   the goal shown after it, the verdict learned from the same labels), 128,000 completions, 3 seeds.
 2. GRPO from the SFT run for 64,000 completions, 3 seeds, with the verifier's reward and with the reward model's
    alone (reward.model_weight=1): held-out greedy accuracy gained over the SFT run, and the learned reward against
    the verifier's during training (the plot).
@@ -58,6 +60,10 @@ JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 RUNS = {
     "sft": ("text_sft.py:countdown", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
     "orm": ("text_reward_model.py:countdown", "sft", ["--config.total_steps=640000", *JUDGE]),
+    # the verdict read after the calculator's value of the completion (a tool call; only the verdict is learned)
+    "orm_calculator": ("text_reward_model.py:countdown", "sft", [
+        "--config.total_steps=128000", "--config.reward_model.objective=generative",
+        "--config.reward_model.critique_by=calculator", *JUDGE]),
     "grpo_verifier": ("text_grpo.py:countdown", "sft", GRPO),
     "grpo_learned": ("text_grpo.py:countdown", "sft", [*GRPO, "--config.reward.model_weight=1.0"]),
     "sft_judge": ("text_sft.py:countdown_judge", None, ["--config.total_steps=6400", "--config.eval.pass_k=0"]),
@@ -117,7 +123,7 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
 
 
 # section -> the runs it reports (`report.publish_sections`)
-SECTIONS = {"orm": ["orm"], "reward_model_grpo": ["sft", "grpo_verifier", "grpo_learned"],
+SECTIONS = {"orm": ["orm", "orm_calculator"], "reward_model_grpo": ["sft", "grpo_verifier", "grpo_learned"],
             "critique_rl": ["sft_judge", "grpo_judge"],
             "refinement": ["sft_refine", "sft_revise", "grpo_refine", "grpo_revise"],
             "reranking": ["sft_steps", "prm_steps", "orm_steps"]}
@@ -126,11 +132,11 @@ SECTIONS = {"orm": ["orm"], "reward_model_grpo": ["sft", "grpo_verifier", "grpo_
 def section_lines(runs_dir: str, name: str) -> list[str]:
     """Section `name`'s heading and tables, from the runs in `runs_dir`."""
     if name == "orm":
-        orm = evaluated(runs_dir, "orm", episodes=512)
-        return ["### An outcome reward model's ranking (Countdown, held-out)", markdown_table(
-            ["metric", "value"], [[key, fmt_ci(seed_values(orm, key), (0, 1))] for key in
-                                  ("eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n",
-                                   "eval_sampled_accuracy")])]
+        models = [evaluated(runs_dir, run, episodes=512) for run in ("orm", "orm_calculator")]
+        return ["### Outcome reward models' ranking (Countdown, held-out)", markdown_table(
+            ["metric", "Bradley-Terry, 640,000 completions", "the verdict after the calculator's value, 128,000"],
+            [[key, *(fmt_ci(seed_values(model, key), (0, 1)) for model in models)] for key in
+             ("eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n", "eval_sampled_accuracy")])]
     if name == "reward_model_grpo":
         sft = evaluated(runs_dir, "sft")["eval_accuracy"]
         gains = {run: np.asarray(seed_values(evaluated(runs_dir, run), "eval_accuracy")) - sft

@@ -40,6 +40,10 @@ from envs.text import judge
 from jaxrl import sampling
 
 OBJECTIVES = ("pairwise", "pointwise", "implicit", "process", "generative")
+# Who writes a generative reward model's critique (the completion's value): the model itself (taught by the task's
+# calculator), or the calculator, a tool the verifier calls (CRITIC's tool-interactive critiquing): only the verdict
+# is then learned.
+CRITICS = ("model", "calculator")
 
 
 def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -159,12 +163,13 @@ class Scorer:
     step_ends: object = None  # process models: completions [..., N] -> bool [..., N] (the task's `step_ends`)
     vocab: object = None  # generative models: the `envs.text.Vocab` their critiques are written in
     goal_width: int = 0  # generative models: slots of the goal hidden from the critique, shown after it (0: none)
+    critique_by: str = "model"  # generative models: who writes the critique (`CRITICS`)
 
     @classmethod
-    def of(cls, model, objective: str, beta: float, task, vocab) -> "Scorer":
+    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str = "model") -> "Scorer":
         """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
         step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
-        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task))
+        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task), critique_by)
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
@@ -204,20 +209,25 @@ class Scorer:
 
     def critique(self, variables: dict, seen: jax.Array, goals: tuple[jax.Array, jax.Array],
                  completions: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Each completion [B, G, N] opened (`judge.opening`) and continued greedily by the model after the prompts
-        as it sees them, seen [B, P], then its prompt's goal shown (`judge.closing`; goals: ids [B, w], lengths
-        [B]) -> (tokens int32 [B, G, W], mask float32 [B, G, W]), W = N + C + w: what `verdicts` reads. No gradient
-        flows through the decoding."""
+        """Each completion [B, G, N] with its critique, then its prompt's goal shown (`judge.closing`; goals: ids
+        [B, w], lengths [B]) -> (tokens int32 [B, G, W], mask float32 [B, G, W]), W = N + C + w: what `verdicts`
+        reads. The model's critique: the completion opened (`judge.opening`) and continued greedily after the prompts
+        as it sees them, seen [B, P] (no gradient flows through the decoding); the calculator's: the completion's
+        value as it computes it (`judge.value_critique`)."""
         B, G, _ = completions.shape
-        forced, forced_len = jax.vmap(jax.vmap(functools.partial(judge.opening, vocab=self.vocab)))(completions)
-        flat = lambda x: x.reshape(B * G, *x.shape[2:])  # noqa: E731
-        samples = sampling.sample_groups_per_prompt(
-            self.model, {"params": jax.lax.stop_gradient(variables["params"])}, jnp.repeat(seen, G, axis=0),
-            jax.random.split(jax.random.key(0), B * G), group_size=1, max_new_tokens=forced.shape[-1],
-            eos_id=self.vocab.eos_id, pad_id=self.pad_id, temperature=0.0, forced=flat(forced),
-            forced_len=flat(forced_len))
+        if self.critique_by == "calculator":
+            critiques = jax.vmap(jax.vmap(lambda c: judge.value_critique(c, self.vocab)[0]))(completions)
+        else:
+            forced, forced_len = jax.vmap(jax.vmap(functools.partial(judge.opening, vocab=self.vocab)))(completions)
+            flat = lambda x: x.reshape(B * G, *x.shape[2:])  # noqa: E731
+            samples = sampling.sample_groups_per_prompt(
+                self.model, {"params": jax.lax.stop_gradient(variables["params"])}, jnp.repeat(seen, G, axis=0),
+                jax.random.split(jax.random.key(0), B * G), group_size=1, max_new_tokens=forced.shape[-1],
+                eos_id=self.vocab.eos_id, pad_id=self.pad_id, temperature=0.0, forced=flat(forced),
+                forced_len=flat(forced_len))
+            critiques = samples.tokens.reshape(B, G, -1)
         close = lambda critique, goal: judge.closing(critique, goal, self.vocab)  # noqa: E731
-        tokens, length = jax.vmap(jax.vmap(close, (0, None)))(samples.tokens.reshape(B, G, -1), goals)
+        tokens, length = jax.vmap(jax.vmap(close, (0, None)))(critiques, goals)
         return tokens, (jnp.arange(tokens.shape[-1]) < length[..., None]).astype(jnp.float32)
 
     def token_rewards(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:

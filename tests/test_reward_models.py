@@ -365,6 +365,36 @@ def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(count
     assert model.vocab.id_of(">") not in np.asarray(seen).tolist()[0]
 
 
+def test_a_verifier_that_calls_the_calculator_learns_only_its_verdict(countdown_sft_run, tmp_path):
+    """reward_model.critique_by=calculator: the critique is the calculator's value of the completion (the tool call
+    of CRITIC), the verdict is read after it and learned from the outcome labels alone."""
+    config = reward_model_config(countdown_sft_run, 1_536)
+    config.reward_model.objective, config.reward_model.critique_by = "generative", "calculator"
+    config.optim.learning_rate = 3e-3
+    config.log.every_steps, config.eval.episodes = 512, 16
+    rows = train.run(config, str(tmp_path / "run")).metrics
+    first, last = rows[0], rows[-1]
+    assert "critique_loss" not in last and last["loss"] == last["verdict_loss"]
+    assert last["verdict_loss"] < first["verdict_loss"] - 0.05
+    # the critique is the calculator's exact value, whatever the model's parameters; a completion that is not an
+    # expression gets none; the goal is shown after it
+    algo, _ = algos.build(algos.saved_config(str(tmp_path / "run" / "config.json")), mesh_lib.make_mesh(),
+                          run_dir=str(tmp_path / "run"))
+    model = algo.parts
+    problems = model.task.heldout(3, seed=model.eval_seed)
+    prompts = model.task.prompts(problems, model.vocab)
+    completions = jnp.stack([_ids(model.vocab, text, 8) for text in ("12+30$", "(7-3)/8$", "1+$")])[:, None]
+    params = jax.tree.map(lambda x: x[0], start_params(str(tmp_path / "run")))
+    _, tokens, _ = jax.jit(model.whole_scorer.critiqued)(scoring(params, "generative"), prompts, completions)
+    targets = [str(int(t)) for t in problems.target]
+    assert [model.vocab.text(t) for t in np.asarray(tokens)[:, 0]] == [
+        f"12+30=42>{targets[0]}", f"(7-3)/8=1/2>{targets[1]}", f"1+=>{targets[2]}"]
+    # refused on any other objective
+    with pytest.raises(ValueError, match="reward_model.critique_by=calculator: only a generative reward model writes "
+                                         "a critique; reward_model.objective is pairwise"):
+        algos.validate(set_keys(config, {"reward_model.objective": "pairwise"}))
+
+
 def test_a_generative_model_on_answers_that_are_not_expressions_is_refused_before_compiling():
     config = load_experiment("text_reward_model", "countdown_steps")
     config.init_from, config.reward_model.objective = "runs/sft", "generative"

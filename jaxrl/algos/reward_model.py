@@ -56,6 +56,10 @@ SAMPLER = Knob("reward_model.sampler", "", "the text run (SFT or GRPO) whose com
                "judge; '': init_from, whose weights the reward model then also starts from")
 CRITIQUE_WEIGHT = Knob("reward_model.critique_weight", 1.0, "generative reward models: the critique's cross-entropy "
                        "beside the verdict's", minimum=0.0)
+CRITIQUE_BY = Knob("reward_model.critique_by", "model", "generative reward models: who writes the critique (the "
+                   "completion's value): model (the reward model, taught by the task's calculator) or calculator (the "
+                   "calculator as a tool the verifier calls, as in CRITIC; only the verdict is learned)",
+                   choices=reward_models.CRITICS)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -71,6 +75,7 @@ class RewardModelSettings:
     beta: float = BETA.field()
     continuations: int = CONTINUATIONS.field()
     critique_weight: float = CRITIQUE_WEIGHT.field()
+    critique_by: str = CRITIQUE_BY.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -118,7 +123,8 @@ class RewardModel:
         self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
-        self.scorer = reward_models.Scorer.of(self.model, settings.objective, settings.beta, self.task, self.vocab)
+        self.scorer = reward_models.Scorer.of(self.model, settings.objective, settings.beta, self.task, self.vocab,
+                                              settings.critique_by)
         self.whole_scorer = dataclasses.replace(self.scorer, model=policy.model)
 
     def optimizer(self, hp, update_step):
@@ -162,15 +168,16 @@ class RewardModel:
             loss = reward_models.pointwise_loss(values, batch.step_labels, axis_name=DATA_AXIS,
                                                 where=batch.step_slots)
             scores = reward_models.weakest_step(values, batch.step_slots)
-        elif self.settings.objective == "generative":  # the verdict after its own critique; the critique taught
+        elif self.settings.objective == "generative":  # the verdict after the critique; the model's critique taught
             scores = self.scorer.verdicts(scoring(params, "generative"), prompts, tokens, mask)
-            verdict_loss = reward_models.pointwise_loss(scores, labels, axis_name=DATA_AXIS)
-            log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), prompts,
-                                                    batch.taught, batch.taught_real, self.vocab.pad_id)
-            critique_loss = reward_models.critique_loss(log_probs, batch.taught_critique, axis_name=DATA_AXIS)
-            loss = verdict_loss + self.settings.critique_weight * critique_loss
-            extra = {"verdict_loss": verdict_loss, "critique_loss": critique_loss,
-                     "critique_exact": engine.global_mean(batch.critique_exact)}
+            loss = verdict_loss = reward_models.pointwise_loss(scores, labels, axis_name=DATA_AXIS)
+            extra = {"verdict_loss": verdict_loss}
+            if batch.taught is not None:
+                log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), prompts,
+                                                        batch.taught, batch.taught_real, self.vocab.pad_id)
+                critique_loss = reward_models.critique_loss(log_probs, batch.taught_critique, axis_name=DATA_AXIS)
+                loss = verdict_loss + self.settings.critique_weight * critique_loss
+                extra.update(critique_loss=critique_loss, critique_exact=engine.global_mean(batch.critique_exact))
         else:
             scores = self.scorer(scoring(params, self.settings.objective), prompts, tokens, mask)
             loss = reward_models.objective_loss(self.settings.objective, scores, labels, axis_name=DATA_AXIS)
@@ -232,10 +239,13 @@ class RewardModel:
         if self.settings.objective == "generative":
             seen, goals = self.scorer.judged_prompts(prompts)  # (the goal hidden while the critique is written)
             own, own_mask = self.scorer.critique(scoring(state.params, "generative"), seen, goals, samples.tokens)
-            taught, real, critique = self.taught_critiques(samples.tokens)
-            closed, _ = jax.vmap(jax.vmap(functools.partial(judge.closing, vocab=self.vocab), (0, None)))(taught, goals)
-            batch = batch._replace(prompts=seen, tokens=own, mask=own_mask, taught=taught, taught_real=real,
-                                   taught_critique=critique, critique_exact=jnp.all(own == closed, axis=-1))
+            batch = batch._replace(prompts=seen, tokens=own, mask=own_mask)
+            if self.settings.critique_by == "model":
+                taught, real, critique = self.taught_critiques(samples.tokens)
+                closed, _ = jax.vmap(jax.vmap(functools.partial(judge.closing, vocab=self.vocab), (0, None)))(
+                    taught, goals)
+                batch = batch._replace(taught=taught, taught_real=real, taught_critique=critique,
+                                       critique_exact=jnp.all(own == closed, axis=-1))
         optimizer = self.optimizer(hp, state.update_step)
         params, opt_state, metrics = gradient_step(self.loss, optimizer, state.params, state.opt_state, batch, hp)
         return TextState(params, opt_state, key, state.update_step + 1), metrics
@@ -273,8 +283,8 @@ class RewardModel:
         """`scored_completions.txt`: held-out problems, the sampler's completions, their scores and labels."""
         scores, labels, tokens = jax.device_get(self._heldout(params, jax.random.key(seed), num))
         problems = self.task.heldout(num, seed=self.eval_seed)
-        what = ("completion=the model's critique (the goal shown after it)" if self.settings.objective == "generative"
-                else "completion")
+        what = (f"completion=the {self.settings.critique_by}'s critique (the goal shown after it)"
+                if self.settings.objective == "generative" else "completion")
         lines = [f"# {num} held-out problems, {self.settings.group_size} sampled completions each: score "
                  f"(sigmoid: the model's probability the completion is right), verifier label, {what}"]
         for i, (prompt, reference) in enumerate(self.task.texts(problems)):
@@ -375,6 +385,9 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
         raise ValueError(f"reward_model.objective=generative critiques an answer by its value: task.name="
                          f"{config.task.name}{' with a pretrained model' if config.model.name else ''} is not answered "
                          "by one arithmetic expression (addition, multiplication and countdown are)")
+    if config.reward_model.critique_by != CRITIQUE_BY.default and config.reward_model.objective != "generative":
+        raise ValueError(f"reward_model.critique_by={config.reward_model.critique_by}: only a generative reward model "
+                         f"writes a critique; reward_model.objective is {config.reward_model.objective}")
     if config.reward_model.objective == "process" and config.model.name:
         raise ValueError("reward_model.objective=process: pretrained models' chat replies are not split into steps "
                          "yet; train it on the small transformer")
