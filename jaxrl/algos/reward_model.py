@@ -95,8 +95,8 @@ def sampler(params) -> dict:
 class Labelled(NamedTuple):
     """One update's labelled completions: prompts [B, P] (generative models: their goal hidden); tokens, mask
     [B, G, N'] (generative models: each completion with the critique the model wrote after it); labels [B, G];
-    process models: step labels and their slots [B, G, N]; generative models: the taught critiques (tokens, real
-    slots, the critique's slots) [B, G, N + C] and whether the model's own matches. What an objective does not use
+    process models: step labels and their slots [B, G, N]; generative models whose critique the model writes: the
+    taught critiques (tokens, real slots, the critique's slots) [B, G, N + C] and whether the model's own matches. What an objective does not use
     is None."""
 
     prompts: jax.Array
