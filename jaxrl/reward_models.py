@@ -166,7 +166,7 @@ class Scorer:
     critique_by: str = "model"  # generative models: who writes the critique (`CRITICS`)
 
     @classmethod
-    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str = "model") -> "Scorer":
+    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str) -> "Scorer":
         """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
         step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
         return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task), critique_by)
@@ -216,7 +216,7 @@ class Scorer:
         value as it computes it (`judge.value_critique`)."""
         B, G, _ = completions.shape
         if self.critique_by == "calculator":
-            critiques = jax.vmap(jax.vmap(lambda c: judge.value_critique(c, self.vocab)[0]))(completions)
+            critiques, _, _ = self.calculator_critiques(completions)
         else:
             forced, forced_len = jax.vmap(jax.vmap(functools.partial(judge.opening, vocab=self.vocab)))(completions)
             flat = lambda x: x.reshape(B * G, *x.shape[2:])  # noqa: E731
@@ -226,6 +226,16 @@ class Scorer:
                 eos_id=self.vocab.eos_id, pad_id=self.pad_id, temperature=0.0, forced=flat(forced),
                 forced_len=flat(forced_len))
             critiques = samples.tokens.reshape(B, G, -1)
+        return self.closed(critiques, goals)
+
+    def calculator_critiques(self, completions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """The calculator's critiques of completions [B, G, N] (`judge.value_critique`): (ids [B, G, N + C], where each
+        critique starts [B, G], the total lengths [B, G])."""
+        return jax.vmap(jax.vmap(functools.partial(judge.value_critique, vocab=self.vocab)))(completions)
+
+    def closed(self, critiques: jax.Array, goals: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        """Critiques [B, G, N + C] (a completion, "=", the value, EOS) with their prompt's goal shown after them
+        (`judge.closing`; goals: ids [B, w], lengths [B]) -> (tokens int32 [B, G, W], mask float32 [B, G, W])."""
         close = lambda critique, goal: judge.closing(critique, goal, self.vocab)  # noqa: E731
         tokens, length = jax.vmap(jax.vmap(close, (0, None)))(critiques, goals)
         return tokens, (jnp.arange(tokens.shape[-1]) < length[..., None]).astype(jnp.float32)

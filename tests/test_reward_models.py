@@ -337,11 +337,17 @@ def test_a_reward_model_of_its_own_size_judges_another_run_s_samples(countdown_s
         algos.validate(set_keys(config, {"reward_model.objective": "implicit"}))
 
 
-def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(countdown_sft_run, tmp_path):
-    config = reward_model_config(countdown_sft_run, 1_536)
-    config.reward_model.objective = "generative"
+def generative_config(init_from: str, critique_by: str):
+    """A generative reward model's short run (12 updates) from `init_from`, its critique written by `critique_by`."""
+    config = reward_model_config(init_from, 1_536)
+    config.reward_model.objective, config.reward_model.critique_by = "generative", critique_by
     config.optim.learning_rate = 3e-3
     config.log.every_steps, config.eval.episodes = 512, 16
+    return config
+
+
+def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(countdown_sft_run, tmp_path):
+    config = generative_config(countdown_sft_run, "model")
     rows = train.run(config, str(tmp_path / "run")).metrics
     first, last = rows[0], rows[-1]
     # the critique (`a op b=value`) is taught by cross-entropy, the verdict read after the model's own critique:
@@ -368,10 +374,7 @@ def test_a_generative_reward_model_learns_its_critique_and_judges_after_it(count
 def test_a_verifier_that_calls_the_calculator_learns_only_its_verdict(countdown_sft_run, tmp_path):
     """reward_model.critique_by=calculator: the critique is the calculator's value of the completion (the tool call
     of CRITIC), the verdict is read after it and learned from the outcome labels alone."""
-    config = reward_model_config(countdown_sft_run, 1_536)
-    config.reward_model.objective, config.reward_model.critique_by = "generative", "calculator"
-    config.optim.learning_rate = 3e-3
-    config.log.every_steps, config.eval.episodes = 512, 16
+    config = generative_config(countdown_sft_run, "calculator")
     rows = train.run(config, str(tmp_path / "run")).metrics
     first, last = rows[0], rows[-1]
     assert "critique_loss" not in last and last["loss"] == last["verdict_loss"]

@@ -33,7 +33,6 @@ import optax
 from ml_collections import ConfigDict
 
 from envs import text
-from envs.text import judge
 from jaxrl import engine, files, knobs, mesh as mesh_lib, reward_models, sampling
 from jaxrl.algos import registry
 from jaxrl.algos.group import GROUP_SIZE
@@ -96,8 +95,8 @@ class Labelled(NamedTuple):
     """One update's labelled completions: prompts [B, P] (generative models: their goal hidden); tokens, mask
     [B, G, N'] (generative models: each completion with the critique the model wrote after it); labels [B, G];
     process models: step labels and their slots [B, G, N]; generative models whose critique the model writes: the
-    taught critiques (tokens, real slots, the critique's slots) [B, G, N + C] and whether the model's own matches. What an objective does not use
-    is None."""
+    taught critiques (tokens, real slots, the critique's slots) [B, G, N + C] and whether the model's own matches.
+    What an objective does not use is None."""
 
     prompts: jax.Array
     tokens: jax.Array
@@ -172,7 +171,7 @@ class RewardModel:
             scores = self.scorer.verdicts(scoring(params, "generative"), prompts, tokens, mask)
             loss = verdict_loss = reward_models.pointwise_loss(scores, labels, axis_name=DATA_AXIS)
             extra = {"verdict_loss": verdict_loss}
-            if batch.taught is not None:
+            if self.settings.critique_by == "model":
                 log_probs, _, _ = sampling.score_groups(self.model, scoring(params, "generative"), prompts,
                                                         batch.taught, batch.taught_real, self.vocab.pad_id)
                 critique_loss = reward_models.critique_loss(log_probs, batch.taught_critique, axis_name=DATA_AXIS)
@@ -188,7 +187,7 @@ class RewardModel:
     def taught_critiques(self, completions: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         """The critiques a generative model learns to write after completions [B, G, N] (`judge.value_critique`):
         (tokens int32, real float32, critique float32: the critique's own slots), each [B, G, N + C]."""
-        ids, start, total = jax.vmap(jax.vmap(functools.partial(judge.value_critique, vocab=self.vocab)))(completions)
+        ids, start, total = self.scorer.calculator_critiques(completions)
         slot = jnp.arange(ids.shape[-1])
         real = slot < total[..., None]
         return ids, real.astype(jnp.float32), (real & (slot >= start[..., None])).astype(jnp.float32)
@@ -242,8 +241,7 @@ class RewardModel:
             batch = batch._replace(prompts=seen, tokens=own, mask=own_mask)
             if self.settings.critique_by == "model":
                 taught, real, critique = self.taught_critiques(samples.tokens)
-                closed, _ = jax.vmap(jax.vmap(functools.partial(judge.closing, vocab=self.vocab), (0, None)))(
-                    taught, goals)
+                closed, _ = self.scorer.closed(taught, goals)
                 batch = batch._replace(taught=taught, taught_real=real, taught_critique=critique,
                                        critique_exact=jnp.all(own == closed, axis=-1))
         optimizer = self.optimizer(hp, state.update_step)
