@@ -17,9 +17,10 @@ the reward models start from it too:
    4 layers from scratch, 64,000, gave 0.66-0.69: depth alone did not help at that budget.) Beside it, a verifier
    that calls the calculator (`reward_model.critique_by=calculator`: the completion's value written by the tool,
    the goal shown after it, the verdict learned from the same labels), 128,000 completions, 3 seeds.
-2. GRPO from the SFT run for 64,000 completions, 3 seeds, with the verifier's reward and with the reward model's
-   alone (reward.model_weight=1): held-out greedy accuracy gained over the SFT run, and the learned reward against
-   the verifier's during training (the plot).
+2. GRPO from the SFT run for 64,000 completions, 3 seeds, with the verifier's reward and with the calculator
+   verifier's alone (`orm_calculator`, reward.model_weight=1): held-out accuracy, greedy and sampled, gained over the
+   SFT run, and the learned reward against the verifier's during training (the plot). (The Bradley-Terry model's
+   reward, 2026-11-30, was hacked: its GRPO run lost 0.41 of greedy accuracy while its learned reward rose.)
 3. Critique RL: a judge of Countdown solutions (`countdown_judge`: the candidate's value as its critique, then a
    verdict) warm-started by SFT on 6,400 demonstrations, then GRPO on the verdict's correctness for 128,000
    completions at learning rate 3e-4, 3 seeds: held-out judging accuracy before and after. (The rate from the runs'
@@ -27,7 +28,9 @@ the reward models start from it too:
    one warm start; 1e-4 0.785, the earlier 3-seed run from its own.)
 4. Critique-guided refinement (`countdown_refine`): SFT on 192,000 demonstration episodes (answer, truthful
    critique, revision to the reference), then GRPO for 32,000 episodes, 3 seeds, each role advantaged by its own
-   reward; the same without the critique turn (`critic=False`): the revision's held-out success, with and without.
+   reward; the same without the critique turn (`critic=False`), and with a critic that calls the calculator
+   (`critique_by=calculator`: the answer's value is the tool's, the verdict the critic's): the revision's held-out
+   success in each.
 5. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
    continuations) and an outcome reward model, each from the SFT run, on 256,000 labelled completions each; on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
@@ -55,6 +58,8 @@ JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--
 GRPO = ["--config.total_steps=64000", "--config.eval.every_steps=16000", "--config.eval.pass_k=0",
         f"--config.num_seeds={SEEDS}"]
 NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
+# the critic calls the calculator: its critique's value is the tool's, its verdict its own (episodes of 107 tokens)
+TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator", "--config.model.max_len=112"]
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 # name -> (experiment, init_from run or None, flags); in the order they run
 RUNS = {
@@ -75,12 +80,16 @@ RUNS = {
     "grpo_refine": ("text_grpo.py:countdown_refine", "sft_refine", [*GRPO[1:], "--config.total_steps=32000"]),
     "grpo_revise": ("text_grpo.py:countdown_refine", "sft_revise", [*GRPO[1:], "--config.total_steps=32000",
                                                                     *NO_CRITIC]),
+    "sft_refine_tool": ("text_sft.py:countdown_refine", None, ["--config.total_steps=192000", "--config.eval.pass_k=0",
+                                                               *TOOL_CRITIC]),
+    "grpo_refine_tool": ("text_grpo.py:countdown_refine", "sft_refine_tool", [
+        *GRPO[1:], "--config.total_steps=32000", *TOOL_CRITIC]),
     "sft_steps": ("text_sft.py:countdown_steps", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
     "prm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", [
         "--config.total_steps=256000", "--config.reward_model.objective=process", *JUDGE]),
     "orm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", ["--config.total_steps=256000", *JUDGE]),
 }
-REWARD_MODEL_OF = {"grpo_learned": "orm"}  # reward.model
+REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
 
 def train(runs_dir: str, name: str) -> None:
@@ -123,9 +132,11 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
 
 
 # section -> the runs it reports (`report.publish_sections`)
-SECTIONS = {"orm": ["orm", "orm_calculator"], "reward_model_grpo": ["sft", "grpo_verifier", "grpo_learned"],
+SECTIONS = {"orm": ["orm", "orm_calculator"],
+            "reward_model_grpo": ["sft", "orm_calculator", "grpo_verifier", "grpo_learned"],
             "critique_rl": ["sft_judge", "grpo_judge"],
-            "refinement": ["sft_refine", "sft_revise", "grpo_refine", "grpo_revise"],
+            "refinement": ["sft_refine", "sft_revise", "sft_refine_tool", "grpo_refine", "grpo_revise",
+                           "grpo_refine_tool"],
             "reranking": ["sft_steps", "prm_steps", "orm_steps"]}
 
 
@@ -138,17 +149,24 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
             [[key, *(fmt_ci(seed_values(model, key), (0, 1)) for model in models)] for key in
              ("eval_ranking_accuracy", "eval_label_accuracy", "eval_best_of_n", "eval_sampled_accuracy")])]
     if name == "reward_model_grpo":
-        sft = evaluated(runs_dir, "sft")["eval_accuracy"]
-        gains = {run: np.asarray(seed_values(evaluated(runs_dir, run), "eval_accuracy")) - sft
-                 for run in ("grpo_verifier", "grpo_learned")}
-        ratio = gains["grpo_learned"].mean() / max(gains["grpo_verifier"].mean(), 1e-9)
+        rows, shares = [], []
+        for sample, decoding in ((False, "greedy"), (True, "sampled at temperature 1")):
+            sft = evaluated(runs_dir, "sft", sample=sample)["eval_accuracy"]
+            gains = {run: np.asarray(seed_values(evaluated(runs_dir, run, sample=sample), "eval_accuracy")) - sft
+                     for run in ("grpo_verifier", "grpo_learned")}
+            rows.append([decoding, f"{sft:.3f}", fmt_ci(gains["grpo_verifier"]), fmt_ci(gains["grpo_learned"])])
+            if confidence_interval(gains["grpo_verifier"])[0] > 0:
+                shares.append(f"{decoding}: the reward model's run gains "
+                              f"{gains['grpo_learned'].mean() / gains['grpo_verifier'].mean():.2f} of the verifier's")
+            else:
+                shares.append(f"{decoding}: the verifier's own run gains nothing measurable (its interval reaches 0), "
+                              "so the share is undefined")
         return ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions",
-                markdown_table(["reward", "held-out greedy accuracy gained over SFT"],
-                               [["the verifier", fmt_ci(gains["grpo_verifier"])],
-                                ["the reward model alone", fmt_ci(gains["grpo_learned"])]]),
-                "", f"The reward model's run gains {ratio:.2f} of the verifier's." if confidence_interval(
-                    gains["grpo_verifier"])[1] > 0 else "The verifier's own run gains nothing measurable at this "
-                "budget (its interval holds 0), so the share is undefined.", "",
+                "The reward model is `orm_calculator` (the verdict after the calculator's value; each GRPO seed reads "
+                "the same seed of it), its sigmoid(score) the only reward (`reward.model_weight=1`). Held-out accuracy on 1,024 problems, "
+                "gained over the SFT run both start from:", "",
+                markdown_table(["decoding", "SFT", "gain, the verifier's reward", "gain, the reward model's alone"],
+                               rows), "", "; ".join(shares) + ".", "",
                 "![learned and true reward during GRPO](reward_models.png)"]
     if name == "critique_rl":
         before = evaluated(runs_dir, "sft_judge")["eval_accuracy"]
@@ -158,18 +176,19 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
                                                         ["then GRPO on the verdict, 128,000 completions (learning "
                                                          f"rate {JUDGE_LEARNING_RATE})", fmt_ci(after, (0, 1))]])]
     if name == "refinement":
+        runs = (("SFT, with the critique", "sft_refine"), ("SFT, without", "sft_revise"),
+                ("SFT, with the calculator's critique", "sft_refine_tool"), ("GRPO, with the critique", "grpo_refine"),
+                ("GRPO, without", "grpo_revise"), ("GRPO, with the calculator's critique", "grpo_refine_tool"))
+        summaries = {run: evaluated(runs_dir, run) for _, run in runs}
         return ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
                 "One model answers, critiques its answer (the value, then Y or N) and revises "
                 "(`countdown_refine`); the baseline revises without the critique turn (`critic=False`). "
                 "GRPO: 32,000 episodes, each role's turn advantaged by its own reward (CTRL's for the critic: "
-                "the revision's success).", "", markdown_table(
+                "the revision's success). With the calculator's critique (`critique_by=calculator`, CRITIC), the "
+                "critic calls the calculator on the answer and writes only its verdict.", "", markdown_table(
                     ["run", "first answer right", "revision right"],
-                    [[label, fmt_ci(seed_values(summary, "eval_turn1_reward"), (0, 1)),
-                      fmt_ci(seed_values(summary, "eval_success"), (0, 1))]
-                     for label, summary in (("SFT, with the critique", evaluated(runs_dir, "sft_refine")),
-                                            ("SFT, without", evaluated(runs_dir, "sft_revise")),
-                                            ("GRPO, with the critique", evaluated(runs_dir, "grpo_refine")),
-                                            ("GRPO, without", evaluated(runs_dir, "grpo_revise")))])]
+                    [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
+                      fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
     picked = reranking(runs_dir)
     return ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)",
             markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()])]

@@ -41,9 +41,8 @@ from jaxrl import sampling
 
 OBJECTIVES = ("pairwise", "pointwise", "implicit", "process", "generative")
 # Who writes a generative reward model's critique (the completion's value): the model itself (taught by the task's
-# calculator), or the calculator, a tool the verifier calls (CRITIC's tool-interactive critiquing): only the verdict
-# is then learned.
-CRITICS = ("model", "calculator")
+# calculator), or the calculator (only the verdict is then learned).
+CRITICS = judge.CRITICS
 
 
 def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:

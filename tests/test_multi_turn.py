@@ -368,6 +368,42 @@ def test_a_refinement_episode_routes_each_role_its_reward(critic_reward):
     np.testing.assert_allclose(per_turn[:, 1], (critic - critic.mean()) / (critic.std() + 1e-6), rtol=1e-5)
 
 
+def test_a_critic_that_calls_the_calculator_reads_the_answer_s_value_and_writes_its_verdict():
+    """countdown_refine with critique_by="calculator" (CRITIC's tool-interactive critiquing): after the first answer
+    the environment writes "?" and the calculator's value of it (nothing after a malformed answer, and after no
+    other turn); the critic's turn is its verdict alone, rewarded as before; the demonstrator's critique is the
+    verdict."""
+    task = text.make_task("countdown_refine", num_numbers=2, critique_by="calculator")
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    problem = task.sample(jax.random.key(0), 1, "train")
+    a, b = (int(x) for x in np.asarray(problem.numbers[0]))
+    target = int(problem.target[0])
+    expressions = (f"{a}+{b}", f"{a}-{b}", f"{b}-{a}", f"{a}*{b}")
+    right = next(e for e in expressions if eval(e) == target)
+    wrong = next(e for e in expressions if eval(e) != target)
+    one = jax.tree.map(lambda x: x[0], problem)
+    state, _ = task.start(one)
+    respond = jax.jit(lambda turn, index: task.respond(one, state, turn, index, vocab))
+    assert _observation(respond(_turn(task, vocab, wrong), 0), vocab) == f"?={eval(wrong)}"
+    assert _observation(respond(_turn(task, vocab, "+*"), 0), vocab) == "?"  # no expression: no value
+    assert _observation(respond(_turn(task, vocab, "N"), 1), vocab) == "!"
+    cases = {  # (answer, verdict, revision) -> rewards by turn (CTRL's critic reward: the revision's success)
+        "wrong, judged wrong, revised right": ((wrong, "N", right), (0, 1, 1)),
+        "right, judged wrong, revised wrong": ((right, "N", wrong), (1, 0, 0)),
+        "right, judged right, kept": ((right, "Y", right), (1, 1, 1)),
+    }
+    episodes = np.stack([_refinement(task, vocab, turns) for turns, _ in cases.values()])
+    outcome = task.replay(jax.tree.map(lambda x: np.repeat(x, len(cases), axis=0), problem), episodes, vocab)
+    np.testing.assert_array_equal(outcome["reward"], np.array([case[1] for case in cases.values()], np.float32))
+    demonstration = np.asarray(task.reference_answers(problem, vocab))[0]
+    critique = demonstration[task.turn_span:task.turn_span + task.turn_length]
+    assert vocab.tokens[int(critique[0])] in "YN" and int(critique[1]) == vocab.eos_id, critique
+    with pytest.raises(ValueError, match="critique_by must be one of model, calculator, got 'oracle'"):
+        text.make_task("countdown_refine", critique_by="oracle")
+    with pytest.raises(ValueError, match="no critic's turn with critic=False"):
+        text.make_task("countdown_refine", critique_by="calculator", critic=False)
+
+
 def test_gigpo_on_a_hand_worked_group():
     # One group of two episodes of up to 3 turns; anchors: both start in state 0, both reach state 5 (episode 0 at
     # turn 1, episode 1 at turn 2), episode 1 passes state 7 at turn 1.

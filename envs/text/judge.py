@@ -22,6 +22,11 @@ from envs.text.tokenizer import ALPHABET, Vocab
 VERDICTS = "YN"  # right, wrong
 
 
+# Who writes a critique's value of a Countdown expression: the model itself, or the calculator, a tool the critic
+# calls (CRITIC, Gou et al. 2024: tool-interactive critiquing), the critic then writing only its verdict.
+CRITICS = ("model", "calculator")
+
+
 class CountdownJudge(Task):
     """Judge a candidate Countdown solution (see the module docstring). Rewards: correct (the verdict, the last
     character before EOS, is the truth) and well_formed (the reply ends in a verdict)."""

@@ -7,7 +7,10 @@ Zhang et al. 2025). The actor answers, the critic judges the answer, the actor r
 `countdown_refine` turns, each ended by EOS (`|` above) and answered by one environment token:
 - turn 0, the actor: an expression, answered `?` (the critic's turn);
 - turn 1, the critic: the answer's value and a verdict, Y (it reaches the target by the rules) or N, answered `!`
-  (revise); with `critic=False` there is no such turn (revision without a critique, the baseline);
+  (revise); with `critic=False` there is no such turn (revision without a critique, the baseline). With
+  `critique_by="calculator"` the critic calls the calculator (CRITIC, Gou et al. 2024: tool-interactive critiquing):
+  the environment writes the answer's value after `?` (`?=6`; nothing where it is no expression), and the critic's
+  turn is its verdict alone;
 - the last turn, the actor again: the revised (or repeated) expression, which ends the episode.
 
 Each turn's reward is its role's (`credit`), so turn-level advantages with no discount between turns
@@ -28,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.text import render, tools
-from envs.text.judge import CRITIQUE_MAGNITUDE, VERDICTS, CountdownJudge
+from envs.text.judge import CRITICS, CRITIQUE_MAGNITUDE, OPENING, VERDICTS, CountdownJudge
 from envs.text.tasks import TASKS
 from envs.text.tokenizer import ALPHABET, Vocab
 from envs.text.turns import ERROR, MULTI_TURN_TASKS, MultiTurnTask, Reply, countdown_answer
@@ -49,20 +52,31 @@ class CountdownRefine(MultiTurnTask):
 
     def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
                  max_target: int = 100, critic: bool = True, critic_reward: str = "revision",
-                 wrong_share: float = 0.5, split_seed: int = 0):
+                 critique_by: str = "model", wrong_share: float = 0.5, split_seed: int = 0):
         super().__init__(split_seed)
         if critic_reward not in CRITIC_REWARDS:
             raise ValueError(f"critic_reward must be one of {', '.join(CRITIC_REWARDS)}, got {critic_reward!r}")
+        if critique_by not in CRITICS:
+            raise ValueError(f"critique_by must be one of {', '.join(CRITICS)}, got {critique_by!r}")
+        if critique_by != "model" and not critic:
+            raise ValueError(f"critique_by={critique_by!r} writes the critic's value: there is no critic's turn "
+                             "with critic=False")
         self.judge = CountdownJudge(num_numbers, min_number, max_number, min_target, max_target, wrong_share,
                                     split_seed)
         self.base = self.judge.base
-        self.critic, self.critic_reward = bool(critic), critic_reward
+        self.critic, self.critic_reward, self.critique_by = bool(critic), critic_reward, critique_by
         self.roles = type(self).roles if self.critic else ("actor", "actor")
         self.max_turns = len(self.roles)
         self.value_width = tools.value_width(CRITIQUE_MAGNITUDE)
         self.prompt_length = self.base.prompt_length
         self.turn_length = max(self.base.expression_length, self.value_width + 1) + 1
-        self.observation_length = 1
+        # the cue, and with the calculator's critique "=" and the first answer's value after it
+        self.observation_length = 1 + (1 + self.value_width) * self.tool_critique
+
+    @property
+    def tool_critique(self) -> bool:
+        """Whether the calculator writes the critique's value (the critic only its verdict)."""
+        return self.critique_by == "calculator"
 
     @property
     def critic_turn(self) -> int:
@@ -89,11 +103,22 @@ class CountdownRefine(MultiTurnTask):
         reward = jnp.where(critiquing, verdict_right & (self.critic_reward == "verdict"), right)
         cue = jnp.where(last, jnp.where(right, vocab.id_of("="), vocab.id_of(ERROR)),
                         jnp.where((turn_index == 0) & self.critic, vocab.id_of(CRITIQUE), vocab.id_of(REVISE)))
-        observation, length = self._observe([render.token(cue)], vocab)
+        observation, length = self._observe([render.token(cue), *self._tool_value(turn, turn_index, vocab)], vocab)
         no = jnp.bool_(False)
         return Reply(jnp.where(turn_index == 0, right, state), observation, length, reward.astype(jnp.float32),
                      last, jnp.where(critiquing, verdict_formed, formed), no, no, last & right,
                      jnp.asarray(turn_index + 1, jnp.int32))
+
+    def _tool_value(self, turn, turn_index, vocab: Vocab) -> list:
+        """With the calculator's critique, after the first answer: "=" and its value (nothing where the answer is no
+        expression or its value is out of range); else nothing."""
+        if not self.tool_critique:
+            return []
+        calc = tools.calculator(turn, render.before_eos(turn, vocab.eos_id)[0], vocab)
+        written = (turn_index == 0) & ~calc.error & (jnp.abs(calc.numerator) < CRITIQUE_MAGNITUDE) & \
+            (calc.denominator < CRITIQUE_MAGNITUDE)
+        ids, length = tools.render_value(calc, self.value_width, vocab)
+        return [render.char(OPENING, vocab, written), (ids, jnp.where(written, length, 0))]
 
     def credit(self, turns: dict) -> dict:
         """CTRL's critic reward: the critic's turn earns the revision's success (known one turn later)."""
@@ -106,7 +131,7 @@ class CountdownRefine(MultiTurnTask):
         width = self.turn_length
         candidate = render.widen(self.judge.candidate(problem, vocab), width, vocab.pad_id)
         value, verdict = self.judge._answer_pieces(problem, vocab)  # the candidate's value and its verdict
-        critique = render.concat([value, verdict], width, vocab.pad_id)
+        critique = render.concat([verdict] if self.tool_critique else [value, verdict], width, vocab.pad_id)
         reference = render.widen(self.base._answer_pieces(problem, vocab)[0], width, vocab.pad_id)
         pick = [candidate, critique, reference] if self.critic else [candidate, reference]
         return jax.tree.map(lambda *xs: jnp.stack(xs)[jnp.asarray(turn_index)], *pick)
