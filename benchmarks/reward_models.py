@@ -155,7 +155,7 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
             gains = {run: np.asarray(seed_values(evaluated(runs_dir, run, sample=sample), "eval_accuracy")) - sft
                      for run in ("grpo_verifier", "grpo_learned")}
             rows.append([decoding, f"{sft:.3f}", fmt_ci(gains["grpo_verifier"]), fmt_ci(gains["grpo_learned"])])
-            if confidence_interval(gains["grpo_verifier"])[0] > 0:
+            if confidence_interval(gains["grpo_verifier"])[1] > 0:  # (mean, low, high): its low end
                 shares.append(f"{decoding}: the reward model's run gains "
                               f"{gains['grpo_learned'].mean() / gains['grpo_verifier'].mean():.2f} of the verifier's")
             else:
