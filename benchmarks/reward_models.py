@@ -48,7 +48,9 @@ import numpy as np
 from jaxrl.sweep import confidence_interval
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the experiments
 
+from experiments.text_sft import model_length  # noqa: E402
 from report import (evaluated, fmt_ci, markdown_table, publish_sections, run_rows, runs_arguments,  # noqa: E402
                     save_figure, seed_band, seed_values, train_run)
 
@@ -58,8 +60,9 @@ JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--
 GRPO = ["--config.total_steps=64000", "--config.eval.every_steps=16000", "--config.eval.pass_k=0",
         f"--config.num_seeds={SEEDS}"]
 NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
-# the critic calls the calculator: its critique's value is the tool's, its verdict its own (episodes of 107 tokens)
-TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator", "--config.model.max_len=112"]
+# the critic calls the calculator: its critique's value is the tool's, its verdict its own (longer episodes)
+TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator",
+               f"--config.model.max_len={model_length('countdown_refine', critique_by='calculator')}"]
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 # name -> (experiment, init_from run or None, flags); in the order they run
 RUNS = {
@@ -133,11 +136,20 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
 
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
-            "reward_model_grpo": ["sft", "orm_calculator", "grpo_verifier", "grpo_learned"],
+            "reward_model_grpo": ["sft", REWARD_MODEL_OF["grpo_learned"], "grpo_verifier", "grpo_learned"],
             "critique_rl": ["sft_judge", "grpo_judge"],
             "refinement": ["sft_refine", "sft_revise", "sft_refine_tool", "grpo_refine", "grpo_revise",
                            "grpo_refine_tool"],
             "reranking": ["sft_steps", "prm_steps", "orm_steps"]}
+
+
+def share_of_gain(verifier: np.ndarray, learned: np.ndarray) -> str:
+    """What share of the verifier-reward run's gain (per seed) the learned-reward run's gain is, said only where the
+    verifier's gain is measurable (its interval's low end above 0)."""
+    _, low, _ = confidence_interval(verifier)
+    if low > 0:
+        return f"the reward model's run gains {learned.mean() / verifier.mean():.2f} of the verifier's"
+    return "the verifier's own run gains nothing measurable (its interval reaches 0), so the share is undefined"
 
 
 def section_lines(runs_dir: str, name: str) -> list[str]:
@@ -152,19 +164,15 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
         rows, shares = [], []
         for sample, decoding in ((False, "greedy"), (True, "sampled at temperature 1")):
             sft = evaluated(runs_dir, "sft", sample=sample)["eval_accuracy"]
-            gains = {run: np.asarray(seed_values(evaluated(runs_dir, run, sample=sample), "eval_accuracy")) - sft
-                     for run in ("grpo_verifier", "grpo_learned")}
-            rows.append([decoding, f"{sft:.3f}", fmt_ci(gains["grpo_verifier"]), fmt_ci(gains["grpo_learned"])])
-            if confidence_interval(gains["grpo_verifier"])[1] > 0:  # (mean, low, high): its low end
-                shares.append(f"{decoding}: the reward model's run gains "
-                              f"{gains['grpo_learned'].mean() / gains['grpo_verifier'].mean():.2f} of the verifier's")
-            else:
-                shares.append(f"{decoding}: the verifier's own run gains nothing measurable (its interval reaches 0), "
-                              "so the share is undefined")
+            verifier, learned = (np.asarray(seed_values(evaluated(runs_dir, run, sample=sample), "eval_accuracy")) - sft
+                                 for run in ("grpo_verifier", "grpo_learned"))
+            rows.append([decoding, f"{sft:.3f}", fmt_ci(verifier), fmt_ci(learned)])
+            shares.append(f"{decoding}: {share_of_gain(verifier, learned)}")
         return ["### GRPO with the reward model alone against the verifier's reward, 64,000 completions",
-                "The reward model is `orm_calculator` (the verdict after the calculator's value; each GRPO seed reads "
-                "the same seed of it), its sigmoid(score) the only reward (`reward.model_weight=1`). Held-out accuracy on 1,024 problems, "
-                "gained over the SFT run both start from:", "",
+                f"The reward model is `{REWARD_MODEL_OF['grpo_learned']}` (the verdict after the calculator's value; "
+                "each GRPO seed reads the same seed of it), its sigmoid(score) the only reward "
+                "(`reward.model_weight=1`). Held-out accuracy on 1,024 problems, gained over the SFT run both start "
+                "from:", "",
                 markdown_table(["decoding", "SFT", "gain, the verifier's reward", "gain, the reward model's alone"],
                                rows), "", "; ".join(shares) + ".", "",
                 "![learned and true reward during GRPO](reward_models.png)"]

@@ -22,10 +22,10 @@ def task_kwargs(task: str) -> ConfigDict:
     return ConfigDict({**text.task_options(task), **TASK_KWARGS.get(task, {})})
 
 
-def model_length(task: str) -> int:
-    """Positions the model needs for the task's prompt and answer (a multi-turn task's whole episode), at least 48,
-    rounded up to a multiple of 16."""
-    built = text.make_task(task, **TASK_KWARGS.get(task, {}))
+def model_length(task: str, **options) -> int:
+    """Positions the model needs for the task's prompt and answer (a multi-turn task's whole episode), with this
+    experiment's options and `options` over them, at least 48, rounded up to a multiple of 16."""
+    built = text.make_task(task, **{**TASK_KWARGS.get(task, {}), **options})
     return max(48, -(-(built.prompt_length + built.answer_length) // 16) * 16)
 
 

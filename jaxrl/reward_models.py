@@ -40,9 +40,6 @@ from envs.text import judge
 from jaxrl import sampling
 
 OBJECTIVES = ("pairwise", "pointwise", "implicit", "process", "generative")
-# Who writes a generative reward model's critique (the completion's value): the model itself (taught by the task's
-# calculator), or the calculator (only the verdict is then learned).
-CRITICS = judge.CRITICS
 
 
 def completion_scores(values: jax.Array, mask: jax.Array) -> jax.Array:
@@ -162,7 +159,7 @@ class Scorer:
     step_ends: object = None  # process models: completions [..., N] -> bool [..., N] (the task's `step_ends`)
     vocab: object = None  # generative models: the `envs.text.Vocab` their critiques are written in
     goal_width: int = 0  # generative models: slots of the goal hidden from the critique, shown after it (0: none)
-    critique_by: str = "model"  # generative models: who writes the critique (`CRITICS`)
+    critique_by: str = "model"  # generative models: who writes the critique (`judge.CRITICS`)
 
     @classmethod
     def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str) -> "Scorer":

@@ -148,16 +148,22 @@ def opening(completion: jax.Array, vocab: Vocab) -> render.Piece:
                          width, vocab.pad_id)
 
 
+def critique_value(expression: jax.Array, vocab: Vocab) -> render.Piece:
+    """The calculator's value of an expression [N] (its tokens before EOS) as a critique writes it: (ids
+    [tools.value_width(CRITIQUE_MAGNITUDE)], length), empty where it is no expression or its value is out of
+    `CRITIQUE_MAGNITUDE`."""
+    calc = tools.calculator(expression, render.before_eos(expression, vocab.eos_id)[0], vocab)
+    ids, length = tools.render_value(calc, tools.value_width(CRITIQUE_MAGNITUDE), vocab)
+    written = ~calc.error & (jnp.abs(calc.numerator) < CRITIQUE_MAGNITUDE) & (calc.denominator < CRITIQUE_MAGNITUDE)
+    return ids, jnp.where(written, length, 0)
+
+
 def value_critique(completion: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The critique a generative verifier learns to write after a completion [N] read as an arithmetic
     expression: `7+1*18=25` + EOS, the value as the calculator computes it (nothing where it is not an
     expression or its value is out of `CRITIQUE_MAGNITUDE`) -> (ids [N + critique_width()], the opened length (where
     the critique starts), the total length)."""
     length, _ = render.before_eos(completion, vocab.eos_id)
-    calc = tools.calculator(completion, length, vocab)
-    value_ids, value_length = tools.render_value(calc, tools.value_width(CRITIQUE_MAGNITUDE), vocab)
-    written = ~calc.error & (jnp.abs(calc.numerator) < CRITIQUE_MAGNITUDE) & (calc.denominator < CRITIQUE_MAGNITUDE)
-    ids, total = render.concat([(completion, length), render.char(OPENING, vocab),
-                                (value_ids, jnp.where(written, value_length, 0)),
+    ids, total = render.concat([(completion, length), render.char(OPENING, vocab), critique_value(completion, vocab),
                                 render.token(vocab.eos_id)], completion.shape[0] + critique_width(), vocab.pad_id)
     return ids, length + 1, total

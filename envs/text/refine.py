@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.text import render, tools
-from envs.text.judge import CRITICS, CRITIQUE_MAGNITUDE, OPENING, VERDICTS, CountdownJudge
+from envs.text.judge import CRITICS, CRITIQUE_MAGNITUDE, OPENING, VERDICTS, CountdownJudge, critique_value
 from envs.text.tasks import TASKS
 from envs.text.tokenizer import ALPHABET, Vocab
 from envs.text.turns import ERROR, MULTI_TURN_TASKS, MultiTurnTask, Reply, countdown_answer
@@ -110,14 +110,12 @@ class CountdownRefine(MultiTurnTask):
                      jnp.asarray(turn_index + 1, jnp.int32))
 
     def _tool_value(self, turn, turn_index, vocab: Vocab) -> list:
-        """With the calculator's critique, after the first answer: "=" and its value (nothing where the answer is no
-        expression or its value is out of range); else nothing."""
+        """With the calculator's critique, after the first answer: "=" and its value (`judge.critique_value`;
+        nothing where the answer is no expression or its value is out of range); else nothing."""
         if not self.tool_critique:
             return []
-        calc = tools.calculator(turn, render.before_eos(turn, vocab.eos_id)[0], vocab)
-        written = (turn_index == 0) & ~calc.error & (jnp.abs(calc.numerator) < CRITIQUE_MAGNITUDE) & \
-            (calc.denominator < CRITIQUE_MAGNITUDE)
-        ids, length = tools.render_value(calc, self.value_width, vocab)
+        ids, length = critique_value(turn, vocab)
+        written = (turn_index == 0) & (length > 0)
         return [render.char(OPENING, vocab, written), (ids, jnp.where(written, length, 0))]
 
     def credit(self, turns: dict) -> dict:

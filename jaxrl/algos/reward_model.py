@@ -33,6 +33,7 @@ import optax
 from ml_collections import ConfigDict
 
 from envs import text
+from envs.text.judge import CRITICS
 from jaxrl import engine, files, knobs, mesh as mesh_lib, reward_models, sampling
 from jaxrl.algos import registry
 from jaxrl.algos.group import GROUP_SIZE
@@ -58,7 +59,7 @@ CRITIQUE_WEIGHT = Knob("reward_model.critique_weight", 1.0, "generative reward m
 CRITIQUE_BY = Knob("reward_model.critique_by", "model", "generative reward models: who writes the critique (the "
                    "completion's value): model (the reward model, taught by the task's calculator) or calculator (the "
                    "calculator as a tool the verifier calls, as in CRITIC; only the verdict is learned)",
-                   choices=reward_models.CRITICS)
+                   choices=CRITICS)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
