@@ -30,7 +30,7 @@ the reward models start from it too:
    critique, revision to the reference), then GRPO for 32,000 episodes, 3 seeds, each role advantaged by its own
    reward; the same without the critique turn (`critic=False`), and with a critic that calls the calculator
    (`critique_by=calculator`: the answer's value is the tool's, the verdict the critic's): the revision's held-out
-   success in each.
+   success in each. Two sections, each critic beside the baseline trained in the same runs directory.
 5. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
    continuations) and an outcome reward model, each from the SFT run, on 256,000 labelled completions each; on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
@@ -134,12 +134,27 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
             f"pass@{samples}": right.any(1).mean()}
 
 
+# refinement sections -> (heading, (row label, run) ...): the critic that writes the value itself and the one that
+# calls the calculator, each against the baseline without a critique trained in the same runs directory
+REFINEMENT = {
+    "refinement": ("Critique-guided refinement: revision success with a critique and without", (
+        ("SFT, with the critique", "sft_refine"), ("SFT, without", "sft_revise"),
+        ("GRPO, with the critique", "grpo_refine"), ("GRPO, without", "grpo_revise"))),
+    "refinement_tool": ("Refinement with a critic that calls the calculator, and without a critique", (
+        ("SFT, with the calculator's critique", "sft_refine_tool"), ("SFT, without", "sft_revise"),
+        ("GRPO, with the calculator's critique", "grpo_refine_tool"), ("GRPO, without", "grpo_revise")))}
+REFINEMENT_SETTING = (
+    "One model answers, critiques its answer (the value, then Y or N) and revises (`countdown_refine`); the baseline "
+    "revises without the critique turn (`critic=False`). GRPO: 32,000 episodes, each role's turn advantaged by its "
+    "own reward (CTRL's for the critic: the revision's success). With the calculator's critique "
+    "(`critique_by=calculator`, CRITIC), the critic calls the calculator on the answer and writes only its verdict.")
+
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
             "reward_model_grpo": ["sft", REWARD_MODEL_OF["grpo_learned"], "grpo_verifier", "grpo_learned"],
             "critique_rl": ["sft_judge", "grpo_judge"],
-            "refinement": ["sft_refine", "sft_revise", "sft_refine_tool", "grpo_refine", "grpo_revise",
-                           "grpo_refine_tool"],
+            "refinement": [run for _, run in REFINEMENT["refinement"][1]],
+            "refinement_tool": [run for _, run in REFINEMENT["refinement_tool"][1]],
             "reranking": ["sft_steps", "prm_steps", "orm_steps"]}
 
 
@@ -183,20 +198,13 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
                 markdown_table(["judge", "accuracy"], [["SFT warm start, 6,400 demonstrations", f"{before:.3f}"],
                                                         ["then GRPO on the verdict, 128,000 completions (learning "
                                                          f"rate {JUDGE_LEARNING_RATE})", fmt_ci(after, (0, 1))]])]
-    if name == "refinement":
-        runs = (("SFT, with the critique", "sft_refine"), ("SFT, without", "sft_revise"),
-                ("SFT, with the calculator's critique", "sft_refine_tool"), ("GRPO, with the critique", "grpo_refine"),
-                ("GRPO, without", "grpo_revise"), ("GRPO, with the calculator's critique", "grpo_refine_tool"))
+    if name in REFINEMENT:
+        heading, runs = REFINEMENT[name]
         summaries = {run: evaluated(runs_dir, run) for _, run in runs}
-        return ["### Critique-guided refinement: revision success with a critique and without (held-out, greedy)",
-                "One model answers, critiques its answer (the value, then Y or N) and revises "
-                "(`countdown_refine`); the baseline revises without the critique turn (`critic=False`). "
-                "GRPO: 32,000 episodes, each role's turn advantaged by its own reward (CTRL's for the critic: "
-                "the revision's success). With the calculator's critique (`critique_by=calculator`, CRITIC), the "
-                "critic calls the calculator on the answer and writes only its verdict.", "", markdown_table(
-                    ["run", "first answer right", "revision right"],
-                    [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
-                      fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
+        return [f"### {heading} (held-out, greedy)", REFINEMENT_SETTING, "", markdown_table(
+            ["run", "first answer right", "revision right"],
+            [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
+              fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
     picked = reranking(runs_dir)
     return ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)",
             markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()])]
