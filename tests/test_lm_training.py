@@ -368,3 +368,21 @@ def test_bfloat16_parameters_keep_their_fine_tuning_steps_in_float32_master_copi
                                rtol=1e-6)
     np.testing.assert_array_equal(np.asarray(mastered["w"]), np.asarray(state.master["w"].astype(jnp.bfloat16)))
     assert float(mastered["w"][0]) < float(params["w"][0])
+
+
+def test_a_reward_model_learns_on_a_pretrained_model_s_body(tiny_model, sft_run, tmp_path):
+    """text_reward_model on a pretrained-format model: the SFT run's body under a fresh value head learns from the
+    labels of its sampler's chat replies (the SFT run's weights, frozen), and the saved run scores strings."""
+    from jaxrl.run.saved import start_params
+
+    config = lm_config(tiny_model, "text_reward_model", **{"init_from": sft_run[0], "group.size": 4,
+                                                           "total_steps": 4 * 4 * 6, "log.every_steps": 16,
+                                                           "reward_model.objective": "pointwise"})
+    rows = [row for row in train.run(config, str(tmp_path / "rm")).metrics if "loss" in row]
+    assert rows[-1]["loss"] < 0.8 * rows[0]["loss"], (rows[0]["loss"], rows[-1]["loss"])
+    sampler = start_params(str(tmp_path / "rm"))["sampler"]
+    sampler = {k: v for k, v in sampler.items() if k != "value"}  # (a fresh value head, never used)
+    for a, b in zip(jax.tree.leaves(sampler), jax.tree.leaves(start_params(sft_run[0])["params"]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    scores = jaxrl_load_policy(str(tmp_path / "rm")).score(["What is 2 + 3?"] * 2, ["Answer: 5", "Answer: 7"])
+    assert scores.shape == (2,) and ((scores > 0) & (scores < 1)).all()
