@@ -34,7 +34,7 @@ the reward models start from it too:
 5. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
    continuations) and an outcome reward model, each from the SFT run, on 256,000 labelled completions each; on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
-   (the most common final result), a random pick and pass@16.
+   (a uniform pick among the completions of the most common final result), a random pick and pass@16.
 """
 
 from __future__ import annotations
@@ -103,14 +103,15 @@ def train(runs_dir: str, name: str) -> None:
     train_run(runs_dir, name, experiment, init_from, flags)
 
 
-def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str, float]:
-    """Best-of-`samples` on held-out countdown_steps problems (seed 0 of each judge): the share of problems whose
-    pick the verifier accepts, for the process and the outcome reward model, majority vote, a random pick and
-    pass@k (any of them)."""
+def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str, list[float]]:
+    """Best-of-`samples` on held-out countdown_steps problems: the share of problems whose pick the verifier accepts,
+    for the process and the outcome reward model (one value per seed of each: the same completions judged by each
+    seed's model), majority vote, a random pick and pass@k (any of them)."""
     import jax
 
     import jaxrl
     from envs.text.verify import check_countdown_steps
+    from jaxrl.algos import saved_config
 
     sampler = jaxrl.load_policy(os.path.join(runs_dir, "sft_steps"))
     task = sampler.task
@@ -120,18 +121,27 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
     numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
     right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]))[0]
                        for k in range(samples)] for i in range(problems)])  # [problem, k]
-    picks = {}
-    for judge in ("prm_steps", "orm_steps"):
-        scorer = jaxrl.load_policy(os.path.join(runs_dir, judge))
-        scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
-        picks[judge] = right[np.arange(problems), scores.argmax(1)]
+    picked = {}
+    for judge, label in (("prm_steps", "process reward model"), ("orm_steps", "outcome reward model")):
+        picked[label] = []
+        for seed in range(saved_config(os.path.join(runs_dir, judge, "config.json")).num_seeds):
+            scorer = jaxrl.load_policy(os.path.join(runs_dir, judge), seed=seed)
+            scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
+            picked[label].append(right[np.arange(problems), scores.argmax(1)].mean())
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
-    votes = [collections.Counter(f for f in row if f).most_common(1) for row in finals]
-    picks["majority"] = np.array([bool(v) and any(right[i, k] for k in range(samples) if finals[i][k] == v[0][0])
-                                  for i, v in enumerate(votes)])
-    return {"process reward model": picks["prm_steps"].mean(), "outcome reward model": picks["orm_steps"].mean(),
-            "majority vote": picks["majority"].mean(), "a random sample": right.mean(),
-            f"pass@{samples}": right.any(1).mean()}
+    return {**picked, "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
+            "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}
+
+
+def majority_vote(finals: list, right: np.ndarray) -> float:
+    """Majority vote's expected verdict on one problem: a uniform pick among the completions whose final result is
+    the most common one (`finals` [k], None where there is none; `right` bool [k]). Countdown's completions mostly
+    end at the target, right or wrong, so the vote narrows the pick without settling it; 0 where none has a result."""
+    counts = collections.Counter(f for f in finals if f)
+    if not counts:
+        return 0.0
+    voted = counts.most_common(1)[0][0]
+    return float(np.mean([r for f, r in zip(finals, right) if f == voted]))
 
 
 # refinement sections -> (heading, (row label, run) ...): the critic that writes the value itself and the one that
@@ -206,8 +216,9 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
             [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
               fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
     picked = reranking(runs_dir)
-    return ["### Best-of-16 on Countdown in steps (512 held-out problems, seed 0's judges)",
-            markdown_table(["pick", "verifier accepts"], [[k, f"{v:.3f}"] for k, v in picked.items()])]
+    return ["### Best-of-16 on Countdown in steps (512 held-out problems, 16 samples each)",
+            "The same completions for every pick; each judge's figure over its seeds.", "",
+            markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
 
 
 def main():
