@@ -32,7 +32,7 @@ the reward models start from it too:
    (`critique_by=calculator`: the answer's value is the tool's, the verdict the critic's): the revision's held-out
    success in each. Two sections, each critic beside the baseline trained in the same runs directory.
 5. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
-   continuations) and an outcome reward model, each from the SFT run, on 256,000 labelled completions each; on 512
+   continuations) and an outcome reward model, each from the SFT run, on 64,000 labelled completions each; on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
    (a uniform pick among the completions of the most common final result), a random pick and pass@16.
 """
@@ -56,7 +56,7 @@ from report import (evaluated, fmt_ci, markdown_table, publish_sections, run_row
 
 SEEDS = 3
 JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--config.eval.episodes=512",
-         "--config.eval.every_steps=128000", "--config.checkpoint.every_steps=64000"]
+         "--config.eval.every_steps=128000", "--config.checkpoint.every_steps=16000"]
 GRPO = ["--config.total_steps=64000", "--config.eval.every_steps=16000", "--config.eval.pass_k=0",
         f"--config.num_seeds={SEEDS}"]
 NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
@@ -88,9 +88,11 @@ RUNS = {
     "grpo_refine_tool": ("text_grpo.py:countdown_refine", "sft_refine_tool", [
         *GRPO[1:], "--config.total_steps=32000", *TOOL_CRITIC]),
     "sft_steps": ("text_sft.py:countdown_steps", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
+    # (64,000 labelled completions each: the process model's Monte Carlo labels cost it 4 continuations from each of
+    # a completion's steps, about 36 completions per second on 2 cores)
     "prm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", [
-        "--config.total_steps=256000", "--config.reward_model.objective=process", *JUDGE]),
-    "orm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", ["--config.total_steps=256000", *JUDGE]),
+        "--config.total_steps=64000", "--config.reward_model.objective=process", *JUDGE]),
+    "orm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", ["--config.total_steps=64000", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
