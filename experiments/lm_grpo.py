@@ -17,25 +17,31 @@ from experiments.text_sft import task_kwargs
 from jaxrl import algos, config as config_lib
 
 
-def get_config(arg: str | None = None) -> ConfigDict:
-    task = arg or "addition"
-    config = algos.default_config("text_grpo")
-    config.experiment = f"lm_grpo_{task}"
+def on_pretrained(config: ConfigDict, task: str) -> ConfigDict:
+    """`config` (a text algorithm's defaults) on the installed pretrained model, its task posed in chat: what
+    every experiment on a pretrained model shares."""
     config.model.name = "smollm2-135m-instruct"
     config.task.name = task
     config.task.kwargs = {} if task == "dataset" else task_kwargs(task)
     config.task.reply_length = 96
-    config.total_steps = 16 * 8 * 40  # completions per seed: 40 updates
     config.num_prompts = 16
     config.group.size = 8
-    config.loss.clip_high = 0.28
-    config.optim.learning_rate = 2e-6
     config.optim.warmup_updates = 2
     config.optim.weight_decay = 0.0
     # Memory: 128 completions of a 30-layer model keep ~25 GB of activations for the backward pass; four
     # minibatches and recomputed layers bring one update under 4 GB.
     config.optim.num_minibatches = 4
     config.model.remat = True
+    return config
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    task = arg or "addition"
+    config = on_pretrained(algos.default_config("text_grpo"), task)
+    config.experiment = f"lm_grpo_{task}"
+    config.total_steps = 16 * 8 * 40  # completions per seed: 40 updates
+    config.loss.clip_high = 0.28
+    config.optim.learning_rate = 2e-6
     config.log.every_steps = 16 * 8
     config.eval.every_steps = 16 * 8 * 10
     config.eval.episodes = 64
