@@ -7,7 +7,8 @@ from jaxrl.metrics import markdown_table, per_seed, save_figure  # noqa: F401  (
 
 def replace_section(path: str, markers: tuple[str, str], section: str, title: str) -> None:
     """Put `section` between the two marker lines of the markdown page at `path`, replacing what was there;
-    without the markers, append it under a new `## title` heading; without the page, create it under `# title`.
+    without the markers, after the page's last section of the same benchmark (`<!-- NAME:...:end -->`), or where it
+    has none, at its end under a new `## title` heading; without the page, create it under `# title`.
     A script writes its section as from benchmarks/ (a plot is `![...](name.png)`): each relative link is
     rewritten to hold from the page's folder (`../name.png` from benchmarks/results/)."""
     import os
@@ -33,7 +34,12 @@ def replace_section(path: str, markers: tuple[str, str], section: str, title: st
             start, end = text.index(markers[0]), text.index(markers[1]) + len(markers[1])
             text = text[:start] + block + text[end:]
         else:
-            text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
+            benchmark = markers[0].removeprefix("<!--").strip().split(":")[0]
+            siblings = list(re.finditer(rf"<!-- {re.escape(benchmark)}:[^>]*:end -->", text))
+            if siblings:
+                text = text[:siblings[-1].end()] + "\n\n" + block + text[siblings[-1].end():]
+            else:
+                text = text.rstrip("\n") + f"\n\n## {title}\n\n" + block + "\n"
     with open(path, "w") as f:
         f.write(text)
 

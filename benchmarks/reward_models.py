@@ -88,8 +88,9 @@ RUNS = {
     "grpo_refine_tool": ("text_grpo.py:countdown_refine", "sft_refine_tool", [
         *GRPO[1:], "--config.total_steps=32000", *TOOL_CRITIC]),
     "sft_steps": ("text_sft.py:countdown_steps", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
-    # (64,000 labelled completions each: the process model's Monte Carlo labels cost it 4 continuations from each of
-    # a completion's steps, about 36 completions per second on 2 cores)
+    # (64,000 labelled completions each, 3 seeds: 22 min for the process model, whose Monte Carlo labels cost 4
+    # continuations from each step, and 11 min for the outcome model, 2026-12-02 on 2 AMD EPYC cores shared with
+    # one other run)
     "prm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", [
         "--config.total_steps=64000", "--config.reward_model.objective=process", *JUDGE]),
     "orm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", ["--config.total_steps=64000", *JUDGE]),
