@@ -34,7 +34,8 @@ the reward models start from it too:
 5. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
    continuations) and an outcome reward model, each from the SFT run, on 64,000 labelled completions each; on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
-   (a uniform pick among the completions of the most common final result), a random pick and pass@16.
+   (a uniform pick among the completions of the most common final result), a random pick and pass@16; the process
+   model under each of its step scores (`reward_model.step_score`: min, product, last), from the same training.
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
     import jaxrl
     from envs.text.verify import check_countdown_steps
     from jaxrl.algos import saved_config
+    from jaxrl.reward_models import STEP_SCORES
 
     sampler = jaxrl.load_policy(os.path.join(runs_dir, "sft_steps"))
     task = sampler.task
@@ -124,16 +126,31 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
     numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
     right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]))[0]
                        for k in range(samples)] for i in range(problems)])  # [problem, k]
+    judges = [(f"process reward model, step score {how}", "prm_steps", {"reward_model.step_score": how})
+              for how in STEP_SCORES] + [("outcome reward model", "orm_steps", {})]
     picked = {}
-    for judge, label in (("prm_steps", "process reward model"), ("orm_steps", "outcome reward model")):
+    for label, judge, keys in judges:
         picked[label] = []
         for seed in range(saved_config(os.path.join(runs_dir, judge, "config.json")).num_seeds):
-            scorer = jaxrl.load_policy(os.path.join(runs_dir, judge), seed=seed)
+            scorer = judge_of(os.path.join(runs_dir, judge), seed, keys)
             scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
             picked[label].append(right[np.arange(problems), scores.argmax(1)].mean())
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
     return {**picked, "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
             "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}
+
+
+def judge_of(run: str, seed: int, keys: dict):
+    """One seed of a reward model run as a scorer of strings, with config `keys` changed (how it scores, not what it
+    learned: a process model's `reward_model.step_score`)."""
+    import jax
+
+    from jaxrl import algos, config as config_lib, mesh as mesh_lib
+    from jaxrl.run.saved import start_params
+
+    config = config_lib.set_values(algos.saved_config(os.path.join(run, "config.json")), keys)
+    algo, _ = algos.build(config, mesh_lib.make_mesh(), run_dir=run)
+    return algo.actor(jax.tree.map(lambda x: x[seed], start_params(run)))
 
 
 def majority_vote(finals: list, right: np.ndarray) -> float:

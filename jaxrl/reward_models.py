@@ -13,7 +13,7 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
     process        a process reward model on a task answered in steps: the value head after each step, learned
                    by cross-entropy against the step's Monte Carlo label (Math-Shepherd, Wang et al. 2024: the
                    share of K continuations from the prefix through that step that end right; the last step's
-                   label is the outcome); a completion's score is its weakest step's
+                   label is the outcome); a completion's score is its weakest step's, or another `step_score`
     generative     a generative verifier: the model first writes a critique after the completion, its working
                    (for an arithmetic answer, the value it computes: `7+1*18=25`) with the prompt's goal hidden
                    (Countdown's target, which it could copy instead), then, shown the goal, its value head gives
@@ -123,9 +123,27 @@ def step_slots(step_ends: jax.Array) -> jax.Array:
     return after
 
 
-def weakest_step(values: jax.Array, slots: jax.Array) -> jax.Array:
-    """values, slots [..., N] -> [...]: the lowest step score of each completion (0 for one without a step)."""
-    return jnp.where(jnp.any(slots, axis=-1), jnp.min(jnp.where(slots, values, jnp.inf), axis=-1), 0.0)
+# how a process model's step values (logits) make a completion's score
+STEP_SCORES = ("min", "product", "last")
+
+
+def step_score(values: jax.Array, slots: jax.Array, how: str = "min") -> jax.Array:
+    """values, slots [..., N] -> [...] logits: a completion's score from its steps' (0 for one without a step).
+    min: the weakest step's (Math-Shepherd, Wang et al. 2024); product: the logit of the product of the steps'
+    probabilities sigmoid(v) (PRM800K, Lightman et al. 2023); last: the last step's, which has read the whole
+    completion."""
+    stepped = jnp.any(slots, axis=-1)
+    if how == "min":
+        score = jnp.min(jnp.where(slots, values, jnp.inf), axis=-1)
+    elif how == "product":
+        log_p = jnp.minimum(jnp.sum(jnp.where(slots, jax.nn.log_sigmoid(values), 0.0), axis=-1), -1e-7)
+        score = log_p - jnp.log(-jnp.expm1(log_p))  # logit(p) = log p - log(1 - p)
+    elif how == "last":
+        last = slots.shape[-1] - 1 - jnp.argmax(jnp.flip(slots, axis=-1), axis=-1)
+        score = jnp.take_along_axis(values, last[..., None], axis=-1)[..., 0]
+    else:
+        raise ValueError(f"unknown step score {how!r}; known: {', '.join(STEP_SCORES)}")
+    return jnp.where(stepped, score, 0.0)
 
 
 def monte_carlo_labels(continuation_correct: jax.Array) -> jax.Array:
@@ -160,12 +178,14 @@ class Scorer:
     vocab: object = None  # generative models: the `envs.text.Vocab` their critiques are written in
     goal_width: int = 0  # generative models: slots of the goal hidden from the critique, shown after it (0: none)
     critique_by: str = "model"  # generative models: who writes the critique (`judge.CRITICS`)
+    step_score: str = "min"  # process models: how step values make the score (`STEP_SCORES`)
 
     @classmethod
-    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str) -> "Scorer":
+    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str, step_score: str) -> "Scorer":
         """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
         step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
-        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task), critique_by)
+        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task), critique_by,
+                   step_score)
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
@@ -184,11 +204,11 @@ class Scorer:
 
     def verdicts(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         """The value head's scores [B, G] of sequences [B, G, N] (mask [B, G, N]) after prompts [B, P]: at the last
-        real slot (process models: the weakest step's)."""
+        real slot (process models: `step_score` of the steps')."""
         _, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, tokens, mask,
                                              self.pad_id)
         if self.objective == "process":
-            return weakest_step(values, step_slots(self.step_ends(tokens)))
+            return step_score(values, step_slots(self.step_ends(tokens)), self.step_score)
         return completion_scores(values, mask)
 
     def judged_prompts(self, prompts: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:

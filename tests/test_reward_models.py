@@ -92,13 +92,19 @@ def test_process_returns_by_hand():
     np.testing.assert_allclose(advantages.process_returns(rewards, mask), [[[-4.0, -3.0], [2.0, 0.0]]])
 
 
-def test_step_slots_weakest_step_and_monte_carlo_shares_by_hand():
+def test_step_slots_step_scores_and_monte_carlo_shares_by_hand():
     ends = jnp.array([[False, True, False, False, True, False]])  # steps end at tokens 1 and 4
     slots = reward_models.step_slots(ends)
     assert np.flatnonzero(slots[0]).tolist() == [2, 5]  # the slots that have read each whole step
-    values = jnp.array([[9.0, 9.0, 0.5, 9.0, 9.0, -1.0]])
-    assert reward_models.weakest_step(values, slots).tolist() == [-1.0]
-    assert reward_models.weakest_step(values, jnp.zeros_like(slots)).tolist() == [0.0]
+    values = jnp.array([[9.0, 9.0, 0.5, 9.0, 9.0, -1.0], [9.0, 9.0, -1.0, 9.0, 9.0, 0.5]])
+    slots = jnp.concatenate([slots, slots])
+    assert reward_models.step_score(values, slots, "min").tolist() == [-1.0, -1.0]  # the weakest step
+    assert reward_models.step_score(values, slots, "last").tolist() == [-1.0, 0.5]
+    p = 1 / (1 + math.exp(-0.5)) / (1 + math.exp(1.0))  # sigmoid(0.5) * sigmoid(-1)
+    np.testing.assert_allclose(reward_models.step_score(values, slots, "product"), [math.log(p / (1 - p))] * 2,
+                               rtol=1e-5)
+    for how in reward_models.STEP_SCORES:
+        assert reward_models.step_score(values, jnp.zeros_like(slots), how).tolist() == [0.0, 0.0]
     assert reward_models.monte_carlo_labels(jnp.array([[1, 0, 1, 1], [0, 0, 0, 0]])).tolist() == [0.75, 0.0]
 
 
@@ -406,3 +412,13 @@ def test_a_generative_model_on_answers_that_are_not_expressions_is_refused_befor
     config = load_experiment("text_reward_model", "countdown")
     config.init_from, config.reward_model.objective = "runs/sft", "generative"
     algos.validate(config)  # (countdown's answers are expressions)
+
+
+def test_a_step_score_without_steps_is_refused_before_compiling():
+    config = load_experiment("text_reward_model", "countdown_steps")
+    config.init_from, config.reward_model.step_score = "runs/sft", "last"
+    with pytest.raises(ValueError, match="step_score=last: only a process reward model scores steps; "
+                                         "reward_model.objective is pairwise"):
+        algos.validate(config)
+    config.reward_model.objective = "process"
+    algos.validate(config)

@@ -60,6 +60,9 @@ CRITIQUE_BY = Knob("reward_model.critique_by", "model", "generative reward model
                    "completion's value): model (the reward model, taught by the task's calculator) or calculator (the "
                    "calculator as a tool the verifier calls, as in CRITIC; only the verdict is learned)",
                    choices=CRITICS)
+STEP_SCORE = Knob("reward_model.step_score", "min", "process reward models: how a completion's score is made from "
+                  "its steps' values: min (Math-Shepherd: the weakest step), product (PRM800K: the product of the "
+                  "steps' probabilities) or last (the last step's)", choices=reward_models.STEP_SCORES)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -76,6 +79,7 @@ class RewardModelSettings:
     continuations: int = CONTINUATIONS.field()
     critique_weight: float = CRITIQUE_WEIGHT.field()
     critique_by: str = CRITIQUE_BY.field()
+    step_score: str = STEP_SCORE.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -124,7 +128,7 @@ class RewardModel:
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
         self.scorer = reward_models.Scorer.of(self.model, settings.objective, settings.beta, self.task, self.vocab,
-                                              settings.critique_by)
+                                              settings.critique_by, settings.step_score)
         self.whole_scorer = dataclasses.replace(self.scorer, model=policy.model)
 
     def optimizer(self, hp, update_step):
@@ -167,7 +171,7 @@ class RewardModel:
                                                  self.vocab.pad_id)
             loss = reward_models.pointwise_loss(values, batch.step_labels, axis_name=DATA_AXIS,
                                                 where=batch.step_slots)
-            scores = reward_models.weakest_step(values, batch.step_slots)
+            scores = reward_models.step_score(values, batch.step_slots, self.settings.step_score)
         elif self.settings.objective == "generative":  # the verdict after the critique; the model's critique taught
             scores = self.scorer.verdicts(scoring(params, "generative"), prompts, tokens, mask)
             loss = verdict_loss = reward_models.pointwise_loss(scores, labels, axis_name=DATA_AXIS)
@@ -387,6 +391,9 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
     if config.reward_model.critique_by != CRITIQUE_BY.default and config.reward_model.objective != "generative":
         raise ValueError(f"reward_model.critique_by={config.reward_model.critique_by}: only a generative reward model "
                          f"writes a critique; reward_model.objective is {config.reward_model.objective}")
+    if config.reward_model.step_score != STEP_SCORE.default and config.reward_model.objective != "process":
+        raise ValueError(f"reward_model.step_score={config.reward_model.step_score}: only a process reward model scores "
+                         f"steps; reward_model.objective is {config.reward_model.objective}")
     if config.reward_model.objective == "process" and config.model.name:
         raise ValueError("reward_model.objective=process: pretrained models' chat replies are not split into steps "
                          "yet; train it on the small transformer")
