@@ -115,7 +115,6 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
 
     import jaxrl
     from envs.text.verify import check_countdown_steps
-    from jaxrl.algos import saved_config
     from jaxrl.reward_models import STEP_SCORES
 
     sampler = jaxrl.load_policy(os.path.join(runs_dir, "sft_steps"))
@@ -128,21 +127,20 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
                        for k in range(samples)] for i in range(problems)])  # [problem, k]
     judges = [(f"process reward model, step score {how}", "prm_steps", {"reward_model.step_score": how})
               for how in STEP_SCORES] + [("outcome reward model", "orm_steps", {})]
-    picked = {}
-    for label, judge, keys in judges:
-        picked[label] = []
-        for seed in range(saved_config(os.path.join(runs_dir, judge, "config.json")).num_seeds):
-            scorer = judge_of(os.path.join(runs_dir, judge), seed, keys)
-            scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
-            picked[label].append(right[np.arange(problems), scores.argmax(1)].mean())
+    def best_of(scorer) -> float:
+        scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
+        return right[np.arange(problems), scores.argmax(1)].mean()
+
+    picked = {label: [best_of(scorer) for scorer in judges_of(os.path.join(runs_dir, judge), keys)]
+              for label, judge, keys in judges}
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
     return {**picked, "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
             "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}
 
 
-def judge_of(run: str, seed: int, keys: dict):
-    """One seed of a reward model run as a scorer of strings, with config `keys` changed (how it scores, not what it
-    learned: a process model's `reward_model.step_score`)."""
+def judges_of(run: str, keys: dict) -> list:
+    """Each seed of a reward model run as a scorer of strings, with config `keys` changed (how it scores, not what it
+    learned: a process model's `reward_model.step_score`); the run is built and restored once."""
     import jax
 
     from jaxrl import algos, config as config_lib, mesh as mesh_lib
@@ -150,7 +148,8 @@ def judge_of(run: str, seed: int, keys: dict):
 
     config = config_lib.set_values(algos.saved_config(os.path.join(run, "config.json")), keys)
     algo, _ = algos.build(config, mesh_lib.make_mesh(), run_dir=run)
-    return algo.actor(jax.tree.map(lambda x: x[seed], start_params(run)))
+    params = start_params(run)
+    return [algo.actor(jax.tree.map(lambda x: x[seed], params)) for seed in range(config.num_seeds)]
 
 
 def majority_vote(finals: list, right: np.ndarray) -> float:

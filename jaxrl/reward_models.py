@@ -139,7 +139,7 @@ def step_score(values: jax.Array, slots: jax.Array, how: str = "min") -> jax.Arr
         log_p = jnp.minimum(jnp.sum(jnp.where(slots, jax.nn.log_sigmoid(values), 0.0), axis=-1), -1e-7)
         score = log_p - jnp.log(-jnp.expm1(log_p))  # logit(p) = log p - log(1 - p)
     elif how == "last":
-        last = slots.shape[-1] - 1 - jnp.argmax(jnp.flip(slots, axis=-1), axis=-1)
+        last = jnp.argmax(jnp.where(slots, jnp.arange(slots.shape[-1]), -1), axis=-1)  # the last step's slot
         score = jnp.take_along_axis(values, last[..., None], axis=-1)[..., 0]
     else:
         raise ValueError(f"unknown step score {how!r}; known: {', '.join(STEP_SCORES)}")
