@@ -4,10 +4,14 @@
     python benchmarks/lm_learning.py --lora                  # LoRA (rank 16) instead of every weight
     python benchmarks/lm_learning.py --seeds 3               # three seeds in one program (vmapped): for a GPU
     python benchmarks/lm_learning.py --report runs/lm_learning-full   # report a finished (or running) run
+    python benchmarks/lm_learning.py --task addition_judge   # critique RL: judging claimed sums, runs/lm_learning-addition_judge-full
 
-The run is experiments/lm_grpo.py:addition with the settings below (1-2 digit addition, 48-token replies, the
+The run is experiments/lm_grpo.py:<task> with the settings below (1-2 digit addition, 48-token replies, the
 reply's last number as the answer, 8 prompts x 8 completions per update, 2 minibatches, rematerialised layers),
-passed on the command line of `python -m jaxrl.train` so that the run directory records them. The report gives:
+passed on the command line of `python -m jaxrl.train` so that the run directory records them. With `--task
+addition_judge` the model judges claimed sums ("Is 64 + 79 = 173?", half of them off by a slip) and the reward is
+whether its reply's last yes or no is right: the critique RL of issue 63 (J1, Critique-Coder), its working free
+text before the verdict. The report gives:
 
 - the held-out greedy accuracy at the start (the pretrained model: the run's own evaluation, on the same 128
   held-out problems, computed here from the starting parameters), and at every evaluation of the run, with
@@ -35,8 +39,8 @@ FULL = ["--config.optim.learning_rate=5e-6", "--config.total_steps=2816"]  # 44 
 LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=1408"]  # 22 updates
 
 
-def train(workdir: str, lora: bool, seeds: int) -> None:
-    command = [sys.executable, "-m", "jaxrl.train", "--config=experiments/lm_grpo.py:addition",
+def train(workdir: str, task: str, lora: bool, seeds: int) -> None:
+    command = [sys.executable, "-m", "jaxrl.train", f"--config=experiments/lm_grpo.py:{task}",
                f"--workdir={workdir}", *FLAGS, *(LORA if lora else FULL), f"--config.num_seeds={seeds}"]
     print(" ".join(command), flush=True)
     subprocess.run(command, cwd=ROOT, check=True)
@@ -91,11 +95,13 @@ def main():
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (rank 16) instead of every weight")
     parser.add_argument("--seeds", type=int, default=1, help="seeds trained at once (config.num_seeds)")
     parser.add_argument("--report", default=None, help="report this run directory instead of training one")
+    parser.add_argument("--task", choices=("addition", "addition_judge"), default="addition")
     args = parser.parse_args()
-    name = ("lora" if args.lora else "full") + (f"-{args.seeds}seeds" if args.seeds > 1 else "")
+    name = ("" if args.task == "addition" else f"{args.task}-") + ("lora" if args.lora else "full") + (
+        f"-{args.seeds}seeds" if args.seeds > 1 else "")
     workdir = args.report or os.path.join(ROOT, "runs", f"lm_learning-{name}")
     if not args.report:
-        train(workdir, args.lora, args.seeds)
+        train(workdir, args.task, args.lora, args.seeds)
     result = report(workdir)
     out = os.path.join(ROOT, "benchmarks", "lm_learning.json")
     results = json.load(open(out)) if os.path.exists(out) else {}

@@ -31,8 +31,10 @@ the reward models start from it too:
    reward; the same without the critique turn (`critic=False`), and with a critic that calls the calculator
    (`critique_by=calculator`: the answer's value is the tool's, the verdict the critic's): the revision's held-out
    success in each. Two sections, each critic beside the baseline trained in the same runs directory.
-5. Countdown in steps: SFT on 640,000 demonstrations; a process reward model (Monte Carlo step labels, 4
-   continuations) and an outcome reward model, each from the SFT run, on 64,000 labelled completions each; on 512
+5. Countdown in steps: SFT on 640,000 demonstrations; process reward models (Monte Carlo step labels, 4
+   continuations) and outcome reward models, each from the SFT run, on 64,000 labelled completions each, each under
+   both losses (pointwise cross-entropy, Math-Shepherd's; pairwise, Bradley-Terry's: for the process model over every
+   two steps of a prompt's completions, `reward_model.step_loss`); on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
    (a uniform pick among the completions of the most common final result), a random pick and pass@16; the process
    model under each of its step scores (`reward_model.step_score`: min, product, last), from the same training.
@@ -94,7 +96,15 @@ RUNS = {
     # one other run)
     "prm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", [
         "--config.total_steps=64000", "--config.reward_model.objective=process", *JUDGE]),
+    # the process model under the outcome model's pairwise loss (Bradley-Terry over every two steps of a prompt)
+    "prm_steps_pairwise": ("text_reward_model.py:countdown_steps", "sft_steps", [
+        "--config.total_steps=64000", "--config.reward_model.objective=process",
+        "--config.reward_model.step_loss=pairwise", *JUDGE]),
     "orm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", ["--config.total_steps=64000", *JUDGE]),
+    # the outcome model under the process model's own loss (pointwise cross-entropy; Math-Shepherd's ORM): the two
+    # then differ only in their labels, the steps' Monte Carlo shares against the outcome alone
+    "orm_steps_pointwise": ("text_reward_model.py:countdown_steps", "sft_steps", [
+        "--config.total_steps=64000", "--config.reward_model.objective=pointwise", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
@@ -125,8 +135,10 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
     numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
     right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]))[0]
                        for k in range(samples)] for i in range(problems)])  # [problem, k]
-    judges = [(f"process reward model, step score {how}", "prm_steps", {"reward_model.step_score": how})
-              for how in STEP_SCORES] + [("outcome reward model", "orm_steps", {})]
+    judges = [(f"process reward model, pointwise, step score {how}", "prm_steps", {"reward_model.step_score": how})
+              for how in STEP_SCORES] + [("process reward model, pairwise, step score min", "prm_steps_pairwise", {}),
+                                         ("outcome reward model, pointwise", "orm_steps_pointwise", {}),
+                                         ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
     def best_of(scorer) -> float:
         scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
         return right[np.arange(problems), scores.argmax(1)].mean()
@@ -184,7 +196,7 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "critique_rl": ["sft_judge", "grpo_judge"],
             "refinement": [run for _, run in REFINEMENT["refinement"][1]],
             "refinement_tool": [run for _, run in REFINEMENT["refinement_tool"][1]],
-            "reranking": ["sft_steps", "prm_steps", "orm_steps"]}
+            "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "orm_steps", "orm_steps_pointwise"]}
 
 
 def share_of_gain(verifier: np.ndarray, learned: np.ndarray) -> str:

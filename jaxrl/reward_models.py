@@ -11,9 +11,11 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
                    beta * sum_t log(pi(y_t) / pi_ref(y_t)) of the model against a frozen reference, learned by
                    pointwise cross-entropy on outcome labels; its per-token terms are process rewards for free
     process        a process reward model on a task answered in steps: the value head after each step, learned
-                   by cross-entropy against the step's Monte Carlo label (Math-Shepherd, Wang et al. 2024: the
-                   share of K continuations from the prefix through that step that end right; the last step's
-                   label is the outcome); a completion's score is its weakest step's, or another `step_score`
+                   from the step's Monte Carlo label (Math-Shepherd, Wang et al. 2024: the share of K
+                   continuations from the prefix through that step that end right; the last step's label is the
+                   outcome) by cross-entropy, or pairwise (`step_loss`: Bradley-Terry over every two steps of a
+                   prompt's completions, the one more likely to end right above the other); a completion's score
+                   is its weakest step's, or another `step_score`
     generative     a generative verifier: the model first writes a critique after the completion, its working
                    (for an arithmetic answer, the value it computes: `7+1*18=25`) with the prompt's goal hidden
                    (Countdown's target, which it could copy instead), then, shown the goal, its value head gives
@@ -79,10 +81,13 @@ def pointwise_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None =
     return _mean(jnp.sum(losses * where), jnp.sum(where), axis_name)
 
 
-def bradley_terry_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None = None) -> jax.Array:
-    """scores, labels [B, G] -> -mean log sigmoid(s_i - s_j) over the ordered pairs of each prompt's completions
-    (`ordered_pairs`); 0 when no prompt has two completions with different labels."""
+def bradley_terry_loss(scores: jax.Array, labels: jax.Array, axis_name: str | None = None,
+                       where: jax.Array | None = None) -> jax.Array:
+    """scores, labels [B, G] -> -mean log sigmoid(s_i - s_j) over the ordered pairs of each prompt's items
+    (`ordered_pairs`), among those `where` [B, G] holds (all by default); 0 when there is no such pair."""
     pairs = ordered_pairs(labels)
+    if where is not None:
+        pairs = pairs * (where[..., :, None] & where[..., None, :])
     margins = scores[..., :, None] - scores[..., None, :]
     return _mean(jnp.sum(pairs * jnp.logaddexp(0.0, -margins)), jnp.sum(pairs), axis_name)
 
@@ -144,6 +149,24 @@ def step_score(values: jax.Array, slots: jax.Array, how: str = "min") -> jax.Arr
     else:
         raise ValueError(f"unknown step score {how!r}; known: {', '.join(STEP_SCORES)}")
     return jnp.where(stepped, score, 0.0)
+
+
+# how a process model learns its step values from their Monte Carlo labels
+STEP_LOSSES = ("pointwise", "pairwise")
+
+
+def step_loss(values: jax.Array, labels: jax.Array, slots: jax.Array, how: str = "pointwise",
+              axis_name: str | None = None) -> jax.Array:
+    """A process model's loss on its step values, their Monte Carlo labels and slots [B, G, N]. pointwise: each
+    step's cross-entropy against its label (Math-Shepherd); pairwise: Bradley-Terry over every two steps of one
+    prompt's completions whose labels differ (the pairs of an outcome model's, its completions' last steps, and
+    those of the steps before them)."""
+    if how == "pointwise":
+        return pointwise_loss(values, labels, axis_name, where=slots)
+    if how == "pairwise":
+        per_prompt = lambda x: x.reshape(x.shape[0], -1)  # noqa: E731  [B, G * N]: every step of the prompt
+        return bradley_terry_loss(per_prompt(values), per_prompt(labels), axis_name, where=per_prompt(slots))
+    raise ValueError(f"unknown step loss {how!r}; known: {', '.join(STEP_LOSSES)}")
 
 
 def monte_carlo_labels(continuation_correct: jax.Array) -> jax.Array:

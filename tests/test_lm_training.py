@@ -89,7 +89,15 @@ def test_the_answer_is_read_from_free_text():
     assert final_answer("So 7 * 8 is 56.\nAnswer: **56**.") == "56"
     assert final_answer("no marker here, 56") is None
     assert final_answer("49 + 56 = 105", marker="") == "105"
-    assert final_answer("(3 + 5) * 3 = 24", marker="", numeric=False) == "(3 + 5) * 3"
+    assert final_answer("(3 + 5) * 3 = 24", marker="", kind="expression") == "(3 + 5) * 3"
+    assert final_answer("64 + 79 is 143, not 173. So no, it is not.", marker="", kind="verdict") == "no"
+    assert final_answer("Yes! 64 + 79 = 143.", marker="", kind="verdict") == "Yes"
+    assert final_answer("143", marker="", kind="verdict") is None
+    judge = text.make_task("addition_judge")
+    assert check(judge, np.array([64, 79, 173]), 143, "no") == (True, True)
+    assert check(judge, np.array([64, 79, 173]), 143, "Yes") == (False, True)
+    assert check(judge, np.array([64, 79, 143]), 143, "**Yes**") == (True, True)
+    assert check(judge, np.array([64, 79, 143]), 143, "143") == (False, False)
     task = text.make_task("addition")
     assert check(task, np.array([12, 30]), 42, "42") == (True, True)
     assert check(task, np.array([12, 30]), 42, "1,042") == (False, True)
@@ -125,6 +133,30 @@ def test_a_chat_task_poses_questions_through_the_template_and_scores_replies(tin
     np.testing.assert_array_equal(grouped[1, 1], [0, 0])  # problem 1 scored on problem 1's target
     answers = np.asarray(jax.jit(task.reference_answers)(problems))
     assert tokenizer.decode([i for i in answers[0] if i != 2]) == f"Answer: {target[0]}"
+
+
+def test_a_chat_judge_is_asked_about_a_claim_and_scored_by_its_last_yes_or_no(tiny_model):
+    config, tokenizer = models.read_spec(tiny_model)
+    task = ChatTask(text.make_task("addition_judge"), tokenizer.encode, tokenizer.decode, tokenizer.render_chat,
+                    pad_id=2, eos_id=2, answer_length=24, marker="")
+    problems = task.heldout(64)
+    numbers, target = np.asarray(problems.numbers), np.asarray(problems.target)
+    right = numbers[:, 2] == target
+    assert 0.3 < right.mean() < 0.7 and set(np.abs(numbers[~right, 2] - target[~right])) <= {1, 2, 10}
+    prompt = tokenizer.decode([i for i in np.asarray(jax.jit(task.prompts)(problems))[0] if i != 2],
+                              skip_special_tokens=False)
+    assert f"Is {numbers[0, 0]} + {numbers[0, 1]} = {numbers[0, 2]}?\nGive the final answer as Yes or No." in prompt
+    # the truth, its opposite after working that says the other word first, and a reply with no verdict
+    replies = [*(("Yes." if r else "No.") for r in right[:2]),
+               *((f"Not sure... {'no' if r else 'yes'}") for r in right[2:4]), "It is 143."]
+    completions = np.full((5, 24), 2, np.int32)
+    for row, reply in enumerate(replies):
+        ids = [*tokenizer.encode(reply), 2]
+        completions[row, :len(ids)] = ids
+    rewards = np.asarray(jax.jit(task.jax_rewards)(problems[:5], jnp.asarray(completions)))
+    np.testing.assert_array_equal(rewards, [[1, 1], [1, 1], [0, 1], [0, 1], [0, 0]])
+    answers = np.asarray(jax.jit(task.reference_answers)(problems[:2]))
+    assert [tokenizer.decode([i for i in a if i != 2]) for a in answers] == [("Yes" if r else "No") for r in right[:2]]
 
 
 @pytest.fixture(scope="module")

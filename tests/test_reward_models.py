@@ -108,6 +108,25 @@ def test_step_slots_step_scores_and_monte_carlo_shares_by_hand():
     assert reward_models.monte_carlo_labels(jnp.array([[1, 0, 1, 1], [0, 0, 0, 0]])).tolist() == [0.75, 0.0]
 
 
+def test_the_pairwise_step_loss_ranks_every_two_steps_of_a_prompt_by_hand():
+    """One prompt, two completions of two steps (slots 1 and 3): labels 0.5, 1 and 0.25, 0. Its ordered pairs are the
+    6 with different labels (1 > 0.5, 1 > 0.25, 1 > 0, 0.5 > 0.25, 0.5 > 0, 0.25 > 0); the value at a slot no step ends never
+    counts; the pointwise loss is each step's cross-entropy."""
+    values = jnp.array([[[9.0, 0.2, 9.0, 1.0], [9.0, -0.3, 9.0, -1.0]]])
+    labels = jnp.array([[[0.0, 0.5, 0.0, 1.0], [0.0, 0.25, 0.0, 0.0]]])
+    slots = jnp.array([[[False, True, False, True]] * 2])
+    step = {(0, 1): 0.2, (0, 3): 1.0, (1, 1): -0.3, (1, 3): -1.0}
+    label = {(0, 1): 0.5, (0, 3): 1.0, (1, 1): 0.25, (1, 3): 0.0}
+    pairs = [(a, b) for a in step for b in step if label[a] > label[b]]
+    assert len(pairs) == 6
+    expected = np.mean([math.log1p(math.exp(-(step[a] - step[b]))) for a, b in pairs])
+    np.testing.assert_allclose(reward_models.step_loss(values, labels, slots, "pairwise"), expected, rtol=1e-6)
+    pointwise = np.mean([math.log1p(math.exp(step[k])) - label[k] * step[k] for k in step])
+    np.testing.assert_allclose(reward_models.step_loss(values, labels, slots, "pointwise"), pointwise, rtol=1e-6)
+    with pytest.raises(ValueError, match="unknown step loss 'listwise'; known: pointwise, pairwise"):
+        reward_models.step_loss(values, labels, slots, "listwise")
+
+
 def test_a_completion_is_scored_at_its_last_real_slot():
     values = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
     mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], jnp.float32)
@@ -417,8 +436,11 @@ def test_a_generative_model_on_answers_that_are_not_expressions_is_refused_befor
 def test_a_step_score_without_steps_is_refused_before_compiling():
     config = load_experiment("text_reward_model", "countdown_steps")
     config.init_from, config.reward_model.step_score = "runs/sft", "last"
-    with pytest.raises(ValueError, match="step_score=last: only a process reward model scores steps; "
+    with pytest.raises(ValueError, match="reward_model.step_score=last: only a process reward model has step values; "
                                          "reward_model.objective is pairwise"):
+        algos.validate(config)
+    config.reward_model.step_score, config.reward_model.step_loss = "min", "pairwise"
+    with pytest.raises(ValueError, match="reward_model.step_loss=pairwise: only a process reward model"):
         algos.validate(config)
     config.reward_model.objective = "process"
     algos.validate(config)

@@ -313,7 +313,7 @@ def test_countdown_jax_rewards_vmap_through_the_callback(tasks, problems, vocab)
 
 
 def test_make_task_names_and_kwargs():
-    with pytest.raises(ValueError, match="addition, countdown, countdown_judge, countdown_refine, countdown_steps, "
+    with pytest.raises(ValueError, match="addition, addition_judge, countdown, countdown_judge, countdown_refine, countdown_steps, "
                                          "countdown_tools, grid, guess, lookup, multiplication"):
         text.make_task("additon")
     assert text.make_task("addition", max_digits=5).prompt_length == 1 + 5 + 1 + 5 + 1
@@ -401,6 +401,28 @@ def test_countdown_judge_references_judge_right_and_the_verdict_alone_is_rewarde
     np.testing.assert_array_equal(rewards_of(task, probs, ids(bare), vocab), np.ones((BATCH, 2)))
     np.testing.assert_array_equal(rewards_of(task, probs, ids(flipped), vocab)[:, 0], np.zeros(BATCH))
     assert rewards_of(task, probs, ids(["25"] * BATCH), vocab)[:, 1].sum() == 0
+
+
+def test_addition_judge_claims_are_the_sum_or_a_slip_and_the_verdict_is_rewarded():
+    task = text.make_task("addition_judge", min_digits=1, max_digits=2)
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    probs = task.sample(jax.random.key(3), BATCH, "train")
+    numbers, target = np.asarray(probs.numbers), np.asarray(probs.target)
+    np.testing.assert_array_equal(target, numbers[:, 0] + numbers[:, 1])
+    slips = numbers[:, 2] - target
+    assert set(np.abs(slips)) <= {0, 1, 2, 10} and (numbers[:, 2] >= 0).all()
+    assert 0.35 < np.mean(slips == 0) < 0.65  # wrong_share 0.5
+    for (prompt, answer), (a, b, claim) in zip(task.texts(probs), numbers):
+        assert prompt == f"{a}+{b}={claim}?" and answer == ("Y" if claim == a + b else "N")
+    answers = task.reference_answers(probs, vocab)
+    np.testing.assert_array_equal(rewards_of(task, probs, answers, vocab), np.ones((BATCH, 2)))
+    flipped = jnp.where(answers == vocab.id_of("Y"), vocab.id_of("N"), jnp.where(answers == vocab.id_of("N"),
+                                                                                  vocab.id_of("Y"), answers))
+    np.testing.assert_array_equal(rewards_of(task, probs, flipped, vocab), np.tile([0.0, 1.0], (BATCH, 1)))
+    assert text.make_task("addition_judge", wrong_share=0.0).heldout(64).numbers[:, 2].tolist() == \
+        text.make_task("addition_judge", wrong_share=0.0).heldout(64).target.tolist()
+    with pytest.raises(ValueError, match="wrong_share"):
+        text.make_task("addition_judge", wrong_share=1.5)
 
 
 def test_countdown_answer_slack_adds_room_after_the_longest_expression(tasks, problems, vocab):

@@ -13,9 +13,9 @@ string work. The problems themselves are drawn in JAX as before, so sampling, he
 wrapped task's.
 
 An answer is the text after the last `marker` ("Answer:" by default) on its line, or with marker '' the reply's
-last number; a numeric answer is correct when it equals the target (commas, a trailing period and surrounding `$`
-or `**` allowed), a Countdown answer when its expression is (`verify.check_countdown`). well_formed: there is an
-answer and it parses.
+last number (a judge's: its last yes or no); a numeric answer is correct when it equals the target (commas, a
+trailing period and surrounding `$` or `**` allowed), a Countdown answer when its expression is
+(`verify.check_countdown`), a judge's verdict when it is the truth. well_formed: there is an answer and it parses.
 """
 
 from __future__ import annotations
@@ -33,12 +33,15 @@ import numpy as np
 from flax import struct
 
 from envs.text import render
+from envs.text.judge import ArithmeticJudge
 from envs.text.tasks import REWARD_NAMES, Arithmetic, Countdown, Problems, Task, host_call
-from envs.text.tokenizer import Vocab
+from envs.text.tokenizer import ALPHABET, Vocab
 from envs.text.turns import MultiTurnTask
 from envs.text.verify import check_countdown
 
 NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+VERDICT = re.compile(r"\b(yes|no)\b", re.IGNORECASE)
+ANSWER_KINDS = ("number", "expression", "verdict")
 DEFAULT_MARKER = "Answer:"
 
 
@@ -62,14 +65,17 @@ def parse_number(text: str) -> Fraction | None:
         return None
 
 
-def final_answer(reply: str, marker: str = DEFAULT_MARKER, numeric: bool = True) -> str | None:
+def final_answer(reply: str, marker: str = DEFAULT_MARKER, kind: str = "number") -> str | None:
     """The reply's final answer: the text after the last `marker`, up to the end of its line, stripped of markdown
-    and a final period; without a marker ('') the reply's last number (numeric answers) or the left side of its
-    last line's '=' (expressions). None when there is none."""
+    and a final period; without a marker ('') the reply's last number (`kind` number), the left side of its last
+    line's '=' (expression) or its last yes or no (verdict). None when there is none."""
     if not marker:
-        if numeric:
+        if kind == "number":
             numbers = NUMBER.findall(reply)
             return numbers[-1] if numbers else None
+        if kind == "verdict":
+            verdicts = VERDICT.findall(reply)
+            return verdicts[-1] if verdicts else None
         lines = [line for line in reply.strip().split("\n") if line.strip()]
         return lines[-1].split("=")[0].strip() or None if lines else None
     at = reply.lower().rfind(marker.lower())
@@ -77,6 +83,13 @@ def final_answer(reply: str, marker: str = DEFAULT_MARKER, numeric: bool = True)
         return None
     answer = reply[at + len(marker):].strip().split("\n")[0].strip()
     return answer.rstrip(".").strip("*$ ").rstrip(".").strip() or None
+
+
+def answer_kind(task) -> str:
+    """What a task's answers are (`ANSWER_KINDS`)."""
+    if isinstance(task, Countdown):
+        return "expression"
+    return "verdict" if isinstance(task, ArithmeticJudge) else "number"
 
 
 class DatasetTask:
@@ -164,6 +177,8 @@ def question_text(task, numbers: np.ndarray, target: int) -> str:
         return task.questions[int(numbers[0])]
     if isinstance(task, Arithmetic):
         return f"What is {int(numbers[0])} {task.op} {int(numbers[1])}?"
+    if isinstance(task, ArithmeticJudge):
+        return f"Is {int(numbers[0])} {task.op} {int(numbers[1])} = {int(numbers[2])}?"
     if isinstance(task, Countdown):
         given = ", ".join(str(int(n)) for n in numbers)
         return (f"Using the numbers {given}, each at most once, and + - * / with parentheses, write an expression "
@@ -172,7 +187,7 @@ def question_text(task, numbers: np.ndarray, target: int) -> str:
 
 
 def answer_format(task) -> str:
-    return "an expression" if isinstance(task, Countdown) else "a number"
+    return {"number": "a number", "expression": "an expression", "verdict": "Yes or No"}[answer_kind(task)]
 
 
 def check(task, numbers: np.ndarray, target: int, answer: str | None) -> tuple[bool, bool]:
@@ -181,6 +196,11 @@ def check(task, numbers: np.ndarray, target: int, answer: str | None) -> tuple[b
         return False, False
     if isinstance(task, Countdown):
         return check_countdown(answer.replace(" ", ""), [int(n) for n in numbers], int(target))
+    if isinstance(task, ArithmeticJudge):
+        said = VERDICT.match(answer.strip("*$ "))
+        if said is None:
+            return False, False
+        return (said.group(1).lower() == "yes") == bool(task.right(numbers, target)), True
     value = parse_number(answer)
     if value is None:
         return False, False
@@ -210,7 +230,7 @@ class ChatTask:
         self.name, self.marker, self.system_prompt = task.name, marker, system_prompt
         self.instruction = instruction or (f"Give your final answer as '{marker} <{answer_format(task)}>'." if marker
                                            else f"Give the final answer as {answer_format(task)}.")
-        self.alphabet = Vocab.from_alphabet()
+        self.alphabet = Vocab.from_alphabet(getattr(task, "alphabet", ALPHABET))  # the wrapped task's characters
         self.prompt_length = prompt_length or self._measured_prompt_length(probe)
 
     def _measured_prompt_length(self, probe: int) -> int:
@@ -252,6 +272,8 @@ class ChatTask:
         if isinstance(self.task, DatasetTask):
             gold = self.task.answers[int(numbers[0])]
             answer = str(gold.numerator if gold.denominator == 1 else float(gold))
+        elif isinstance(self.task, ArithmeticJudge):
+            answer = "Yes" if self.task.right(numbers, target) else "No"
         else:
             answer = self.alphabet.text(reference_chars)
         return f"{self.marker} {answer}" if self.marker else answer
@@ -273,7 +295,7 @@ class ChatTask:
         target = np.broadcast_to(target.reshape(*target.shape, *extra), lead).reshape(-1)
         out = np.zeros((numbers.shape[0], 2), np.float32)
         for row, (n, t, ids) in enumerate(zip(numbers, target, completions.reshape(-1, completions.shape[-1]))):
-            answer = final_answer(self.reply(ids), self.marker, numeric=not isinstance(self.task, Countdown))
+            answer = final_answer(self.reply(ids), self.marker, answer_kind(self.task))
             out[row] = check(self.task, n, t, answer)
         return out.reshape(*lead, 2)
 

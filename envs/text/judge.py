@@ -6,6 +6,10 @@ and J1, where the judgment's correctness is the reward).
 `countdown_judge`: `7 1 18>25=7+1*18?` -> `25Y` (the candidate's value, then Y: it reaches the target by the rules; N:
 it does not). The candidates are the problem's reference solution with its operators redrawn on about half the
 problems (`wrong_share`), so about half are wrong; a redrawn one that still reaches the target is right.
+
+`addition_judge`: `64+79=173?` -> `N`, a claimed result judged (Y: it is the sum). About half the claims are off by a
+slip (`SLIPS`), so the verdict needs the sum, not the look of the claim. Posed to a chat model: "Is 64 + 79 = 173?",
+judged by the reply's last yes or no, whatever working comes before it.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.text import render, tools
-from envs.text.tasks import TASKS, Countdown, Problems, Task, split_hash
+from envs.text.tasks import TASKS, Arithmetic, Countdown, Problems, Task, split_hash
 from envs.text.tokenizer import ALPHABET, Vocab
 
 VERDICTS = "YN"  # right, wrong
@@ -77,22 +81,92 @@ class CountdownJudge(Task):
 
     @functools.partial(jax.jit, static_argnums=0)
     def rewards(self, problems, completions, vocab):
-        """float32 [..., 2] (correct, well_formed) in JAX over completions [..., T]: the verdict is the token before
-        the first EOS."""
+        """float32 [..., 2] (correct, well_formed) in JAX over completions [..., T] (`verdict_rewards`)."""
         right = jax.vmap(lambda p: self._judgement(p, vocab)[1])(jax.tree.map(lambda x: x.reshape(-1, *x.shape[
             problems.target.ndim:]), problems)).reshape(problems.target.shape)
-        is_eos = completions == vocab.eos_id
-        ended = jnp.any(is_eos, axis=-1)
-        last = jnp.maximum(jnp.argmax(is_eos, axis=-1) - 1, 0)
-        verdict = jnp.take_along_axis(completions, last[..., None], axis=-1)[..., 0]
-        said_right, said_wrong = verdict == vocab.id_of(VERDICTS[0]), verdict == vocab.id_of(VERDICTS[1])
-        well_formed = ended & (jnp.argmax(is_eos, axis=-1) > 0) & (said_right | said_wrong)
-        right = jnp.broadcast_to(right, well_formed.shape)
-        correct = well_formed & jnp.where(right, said_right, said_wrong)
-        return jnp.stack([correct, well_formed], axis=-1).astype(jnp.float32)
+        return verdict_rewards(right, completions, vocab)
 
 
-TASKS.update({CountdownJudge.name: CountdownJudge})
+def verdict_rewards(right: jax.Array, completions: jax.Array, vocab: Vocab) -> jax.Array:
+    """float32 [..., 2] (correct, well_formed) of a judge's completions [..., T] on problems whose candidate is right
+    where `right` [...] (broadcast to the completions' leading axes): the verdict is the token before the first EOS;
+    well formed when there is one, correct when it is the truth."""
+    is_eos = completions == vocab.eos_id
+    ended = jnp.any(is_eos, axis=-1)
+    last = jnp.maximum(jnp.argmax(is_eos, axis=-1) - 1, 0)
+    verdict = jnp.take_along_axis(completions, last[..., None], axis=-1)[..., 0]
+    said_right, said_wrong = verdict == vocab.id_of(VERDICTS[0]), verdict == vocab.id_of(VERDICTS[1])
+    well_formed = ended & (jnp.argmax(is_eos, axis=-1) > 0) & (said_right | said_wrong)
+    right = jnp.broadcast_to(right.reshape(*right.shape, *(1,) * (well_formed.ndim - right.ndim)), well_formed.shape)
+    correct = well_formed & jnp.where(right, said_right, said_wrong)
+    return jnp.stack([correct, well_formed], axis=-1).astype(jnp.float32)
+
+
+# How a wrong claim differs from the true result: a unit or two, or a ten (a carry dropped or doubled), either sign
+SLIPS = (1, 2, 10)
+
+
+class ArithmeticJudge(Task):
+    """Judge a claimed result of an arithmetic problem (see the module docstring). Problems: numbers [..., 3] (a, b,
+    the claim), target the true result; on about `wrong_share` of them (by their hash) the claim is the result off by
+    a slip, never below 0. Rewards as `countdown_judge`'s (`verdict_rewards`)."""
+
+    alphabet = ALPHABET + "?" + VERDICTS
+
+    def __init__(self, base: Arithmetic, wrong_share: float = 0.5):
+        super().__init__(base.split_seed)
+        if not 0.0 <= wrong_share <= 1.0:
+            raise ValueError(f"wrong_share must be in [0, 1], got {wrong_share}")
+        self.base, self.wrong_share = base, float(wrong_share)
+        self.name, self.op = f"{base.name}_judge", base.op
+        largest = 10 ** base.max_digits - 1
+        self.claim_digits = render.max_digits(base._combine(largest, largest) + max(SLIPS))
+        self.prompt_length = base.prompt_length + self.claim_digits + 1
+        self.answer_length = 2  # the verdict, EOS
+
+    def claims(self, problems: Problems) -> jax.Array:
+        """int32 [...]: the claimed results of the base task's problems [...]."""
+        bits = split_hash(problems, self.split_seed + 7)
+        wrong = bits % 1000 < 1000 * self.wrong_share
+        slip = jnp.asarray(SLIPS)[(bits >> 10) % len(SLIPS)] * jnp.where(((bits >> 13) & 1) == 1, 1, -1)
+        slip = jnp.where(problems.target + slip < 0, -slip, slip)
+        return problems.target + jnp.where(wrong, slip, 0)
+
+    def _propose(self, key, n, level=None):
+        problems, valid = self.base._propose(key, n, level)
+        claims = self.claims(problems)
+        return problems.replace(numbers=jnp.concatenate([problems.numbers, claims[:, None]], axis=-1)), valid
+
+    def difficulty(self, problems):
+        return self.base.difficulty(problems.replace(numbers=problems.numbers[..., :2]))
+
+    @staticmethod
+    def right(numbers, target):
+        """bool [...]: whether each problem's claim is its result, from its numbers [..., 3] and target [...] (NumPy
+        or JAX arrays)."""
+        return numbers[..., 2] == target
+
+    def _prompt_pieces(self, problem, vocab):
+        a, b = (render.number(x, self.base.max_digits, vocab) for x in problem.numbers[:2])
+        return [a, render.char(self.op, vocab), b, render.char("=", vocab),
+                render.number(problem.numbers[2], self.claim_digits, vocab), render.char("?", vocab)]
+
+    def _answer_pieces(self, problem, vocab):
+        return [render.token(jnp.asarray(vocab.ids_of(VERDICTS))[jnp.where(self.right(problem.numbers, problem.target), 0, 1)])]
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def rewards(self, problems, completions, vocab):
+        """float32 [..., 2] (correct, well_formed) in JAX over completions [..., T] (`verdict_rewards`)."""
+        return verdict_rewards(self.right(problems.numbers, problems.target), completions, vocab)
+
+
+def addition_judge(min_digits: int = 1, max_digits: int = 2, wrong_share: float = 0.5,
+                   split_seed: int = 0) -> ArithmeticJudge:
+    """`"64+79=173?"` -> `"N"`."""
+    return ArithmeticJudge(Arithmetic("+", "addition", min_digits, max_digits, split_seed), wrong_share)
+
+
+TASKS.update({CountdownJudge.name: CountdownJudge, "addition_judge": addition_judge})
 
 
 # -------------------------------------------------------------------------------------------------

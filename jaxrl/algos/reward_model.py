@@ -63,6 +63,9 @@ CRITIQUE_BY = Knob("reward_model.critique_by", "model", "generative reward model
 STEP_SCORE = Knob("reward_model.step_score", "min", "process reward models: how a completion's score is made from "
                   "its steps' values: min (Math-Shepherd: the weakest step), product (PRM800K: the product of the "
                   "steps' probabilities) or last (the last step's)", choices=reward_models.STEP_SCORES)
+STEP_LOSS = Knob("reward_model.step_loss", "pointwise", "process reward models: how step values learn their Monte "
+                 "Carlo labels: pointwise (Math-Shepherd: each step's cross-entropy) or pairwise (Bradley-Terry over "
+                 "every two steps of a prompt's completions)", choices=reward_models.STEP_LOSSES)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -80,6 +83,7 @@ class RewardModelSettings:
     critique_weight: float = CRITIQUE_WEIGHT.field()
     critique_by: str = CRITIQUE_BY.field()
     step_score: str = STEP_SCORE.field()
+    step_loss: str = STEP_LOSS.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -169,8 +173,8 @@ class RewardModel:
         if self.settings.objective == "process":  # each step's value against its Monte Carlo label
             _, _, values = sampling.score_groups(self.model, scoring(params, "process"), prompts, tokens, mask,
                                                  self.vocab.pad_id)
-            loss = reward_models.pointwise_loss(values, batch.step_labels, axis_name=DATA_AXIS,
-                                                where=batch.step_slots)
+            loss = reward_models.step_loss(values, batch.step_labels, batch.step_slots, self.settings.step_loss,
+                                           axis_name=DATA_AXIS)
             scores = reward_models.step_score(values, batch.step_slots, self.settings.step_score)
         elif self.settings.objective == "generative":  # the verdict after the critique; the model's critique taught
             scores = self.scorer.verdicts(scoring(params, "generative"), prompts, tokens, mask)
@@ -391,9 +395,11 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
     if config.reward_model.critique_by != CRITIQUE_BY.default and config.reward_model.objective != "generative":
         raise ValueError(f"reward_model.critique_by={config.reward_model.critique_by}: only a generative reward model "
                          f"writes a critique; reward_model.objective is {config.reward_model.objective}")
-    if config.reward_model.step_score != STEP_SCORE.default and config.reward_model.objective != "process":
-        raise ValueError(f"reward_model.step_score={config.reward_model.step_score}: only a process reward model scores "
-                         f"steps; reward_model.objective is {config.reward_model.objective}")
+    for knob in (STEP_SCORE, STEP_LOSS):
+        value = config.reward_model[knob.key.split(".")[-1]]
+        if value != knob.default and config.reward_model.objective != "process":
+            raise ValueError(f"{knob.key}={value}: only a process reward model has step values; "
+                             f"reward_model.objective is {config.reward_model.objective}")
     if config.reward_model.objective == "process" and config.model.name:
         raise ValueError("reward_model.objective=process: pretrained models' chat replies are not split into steps "
                          "yet; train it on the small transformer")

@@ -1,0 +1,166 @@
+"""What this machine's arithmetic allows for group sampling and one GRPO step on a pretrained model: each matmul of a
+decoder layer timed alone in float32, under XLA (jaxrl's kernels) and under torch (transformers' and TRL's), and the
+floor those rates set on the work of `lm_generate.py` and `lm_grpo.py` (issue 60's speed goals are ratios to
+transformers and TRL, which the floor bounds).
+
+    python benchmarks/lm_ceiling.py                          # SmolLM2-135M-Instruct, both benchmarks' default shapes
+    python benchmarks/lm_ceiling.py --trl-seconds 102.6 --transformers-rate 141.7   # and what the goals then need
+
+The floor counts only the weight matmuls (every layer's q, k, v, o, gate, up and down projections and the vocabulary
+projection), each at the rate measured for its own shape: attention, norms, sampling and the optimiser are left out,
+so the true minimum is higher still. Its work:
+
+- group sampling (`lm_generate.py`): B prompts' prefill (P rows each, shared by the group), then N decoding steps of
+  B x G rows;
+- one GRPO step (`lm_grpo.py`'s jaxrl side): that sampling with its N, then a forward and a backward pass over the
+  B x G sequences of P + N slots in one batch (each forward matmul X W costs two more in the backward: X^T dY and
+  dY W^T, timed at their own shapes). The old policy's log-probabilities come from sampling (one pass, no KL): no
+  extra forward.
+
+Prints each shape's GFLOP/s under both, the floor in seconds (and tokens/s for sampling) under each, and, given the
+peers' measured figures from the same session, the rate each goal would need as a share of the floor's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def weight_shapes(config) -> list[tuple[str, int, int, int]]:
+    """(name, count per model, K, N) of every weight matmul X [M, K] @ W [K, N] of a decoder-only model."""
+    d, hd = config.hidden_size, config.head_dim
+    per_layer = [("q", d, config.num_heads * hd), ("k", d, config.num_kv_heads * hd), ("v", d, config.num_kv_heads * hd),
+                 ("o", config.num_heads * hd, d), ("gate", d, config.intermediate_size),
+                 ("up", d, config.intermediate_size), ("down", config.intermediate_size, d)]
+    return [(name, config.num_layers, k, n) for name, k, n in per_layer] + [("vocab", 1, d, config.vocab_size)]
+
+
+def time_xla(m: int, k: int, n: int, repeats: int) -> float:
+    """Seconds (median of `repeats`) of one float32 [m, k] @ [k, n] under XLA, compiled and warm."""
+    import jax
+    import jax.numpy as jnp
+
+    x, w = jax.random.normal(jax.random.key(0), (m, k)), jax.random.normal(jax.random.key(1), (k, n))
+    matmul = jax.jit(jnp.dot)
+    jax.block_until_ready(matmul(x, w))
+    times = []
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        jax.block_until_ready(matmul(x, w))
+        times.append(time.perf_counter() - tick)
+    return statistics.median(times)
+
+
+def time_torch(m: int, k: int, n: int, repeats: int) -> float:
+    """Seconds (median of `repeats`) of one float32 [m, k] @ [k, n] under torch, warm."""
+    import torch
+
+    x, w = torch.randn(m, k), torch.randn(k, n)
+    torch.mm(x, w)
+    times = []
+    for _ in range(repeats):
+        tick = time.perf_counter()
+        torch.mm(x, w)
+        times.append(time.perf_counter() - tick)
+    return statistics.median(times)
+
+
+def matmul_seconds(timer, shapes, rows: int, backward: bool, repeats: int, rates: dict) -> float:
+    """Seconds of every weight matmul (`shapes`) on `rows` rows: forward, and with `backward` also X^T dY [k, rows] @
+    [rows, n] and dY W^T [rows, n] @ [n, k]. Each distinct shape is timed once; `rates` collects GFLOP/s by shape."""
+    total = 0.0
+    for name, count, k, n in shapes:
+        products = [(rows, k, n)] + ([(k, rows, n), (rows, n, k)] if backward else [])
+        for m, kk, nn in products:
+            if (m, kk, nn) not in rates:
+                rates[(m, kk, nn)] = 2 * m * kk * nn / timer(m, kk, nn, repeats) / 1e9
+            total += count * 2 * m * kk * nn / (rates[(m, kk, nn)] * 1e9)
+    return total
+
+
+def sampling_seconds(timer, shapes, prompts: int, group: int, new_tokens: int, prompt_len: int, repeats: int,
+                     rates: dict) -> float:
+    """Seconds of group sampling's matmuls: the prompts' prefill (shared by each group), then `new_tokens` decoding
+    steps of prompts x group rows."""
+    prefill = matmul_seconds(timer, shapes, prompts * prompt_len, False, repeats, rates)
+    return prefill + new_tokens * matmul_seconds(timer, shapes, prompts * group, False, repeats, rates)
+
+
+def grpo_seconds(timer, shapes, prompts: int, group: int, new_tokens: int, prompt_len: int, repeats: int,
+                 rates: dict) -> float:
+    """Seconds of one GRPO step's matmuls: its sampling, then the forward and backward pass over its sequences."""
+    train = matmul_seconds(timer, shapes, prompts * group * (prompt_len + new_tokens), True, repeats, rates)
+    return sampling_seconds(timer, shapes, prompts, group, new_tokens, prompt_len, repeats, rates) + train
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=16, help="sampling's B (lm_generate.py)")
+    parser.add_argument("--group-size", type=int, default=8, help="G, both")
+    parser.add_argument("--new-tokens", type=int, default=64, help="sampling's N")
+    parser.add_argument("--prompt-len", type=int, default=64, help="sampling's P (lm_generate.py's padded prompts)")
+    parser.add_argument("--grpo-prompts", type=int, default=8, help="the GRPO step's B (lm_grpo.py)")
+    parser.add_argument("--grpo-new-tokens", type=int, default=48)
+    parser.add_argument("--grpo-prompt-len", type=int, default=0, help="0: the addition task's own prompt length")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--trl-seconds", type=float, default=None, help="TRL's measured s/step, same session")
+    parser.add_argument("--transformers-rate", type=float, default=None,
+                        help="transformers' measured sampling tokens/s, same session")
+    args = parser.parse_args()
+
+    import torch
+
+    from jaxrl import models
+    from report import machine
+
+    config, _ = models.read_spec(args.model)
+    if not args.grpo_prompt_len:
+        from lm_grpo import jaxrl_config
+
+        from jaxrl import algos, mesh as mesh_lib
+
+        grpo_args = argparse.Namespace(model=args.model, new_tokens=args.grpo_new_tokens, prompts=args.grpo_prompts,
+                                       group_size=args.group_size)
+        algo, _ = algos.build(jaxrl_config(grpo_args), mesh_lib.make_mesh())
+        args.grpo_prompt_len = algo.parts.policy.task.prompt_length
+    shapes = weight_shapes(config)
+    print(f"{args.model}: sampling {args.prompts} x {args.group_size} x {args.new_tokens} (prompts of {args.prompt_len}); "
+          f"GRPO step {args.grpo_prompts} x {args.group_size} x {args.grpo_new_tokens} (prompts of "
+          f"{args.grpo_prompt_len}); float32; torch {torch.__version__} on {torch.get_num_threads()} threads; "
+          f"{machine()}, {datetime.date.today()}", flush=True)
+    floor, rates = {}, {"XLA": {}, "torch": {}}
+    for side, timer in (("XLA", time_xla), ("torch", time_torch)):
+        floor[side] = (
+            sampling_seconds(timer, shapes, args.prompts, args.group_size, args.new_tokens, args.prompt_len,
+                             args.repeats, rates[side]),
+            grpo_seconds(timer, shapes, args.grpo_prompts, args.group_size, args.grpo_new_tokens, args.grpo_prompt_len,
+                         args.repeats, rates[side]))
+    print(f"{'[m, k] @ [k, n]':>20} {'XLA GFLOP/s':>12} {'torch GFLOP/s':>14}")
+    for shape in sorted(rates["XLA"], key=lambda s: -s[0] * s[1] * s[2]):
+        print(f"{str(list(shape)):>20} {rates['XLA'][shape]:12.1f} {rates['torch'][shape]:14.1f}")
+    tokens = args.prompts * args.group_size * args.new_tokens
+    for side, (sampling, grpo) in floor.items():
+        print(f"{side:>5} floor: sampling {sampling:.2f} s ({tokens / sampling:.0f} tokens/s at most); one GRPO step "
+              f"{grpo:.1f} s")
+    if args.trl_seconds:
+        need = args.trl_seconds / 3
+        print(f"3x TRL ({args.trl_seconds} s/step) is {need:.1f} s/step, against XLA's floor of {floor['XLA'][1]:.1f} s; "
+              f"TRL itself takes {args.trl_seconds / floor['torch'][1]:.2f}x torch's floor")
+    if args.transformers_rate:
+        need = 3 * args.transformers_rate
+        print(f"3x transformers ({args.transformers_rate} tokens/s) is {need:.0f} tokens/s: "
+              f"{need / (tokens / floor['XLA'][0]):.0%} of XLA's ceiling")
+
+
+if __name__ == "__main__":
+    main()
