@@ -98,6 +98,7 @@ def test_the_answer_is_read_from_free_text():
     assert check(judge, np.array([64, 79, 173]), 143, "Yes") == (False, True)
     assert check(judge, np.array([64, 79, 143]), 143, "**Yes**") == (True, True)
     assert check(judge, np.array([64, 79, 143]), 143, "143") == (False, False)
+    assert check(judge, np.array([64, 79, 173]), 143, "64 + 79 = 143. No") == (True, True)  # the last yes or no
     task = text.make_task("addition")
     assert check(task, np.array([12, 30]), 42, "42") == (True, True)
     assert check(task, np.array([12, 30]), 42, "1,042") == (False, True)
@@ -156,7 +157,8 @@ def test_a_chat_judge_is_asked_about_a_claim_and_scored_by_its_last_yes_or_no(ti
     rewards = np.asarray(jax.jit(task.jax_rewards)(problems[:5], jnp.asarray(completions)))
     np.testing.assert_array_equal(rewards, [[1, 1], [1, 1], [0, 1], [0, 1], [0, 0]])
     answers = np.asarray(jax.jit(task.reference_answers)(problems[:2]))
-    assert [tokenizer.decode([i for i in a if i != 2]) for a in answers] == [("Yes" if r else "No") for r in right[:2]]
+    assert [tokenizer.decode([i for i in a if i != 2]) for a in answers] == [
+        f"{a} + {b} = {t}. {'Yes' if r else 'No'}" for (a, b, _), t, r in zip(numbers[:2], target[:2], right[:2])]
 
 
 @pytest.fixture(scope="module")

@@ -413,12 +413,15 @@ def test_addition_judge_claims_are_the_sum_or_a_slip_and_the_verdict_is_rewarded
     assert set(np.abs(slips)) <= {0, 1, 2, 10} and (numbers[:, 2] >= 0).all()
     assert 0.35 < np.mean(slips == 0) < 0.65  # wrong_share 0.5
     for (prompt, answer), (a, b, claim) in zip(task.texts(probs), numbers):
-        assert prompt == f"{a}+{b}={claim}?" and answer == ("Y" if claim == a + b else "N")
+        assert prompt == f"{a}+{b}={claim}?" and answer == f"{a + b}" + ("Y" if claim == a + b else "N")
     answers = task.reference_answers(probs, vocab)
     np.testing.assert_array_equal(rewards_of(task, probs, answers, vocab), np.ones((BATCH, 2)))
     flipped = jnp.where(answers == vocab.id_of("Y"), vocab.id_of("N"), jnp.where(answers == vocab.id_of("N"),
                                                                                   vocab.id_of("Y"), answers))
     np.testing.assert_array_equal(rewards_of(task, probs, flipped, vocab), np.tile([0.0, 1.0], (BATCH, 1)))
+    verdicts = jnp.asarray([vocab.id_of("Y" if c == a + b else "N") for a, b, c in numbers])
+    bare = jnp.full_like(answers, vocab.pad_id).at[:, 0].set(verdicts).at[:, 1].set(vocab.eos_id)
+    np.testing.assert_array_equal(rewards_of(task, probs, bare, vocab), np.ones((BATCH, 2)))  # the verdict alone
     assert text.make_task("addition_judge", wrong_share=0.0).heldout(64).numbers[:, 2].tolist() == \
         text.make_task("addition_judge", wrong_share=0.0).heldout(64).target.tolist()
     with pytest.raises(ValueError, match="wrong_share"):

@@ -197,10 +197,10 @@ def check(task, numbers: np.ndarray, target: int, answer: str | None) -> tuple[b
     if isinstance(task, Countdown):
         return check_countdown(answer.replace(" ", ""), [int(n) for n in numbers], int(target))
     if isinstance(task, ArithmeticJudge):
-        said = VERDICT.match(answer.strip("*$ "))
-        if said is None:
+        said = VERDICT.findall(answer)
+        if not said:
             return False, False
-        return (said.group(1).lower() == "yes") == bool(task.right(numbers, target)), True
+        return (said[-1].lower() == "yes") == bool(task.right(numbers, target)), True
     value = parse_number(answer)
     if value is None:
         return False, False
@@ -272,8 +272,9 @@ class ChatTask:
         if isinstance(self.task, DatasetTask):
             gold = self.task.answers[int(numbers[0])]
             answer = str(gold.numerator if gold.denominator == 1 else float(gold))
-        elif isinstance(self.task, ArithmeticJudge):
-            answer = "Yes" if self.task.right(numbers, target) else "No"
+        elif isinstance(self.task, ArithmeticJudge):  # its working, the result, then the verdict
+            answer = (f"{int(numbers[0])} {self.task.op} {int(numbers[1])} = {int(target)}. "
+                      f"{'Yes' if self.task.right(numbers, target) else 'No'}")
         else:
             answer = self.alphabet.text(reference_chars)
         return f"{self.marker} {answer}" if self.marker else answer

@@ -7,9 +7,9 @@ and J1, where the judgment's correctness is the reward).
 it does not). The candidates are the problem's reference solution with its operators redrawn on about half the
 problems (`wrong_share`), so about half are wrong; a redrawn one that still reaches the target is right.
 
-`addition_judge`: `64+79=173?` -> `N`, a claimed result judged (Y: it is the sum). About half the claims are off by a
-slip (`SLIPS`), so the verdict needs the sum, not the look of the claim. Posed to a chat model: "Is 64 + 79 = 173?",
-judged by the reply's last yes or no, whatever working comes before it.
+`addition_judge`: `64+79=173?` -> `143N`, a claimed result judged: the sum, then Y (the claim is the sum) or N. About
+half the claims are off by a slip (`SLIPS`), so the verdict needs the sum, not the look of the claim. Posed to a chat
+model: "Is 64 + 79 = 173?" -> "64 + 79 = 143. No", judged by the reply's last yes or no, whatever working comes first.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class ArithmeticJudge(Task):
         largest = 10 ** base.max_digits - 1
         self.claim_digits = render.max_digits(base._combine(largest, largest) + max(SLIPS))
         self.prompt_length = base.prompt_length + self.claim_digits + 1
-        self.answer_length = 2  # the verdict, EOS
+        self.answer_length = base.answer_digits + 2  # the result, the verdict, EOS
 
     def claims(self, problems: Problems) -> jax.Array:
         """int32 [...]: the claimed results of the base task's problems [...]."""
@@ -152,7 +152,8 @@ class ArithmeticJudge(Task):
                 render.number(problem.numbers[2], self.claim_digits, vocab), render.char("?", vocab)]
 
     def _answer_pieces(self, problem, vocab):
-        return [render.token(jnp.asarray(vocab.ids_of(VERDICTS))[jnp.where(self.right(problem.numbers, problem.target), 0, 1)])]
+        verdict = jnp.asarray(vocab.ids_of(VERDICTS))[jnp.where(self.right(problem.numbers, problem.target), 0, 1)]
+        return [*self.base._answer_pieces(problem, vocab), render.token(verdict)]
 
     @functools.partial(jax.jit, static_argnums=0)
     def rewards(self, problems, completions, vocab):
