@@ -175,6 +175,9 @@ def test_sft_learns_the_reference_replies_of_a_pretrained_format_model(sft_run):
     workdir, metrics = sft_run
     rows = [r for r in metrics if "loss" in r]
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], (rows[0]["loss"], rows[-1]["loss"])
+    # it learns to end its reply too: its EOS (<|im_end|>, also its padding) is learned, so greedy replies stop
+    # short of lm_config's reply_length of 12 (4 tokens after the fix; 12 when the EOS was masked out with padding)
+    assert metrics[-1]["eval_length"] < 12
     model_dir = os.path.join(workdir, "model")
     assert {"config.json", "tokenizer.json", "tokenizer_config.json"} <= set(os.listdir(model_dir))
     from jaxrl.run import policies

@@ -132,3 +132,16 @@ def test_a_roll_in_starts_demonstrations_from_the_learner_s_own_first_turn():
     with pytest.raises(ValueError, match="sft.roll_in_turns = 4 leaves the demonstrator no turn: countdown_tools "
                                          "plays at most 4"):
         algos.validate(config)
+
+
+def test_sft_learns_each_answer_through_its_first_eos_even_when_padding_is_the_eos():
+    """Right-padded references: their tokens and first EOS are learned, the padding after it is not, also for a model
+    whose padding token is its EOS (SmolLM2's <|im_end|>: a mask of `!= pad` would hide the EOS, and the model would
+    never learn to stop)."""
+    from jaxrl.algos.text.sft import through_first_eos
+
+    pad_is_eos = jnp.array([[5, 6, 2, 2, 2], [7, 2, 2, 2, 2], [5, 6, 7, 8, 9]])
+    assert through_first_eos(pad_is_eos, eos_id=2).tolist() == [
+        [True, True, True, False, False], [True, True, False, False, False], [True] * 5]
+    apart = jnp.array([[5, 6, 1, 0, 0]])  # EOS 1, pad 0
+    assert through_first_eos(apart, eos_id=1).tolist() == [[True, True, True, False, False]]
