@@ -44,33 +44,50 @@ def weight_shapes(config) -> list[tuple[str, int, int, int]]:
     return [(name, config.num_layers, k, n) for name, k, n in per_layer] + [("vocab", 1, d, config.vocab_size)]
 
 
+def inner_count(m: int, k: int, n: int) -> int:
+    """Matmuls per timed call: about 2 GFLOP of them, so that a call's dispatch does not count against small shapes."""
+    return max(1, int(2e9 / (2 * m * k * n)))
+
+
 def time_xla(m: int, k: int, n: int, repeats: int) -> float:
-    """Seconds (median of `repeats`) of one float32 [m, k] @ [k, n] under XLA, compiled and warm."""
+    """Seconds of one float32 [m, k] @ [k, n] under XLA: the median of `repeats` compiled calls, each a loop of
+    `inner_count` of them (the left operand scaled at each, so none is hoisted out of the loop), divided by its count."""
     import jax
     import jax.numpy as jnp
 
+    count = inner_count(m, k, n)
     x, w = jax.random.normal(jax.random.key(0), (m, k)), jax.random.normal(jax.random.key(1), (k, n))
-    matmul = jax.jit(jnp.dot)
-    jax.block_until_ready(matmul(x, w))
+
+    @jax.jit
+    def loop(x, w):
+        def body(_, carry):
+            x, total = carry
+            return x * 1.0000001, total + jnp.dot(x, w)[0, 0]
+        return jax.lax.fori_loop(0, count, body, (x, jnp.float32(0.0)))[1]
+
+    jax.block_until_ready(loop(x, w))
     times = []
     for _ in range(repeats):
         tick = time.perf_counter()
-        jax.block_until_ready(matmul(x, w))
-        times.append(time.perf_counter() - tick)
+        jax.block_until_ready(loop(x, w))
+        times.append((time.perf_counter() - tick) / count)
     return statistics.median(times)
 
 
 def time_torch(m: int, k: int, n: int, repeats: int) -> float:
-    """Seconds (median of `repeats`) of one float32 [m, k] @ [k, n] under torch, warm."""
+    """Seconds of one float32 [m, k] @ [k, n] under torch: the median of `repeats` loops of `inner_count` of them,
+    each loop's time divided by its count."""
     import torch
 
-    x, w = torch.randn(m, k), torch.randn(k, n)
-    torch.mm(x, w)
+    count = inner_count(m, k, n)
+    x, w, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
+    torch.mm(x, w, out=out)
     times = []
     for _ in range(repeats):
         tick = time.perf_counter()
-        torch.mm(x, w)
-        times.append(time.perf_counter() - tick)
+        for _ in range(count):
+            torch.mm(x, w, out=out)
+        times.append((time.perf_counter() - tick) / count)
     return statistics.median(times)
 
 

@@ -9,7 +9,8 @@
 The run is experiments/lm_grpo.py:<task> with the settings below (1-2 digit addition, 48-token replies, the
 reply's last number as the answer, 8 prompts x 8 completions per update, 2 minibatches, rematerialised layers),
 passed on the command line of `python -m jaxrl.train` so that the run directory records them. With `--task
-addition_judge` the model judges claimed sums ("Is 64 + 79 = 173?", half of them off by a slip) and the reward is
+addition_judge` the model judges claimed sums of 1-3 digit numbers ("Is 64 + 79 = 173?", half of them off by a slip)
+and the reward is
 whether its reply's last yes or no is right: the critique RL of issue 63 (J1, Critique-Coder), its working free
 text before the verdict, from a warm start SFT on 512 demonstrations (`JUDGE_SFT`, runs/lm_learning-addition_judge-
 full-sft). The report gives:
@@ -32,16 +33,18 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-TASK_FLAGS = ["--config.task.kwargs.min_digits=1", "--config.task.kwargs.max_digits=2", "--config.task.answer_marker=",
-              "--config.task.reply_length=48"]
-FLAGS = [*TASK_FLAGS, "--config.optim.num_minibatches=2", "--config.num_prompts=8", "--config.group.size=8", "--config.log.every_steps=64",
+TASK_FLAGS = ["--config.task.kwargs.min_digits=1", "--config.task.answer_marker=", "--config.task.reply_length=48"]
+# operands of up to 2 digits; the judge's of up to 3: after its warm start SmolLM2 adds most 2-digit numbers right
+# (15 of the first 16 held-out sums), which leaves its judgement little to learn
+MAX_DIGITS = {"addition": 2, "addition_judge": 3}
+FLAGS = ["--config.optim.num_minibatches=2", "--config.num_prompts=8", "--config.group.size=8", "--config.log.every_steps=64",
          "--config.eval.every_steps=704", "--config.eval.episodes=128", "--config.checkpoint.every_steps=704"]
 FULL = ["--config.optim.learning_rate=5e-6", "--config.total_steps=2816"]  # 44 updates: about 55 min on 2 cores
 LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=1408"]  # 22 updates
 # The judge's warm start: the model as shipped answers every "Is 64 + 79 = 173?" with "Yes." (a constant verdict, 0.5),
 # so, as the small model's critique RL starts from SFT, a few demonstrations first teach the form of a judgement (the
 # sum, then the verdict: "64 + 79 = 143. No"); the judge's evaluations use 256 held-out claims.
-JUDGE_SFT = [*TASK_FLAGS, "--config.model.name=smollm2-135m-instruct", "--config.model.remat=True",
+JUDGE_SFT = ["--config.model.name=smollm2-135m-instruct", "--config.model.remat=True",
              "--config.num_prompts=32", "--config.total_steps=512", "--config.optim.learning_rate=2e-5",
              "--config.optim.warmup_updates=2", "--config.log.every_steps=64", "--config.eval.every_steps=512",
              "--config.eval.episodes=256", "--config.eval.pass_k=0", "--config.checkpoint.every_steps=512"]
@@ -52,10 +55,14 @@ def train(workdir: str, task: str, lora: bool, seeds: int) -> None:
     if task == "addition_judge":
         sft = f"{workdir}-sft"
         if not os.path.exists(os.path.join(sft, "checkpoints")):
-            run_train([f"--config=experiments/text_sft.py:{task}", f"--workdir={sft}", *JUDGE_SFT])
+            run_train([f"--config=experiments/text_sft.py:{task}", f"--workdir={sft}", *task_flags(task), *JUDGE_SFT])
         warm_start = [f"--config.init_from={sft}", "--config.eval.episodes=256"]
-    run_train([f"--config=experiments/lm_grpo.py:{task}", f"--workdir={workdir}", *FLAGS, *(LORA if lora else FULL),
-               f"--config.num_seeds={seeds}", *warm_start])
+    run_train([f"--config=experiments/lm_grpo.py:{task}", f"--workdir={workdir}", *task_flags(task), *FLAGS,
+               *(LORA if lora else FULL), f"--config.num_seeds={seeds}", *warm_start])
+
+
+def task_flags(task: str) -> list[str]:
+    return [*TASK_FLAGS, f"--config.task.kwargs.max_digits={MAX_DIGITS[task]}"]
 
 
 def run_train(flags: list[str]) -> None:
