@@ -230,6 +230,13 @@ def test_a_multi_turn_task_is_played_and_trained_through_the_chat_template(tiny_
     assert shown.startswith("512\n<|im_start|>user\n") and "<|im_start|>assistant\n" in shown
     vocab = text.ModelVocab(config_spec.vocab_size, 2, 2)
     np.testing.assert_allclose(task.rewards(problems, task.reference_answers(problems), vocab)[:, 1], 1.0)
+    # SFT imitates each of the model's turns through its EOS, <|im_end|>, which is also the padding
+    episodes = np.asarray(task.reference_answers(problems))
+    imitated = np.asarray(task.imitated_slots(jnp.asarray(episodes), vocab))
+    first_turn = episodes[0, :task.turn_length]
+    assert tokenizer.decode([int(i) for i in first_turn[imitated[0, :task.turn_length]]],
+                            skip_special_tokens=False) == "512<|im_end|>"
+    assert not imitated[0, task.turn_length:task.turn_span].any()  # the environment's reply is attended, not imitated
     # a task of roles keeps them through the template: the critic's turn is credited with the revision's success
     refine = text.ChatTurns(text.make_task("countdown_refine", num_numbers=2), tokenizer.encode, tokenizer.decode,
                             tokenizer.render_chat, vocab_size=config_spec.vocab_size, pad_id=2, eos_id=2)

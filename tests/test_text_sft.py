@@ -138,7 +138,7 @@ def test_sft_learns_each_answer_through_its_first_eos_even_when_padding_is_the_e
     """Right-padded references: their tokens and first EOS are learned, the padding after it is not, also for a model
     whose padding token is its EOS (SmolLM2's <|im_end|>: a mask of `!= pad` would hide the EOS, and the model would
     never learn to stop)."""
-    from jaxrl.algos.text.sft import through_first_eos
+    from envs.text.render import through_first_eos
 
     pad_is_eos = jnp.array([[5, 6, 2, 2, 2], [7, 2, 2, 2, 2], [5, 6, 7, 8, 9]])
     assert through_first_eos(pad_is_eos, eos_id=2).tolist() == [

@@ -75,6 +75,13 @@ def before_eos(ids: jnp.ndarray, eos_id: int) -> tuple[jnp.ndarray, jnp.ndarray]
     return jnp.where(ended, jnp.argmax(is_eos, -1), ids.shape[-1]).astype(jnp.int32), ended
 
 
+def through_first_eos(ids: jnp.ndarray, eos_id: int) -> jnp.ndarray:
+    """bool [..., T]: the slots of ids [..., T] up to and including the first EOS (all where there is none), whatever
+    the padding after it is (also the EOS itself, as SmolLM2's <|im_end|>)."""
+    is_eos = ids == eos_id
+    return jnp.cumsum(is_eos, axis=-1) - is_eos == 0
+
+
 def widen(piece: Piece, width: int, pad_id: int) -> Piece:
     """The piece with its ids padded to `width` slots (width >= its ids')."""
     ids, length = piece

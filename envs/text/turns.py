@@ -116,9 +116,13 @@ class MultiTurnTask(Task):
     def imitated_slots(self, episodes: jax.Array, vocab: Vocab) -> jax.Array:
         """bool [B, N]: the slots of demonstration `episodes` [B, N] (`reference_answers`) that supervised learning
         imitates: the model's tokens (not the environment's) of the imitated turns."""
-        turn_of, model_slot = self.turn_slots()
-        written = (episodes != vocab.pad_id) & jnp.asarray(model_slot)
-        played = written.reshape(*written.shape[:-1], self.max_turns, self.turn_span).any(-1)
+        turn_of, _ = self.turn_slots()
+        turns = episodes.reshape(*episodes.shape[:-1], self.max_turns, self.turn_span)
+        model = turns[..., :self.turn_length]  # each turn's model slots: its tokens through its EOS, if it was played
+        played = model[..., 0] != vocab.pad_id  # (a turn that opens with padding was not; padding may be the EOS)
+        written = render.through_first_eos(model, vocab.eos_id) & played[..., None]
+        written = jnp.concatenate([written, jnp.zeros_like(turns[..., self.turn_length:], bool)], -1).reshape(
+            episodes.shape)
         return written & jnp.take(self.imitated_turns(played), jnp.asarray(turn_of), axis=-1)
 
     # A task played on a single-turn task's problems sets `base` (that Task): its problems, difficulty and prompt

@@ -17,6 +17,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from envs import text
+from envs.text import render
 from jaxrl import engine, knobs, losses, mesh as mesh_lib, multi_turn, sampling
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.algos.text.policy import (INIT_FROM, TextHyperparams, TextPolicy, TextSettings, TextState, check_init_from,
@@ -35,7 +36,8 @@ def sft_batch(policy: TextPolicy, sft: SFTSettings, params, key: jax.Array):
     prompts = policy.task.prompts(problems, policy.vocab)
     if not policy.multi_turn:
         answers = policy.task.reference_answers(problems, policy.vocab)
-        return prompts, answers, through_first_eos(answers, policy.vocab.eos_id)
+        # (not `!= pad`: a model whose padding is its EOS, as SmolLM2's <|im_end|>, would never learn to stop)
+        return prompts, answers, render.through_first_eos(answers, policy.vocab.eos_id)
     if sft.roll_in == 0:
         answers = policy.task.reference_answers(problems, policy.vocab)
         return prompts, answers, policy.task.imitated_slots(answers, policy.vocab)
@@ -43,13 +45,6 @@ def sft_batch(policy: TextPolicy, sft: SFTSettings, params, key: jax.Array):
     turn_of, _ = policy.task.turn_slots()
     imitated = policy.task.imitated_slots(answers, policy.vocab) & (turn_of >= learner_turns[:, None])
     return prompts, answers, imitated
-
-
-def through_first_eos(answers: jax.Array, eos_id: int) -> jax.Array:
-    """bool [..., A]: a reference answer's slots to learn, its tokens through its first EOS. (Not `!= pad`: a model
-    whose padding token is its EOS, as SmolLM2's <|im_end|>, would then never learn to stop.)"""
-    is_eos = answers == eos_id
-    return jnp.cumsum(is_eos, axis=-1) - is_eos == 0
 
 
 def roll_in_episodes(policy: TextPolicy, sft: SFTSettings, params, problems, prompts: jax.Array, key: jax.Array):
