@@ -15,11 +15,11 @@ whether its reply's last yes or no is right: the critique RL of issue 63 (J1, Cr
 text before the verdict, from a warm start SFT on 512 demonstrations (`JUDGE_SFT`, runs/lm_learning-addition_judge-
 full-sft). The report gives:
 
-- the held-out greedy accuracy at the start (the pretrained model: the run's own evaluation, on the same 128
-  held-out problems, computed here from the starting parameters), and at every evaluation of the run, with
-  wall-clock minutes;
+- the held-out greedy accuracy at the start (the pretrained model, or the judge's warm start: the run's own
+  evaluation, on the same held-out problems, 128 or the judge's 256, computed here from the starting parameters), and
+  at every evaluation of the run, with wall-clock minutes;
 - the greedy replies to the first held-out problems before and after;
-- benchmarks/lm_learning.json and lm_learning.png (the curve).
+- benchmarks/lm_learning.json (the curve: every evaluation, with wall-clock minutes), keyed by the run.
 """
 
 from __future__ import annotations
