@@ -10,10 +10,9 @@ The run is experiments/lm_grpo.py:<task> with the settings below (1-2 digit addi
 reply's last number as the answer, 8 prompts x 8 completions per update, 2 minibatches, rematerialised layers),
 passed on the command line of `python -m jaxrl.train` so that the run directory records them. With `--task
 addition_judge` the model judges claimed sums of 1-3 digit numbers ("Is 64 + 79 = 173?", half of them off by a slip)
-and the reward is
-whether its reply's last yes or no is right: the critique RL of issue 63 (J1, Critique-Coder), its working free
-text before the verdict, from a warm start SFT on 512 demonstrations (`JUDGE_SFT`, runs/lm_learning-addition_judge-
-full-sft). The report gives:
+and the reward is whether its reply's last yes or no is right: the critique RL of issue 63 (J1, Critique-Coder), its
+working free text before the verdict, from a warm start SFT on 512 demonstrations (`JUDGE_SFT`, in
+runs/lm_learning-addition_judge-full-sft). The report gives:
 
 - the held-out greedy accuracy at the start (the pretrained model, or the judge's warm start: the run's own
   evaluation, on the same held-out problems, 128 or the judge's 256, computed here from the starting parameters), and
@@ -37,8 +36,9 @@ TASK_FLAGS = ["--config.task.kwargs.min_digits=1", "--config.task.answer_marker=
 # operands of up to 2 digits; the judge's of up to 3: after its warm start SmolLM2 adds most 2-digit numbers right
 # (15 of the first 16 held-out sums), which leaves its judgement little to learn
 MAX_DIGITS = {"addition": 2, "addition_judge": 3}
-FLAGS = ["--config.optim.num_minibatches=2", "--config.num_prompts=8", "--config.group.size=8", "--config.log.every_steps=64",
-         "--config.eval.every_steps=704", "--config.eval.episodes=128", "--config.checkpoint.every_steps=704"]
+FLAGS = ["--config.optim.num_minibatches=2", "--config.num_prompts=8", "--config.group.size=8",
+         "--config.log.every_steps=64", "--config.eval.every_steps=704", "--config.eval.episodes=128",
+         "--config.checkpoint.every_steps=704"]
 FULL = ["--config.optim.learning_rate=5e-6", "--config.total_steps=2816"]  # 44 updates: about 55 min on 2 cores
 LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=1408"]  # 22 updates
 # The judge's warm start: the model as shipped answers every "Is 64 + 79 = 173?" with "Yes." (a constant verdict, 0.5),
