@@ -38,7 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def weight_shapes(config) -> list[tuple[str, int, int, int]]:
     """(name, count per model, K, N) of every weight matmul X [M, K] @ W [K, N] of a decoder-only model."""
     d, hd = config.hidden_size, config.head_dim
-    per_layer = [("q", d, config.num_heads * hd), ("k", d, config.num_kv_heads * hd), ("v", d, config.num_kv_heads * hd),
+    kv = config.num_kv_heads * hd
+    per_layer = [("q", d, config.num_heads * hd), ("k", d, kv), ("v", d, kv),
                  ("o", config.num_heads * hd, d), ("gate", d, config.intermediate_size),
                  ("up", d, config.intermediate_size), ("down", config.intermediate_size, d)]
     return [(name, config.num_layers, k, n) for name, k, n in per_layer] + [("vocab", 1, d, config.vocab_size)]
@@ -51,7 +52,7 @@ def inner_count(m: int, k: int, n: int) -> int:
 
 def time_xla(m: int, k: int, n: int, repeats: int) -> float:
     """Seconds of one float32 [m, k] @ [k, n] under XLA: the median of `repeats` compiled calls, each a loop of
-    `inner_count` of them (the left operand scaled at each, so none is hoisted out of the loop), divided by its count."""
+    `inner_count` of them (the left operand scaled at each, so none is hoisted out of the loop), over its count."""
     import jax
     import jax.numpy as jnp
 
@@ -151,7 +152,8 @@ def main():
         algo, _ = algos.build(jaxrl_config(grpo_args), mesh_lib.make_mesh())
         args.grpo_prompt_len = algo.parts.policy.task.prompt_length
     shapes = weight_shapes(config)
-    print(f"{args.model}: sampling {args.prompts} x {args.group_size} x {args.new_tokens} (prompts of {args.prompt_len}); "
+    print(f"{args.model}: sampling {args.prompts} x {args.group_size} x {args.new_tokens} "
+          f"(prompts of {args.prompt_len}); "
           f"GRPO step {args.grpo_prompts} x {args.group_size} x {args.grpo_new_tokens} (prompts of "
           f"{args.grpo_prompt_len}); float32; torch {torch.__version__} on {torch.get_num_threads()} threads; "
           f"{machine()}, {datetime.date.today()}", flush=True)
@@ -171,7 +173,8 @@ def main():
               f"{grpo:.1f} s")
     if args.trl_seconds:
         need = args.trl_seconds / 3
-        print(f"3x TRL ({args.trl_seconds} s/step) is {need:.1f} s/step, against XLA's floor of {floor['XLA'][1]:.1f} s; "
+        print(f"3x TRL ({args.trl_seconds} s/step) is {need:.1f} s/step, against XLA's floor of "
+              f"{floor['XLA'][1]:.1f} s; "
               f"TRL itself takes {args.trl_seconds / floor['torch'][1]:.2f}x torch's floor")
     if args.transformers_rate:
         need = 3 * args.transformers_rate

@@ -4,7 +4,7 @@
     python benchmarks/lm_learning.py --lora                  # LoRA (rank 16) instead of every weight
     python benchmarks/lm_learning.py --seeds 3               # three seeds in one program (vmapped): for a GPU
     python benchmarks/lm_learning.py --report runs/lm_learning-full   # report a finished (or running) run
-    python benchmarks/lm_learning.py --task addition_judge   # critique RL: judging claimed sums, runs/lm_learning-addition_judge-full
+    python benchmarks/lm_learning.py --task addition_judge   # critique RL: SmolLM2 judging claimed sums
 
 The run is experiments/lm_grpo.py:<task> with the settings below (1-2 digit addition, 48-token replies, the
 reply's last number as the answer, 8 prompts x 8 completions per update, 2 minibatches, rematerialised layers),

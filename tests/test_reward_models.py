@@ -110,8 +110,8 @@ def test_step_slots_step_scores_and_monte_carlo_shares_by_hand():
 
 def test_the_pairwise_step_loss_ranks_every_two_steps_of_a_prompt_by_hand():
     """One prompt, two completions of two steps (slots 1 and 3): labels 0.5, 1 and 0.25, 0. Its ordered pairs are the
-    6 with different labels (1 > 0.5, 1 > 0.25, 1 > 0, 0.5 > 0.25, 0.5 > 0, 0.25 > 0); the value at a slot no step ends never
-    counts; the pointwise loss is each step's cross-entropy."""
+    6 with different labels (1 > 0.5, 1 > 0.25, 1 > 0, 0.5 > 0.25, 0.5 > 0, 0.25 > 0); the value at a slot no step
+    ends never counts; the pointwise loss is each step's cross-entropy."""
     values = jnp.array([[[9.0, 0.2, 9.0, 1.0], [9.0, -0.3, 9.0, -1.0]]])
     labels = jnp.array([[[0.0, 0.5, 0.0, 1.0], [0.0, 0.25, 0.0, 0.0]]])
     slots = jnp.array([[[False, True, False, True]] * 2])

@@ -313,8 +313,8 @@ def test_countdown_jax_rewards_vmap_through_the_callback(tasks, problems, vocab)
 
 
 def test_make_task_names_and_kwargs():
-    with pytest.raises(ValueError, match="addition, addition_judge, countdown, countdown_judge, countdown_refine, countdown_steps, "
-                                         "countdown_tools, grid, guess, lookup, multiplication"):
+    with pytest.raises(ValueError, match="addition, addition_judge, countdown, countdown_judge, countdown_refine, "
+                                         "countdown_steps, countdown_tools, grid, guess, lookup, multiplication"):
         text.make_task("additon")
     assert text.make_task("addition", max_digits=5).prompt_length == 1 + 5 + 1 + 5 + 1
     assert text.make_task("countdown", num_numbers=3).num_numbers == 3
