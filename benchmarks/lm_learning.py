@@ -42,9 +42,9 @@ FLAGS = ["--config.optim.num_minibatches=2", "--config.num_prompts=8", "--config
 FULL = ["--config.optim.learning_rate=5e-6", "--config.total_steps=2816"]  # 44 updates: about 55 min on 2 cores
 LORA = ["--config.model.lora_rank=16", "--config.optim.learning_rate=1e-4", "--config.total_steps=1408"]  # 22 updates
 # The judge's warm start: the model as shipped mostly answers "Is 64 + 79 = 173?" with a bare "Yes." (greedy probes:
-# 12 of 12 claims under three phrasings, 5 of 8 under a fourth), and GRPO straight from it stood at 0.414 after 11
-# updates, so, as the small model's critique RL starts from SFT, a few demonstrations first teach the form of a judgement (the
-# sum, then the verdict: "64 + 79 = 143. No"); the judge's evaluations use 256 held-out claims.
+# 12 of 12 claims under four phrasings, 4 of 8 under a fifth), and GRPO straight from it stood at 0.414 after 11
+# updates; so, as the small model's critique RL starts from SFT, a few demonstrations first teach the form of a
+# judgement (the sum, then the verdict: "64 + 79 = 143. No"); the judge's evaluations use 256 held-out claims.
 JUDGE_SFT = ["--config.model.name=smollm2-135m-instruct", "--config.model.remat=True",
              "--config.num_prompts=32", "--config.total_steps=512", "--config.optim.learning_rate=2e-5",
              "--config.optim.warmup_updates=2", "--config.log.every_steps=64", "--config.eval.every_steps=512",
