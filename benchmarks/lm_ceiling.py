@@ -28,11 +28,12 @@ import datetime
 import os
 import statistics
 import sys
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from lm_generate import timed  # noqa: E402  (units a second, one figure per timed call)
 
 
 def weight_shapes(config) -> list[tuple[str, int, int, int]]:
@@ -50,13 +51,12 @@ def inner_count(m: int, k: int, n: int) -> int:
     return max(1, int(2e9 / (2 * m * k * n)))
 
 
-def time_xla(m: int, k: int, n: int, repeats: int) -> float:
-    """Seconds of one float32 [m, k] @ [k, n] under XLA: the median of `repeats` compiled calls, each a loop of
-    `inner_count` of them (the left operand scaled at each, so none is hoisted out of the loop), over its count."""
+def xla_call(m: int, k: int, n: int, count: int):
+    """A call of `count` float32 [m, k] @ [k, n] under XLA, compiled: one loop, the left operand scaled at each step
+    so that none is hoisted out of it."""
     import jax
     import jax.numpy as jnp
 
-    count = inner_count(m, k, n)
     x, w = jax.random.normal(jax.random.key(0), (m, k)), jax.random.normal(jax.random.key(1), (k, n))
 
     @jax.jit
@@ -66,58 +66,55 @@ def time_xla(m: int, k: int, n: int, repeats: int) -> float:
             return x * 1.0000001, total + jnp.dot(x, w)[0, 0]
         return jax.lax.fori_loop(0, count, body, (x, jnp.float32(0.0)))[1]
 
-    jax.block_until_ready(loop(x, w))
-    times = []
-    for _ in range(repeats):
-        tick = time.perf_counter()
-        jax.block_until_ready(loop(x, w))
-        times.append((time.perf_counter() - tick) / count)
-    return statistics.median(times)
+    return lambda: jax.block_until_ready(loop(x, w))
 
 
-def time_torch(m: int, k: int, n: int, repeats: int) -> float:
-    """Seconds of one float32 [m, k] @ [k, n] under torch: the median of `repeats` loops of `inner_count` of them,
-    each loop's time divided by its count."""
+def torch_call(m: int, k: int, n: int, count: int):
+    """A call of `count` float32 [m, k] @ [k, n] under torch."""
     import torch
 
-    count = inner_count(m, k, n)
     x, w, out = torch.randn(m, k), torch.randn(k, n), torch.empty(m, n)
-    torch.mm(x, w, out=out)
-    times = []
-    for _ in range(repeats):
-        tick = time.perf_counter()
+
+    def call():
         for _ in range(count):
             torch.mm(x, w, out=out)
-        times.append((time.perf_counter() - tick) / count)
-    return statistics.median(times)
+    return call
 
 
-def matmul_seconds(timer, shapes, rows: int, backward: bool, repeats: int, rates: dict) -> float:
+def flops_per_second(make_call, m: int, k: int, n: int, repeats: int) -> float:
+    """One engine's float32 FLOP/s on [m, k] @ [k, n] (`make_call`: `xla_call` or `torch_call`): the median of
+    `repeats` calls after a warm-up one, each of `inner_count` matmuls."""
+    count = inner_count(m, k, n)
+    call = make_call(m, k, n, count)
+    call()
+    return statistics.median(timed(call, repeats, 2 * m * k * n * count))
+
+
+def matmul_seconds(make_call, shapes, rows: int, backward: bool, repeats: int, rates: dict) -> float:
     """Seconds of every weight matmul (`shapes`) on `rows` rows: forward, and with `backward` also X^T dY [k, rows] @
-    [rows, n] and dY W^T [rows, n] @ [n, k]. Each distinct shape is timed once; `rates` collects GFLOP/s by shape."""
+    [rows, n] and dY W^T [rows, n] @ [n, k]. Each distinct shape is timed once; `rates` keeps FLOP/s by shape."""
     total = 0.0
-    for name, count, k, n in shapes:
-        products = [(rows, k, n)] + ([(k, rows, n), (rows, n, k)] if backward else [])
-        for m, kk, nn in products:
-            if (m, kk, nn) not in rates:
-                rates[(m, kk, nn)] = 2 * m * kk * nn / timer(m, kk, nn, repeats) / 1e9
-            total += count * 2 * m * kk * nn / (rates[(m, kk, nn)] * 1e9)
+    for _, count, k, n in shapes:
+        for shape in [(rows, k, n)] + ([(k, rows, n), (rows, n, k)] if backward else []):
+            if shape not in rates:
+                rates[shape] = flops_per_second(make_call, *shape, repeats)
+            total += count * 2 * shape[0] * shape[1] * shape[2] / rates[shape]
     return total
 
 
-def sampling_seconds(timer, shapes, prompts: int, group: int, new_tokens: int, prompt_len: int, repeats: int,
+def sampling_seconds(make_call, shapes, prompts: int, group: int, new_tokens: int, prompt_len: int, repeats: int,
                      rates: dict) -> float:
     """Seconds of group sampling's matmuls: the prompts' prefill (shared by each group), then `new_tokens` decoding
     steps of prompts x group rows."""
-    prefill = matmul_seconds(timer, shapes, prompts * prompt_len, False, repeats, rates)
-    return prefill + new_tokens * matmul_seconds(timer, shapes, prompts * group, False, repeats, rates)
+    prefill = matmul_seconds(make_call, shapes, prompts * prompt_len, False, repeats, rates)
+    return prefill + new_tokens * matmul_seconds(make_call, shapes, prompts * group, False, repeats, rates)
 
 
-def grpo_seconds(timer, shapes, prompts: int, group: int, new_tokens: int, prompt_len: int, repeats: int,
+def grpo_seconds(make_call, shapes, prompts: int, group: int, new_tokens: int, prompt_len: int, repeats: int,
                  rates: dict) -> float:
     """Seconds of one GRPO step's matmuls: its sampling, then the forward and backward pass over its sequences."""
-    train = matmul_seconds(timer, shapes, prompts * group * (prompt_len + new_tokens), True, repeats, rates)
-    return sampling_seconds(timer, shapes, prompts, group, new_tokens, prompt_len, repeats, rates) + train
+    train = matmul_seconds(make_call, shapes, prompts * group * (prompt_len + new_tokens), True, repeats, rates)
+    return sampling_seconds(make_call, shapes, prompts, group, new_tokens, prompt_len, repeats, rates) + train
 
 
 def main():
@@ -158,15 +155,15 @@ def main():
           f"{args.grpo_prompt_len}); float32; torch {torch.__version__} on {torch.get_num_threads()} threads; "
           f"{machine()}, {datetime.date.today()}", flush=True)
     floor, rates = {}, {"XLA": {}, "torch": {}}
-    for side, timer in (("XLA", time_xla), ("torch", time_torch)):
+    for side, make_call in (("XLA", xla_call), ("torch", torch_call)):
         floor[side] = (
-            sampling_seconds(timer, shapes, args.prompts, args.group_size, args.new_tokens, args.prompt_len,
+            sampling_seconds(make_call, shapes, args.prompts, args.group_size, args.new_tokens, args.prompt_len,
                              args.repeats, rates[side]),
-            grpo_seconds(timer, shapes, args.grpo_prompts, args.group_size, args.grpo_new_tokens, args.grpo_prompt_len,
+            grpo_seconds(make_call, shapes, args.grpo_prompts, args.group_size, args.grpo_new_tokens, args.grpo_prompt_len,
                          args.repeats, rates[side]))
     print(f"{'[m, k] @ [k, n]':>20} {'XLA GFLOP/s':>12} {'torch GFLOP/s':>14}")
     for shape in sorted(rates["XLA"], key=lambda s: -s[0] * s[1] * s[2]):
-        print(f"{str(list(shape)):>20} {rates['XLA'][shape]:12.1f} {rates['torch'][shape]:14.1f}")
+        print(f"{str(list(shape)):>20} {rates['XLA'][shape] / 1e9:12.1f} {rates['torch'][shape] / 1e9:14.1f}")
     tokens = args.prompts * args.group_size * args.new_tokens
     for side, (sampling, grpo) in floor.items():
         print(f"{side:>5} floor: sampling {sampling:.2f} s ({tokens / sampling:.0f} tokens/s at most); one GRPO step "
