@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.text import render, tools
-from envs.text.tasks import TASKS, Arithmetic, Countdown, Problems, Task, split_hash
+from envs.text.tasks import TASKS, Arithmetic, Countdown, Problems, Task, addition, split_hash
 from envs.text.tokenizer import ALPHABET, Vocab
 
 VERDICTS = "YN"  # right, wrong
@@ -164,7 +164,7 @@ class ArithmeticJudge(Task):
 def addition_judge(min_digits: int = 1, max_digits: int = 2, wrong_share: float = 0.5,
                    split_seed: int = 0) -> ArithmeticJudge:
     """`"64+79=173?"` -> `"N"`."""
-    return ArithmeticJudge(Arithmetic("+", "addition", min_digits, max_digits, split_seed), wrong_share)
+    return ArithmeticJudge(addition(min_digits, max_digits, split_seed), wrong_share)
 
 
 TASKS.update({CountdownJudge.name: CountdownJudge, "addition_judge": addition_judge})
