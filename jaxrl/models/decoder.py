@@ -71,12 +71,42 @@ def attention(q, k, v, mask, scale: float, softcap: float | None) -> jax.Array:
     B, S, N, Dh = q.shape
     K = k.shape[2]
     q = q.reshape(B, S, K, N // K, Dh)
-    logits = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32) * scale
+    logits = jnp.einsum("bskgd,blkd->bkgsl", q, k, preferred_element_type=jnp.float32)
+    weights = jax.nn.softmax(masked_logits(logits, mask[:, None, None], scale, softcap), axis=-1).astype(v.dtype)
+    return jnp.einsum("bkgsl,blkd->bskgd", weights, v).reshape(B, S, N, Dh)
+
+
+def member_attention(q, prefix_k, prefix_v, prefix_mask, own_k, own_v, own_mask, scale: float,
+                     softcap: float | None) -> jax.Array:
+    """Each member's queries q [B, G, S, N, Dh] over its prompt's shared keys and values prefix_k, prefix_v
+    [B, P, K, Dh] (prefix_mask bool [B, G, S, P]) and its own own_k, own_v [B, G, T, K, Dh] (own_mask bool [B, G, S,
+    T]) -> [B, G, S, N, Dh]: one softmax over both parts, as `attention` over the member's [prefix; own] keys.
+
+    The parts are never joined: joining them copies every cached key and value of every layer at every step, and
+    one attention of the group's G * S queries over all G * T own keys (a block-diagonal mask keeping members
+    apart) does G times the own part's work; each member here sees its own T keys only (a decode step 20% faster
+    on SmolLM2 at 16 prompts x 8 members, `benchmarks/lm_generate.py`). Only the small [..., P + T] logits are
+    joined, for the softmax."""
+    B, G, S, N, Dh = q.shape
+    K, P = prefix_k.shape[2], prefix_k.shape[1]
+    q = q.reshape(B, G, S, K, N // K, Dh)
+    logits = jnp.concatenate([
+        jnp.einsum("bgskhd,bpkd->bgkhsp", q, prefix_k, preferred_element_type=jnp.float32),
+        jnp.einsum("bgskhd,bgtkd->bgkhst", q, own_k, preferred_element_type=jnp.float32)], axis=-1)
+    mask = jnp.concatenate([prefix_mask, own_mask], axis=-1)[:, :, None, None]
+    weights = jax.nn.softmax(masked_logits(logits, mask, scale, softcap), axis=-1).astype(own_v.dtype)
+    y = (jnp.einsum("bgkhsp,bpkd->bgskhd", weights[..., :P], prefix_v.astype(own_v.dtype))
+         + jnp.einsum("bgkhst,bgtkd->bgskhd", weights[..., P:], own_v))
+    return y.reshape(B, G, S, N, Dh)
+
+
+def masked_logits(logits, mask, scale: float, softcap: float | None) -> jax.Array:
+    """Attention logits (float32) scaled, soft-capped where the family caps them, and set to `MASKED` where mask
+    (broadcast to them) is False."""
+    logits = logits * scale
     if softcap:
         logits = softcap * jnp.tanh(logits / softcap)
-    logits = jnp.where(mask[:, None, None], logits, MASKED)
-    weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)
-    return jnp.einsum("bkgsl,blkd->bskgd", weights, v).reshape(B, S, N, Dh)
+    return jnp.where(mask, logits, MASKED)
 
 
 def within_window(mask: jax.Array, distance: jax.Array | None, window) -> jax.Array:
@@ -321,26 +351,21 @@ class Decoder(nn.Module):
         real ones; with one (from `init_own_cache(B, G, T)`) their K/V are written at own slots
         [index, index + S) and attn_mask [B, G, T] marks the own slots holding real tokens, INCLUDING the S being
         written. -> (logits float32 [B, G, S, V], values [B, G, S] or None, new own cache or None)."""
-        B, G, S = tokens.shape
-        P = prefix_mask.shape[1]
+        S, P = tokens.shape[2], prefix_mask.shape[1]
         T = S if own_cache is None else attn_mask.shape[2]
+        c = self.config
+        queries = P + index + jnp.arange(S)  # the new tokens' columns
+        prefix_mask = jnp.broadcast_to(prefix_mask[:, None, None, :], (*tokens.shape, P))  # [B, G, S, P]
         own_mask = visible(S, attn_mask, index)  # [B, G, S, T]
-        same_member = jnp.eye(G, dtype=bool)[:, None, :, None]  # [G, 1, G, 1]
-        own = (same_member & own_mask[:, :, :, None, :]).reshape(B, G * S, G * T)
-        mask = jnp.concatenate([jnp.broadcast_to(prefix_mask[:, None, :], (B, G * S, P)), own], axis=-1)
-        query_columns = jnp.tile(P + index + jnp.arange(S), G)
-        key_columns = jnp.concatenate([jnp.arange(P), jnp.tile(P + jnp.arange(T), G)])
-        attend = self._attend(mask, self._distance(query_columns, key_columns))
+        prefix_distance = self._distance(queries, jnp.arange(P))
+        own_distance = self._distance(queries, P + jnp.arange(T))
 
         def grouped(q, k, v, layer_prefix, own, layer, window):
             if own is not None:
                 own, k, v = write_layer(own, k, v, layer, index, 2)
-            # One attention per prompt of its G * S queries over the shared prefix and every member's own keys
-            # (the block-diagonal mask keeps members apart): the prefix is never repeated G times.
-            keys = jnp.concatenate([layer_prefix.k.astype(k.dtype), k.reshape(B, G * T, *k.shape[3:])], axis=1)
-            values = jnp.concatenate([layer_prefix.v.astype(v.dtype), v.reshape(B, G * T, *v.shape[3:])], axis=1)
-            y = attend(q.reshape(B, G * S, *q.shape[3:]), keys, values, window)
-            return y.reshape(q.shape), own
+            y = member_attention(q, layer_prefix.k, layer_prefix.v, within_window(prefix_mask, prefix_distance, window),
+                                 k, v, within_window(own_mask, own_distance, window), c.scale, c.attn_softcap)
+            return y, own
 
         x, own = self._layers(self._embed(tokens), positions, prefix, grouped, state=own_cache)
         return (*self._heads(x), own if own_cache is not None else None)
