@@ -13,7 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl import models
 from jaxrl.loops import CHUNK
+from jaxrl.models.decoder import Decoder
 from jaxrl.sampling import (balanced_cut, filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
                             score, score_groups)
 from jaxrl.transformer import TransformerConfig, TransformerLM, entropy_features, init_cache
@@ -59,6 +61,19 @@ def tiny():
     ones = jnp.ones((1, 4), jnp.int32)
     params = jax.jit(model.init)(jax.random.key(0), ones, ones, ones > 0)
     params["params"]["embed"]["embedding"] = params["params"]["embed"]["embedding"] * 12.0
+    return model, params
+
+
+@pytest.fixture(scope="module")
+def tiny_decoder():
+    """The pretrained families' model (`jaxrl.models.Decoder`, caches stacked over layers) at the same size."""
+    config = models.ModelConfig(family="llama", vocab_size=V, hidden_size=32, num_layers=2, num_heads=4,
+                                num_kv_heads=2, head_dim=8, intermediate_size=48, value_head=True)
+    model = Decoder(config)
+    ones = jnp.ones((1, 4), jnp.int32)
+    params = jax.jit(model.init)(jax.random.key(0), ones, ones, ones > 0)
+    # Token 5's (tied) embedding scaled up: its logit swings widely, so that as EOS it ends some groups early.
+    params["params"]["embed"] = params["params"]["embed"].at[5].multiply(40.0)
     return model, params
 
 
@@ -235,6 +250,39 @@ def test_top_p_and_top_k_filters():
     assert set(np.unique(np.asarray(draws))) == {1, 3}
 
 
+def test_the_two_level_draw_and_argmax_equal_the_one_pass_forms():
+    """inverse_cdf: the first index whose running sum reaches the fraction of the total, as one running sum over the
+    whole vocabulary finds it, never an index of weight 0 (zeros straddling blocks, fractions at 1 and at a block's
+    exact edge, where float32 rounding picks the side); first_maximum is jnp.argmax, ties included; the token's log-probability is log_softmax's."""
+    from jaxrl.sampling import _token_log_prob, first_maximum, inverse_cdf
+
+    for vocab in (5, 128, 300, 1000):
+        logits = 3.0 * jax.random.normal(jax.random.key(vocab), (64, vocab))
+        weights = jnp.where(jax.random.uniform(jax.random.key(1), logits.shape) < 0.5, 0.0, jnp.exp(logits))
+        # (every row with a nonzero weight; row 0 with one alone)
+        weights = weights.at[:, 0].set(0.0).at[:, -1].set(0.0).at[:, vocab // 2].set(1.0).at[0, :].set(0.0)
+        weights = weights.at[0, vocab // 2].set(1.0)
+        running = np.cumsum(np.asarray(weights, np.float64), axis=-1)
+        edges = np.maximum(running[:, min(127, vocab - 1)] / running[:, -1], 1e-6)  # the first block's share
+        uniform = jax.random.uniform(jax.random.key(2), (64, 1), minval=1e-6, maxval=1.0)
+        for fraction, at_an_edge in ((uniform, False), (jnp.ones((64, 1)), False),
+                                     (jnp.asarray(edges, jnp.float32)[:, None], True)):
+            drawn = np.asarray(inverse_cdf(weights, fraction))
+            expected = np.argmax(running >= np.asarray(fraction, np.float64) * running[:, -1:], axis=-1)
+            assert (np.take_along_axis(np.asarray(weights), drawn[:, None], 1) > 0).all()
+            if not at_an_edge:
+                np.testing.assert_array_equal(drawn, expected)
+            else:  # rounding decides the side: the last nonzero index of the block or the next one, nothing between
+                low, high = np.minimum(drawn, expected), np.maximum(drawn, expected)
+                rows = np.arange(64)
+                assert (running[rows, np.maximum(high - 1, low)] == running[rows, low]).all()
+        ties = jnp.round(logits)
+        np.testing.assert_array_equal(first_maximum(ties), jnp.argmax(ties, axis=-1))
+        token = first_maximum(logits)
+        np.testing.assert_allclose(_token_log_prob(logits, token),
+                                   jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], 1)[:, 0], rtol=1e-6)
+
+
 def test_value_head_shapes(tiny):
     model, params = tiny
     tokens = jax.random.randint(jax.random.key(0), (4, W + N), 0, V)
@@ -343,13 +391,14 @@ def test_prefill_equals_decode_at_the_last_column(tiny):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_resumed_and_stopped_groups_continue_the_same_samples(tiny):
+@pytest.mark.parametrize("model_fixture", ["tiny", "tiny_decoder"])
+def test_resumed_and_stopped_groups_continue_the_same_samples(model_fixture, request):
     """Partial rollouts: decoding that stops once every slot holds a finished group, then resumes the rest from
     the column where each stopped, yields exactly the samples of one uninterrupted run (the same random numbers
-    per column; resumed tokens scored by one teacher-forced pass)."""
+    per column; resumed tokens scored by one teacher-forced pass), with either model's cache layout."""
     from jaxrl.sampling import Resume
 
-    model, params = tiny
+    model, params = request.getfixturevalue(model_fixture)
     prompts = left_padded(PROMPTS, W + 3)
     # Token 5 as EOS at temperature 2: with these keys some groups end early, others run to column N.
     keys, G, eos = jax.random.split(jax.random.key(4), 4), 2, 5
