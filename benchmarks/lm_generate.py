@@ -20,7 +20,10 @@ template, left-padded to the longest):
   benchmark on the same file with B*G parallel sequences sharing one prompt of P tokens (`-pps`), N tokens each,
   2 threads; its text-generation rate `S_TG`. It computes with the Q4_1 weights as stored (4-bit matmuls).
 
-Prints tokens/s per engine (the median of `--repeats`) and jaxrl's ratio to each.
+The engines are timed in `--repeats` rounds of one call each, in turn, after each has compiled or warmed up: a
+drift of the machine's speed (this 2-core machine's varies by a quarter within minutes) falls on every engine
+alike. Prints tokens/s per engine (the median of its rounds) and jaxrl's ratio to each: of the medians, and round
+by round.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -66,7 +70,8 @@ def timed(call, repeats: int, tokens: int) -> list[float]:
     return rates
 
 
-def jaxrl_rates(lm, prompts, args) -> list[float]:
+def jaxrl_side(lm, prompts, args) -> Callable[[], float]:
+    """One timed call of jaxrl's group sampling (compiled first) -> tokens/s, a fresh key each call."""
     keys = iter(jax.random.split(jax.random.key(0), args.repeats + 2))
 
     def call():
@@ -75,10 +80,10 @@ def jaxrl_rates(lm, prompts, args) -> list[float]:
         return jax.block_until_ready(out.tokens)
 
     call()  # compile
-    return timed(call, args.repeats, prompts.shape[0] * args.group_size * args.new_tokens)
+    return lambda: timed(call, 1, prompts.shape[0] * args.group_size * args.new_tokens)[0]
 
 
-def transformers_rates(path: str, prompts, pad_id: int, args) -> list[float]:
+def transformers_side(path: str, prompts, pad_id: int, args) -> Callable[[], float]:
     import torch
     import transformers
 
@@ -104,21 +109,23 @@ def transformers_rates(path: str, prompts, pad_id: int, args) -> list[float]:
         return out
 
     call()  # warm-up
-    return timed(call, args.repeats, ids.shape[0] * args.new_tokens)
+    return lambda: timed(call, 1, ids.shape[0] * args.new_tokens)[0]
 
 
-def llama_cpp_rate(binary: str, path: str, prompt_len: int, args) -> list[float]:
+def llama_cpp_side(binary: str, path: str, prompt_len: int, args) -> Callable[[], float]:
+    """One run of llama-batched-bench -> its text-generation rate (tokens/s)."""
     sequences = args.prompts * args.group_size
     context = prompt_len + sequences * args.new_tokens + 16
     command = [binary, "-m", path, "-c", str(context), "-b", "2048", "-ub", "512", "-npp", str(prompt_len),
                "-ntg", str(args.new_tokens), "-npl", str(sequences), "-pps", "-t", "2"]
-    rates = []
-    for _ in range(args.repeats):
+
+    def rate():
         out = subprocess.run(command, capture_output=True, text=True, check=True).stdout
         # the table row: | PP | TG | B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
         row = [line for line in out.splitlines() if re.match(r"\|\s*\d+\s*\|", line)][-1]
-        rates.append(float([c.strip() for c in row.strip("|").split("|")][7]))
-    return rates
+        return float([c.strip() for c in row.strip("|").split("|")][7])
+
+    return rate
 
 
 def main():
@@ -140,15 +147,23 @@ def main():
     B, P = prompts.shape
     print(f"{args.model} ({args.dtype}): {B} prompts x {args.group_size} completions x {args.new_tokens} tokens, "
           f"prompts of {P} tokens; {machine()}, {datetime.date.today()}", flush=True)
-    rates = {"jaxrl": jaxrl_rates(lm, prompts, args)}
+    sides = {"jaxrl": jaxrl_side(lm, prompts, args)}
     if not args.no_transformers:
-        rates["transformers"] = transformers_rates(path, prompts, lm.pad_id, args)
+        sides["transformers"] = transformers_side(path, prompts, lm.pad_id, args)
     if args.llama_batched_bench:
-        rates["llama.cpp"] = llama_cpp_rate(args.llama_batched_bench, path, P, args)
+        sides["llama.cpp"] = llama_cpp_side(args.llama_batched_bench, path, P, args)
+    rates = {name: [] for name in sides}
+    for _ in range(args.repeats):  # rounds: one call of each engine in turn
+        for name, once in sides.items():
+            rates[name].append(once())
     ours = statistics.median(rates["jaxrl"])
     for name, samples in rates.items():
         median = statistics.median(samples)
-        ratio = "" if name == "jaxrl" else f"   jaxrl / {name}: {ours / median:.2f}x"
+        ratio = ""
+        if name != "jaxrl":
+            rounds = [a / b for a, b in zip(rates["jaxrl"], samples)]
+            ratio = (f"   jaxrl / {name}: {ours / median:.2f}x (round by round: "
+                     f"{', '.join(f'{r:.2f}' for r in rounds)}; median {statistics.median(rounds):.2f}x)")
         print(f"{name:>13}: {median:8.1f} tokens/s  ({', '.join(f'{r:.1f}' for r in samples)}){ratio}")
 
 
