@@ -5,6 +5,8 @@
     python benchmarks/lm_learning.py --seeds 3               # three seeds in one program (vmapped): for a GPU
     python benchmarks/lm_learning.py --report runs/lm_learning-full   # report a finished (or running) run
     python benchmarks/lm_learning.py --task addition_judge   # critique RL: SmolLM2 judging claimed sums
+    python benchmarks/lm_learning.py --task addition_judge --workdir runs/judge-lr1e-5 \
+        --warm-start runs/lm_learning-addition_judge-full-sft -- --config.optim.learning_rate=1e-5
 
 The run is experiments/lm_grpo.py:<task> with the settings below (1-2 digit addition, 48-token replies, the
 reply's last number as the answer, 8 prompts x 8 completions per update, 2 minibatches, rematerialised layers),
@@ -51,15 +53,17 @@ JUDGE_SFT = ["--config.model.name=smollm2-135m-instruct", "--config.model.remat=
              "--config.eval.episodes=256", "--config.eval.pass_k=0", "--config.checkpoint.every_steps=512"]
 
 
-def train(workdir: str, task: str, lora: bool, seeds: int) -> None:
+def train(workdir: str, task: str, lora: bool, seeds: int, sft: str | None = None, more: tuple[str, ...] = ()) -> None:
+    """The GRPO run in `workdir` (the judge's from its warm start `sft`, by default `workdir`-sft, trained first where
+    it has no checkpoint); `more`: further --config flags, after (so overriding) the settings above."""
     warm_start = []
     if task == "addition_judge":
-        sft = f"{workdir}-sft"
+        sft = sft or f"{workdir}-sft"
         if not os.path.exists(os.path.join(sft, "checkpoints")):
             run_train([f"--config=experiments/text_sft.py:{task}", f"--workdir={sft}", *task_flags(task), *JUDGE_SFT])
         warm_start = [f"--config.init_from={sft}", "--config.eval.episodes=256"]
     run_train([f"--config=experiments/lm_grpo.py:{task}", f"--workdir={workdir}", *task_flags(task), *FLAGS,
-               *(LORA if lora else FULL), f"--config.num_seeds={seeds}", *warm_start])
+               *(LORA if lora else FULL), f"--config.num_seeds={seeds}", *warm_start, *more])
 
 
 def task_flags(task: str) -> list[str]:
@@ -122,12 +126,15 @@ def main():
     parser.add_argument("--seeds", type=int, default=1, help="seeds trained at once (config.num_seeds)")
     parser.add_argument("--report", default=None, help="report this run directory instead of training one")
     parser.add_argument("--task", choices=("addition", "addition_judge"), default="addition")
+    parser.add_argument("--workdir", default=None, help="the run's directory (default runs/lm_learning-NAME)")
+    parser.add_argument("--warm-start", default=None, help="the judge's SFT run (default WORKDIR-sft)")
+    parser.add_argument("more", nargs="*", help="after --: further --config flags of the GRPO run")
     args = parser.parse_args()
     name = ("" if args.task == "addition" else f"{args.task}-") + ("lora" if args.lora else "full") + (
         f"-{args.seeds}seeds" if args.seeds > 1 else "")
-    workdir = args.report or os.path.join(ROOT, "runs", f"lm_learning-{name}")
+    workdir = args.report or args.workdir or os.path.join(ROOT, "runs", f"lm_learning-{name}")
     if not args.report:
-        train(workdir, args.task, args.lora, args.seeds)
+        train(workdir, args.task, args.lora, args.seeds, args.warm_start, tuple(args.more))
     result = report(workdir)
     out = os.path.join(ROOT, "benchmarks", "lm_learning.json")
     results = json.load(open(out)) if os.path.exists(out) else {}
