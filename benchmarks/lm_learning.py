@@ -1,4 +1,4 @@
-"""GRPO on a pretrained model (SmolLM2-135M-Instruct): held-out greedy accuracy before and after a time budget.
+r"""GRPO on a pretrained model (SmolLM2-135M-Instruct): held-out greedy accuracy before and after a time budget.
 
     python benchmarks/lm_learning.py                         # trains runs/lm_learning-full, then reports
     python benchmarks/lm_learning.py --lora                  # LoRA (rank 16) instead of every weight
