@@ -70,6 +70,12 @@ def timed(call, repeats: int, tokens: int) -> list[float]:
     return rates
 
 
+def warmed(call, tokens: int) -> Callable[[], float]:
+    """`call` run once untimed (compilation, warm-up) -> a function timing one more call: tokens/s."""
+    call()
+    return lambda: timed(call, 1, tokens)[0]
+
+
 def jaxrl_side(lm, prompts, args) -> Callable[[], float]:
     """One timed call of jaxrl's group sampling (compiled first) -> tokens/s, a fresh key each call."""
     keys = iter(jax.random.split(jax.random.key(0), args.repeats + 2))
@@ -79,8 +85,7 @@ def jaxrl_side(lm, prompts, args) -> Callable[[], float]:
                                      max_new_tokens=args.new_tokens, eos_id=-1, pad_id=lm.pad_id, temperature=1.0)
         return jax.block_until_ready(out.tokens)
 
-    call()  # compile
-    return lambda: timed(call, 1, prompts.shape[0] * args.group_size * args.new_tokens)[0]
+    return warmed(call, prompts.shape[0] * args.group_size * args.new_tokens)  # (compiles)
 
 
 def transformers_side(path: str, prompts, pad_id: int, args) -> Callable[[], float]:
@@ -108,8 +113,7 @@ def transformers_side(path: str, prompts, pad_id: int, args) -> Callable[[], flo
             torch.cuda.synchronize()
         return out
 
-    call()  # warm-up
-    return lambda: timed(call, 1, ids.shape[0] * args.new_tokens)[0]
+    return warmed(call, ids.shape[0] * args.new_tokens)
 
 
 def llama_cpp_side(binary: str, path: str, prompt_len: int, args) -> Callable[[], float]:

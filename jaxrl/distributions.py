@@ -47,9 +47,31 @@ def sample_with_noise(logits: jax.Array, gumbel_noise: jax.Array) -> jax.Array:
     return jnp.argmax(logits + gumbel_noise, axis=-1).astype(jnp.int32)
 
 
+GREEDY_BLOCK = 128  # choices per block of `greedy`'s first level, over more of them than this
+
+
 def greedy(logits: jax.Array) -> jax.Array:
-    """int32 [...]: the most likely action."""
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    """int32 [...]: the most likely action, `jnp.argmax(logits, axis=-1)` (the first of equal largest) for logits
+    [..., A] without NaN. Over more than GREEDY_BLOCK choices (a vocabulary) in two levels: the first block holding
+    the largest, then its first index in that block. XLA:CPU's argmax over all of a vocabulary (a reduction of
+    value-index pairs, not vectorised) took 15 ms at 128 x 49,152; the blocks' maxima take under 1."""
+    if logits.shape[-1] <= GREEDY_BLOCK:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    blocks = in_blocks(logits, GREEDY_BLOCK, -jnp.inf)
+    first = jnp.argmax(blocks.max(axis=-1), axis=-1)
+    return (first * GREEDY_BLOCK + jnp.argmax(block_at(blocks, first), axis=-1)).astype(jnp.int32)
+
+
+def in_blocks(x: jax.Array, block: int, fill) -> jax.Array:
+    """x [..., V] padded with `fill` to whole blocks -> [..., ceil(V / block), block]."""
+    blocks = -(-x.shape[-1] // block)
+    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, blocks * block - x.shape[-1])], constant_values=fill)
+    return padded.reshape(*x.shape[:-1], blocks, block)
+
+
+def block_at(blocks: jax.Array, index: jax.Array) -> jax.Array:
+    """blocks [..., n, block], index int [...] -> the indexed block of each row [..., block]."""
+    return jnp.take_along_axis(blocks, index[..., None, None], axis=-2)[..., 0, :]
 
 
 def log_prob(logits: jax.Array, action: jax.Array) -> jax.Array:

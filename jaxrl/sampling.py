@@ -22,6 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrl import distributions
 from jaxrl.loops import scan_until
 from jaxrl.transformer import TransformerLM
 
@@ -111,20 +112,7 @@ def _draw_token(logits, uniform, temperature, top_k, top_p) -> jax.Array:
     # Unnormalised: inverse_cdf reaches a fraction of the total (with the normalising softmax XLA:CPU fused the draw
     # into a pass 5x slower than both apart).
     drawn = inverse_cdf(jnp.exp(kept - jnp.max(kept, axis=-1, keepdims=True)), 1.0 - uniform)
-    return jnp.where(greedy, first_maximum(logits), drawn).astype(jnp.int32)
-
-
-def first_maximum(logits: jax.Array, block: int = CDF_BLOCK) -> jax.Array:
-    """`jnp.argmax(logits, axis=-1)` where logits [..., V] hold no NaN -> int32 [...]: the first index of the largest.
-    In two levels, as `inverse_cdf`: the first block holding the largest, then its first index
-    in that block. XLA:CPU's argmax over all V (a reduction of value-index pairs, not vectorised) took 15 ms at
-    128 x 49,152; the blocks' maxima take under 1."""
-    blocks = -(-logits.shape[-1] // block)
-    padded = jnp.pad(logits, [(0, 0)] * (logits.ndim - 1) + [(0, blocks * block - logits.shape[-1])],
-                     constant_values=-jnp.inf).reshape(*logits.shape[:-1], blocks, block)
-    first = jnp.argmax(padded.max(axis=-1), axis=-1)  # [...]
-    inside = jnp.take_along_axis(padded, first[..., None, None], axis=-2)[..., 0, :]
-    return (first * block + jnp.argmax(inside, axis=-1)).astype(jnp.int32)
+    return jnp.where(greedy, distributions.greedy(logits), drawn).astype(jnp.int32)
 
 
 def inverse_cdf(weights: jax.Array, fraction: jax.Array, block: int = CDF_BLOCK) -> jax.Array:
@@ -135,22 +123,19 @@ def inverse_cdf(weights: jax.Array, fraction: jax.Array, block: int = CDF_BLOCK)
     one block reached. A running sum over all V (`jnp.cumsum`, a reduce-window on CPU) took 22 ms of a 30 ms
     sampling step at 128 x 49,152 (SmolLM2's vocabulary); the two levels add each weight once.
     """
-    V = weights.shape[-1]
-    blocks = -(-V // block)
-    padded = jnp.pad(weights, [(0, 0)] * (weights.ndim - 1) + [(0, blocks * block - V)]).reshape(
-        *weights.shape[:-1], blocks, block)
-    totals = padded.sum(axis=-1)  # [..., blocks]
+    blocks = distributions.in_blocks(weights, block, 0.0)  # [..., n, block]
+    totals = blocks.sum(axis=-1)  # [..., n]
     reached = jnp.cumsum(totals, axis=-1)
     target = fraction * reached[..., -1:]  # in (0, total]
-    first = jnp.minimum(jnp.sum(reached < target, axis=-1, keepdims=True), blocks - 1)  # [..., 1]
+    first = jnp.minimum(jnp.sum(reached < target, axis=-1), totals.shape[-1] - 1)  # [...]
     preceding = jnp.concatenate([jnp.zeros_like(reached[..., :1]), reached[..., :-1]], axis=-1)
-    before = jnp.take_along_axis(preceding, first, axis=-1)  # the mass of the blocks before it: below target
-    inside = jnp.take_along_axis(padded, first[..., None], axis=-2)[..., 0, :]  # [..., block]
+    before = jnp.take_along_axis(preceding, first[..., None], axis=-1)  # the mass of the blocks before it: below target
+    inside = distributions.block_at(blocks, first)  # [..., block]
     # target > before, so target - before > 0 and the block's leading zeros are passed; where rounding leaves the
     # block's own running sum short of it, its last nonzero index is taken.
     index = jnp.sum(jnp.cumsum(inside, axis=-1) < target - before, axis=-1)
     last_nonzero = jnp.max(jnp.where(inside > 0, jnp.arange(block), 0), axis=-1)
-    return (first[..., 0] * block + jnp.minimum(index, last_nonzero)).astype(jnp.int32)
+    return (first * block + jnp.minimum(index, last_nonzero)).astype(jnp.int32)
 
 
 def _token_log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
@@ -443,6 +428,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         log_probs = kept * 0.0
         values = None if value is None else kept * 0.0
         own_cache = jax.tree.map(varying_zeros, model.init_own_cache(B, G, N))
+        own_mask = kept
         ended = kept.any(axis=-1)
     else:
         start, resumed_slots = resume.start, N
@@ -453,7 +439,7 @@ def _sample_members(model: TransformerLM, params, prompts, member_keys, *, max_n
         # Slots [0, N): the resumed columns; [N, 2N): the new tokens (the slot axis follows the batch and member axes).
         own_cache = jax.tree.map(
             lambda c: varying_zeros(jnp.concatenate([c, jnp.zeros_like(c)], axis=batch_axis + 2)), resumed_cache)
-    own_mask = jnp.concatenate([kept, jnp.zeros_like(kept)], axis=2)[:, :, :resumed_slots + N]
+        own_mask = jnp.concatenate([kept, jnp.zeros_like(kept)], axis=2)
     done = ended | (start >= N)[:, None]
 
     def finished(done):  # every slot holds a group whose members are all done (on every device of stop_axis)

@@ -253,8 +253,10 @@ def test_top_p_and_top_k_filters():
 def test_the_two_level_draw_and_argmax_equal_the_one_pass_forms():
     """inverse_cdf: the first index whose running sum reaches the fraction of the total, as one running sum over the
     whole vocabulary finds it, never an index of weight 0 (zeros straddling blocks, fractions at 1 and at a block's
-    exact edge, where float32 rounding picks the side); first_maximum is jnp.argmax, ties included; the token's log-probability is log_softmax's."""
-    from jaxrl.sampling import _token_log_prob, first_maximum, inverse_cdf
+    exact edge, where float32 rounding picks the side); distributions.greedy is jnp.argmax, ties included, below
+    and above its block; the token's log-probability is log_softmax's."""
+    from jaxrl.distributions import greedy
+    from jaxrl.sampling import _token_log_prob, inverse_cdf
 
     for vocab in (5, 128, 300, 1000):
         logits = 3.0 * jax.random.normal(jax.random.key(vocab), (64, vocab))
@@ -277,8 +279,8 @@ def test_the_two_level_draw_and_argmax_equal_the_one_pass_forms():
                 rows = np.arange(64)
                 assert (running[rows, np.maximum(high - 1, low)] == running[rows, low]).all()
         ties = jnp.round(logits)
-        np.testing.assert_array_equal(first_maximum(ties), jnp.argmax(ties, axis=-1))
-        token = first_maximum(logits)
+        np.testing.assert_array_equal(greedy(ties), jnp.argmax(ties, axis=-1))
+        token = greedy(logits)
         np.testing.assert_allclose(_token_log_prob(logits, token),
                                    jnp.take_along_axis(jax.nn.log_softmax(logits), token[:, None], 1)[:, 0], rtol=1e-6)
 

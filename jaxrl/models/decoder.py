@@ -355,7 +355,7 @@ class Decoder(nn.Module):
         T = S if own_cache is None else attn_mask.shape[2]
         c = self.config
         queries = P + index + jnp.arange(S)  # the new tokens' columns
-        prefix_mask = jnp.broadcast_to(prefix_mask[:, None, None, :], (*tokens.shape, P))  # [B, G, S, P]
+        shared_mask = jnp.broadcast_to(prefix_mask[:, None, None, :], (*tokens.shape, P))  # [B, G, S, P]
         own_mask = visible(S, attn_mask, index)  # [B, G, S, T]
         prefix_distance = self._distance(queries, jnp.arange(P))
         own_distance = self._distance(queries, P + jnp.arange(T))
@@ -363,7 +363,7 @@ class Decoder(nn.Module):
         def grouped(q, k, v, layer_prefix, own, layer, window):
             if own is not None:
                 own, k, v = write_layer(own, k, v, layer, index, 2)
-            y = member_attention(q, layer_prefix.k, layer_prefix.v, within_window(prefix_mask, prefix_distance, window),
+            y = member_attention(q, layer_prefix.k, layer_prefix.v, within_window(shared_mask, prefix_distance, window),
                                  k, v, within_window(own_mask, own_distance, window), c.scale, c.attn_softcap)
             return y, own
 
