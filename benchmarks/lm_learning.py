@@ -14,7 +14,7 @@ passed on the command line of `python -m jaxrl.train` so that the run directory 
 addition_judge` the model judges claimed sums of 1-3 digit numbers ("Is 64 + 79 = 173?", half of them off by a slip)
 and the reward is whether its reply's last yes or no is right: the critique RL of issue 63 (J1, Critique-Coder), its
 working free text before the verdict, from a warm start SFT on 512 demonstrations (`JUDGE_SFT`, in
-runs/lm_learning-addition_judge-full-sft). The report gives:
+runs/lm_learning-addition_judge-full-sft), then GRPO on 16 claims x 8 replies per update (`JUDGE`). The report gives:
 
 - the held-out greedy accuracy at the start (the pretrained model, or the judge's warm start: the run's own
   evaluation, on the same held-out problems, 128 or the judge's 256, computed here from the starting parameters), and
@@ -51,6 +51,10 @@ JUDGE_SFT = ["--config.model.name=smollm2-135m-instruct", "--config.model.remat=
              "--config.num_prompts=32", "--config.total_steps=512", "--config.optim.learning_rate=2e-5",
              "--config.optim.warmup_updates=2", "--config.log.every_steps=64", "--config.eval.every_steps=512",
              "--config.eval.episodes=256", "--config.eval.pass_k=0", "--config.checkpoint.every_steps=512"]
+# The judge's GRPO: 16 claims x 8 replies per update, 44 updates. With 8 x 8 it stood at 0.73-0.75 from update 11 on
+# (+13.3 at the end); with twice the replies per gradient it went on to 0.785 at update 33 and 0.770 at 44 (+15.6).
+JUDGE = ["--config.num_prompts=16", "--config.total_steps=5632", "--config.eval.every_steps=1408",
+         "--config.checkpoint.every_steps=1408", "--config.log.every_steps=128", "--config.eval.episodes=256"]
 
 
 def train(workdir: str, task: str, lora: bool, seeds: int, sft: str | None = None, more: tuple[str, ...] = ()) -> None:
@@ -61,7 +65,7 @@ def train(workdir: str, task: str, lora: bool, seeds: int, sft: str | None = Non
         sft = sft or f"{workdir}-sft"
         if not os.path.exists(os.path.join(sft, "checkpoints")):
             run_train([f"--config=experiments/text_sft.py:{task}", f"--workdir={sft}", *task_flags(task), *JUDGE_SFT])
-        warm_start = [f"--config.init_from={sft}", "--config.eval.episodes=256"]
+        warm_start = [f"--config.init_from={sft}", *JUDGE]
     run_train([f"--config=experiments/lm_grpo.py:{task}", f"--workdir={workdir}", *task_flags(task), *FLAGS,
                *(LORA if lora else FULL), f"--config.num_seeds={seeds}", *warm_start, *more])
 
