@@ -72,8 +72,10 @@ def jaxrl_config(args):
 def jaxrl_side(args) -> dict:
     import jax
 
-    from jaxrl import algos, mesh as mesh_lib
+    from jaxrl import algos, host, mesh as mesh_lib
     from jaxrl.run import saved
+
+    host.keep_freed_memory()  # as `python -m jaxrl.train` does
 
     algo, hp = algos.build(jaxrl_config(args), mesh_lib.make_mesh())
     state = algo.init_seeds(0, 1, start_params=saved.start_params(algo.starts_from))

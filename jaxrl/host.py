@@ -9,21 +9,25 @@ from __future__ import annotations
 import ctypes
 import sys
 
-_M_TOP_PAD = -2  # glibc's mallopt parameter number (malloc.h)
+# glibc's mallopt parameter numbers (malloc.h)
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 
 
 def keep_freed_memory(pad_mb: int = 256) -> bool:
-    """Let glibc's malloc keep up to `pad_mb` MiB of freed memory at the top of each heap for reuse,
-    instead of giving it back to the OS as soon as it is freed.
+    """Let glibc's malloc keep the memory a program frees, for its next allocations, instead of giving it back
+    to the OS: no trimming of its heaps, which grow `pad_mb` MiB at a time, and no block of its own mapping
+    (glibc's default for blocks above 128 KiB to 32 MiB, each mapped afresh and unmapped when freed).
 
     Why: a compiled XLA:CPU program allocates its temporary buffers at every call and frees them when it
-    returns. With glibc's default (keep at most 128 KiB), every call maps those pages afresh and the
-    kernel zero-fills each one on first touch. Measured on 2 cores, a GRPO step on tokens
-    (benchmarks/grpo_tokens.py sizes) took 24 ms with a 256 MiB pad against 32 ms without.
+    returns. With glibc's defaults, every call maps those pages afresh and the kernel zero-fills each one on
+    first touch. Measured on 2 cores: a GRPO step on tokens (benchmarks/grpo_tokens.py sizes) took 24 ms with a
+    256 MiB pad against 32 ms without; a GRPO step on SmolLM2-135M (benchmarks/lm_grpo.py: buffers of hundreds
+    of MiB, which the pad alone left to their own mappings) about 20 s against 28-31 s.
 
-    The cost: up to `pad_mb` MiB per malloc arena stays resident after a peak. Process-wide: other
-    libraries in the process (numpy, torch) get the same behaviour. Returns whether the setting was applied:
-    False for pad_mb <= 0, and off Linux or on a C library without `mallopt` (nothing to change there).
+    The cost: memory freed after a peak stays with the process (its resident size stays near the peak).
+    Process-wide: other libraries in the process (numpy, torch) get the same behaviour. Returns whether the
+    setting was applied: False for pad_mb <= 0, and off Linux or on a C library without `mallopt` (nothing to
+    change there).
     """
     if pad_mb <= 0 or not sys.platform.startswith("linux"):
         return False
@@ -32,4 +36,5 @@ def keep_freed_memory(pad_mb: int = 256) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    return bool(mallopt(_M_TOP_PAD, min(pad_mb, 2047) << 20))
+    settings = ((_M_TOP_PAD, min(pad_mb, 2047) << 20), (_M_TRIM_THRESHOLD, -1), (_M_MMAP_MAX, 0))  # -1: never trim
+    return all([bool(mallopt(parameter, value)) for parameter, value in settings])

@@ -126,8 +126,8 @@ def define_flags():
                         "by hand (with --num_processes and --process_id)")
     flags.DEFINE_integer("num_processes", 0, "processes in the run (with --coordinator_address)")
     flags.DEFINE_integer("process_id", -1, "this process's index, 0 to num_processes - 1 (with --coordinator_address)")
-    flags.DEFINE_integer("malloc_pad_mb", 256, "MiB of freed memory glibc's malloc keeps for reuse (jaxrl.host: "
-                         "XLA:CPU programs run faster); 0 leaves malloc as it is")
+    flags.DEFINE_integer("malloc_pad_mb", 256, "glibc's malloc keeps freed memory for reuse, its heaps growing this "
+                         "many MiB at a time (jaxrl.host: XLA:CPU programs run faster); 0 leaves malloc as it is")
 
 
 
