@@ -20,7 +20,8 @@ template, left-padded to the longest):
   benchmark on the same file with B*G parallel sequences sharing one prompt of P tokens (`-pps`), N tokens each,
   2 threads; its text-generation rate `S_TG`. It computes with the Q4_1 weights as stored (4-bit matmuls).
 
-The engines are timed in `--repeats` rounds of one call each, in turn, after each has compiled or warmed up: a
+The process applies `jaxrl.host.keep_freed_memory()`, as `python -m jaxrl.train` does (`--malloc-pad-mb 0`:
+glibc's default); jaxrl and transformers, in this one process, share it. The engines are timed in `--repeats` rounds of one call each, in turn, after each has compiled or warmed up: a
 drift of the machine's speed (this 2-core machine's varies by a quarter within minutes) falls on every engine
 alike. Prints tokens/s per engine (the median of its rounds) and jaxrl's ratio to each: of the medians, and round
 by round.
@@ -47,7 +48,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from envs import text  # noqa: E402
-from jaxrl import models, sampling  # noqa: E402
+from jaxrl import host, models, sampling  # noqa: E402
 from jaxrl.models import installed  # noqa: E402
 from report import machine  # noqa: E402
 
@@ -143,14 +144,19 @@ def main():
                         help="weights and compute, on every side")
     parser.add_argument("--no-transformers", action="store_true")
     parser.add_argument("--llama-batched-bench", default=None, help="llama.cpp's llama-batched-bench binary")
+    parser.add_argument("--malloc-pad-mb", type=int, default=256,
+                        help="jaxrl.host.keep_freed_memory, as python -m jaxrl.train applies it (0: glibc's default). "
+                             "Process-wide, so it holds for transformers too")
     args = parser.parse_args()
 
+    host.keep_freed_memory(args.malloc_pad_mb)
     path = installed.resolve(args.model) if args.model in installed.INSTALLED else args.model
     lm = models.from_pretrained(path, dtype=args.dtype, param_dtype=args.dtype)
     prompts = chat_prompts(lm, args.prompts)
     B, P = prompts.shape
     print(f"{args.model} ({args.dtype}): {B} prompts x {args.group_size} completions x {args.new_tokens} tokens, "
-          f"prompts of {P} tokens; {machine()}, {datetime.date.today()}", flush=True)
+          f"prompts of {P} tokens; {machine()}, {datetime.date.today()}; malloc pad (jaxrl.host) "
+          f"{args.malloc_pad_mb} MiB (0: glibc's default)", flush=True)
     sides = {"jaxrl": jaxrl_side(lm, prompts, args)}
     if not args.no_transformers:
         sides["transformers"] = transformers_side(path, prompts, lm.pad_id, args)

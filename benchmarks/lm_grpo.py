@@ -13,6 +13,10 @@ reply's last number is the sum), B prompts x G completions at temperature 1 (no 
 (0.2) token-level loss (TRL's "dapo", Tunix's "token-mean") over the whole batch, no KL, AdamW at 5e-6 without
 weight decay, gradient clipping at 1.0, float32, no rematerialisation (TRL's gradient checkpointing off), no vLLM.
 
+The jaxrl side's process keeps freed memory for reuse (`jaxrl.host.keep_freed_memory`), as `python -m jaxrl.train`
+does; the peers' run with glibc's malloc as it is, as their users run them (`--peers-malloc-pad-mb 256`: the same
+setting for them, through their environment; `--malloc-pad-mb 0`: none for jaxrl).
+
 Each side times `--steps` steps after `--warmup` untimed ones (jaxrl, Tunix: compilation) and reports the median
 s/step and its process's peak resident memory.
 
@@ -75,7 +79,7 @@ def jaxrl_side(args) -> dict:
     from jaxrl import algos, host, mesh as mesh_lib
     from jaxrl.run import saved
 
-    host.keep_freed_memory()  # as `python -m jaxrl.train` does
+    host.keep_freed_memory(args.malloc_pad_mb)  # as `python -m jaxrl.train` does
 
     algo, hp = algos.build(jaxrl_config(args), mesh_lib.make_mesh())
     state = algo.init_seeds(0, 1, start_params=saved.start_params(algo.starts_from))
@@ -273,11 +277,15 @@ RIVALS = {"trl": "TRL", "tunix": "Tunix"}
 
 
 def run_side(side: str, python: str, args, *extra: str) -> dict:
-    """One side's RESULT, run by `python` in a process of its own."""
+    """One side's RESULT, run by `python` in a process of its own (a peer's with `--peers-malloc-pad-mb`'s
+    malloc setting in its environment)."""
+    from jaxrl import host
+
     command = [python, __file__, f"--side={side}", f"--model={args.model}", f"--prompts={args.prompts}",
                f"--group-size={args.group_size}", f"--new-tokens={args.new_tokens}", f"--steps={args.steps}",
-               f"--warmup={args.warmup}", *extra]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+               f"--warmup={args.warmup}", f"--malloc-pad-mb={args.malloc_pad_mb}", *extra]
+    env = {**os.environ, **(host.freed_memory_environment(args.peers_malloc_pad_mb) if side != "jaxrl" else {})}
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise RuntimeError(f"the {side} side failed:\n{done.stderr[-3000:]}")
@@ -295,6 +303,12 @@ def main():
     parser.add_argument("--side", choices=tuple(SIDES), default=None, help="(internal) run one side")
     parser.add_argument("--inputs", default=None, help="(internal) the Tunix side's inputs file")
     parser.add_argument("--no-trl", action="store_true")
+    parser.add_argument("--malloc-pad-mb", type=int, default=256,
+                        help="the jaxrl side's jaxrl.host.keep_freed_memory, as python -m jaxrl.train applies it "
+                             "(0: glibc's default)")
+    parser.add_argument("--peers-malloc-pad-mb", type=int, default=0,
+                        help="the same malloc setting for the TRL and Tunix sides, through their environment "
+                             "(default 0: glibc's, as their users run them)")
     parser.add_argument("--tunix-python", default=None, metavar="PATH",
                         help="a Python with google-tunix installed: runs the Tunix side with it")
     args = parser.parse_args()
@@ -306,7 +320,8 @@ def main():
     from report import machine
 
     print(f"{args.model}: one GRPO step, {args.prompts} prompts x {args.group_size} completions of at most "
-          f"{args.new_tokens} tokens; {machine()}, {datetime.date.today()}", flush=True)
+          f"{args.new_tokens} tokens; {machine()}, {datetime.date.today()}; malloc pad (jaxrl.host): jaxrl "
+          f"{args.malloc_pad_mb} MiB, peers {args.peers_malloc_pad_mb} MiB (0: glibc's default)", flush=True)
     runs = [("jaxrl", sys.executable)] + ([] if args.no_trl else [("trl", sys.executable)])
     runs += [("tunix", args.tunix_python)] if args.tunix_python else []
     results = {}

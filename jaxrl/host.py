@@ -38,3 +38,12 @@ def keep_freed_memory(pad_mb: int = 256) -> bool:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     settings = ((_M_TOP_PAD, min(pad_mb, 2047) << 20), (_M_TRIM_THRESHOLD, -1), (_M_MMAP_MAX, 0))  # -1: never trim
     return all([bool(mallopt(parameter, value)) for parameter, value in settings])
+
+
+def freed_memory_environment(pad_mb: int = 256) -> dict[str, str]:
+    """The environment variables that give a new process `keep_freed_memory(pad_mb)`'s setting from its start,
+    for a process that does not import jaxrl (a peer library's side of a benchmark); empty for pad_mb <= 0."""
+    if pad_mb <= 0:
+        return {}
+    return {"MALLOC_TOP_PAD_": str(min(pad_mb, 2047) << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
+            "MALLOC_MMAP_MAX_": "0"}

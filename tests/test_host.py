@@ -1,5 +1,6 @@
 """jaxrl.host (the malloc setting the entry points apply) and mesh.over_local_runs (one run: no vmap)."""
 
+import os
 import subprocess
 import sys
 
@@ -38,13 +39,16 @@ print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / (size / 40
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
 def test_keep_freed_memory_reuses_a_large_freed_buffer_without_faulting_its_pages_again():
     """A 256 MiB buffer freed and allocated again: with glibc's defaults it is mapped afresh (a page fault per
-    4 KiB page, or per huge page where the kernel gives them); kept, its pages are reused (almost no faults)."""
-    def faults_per_page(mode):
+    4 KiB page, or per huge page where the kernel gives them); kept, its pages are reused (almost no faults),
+    whether the process applies the setting or starts with it in its environment."""
+    def faults_per_page(mode, env=None):
         out = subprocess.run([sys.executable, "-c", PAGE_FAULTS_OF_A_REALLOCATION, mode], capture_output=True,
-                             text=True, check=True)
+                             text=True, check=True, env=None if env is None else {**os.environ, **env})
         return float(out.stdout.strip())
 
     assert faults_per_page("keep") < 0.001
+    assert faults_per_page("default", host.freed_memory_environment(64)) < 0.001  # the same, from the environment
+    assert host.freed_memory_environment(0) == {}
     assert faults_per_page("default") > 0.004  # (0.0098 on the 2-core AMD EPYC, 2026-12-03)
 
 
