@@ -15,14 +15,15 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
 
 def keep_freed_memory(pad_mb: int = 256) -> bool:
     """Let glibc's malloc keep the memory a program frees, for its next allocations, instead of giving it back
-    to the OS: no trimming of its heaps, which grow `pad_mb` MiB at a time, and no block of its own mapping
-    (glibc's default for blocks above 128 KiB to 32 MiB, each mapped afresh and unmapped when freed).
+    to the OS: no trimming of its heaps, which grow `pad_mb` MiB at a time, and no block in a mapping of its own
+    (glibc's default above a threshold of 128 KiB that it raises to at most 32 MiB: such a block is mapped afresh
+    and unmapped when freed).
 
     Why: a compiled XLA:CPU program allocates its temporary buffers at every call and frees them when it
     returns. With glibc's defaults, every call maps those pages afresh and the kernel zero-fills each one on
     first touch. Measured on 2 cores: a GRPO step on tokens (benchmarks/grpo_tokens.py sizes) took 24 ms with a
     256 MiB pad against 32 ms without; a GRPO step on SmolLM2-135M (benchmarks/lm_grpo.py: buffers of hundreds
-    of MiB, which the pad alone left to their own mappings) about 20 s against 28-31 s.
+    of MiB, which the pad alone left to their own mappings) 18.7 s against 28-31 s.
 
     The cost: memory freed after a peak stays with the process (its resident size stays near the peak).
     Process-wide: other libraries in the process (numpy, torch) get the same behaviour. Returns whether the
