@@ -23,8 +23,8 @@ template, left-padded to the longest):
 The process applies `jaxrl.host.keep_freed_memory()`, as `python -m jaxrl.train` does (`--malloc-pad-mb 0`:
 glibc's default); jaxrl and transformers, in this one process, share it. The engines are timed in `--repeats`
 rounds of one call each, in turn, after each has compiled or warmed up: a drift of the machine's speed (this 2-core
-machine's varies by a quarter within minutes) falls on every engine alike. Prints tokens/s per engine (the median of its rounds) and jaxrl's ratio to each: of the medians, and round
-by round.
+machine's varies by a quarter within minutes) falls on every engine alike. Prints tokens/s per engine (the median
+of its rounds) and jaxrl's ratio to each: of the medians, and round by round.
 """
 
 from __future__ import annotations

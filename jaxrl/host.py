@@ -9,8 +9,13 @@ from __future__ import annotations
 import ctypes
 import sys
 
-# glibc's mallopt parameter numbers (malloc.h)
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_MAX = -1, -2, -4
+
+def _malloc_settings(pad_mb: int) -> tuple[tuple[int, str, int], ...]:
+    """`keep_freed_memory`'s setting: (glibc's mallopt parameter number (malloc.h), the environment variable that
+    sets it at a process's start, value) each. Trim threshold -1: never trim; at most 0 blocks in mappings of
+    their own."""
+    return ((-2, "MALLOC_TOP_PAD_", min(pad_mb, 2047) << 20), (-1, "MALLOC_TRIM_THRESHOLD_", -1),
+            (-4, "MALLOC_MMAP_MAX_", 0))
 
 
 def keep_freed_memory(pad_mb: int = 256) -> bool:
@@ -37,14 +42,10 @@ def keep_freed_memory(pad_mb: int = 256) -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    settings = ((_M_TOP_PAD, min(pad_mb, 2047) << 20), (_M_TRIM_THRESHOLD, -1), (_M_MMAP_MAX, 0))  # -1: never trim
-    return all([bool(mallopt(parameter, value)) for parameter, value in settings])
+    return all([bool(mallopt(parameter, value)) for parameter, _, value in _malloc_settings(pad_mb)])
 
 
 def freed_memory_environment(pad_mb: int = 256) -> dict[str, str]:
     """The environment variables that give a new process `keep_freed_memory(pad_mb)`'s setting from its start,
     for a process that does not import jaxrl (a peer library's side of a benchmark); empty for pad_mb <= 0."""
-    if pad_mb <= 0:
-        return {}
-    return {"MALLOC_TOP_PAD_": str(min(pad_mb, 2047) << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 40),
-            "MALLOC_MMAP_MAX_": "0"}
+    return {} if pad_mb <= 0 else {variable: str(value) for _, variable, value in _malloc_settings(pad_mb)}
