@@ -37,7 +37,10 @@ the reward models start from it too:
    two steps of a prompt's completions, `reward_model.step_loss`); on 512
    held-out problems, 16 samples each: the verifier's verdict on the completion each picks, against majority vote
    (a uniform pick among the completions of the most common final result), a random pick and pass@16; the process
-   model under each of its step scores (`reward_model.step_score`: min, product, last), from the same training.
+   model under each of its step scores (`reward_model.step_score`: min, product, last), from the same training; and
+   both process models again under Math-Shepherd's hard estimate of the step labels (`reward_model.step_label=hard`:
+   1 where any continuation ends right, so that a step that can still succeed is not marked down by the sampler's
+   own success rate, which the weakest-step score would otherwise compare against the last step's verdict).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
 # the critic calls the calculator: its critique's value is the tool's, its verdict its own (longer episodes)
 TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator",
                f"--config.model.max_len={model_length('countdown_refine', critique_by='calculator')}"]
+HARD = ["--config.reward_model.step_label=hard"]  # Math-Shepherd's hard estimate of a step's label
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 # name -> (experiment, init_from run or None, flags); in the order they run
 RUNS = {
@@ -100,6 +104,12 @@ RUNS = {
     "prm_steps_pairwise": ("text_reward_model.py:countdown_steps", "sft_steps", [
         "--config.total_steps=64000", "--config.reward_model.objective=process",
         "--config.reward_model.step_loss=pairwise", *JUDGE]),
+    # the same two under Math-Shepherd's hard estimate: a step labelled 1 where any of its continuations ends right
+    "prm_steps_hard": ("text_reward_model.py:countdown_steps", "sft_steps", [
+        "--config.total_steps=64000", "--config.reward_model.objective=process", *HARD, *JUDGE]),
+    "prm_steps_pairwise_hard": ("text_reward_model.py:countdown_steps", "sft_steps", [
+        "--config.total_steps=64000", "--config.reward_model.objective=process",
+        "--config.reward_model.step_loss=pairwise", *HARD, *JUDGE]),
     "orm_steps": ("text_reward_model.py:countdown_steps", "sft_steps", ["--config.total_steps=64000", *JUDGE]),
     # the outcome model under the process model's own loss (pointwise cross-entropy; Math-Shepherd's ORM): the two
     # then differ only in their labels, the steps' Monte Carlo shares against the outcome alone
@@ -136,9 +146,13 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
     right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]))[0]
                        for k in range(samples)] for i in range(problems)])  # [problem, k]
     judges = [(f"process reward model, pointwise, step score {how}", "prm_steps", {"reward_model.step_score": how})
-              for how in STEP_SCORES] + [("process reward model, pairwise, step score min", "prm_steps_pairwise", {}),
-                                         ("outcome reward model, pointwise", "orm_steps_pointwise", {}),
-                                         ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
+              for how in STEP_SCORES] + [
+        (f"process reward model, pairwise, step score {how}", "prm_steps_pairwise", {"reward_model.step_score": how})
+        for how in ("min", "last")] + [
+        (f"process reward model, {loss}, hard labels, step score min", run, {})
+        for loss, run in (("pointwise", "prm_steps_hard"), ("pairwise", "prm_steps_pairwise_hard"))] + [
+        ("outcome reward model, pointwise", "orm_steps_pointwise", {}),
+        ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
     def best_of(scorer) -> float:
         scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
         return right[np.arange(problems), scores.argmax(1)].mean()
@@ -196,7 +210,8 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "critique_rl": ["sft_judge", "grpo_judge"],
             "refinement": [run for _, run in REFINEMENT["refinement"][1]],
             "refinement_tool": [run for _, run in REFINEMENT["refinement_tool"][1]],
-            "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "orm_steps", "orm_steps_pointwise"]}
+            "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "prm_steps_hard", "prm_steps_pairwise_hard",
+                          "orm_steps", "orm_steps_pointwise"]}
 
 
 def share_of_gain(verifier: np.ndarray, learned: np.ndarray) -> str:

@@ -12,8 +12,8 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
                    pointwise cross-entropy on outcome labels; its per-token terms are process rewards for free
     process        a process reward model on a task answered in steps: the value head after each step, learned
                    from the step's Monte Carlo label (Math-Shepherd, Wang et al. 2024: the share of K
-                   continuations from the prefix through that step that end right; the last step's label is the
-                   outcome) by cross-entropy, or pairwise (`step_loss`: Bradley-Terry over every two steps of a
+                   continuations from the prefix through that step that end right, or whether any does,
+                   `monte_carlo_labels`; the last step's label is the outcome) by cross-entropy, or pairwise (`step_loss`: Bradley-Terry over every two steps of a
                    prompt's completions, the one more likely to end right above the other); a completion's score
                    is its weakest step's, or another `step_score`
     generative     a generative verifier: the model first writes a critique after the completion, its working
@@ -169,10 +169,19 @@ def step_loss(values: jax.Array, labels: jax.Array, slots: jax.Array, how: str =
     raise ValueError(f"unknown step loss {how!r}; known: {', '.join(STEP_LOSSES)}")
 
 
-def monte_carlo_labels(continuation_correct: jax.Array) -> jax.Array:
-    """[..., K] verdicts on K continuations from one prefix -> [...]: the share that end right (Math-Shepherd's
-    soft estimate of the prefix's chance of success)."""
-    return jnp.mean(continuation_correct.astype(jnp.float32), axis=-1)
+# how K continuations' verdicts label a step (Math-Shepherd's two estimates)
+STEP_LABELS = ("soft", "hard")
+
+
+def monte_carlo_labels(continuation_correct: jax.Array, how: str = "soft") -> jax.Array:
+    """[..., K] verdicts on K continuations from one prefix -> [...]: soft, the share that end right (the prefix's
+    chance of success under the sampler); hard, 1 where any does (the step can still lead to a right answer)."""
+    correct = continuation_correct.astype(jnp.float32)
+    if how == "soft":
+        return jnp.mean(correct, axis=-1)
+    if how == "hard":
+        return jnp.max(correct, axis=-1)
+    raise ValueError(f"unknown step label {how!r}; known: {', '.join(STEP_LABELS)}")
 
 
 def scoring(params: dict, objective: str) -> dict:

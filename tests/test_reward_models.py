@@ -105,7 +105,11 @@ def test_step_slots_step_scores_and_monte_carlo_shares_by_hand():
                                rtol=1e-5)
     for how in reward_models.STEP_SCORES:
         assert reward_models.step_score(values, jnp.zeros_like(slots), how).tolist() == [0.0, 0.0]
-    assert reward_models.monte_carlo_labels(jnp.array([[1, 0, 1, 1], [0, 0, 0, 0]])).tolist() == [0.75, 0.0]
+    verdicts = jnp.array([[1, 0, 1, 1], [0, 0, 0, 0], [0, 0, 1, 0]])
+    assert reward_models.monte_carlo_labels(verdicts).tolist() == [0.75, 0.0, 0.25]  # soft: the share
+    assert reward_models.monte_carlo_labels(verdicts, "hard").tolist() == [1.0, 0.0, 1.0]  # hard: any
+    with pytest.raises(ValueError, match="unknown step label 'median'"):
+        reward_models.monte_carlo_labels(verdicts, "median")
 
 
 def test_the_pairwise_step_loss_ranks_every_two_steps_of_a_prompt_by_hand():
@@ -441,6 +445,9 @@ def test_a_step_score_without_steps_is_refused_before_compiling():
         algos.validate(config)
     config.reward_model.step_score, config.reward_model.step_loss = "min", "pairwise"
     with pytest.raises(ValueError, match="reward_model.step_loss=pairwise: only a process reward model"):
+        algos.validate(config)
+    config.reward_model.step_loss, config.reward_model.step_label = "pointwise", "hard"
+    with pytest.raises(ValueError, match="reward_model.step_label=hard: only a process reward model"):
         algos.validate(config)
     config.reward_model.objective = "process"
     algos.validate(config)

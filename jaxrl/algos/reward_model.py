@@ -66,6 +66,9 @@ STEP_SCORE = Knob("reward_model.step_score", "min", "process reward models: how 
 STEP_LOSS = Knob("reward_model.step_loss", "pointwise", "process reward models: how step values learn their Monte "
                  "Carlo labels: pointwise (Math-Shepherd: each step's cross-entropy) or pairwise (Bradley-Terry over "
                  "every two steps of a prompt's completions)", choices=reward_models.STEP_LOSSES)
+STEP_LABEL = Knob("reward_model.step_label", "soft", "process reward models: a step's Monte Carlo label from its "
+                  "continuations: soft (Math-Shepherd's soft estimate: the share that end right) or hard (its hard "
+                  "estimate: 1 where any does)", choices=reward_models.STEP_LABELS)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -84,6 +87,7 @@ class RewardModelSettings:
     critique_by: str = CRITIQUE_BY.field()
     step_score: str = STEP_SCORE.field()
     step_loss: str = STEP_LOSS.field()
+    step_label: str = STEP_LABEL.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -206,7 +210,8 @@ class RewardModel:
         """Monte Carlo labels of the steps of completions [b, G, N] (labels [b, G]: their outcomes): (labels
         float32 [b, G, N], where they are bool [b, G, N]), at each step's slot (`reward_models.step_slots`). A step
         that ends the completion is labelled by its outcome; each earlier one (the first S - 1, S the task's
-        `max_steps`) by the share of `continuations` samples from the prefix through its separator that end right.
+        `max_steps`) by the `continuations` samples from the prefix through its separator (`step_label`: the share that
+        end right, or whether any does).
         Continuation k of step s of completion g of problem b is drawn from keys[b] folded with (g, s, k)."""
         b, G, N = tokens.shape
         ends = self.task.step_ends(tokens, self.vocab)
@@ -225,7 +230,8 @@ class RewardModel:
                 jax.vmap(jax.random.fold_in, (0, None))(flat(member_keys), step), group_size=self.settings.continuations,
                 temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len),
                 **self.decoding)
-            share = reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens)).reshape(b, G)
+            share = reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens),
+                                                     self.settings.step_label).reshape(b, G)
             at = (jnp.arange(N) == end[..., None] + 1) & (end < N)[..., None]
             out, where = jnp.where(at, share[..., None], out), where | at
         return out, where
@@ -395,7 +401,7 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
     if config.reward_model.critique_by != CRITIQUE_BY.default and config.reward_model.objective != "generative":
         raise ValueError(f"reward_model.critique_by={config.reward_model.critique_by}: only a generative reward model "
                          f"writes a critique; reward_model.objective is {config.reward_model.objective}")
-    for knob in (STEP_SCORE, STEP_LOSS):
+    for knob in (STEP_SCORE, STEP_LOSS, STEP_LABEL):
         value = config.reward_model[knob.key.split(".")[-1]]
         if value != knob.default and config.reward_model.objective != "process":
             raise ValueError(f"{knob.key}={value}: only a process reward model has step values; "
