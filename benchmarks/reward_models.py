@@ -127,15 +127,29 @@ def train(runs_dir: str, name: str) -> None:
     train_run(runs_dir, name, experiment, init_from, flags)
 
 
-def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str, list[float]]:
+def reranking_judges() -> list[tuple[str, str, dict]]:
+    """Best-of-16's reward models: (row label, run, config keys that change how it scores, not what it learned)."""
+    from jaxrl.reward_models import STEP_SCORES
+
+    pointwise = [(f"process reward model, pointwise, step score {how}", "prm_steps", {"reward_model.step_score": how})
+                 for how in STEP_SCORES]
+    pairwise = [(f"process reward model, pairwise, step score {how}", "prm_steps_pairwise",
+                 {"reward_model.step_score": how}) for how in ("min", "last")]
+    hard = [(f"process reward model, {loss}, hard labels, step score min", run, {})
+            for loss, run in (("pointwise", "prm_steps_hard"), ("pairwise", "prm_steps_pairwise_hard"))]
+    return pointwise + pairwise + hard + [("outcome reward model, pointwise", "orm_steps_pointwise", {}),
+                                          ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
+
+
+def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None) -> dict[str, list[float]]:
     """Best-of-`samples` on held-out countdown_steps problems: the share of problems whose pick the verifier accepts,
     for the process and the outcome reward model (one value per seed of each: the same completions judged by each
-    seed's model), majority vote, a random pick and pass@k (any of them)."""
+    seed's model), majority vote, a random pick and pass@k (any of them). judges: (label, run, config keys) of the
+    reward models, `reranking_judges()` by default."""
     import jax
 
     import jaxrl
     from envs.text.verify import check_countdown_steps
-    from jaxrl.reward_models import STEP_SCORES
 
     sampler = jaxrl.load_policy(os.path.join(runs_dir, "sft_steps"))
     task = sampler.task
@@ -145,20 +159,13 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16) -> dict[str
     numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
     right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]))[0]
                        for k in range(samples)] for i in range(problems)])  # [problem, k]
-    judges = [(f"process reward model, pointwise, step score {how}", "prm_steps", {"reward_model.step_score": how})
-              for how in STEP_SCORES] + [
-        (f"process reward model, pairwise, step score {how}", "prm_steps_pairwise", {"reward_model.step_score": how})
-        for how in ("min", "last")] + [
-        (f"process reward model, {loss}, hard labels, step score min", run, {})
-        for loss, run in (("pointwise", "prm_steps_hard"), ("pairwise", "prm_steps_pairwise_hard"))] + [
-        ("outcome reward model, pointwise", "orm_steps_pointwise", {}),
-        ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
+
     def best_of(scorer) -> float:
         scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
         return right[np.arange(problems), scores.argmax(1)].mean()
 
     picked = {label: [best_of(scorer) for scorer in judges_of(os.path.join(runs_dir, judge), keys)]
-              for label, judge, keys in judges}
+              for label, judge, keys in judges or reranking_judges()}
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
     return {**picked, "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
             "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}
