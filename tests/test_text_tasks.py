@@ -1,6 +1,7 @@
 """envs.text: tokenizer round trips, prompt rendering, exact verifiers and the held-out split."""
 
 import ast
+import collections
 import operator
 from fractions import Fraction
 
@@ -54,6 +55,8 @@ def python_value(expression):
     def value(node):
         if isinstance(node, ast.BinOp):
             return ops[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):  # a negative operand, "(-19)"
+            return -value(node.operand)
         assert isinstance(node, ast.Constant) and isinstance(node.value, int)
         return Fraction(node.value)
     return value(ast.parse(expression, mode="eval").body)
@@ -401,6 +404,41 @@ def test_countdown_judge_references_judge_right_and_the_verdict_alone_is_rewarde
     np.testing.assert_array_equal(rewards_of(task, probs, ids(bare), vocab), np.ones((BATCH, 2)))
     np.testing.assert_array_equal(rewards_of(task, probs, ids(flipped), vocab)[:, 0], np.zeros(BATCH))
     assert rewards_of(task, probs, ids(["25"] * BATCH), vocab)[:, 1].sum() == 0
+
+
+def test_countdown_judge_step_critique_checks_each_merge_of_the_candidate_exactly():
+    task = text.make_task("countdown_judge", critique="steps")
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    probs = task.sample(jax.random.key(6), 4 * BATCH, "train")
+    np.testing.assert_array_equal(rewards_of(task, probs, task.reference_answers(probs, vocab), vocab),
+                                  np.ones((4 * BATCH, 2)))
+    fractions = negatives = 0
+    for (prompt, answer), numbers in zip(task.texts(probs), np.asarray(probs.numbers)):
+        candidate = prompt.split("=", 1)[1].rstrip("?")
+        available = collections.Counter(Fraction(int(x)) for x in numbers)
+        steps = answer[:-1].split(";")
+        for k, step in enumerate(steps):
+            left, written = step.split("=")
+            merge = ast.parse(left, mode="eval").body
+            operands = [python_value(ast.unparse(side)) for side in (merge.left, merge.right)]
+            for x in operands:  # each operand a given number or an earlier step's result, each used once
+                assert available[x] > 0, (prompt, answer)
+                available[x] -= 1
+            if not written:  # a division by zero: the last step written, the verdict N
+                assert k == len(steps) - 1 and operands[1] == 0 and answer[-1] == "N", (prompt, answer)
+                break
+            assert Fraction(written) == python_value(left), (prompt, answer)  # the step's value, exact
+            available[Fraction(written)] += 1
+            fractions += "/" in written
+            negatives += written.startswith("-")
+        else:  # one step per merge, ending at the candidate's value
+            assert len(steps) == len(numbers) - 1 and Fraction(written) == python_value(candidate), (prompt, answer)
+    assert fractions and negatives  # the sample reaches the parenthesised operands
+    # the verdict alone, and an unknown form refused
+    bare = text.make_task("countdown_judge", critique="none")
+    assert [a for _, a in bare.texts(probs)] == [a[-1] for _, a in task.texts(probs)] and bare.answer_length == 2
+    with pytest.raises(ValueError, match="critique must be one of value, steps, none, got 'proof'"):
+        text.make_task("countdown_judge", critique="proof")
 
 
 def test_addition_judge_claims_are_the_sum_or_a_slip_and_the_verdict_is_rewarded():

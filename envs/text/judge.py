@@ -5,7 +5,10 @@ and J1, where the judgment's correctness is the reward).
 
 `countdown_judge`: `7 1 18>25=7+1*18?` -> `25Y` (the candidate's value, then Y: it reaches the target by the rules; N:
 it does not). The candidates are the problem's reference solution with its operators redrawn on about half the
-problems (`wrong_share`), so about half are wrong; a redrawn one that still reaches the target is right.
+problems (`wrong_share`), so about half are wrong; a redrawn one that still reaches the target is right. The
+critique's form is an option (`critique`): the value alone; DeepCritic's step-wise critique, each merge of the
+candidate checked in turn (`1*18=18;7+18=25Y`: one operation per step, operands in parentheses where negative or a
+fraction); or none, the verdict alone.
 
 `addition_judge`: `64+79=173?` -> `143N`, a claimed result judged: the sum, then Y (the claim is the sum) or N. About
 half the claims are off by a slip (`SLIPS`), so the verdict needs the sum, not the look of the claim. Posed to a chat
@@ -22,6 +25,7 @@ import jax.numpy as jnp
 from envs.text import render, tools
 from envs.text.tasks import TASKS, Arithmetic, Countdown, Problems, Task, addition, split_hash
 from envs.text.tokenizer import ALPHABET, Vocab
+from envs.text.verify import OPERATORS, STEP_SEPARATOR
 
 VERDICTS = "YN"  # right, wrong
 
@@ -29,6 +33,9 @@ VERDICTS = "YN"  # right, wrong
 # Who writes a critique's value of a Countdown expression: the model itself, or the calculator, a tool the critic
 # calls (CRITIC, Gou et al. 2024: tool-interactive critiquing), the critic then writing only its verdict.
 CRITICS = ("model", "calculator")
+# What a Countdown judge writes before its verdict: the candidate's value, its merges one step each (DeepCritic's
+# step-wise critique), or nothing
+CRITIQUE_FORMS = ("value", "steps", "none")
 
 
 class CountdownJudge(Task):
@@ -36,18 +43,24 @@ class CountdownJudge(Task):
     character before EOS, is the truth) and well_formed (the reply ends in a verdict)."""
 
     name = "countdown_judge"
-    alphabet = ALPHABET + "?" + VERDICTS
 
     def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
-                 max_target: int = 100, wrong_share: float = 0.5, split_seed: int = 0):
+                 max_target: int = 100, wrong_share: float = 0.5, critique: str = "value", split_seed: int = 0):
         super().__init__(split_seed)
         if not 0.0 <= wrong_share <= 1.0:
             raise ValueError(f"wrong_share must be in [0, 1], got {wrong_share}")
+        if critique not in CRITIQUE_FORMS:
+            raise ValueError(f"critique must be one of {', '.join(CRITIQUE_FORMS)}, got {critique!r}")
         self.base = Countdown(num_numbers, min_number, max_number, min_target, max_target, False, split_seed)
-        self.wrong_share = float(wrong_share)
+        self.wrong_share, self.critique = float(wrong_share), critique
+        self.alphabet = ALPHABET + "?" + VERDICTS + (STEP_SEPARATOR if critique == "steps" else "")
         self.value_width = tools.value_width()
+        # a step's values stay within the product of all the given numbers (a denominator: of all but one)
+        self.step_value_width = tools.value_width(min(max_number ** num_numbers + 1, tools.MAX_MAGNITUDE))
+        self.step_width = 2 * (self.step_value_width + 2) + 3 + self.step_value_width  # (a)op(b)=v;
         self.prompt_length = self.base.prompt_length + self.base.expression_length + 1
-        self.answer_length = self.value_width + 2  # the value, the verdict, EOS
+        critique_length = {"value": self.value_width, "steps": (num_numbers - 1) * self.step_width - 1, "none": 0}
+        self.answer_length = critique_length[critique] + 2  # the critique, the verdict, EOS
 
     def _propose(self, key, n, level=None):
         return self.base._propose(key, n, level)
@@ -55,15 +68,45 @@ class CountdownJudge(Task):
     def difficulty(self, problems):
         return self.base.difficulty(problems)
 
-    def candidate(self, problem: Problems, vocab: Vocab) -> render.Piece:
-        """One problem's candidate expression: the reference, or (on about `wrong_share` of problems, by their hash)
-        the reference with every operator redrawn to a different one."""
+    def candidate_recipe(self, problem: Problems) -> jax.Array:
+        """int32 [N-1, 3]: one problem's candidate's merges: the reference's, or (on about `wrong_share` of problems,
+        by their hash) the reference's with every operator redrawn to a different one."""
         redraw = (split_hash(problem, self.split_seed + 7) % 1000) < 1000 * self.wrong_share
         steps = problem.recipe.shape[0]
         bits = split_hash(problem, self.split_seed + 8)
         offsets = 1 + (bits >> (2 * jnp.arange(steps, dtype=jnp.uint32))) % 3  # 1..3: never the same operator
         ops = (problem.recipe[:, 2] + jnp.where(redraw, offsets.astype(problem.recipe.dtype), 0)) % 4
-        return self.base._answer_pieces(problem.replace(recipe=problem.recipe.at[:, 2].set(ops)), vocab)[0]
+        return problem.recipe.at[:, 2].set(ops)
+
+    def candidate(self, problem: Problems, vocab: Vocab) -> render.Piece:
+        """One problem's candidate expression (its merges written as one expression)."""
+        return self.base._answer_pieces(problem.replace(recipe=self.candidate_recipe(problem)), vocab)[0]
+
+    def step_critique(self, problem: Problems, vocab: Vocab) -> render.Piece:
+        """The candidate checked one merge at a time, in the order its expression evaluates them: `1*18=18;7+18=25`
+        for `7+1*18`, exact (an operand in parentheses where it is negative or a fraction, so that each step reads as
+        an expression); the steps after a division by zero are not written (that step ends at its `=`)."""
+        num, den = problem.numbers.astype(jnp.int32), jnp.ones_like(problem.numbers, jnp.int32)
+        recipe, last = self.candidate_recipe(problem), self.base.num_numbers - 1
+        width, ok, pieces = self.step_value_width, jnp.bool_(True), []
+
+        def operand(n, d, present):
+            bracket = present & ((n < 0) | (d != 1))
+            ids, length = render.concat([render.char("(", vocab, bracket), tools.render_fraction(n, d, width, vocab),
+                                         render.char(")", vocab, bracket)], width + 2, vocab.pad_id)
+            return ids, jnp.where(present, length, 0)
+
+        for step in range(recipe.shape[0]):
+            i, j, op = recipe[step]
+            n, d, error = tools.apply_operator(op, (num[i], den[i]), (num[j], den[j]))
+            value = tools.render_fraction(n, d, width, vocab)
+            pieces += [render.char(STEP_SEPARATOR, vocab, ok & (step > 0)), operand(num[i], den[i], ok),
+                       render.token(jnp.asarray(vocab.ids_of(OPERATORS))[op], ok), operand(num[j], den[j], ok),
+                       render.char("=", vocab, ok), (value[0], jnp.where(ok & ~error, value[1], 0))]
+            ok = ok & ~error
+            num, den = num.at[i].set(n), den.at[i].set(d)
+            num, den = num.at[j].set(num[last - step]), den.at[j].set(den[last - step])  # (as the merges' replay)
+        return render.concat(pieces, self.answer_length - 2, vocab.pad_id)
 
     def _judgement(self, problem: Problems, vocab: Vocab) -> tuple[tools.Calculation, jax.Array]:
         """(the candidate's value, whether it reaches the target: exactly, an integer)."""
@@ -76,8 +119,10 @@ class CountdownJudge(Task):
 
     def _answer_pieces(self, problem, vocab):
         calc, right = self._judgement(problem, vocab)
-        verdict = jnp.asarray(vocab.ids_of(VERDICTS))[jnp.where(right, 0, 1)]
-        return [tools.render_value(calc, self.value_width, vocab), render.token(verdict)]
+        verdict = render.token(jnp.asarray(vocab.ids_of(VERDICTS))[jnp.where(right, 0, 1)])
+        critique = {"value": lambda: [tools.render_value(calc, self.value_width, vocab)],
+                    "steps": lambda: [self.step_critique(problem, vocab)], "none": lambda: []}[self.critique]()
+        return [*critique, verdict]
 
     @functools.partial(jax.jit, static_argnums=0)
     def rewards(self, problems, completions, vocab):

@@ -49,8 +49,9 @@ def _reduce(n, d):
     return jnp.where(d < 0, -n, n), jnp.abs(d)
 
 
-def _apply(op, a, b):
-    """(numerator, denominator, error) of a `op` b on reduced fractions a = (n, d), b = (n, d)."""
+def apply_operator(op, a, b):
+    """(numerator, denominator, error) of a `op` b (op an index of OPERATORS) on reduced fractions a = (n, d),
+    b = (n, d): exact, an error on a division by zero or a value beyond MAX_MAGNITUDE."""
     (an, ad), (bn, bd) = a, b
     big = lambda x, y: jnp.abs(x.astype(jnp.float32) * y.astype(jnp.float32)) >= MAX_MAGNITUDE  # noqa: E731
     cross = big(an, bd) | big(bn, ad) | big(ad, bd)
@@ -79,7 +80,7 @@ def calculator(tokens: jax.Array, length, vocab: Vocab) -> Calculation:
         def apply_top(s):
             op = s["ops"][s["osp"] - 1]
             i = s["vsp"] - 2
-            n, d, error = _apply(op, (s["num"][i], s["den"][i]), (s["num"][i + 1], s["den"][i + 1]))
+            n, d, error = apply_operator(op, (s["num"][i], s["den"][i]), (s["num"][i + 1], s["den"][i + 1]))
             return {**s, "num": s["num"].at[i].set(n), "den": s["den"].at[i].set(d), "vsp": s["vsp"] - 1,
                     "osp": s["osp"] - 1, "error": s["error"] | error | (s["vsp"] < 2)}
         return jax.lax.while_loop(keep_going, apply_top, s)
@@ -157,12 +158,16 @@ def value_width(max_magnitude: int = MAX_MAGNITUDE) -> int:
 
 def render_value(calc: Calculation, width: int, vocab: Vocab) -> render.Piece:
     """`-7/2`, `15`: the value as text (ids [width], length); width from `value_width` holds any value."""
+    return render_fraction(calc.numerator, calc.denominator, width, vocab)
+
+
+def render_fraction(numerator, denominator, width: int, vocab: Vocab) -> render.Piece:
+    """A reduced fraction (int32 scalars, denominator > 0, both below MAX_MAGNITUDE) as `render_value` writes it."""
     digits = render.max_digits(MAX_MAGNITUDE - 1)
-    negative = calc.numerator < 0
-    fraction = calc.denominator != 1
-    return render.concat([render.char("-", vocab, negative), render.number(jnp.abs(calc.numerator), digits, vocab),
+    fraction = denominator != 1
+    return render.concat([render.char("-", vocab, numerator < 0), render.number(jnp.abs(numerator), digits, vocab),
                           render.char("/", vocab, fraction),
-                          _present(render.number(calc.denominator, digits, vocab), fraction)], width, vocab.pad_id)
+                          _present(render.number(denominator, digits, vocab), fraction)], width, vocab.pad_id)
 
 
 def _present(piece: render.Piece, present) -> render.Piece:
