@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 
 from envs.text import render, tools
-from envs.text.tasks import TASKS, Arithmetic, Countdown, Problems, Task, addition, split_hash
+from envs.text.tasks import TASKS, Arithmetic, Countdown, Problems, Task, addition, recipe_merges, split_hash
 from envs.text.tokenizer import ALPHABET, Vocab
 from envs.text.verify import OPERATORS, STEP_SEPARATOR
 
@@ -45,7 +45,7 @@ class CountdownJudge(Task):
     name = "countdown_judge"
 
     def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
-                 max_target: int = 100, wrong_share: float = 0.5, critique: str = "value", split_seed: int = 0):
+                 max_target: int = 100, *, wrong_share: float = 0.5, critique: str = "value", split_seed: int = 0):
         super().__init__(split_seed)
         if not 0.0 <= wrong_share <= 1.0:
             raise ValueError(f"wrong_share must be in [0, 1], got {wrong_share}")
@@ -86,8 +86,6 @@ class CountdownJudge(Task):
         """The candidate checked one merge at a time, in the order its expression evaluates them: `1*18=18;7+18=25`
         for `7+1*18`, exact (an operand in parentheses where it is negative or a fraction, so that each step reads as
         an expression); the steps after a division by zero are not written (that step ends at its `=`)."""
-        num, den = problem.numbers.astype(jnp.int32), jnp.ones_like(problem.numbers, jnp.int32)
-        recipe, last = self.candidate_recipe(problem), self.base.num_numbers - 1
         width, ok, pieces = self.step_value_width, jnp.bool_(True), []
 
         def operand(n, d, present):
@@ -96,16 +94,16 @@ class CountdownJudge(Task):
                                          render.char(")", vocab, bracket)], width + 2, vocab.pad_id)
             return ids, jnp.where(present, length, 0)
 
-        for step in range(recipe.shape[0]):
-            i, j, op = recipe[step]
-            n, d, error = tools.apply_operator(op, (num[i], den[i]), (num[j], den[j]))
+        # items (numerator, denominator, whether the merge that made it failed); the given numbers are exact
+        numbers = problem.numbers.astype(jnp.int32)
+        merges, _ = recipe_merges((numbers, jnp.ones_like(numbers), jnp.zeros_like(numbers, bool)),
+                                  self.candidate_recipe(problem), lambda a, b, op: tools.apply_operator(op, a[:2], b[:2]))
+        for step, ((an, ad, _), (bn, bd, _), op, (n, d, error)) in enumerate(merges):
             value = tools.render_fraction(n, d, width, vocab)
-            pieces += [render.char(STEP_SEPARATOR, vocab, ok & (step > 0)), operand(num[i], den[i], ok),
-                       render.token(jnp.asarray(vocab.ids_of(OPERATORS))[op], ok), operand(num[j], den[j], ok),
+            pieces += [render.char(STEP_SEPARATOR, vocab, ok & (step > 0)), operand(an, ad, ok),
+                       render.token(jnp.asarray(vocab.ids_of(OPERATORS))[op], ok), operand(bn, bd, ok),
                        render.char("=", vocab, ok), (value[0], jnp.where(ok & ~error, value[1], 0))]
             ok = ok & ~error
-            num, den = num.at[i].set(n), den.at[i].set(d)
-            num, den = num.at[j].set(num[last - step]), den.at[j].set(den[last - step])  # (as the merges' replay)
         return render.concat(pieces, self.answer_length - 2, vocab.pad_id)
 
     def _judgement(self, problem: Problems, vocab: Vocab) -> tuple[tools.Calculation, jax.Array]:

@@ -61,8 +61,8 @@ class CountdownRefine(MultiTurnTask):
         if critique_by != "model" and not critic:
             raise ValueError(f"critique_by={critique_by!r} writes the critic's value: there is no critic's turn "
                              "with critic=False")
-        self.judge = CountdownJudge(num_numbers, min_number, max_number, min_target, max_target, wrong_share,
-                                    split_seed=split_seed)
+        self.judge = CountdownJudge(num_numbers, min_number, max_number, min_target, max_target,
+                                    wrong_share=wrong_share, split_seed=split_seed)
         self.base = self.judge.base
         self.critic, self.critic_reward, self.critique_by = bool(critic), critic_reward, critique_by
         self.roles = type(self).roles if self.critic else ("actor", "actor")

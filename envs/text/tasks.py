@@ -419,16 +419,13 @@ class CountdownSteps(Countdown):
                              self.value_width, vocab.pad_id)
 
     def _answer_pieces(self, problem, vocab):
-        values, pieces = problem.numbers, []
-        last = self.num_numbers - 1
-        for step in range(problem.recipe.shape[0]):
-            i, j, op = problem.recipe[step]
-            merged, _ = _combine_values((values[i], True), (values[j], True), op)
-            pieces += [render.char(STEP_SEPARATOR, vocab, step > 0), self._signed(values[i], vocab),
-                       render.token(jnp.asarray(vocab.ids_of(OPERATORS))[op]), self._signed(values[j], vocab),
+        exact = lambda a, b, op: _combine_values((a, True), (b, True), op)[0]  # noqa: E731
+        merges, _ = recipe_merges(problem.numbers, problem.recipe, exact)
+        pieces = []
+        for step, (a, b, op, merged) in enumerate(merges):
+            pieces += [render.char(STEP_SEPARATOR, vocab, step > 0), self._signed(a, vocab),
+                       render.token(jnp.asarray(vocab.ids_of(OPERATORS))[op]), self._signed(b, vocab),
                        render.char("=", vocab), self._signed(merged, vocab)]
-            values = values.at[i].set(merged)
-            values = values.at[j].set(values[last - step])  # (as `_replay`: the last live item moves into slot j)
         return [render.concat(pieces, self.answer_length - 1, vocab.pad_id)]
 
     def step_ends(self, completions: jax.Array, vocab: Vocab) -> jax.Array:
@@ -470,16 +467,23 @@ def _replay(leaves, recipe, combine: Callable):
     """Fold N items by a Countdown recipe [N-1, 3]: item i := combine(item i, item j, op), then the last
     live item moves into slot j so that live items stay in slots 0..m-1. `leaves` is a pytree of [N]
     arrays; returns the final item (slot 0). Shared by evaluation and rendering so they cannot disagree."""
-    items = leaves
+    return recipe_merges(leaves, recipe, combine)[1]
+
+
+def recipe_merges(leaves, recipe, combine: Callable) -> tuple[list, object]:
+    """`_replay`'s fold, each merge kept: ([(item i, item j, op, merged) per step], the final item), for
+    what writes a recipe out one merge at a time."""
+    items, merges = leaves, []
     last = jax.tree.leaves(leaves)[0].shape[0] - 1
     for step in range(recipe.shape[0]):
         i, j, op = recipe[step]
         take = lambda k: jax.tree.map(lambda x: x[k], items)
         merged = combine(take(i), take(j), op)
+        merges.append((take(i), take(j), op, merged))
         items = jax.tree.map(lambda x, m: x.at[i].set(m), items, merged)
         moved = take(last - step)
         items = jax.tree.map(lambda x, m: x.at[j].set(m), items, moved)
-    return jax.tree.map(lambda x: x[0], items)
+    return merges, jax.tree.map(lambda x: x[0], items)
 
 
 def _combine_values(a, b, op):
