@@ -1,7 +1,8 @@
 """What this machine's arithmetic allows for group sampling and one GRPO step on a pretrained model: each matmul of a
 decoder layer timed alone in float32, under XLA (jaxrl's kernels) and under torch (transformers' and TRL's), and the
 floor those rates set on the work of `lm_generate.py` and `lm_grpo.py` (issue 60's speed goals are ratios to
-transformers and TRL, which the floor bounds).
+transformers and TRL, which the floor bounds); for the GRPO step also the floor of the smaller work jaxrl does (each
+prompt once per group).
 
     python benchmarks/lm_ceiling.py                          # SmolLM2-135M-Instruct, both benchmarks' default shapes
     python benchmarks/lm_ceiling.py --trl-seconds 102.6 --transformers-rate 141.7   # and what the goals then need
@@ -111,9 +112,17 @@ def sampling_seconds(make_call, shapes, prompts: int, group: int, new_tokens: in
 
 
 def grpo_seconds(make_call, shapes, prompts: int, group: int, new_tokens: int, prompt_len: int, repeats: int,
-                 rates: dict) -> float:
-    """Seconds of one GRPO step's matmuls: its sampling, then the forward and backward pass over its sequences."""
-    train = matmul_seconds(make_call, shapes, prompts * group * (prompt_len + new_tokens), True, repeats, rates)
+                 rates: dict, shared_prompts: bool = False) -> float:
+    """Seconds of one GRPO step's matmuls: its sampling, then the forward and backward pass over its sequences: every
+    completion with its prompt (TRL's work), or with `shared_prompts` as jaxrl's `sampling.score_groups` runs it,
+    each prompt once for its group and the members' fed tokens after it (prompts x prompt_len + prompts x group x
+    (new_tokens - 1) rows; the vocabulary projection only on the columns that predict a completion token)."""
+    if shared_prompts:
+        fed = prompts * group * (new_tokens - 1)
+        train = (matmul_seconds(make_call, shapes[:-1], prompts * prompt_len + fed, True, repeats, rates)
+                 + matmul_seconds(make_call, shapes[-1:], prompts + fed, True, repeats, rates))
+    else:
+        train = matmul_seconds(make_call, shapes, prompts * group * (prompt_len + new_tokens), True, repeats, rates)
     return sampling_seconds(make_call, shapes, prompts, group, new_tokens, prompt_len, repeats, rates) + train
 
 
@@ -160,18 +169,20 @@ def main():
             sampling_seconds(make_call, shapes, args.prompts, args.group_size, args.new_tokens, args.prompt_len,
                              args.repeats, rates[side]),
             grpo_seconds(make_call, shapes, args.grpo_prompts, args.group_size, args.grpo_new_tokens, args.grpo_prompt_len,
-                         args.repeats, rates[side]))
+                         args.repeats, rates[side]),
+            grpo_seconds(make_call, shapes, args.grpo_prompts, args.group_size, args.grpo_new_tokens, args.grpo_prompt_len,
+                         args.repeats, rates[side], shared_prompts=True))
     print(f"{'[m, k] @ [k, n]':>20} {'XLA GFLOP/s':>12} {'torch GFLOP/s':>14}")
     for shape in sorted(rates["XLA"], key=lambda s: -s[0] * s[1] * s[2]):
         print(f"{str(list(shape)):>20} {rates['XLA'][shape] / 1e9:12.1f} {rates['torch'][shape] / 1e9:14.1f}")
     tokens = args.prompts * args.group_size * args.new_tokens
-    for side, (sampling, grpo) in floor.items():
+    for side, (sampling, grpo, shared) in floor.items():
         print(f"{side:>5} floor: sampling {sampling:.2f} s ({tokens / sampling:.0f} tokens/s at most); one GRPO step "
-              f"{grpo:.1f} s")
+              f"{grpo:.1f} s ({shared:.1f} s with each prompt once per group, as jaxrl computes it)")
     if args.trl_seconds:
         need = args.trl_seconds / 3
         print(f"3x TRL ({args.trl_seconds} s/step) is {need:.1f} s/step, against XLA's floor of "
-              f"{floor['XLA'][1]:.1f} s; "
+              f"{floor['XLA'][1]:.1f} s ({floor['XLA'][2]:.1f} s for jaxrl's own work); "
               f"TRL itself takes {args.trl_seconds / floor['torch'][1]:.2f}x torch's floor")
     if args.transformers_rate:
         need = 3 * args.transformers_rate
