@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import statistics
 import sys
+from typing import NamedTuple
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -126,6 +128,15 @@ def grpo_seconds(make_call, shapes, prompts: int, group: int, new_tokens: int, p
     return sampling_seconds(make_call, shapes, prompts, group, new_tokens, prompt_len, repeats, rates) + train
 
 
+class Floor(NamedTuple):
+    """One engine's floor, in seconds: the sampling, one GRPO step with every completion and its prompt (TRL's
+    work), and the same step with each prompt once per group (jaxrl's)."""
+
+    sampling: float
+    grpo: float
+    grpo_shared_prompts: float
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -165,13 +176,11 @@ def main():
           f"{machine()}, {datetime.date.today()}", flush=True)
     floor, rates = {}, {"XLA": {}, "torch": {}}
     for side, make_call in (("XLA", xla_call), ("torch", torch_call)):
-        floor[side] = (
-            sampling_seconds(make_call, shapes, args.prompts, args.group_size, args.new_tokens, args.prompt_len,
-                             args.repeats, rates[side]),
-            grpo_seconds(make_call, shapes, args.grpo_prompts, args.group_size, args.grpo_new_tokens, args.grpo_prompt_len,
-                         args.repeats, rates[side]),
-            grpo_seconds(make_call, shapes, args.grpo_prompts, args.group_size, args.grpo_new_tokens, args.grpo_prompt_len,
-                         args.repeats, rates[side], shared_prompts=True))
+        grpo = functools.partial(grpo_seconds, make_call, shapes, args.grpo_prompts, args.group_size,
+                                 args.grpo_new_tokens, args.grpo_prompt_len, args.repeats, rates[side])
+        floor[side] = Floor(sampling_seconds(make_call, shapes, args.prompts, args.group_size, args.new_tokens,
+                                             args.prompt_len, args.repeats, rates[side]),
+                            grpo(), grpo(shared_prompts=True))
     print(f"{'[m, k] @ [k, n]':>20} {'XLA GFLOP/s':>12} {'torch GFLOP/s':>14}")
     for shape in sorted(rates["XLA"], key=lambda s: -s[0] * s[1] * s[2]):
         print(f"{str(list(shape)):>20} {rates['XLA'][shape] / 1e9:12.1f} {rates['torch'][shape] / 1e9:14.1f}")
@@ -182,12 +191,12 @@ def main():
     if args.trl_seconds:
         need = args.trl_seconds / 3
         print(f"3x TRL ({args.trl_seconds} s/step) is {need:.1f} s/step, against XLA's floor of "
-              f"{floor['XLA'][1]:.1f} s ({floor['XLA'][2]:.1f} s for jaxrl's own work); "
-              f"TRL itself takes {args.trl_seconds / floor['torch'][1]:.2f}x torch's floor")
+              f"{floor['XLA'].grpo:.1f} s ({floor['XLA'].grpo_shared_prompts:.1f} s for jaxrl's own work); "
+              f"TRL itself takes {args.trl_seconds / floor['torch'].grpo:.2f}x torch's floor")
     if args.transformers_rate:
         need = 3 * args.transformers_rate
         print(f"3x transformers ({args.transformers_rate} tokens/s) is {need:.0f} tokens/s: "
-              f"{need / (tokens / floor['XLA'][0]):.0%} of XLA's ceiling")
+              f"{need / (tokens / floor['XLA'].sampling):.0%} of XLA's ceiling")
 
 
 if __name__ == "__main__":

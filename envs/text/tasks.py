@@ -335,7 +335,7 @@ class Countdown(Task):
         i = jax.random.randint(k_i, (n, steps), 0, alive)
         j = (i + jax.random.randint(k_j, (n, steps), 1, alive)) % alive  # any live item but i
         recipe = jnp.stack([i, j, jax.random.randint(k_op, (n, steps), 0, 4)], axis=-1)
-        value, ok = jax.vmap(lambda x, r: _replay((x, jnp.ones_like(x, bool)), r, _combine_values))(
+        value, ok = jax.vmap(lambda x, r: recipe_merges((x, jnp.ones_like(x, bool)), r, _combine_values)[1])(
             numbers, recipe)
         valid = (ok & (value >= self.min_target) & (value <= self.max_target)
                  & ~jnp.any(numbers == value[:, None], axis=-1))
@@ -358,7 +358,7 @@ class Countdown(Task):
         ids, lengths = jax.vmap(lambda x: render.number(x, self.number_digits, vocab))(problem.numbers)
         ids = jnp.pad(ids, ((0, 0), (0, width - self.number_digits)), constant_values=vocab.pad_id)
         leaves = (ids, lengths, jnp.full(self.num_numbers, _ATOM))
-        ids, length, _ = _replay(leaves, problem.recipe, functools.partial(_combine_text, vocab, width))
+        _, (ids, length, _) = recipe_merges(leaves, problem.recipe, functools.partial(_combine_text, vocab, width))
         if not self.filler_scale:
             return [(ids, length)]
         filler = jnp.full((self.answer_slack,), vocab.id_of(" "), jnp.int32)
@@ -463,23 +463,19 @@ def host_call(fn: Callable, result: jax.ShapeDtypeStruct, *args):
                          check_vma=False)(*args)
 
 
-def _replay(leaves, recipe, combine: Callable):
-    """Fold N items by a Countdown recipe [N-1, 3]: item i := combine(item i, item j, op), then the last
-    live item moves into slot j so that live items stay in slots 0..m-1. `leaves` is a pytree of [N]
-    arrays; returns the final item (slot 0). Shared by evaluation and rendering so they cannot disagree."""
-    return recipe_merges(leaves, recipe, combine)[1]
-
-
 def recipe_merges(leaves, recipe, combine: Callable) -> tuple[list, object]:
-    """`_replay`'s fold, each merge kept: ([(item i, item j, op, merged) per step], the final item), for
-    what writes a recipe out one merge at a time."""
+    """Fold N items by a Countdown recipe [N-1, 3]: item i := combine(item i, item j, op), then the last live item
+    moves into slot j so that live items stay in slots 0..m-1. `leaves` is a pytree of [N] arrays. -> ([(item i,
+    item j, op, merged) per step], the final item (slot 0)). Shared by evaluation, rendering and what writes a
+    recipe out one merge at a time, so they cannot disagree."""
     items, merges = leaves, []
     last = jax.tree.leaves(leaves)[0].shape[0] - 1
     for step in range(recipe.shape[0]):
         i, j, op = recipe[step]
-        take = lambda k: jax.tree.map(lambda x: x[k], items)
-        merged = combine(take(i), take(j), op)
-        merges.append((take(i), take(j), op, merged))
+        take = lambda k: jax.tree.map(lambda x: x[k], items)  # noqa: E731
+        a, b = take(i), take(j)
+        merged = combine(a, b, op)
+        merges.append((a, b, op, merged))
         items = jax.tree.map(lambda x, m: x.at[i].set(m), items, merged)
         moved = take(last - step)
         items = jax.tree.map(lambda x, m: x.at[j].set(m), items, moved)
