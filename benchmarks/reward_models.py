@@ -41,6 +41,11 @@ the reward models start from it too:
    both process models again under Math-Shepherd's hard estimate of the step labels (`reward_model.step_label=hard`:
    1 where any continuation ends right, so that a step that can still succeed is not marked down by the sampler's
    own success rate, which the weakest-step score would otherwise compare against the last step's verdict).
+6. Expressions evaluated in steps (`expression_steps`): Countdown's wrong answers in steps mostly err in their last
+   step only (they write the target whatever their operands give; 88% of the SFT policy's wrong samples, 2026-12-04),
+   where a step's label and the outcome's are one; here the value is not shown, so a slip carries into the later
+   steps. SFT on 160,000 demonstrations (a policy that often errs), then the pairwise hard-label process model and the
+   Bradley-Terry outcome model of item 5 on 64,000 labelled completions each: best-of-16 as in item 5.
 """
 
 from __future__ import annotations
@@ -115,6 +120,17 @@ RUNS = {
     # then differ only in their labels, the steps' Monte Carlo shares against the outcome alone
     "orm_steps_pointwise": ("text_reward_model.py:countdown_steps", "sft_steps", [
         "--config.total_steps=64000", "--config.reward_model.objective=pointwise", *JUDGE]),
+    # Expressions evaluated in steps (the value not shown, so a slip carries on: where step labels can say more than
+    # the outcome), from a weaker SFT policy than Countdown's (160,000 demonstrations: greedy 0.77 held out; 320,000
+    # gave 0.96, 96,000 0.16), so that its samples often err
+    "sft_expressions": ("text_sft.py:expression_steps", None, [
+        "--config.total_steps=160000", "--config.eval.every_steps=32000", "--config.checkpoint.every_steps=32000",
+        "--config.eval.pass_k=0"]),
+    "prm_expressions": ("text_reward_model.py:expression_steps", "sft_expressions", [
+        "--config.total_steps=64000", "--config.reward_model.objective=process",
+        "--config.reward_model.step_loss=pairwise", *HARD, *JUDGE]),
+    "orm_expressions": ("text_reward_model.py:expression_steps", "sft_expressions", [
+        "--config.total_steps=64000", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
@@ -141,23 +157,34 @@ def reranking_judges() -> list[tuple[str, str, dict]]:
                                           ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
 
 
-def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None) -> dict[str, list[float]]:
-    """Best-of-`samples` on held-out countdown_steps problems: the share of problems whose pick the verifier accepts,
-    for the process and the outcome reward model (one value per seed of each: the same completions judged by each
-    seed's model), majority vote, a random pick and pass@k (any of them). judges: (label, run, config keys) of the
-    reward models, `reranking_judges()` by default."""
+def expression_judges() -> list[tuple[str, str, dict]]:
+    """Best-of-16's reward models on expressions in steps: the pairwise hard-label process model under each step
+    score, and the Bradley-Terry outcome model (the two best forms on Countdown)."""
+    from jaxrl.reward_models import STEP_SCORES
+
+    return [(f"process reward model, pairwise, hard labels, step score {how}", "prm_expressions",
+             {"reward_model.step_score": how}) for how in STEP_SCORES] + [
+        ("outcome reward model, pairwise (Bradley-Terry)", "orm_expressions", {})]
+
+
+def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None,
+              sampler_run: str = "sft_steps") -> dict[str, list[float]]:
+    """Best-of-`samples` on held-out problems of a task in steps (the task of `sampler_run`, the policy sampled):
+    the share of problems whose pick the verifier accepts, for the process and the outcome reward model (one value
+    per seed of each: the same completions judged by each seed's model), majority vote, a random pick and pass@k (any
+    of them). judges: (label, run, config keys) of the reward models, `reranking_judges()` by default."""
     import jax
 
     import jaxrl
     from envs.text.verify import check_countdown_steps
 
-    sampler = jaxrl.load_policy(os.path.join(runs_dir, "sft_steps"))
+    sampler = jaxrl.load_policy(os.path.join(runs_dir, sampler_run))
     task = sampler.task
     heldout = task.heldout(problems, seed=4321)
     prompts = [prompt for prompt, _ in task.texts(heldout)]
     completions = [sampler.complete(prompts, jax.random.key(k)) for k in range(samples)]  # [k][problem]
     numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
-    right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]))[0]
+    right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]), task.use_all)[0]
                        for k in range(samples)] for i in range(problems)])  # [problem, k]
 
     def best_of(scorer) -> float:
@@ -218,7 +245,8 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "refinement": [run for _, run in REFINEMENT["refinement"][1]],
             "refinement_tool": [run for _, run in REFINEMENT["refinement_tool"][1]],
             "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "prm_steps_hard", "prm_steps_pairwise_hard",
-                          "orm_steps", "orm_steps_pointwise"]}
+                          "orm_steps", "orm_steps_pointwise"],
+            "reranking_expressions": ["sft_expressions", "prm_expressions", "orm_expressions"]}
 
 
 def share_of_gain(verifier: np.ndarray, learned: np.ndarray) -> str:
@@ -268,6 +296,12 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
             ["run", "first answer right", "revision right"],
             [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
               fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
+    if name == "reranking_expressions":
+        picked = reranking(runs_dir, judges=expression_judges(), sampler_run="sft_expressions")
+        return ["### Best-of-16 on expressions evaluated in steps (512 held-out problems, 16 samples each)",
+                "`expression_steps` (`12+11*6=` -> `11*6=66;12+66=78`, the value not shown): the same completions "
+                "for every pick; each judge's figure over its seeds.", "",
+                markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
     picked = reranking(runs_dir)
     return ["### Best-of-16 on Countdown in steps (512 held-out problems, 16 samples each)",
             "The same completions for every pick; each judge's figure over its seeds.", "",

@@ -317,7 +317,8 @@ def test_countdown_jax_rewards_vmap_through_the_callback(tasks, problems, vocab)
 
 def test_make_task_names_and_kwargs():
     with pytest.raises(ValueError, match="addition, addition_judge, countdown, countdown_judge, countdown_refine, "
-                                         "countdown_steps, countdown_tools, grid, guess, lookup, multiplication"):
+                                         "countdown_steps, countdown_tools, expression_steps, grid, guess, lookup, "
+                                         "multiplication"):
         text.make_task("additon")
     assert text.make_task("addition", max_digits=5).prompt_length == 1 + 5 + 1 + 5 + 1
     assert text.make_task("countdown", num_numbers=3).num_numbers == 3
@@ -368,6 +369,29 @@ def test_countdown_steps_verifier_judges_each_step(answer, expected):
     from envs.text.verify import check_countdown_steps
 
     assert check_countdown_steps(answer, [12, 7, 4], 76) == expected
+
+
+def test_expression_steps_prompts_are_the_expressions_their_references_evaluate():
+    task = text.make_task("expression_steps", num_numbers=4)
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    probs = task.sample(jax.random.key(5), BATCH, "train")
+    np.testing.assert_array_equal(rewards_of(task, probs, task.reference_answers(probs, vocab), vocab),
+                                  np.ones((BATCH, 2)))
+    for (prompt, answer), target in zip(task.texts(probs), np.asarray(probs.target)):
+        assert prompt.endswith("=") and len(prompt) <= task.prompt_length - 1  # (BOS aside)
+        # Python's own arithmetic on the prompt: the value the steps end on, which the prompt does not show
+        assert Fraction(eval(prompt[:-1].replace("/", "*Fraction(1)/"))) == target == int(answer.rsplit("=")[-1])
+
+
+def test_expression_steps_verifier_follows_a_slip_through_later_steps():
+    task = text.make_task("expression_steps")  # (12+7)*4 = 76
+    vocab = text.Vocab.from_alphabet(task.alphabet)
+    probs = text.Problems(numbers=jnp.asarray([[12, 7, 4]]), target=jnp.asarray([76]), recipe=jnp.zeros((1, 2, 3), int))
+    answers = {"12+7=19;19*4=76": 1, "7*4=28;12*4=48": 0, "12+7=20;20*4=80": 0, "12+7=19;19*4=80": 0,
+               "12+7=19": 0}  # right / a number used twice / a slip carried on / the last step's slip / one unused
+    for answer, right in answers.items():
+        ids = jnp.asarray([[vocab.id_of(c) for c in answer] + [vocab.eos_id]])
+        assert rewards_of(task, probs, ids, vocab)[0, 0] == right, answer
 
 
 def test_step_ends_mark_each_step_s_last_token():

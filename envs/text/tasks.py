@@ -446,6 +446,29 @@ class CountdownSteps(Countdown):
         return np.asarray(out, np.float32).reshape(*completions.shape[:-1], len(self.reward_names))
 
 
+class ExpressionSteps(CountdownSteps):
+    """Evaluate an expression in steps, one operation each: `(12+7)*4=` -> `12+7=19;19*4=76`. The problems are
+    Countdown's (the expression is a recipe's, printed as Countdown's reference answer prints it), but the value is
+    not shown: a slip in one step carries into every later one, so a wrong answer's first wrong step can lie anywhere
+    in it, as in a long derivation, and checking the answer alone means evaluating the whole expression again. That
+    is where step labels can teach a judge more than an outcome label (Lightman et al. 2023), unlike Countdown's steps,
+    whose wrong answers mostly err in their last step (they write the target whatever the operands give). Any steps
+    that use every number once and end on the expression's value are right (`use_all`; the order is free)."""
+
+    name = "expression_steps"
+
+    def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
+                 max_target: int = 100, split_seed: int = 0):
+        super().__init__(num_numbers, min_number, max_number, min_target, max_target, True, split_seed)
+        # Printed with minimal parentheses, only an operand that is itself a merge is wrapped, and the whole
+        # expression is not: N numbers, N - 1 operators and at most N - 2 pairs (Countdown's bound allows 2 N - 2).
+        self.expression_length = num_numbers * self.number_digits + (num_numbers - 1) + 2 * (num_numbers - 2)
+        self.prompt_length = 1 + self.expression_length + 1  # BOS, the expression, "="
+
+    def _prompt_pieces(self, problem, vocab):
+        return [*Countdown._answer_pieces(self, problem, vocab), render.char("=", vocab)]
+
+
 def host_call(fn: Callable, result: jax.ShapeDtypeStruct, *args):
     """`fn(*args)` on the host (`jax.pure_callback`, vmapped by broadcasting), from any program: inside a
     `shard_map` that leaves some mesh axes to XLA (a training program whose model is split over a `model` axis),
@@ -525,6 +548,7 @@ TASKS: dict[str, Callable[..., Task]] = {
     "multiplication": multiplication,
     "countdown": Countdown,
     "countdown_steps": CountdownSteps,
+    "expression_steps": ExpressionSteps,
 }
 
 
