@@ -353,16 +353,20 @@ class Countdown(Task):
         return [*pieces, render.char(">", vocab), render.number(problem.target, self.target_digits, vocab),
                 render.char("=", vocab)]
 
-    def _answer_pieces(self, problem, vocab):
+    def _expression(self, problem, vocab) -> Piece:
+        """The problem's recipe as one expression with minimal parentheses (`expression_length` slots)."""
         width = self.expression_length
         ids, lengths = jax.vmap(lambda x: render.number(x, self.number_digits, vocab))(problem.numbers)
         ids = jnp.pad(ids, ((0, 0), (0, width - self.number_digits)), constant_values=vocab.pad_id)
         leaves = (ids, lengths, jnp.full(self.num_numbers, _ATOM))
         _, (ids, length, _) = recipe_merges(leaves, problem.recipe, functools.partial(_combine_text, vocab, width))
+        return ids, length
+
+    def _answer_pieces(self, problem, vocab):
         if not self.filler_scale:
-            return [(ids, length)]
+            return [self._expression(problem, vocab)]
         filler = jnp.full((self.answer_slack,), vocab.id_of(" "), jnp.int32)
-        return [(ids, length), (filler, self._filler_length(problem))]
+        return [self._expression(problem, vocab), (filler, self._filler_length(problem))]
 
     def _filler_length(self, problem) -> jax.Array:
         """int32 []: the spaces the reference writes after its expression (see the class doc)."""
@@ -448,7 +452,7 @@ class CountdownSteps(Countdown):
 
 class ExpressionSteps(CountdownSteps):
     """Evaluate an expression in steps, one operation each: `(12+7)*4=` -> `12+7=19;19*4=76`. The problems are
-    Countdown's (the expression is a recipe's, printed as Countdown's reference answer prints it), but the value is
+    Countdown's (the expression is a recipe's, as Countdown's reference answer prints it), but the value is
     not shown: a slip in one step carries into every later one, so a wrong answer's first wrong step can lie anywhere
     in it, as in a long derivation, and checking the answer alone means evaluating the whole expression again. That
     is where step labels can teach a judge more than an outcome label (Lightman et al. 2023), unlike Countdown's steps,
@@ -466,7 +470,7 @@ class ExpressionSteps(CountdownSteps):
         self.prompt_length = 1 + self.expression_length + 1  # BOS, the expression, "="
 
     def _prompt_pieces(self, problem, vocab):
-        return [*Countdown._answer_pieces(self, problem, vocab), render.char("=", vocab)]
+        return [self._expression(problem, vocab), render.char("=", vocab)]
 
 
 def host_call(fn: Callable, result: jax.ShapeDtypeStruct, *args):
