@@ -168,11 +168,12 @@ def expression_judges() -> list[tuple[str, str, dict]]:
 
 
 def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None,
-              sampler_run: str = "sft_steps") -> dict[str, list[float]]:
+              sampler_run: str = "sft_steps") -> tuple[dict[str, list[float]], dict[str, float]]:
     """Best-of-`samples` on held-out problems of a task in steps (the task of `sampler_run`, the policy sampled):
     the share of problems whose pick the verifier accepts, for the process and the outcome reward model (one value
     per seed of each: the same completions judged by each seed's model), majority vote, a random pick and pass@k (any
-    of them). judges: (label, run, config keys) of the reward models, `reranking_judges()` by default."""
+    of them), and where the wrong samples first go wrong (`first_slips`). judges: (label, run, config keys) of the
+    reward models, `reranking_judges()` by default."""
     import jax
 
     import jaxrl
@@ -184,8 +185,9 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
     prompts = [prompt for prompt, _ in task.texts(heldout)]
     completions = [sampler.complete(prompts, jax.random.key(k)) for k in range(samples)]  # [k][problem]
     numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
-    right = np.array([[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]), task.use_all)[0]
-                       for k in range(samples)] for i in range(problems)])  # [problem, k]
+    checked = [[check_countdown_steps(completions[k][i], numbers[i], int(targets[i]), task.use_all)
+                for k in range(samples)] for i in range(problems)]  # [problem][k]: (correct, well_formed, steps)
+    right = np.array([[correct for correct, _, _ in row] for row in checked])  # [problem, k]
 
     def best_of(scorer) -> float:
         scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
@@ -195,7 +197,27 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
               for label, judge, keys in judges or reranking_judges()}
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
     return {**picked, "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
-            "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}
+            "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}, first_slips(checked)
+
+
+def first_slips(checked: list) -> dict[str, float]:
+    """Where the wrong samples first go wrong: checked [problem][k] of `check_countdown_steps` verdicts -> the share
+    of the well-formed wrong samples whose first wrong step is each step ("step 1", ... , "last", "none": every step
+    right, the result wrong)."""
+    slips = collections.Counter()
+    for correct, well_formed, steps in (verdict for row in checked for verdict in row):
+        if well_formed and not correct:
+            first = next((k for k, step_right in enumerate(steps) if not step_right), None)
+            slips["none" if first is None else "last" if first == len(steps) - 1 else f"step {first + 1}"] += 1
+    total = sum(slips.values())
+    order = lambda where: (where == "none", where == "last", where)  # noqa: E731  (step 1, step 2, ..., last, none)
+    return {where: slips[where] / total for where in sorted(slips, key=order)}
+
+
+def slips_line(slips: dict[str, float]) -> str:
+    """A sentence saying where the sampler's wrong answers first go wrong (`first_slips`)."""
+    shares = ", ".join(f"{where} {share:.0%}" for where, share in slips.items())
+    return f"The sampler's well-formed wrong answers, by their first wrong step: {shares}."
 
 
 def judges_of(run: str, keys: dict) -> list:
@@ -297,14 +319,14 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
             [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
               fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
     if name == "reranking_expressions":
-        picked = reranking(runs_dir, judges=expression_judges(), sampler_run="sft_expressions")
+        picked, slips = reranking(runs_dir, judges=expression_judges(), sampler_run="sft_expressions")
         return ["### Best-of-16 on expressions evaluated in steps (512 held-out problems, 16 samples each)",
                 "`expression_steps` (`12+11*6=` -> `11*6=66;12+66=78`, the value not shown): the same completions "
-                "for every pick; each judge's figure over its seeds.", "",
+                "for every pick; each judge's figure over its seeds. " + slips_line(slips), "",
                 markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
-    picked = reranking(runs_dir)
+    picked, slips = reranking(runs_dir)
     return ["### Best-of-16 on Countdown in steps (512 held-out problems, 16 samples each)",
-            "The same completions for every pick; each judge's figure over its seeds.", "",
+            "The same completions for every pick; each judge's figure over its seeds. " + slips_line(slips), "",
             markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
 
 
