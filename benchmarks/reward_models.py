@@ -171,8 +171,8 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
               sampler_run: str = "sft_steps") -> tuple[dict[str, list[float]], dict[str, float]]:
     """Best-of-`samples` on held-out problems of a task in steps (the task of `sampler_run`, the policy sampled):
     the share of problems whose pick the verifier accepts, for the process and the outcome reward model (one value
-    per seed of each: the same completions judged by each seed's model), majority vote, a random pick and pass@k (any
-    of them), and where the wrong samples first go wrong (`first_slips`). judges: (label, run, config keys) of the
+    per seed of each: the same completions judged by each seed's model), the sampler's own likelihood (a judge with
+    no training), majority vote, a random pick and pass@k (any of them), and where the wrong samples first go wrong (`first_slips`). judges: (label, run, config keys) of the
     reward models, `reranking_judges()` by default."""
     import jax
 
@@ -189,14 +189,15 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
                 for k in range(samples)] for i in range(problems)]  # [problem][k]: (correct, well_formed, steps)
     right = np.array([[correct for correct, _, _ in row] for row in checked])  # [problem, k]
 
-    def best_of(scorer) -> float:
-        scores = np.stack([scorer.score(prompts, completions[k]) for k in range(samples)], axis=1)
+    def best_of(score) -> float:  # score(prompts, completions) -> [problems]
+        scores = np.stack([score(prompts, completions[k]) for k in range(samples)], axis=1)
         return right[np.arange(problems), scores.argmax(1)].mean()
 
-    picked = {label: [best_of(scorer) for scorer in judges_of(os.path.join(runs_dir, judge), keys)]
+    picked = {label: [best_of(scorer.score) for scorer in judges_of(os.path.join(runs_dir, judge), keys)]
               for label, judge, keys in judges or reranking_judges()}
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
-    return {**picked, "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
+    return {**picked, "the sampler's likelihood (no training)": [best_of(sampler.log_likelihood)],
+            "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
             "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}, first_slips(checked)
 
 

@@ -5,13 +5,14 @@ import json
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import envs
 import jaxrl
 from helpers import small_cartpole, small_smax_config, tiny_grpo_config
-from jaxrl import train
+from jaxrl import sampling, train
 from jaxrl.run import policies
 
 
@@ -82,6 +83,19 @@ def test_evaluate_reproduces_the_runs_final_evaluation_text_grpo(tmp_path):
     problems = actor.task.heldout(4, seed=1234)
     texts = [prompt for prompt, _ in actor.task.texts(problems)]
     assert len(actor.complete(texts)) == 4
+    # Its likelihood of a string is what the sampler's cache says of the same tokens forced through it, EOS included
+    policy, prompts = actor.policy, jnp.asarray(actor.policy.encode_prompts(texts))
+    answers = [answer for _, answer in actor.task.texts(problems)]
+    tokens, mask = policy.encode_completions(answers)
+    forced = sampling.sample_groups_per_prompt(
+        policy.model, actor.params, prompts, jax.random.split(jax.random.PRNGKey(3), 4), group_size=1,
+        max_new_tokens=tokens.shape[1], eos_id=policy.vocab.eos_id, pad_id=policy.vocab.pad_id,
+        forced=jnp.asarray(tokens), forced_len=jnp.asarray(mask.sum(-1), jnp.int32))
+    np.testing.assert_array_equal(np.asarray(forced.tokens[:, 0]), tokens)
+    np.testing.assert_allclose(actor.log_likelihood(texts, answers), np.asarray(forced.log_probs[:, 0].sum(-1)),
+                               rtol=1e-4)
+    with pytest.raises(ValueError, match="4 prompts and 3 completions"):
+        actor.log_likelihood(texts, answers[:3])
 
 
 def test_the_loaded_policy_plays_as_the_evaluation_does(seed_one):

@@ -326,15 +326,10 @@ class RewardModelScorer:
     def score(self, prompts: list[str], completions: list[str]) -> np.ndarray:
         if len(prompts) != len(completions):
             raise ValueError(f"{len(prompts)} prompts and {len(completions)} completions: give one completion each")
-        vocab, width = self.policy.vocab, self.policy.task.answer_length
-        ids = [self.policy.tokenizer.encode(text).ids[:width - 1] + [vocab.eos_id] for text in completions]
-        tokens = np.full((len(ids), 1, width), vocab.pad_id, np.int32)
-        for i, row in enumerate(ids):
-            tokens[i, 0, :len(row)] = row
-        mask = (np.arange(width) < np.asarray([len(r) for r in ids])[:, None])[:, None].astype(np.float32)
+        tokens, mask = self.policy.encode_completions(completions)
         prompt_ids = jnp.asarray(self.policy.encode_prompts(prompts))
-        return np.asarray(reward_models.learned_reward(self._score(prompt_ids, jnp.asarray(tokens),
-                                                                   jnp.asarray(mask))))[:, 0]
+        return np.asarray(reward_models.learned_reward(self._score(prompt_ids, jnp.asarray(tokens[:, None]),
+                                                                   jnp.asarray(mask[:, None]))))[:, 0]
 
 
 # -------------------------------------------------------------------------------------------------

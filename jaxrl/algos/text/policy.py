@@ -248,6 +248,16 @@ class TextPolicy:
             return self.task.question_prompts(texts)
         return text.encode(self.tokenizer, texts, self.task.prompt_length)
 
+    def encode_completions(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Completion strings -> (int32 [B, N], float32 [B, N]): each one's tokens then EOS (cut to the task's
+        answer_length N), padded, and the mask of its real slots."""
+        vocab, width = self.vocab, self.task.answer_length
+        ids = [self.tokenizer.encode(text).ids[:width - 1] + [vocab.eos_id] for text in texts]
+        tokens = np.full((len(ids), width), vocab.pad_id, np.int32)
+        for i, row in enumerate(ids):
+            tokens[i, :len(row)] = row
+        return tokens, (np.arange(width) < np.asarray([len(r) for r in ids])[:, None]).astype(np.float32)
+
     def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 16) -> list[str]:
         """`sample_completions.txt`: the first run's answers (params leaves [R, ...]) to `num` held-out
         problems, greedy or sampled at temperature 1, each with the reference answer and its rewards."""
@@ -279,6 +289,13 @@ class TextPolicy:
         return sampling.sample(self.model, params, prompts, key, temperature=temperature,
                                max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                                pad_id=self.vocab.pad_id).tokens
+
+    @jit_method
+    def log_likelihoods(self, params, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
+        """float32 [B]: log pi(completion | prompt) of completions [B, N] (mask [B, N]) to prompts [B, P], EOS
+        included: the sum of their tokens' log-probabilities at temperature 1."""
+        log_probs, _, _ = sampling.score(self.model, params, prompts, completions, mask, self.vocab.pad_id)
+        return jnp.sum(log_probs, axis=-1)
 
     @jit_method
     def played(self, params, problems, key: jax.Array, temperature: jax.Array) -> jax.Array:
@@ -424,6 +441,17 @@ class TextActor:
         """The answers to prompt strings (laid out as the task's prompts: BOS, text, padded on the left; for a
         pretrained model each string is a question, posed through its chat template)."""
         return self.policy.decode(self(jnp.asarray(self.policy.encode_prompts(texts)), key))
+
+    def log_likelihood(self, prompts: list[str], completions: list[str]) -> np.ndarray:
+        """float32 [B]: the model's log-probability of each completion string after its prompt string, its EOS
+        included (a judge with no training: best-of-n by likelihood picks the completion the model finds likeliest)."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts and {len(completions)} completions: give one completion each")
+        if self.policy.multi_turn:
+            raise ValueError(f"{self.task.name} is played over turns: its episodes are not one completion each")
+        tokens, mask = self.policy.encode_completions(completions)
+        return np.asarray(self.policy.log_likelihoods(self.params, jnp.asarray(self.policy.encode_prompts(prompts)),
+                                                      jnp.asarray(tokens), jnp.asarray(mask)))
 
 
 def _key_and_temperature(key: jax.Array | None) -> tuple[jax.Array, float]:
