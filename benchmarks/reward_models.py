@@ -217,7 +217,7 @@ def first_slips(checked: list) -> dict[str, float]:
 
 def slips_line(slips: dict[str, float]) -> str:
     """A sentence saying where the sampler's wrong answers first go wrong (`first_slips`)."""
-    shares = ", ".join(f"{where} {share:.0%}" for where, share in slips.items())
+    shares = ", ".join(f"{where} {share:.1%}" for where, share in slips.items())
     return f"The sampler's well-formed wrong answers, by their first wrong step: {shares}."
 
 
