@@ -42,7 +42,7 @@ the reward models start from it too:
    1 where any continuation ends right, so that a step that can still succeed is not marked down by the sampler's
    own success rate, which the weakest-step score would otherwise compare against the last step's verdict).
 6. Expressions evaluated in steps (`expression_steps`): Countdown's wrong answers in steps mostly err in their last
-   step only (they write the target whatever their operands give; 88% of the SFT policy's wrong samples, 2026-12-04),
+   step only (they write the target whatever their operands give; 89% of the SFT policy's wrong samples, 2026-12-04),
    where a step's label and the outcome's are one; here the value is not shown, so a slip carries into the later
    steps. SFT on 160,000 demonstrations (a policy that often errs), then the pairwise hard-label process model and the
    Bradley-Terry outcome model of item 5 on 64,000 labelled completions each: best-of-16 as in item 5.
@@ -172,8 +172,8 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
     """Best-of-`samples` on held-out problems of a task in steps (the task of `sampler_run`, the policy sampled):
     the share of problems whose pick the verifier accepts, for the process and the outcome reward model (one value
     per seed of each: the same completions judged by each seed's model), the sampler's own likelihood (a judge with
-    no training), majority vote, a random pick and pass@k (any of them), and where the wrong samples first go wrong (`first_slips`). judges: (label, run, config keys) of the
-    reward models, `reranking_judges()` by default."""
+    no training), majority vote, a random pick and pass@k (any of them); and where the wrong samples first go wrong
+    (`first_slips`). judges: (label, run, config keys) of the reward models, `reranking_judges()` by default."""
     import jax
 
     import jaxrl
