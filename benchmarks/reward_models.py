@@ -261,6 +261,12 @@ REFINEMENT_SETTING = (
     "own reward (CTRL's for the critic: the revision's success). With the calculator's critique "
     "(`critique_by=calculator`, CRITIC), the critic calls the calculator on the answer and writes only its verdict.")
 
+# best-of-16 sections -> (heading, what the task is, the judges, the sampler's run)
+RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_steps"),
+             "reranking_expressions": ("expressions evaluated in steps", "`expression_steps` (`12+11*6=` -> "
+                                       "`11*6=66;12+66=78`, the value not shown): ", expression_judges,
+                                       "sft_expressions")}
+
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
             "reward_model_grpo": ["sft", REWARD_MODEL_OF["grpo_learned"], "grpo_verifier", "grpo_learned"],
@@ -319,16 +325,11 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
             ["run", "first answer right", "revision right"],
             [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
               fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
-    if name == "reranking_expressions":
-        picked, slips = reranking(runs_dir, judges=expression_judges(), sampler_run="sft_expressions")
-        return ["### Best-of-16 on expressions evaluated in steps (512 held-out problems, 16 samples each)",
-                "`expression_steps` (`12+11*6=` -> `11*6=66;12+66=78`, the value not shown): the same completions "
-                "for every pick; each judge's figure over its seeds. " + slips_line(slips), "",
-                markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
-    picked, slips = reranking(runs_dir)
-    return ["### Best-of-16 on Countdown in steps (512 held-out problems, 16 samples each)",
-            "The same completions for every pick; each judge's figure over its seeds. " + slips_line(slips), "",
-            markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
+    heading, setting, judges, sampler_run = RERANKING[name]
+    picked, slips = reranking(runs_dir, judges=judges(), sampler_run=sampler_run)
+    said = f"{setting}the same completions for every pick; each judge's figure over its seeds. {slips_line(slips)}"
+    return [f"### Best-of-16 on {heading} (512 held-out problems, 16 samples each)", said[0].upper() + said[1:],
+            "", markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
 
 
 def main():

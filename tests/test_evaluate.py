@@ -84,11 +84,10 @@ def test_evaluate_reproduces_the_runs_final_evaluation_text_grpo(tmp_path):
     texts = [prompt for prompt, _ in actor.task.texts(problems)]
     assert len(actor.complete(texts)) == 4
     # Its likelihood of a string is what the sampler's cache says of the same tokens forced through it, EOS included
-    policy, prompts = actor.policy, jnp.asarray(actor.policy.encode_prompts(texts))
-    answers = [answer for _, answer in actor.task.texts(problems)]
-    tokens, mask = policy.encode_completions(answers)
+    policy, answers = actor.policy, [answer for _, answer in actor.task.texts(problems)]
+    prompts, tokens, mask = policy.encode_pairs(texts, answers)
     forced = sampling.sample_groups_per_prompt(
-        policy.model, actor.params, prompts, jax.random.split(jax.random.PRNGKey(3), 4), group_size=1,
+        policy.model, actor.params, jnp.asarray(prompts), jax.random.split(jax.random.PRNGKey(3), 4), group_size=1,
         max_new_tokens=tokens.shape[1], eos_id=policy.vocab.eos_id, pad_id=policy.vocab.pad_id,
         forced=jnp.asarray(tokens), forced_len=jnp.asarray(mask.sum(-1), jnp.int32))
     np.testing.assert_array_equal(np.asarray(forced.tokens[:, 0]), tokens)

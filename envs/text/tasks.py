@@ -363,10 +363,10 @@ class Countdown(Task):
         return ids, length
 
     def _answer_pieces(self, problem, vocab):
-        if not self.filler_scale:
-            return [self._expression(problem, vocab)]
-        filler = jnp.full((self.answer_slack,), vocab.id_of(" "), jnp.int32)
-        return [self._expression(problem, vocab), (filler, self._filler_length(problem))]
+        pieces = [self._expression(problem, vocab)]
+        if self.filler_scale:
+            pieces.append((jnp.full((self.answer_slack,), vocab.id_of(" "), jnp.int32), self._filler_length(problem)))
+        return pieces
 
     def _filler_length(self, problem) -> jax.Array:
         """int32 []: the spaces the reference writes after its expression (see the class doc)."""

@@ -324,12 +324,9 @@ class RewardModelScorer:
                                                 scoring(params, reward_model.settings.objective)))
 
     def score(self, prompts: list[str], completions: list[str]) -> np.ndarray:
-        if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts and {len(completions)} completions: give one completion each")
-        tokens, mask = self.policy.encode_completions(completions)
-        prompt_ids = jnp.asarray(self.policy.encode_prompts(prompts))
-        return np.asarray(reward_models.learned_reward(self._score(prompt_ids, jnp.asarray(tokens[:, None]),
-                                                                   jnp.asarray(mask[:, None]))))[:, 0]
+        prompt_ids, tokens, mask = self.policy.encode_pairs(prompts, completions)
+        scores = self._score(jnp.asarray(prompt_ids), jnp.asarray(tokens[:, None]), jnp.asarray(mask[:, None]))  # G=1
+        return np.asarray(reward_models.learned_reward(scores))[:, 0]
 
 
 # -------------------------------------------------------------------------------------------------

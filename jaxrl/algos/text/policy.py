@@ -248,15 +248,19 @@ class TextPolicy:
             return self.task.question_prompts(texts)
         return text.encode(self.tokenizer, texts, self.task.prompt_length)
 
-    def encode_completions(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Completion strings -> (int32 [B, N], float32 [B, N]): each one's tokens then EOS (cut to the task's
-        answer_length N), padded, and the mask of its real slots."""
+    def encode_pairs(self, prompts: list[str], completions: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Prompt strings and one completion string each -> (prompts int32 [B, P] as `encode_prompts` lays them out,
+        completions int32 [B, N]: each one's tokens then EOS, cut to the task's answer_length N and padded, and the
+        float32 [B, N] mask of their real slots)."""
+        if len(prompts) != len(completions):
+            raise ValueError(f"{len(prompts)} prompts and {len(completions)} completions: give one completion each")
         vocab, width = self.vocab, self.task.answer_length
-        ids = [self.tokenizer.encode(text).ids[:width - 1] + [vocab.eos_id] for text in texts]
+        ids = [self.tokenizer.encode(text).ids[:width - 1] + [vocab.eos_id] for text in completions]
         tokens = np.full((len(ids), width), vocab.pad_id, np.int32)
         for i, row in enumerate(ids):
             tokens[i, :len(row)] = row
-        return tokens, (np.arange(width) < np.asarray([len(r) for r in ids])[:, None]).astype(np.float32)
+        mask = (np.arange(width) < np.asarray([len(r) for r in ids])[:, None]).astype(np.float32)
+        return self.encode_prompts(prompts), tokens, mask
 
     def write_artifacts(self, workdir: str, params, seed: int, sample: bool = False, num: int = 16) -> list[str]:
         """`sample_completions.txt`: the first run's answers (params leaves [R, ...]) to `num` held-out
@@ -445,13 +449,10 @@ class TextActor:
     def log_likelihood(self, prompts: list[str], completions: list[str]) -> np.ndarray:
         """float32 [B]: the model's log-probability of each completion string after its prompt string, its EOS
         included (a judge with no training: best-of-n by likelihood picks the completion the model finds likeliest)."""
-        if len(prompts) != len(completions):
-            raise ValueError(f"{len(prompts)} prompts and {len(completions)} completions: give one completion each")
         if self.policy.multi_turn:
             raise ValueError(f"{self.task.name} is played over turns: its episodes are not one completion each")
-        tokens, mask = self.policy.encode_completions(completions)
-        return np.asarray(self.policy.log_likelihoods(self.params, jnp.asarray(self.policy.encode_prompts(prompts)),
-                                                      jnp.asarray(tokens), jnp.asarray(mask)))
+        encoded = map(jnp.asarray, self.policy.encode_pairs(prompts, completions))
+        return np.asarray(self.policy.log_likelihoods(self.params, *encoded))
 
 
 def _key_and_temperature(key: jax.Array | None) -> tuple[jax.Array, float]:
