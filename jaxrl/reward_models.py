@@ -184,6 +184,15 @@ def monte_carlo_labels(continuation_correct: jax.Array, how: str = "soft") -> ja
     raise ValueError(f"unknown step label {how!r}; known: {', '.join(STEP_LABELS)}")
 
 
+def with_likelihood(values: jax.Array, log_probs: jax.Array, mask: jax.Array, weight) -> jax.Array:
+    """values, log_probs, mask [..., N] -> values + weight * the log-probability of the completion's tokens before
+    each slot (the tokens that slot's value has read): a judge that reads the model's own likelihood, so that a
+    token the model would not have written lowers every later value. With the value head near 0 at the start, the
+    completion's score is then weight * the log-likelihood of its tokens before EOS."""
+    read = log_probs * (mask > 0)
+    return values + weight * (jnp.cumsum(read, axis=-1) - read)
+
+
 def scoring(params: dict, objective: str) -> dict:
     """What a `Scorer` reads of a reward model run's parameters {"params", "sampler"}: the reward model's (and the
     sampler, the reference of an implicit model)."""
@@ -211,13 +220,15 @@ class Scorer:
     goal_width: int = 0  # generative models: slots of the goal hidden from the critique, shown after it (0: none)
     critique_by: str = "model"  # generative models: who writes the critique (`judge.CRITICS`)
     step_score: str = "min"  # process models: how step values make the score (`STEP_SCORES`)
+    likelihood_weight: float = 0.0  # value-head models: the weight of the model's own likelihood (`with_likelihood`)
 
     @classmethod
-    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str, step_score: str) -> "Scorer":
+    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str, step_score: str,
+           likelihood_weight: float) -> "Scorer":
         """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
         step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
         return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task), critique_by,
-                   step_score)
+                   step_score, likelihood_weight)
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""
@@ -237,11 +248,17 @@ class Scorer:
     def verdicts(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         """The value head's scores [B, G] of sequences [B, G, N] (mask [B, G, N]) after prompts [B, P]: at the last
         real slot (process models: `step_score` of the steps')."""
-        _, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, tokens, mask,
-                                             self.pad_id)
+        values = self.values(variables, prompts, tokens, mask)
         if self.objective == "process":
             return step_score(values, step_slots(self.step_ends(tokens)), self.step_score)
         return completion_scores(values, mask)
+
+    def values(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
+        """The values [B, G, N] predicting each slot of sequences [B, G, N] (mask [B, G, N]) after prompts [B, P]:
+        the value head's, with `likelihood_weight` times the model's own log-likelihood of the tokens before."""
+        log_probs, _, values = sampling.score_groups(self.model, {"params": variables["params"]}, prompts, tokens,
+                                                     mask, self.pad_id)
+        return with_likelihood(values, log_probs, mask, self.likelihood_weight) if self.likelihood_weight else values
 
     def judged_prompts(self, prompts: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
         """A generative model's view of prompts [B, P]: their goal hidden (`judge.hide_goal`), and the goals."""

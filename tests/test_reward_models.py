@@ -1,6 +1,7 @@
 """Reward models: the losses and ranking metrics against hand-worked values, a reward model trained on an SFT
 policy's completions, and GRPO with its reward (`reward.model`)."""
 
+import dataclasses
 import math
 import os
 
@@ -129,6 +130,38 @@ def test_the_pairwise_step_loss_ranks_every_two_steps_of_a_prompt_by_hand():
     np.testing.assert_allclose(reward_models.step_loss(values, labels, slots, "pointwise"), pointwise, rtol=1e-6)
     with pytest.raises(ValueError, match="unknown step loss 'listwise'; known: pointwise, pairwise"):
         reward_models.step_loss(values, labels, slots, "listwise")
+
+
+def test_the_likelihood_a_judge_reads_by_hand():
+    # each slot adds weight * the log-probabilities of the real tokens before it: slot 0 has read none
+    values = jnp.array([[0.5, 0.5, 0.5, 0.5]])
+    log_probs, mask = jnp.array([[-1.0, -2.0, -0.5, -9.0]]), jnp.array([[1.0, 1.0, 1.0, 0.0]])
+    read = reward_models.with_likelihood(values, log_probs, mask, 2.0)
+    np.testing.assert_allclose(read, [[0.5, 0.5 - 2.0, 0.5 - 6.0, 0.5 - 7.0]], atol=1e-6)
+    # a completion's score (its last real slot) then reads every token but the last: the EOS adds nothing
+    assert float(reward_models.completion_scores(read, mask)[0]) == pytest.approx(0.5 - 6.0)
+
+
+def test_a_reward_model_that_reads_its_likelihood_starts_from_the_sampler_s(countdown_sft_run, tmp_path):
+    config = set_keys(reward_model_config(countdown_sft_run, 2_048), {"reward_model.likelihood_weight": 1.0})
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    model = algo.parts
+    params = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run)).params)
+    problems = model.task.sample(jax.random.key(0), 8, "train")
+    prompts, samples, _ = model.draw(params, problems, jax.random.split(jax.random.key(1), 8), 0.5, 4)
+    scores = model.whole_scorer(scoring(params, "pairwise"), prompts, samples.tokens, samples.mask)
+    head_alone = dataclasses.replace(model.whole_scorer, likelihood_weight=0.0)(
+        scoring(params, "pairwise"), prompts, samples.tokens, samples.mask)
+    # what the weight adds is the sampler's own log-likelihood of each completion's tokens before its EOS
+    log_probs, _, _ = sampling.score_groups(model.sampler_policy.model, {"params": params["sampler"]}, prompts,
+                                            samples.tokens, samples.mask, model.vocab.pad_id)
+    before_eos = samples.mask * (jnp.arange(samples.mask.shape[-1]) < samples.mask.sum(-1, keepdims=True) - 1)
+    np.testing.assert_allclose(scores - head_alone, jnp.sum(log_probs * before_eos, -1), atol=1e-4)
+    rows = train.run(config, str(tmp_path / "run")).metrics
+    assert max(row["loss"] for row in rows[-2:]) < math.log(2.0) and rows[-1]["eval_ranking_accuracy"] > 0.5
+    for objective in ("implicit", "generative"):
+        with pytest.raises(ValueError, match="likelihood_weight=1.0 adds the model's likelihood"):
+            algos.validate(set_keys(config, {"reward_model.objective": objective}))
 
 
 def test_a_completion_is_scored_at_its_last_real_slot():

@@ -69,6 +69,10 @@ STEP_LOSS = Knob("reward_model.step_loss", "pointwise", "process reward models: 
 STEP_LABEL = Knob("reward_model.step_label", "soft", "process reward models: a step's Monte Carlo label from its "
                   "continuations: soft (Math-Shepherd's soft estimate: the share that end right) or hard (its hard "
                   "estimate: 1 where any does)", choices=reward_models.STEP_LABELS)
+LIKELIHOOD_WEIGHT = Knob("reward_model.likelihood_weight", 0.0, "pairwise, pointwise and process models: the weight "
+                         "of the model's own log-likelihood of the tokens read so far, added to the value head's "
+                         "output at every slot (`reward_models.with_likelihood`): a judge that starts as the "
+                         "sampler's likelihood and learns from there; 0: the value head alone", minimum=0.0)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -88,6 +92,7 @@ class RewardModelSettings:
     step_score: str = STEP_SCORE.field()
     step_loss: str = STEP_LOSS.field()
     step_label: str = STEP_LABEL.field()
+    likelihood_weight: float = LIKELIHOOD_WEIGHT.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -136,7 +141,7 @@ class RewardModel:
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
         self.scorer = reward_models.Scorer.of(self.model, settings.objective, settings.beta, self.task, self.vocab,
-                                              settings.critique_by, settings.step_score)
+                                              settings.critique_by, settings.step_score, settings.likelihood_weight)
         self.whole_scorer = dataclasses.replace(self.scorer, model=policy.model)
 
     def optimizer(self, hp, update_step):
@@ -175,8 +180,7 @@ class RewardModel:
         prompts, tokens, mask, labels = batch.prompts, batch.tokens, batch.mask, batch.labels
         extra = {}
         if self.settings.objective == "process":  # each step's value against its Monte Carlo label
-            _, _, values = sampling.score_groups(self.model, scoring(params, "process"), prompts, tokens, mask,
-                                                 self.vocab.pad_id)
+            values = self.scorer.values(scoring(params, "process"), prompts, tokens, mask)
             loss = reward_models.step_loss(values, batch.step_labels, batch.step_slots, self.settings.step_loss,
                                            axis_name=DATA_AXIS)
             scores = reward_models.step_score(values, batch.step_slots, self.settings.step_score)
@@ -398,6 +402,11 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
         if value != knob.default and config.reward_model.objective != "process":
             raise ValueError(f"{knob.key}={value}: only a process reward model has step values; "
                              f"reward_model.objective is {config.reward_model.objective}")
+    if config.reward_model.likelihood_weight and config.reward_model.objective in ("implicit", "generative"):
+        raise ValueError(f"reward_model.likelihood_weight={config.reward_model.likelihood_weight} adds the model's "
+                         "likelihood to its value head's output; an implicit model's score is already a log-ratio "
+                         "of likelihoods and a generative model's verdict reads its own critique: set it to 0, or "
+                         "reward_model.objective to pairwise, pointwise or process")
     if config.reward_model.objective == "process" and config.model.name:
         raise ValueError("reward_model.objective=process: pretrained models' chat replies are not split into steps "
                          "yet; train it on the small transformer")

@@ -64,5 +64,6 @@ def learned_reward(config: ConfigDict, mesh, policy: TextPolicy) -> LearnedRewar
     scorer = reward_models_lib.Scorer.of(scorer_policy.update_model, saved.reward_model.objective,
                                          saved.reward_model.beta, scorer_policy.task, scorer_policy.vocab,
                                          knobs.declared("reward_model.critique_by").value_or_default(saved),
-                                         knobs.declared("reward_model.step_score").value_or_default(saved))
+                                         knobs.declared("reward_model.step_score").value_or_default(saved),
+                                         knobs.declared("reward_model.likelihood_weight").value_or_default(saved))
     return LearnedReward(scorer, scorer_policy)
