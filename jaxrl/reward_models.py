@@ -25,6 +25,10 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
                    al. 2024: verification as next-token prediction after a rationale; J1 and Critique-RL judge
                    after a critique likewise.)
 
+A value-head model (pairwise, pointwise, process) may also read its own likelihood (`with_likelihood`): each value
+plus a weight times the model's log-probability of the tokens before it, so that it starts as the sampler's
+likelihood, a judge that already ranks well, and a token the model would not have written lowers every later value.
+
 Used as a reward, sigmoid(score) is the model's probability that the completion is right. Shapes: B prompts,
 G completions per prompt, N completion slots. With `axis_name` (the data axis, inside shard_map) a mean is this
 device's share, scaled so that the mean over devices (what the update averages) is the mean over every item.
