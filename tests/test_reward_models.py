@@ -159,6 +159,13 @@ def test_a_reward_model_that_reads_its_likelihood_starts_from_the_sampler_s(coun
     np.testing.assert_allclose(scores - head_alone, jnp.sum(log_probs * before_eos, -1), atol=1e-4)
     rows = train.run(config, str(tmp_path / "run")).metrics
     assert max(row["loss"] for row in rows[-2:]) < math.log(2.0) and rows[-1]["eval_ranking_accuracy"] > 0.5
+    # as GRPO's reward it reads the likelihood as it did in training
+    grpo_config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{"reward.model": str(tmp_path / "run")})
+    grpo_algo, _ = algos.build(grpo_config, mesh_lib.make_mesh())
+    trained = jax.tree.map(lambda x: x[0], start_params(str(tmp_path / "run")))
+    np.testing.assert_allclose(
+        grpo_algo.parts.learned_reward.scorer(scoring(trained, "pairwise"), prompts, samples.tokens, samples.mask),
+        model.whole_scorer(scoring(trained, "pairwise"), prompts, samples.tokens, samples.mask), atol=1e-4)
     for objective in ("implicit", "generative"):
         with pytest.raises(ValueError, match="likelihood_weight=1.0 adds the model's likelihood"):
             algos.validate(set_keys(config, {"reward_model.objective": objective}))
