@@ -227,12 +227,13 @@ class Scorer:
     likelihood_weight: float = 0.0  # value-head models: the weight of the model's own likelihood (`with_likelihood`)
 
     @classmethod
-    def of(cls, model, objective: str, beta: float, task, vocab, critique_by: str, step_score: str,
-           likelihood_weight: float) -> "Scorer":
-        """The scorer of a reward model of `objective` on `task`'s completions (written in `vocab`)."""
+    def of(cls, model, task, vocab, how) -> "Scorer":
+        """The scorer of a reward model on `task`'s completions (written in `vocab`); `how`: what holds its
+        objective, beta, critique_by, step_score and likelihood_weight (its settings, or its run's config section
+        `reward_model`, whose keys they are)."""
         step_ends = functools.partial(task.step_ends, vocab=vocab) if hasattr(task, "step_ends") else None
-        return cls(model, objective, beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task), critique_by,
-                   step_score, likelihood_weight)
+        return cls(model, how.objective, how.beta, vocab.pad_id, step_ends, vocab, judge.goal_width(task),
+                   how.critique_by, how.step_score, how.likelihood_weight)
 
     def __call__(self, variables: dict, prompts: jax.Array, completions: jax.Array, mask: jax.Array) -> jax.Array:
         """Scores [B, G] (logits) of completions [B, G, N] (mask [B, G, N]) to prompts [B, P]."""

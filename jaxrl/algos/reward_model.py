@@ -140,8 +140,7 @@ class RewardModel:
         self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
-        self.scorer = reward_models.Scorer.of(self.model, settings.objective, settings.beta, self.task, self.vocab,
-                                              settings.critique_by, settings.step_score, settings.likelihood_weight)
+        self.scorer = reward_models.Scorer.of(self.model, self.task, self.vocab, settings)
         self.whole_scorer = dataclasses.replace(self.scorer, model=policy.model)
 
     def optimizer(self, hp, update_step):

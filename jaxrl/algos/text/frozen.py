@@ -9,7 +9,7 @@ import os
 import jax
 from ml_collections import ConfigDict
 
-from jaxrl import config as config_lib, knobs, reward_models as reward_models_lib
+from jaxrl import config as config_lib, reward_models as reward_models_lib
 from jaxrl.algos import registry
 from jaxrl.algos.text.policy import TextPolicy, text_settings
 from jaxrl.models.lm import is_pretrained
@@ -61,9 +61,7 @@ def learned_reward(config: ConfigDict, mesh, policy: TextPolicy) -> LearnedRewar
     if config.advantage.process_weight > 0 and saved.reward_model.objective != "implicit":
         raise ValueError(f"config.advantage.process_weight={config.advantage.process_weight} takes per-token rewards "
                          f"from an implicit reward model; {path} is a {saved.reward_model.objective} one")
-    scorer = reward_models_lib.Scorer.of(scorer_policy.update_model, saved.reward_model.objective,
-                                         saved.reward_model.beta, scorer_policy.task, scorer_policy.vocab,
-                                         knobs.declared("reward_model.critique_by").value_or_default(saved),
-                                         knobs.declared("reward_model.step_score").value_or_default(saved),
-                                         knobs.declared("reward_model.likelihood_weight").value_or_default(saved))
+    # (saved_config gives keys declared since the run was saved their defaults)
+    scorer = reward_models_lib.Scorer.of(scorer_policy.update_model, scorer_policy.task, scorer_policy.vocab,
+                                         saved.reward_model)
     return LearnedReward(scorer, scorer_policy)
