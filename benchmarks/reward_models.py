@@ -51,6 +51,7 @@ the reward models start from it too:
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import sys
 
@@ -74,6 +75,8 @@ NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
 # the critic calls the calculator: its critique's value is the tool's, its verdict its own (longer episodes)
 TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator",
                f"--config.model.max_len={model_length('countdown_refine', critique_by='calculator')}"]
+SUMS = ["--config.task.kwargs.num_numbers=5", "--config.task.kwargs.operators=+",
+        f"--config.model.max_len={model_length('expression_steps', num_numbers=5, operators='+')}"]
 HARD = ["--config.reward_model.step_label=hard"]  # Math-Shepherd's hard estimate of a step's label
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 # name -> (experiment, init_from run or None, flags); in the order they run
@@ -131,6 +134,14 @@ RUNS = {
         "--config.reward_model.step_loss=pairwise", *HARD, *JUDGE]),
     "orm_expressions": ("text_reward_model.py:expression_steps", "sft_expressions", [
         "--config.total_steps=64000", *JUDGE]),
+    # Sums of 5 numbers in 4 steps (`operators=+`): longer derivations, each step an addition a small model can check
+    "sft_sums": ("text_sft.py:expression_steps", None, [
+        *SUMS, "--config.total_steps=160000", "--config.eval.every_steps=32000", "--config.checkpoint.every_steps=32000",
+        "--config.eval.pass_k=0"]),
+    "prm_sums": ("text_reward_model.py:expression_steps", "sft_sums", [
+        *SUMS, "--config.total_steps=64000", "--config.reward_model.objective=process",
+        "--config.reward_model.step_loss=pairwise", *HARD, *JUDGE]),
+    "orm_sums": ("text_reward_model.py:expression_steps", "sft_sums", [*SUMS, "--config.total_steps=64000", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
@@ -157,14 +168,14 @@ def reranking_judges() -> list[tuple[str, str, dict]]:
                                           ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
 
 
-def expression_judges() -> list[tuple[str, str, dict]]:
-    """Best-of-16's reward models on expressions in steps: the pairwise hard-label process model under each step
-    score, and the Bradley-Terry outcome model (the two best forms on Countdown)."""
+def pairwise_judges(process_run: str, outcome_run: str) -> list[tuple[str, str, dict]]:
+    """Best-of-16's reward models on a task in steps: the pairwise hard-label process model under each step score,
+    and the Bradley-Terry outcome model (the two best forms on Countdown)."""
     from jaxrl.reward_models import STEP_SCORES
 
-    return [(f"process reward model, pairwise, hard labels, step score {how}", "prm_expressions",
+    return [(f"process reward model, pairwise, hard labels, step score {how}", process_run,
              {"reward_model.step_score": how}) for how in STEP_SCORES] + [
-        ("outcome reward model, pairwise (Bradley-Terry)", "orm_expressions", {})]
+        ("outcome reward model, pairwise (Bradley-Terry)", outcome_run, {})]
 
 
 def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None,
@@ -264,8 +275,12 @@ REFINEMENT_SETTING = (
 # best-of-16 sections -> (heading, what the task is, the judges, the sampler's run)
 RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_steps"),
              "reranking_expressions": ("expressions evaluated in steps", "`expression_steps` (`12+11*6=` -> "
-                                       "`11*6=66;12+66=78`, the value not shown): ", expression_judges,
-                                       "sft_expressions")}
+                                       "`11*6=66;12+66=78`, the value not shown): ",
+                                       functools.partial(pairwise_judges, "prm_expressions", "orm_expressions"),
+                                       "sft_expressions"),
+             "reranking_sums": ("sums of 5 numbers in steps", "`expression_steps` with `operators=+` and "
+                                "`num_numbers=5` (`9+2+13+9+24=` -> `9+24=33;2+13=15;9+15=24;24+33=57`): ",
+                                functools.partial(pairwise_judges, "prm_sums", "orm_sums"), "sft_sums")}
 
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
@@ -275,7 +290,8 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "refinement_tool": [run for _, run in REFINEMENT["refinement_tool"][1]],
             "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "prm_steps_hard", "prm_steps_pairwise_hard",
                           "orm_steps", "orm_steps_pointwise"],
-            "reranking_expressions": ["sft_expressions", "prm_expressions", "orm_expressions"]}
+            "reranking_expressions": ["sft_expressions", "prm_expressions", "orm_expressions"],
+            "reranking_sums": ["sft_sums", "prm_sums", "orm_sums"]}
 
 
 def share_of_gain(verifier: np.ndarray, learned: np.ndarray) -> str:

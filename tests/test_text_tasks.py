@@ -394,6 +394,24 @@ def test_expression_steps_verifier_follows_a_slip_through_later_steps():
         assert rewards_of(task, probs, ids, vocab)[0, 0] == right, answer
 
 
+def test_operators_restrict_the_problems_and_size_the_steps():
+    sums = text.make_task("expression_steps", num_numbers=5, operators="+")
+    vocab = text.Vocab.from_alphabet(sums.alphabet)
+    probs = sums.sample(jax.random.key(6), BATCH, "train")
+    assert set(np.asarray(probs.recipe)[..., 2].ravel()) == {0}  # (+ is OPERATORS' first)
+    for (prompt, answer), numbers in zip(sums.texts(probs), np.asarray(probs.numbers)):
+        assert set(prompt) <= set("0123456789+=") and int(answer.rsplit("=")[-1]) == numbers.sum()
+    np.testing.assert_array_equal(rewards_of(sums, probs, sums.reference_answers(probs, vocab), vocab),
+                                  np.ones((BATCH, 2)))
+    # a value is a sum of at most 4 numbers <= 25: a sign and 3 digits, where products of 4 would need 6
+    assert sums.value_width == 4 and text.make_task("expression_steps", num_numbers=5).value_width == 7
+    mixed = text.make_task("countdown", operators="*-").sample(jax.random.key(7), BATCH, "train")
+    assert set(np.asarray(mixed.recipe)[..., 2].ravel()) == {1, 2}
+    for wrong in ("", "+x", "++"):
+        with pytest.raises(ValueError, match="operators must be distinct ones"):
+            text.make_task("countdown_steps", operators=wrong)
+
+
 def test_step_ends_mark_each_step_s_last_token():
     task = text.make_task("countdown_steps")
     vocab = text.Vocab.from_alphabet(task.alphabet)

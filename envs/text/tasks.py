@@ -291,7 +291,8 @@ class Countdown(Task):
     longer; for d uniform, geometric lengths of mean about s), and the verifier then ignores trailing spaces. A model
     trained on it writes completions of long-tailed lengths, as reasoning models do (what partial rollouts and pruning
     are for). After the expression, not before it: a one-layer model loses the prompt's numbers behind a long run of
-    spaces (a warm start trained on a leading filler answered none of the held-out problems).
+    spaces (a warm start trained on a leading filler answered none of the held-out problems). `operators`: those the
+    problems' recipes draw from (the verifier accepts any): `+-` makes problems of sums and differences alone.
     """
 
     name = "countdown"
@@ -300,8 +301,10 @@ class Countdown(Task):
 
     def __init__(self, num_numbers: int = 4, min_number: int = 1, max_number: int = 25,
                  min_target: int = 1, max_target: int = 100, use_all: bool = False, split_seed: int = 0,
-                 answer_slack: int = 0, filler_scale: float = 0.0):
+                 answer_slack: int = 0, filler_scale: float = 0.0, operators: str = OPERATORS):
         super().__init__(split_seed)
+        if not operators or not set(operators) <= set(OPERATORS) or len(set(operators)) < len(operators):
+            raise ValueError(f"operators must be distinct ones of {OPERATORS!r}, got {operators!r}")
         if answer_slack < 0:
             raise ValueError(f"answer_slack must be >= 0, got {answer_slack}")
         if filler_scale < 0 or (filler_scale > 0 and answer_slack == 0):
@@ -311,9 +314,10 @@ class Countdown(Task):
             raise ValueError(f"num_numbers must be in 2..8, got {num_numbers}")
         if not 1 <= min_number <= max_number < _MAX_VALUE:
             raise ValueError(f"need 1 <= min_number <= max_number, got {min_number}, {max_number}")
-        if not 1 <= min_target <= max_target < _MAX_VALUE or min_target > max_number ** num_numbers:
-            raise ValueError(f"no target in [{min_target}, {max_target}] is reachable")
         self.num_numbers, self.min_number, self.max_number = num_numbers, min_number, max_number
+        self.operators = operators
+        if not 1 <= min_target <= max_target < _MAX_VALUE or min_target > self.largest_value(num_numbers):
+            raise ValueError(f"no target in [{min_target}, {max_target}] is reachable")
         self.min_target, self.max_target, self.use_all = min_target, max_target, use_all
         self.number_digits = render.max_digits(max_number)
         self.target_digits = render.max_digits(max_target)
@@ -326,6 +330,12 @@ class Countdown(Task):
         self.answer_length = self.expression_length + 1 + answer_slack
         self.answer_slack, self.filler_scale = answer_slack, float(filler_scale)
 
+    def largest_value(self, merged: int) -> int:
+        """A bound on the magnitude of a value that merges `merged` given numbers (capped at the bound every
+        intermediate is held under): a product of them where `*` is among the operators, else their sum."""
+        largest = self.max_number ** merged if "*" in self.operators else merged * self.max_number
+        return min(largest, _MAX_VALUE)
+
     def _propose(self, key, n, level=None):
         k_numbers, k_i, k_j, k_op = jax.random.split(key, 4)
         steps = self.num_numbers - 1
@@ -334,7 +344,8 @@ class Countdown(Task):
                                      _knob(self.min_number, self.max_number, level) + 1)
         i = jax.random.randint(k_i, (n, steps), 0, alive)
         j = (i + jax.random.randint(k_j, (n, steps), 1, alive)) % alive  # any live item but i
-        recipe = jnp.stack([i, j, jax.random.randint(k_op, (n, steps), 0, 4)], axis=-1)
+        codes = jnp.asarray([OPERATORS.index(op) for op in self.operators], jnp.int32)
+        recipe = jnp.stack([i, j, codes[jax.random.randint(k_op, (n, steps), 0, len(codes))]], axis=-1)
         value, ok = jax.vmap(lambda x, r: recipe_merges((x, jnp.ones_like(x, bool)), r, _combine_values)[1])(
             numbers, recipe)
         valid = (ok & (value >= self.min_target) & (value <= self.max_target)
@@ -410,10 +421,11 @@ class CountdownSteps(Countdown):
     expression_answers = False  # (steps, not one expression)
 
     def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
-                 max_target: int = 100, use_all: bool = False, split_seed: int = 0):
-        super().__init__(num_numbers, min_number, max_number, min_target, max_target, use_all, split_seed)
-        # A value: a sign and the digits of the largest intermediate (a product of N - 1 numbers, under 2**24).
-        self.value_width = 1 + render.max_digits(min(max_number ** (num_numbers - 1), _MAX_VALUE))
+                 max_target: int = 100, use_all: bool = False, split_seed: int = 0, operators: str = OPERATORS):
+        super().__init__(num_numbers, min_number, max_number, min_target, max_target, use_all, split_seed,
+                         operators=operators)
+        # A value: a sign and the digits of the largest intermediate (a merge of N - 1 numbers).
+        self.value_width = 1 + render.max_digits(self.largest_value(num_numbers - 1))
         self.step_width = 3 * self.value_width + 3  # a op b=v;
         self.max_steps = num_numbers - 1  # (a right answer's steps)
         self.answer_length = self.max_steps * self.step_width + 1
@@ -462,8 +474,8 @@ class ExpressionSteps(CountdownSteps):
     name = "expression_steps"
 
     def __init__(self, num_numbers: int = 3, min_number: int = 1, max_number: int = 25, min_target: int = 1,
-                 max_target: int = 100, split_seed: int = 0):
-        super().__init__(num_numbers, min_number, max_number, min_target, max_target, True, split_seed)
+                 max_target: int = 100, split_seed: int = 0, operators: str = OPERATORS):
+        super().__init__(num_numbers, min_number, max_number, min_target, max_target, True, split_seed, operators)
         # Printed with minimal parentheses, only an operand that is itself a merge is wrapped, and the whole
         # expression is not: N numbers, N - 1 operators and at most N - 2 pairs (Countdown's bound allows 2 N - 2).
         self.expression_length = num_numbers * self.number_digits + (num_numbers - 1) + 2 * (num_numbers - 2)
