@@ -134,13 +134,15 @@ RUNS = {
         "--config.reward_model.step_loss=pairwise", *HARD, *JUDGE]),
     "orm_expressions": ("text_reward_model.py:expression_steps", "sft_expressions", [
         "--config.total_steps=64000", *JUDGE]),
-    # Sums of 5 numbers in 4 steps (`operators=+`): longer derivations, each step an addition a small model can check
+    # Sums of 5 numbers in 4 steps (`operators=+`): longer derivations, each step an addition a small model can check;
+    # the process model's steps checked by the verifier (PRM800K's labels: Monte Carlo labels from 4 continuations of
+    # each of 3 inner steps of 60-token answers were estimated at 7.5 hours for the 3 seeds, 2026-12-04, 2 cores)
     "sft_sums": ("text_sft.py:expression_steps", None, [
         *SUMS, "--config.total_steps=160000", "--config.eval.every_steps=32000", "--config.checkpoint.every_steps=32000",
         "--config.eval.pass_k=0"]),
     "prm_sums": ("text_reward_model.py:expression_steps", "sft_sums", [
         *SUMS, "--config.total_steps=64000", "--config.reward_model.objective=process",
-        "--config.reward_model.step_loss=pairwise", *HARD, *JUDGE]),
+        "--config.reward_model.step_loss=pairwise", "--config.reward_model.step_label=checked", *JUDGE]),
     "orm_sums": ("text_reward_model.py:expression_steps", "sft_sums", [*SUMS, "--config.total_steps=64000", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
@@ -168,12 +170,12 @@ def reranking_judges() -> list[tuple[str, str, dict]]:
                                           ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
 
 
-def pairwise_judges(process_run: str, outcome_run: str) -> list[tuple[str, str, dict]]:
-    """Best-of-16's reward models on a task in steps: the pairwise hard-label process model under each step score,
-    and the Bradley-Terry outcome model (the two best forms on Countdown)."""
+def pairwise_judges(process_run: str, outcome_run: str, labels: str = "hard") -> list[tuple[str, str, dict]]:
+    """Best-of-16's reward models on a task in steps: the pairwise process model (its step labels `labels`) under
+    each step score, and the Bradley-Terry outcome model (the two best forms on Countdown)."""
     from jaxrl.reward_models import STEP_SCORES
 
-    return [(f"process reward model, pairwise, hard labels, step score {how}", process_run,
+    return [(f"process reward model, pairwise, {labels} labels, step score {how}", process_run,
              {"reward_model.step_score": how}) for how in STEP_SCORES] + [
         ("outcome reward model, pairwise (Bradley-Terry)", outcome_run, {})]
 
@@ -280,7 +282,7 @@ RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_step
                                        "sft_expressions"),
              "reranking_sums": ("sums of 5 numbers in steps", "`expression_steps` with `operators=+` and "
                                 "`num_numbers=5` (`9+2+13+9+24=` -> `9+24=33;2+13=15;9+15=24;24+33=57`): ",
-                                functools.partial(pairwise_judges, "prm_sums", "orm_sums"), "sft_sums")}
+                                functools.partial(pairwise_judges, "prm_sums", "orm_sums", "checked"), "sft_sums")}
 
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],

@@ -13,7 +13,8 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
     process        a process reward model on a task answered in steps: the value head after each step, learned
                    from the step's Monte Carlo label (Math-Shepherd, Wang et al. 2024: the share of K
                    continuations from the prefix through that step that end right, or whether any does,
-                   `monte_carlo_labels`; the last step's label is the outcome) by cross-entropy, or pairwise (`step_loss`: Bradley-Terry over every two steps of a
+                   `monte_carlo_labels`; or PRM800K's, each step checked, `prefix_labels`; the last step's label
+                   is the outcome) by cross-entropy, or pairwise (`step_loss`: Bradley-Terry over every two steps of a
                    prompt's completions, the one more likely to end right above the other); a completion's score
                    is its weakest step's, or another `step_score`
     generative     a generative verifier: the model first writes a critique after the completion, its working
@@ -173,8 +174,10 @@ def step_loss(values: jax.Array, labels: jax.Array, slots: jax.Array, how: str =
     raise ValueError(f"unknown step loss {how!r}; known: {', '.join(STEP_LOSSES)}")
 
 
-# how K continuations' verdicts label a step (Math-Shepherd's two estimates)
-STEP_LABELS = ("soft", "hard")
+# how a step is labelled: by K continuations' verdicts (Math-Shepherd's two estimates), or checked by the task's
+# verifier (PRM800K's human step labels, here exact: `prefix_labels`)
+STEP_LABELS = ("soft", "hard", "checked")
+MONTE_CARLO_LABELS = ("soft", "hard")
 
 
 def monte_carlo_labels(continuation_correct: jax.Array, how: str = "soft") -> jax.Array:
@@ -185,7 +188,14 @@ def monte_carlo_labels(continuation_correct: jax.Array, how: str = "soft") -> ja
         return jnp.mean(correct, axis=-1)
     if how == "hard":
         return jnp.max(correct, axis=-1)
-    raise ValueError(f"unknown step label {how!r}; known: {', '.join(STEP_LABELS)}")
+    raise ValueError(f"unknown Monte Carlo step label {how!r}; known: {', '.join(MONTE_CARLO_LABELS)}")
+
+
+def prefix_labels(step_right: jax.Array) -> jax.Array:
+    """bool [..., S] the verifier's verdict on each step -> float32 [..., S]: 1 where the step and every one before
+    it are right (PRM800K labels a solution's steps up to its first mistake; after it no step can lead to a right
+    answer, as in Math-Shepherd's hard estimate under a sampler that never slips)."""
+    return jnp.cumprod(step_right.astype(jnp.float32), axis=-1)
 
 
 def with_likelihood(values: jax.Array, log_probs: jax.Array, mask: jax.Array, weight) -> jax.Array:

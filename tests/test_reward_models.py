@@ -109,8 +109,10 @@ def test_step_slots_step_scores_and_monte_carlo_shares_by_hand():
     verdicts = jnp.array([[1, 0, 1, 1], [0, 0, 0, 0], [0, 0, 1, 0]])
     assert reward_models.monte_carlo_labels(verdicts).tolist() == [0.75, 0.0, 0.25]  # soft: the share
     assert reward_models.monte_carlo_labels(verdicts, "hard").tolist() == [1.0, 0.0, 1.0]  # hard: any
-    with pytest.raises(ValueError, match="unknown step label 'median'"):
+    with pytest.raises(ValueError, match="unknown Monte Carlo step label 'median'"):
         reward_models.monte_carlo_labels(verdicts, "median")
+    checked = jnp.array([[True, True, False, True], [False, True, True, True], [True, True, True, True]])
+    assert reward_models.prefix_labels(checked).tolist() == [[1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]  # to a slip
 
 
 def test_the_pairwise_step_loss_ranks_every_two_steps_of_a_prompt_by_hand():
@@ -385,6 +387,33 @@ def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
     expected = np.where(where, np.asarray(values), np.inf).min(-1)
     np.testing.assert_allclose(model.whole_scorer(scoring(state.params, "process"), prompts, tokens, mask), expected,
                                rtol=1e-6)
+
+
+def test_checked_process_labels_are_the_verifier_s_steps_up_to_the_first_slip(monkeypatch):
+    """step_label=checked: each inner step labelled by the task's verifier, 1 while it and every step before it are
+    right (a right step after a slip is labelled 0); the last by the outcome; no continuation drawn."""
+    config = set_keys(load_experiment("text_reward_model", "countdown_steps"), {
+        "num_prompts": 2, "group.size": 2, "reward_model.objective": "process", "reward_model.step_label": "checked",
+        "task.kwargs.num_numbers": 4, "model.max_len": 96, "model.num_layers": 1, "model.d_model": 32,
+        "model.num_heads": 2})
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    model = algo.parts
+    task, vocab = model.task, model.vocab
+    problems = task.sample(jax.random.key(0), 2, "train")
+    reference = task.reference_answers(problems, vocab)  # [2, N]: three steps each
+    wrong = np.asarray(reference).copy()
+    wrong[:, 0] = np.where(wrong[:, 0] == vocab.id_of("9"), vocab.id_of("8"), vocab.id_of("9"))  # an operand not given
+    tokens = jnp.stack([reference, jnp.asarray(wrong)], axis=1)  # [2 problems, 2 members, N]
+    right, slipped = (task.step_verdicts(problems, tokens[:, g], vocab) for g in range(2))  # [2 problems, 3 steps]
+    assert right.all() and not slipped[:, 0].any() and slipped[:, 1].all()  # the step after the slip is right
+    monkeypatch.setattr(sampling, "sample_groups_per_prompt", None)  # (none drawn: a call would fail)
+    state = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1))
+    out, where = jax.jit(model.step_labels)(state.params, problems, task.prompts(problems, vocab), tokens,
+                                            jnp.array([[1.0, 0.0], [1.0, 0.0]]), jax.random.split(jax.random.key(1), 2))
+    labelled = [[np.asarray(out)[b, g][np.asarray(where)[b, g]].tolist() for g in range(2)] for b in range(2)]
+    assert labelled == [[[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]] * 2
+    with pytest.raises(ValueError, match="step_label=checked has the verifier check each step and samples none"):
+        algos.validate(set_keys(config, {"reward_model.continuations": 8, "init_from": "runs/sft"}))
 
 
 def test_a_reward_model_of_its_own_size_judges_another_run_s_samples(countdown_sft_run):

@@ -461,6 +461,24 @@ class CountdownSteps(Countdown):
                for row, nums, t in zip(rows, numbers, targets)]
         return np.asarray(out, np.float32).reshape(*completions.shape[:-1], len(self.reward_names))
 
+    def step_verdicts(self, problems, completions, vocab) -> np.ndarray:
+        """bool [..., max_steps]: whether each of the first `max_steps` steps of completions [..., N] is right
+        (`check_countdown_steps`; false for a step not written or not well formed), on the host."""
+        completions = np.asarray(completions)
+        numbers = np.asarray(problems.numbers).reshape(-1, self.num_numbers)
+        targets = np.asarray(problems.target).reshape(-1)
+        rows = completions.reshape(-1, completions.shape[-1])
+        out = np.zeros((len(rows), self.max_steps), bool)
+        for k, (row, nums, t) in enumerate(zip(rows, numbers, targets)):
+            checks = check_countdown_steps(vocab.text(row), nums, int(t), self.use_all)[2][:self.max_steps]
+            out[k, :len(checks)] = checks
+        return out.reshape(*completions.shape[:-1], self.max_steps)
+
+    def jax_step_verdicts(self, problems, completions: jax.Array, vocab: Vocab) -> jax.Array:
+        """`step_verdicts` through the host (`host_call`), as `jax_rewards` is: usable inside jit and vmap."""
+        shape = jax.ShapeDtypeStruct((*completions.shape[:-1], self.max_steps), jnp.bool_)
+        return host_call(functools.partial(self.step_verdicts, vocab=vocab), shape, problems, completions)
+
 
 class ExpressionSteps(CountdownSteps):
     """Evaluate an expression in steps, one operation each: `(12+7)*4=` -> `12+7=19;19*4=76`. The problems are

@@ -66,9 +66,10 @@ STEP_SCORE = Knob("reward_model.step_score", "min", "process reward models: how 
 STEP_LOSS = Knob("reward_model.step_loss", "pointwise", "process reward models: how step values learn their Monte "
                  "Carlo labels: pointwise (Math-Shepherd: each step's cross-entropy) or pairwise (Bradley-Terry over "
                  "every two steps of a prompt's completions)", choices=reward_models.STEP_LOSSES)
-STEP_LABEL = Knob("reward_model.step_label", "soft", "process reward models: a step's Monte Carlo label from its "
-                  "continuations: soft (Math-Shepherd's soft estimate: the share that end right) or hard (its hard "
-                  "estimate: 1 where any does)", choices=reward_models.STEP_LABELS)
+STEP_LABEL = Knob("reward_model.step_label", "soft", "process reward models: a step's label: from its Monte Carlo "
+                  "continuations, soft (Math-Shepherd's soft estimate: the share that end right) or hard (its hard "
+                  "estimate: 1 where any does); or checked (PRM800K's: the task's verifier checks each step, 1 up to "
+                  "the first wrong one; no continuations drawn)", choices=reward_models.STEP_LABELS)
 LIKELIHOOD_WEIGHT = Knob("reward_model.likelihood_weight", 0.0, "pairwise, pointwise and process models: the weight "
                          "of the model's own log-likelihood of the tokens read so far, added to the value head's "
                          "output at every slot (`reward_models.with_likelihood`): a judge that starts as the "
@@ -210,11 +211,12 @@ class RewardModel:
 
     def step_labels(self, params, problems, prompts: jax.Array, tokens: jax.Array, labels: jax.Array,
                     keys: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Monte Carlo labels of the steps of completions [b, G, N] (labels [b, G]: their outcomes): (labels
+        """Labels of the steps of completions [b, G, N] (labels [b, G]: their outcomes): (labels
         float32 [b, G, N], where they are bool [b, G, N]), at each step's slot (`reward_models.step_slots`). A step
         that ends the completion is labelled by its outcome; each earlier one (the first S - 1, S the task's
         `max_steps`) by the `continuations` samples from the prefix through its separator (`step_label`: the share that
-        end right, or whether any does).
+        end right, or whether any does), or by the task's verifier (`checked`: whether it and every step before it
+        are right; nothing drawn).
         Continuation k of step s of completion g of problem b is drawn from keys[b] folded with (g, s, k)."""
         b, G, N = tokens.shape
         ends = self.task.step_ends(tokens, self.vocab)
@@ -222,22 +224,33 @@ class RewardModel:
         final_slot = reward_models.step_slots(ends & (following == self.vocab.eos_id))
         out, where = jnp.where(final_slot, labels[..., None], 0.0), final_slot
         inner = jnp.sort(jnp.where(ends & ~(following == self.vocab.eos_id), jnp.arange(N), N), axis=-1)
-        flat = lambda x: x.reshape(b * G, *x.shape[2:])  # noqa: E731
-        repeated = jax.tree.map(lambda x: jnp.repeat(x, G, axis=0), problems)
-        member_keys = jax.vmap(lambda key: jax.vmap(functools.partial(jax.random.fold_in, key))(jnp.arange(G)))(keys)
+        if self.settings.step_label == "checked":
+            verdicts = jax.vmap(lambda c: self.task.jax_step_verdicts(problems, c, self.vocab), in_axes=1,
+                                out_axes=1)(tokens)  # [b, G, max_steps]
+            checked = reward_models.prefix_labels(verdicts)
         for step in range(self.task.max_steps - 1):
             end = inner[..., step]  # [b, G]; N: no such step
-            forced_len = jnp.where(end < N, jnp.minimum(end + 2, N), 0)  # through the separator
-            continued = sampling.sample_groups_per_prompt(
-                self.sampler_policy.update_model, sampler(params), jnp.repeat(prompts, G, axis=0),
-                jax.vmap(jax.random.fold_in, (0, None))(flat(member_keys), step), group_size=self.settings.continuations,
-                temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len),
-                **self.decoding)
-            share = reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens),
-                                                     self.settings.step_label).reshape(b, G)
+            share = checked[..., step] if self.settings.step_label == "checked" else self.monte_carlo_share(
+                params, problems, prompts, tokens, keys, step, end)
             at = (jnp.arange(N) == end[..., None] + 1) & (end < N)[..., None]
             out, where = jnp.where(at, share[..., None], out), where | at
         return out, where
+
+    def monte_carlo_share(self, params, problems, prompts: jax.Array, tokens: jax.Array, keys: jax.Array, step: int,
+                          end: jax.Array) -> jax.Array:
+        """float32 [b, G]: the Monte Carlo label (`step_label`) of step `step` of completions [b, G, N], which ends at
+        end [b, G] (N: no such step), from `continuations` samples after its separator."""
+        b, G, N = tokens.shape
+        flat = lambda x: x.reshape(b * G, *x.shape[2:])  # noqa: E731
+        member_keys = jax.vmap(lambda key: jax.vmap(functools.partial(jax.random.fold_in, key))(jnp.arange(G)))(keys)
+        forced_len = jnp.where(end < N, jnp.minimum(end + 2, N), 0)  # through the separator
+        continued = sampling.sample_groups_per_prompt(
+            self.sampler_policy.update_model, sampler(params), jnp.repeat(prompts, G, axis=0),
+            jax.vmap(jax.random.fold_in, (0, None))(flat(member_keys), step), group_size=self.settings.continuations,
+            temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len), **self.decoding)
+        repeated = jax.tree.map(lambda x: jnp.repeat(x, G, axis=0), problems)
+        return reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens),
+                                                self.settings.step_label).reshape(b, G)
 
     def update(self, state: TextState, hp: TextHyperparams):
         """One update for one seed on this device: label the sampler's completions to fresh problems, one step."""
@@ -396,6 +409,10 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
     if config.reward_model.critique_by != CRITIQUE_BY.default and config.reward_model.objective != "generative":
         raise ValueError(f"reward_model.critique_by={config.reward_model.critique_by}: only a generative reward model "
                          f"writes a critique; reward_model.objective is {config.reward_model.objective}")
+    if config.reward_model.step_label == "checked" and config.reward_model.continuations != CONTINUATIONS.default:
+        raise ValueError(f"reward_model.continuations={config.reward_model.continuations} samples continuations for "
+                         "Monte Carlo step labels; reward_model.step_label=checked has the verifier check each step "
+                         "and samples none: leave continuations unset, or set step_label to soft or hard")
     for knob in (STEP_SCORE, STEP_LOSS, STEP_LABEL):
         value = config.reward_model[knob.key.split(".")[-1]]
         if value != knob.default and config.reward_model.objective != "process":
