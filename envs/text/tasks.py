@@ -451,28 +451,30 @@ class CountdownSteps(Countdown):
         following = jnp.concatenate([completions[..., 1:], jnp.full_like(completions[..., :1], vocab.pad_id)], -1)
         return real & ((following == vocab.id_of(STEP_SEPARATOR)) | (following == vocab.eos_id))
 
-    def rewards(self, problems, completions, vocab) -> np.ndarray:
-        """float32 [..., 2] (correct, well_formed) on the host (`envs.text.verify.check_countdown_steps`)."""
+    def _checked(self, problems, completions, vocab: Vocab) -> tuple[list, tuple]:
+        """`check_countdown_steps` on each row of completions [..., N] (numpy, on the host): (its verdicts
+        (correct, well_formed, step_correct) in row order, the leading shape [...])."""
         completions = np.asarray(completions)
         numbers = np.asarray(problems.numbers).reshape(-1, self.num_numbers)
         targets = np.asarray(problems.target).reshape(-1)
         rows = completions.reshape(-1, completions.shape[-1])
-        out = [check_countdown_steps(vocab.text(row), nums, int(t), self.use_all)[:2]
-               for row, nums, t in zip(rows, numbers, targets)]
-        return np.asarray(out, np.float32).reshape(*completions.shape[:-1], len(self.reward_names))
+        return ([check_countdown_steps(vocab.text(row), nums, int(t), self.use_all)
+                 for row, nums, t in zip(rows, numbers, targets)], completions.shape[:-1])
+
+    def rewards(self, problems, completions, vocab) -> np.ndarray:
+        """float32 [..., 2] (correct, well_formed) on the host (`envs.text.verify.check_countdown_steps`)."""
+        checked, lead = self._checked(problems, completions, vocab)
+        return np.asarray([verdict[:2] for verdict in checked], np.float32).reshape(*lead, len(self.reward_names))
 
     def step_verdicts(self, problems, completions, vocab) -> np.ndarray:
         """bool [..., max_steps]: whether each of the first `max_steps` steps of completions [..., N] is right
         (`check_countdown_steps`; false for a step not written or not well formed), on the host."""
-        completions = np.asarray(completions)
-        numbers = np.asarray(problems.numbers).reshape(-1, self.num_numbers)
-        targets = np.asarray(problems.target).reshape(-1)
-        rows = completions.reshape(-1, completions.shape[-1])
-        out = np.zeros((len(rows), self.max_steps), bool)
-        for k, (row, nums, t) in enumerate(zip(rows, numbers, targets)):
-            checks = check_countdown_steps(vocab.text(row), nums, int(t), self.use_all)[2][:self.max_steps]
-            out[k, :len(checks)] = checks
-        return out.reshape(*completions.shape[:-1], self.max_steps)
+        checked, lead = self._checked(problems, completions, vocab)
+        out = np.zeros((len(checked), self.max_steps), bool)
+        for k, (_, _, steps) in enumerate(checked):
+            steps = steps[:self.max_steps]
+            out[k, :len(steps)] = steps
+        return out.reshape(*lead, self.max_steps)
 
     def jax_step_verdicts(self, problems, completions: jax.Array, vocab: Vocab) -> jax.Array:
         """`step_verdicts` through the host (`host_call`), as `jax_rewards` is: usable inside jit and vmap."""
