@@ -51,9 +51,9 @@ JUDGE_SFT = ["--config.model.name=smollm2-135m-instruct", "--config.model.remat=
              "--config.num_prompts=32", "--config.total_steps=512", "--config.optim.learning_rate=2e-5",
              "--config.optim.warmup_updates=2", "--config.log.every_steps=64", "--config.eval.every_steps=512",
              "--config.eval.episodes=256", "--config.eval.pass_k=0", "--config.checkpoint.every_steps=512"]
-# The judge's GRPO: 16 claims x 8 replies per update, 44 updates. With 8 x 8 it stood at 0.73-0.75 from update 11 on
-# (+13.3 at the end); with twice the replies per gradient it went on to 0.785 at update 33 and 0.770 at 44 (+15.6).
-JUDGE = ["--config.num_prompts=16", "--config.total_steps=5632", "--config.eval.every_steps=1408",
+# The judge's GRPO: 16 claims x 8 replies per update, 66 updates. With 8 x 8 it stood at 0.73-0.75 from update 11 on
+# (+13.3 at the end); with twice the replies per gradient, +14.8 after 44 updates and +16.2 after 66 (3 seeds each).
+JUDGE = ["--config.num_prompts=16", "--config.total_steps=8448", "--config.eval.every_steps=1408",
          "--config.checkpoint.every_steps=1408", "--config.log.every_steps=128", "--config.eval.episodes=256"]
 
 
