@@ -75,8 +75,8 @@ NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
 # the critic calls the calculator: its critique's value is the tool's, its verdict its own (longer episodes)
 TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator",
                f"--config.model.max_len={model_length('countdown_refine', critique_by='calculator')}"]
-SUMS = ["--config.task.kwargs.num_numbers=5", "--config.task.kwargs.operators=+",
-        f"--config.model.max_len={model_length('expression_steps', num_numbers=5, operators='+')}"]
+SUMS = ["--config.task.kwargs.num_numbers=5", "--config.task.kwargs.operators=+", "--config.task.kwargs.use_all=True",
+        f"--config.model.max_len={model_length('countdown_steps', num_numbers=5, operators='+', use_all=True)}"]
 HARD = ["--config.reward_model.step_label=hard"]  # Math-Shepherd's hard estimate of a step's label
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 # name -> (experiment, init_from run or None, flags); in the order they run
@@ -134,16 +134,17 @@ RUNS = {
         "--config.reward_model.step_loss=pairwise", *HARD, *JUDGE]),
     "orm_expressions": ("text_reward_model.py:expression_steps", "sft_expressions", [
         "--config.total_steps=64000", *JUDGE]),
-    # Sums of 5 numbers in 4 steps (`operators=+`): longer derivations, each step an addition a small model can check;
-    # the process model's steps checked by the verifier (PRM800K's labels: Monte Carlo labels from 4 continuations of
-    # each of 3 inner steps of 60-token answers were estimated at 7.5 hours for the 3 seeds, 2026-12-04, 2 cores)
-    "sft_sums": ("text_sft.py:expression_steps", None, [
+    # Sums of 5 numbers in 4 steps to a target shown (`operators=+`, `use_all`): every answer ends on the target, so
+    # majority vote cannot tell a slip, which can lie in any step, each an addition; the process model's steps checked
+    # by the verifier (PRM800K's labels: Monte Carlo labels from 4 continuations of each of 3 inner steps of 60-token
+    # answers were estimated at 7.5 hours for the 3 seeds on 2 shared cores, 2026-12-04)
+    "sft_sums": ("text_sft.py:countdown_steps", None, [
         *SUMS, "--config.total_steps=160000", "--config.eval.every_steps=32000", "--config.checkpoint.every_steps=32000",
         "--config.eval.pass_k=0"]),
-    "prm_sums": ("text_reward_model.py:expression_steps", "sft_sums", [
+    "prm_sums": ("text_reward_model.py:countdown_steps", "sft_sums", [
         *SUMS, "--config.total_steps=64000", "--config.reward_model.objective=process",
         "--config.reward_model.step_loss=pairwise", "--config.reward_model.step_label=checked", *JUDGE]),
-    "orm_sums": ("text_reward_model.py:expression_steps", "sft_sums", [*SUMS, "--config.total_steps=64000", *JUDGE]),
+    "orm_sums": ("text_reward_model.py:countdown_steps", "sft_sums", [*SUMS, "--config.total_steps=64000", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
@@ -280,8 +281,9 @@ RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_step
                                        "`11*6=66;12+66=78`, the value not shown): ",
                                        functools.partial(pairwise_judges, "prm_expressions", "orm_expressions"),
                                        "sft_expressions"),
-             "reranking_sums": ("sums of 5 numbers in steps", "`expression_steps` with `operators=+` and "
-                                "`num_numbers=5` (`9+2+13+9+24=` -> `9+24=33;2+13=15;9+15=24;24+33=57`): ",
+             "reranking_sums": ("sums of 5 numbers in steps to a target", "`countdown_steps` with `num_numbers=5`, "
+                                "`operators=+` and `use_all=True` (`24 9 9 2 13>57=` -> "
+                                "`9+24=33;2+13=15;9+15=24;24+33=57`): ",
                                 functools.partial(pairwise_judges, "prm_sums", "orm_sums", "checked"), "sft_sums")}
 
 # section -> the runs it reports (`report.publish_sections`)
