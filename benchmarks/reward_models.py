@@ -46,6 +46,10 @@ the reward models start from it too:
    where a step's label and the outcome's are one; here the value is not shown, so a slip carries into the later
    steps. SFT on 160,000 demonstrations (a policy that often errs), then the pairwise hard-label process model and the
    Bradley-Terry outcome model of item 5 on 64,000 labelled completions each: best-of-16 as in item 5.
+7. Sums of 5 numbers in 4 steps to a target shown (`countdown_steps`, `operators=+`, `use_all=True`): a slip can lie
+   in any step, and every answer ends on the target, so majority vote cannot tell one. SFT on 160,000 demonstrations;
+   the pairwise process model with its steps checked by the verifier (`reward_model.step_label=checked`, PRM800K's
+   labels) and the Bradley-Terry outcome model, 64,000 labelled completions each: best-of-16 as in item 5.
 """
 
 from __future__ import annotations
