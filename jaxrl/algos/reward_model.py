@@ -293,7 +293,9 @@ class RewardModel:
                                                     samples.tokens, samples.mask)
             return scores, labels, read
 
-        return jax.vmap(one_seed)(params)
+        # one seed at a time: decoding num x G completions holds its cache, and every seed's at once ran a 3-seed
+        # run on 60-token answers out of 24 GB of memory
+        return jax.lax.map(one_seed, params)
 
     def evaluate(self, params, key: jax.Array, num: int, sample: bool = False) -> dict[str, np.ndarray]:
         """How the reward model orders the sampler's completions to `num` held-out problems, per seed [S] (see the
