@@ -227,30 +227,36 @@ class RewardModel:
         if self.settings.step_label == "checked":
             verdicts = jax.vmap(lambda c: self.task.jax_step_verdicts(problems, c, self.vocab), in_axes=1,
                                 out_axes=1)(tokens)  # [b, G, max_steps]
-            checked = reward_models.prefix_labels(verdicts)
+            shares = reward_models.prefix_labels(verdicts)
+        else:
+            shares = self.monte_carlo_shares(params, problems, prompts, tokens, keys, inner)
         for step in range(self.task.max_steps - 1):
             end = inner[..., step]  # [b, G]; N: no such step
-            share = checked[..., step] if self.settings.step_label == "checked" else self.monte_carlo_share(
-                params, problems, prompts, tokens, keys, step, end)
             at = (jnp.arange(N) == end[..., None] + 1) & (end < N)[..., None]
-            out, where = jnp.where(at, share[..., None], out), where | at
+            out, where = jnp.where(at, shares[..., step, None], out), where | at
         return out, where
 
-    def monte_carlo_share(self, params, problems, prompts: jax.Array, tokens: jax.Array, keys: jax.Array, step: int,
-                          end: jax.Array) -> jax.Array:
-        """float32 [b, G]: the Monte Carlo label (`step_label`) of step `step` of completions [b, G, N], which ends at
-        end [b, G] (N: no such step), from `continuations` samples after its separator."""
+    def monte_carlo_shares(self, params, problems, prompts: jax.Array, tokens: jax.Array, keys: jax.Array,
+                           inner: jax.Array) -> jax.Array:
+        """float32 [b, G, S - 1]: the Monte Carlo label (`step_label`) of each inner step of completions [b, G, N],
+        which end at inner [b, G, >= S - 1] (N: no such step), from `continuations` samples after its separator."""
         b, G, N = tokens.shape
         flat = lambda x: x.reshape(b * G, *x.shape[2:])  # noqa: E731
-        member_keys = jax.vmap(lambda key: jax.vmap(functools.partial(jax.random.fold_in, key))(jnp.arange(G)))(keys)
-        forced_len = jnp.where(end < N, jnp.minimum(end + 2, N), 0)  # through the separator
-        continued = sampling.sample_groups_per_prompt(
-            self.sampler_policy.update_model, sampler(params), jnp.repeat(prompts, G, axis=0),
-            jax.vmap(jax.random.fold_in, (0, None))(flat(member_keys), step), group_size=self.settings.continuations,
-            temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len), **self.decoding)
+        member_keys = flat(jax.vmap(lambda key: jax.vmap(functools.partial(jax.random.fold_in, key))(jnp.arange(G)))(
+            keys))
         repeated = jax.tree.map(lambda x: jnp.repeat(x, G, axis=0), problems)
-        return reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens),
-                                                self.settings.step_label).reshape(b, G)
+        shares = []
+        for step in range(self.task.max_steps - 1):
+            end = inner[..., step]
+            forced_len = jnp.where(end < N, jnp.minimum(end + 2, N), 0)  # through the separator
+            continued = sampling.sample_groups_per_prompt(
+                self.sampler_policy.update_model, sampler(params), jnp.repeat(prompts, G, axis=0),
+                jax.vmap(jax.random.fold_in, (0, None))(member_keys, step), group_size=self.settings.continuations,
+                temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len),
+                **self.decoding)
+            shares.append(reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens),
+                                                           self.settings.step_label).reshape(b, G))
+        return jnp.stack(shares, axis=-1) if shares else jnp.zeros((b, G, 0))  # (one-step answers: none inner)
 
     def update(self, state: TextState, hp: TextHyperparams):
         """One update for one seed on this device: label the sampler's completions to fresh problems, one step."""
