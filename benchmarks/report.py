@@ -62,17 +62,17 @@ def curve(runs: list[dict], key: str = "win_rate") -> tuple[list[int], list[list
     return marks, [[b[m] for b in by_steps] for m in marks]
 
 
-def fmt_ci(values, within: tuple[float, float] | None = None) -> str:
+def fmt_ci(values, within: tuple[float, float] | None = None, digits: int = 2) -> str:
     """The mean over seeds with its 95% interval, "0.91 [0.80, 1.00]" (the mean alone for one value); `within`
-    clips the interval to the values' range (a win rate's to (0, 1))."""
+    clips the interval to the values' range (a win rate's to (0, 1)); `digits` after the point."""
     from jaxrl.sweep import confidence_interval
 
     mean, low, high = confidence_interval(values)
     if low != low:
-        return f"{mean:.2f}"
+        return f"{mean:.{digits}f}"
     if within:
         low, high = max(low, within[0]), min(high, within[1])
-    return f"{mean:.2f} [{low:.2f}, {high:.2f}]"
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
 def compare_point(ours: list[float], ref: list[float]) -> str:

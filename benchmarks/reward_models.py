@@ -49,7 +49,8 @@ the reward models start from it too:
 7. Sums of 5 numbers in 4 steps to a target shown (`countdown_steps`, `operators=+`, `use_all=True`): a slip can lie
    in any step, and every answer ends on the target, so majority vote cannot tell one. SFT on 160,000 demonstrations;
    the pairwise process model with its steps checked by the verifier (`reward_model.step_label=checked`, PRM800K's
-   labels) and the Bradley-Terry outcome model, 64,000 labelled completions each: best-of-16 as in item 5.
+   labels) and the Bradley-Terry outcome model, 64,000 labelled completions each: best-of-16 as in item 5; and the
+   same two on 256,000 each (`prm_sums_256k`, `orm_sums_256k`: at 64,000 neither has learned to check an addition).
 """
 
 from __future__ import annotations
@@ -149,6 +150,12 @@ RUNS = {
         *SUMS, "--config.total_steps=64000", "--config.reward_model.objective=process",
         "--config.reward_model.step_loss=pairwise", "--config.reward_model.step_label=checked", *JUDGE]),
     "orm_sums": ("text_reward_model.py:countdown_steps", "sft_sums", [*SUMS, "--config.total_steps=64000", *JUDGE]),
+    # the same two judges on 4x the labelled completions (256,000: on one H200 about 3 and 2 minutes for 3 seeds, on
+    # 2 CPU cores about 3-4 and 2 hours), where the two kinds of label part
+    "prm_sums_256k": ("text_reward_model.py:countdown_steps", "sft_sums", [
+        *SUMS, "--config.total_steps=256000", "--config.reward_model.objective=process",
+        "--config.reward_model.step_loss=pairwise", "--config.reward_model.step_label=checked", *JUDGE]),
+    "orm_sums_256k": ("text_reward_model.py:countdown_steps", "sft_sums", [*SUMS, "--config.total_steps=256000", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
@@ -288,7 +295,10 @@ RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_step
              "reranking_sums": ("sums of 5 numbers in steps to a target", "`countdown_steps` with `num_numbers=5`, "
                                 "`operators=+` and `use_all=True` (`24 9 9 2 13>57=` -> "
                                 "`9+24=33;2+13=15;9+15=24;24+33=57`): ",
-                                functools.partial(pairwise_judges, "prm_sums", "orm_sums", "checked"), "sft_sums")}
+                                functools.partial(pairwise_judges, "prm_sums", "orm_sums", "checked"), "sft_sums"),
+             "reranking_sums_256k": ("sums of 5 numbers in steps to a target, judges on 256,000 labelled completions",
+                                     "the same task as above: ", functools.partial(
+                                         pairwise_judges, "prm_sums_256k", "orm_sums_256k", "checked"), "sft_sums")}
 
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
@@ -299,7 +309,8 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "prm_steps_hard", "prm_steps_pairwise_hard",
                           "orm_steps", "orm_steps_pointwise"],
             "reranking_expressions": ["sft_expressions", "prm_expressions", "orm_expressions"],
-            "reranking_sums": ["sft_sums", "prm_sums", "orm_sums"]}
+            "reranking_sums": ["sft_sums", "prm_sums", "orm_sums"],
+            "reranking_sums_256k": ["sft_sums", "prm_sums_256k", "orm_sums_256k"]}
 
 
 def share_of_gain(verifier: np.ndarray, learned: np.ndarray) -> str:
@@ -353,7 +364,9 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
     picked, slips = reranking(runs_dir, judges=judges(), sampler_run=sampler_run)
     said = f"{setting}the same completions for every pick; each judge's figure over its seeds. {slips_line(slips)}"
     return [f"### Best-of-16 on {heading} (512 held-out problems, 16 samples each)", said[0].upper() + said[1:],
-            "", markdown_table(["pick", "verifier accepts"], [[k, fmt_ci(v, (0, 1))] for k, v in picked.items()])]
+            "", markdown_table(["pick", "verifier accepts", "per seed"],
+                               [[k, fmt_ci(v, (0, 1), digits=3), ", ".join(f"{x:.3f}" for x in v) if len(v) > 1 else ""]
+                                for k, v in picked.items()])]
 
 
 def main():
