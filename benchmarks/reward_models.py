@@ -84,6 +84,17 @@ SUMS = ["--config.task.kwargs.num_numbers=5", "--config.task.kwargs.operators=+"
         f"--config.model.max_len={model_length('countdown_steps', num_numbers=5, operators='+', use_all=True)}"]
 HARD = ["--config.reward_model.step_label=hard"]  # Math-Shepherd's hard estimate of a step's label
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
+CHECKED_PROCESS = ["--config.reward_model.objective=process", "--config.reward_model.step_loss=pairwise",
+                   "--config.reward_model.step_label=checked"]  # PRM800K's labels under the pairwise step loss
+
+
+def sums_judge(completions: int, *flags: str) -> tuple[str, str, list[str]]:
+    """A judge of the sums (item 7) from `sft_sums` on `completions` labelled completions: the outcome model, or with
+    `flags` another kind."""
+    return ("text_reward_model.py:countdown_steps", "sft_sums",
+            [*SUMS, f"--config.total_steps={completions}", *flags, *JUDGE])
+
+
 # name -> (experiment, init_from run or None, flags); in the order they run
 RUNS = {
     "sft": ("text_sft.py:countdown", None, ["--config.total_steps=640000", "--config.eval.pass_k=0"]),
@@ -146,16 +157,12 @@ RUNS = {
     "sft_sums": ("text_sft.py:countdown_steps", None, [
         *SUMS, "--config.total_steps=160000", "--config.eval.every_steps=32000", "--config.checkpoint.every_steps=32000",
         "--config.eval.pass_k=0"]),
-    "prm_sums": ("text_reward_model.py:countdown_steps", "sft_sums", [
-        *SUMS, "--config.total_steps=64000", "--config.reward_model.objective=process",
-        "--config.reward_model.step_loss=pairwise", "--config.reward_model.step_label=checked", *JUDGE]),
-    "orm_sums": ("text_reward_model.py:countdown_steps", "sft_sums", [*SUMS, "--config.total_steps=64000", *JUDGE]),
+    "prm_sums": sums_judge(64000, *CHECKED_PROCESS),
+    "orm_sums": sums_judge(64000),
     # the same two judges on 4x the labelled completions (256,000: on one H200 about 3 and 2 minutes for 3 seeds, on
-    # 2 CPU cores about 3-4 and 2 hours), where the two kinds of label part
-    "prm_sums_256k": ("text_reward_model.py:countdown_steps", "sft_sums", [
-        *SUMS, "--config.total_steps=256000", "--config.reward_model.objective=process",
-        "--config.reward_model.step_loss=pairwise", "--config.reward_model.step_label=checked", *JUDGE]),
-    "orm_sums_256k": ("text_reward_model.py:countdown_steps", "sft_sums", [*SUMS, "--config.total_steps=256000", *JUDGE]),
+    # 2 CPU cores about 3-4 and 2 hours), where the process model's pick drew ahead on the mean
+    "prm_sums_256k": sums_judge(256000, *CHECKED_PROCESS),
+    "orm_sums_256k": sums_judge(256000),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
