@@ -57,7 +57,7 @@ def test_an_implicit_reward_model_starts_at_score_zero_and_learns(countdown_sft_
     state = algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run))
     problems = model.task.sample(jax.random.key(0), 8, "train")
     params = jax.tree.map(lambda x: x[0], state.params)
-    prompts, samples, labels = model.draw(params, problems, jax.random.split(jax.random.key(1), 8), 0.5, 4)
+    prompts, samples, labels, _ = model.draw(params, problems, jax.random.split(jax.random.key(1), 8), 0.5, 4)
     scores = model.whole_scorer(scoring(params, "implicit"), prompts, samples.tokens, samples.mask)
     np.testing.assert_array_equal(scores, 0.0)  # the model is its reference: log-ratio 0, sigmoid 1/2
     rows = train.run(config, str(tmp_path / "implicit")).metrics
@@ -150,7 +150,7 @@ def test_a_reward_model_that_reads_its_likelihood_starts_from_the_sampler_s(coun
     model = algo.parts
     params = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run)).params)
     problems = model.task.sample(jax.random.key(0), 8, "train")
-    prompts, samples, _ = model.draw(params, problems, jax.random.split(jax.random.key(1), 8), 0.5, 4)
+    prompts, samples, _, _ = model.draw(params, problems, jax.random.split(jax.random.key(1), 8), 0.5, 4)
     scores = model.whole_scorer(scoring(params, "pairwise"), prompts, samples.tokens, samples.mask)
     head_alone = dataclasses.replace(model.whole_scorer, likelihood_weight=0.0)(
         scoring(params, "pairwise"), prompts, samples.tokens, samples.mask)
@@ -371,7 +371,7 @@ def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
     state = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1))
     prompts = task.prompts(problems, vocab)
     # jitted: the stand-in sampler is cheap, so eagerly each of step_labels' primitives would compile apart
-    out, where = jax.jit(model.step_labels)(state.params, problems, prompts, tokens, labels,
+    out, where = jax.jit(model.step_labels)(state.params, problems, prompts, tokens, labels, None,
                                             jax.random.split(jax.random.key(1), 2))
     out, where = np.asarray(out), np.asarray(where)
     for b in range(2):
@@ -408,8 +408,10 @@ def test_checked_process_labels_are_the_verifier_s_steps_up_to_the_first_slip(mo
     assert right.all() and not slipped[:, 0].any() and slipped[:, 1].all()  # the step after the slip is right
     monkeypatch.setattr(sampling, "sample_groups_per_prompt", None)  # (none drawn: a call would fail)
     state = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1))
-    out, where = jax.jit(model.step_labels)(state.params, problems, task.prompts(problems, vocab), tokens,
-                                            jnp.array([[1.0, 0.0], [1.0, 0.0]]), jax.random.split(jax.random.key(1), 2))
+    labels, step_verdicts = jax.jit(model.labels)(problems, tokens)  # one parse: the outcomes and the steps
+    assert np.asarray(labels).tolist() == [[1.0, 0.0], [1.0, 0.0]]
+    out, where = jax.jit(model.step_labels)(state.params, problems, task.prompts(problems, vocab), tokens, labels,
+                                            step_verdicts, jax.random.split(jax.random.key(1), 2))
     labelled = [[np.asarray(out)[b, g][np.asarray(where)[b, g]].tolist() for g in range(2)] for b in range(2)]
     assert labelled == [[[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]] * 2
     with pytest.raises(ValueError, match="step_label=checked has the verifier check each step and samples none"):

@@ -451,35 +451,39 @@ class CountdownSteps(Countdown):
         following = jnp.concatenate([completions[..., 1:], jnp.full_like(completions[..., :1], vocab.pad_id)], -1)
         return real & ((following == vocab.id_of(STEP_SEPARATOR)) | (following == vocab.eos_id))
 
-    def _checked(self, problems, completions, vocab: Vocab) -> tuple[list, tuple]:
-        """`check_countdown_steps` on each row of completions [..., N] (numpy, on the host): (its verdicts
-        (correct, well_formed, step_correct) in row order, the leading shape [...])."""
+    def checks(self, problems, completions, vocab: Vocab) -> tuple[np.ndarray, np.ndarray]:
+        """The verifier's verdicts on completions [..., N], one parse of each (`check_countdown_steps`, on the host):
+        (rewards float32 [..., 2]: correct, well_formed; each of the first `max_steps` steps' bool [..., max_steps],
+        false for a step not written or not well formed)."""
         completions = np.asarray(completions)
         numbers = np.asarray(problems.numbers).reshape(-1, self.num_numbers)
         targets = np.asarray(problems.target).reshape(-1)
         rows = completions.reshape(-1, completions.shape[-1])
-        return ([check_countdown_steps(vocab.text(row), nums, int(t), self.use_all)
-                 for row, nums, t in zip(rows, numbers, targets)], completions.shape[:-1])
+        rewards = np.zeros((len(rows), len(self.reward_names)), np.float32)
+        steps = np.zeros((len(rows), self.max_steps), bool)
+        for k, (row, nums, t) in enumerate(zip(rows, numbers, targets)):
+            correct, well_formed, step_right = check_countdown_steps(vocab.text(row), nums, int(t), self.use_all)
+            rewards[k] = correct, well_formed
+            step_right = step_right[:self.max_steps]
+            steps[k, :len(step_right)] = step_right
+        lead = completions.shape[:-1]
+        return rewards.reshape(*lead, len(self.reward_names)), steps.reshape(*lead, self.max_steps)
 
     def rewards(self, problems, completions, vocab) -> np.ndarray:
-        """float32 [..., 2] (correct, well_formed) on the host (`envs.text.verify.check_countdown_steps`)."""
-        checked, lead = self._checked(problems, completions, vocab)
-        return np.asarray([verdict[:2] for verdict in checked], np.float32).reshape(*lead, len(self.reward_names))
+        """float32 [..., 2] (correct, well_formed) on the host (`checks`)."""
+        return self.checks(problems, completions, vocab)[0]
 
     def step_verdicts(self, problems, completions, vocab) -> np.ndarray:
-        """bool [..., max_steps]: whether each of the first `max_steps` steps of completions [..., N] is right
-        (`check_countdown_steps`; false for a step not written or not well formed), on the host."""
-        checked, lead = self._checked(problems, completions, vocab)
-        out = np.zeros((len(checked), self.max_steps), bool)
-        for k, (_, _, steps) in enumerate(checked):
-            steps = steps[:self.max_steps]
-            out[k, :len(steps)] = steps
-        return out.reshape(*lead, self.max_steps)
+        """bool [..., max_steps]: whether each step of completions [..., N] is right, on the host (`checks`)."""
+        return self.checks(problems, completions, vocab)[1]
 
-    def jax_step_verdicts(self, problems, completions: jax.Array, vocab: Vocab) -> jax.Array:
-        """`step_verdicts` through the host (`host_call`), as `jax_rewards` is: usable inside jit and vmap."""
-        shape = jax.ShapeDtypeStruct((*completions.shape[:-1], self.max_steps), jnp.bool_)
-        return host_call(functools.partial(self.step_verdicts, vocab=vocab), shape, problems, completions)
+    def jax_checks(self, problems, completions: jax.Array, vocab: Vocab) -> tuple[jax.Array, jax.Array]:
+        """`checks` through the host (`host_call`), as `jax_rewards` is: usable inside jit and vmap; one parse gives
+        both the outcome and the steps (a process model's checked labels)."""
+        lead = completions.shape[:-1]
+        shapes = (jax.ShapeDtypeStruct((*lead, len(self.reward_names)), jnp.float32),
+                  jax.ShapeDtypeStruct((*lead, self.max_steps), jnp.bool_))
+        return host_call(functools.partial(self.checks, vocab=vocab), shapes, problems, completions)
 
 
 class ExpressionSteps(CountdownSteps):

@@ -162,19 +162,24 @@ class RewardModel:
         return TextState(both, self.optimizer(TextHyperparams(), jnp.int32(0)).init(both), start.key,
                          start.update_step)
 
-    def labels(self, problems, completions: jax.Array) -> jax.Array:
-        """float32 [B, G]: 1 where the task's verifier accepts a completion [B, G, N]."""
+    def labels(self, problems, completions: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+        """The task's verifier on completions [B, G, N]: (labels float32 [B, G], 1 where it accepts one; for a process
+        model's `checked` step labels, each step's verdict bool [B, G, max_steps] from the same parse, else None)."""
         correct = self.task.reward_names.index("correct")
-        rewards = jax.vmap(lambda c: self.task.jax_rewards(problems, c, self.vocab), in_axes=1, out_axes=1)(completions)
-        return (rewards[..., correct] > 0).astype(jnp.float32)
+        per_member = lambda check: jax.vmap(lambda c: check(problems, c, self.vocab), in_axes=1, out_axes=1)  # noqa: E731
+        if self.settings.objective == "process" and self.settings.step_label == "checked":
+            rewards, steps = per_member(self.task.jax_checks)(completions)
+        else:
+            rewards, steps = per_member(self.task.jax_rewards)(completions), None
+        return (rewards[..., correct] > 0).astype(jnp.float32), steps
 
     def draw(self, params, problems, keys: jax.Array, temperature, group_size: int):
         """The sampler's completions to `problems` [B], problem b's drawn from keys[b] (what it is, not where it is
-        drawn): (prompts [B, P], `Samples` [B, G, ...], labels [B, G])."""
+        drawn): (prompts [B, P], `Samples` [B, G, ...], labels [B, G], step verdicts [B, G, S] or None: `labels`)."""
         prompts = self.task.prompts(problems, self.vocab)
         samples = sampling.sample_groups_per_prompt(self.sampler_policy.update_model, sampler(params), prompts, keys,
                                                     group_size=group_size, temperature=temperature, **self.decoding)
-        return prompts, samples, self.labels(problems, samples.tokens)
+        return prompts, samples, *self.labels(problems, samples.tokens)
 
     def loss(self, params, batch: Labelled, hp: TextHyperparams):
         prompts, tokens, mask, labels = batch.prompts, batch.tokens, batch.mask, batch.labels
@@ -210,8 +215,9 @@ class RewardModel:
         return ids, real.astype(jnp.float32), (real & (slot >= start[..., None])).astype(jnp.float32)
 
     def step_labels(self, params, problems, prompts: jax.Array, tokens: jax.Array, labels: jax.Array,
-                    keys: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Labels of the steps of completions [b, G, N] (labels [b, G]: their outcomes): (labels
+                    step_verdicts: jax.Array | None, keys: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Labels of the steps of completions [b, G, N] (labels [b, G]: their outcomes; step_verdicts [b, G, S]:
+        the verifier's on each step under `checked`, else None; both from `labels`): (labels
         float32 [b, G, N], where they are bool [b, G, N]), at each step's slot (`reward_models.step_slots`). A step
         that ends the completion is labelled by its outcome; each earlier one (the first S - 1, S the task's
         `max_steps`) by the `continuations` samples from the prefix through its separator (`step_label`: the share that
@@ -224,10 +230,8 @@ class RewardModel:
         final_slot = reward_models.step_slots(ends & (following == self.vocab.eos_id))
         out, where = jnp.where(final_slot, labels[..., None], 0.0), final_slot
         inner = jnp.sort(jnp.where(ends & ~(following == self.vocab.eos_id), jnp.arange(N), N), axis=-1)
-        if self.settings.step_label == "checked":
-            verdicts = jax.vmap(lambda c: self.task.jax_step_verdicts(problems, c, self.vocab), in_axes=1,
-                                out_axes=1)(tokens)  # [b, G, max_steps]
-            shares = reward_models.prefix_labels(verdicts)
+        if step_verdicts is not None:  # (`checked`)
+            shares = reward_models.prefix_labels(step_verdicts)
         else:
             shares = self.monte_carlo_shares(params, problems, prompts, tokens, keys, inner)
         for step in range(self.task.max_steps - 1):
@@ -254,7 +258,7 @@ class RewardModel:
                 jax.vmap(jax.random.fold_in, (0, None))(member_keys, step), group_size=self.settings.continuations,
                 temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len),
                 **self.decoding)
-            shares.append(reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens),
+            shares.append(reward_models.monte_carlo_labels(self.labels(repeated, continued.tokens)[0],
                                                            self.settings.step_label).reshape(b, G))
         return jnp.stack(shares, axis=-1) if shares else jnp.zeros((b, G, 0))  # (one-step answers: none inner)
 
@@ -264,13 +268,13 @@ class RewardModel:
         problems = jax.tree.map(mesh_lib.local_share, self.task.sample(problem_key, self.settings.text.num_prompts,
                                                                        "train"))
         keys = mesh_lib.per_item_keys(sample_key, problems.target.shape[0])
-        prompts, samples, labels = self.draw(state.params, problems, keys, self.settings.temperature,
-                                             self.settings.group_size)
+        prompts, samples, labels, step_verdicts = self.draw(state.params, problems, keys, self.settings.temperature,
+                                                            self.settings.group_size)
         batch = Labelled(prompts, samples.tokens, samples.mask, labels)
         if self.settings.objective == "process":
             step_keys = jax.vmap(jax.random.fold_in, (0, None))(keys, 1)
             step_labels, step_slots = self.step_labels(state.params, problems, prompts, samples.tokens, labels,
-                                                       step_keys)
+                                                       step_verdicts, step_keys)
             batch = batch._replace(step_labels=step_labels, step_slots=step_slots)
         if self.settings.objective == "generative":
             seen, goals = self.scorer.judged_prompts(prompts)  # (the goal hidden while the critique is written)
@@ -293,8 +297,8 @@ class RewardModel:
         problems = self.task.heldout(num, seed=self.eval_seed)
 
         def one_seed(params):
-            prompts, samples, labels = self.draw(params, problems, jax.random.split(key, num),
-                                                 self.settings.temperature, self.settings.group_size)
+            prompts, samples, labels, _ = self.draw(params, problems, jax.random.split(key, num),
+                                                    self.settings.temperature, self.settings.group_size)
             scores, read = self.whole_scorer.scored(scoring(params, self.settings.objective), prompts,
                                                     samples.tokens, samples.mask)
             return scores, labels, read
