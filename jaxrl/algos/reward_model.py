@@ -224,26 +224,26 @@ class RewardModel:
         end right, or whether any does), or by the task's verifier (`checked`: whether it and every step before it
         are right; nothing drawn).
         Continuation k of step s of completion g of problem b is drawn from keys[b] folded with (g, s, k)."""
-        b, G, N = tokens.shape
+        N = tokens.shape[-1]
         ends = self.task.step_ends(tokens, self.vocab)
         following = jnp.concatenate([tokens[..., 1:], jnp.full_like(tokens[..., :1], self.vocab.pad_id)], -1)
         final_slot = reward_models.step_slots(ends & (following == self.vocab.eos_id))
-        out, where = jnp.where(final_slot, labels[..., None], 0.0), final_slot
-        inner = jnp.sort(jnp.where(ends & ~(following == self.vocab.eos_id), jnp.arange(N), N), axis=-1)
-        if step_verdicts is not None:  # (`checked`)
-            shares = reward_models.prefix_labels(step_verdicts)
+        inner = jnp.sort(jnp.where(ends & ~(following == self.vocab.eos_id), jnp.arange(N), N),
+                         axis=-1)[..., :self.task.max_steps - 1]  # [b, G, S - 1]: each inner step's end; N: none
+        if step_verdicts is not None:  # (`checked`; the last step's label is the outcome's)
+            shares = reward_models.prefix_labels(step_verdicts)[..., :-1]
         else:
             shares = self.monte_carlo_shares(params, problems, prompts, tokens, keys, inner)
-        for step in range(self.task.max_steps - 1):
-            end = inner[..., step]  # [b, G]; N: no such step
-            at = (jnp.arange(N) == end[..., None] + 1) & (end < N)[..., None]
-            out, where = jnp.where(at, shares[..., step, None], out), where | at
-        return out, where
+        at = (jnp.arange(N) == inner[..., None] + 1) & (inner < N)[..., None]  # [b, G, S - 1, N]: its label's slot
+        inner_slot = at.any(-2)  # (no two steps share a slot)
+        out = jnp.where(inner_slot, jnp.sum(jnp.where(at, shares[..., None], 0.0), axis=-2),
+                        jnp.where(final_slot, labels[..., None], 0.0))
+        return out, final_slot | inner_slot
 
     def monte_carlo_shares(self, params, problems, prompts: jax.Array, tokens: jax.Array, keys: jax.Array,
                            inner: jax.Array) -> jax.Array:
         """float32 [b, G, S - 1]: the Monte Carlo label (`step_label`) of each inner step of completions [b, G, N],
-        which end at inner [b, G, >= S - 1] (N: no such step), from `continuations` samples after its separator."""
+        which end at inner [b, G, S - 1] (N: no such step), from `continuations` samples after its separator."""
         b, G, N = tokens.shape
         flat = lambda x: x.reshape(b * G, *x.shape[2:])  # noqa: E731
         member_keys = flat(jax.vmap(lambda key: jax.vmap(functools.partial(jax.random.fold_in, key))(jnp.arange(G)))(
