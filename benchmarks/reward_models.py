@@ -49,8 +49,10 @@ the reward models start from it too:
 7. Sums of 5 numbers in 4 steps to a target shown (`countdown_steps`, `operators=+`, `use_all=True`): a slip can lie
    in any step, and every answer ends on the target, so majority vote cannot tell one. SFT on 160,000 demonstrations;
    the pairwise process model with its steps checked by the verifier (`reward_model.step_label=checked`, PRM800K's
-   labels) and the Bradley-Terry outcome model, 64,000 labelled completions each: best-of-16 as in item 5; and the
-   same two on 256,000 each (`prm_sums_256k`, `orm_sums_256k`: at 64,000 neither has learned to check an addition).
+   labels) and the Bradley-Terry outcome model, 64,000 labelled completions each, 6 seeds of each (two runs of 3):
+   best-of-16 as in item 5 on 4,096 problems, each process pick against the outcome model's and majority vote's with
+   a bootstrap interval over problems and seeds (`report.paired_difference`); and the same two judges on 256,000
+   each (`prm_sums_256k`, `orm_sums_256k`: at 64,000 neither has learned to check an addition), 3 seeds, 512 problems.
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the experiments
 
 from experiments.text_sft import model_length  # noqa: E402
-from report import (evaluated, fmt_ci, markdown_table, publish_sections, run_rows, runs_arguments,  # noqa: E402
-                    save_figure, seed_band, seed_values, train_run)
+from report import (evaluated, fmt_ci, markdown_table, paired_difference, publish_sections, run_rows,  # noqa: E402
+                    runs_arguments, save_figure, seed_band, seed_values, train_run)
 
 SEEDS = 3
 JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--config.eval.episodes=512",
@@ -155,10 +157,13 @@ RUNS = {
     # by the verifier (PRM800K's labels: Monte Carlo labels from 4 continuations of each of 3 inner steps of 60-token
     # answers were estimated at 7.5 hours for the 3 seeds on 2 shared cores, 2026-12-04)
     "sft_sums": ("text_sft.py:countdown_steps", None, [
-        *SUMS, "--config.total_steps=160000", "--config.eval.every_steps=32000", "--config.checkpoint.every_steps=32000",
-        "--config.eval.pass_k=0"]),
+        *SUMS, "--config.total_steps=160000", "--config.eval.every_steps=32000",
+        "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"]),
     "prm_sums": sums_judge(64000, *CHECKED_PROCESS),
     "orm_sums": sums_judge(64000),
+    # 3 more seeds of each (from `config.seed=1`'s keys), pooled with the 3 above in the section: 6 seeds
+    "prm_sums_more": sums_judge(64000, *CHECKED_PROCESS, "--config.seed=1"),
+    "orm_sums_more": sums_judge(64000, "--config.seed=1"),
     # the same two judges on 4x the labelled completions (256,000: on one H200 about 3 and 2 minutes for 3 seeds, on
     # 2 CPU cores about 3-4 and 2 hours), where the process model's pick drew ahead on the mean
     "prm_sums_256k": sums_judge(256000, *CHECKED_PROCESS),
@@ -175,6 +180,9 @@ def train(runs_dir: str, name: str) -> None:
     train_run(runs_dir, name, experiment, init_from, flags)
 
 
+OUTCOME_BT = "outcome reward model, pairwise (Bradley-Terry)"  # best-of-16's row the process models are compared with
+
+
 def reranking_judges() -> list[tuple[str, str, dict]]:
     """Best-of-16's reward models: (row label, run, config keys that change how it scores, not what it learned)."""
     from jaxrl.reward_models import STEP_SCORES
@@ -186,26 +194,29 @@ def reranking_judges() -> list[tuple[str, str, dict]]:
     hard = [(f"process reward model, {loss}, hard labels, step score min", run, {})
             for loss, run in (("pointwise", "prm_steps_hard"), ("pairwise", "prm_steps_pairwise_hard"))]
     return pointwise + pairwise + hard + [("outcome reward model, pointwise", "orm_steps_pointwise", {}),
-                                          ("outcome reward model, pairwise (Bradley-Terry)", "orm_steps", {})]
+                                          (OUTCOME_BT, "orm_steps", {})]
 
 
-def pairwise_judges(process_run: str, outcome_run: str, labels: str = "hard") -> list[tuple[str, str, dict]]:
+def pairwise_judges(process_runs, outcome_runs, labels: str = "hard") -> list[tuple[str, object, dict]]:
     """Best-of-16's reward models on a task in steps: the pairwise process model (its step labels `labels`) under
-    each step score, and the Bradley-Terry outcome model (the two best forms on Countdown)."""
+    each step score, and the Bradley-Terry outcome model (the two best forms on Countdown); each from its runs (a
+    run's name, or a tuple of runs whose seeds are pooled)."""
     from jaxrl.reward_models import STEP_SCORES
 
-    return [(f"process reward model, pairwise, {labels} labels, step score {how}", process_run,
+    return [(f"process reward model, pairwise, {labels} labels, step score {how}", process_runs,
              {"reward_model.step_score": how}) for how in STEP_SCORES] + [
-        ("outcome reward model, pairwise (Bradley-Terry)", outcome_run, {})]
+        (OUTCOME_BT, outcome_runs, {})]
 
 
 def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None,
-              sampler_run: str = "sft_steps") -> tuple[dict[str, list[float]], dict[str, float]]:
+              sampler_run: str = "sft_steps") -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Best-of-`samples` on held-out problems of a task in steps (the task of `sampler_run`, the policy sampled):
-    the share of problems whose pick the verifier accepts, for the process and the outcome reward model (one value
-    per seed of each: the same completions judged by each seed's model), the sampler's own likelihood (a judge with
-    no training), majority vote, a random pick and pass@k (any of them); and where the wrong samples first go wrong
-    (`first_slips`). judges: (label, run, config keys) of the reward models, `reranking_judges()` by default."""
+    the verifier's verdict on each problem's pick, float [seeds, problems] per judge (the same completions judged by
+    each seed of each reward model; one row for a judge without seeds), for the process and the outcome reward
+    models, the sampler's own likelihood (a judge with no training), majority vote (its expected verdict), a random
+    pick (likewise) and pass@k (any of them); and where the wrong samples first go wrong (`first_slips`). judges:
+    (label, runs, config keys) of the reward models, `reranking_judges()` by default; a judge's seeds are those of
+    its runs (one run's name, or a tuple of runs of one configuration trained from other seeds), in order."""
     import jax
 
     import jaxrl
@@ -221,16 +232,18 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
                 for k in range(samples)] for i in range(problems)]  # [problem][k]: (correct, well_formed, steps)
     right = np.array([[correct for correct, _, _ in row] for row in checked])  # [problem, k]
 
-    def best_of(score) -> float:  # score(prompts, completions) -> [problems]
+    def best_of(score) -> np.ndarray:  # score(prompts, completions) -> [problems]
         scores = np.stack([score(prompts, completions[k]) for k in range(samples)], axis=1)
-        return right[np.arange(problems), scores.argmax(1)].mean()
+        return right[np.arange(problems), scores.argmax(1)].astype(np.float64)
 
-    picked = {label: [best_of(scorer.score) for scorer in judges_of(os.path.join(runs_dir, judge), keys)]
-              for label, judge, keys in judges or reranking_judges()}
+    picked = {label: np.stack([best_of(scorer.score) for run in ((runs,) if isinstance(runs, str) else runs)
+                               for scorer in judges_of(os.path.join(runs_dir, run), keys)])
+              for label, runs, keys in judges or reranking_judges()}
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
-    return {**picked, "the sampler's likelihood (no training)": [best_of(sampler.log_likelihood)],
-            "majority vote": [np.mean([majority_vote(row, right[i]) for i, row in enumerate(finals)])],
-            "a random sample": [right.mean()], f"pass@{samples}": [right.any(1).mean()]}, first_slips(checked)
+    return {**picked, "the sampler's likelihood (no training)": best_of(sampler.log_likelihood)[None],
+            "majority vote": np.array([[majority_vote(row, right[i]) for i, row in enumerate(finals)]]),
+            "a random sample": right.mean(1)[None], f"pass@{samples}": right.any(1)[None].astype(np.float64)}, \
+        first_slips(checked)
 
 
 def first_slips(checked: list) -> dict[str, float]:
@@ -293,19 +306,22 @@ REFINEMENT_SETTING = (
     "own reward (CTRL's for the critic: the revision's success). With the calculator's critique "
     "(`critique_by=calculator`, CRITIC), the critic calls the calculator on the answer and writes only its verdict.")
 
-# best-of-16 sections -> (heading, what the task is, the judges, the sampler's run)
-RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_steps"),
+# best-of-16 sections -> (heading, what the task is, the judges, the sampler's run, held-out problems)
+RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_steps", 512),
              "reranking_expressions": ("expressions evaluated in steps", "`expression_steps` (`12+11*6=` -> "
                                        "`11*6=66;12+66=78`, the value not shown): ",
                                        functools.partial(pairwise_judges, "prm_expressions", "orm_expressions"),
-                                       "sft_expressions"),
+                                       "sft_expressions", 512),
+             # (4,096 problems: on 512, a judge's pick spread over its seeds 1.3-2x as far as on 4,096)
              "reranking_sums": ("sums of 5 numbers in steps to a target", "`countdown_steps` with `num_numbers=5`, "
                                 "`operators=+` and `use_all=True` (`24 9 9 2 13>57=` -> "
                                 "`9+24=33;2+13=15;9+15=24;24+33=57`): ",
-                                functools.partial(pairwise_judges, "prm_sums", "orm_sums", "checked"), "sft_sums"),
+                                functools.partial(pairwise_judges, ("prm_sums", "prm_sums_more"),
+                                                  ("orm_sums", "orm_sums_more"), "checked"), "sft_sums", 4096),
              "reranking_sums_256k": ("sums of 5 numbers in steps to a target, judges on 256,000 labelled completions",
                                      "the same task as above: ", functools.partial(
-                                         pairwise_judges, "prm_sums_256k", "orm_sums_256k", "checked"), "sft_sums")}
+                                         pairwise_judges, "prm_sums_256k", "orm_sums_256k", "checked"), "sft_sums",
+                                     512)}
 
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
@@ -316,7 +332,7 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "prm_steps_hard", "prm_steps_pairwise_hard",
                           "orm_steps", "orm_steps_pointwise"],
             "reranking_expressions": ["sft_expressions", "prm_expressions", "orm_expressions"],
-            "reranking_sums": ["sft_sums", "prm_sums", "orm_sums"],
+            "reranking_sums": ["sft_sums", "prm_sums", "orm_sums", "prm_sums_more", "orm_sums_more"],
             "reranking_sums_256k": ["sft_sums", "prm_sums_256k", "orm_sums_256k"]}
 
 
@@ -367,19 +383,32 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
             ["run", "first answer right", "revision right"],
             [[label, fmt_ci(seed_values(summaries[run], "eval_turn1_reward"), (0, 1)),
               fmt_ci(seed_values(summaries[run], "eval_success"), (0, 1))] for label, run in runs])]
-    heading, setting, judges, sampler_run = RERANKING[name]
-    picked, slips = reranking(runs_dir, judges=judges(), sampler_run=sampler_run)
+    heading, setting, judges, sampler_run, problems = RERANKING[name]
+    picked, slips = reranking(runs_dir, problems, judges=judges(), sampler_run=sampler_run)
     said = f"{setting}the same completions for every pick; each judge's figure over its seeds. {slips_line(slips)}"
-    return [f"### Best-of-16 on {heading} (512 held-out problems, 16 samples each)", said[0].upper() + said[1:],
-            "", markdown_table(["pick", "verifier accepts", "per seed"],
-                               [[k, fmt_ci(v, (0, 1), digits=3), ", ".join(f"{x:.3f}" for x in v) if len(v) > 1 else ""]
-                                for k, v in picked.items()])]
+    seeds = max(len(v) for v in picked.values())
+    return [f"### Best-of-16 on {heading} ({problems:,} held-out problems, 16 samples each; {seeds} seeds of each "
+            "reward model)", said[0].upper() + said[1:], "",
+            markdown_table(["pick", "verifier accepts", "per seed"],
+                           [[k, fmt_ci(v.mean(1), (0, 1), digits=3),
+                             ", ".join(f"{x:.3f}" for x in v.mean(1)) if len(v) > 1 else ""]
+                            for k, v in picked.items()]), "",
+            "The process model's pick against the others' (a bootstrap's 95% interval, drawing the problems and "
+            "each judge's seeds anew):", "", markdown_table(["pick", "minus", "verifier accepts, difference"], [
+                [k, other, fmt_difference(paired_difference(picked[k], picked[other]))]
+                for k in picked if k.startswith("process") for other in (OUTCOME_BT, "majority vote")])]
+
+
+def fmt_difference(difference: tuple[float, float, float]) -> str:
+    """(mean, low, high) of a difference as "+0.010 [-0.003, +0.022]"."""
+    return "{:+.3f} [{:+.3f}, {:+.3f}]".format(*difference)
 
 
 def main():
     args = runs_arguments(__doc__.split("\n")[0], RUNS, train)
     publish_sections("reward_models", "Reward models (issue 63)", SECTIONS, args.runs_dir, args.update_results,
-                     lambda name: section_lines(args.runs_dir, name), "Intervals: 95% over 3 seeds.",
+                     lambda name: section_lines(args.runs_dir, name),
+                     "Intervals: 95% over the seeds (3 unless the heading says more).",
                      draw=lambda name: plot(args.runs_dir) if name == "reward_model_grpo" else None)
 
 
