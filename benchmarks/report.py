@@ -92,7 +92,13 @@ def fmt_ci(values, within: tuple[float, float] | None = None, digits: int = 2) -
         return f"{mean:.{digits}f}"
     if within:
         low, high = max(low, within[0]), min(high, within[1])
-    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+    return fmt_interval(mean, low, high, digits)
+
+
+def fmt_interval(mean: float, low: float, high: float, digits: int = 2, sign: str = "") -> str:
+    """A figure with its interval, "0.91 [0.80, 1.00]"; sign="+" writes every sign, as a difference's
+    ("+0.010 [-0.003, +0.022]")."""
+    return f"{mean:{sign}.{digits}f} [{low:{sign}.{digits}f}, {high:{sign}.{digits}f}]"
 
 
 def compare_point(ours: list[float], ref: list[float]) -> str:

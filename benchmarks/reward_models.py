@@ -70,8 +70,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the experiments
 
 from experiments.text_sft import model_length  # noqa: E402
-from report import (evaluated, fmt_ci, markdown_table, paired_difference, publish_sections, run_rows,  # noqa: E402
-                    runs_arguments, save_figure, seed_band, seed_values, train_run)
+from report import (evaluated, fmt_ci, fmt_interval, markdown_table, paired_difference, publish_sections,  # noqa: E402
+                    run_rows, runs_arguments, save_figure, seed_band, seed_values, train_run)
 
 SEEDS = 3
 JUDGE = ["--config.optim.learning_rate=1e-3", f"--config.num_seeds={SEEDS}", "--config.eval.episodes=512",
@@ -395,13 +395,8 @@ def section_lines(runs_dir: str, name: str) -> list[str]:
                             for k, v in picked.items()]), "",
             "The process model's pick against the others' (a bootstrap's 95% interval, drawing the problems and "
             "each judge's seeds anew):", "", markdown_table(["pick", "minus", "verifier accepts, difference"], [
-                [k, other, fmt_difference(paired_difference(picked[k], picked[other]))]
+                [k, other, fmt_interval(*paired_difference(picked[k], picked[other]), digits=3, sign="+")]
                 for k in picked if k.startswith("process") for other in (OUTCOME_BT, "majority vote")])]
-
-
-def fmt_difference(difference: tuple[float, float, float]) -> str:
-    """(mean, low, high) of a difference as "+0.010 [-0.003, +0.022]"."""
-    return "{:+.3f} [{:+.3f}, {:+.3f}]".format(*difference)
 
 
 def main():
