@@ -64,6 +64,8 @@ import sys
 
 import numpy as np
 
+from jaxrl.algos.reward_model import STEP_SCORE as STEP_SCORE_KNOB
+from jaxrl.reward_models import STEP_SCORES
 from jaxrl.sweep import confidence_interval
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -164,6 +166,9 @@ RUNS = {
     # 3 more seeds of each (from `config.seed=1`'s keys), pooled with the 3 above in the section: 6 seeds
     "prm_sums_more": sums_judge(64000, *CHECKED_PROCESS, "--config.seed=1"),
     "orm_sums_more": sums_judge(64000, "--config.seed=1"),
+    # and 3 more again (`config.seed=2`): 9 seeds
+    "prm_sums_seed2": sums_judge(64000, *CHECKED_PROCESS, "--config.seed=2"),
+    "orm_sums_seed2": sums_judge(64000, "--config.seed=2"),
     # the same two judges on 4x the labelled completions (256,000: on one H200 about 3 and 2 minutes for 3 seeds, on
     # 2 CPU cores about 3-4 and 2 hours), where the process model's pick drew ahead on the mean
     "prm_sums_256k": sums_judge(256000, *CHECKED_PROCESS),
@@ -180,17 +185,16 @@ def train(runs_dir: str, name: str) -> None:
     train_run(runs_dir, name, experiment, init_from, flags)
 
 
+STEP_SCORE = STEP_SCORE_KNOB.key  # the config key of how a process model's step values make its score
 OUTCOME_BT = "outcome reward model, pairwise (Bradley-Terry)"  # best-of-16's row the process models are compared with
 
 
 def reranking_judges() -> list[tuple[str, str, dict]]:
     """Best-of-16's reward models: (row label, run, config keys that change how it scores, not what it learned)."""
-    from jaxrl.reward_models import STEP_SCORES
-
-    pointwise = [(f"process reward model, pointwise, step score {how}", "prm_steps", {"reward_model.step_score": how})
+    pointwise = [(f"process reward model, pointwise, step score {how}", "prm_steps", {STEP_SCORE: how})
                  for how in STEP_SCORES]
-    pairwise = [(f"process reward model, pairwise, step score {how}", "prm_steps_pairwise",
-                 {"reward_model.step_score": how}) for how in ("min", "last")]
+    pairwise = [(f"process reward model, pairwise, step score {how}", "prm_steps_pairwise", {STEP_SCORE: how})
+                for how in ("min", "last")]
     hard = [(f"process reward model, {loss}, hard labels, step score min", run, {})
             for loss, run in (("pointwise", "prm_steps_hard"), ("pairwise", "prm_steps_pairwise_hard"))]
     return pointwise + pairwise + hard + [("outcome reward model, pointwise", "orm_steps_pointwise", {}),
@@ -201,11 +205,8 @@ def pairwise_judges(process_runs, outcome_runs, labels: str = "hard") -> list[tu
     """Best-of-16's reward models on a task in steps: the pairwise process model (its step labels `labels`) under
     each step score, and the Bradley-Terry outcome model (the two best forms on Countdown); each from its runs (a
     run's name, or a tuple of runs whose seeds are pooled)."""
-    from jaxrl.reward_models import STEP_SCORES
-
-    return [(f"process reward model, pairwise, {labels} labels, step score {how}", process_runs,
-             {"reward_model.step_score": how}) for how in STEP_SCORES] + [
-        (OUTCOME_BT, outcome_runs, {})]
+    return [(f"process reward model, pairwise, {labels} labels, step score {how}", process_runs, {STEP_SCORE: how})
+            for how in STEP_SCORES] + [(OUTCOME_BT, outcome_runs, {})]
 
 
 def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None,
@@ -232,15 +233,31 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
                 for k in range(samples)] for i in range(problems)]  # [problem][k]: (correct, well_formed, steps)
     right = np.array([[correct for correct, _, _ in row] for row in checked])  # [problem, k]
 
-    def best_of(score) -> np.ndarray:  # score(prompts, completions) -> [problems]
-        scores = np.stack([score(prompts, completions[k]) for k in range(samples)], axis=1)
+    def scored(score):  # score(prompts, completions) -> [problems] (or {how: [problems]}) -> [problems, samples]
+        return jax.tree.map(lambda *columns: np.stack(columns, axis=1),
+                            *(score(prompts, completions[k]) for k in range(samples)))
+
+    def best_of(scores: np.ndarray) -> np.ndarray:  # [problems, samples] -> the pick's verdict [problems]
         return right[np.arange(problems), scores.argmax(1)].astype(np.float64)
 
-    picked = {label: np.stack([best_of(scorer.score) for run in ((runs,) if isinstance(runs, str) else runs)
-                               for scorer in judges_of(os.path.join(runs_dir, run), keys)])
+    step_passes = {}  # (run, its other keys) -> per seed, {how: [problems, samples]}: one pass, every step score
+
+    def seed_scores(run: str, keys: dict) -> list[np.ndarray]:  # each seed's [problems, samples]
+        how = keys.get(STEP_SCORE)
+        if how is None:
+            return [scored(scorer.score) for scorer in judges_of(os.path.join(runs_dir, run), keys)]
+        others = {key: value for key, value in keys.items() if key != STEP_SCORE}
+        cached = (run, tuple(sorted(others.items())))
+        if cached not in step_passes:
+            step_passes[cached] = [scored(scorer.step_scores)
+                                   for scorer in judges_of(os.path.join(runs_dir, run), others)]
+        return [scores[how] for scores in step_passes[cached]]
+
+    picked = {label: np.stack([best_of(scores) for run in ((runs,) if isinstance(runs, str) else runs)
+                               for scores in seed_scores(run, keys)])
               for label, runs, keys in judges or reranking_judges()}
     finals = [[(c.rsplit("=", 1)[-1] if c else None) for c in row] for row in zip(*completions)]  # [problem][k]
-    return {**picked, "the sampler's likelihood (no training)": best_of(sampler.log_likelihood)[None],
+    return {**picked, "the sampler's likelihood (no training)": best_of(scored(sampler.log_likelihood))[None],
             "majority vote": np.array([[majority_vote(row, right[i]) for i, row in enumerate(finals)]]),
             "a random sample": right.mean(1)[None], f"pass@{samples}": right.any(1)[None].astype(np.float64)}, \
         first_slips(checked)

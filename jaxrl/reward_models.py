@@ -268,6 +268,16 @@ class Scorer:
             return step_score(values, step_slots(self.step_ends(tokens)), self.step_score)
         return completion_scores(values, mask)
 
+    def step_scores(self, variables: dict, prompts: jax.Array, completions: jax.Array,
+                    mask: jax.Array) -> dict[str, jax.Array]:
+        """A process model's scores [B, G] of completions [B, G, N] (mask [B, G, N]) to prompts [B, P] under every
+        step score, from one pass of the model: {how: scores} for how in `STEP_SCORES`."""
+        if self.objective != "process":
+            raise ValueError(f"step scores are a process reward model's; this model's objective is {self.objective}")
+        values = self.values(variables, prompts, completions, mask)
+        slots = step_slots(self.step_ends(completions))
+        return {how: step_score(values, slots, how) for how in STEP_SCORES}
+
     def values(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         """The values [B, G, N] predicting each slot of sequences [B, G, N] (mask [B, G, N]) after prompts [B, P]:
         the value head's, with `likelihood_weight` times the model's own log-likelihood of the tokens before."""

@@ -387,6 +387,21 @@ def test_process_labels_route_monte_carlo_shares_to_each_step(monkeypatch):
     expected = np.where(where, np.asarray(values), np.inf).min(-1)
     np.testing.assert_allclose(model.whole_scorer(scoring(state.params, "process"), prompts, tokens, mask), expected,
                                rtol=1e-6)
+    # One pass gives every step score: each what the scorer gives when configured with it
+    every = model.whole_scorer.step_scores(scoring(state.params, "process"), prompts, tokens, mask)
+    assert sorted(every) == sorted(reward_models.STEP_SCORES)
+    for how, scores in every.items():
+        configured = dataclasses.replace(model.whole_scorer, step_score=how)
+        np.testing.assert_allclose(scores, configured(scoring(state.params, "process"), prompts, tokens, mask),
+                                   rtol=1e-6)
+    # and the scorer of strings likewise, as probabilities
+    scorer = algo.actor(state.params)
+    prompt_texts = [prompt for prompt, _ in task.texts(problems)]
+    for member in range(2):
+        texts = model.policy.decode(tokens[:, member])
+        np.testing.assert_allclose(scorer.step_scores(prompt_texts, texts)["min"], scorer.score(prompt_texts, texts),
+                                   rtol=1e-6)
+        np.testing.assert_allclose(scorer.score(prompt_texts, texts), jax.nn.sigmoid(expected[:, member]), rtol=1e-5)
 
 
 def test_checked_process_labels_are_the_verifier_s_steps_up_to_the_first_slip(monkeypatch):

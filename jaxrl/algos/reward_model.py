@@ -348,13 +348,22 @@ class RewardModelScorer:
 
     def __init__(self, reward_model: RewardModel, params):
         self.params, self.policy = params, reward_model.policy
-        self._score = jax.jit(functools.partial(reward_model.whole_scorer,
-                                                scoring(params, reward_model.settings.objective)))
+        scorer, variables = reward_model.whole_scorer, scoring(params, reward_model.settings.objective)
+        self._score = jax.jit(functools.partial(scorer, variables))
+        self._step_scores = jax.jit(functools.partial(scorer.step_scores, variables))
 
     def score(self, prompts: list[str], completions: list[str]) -> np.ndarray:
+        return self._probabilities(self._score, prompts, completions)
+
+    def step_scores(self, prompts: list[str], completions: list[str]) -> dict[str, np.ndarray]:
+        """A process model's `score` under every step score, from one pass: {how: float32 [B]} for how in
+        `reward_models.STEP_SCORES` (what `score` gives with `reward_model.step_score=how`)."""
+        return self._probabilities(self._step_scores, prompts, completions)
+
+    def _probabilities(self, score, prompts: list[str], completions: list[str]):
         prompt_ids, tokens, mask = self.policy.encode_pairs(prompts, completions)
-        scores = self._score(jnp.asarray(prompt_ids), jnp.asarray(tokens[:, None]), jnp.asarray(mask[:, None]))  # G=1
-        return np.asarray(reward_models.learned_reward(scores))[:, 0]
+        scores = score(jnp.asarray(prompt_ids), jnp.asarray(tokens[:, None]), jnp.asarray(mask[:, None]))  # G=1
+        return jax.tree.map(lambda s: np.asarray(reward_models.learned_reward(s))[:, 0], scores)
 
 
 # -------------------------------------------------------------------------------------------------
