@@ -49,7 +49,7 @@ the reward models start from it too:
 7. Sums of 5 numbers in 4 steps to a target shown (`countdown_steps`, `operators=+`, `use_all=True`): a slip can lie
    in any step, and every answer ends on the target, so majority vote cannot tell one. SFT on 160,000 demonstrations;
    the pairwise process model with its steps checked by the verifier (`reward_model.step_label=checked`, PRM800K's
-   labels) and the Bradley-Terry outcome model, 64,000 labelled completions each, 6 seeds of each (two runs of 3):
+   labels) and the Bradley-Terry outcome model, 64,000 labelled completions each, 9 seeds of each (three runs of 3):
    best-of-16 as in item 5 on 4,096 problems, each process pick against the outcome model's and majority vote's with
    a bootstrap interval over problems and seeds (`report.paired_difference`); and the same two judges on 256,000
    each (`prm_sums_256k`, `orm_sums_256k`: at 64,000 neither has learned to check an addition), 3 seeds, 512 problems.
@@ -163,10 +163,10 @@ RUNS = {
         "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"]),
     "prm_sums": sums_judge(64000, *CHECKED_PROCESS),
     "orm_sums": sums_judge(64000),
-    # 3 more seeds of each (from `config.seed=1`'s keys), pooled with the 3 above in the section: 6 seeds
+    # 3 more seeds of each (from `config.seed=1`'s keys), pooled with the 3 above in the section
     "prm_sums_more": sums_judge(64000, *CHECKED_PROCESS, "--config.seed=1"),
     "orm_sums_more": sums_judge(64000, "--config.seed=1"),
-    # and 3 more again (`config.seed=2`): 9 seeds
+    # and 3 more again (`config.seed=2`): 9 seeds of each judge in the section
     "prm_sums_seed2": sums_judge(64000, *CHECKED_PROCESS, "--config.seed=2"),
     "orm_sums_seed2": sums_judge(64000, "--config.seed=2"),
     # the same two judges on 4x the labelled completions (256,000: on one H200 about 3 and 2 minutes for 3 seeds, on
@@ -333,8 +333,9 @@ RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_step
              "reranking_sums": ("sums of 5 numbers in steps to a target", "`countdown_steps` with `num_numbers=5`, "
                                 "`operators=+` and `use_all=True` (`24 9 9 2 13>57=` -> "
                                 "`9+24=33;2+13=15;9+15=24;24+33=57`): ",
-                                functools.partial(pairwise_judges, ("prm_sums", "prm_sums_more"),
-                                                  ("orm_sums", "orm_sums_more"), "checked"), "sft_sums", 4096),
+                                functools.partial(pairwise_judges, ("prm_sums", "prm_sums_more", "prm_sums_seed2"),
+                                                  ("orm_sums", "orm_sums_more", "orm_sums_seed2"), "checked"),
+                                "sft_sums", 4096),
              "reranking_sums_256k": ("sums of 5 numbers in steps to a target, judges on 256,000 labelled completions",
                                      "the same task as above: ", functools.partial(
                                          pairwise_judges, "prm_sums_256k", "orm_sums_256k", "checked"), "sft_sums",
@@ -349,7 +350,8 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "reranking": ["sft_steps", "prm_steps", "prm_steps_pairwise", "prm_steps_hard", "prm_steps_pairwise_hard",
                           "orm_steps", "orm_steps_pointwise"],
             "reranking_expressions": ["sft_expressions", "prm_expressions", "orm_expressions"],
-            "reranking_sums": ["sft_sums", "prm_sums", "orm_sums", "prm_sums_more", "orm_sums_more"],
+            "reranking_sums": ["sft_sums", "prm_sums", "orm_sums", "prm_sums_more", "orm_sums_more", "prm_sums_seed2",
+                               "orm_sums_seed2"],
             "reranking_sums_256k": ["sft_sums", "prm_sums_256k", "orm_sums_256k"]}
 
 
