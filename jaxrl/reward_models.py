@@ -263,10 +263,9 @@ class Scorer:
     def verdicts(self, variables: dict, prompts: jax.Array, tokens: jax.Array, mask: jax.Array) -> jax.Array:
         """The value head's scores [B, G] of sequences [B, G, N] (mask [B, G, N]) after prompts [B, P]: at the last
         real slot (process models: `step_score` of the steps')."""
-        values = self.values(variables, prompts, tokens, mask)
         if self.objective == "process":
-            return step_score(values, step_slots(self.step_ends(tokens)), self.step_score)
-        return completion_scores(values, mask)
+            return self.step_scores(variables, prompts, tokens, mask)[self.step_score]  # (jit drops the others)
+        return completion_scores(self.values(variables, prompts, tokens, mask), mask)
 
     def step_scores(self, variables: dict, prompts: jax.Array, completions: jax.Array,
                     mask: jax.Array) -> dict[str, jax.Array]:
