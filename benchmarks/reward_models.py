@@ -52,7 +52,7 @@ the reward models start from it too:
    labels) and the Bradley-Terry outcome model, 64,000 labelled completions each, 9 seeds of each (three runs of 3):
    best-of-16 as in item 5 on 4,096 problems, each process pick against the outcome model's and majority vote's with
    a bootstrap interval over problems and seeds (`report.paired_difference`); and the same two judges on 256,000
-   each (`prm_sums_256k`, `orm_sums_256k`: at 64,000 neither has learned to check an addition), 3 seeds, 512 problems.
+   each (`prm_sums_256k`, `orm_sums_256k`: at 64,000 neither has learned to check an addition), 3 seeds, 4,096 problems.
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_step
              "reranking_sums_256k": ("sums of 5 numbers in steps to a target, judges on 256,000 labelled completions",
                                      "the same task as above: ", functools.partial(
                                          pairwise_judges, "prm_sums_256k", "orm_sums_256k", "checked"), "sft_sums",
-                                     512)}
+                                     4096)}
 
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
