@@ -170,7 +170,7 @@ RUNS = {
     "prm_sums_seed2": sums_judge(64000, *CHECKED_PROCESS, "--config.seed=2"),
     "orm_sums_seed2": sums_judge(64000, "--config.seed=2"),
     # the same two judges on 4x the labelled completions (256,000: on one H200 about 3 and 2 minutes for 3 seeds, on
-    # 2 CPU cores about 3-4 and 2 hours), where the process model's pick drew ahead on the mean
+    # 2 CPU cores about 2 hours each), where the process model's pick beats majority vote but ties the outcome model's
     "prm_sums_256k": sums_judge(256000, *CHECKED_PROCESS),
     "orm_sums_256k": sums_judge(256000),
 }
