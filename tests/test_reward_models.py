@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from jaxrl import algos, mesh as mesh_lib, reward_models, rollout, sampling, train
-from jaxrl.algos.reward_model import RewardModelScorer, scoring
+from jaxrl.algos.reward_model import RewardModelScorer, map_in_pieces, scoring
 from jaxrl.run.saved import start_params
 from helpers import countdown_2, load_experiment, set_keys, tiny_grpo_config
 
@@ -285,6 +285,31 @@ def test_the_sampler_stays_the_warm_start_and_the_scorer_reads_strings(countdown
     assert isinstance(scorer, RewardModelScorer)
     probabilities = scorer.score(["12 30>42=", "12 30>42="], ["12+30", "30-12"])
     assert probabilities.shape == (2,) and ((probabilities > 0) & (probabilities < 1)).all()
+
+
+def test_map_in_pieces_gives_the_whole_call_s_rows():
+    """Pieces of 4 over 10 rows (the last filled out with copies of the final row): each row's result is its own."""
+    rows = (jnp.arange(10.0), jax.random.split(jax.random.key(0), 10))
+    whole = lambda r: (r[0] * 2.0, jax.vmap(jax.random.normal)(r[1]))  # noqa: E731
+    for piece in (4, 10, 16):
+        doubled, drawn = map_in_pieces(whole, rows, piece)
+        np.testing.assert_array_equal(doubled, 2.0 * np.arange(10.0))
+        np.testing.assert_array_equal(drawn, whole(rows)[1])
+
+
+def test_held_out_scores_are_the_same_in_pieces_of_one_training_batch(reward_model_run):
+    """Evaluation draws and scores one training batch of problems at a time (`num_prompts`): 40 problems in pieces of
+    16 (the last filled out) give the same completions, labels and scores as all 40 at once."""
+    config = algos.saved_config(os.path.join(reward_model_run[0], "config.json"))
+    params = jax.tree.map(lambda x: x[:1], start_params(reward_model_run[0]))  # one seed [1, ...]
+    held_out = {}
+    for num_prompts in (16, 64):
+        algo, _ = algos.build(set_keys(config, {"num_prompts": num_prompts}), mesh_lib.make_mesh())
+        held_out[num_prompts] = jax.device_get(algo.evaluate.__self__._heldout(params, jax.random.key(3), 40))
+    scores, labels, read = held_out[16]
+    assert scores.shape == labels.shape == (1, 40, 8) and read.shape[:3] == (1, 40, 8)
+    for piecewise, whole in zip(held_out[16], held_out[64], strict=True):
+        np.testing.assert_allclose(piecewise, whole, rtol=1e-5, atol=1e-6)
 
 
 def right_and_wrong_groups(grpo):

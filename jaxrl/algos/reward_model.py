@@ -129,6 +129,20 @@ class Labelled(NamedTuple):
     critique_exact: jax.Array | None = None  # bool [B, G]: the model's own critique is the taught one
 
 
+def map_in_pieces(fn, rows, piece: int):
+    """`fn` over pytree `rows` [n, ...] in pieces of at most `piece` rows, one piece after another (`lax.map`):
+    fn(rows [piece, ...]) -> pytree [piece, ...], concatenated back to [n, ...]. The last piece is filled out with
+    copies of the final row, whose results are dropped: the same values as `fn(rows)` wherever each row's result
+    depends on that row alone (as a held-out problem's does on the problem and its own key)."""
+    n = jax.tree.leaves(rows)[0].shape[0]
+    if n <= piece:
+        return fn(rows)
+    pieces = -(-n // piece)
+    filled = jnp.minimum(jnp.arange(pieces * piece), n - 1).reshape(pieces, piece)  # row index of each slot
+    results = jax.lax.map(fn, jax.tree.map(lambda x: x[filled], rows))
+    return jax.tree.map(lambda y: y.reshape(pieces * piece, *y.shape[2:])[:n], results)
+
+
 class RewardModel:
     """The update and evaluation of one seed; `build_text_reward_model` makes its `engine.Algorithm`."""
 
@@ -297,14 +311,19 @@ class RewardModel:
         problems = self.task.heldout(num, seed=self.eval_seed)
 
         def one_seed(params):
-            prompts, samples, labels, _ = self.draw(params, problems, jax.random.split(key, num),
-                                                    self.settings.temperature, self.settings.group_size)
-            scores, read = self.whole_scorer.scored(scoring(params, self.settings.objective), prompts,
-                                                    samples.tokens, samples.mask)
-            return scores, labels, read
+            def one_piece(piece):
+                problems, keys = piece
+                prompts, samples, labels, _ = self.draw(params, problems, keys, self.settings.temperature,
+                                                        self.settings.group_size)
+                scores, read = self.whole_scorer.scored(scoring(params, self.settings.objective), prompts,
+                                                        samples.tokens, samples.mask)
+                return scores, labels, read
+            return map_in_pieces(one_piece, (problems, jax.random.split(key, num)), self.settings.text.num_prompts)
 
-        # one seed at a time: decoding num x G completions holds its cache, and every seed's at once ran a 3-seed
-        # run on 60-token answers out of 24 GB of memory
+        # one seed at a time, and one training batch's worth of problems at a time: decoding and scoring num x G
+        # completions at once holds num x G caches and attention maps (every seed's at once ran a 3-seed run on
+        # 60-token answers out of 24 GB of memory; one seed's 512 x 8 sums of 8 numbers did too), and in pieces the
+        # evaluation needs no more than the update, whose fit is checked before training
         return jax.lax.map(one_seed, params)
 
     def evaluate(self, params, key: jax.Array, num: int, sample: bool = False) -> dict[str, np.ndarray]:
