@@ -312,8 +312,8 @@ class RewardModel:
 
         def one_seed(params):
             def one_piece(piece):
-                problems, keys = piece
-                prompts, samples, labels, _ = self.draw(params, problems, keys, self.settings.temperature,
+                some_problems, their_keys = piece
+                prompts, samples, labels, _ = self.draw(params, some_problems, their_keys, self.settings.temperature,
                                                         self.settings.group_size)
                 scores, read = self.whole_scorer.scored(scoring(params, self.settings.objective), prompts,
                                                         samples.tokens, samples.mask)
