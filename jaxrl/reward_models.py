@@ -29,6 +29,9 @@ It learns from outcome labels, 1 for a completion the verifier accepts and 0 oth
 A value-head model (pairwise, pointwise, process) may also read its own likelihood (`with_likelihood`): each value
 plus a weight times the model's log-probability of the tokens before it, so that it starts as the sampler's
 likelihood, a judge that already ranks well, and a token the model would not have written lowers every later value.
+Or its value head may read through judge layers of its own (`reward_model.judge_layers`, `transformer.read_surprise`):
+blocks over the policy body in which each slot also reads how likely the body found the token just read, so that a
+later layer can compare a written token with the one predicted and say where in a step a slip lies.
 
 Used as a reward, sigmoid(score) is the model's probability that the completion is right. Shapes: B prompts,
 G completions per prompt, N completion slots. With `axis_name` (the data axis, inside shard_map) a mean is this

@@ -573,8 +573,14 @@ def tempered_entropy(model: TransformerLM, params, prompts: jax.Array, completio
 def group_logits(model: TransformerLM, params, prompts: jax.Array, completions: jax.Array,
                  completion_mask: jax.Array, pad_id, attend: jax.Array | None = None):
     """`score_groups`'s forward: the logits [B, G, N, V] (and values [B, G, N] or None) of the columns predicting
-    each completion token, teacher-forced, each prompt run once."""
+    each completion token, teacher-forced, each prompt run once (a judge's, `judge_layers`, once per member: its
+    values read the whole sequence, which the cached prefix does not keep)."""
     B, G, N = completions.shape
+    if getattr(model.config, "judge_layers", 0):
+        flat = lambda x: None if x is None else x.reshape(B * G, *x.shape[2:])  # noqa: E731
+        logits, values = completion_logits(model, params, jnp.repeat(prompts, G, axis=0), flat(completions),
+                                           flat(completion_mask), pad_id, flat(attend))
+        return logits.reshape(B, G, N, -1), None if values is None else values.reshape(B, G, N)
     real, positions, prompt_len = prompt_layout(prompts, pad_id)
     logits, values, prefix = model.apply(params, prompts, positions, real, method="prefill")
     # The prompt's last column predicts every member's token 0.

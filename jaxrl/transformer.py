@@ -52,6 +52,21 @@ def value_inputs(h: jax.Array, logits: jax.Array, with_entropy: bool) -> jax.Arr
     return jnp.concatenate([h, entropy_features(logits)], axis=-1) if with_entropy else h
 
 
+def read_surprise(logits: jax.Array, tokens: jax.Array, attn_mask: jax.Array) -> jax.Array:
+    """How likely the model found each token it reads: logits [B, T, V] (column t predicting token t + 1), tokens
+    int32 [B, T], attn_mask bool [B, T] -> float32 [B, T, 3] at column t: the log-probability the column before gave
+    token t, its gap below that column's most likely token's (0 where token t was the model's own choice), and that
+    column's entropy; zeros where either column is not real (the first column, left padding). Under stop_gradient:
+    features a judge reads, not a path for its loss into the policy."""
+    log_p = jax.nn.log_softmax(jax.lax.stop_gradient(logits.astype(jnp.float32)), axis=-1)[:, :-1]  # predicting 1..T-1
+    written = jnp.take_along_axis(log_p, tokens[:, 1:, None], axis=-1)[..., 0]
+    gap = jnp.max(log_p, axis=-1) - written
+    entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+    both_real = (attn_mask[:, 1:] & attn_mask[:, :-1])[..., None]
+    features = jnp.where(both_real, jnp.stack([written, gap, entropy], axis=-1), 0.0)
+    return jnp.concatenate([jnp.zeros_like(features[:, :1]), features], axis=1)
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Static (hashable) architecture of `TransformerLM`; `d_ff=None` means 4 * d_model."""
@@ -70,12 +85,19 @@ class TransformerConfig:
     # l in 1..num_layers-1: the heads read the hidden state after block l (an internal layer policy, BuPO); the later
     # blocks' parameters are kept, unused. 0: after the last block (the model's own policy)
     exit_layer: int = 0
+    # a judge's value head: it reads through this many more blocks over the body's last hidden state, each column
+    # also given how likely the body found the token it reads (`read_surprise`), so that a later layer can compare a
+    # written token with the one predicted. Values then need the whole sequence: the full forward only
+    judge_layers: int = 0
 
     def __post_init__(self):
         if self.d_model % self.num_heads:
             raise ValueError(f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}")
         if not 0 <= self.exit_layer < self.num_layers:
             raise ValueError(f"exit_layer={self.exit_layer} must be in 0..num_layers-1 = {self.num_layers - 1}")
+        if self.judge_layers < 0 or (self.judge_layers and not self.value_head):
+            raise ValueError(f"judge_layers={self.judge_layers}: judge layers feed a value head (value_head=True), "
+                             "and their number is at least 0")
         if self.d_ff is None:
             object.__setattr__(self, "d_ff", 4 * self.d_model)
 
@@ -232,9 +254,14 @@ class TransformerLM(nn.Module):
         self.ln_f = nn.LayerNorm(dtype=c.dtype, name="ln_f")
         if c.value_head:
             self.value = nn.Dense(1, kernel_init=nn.initializers.normal(0.01), name="value")
+        if c.judge_layers:
+            self.judge_in = Dense(c.d_model, dtype=c.dtype, name="judge_in")
+            self.judge_blocks = [Block(c, name=f"judge_{i}") for i in range(c.judge_layers)]
+            self.judge_ln = nn.LayerNorm(dtype=c.dtype, name="judge_ln")
 
-    def _run(self, tokens, positions, apply_block):
-        """Embed, then x, layer_cache = apply_block(i, block, x) per block, then the heads."""
+    def _run(self, tokens, positions, apply_block, judge_mask=None, attn_mask=None):
+        """Embed, then x, layer_cache = apply_block(i, block, x) per block, then the heads (a judge's value head
+        through its blocks, attending as `judge_mask` [B, T, T] says: the full forward's)."""
         c = self.config
         # Padding columns may carry any position; clip so the lookup is always in range.
         positions = jnp.clip(positions, 0, c.max_len - 1)
@@ -245,6 +272,15 @@ class TransformerLM(nn.Module):
             new_cache.append(layer_cache)
         h = self.ln_f(x)
         logits = self.embed.attend(h.astype(jnp.float32))  # tied output embedding, float32 logits
+        if c.judge_layers:
+            if judge_mask is None:
+                raise ValueError("a judge's values (judge_layers > 0) read the whole sequence: score it with the full "
+                                 "forward (`TransformerLM.__call__`, `sampling.score`), and sample with a model "
+                                 "without judge layers")
+            x = x + self.judge_in(read_surprise(logits, tokens, attn_mask)).astype(c.dtype)
+            for block in self.judge_blocks:
+                x, _ = block(x, judge_mask)
+            h = self.judge_ln(x)
         values = self.value(value_inputs(h.astype(jnp.float32), logits, c.value_entropy))[..., 0] if c.value_head \
             else None
         return logits, values, tuple(new_cache)
@@ -257,7 +293,7 @@ class TransformerLM(nn.Module):
         Query t sees key s iff s <= t and attn_mask[:, s]; padded keys are never seen.
         """
         mask = visible(tokens.shape[1], attn_mask)  # [B, T, T]
-        logits, values, _ = self._run(tokens, positions, lambda i, block, x: block(x, mask))
+        logits, values, _ = self._run(tokens, positions, lambda i, block, x: block(x, mask), mask, attn_mask)
         return logits, values
 
     def decode(self, tokens, positions, attn_mask, cache: Cache, index):

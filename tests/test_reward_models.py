@@ -173,6 +173,43 @@ def test_a_reward_model_that_reads_its_likelihood_starts_from_the_sampler_s(coun
             algos.validate(set_keys(config, {"reward_model.objective": objective}))
 
 
+def test_a_judge_with_its_own_layers_starts_from_the_sft_run_and_learns(countdown_sft_run, tmp_path):
+    """reward_model.judge_layers=1: the SFT body under fresh judge layers and value head; the sampler draws with the
+    body alone (decoding has no judge); training ranks held-out completions above chance; the saved judge scores
+    strings; models it does not fit are refused before compiling."""
+    config = set_keys(reward_model_config(countdown_sft_run, 4_096), {"reward_model.judge_layers": 1})
+    algo, _ = algos.build(config, mesh_lib.make_mesh())
+    model = algo.parts
+    params = jax.tree.map(lambda x: x[0], algo.init_seeds(0, 1, start_params=start_params(countdown_sft_run)).params)
+    sft = jax.tree.map(lambda x: x[0], start_params(countdown_sft_run))["params"]
+    assert {"judge_in", "judge_0", "judge_ln", "value"} <= set(params["params"]) and "judge_0" not in sft
+    for name, part in sft.items():
+        for a, b in zip(jax.tree.leaves(params["params"][name]), jax.tree.leaves(part), strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert model.sampler_model.config.judge_layers == 0 and not model.sampler_model.config.value_head
+    rows = train.run(config, str(tmp_path / "run")).metrics
+    # (measured: ranking accuracy 0.76 on the 64 held-out problems' pairs, loss 0.57; a tie everywhere gives 1/2, log 2)
+    assert max(row["loss"] for row in rows[-2:]) < math.log(2.0) and rows[-1]["eval_ranking_accuracy"] > 0.6
+    saved = algos.saved_config(os.path.join(tmp_path, "run", "config.json"))
+    rebuilt, _ = algos.build(saved, mesh_lib.make_mesh(), run_dir=str(tmp_path / "run"))
+    scorer = rebuilt.actor(jax.tree.map(lambda x: x[0], start_params(str(tmp_path / "run"))))
+    probabilities = scorer.score(["12 30>42=", "12 30>42="], ["12+30", "30-12"])
+    assert probabilities.shape == (2,) and ((probabilities > 0) & (probabilities < 1)).all()
+    # as GRPO's reward it scores through its judge layers as in training
+    grpo_config = tiny_grpo_config(countdown_sft_run, **countdown_2(), **{"reward.model": str(tmp_path / "run")})
+    grpo_algo, _ = algos.build(grpo_config, mesh_lib.make_mesh())
+    trained = jax.tree.map(lambda x: x[0], start_params(str(tmp_path / "run")))
+    problems = model.task.sample(jax.random.key(0), 8, "train")
+    prompts, samples, _, _ = model.draw(trained, problems, jax.random.split(jax.random.key(1), 8), 0.5, 4)
+    np.testing.assert_allclose(
+        grpo_algo.parts.learned_reward.scorer(scoring(trained, "pairwise"), prompts, samples.tokens, samples.mask),
+        model.whole_scorer(scoring(trained, "pairwise"), prompts, samples.tokens, samples.mask), atol=1e-4)
+    for wrong in ({"reward_model.objective": "implicit"}, {"reward_model.objective": "generative"},
+                  {"model.name": "HuggingFaceTB/SmolLM2-135M-Instruct"}):
+        with pytest.raises(ValueError, match="judge_layers=1: judge layers feed the value head"):
+            algos.validate(set_keys(config.copy_and_resolve_references(), wrong))
+
+
 def test_a_completion_is_scored_at_its_last_real_slot():
     values = jnp.array([[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0], [9.0, 9.0, 9.0, 9.0]])
     mask = jnp.array([[1, 1, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]], jnp.float32)

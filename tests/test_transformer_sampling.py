@@ -6,6 +6,7 @@ length N wherever they can (each distinct shape or static argument is another XL
 """
 
 import dataclasses
+import math
 import functools
 
 import jax
@@ -18,7 +19,7 @@ from jaxrl.loops import CHUNK
 from jaxrl.models.decoder import Decoder
 from jaxrl.sampling import (balanced_cut, filter_logits, prompt_layout, sample, sample_groups, sample_groups_per_prompt, sample_token,
                             score, score_groups)
-from jaxrl.transformer import TransformerConfig, TransformerLM, entropy_features, init_cache
+from jaxrl.transformer import TransformerConfig, TransformerLM, entropy_features, init_cache, read_surprise
 
 PAD, EOS, V = 0, 1, 20
 W, N = 8, 8
@@ -507,6 +508,56 @@ def test_a_value_head_with_entropy_features_reads_each_columns_entropy(tiny):
     logits, values = forward(entropic, head, tokens, layout(mask), mask)
     log_p = jax.nn.log_softmax(logits, -1)
     np.testing.assert_allclose(values, -jnp.sum(jnp.exp(log_p) * log_p, -1), rtol=1e-5, atol=1e-6)
+
+
+def test_read_surprise_by_hand():
+    """Column t reads token t: its log-probability under column t - 1's logits, the gap below that column's most
+    likely token and that column's entropy; zero at the first column and wherever either column is padding. By hand
+    over 2 tokens: column 0's logits (0, 0) give each ln 1/2, gap 0, entropy ln 2; column 1's (ln 3, 0) give token 1
+    ln 1/4, gap ln 3, entropy -(3/4 ln 3/4 + 1/4 ln 1/4)."""
+    logits = jnp.log(jnp.asarray([[[1.0, 1.0], [3.0, 1.0], [1.0, 1.0]]]))  # [B=1, T=3, V=2]
+    tokens, real = jnp.asarray([[0, 1, 1]]), jnp.asarray([[True, True, True]])
+    h1 = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    np.testing.assert_allclose(read_surprise(logits, tokens, real)[0],
+                               [[0, 0, 0], [math.log(0.5), 0, math.log(2)], [math.log(0.25), math.log(3), h1]],
+                               atol=1e-6)
+    left_padded_first = read_surprise(logits, tokens, jnp.asarray([[False, True, True]]))[0]
+    np.testing.assert_allclose(left_padded_first[:2], 0.0)  # a padded column predicts nothing read
+    np.testing.assert_allclose(left_padded_first[2], [math.log(0.25), math.log(3), h1], atol=1e-6)
+
+
+def test_a_judge_s_values_read_the_tokens_before_them_and_only_the_full_forward_gives_them(tiny):
+    """judge_layers: the value head reads through more blocks over the body and each read token's surprise. The body's
+    logits stay the model's; a value reads only the tokens up to its column; `score_groups` equals `score` on the
+    repeated prompts; a cached path (decoding) refuses, naming the full forward."""
+    model, params = tiny
+    judge = TransformerLM(dataclasses.replace(model.config, judge_layers=1))
+    tokens = jax.random.randint(jax.random.key(0), (2, W + N), 0, V)
+    mask = jnp.ones(tokens.shape, bool)
+    fresh = judge.init(jax.random.key(1), tokens, layout(mask), mask)["params"]
+    assert {"judge_in", "judge_0", "judge_ln"} <= set(fresh)
+    judged = {"params": dict(fresh, **params["params"])}  # the tiny body, fresh judge layers
+    logits, values = forward(judge, judged, tokens, layout(mask), mask)
+    np.testing.assert_allclose(logits, forward(model, params, tokens, layout(mask), mask)[0], atol=1e-6)
+    changed = tokens.at[:, 5].set((tokens[:, 5] + 1) % V)
+    _, changed_values = forward(judge, judged, changed, layout(mask), mask)
+    np.testing.assert_allclose(changed_values[:, :5], values[:, :5], atol=1e-6)
+    assert not np.allclose(changed_values[:, 5:], values[:, 5:], atol=1e-4)
+    # a value also reads how likely each token read was: with that input's projection zeroed, the values move
+    blind = {"params": dict(judged["params"], judge_in=jax.tree.map(jnp.zeros_like, fresh["judge_in"]))}
+    assert not np.allclose(forward(judge, blind, tokens, layout(mask), mask)[1], values, atol=1e-4)
+    prompts, G = left_padded(PROMPTS, W + 3), 2
+    completions = jax.random.randint(jax.random.key(2), (4, G, N), 2, V)
+    completion_mask = (jnp.arange(N) < jnp.asarray([[3], [8]])[None]).astype(jnp.float32) * jnp.ones((4, 1, 1))
+    grouped = score_groups(judge, judged, prompts, completions, completion_mask, PAD)
+    full = score(judge, judged, jnp.repeat(prompts, G, axis=0), completions.reshape(4 * G, N),
+                 completion_mask.reshape(4 * G, N), PAD)
+    for a, b in zip(grouped, full):
+        np.testing.assert_allclose(a.reshape(4 * G, N), b, atol=1e-5)
+    with pytest.raises(ValueError, match="read the whole sequence"):
+        draw(judge, judged, prompts, jax.random.key(3))
+    with pytest.raises(ValueError, match="judge layers feed a value head"):
+        TransformerConfig(vocab_size=V, max_len=48, judge_layers=1)
 
 
 def test_a_length_cap_cuts_each_prompt_s_members_at_its_window(tiny):

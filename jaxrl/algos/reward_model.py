@@ -39,7 +39,8 @@ from jaxrl.algos import registry
 from jaxrl.algos.group import GROUP_SIZE
 from jaxrl.algos.registry import Recipe, register
 from jaxrl.algos.text.policy import (INIT_FROM, TextHyperparams, TextPolicy, TextSettings, TextState,
-                                     check_text_config, text_algorithm, text_config, text_settings)
+                                     check_text_config, scorer_settings, text_algorithm, text_config,
+                                     text_settings)
 from jaxrl.engine import gradient_step
 from jaxrl.jitting import jit_method
 from jaxrl.knobs import Knob
@@ -74,6 +75,11 @@ LIKELIHOOD_WEIGHT = Knob("reward_model.likelihood_weight", 0.0, "pairwise, point
                          "of the model's own log-likelihood of the tokens read so far, added to the value head's "
                          "output at every slot (`reward_models.with_likelihood`): a judge that starts as the "
                          "sampler's likelihood and learns from there; 0: the value head alone", minimum=0.0)
+JUDGE_LAYERS = Knob("reward_model.judge_layers", 0, "pairwise, pointwise and process models on the small transformer: "
+                    "blocks stacked over the policy body that the value head reads through, each slot also given how "
+                    "likely the body found the token it reads (its log-probability, its gap below the most likely "
+                    "token's, the entropy: `transformer.read_surprise`), so that a later layer can compare a written "
+                    "token with the one predicted; 0: the value head on the body's last layer", minimum=0)
 CONTINUATIONS = Knob("reward_model.continuations", 4, "process reward models: continuations sampled from each step's "
                      "prefix for its Monte Carlo label", minimum=1)
 
@@ -94,6 +100,7 @@ class RewardModelSettings:
     step_loss: str = STEP_LOSS.field()
     step_label: str = STEP_LABEL.field()
     likelihood_weight: float = LIKELIHOOD_WEIGHT.field()
+    judge_layers: int = JUDGE_LAYERS.field()
     temperature: float = knobs.declared("sampling.temperature").field()  # the sampler's, in training and evaluation
 
     @property
@@ -143,6 +150,15 @@ def map_in_pieces(fn, rows, piece: int):
     return jax.tree.map(lambda y: y.reshape(pieces * piece, *y.shape[2:])[:n], results)
 
 
+def without_judge(model):
+    """The sampler's side of a reward model's architecture: `model` with neither judge layers nor value head (a
+    judge's values need the whole sequence, which decoding never has; the sampler only writes tokens), reading the
+    same parameters (those it does not use ignored)."""
+    if not getattr(model.config, "judge_layers", 0):
+        return model
+    return type(model)(dataclasses.replace(model.config, judge_layers=0, value_head=False))
+
+
 class RewardModel:
     """The update and evaluation of one seed; `build_text_reward_model` makes its `engine.Algorithm`."""
 
@@ -152,6 +168,7 @@ class RewardModel:
         self.task, self.vocab, self.model = policy.task, policy.vocab, policy.update_model
         # the sampler's architecture: the reward model's own, or that of reward_model.sampler's run
         self.sampler_policy = sampler_policy or policy
+        self.sampler_model = without_judge(self.sampler_policy.update_model)
         self.decoding = dict(max_new_tokens=self.task.answer_length, eos_id=self.vocab.eos_id,
                              pad_id=self.vocab.pad_id)
         # (the update scores with each device's share of sharded parameters; evaluation with whole ones)
@@ -191,7 +208,7 @@ class RewardModel:
         """The sampler's completions to `problems` [B], problem b's drawn from keys[b] (what it is, not where it is
         drawn): (prompts [B, P], `Samples` [B, G, ...], labels [B, G], step verdicts [B, G, S] or None: `labels`)."""
         prompts = self.task.prompts(problems, self.vocab)
-        samples = sampling.sample_groups_per_prompt(self.sampler_policy.update_model, sampler(params), prompts, keys,
+        samples = sampling.sample_groups_per_prompt(self.sampler_model, sampler(params), prompts, keys,
                                                     group_size=group_size, temperature=temperature, **self.decoding)
         return prompts, samples, *self.labels(problems, samples.tokens)
 
@@ -268,7 +285,7 @@ class RewardModel:
             end = inner[..., step]
             forced_len = jnp.where(end < N, jnp.minimum(end + 2, N), 0)  # through the separator
             continued = sampling.sample_groups_per_prompt(
-                self.sampler_policy.update_model, sampler(params), jnp.repeat(prompts, G, axis=0),
+                self.sampler_model, sampler(params), jnp.repeat(prompts, G, axis=0),
                 jax.vmap(jax.random.fold_in, (0, None))(member_keys, step), group_size=self.settings.continuations,
                 temperature=self.settings.temperature, forced=flat(tokens), forced_len=flat(forced_len),
                 **self.decoding)
@@ -403,8 +420,7 @@ def build_text_reward_model(config: ConfigDict, mesh, run_dir: str | None = None
     `run_dir`, that saved run's (its tokenizer, and no warm start)."""
     sampler_run = config.reward_model.sampler
     # (a reward model from scratch reads the sampler's tokens: it takes the sampler run's tokenizer)
-    base = text_settings(config, config.group.size, value_head=True,
-                         start=run_dir or config.init_from or sampler_run or None)
+    base = scorer_settings(config, start=run_dir or config.init_from or sampler_run or None)
     settings = knobs.read(RewardModelSettings, config, text=base)
     policy = TextPolicy(base, mesh)
     sampler_policy = None
@@ -441,6 +457,12 @@ def check_text_reward_model_config(config: ConfigDict) -> None:
         steps = sorted(name for name, task in text.TASKS.items() if hasattr(task, "step_ends"))
         raise ValueError(f"reward_model.objective=process labels the steps of answers: task.name="
                          f"{config.task.name} is answered in one piece; tasks answered in steps: {', '.join(steps)}")
+    if config.reward_model.judge_layers and (config.reward_model.objective in ("implicit", "generative")
+                                             or config.model.name):
+        raise ValueError(f"reward_model.judge_layers={config.reward_model.judge_layers}: judge layers feed the value "
+                         "head of a pairwise, pointwise or process model on the small transformer; this run's is "
+                         + (f"the pretrained {config.model.name}" if config.model.name else
+                            f"reward_model.objective={config.reward_model.objective}") + ": set judge_layers to 0")
     if config.reward_model.objective == "generative" and (config.model.name or not text.make_task(
             config.task.name, **config.task.kwargs).expression_answers):
         raise ValueError(f"reward_model.objective=generative critiques an answer by its value: task.name="

@@ -11,7 +11,7 @@ from ml_collections import ConfigDict
 
 from jaxrl import config as config_lib, reward_models as reward_models_lib
 from jaxrl.algos import registry
-from jaxrl.algos.text.policy import TextPolicy, text_settings
+from jaxrl.algos.text.policy import TextPolicy, scorer_settings, text_settings
 from jaxrl.models.lm import is_pretrained
 
 
@@ -54,7 +54,7 @@ def learned_reward(config: ConfigDict, mesh, policy: TextPolicy) -> LearnedRewar
     saved = registry.saved_config(os.path.join(path, "config.json"))
     if saved.algorithm != "text_reward_model":
         raise ValueError(f"config.reward.model={path!r} is a {saved.algorithm} run, not a text_reward_model run")
-    scorer_policy = TextPolicy(text_settings(saved, saved.group.size, value_head=True, start=path), mesh)
+    scorer_policy = TextPolicy(scorer_settings(saved, start=path), mesh)
     if scorer_policy.tokenizer.to_str() != policy.tokenizer.to_str():
         raise ValueError(f"config.reward.model={path!r} reads another tokenizer than this policy's: train the reward "
                          "model from the same run (its init_from) as the policy")

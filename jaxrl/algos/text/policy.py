@@ -323,7 +323,8 @@ class TextPolicy:
             fresh_parts = dict(self.settings.model_kwargs).get("value_head") or self.adapters
             fresh = self.init_params(param_key) if fresh_parts else jax.eval_shape(self.init_params, param_key)
             adapters = [f"params/layers/{name}" for name in fresh["params"].get("layers", {}) if is_adapter(name)]
-            params = _overlay(fresh, params, fresh_ok=("params/value", *adapters))
+            judge = [f"params/{name}" for name in fresh["params"] if name.startswith("judge_")]  # (a reward model's)
+            params = _overlay(fresh, params, fresh_ok=("params/value", *adapters, *judge))
         optimizer = self.optimizer(TextHyperparams(), jnp.int32(0))
         return TextState(params, optimizer.init(params), state_key, jnp.int32(0))
 
@@ -506,13 +507,14 @@ def model_source(config: ConfigDict, start: str | None) -> str:
 
 
 def text_settings(config: ConfigDict, samples_per_prompt: int = 1, value_head: bool = False,
-                  start: str | None = None, value_entropy: bool = False) -> TextSettings:
+                  start: str | None = None, value_entropy: bool = False, judge_layers: int = 0) -> TextSettings:
     """TextSettings with its knob fields read from `config` (`jaxrl.knobs`), the rest derived here; `start`: the
     saved run (directory) it resumes or starts from, whose tokenizer (or pretrained model files) it takes."""
     pretrained = model_source(config, start)
     small = {knob.key.split(".", 1)[1] for knob in MODEL_KNOBS}
     model = dict({k: v for k, v in config.model.to_dict().items() if k in small}, d_ff=config.model.d_ff or None,
-                 value_head=value_head, **{"value_entropy": True} if value_entropy else {})  # (POISE)
+                 value_head=value_head, **{"value_entropy": True} if value_entropy else {},  # (POISE)
+                 **{"judge_layers": judge_layers} if judge_layers else {})  # (a reward model's judge)
     tokenizer_path = os.path.join(start, "tokenizer.json") if start and not pretrained else None
     num_updates = config.total_steps // (config.num_prompts * samples_per_prompt)
     return knobs.read(
@@ -520,6 +522,13 @@ def text_settings(config: ConfigDict, samples_per_prompt: int = 1, value_head: b
         num_updates=num_updates, optimizer=knobs.read(OptimizerSettings, config, num_updates=num_updates),
         model_kwargs=tuple(sorted(model.items())), tokenizer_path=tokenizer_path, pretrained=pretrained,
         xla_options=config_lib.xla_options(config))
+
+
+def scorer_settings(config: ConfigDict, start: str | None) -> TextSettings:
+    """A reward model run's model settings from its config (in training, or saved: as GRPO reads it for
+    `reward.model`): the policy's, with a value head and the run's judge layers; `start` as `text_settings`'s."""
+    return text_settings(config, config.group.size, value_head=True, start=start,
+                         judge_layers=config.reward_model.judge_layers)
 
 
 def text_config() -> ConfigDict:
