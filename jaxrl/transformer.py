@@ -41,9 +41,18 @@ def entropy_features(logits: jax.Array) -> jax.Array:
     logits [..., V] -> float32 [..., 2], the entropy H = -sum_v p_v log p_v of softmax(logits) and H^2 (under
     stop_gradient: features the value head reads, not a path for its loss into the policy). Mean-pooled over a
     completion by `advantages.cross_rollout_baseline` they are its token entropy's first two moments."""
-    log_p = jax.nn.log_softmax(jax.lax.stop_gradient(logits.astype(jnp.float32)), axis=-1)
-    entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+    entropy = _entropy(_read_log_probs(logits))
     return jnp.stack([entropy, entropy ** 2], axis=-1)
+
+
+def _read_log_probs(logits: jax.Array) -> jax.Array:
+    """log softmax(logits) [..., V] in float32, under stop_gradient: what a value head reads of the policy."""
+    return jax.nn.log_softmax(jax.lax.stop_gradient(logits.astype(jnp.float32)), axis=-1)
+
+
+def _entropy(log_p: jax.Array) -> jax.Array:
+    """log-probabilities [..., V] -> the distribution's entropy [...]."""
+    return -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
 
 
 def value_inputs(h: jax.Array, logits: jax.Array, with_entropy: bool) -> jax.Array:
@@ -58,10 +67,10 @@ def read_surprise(logits: jax.Array, tokens: jax.Array, attn_mask: jax.Array) ->
     token t, its gap below that column's most likely token's (0 where token t was the model's own choice), and that
     column's entropy; zeros where either column is not real (the first column, left padding). Under stop_gradient:
     features a judge reads, not a path for its loss into the policy."""
-    log_p = jax.nn.log_softmax(jax.lax.stop_gradient(logits.astype(jnp.float32)), axis=-1)[:, :-1]  # predicting 1..T-1
+    log_p = _read_log_probs(logits[:, :-1])  # the columns predicting tokens 1..T-1
     written = jnp.take_along_axis(log_p, tokens[:, 1:, None], axis=-1)[..., 0]
     gap = jnp.max(log_p, axis=-1) - written
-    entropy = -jnp.sum(jnp.exp(log_p) * log_p, axis=-1)
+    entropy = _entropy(log_p)
     both_real = (attn_mask[:, 1:] & attn_mask[:, :-1])[..., None]
     features = jnp.where(both_real, jnp.stack([written, gap, entropy], axis=-1), 0.0)
     return jnp.concatenate([jnp.zeros_like(features[:, :1]), features], axis=1)
@@ -259,9 +268,9 @@ class TransformerLM(nn.Module):
             self.judge_blocks = [Block(c, name=f"judge_{i}") for i in range(c.judge_layers)]
             self.judge_ln = nn.LayerNorm(dtype=c.dtype, name="judge_ln")
 
-    def _run(self, tokens, positions, apply_block, judge_mask=None, attn_mask=None):
-        """Embed, then x, layer_cache = apply_block(i, block, x) per block, then the heads (a judge's value head
-        through its blocks, attending as `judge_mask` [B, T, T] says: the full forward's)."""
+    def _run(self, tokens, positions, apply_block, whole: jax.Array | None = None):
+        """Embed, then x, layer_cache = apply_block(i, block, x) per block, then the heads; `whole`: the full
+        forward's attn_mask [B, T] (None on the cached paths), which a judge's value head reads through its blocks."""
         c = self.config
         # Padding columns may carry any position; clip so the lookup is always in range.
         positions = jnp.clip(positions, 0, c.max_len - 1)
@@ -273,11 +282,12 @@ class TransformerLM(nn.Module):
         h = self.ln_f(x)
         logits = self.embed.attend(h.astype(jnp.float32))  # tied output embedding, float32 logits
         if c.judge_layers:
-            if judge_mask is None:
+            if whole is None:
                 raise ValueError("a judge's values (judge_layers > 0) read the whole sequence: score it with the full "
                                  "forward (`TransformerLM.__call__`, `sampling.score`), and sample with a model "
                                  "without judge layers")
-            x = x + self.judge_in(read_surprise(logits, tokens, attn_mask)).astype(c.dtype)
+            x = x + self.judge_in(read_surprise(logits, tokens, whole)).astype(c.dtype)
+            judge_mask = visible(tokens.shape[1], whole)  # (the body's mask again: XLA computes it once)
             for block in self.judge_blocks:
                 x, _ = block(x, judge_mask)
             h = self.judge_ln(x)
@@ -293,7 +303,7 @@ class TransformerLM(nn.Module):
         Query t sees key s iff s <= t and attn_mask[:, s]; padded keys are never seen.
         """
         mask = visible(tokens.shape[1], attn_mask)  # [B, T, T]
-        logits, values, _ = self._run(tokens, positions, lambda i, block, x: block(x, mask), mask, attn_mask)
+        logits, values, _ = self._run(tokens, positions, lambda i, block, x: block(x, mask), attn_mask)
         return logits, values
 
     def decode(self, tokens, positions, attn_mask, cache: Cache, index):
