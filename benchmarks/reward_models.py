@@ -53,6 +53,12 @@ the reward models start from it too:
    best-of-16 as in item 5 on 4,096 problems, each process pick against the outcome model's and majority vote's with
    a bootstrap interval over problems and seeds (`report.paired_difference`); and the same two judges on 256,000
    each (`prm_sums_256k`, `orm_sums_256k`: at 64,000 neither has learned to check an addition), 3 seeds, 4,096 problems.
+8. Judges of another policy's samples: a model that learned sums of 8 numbers (SFT on 160,000 demonstrations, `model.
+   max_len` for 8) and then sums of 5 (64,000 more, `sft_sums_from8`: its slips carry on to a wrong result, where
+   item 7's policy writes the target whatever its sums gave), the judges of item 7 trained from it on 64,000 of its
+   labelled completions, 3 seeds each; best-of-16 on its own samples (1,024 problems), then on item 7's `sft_sums`
+   samples (4,096 problems), where the outcome model's cue in training, whether the chain reaches the target, is
+   gone and only a step's check is left.
 """
 
 from __future__ import annotations
@@ -86,6 +92,10 @@ TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator",
                f"--config.model.max_len={model_length('countdown_refine', critique_by='calculator')}"]
 SUMS = ["--config.task.kwargs.num_numbers=5", "--config.task.kwargs.operators=+", "--config.task.kwargs.use_all=True",
         f"--config.model.max_len={model_length('countdown_steps', num_numbers=5, operators='+', use_all=True)}"]
+SUMS8 = ["--config.task.kwargs.num_numbers=8", "--config.task.kwargs.operators=+", "--config.task.kwargs.use_all=True",
+         f"--config.model.max_len={model_length('countdown_steps', num_numbers=8, operators='+', use_all=True)}"]
+# sums of 5 on the sums-of-8 model (its positions, so that it can be warm-started from there)
+SUMS_ON_8 = [*SUMS[:-1], SUMS8[-1]]
 HARD = ["--config.reward_model.step_label=hard"]  # Math-Shepherd's hard estimate of a step's label
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 CHECKED_PROCESS = ["--config.reward_model.objective=process", "--config.reward_model.step_loss=pairwise",
@@ -173,6 +183,18 @@ RUNS = {
     # 2 CPU cores about 2 hours each), where the process model's pick beats majority vote but ties the outcome model's
     "prm_sums_256k": sums_judge(256000, *CHECKED_PROCESS),
     "orm_sums_256k": sums_judge(256000),
+    # Judges of another policy's sums (item 8): a body that learned sums of 8 and then of 5, whose own slips carry
+    # on to a wrong result, judges trained on its completions, then reranking `sft_sums`'s, which end on the target
+    "sft_sums8": ("text_sft.py:countdown_steps", None, [
+        *SUMS8, "--config.total_steps=160000", "--config.eval.every_steps=32000",
+        "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"]),
+    "sft_sums_from8": ("text_sft.py:countdown_steps", "sft_sums8", [
+        *SUMS_ON_8, "--config.total_steps=64000", "--config.eval.every_steps=32000",
+        "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"]),
+    "prm_sums_from8": ("text_reward_model.py:countdown_steps", "sft_sums_from8", [
+        *SUMS_ON_8, "--config.total_steps=64000", *CHECKED_PROCESS, *JUDGE]),
+    "orm_sums_from8": ("text_reward_model.py:countdown_steps", "sft_sums_from8", [
+        *SUMS_ON_8, "--config.total_steps=64000", *JUDGE]),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
@@ -323,6 +345,7 @@ REFINEMENT_SETTING = (
     "own reward (CTRL's for the critic: the revision's success). With the calculator's critique "
     "(`critique_by=calculator`, CRITIC), the critic calls the calculator on the answer and writes only its verdict.")
 
+from8_judges = functools.partial(pairwise_judges, "prm_sums_from8", "orm_sums_from8", "checked")
 # best-of-16 sections -> (heading, what the task is, the judges, the sampler's run, held-out problems)
 RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_steps", 512),
              "reranking_expressions": ("expressions evaluated in steps", "`expression_steps` (`12+11*6=` -> "
@@ -339,7 +362,15 @@ RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_step
              "reranking_sums_256k": ("sums of 5 numbers in steps to a target, judges on 256,000 labelled completions",
                                      "the same task as above: ", functools.partial(
                                          pairwise_judges, "prm_sums_256k", "orm_sums_256k", "checked"), "sft_sums",
-                                     4096)}
+                                     4096),
+             "reranking_sums_from8": ("sums of 5 numbers in steps, judges and sampler from a model of sums of 8",
+                                      "`sft_sums_from8` samples (its slips carry on to a wrong result, so majority "
+                                      "vote finds most of them) and the judges were trained on its completions: ",
+                                      from8_judges, "sft_sums_from8", 1024),
+             "reranking_sums_other_sampler": ("sums of 5 numbers in steps, judges trained on another policy's "
+                                              "completions", "`sft_sums` samples (every answer ends on the target); "
+                                              "the judges of the section above, trained on `sft_sums_from8`'s "
+                                              "completions, pick: ", from8_judges, "sft_sums", 4096)}
 
 # section -> the runs it reports (`report.publish_sections`)
 SECTIONS = {"orm": ["orm", "orm_calculator"],
@@ -352,7 +383,10 @@ SECTIONS = {"orm": ["orm", "orm_calculator"],
             "reranking_expressions": ["sft_expressions", "prm_expressions", "orm_expressions"],
             "reranking_sums": ["sft_sums", "prm_sums", "orm_sums", "prm_sums_more", "orm_sums_more", "prm_sums_seed2",
                                "orm_sums_seed2"],
-            "reranking_sums_256k": ["sft_sums", "prm_sums_256k", "orm_sums_256k"]}
+            "reranking_sums_256k": ["sft_sums", "prm_sums_256k", "orm_sums_256k"],
+            "reranking_sums_from8": ["sft_sums8", "sft_sums_from8", "prm_sums_from8", "orm_sums_from8"],
+            "reranking_sums_other_sampler": ["sft_sums", "sft_sums8", "sft_sums_from8", "prm_sums_from8",
+                                             "orm_sums_from8"]}
 
 
 def share_of_gain(verifier: np.ndarray, learned: np.ndarray) -> str:
