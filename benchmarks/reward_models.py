@@ -90,23 +90,35 @@ NO_CRITIC = ["--config.task.kwargs.critic=False"]  # revision without a critique
 # the critic calls the calculator: its critique's value is the tool's, its verdict its own (longer episodes)
 TOOL_CRITIC = ["--config.task.kwargs.critique_by=calculator",
                f"--config.model.max_len={model_length('countdown_refine', critique_by='calculator')}"]
-SUMS = ["--config.task.kwargs.num_numbers=5", "--config.task.kwargs.operators=+", "--config.task.kwargs.use_all=True",
-        f"--config.model.max_len={model_length('countdown_steps', num_numbers=5, operators='+', use_all=True)}"]
-SUMS8 = ["--config.task.kwargs.num_numbers=8", "--config.task.kwargs.operators=+", "--config.task.kwargs.use_all=True",
-         f"--config.model.max_len={model_length('countdown_steps', num_numbers=8, operators='+', use_all=True)}"]
-# sums of 5 on the sums-of-8 model (its positions, so that it can be warm-started from there)
-SUMS_ON_8 = [*SUMS[:-1], SUMS8[-1]]
+
+
+def sums_task(num_numbers: int, positions_for: int | None = None) -> list[str]:
+    """The flags of sums in steps to a target shown (`countdown_steps`, `operators=+`, `use_all`) of `num_numbers`
+    numbers, on a model whose `max_len` fits answers of `positions_for` numbers (default: these)."""
+    max_len = model_length("countdown_steps", num_numbers=positions_for or num_numbers, operators="+", use_all=True)
+    return [f"--config.task.kwargs.num_numbers={num_numbers}", "--config.task.kwargs.operators=+",
+            "--config.task.kwargs.use_all=True", f"--config.model.max_len={max_len}"]
+
+
+SUMS, SUMS8 = sums_task(5), sums_task(8)
+SUMS_ON_8 = sums_task(5, positions_for=8)  # sums of 5 on the sums-of-8 model, so that it can be warm-started from it
 HARD = ["--config.reward_model.step_label=hard"]  # Math-Shepherd's hard estimate of a step's label
 JUDGE_LEARNING_RATE = "3e-4"  # critique RL's GRPO (see item 3 above)
 CHECKED_PROCESS = ["--config.reward_model.objective=process", "--config.reward_model.step_loss=pairwise",
                    "--config.reward_model.step_label=checked"]  # PRM800K's labels under the pairwise step loss
 
 
-def sums_judge(completions: int, *flags: str) -> tuple[str, str, list[str]]:
-    """A judge of the sums (item 7) from `sft_sums` on `completions` labelled completions: the outcome model, or with
-    `flags` another kind."""
-    return ("text_reward_model.py:countdown_steps", "sft_sums",
-            [*SUMS, f"--config.total_steps={completions}", *flags, *JUDGE])
+def sums_sft(demonstrations: int, task: list[str] = SUMS, init_from: str | None = None) -> tuple:
+    """An SFT run on the sums (`task`'s flags) for `demonstrations`, evaluated and saved every 32,000."""
+    return ("text_sft.py:countdown_steps", init_from, [
+        *task, f"--config.total_steps={demonstrations}", "--config.eval.every_steps=32000",
+        "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"])
+
+
+def sums_judge(completions: int, *flags: str, sft: str = "sft_sums", task: list[str] = SUMS) -> tuple:
+    """A judge of the sums (`task`'s flags) from the SFT run `sft` on `completions` labelled completions: the outcome
+    model, or with `flags` another kind."""
+    return ("text_reward_model.py:countdown_steps", sft, [*task, f"--config.total_steps={completions}", *flags, *JUDGE])
 
 
 # name -> (experiment, init_from run or None, flags); in the order they run
@@ -168,9 +180,7 @@ RUNS = {
     # majority vote cannot tell a slip, which can lie in any step, each an addition; the process model's steps checked
     # by the verifier (PRM800K's labels: Monte Carlo labels from 4 continuations of each of 3 inner steps of 60-token
     # answers were estimated at 7.5 hours for the 3 seeds on 2 shared cores, 2026-12-04)
-    "sft_sums": ("text_sft.py:countdown_steps", None, [
-        *SUMS, "--config.total_steps=160000", "--config.eval.every_steps=32000",
-        "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"]),
+    "sft_sums": sums_sft(160000),
     "prm_sums": sums_judge(64000, *CHECKED_PROCESS),
     "orm_sums": sums_judge(64000),
     # 3 more seeds of each (from `config.seed=1`'s keys), pooled with the 3 above in the section
@@ -185,16 +195,10 @@ RUNS = {
     "orm_sums_256k": sums_judge(256000),
     # Judges of another policy's sums (item 8): a body that learned sums of 8 and then of 5, whose own slips carry
     # on to a wrong result, judges trained on its completions, then reranking `sft_sums`'s, which end on the target
-    "sft_sums8": ("text_sft.py:countdown_steps", None, [
-        *SUMS8, "--config.total_steps=160000", "--config.eval.every_steps=32000",
-        "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"]),
-    "sft_sums_from8": ("text_sft.py:countdown_steps", "sft_sums8", [
-        *SUMS_ON_8, "--config.total_steps=64000", "--config.eval.every_steps=32000",
-        "--config.checkpoint.every_steps=32000", "--config.eval.pass_k=0"]),
-    "prm_sums_from8": ("text_reward_model.py:countdown_steps", "sft_sums_from8", [
-        *SUMS_ON_8, "--config.total_steps=64000", *CHECKED_PROCESS, *JUDGE]),
-    "orm_sums_from8": ("text_reward_model.py:countdown_steps", "sft_sums_from8", [
-        *SUMS_ON_8, "--config.total_steps=64000", *JUDGE]),
+    "sft_sums8": sums_sft(160000, SUMS8),
+    "sft_sums_from8": sums_sft(64000, SUMS_ON_8, init_from="sft_sums8"),
+    "prm_sums_from8": sums_judge(64000, *CHECKED_PROCESS, sft="sft_sums_from8", task=SUMS_ON_8),
+    "orm_sums_from8": sums_judge(64000, sft="sft_sums_from8", task=SUMS_ON_8),
 }
 REWARD_MODEL_OF = {"grpo_learned": "orm_calculator"}  # reward.model
 
@@ -231,15 +235,16 @@ def pairwise_judges(process_runs, outcome_runs, labels: str = "hard") -> list[tu
             for how in STEP_SCORES] + [(OUTCOME_BT, outcome_runs, {})]
 
 
-def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None,
-              sampler_run: str = "sft_steps") -> tuple[dict[str, np.ndarray], dict[str, float]]:
+def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None, sampler_run: str = "sft_steps",
+              heldout_seed: int = 4321) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """Best-of-`samples` on held-out problems of a task in steps (the task of `sampler_run`, the policy sampled):
     the verifier's verdict on each problem's pick, float [seeds, problems] per judge (the same completions judged by
     each seed of each reward model; one row for a judge without seeds), for the process and the outcome reward
     models, the sampler's own likelihood (a judge with no training), majority vote (its expected verdict), a random
     pick (likewise) and pass@k (any of them); and where the wrong samples first go wrong (`first_slips`). judges:
     (label, runs, config keys) of the reward models, `reranking_judges()` by default; a judge's seeds are those of
-    its runs (one run's name, or a tuple of runs of one configuration trained from other seeds), in order."""
+    its runs (one run's name, or a tuple of runs of one configuration trained from other seeds), in order.
+    heldout_seed: which held-out problems (the task's `heldout` draw; another seed, another set to replicate on)."""
     import jax
 
     import jaxrl
@@ -247,7 +252,7 @@ def reranking(runs_dir: str, problems: int = 512, samples: int = 16, judges=None
 
     sampler = jaxrl.load_policy(os.path.join(runs_dir, sampler_run))
     task = sampler.task
-    heldout = task.heldout(problems, seed=4321)
+    heldout = task.heldout(problems, seed=heldout_seed)
     prompts = [prompt for prompt, _ in task.texts(heldout)]
     completions = [sampler.complete(prompts, jax.random.key(k)) for k in range(samples)]  # [k][problem]
     numbers, targets = np.asarray(heldout.numbers), np.asarray(heldout.target)
@@ -345,7 +350,7 @@ REFINEMENT_SETTING = (
     "own reward (CTRL's for the critic: the revision's success). With the calculator's critique "
     "(`critique_by=calculator`, CRITIC), the critic calls the calculator on the answer and writes only its verdict.")
 
-from8_judges = functools.partial(pairwise_judges, "prm_sums_from8", "orm_sums_from8", "checked")
+from8_judges = functools.partial(pairwise_judges, "prm_sums_from8", "orm_sums_from8", "checked")  # item 8's
 # best-of-16 sections -> (heading, what the task is, the judges, the sampler's run, held-out problems)
 RERANKING = {"reranking": ("Countdown in steps", "", reranking_judges, "sft_steps", 512),
              "reranking_expressions": ("expressions evaluated in steps", "`expression_steps` (`12+11*6=` -> "
